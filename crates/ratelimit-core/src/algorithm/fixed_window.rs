@@ -1,0 +1,76 @@
+//! Fixed window: a counter per window of `period`, windows aligned to the clock's epoch.
+//!
+//! Kept to show its boundary problem: a client can pass `2 × limit` in a short time across a
+//! window boundary.
+
+use super::micros;
+use crate::{Decision, Outcome, Quota, Timestamp};
+
+/// A fixed window's stored state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct FixedWindowState {
+    /// Start of the window counted, in microseconds (a multiple of the period).
+    pub start: u64,
+    /// Cost admitted in that window.
+    pub count: u64,
+}
+
+impl FixedWindowState {
+    /// An empty window at `now`.
+    #[must_use]
+    pub fn fresh(quota: &Quota, now: Timestamp) -> Self {
+        let now = now.as_micros();
+        FixedWindowState {
+            start: now - now % quota.period_micros(),
+            count: 0,
+        }
+    }
+
+    /// When this window ends.
+    #[must_use]
+    pub fn fresh_at(&self, quota: &Quota) -> Timestamp {
+        if self.count == 0 {
+            Timestamp::from_micros(self.start)
+        } else {
+            Timestamp::from_micros(self.start.saturating_add(quota.period_micros()))
+        }
+    }
+}
+
+/// Checks `cost` at `now` in a fixed window. Returns the decision and the state to store if
+/// committed. Time earlier than the stored window counts in the stored window.
+#[must_use]
+pub fn check(
+    quota: &Quota,
+    state: Option<&FixedWindowState>,
+    now: Timestamp,
+    cost: u64,
+) -> (Decision, FixedWindowState) {
+    let period = quota.period_micros();
+    let limit = quota.limit();
+    let mut now = now.as_micros();
+    let mut start = now - now % period;
+    let mut count = 0;
+    if let Some(s) = state {
+        if s.start >= start {
+            // Same window, or the clock went back: keep counting in the stored window.
+            start = s.start;
+            now = now.max(start);
+            count = s.count.min(limit);
+        }
+    }
+    let end = start.saturating_add(period);
+    let outcome = if cost > limit {
+        Outcome::Exceeds
+    } else if count + cost <= limit {
+        count += cost;
+        Outcome::Allowed
+    } else {
+        Outcome::Denied {
+            retry_after: micros(end - now),
+        }
+    };
+    let reset = if count == 0 { 0 } else { end - now };
+    let decision = Decision::new(outcome, limit, limit - count, micros(reset), 0);
+    (decision, FixedWindowState { start, count })
+}

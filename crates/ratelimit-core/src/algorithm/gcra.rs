@@ -1,0 +1,92 @@
+//! GCRA, the generic cell rate algorithm: one "theoretical arrival time" per key.
+
+use super::{ceil_div, micros};
+use crate::{Decision, Outcome, Quota, Timestamp};
+
+/// GCRA's stored state: the theoretical arrival time (TAT).
+///
+/// The TAT is kept exactly, in units of `1 / quota.refill_per_micro()` microsecond, as
+/// `tat × refill_per_micro + frac`. With parameters equivalent to a token bucket's, GCRA makes the
+/// same decision as the bucket at every step: its debt `TAT − now` is the bucket's missing level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct GcraState {
+    /// Whole microseconds of the TAT.
+    pub tat: u64,
+    /// The rest of the TAT, below `quota.refill_per_micro()`.
+    pub frac: u64,
+}
+
+impl GcraState {
+    /// The state of a key never seen, at `now`.
+    #[must_use]
+    pub fn fresh(now: Timestamp) -> Self {
+        GcraState {
+            tat: now.as_micros(),
+            frac: 0,
+        }
+    }
+
+    /// When the TAT is reached: from then on the key is as if never used.
+    #[must_use]
+    pub fn fresh_at(&self) -> Timestamp {
+        Timestamp::from_micros(self.tat.saturating_add(u64::from(self.frac > 0)))
+    }
+}
+
+/// Debt `TAT − now` in level units, at most the capacity (a TAT further ahead, possible only if
+/// the clock went back, means an empty bucket all the same).
+fn debt(quota: &Quota, state: &GcraState, now: u64) -> u64 {
+    let cap = quota.capacity_units();
+    let rate = quota.refill_per_micro();
+    if state.tat < now {
+        0
+    } else {
+        let ahead = state.tat - now;
+        if ahead > cap / rate + 1 {
+            cap
+        } else {
+            (ahead * rate + state.frac).min(cap)
+        }
+    }
+}
+
+/// Checks `cost` at `now` with GCRA. Returns the decision and the state to store if committed.
+#[must_use]
+pub fn check(
+    quota: &Quota,
+    state: Option<&GcraState>,
+    now: Timestamp,
+    cost: u64,
+) -> (Decision, GcraState) {
+    let cap = quota.capacity_units();
+    let rate = quota.refill_per_micro();
+    let scale = quota.scale();
+    let now = now.as_micros();
+    let mut d = state.map_or(0, |s| debt(quota, s, now));
+
+    let outcome = if cost > quota.burst() {
+        Outcome::Exceeds
+    } else {
+        let new_d = d + cost * scale;
+        if new_d <= cap {
+            d = new_d;
+            Outcome::Allowed
+        } else {
+            Outcome::Denied {
+                retry_after: micros(ceil_div(new_d - cap, rate)),
+            }
+        }
+    };
+    let decision = Decision::new(
+        outcome,
+        quota.burst(),
+        (cap - d) / scale,
+        micros(ceil_div(d, rate)),
+        0,
+    );
+    let next = GcraState {
+        tat: now + d / rate,
+        frac: d % rate,
+    };
+    (decision, next)
+}

@@ -1,0 +1,179 @@
+//! The rate-limiting algorithms: pure functions of (quota, stored state, now, cost).
+//!
+//! None of them reads a clock, allocates a timer or keeps hidden state: each `check` takes the
+//! stored state and the time, and returns a [`Decision`](crate::Decision) and the state to store
+//! if the decision is committed. All arithmetic is in integers; see `docs/algorithms.md` for each
+//! algorithm's exact admission bound.
+
+use std::time::Duration;
+
+use crate::{Decision, Quota, Timestamp};
+
+pub mod fixed_window;
+pub mod gcra;
+pub mod sliding_log;
+pub mod sliding_window;
+pub mod token_bucket;
+
+pub use fixed_window::FixedWindowState;
+pub use gcra::GcraState;
+pub use sliding_log::SlidingLogState;
+pub use sliding_window::SlidingWindowState;
+pub use token_bucket::TokenBucketState;
+
+/// Which algorithm a [`Limit`](crate::Limit) uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
+#[non_exhaustive]
+pub enum Algorithm {
+    /// Token bucket with lazy refill: smooth rate, bursts up to the capacity. The default.
+    #[default]
+    TokenBucket,
+    /// GCRA: the same decisions as the token bucket, kept as one timestamp.
+    Gcra,
+    /// Fixed window aligned to the epoch: cheap, but passes up to twice the limit across a
+    /// window boundary.
+    FixedWindow,
+    /// Sliding-window counter: two counters, weighted; close to exact at fixed cost.
+    SlidingWindow,
+    /// Sliding log: exact over any window of `period`, memory proportional to the limit.
+    SlidingLog,
+}
+
+impl Algorithm {
+    /// Every algorithm, in a fixed order.
+    pub const ALL: [Algorithm; 5] = [
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+    ];
+
+    /// A short lowercase name: `token_bucket`, `gcra`, `fixed_window`, `sliding_window`,
+    /// `sliding_log`.
+    #[must_use]
+    pub const fn name(self) -> &'static str {
+        match self {
+            Algorithm::TokenBucket => "token_bucket",
+            Algorithm::Gcra => "gcra",
+            Algorithm::FixedWindow => "fixed_window",
+            Algorithm::SlidingWindow => "sliding_window",
+            Algorithm::SlidingLog => "sliding_log",
+        }
+    }
+
+    /// The state of a key never seen, at `now`.
+    #[must_use]
+    pub fn fresh_state(self, quota: &Quota, now: Timestamp) -> State {
+        match self {
+            Algorithm::TokenBucket => State::TokenBucket(TokenBucketState::fresh(quota, now)),
+            Algorithm::Gcra => State::Gcra(GcraState::fresh(now)),
+            Algorithm::FixedWindow => State::FixedWindow(FixedWindowState::fresh(quota, now)),
+            Algorithm::SlidingWindow => {
+                State::SlidingWindow(SlidingWindowState::fresh(quota, now))
+            }
+            Algorithm::SlidingLog => State::SlidingLog(Box::default()),
+        }
+    }
+
+    /// Checks `cost` at `now` against `state` (a state of another algorithm counts as none).
+    /// Returns the decision and the state to store if the decision is committed.
+    #[must_use]
+    pub fn check(
+        self,
+        quota: &Quota,
+        state: Option<&State>,
+        now: Timestamp,
+        cost: u64,
+    ) -> (Decision, State) {
+        match self {
+            Algorithm::TokenBucket => {
+                let s = match state {
+                    Some(State::TokenBucket(s)) => Some(s),
+                    _ => None,
+                };
+                let (d, s) = token_bucket::check(quota, s, now, cost);
+                (d, State::TokenBucket(s))
+            }
+            Algorithm::Gcra => {
+                let s = match state {
+                    Some(State::Gcra(s)) => Some(s),
+                    _ => None,
+                };
+                let (d, s) = gcra::check(quota, s, now, cost);
+                (d, State::Gcra(s))
+            }
+            Algorithm::FixedWindow => {
+                let s = match state {
+                    Some(State::FixedWindow(s)) => Some(s),
+                    _ => None,
+                };
+                let (d, s) = fixed_window::check(quota, s, now, cost);
+                (d, State::FixedWindow(s))
+            }
+            Algorithm::SlidingWindow => {
+                let s = match state {
+                    Some(State::SlidingWindow(s)) => Some(s),
+                    _ => None,
+                };
+                let (d, s) = sliding_window::check(quota, s, now, cost);
+                (d, State::SlidingWindow(s))
+            }
+            Algorithm::SlidingLog => {
+                let s = match state {
+                    Some(State::SlidingLog(s)) => Some(&**s),
+                    _ => None,
+                };
+                let (d, s) = sliding_log::check(quota, s, now, cost);
+                (d, State::SlidingLog(Box::new(s)))
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Algorithm {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// The stored state of one quota of one key, for any algorithm.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum State {
+    /// See [`TokenBucketState`].
+    TokenBucket(TokenBucketState),
+    /// See [`GcraState`].
+    Gcra(GcraState),
+    /// See [`FixedWindowState`].
+    FixedWindow(FixedWindowState),
+    /// See [`SlidingWindowState`].
+    SlidingWindow(SlidingWindowState),
+    /// See [`SlidingLogState`] (boxed: it is the one state that grows).
+    SlidingLog(Box<SlidingLogState>),
+}
+
+impl State {
+    /// The time from which this state is the same as no state at all: it may be forgotten then
+    /// without changing any decision. Stores use it for expiry.
+    #[must_use]
+    pub fn fresh_at(&self, quota: &Quota) -> Timestamp {
+        match self {
+            State::TokenBucket(s) => s.fresh_at(quota),
+            State::Gcra(s) => s.fresh_at(),
+            State::FixedWindow(s) => s.fresh_at(quota),
+            State::SlidingWindow(s) => s.fresh_at(quota),
+            State::SlidingLog(s) => s.fresh_at(quota),
+        }
+    }
+}
+
+/// `ceil(a / b)` for `b > 0`.
+pub(crate) const fn ceil_div(a: u64, b: u64) -> u64 {
+    a / b + (a % b != 0) as u64
+}
+
+pub(crate) const fn micros(us: u64) -> Duration {
+    Duration::from_micros(us)
+}

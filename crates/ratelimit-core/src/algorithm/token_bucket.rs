@@ -1,0 +1,88 @@
+//! Token bucket with lazy refill: `tokens = min(capacity, tokens + elapsed × rate)`, no timers.
+
+use super::{ceil_div, micros};
+use crate::{Decision, Outcome, Quota, Timestamp};
+
+/// A token bucket's stored state.
+///
+/// The level is counted in units of `1 / quota.scale()` token so that the refill, `limit` tokens
+/// per `period`, is a whole number of units per microsecond and no rounding ever happens.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TokenBucketState {
+    /// Bucket level in units (`tokens × quota.scale()`), at time `last`.
+    pub level: u64,
+    /// When the level was last computed, in microseconds.
+    pub last: u64,
+}
+
+impl TokenBucketState {
+    /// A full bucket at `now`.
+    #[must_use]
+    pub fn fresh(quota: &Quota, now: Timestamp) -> Self {
+        TokenBucketState {
+            level: quota.capacity_units(),
+            last: now.as_micros(),
+        }
+    }
+
+    /// When this bucket is full again if nothing more is taken: from then on it is the same as a
+    /// bucket never used, so it may be forgotten.
+    #[must_use]
+    pub fn fresh_at(&self, quota: &Quota) -> Timestamp {
+        let deficit = quota.capacity_units().saturating_sub(self.level);
+        Timestamp::from_micros(
+            self.last
+                .saturating_add(ceil_div(deficit, quota.refill_per_micro())),
+        )
+    }
+}
+
+/// Checks `cost` at `now` against a token bucket. Returns the decision and the state to store if
+/// the decision is committed. Time earlier than the state's is treated as the state's time.
+#[must_use]
+pub fn check(
+    quota: &Quota,
+    state: Option<&TokenBucketState>,
+    now: Timestamp,
+    cost: u64,
+) -> (Decision, TokenBucketState) {
+    let cap = quota.capacity_units();
+    let rate = quota.refill_per_micro();
+    let scale = quota.scale();
+    let now = now.as_micros();
+    let (mut level, last) = match state {
+        Some(s) => (s.level.min(cap), s.last),
+        None => (cap, now),
+    };
+    let now = now.max(last);
+    let elapsed = now - last;
+    let deficit = cap - level;
+    // Compared by division so that `elapsed × rate` cannot overflow.
+    if elapsed >= ceil_div(deficit, rate) {
+        level = cap;
+    } else {
+        level += elapsed * rate;
+    }
+
+    let outcome = if cost > quota.burst() {
+        Outcome::Exceeds
+    } else {
+        let need = cost * scale;
+        if level >= need {
+            level -= need;
+            Outcome::Allowed
+        } else {
+            Outcome::Denied {
+                retry_after: micros(ceil_div(need - level, rate)),
+            }
+        }
+    };
+    let decision = Decision::new(
+        outcome,
+        quota.burst(),
+        level / scale,
+        micros(ceil_div(cap - level, rate)),
+        0,
+    );
+    (decision, TokenBucketState { level, last: now })
+}

@@ -1,0 +1,147 @@
+//! Clocks: where the current time comes from. Algorithms never read one; stores do.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use crate::Timestamp;
+use crate::time::duration_to_micros;
+
+/// A source of the current time.
+///
+/// Implementations must be cheap: the in-memory store reads the clock once per check.
+pub trait Clock: Send + Sync {
+    /// The current time.
+    fn now(&self) -> Timestamp;
+}
+
+impl<C: Clock + ?Sized> Clock for Arc<C> {
+    fn now(&self) -> Timestamp {
+        (**self).now()
+    }
+}
+
+impl<C: Clock + ?Sized> Clock for &C {
+    fn now(&self) -> Timestamp {
+        (**self).now()
+    }
+}
+
+/// Wall-clock time since the Unix epoch that never goes backwards.
+///
+/// It reads the system time once, when created, and then advances with the monotonic
+/// [`Instant`], so fixed windows line up with real minutes and hours while a wall-clock step
+/// (NTP, a VM resume) cannot move decisions backwards.
+#[derive(Debug, Clone, Copy)]
+pub struct SystemClock {
+    anchor_unix_micros: u64,
+    anchor: Instant,
+}
+
+impl SystemClock {
+    /// A clock anchored to the system time now.
+    #[must_use]
+    pub fn new() -> Self {
+        let unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .unwrap_or(Duration::ZERO);
+        SystemClock {
+            anchor_unix_micros: duration_to_micros(unix),
+            anchor: Instant::now(),
+        }
+    }
+}
+
+impl Default for SystemClock {
+    fn default() -> Self {
+        SystemClock::new()
+    }
+}
+
+impl Clock for SystemClock {
+    fn now(&self) -> Timestamp {
+        let elapsed = duration_to_micros(self.anchor.elapsed());
+        Timestamp::from_micros(self.anchor_unix_micros.saturating_add(elapsed))
+    }
+}
+
+/// A clock that moves only when told to. Clones share one time.
+///
+/// ```
+/// use ratelimit_core::{Clock, ManualClock};
+/// use std::time::Duration;
+///
+/// let clock = ManualClock::new();
+/// let seen_by_store = clock.clone();
+/// clock.advance(Duration::from_millis(1_500));
+/// assert_eq!(seen_by_store.now().as_micros(), 1_500_000);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct ManualClock {
+    micros: Arc<AtomicU64>,
+}
+
+impl ManualClock {
+    /// A clock at time zero.
+    #[must_use]
+    pub fn new() -> Self {
+        ManualClock::default()
+    }
+
+    /// A clock at `start`.
+    #[must_use]
+    pub fn starting_at(start: Timestamp) -> Self {
+        ManualClock {
+            micros: Arc::new(AtomicU64::new(start.as_micros())),
+        }
+    }
+
+    /// Moves the time forward by `d` (whole microseconds), for every clone.
+    pub fn advance(&self, d: Duration) {
+        let step = duration_to_micros(d);
+        // fetch_update never fails with a closure that always returns Some.
+        let _ = self
+            .micros
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |t| {
+                Some(t.saturating_add(step))
+            });
+    }
+
+    /// Sets the time, for every clone. Setting it backwards is allowed: it is how tests show
+    /// that time going backwards never grants tokens.
+    pub fn set(&self, t: Timestamp) {
+        self.micros.store(t.as_micros(), Ordering::Release);
+    }
+}
+
+impl Clock for ManualClock {
+    fn now(&self) -> Timestamp {
+        Timestamp::from_micros(self.micros.load(Ordering::Acquire))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn system_clock_is_monotonic_and_near_unix_time() {
+        let c = SystemClock::new();
+        let a = c.now();
+        let b = c.now();
+        assert!(b >= a);
+        // After 2020-01-01 and before 2200.
+        assert!(a.as_micros() > 1_577_836_800_000_000);
+        assert!(a.as_micros() < 7_258_118_400_000_000);
+    }
+
+    #[test]
+    fn manual_clock_clones_share_time() {
+        let c = ManualClock::starting_at(Timestamp::from_secs(10));
+        let d = c.clone();
+        c.advance(Duration::from_micros(7));
+        assert_eq!(d.now(), Timestamp::from_micros(10_000_007));
+        d.set(Timestamp::from_secs(1));
+        assert_eq!(c.now(), Timestamp::from_secs(1));
+    }
+}

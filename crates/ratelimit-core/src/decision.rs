@@ -1,0 +1,187 @@
+//! The answer to a check.
+
+use std::time::Duration;
+
+/// Whether a request passed, and what to tell the client.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The request passed and its cost was consumed.
+    Allowed,
+    /// The request did not pass; the same cost passes after `retry_after`, if nothing else is
+    /// consumed meanwhile.
+    Denied {
+        /// Exact time until this cost would pass (at least one microsecond).
+        retry_after: Duration,
+    },
+    /// The cost is larger than the quota can ever hold: it will never pass, however long the
+    /// client waits. This is a denial, not an error.
+    Exceeds,
+}
+
+/// The result of checking one cost against a [`Limit`](crate::Limit) at one instant.
+///
+/// When a limit combines several quotas, the decision describes the binding one: the quota that
+/// denied with the longest wait, or, when all allowed, the one with the fewest requests left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Decision {
+    outcome: Outcome,
+    limit: u64,
+    remaining: u64,
+    reset_after: Duration,
+    quota_index: usize,
+}
+
+impl Decision {
+    /// Builds a decision. Stores use this to report what they computed.
+    #[must_use]
+    pub const fn new(
+        outcome: Outcome,
+        limit: u64,
+        remaining: u64,
+        reset_after: Duration,
+        quota_index: usize,
+    ) -> Self {
+        Decision {
+            outcome,
+            limit,
+            remaining,
+            reset_after,
+            quota_index,
+        }
+    }
+
+    /// Passed or not, and why.
+    #[must_use]
+    pub const fn outcome(&self) -> Outcome {
+        self.outcome
+    }
+
+    /// `true` if the request passed.
+    #[must_use]
+    pub const fn is_allowed(&self) -> bool {
+        matches!(self.outcome, Outcome::Allowed)
+    }
+
+    /// `true` if the request was denied (including a cost that can never pass).
+    #[must_use]
+    pub const fn is_denied(&self) -> bool {
+        !self.is_allowed()
+    }
+
+    /// Time until the same cost would pass, if it was denied and can ever pass.
+    #[must_use]
+    pub const fn retry_after(&self) -> Option<Duration> {
+        match self.outcome {
+            Outcome::Denied { retry_after } => Some(retry_after),
+            _ => None,
+        }
+    }
+
+    /// `false` when the cost is larger than the quota can ever hold.
+    #[must_use]
+    pub const fn can_ever_pass(&self) -> bool {
+        !matches!(self.outcome, Outcome::Exceeds)
+    }
+
+    /// The most the binding quota admits at once: the burst for the bucket algorithms, the limit
+    /// per period for the window algorithms.
+    #[must_use]
+    pub const fn limit(&self) -> u64 {
+        self.limit
+    }
+
+    /// Requests (units of cost) still available right now, after this check.
+    #[must_use]
+    pub const fn remaining(&self) -> u64 {
+        self.remaining
+    }
+
+    /// Time until the binding quota is back to full (zero if it is full).
+    #[must_use]
+    pub const fn reset_after(&self) -> Duration {
+        self.reset_after
+    }
+
+    /// Which quota of the limit this decision describes (its index in [`Limit::quotas`](crate::Limit::quotas)).
+    #[must_use]
+    pub const fn quota_index(&self) -> usize {
+        self.quota_index
+    }
+
+    /// Combines per-quota decisions into the decision of the whole limit (all-or-nothing).
+    ///
+    /// Denied if any is denied; then the binding quota is the one that can never pass, or else
+    /// the one with the longest wait (waiting that long lets every quota pass, since waiting only
+    /// ever helps). Allowed otherwise; the binding quota is the one with the fewest left.
+    #[must_use]
+    pub fn combine(decisions: &[Decision]) -> Option<Decision> {
+        let mut best: Option<Decision> = None;
+        for d in decisions {
+            best = Some(match best {
+                None => *d,
+                Some(b) => {
+                    if d.binds_tighter_than(&b) {
+                        *d
+                    } else {
+                        b
+                    }
+                }
+            });
+        }
+        best
+    }
+
+    fn binds_tighter_than(&self, other: &Decision) -> bool {
+        fn rank(o: Outcome) -> (u8, Duration) {
+            match o {
+                Outcome::Allowed => (0, Duration::ZERO),
+                Outcome::Denied { retry_after } => (1, retry_after),
+                Outcome::Exceeds => (2, Duration::ZERO),
+            }
+        }
+        let (a, b) = (rank(self.outcome), rank(other.outcome));
+        if a != b {
+            return a > b;
+        }
+        // Same outcome and wait: fewer remaining binds tighter.
+        self.remaining < other.remaining
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn d(outcome: Outcome, remaining: u64, i: usize) -> Decision {
+        Decision::new(outcome, 10, remaining, Duration::ZERO, i)
+    }
+
+    #[test]
+    fn combine_picks_the_binding_quota() {
+        let ok = d(Outcome::Allowed, 5, 0);
+        let ok2 = d(Outcome::Allowed, 2, 1);
+        assert_eq!(Decision::combine(&[ok, ok2]).unwrap().quota_index(), 1);
+        let short = d(
+            Outcome::Denied {
+                retry_after: Duration::from_secs(1),
+            },
+            0,
+            2,
+        );
+        let long = d(
+            Outcome::Denied {
+                retry_after: Duration::from_secs(9),
+            },
+            0,
+            3,
+        );
+        let c = Decision::combine(&[ok, short, long, ok2]).unwrap();
+        assert_eq!(c.quota_index(), 3);
+        assert_eq!(c.retry_after(), Some(Duration::from_secs(9)));
+        let never = d(Outcome::Exceeds, 0, 4);
+        let c = Decision::combine(&[long, never]).unwrap();
+        assert!(!c.can_ever_pass());
+        assert_eq!(c.retry_after(), None);
+        assert!(Decision::combine(&[]).is_none());
+    }
+}

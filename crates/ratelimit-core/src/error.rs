@@ -1,0 +1,68 @@
+//! Configuration errors.
+
+use crate::Algorithm;
+
+/// Why a [`Quota`](crate::Quota) or a [`Limit`](crate::Limit) was refused.
+///
+/// Nothing in this crate panics on a bad setting: every constructor returns this instead, so a
+/// configuration file can be checked at start-up with a message that names what is wrong.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ConfigError {
+    /// The number of requests per period was zero.
+    #[error("a quota must allow at least one request per period (got 0)")]
+    ZeroLimit,
+    /// The burst (bucket capacity) was zero.
+    #[error("a quota's burst (capacity) must be at least 1 (got 0)")]
+    ZeroBurst,
+    /// The period was shorter than one microsecond, the unit of time used throughout.
+    #[error("a quota's period must be at least 1 microsecond (got {nanos} ns)")]
+    PeriodTooShort {
+        /// The period that was given, in nanoseconds.
+        nanos: u128,
+    },
+    /// The period was longer than the largest supported (2^52 microseconds, about 142 years).
+    #[error("a quota's period must be at most 2^52 microseconds (got {micros} us)")]
+    PeriodTooLong {
+        /// The period that was given, in microseconds (saturated).
+        micros: u64,
+    },
+    /// The quota's numbers are too large to be computed exactly by every store.
+    ///
+    /// Stores compute in integers no larger than 2^52 (Redis runs its scripts on doubles, exact to
+    /// 2^53, and the remaining bit is headroom). This bounds `burst × period / gcd(limit, period)`
+    /// for the bucket algorithms and `limit × period` (in microseconds) for the sliding window.
+    #[error(
+        "the quota {limit} per {period_micros} us (burst {burst}) is too large to compute exactly with {algorithm:?}; \
+         use a shorter period, a smaller burst, or a limit that divides the period more evenly"
+    )]
+    TooLarge {
+        /// The algorithm the quota was checked for.
+        algorithm: Algorithm,
+        /// The quota's limit.
+        limit: u64,
+        /// The quota's period in microseconds.
+        period_micros: u64,
+        /// The quota's burst.
+        burst: u64,
+    },
+    /// A store or layer setting is out of range.
+    #[error("invalid setting `{name}`: {reason}")]
+    InvalidSetting {
+        /// The setting's name.
+        name: &'static str,
+        /// What it must be.
+        reason: &'static str,
+    },
+    /// A [`Limit`](crate::Limit) was built with no quota.
+    #[error("a limit needs at least one quota")]
+    NoQuota,
+    /// A [`Limit`](crate::Limit) was built with more quotas than supported.
+    #[error("a limit may combine at most {max} quotas (got {got})")]
+    TooManyQuotas {
+        /// The largest number of quotas in one limit.
+        max: usize,
+        /// How many were given.
+        got: usize,
+    },
+}

@@ -1,0 +1,199 @@
+//! A limit: one algorithm and one or more quotas, checked together all-or-nothing.
+
+use std::hash::Hasher;
+use std::time::Duration;
+
+use crate::algorithm::State;
+use crate::quota::MAX_EXACT;
+use crate::{Algorithm, ConfigError, Decision, Quota, Timestamp};
+
+/// The most quotas one limit may combine.
+pub const MAX_QUOTAS: usize = 8;
+
+/// The largest limit per period the sliding log accepts (its memory per key grows with it).
+pub const MAX_SLIDING_LOG_LIMIT: u64 = 100_000;
+
+/// What a key is held to: an [`Algorithm`] and one or more [`Quota`]s.
+///
+/// With several quotas (say 10 per second with bursts of 20, and 1,000 per hour) a request passes
+/// only if every quota has room, and then it consumes from all of them; if any denies, none
+/// consumes.
+///
+/// ```
+/// use ratelimit_core::{Algorithm, Limit, Quota};
+///
+/// let limit = Limit::new(
+///     Algorithm::TokenBucket,
+///     [Quota::per_second(10)?.with_burst(20)?, Quota::per_hour(1_000)?],
+/// )?;
+/// assert_eq!(limit.quotas().len(), 2);
+/// # Ok::<(), ratelimit_core::ConfigError>(())
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Limit {
+    algorithm: Algorithm,
+    quotas: Box<[Quota]>,
+    fingerprint: u64,
+}
+
+impl Limit {
+    /// A limit of `algorithm` over `quotas` (at least one, at most [`MAX_QUOTAS`]).
+    pub fn new(
+        algorithm: Algorithm,
+        quotas: impl IntoIterator<Item = Quota>,
+    ) -> Result<Limit, ConfigError> {
+        let quotas: Box<[Quota]> = quotas.into_iter().collect();
+        if quotas.is_empty() {
+            return Err(ConfigError::NoQuota);
+        }
+        if quotas.len() > MAX_QUOTAS {
+            return Err(ConfigError::TooManyQuotas {
+                max: MAX_QUOTAS,
+                got: quotas.len(),
+            });
+        }
+        for q in quotas.iter() {
+            let fits = match algorithm {
+                Algorithm::SlidingWindow => {
+                    u128::from(q.limit()) * u128::from(q.period_micros()) <= u128::from(MAX_EXACT)
+                }
+                Algorithm::SlidingLog => q.limit() <= MAX_SLIDING_LOG_LIMIT,
+                _ => true,
+            };
+            if !fits {
+                return Err(q.too_large(algorithm));
+            }
+        }
+        let fingerprint = fingerprint(algorithm, &quotas);
+        Ok(Limit {
+            algorithm,
+            quotas,
+            fingerprint,
+        })
+    }
+
+    /// A limit of one quota.
+    pub fn single(algorithm: Algorithm, quota: Quota) -> Result<Limit, ConfigError> {
+        Limit::new(algorithm, [quota])
+    }
+
+    /// The algorithm.
+    #[must_use]
+    pub fn algorithm(&self) -> Algorithm {
+        self.algorithm
+    }
+
+    /// The quotas, in the order given.
+    #[must_use]
+    pub fn quotas(&self) -> &[Quota] {
+        &self.quotas
+    }
+
+    /// A stable 64-bit digest of the algorithm and quotas. Stores keep state per (key, limit):
+    /// when a key's limit changes, it starts afresh rather than reading a state counted in other
+    /// units.
+    #[must_use]
+    pub fn fingerprint(&self) -> u64 {
+        self.fingerprint
+    }
+
+    /// The longest period among the quotas.
+    #[must_use]
+    pub fn longest_period(&self) -> Duration {
+        self.quotas
+            .iter()
+            .map(Quota::period)
+            .max()
+            .unwrap_or_default()
+    }
+
+    /// Each gateway's local share of this limit when `n` gateways each count alone (the local
+    /// fallback when the shared store is down): every limit and burst divided by `n`, rounded down
+    /// but at least 1, so that `n` gateways together admit no more than the limit (unless the limit
+    /// is below `n`).
+    pub fn divided(&self, n: u64) -> Result<Limit, ConfigError> {
+        let n = n.max(1);
+        let quotas = self
+            .quotas
+            .iter()
+            .map(|q| {
+                Quota::per_period((q.limit() / n).max(1), q.period())?
+                    .with_burst((q.burst() / n).max(1))
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        Limit::new(self.algorithm, quotas)
+    }
+
+    /// The state of quota `index` for a key never seen.
+    #[must_use]
+    pub fn fresh_state(&self, index: usize, now: Timestamp) -> State {
+        self.algorithm.fresh_state(&self.quotas[index], now)
+    }
+
+    /// Fresh states for every quota.
+    #[must_use]
+    pub fn fresh_states(&self, now: Timestamp) -> Vec<State> {
+        (0..self.quotas.len())
+            .map(|i| self.fresh_state(i, now))
+            .collect()
+    }
+
+    /// Checks `cost` at `now` against every quota, all-or-nothing: if every quota allows, the
+    /// new states are written into `states`; otherwise `states` is left as it was.
+    ///
+    /// `states` holds one state per quota, in order; a missing or mismatched state counts as fresh.
+    #[must_use]
+    pub fn check(&self, states: &mut [State], now: Timestamp, cost: u64) -> Decision {
+        if let ([quota], [state]) = (&*self.quotas, &mut *states) {
+            let (d, next) = self.algorithm.check(quota, Some(state), now, cost);
+            if d.is_allowed() {
+                *state = next;
+            }
+            return d;
+        }
+        let mut decisions = [Decision::new(
+            crate::Outcome::Allowed,
+            0,
+            0,
+            Duration::ZERO,
+            0,
+        ); MAX_QUOTAS];
+        let mut next = Vec::with_capacity(self.quotas.len());
+        for (i, quota) in self.quotas.iter().enumerate() {
+            let (d, s) = self.algorithm.check(quota, states.get(i), now, cost);
+            decisions[i] = Decision::new(d.outcome(), d.limit(), d.remaining(), d.reset_after(), i);
+            next.push(s);
+        }
+        let decision = Decision::combine(&decisions[..self.quotas.len()])
+            .expect("a limit has at least one quota");
+        if decision.is_allowed() {
+            for (slot, s) in states.iter_mut().zip(next) {
+                *slot = s;
+            }
+        }
+        decision
+    }
+
+    /// When every state is fresh again (the latest of their fresh times).
+    #[must_use]
+    pub fn fresh_at(&self, states: &[State]) -> Timestamp {
+        states
+            .iter()
+            .zip(self.quotas.iter())
+            .map(|(s, q)| s.fresh_at(q))
+            .max()
+            .unwrap_or(Timestamp::ZERO)
+    }
+}
+
+fn fingerprint(algorithm: Algorithm, quotas: &[Quota]) -> u64 {
+    // Fixed keys: the fingerprint must be the same in every process (it is part of Redis keys).
+    let mut h = siphasher::sip::SipHasher13::new_with_keys(0x7261_7465_6c69_6d69, 0x7420_7631);
+    h.write(algorithm.name().as_bytes());
+    for q in quotas {
+        h.write_u64(q.limit());
+        h.write_u64(q.period_micros());
+        h.write_u64(q.burst());
+    }
+    h.finish()
+}

@@ -1,0 +1,42 @@
+//! The `Store` trait: where limit state lives.
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::{Decision, Limit};
+
+/// Where limit state lives: in this process ([`MemoryStore`](crate::MemoryStore)) or shared by a
+/// fleet of gateways (the Redis store of the `ratelimit-redis` crate).
+///
+/// A check is one atomic read-modify-write of the key's state: two concurrent checks never spend
+/// the same token. The trait is runtime-agnostic: `check` returns a future that needs no particular
+/// executor to be polled (the in-memory store's is already complete).
+///
+/// State is kept per (key, limit): the same key under two different limits is two states.
+pub trait Store: Send + Sync + 'static {
+    /// Why a check could not be made (the store could not be reached, say). A denial is never an
+    /// error: it is a [`Decision`].
+    type Error: std::error::Error + Send + Sync + 'static;
+
+    /// The future of one check. It owns what it needs (`'static`), so a middleware can hold it.
+    type Future: Future<Output = Result<Decision, Self::Error>> + Send + 'static;
+
+    /// Checks `cost` units for `key` against `limit`, consuming them if allowed.
+    ///
+    /// A cost of 0 is a peek: it reports the state and consumes nothing. A cost larger than the
+    /// limit can ever hold is a denial that says so ([`Outcome::Exceeds`](crate::Outcome::Exceeds)).
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future;
+}
+
+impl<S: Store + ?Sized> Store for Arc<S> {
+    type Error = S::Error;
+    type Future = S::Future;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        (**self).check(key, limit, cost)
+    }
+}
+
+/// The error of a store that cannot fail.
+pub type NoError = Infallible;
