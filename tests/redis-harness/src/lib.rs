@@ -1,0 +1,1 @@
+//! Test support: starts real redis-server processes. (Being written.)
