@@ -1,1 +1,112 @@
-fn main() {}
+//! `MemoryStore` against governor's keyed limiter, in the same run.
+//!
+//! Run with: `cargo bench -p ratelimit-core --bench memory_store`
+//!
+//! Cases: one hot key, and 1,000,000 present keys picked at random; each single-threaded and with
+//! 2 threads (the time is wall time per check across both threads). Both limiters use the same
+//! quota (100 per minute) and read their own real clock on every check.
+
+use std::hint::black_box;
+use std::num::NonZeroU32;
+use std::time::{Duration, Instant};
+
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
+use governor::{Quota as GQuota, RateLimiter};
+use ratelimit_core::{Algorithm, Limit, MemoryStore, Quota};
+
+const KEYS: u64 = 1_000_000;
+const SAMPLE: usize = 1 << 22;
+
+fn random_keys() -> Vec<u64> {
+    // xorshift64*: a fixed, cheap sequence, the same for both limiters.
+    let mut x = 0x9E37_79B9_7F4A_7C15_u64;
+    (0..SAMPLE)
+        .map(|_| {
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            x.wrapping_mul(0x2545_F491_4F6C_DD1D) % KEYS
+        })
+        .collect()
+}
+
+fn run_threads(threads: usize, iters: u64, f: impl Fn(u64, u64) + Sync) -> Duration {
+    let per = iters / threads as u64 + 1;
+    let start = Instant::now();
+    std::thread::scope(|s| {
+        for t in 0..threads {
+            let f = &f;
+            s.spawn(move || f(t as u64, per));
+        }
+    });
+    start.elapsed()
+}
+
+fn bench(c: &mut Criterion) {
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(100).unwrap()).unwrap();
+    let gquota = GQuota::per_minute(NonZeroU32::new(100).unwrap());
+    let keys = random_keys();
+
+    let ours = MemoryStore::builder().max_keys(2_000_000).build().unwrap();
+    let theirs = RateLimiter::keyed(gquota);
+    for k in 0..KEYS {
+        let _ = ours.check_now(&k.to_le_bytes(), &limit, 1);
+        let _ = theirs.check_key(&k);
+    }
+
+    let mut g = c.benchmark_group("memory_store");
+    g.throughput(Throughput::Elements(1));
+    g.sample_size(20);
+    g.measurement_time(Duration::from_secs(3));
+    g.warm_up_time(Duration::from_millis(500));
+
+    for threads in [1usize, 2] {
+        g.bench_function(BenchmarkId::new("ours/hot_key", threads), |b| {
+            b.iter_custom(|iters| {
+                run_threads(threads, iters, |_, n| {
+                    let key = 7u64.to_le_bytes();
+                    for _ in 0..n {
+                        black_box(ours.check_now(black_box(&key), &limit, 1));
+                    }
+                })
+            })
+        });
+        g.bench_function(BenchmarkId::new("governor/hot_key", threads), |b| {
+            b.iter_custom(|iters| {
+                run_threads(threads, iters, |_, n| {
+                    for _ in 0..n {
+                        let _ = black_box(theirs.check_key(black_box(&7u64)));
+                    }
+                })
+            })
+        });
+        g.bench_function(BenchmarkId::new("ours/1M_keys", threads), |b| {
+            b.iter_custom(|iters| {
+                run_threads(threads, iters, |t, n| {
+                    let mut i = (t as usize) * (SAMPLE / 2);
+                    for _ in 0..n {
+                        let k = keys[i % SAMPLE];
+                        i += 1;
+                        black_box(ours.check_now(&k.to_le_bytes(), &limit, 1));
+                    }
+                })
+            })
+        });
+        g.bench_function(BenchmarkId::new("governor/1M_keys", threads), |b| {
+            b.iter_custom(|iters| {
+                run_threads(threads, iters, |t, n| {
+                    let mut i = (t as usize) * (SAMPLE / 2);
+                    for _ in 0..n {
+                        let k = keys[i % SAMPLE];
+                        i += 1;
+                        let _ = black_box(theirs.check_key(&k));
+                    }
+                })
+            })
+        });
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -1,0 +1,96 @@
+//! A flood of distinct keys: the key count stays at or under the cap, and memory per key is
+//! measured (resident set size, from /proc on Linux).
+
+use ratelimit_core::{Algorithm, Limit, ManualClock, MemoryStore, Quota};
+
+fn rss_bytes() -> Option<u64> {
+    let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
+    let pages: u64 = statm.split_whitespace().nth(1)?.parse().ok()?;
+    Some(pages * 4096)
+}
+
+#[test]
+fn a_million_keys_stay_under_a_cap_of_100_000() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::builder()
+        .max_keys(100_000)
+        .with_clock(clock.clone())
+        .build()
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(100).unwrap()).unwrap();
+    let rss_before = rss_bytes();
+    let mut peak = 0;
+    for i in 0..1_000_000u64 {
+        // Every key stays live (a token bucket 1 short of full for 600 ms): no key is fresh, so
+        // the cap is held by eviction alone.
+        assert!(store.check_now(&i.to_le_bytes(), &limit, 1).is_allowed());
+        if i % 10_000 == 0 {
+            peak = peak.max(store.len());
+        }
+    }
+    let held = store.len();
+    assert!(held <= 100_000, "held {held}");
+    assert!(peak <= 100_000, "peak {peak}");
+    // Eviction frees an eighth of a shard at a time, so the store stays nearly full.
+    assert!(held >= 85_000, "held {held}");
+    assert!(store.evictions() >= 900_000 - 15_000);
+    if let (Some(a), Some(b)) = (rss_before, rss_bytes()) {
+        println!(
+            "resident growth {} bytes for {held} keys: {} bytes per key",
+            b.saturating_sub(a),
+            b.saturating_sub(a) / held as u64
+        );
+    }
+}
+
+#[test]
+fn fresh_keys_are_dropped_without_any_eviction() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::builder()
+        .max_keys(10_000)
+        .with_clock(clock.clone())
+        .build()
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(10).unwrap()).unwrap();
+    for round in 0..50u64 {
+        for i in 0..5_000u64 {
+            let key = (round * 5_000 + i).to_le_bytes();
+            assert!(store.check_now(&key, &limit, 1).is_allowed());
+        }
+        // 100 ms later every bucket is full again: all 5,000 keys are fresh.
+        clock.advance(std::time::Duration::from_millis(100));
+    }
+    assert!(store.len() <= 10_000);
+    // 250,000 distinct keys went through a store of 10,000 without losing a live state.
+    assert_eq!(store.evictions(), 0);
+}
+
+#[test]
+fn evicted_keys_are_the_ones_nearest_to_fresh() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::builder()
+        .max_keys(64)
+        .shards(1)
+        .with_clock(clock.clone())
+        .build()
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(10).unwrap()).unwrap();
+    // One heavy key: empty bucket, a minute from fresh.
+    for _ in 0..10 {
+        assert!(store.check_now(b"heavy", &limit, 1).is_allowed());
+    }
+    // Light keys (6 s from fresh) flood the store past its cap.
+    for i in 0..1_000u64 {
+        let _ = store.check_now(&i.to_le_bytes(), &limit, 1);
+    }
+    assert!(store.len() <= 64);
+    // The heavy key kept its state: it is still denied.
+    assert!(store.check_now(b"heavy", &limit, 1).is_denied());
+}
+
+#[test]
+fn bad_store_settings_are_typed_errors() {
+    assert!(MemoryStore::builder().max_keys(0).build().is_err());
+    assert!(MemoryStore::builder().shards(3).build().is_err());
+    assert!(MemoryStore::builder().max_keys(4).shards(8).build().is_err());
+}

@@ -1,0 +1,189 @@
+//! Property tests over random request sequences. Failing cases proptest finds are saved in
+//! `properties.proptest-regressions` (committed) and replayed first on every run.
+
+use proptest::prelude::*;
+use ratelimit_core::algorithm::{gcra, sliding_log, token_bucket};
+use ratelimit_core::{Algorithm, Limit, Quota, State, Timestamp};
+
+/// A random quota: limit 1..=50 per period 1 ms..=10 s, burst 1..=60.
+fn quota() -> impl Strategy<Value = Quota> {
+    (1u64..=50, 1_000u64..=10_000_000, 1u64..=60).prop_map(|(limit, period_us, burst)| {
+        Quota::per_period(limit, std::time::Duration::from_micros(period_us))
+            .unwrap()
+            .with_burst(burst)
+            .unwrap()
+    })
+}
+
+/// Random steps: (time since previous request in µs, cost). Many zero gaps make bursts.
+fn steps(max_cost: u64) -> impl Strategy<Value = Vec<(u64, u64)>> {
+    prop::collection::vec(
+        (
+            prop_oneof![Just(0u64), 0u64..2_000, 0u64..5_000_000],
+            0u64..=max_cost,
+        ),
+        1..120,
+    )
+}
+
+/// Runs a sequence through `algorithm` and returns (time, cost) of each admitted request.
+fn run(limit: &Limit, steps: &[(u64, u64)]) -> Vec<(u64, u64)> {
+    let mut states = limit.fresh_states(Timestamp::ZERO);
+    let mut now = 0u64;
+    let mut admitted = Vec::new();
+    for &(gap, cost) in steps {
+        now += gap;
+        if limit
+            .check(&mut states, Timestamp::from_micros(now), cost)
+            .is_allowed()
+            && cost > 0
+        {
+            admitted.push((now, cost));
+        }
+    }
+    admitted
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// Token bucket and GCRA: over every interval [a, b], admitted cost ≤ burst + limit × (b − a) / period.
+    #[test]
+    fn bucket_algorithms_respect_the_rate_bound(q in quota(), s in steps(8)) {
+        for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
+            let limit = Limit::single(algorithm, q).unwrap();
+            let admitted = run(&limit, &s);
+            for i in 0..admitted.len() {
+                let mut sum = 0u128;
+                for j in i..admitted.len() {
+                    sum += u128::from(admitted[j].1);
+                    let span = u128::from(admitted[j].0 - admitted[i].0);
+                    let bound = u128::from(q.burst()) * u128::from(q.period_micros())
+                        + u128::from(q.limit()) * span;
+                    prop_assert!(
+                        sum * u128::from(q.period_micros()) <= bound,
+                        "{algorithm}: {sum} admitted in {span} us exceeds the bound"
+                    );
+                }
+            }
+        }
+    }
+
+    /// Sliding log: never more than the limit in any window of one period.
+    #[test]
+    fn sliding_log_never_exceeds_the_limit_in_any_window(q in quota(), s in steps(8)) {
+        let limit = Limit::single(Algorithm::SlidingLog, q).unwrap();
+        let admitted = run(&limit, &s);
+        for (j, &(t, _)) in admitted.iter().enumerate() {
+            let in_window: u64 = admitted[..=j]
+                .iter()
+                .filter(|&&(u, _)| u + q.period_micros() > t)
+                .map(|&(_, c)| c)
+                .sum();
+            prop_assert!(in_window <= q.limit());
+        }
+    }
+
+    /// Fixed window: never more than the limit in one aligned window (but up to twice in a period).
+    #[test]
+    fn fixed_window_never_exceeds_the_limit_per_window(q in quota(), s in steps(8)) {
+        let limit = Limit::single(Algorithm::FixedWindow, q).unwrap();
+        let admitted = run(&limit, &s);
+        let p = q.period_micros();
+        let mut per_window = std::collections::HashMap::new();
+        for (t, c) in admitted {
+            *per_window.entry(t / p).or_insert(0u64) += c;
+        }
+        prop_assert!(per_window.values().all(|&n| n <= q.limit()));
+    }
+
+    /// Sliding-window counter: never more than the limit in one aligned window, and never more
+    /// than twice the limit in any period.
+    #[test]
+    fn sliding_window_bounds(q in quota(), s in steps(8)) {
+        let limit = Limit::single(Algorithm::SlidingWindow, q).unwrap();
+        let admitted = run(&limit, &s);
+        let p = q.period_micros();
+        for (j, &(t, _)) in admitted.iter().enumerate() {
+            let same_window: u64 = admitted[..=j].iter().filter(|&&(u, _)| u / p == t / p).map(|&(_, c)| c).sum();
+            prop_assert!(same_window <= q.limit());
+            let in_period: u64 = admitted[..=j].iter().filter(|&&(u, _)| u + p > t).map(|&(_, c)| c).sum();
+            prop_assert!(in_period <= 2 * q.limit());
+        }
+    }
+
+    /// Token bucket and GCRA with the same quota make the same decision at every step, down to
+    /// remaining, reset and retry-after.
+    #[test]
+    fn token_bucket_and_gcra_agree(q in quota(), s in steps(70)) {
+        let mut tb = None;
+        let mut g = None;
+        let mut now = 0u64;
+        for (gap, cost) in s {
+            now += gap;
+            let t = Timestamp::from_micros(now);
+            let (d1, s1) = token_bucket::check(&q, tb.as_ref(), t, cost);
+            let (d2, s2) = gcra::check(&q, g.as_ref(), t, cost);
+            prop_assert_eq!(d1, d2);
+            if d1.is_allowed() {
+                tb = Some(s1);
+                g = Some(s2);
+            }
+        }
+    }
+
+    /// A denied multi-quota check changes no state; an allowed one consumes from every quota.
+    #[test]
+    fn multi_quota_never_half_consumes(q1 in quota(), q2 in quota(), s in steps(8), alg in 0usize..5) {
+        let algorithm = Algorithm::ALL[alg];
+        let limit = Limit::new(algorithm, [q1, q2]).unwrap();
+        let mut states = limit.fresh_states(Timestamp::ZERO);
+        let mut now = 0;
+        for (gap, cost) in s {
+            now += gap;
+            let before = states.clone();
+            let d = limit.check(&mut states, Timestamp::from_micros(now), cost);
+            if d.is_denied() {
+                prop_assert_eq!(&before, &states);
+            }
+        }
+    }
+
+    /// Time going backwards never grants: a check at an earlier time than the state's is never
+    /// better than the same check at the state's time.
+    #[test]
+    fn earlier_time_never_grants_more(q in quota(), s in steps(8), back in 1u64..10_000_000, alg in 0usize..5) {
+        let algorithm = Algorithm::ALL[alg];
+        let limit = Limit::single(algorithm, q).unwrap();
+        let mut states = limit.fresh_states(Timestamp::ZERO);
+        let mut now = 20_000_000u64;
+        for (gap, cost) in s {
+            now += gap;
+            let _ = limit.check(&mut states, Timestamp::from_micros(now), cost);
+        }
+        for cost in 0..=q.burst().max(q.limit()) {
+            let mut a: Vec<State> = states.clone();
+            let mut b: Vec<State> = states.clone();
+            let at_now = limit.check(&mut a, Timestamp::from_micros(now), cost);
+            let earlier = limit.check(&mut b, Timestamp::from_micros(now - back), cost);
+            prop_assert!(!earlier.is_allowed() || at_now.is_allowed());
+            if cost == 0 {
+                // A peek: what is left is never more at the earlier time.
+                prop_assert!(earlier.remaining() <= at_now.remaining());
+            }
+        }
+    }
+}
+
+#[test]
+fn sliding_log_memory_is_bounded_by_the_limit() {
+    let q = Quota::per_second(50).unwrap();
+    let mut state: Option<ratelimit_core::algorithm::SlidingLogState> = None;
+    for i in 0..10_000u64 {
+        let (d, s) = sliding_log::check(&q, state.as_ref(), Timestamp::from_micros(i * 7), 1);
+        if d.is_allowed() {
+            state = Some(s);
+        }
+        assert!(state.as_ref().map_or(0, |s| s.entries.len()) <= 50);
+    }
+}

@@ -1,0 +1,173 @@
+//! The seed's scenarios, reproduced exactly, through the public store API on a manual clock.
+
+use std::time::Duration;
+
+use ratelimit_core::{Algorithm, Limit, ManualClock, MemoryStore, Outcome, Quota, Timestamp};
+
+fn store(clock: &ManualClock) -> MemoryStore<ManualClock> {
+    MemoryStore::builder()
+        .with_clock(clock.clone())
+        .build()
+        .expect("valid settings")
+}
+
+#[test]
+fn capacity_5_refill_2_per_second() {
+    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
+        let clock = ManualClock::new();
+        let store = store(&clock);
+        let limit = Limit::single(algorithm, Quota::per_second(2).unwrap().with_burst(5).unwrap())
+            .unwrap();
+
+        let first: Vec<bool> = (0..7)
+            .map(|_| store.check_now(b"client", &limit, 1).is_allowed())
+            .collect();
+        assert_eq!(
+            first,
+            [true, true, true, true, true, false, false],
+            "{algorithm}"
+        );
+        // The 6th request waits exactly one token: 500 ms.
+        let d = store.check_now(b"client", &limit, 1);
+        assert_eq!(
+            d.outcome(),
+            Outcome::Denied {
+                retry_after: Duration::from_millis(500)
+            }
+        );
+
+        clock.advance(Duration::from_millis(1_100));
+        let second: Vec<bool> = (0..3)
+            .map(|_| store.check_now(b"client", &limit, 1).is_allowed())
+            .collect();
+        assert_eq!(second, [true, true, false], "{algorithm}");
+        // 0.2 tokens are left over from the 1.1 s: the next token is 400 ms away.
+        let d = store.check_now(b"client", &limit, 1);
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(400)), "{algorithm}");
+    }
+}
+
+/// 100 per minute; 150 requests at 59.9 s and 150 at 60.1 s.
+fn boundary(algorithm: Algorithm) -> (usize, usize) {
+    let clock = ManualClock::starting_at(Timestamp::from_millis(59_900));
+    let store = store(&clock);
+    let limit = Limit::single(algorithm, Quota::per_minute(100).unwrap()).unwrap();
+    let before = (0..150)
+        .filter(|_| store.check_now(b"client", &limit, 1).is_allowed())
+        .count();
+    clock.set(Timestamp::from_millis(60_100));
+    let after = (0..150)
+        .filter(|_| store.check_now(b"client", &limit, 1).is_allowed())
+        .count();
+    (before, after)
+}
+
+#[test]
+fn boundary_experiment_every_algorithm() {
+    let table: Vec<(Algorithm, (usize, usize))> =
+        Algorithm::ALL.iter().map(|&a| (a, boundary(a))).collect();
+    for (a, (before, after)) in &table {
+        println!("{a:>15}: {before} at 59.9 s + {after} at 60.1 s = {}", before + after);
+    }
+    let total = |a: Algorithm| {
+        let (_, (b, c)) = table.iter().find(|(x, _)| *x == a).unwrap();
+        b + c
+    };
+    // The fixed window's boundary problem: twice the limit within 200 ms.
+    assert_eq!(boundary(Algorithm::FixedWindow), (100, 100));
+    assert_eq!(total(Algorithm::FixedWindow), 200);
+    // Every other algorithm holds the limit.
+    assert_eq!(total(Algorithm::TokenBucket), 100);
+    assert_eq!(total(Algorithm::Gcra), 100);
+    assert_eq!(total(Algorithm::SlidingWindow), 100);
+    assert_eq!(total(Algorithm::SlidingLog), 100);
+}
+
+#[test]
+fn cost_zero_is_a_peek_and_too_large_a_cost_never_passes() {
+    for algorithm in Algorithm::ALL {
+        let clock = ManualClock::new();
+        let store = store(&clock);
+        let limit = Limit::single(algorithm, Quota::per_second(10).unwrap()).unwrap();
+        let peek = store.check_now(b"k", &limit, 0);
+        assert!(peek.is_allowed(), "{algorithm}");
+        assert_eq!(peek.remaining(), 10, "{algorithm}");
+        assert!(store.is_empty(), "{algorithm}: a peek stores nothing");
+
+        assert!(store.check_now(b"k", &limit, 3).is_allowed());
+        assert_eq!(store.check_now(b"k", &limit, 0).remaining(), 7, "{algorithm}");
+
+        for cost in [11, u64::MAX] {
+            let d = store.check_now(b"k", &limit, cost);
+            assert_eq!(d.outcome(), Outcome::Exceeds, "{algorithm}");
+            assert!(!d.can_ever_pass());
+            assert_eq!(d.retry_after(), None);
+        }
+        assert_eq!(store.check_now(b"k", &limit, 0).remaining(), 7, "{algorithm}");
+    }
+}
+
+#[test]
+fn multi_quota_is_all_or_nothing() {
+    for algorithm in Algorithm::ALL {
+        let clock = ManualClock::new();
+        let store = store(&clock);
+        // 5 per second, and 8 per hour.
+        let limit = Limit::new(
+            algorithm,
+            [Quota::per_second(5).unwrap(), Quota::per_hour(8).unwrap()],
+        )
+        .unwrap();
+        let admitted = (0..10)
+            .filter(|_| store.check_now(b"k", &limit, 1).is_allowed())
+            .count();
+        assert_eq!(admitted, 5, "{algorithm}: the per-second quota binds first");
+        let d = store.check_now(b"k", &limit, 1);
+        assert_eq!(d.quota_index(), 0);
+
+        clock.advance(Duration::from_secs(2));
+        // The hour quota has 3 left; a cost of 4 fits the second but not the hour: nothing is
+        // consumed from either.
+        let d = store.check_now(b"k", &limit, 4);
+        assert!(d.is_denied(), "{algorithm}");
+        assert_eq!(d.quota_index(), 1, "{algorithm}");
+        assert_eq!(d.remaining(), 3, "{algorithm}");
+        let peek = store.check_now(b"k", &limit, 0);
+        assert_eq!(peek.remaining(), 3, "{algorithm}");
+        // The per-second quota still has all 5.
+        assert!(store.check_now(b"k", &limit, 3).is_allowed(), "{algorithm}");
+        assert!(store.check_now(b"k", &limit, 1).is_denied(), "{algorithm}");
+    }
+}
+
+#[test]
+fn exact_headers_figures_for_100_per_minute() {
+    let clock = ManualClock::new();
+    let store = store(&clock);
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(100).unwrap()).unwrap();
+    let d = store.check_now(b"u", &limit, 1);
+    assert_eq!((d.limit(), d.remaining()), (100, 99));
+    assert_eq!(d.reset_after(), Duration::from_millis(600));
+    for _ in 0..99 {
+        assert!(store.check_now(b"u", &limit, 1).is_allowed());
+    }
+    let d = store.check_now(b"u", &limit, 1);
+    assert_eq!(d.remaining(), 0);
+    assert_eq!(d.reset_after(), Duration::from_secs(60));
+    assert_eq!(d.retry_after(), Some(Duration::from_millis(600)));
+}
+
+#[test]
+fn time_going_backwards_grants_nothing() {
+    for algorithm in Algorithm::ALL {
+        let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+        let store = store(&clock);
+        let limit = Limit::single(algorithm, Quota::per_second(3).unwrap()).unwrap();
+        for _ in 0..3 {
+            assert!(store.check_now(b"k", &limit, 1).is_allowed(), "{algorithm}");
+        }
+        clock.set(Timestamp::from_secs(10));
+        assert!(store.check_now(b"k", &limit, 1).is_denied(), "{algorithm}");
+        assert_eq!(store.check_now(b"k", &limit, 0).remaining(), 0, "{algorithm}");
+    }
+}
