@@ -1,1 +1,510 @@
-//! Test support: starts real redis-server processes. (Being written.)
+//! Test support: real `redis-server` processes on free loopback ports, in temporary directories.
+//!
+//! ```no_run
+//! use redis_harness::{RedisCluster, RedisServer};
+//!
+//! let server = RedisServer::start();
+//! println!("standalone at {}", server.url());
+//!
+//! let cluster = RedisCluster::start(3);
+//! println!("cluster nodes: {:?}", cluster.urls());
+//! // Both are stopped when dropped.
+//! ```
+//!
+//! Nothing here is mocked: every server is the real `redis-server` binary. If it (or `redis-cli`)
+//! is not installed, starting one panics with a message that says how to install it; tests that
+//! need Redis are never skipped silently.
+//!
+//! Every wait is bounded (a few seconds), so a broken environment fails the test instead of
+//! hanging it.
+
+use std::fmt;
+use std::io::{BufRead, BufReader, Write};
+use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use tempfile::TempDir;
+
+/// How long a server may take to answer PING after starting.
+const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a cluster may take to agree that it is up.
+const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
+
+const MISSING: &str = "redis-server not found: run ./scripts/test.sh, which installs it";
+
+/// Ports handed out by this process, so two servers started at once never pick the same one.
+static TAKEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+
+/// A free loopback TCP port (and, for cluster nodes, its bus port `port + 10000` too).
+fn free_port(with_bus: bool) -> u16 {
+    for _ in 0..200 {
+        let listener = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))
+            .expect("bind a loopback port");
+        let port = listener.local_addr().expect("local address").port();
+        drop(listener);
+        if with_bus && (port > 55_535 || !port_is_free(port + 10_000)) {
+            continue;
+        }
+        let mut taken = TAKEN.lock().unwrap_or_else(|e| e.into_inner());
+        if taken.contains(&port) || (with_bus && taken.contains(&(port + 10_000))) {
+            continue;
+        }
+        taken.push(port);
+        if with_bus {
+            taken.push(port + 10_000);
+        }
+        return port;
+    }
+    panic!("found no free loopback port in 200 tries");
+}
+
+fn port_is_free(port: u16) -> bool {
+    TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)).is_ok()
+}
+
+fn binary(name: &str) -> PathBuf {
+    let found = std::env::var_os("PATH").and_then(|paths| {
+        std::env::split_paths(&paths)
+            .map(|dir| dir.join(name))
+            .find(|p| p.is_file())
+    });
+    match found {
+        Some(p) => p,
+        None if name == "redis-server" => panic!("{MISSING}"),
+        None => panic!("{name} not found: run ./scripts/test.sh, which installs redis-tools"),
+    }
+}
+
+/// Settings for a [`RedisServer`]: extra `redis.conf` lines.
+#[derive(Debug, Clone, Default)]
+#[must_use]
+pub struct RedisServerBuilder {
+    lines: Vec<String>,
+    cluster: bool,
+}
+
+impl RedisServerBuilder {
+    /// Adds one configuration line, as in `redis.conf` (`"maxmemory 10mb"`).
+    pub fn config(mut self, line: impl Into<String>) -> Self {
+        self.lines.push(line.into());
+        self
+    }
+
+    /// Requires a password for the default user (`requirepass`).
+    pub fn password(self, password: &str) -> Self {
+        self.config(format!("requirepass {password}"))
+    }
+
+    /// Adds an ACL user with a password and full access (`user <name> on ><password> ~* &* +@all`).
+    pub fn acl_user(self, user: &str, password: &str) -> Self {
+        self.config(format!("user {user} on >{password} ~* &* +@all"))
+    }
+
+    /// Limits memory and refuses writes when full (`maxmemory` with `noeviction`).
+    pub fn maxmemory_noeviction(self, bytes: u64) -> Self {
+        self.config(format!("maxmemory {bytes}"))
+            .config("maxmemory-policy noeviction")
+    }
+
+    /// Starts the server; panics (with the reason) if it cannot.
+    pub fn start(self) -> RedisServer {
+        let port = free_port(self.cluster);
+        let dir = tempfile::Builder::new()
+            .prefix("redis-harness-")
+            .tempdir()
+            .expect("create a temporary directory");
+        let mut server = RedisServer {
+            port,
+            dir,
+            lines: self.lines,
+            cluster: self.cluster,
+            child: None,
+        };
+        server.spawn();
+        server
+    }
+}
+
+/// A `redis-server` process on a free loopback port, in its own temporary directory, without
+/// persistence. Dropping it kills the process.
+pub struct RedisServer {
+    port: u16,
+    dir: TempDir,
+    lines: Vec<String>,
+    cluster: bool,
+    child: Option<Child>,
+}
+
+impl fmt::Debug for RedisServer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisServer")
+            .field("port", &self.port)
+            .field("dir", &self.dir.path())
+            .field("running", &self.child.is_some())
+            .finish()
+    }
+}
+
+impl RedisServer {
+    /// Starts a standalone server with the default settings.
+    pub fn start() -> RedisServer {
+        RedisServer::builder().start()
+    }
+
+    /// Settings for a server (extra configuration lines).
+    pub fn builder() -> RedisServerBuilder {
+        RedisServerBuilder::default()
+    }
+
+    /// `redis://127.0.0.1:<port>`.
+    pub fn url(&self) -> String {
+        format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// The TCP port.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// The server's working directory (logs are in `redis.log` there).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    fn spawn(&mut self) {
+        let bin = binary("redis-server");
+        let conf = self.dir.path().join("redis.conf");
+        let mut text = format!(
+            "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {dir}\nsave \"\"\nappendonly no\n\
+             daemonize no\nlogfile {dir}/redis.log\n",
+            port = self.port,
+            dir = self.dir.path().display()
+        );
+        if self.cluster {
+            text.push_str(&format!(
+                "cluster-enabled yes\ncluster-config-file {}/nodes.conf\ncluster-node-timeout 5000\n",
+                self.dir.path().display()
+            ));
+        }
+        for line in &self.lines {
+            text.push_str(line);
+            text.push('\n');
+        }
+        std::fs::write(&conf, text).expect("write redis.conf");
+        let child = Command::new(bin)
+            .arg(&conf)
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("spawn redis-server");
+        self.child = Some(child);
+        self.wait_ready();
+    }
+
+    fn wait_ready(&mut self) {
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            // Any reply to PING (PONG, or NOAUTH when a password is set) means it is serving.
+            if let Ok(reply) = raw_command(self.port, &["PING"]) {
+                if reply.starts_with("+PONG") || reply.starts_with("-NOAUTH") {
+                    return;
+                }
+            }
+            if let Some(child) = self.child.as_mut() {
+                if let Ok(Some(status)) = child.try_wait() {
+                    panic!(
+                        "redis-server on port {} exited ({status}); log:\n{}",
+                        self.port,
+                        self.log()
+                    );
+                }
+            }
+            if Instant::now() > deadline {
+                panic!(
+                    "redis-server on port {} did not answer PING within {START_TIMEOUT:?}; log:\n{}",
+                    self.port,
+                    self.log()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn log(&self) -> String {
+        std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+    }
+
+    /// Kills the process (SIGKILL) and waits for it. The port stays reserved for [`restart`].
+    ///
+    /// [`restart`]: RedisServer::restart
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts the server again on the same port, empty (there is no persistence).
+    pub fn restart(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_file(self.dir.path().join("nodes.conf"));
+        let deadline = Instant::now() + START_TIMEOUT;
+        while !port_is_free(self.port) {
+            assert!(
+                Instant::now() < deadline,
+                "port {} still busy after kill",
+                self.port
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        self.spawn();
+    }
+
+    /// Freezes the process (SIGSTOP): connections stay open but nothing is answered.
+    pub fn pause(&self) {
+        self.signal("-STOP");
+    }
+
+    /// Thaws a paused process (SIGCONT).
+    pub fn resume(&self) {
+        self.signal("-CONT");
+    }
+
+    fn signal(&self, sig: &str) {
+        let child = self.child.as_ref().expect("the server is not running");
+        let status = Command::new("kill")
+            .arg(sig)
+            .arg(child.id().to_string())
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill {sig} failed");
+    }
+
+    /// Runs one command through `redis-cli` against this server and returns its output, trimmed.
+    /// Panics if `redis-cli` fails.
+    pub fn cli(&self, args: &[&str]) -> String {
+        cli(self.port, &self.auth_args(), args)
+    }
+
+    fn auth_args(&self) -> Vec<String> {
+        self.lines
+            .iter()
+            .find_map(|l| l.strip_prefix("requirepass "))
+            .map(|p| {
+                vec![
+                    "--no-auth-warning".to_owned(),
+                    "-a".to_owned(),
+                    p.to_owned(),
+                ]
+            })
+            .unwrap_or_default()
+    }
+}
+
+impl Drop for RedisServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Runs `redis-cli -p <port> <args>` and returns stdout, trimmed.
+fn cli(port: u16, auth: &[String], args: &[&str]) -> String {
+    let out = Command::new(binary("redis-cli"))
+        .arg("-h")
+        .arg("127.0.0.1")
+        .arg("-p")
+        .arg(port.to_string())
+        .args(auth)
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run redis-cli");
+    assert!(
+        out.status.success(),
+        "redis-cli {args:?} failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+/// Sends one inline command over a fresh TCP connection and returns the first reply line.
+fn raw_command(port: u16, args: &[&str]) -> std::io::Result<String> {
+    let mut s = TcpStream::connect_timeout(
+        &SocketAddrV4::new(Ipv4Addr::LOCALHOST, port).into(),
+        Duration::from_millis(200),
+    )?;
+    s.set_read_timeout(Some(Duration::from_millis(500)))?;
+    let mut req = format!("*{}\r\n", args.len());
+    for a in args {
+        req.push_str(&format!("${}\r\n{a}\r\n", a.len()));
+    }
+    s.write_all(req.as_bytes())?;
+    let mut line = String::new();
+    BufReader::new(&mut s).read_line(&mut line)?;
+    Ok(line)
+}
+
+/// A Redis Cluster of real `redis-server` processes, all masters, created with
+/// `redis-cli --cluster create`. Dropping it kills every node.
+#[derive(Debug)]
+pub struct RedisCluster {
+    nodes: Vec<RedisServer>,
+}
+
+impl RedisCluster {
+    /// Starts `masters` cluster-enabled servers (at least 3) and joins them into one cluster with
+    /// no replicas, then waits until every node reports `cluster_state:ok`.
+    pub fn start(masters: usize) -> RedisCluster {
+        assert!(masters >= 3, "a Redis Cluster needs at least 3 masters");
+        let nodes: Vec<RedisServer> = (0..masters)
+            .map(|_| {
+                RedisServerBuilder {
+                    cluster: true,
+                    ..RedisServerBuilder::default()
+                }
+                .start()
+            })
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let mut args: Vec<&str> = vec!["--cluster", "create"];
+        args.extend(addrs.iter().map(String::as_str));
+        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        cli(nodes[0].port, &[], &args);
+        let cluster = RedisCluster { nodes };
+        cluster.wait_ok();
+        cluster
+    }
+
+    fn wait_ok(&self) {
+        let deadline = Instant::now() + CLUSTER_TIMEOUT;
+        loop {
+            let all_ok = self.nodes.iter().all(|n| {
+                let info = n.cli(&["cluster", "info"]);
+                // Every node must also know every slot's owner.
+                info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+            });
+            let all_know = all_ok
+                && self.nodes.iter().all(|n| {
+                    n.cli(&["cluster", "nodes"])
+                        .lines()
+                        .filter(|l| l.contains("master"))
+                        .count()
+                        == self.nodes.len()
+                });
+            if all_know {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the cluster did not reach cluster_state:ok within {CLUSTER_TIMEOUT:?}"
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `redis://127.0.0.1:<port>` of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(RedisServer::url).collect()
+    }
+
+    /// The nodes (all masters).
+    pub fn nodes(&self) -> &[RedisServer] {
+        &self.nodes
+    }
+
+    /// The node that owns `key`'s slot (asks the first node with `CLUSTER KEYSLOT` and
+    /// `CLUSTER SLOTS`).
+    pub fn node_for(&self, key: &str) -> &RedisServer {
+        let slot: u16 = self.nodes[0]
+            .cli(&["cluster", "keyslot", key])
+            .parse()
+            .expect("CLUSTER KEYSLOT answers a number");
+        for node in &self.nodes {
+            let nodes = node.cli(&["cluster", "nodes"]);
+            let me = nodes
+                .lines()
+                .find(|l| l.contains("myself"))
+                .expect("CLUSTER NODES lists myself");
+            for range in me.split_whitespace().skip(8) {
+                let (lo, hi) = match range.split_once('-') {
+                    Some((a, b)) => (a.parse::<u16>(), b.parse::<u16>()),
+                    None => (range.parse::<u16>(), range.parse::<u16>()),
+                };
+                if let (Ok(lo), Ok(hi)) = (lo, hi) {
+                    if (lo..=hi).contains(&slot) {
+                        return node;
+                    }
+                }
+            }
+        }
+        panic!("no node owns slot {slot}");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn standalone_starts_answers_and_stops() {
+        let mut s = RedisServer::start();
+        assert_eq!(s.cli(&["ping"]), "PONG");
+        assert_eq!(s.cli(&["set", "k", "v"]), "OK");
+        assert_eq!(s.cli(&["get", "k"]), "v");
+        assert_eq!(s.cli(&["config", "get", "save"]), "save");
+        let port = s.port();
+        s.restart();
+        assert_eq!(s.port(), port);
+        assert_eq!(s.cli(&["get", "k"]), "", "a restarted server is empty");
+        s.kill();
+        assert!(raw_command(port, &["PING"]).is_err());
+    }
+
+    #[test]
+    fn password_and_extra_config() {
+        let s = RedisServer::builder()
+            .password("s3cret")
+            .maxmemory_noeviction(10 * 1024 * 1024)
+            .start();
+        assert_eq!(s.cli(&["ping"]), "PONG");
+        assert_eq!(
+            s.cli(&["config", "get", "maxmemory-policy"]),
+            "maxmemory-policy\nnoeviction"
+        );
+        let raw = raw_command(s.port(), &["PING"]).unwrap();
+        assert!(raw.starts_with("-NOAUTH"), "{raw}");
+    }
+
+    #[test]
+    fn pause_freezes_and_resume_thaws() {
+        let s = RedisServer::start();
+        s.pause();
+        assert!(raw_command(s.port(), &["PING"]).is_err());
+        s.resume();
+        assert!(
+            raw_command(s.port(), &["PING"])
+                .unwrap()
+                .starts_with("+PONG")
+        );
+    }
+
+    #[test]
+    fn cluster_of_three_masters() {
+        let c = RedisCluster::start(3);
+        assert_eq!(c.urls().len(), 3);
+        for n in c.nodes() {
+            assert!(n.cli(&["cluster", "info"]).contains("cluster_state:ok"));
+        }
+        let owners: std::collections::HashSet<u16> = (0..50)
+            .map(|i| c.node_for(&format!("key{i}")).port())
+            .collect();
+        assert_eq!(owners.len(), 3, "50 keys land on all three masters");
+    }
+}
