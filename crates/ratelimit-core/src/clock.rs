@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::Timestamp;
 use crate::time::duration_to_micros;
@@ -29,13 +29,16 @@ impl<C: Clock + ?Sized> Clock for &C {
 
 /// Wall-clock time since the Unix epoch that never goes backwards.
 ///
-/// It reads the system time once, when created, and then advances with the monotonic
-/// [`Instant`], so fixed windows line up with real minutes and hours while a wall-clock step
-/// (NTP, a VM resume) cannot move decisions backwards.
-#[derive(Debug, Clone, Copy)]
+/// It reads the system time once, when created, and then advances with a monotonic clock, so
+/// fixed windows line up with real minutes and hours while a wall-clock step (NTP, a VM resume)
+/// cannot move decisions backwards. The monotonic clock is [`quanta`]'s: it reads the CPU's
+/// invariant time-stamp counter where there is one (a few nanoseconds, against tens for
+/// `Instant::now`), and the operating system's monotonic clock where there is not.
+#[derive(Debug, Clone)]
 pub struct SystemClock {
     anchor_unix_micros: u64,
-    anchor: Instant,
+    anchor: u64,
+    clock: quanta::Clock,
 }
 
 impl SystemClock {
@@ -45,9 +48,11 @@ impl SystemClock {
         let unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or(Duration::ZERO);
+        let clock = quanta::Clock::new();
         SystemClock {
             anchor_unix_micros: duration_to_micros(unix),
-            anchor: Instant::now(),
+            anchor: clock.raw(),
+            clock,
         }
     }
 }
@@ -60,7 +65,7 @@ impl Default for SystemClock {
 
 impl Clock for SystemClock {
     fn now(&self) -> Timestamp {
-        let elapsed = duration_to_micros(self.anchor.elapsed());
+        let elapsed = duration_to_micros(self.clock.delta(self.anchor, self.clock.raw()));
         Timestamp::from_micros(self.anchor_unix_micros.saturating_add(elapsed))
     }
 }

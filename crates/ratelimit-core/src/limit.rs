@@ -151,13 +151,8 @@ impl Limit {
             }
             return d;
         }
-        let mut decisions = [Decision::new(
-            crate::Outcome::Allowed,
-            0,
-            0,
-            Duration::ZERO,
-            0,
-        ); MAX_QUOTAS];
+        let mut decisions =
+            [Decision::new(crate::Outcome::Allowed, 0, 0, Duration::ZERO, 0); MAX_QUOTAS];
         let mut next = Vec::with_capacity(self.quotas.len());
         for (i, quota) in self.quotas.iter().enumerate() {
             let (d, s) = self.algorithm.check(quota, states.get(i), now, cost);

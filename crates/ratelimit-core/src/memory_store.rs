@@ -406,3 +406,4 @@ fn random_seed() -> (u64, u64) {
     let b = std::collections::hash_map::RandomState::new().hash_one(0xfeed_u64);
     (a, b)
 }
+

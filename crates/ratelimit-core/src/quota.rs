@@ -184,8 +184,14 @@ mod tests {
         assert_eq!((q.limit(), q.period()), (5, Duration::from_secs(1)));
         let q = Quota::per_minute(100).unwrap();
         assert_eq!(q.period_micros(), 60_000_000);
-        assert_eq!(Quota::per_hour(1).unwrap().period(), Duration::from_secs(3600));
-        assert_eq!(Quota::per_day(1).unwrap().period(), Duration::from_secs(86_400));
+        assert_eq!(
+            Quota::per_hour(1).unwrap().period(),
+            Duration::from_secs(3600)
+        );
+        assert_eq!(
+            Quota::per_day(1).unwrap().period(),
+            Duration::from_secs(86_400)
+        );
     }
 
     #[test]

@@ -92,5 +92,11 @@ fn evicted_keys_are_the_ones_nearest_to_fresh() {
 fn bad_store_settings_are_typed_errors() {
     assert!(MemoryStore::builder().max_keys(0).build().is_err());
     assert!(MemoryStore::builder().shards(3).build().is_err());
-    assert!(MemoryStore::builder().max_keys(4).shards(8).build().is_err());
+    assert!(
+        MemoryStore::builder()
+            .max_keys(4)
+            .shards(8)
+            .build()
+            .is_err()
+    );
 }

@@ -16,8 +16,11 @@ fn capacity_5_refill_2_per_second() {
     for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
         let clock = ManualClock::new();
         let store = store(&clock);
-        let limit = Limit::single(algorithm, Quota::per_second(2).unwrap().with_burst(5).unwrap())
-            .unwrap();
+        let limit = Limit::single(
+            algorithm,
+            Quota::per_second(2).unwrap().with_burst(5).unwrap(),
+        )
+        .unwrap();
 
         let first: Vec<bool> = (0..7)
             .map(|_| store.check_now(b"client", &limit, 1).is_allowed())
@@ -43,7 +46,11 @@ fn capacity_5_refill_2_per_second() {
         assert_eq!(second, [true, true, false], "{algorithm}");
         // 0.2 tokens are left over from the 1.1 s: the next token is 400 ms away.
         let d = store.check_now(b"client", &limit, 1);
-        assert_eq!(d.retry_after(), Some(Duration::from_millis(400)), "{algorithm}");
+        assert_eq!(
+            d.retry_after(),
+            Some(Duration::from_millis(400)),
+            "{algorithm}"
+        );
     }
 }
 
@@ -67,7 +74,10 @@ fn boundary_experiment_every_algorithm() {
     let table: Vec<(Algorithm, (usize, usize))> =
         Algorithm::ALL.iter().map(|&a| (a, boundary(a))).collect();
     for (a, (before, after)) in &table {
-        println!("{a:>15}: {before} at 59.9 s + {after} at 60.1 s = {}", before + after);
+        println!(
+            "{a:>15}: {before} at 59.9 s + {after} at 60.1 s = {}",
+            before + after
+        );
     }
     let total = |a: Algorithm| {
         let (_, (b, c)) = table.iter().find(|(x, _)| *x == a).unwrap();
@@ -95,7 +105,11 @@ fn cost_zero_is_a_peek_and_too_large_a_cost_never_passes() {
         assert!(store.is_empty(), "{algorithm}: a peek stores nothing");
 
         assert!(store.check_now(b"k", &limit, 3).is_allowed());
-        assert_eq!(store.check_now(b"k", &limit, 0).remaining(), 7, "{algorithm}");
+        assert_eq!(
+            store.check_now(b"k", &limit, 0).remaining(),
+            7,
+            "{algorithm}"
+        );
 
         for cost in [11, u64::MAX] {
             let d = store.check_now(b"k", &limit, cost);
@@ -103,7 +117,11 @@ fn cost_zero_is_a_peek_and_too_large_a_cost_never_passes() {
             assert!(!d.can_ever_pass());
             assert_eq!(d.retry_after(), None);
         }
-        assert_eq!(store.check_now(b"k", &limit, 0).remaining(), 7, "{algorithm}");
+        assert_eq!(
+            store.check_now(b"k", &limit, 0).remaining(),
+            7,
+            "{algorithm}"
+        );
     }
 }
 
@@ -168,6 +186,10 @@ fn time_going_backwards_grants_nothing() {
         }
         clock.set(Timestamp::from_secs(10));
         assert!(store.check_now(b"k", &limit, 1).is_denied(), "{algorithm}");
-        assert_eq!(store.check_now(b"k", &limit, 0).remaining(), 0, "{algorithm}");
+        assert_eq!(
+            store.check_now(b"k", &limit, 0).remaining(),
+            0,
+            "{algorithm}"
+        );
     }
 }

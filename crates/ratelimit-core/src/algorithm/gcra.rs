@@ -36,17 +36,13 @@ impl GcraState {
 /// Debt `TAT − now` in level units, at most the capacity (a TAT further ahead, possible only if
 /// the clock went back, means an empty bucket all the same).
 fn debt(quota: &Quota, state: &GcraState, now: u64) -> u64 {
-    let cap = quota.capacity_units();
-    let rate = quota.refill_per_micro();
     if state.tat < now {
         0
     } else {
-        let ahead = state.tat - now;
-        if ahead > cap / rate + 1 {
-            cap
-        } else {
-            (ahead * rate + state.frac).min(cap)
-        }
+        (state.tat - now)
+            .saturating_mul(quota.refill_per_micro())
+            .saturating_add(state.frac)
+            .min(quota.capacity_units())
     }
 }
 
@@ -84,9 +80,13 @@ pub fn check(
         micros(ceil_div(d, rate)),
         0,
     );
-    let next = GcraState {
-        tat: now + d / rate,
-        frac: d % rate,
+    let next = if rate == 1 {
+        GcraState { tat: now + d, frac: 0 }
+    } else {
+        GcraState {
+            tat: now + d / rate,
+            frac: d % rate,
+        }
     };
     (decision, next)
 }

@@ -1,6 +1,6 @@
 //! Token bucket with lazy refill: `tokens = min(capacity, tokens + elapsed × rate)`, no timers.
 
-use super::{ceil_div, micros};
+use super::{ceil_div, micros, mul_at_least};
 use crate::{Decision, Outcome, Quota, Timestamp};
 
 /// A token bucket's stored state.
@@ -57,8 +57,8 @@ pub fn check(
     let now = now.max(last);
     let elapsed = now - last;
     let deficit = cap - level;
-    // Compared by division so that `elapsed × rate` cannot overflow.
-    if elapsed >= ceil_div(deficit, rate) {
+    // `elapsed × rate >= deficit`, compared without overflow: the bucket is full again.
+    if mul_at_least(elapsed, rate, deficit) {
         level = cap;
     } else {
         level += elapsed * rate;
