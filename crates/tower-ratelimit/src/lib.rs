@@ -1,1 +1,88 @@
-//! Placeholder.
+//! Rate limiting for Tower and Axum over any [`ratelimit_core::Store`].
+//!
+//! ```
+//! use std::net::SocketAddr;
+//! use axum::{Router, routing::get, extract::ConnectInfo};
+//! use ratelimit_core::{Algorithm, Limit, ManualClock, MemoryStore, Quota};
+//! use tower::ServiceExt;
+//! use tower_ratelimit::{FailurePolicy, Policy, RateLimitLayer, key::ApiKeyHeader};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = MemoryStore::new();
+//! let policy = Policy::new("api", Limit::single(Algorithm::TokenBucket, Quota::per_minute(2)?)?)?
+//!     .key(ApiKeyHeader::new("x-api-key")?)
+//!     .failure(FailurePolicy::FailOpen);
+//! let app = Router::new()
+//!     .route("/", get(|| async { "hello" }))
+//!     .layer(RateLimitLayer::new(store, policy)?);
+//!
+//! let request = || http::Request::get("/").header("x-api-key", "k1").body(axum::body::Body::empty());
+//! for _ in 0..2 {
+//!     let ok = app.clone().oneshot(request()?).await?;
+//!     assert_eq!(ok.status(), 200);
+//! }
+//! let denied = app.clone().oneshot(request()?).await?;
+//! assert_eq!(denied.status(), 429);
+//! assert_eq!(denied.headers()["retry-after"], "30");
+//! assert_eq!(denied.headers()["ratelimit-policy"], "\"api\";q=2;w=60");
+//! assert_eq!(denied.headers()["ratelimit"], "\"api\";r=0;t=30");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # What it does
+//!
+//! For each request the layer
+//! 1. lets allow-listed requests through ([`Policy::allow`]);
+//! 2. extracts a key ([`key`]) and namespaces it with the policy name; with no key it answers
+//!    as the policy's [`MissingKey`] says (400 by default, or a shared fallback key);
+//! 3. checks the request's cost against the policy's limit (or the tier chosen for the request)
+//!    in the store, under a timeout and a [`CircuitBreaker`];
+//! 4. forwards the request, or answers `429` with `Retry-After` and the IETF `RateLimit` /
+//!    `RateLimit-Policy` fields ([`response`]); if the store fails, the [`FailurePolicy`]
+//!    decides ([`failure`]);
+//! 5. counts the outcome ([`metrics`](mod@crate::metrics)) and puts a [`Verdict`] in the
+//!    response extensions.
+//!
+//! The in-memory path allocates no timer and boxes nothing: the store's answer is ready when
+//! `call` returns, so a denial is a response built at once.
+//!
+//! # Layer order
+//!
+//! Put authentication before the rate limit if the key is the user (`.layer(rate_limit)` then
+//! `.layer(auth)`: the last added runs first). With `route_layer`, each route can have its own
+//! policy: a strict one for `/login`, a looser one for the API.
+//!
+//! # Features
+//! - `axum` (default): [`key::PeerIp`], [`key::ClientIpKey`] and the matched route in
+//!   [`key::RouteKey`].
+//! - `serde`: policies from configuration ([`config`]).
+#![forbid(unsafe_code)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
+
+mod body;
+pub mod circuit_breaker;
+pub mod client_ip;
+#[cfg(feature = "serde")]
+pub mod config;
+mod error;
+pub mod failure;
+mod future;
+pub mod key;
+mod layer;
+pub mod metrics;
+pub mod policy;
+pub mod response;
+mod service;
+
+pub use body::ResponseBody;
+pub use circuit_breaker::{CircuitBreaker, CircuitState};
+pub use client_ip::{ClientIp, ClientIpError, ForwardedHeader};
+pub use error::Error;
+pub use failure::FailurePolicy;
+pub use future::ResponseFuture;
+pub use layer::{DEFAULT_TIMEOUT, RateLimitLayer, RateLimitLayerBuilder};
+pub use policy::{MissingKey, Policy};
+pub use response::{DenialBody, Headers, Verdict, VerdictKind};
+pub use service::RateLimit;

@@ -1,0 +1,295 @@
+//! A circuit breaker per layer: stop calling a failing store, and recover by itself.
+//!
+//! - **Closed**: every request asks the store. After `failure_threshold` consecutive failures
+//!   (errors or timeouts) the circuit opens.
+//! - **Open**: no request asks the store; each gets the policy's
+//!   [`FailurePolicy`](crate::FailurePolicy) at once. After `cool_down` the next request is let
+//!   through as the probe, and the circuit is half-open.
+//! - **Half-open**: exactly one probe asks the store; the others are answered as when open. If the
+//!   probe succeeds the circuit closes; if it fails (or is cancelled) it opens again for another
+//!   `cool_down`.
+//!
+//! Time is read from the layer's [`Clock`](ratelimit_core::Clock), so tests drive it with a
+//! `ManualClock` instead of sleeping.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_ratelimit::CircuitBreaker;
+//!
+//! let breaker = CircuitBreaker::new(3, Duration::from_secs(5))?;
+//! assert_eq!(breaker.failure_threshold(), 3);
+//! # Ok::<(), tower_ratelimit::Error>(())
+//! ```
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::time::Duration;
+
+use ratelimit_core::{Clock, Timestamp};
+
+use crate::Error;
+
+/// Circuit-breaker settings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub struct CircuitBreaker {
+    failure_threshold: u32,
+    cool_down: Duration,
+}
+
+impl CircuitBreaker {
+    /// Opens after `failure_threshold` consecutive failures (at least 1), for `cool_down` (at
+    /// least 1 ms) before a probe.
+    pub fn new(failure_threshold: u32, cool_down: Duration) -> Result<Self, Error> {
+        if failure_threshold == 0 {
+            return Err(Error::InvalidSetting {
+                name: "failure_threshold",
+                reason: "must be at least 1",
+            });
+        }
+        if cool_down < Duration::from_millis(1) {
+            return Err(Error::InvalidSetting {
+                name: "cool_down",
+                reason: "must be at least 1 ms",
+            });
+        }
+        Ok(CircuitBreaker {
+            failure_threshold,
+            cool_down,
+        })
+    }
+
+    /// Consecutive failures that open the circuit.
+    #[must_use]
+    pub const fn failure_threshold(&self) -> u32 {
+        self.failure_threshold
+    }
+
+    /// How long the circuit stays open before a probe.
+    #[must_use]
+    pub const fn cool_down(&self) -> Duration {
+        self.cool_down
+    }
+}
+
+impl Default for CircuitBreaker {
+    /// 5 consecutive failures, 10 s cool-down.
+    fn default() -> Self {
+        CircuitBreaker {
+            failure_threshold: 5,
+            cool_down: Duration::from_secs(10),
+        }
+    }
+}
+
+/// The state of a circuit.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CircuitState {
+    /// Requests ask the store.
+    Closed,
+    /// Requests get the failure policy without asking the store.
+    Open,
+    /// One probe is asking the store.
+    HalfOpen,
+}
+
+const CLOSED: u8 = 0;
+const OPEN: u8 = 1;
+const HALF_OPEN: u8 = 2;
+
+/// Whether a request may ask the store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Admit {
+    Call,
+    Probe,
+    Reject,
+}
+
+pub(crate) struct Breaker {
+    config: CircuitBreaker,
+    state: AtomicU8,
+    failures: AtomicU32,
+    opened_at: AtomicU64,
+    clock: Arc<dyn Clock>,
+    gauge: metrics::Gauge,
+    policy: Arc<str>,
+}
+
+impl std::fmt::Debug for Breaker {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Breaker")
+            .field("config", &self.config)
+            .field("state", &self.state())
+            .finish_non_exhaustive()
+    }
+}
+
+impl Breaker {
+    pub(crate) fn new(
+        config: CircuitBreaker,
+        clock: Arc<dyn Clock>,
+        gauge: metrics::Gauge,
+        policy: Arc<str>,
+    ) -> Breaker {
+        Breaker {
+            config,
+            state: AtomicU8::new(CLOSED),
+            failures: AtomicU32::new(0),
+            opened_at: AtomicU64::new(0),
+            clock,
+            gauge,
+            policy,
+        }
+    }
+
+    pub(crate) fn state(&self) -> CircuitState {
+        match self.state.load(Ordering::Acquire) {
+            CLOSED => CircuitState::Closed,
+            OPEN => CircuitState::Open,
+            _ => CircuitState::HalfOpen,
+        }
+    }
+
+    pub(crate) fn admit(&self) -> Admit {
+        match self.state.load(Ordering::Acquire) {
+            CLOSED => Admit::Call,
+            OPEN => {
+                let opened = Timestamp::from_micros(self.opened_at.load(Ordering::Acquire));
+                let cooled = self.clock.now().saturating_since(opened) >= self.config.cool_down;
+                if cooled
+                    && self
+                        .state
+                        .compare_exchange(OPEN, HALF_OPEN, Ordering::AcqRel, Ordering::Acquire)
+                        .is_ok()
+                {
+                    self.gauge.set(f64::from(HALF_OPEN));
+                    tracing::info!(policy = %self.policy, "rate-limit store circuit half-open: probing");
+                    Admit::Probe
+                } else {
+                    Admit::Reject
+                }
+            }
+            _ => Admit::Reject,
+        }
+    }
+
+    pub(crate) fn success(&self, probe: bool) {
+        if probe {
+            self.failures.store(0, Ordering::Release);
+            self.state.store(CLOSED, Ordering::Release);
+            self.gauge.set(f64::from(CLOSED));
+            tracing::info!(policy = %self.policy, "rate-limit store circuit closed");
+        } else if self.failures.load(Ordering::Relaxed) != 0 {
+            self.failures.store(0, Ordering::Release);
+        }
+    }
+
+    pub(crate) fn failure(&self, probe: bool) {
+        if probe {
+            self.open();
+            return;
+        }
+        let n = self
+            .failures
+            .fetch_add(1, Ordering::AcqRel)
+            .saturating_add(1);
+        if n >= self.config.failure_threshold && self.state.load(Ordering::Acquire) == CLOSED {
+            self.open();
+        }
+    }
+
+    fn open(&self) {
+        self.opened_at
+            .store(self.clock.now().as_micros(), Ordering::Release);
+        self.failures.store(0, Ordering::Release);
+        self.state.store(OPEN, Ordering::Release);
+        self.gauge.set(f64::from(OPEN));
+        tracing::warn!(
+            policy = %self.policy,
+            cool_down_ms = self.config.cool_down.as_millis() as u64,
+            "rate-limit store circuit open"
+        );
+    }
+}
+
+/// Re-opens the circuit if a probe is dropped before its result is known.
+pub(crate) struct ProbeGuard {
+    breaker: Option<Arc<Breaker>>,
+}
+
+impl ProbeGuard {
+    pub(crate) fn new(breaker: Option<Arc<Breaker>>) -> Self {
+        ProbeGuard { breaker }
+    }
+
+    pub(crate) fn disarm(&mut self) {
+        self.breaker = None;
+    }
+}
+
+impl Drop for ProbeGuard {
+    fn drop(&mut self) {
+        if let Some(b) = self.breaker.take() {
+            b.failure(true);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ratelimit_core::ManualClock;
+
+    fn breaker(clock: &ManualClock) -> Breaker {
+        Breaker::new(
+            CircuitBreaker::new(2, Duration::from_secs(5)).unwrap(),
+            Arc::new(clock.clone()),
+            metrics::Gauge::noop(),
+            "p".into(),
+        )
+    }
+
+    #[test]
+    fn opens_half_opens_and_closes() {
+        let clock = ManualClock::new();
+        let b = breaker(&clock);
+        b.failure(false);
+        assert_eq!(b.admit(), Admit::Call);
+        b.success(false);
+        b.failure(false);
+        assert_eq!(b.state(), CircuitState::Closed, "success reset the count");
+        b.failure(false);
+        assert_eq!(b.state(), CircuitState::Open);
+        assert_eq!(b.admit(), Admit::Reject);
+        clock.advance(Duration::from_secs(5));
+        assert_eq!(b.admit(), Admit::Probe);
+        assert_eq!(b.admit(), Admit::Reject, "one probe at a time");
+        b.failure(true);
+        assert_eq!(b.state(), CircuitState::Open);
+        clock.advance(Duration::from_secs(4));
+        assert_eq!(b.admit(), Admit::Reject);
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(b.admit(), Admit::Probe);
+        b.success(true);
+        assert_eq!(b.state(), CircuitState::Closed);
+        assert_eq!(b.admit(), Admit::Call);
+    }
+
+    #[test]
+    fn a_dropped_probe_reopens() {
+        let clock = ManualClock::new();
+        let b = Arc::new(breaker(&clock));
+        b.failure(false);
+        b.failure(false);
+        clock.advance(Duration::from_secs(5));
+        assert_eq!(b.admit(), Admit::Probe);
+        drop(ProbeGuard::new(Some(b.clone())));
+        assert_eq!(b.state(), CircuitState::Open);
+    }
+
+    #[test]
+    fn settings_are_validated() {
+        assert!(CircuitBreaker::new(0, Duration::from_secs(1)).is_err());
+        assert!(CircuitBreaker::new(1, Duration::ZERO).is_err());
+    }
+}

@@ -1,0 +1,255 @@
+//! Policies from configuration files (the `serde` feature).
+//!
+//! A [`PolicyConfig`] is the data part of a [`Policy`]: name, algorithm, quotas, tiers, header
+//! mode, body, failure policy, missing-key answer and dry run. What is code (the key extractor,
+//! the cost function, the tier resolver, the allow-list) is added to the built policy.
+//!
+//! ```
+//! use tower_ratelimit::config::PolicyConfig;
+//! use tower_ratelimit::key::ApiKeyHeader;
+//!
+//! let config: PolicyConfig = toml::from_str(r#"
+//!     name = "api"
+//!     algorithm = "gcra"
+//!     quotas = [{ limit = 10, per = "second", burst = 20 }, { limit = 1000, per = "hour" }]
+//!     failure = { mode = "fallback", gateways = 4 }
+//!     missing_key = { reject = 401 }
+//!     headers = { legacy = true, on_allowed = false }
+//!     body = "problem_json"
+//!
+//!     [[tiers]]
+//!     name = "pro"
+//!     quotas = [{ limit = 100, per = "second" }]
+//! "#)?;
+//! let policy = config.into_policy()?.key(ApiKeyHeader::new("x-api-key")?);
+//! assert_eq!(policy.name(), "api");
+//! assert_eq!(policy.limit().quotas().len(), 2);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::time::Duration;
+
+use ratelimit_core::{Algorithm, Limit, Quota};
+use serde::Deserialize;
+
+use crate::{DenialBody, Error, FailurePolicy, Headers, MissingKey, Policy};
+
+/// A policy as written in a configuration file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct PolicyConfig {
+    /// The policy name.
+    pub name: String,
+    /// The algorithm (default `token_bucket`).
+    #[serde(default)]
+    pub algorithm: Algorithm,
+    /// One or more quotas, checked all-or-nothing.
+    pub quotas: Vec<QuotaConfig>,
+    /// Other limits, chosen per request by a resolver set in code.
+    #[serde(default)]
+    pub tiers: Vec<TierConfig>,
+    /// Dry run (shadow mode).
+    #[serde(default)]
+    pub dry_run: bool,
+    /// Which rate-limit fields to send.
+    #[serde(default)]
+    pub headers: HeadersConfig,
+    /// The body of a 429.
+    #[serde(default)]
+    pub body: BodyConfig,
+    /// What to do when the store cannot answer.
+    #[serde(default)]
+    pub failure: FailureConfig,
+    /// What to answer when no key is found.
+    #[serde(default)]
+    pub missing_key: MissingKeyConfig,
+}
+
+/// One quota: `limit` requests `per` unit (or per `period_ms`), with an optional burst.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct QuotaConfig {
+    /// Requests per period.
+    pub limit: u64,
+    /// The period as a unit. Give this or `period_ms`.
+    #[serde(default)]
+    pub per: Option<Per>,
+    /// The period in milliseconds. Give this or `per`.
+    #[serde(default)]
+    pub period_ms: Option<u64>,
+    /// The bucket capacity (default: `limit`).
+    #[serde(default)]
+    pub burst: Option<u64>,
+}
+
+/// A unit of time for a quota.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Per {
+    /// One second.
+    Second,
+    /// One minute.
+    Minute,
+    /// One hour.
+    Hour,
+    /// One day (86,400 seconds).
+    Day,
+}
+
+/// A tier: a named limit.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+#[non_exhaustive]
+pub struct TierConfig {
+    /// The tier's name, as the resolver returns it.
+    pub name: String,
+    /// The algorithm (default: the policy's).
+    #[serde(default)]
+    pub algorithm: Option<Algorithm>,
+    /// The tier's quotas.
+    pub quotas: Vec<QuotaConfig>,
+}
+
+/// Which rate-limit fields to send (every field is optional).
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+#[non_exhaustive]
+pub struct HeadersConfig {
+    /// The IETF `RateLimit` and `RateLimit-Policy` fields (default true).
+    pub ietf: bool,
+    /// The legacy `X-RateLimit-*` fields (default false).
+    pub legacy: bool,
+    /// On allowed responses too (default true).
+    pub on_allowed: bool,
+}
+
+impl Default for HeadersConfig {
+    fn default() -> Self {
+        HeadersConfig {
+            ietf: true,
+            legacy: false,
+            on_allowed: true,
+        }
+    }
+}
+
+/// The body of a 429: `"plain_text"` or `"problem_json"`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum BodyConfig {
+    /// `text/plain`.
+    #[default]
+    PlainText,
+    /// `application/problem+json`.
+    ProblemJson,
+}
+
+/// The failure policy: `{ mode = "open" }`, `{ mode = "closed", retry_after_secs = 2 }` or
+/// `{ mode = "fallback", gateways = 4 }`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(tag = "mode", rename_all = "snake_case", deny_unknown_fields)]
+#[non_exhaustive]
+pub enum FailureConfig {
+    /// [`FailurePolicy::FailOpen`].
+    #[default]
+    Open,
+    /// [`FailurePolicy::FailClosed`].
+    Closed {
+        /// `Retry-After` in seconds.
+        retry_after_secs: u64,
+    },
+    /// [`FailurePolicy::Fallback`].
+    Fallback {
+        /// How many gateways share the limit.
+        gateways: u64,
+    },
+}
+
+/// The missing-key answer: `{ reject = 400 }` or `{ shared_key = "anonymous" }`.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case", deny_unknown_fields)]
+#[non_exhaustive]
+pub enum MissingKeyConfig {
+    /// Reject with this status.
+    Reject(u16),
+    /// Use this shared key.
+    SharedKey(String),
+}
+
+impl Default for MissingKeyConfig {
+    fn default() -> Self {
+        MissingKeyConfig::Reject(400)
+    }
+}
+
+impl QuotaConfig {
+    fn to_quota(&self) -> Result<Quota, Error> {
+        let quota = match (self.per, self.period_ms) {
+            (Some(Per::Second), None) => Quota::per_second(self.limit)?,
+            (Some(Per::Minute), None) => Quota::per_minute(self.limit)?,
+            (Some(Per::Hour), None) => Quota::per_hour(self.limit)?,
+            (Some(Per::Day), None) => Quota::per_day(self.limit)?,
+            (None, Some(ms)) => Quota::per_period(self.limit, Duration::from_millis(ms))?,
+            _ => {
+                return Err(Error::InvalidSetting {
+                    name: "quotas",
+                    reason: "each quota needs exactly one of `per` and `period_ms`",
+                });
+            }
+        };
+        Ok(match self.burst {
+            Some(b) => quota.with_burst(b)?,
+            None => quota,
+        })
+    }
+}
+
+fn limit(algorithm: Algorithm, quotas: &[QuotaConfig]) -> Result<Limit, Error> {
+    let quotas = quotas
+        .iter()
+        .map(QuotaConfig::to_quota)
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Limit::new(algorithm, quotas)?)
+}
+
+impl PolicyConfig {
+    /// Builds the policy, or says which setting is wrong. Set the key extractor (and any cost
+    /// function, tier resolver or allow-list) on the result.
+    pub fn into_policy(self) -> Result<Policy, Error> {
+        let mut policy = Policy::new(&self.name, limit(self.algorithm, &self.quotas)?)?;
+        for tier in self.tiers {
+            let l = limit(tier.algorithm.unwrap_or(self.algorithm), &tier.quotas)?;
+            policy = policy.tier(tier.name, l)?;
+        }
+        let failure = match self.failure {
+            FailureConfig::Open => FailurePolicy::FailOpen,
+            FailureConfig::Closed { retry_after_secs } => {
+                FailurePolicy::fail_closed(Duration::from_secs(retry_after_secs))
+            }
+            FailureConfig::Fallback { gateways } => FailurePolicy::fallback(gateways)?,
+        };
+        let missing = match self.missing_key {
+            MissingKeyConfig::Reject(status) => MissingKey::reject(status)?,
+            MissingKeyConfig::SharedKey(key) => MissingKey::shared_key(key),
+        };
+        let h = self.headers;
+        Ok(policy
+            .dry_run(self.dry_run)
+            .headers(
+                Headers::ietf()
+                    .with_ietf(h.ietf)
+                    .legacy(h.legacy)
+                    .on_allowed(h.on_allowed),
+            )
+            .body(match self.body {
+                BodyConfig::PlainText => DenialBody::PlainText,
+                BodyConfig::ProblemJson => DenialBody::ProblemJson,
+            })
+            .failure(failure)
+            .missing_key(missing))
+    }
+}

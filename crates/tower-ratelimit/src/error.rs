@@ -1,0 +1,51 @@
+//! The error of this crate: why a layer's configuration was refused.
+
+use ratelimit_core::ConfigError;
+
+/// Why a policy, key extractor or layer could not be built.
+///
+/// Every constructor that can be given a bad setting returns this instead of panicking, so a
+/// configuration can be checked at start-up with a message that names what is wrong. Requests
+/// never produce it: every per-request answer (no key, store down, denied) is a response.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A quota or limit was refused by `ratelimit-core`.
+    #[error("invalid limit: {0}")]
+    Limit(#[from] ConfigError),
+    /// A header name was not a valid HTTP header name.
+    #[error("invalid header name `{name}`")]
+    InvalidHeaderName {
+        /// The name that was given.
+        name: String,
+    },
+    /// A policy name was empty, too long, or had a character other than printable ASCII.
+    #[error(
+        "invalid policy name `{name}`: it must be 1 to {max} printable ASCII characters",
+        max = crate::policy::MAX_NAME_LEN
+    )]
+    InvalidPolicyName {
+        /// The name that was given.
+        name: String,
+    },
+    /// Two tiers of one policy had the same name.
+    #[error("the tier `{name}` is defined twice")]
+    DuplicateTier {
+        /// The repeated tier name.
+        name: String,
+    },
+    /// A status code for an answer was not a client or server error (400 to 599).
+    #[error("status {status} is not an error status (400-599)")]
+    InvalidStatus {
+        /// The status that was given.
+        status: u16,
+    },
+    /// A numeric or duration setting was out of range.
+    #[error("invalid setting `{name}`: {reason}")]
+    InvalidSetting {
+        /// The setting's name.
+        name: &'static str,
+        /// What it must be.
+        reason: &'static str,
+    },
+}

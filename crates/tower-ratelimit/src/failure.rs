@@ -1,0 +1,89 @@
+//! What the layer does when its store cannot answer.
+//!
+//! A store call fails when the store returns an error, when it does not answer within the
+//! layer's timeout (50 ms by default), or when the circuit breaker is open. The policy's
+//! [`FailurePolicy`] then decides, and the decision is counted in
+//! `ratelimit_decisions_total{outcome=...}` and logged with `tracing`.
+//!
+//! ## Fail open: availability first
+//!
+//! ```
+//! use tower_ratelimit::{FailurePolicy, Policy};
+//! use ratelimit_core::{Algorithm, Limit, Quota};
+//!
+//! let policy = Policy::new("api", Limit::single(Algorithm::TokenBucket, Quota::per_minute(100)?)?)?
+//!     .failure(FailurePolicy::FailOpen);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## Fail closed: for routes where a missing limit is worse than an outage (login)
+//!
+//! The client gets `503 Service Unavailable` with `Retry-After`.
+//!
+//! ```
+//! use std::time::Duration;
+//! use tower_ratelimit::{FailurePolicy, Policy};
+//! use ratelimit_core::{Algorithm, Limit, Quota};
+//!
+//! let policy = Policy::new("login", Limit::single(Algorithm::Gcra, Quota::per_minute(5)?)?)?
+//!     .failure(FailurePolicy::fail_closed(Duration::from_secs(2)));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## Fall back to a local share of the limit
+//!
+//! Each gateway counts alone in its own memory, with every quota divided by the number of
+//! gateways, so that together they grant no more than the shared limit would have.
+//!
+//! ```
+//! use tower_ratelimit::{FailurePolicy, Policy};
+//! use ratelimit_core::{Algorithm, Limit, Quota};
+//!
+//! // Four gateways: each grants 25 a minute per key while the shared store is down.
+//! let policy = Policy::new("api", Limit::single(Algorithm::TokenBucket, Quota::per_minute(100)?)?)?
+//!     .failure(FailurePolicy::fallback(4)?);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::time::Duration;
+
+use crate::Error;
+
+/// The answer to a request when the store cannot be asked (error, timeout, open circuit).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum FailurePolicy {
+    /// Let the request through, unlimited, and record it (`outcome="failed_open"`). The default.
+    #[default]
+    FailOpen,
+    /// Answer `503 Service Unavailable` with `Retry-After` (`outcome="failed_closed"`).
+    FailClosed {
+        /// What `Retry-After` says (whole seconds, rounded up, at least 1).
+        retry_after: Duration,
+    },
+    /// Count the request in this process's memory against the limit divided by `gateways`
+    /// (`outcome="fallback_allowed"` or `"fallback_denied"`).
+    Fallback {
+        /// How many gateways share the limit (at least 1).
+        gateways: u64,
+    },
+}
+
+impl FailurePolicy {
+    /// [`FailurePolicy::FailClosed`] with this `Retry-After`.
+    #[must_use]
+    pub const fn fail_closed(retry_after: Duration) -> Self {
+        FailurePolicy::FailClosed { retry_after }
+    }
+
+    /// [`FailurePolicy::Fallback`] with the limit shared by `gateways` gateways (at least 1).
+    pub fn fallback(gateways: u64) -> Result<Self, Error> {
+        if gateways == 0 {
+            return Err(Error::InvalidSetting {
+                name: "gateways",
+                reason: "must be at least 1",
+            });
+        }
+        Ok(FailurePolicy::Fallback { gateways })
+    }
+}

@@ -1,0 +1,652 @@
+//! Key extraction: which client a request counts against.
+//!
+//! A [`KeyExtractor`] reads the request's head ([`Parts`]) and appends the client's key to a
+//! [`KeyBuf`]. The layer prefixes every key with its policy's name, so two policies never share
+//! state even when they key on the same thing.
+//!
+//! When no key can be found (no API-key header, no user in the extensions, no peer address), the
+//! answer is the policy's [`MissingKey`](crate::MissingKey) setting: reject with a chosen status
+//! (400 by default) or count the request against one shared fallback key. It is never a 500.
+//!
+//! # Built-in extractors
+//!
+//! | extractor | key |
+//! | --- | --- |
+//! | [`ApiKeyHeader`] | the value of a header such as `x-api-key` |
+//! | [`ExtensionKey`] | a value an earlier layer put in the request extensions (a user id) |
+//! | [`PeerIp`] | the TCP peer's address from axum's `ConnectInfo<SocketAddr>` |
+//! | [`ClientIpKey`] | the client's address behind trusted proxies (`Forwarded`, `X-Forwarded-For`) |
+//! | [`RouteKey`] | the method and matched route of the request |
+//! | [`GlobalKey`] | one key for every request |
+//! | a closure `Fn(&Parts) -> Option<impl KeyPart>` | whatever it returns |
+//! | a tuple `(A, B)` or `(A, B, C)` | every part, in order (route + user) |
+//!
+//! ## An API-key header
+//!
+//! ```
+//! use tower_ratelimit::key::{ApiKeyHeader, KeyBuf, KeyExtractor};
+//!
+//! let key = ApiKeyHeader::new("x-api-key")?;
+//! let req = http::Request::get("/").header("x-api-key", "k-123").body(())?;
+//! let (parts, _) = req.into_parts();
+//! let mut buf = KeyBuf::new();
+//! key.extract(&parts, &mut buf)?;
+//! assert_eq!(buf.as_bytes(), b"k-123");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## A user id set by an authentication layer
+//!
+//! ```
+//! use tower_ratelimit::key::{ExtensionKey, KeyBuf, KeyExtractor, KeyPart};
+//!
+//! #[derive(Clone)]
+//! struct UserId(u64);
+//! impl KeyPart for UserId {
+//!     fn write_to(&self, key: &mut KeyBuf) {
+//!         self.0.write_to(key)
+//!     }
+//! }
+//!
+//! let key = ExtensionKey::<UserId>::new();
+//! let mut req = http::Request::new(());
+//! req.extensions_mut().insert(UserId(42));
+//! let (parts, _) = req.into_parts();
+//! let mut buf = KeyBuf::new();
+//! key.extract(&parts, &mut buf)?;
+//! assert_eq!(buf.as_bytes(), 42u64.to_be_bytes());
+//! # Ok::<(), tower_ratelimit::key::NoKey>(())
+//! ```
+//!
+//! ## A closure, and a combination (route and user)
+//!
+//! ```
+//! use http::request::Parts;
+//! use tower_ratelimit::key::{KeyBuf, KeyExtractor, RouteKey};
+//!
+//! let tenant = |parts: &Parts| parts.headers.get("x-tenant").cloned();
+//! let key = (RouteKey::new(), tenant);
+//! let req = http::Request::post("/upload").header("x-tenant", "acme").body(())?;
+//! let (parts, _) = req.into_parts();
+//! let mut buf = KeyBuf::new();
+//! key.extract(&parts, &mut buf)?;
+//! // Outside a router there is no matched route: the route part is the method and the
+//! // `<unmatched>` marker, never the raw path (whose cardinality the client controls).
+//! assert_eq!(buf.as_bytes(), b"POST <unmatched>\x1facme");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## The peer address
+//!
+//! ```
+//! use std::net::SocketAddr;
+//! use axum::extract::ConnectInfo;
+//! use tower_ratelimit::key::{KeyBuf, KeyExtractor, NoKey, PeerIp};
+//!
+//! let key = PeerIp::new();
+//! let mut req = http::Request::new(());
+//! req.extensions_mut().insert(ConnectInfo("[2001:db8:1:2:3:4:5:6]:443".parse::<SocketAddr>()?));
+//! let (parts, _) = req.into_parts();
+//! let mut buf = KeyBuf::new();
+//! key.extract(&parts, &mut buf)?;
+//! // IPv6 clients are grouped by their /64.
+//! let mut other = KeyBuf::new();
+//! let mut req = http::Request::new(());
+//! req.extensions_mut().insert(ConnectInfo("[2001:db8:1:2:ffff::1]:80".parse::<SocketAddr>()?));
+//! key.extract(&req.into_parts().0, &mut other)?;
+//! assert_eq!(buf.as_bytes(), other.as_bytes());
+//!
+//! // Without `into_make_service_with_connect_info` there is no peer address: no key.
+//! let (parts, _) = http::Request::new(()).into_parts();
+//! assert_eq!(key.extract(&parts, &mut KeyBuf::new()), Err(NoKey));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! The client address behind proxies is the job of [`ClientIpKey`], which only trusts
+//! `Forwarded` / `X-Forwarded-For` entries appended by proxies in a configured CIDR list.
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::net::IpAddr;
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{HeaderName, HeaderValue};
+
+use crate::Error;
+
+/// Separator written between the parts of a combined key.
+pub const PART_SEPARATOR: u8 = 0x1f;
+
+const INLINE: usize = 96;
+
+/// A key being built. Short keys live on the stack; longer ones move to the heap.
+///
+/// Extractors append bytes with [`push`](KeyBuf::push) (or any [`KeyPart`]).
+#[derive(Clone)]
+pub struct KeyBuf {
+    inline: [u8; INLINE],
+    len: usize,
+    heap: Vec<u8>,
+}
+
+impl KeyBuf {
+    /// An empty key.
+    #[must_use]
+    pub const fn new() -> Self {
+        KeyBuf {
+            inline: [0; INLINE],
+            len: 0,
+            heap: Vec::new(),
+        }
+    }
+
+    /// Appends bytes.
+    pub fn push(&mut self, bytes: &[u8]) {
+        if self.heap.is_empty() {
+            let end = self.len + bytes.len();
+            if end <= INLINE {
+                self.inline[self.len..end].copy_from_slice(bytes);
+                self.len = end;
+                return;
+            }
+            self.heap.reserve(end.max(2 * INLINE));
+            self.heap.extend_from_slice(&self.inline[..self.len]);
+        }
+        self.heap.extend_from_slice(bytes);
+    }
+
+    /// Appends one byte.
+    pub fn push_byte(&mut self, b: u8) {
+        self.push(&[b]);
+    }
+
+    /// The bytes so far.
+    #[must_use]
+    pub fn as_bytes(&self) -> &[u8] {
+        if self.heap.is_empty() {
+            &self.inline[..self.len]
+        } else {
+            &self.heap
+        }
+    }
+
+    /// The number of bytes so far.
+    #[must_use]
+    pub fn len(&self) -> usize {
+        self.as_bytes().len()
+    }
+
+    /// `true` if nothing was written.
+    #[must_use]
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Forgets everything written after the first `len` bytes.
+    pub(crate) fn truncate(&mut self, len: usize) {
+        if self.heap.is_empty() {
+            self.len = self.len.min(len);
+        } else {
+            self.heap.truncate(len);
+            if self.heap.is_empty() {
+                self.len = 0;
+            }
+        }
+    }
+}
+
+impl Default for KeyBuf {
+    fn default() -> Self {
+        KeyBuf::new()
+    }
+}
+
+impl fmt::Debug for KeyBuf {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("KeyBuf")
+            .field(&bytes::Bytes::copy_from_slice(self.as_bytes()))
+            .finish()
+    }
+}
+
+/// No key could be extracted from the request. What happens then is the policy's
+/// [`MissingKey`](crate::MissingKey) setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct NoKey;
+
+impl fmt::Display for NoKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("no rate-limit key could be extracted from the request")
+    }
+}
+
+impl std::error::Error for NoKey {}
+
+/// Finds the key a request counts against.
+///
+/// Implemented by the built-in extractors, by tuples of extractors (every part, in order, with
+/// [`PART_SEPARATOR`] between them) and by closures `Fn(&Parts) -> Option<R>` where `R:`
+/// [`KeyPart`].
+pub trait KeyExtractor: Send + Sync + 'static {
+    /// Appends the request's key to `key`, or says there is none.
+    fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey>;
+}
+
+impl<F, R> KeyExtractor for F
+where
+    F: Fn(&Parts) -> Option<R> + Send + Sync + 'static,
+    R: KeyPart,
+{
+    fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
+        match self(parts) {
+            Some(part) => {
+                part.write_to(key);
+                Ok(())
+            }
+            None => Err(NoKey),
+        }
+    }
+}
+
+impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for (A, B) {
+    fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
+        self.0.extract(parts, key)?;
+        key.push_byte(PART_SEPARATOR);
+        self.1.extract(parts, key)
+    }
+}
+
+impl<A: KeyExtractor, B: KeyExtractor, C: KeyExtractor> KeyExtractor for (A, B, C) {
+    fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
+        self.0.extract(parts, key)?;
+        key.push_byte(PART_SEPARATOR);
+        self.1.extract(parts, key)?;
+        key.push_byte(PART_SEPARATOR);
+        self.2.extract(parts, key)
+    }
+}
+
+/// A value that can be written into a key.
+///
+/// Integers are written as fixed-width big-endian bytes, addresses as their octets after a tag
+/// byte, text as its bytes.
+pub trait KeyPart {
+    /// Appends this value to `key`.
+    fn write_to(&self, key: &mut KeyBuf);
+}
+
+impl<T: KeyPart + ?Sized> KeyPart for &T {
+    fn write_to(&self, key: &mut KeyBuf) {
+        (**self).write_to(key)
+    }
+}
+
+impl KeyPart for str {
+    fn write_to(&self, key: &mut KeyBuf) {
+        key.push(self.as_bytes())
+    }
+}
+
+impl KeyPart for String {
+    fn write_to(&self, key: &mut KeyBuf) {
+        key.push(self.as_bytes())
+    }
+}
+
+impl KeyPart for [u8] {
+    fn write_to(&self, key: &mut KeyBuf) {
+        key.push(self)
+    }
+}
+
+impl KeyPart for Vec<u8> {
+    fn write_to(&self, key: &mut KeyBuf) {
+        key.push(self)
+    }
+}
+
+impl KeyPart for Bytes {
+    fn write_to(&self, key: &mut KeyBuf) {
+        key.push(self)
+    }
+}
+
+impl KeyPart for HeaderValue {
+    fn write_to(&self, key: &mut KeyBuf) {
+        key.push(self.as_bytes())
+    }
+}
+
+macro_rules! int_key_part {
+    ($($t:ty),*) => {$(
+        impl KeyPart for $t {
+            fn write_to(&self, key: &mut KeyBuf) {
+                key.push(&self.to_be_bytes())
+            }
+        }
+    )*};
+}
+int_key_part!(u8, u16, u32, u64, u128, i8, i16, i32, i64, i128);
+
+impl KeyPart for IpAddr {
+    fn write_to(&self, key: &mut KeyBuf) {
+        match self.to_canonical() {
+            IpAddr::V4(v4) => {
+                key.push_byte(4);
+                key.push(&v4.octets());
+            }
+            IpAddr::V6(v6) => {
+                key.push_byte(6);
+                key.push(&v6.octets());
+            }
+        }
+    }
+}
+
+/// The value of a request header, such as an API key.
+///
+/// A request without the header (or with an empty value) has no key.
+#[derive(Debug, Clone)]
+pub struct ApiKeyHeader {
+    name: HeaderName,
+}
+
+impl ApiKeyHeader {
+    /// Keys on the header `name` (case-insensitive).
+    pub fn new(name: &str) -> Result<Self, Error> {
+        let name =
+            HeaderName::from_bytes(name.as_bytes()).map_err(|_| Error::InvalidHeaderName {
+                name: name.to_owned(),
+            })?;
+        Ok(ApiKeyHeader { name })
+    }
+
+    /// Keys on the header `name`.
+    #[must_use]
+    pub const fn from_header_name(name: HeaderName) -> Self {
+        ApiKeyHeader { name }
+    }
+}
+
+impl KeyExtractor for ApiKeyHeader {
+    fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
+        match parts.headers.get(&self.name) {
+            Some(v) if !v.is_empty() => {
+                key.push(v.as_bytes());
+                Ok(())
+            }
+            _ => Err(NoKey),
+        }
+    }
+}
+
+/// A value of type `T` that an earlier layer (authentication, say) put in the request extensions.
+///
+/// A request without one has no key. Implement [`KeyPart`] for your type, or use a closure
+/// `|parts: &Parts| parts.extensions.get::<User>().map(|u| u.id)` instead.
+pub struct ExtensionKey<T> {
+    _t: PhantomData<fn() -> T>,
+}
+
+impl<T> ExtensionKey<T> {
+    /// Keys on the extension of type `T`.
+    #[must_use]
+    pub const fn new() -> Self {
+        ExtensionKey { _t: PhantomData }
+    }
+}
+
+impl<T> Default for ExtensionKey<T> {
+    fn default() -> Self {
+        ExtensionKey::new()
+    }
+}
+
+impl<T> Clone for ExtensionKey<T> {
+    fn clone(&self) -> Self {
+        ExtensionKey::new()
+    }
+}
+
+impl<T> fmt::Debug for ExtensionKey<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExtensionKey")
+            .field("type", &std::any::type_name::<T>())
+            .finish()
+    }
+}
+
+impl<T> KeyExtractor for ExtensionKey<T>
+where
+    T: KeyPart + Send + Sync + 'static,
+{
+    fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
+        let value = parts.extensions.get::<T>().ok_or(NoKey)?;
+        value.write_to(key);
+        Ok(())
+    }
+}
+
+/// One key for every request: the policy limits the whole route (or app) together.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct GlobalKey;
+
+impl KeyExtractor for GlobalKey {
+    fn extract(&self, _parts: &Parts, _key: &mut KeyBuf) -> Result<(), NoKey> {
+        Ok(())
+    }
+}
+
+/// The request's method and matched route (axum's `MatchedPath`, such as `/users/{id}`), never
+/// the raw path: a client choosing paths cannot create keys at will.
+///
+/// Requests with no matched route (outside a router, or a fallback) share the marker
+/// `<unmatched>`. Combine it with a client key to limit each client per route:
+/// `(RouteKey::new(), ApiKeyHeader::new("x-api-key")?)`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct RouteKey {
+    _priv: (),
+}
+
+impl RouteKey {
+    /// The method and matched route.
+    #[must_use]
+    pub const fn new() -> Self {
+        RouteKey { _priv: () }
+    }
+}
+
+impl KeyExtractor for RouteKey {
+    fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
+        key.push(parts.method.as_str().as_bytes());
+        key.push_byte(b' ');
+        #[cfg(feature = "axum")]
+        if let Some(path) = parts.extensions.get::<axum::extract::MatchedPath>() {
+            key.push(path.as_str().as_bytes());
+            return Ok(());
+        }
+        key.push(b"<unmatched>");
+        Ok(())
+    }
+}
+
+/// Keeps the first `prefix` bits of an IPv6 address (IPv4 and IPv4-mapped addresses are
+/// returned as IPv4, whole).
+#[must_use]
+pub(crate) fn group_ip(ip: IpAddr, prefix: u8) -> IpAddr {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => IpAddr::V4(v4),
+        IpAddr::V6(v6) => {
+            let bits = u128::from(v6);
+            let mask = match prefix {
+                0 => 0,
+                p if p >= 128 => u128::MAX,
+                p => u128::MAX << (128 - u32::from(p)),
+            };
+            IpAddr::V6((bits & mask).into())
+        }
+    }
+}
+
+/// The TCP peer's address, from axum's `ConnectInfo<SocketAddr>` (serve the app with
+/// `into_make_service_with_connect_info::<SocketAddr>()`).
+///
+/// IPv6 peers are grouped by their first 64 bits by default (one client usually holds a whole
+/// /64). A request without `ConnectInfo` has no key.
+///
+/// Behind a reverse proxy every request comes from the proxy: use [`ClientIpKey`] there.
+#[cfg(feature = "axum")]
+#[derive(Debug, Clone, Copy)]
+pub struct PeerIp {
+    ipv6_prefix: u8,
+}
+
+#[cfg(feature = "axum")]
+impl PeerIp {
+    /// The peer address, IPv6 grouped by /64.
+    #[must_use]
+    pub const fn new() -> Self {
+        PeerIp { ipv6_prefix: 64 }
+    }
+
+    /// Groups IPv6 peers by their first `bits` bits (1 to 128; 128 keys each address alone).
+    pub fn ipv6_prefix(self, bits: u8) -> Result<Self, Error> {
+        if !(1..=128).contains(&bits) {
+            return Err(Error::InvalidSetting {
+                name: "ipv6_prefix",
+                reason: "must be between 1 and 128",
+            });
+        }
+        Ok(PeerIp { ipv6_prefix: bits })
+    }
+}
+
+#[cfg(feature = "axum")]
+impl Default for PeerIp {
+    fn default() -> Self {
+        PeerIp::new()
+    }
+}
+
+#[cfg(feature = "axum")]
+impl KeyExtractor for PeerIp {
+    fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
+        let info = parts
+            .extensions
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .ok_or(NoKey)?;
+        group_ip(info.0.ip(), self.ipv6_prefix).write_to(key);
+        Ok(())
+    }
+}
+
+/// The client's address behind trusted reverse proxies: the TCP peer from axum's
+/// `ConnectInfo<SocketAddr>`, then `X-Forwarded-For` or `Forwarded` read right to left by a
+/// [`ClientIp`](crate::client_ip::ClientIp), skipping only the configured proxies, and grouped by
+/// its IPv6 prefix (/64 by default).
+///
+/// A client that connects directly cannot choose its key by sending the header: the headers are
+/// read only when the peer is a trusted proxy. A request without `ConnectInfo` has no key.
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use axum::extract::ConnectInfo;
+/// use tower_ratelimit::client_ip::ClientIp;
+/// use tower_ratelimit::key::{ClientIpKey, KeyBuf, KeyExtractor, KeyPart};
+///
+/// let key = ClientIpKey::new(ClientIp::behind_proxies(["10.0.0.0/8"])?);
+/// let request = |peer: &str| -> Result<_, Box<dyn std::error::Error>> {
+///     let mut req = http::Request::get("/")
+///         .header("x-forwarded-for", "6.6.6.6, 198.51.100.7")
+///         .body(())?;
+///     req.extensions_mut().insert(ConnectInfo(peer.parse::<SocketAddr>()?));
+///     Ok(req.into_parts().0)
+/// };
+/// let ip = |s: &str| -> Result<Vec<u8>, Box<dyn std::error::Error>> {
+///     let mut buf = KeyBuf::new();
+///     s.parse::<std::net::IpAddr>()?.write_to(&mut buf);
+///     Ok(buf.as_bytes().to_vec())
+/// };
+///
+/// // Through our proxy: the entry it appended.
+/// let mut buf = KeyBuf::new();
+/// key.extract(&request("10.0.0.2:4000")?, &mut buf)?;
+/// assert_eq!(buf.as_bytes(), ip("198.51.100.7")?);
+///
+/// // Straight from the internet: the header is ignored, the peer is the key.
+/// let mut buf = KeyBuf::new();
+/// key.extract(&request("203.0.113.9:4000")?, &mut buf)?;
+/// assert_eq!(buf.as_bytes(), ip("203.0.113.9")?);
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[cfg(feature = "axum")]
+#[derive(Debug, Clone)]
+pub struct ClientIpKey {
+    client_ip: crate::client_ip::ClientIp,
+}
+
+#[cfg(feature = "axum")]
+impl ClientIpKey {
+    /// Keys on the client address that `client_ip` finds.
+    #[must_use]
+    pub fn new(client_ip: crate::client_ip::ClientIp) -> Self {
+        ClientIpKey { client_ip }
+    }
+
+    /// The configuration.
+    #[must_use]
+    pub fn client_ip(&self) -> &crate::client_ip::ClientIp {
+        &self.client_ip
+    }
+}
+
+#[cfg(feature = "axum")]
+impl KeyExtractor for ClientIpKey {
+    fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
+        let info = parts
+            .extensions
+            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
+            .ok_or(NoKey)?;
+        let ip = self.client_ip.key(info.0.ip(), &parts.headers);
+        key.push(ip.as_bytes());
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keybuf_spills_to_the_heap_and_back() {
+        let mut k = KeyBuf::new();
+        k.push(b"abc");
+        assert_eq!(k.as_bytes(), b"abc");
+        let long = [7u8; 200];
+        k.push(&long);
+        assert_eq!(k.len(), 203);
+        assert_eq!(&k.as_bytes()[..3], b"abc");
+        k.truncate(3);
+        assert_eq!(k.as_bytes(), b"abc");
+        k.push(b"d");
+        assert_eq!(k.as_bytes(), b"abcd");
+    }
+
+    #[test]
+    fn ipv6_grouping() {
+        let a: IpAddr = "2001:db8::1".parse().unwrap();
+        assert_eq!(group_ip(a, 64), "2001:db8::".parse::<IpAddr>().unwrap());
+        assert_eq!(group_ip(a, 128), a);
+        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
+        assert_eq!(group_ip(mapped, 64), "10.0.0.1".parse::<IpAddr>().unwrap());
+    }
+
+    #[test]
+    fn bad_header_name_is_an_error() {
+        assert!(matches!(
+            ApiKeyHeader::new("bad header"),
+            Err(Error::InvalidHeaderName { .. })
+        ));
+    }
+}

@@ -1,0 +1,171 @@
+//! The [`RateLimitLayer`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratelimit_core::{Clock, MemoryStore, Store, SystemClock};
+use tower_layer::Layer;
+
+use crate::circuit_breaker::{Breaker, CircuitBreaker, CircuitState};
+use crate::service::{RateLimit, Rt, Shared};
+use crate::{Error, FailurePolicy, Policy};
+
+/// The default store timeout: 50 ms.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
+
+/// Applies [`RateLimit`] to a service. Clones share one limiter.
+///
+/// Use it with `Router::layer` (every route, one limit per key across them) or
+/// `Router::route_layer` (only the routes above it; unmatched paths still get 404, not 429).
+pub struct RateLimitLayer<St> {
+    shared: Arc<Shared<St>>,
+}
+
+impl<St: Store> RateLimitLayer<St> {
+    /// A layer applying `policy` over `store`, with the default timeout (50 ms), circuit breaker
+    /// (5 failures, 10 s) and the system clock.
+    ///
+    /// Fails if the policy's fallback share cannot be computed for one of its limits.
+    pub fn new(store: St, policy: Policy) -> Result<Self, Error> {
+        RateLimitLayer::builder(store, policy).build()
+    }
+
+    /// Settings beyond the policy: store timeout, circuit breaker, clock.
+    pub fn builder(store: St, policy: Policy) -> RateLimitLayerBuilder<St> {
+        RateLimitLayerBuilder {
+            store,
+            policy,
+            timeout: DEFAULT_TIMEOUT,
+            breaker: Some(CircuitBreaker::default()),
+            clock: Arc::new(SystemClock::new()),
+        }
+    }
+}
+
+impl<St> RateLimitLayer<St> {
+    /// The policy.
+    pub fn policy(&self) -> &Policy {
+        &self.shared.rt.policy
+    }
+
+    /// The store.
+    pub fn store(&self) -> &St {
+        &self.shared.store
+    }
+
+    /// The state of the store's circuit breaker (`None` if the layer has none).
+    pub fn circuit_state(&self) -> Option<CircuitState> {
+        self.shared.breaker.as_ref().map(|b| b.state())
+    }
+}
+
+impl<St> Clone for RateLimitLayer<St> {
+    fn clone(&self) -> Self {
+        RateLimitLayer {
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<St> fmt::Debug for RateLimitLayer<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("policy", &self.shared.rt.policy)
+            .field("timeout", &self.shared.timeout)
+            .field("breaker", &self.shared.breaker)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, St> Layer<S> for RateLimitLayer<St> {
+    type Service = RateLimit<S, St>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        RateLimit::from_shared(inner, self.shared.clone())
+    }
+}
+
+/// Builds a [`RateLimitLayer`] with settings beyond the policy.
+#[must_use]
+pub struct RateLimitLayerBuilder<St> {
+    store: St,
+    policy: Policy,
+    timeout: Duration,
+    breaker: Option<CircuitBreaker>,
+    clock: Arc<dyn Clock>,
+}
+
+impl<St> fmt::Debug for RateLimitLayerBuilder<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayerBuilder")
+            .field("policy", &self.policy)
+            .field("timeout", &self.timeout)
+            .field("breaker", &self.breaker)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<St: Store> RateLimitLayerBuilder<St> {
+    /// How long a store call may take before it counts as failed (default 50 ms; at least 1 ms).
+    /// A store that answers at once (the in-memory store) never arms a timer.
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// The circuit breaker's settings (default: [`CircuitBreaker::default`]).
+    pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
+        self.breaker = Some(breaker);
+        self
+    }
+
+    /// No circuit breaker: every request asks the store, however often it fails.
+    pub fn no_circuit_breaker(mut self) -> Self {
+        self.breaker = None;
+        self
+    }
+
+    /// The clock of the circuit breaker and of the local fallback store (the system clock by
+    /// default; a `ManualClock` in tests).
+    pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// Builds the layer, or says which setting is wrong.
+    pub fn build(self) -> Result<RateLimitLayer<St>, Error> {
+        if self.timeout < Duration::from_millis(1) {
+            return Err(Error::InvalidSetting {
+                name: "timeout",
+                reason: "must be at least 1 ms",
+            });
+        }
+        let fallback = match self.policy.failure {
+            FailurePolicy::Fallback { .. } => Some(
+                MemoryStore::builder()
+                    .with_clock(self.clock.clone())
+                    .build()?,
+            ),
+            _ => None,
+        };
+        let rt = Arc::new(Rt::new(self.policy)?);
+        let breaker = self.breaker.map(|config| {
+            Arc::new(Breaker::new(
+                config,
+                self.clock.clone(),
+                rt.metrics.circuit.clone(),
+                rt.name.clone(),
+            ))
+        });
+        Ok(RateLimitLayer {
+            shared: Arc::new(Shared {
+                store: self.store,
+                rt,
+                timeout: self.timeout,
+                breaker,
+                fallback,
+            }),
+        })
+    }
+}

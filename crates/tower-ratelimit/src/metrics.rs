@@ -1,0 +1,90 @@
+//! Metrics, through the [`metrics`](https://docs.rs/metrics) facade.
+//!
+//! | name | kind | labels |
+//! | --- | --- | --- |
+//! | `ratelimit_decisions_total` | counter | `policy`, `outcome` (see [`VerdictKind::as_str`]) |
+//! | `ratelimit_store_duration_seconds` | histogram | `policy` |
+//! | `ratelimit_store_errors_total` | counter | `policy`, `kind` (`error`, `timeout`, `circuit_open`) |
+//! | `ratelimit_circuit_state` | gauge | `policy` (0 closed, 1 open, 2 half-open) |
+//!
+//! The handles are registered when the layer is built, with the recorder installed then:
+//! install your recorder (a Prometheus exporter, say) before building the layer. Recording then
+//! costs no lookup and no allocation per request.
+
+use ::metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
+
+use crate::response::VerdictKind;
+
+/// Decisions by policy and outcome.
+pub const DECISIONS_TOTAL: &str = "ratelimit_decisions_total";
+/// Store call latency in seconds, by policy.
+pub const STORE_DURATION_SECONDS: &str = "ratelimit_store_duration_seconds";
+/// Store failures by policy and kind.
+pub const STORE_ERRORS_TOTAL: &str = "ratelimit_store_errors_total";
+/// Circuit-breaker state by policy: 0 closed, 1 open, 2 half-open.
+pub const CIRCUIT_STATE: &str = "ratelimit_circuit_state";
+
+/// Why a store call failed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum FailureKind {
+    Error,
+    Timeout,
+    CircuitOpen,
+}
+
+impl FailureKind {
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            FailureKind::Error => "error",
+            FailureKind::Timeout => "timeout",
+            FailureKind::CircuitOpen => "circuit_open",
+        }
+    }
+}
+
+pub(crate) struct Metrics {
+    decisions: [Counter; 9],
+    store_duration: Histogram,
+    errors: [Counter; 3],
+    pub(crate) circuit: Gauge,
+}
+
+impl std::fmt::Debug for Metrics {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Metrics")
+    }
+}
+
+impl Metrics {
+    pub(crate) fn new(policy: &str) -> Metrics {
+        let decisions = VerdictKind::ALL.map(
+            |k| counter!(DECISIONS_TOTAL, "policy" => policy.to_owned(), "outcome" => k.as_str()),
+        );
+        let errors = [
+            FailureKind::Error,
+            FailureKind::Timeout,
+            FailureKind::CircuitOpen,
+        ]
+        .map(|k| counter!(STORE_ERRORS_TOTAL, "policy" => policy.to_owned(), "kind" => k.as_str()));
+        let circuit = gauge!(CIRCUIT_STATE, "policy" => policy.to_owned());
+        circuit.set(0.0);
+        Metrics {
+            decisions,
+            store_duration: histogram!(STORE_DURATION_SECONDS, "policy" => policy.to_owned()),
+            errors,
+            circuit,
+        }
+    }
+
+    pub(crate) fn decision(&self, kind: VerdictKind) {
+        self.decisions[kind.index()].increment(1);
+    }
+
+    pub(crate) fn store_duration(&self, d: std::time::Duration) {
+        self.store_duration.record(d.as_secs_f64());
+    }
+
+    pub(crate) fn failure(&self, kind: FailureKind) {
+        self.errors[kind as usize].increment(1);
+    }
+}

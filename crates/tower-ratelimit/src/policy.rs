@@ -1,0 +1,309 @@
+//! Policies: what a layer limits, how, and what it answers.
+//!
+//! A [`Policy`] has a name (used in the `RateLimit` headers, in metrics labels and to namespace
+//! store keys), a [`Limit`] (one algorithm over one or more quotas, checked all-or-nothing), a
+//! [`KeyExtractor`], and optional per-request parts: a cost function, tiers chosen per request,
+//! an allow-list, dry-run mode, the header mode, the denial body and the failure policy.
+//!
+//! ## Several quotas, a cost per request
+//!
+//! ```
+//! use ratelimit_core::{Algorithm, Limit, Quota};
+//! use tower_ratelimit::Policy;
+//!
+//! // 10 a second with bursts of 20, and 1,000 an hour; uploads cost 5.
+//! let limit = Limit::new(
+//!     Algorithm::TokenBucket,
+//!     [Quota::per_second(10)?.with_burst(20)?, Quota::per_hour(1_000)?],
+//! )?;
+//! let policy = Policy::new("api", limit)?
+//!     .cost(|parts| if parts.method == http::Method::POST { 5 } else { 1 });
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## Tiers: the quota depends on the request
+//!
+//! ```
+//! use ratelimit_core::{Algorithm, Limit, Quota};
+//! use tower_ratelimit::Policy;
+//!
+//! #[derive(Clone)]
+//! enum Plan { Free, Pro }
+//!
+//! let policy = Policy::new("api", Limit::single(Algorithm::Gcra, Quota::per_minute(60)?)?)?
+//!     .tier("pro", Limit::single(Algorithm::Gcra, Quota::per_minute(6_000)?)?)?
+//!     .resolve_tier(|parts| match parts.extensions.get::<Plan>() {
+//!         Some(Plan::Pro) => Some("pro"),
+//!         _ => None, // the policy's own limit
+//!     });
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## Allow-list and dry run
+//!
+//! ```
+//! use ratelimit_core::{Algorithm, Limit, Quota};
+//! use tower_ratelimit::Policy;
+//!
+//! let policy = Policy::new("api", Limit::single(Algorithm::TokenBucket, Quota::per_second(50)?)?)?
+//!     // Health checks are never limited.
+//!     .allow(|parts| parts.uri.path() == "/health")
+//!     // Count would-be denials (`outcome="shadow_denied"`) but let everything through.
+//!     .dry_run(true);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+
+use http::StatusCode;
+use http::request::Parts;
+use ratelimit_core::Limit;
+
+use crate::key::KeyExtractor;
+use crate::response::{DenialBody, Headers};
+use crate::{Error, FailurePolicy};
+
+/// The longest policy name, in characters.
+pub const MAX_NAME_LEN: usize = 64;
+
+pub(crate) type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
+pub(crate) type AllowFn = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
+pub(crate) type TierFn = Arc<dyn Fn(&Parts) -> Option<&'static str> + Send + Sync>;
+
+/// What to answer when the key extractor finds no key.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MissingKey {
+    /// Reject the request with this status (400 by default) and a plain-text body;
+    /// counted as `outcome="no_key"`.
+    Reject(StatusCode),
+    /// Count every keyless request against this one shared key (kept apart from every extracted
+    /// key, even an equal one).
+    SharedKey(bytes::Bytes),
+}
+
+impl MissingKey {
+    /// Rejects keyless requests with `status`, which must be a client or server error.
+    pub fn reject(status: u16) -> Result<Self, Error> {
+        match StatusCode::from_u16(status) {
+            Ok(s) if s.is_client_error() || s.is_server_error() => Ok(MissingKey::Reject(s)),
+            _ => Err(Error::InvalidStatus { status }),
+        }
+    }
+
+    /// Counts keyless requests against one shared key named `key`.
+    pub fn shared_key(key: impl Into<bytes::Bytes>) -> Self {
+        MissingKey::SharedKey(key.into())
+    }
+}
+
+impl Default for MissingKey {
+    fn default() -> Self {
+        MissingKey::Reject(StatusCode::BAD_REQUEST)
+    }
+}
+
+/// A named limit with everything needed to apply it to a request. See the [module
+/// docs](crate::policy).
+#[derive(Clone)]
+#[must_use]
+pub struct Policy {
+    pub(crate) name: Arc<str>,
+    pub(crate) limit: Limit,
+    pub(crate) tiers: Vec<(Cow<'static, str>, Limit)>,
+    pub(crate) resolve_tier: Option<TierFn>,
+    pub(crate) key: Arc<dyn KeyExtractor>,
+    pub(crate) missing_key: MissingKey,
+    pub(crate) cost: Option<CostFn>,
+    pub(crate) allow: Option<AllowFn>,
+    pub(crate) dry_run: bool,
+    pub(crate) headers: Headers,
+    pub(crate) body: DenialBody,
+    pub(crate) failure: FailurePolicy,
+}
+
+impl Policy {
+    /// A policy named `name` holding each key to `limit`.
+    ///
+    /// The name must be 1 to [`MAX_NAME_LEN`] printable ASCII characters. The defaults: the key is
+    /// the peer address ([`PeerIp`](crate::key::PeerIp); [`GlobalKey`](crate::key::GlobalKey)
+    /// without the `axum` feature), each request costs 1, a missing key is rejected with 400,
+    /// IETF headers on every response, a plain-text 429 body, and [`FailurePolicy::FailOpen`].
+    pub fn new(name: &str, limit: Limit) -> Result<Self, Error> {
+        validate_name(name)?;
+        #[cfg(feature = "axum")]
+        let key: Arc<dyn KeyExtractor> = Arc::new(crate::key::PeerIp::new());
+        #[cfg(not(feature = "axum"))]
+        let key: Arc<dyn KeyExtractor> = Arc::new(crate::key::GlobalKey);
+        Ok(Policy {
+            name: name.into(),
+            limit,
+            tiers: Vec::new(),
+            resolve_tier: None,
+            key,
+            missing_key: MissingKey::default(),
+            cost: None,
+            allow: None,
+            dry_run: false,
+            headers: Headers::default(),
+            body: DenialBody::default(),
+            failure: FailurePolicy::default(),
+        })
+    }
+
+    /// The name.
+    #[must_use]
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The default limit (used when no tier applies).
+    #[must_use]
+    pub fn limit(&self) -> &Limit {
+        &self.limit
+    }
+
+    /// Which client a request counts against.
+    pub fn key(mut self, key: impl KeyExtractor) -> Self {
+        self.key = Arc::new(key);
+        self
+    }
+
+    /// What to answer when no key is found (default: reject with 400).
+    pub fn missing_key(mut self, answer: MissingKey) -> Self {
+        self.missing_key = answer;
+        self
+    }
+
+    /// The cost of each request (default 1). A cost of 0 checks without consuming; a cost larger
+    /// than the limit can ever hold is denied with no `Retry-After` (it would never pass).
+    pub fn cost(mut self, cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
+        self.cost = Some(Arc::new(cost));
+        self
+    }
+
+    /// Adds a tier: another limit, chosen per request by [`resolve_tier`](Policy::resolve_tier).
+    /// Tier names must be distinct.
+    pub fn tier(mut self, name: impl Into<Cow<'static, str>>, limit: Limit) -> Result<Self, Error> {
+        let name = name.into();
+        if self.tiers.iter().any(|(n, _)| *n == name) {
+            return Err(Error::DuplicateTier {
+                name: name.into_owned(),
+            });
+        }
+        self.tiers.push((name, limit));
+        Ok(self)
+    }
+
+    /// Chooses the tier of each request (a plan found in the extensions, say). `None`, or a name
+    /// that is not a tier, means the policy's own limit.
+    pub fn resolve_tier(
+        mut self,
+        resolve: impl Fn(&Parts) -> Option<&'static str> + Send + Sync + 'static,
+    ) -> Self {
+        self.resolve_tier = Some(Arc::new(resolve));
+        self
+    }
+
+    /// Requests for which `allow` returns `true` are never limited (`outcome="allow_listed"`).
+    pub fn allow(mut self, allow: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
+        self.allow = Some(Arc::new(allow));
+        self
+    }
+
+    /// Dry run (shadow mode): decisions are made and counted (`outcome="shadow_denied"`), but
+    /// every request goes through and no rate-limit header is added.
+    pub fn dry_run(mut self, dry_run: bool) -> Self {
+        self.dry_run = dry_run;
+        self
+    }
+
+    /// Which rate-limit headers to send, and on which responses.
+    pub fn headers(mut self, headers: Headers) -> Self {
+        self.headers = headers;
+        self
+    }
+
+    /// The body of a 429.
+    pub fn body(mut self, body: DenialBody) -> Self {
+        self.body = body;
+        self
+    }
+
+    /// What to do when the store cannot answer.
+    pub fn failure(mut self, failure: FailurePolicy) -> Self {
+        self.failure = failure;
+        self
+    }
+}
+
+impl fmt::Debug for Policy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Policy")
+            .field("name", &self.name)
+            .field("limit", &self.limit)
+            .field("tiers", &self.tiers)
+            .field("missing_key", &self.missing_key)
+            .field("cost", &self.cost.is_some())
+            .field("allow", &self.allow.is_some())
+            .field("dry_run", &self.dry_run)
+            .field("headers", &self.headers)
+            .field("body", &self.body)
+            .field("failure", &self.failure)
+            .finish_non_exhaustive()
+    }
+}
+
+fn validate_name(name: &str) -> Result<(), Error> {
+    let ok = !name.is_empty()
+        && name.len() <= MAX_NAME_LEN
+        && name.bytes().all(|b| (0x20..0x7f).contains(&b));
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::InvalidPolicyName { name: name.into() })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ratelimit_core::{Algorithm, Quota};
+
+    fn limit() -> Limit {
+        Limit::single(Algorithm::TokenBucket, Quota::per_second(1).unwrap()).unwrap()
+    }
+
+    #[test]
+    fn names_are_validated() {
+        assert!(Policy::new("api v1", limit()).is_ok());
+        for bad in ["", "caf\u{e9}", "a\nb", &"x".repeat(65)] {
+            assert!(matches!(
+                Policy::new(bad, limit()),
+                Err(Error::InvalidPolicyName { .. })
+            ));
+        }
+    }
+
+    #[test]
+    fn tiers_are_distinct_and_statuses_are_errors() {
+        let p = Policy::new("p", limit())
+            .unwrap()
+            .tier("pro", limit())
+            .unwrap();
+        assert!(matches!(
+            p.tier("pro", limit()),
+            Err(Error::DuplicateTier { .. })
+        ));
+        assert_eq!(
+            MissingKey::reject(200),
+            Err(Error::InvalidStatus { status: 200 })
+        );
+        assert_eq!(
+            MissingKey::reject(401),
+            Ok(MissingKey::Reject(StatusCode::UNAUTHORIZED))
+        );
+    }
+}

@@ -1,0 +1,583 @@
+//! What the layer tells clients: status, headers and bodies.
+//!
+//! A denied request gets `429 Too Many Requests` with:
+//! - `Retry-After`: whole seconds, rounded up, never 0 (a wait of 1 ms says `1`);
+//! - the fields of draft-ietf-httpapi-ratelimit-headers-10:
+//!   `RateLimit-Policy: "api";q=100;w=60` (the quota: `q` requests per `w` seconds) and
+//!   `RateLimit: "api";r=0;t=17` (`r` left now, `t` seconds until the client may send again);
+//! - optionally the legacy `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`;
+//! - a body: plain text by default, `application/problem+json` (the draft's `quota-exceeded`
+//!   problem type), or whatever a closure returns.
+//!
+//! On allowed responses `RateLimit` says how many are left and `t` when the quota is full again.
+//! Headers are only added when absent: what the inner service set is never overwritten. A policy
+//! of several quotas lists one `RateLimit-Policy` item per quota (`"api.0"`, `"api.1"`, ...), and
+//! `RateLimit` names the quota that binds.
+//!
+//! Every response that passed through the layer carries a [`Verdict`] in its extensions.
+//!
+//! ## Header modes
+//!
+//! ```
+//! use tower_ratelimit::{DenialBody, Headers, Policy};
+//! use ratelimit_core::{Algorithm, Limit, Quota};
+//!
+//! let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(100)?)?;
+//! // The default: IETF fields on every response.
+//! let default = Policy::new("api", limit.clone())?.headers(Headers::ietf());
+//! // IETF fields on 429s only, plus the legacy X-RateLimit-* fields, and a problem+json body.
+//! let both = Policy::new("api", limit.clone())?
+//!     .headers(Headers::ietf().on_allowed(false).legacy(true))
+//!     .body(DenialBody::ProblemJson);
+//! // No rate-limit fields at all (a 429 still has Retry-After).
+//! let quiet = Policy::new("api", limit)?.headers(Headers::none());
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! ## A custom body
+//!
+//! ```
+//! use tower_ratelimit::{DenialBody, Policy};
+//! use ratelimit_core::{Algorithm, Limit, Quota};
+//!
+//! let body = DenialBody::custom(|denial| {
+//!     let text = format!("slow down ({}s)", denial.retry_after_secs().unwrap_or(0));
+//!     http::Response::builder()
+//!         .status(429)
+//!         .header("content-type", "text/plain")
+//!         .body(bytes::Bytes::from(text))
+//!         .unwrap_or_default()
+//! });
+//! let policy = Policy::new("api", Limit::single(Algorithm::TokenBucket, Quota::per_minute(100)?)?)?
+//!     .body(body);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
+use ratelimit_core::{Decision, Limit};
+
+use crate::body::ResponseBody;
+
+/// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10).
+pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+/// `RateLimit-Policy` (draft-ietf-httpapi-ratelimit-headers-10).
+pub static RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+/// The legacy `X-RateLimit-Limit`.
+pub static X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+/// The legacy `X-RateLimit-Remaining`.
+pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-ratelimit-remaining");
+/// The legacy `X-RateLimit-Reset` (seconds from now).
+pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+
+/// The problem type of draft-ietf-httpapi-ratelimit-headers-10 for a 429.
+pub const QUOTA_EXCEEDED_TYPE: &str =
+    "https://iana.org/assignments/http-problem-types#quota-exceeded";
+
+/// Which rate-limit fields to send, and on which responses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[must_use]
+pub struct Headers {
+    ietf: bool,
+    legacy: bool,
+    on_allowed: bool,
+}
+
+impl Headers {
+    /// The IETF `RateLimit` and `RateLimit-Policy` fields on every response (the default).
+    pub const fn ietf() -> Self {
+        Headers {
+            ietf: true,
+            legacy: false,
+            on_allowed: true,
+        }
+    }
+
+    /// No rate-limit fields (429s still carry `Retry-After`).
+    pub const fn none() -> Self {
+        Headers {
+            ietf: false,
+            legacy: false,
+            on_allowed: false,
+        }
+    }
+
+    /// Whether to send the IETF fields.
+    pub const fn with_ietf(mut self, on: bool) -> Self {
+        self.ietf = on;
+        self
+    }
+
+    /// Whether to send the legacy `X-RateLimit-Limit/Remaining/Reset` fields too.
+    pub const fn legacy(mut self, on: bool) -> Self {
+        self.legacy = on;
+        self
+    }
+
+    /// Whether to send the fields on allowed responses too, or on 429s only.
+    pub const fn on_allowed(mut self, on: bool) -> Self {
+        self.on_allowed = on;
+        self
+    }
+
+    pub(crate) const fn any(&self) -> bool {
+        self.ietf || self.legacy
+    }
+
+    pub(crate) const fn any_on_allowed(&self) -> bool {
+        self.any() && self.on_allowed
+    }
+}
+
+impl Default for Headers {
+    fn default() -> Self {
+        Headers::ietf()
+    }
+}
+
+/// What a denial is, for a custom body.
+#[derive(Debug, Clone, Copy)]
+pub struct Denial<'a> {
+    policy: &'a str,
+    decision: &'a Decision,
+}
+
+impl Denial<'_> {
+    /// The policy's name.
+    #[must_use]
+    pub fn policy(&self) -> &str {
+        self.policy
+    }
+
+    /// The decision.
+    #[must_use]
+    pub fn decision(&self) -> &Decision {
+        self.decision
+    }
+
+    /// What `Retry-After` says: whole seconds rounded up, at least 1; `None` when the request's
+    /// cost can never pass.
+    #[must_use]
+    pub fn retry_after_secs(&self) -> Option<u64> {
+        self.decision.retry_after().map(retry_after_secs)
+    }
+}
+
+type CustomBody = Arc<dyn Fn(&Denial<'_>) -> Response<Bytes> + Send + Sync>;
+
+/// The body of a 429.
+#[derive(Clone, Default)]
+#[non_exhaustive]
+pub enum DenialBody {
+    /// `text/plain`: `Too Many Requests`. The default.
+    #[default]
+    PlainText,
+    /// `application/problem+json` with the draft's `quota-exceeded` problem type and the policy
+    /// name in `violated-policies`.
+    ProblemJson,
+    /// A response built by a closure. Its status and headers are kept; `Retry-After` and the
+    /// rate-limit fields are added where absent.
+    Custom(CustomBody),
+}
+
+impl DenialBody {
+    /// A body built by `f` for each denial.
+    pub fn custom(f: impl Fn(&Denial<'_>) -> Response<Bytes> + Send + Sync + 'static) -> Self {
+        DenialBody::Custom(Arc::new(f))
+    }
+}
+
+impl fmt::Debug for DenialBody {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            DenialBody::PlainText => f.write_str("PlainText"),
+            DenialBody::ProblemJson => f.write_str("ProblemJson"),
+            DenialBody::Custom(_) => f.write_str("Custom(..)"),
+        }
+    }
+}
+
+/// How a request was answered, as counted in `ratelimit_decisions_total{outcome}`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum VerdictKind {
+    /// The store allowed it.
+    Allowed,
+    /// The store denied it: 429.
+    Denied,
+    /// The store could not answer; let through by [`FailurePolicy::FailOpen`](crate::FailurePolicy::FailOpen).
+    FailedOpen,
+    /// The store could not answer; 503 by [`FailurePolicy::FailClosed`](crate::FailurePolicy::FailClosed).
+    FailedClosed,
+    /// The store could not answer; the local fallback allowed it.
+    FallbackAllowed,
+    /// The store could not answer; the local fallback denied it: 429.
+    FallbackDenied,
+    /// Dry run: it would have been denied, and went through.
+    ShadowDenied,
+    /// No key could be extracted; rejected by [`MissingKey::Reject`](crate::MissingKey::Reject).
+    NoKey,
+    /// The allow-list let it through unchecked.
+    AllowListed,
+}
+
+impl VerdictKind {
+    /// Every kind, in a fixed order.
+    pub const ALL: [VerdictKind; 9] = [
+        VerdictKind::Allowed,
+        VerdictKind::Denied,
+        VerdictKind::FailedOpen,
+        VerdictKind::FailedClosed,
+        VerdictKind::FallbackAllowed,
+        VerdictKind::FallbackDenied,
+        VerdictKind::ShadowDenied,
+        VerdictKind::NoKey,
+        VerdictKind::AllowListed,
+    ];
+
+    /// The `outcome` label: `allowed`, `denied`, `failed_open`, `failed_closed`,
+    /// `fallback_allowed`, `fallback_denied`, `shadow_denied`, `no_key`, `allow_listed`.
+    #[must_use]
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            VerdictKind::Allowed => "allowed",
+            VerdictKind::Denied => "denied",
+            VerdictKind::FailedOpen => "failed_open",
+            VerdictKind::FailedClosed => "failed_closed",
+            VerdictKind::FallbackAllowed => "fallback_allowed",
+            VerdictKind::FallbackDenied => "fallback_denied",
+            VerdictKind::ShadowDenied => "shadow_denied",
+            VerdictKind::NoKey => "no_key",
+            VerdictKind::AllowListed => "allow_listed",
+        }
+    }
+
+    pub(crate) const fn index(self) -> usize {
+        self as usize
+    }
+}
+
+/// The layer's answer to one request, put in the response extensions.
+///
+/// ```
+/// # use tower_ratelimit::{Verdict, VerdictKind};
+/// # fn f(response: &http::Response<()>) {
+/// if let Some(v) = response.extensions().get::<Verdict>() {
+///     assert_eq!(v.policy(), "api");
+///     let _ = v.kind() == VerdictKind::Denied;
+/// }
+/// # }
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Verdict {
+    policy: Arc<str>,
+    kind: VerdictKind,
+    decision: Option<Decision>,
+}
+
+impl Verdict {
+    pub(crate) fn new(policy: Arc<str>, kind: VerdictKind, decision: Option<Decision>) -> Self {
+        Verdict {
+            policy,
+            kind,
+            decision,
+        }
+    }
+
+    /// The policy's name.
+    #[must_use]
+    pub fn policy(&self) -> &str {
+        &self.policy
+    }
+
+    /// How the request was answered.
+    #[must_use]
+    pub fn kind(&self) -> VerdictKind {
+        self.kind
+    }
+
+    /// The store's (or the fallback's) decision, if one was made.
+    #[must_use]
+    pub fn decision(&self) -> Option<&Decision> {
+        self.decision.as_ref()
+    }
+}
+
+/// Whole seconds in `d`, rounded up.
+#[must_use]
+pub(crate) fn secs_ceil(d: Duration) -> u64 {
+    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+}
+
+/// `Retry-After` seconds: rounded up, at least 1.
+#[must_use]
+pub(crate) fn retry_after_secs(d: Duration) -> u64 {
+    secs_ceil(d).max(1)
+}
+
+/// The `t` of `RateLimit`: seconds until the client may send again when denied, until the quota is
+/// full when allowed.
+fn reset_secs(d: &Decision) -> u64 {
+    match d.retry_after() {
+        Some(wait) => retry_after_secs(wait),
+        None => secs_ceil(d.reset_after()),
+    }
+}
+
+/// Appends the decimal digits of `n`.
+fn push_u64(out: &mut Vec<u8>, n: u64) {
+    let mut buf = [0u8; 20];
+    let mut i = buf.len();
+    let mut n = n;
+    loop {
+        i -= 1;
+        buf[i] = b'0' + (n % 10) as u8;
+        n /= 10;
+        if n == 0 {
+            break;
+        }
+    }
+    out.extend_from_slice(&buf[i..]);
+}
+
+fn number(n: u64) -> HeaderValue {
+    HeaderValue::from(n)
+}
+
+fn push_sf_string(out: &mut Vec<u8>, s: &str) {
+    out.push(b'"');
+    for b in s.bytes() {
+        if b == b'"' || b == b'\\' {
+            out.push(b'\\');
+        }
+        out.push(b);
+    }
+    out.push(b'"');
+}
+
+/// Header values computed once per (policy, limit).
+#[derive(Debug)]
+pub(crate) struct Prepared {
+    policy_value: HeaderValue,
+    /// `"name";r=` for each quota.
+    items: Box<[Box<[u8]>]>,
+}
+
+impl Prepared {
+    pub(crate) fn new(name: &str, limit: &Limit) -> Prepared {
+        let quotas = limit.quotas();
+        let item_name = |i: usize| {
+            if quotas.len() == 1 {
+                name.to_owned()
+            } else {
+                format!("{name}.{i}")
+            }
+        };
+        let mut policy = Vec::new();
+        let mut items = Vec::with_capacity(quotas.len());
+        for (i, q) in quotas.iter().enumerate() {
+            let n = item_name(i);
+            if i > 0 {
+                policy.extend_from_slice(b", ");
+            }
+            push_sf_string(&mut policy, &n);
+            policy.extend_from_slice(b";q=");
+            push_u64(&mut policy, q.limit());
+            policy.extend_from_slice(b";w=");
+            push_u64(&mut policy, secs_ceil(q.period()));
+            let mut item = Vec::new();
+            push_sf_string(&mut item, &n);
+            item.extend_from_slice(b";r=");
+            items.push(item.into_boxed_slice());
+        }
+        // Names are printable ASCII (checked by `Policy::new`), so the value is always valid.
+        let policy_value = HeaderValue::from_maybe_shared(Bytes::from(policy))
+            .unwrap_or_else(|_| HeaderValue::from_static(""));
+        Prepared {
+            policy_value,
+            items: items.into_boxed_slice(),
+        }
+    }
+
+    fn rate_limit_value(&self, d: &Decision) -> HeaderValue {
+        let item = self
+            .items
+            .get(d.quota_index())
+            .or_else(|| self.items.first())
+            .map_or(&[][..], |b| &b[..]);
+        let mut v = Vec::with_capacity(item.len() + 32);
+        v.extend_from_slice(item);
+        push_u64(&mut v, d.remaining());
+        v.extend_from_slice(b";t=");
+        push_u64(&mut v, reset_secs(d));
+        HeaderValue::from_maybe_shared(Bytes::from(v))
+            .unwrap_or_else(|_| HeaderValue::from_static(""))
+    }
+
+    /// Adds the rate-limit fields of `mode` for `d`, leaving any already set.
+    pub(crate) fn write(&self, headers: &mut HeaderMap, mode: Headers, d: &Decision) {
+        if mode.ietf {
+            if !headers.contains_key(&RATELIMIT_POLICY) {
+                headers.insert(RATELIMIT_POLICY.clone(), self.policy_value.clone());
+            }
+            if !headers.contains_key(&RATELIMIT) {
+                headers.insert(RATELIMIT.clone(), self.rate_limit_value(d));
+            }
+        }
+        if mode.legacy {
+            if !headers.contains_key(&X_RATELIMIT_LIMIT) {
+                headers.insert(X_RATELIMIT_LIMIT.clone(), number(d.limit()));
+            }
+            if !headers.contains_key(&X_RATELIMIT_REMAINING) {
+                headers.insert(X_RATELIMIT_REMAINING.clone(), number(d.remaining()));
+            }
+            if !headers.contains_key(&X_RATELIMIT_RESET) {
+                headers.insert(X_RATELIMIT_RESET.clone(), number(reset_secs(d)));
+            }
+        }
+    }
+}
+
+/// Bodies computed once per policy.
+#[derive(Debug)]
+pub(crate) struct Bodies {
+    kind: DenialBody,
+    problem: Bytes,
+}
+
+const PLAIN_429: &str = "Too Many Requests\n";
+const TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
+const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+
+impl Bodies {
+    pub(crate) fn new(name: &str, kind: DenialBody) -> Bodies {
+        let mut json = Vec::new();
+        json.extend_from_slice(b"{\"type\":\"");
+        json.extend_from_slice(QUOTA_EXCEEDED_TYPE.as_bytes());
+        json.extend_from_slice(
+            b"\",\"title\":\"Too Many Requests: a rate-limit quota is exhausted\",\"status\":429,\"violated-policies\":[",
+        );
+        // A policy name is printable ASCII: escaping `"` and `\` makes it a JSON string.
+        push_sf_string(&mut json, name);
+        json.extend_from_slice(b"]}");
+        Bodies {
+            kind,
+            problem: Bytes::from(json),
+        }
+    }
+
+    /// The 429 for `d`, with `Retry-After` and the fields of `mode`.
+    pub(crate) fn denied<B>(
+        &self,
+        name: &str,
+        prepared: &Prepared,
+        mode: Headers,
+        d: &Decision,
+    ) -> Response<ResponseBody<B>> {
+        let mut res = match &self.kind {
+            DenialBody::PlainText => {
+                let mut r =
+                    Response::new(ResponseBody::full(Bytes::from_static(PLAIN_429.as_bytes())));
+                r.headers_mut().insert(CONTENT_TYPE, TEXT_PLAIN);
+                r
+            }
+            DenialBody::ProblemJson => {
+                let mut r = Response::new(ResponseBody::full(self.problem.clone()));
+                r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+                r
+            }
+            DenialBody::Custom(f) => {
+                let denial = Denial {
+                    policy: name,
+                    decision: d,
+                };
+                let custom = f(&denial);
+                let (parts, body) = custom.into_parts();
+                let mut r = Response::from_parts(parts, ResponseBody::full(body));
+                if r.status().is_success() {
+                    // A 2xx for a denial would tell clients the request was served.
+                    *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                }
+                r
+            }
+        };
+        if !matches!(self.kind, DenialBody::Custom(_)) {
+            *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        }
+        let headers = res.headers_mut();
+        if let Some(wait) = d.retry_after()
+            && !headers.contains_key(RETRY_AFTER)
+        {
+            headers.insert(RETRY_AFTER, number(retry_after_secs(wait)));
+        }
+        if mode.any() {
+            prepared.write(headers, mode, d);
+        }
+        res
+    }
+}
+
+/// A plain-text error response (missing key, fail closed).
+pub(crate) fn plain<B>(
+    status: StatusCode,
+    text: &'static str,
+    retry_after: Option<u64>,
+) -> Response<ResponseBody<B>> {
+    let mut r = Response::new(ResponseBody::full(Bytes::from_static(text.as_bytes())));
+    *r.status_mut() = status;
+    r.headers_mut().insert(CONTENT_TYPE, TEXT_PLAIN);
+    if let Some(secs) = retry_after {
+        r.headers_mut().insert(RETRY_AFTER, number(secs.max(1)));
+    }
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ratelimit_core::{Algorithm, Outcome, Quota};
+
+    #[test]
+    fn rounding_is_up_and_never_zero() {
+        assert_eq!(retry_after_secs(Duration::from_micros(1)), 1);
+        assert_eq!(retry_after_secs(Duration::ZERO), 1);
+        assert_eq!(retry_after_secs(Duration::from_millis(1_001)), 2);
+        assert_eq!(retry_after_secs(Duration::from_secs(3)), 3);
+        assert_eq!(secs_ceil(Duration::ZERO), 0);
+    }
+
+    #[test]
+    fn header_values() {
+        let limit = Limit::new(
+            Algorithm::TokenBucket,
+            [
+                Quota::per_second(10).unwrap(),
+                Quota::per_period(1000, Duration::from_millis(3_600_500)).unwrap(),
+            ],
+        )
+        .unwrap();
+        let p = Prepared::new("a\"b", &limit);
+        assert_eq!(
+            p.policy_value,
+            "\"a\\\"b.0\";q=10;w=1, \"a\\\"b.1\";q=1000;w=3601"
+        );
+        let d = Decision::new(
+            Outcome::Denied {
+                retry_after: Duration::from_millis(2_500),
+            },
+            1000,
+            0,
+            Duration::from_secs(7),
+            1,
+        );
+        assert_eq!(p.rate_limit_value(&d), "\"a\\\"b.1\";r=0;t=3");
+        let mut v = Vec::new();
+        push_u64(&mut v, u64::MAX);
+        assert_eq!(v, u64::MAX.to_string().as_bytes());
+    }
+}

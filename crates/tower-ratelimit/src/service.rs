@@ -1,0 +1,462 @@
+//! The [`RateLimit`] service.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, Waker};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http::request::Parts;
+use http::{Request, Response, StatusCode};
+use http_body::Body;
+use ratelimit_core::{Clock, Decision, Limit, MemoryStore, Store};
+use tower_service::Service;
+
+use crate::body::ResponseBody;
+use crate::circuit_breaker::{Admit, Breaker, CircuitState, ProbeGuard};
+use crate::future::ResponseFuture;
+use crate::key::KeyBuf;
+use crate::metrics::{FailureKind, Metrics};
+use crate::policy::{MissingKey, Policy};
+use crate::response::{self, Bodies, Prepared, Verdict, VerdictKind};
+use crate::{FailurePolicy, RateLimitLayer};
+
+/// Middleware that limits requests by a [`Policy`] over a [`Store`].
+///
+/// Clones share one limiter (the state is behind an `Arc`). `poll_ready` is the inner service's:
+/// the layer never applies backpressure; it answers denied requests with a 429 response, so an
+/// infallible inner service stays infallible. See the [crate docs](crate).
+pub struct RateLimit<S, St> {
+    inner: S,
+    shared: Arc<Shared<St>>,
+}
+
+impl<S, St> RateLimit<S, St> {
+    pub(crate) fn from_shared(inner: S, shared: Arc<Shared<St>>) -> Self {
+        RateLimit { inner, shared }
+    }
+
+    /// A layer applying `policy` over `store` (the same as [`RateLimitLayer::new`]).
+    pub fn layer(store: St, policy: Policy) -> Result<RateLimitLayer<St>, crate::Error>
+    where
+        St: Store,
+    {
+        RateLimitLayer::new(store, policy)
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// The state of the store's circuit breaker (`None` if the layer has none).
+    pub fn circuit_state(&self) -> Option<CircuitState> {
+        self.shared.breaker.as_ref().map(|b| b.state())
+    }
+}
+
+impl<S: Clone, St> Clone for RateLimit<S, St> {
+    fn clone(&self) -> Self {
+        RateLimit {
+            inner: self.inner.clone(),
+            shared: self.shared.clone(),
+        }
+    }
+}
+
+impl<S: fmt::Debug, St> fmt::Debug for RateLimit<S, St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("policy", &self.shared.rt.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What every clone of a layer and its services shares.
+pub(crate) struct Shared<St> {
+    pub(crate) store: St,
+    pub(crate) rt: Arc<Rt>,
+    pub(crate) timeout: Duration,
+    pub(crate) breaker: Option<Arc<Breaker>>,
+    pub(crate) fallback: Option<MemoryStore<Arc<dyn Clock>>>,
+}
+
+/// The policy and everything computed from it once.
+pub(crate) struct Rt {
+    pub(crate) name: Arc<str>,
+    pub(crate) policy: Policy,
+    pub(crate) tiers: Box<[Tier]>,
+    /// `<name>\0`: the namespace of extracted keys.
+    pub(crate) prefix: Box<[u8]>,
+    /// `<name>\x01`: the namespace of the shared missing-key key.
+    pub(crate) shared_prefix: Box<[u8]>,
+    pub(crate) bodies: Bodies,
+    pub(crate) metrics: Metrics,
+}
+
+pub(crate) struct Tier {
+    pub(crate) name: Option<Cow<'static, str>>,
+    pub(crate) limit: Limit,
+    pub(crate) fallback: Option<Limit>,
+    pub(crate) prepared: Prepared,
+}
+
+impl Rt {
+    pub(crate) fn new(policy: Policy) -> Result<Rt, crate::Error> {
+        let name = policy.name.clone();
+        let gateways = match policy.failure {
+            FailurePolicy::Fallback { gateways } => Some(gateways),
+            _ => None,
+        };
+        let mut tiers = Vec::with_capacity(1 + policy.tiers.len());
+        let all = std::iter::once((None, &policy.limit))
+            .chain(policy.tiers.iter().map(|(n, l)| (Some(n.clone()), l)));
+        for (tier_name, limit) in all {
+            let fallback = match gateways {
+                Some(n) => Some(limit.divided(n)?),
+                None => None,
+            };
+            tiers.push(Tier {
+                name: tier_name,
+                limit: limit.clone(),
+                fallback,
+                prepared: Prepared::new(&name, limit),
+            });
+        }
+        let mut prefix = name.as_bytes().to_vec();
+        prefix.push(0);
+        let mut shared_prefix = name.as_bytes().to_vec();
+        shared_prefix.push(1);
+        Ok(Rt {
+            bodies: Bodies::new(&name, policy.body.clone()),
+            metrics: Metrics::new(&name),
+            tiers: tiers.into_boxed_slice(),
+            prefix: prefix.into_boxed_slice(),
+            shared_prefix: shared_prefix.into_boxed_slice(),
+            name,
+            policy,
+        })
+    }
+
+    fn tier_for(&self, parts: &Parts) -> usize {
+        let Some(resolve) = &self.policy.resolve_tier else {
+            return 0;
+        };
+        match resolve(parts) {
+            Some(wanted) => self
+                .tiers
+                .iter()
+                .position(|t| t.name.as_deref() == Some(wanted))
+                .unwrap_or(0),
+            None => 0,
+        }
+    }
+
+    fn verdict(&self, kind: VerdictKind, decision: Option<Decision>) -> Verdict {
+        Verdict::new(self.name.clone(), kind, decision)
+    }
+}
+
+/// What to do with the request once the check is over.
+pub(crate) enum Step<B> {
+    Forward(Post),
+    Respond(Response<ResponseBody<B>>),
+}
+
+/// What to add to the inner service's response.
+pub(crate) struct Post {
+    rt: Arc<Rt>,
+    kind: VerdictKind,
+    decision: Option<Decision>,
+    tier: usize,
+    headers: bool,
+}
+
+impl fmt::Debug for Post {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Post")
+            .field("kind", &self.kind)
+            .field("decision", &self.decision)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Post {
+    pub(crate) fn apply<B>(self, response: Response<B>) -> Response<ResponseBody<B>> {
+        let mut response = response.map(ResponseBody::inner);
+        if let (true, Some(d)) = (self.headers, &self.decision) {
+            let tier = &self.rt.tiers[self.tier];
+            tier.prepared
+                .write(response.headers_mut(), self.rt.policy.headers, d);
+        }
+        let verdict = self.rt.verdict(self.kind, self.decision);
+        response.extensions_mut().insert(verdict);
+        response
+    }
+}
+
+impl<St: Store> Shared<St> {
+    fn forward<B>(&self, kind: VerdictKind, decision: Option<Decision>, tier: usize) -> Step<B> {
+        let rt = &self.rt;
+        rt.metrics.decision(kind);
+        let headers = matches!(kind, VerdictKind::Allowed | VerdictKind::FallbackAllowed)
+            && rt.policy.headers.any_on_allowed()
+            && !rt.policy.dry_run;
+        Step::Forward(Post {
+            rt: rt.clone(),
+            kind,
+            decision,
+            tier,
+            headers,
+        })
+    }
+
+    fn respond<B>(
+        &self,
+        kind: VerdictKind,
+        decision: Option<Decision>,
+        mut response: Response<ResponseBody<B>>,
+    ) -> Step<B> {
+        self.rt.metrics.decision(kind);
+        response
+            .extensions_mut()
+            .insert(self.rt.verdict(kind, decision));
+        Step::Respond(response)
+    }
+
+    /// A decision from the store (or the fallback).
+    fn decide<B>(&self, d: Decision, tier: usize, fallback: bool) -> Step<B> {
+        let rt = &self.rt;
+        if d.is_allowed() {
+            let kind = if fallback {
+                VerdictKind::FallbackAllowed
+            } else {
+                VerdictKind::Allowed
+            };
+            return self.forward(kind, Some(d), tier);
+        }
+        if rt.policy.dry_run {
+            tracing::debug!(policy = %rt.name, fallback, "rate limit would deny (dry run)");
+            return self.forward(VerdictKind::ShadowDenied, Some(d), tier);
+        }
+        let kind = if fallback {
+            VerdictKind::FallbackDenied
+        } else {
+            VerdictKind::Denied
+        };
+        tracing::debug!(
+            policy = %rt.name,
+            fallback,
+            retry_after_ms = d.retry_after().map(|w| w.as_millis() as u64),
+            "rate limit denied request"
+        );
+        let response = rt
+            .bodies
+            .denied(&rt.name, &rt.tiers[tier].prepared, rt.policy.headers, &d);
+        self.respond(kind, Some(d), response)
+    }
+
+    /// The store could not answer.
+    fn on_failure<B>(&self, kind: FailureKind, tier: usize, key: &[u8], cost: u64) -> Step<B> {
+        let rt = &self.rt;
+        rt.metrics.failure(kind);
+        match rt.policy.failure {
+            FailurePolicy::FailOpen => self.forward(VerdictKind::FailedOpen, None, tier),
+            FailurePolicy::FailClosed { .. } if rt.policy.dry_run => {
+                self.forward(VerdictKind::ShadowDenied, None, tier)
+            }
+            FailurePolicy::FailClosed { retry_after } => {
+                let response = response::plain(
+                    StatusCode::SERVICE_UNAVAILABLE,
+                    "Service Unavailable: the rate limiter cannot decide\n",
+                    Some(response::retry_after_secs(retry_after)),
+                );
+                self.respond(VerdictKind::FailedClosed, None, response)
+            }
+            FailurePolicy::Fallback { .. } => {
+                let t = &rt.tiers[tier];
+                match (&self.fallback, &t.fallback) {
+                    (Some(store), Some(limit)) => {
+                        let d = store.check_now(key, limit, cost);
+                        self.decide(d, tier, true)
+                    }
+                    // Built together by `Rt::new` and the layer builder; never apart.
+                    _ => self.forward(VerdictKind::FailedOpen, None, tier),
+                }
+            }
+        }
+    }
+
+    fn after_check<B>(
+        &self,
+        result: Result<Decision, St::Error>,
+        probe: bool,
+        tier: usize,
+        key: &[u8],
+        cost: u64,
+    ) -> Step<B> {
+        match result {
+            Ok(d) => {
+                if let Some(b) = &self.breaker {
+                    b.success(probe);
+                }
+                self.decide(d, tier, false)
+            }
+            Err(error) => {
+                if let Some(b) = &self.breaker {
+                    b.failure(probe);
+                }
+                tracing::warn!(policy = %self.rt.name, %error, "rate-limit store failed");
+                self.on_failure(FailureKind::Error, tier, key, cost)
+            }
+        }
+    }
+
+    fn after_timeout<B>(&self, probe: bool, tier: usize, key: &[u8], cost: u64) -> Step<B> {
+        if let Some(b) = &self.breaker {
+            b.failure(probe);
+        }
+        tracing::warn!(
+            policy = %self.rt.name,
+            timeout_ms = self.timeout.as_millis() as u64,
+            "rate-limit store timed out"
+        );
+        self.on_failure(FailureKind::Timeout, tier, key, cost)
+    }
+}
+
+impl<S, St, ReqB, ResB> Service<Request<ReqB>> for RateLimit<S, St>
+where
+    S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+    S::Error: Send + 'static,
+    ReqB: Send + 'static,
+    ResB: Body + Send + 'static,
+    ResB::Data: From<Bytes>,
+    St: Store,
+    St::Future: Unpin,
+{
+    type Response = Response<ResponseBody<ResB>>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResB, S::Error>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+        let shared = &*self.shared;
+        let rt = &*shared.rt;
+        let (parts, body) = req.into_parts();
+
+        if let Some(allow) = &rt.policy.allow
+            && allow(&parts)
+        {
+            let step = shared.forward(VerdictKind::AllowListed, None, 0);
+            return self.step(step, parts, body);
+        }
+
+        let tier = rt.tier_for(&parts);
+        let mut key = KeyBuf::new();
+        key.push(&rt.prefix);
+        if rt.policy.key.extract(&parts, &mut key).is_err() {
+            match &rt.policy.missing_key {
+                MissingKey::Reject(_) if rt.policy.dry_run => {
+                    let step = shared.forward(VerdictKind::ShadowDenied, None, tier);
+                    return self.step(step, parts, body);
+                }
+                MissingKey::Reject(status) => {
+                    tracing::debug!(policy = %rt.name, "no rate-limit key in request");
+                    let response =
+                        response::plain(*status, "No rate-limit key in the request\n", None);
+                    let step = shared.respond(VerdictKind::NoKey, None, response);
+                    return self.step(step, parts, body);
+                }
+                MissingKey::SharedKey(shared_key) => {
+                    key.truncate(0);
+                    key.push(&rt.shared_prefix);
+                    key.push(shared_key);
+                }
+            }
+        }
+        let cost = rt.policy.cost.as_ref().map_or(1, |cost| cost(&parts));
+
+        let admit = shared.breaker.as_ref().map_or(Admit::Call, |b| b.admit());
+        if admit == Admit::Reject {
+            let step = shared.on_failure(FailureKind::CircuitOpen, tier, key.as_bytes(), cost);
+            return self.step(step, parts, body);
+        }
+        let probe = admit == Admit::Probe;
+
+        let start = Instant::now();
+        let mut check = shared
+            .store
+            .check(key.as_bytes(), &rt.tiers[tier].limit, cost);
+        // The in-memory store's future is already complete: poll it once here, so that an
+        // immediate answer needs no timer, no allocation and no waker.
+        let mut cx = Context::from_waker(Waker::noop());
+        if let Poll::Ready(result) = Pin::new(&mut check).poll(&mut cx) {
+            rt.metrics.store_duration(start.elapsed());
+            let step = shared.after_check(result, probe, tier, key.as_bytes(), cost);
+            return self.step(step, parts, body);
+        }
+
+        // The store has to wait: move the check, its timeout and a ready inner service into a
+        // boxed future.
+        let shared = self.shared.clone();
+        let ready_inner = self.inner.clone();
+        let mut inner = std::mem::replace(&mut self.inner, ready_inner);
+        let breaker = if probe { shared.breaker.clone() } else { None };
+        let key = key.as_bytes().to_vec();
+        ResponseFuture::waiting(Box::pin(async move {
+            let mut guard = ProbeGuard::new(breaker);
+            let result = tokio::time::timeout(shared.timeout, check).await;
+            guard.disarm();
+            shared.rt.metrics.store_duration(start.elapsed());
+            let step = match result {
+                Ok(result) => shared.after_check(result, probe, tier, &key, cost),
+                Err(_elapsed) => shared.after_timeout(probe, tier, &key, cost),
+            };
+            match step {
+                Step::Forward(post) => {
+                    let response = inner.call(Request::from_parts(parts, body)).await?;
+                    Ok(post.apply(response))
+                }
+                Step::Respond(response) => Ok(response),
+            }
+        }))
+    }
+}
+
+impl<S, St> RateLimit<S, St> {
+    fn step<ReqB, ResB>(
+        &mut self,
+        step: Step<ResB>,
+        parts: Parts,
+        body: ReqB,
+    ) -> ResponseFuture<S::Future, ResB, S::Error>
+    where
+        S: Service<Request<ReqB>, Response = Response<ResB>>,
+    {
+        match step {
+            Step::Forward(post) => {
+                ResponseFuture::inner(self.inner.call(Request::from_parts(parts, body)), post)
+            }
+            Step::Respond(response) => ResponseFuture::ready(response),
+        }
+    }
+}
