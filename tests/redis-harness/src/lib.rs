@@ -209,19 +209,19 @@ impl RedisServer {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             // Any reply to PING (PONG, or NOAUTH when a password is set) means it is serving.
-            if let Ok(reply) = raw_command(self.port, &["PING"]) {
-                if reply.starts_with("+PONG") || reply.starts_with("-NOAUTH") {
-                    return;
-                }
+            if let Ok(reply) = raw_command(self.port, &["PING"])
+                && (reply.starts_with("+PONG") || reply.starts_with("-NOAUTH"))
+            {
+                return;
             }
-            if let Some(child) = self.child.as_mut() {
-                if let Ok(Some(status)) = child.try_wait() {
-                    panic!(
-                        "redis-server on port {} exited ({status}); log:\n{}",
-                        self.port,
-                        self.log()
-                    );
-                }
+            if let Some(child) = self.child.as_mut()
+                && let Ok(Some(status)) = child.try_wait()
+            {
+                panic!(
+                    "redis-server on port {} exited ({status}); log:\n{}",
+                    self.port,
+                    self.log()
+                );
             }
             if Instant::now() > deadline {
                 panic!(
@@ -437,10 +437,10 @@ impl RedisCluster {
                     Some((a, b)) => (a.parse::<u16>(), b.parse::<u16>()),
                     None => (range.parse::<u16>(), range.parse::<u16>()),
                 };
-                if let (Ok(lo), Ok(hi)) = (lo, hi) {
-                    if (lo..=hi).contains(&slot) {
-                        return node;
-                    }
+                if let (Ok(lo), Ok(hi)) = (lo, hi)
+                    && (lo..=hi).contains(&slot)
+                {
+                    return node;
                 }
             }
         }

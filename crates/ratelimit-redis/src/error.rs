@@ -1,0 +1,76 @@
+//! The error of this crate.
+
+use std::time::Duration;
+
+/// Why a [`RedisStore`](crate::RedisStore) could not be built, or a check could not be made.
+///
+/// A denial is never an error: it is a [`Decision`](ratelimit_core::Decision). An error means the
+/// store could not answer, and the caller's failure policy decides what to do (allow, deny, fall
+/// back to a local limit).
+///
+/// After a [`Timeout`](RedisStoreError::Timeout) or a [`Connection`](RedisStoreError::Connection)
+/// error during a check, the script may or may not have run on the server: the request may have
+/// been counted. It is never retried (retrying could count it twice), except on `NOSCRIPT`, which
+/// proves the script did not run.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum RedisStoreError {
+    /// A setting is invalid (an unparsable URL, a prefix with a brace, a zero pool size...).
+    #[error("invalid setting `{name}`: {reason}")]
+    Config {
+        /// The setting's name.
+        name: &'static str,
+        /// What is wrong with it.
+        reason: String,
+    },
+    /// No connection could be made or taken in time (the server is down, refuses us, or the pool
+    /// could not create a connection within the connect and wait timeouts).
+    #[error("could not connect to Redis: {message}")]
+    Connection {
+        /// What happened.
+        message: String,
+        /// The Redis client's error, if there was one.
+        #[source]
+        source: Option<redis::RedisError>,
+    },
+    /// The check got no answer within the response timeout.
+    #[error("Redis did not answer within {after:?}")]
+    Timeout {
+        /// The response timeout that elapsed.
+        after: Duration,
+    },
+    /// Redis answered with an error (a script error, `OOM` when `maxmemory` is reached with
+    /// `noeviction`, `NOPERM` for an ACL user without the needed rights, a broken connection...).
+    #[error("Redis error: {0}")]
+    Redis(#[source] redis::RedisError),
+    /// The script answered something this crate does not understand (a script of another version
+    /// under the same SHA would be one cause).
+    #[error("unexpected reply from the rate-limit script: {0}")]
+    UnexpectedReply(String),
+    /// The client clock gave a time this store cannot compute with exactly (after 2^52 µs since
+    /// its epoch, about the year 2112 for Unix time).
+    #[error("the client clock's time {micros} us is beyond 2^52 us")]
+    ClockOutOfRange {
+        /// The time the clock gave, in microseconds.
+        micros: u64,
+    },
+}
+
+impl RedisStoreError {
+    /// `true` if the store could not be reached (connection or timeout), as opposed to Redis
+    /// answering with an error.
+    #[must_use]
+    pub fn is_unavailable(&self) -> bool {
+        matches!(
+            self,
+            RedisStoreError::Connection { .. } | RedisStoreError::Timeout { .. }
+        ) || matches!(self, RedisStoreError::Redis(e) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout())
+    }
+
+    pub(crate) fn config(name: &'static str, reason: impl Into<String>) -> Self {
+        RedisStoreError::Config {
+            name,
+            reason: reason.into(),
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! Redis key layout: `<prefix>:{<user key>}:<algorithm>:<fingerprint>[:<quota>]`.
+
+use std::fmt::Write as _;
+use std::hash::Hasher as _;
+
+use ratelimit_core::{Algorithm, Limit};
+use siphasher::sip128::{Hasher128, SipHasher13};
+
+/// The longest user key kept verbatim in a Redis key; longer keys are hashed.
+pub const MAX_VERBATIM_KEY: usize = 64;
+
+/// Fixed SipHash keys: every gateway must map a user key to the same Redis key.
+const HASH_KEYS: (u64, u64) = (0x7261_7465_6c69_6d69, 0x7420_7265_6469_7321);
+
+fn is_safe(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'@' | b'/' | b'-')
+}
+
+/// Appends the hash-tag body for `key`: the key itself if it is short, non-empty and made only of
+/// `[A-Za-z0-9._:@/-]` (and does not start with `h:`), else `h:` and the 32 hex digits of its
+/// 128-bit SipHash-1-3 under fixed keys. Braces never appear, so the tag cannot be escaped.
+pub(crate) fn push_encoded(out: &mut String, key: &[u8]) {
+    let verbatim = !key.is_empty()
+        && key.len() <= MAX_VERBATIM_KEY
+        && !key.starts_with(b"h:")
+        && key.iter().copied().all(is_safe);
+    if verbatim {
+        // All bytes are ASCII.
+        out.extend(key.iter().map(|&b| char::from(b)));
+    } else {
+        let mut h = SipHasher13::new_with_keys(HASH_KEYS.0, HASH_KEYS.1);
+        h.write(key);
+        let d = h.finish128();
+        let _ = write!(out, "h:{:016x}{:016x}", d.h1, d.h2);
+    }
+}
+
+/// Every Redis key of one check: the state hash first, then (sliding log) one list per quota.
+pub(crate) fn state_keys(prefix: &str, key: &[u8], limit: &Limit) -> Vec<String> {
+    let mut base = String::with_capacity(prefix.len() + 100);
+    base.push_str(prefix);
+    base.push_str(":{");
+    push_encoded(&mut base, key);
+    let _ = write!(
+        base,
+        "}}:{}:{:016x}",
+        limit.algorithm().name(),
+        limit.fingerprint()
+    );
+    if limit.algorithm() == Algorithm::SlidingLog {
+        let mut keys = Vec::with_capacity(1 + limit.quotas().len());
+        for i in 0..limit.quotas().len() {
+            keys.push(format!("{base}:{i}"));
+        }
+        keys.insert(0, base);
+        keys
+    } else {
+        vec![base]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ratelimit_core::Quota;
+
+    fn enc(key: &[u8]) -> String {
+        let mut s = String::new();
+        push_encoded(&mut s, key);
+        s
+    }
+
+    #[test]
+    fn safe_short_keys_are_verbatim() {
+        assert_eq!(enc(b"user:42"), "user:42");
+        assert_eq!(enc(b"10.0.0.1"), "10.0.0.1");
+        assert_eq!(enc(b"a@b.c/d-e_f"), "a@b.c/d-e_f");
+    }
+
+    #[test]
+    fn other_keys_are_hashed_to_a_bounded_length() {
+        for k in [
+            &b"{evil}"[..],
+            b"a}b",
+            b"",
+            b"\x00\xff",
+            b"with space",
+            &[b'x'; 65][..],
+            b"h:0123456789abcdef0123456789abcdef",
+        ] {
+            let e = enc(k);
+            assert!(e.starts_with("h:") && e.len() == 34, "{k:?} -> {e}");
+            assert!(!e.contains('{') && !e.contains('}'));
+        }
+        assert_ne!(enc(b"{a}"), enc(b"{b}"));
+        // Stable across processes: fixed keys.
+        assert_eq!(enc(b""), enc(b""));
+    }
+
+    #[test]
+    fn layout() {
+        let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(5).unwrap()).unwrap();
+        let keys = state_keys("rl", b"user:1", &limit);
+        assert_eq!(
+            keys,
+            vec![format!(
+                "rl:{{user:1}}:token_bucket:{:016x}",
+                limit.fingerprint()
+            )]
+        );
+        let log = Limit::new(
+            Algorithm::SlidingLog,
+            [
+                Quota::per_second(5).unwrap(),
+                Quota::per_minute(50).unwrap(),
+            ],
+        )
+        .unwrap();
+        let keys = state_keys("rl", b"{x}", &log);
+        assert_eq!(keys.len(), 3);
+        assert!(keys[1].ends_with(":0") && keys[2].ends_with(":1"));
+        let tag = |k: &str| k[k.find('{').unwrap()..=k.find('}').unwrap()].to_owned();
+        assert!(keys.iter().all(|k| tag(k) == tag(&keys[0])));
+    }
+}

@@ -1,0 +1,140 @@
+-- Sliding log, as ratelimit_core::algorithm::sliding_log.
+-- KEYS[1]: a hash with, per quota i, field n<i> (sum of the costs in the log).
+-- KEYS[1 + i]: quota i's log, a list of "<time_us>:<cost>" entries, oldest first; costs admitted
+-- at one instant are merged into one entry.
+-- Per-quota ARGV: limit, period_us.
+
+local hkey = KEYS[1]
+local FIELDS = { 'n1', 'n2', 'n3', 'n4', 'n5', 'n6', 'n7', 'n8' }
+local stored = redis.call('HMGET', hkey, unpack(FIELDS, 1, N))
+local exists = stored[1] ~= false
+local CHUNK = 32
+
+local function parse(entry)
+  local sep = string.find(entry, ':', 1, true)
+  return tonumber(string.sub(entry, 1, sep - 1)), tonumber(string.sub(entry, sep + 1))
+end
+
+local plan = {}
+local fresh_before, fresh_after = 0, 0
+for i = 1, N do
+  local a = 4 + (i - 1) * 2
+  local limit, p = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local lkey = KEYS[1 + i]
+  local total = 0
+  local newest, newest_cost = nil, 0
+  local last = redis.call('LINDEX', lkey, -1)
+  if last then
+    newest, newest_cost = parse(last)
+    total = tonumber(stored[i]) or 0
+    if newest + p > fresh_before then fresh_before = newest + p end
+  end
+  local now = NOW
+  if newest and newest > now then now = newest end
+
+  -- Prune: count the entries from the front that have slid out (read only; trimmed on commit).
+  local pruned = 0
+  local window = {} -- entries still inside the window, read so far (for a denial's wait)
+  if newest then
+    if newest + p <= now then
+      pruned = redis.call('LLEN', lkey)
+      total = 0
+      newest = nil
+    else
+      local pos, done = 0, false
+      while not done do
+        local chunk = redis.call('LRANGE', lkey, pos, pos + CHUNK - 1)
+        for j = 1, #chunk do
+          local t, c = parse(chunk[j])
+          if t + p <= now then
+            pruned = pruned + 1
+            total = total - c
+          else
+            window[#window + 1] = t
+            window[#window + 1] = c
+            done = true
+            -- Keep the rest of this chunk: a denial may need it.
+            for k = j + 1, #chunk do
+              local t2, c2 = parse(chunk[k])
+              window[#window + 1] = t2
+              window[#window + 1] = c2
+            end
+            break
+          end
+        end
+        pos = pos + CHUNK
+        if #chunk < CHUNK then done = true end
+      end
+    end
+  end
+
+  local code, retry = 0, 0
+  local merge, push = false, false
+  if COST > limit then
+    code = 2
+  elseif total + COST <= limit then
+    if COST > 0 then
+      if newest == now then merge = true else push = true end
+      total = total + COST
+    end
+  else
+    code = 1
+    -- Wait until enough of the oldest entries have slid out.
+    local need = total + COST - limit
+    local freed, at = 0, now
+    local idx = 1
+    local pos = pruned + #window / 2
+    while true do
+      if idx > #window then
+        local chunk = redis.call('LRANGE', lkey, pos, pos + CHUNK - 1)
+        if #chunk == 0 then break end
+        for j = 1, #chunk do
+          local t, c = parse(chunk[j])
+          window[#window + 1] = t
+          window[#window + 1] = c
+        end
+        pos = pos + #chunk
+      end
+      freed = freed + window[idx + 1]
+      if freed >= need then
+        at = window[idx] + p
+        break
+      end
+      idx = idx + 2
+    end
+    retry = at - now
+  end
+  local back = newest
+  if merge or push then back = now end
+  local reset = 0
+  if back then reset = back + p - now end
+  consider(i, code, retry, limit, limit - total, reset)
+  plan[i] = { lkey = lkey, pruned = pruned, merge = merge, push = push, now = now,
+              cost = newest_cost + COST, total = total }
+  if back and back + p > fresh_after then fresh_after = back + p end
+end
+
+if B_CODE == 0 then
+  if exists or COST > 0 then
+    local args = {}
+    for i = 1, N do
+      local pl = plan[i]
+      if pl.pruned > 0 then redis.call('LTRIM', pl.lkey, pl.pruned, -1) end
+      if pl.merge then
+        redis.call('LSET', pl.lkey, -1, string.format('%d:%d', pl.now, pl.cost))
+      elseif pl.push then
+        redis.call('RPUSH', pl.lkey, string.format('%d:%d', pl.now, COST))
+      end
+      args[2 * i - 1], args[2 * i] = FIELDS[i], pl.total
+    end
+    redis.call('HSET', hkey, unpack(args))
+    local ttl = ttl_ms(fresh_after)
+    redis.call('PEXPIRE', hkey, ttl)
+    for i = 1, N do redis.call('PEXPIRE', KEYS[1 + i], ttl) end
+  end
+elseif exists then
+  local ttl = ttl_ms(fresh_before)
+  redis.call('PEXPIRE', hkey, ttl)
+  for i = 1, N do redis.call('PEXPIRE', KEYS[1 + i], ttl) end
+end
+return reply()

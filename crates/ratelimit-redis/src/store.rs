@@ -1,0 +1,641 @@
+//! `RedisStore`: connections, the builder, and the `Store` implementation.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
+
+use deadpool_redis::{Runtime, cluster as dpc};
+use ratelimit_core::{Algorithm, Clock, Decision, Limit, MAX_EXACT, Outcome, Store};
+use redis::aio::MultiplexedConnection;
+use redis::cluster_async::ClusterConnection;
+use redis::{AsyncConnectionConfig, RedisError};
+
+use crate::error::RedisStoreError;
+use crate::key::state_keys;
+use crate::scripts;
+
+/// The default key prefix.
+pub const DEFAULT_PREFIX: &str = "rl";
+/// The default number of multiplexed connections a store keeps open.
+pub const DEFAULT_POOL_SIZE: usize = 4;
+/// The default time allowed to open a connection.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+/// The default time a check waits for a connection to become available (while one is being
+/// re-opened after a failure).
+pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(500);
+/// The default time a check waits for Redis to answer, connection included.
+pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// The future of one [`RedisStore`] check.
+pub type CheckFuture = Pin<Box<dyn Future<Output = Result<Decision, RedisStoreError>> + Send>>;
+
+/// A rate-limit [`Store`] on Redis or Redis Cluster, shared by every gateway that points at it.
+///
+/// Each check is one `EVALSHA` of the algorithm's Lua script: read, decide and write happen in
+/// one atomic step on the server, so twenty gateways enforce one limit together and never spend
+/// the same token twice. The scripts make the same decisions as `ratelimit-core`'s algorithms, in
+/// the same integer microseconds.
+///
+/// Cloning is cheap and shares the connections.
+///
+/// See the [crate documentation](crate) for an example and `docs/redis.md` for the key layout,
+/// the scripts, expiry and the cluster rules.
+#[derive(Clone)]
+pub struct RedisStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    backend: Backend,
+    slots: Box<[Slot]>,
+    next: AtomicUsize,
+    generation: AtomicU64,
+    prefix: String,
+    response_timeout: Duration,
+    clock: Option<Arc<dyn Clock>>,
+    expiry_slack_ms: u64,
+}
+
+enum Backend {
+    Single(deadpool_redis::Pool),
+    Cluster(dpc::Pool),
+}
+
+/// One long-lived multiplexed connection. Checks share it (it pipelines their commands); it is
+/// replaced, through the pool, when it breaks.
+struct Slot {
+    conn: Mutex<Option<(u64, Conn)>>,
+    heal: tokio::sync::Mutex<()>,
+}
+
+#[derive(Clone)]
+enum Conn {
+    Single(MultiplexedConnection),
+    Cluster(ClusterConnection),
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let i = &self.inner;
+        f.debug_struct("RedisStore")
+            .field(
+                "backend",
+                &match i.backend {
+                    Backend::Single(_) => "standalone",
+                    Backend::Cluster(_) => "cluster",
+                },
+            )
+            .field("prefix", &i.prefix)
+            .field("pool_size", &i.slots.len())
+            .field("response_timeout", &i.response_timeout)
+            .field("client_clock", &i.clock.is_some())
+            .field("expiry_slack_ms", &i.expiry_slack_ms)
+            .finish()
+    }
+}
+
+/// Settings for a [`RedisStore`]; see [`RedisStore::builder`] and [`RedisStore::cluster`].
+#[must_use]
+pub struct RedisStoreBuilder {
+    urls: Vec<String>,
+    cluster: bool,
+    prefix: String,
+    pool_size: usize,
+    connect_timeout: Duration,
+    wait_timeout: Duration,
+    response_timeout: Duration,
+    clock: Option<Arc<dyn Clock>>,
+    expiry_slack: Duration,
+}
+
+impl fmt::Debug for RedisStoreBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStoreBuilder")
+            .field("nodes", &self.urls.len())
+            .field("cluster", &self.cluster)
+            .field("prefix", &self.prefix)
+            .field("pool_size", &self.pool_size)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("wait_timeout", &self.wait_timeout)
+            .field("response_timeout", &self.response_timeout)
+            .field("client_clock", &self.clock.is_some())
+            .field("expiry_slack", &self.expiry_slack)
+            .finish()
+    }
+}
+
+impl RedisStore {
+    /// Settings for a store on one Redis server (or a primary behind a proxy), from a URL:
+    /// `redis://[[user]:password@]host[:port][/db]`. An ACL user is given as the URL's user name.
+    pub fn builder(url: impl Into<String>) -> RedisStoreBuilder {
+        RedisStoreBuilder::new(vec![url.into()], false)
+    }
+
+    /// Settings for a store on a Redis Cluster, from the URLs of one or more of its nodes (the
+    /// rest are discovered). `MOVED` and `ASK` redirections are followed by the client.
+    pub fn cluster<I, S>(urls: I) -> RedisStoreBuilder
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        RedisStoreBuilder::new(urls.into_iter().map(Into::into).collect(), true)
+    }
+
+    /// The Redis keys holding `key`'s state under `limit`: the state hash first, then, for the
+    /// sliding log, one list per quota. For operations (inspecting, deleting a key's state) and
+    /// tests.
+    #[must_use]
+    pub fn state_keys(&self, key: &[u8], limit: &Limit) -> Vec<String> {
+        state_keys(&self.inner.prefix, key, limit)
+    }
+
+    /// The key prefix.
+    #[must_use]
+    pub fn prefix(&self) -> &str {
+        &self.inner.prefix
+    }
+
+    /// Checks `cost` for `key` against `limit`; the same as [`Store::check`], as an inherent
+    /// method so callers need not import the trait.
+    pub fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> CheckFuture {
+        let inner = Arc::clone(&self.inner);
+        let Some(script) = scripts::script(limit.algorithm()) else {
+            let alg = limit.algorithm();
+            return Box::pin(async move {
+                Err(RedisStoreError::config(
+                    "limit",
+                    format!("ratelimit-redis has no script for the algorithm {alg}"),
+                ))
+            });
+        };
+        let keys = state_keys(&inner.prefix, key, limit);
+        let now = match &inner.clock {
+            None => None,
+            Some(clock) => {
+                let micros = clock.now().as_micros();
+                if micros > MAX_EXACT {
+                    return Box::pin(
+                        async move { Err(RedisStoreError::ClockOutOfRange { micros }) },
+                    );
+                }
+                Some(micros)
+            }
+        };
+        let args = script_args(limit, cost, now, inner.expiry_slack_ms);
+        Box::pin(async move {
+            let timeout = inner.response_timeout;
+            match tokio::time::timeout(timeout, inner.eval(script, &keys, &args)).await {
+                Ok(r) => r,
+                Err(_) => Err(RedisStoreError::Timeout { after: timeout }),
+            }
+        })
+    }
+}
+
+impl Store for RedisStore {
+    type Error = RedisStoreError;
+    type Future = CheckFuture;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        RedisStore::check(self, key, limit, cost)
+    }
+}
+
+/// ARGV for the scripts: time (or `s` for the server's), cost, quota count, expiry slack, then
+/// each quota's parameters (see `src/lua/prelude.lua`).
+fn script_args(limit: &Limit, cost: u64, now: Option<u64>, slack_ms: u64) -> Vec<String> {
+    let quotas = limit.quotas();
+    let mut args = Vec::with_capacity(4 + 4 * quotas.len());
+    args.push(now.map_or_else(|| "s".to_owned(), |t| t.to_string()));
+    // Every burst and limit is at most 2^52, so a larger cost compares the same once clamped to
+    // 2^52 + 1, which a double still holds exactly.
+    args.push(cost.min(MAX_EXACT + 1).to_string());
+    args.push(quotas.len().to_string());
+    args.push(slack_ms.to_string());
+    for q in quotas {
+        match limit.algorithm() {
+            Algorithm::TokenBucket | Algorithm::Gcra => {
+                args.push(q.burst().to_string());
+                args.push(q.scale().to_string());
+                args.push(q.refill_per_micro().to_string());
+                args.push(q.capacity_units().to_string());
+            }
+            _ => {
+                args.push(q.limit().to_string());
+                args.push(q.period_micros().to_string());
+            }
+        }
+    }
+    args
+}
+
+fn decision_from_reply(reply: &[i64]) -> Result<Decision, RedisStoreError> {
+    let bad = || RedisStoreError::UnexpectedReply(format!("{reply:?}"));
+    let &[code, retry, limit, remaining, reset, index] = reply else {
+        return Err(bad());
+    };
+    let nonneg = |v: i64| u64::try_from(v).map_err(|_| bad());
+    let outcome = match code {
+        0 => Outcome::Allowed,
+        1 => Outcome::Denied {
+            retry_after: Duration::from_micros(nonneg(retry)?),
+        },
+        2 => Outcome::Exceeds,
+        _ => return Err(bad()),
+    };
+    Ok(Decision::new(
+        outcome,
+        nonneg(limit)?,
+        nonneg(remaining)?,
+        Duration::from_micros(nonneg(reset)?),
+        usize::try_from(index).map_err(|_| bad())?,
+    ))
+}
+
+/// Errors after which a connection is replaced.
+fn is_broken(e: &RedisError) -> bool {
+    e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error()
+}
+
+impl Inner {
+    async fn eval(
+        &self,
+        script: &redis::Script,
+        keys: &[String],
+        args: &[String],
+    ) -> Result<Decision, RedisStoreError> {
+        let (slot, generation, mut conn) = self.connection().await?;
+        let mut invocation = script.prepare_invoke();
+        for k in keys {
+            invocation.key(k.as_str());
+        }
+        for a in args {
+            invocation.arg(a.as_str());
+        }
+        // `invoke_async` sends EVALSHA and, only on a NOSCRIPT reply (the script did not run),
+        // loads the script and sends EVALSHA once more. Any other error is returned as is.
+        let reply: Result<Vec<i64>, RedisError> = match &mut conn {
+            Conn::Single(c) => invocation.invoke_async(c).await,
+            Conn::Cluster(c) => invocation.invoke_async(c).await,
+        };
+        match reply {
+            Ok(values) => decision_from_reply(&values),
+            Err(e) => {
+                if is_broken(&e) {
+                    self.discard(slot, generation);
+                }
+                Err(RedisStoreError::Redis(e))
+            }
+        }
+    }
+
+    /// A connection, round-robin over the slots; re-opens a slot's connection if it was dropped.
+    async fn connection(&self) -> Result<(usize, u64, Conn), RedisStoreError> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let slot = &self.slots[i];
+        if let Some((g, c)) = lock(&slot.conn).as_ref() {
+            return Ok((i, *g, c.clone()));
+        }
+        let _healing = slot.heal.lock().await;
+        if let Some((g, c)) = lock(&slot.conn).as_ref() {
+            return Ok((i, *g, c.clone()));
+        }
+        let conn = self.open().await?;
+        let g = self.generation.fetch_add(1, Ordering::Relaxed);
+        *lock(&slot.conn) = Some((g, conn.clone()));
+        tracing::debug!(slot = i, "ratelimit-redis: connection (re)opened");
+        Ok((i, g, conn))
+    }
+
+    fn discard(&self, slot: usize, generation: u64) {
+        let mut guard = lock(&self.slots[slot].conn);
+        if matches!(guard.as_ref(), Some((g, _)) if *g == generation) {
+            *guard = None;
+            tracing::warn!(
+                slot,
+                "ratelimit-redis: connection broken; it will be re-opened"
+            );
+        }
+    }
+
+    /// A new connection from the pool, detached from it: the pool makes connections (with its
+    /// connect and wait timeouts); this store keeps them.
+    async fn open(&self) -> Result<Conn, RedisStoreError> {
+        match &self.backend {
+            Backend::Single(pool) => match pool.get().await {
+                Ok(c) => Ok(Conn::Single(deadpool_redis::Connection::take(c))),
+                Err(e) => Err(pool_error(e)),
+            },
+            Backend::Cluster(pool) => match pool.get().await {
+                Ok(c) => Ok(Conn::Cluster(dpc::Connection::take(c))),
+                Err(e) => Err(pool_error(e)),
+            },
+        }
+    }
+}
+
+fn pool_error(e: deadpool_redis::PoolError) -> RedisStoreError {
+    match e {
+        deadpool_redis::PoolError::Backend(source) => RedisStoreError::Connection {
+            message: source.to_string(),
+            source: Some(source),
+        },
+        other => RedisStoreError::Connection {
+            message: other.to_string(),
+            source: None,
+        },
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+impl RedisStoreBuilder {
+    fn new(urls: Vec<String>, cluster: bool) -> Self {
+        RedisStoreBuilder {
+            urls,
+            cluster,
+            prefix: DEFAULT_PREFIX.to_owned(),
+            pool_size: DEFAULT_POOL_SIZE,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            wait_timeout: DEFAULT_WAIT_TIMEOUT,
+            response_timeout: DEFAULT_RESPONSE_TIMEOUT,
+            clock: None,
+            expiry_slack: Duration::ZERO,
+        }
+    }
+
+    /// The prefix of every key (default `rl`): printable ASCII, without braces or spaces, at most
+    /// 64 bytes. Set by configuration, never by a client.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> Self {
+        self.prefix = prefix.into();
+        self
+    }
+
+    /// How many multiplexed connections to keep open (default 4). Each carries many concurrent
+    /// checks at once; they are handed out in turn and re-opened when they break.
+    pub fn pool_size(mut self, n: usize) -> Self {
+        self.pool_size = n;
+        self
+    }
+
+    /// How long opening a connection may take (default 1 s).
+    pub fn connect_timeout(mut self, d: Duration) -> Self {
+        self.connect_timeout = d;
+        self
+    }
+
+    /// How long a check may wait for the pool to hand out a connection (default 500 ms).
+    pub fn wait_timeout(mut self, d: Duration) -> Self {
+        self.wait_timeout = d;
+        self
+    }
+
+    /// How long a check may take in all, connection included (default 500 ms). Past it the check
+    /// fails with [`RedisStoreError::Timeout`].
+    pub fn response_timeout(mut self, d: Duration) -> Self {
+        self.response_timeout = d;
+        self
+    }
+
+    /// Takes the time from `clock` on the client instead of from the Redis server's `TIME`.
+    ///
+    /// By default the scripts read the server's clock, so clock skew between gateways cannot
+    /// change a decision. A client clock is for tests (a [`ManualClock`](ratelimit_core::ManualClock))
+    /// and for deployments that want it; then every gateway's clock must agree.
+    pub fn client_clock(mut self, clock: impl Clock + 'static) -> Self {
+        self.clock = Some(Arc::new(clock));
+        self
+    }
+
+    /// Extra time added to every key's expiry (default zero: a key expires as soon as its state is
+    /// fresh again, rounded up to the millisecond).
+    ///
+    /// Expiry runs on the Redis server's real time. With a client clock that does not follow real
+    /// time (a `ManualClock` in tests), or gateways whose clocks disagree, a slack keeps states
+    /// alive until every clock agrees they are fresh.
+    pub fn expiry_slack(mut self, d: Duration) -> Self {
+        self.expiry_slack = d;
+        self
+    }
+
+    /// Checks the settings, opens the connections and loads the scripts.
+    pub async fn build(self) -> Result<RedisStore, RedisStoreError> {
+        validate_prefix(&self.prefix)?;
+        if self.pool_size == 0 || self.pool_size > 1024 {
+            return Err(RedisStoreError::config(
+                "pool_size",
+                "must be between 1 and 1024",
+            ));
+        }
+        for (name, d) in [
+            ("connect_timeout", self.connect_timeout),
+            ("wait_timeout", self.wait_timeout),
+            ("response_timeout", self.response_timeout),
+        ] {
+            if d.is_zero() {
+                return Err(RedisStoreError::config(name, "must be longer than zero"));
+            }
+        }
+        if self.urls.is_empty() {
+            return Err(RedisStoreError::config("url", "at least one URL is needed"));
+        }
+        for url in &self.urls {
+            if url.starts_with("rediss://") {
+                return Err(RedisStoreError::config(
+                    "url",
+                    "rediss:// (TLS) is not supported by this build of ratelimit-redis",
+                ));
+            }
+            if redis::IntoConnectionInfo::into_connection_info(url.as_str()).is_err() {
+                return Err(RedisStoreError::config(
+                    "url",
+                    format!("cannot parse `{}`", redact(url)),
+                ));
+            }
+        }
+        if !self.cluster && self.urls.len() != 1 {
+            return Err(RedisStoreError::config(
+                "url",
+                "a standalone store takes one URL; use RedisStore::cluster for several nodes",
+            ));
+        }
+        let slack_ms =
+            u64::try_from(self.expiry_slack.as_micros().div_ceil(1_000)).unwrap_or(u64::MAX);
+        if slack_ms > 1 << 40 {
+            return Err(RedisStoreError::config("expiry_slack", "is too long"));
+        }
+
+        let backend = if self.cluster {
+            let manager = dpc::Manager::new(self.urls.clone(), false).map_err(|e| {
+                RedisStoreError::config("url", format!("cannot use the cluster URLs: {e}"))
+            })?;
+            let pool = dpc::Pool::builder(manager)
+                .max_size(self.pool_size)
+                .wait_timeout(Some(self.wait_timeout))
+                .create_timeout(Some(self.connect_timeout))
+                .recycle_timeout(Some(self.connect_timeout))
+                .runtime(Runtime::Tokio1)
+                .build()
+                .map_err(|e| RedisStoreError::config("pool", e.to_string()))?;
+            Backend::Cluster(pool)
+        } else {
+            let config = AsyncConnectionConfig::new()
+                .set_connection_timeout(Some(self.connect_timeout))
+                .set_response_timeout(Some(self.response_timeout));
+            let manager = deadpool_redis::Manager::new_with_config(self.urls[0].as_str(), config)
+                .map_err(|e| {
+                RedisStoreError::config("url", format!("cannot use the URL: {e}"))
+            })?;
+            let pool = deadpool_redis::Pool::builder(manager)
+                .max_size(self.pool_size)
+                .wait_timeout(Some(self.wait_timeout))
+                .create_timeout(Some(self.connect_timeout))
+                .recycle_timeout(Some(self.connect_timeout))
+                .runtime(Runtime::Tokio1)
+                .build()
+                .map_err(|e| RedisStoreError::config("pool", e.to_string()))?;
+            Backend::Single(pool)
+        };
+
+        let inner = Inner {
+            backend,
+            slots: (0..self.pool_size)
+                .map(|_| Slot {
+                    conn: Mutex::new(None),
+                    heal: tokio::sync::Mutex::new(()),
+                })
+                .collect(),
+            next: AtomicUsize::new(0),
+            generation: AtomicU64::new(0),
+            prefix: self.prefix,
+            response_timeout: self.response_timeout,
+            clock: self.clock,
+            expiry_slack_ms: slack_ms,
+        };
+        // Open every connection now, so a wrong address or password fails here, and load the
+        // scripts (on every primary of a cluster) so the first checks need no NOSCRIPT round trip.
+        let mut first = None;
+        for _ in 0..inner.slots.len() {
+            let (_, _, conn) = inner.connection().await?;
+            first.get_or_insert(conn);
+        }
+        if let Some(mut conn) = first {
+            let load = async {
+                for s in scripts::all() {
+                    match &mut conn {
+                        Conn::Single(c) => s.prepare_invoke().load_async(c).await?,
+                        Conn::Cluster(c) => s.prepare_invoke().load_async(c).await?,
+                    };
+                }
+                Ok::<(), RedisError>(())
+            };
+            match tokio::time::timeout(self.connect_timeout.max(self.response_timeout), load).await
+            {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => return Err(RedisStoreError::Redis(e)),
+                Err(_) => {
+                    return Err(RedisStoreError::Timeout {
+                        after: self.connect_timeout.max(self.response_timeout),
+                    });
+                }
+            }
+        }
+        Ok(RedisStore {
+            inner: Arc::new(inner),
+        })
+    }
+}
+
+fn validate_prefix(prefix: &str) -> Result<(), RedisStoreError> {
+    if prefix.is_empty() || prefix.len() > 64 {
+        return Err(RedisStoreError::config(
+            "prefix",
+            "must be 1 to 64 bytes long",
+        ));
+    }
+    if !prefix
+        .bytes()
+        .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
+    {
+        return Err(RedisStoreError::config(
+            "prefix",
+            "must be printable ASCII without spaces or braces (a brace would move the hash tag)",
+        ));
+    }
+    Ok(())
+}
+
+/// The URL without its password, for error messages.
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
+        _ => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ratelimit_core::Quota;
+
+    #[test]
+    fn args_carry_integer_parameters() {
+        let limit = Limit::new(
+            Algorithm::TokenBucket,
+            [
+                Quota::per_second(2).unwrap().with_burst(5).unwrap(),
+                Quota::per_day(1000).unwrap(),
+            ],
+        )
+        .unwrap();
+        let a = script_args(&limit, u64::MAX, Some(7), 0);
+        assert_eq!(a[0], "7");
+        assert_eq!(a[1], (MAX_EXACT + 1).to_string());
+        assert_eq!(a[2], "2");
+        let q = limit.quotas()[0];
+        assert_eq!(
+            a[4..8],
+            [
+                "5".to_owned(),
+                q.scale().to_string(),
+                q.refill_per_micro().to_string(),
+                q.capacity_units().to_string()
+            ]
+        );
+        let w = Limit::single(Algorithm::SlidingWindow, Quota::per_minute(100).unwrap()).unwrap();
+        assert_eq!(
+            script_args(&w, 1, None, 3)[..],
+            ["s", "1", "1", "3", "100", "60000000"]
+        );
+    }
+
+    #[test]
+    fn replies_become_decisions() {
+        let d = decision_from_reply(&[1, 600_000, 100, 0, 60_000_000, 1]).unwrap();
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(600)));
+        assert_eq!((d.limit(), d.remaining(), d.quota_index()), (100, 0, 1));
+        assert!(decision_from_reply(&[3, 0, 0, 0, 0, 0]).is_err());
+        assert!(decision_from_reply(&[0, 0, -1, 0, 0, 0]).is_err());
+        assert!(decision_from_reply(&[0]).is_err());
+    }
+
+    #[test]
+    fn prefixes_cannot_move_the_hash_tag() {
+        assert!(validate_prefix("rl").is_ok());
+        assert!(validate_prefix("app:rl").is_ok());
+        for bad in ["", "a{b", "}", "with space", &"x".repeat(65)] {
+            assert!(validate_prefix(bad).is_err(), "{bad}");
+        }
+    }
+
+    #[test]
+    fn redacts_passwords() {
+        assert_eq!(redact("redis://u:pw@h:1/0"), "redis://***@h:1/0");
+        assert_eq!(redact("redis://h:1"), "redis://h:1");
+    }
+}

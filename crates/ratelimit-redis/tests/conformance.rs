@@ -1,0 +1,110 @@
+//! The same sequences through `MemoryStore` and `RedisStore` (client-clock mode) give identical
+//! decisions, field by field, for every algorithm.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{T0, manual, run_conformance, table, unique_prefix};
+use ratelimit_core::{Algorithm, Limit, ManualClock, Outcome, Quota, Timestamp};
+use ratelimit_redis::RedisStore;
+use redis_harness::RedisServer;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_decides_exactly_as_memory_store() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let store = manual(RedisStore::builder(server.url()), &clock)
+        .prefix(unique_prefix("conf"))
+        .build()
+        .await
+        .unwrap();
+    let table = table();
+    let compared = run_conformance(&store, &clock, &table).await;
+    println!("{} scenarios, {compared:?}", table.len());
+    for alg in Algorithm::ALL {
+        assert!(
+            table
+                .iter()
+                .any(|s| s.limit.algorithm() == alg && s.limit.quotas().len() > 1),
+            "{alg} has a multi-quota scenario"
+        );
+    }
+    assert!(compared.with_algorithms > 10_000, "{compared:?}");
+    assert!(compared.with_memory_store > 7_000, "{compared:?}");
+}
+
+/// The seed scenarios, asserted on Redis directly (not only "same as memory").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn seed_scenarios_on_redis() {
+    let server = RedisServer::start();
+    let clock = ManualClock::starting_at(Timestamp::from_micros(T0));
+    let store = manual(RedisStore::builder(server.url()), &clock)
+        .build()
+        .await
+        .unwrap();
+    for alg in [Algorithm::TokenBucket, Algorithm::Gcra] {
+        let limit =
+            Limit::single(alg, Quota::per_second(2).unwrap().with_burst(5).unwrap()).unwrap();
+        let key = format!("seed-{alg}");
+        let mut first = Vec::new();
+        for _ in 0..7 {
+            first.push(
+                store
+                    .check(key.as_bytes(), &limit, 1)
+                    .await
+                    .unwrap()
+                    .is_allowed(),
+            );
+        }
+        assert_eq!(first, [true, true, true, true, true, false, false], "{alg}");
+        clock.advance(Duration::from_millis(1_100));
+        let mut second = Vec::new();
+        for _ in 0..3 {
+            second.push(
+                store
+                    .check(key.as_bytes(), &limit, 1)
+                    .await
+                    .unwrap()
+                    .is_allowed(),
+            );
+        }
+        assert_eq!(second, [true, true, false], "{alg}");
+        let d = store.check(key.as_bytes(), &limit, 1).await.unwrap();
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(400)), "{alg}");
+        clock.advance(Duration::from_secs(100));
+    }
+    let mut totals = Vec::new();
+    for alg in Algorithm::ALL {
+        let limit = Limit::single(alg, Quota::per_minute(100).unwrap()).unwrap();
+        let key = format!("boundary-{alg}");
+        let mut passed = [0, 0];
+        for (half, t) in [59_900, 60_100].into_iter().enumerate() {
+            clock.set(Timestamp::from_millis(t));
+            for _ in 0..150 {
+                if store
+                    .check(key.as_bytes(), &limit, 1)
+                    .await
+                    .unwrap()
+                    .is_allowed()
+                {
+                    passed[half] += 1;
+                }
+            }
+        }
+        totals.push((alg, passed));
+    }
+    for (alg, passed) in totals {
+        let expected = if alg == Algorithm::FixedWindow {
+            [100, 100]
+        } else {
+            [100, 0]
+        };
+        assert_eq!(passed, expected, "{alg}: 150 at 59.9 s and 150 at 60.1 s");
+    }
+    // Cost 0 peeks; a cost larger than the quota is Exceeds, not an error.
+    let limit = Limit::single(Algorithm::SlidingLog, Quota::per_second(10).unwrap()).unwrap();
+    let d = store.check(b"peek", &limit, u64::MAX).await.unwrap();
+    assert_eq!(d.outcome(), Outcome::Exceeds);
+    assert_eq!(d.remaining(), 10);
+}
