@@ -1,0 +1,220 @@
+//! Helpers shared by the integration tests: clocks, stores that fail or hang, requests.
+#![allow(dead_code, unreachable_pub)]
+
+use std::fmt;
+use std::future::{Pending, Ready, pending, ready};
+use std::net::SocketAddr;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use http::{Request, Response};
+use ratelimit_core::{Decision, Limit, ManualClock, MemoryStore, Store};
+use tower::ServiceExt;
+
+pub type TestStore = Arc<MemoryStore<ManualClock>>;
+
+/// A memory store on a manual clock.
+pub fn store() -> (ManualClock, TestStore) {
+    let clock = ManualClock::new();
+    let store = MemoryStore::builder()
+        .with_clock(clock.clone())
+        .build()
+        .unwrap();
+    (clock, Arc::new(store))
+}
+
+/// A GET request from `peer`.
+pub fn request_from(path: &str, peer: &str) -> Request<Body> {
+    let mut req = Request::get(path).body(Body::empty()).unwrap();
+    req.extensions_mut()
+        .insert(ConnectInfo(peer.parse::<SocketAddr>().unwrap()));
+    req
+}
+
+/// A GET request from 192.0.2.1.
+pub fn request(path: &str) -> Request<Body> {
+    request_from(path, "192.0.2.1:5000")
+}
+
+pub async fn send(app: &Router, req: Request<Body>) -> Response<Body> {
+    app.clone().oneshot(req).await.unwrap()
+}
+
+pub fn header<'a>(res: &'a Response<Body>, name: &str) -> Option<&'a str> {
+    res.headers().get(name).map(|v| v.to_str().unwrap())
+}
+
+pub async fn body_text(res: Response<Body>) -> String {
+    let bytes = http_body_util::BodyExt::collect(res.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+#[derive(Debug)]
+pub struct StoreDown;
+
+impl fmt::Display for StoreDown {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("store is down")
+    }
+}
+
+impl std::error::Error for StoreDown {}
+
+/// A store that always fails at once.
+#[derive(Debug, Default)]
+pub struct FailingStore {
+    pub calls: AtomicU64,
+}
+
+impl Store for FailingStore {
+    type Error = StoreDown;
+    type Future = Ready<Result<Decision, StoreDown>>;
+
+    fn check(&self, _key: &[u8], _limit: &Limit, _cost: u64) -> Self::Future {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        ready(Err(StoreDown))
+    }
+}
+
+/// A store that never answers.
+#[derive(Debug, Default)]
+pub struct HangingStore {
+    pub calls: AtomicU64,
+}
+
+impl Store for HangingStore {
+    type Error = StoreDown;
+    type Future = Pending<Result<Decision, StoreDown>>;
+
+    fn check(&self, _key: &[u8], _limit: &Limit, _cost: u64) -> Self::Future {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        pending()
+    }
+}
+
+/// A memory store behind a switch (up or down) that answers asynchronously (after one yield),
+/// like a network store would, and counts its calls.
+#[derive(Debug)]
+pub struct SwitchStore {
+    pub inner: Arc<MemoryStore<ManualClock>>,
+    pub down: AtomicBool,
+    pub calls: AtomicU64,
+}
+
+impl SwitchStore {
+    pub fn new(inner: Arc<MemoryStore<ManualClock>>) -> Self {
+        SwitchStore {
+            inner,
+            down: AtomicBool::new(false),
+            calls: AtomicU64::new(0),
+        }
+    }
+
+    pub fn calls(&self) -> u64 {
+        self.calls.load(Ordering::SeqCst)
+    }
+
+    pub fn set_down(&self, down: bool) {
+        self.down.store(down, Ordering::SeqCst)
+    }
+}
+
+type BoxFut = Pin<Box<dyn std::future::Future<Output = Result<Decision, StoreDown>> + Send>>;
+
+impl Store for SwitchStore {
+    type Error = StoreDown;
+    type Future = BoxFut;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let result = if self.down.load(Ordering::SeqCst) {
+            Err(StoreDown)
+        } else {
+            Ok(self.inner.check_now(key, limit, cost))
+        };
+        Box::pin(async move {
+            tokio::task::yield_now().await;
+            result
+        })
+    }
+}
+
+/// Metrics recorded by a `DebuggingRecorder`, looked up by name and labels.
+pub struct Recorded(
+    pub  Vec<(
+        String,
+        Vec<(String, String)>,
+        metrics_util::debugging::DebugValue,
+    )>,
+);
+
+impl Recorded {
+    pub fn take(snapshotter: &metrics_util::debugging::Snapshotter) -> Self {
+        Recorded(
+            snapshotter
+                .snapshot()
+                .into_vec()
+                .into_iter()
+                .map(|(k, _, _, v)| {
+                    let key = k.key();
+                    let labels = key
+                        .labels()
+                        .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                        .collect();
+                    (key.name().to_owned(), labels, v)
+                })
+                .collect(),
+        )
+    }
+
+    fn find(
+        &self,
+        name: &str,
+        labels: &[(&str, &str)],
+    ) -> Option<&metrics_util::debugging::DebugValue> {
+        self.0
+            .iter()
+            .find(|(n, ls, _)| {
+                n == name
+                    && labels
+                        .iter()
+                        .all(|(k, v)| ls.iter().any(|(lk, lv)| lk == k && lv == v))
+            })
+            .map(|(_, _, v)| v)
+    }
+
+    pub fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        match self.find(name, labels) {
+            Some(metrics_util::debugging::DebugValue::Counter(n)) => *n,
+            _ => 0,
+        }
+    }
+
+    pub fn gauge(&self, name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+        match self.find(name, labels) {
+            Some(metrics_util::debugging::DebugValue::Gauge(g)) => Some(g.into_inner()),
+            _ => None,
+        }
+    }
+
+    pub fn histogram_len(&self, name: &str, labels: &[(&str, &str)]) -> usize {
+        match self.find(name, labels) {
+            Some(metrics_util::debugging::DebugValue::Histogram(h)) => h.len(),
+            _ => 0,
+        }
+    }
+
+    pub fn outcome(&self, policy: &str, outcome: &str) -> u64 {
+        self.counter(
+            "ratelimit_decisions_total",
+            &[("policy", policy), ("outcome", outcome)],
+        )
+    }
+}

@@ -1,0 +1,249 @@
+//! Status, `Retry-After`, the IETF fields, legacy fields and bodies, through an axum `Router`.
+
+mod common;
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get;
+use common::*;
+use ratelimit_core::{Algorithm, Limit, Quota};
+use tower_ratelimit::key::GlobalKey;
+use tower_ratelimit::{DenialBody, Headers, Policy, RateLimitLayer, Verdict, VerdictKind};
+
+fn app(store: TestStore, policy: Policy) -> Router {
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(store, policy).unwrap())
+}
+
+fn five_a_minute() -> Limit {
+    Limit::single(Algorithm::TokenBucket, Quota::per_minute(5).unwrap()).unwrap()
+}
+
+#[tokio::test]
+async fn the_nth_plus_one_request_gets_429_with_exact_fields() {
+    let (clock, store) = store();
+    let app = app(store, Policy::new("api", five_a_minute()).unwrap());
+
+    for i in 0..5u64 {
+        let res = send(&app, request("/")).await;
+        assert_eq!(res.status(), 200);
+        assert_eq!(header(&res, "ratelimit-policy"), Some("\"api\";q=5;w=60"));
+        // One token comes back every 12 s; the bucket is full again after 12 s per spent token.
+        let expected = format!("\"api\";r={};t={}", 4 - i, 12 * (i + 1));
+        assert_eq!(header(&res, "ratelimit"), Some(expected.as_str()));
+        assert_eq!(header(&res, "retry-after"), None);
+    }
+    let res = send(&app, request("/")).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(header(&res, "retry-after"), Some("12"));
+    assert_eq!(header(&res, "ratelimit-policy"), Some("\"api\";q=5;w=60"));
+    assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=0;t=12"));
+    assert_eq!(
+        header(&res, "content-type"),
+        Some("text/plain; charset=utf-8")
+    );
+    let verdict = res.extensions().get::<Verdict>().unwrap().clone();
+    assert_eq!(verdict.kind(), VerdictKind::Denied);
+    assert_eq!(verdict.policy(), "api");
+    assert_eq!(
+        verdict.decision().unwrap().retry_after(),
+        Some(Duration::from_secs(12))
+    );
+    assert_eq!(body_text(res).await, "Too Many Requests\n");
+
+    // 11.5 s later the wait is 0.5 s: Retry-After rounds up to 1, never 0.
+    clock.advance(Duration::from_millis(11_500));
+    let res = send(&app, request("/")).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(header(&res, "retry-after"), Some("1"));
+    assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=0;t=1"));
+
+    clock.advance(Duration::from_millis(500));
+    assert_eq!(send(&app, request("/")).await.status(), 200);
+}
+
+#[tokio::test]
+async fn sub_second_waits_round_up_to_one() {
+    let (_clock, store) = store();
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_second(10).unwrap()).unwrap();
+    let app = app(store, Policy::new("fast", limit).unwrap());
+    for _ in 0..10 {
+        assert_eq!(send(&app, request("/")).await.status(), 200);
+    }
+    let res = send(&app, request("/")).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(header(&res, "retry-after"), Some("1"));
+    assert_eq!(header(&res, "ratelimit"), Some("\"fast\";r=0;t=1"));
+}
+
+#[tokio::test]
+async fn headers_set_by_the_inner_service_are_kept() {
+    let (_clock, store) = store();
+    let app = Router::new()
+        .route(
+            "/",
+            get(|| async { ([("ratelimit", "\"inner\";r=1;t=1")], "ok") }),
+        )
+        .layer(RateLimitLayer::new(store, Policy::new("api", five_a_minute()).unwrap()).unwrap());
+    let res = send(&app, request("/")).await;
+    assert_eq!(header(&res, "ratelimit"), Some("\"inner\";r=1;t=1"));
+    assert_eq!(header(&res, "ratelimit-policy"), Some("\"api\";q=5;w=60"));
+}
+
+#[tokio::test]
+async fn legacy_fields_and_denied_only_mode() {
+    let (_clock, store) = store();
+    let policy = Policy::new("api", five_a_minute())
+        .unwrap()
+        .headers(Headers::ietf().on_allowed(false).legacy(true));
+    let app = app(store, policy);
+    for _ in 0..5 {
+        let res = send(&app, request("/")).await;
+        assert_eq!(res.status(), 200);
+        assert_eq!(header(&res, "ratelimit"), None);
+        assert_eq!(header(&res, "x-ratelimit-remaining"), None);
+    }
+    let res = send(&app, request("/")).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(header(&res, "x-ratelimit-limit"), Some("5"));
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("0"));
+    assert_eq!(header(&res, "x-ratelimit-reset"), Some("12"));
+    assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=0;t=12"));
+}
+
+#[tokio::test]
+async fn no_fields_mode_keeps_retry_after() {
+    let (_clock, store) = store();
+    let policy = Policy::new("api", five_a_minute())
+        .unwrap()
+        .headers(Headers::none());
+    let app = app(store, policy);
+    for _ in 0..5 {
+        let res = send(&app, request("/")).await;
+        assert!(res.headers().get("ratelimit").is_none());
+    }
+    let res = send(&app, request("/")).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(header(&res, "retry-after"), Some("12"));
+    assert!(res.headers().get("ratelimit").is_none());
+    assert!(res.headers().get("ratelimit-policy").is_none());
+}
+
+#[tokio::test]
+async fn problem_json_body() {
+    let (_clock, store) = store();
+    let policy = Policy::new("api", five_a_minute())
+        .unwrap()
+        .key(GlobalKey)
+        .body(DenialBody::ProblemJson);
+    let app = app(store, policy);
+    for _ in 0..5 {
+        send(&app, request("/")).await;
+    }
+    let res = send(&app, request("/")).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(
+        header(&res, "content-type"),
+        Some("application/problem+json")
+    );
+    let body = body_text(res).await;
+    assert!(body.starts_with(
+        "{\"type\":\"https://iana.org/assignments/http-problem-types#quota-exceeded\""
+    ));
+    assert!(body.ends_with("\"status\":429,\"violated-policies\":[\"api\"]}"));
+}
+
+#[tokio::test]
+async fn custom_body_keeps_its_headers_and_gets_ours() {
+    let (_clock, store) = store();
+    let body = DenialBody::custom(|denial| {
+        http::Response::builder()
+            .status(429)
+            .header("content-type", "application/json")
+            .header("retry-after", "999")
+            .body(bytes::Bytes::from(format!(
+                "{{\"policy\":\"{}\",\"wait\":{}}}",
+                denial.policy(),
+                denial.retry_after_secs().unwrap()
+            )))
+            .unwrap()
+    });
+    let app = app(
+        store,
+        Policy::new("api", five_a_minute()).unwrap().body(body),
+    );
+    for _ in 0..5 {
+        send(&app, request("/")).await;
+    }
+    let res = send(&app, request("/")).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(header(&res, "retry-after"), Some("999"), "not overwritten");
+    assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=0;t=12"));
+    assert_eq!(body_text(res).await, "{\"policy\":\"api\",\"wait\":12}");
+}
+
+#[tokio::test]
+async fn a_cost_that_can_never_pass_is_denied_without_retry_after() {
+    let (_clock, store) = store();
+    let policy = Policy::new("api", five_a_minute()).unwrap().cost(|_| 6);
+    let res = send(&app(store, policy), request("/")).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(header(&res, "retry-after"), None);
+    assert_eq!(header(&res, "ratelimit-policy"), Some("\"api\";q=5;w=60"));
+}
+
+#[tokio::test]
+async fn multi_quota_fields_name_the_binding_quota() {
+    let (_clock, store) = store();
+    let limit = Limit::new(
+        Algorithm::FixedWindow,
+        [Quota::per_second(3).unwrap(), Quota::per_hour(100).unwrap()],
+    )
+    .unwrap();
+    let app = app(store, Policy::new("api", limit).unwrap());
+    let res = send(&app, request("/")).await;
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some("\"api.0\";q=3;w=1, \"api.1\";q=100;w=3600")
+    );
+    assert_eq!(header(&res, "ratelimit"), Some("\"api.0\";r=2;t=1"));
+}
+
+#[tokio::test]
+async fn works_with_a_non_axum_body_type() {
+    use http_body_util::Full;
+    use tower::{ServiceExt, service_fn};
+    let (_clock, store) = store();
+    let layer = RateLimitLayer::new(
+        store,
+        Policy::new("api", five_a_minute()).unwrap().key(GlobalKey),
+    )
+    .unwrap();
+    let svc = tower::ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(|_req: http::Request<String>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                bytes::Bytes::from_static(b"hi"),
+            )))
+        }));
+    for _ in 0..5 {
+        let res = svc
+            .clone()
+            .oneshot(http::Request::new(String::new()))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+    }
+    let res = svc
+        .oneshot(http::Request::new(String::new()))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 429);
+    let body = http_body_util::BodyExt::collect(res.into_body())
+        .await
+        .unwrap()
+        .to_bytes();
+    assert_eq!(&body[..], b"Too Many Requests\n");
+}

@@ -1,0 +1,279 @@
+//! Key extraction through an axum `Router`: API keys, users, peers, clients behind proxies,
+//! combinations, and the answer when there is no key.
+
+mod common;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::Request;
+use axum::middleware::{self, Next};
+use axum::routing::get;
+use common::*;
+use http::StatusCode;
+use ratelimit_core::{Algorithm, Limit, Quota};
+use tower_ratelimit::key::{ApiKeyHeader, ClientIpKey, ExtensionKey, KeyBuf, KeyPart, RouteKey};
+use tower_ratelimit::{ClientIp, MissingKey, Policy, RateLimitLayer, Verdict, VerdictKind};
+
+fn two_a_minute() -> Limit {
+    Limit::single(Algorithm::TokenBucket, Quota::per_minute(2).unwrap()).unwrap()
+}
+
+fn app(store: TestStore, policy: Policy) -> Router {
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/other", get(|| async { "other" }))
+        .layer(RateLimitLayer::new(store, policy).unwrap())
+}
+
+fn with_header(
+    mut req: http::Request<Body>,
+    name: &'static str,
+    value: &str,
+) -> http::Request<Body> {
+    req.headers_mut().insert(name, value.parse().unwrap());
+    req
+}
+
+async fn statuses(app: &Router, make: impl Fn() -> http::Request<Body>, n: usize) -> Vec<u16> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(send(app, make()).await.status().as_u16());
+    }
+    out
+}
+
+#[tokio::test]
+async fn api_keys_have_separate_limits() {
+    let (_clock, store) = store();
+    let policy = Policy::new("api", two_a_minute())
+        .unwrap()
+        .key(ApiKeyHeader::new("x-api-key").unwrap());
+    let app = app(store, policy);
+    let a = || with_header(request("/"), "x-api-key", "alice");
+    let b = || with_header(request("/"), "x-api-key", "bob");
+    assert_eq!(statuses(&app, a, 3).await, [200, 200, 429]);
+    assert_eq!(statuses(&app, b, 3).await, [200, 200, 429]);
+}
+
+#[tokio::test]
+async fn a_missing_key_gets_400_by_default_never_500() {
+    let (_clock, store) = store();
+    let policy = Policy::new("api", two_a_minute())
+        .unwrap()
+        .key(ApiKeyHeader::new("x-api-key").unwrap());
+    let res = send(&app(store, policy), request("/")).await;
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        res.extensions().get::<Verdict>().unwrap().kind(),
+        VerdictKind::NoKey
+    );
+    assert_eq!(body_text(res).await, "No rate-limit key in the request\n");
+}
+
+#[tokio::test]
+async fn a_missing_key_can_get_a_chosen_status() {
+    let (_clock, store) = store();
+    let policy = Policy::new("api", two_a_minute())
+        .unwrap()
+        .key(ApiKeyHeader::new("x-api-key").unwrap())
+        .missing_key(MissingKey::reject(401).unwrap());
+    let res = send(&app(store, policy), request("/")).await;
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+}
+
+#[tokio::test]
+async fn keyless_requests_can_share_one_fallback_key() {
+    let (_clock, store) = store();
+    let policy = Policy::new("api", two_a_minute())
+        .unwrap()
+        .key(ApiKeyHeader::new("x-api-key").unwrap())
+        .missing_key(MissingKey::shared_key("anonymous"));
+    let app = app(store, policy);
+    // Keyless requests from different peers share one bucket...
+    assert_eq!(
+        send(&app, request_from("/", "192.0.2.1:1")).await.status(),
+        200
+    );
+    assert_eq!(
+        send(&app, request_from("/", "192.0.2.2:1")).await.status(),
+        200
+    );
+    assert_eq!(
+        send(&app, request_from("/", "192.0.2.3:1")).await.status(),
+        429
+    );
+    // ...which is not the bucket of a client whose key happens to be "anonymous".
+    let named = || with_header(request("/"), "x-api-key", "anonymous");
+    assert_eq!(statuses(&app, named, 3).await, [200, 200, 429]);
+}
+
+#[derive(Clone)]
+struct UserId(u64);
+
+impl KeyPart for UserId {
+    fn write_to(&self, key: &mut KeyBuf) {
+        self.0.write_to(key)
+    }
+}
+
+/// A stand-in authentication layer: `authorization: user <id>` becomes a `UserId` extension.
+async fn auth(mut req: Request, next: Next) -> axum::response::Response {
+    let user = req
+        .headers()
+        .get("authorization")
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("user "))
+        .and_then(|id| id.parse().ok());
+    if let Some(id) = user {
+        req.extensions_mut().insert(UserId(id));
+    }
+    next.run(req).await
+}
+
+#[tokio::test]
+async fn a_user_id_from_an_auth_layer() {
+    let (_clock, store) = store();
+    let policy = Policy::new("users", two_a_minute())
+        .unwrap()
+        .key(ExtensionKey::<UserId>::new());
+    // The last layer added runs first: auth, then the rate limit.
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(store, policy).unwrap())
+        .layer(middleware::from_fn(auth));
+    let u1 = || with_header(request("/"), "authorization", "user 1");
+    let u2 = || with_header(request("/"), "authorization", "user 2");
+    assert_eq!(statuses(&app, u1, 3).await, [200, 200, 429]);
+    assert_eq!(statuses(&app, u2, 1).await, [200]);
+    assert_eq!(send(&app, request("/")).await.status(), 400, "anonymous");
+}
+
+#[tokio::test]
+async fn route_and_user_combined() {
+    let (_clock, store) = store();
+    let policy = Policy::new("per-route", two_a_minute())
+        .unwrap()
+        .key((RouteKey::new(), ApiKeyHeader::new("x-api-key").unwrap()));
+    let app = app(store, policy);
+    let root = || with_header(request("/"), "x-api-key", "k");
+    let other = || with_header(request("/other"), "x-api-key", "k");
+    assert_eq!(statuses(&app, root, 3).await, [200, 200, 429]);
+    assert_eq!(statuses(&app, other, 3).await, [200, 200, 429]);
+}
+
+#[tokio::test]
+async fn a_closure_key() {
+    let (_clock, store) = store();
+    let policy =
+        Policy::new("tenant", two_a_minute())
+            .unwrap()
+            .key(|parts: &http::request::Parts| {
+                parts
+                    .headers
+                    .get("x-tenant")
+                    .and_then(|v| v.to_str().ok())
+                    .map(str::to_ascii_lowercase)
+            });
+    let app = app(store, policy);
+    let upper = || with_header(request("/"), "x-tenant", "ACME");
+    let lower = || with_header(request("/"), "x-tenant", "acme");
+    assert_eq!(statuses(&app, upper, 2).await, [200, 200]);
+    assert_eq!(statuses(&app, lower, 1).await, [429]);
+}
+
+#[tokio::test]
+async fn peer_ip_is_the_default_key_and_groups_ipv6_by_64() {
+    let (_clock, store) = store();
+    let app = app(store, Policy::new("ip", two_a_minute()).unwrap());
+    let v4 = || request_from("/", "198.51.100.1:1234");
+    assert_eq!(statuses(&app, v4, 3).await, [200, 200, 429]);
+    assert_eq!(
+        send(&app, request_from("/", "[2001:db8:0:1::1]:1"))
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        send(&app, request_from("/", "[2001:db8:0:1::ffff]:1"))
+            .await
+            .status(),
+        200
+    );
+    assert_eq!(
+        send(&app, request_from("/", "[2001:db8:0:1:9::]:1"))
+            .await
+            .status(),
+        429
+    );
+    assert_eq!(
+        send(&app, request_from("/", "[2001:db8:0:2::1]:1"))
+            .await
+            .status(),
+        200
+    );
+    // Served without ConnectInfo: no key, the configured answer.
+    let no_peer = http::Request::get("/").body(Body::empty()).unwrap();
+    assert_eq!(send(&app, no_peer).await.status(), 400);
+}
+
+fn proxied(peer: &str, xff: &str) -> http::Request<Body> {
+    with_header(request_from("/", peer), "x-forwarded-for", xff)
+}
+
+#[tokio::test]
+async fn a_spoofed_forwarded_for_from_an_untrusted_peer_is_ignored() {
+    let (_clock, store) = store();
+    let client_ip = ClientIp::behind_proxies(["10.0.0.0/8"]).unwrap();
+    let policy = Policy::new("ip", two_a_minute())
+        .unwrap()
+        .key(ClientIpKey::new(client_ip));
+    let app = app(store, policy);
+    // An attacker connecting directly rotates X-Forwarded-For on every request: the header is
+    // not believed, the attacker's own address is the key.
+    for (i, expected) in [200, 200, 429, 429].into_iter().enumerate() {
+        let spoof = format!("1.2.3.{i}");
+        let res = send(&app, proxied("203.0.113.66:4000", &spoof)).await;
+        assert_eq!(res.status(), expected, "spoofed request {i}");
+    }
+}
+
+#[tokio::test]
+async fn the_entry_appended_by_a_trusted_proxy_is_used() {
+    let (_clock, store) = store();
+    let client_ip = ClientIp::behind_proxies(["10.0.0.0/8"]).unwrap();
+    let policy = Policy::new("ip", two_a_minute())
+        .unwrap()
+        .key(ClientIpKey::new(client_ip));
+    let app = app(store, policy);
+    // Two clients behind our proxy 10.0.0.2. The first puts garbage of its own to the left.
+    let c1 = || proxied("10.0.0.2:80", "6.6.6.6, 198.51.100.7");
+    let c2 = || proxied("10.0.0.2:80", "198.51.100.8");
+    assert_eq!(statuses(&app, c1, 3).await, [200, 200, 429]);
+    assert_eq!(statuses(&app, c2, 3).await, [200, 200, 429]);
+    // The proxy itself is not limited as one client...
+    let c3 = || proxied("10.0.0.3:80", "198.51.100.9");
+    assert_eq!(statuses(&app, c3, 1).await, [200]);
+    // ...and the same client through a second proxy hop is still the same client.
+    let via_two = || proxied("10.0.0.2:80", "198.51.100.7, 10.9.9.9");
+    assert_eq!(statuses(&app, via_two, 1).await, [429]);
+}
+
+#[tokio::test]
+async fn two_policies_on_one_store_never_share_state() {
+    let (_clock, store) = store();
+    let key = || ApiKeyHeader::new("x-api-key").unwrap();
+    // Same limit, same key, same store: only the policy name differs.
+    let a = RateLimitLayer::new(
+        store.clone(),
+        Policy::new("a", two_a_minute()).unwrap().key(key()),
+    )
+    .unwrap();
+    let b =
+        RateLimitLayer::new(store, Policy::new("b", two_a_minute()).unwrap().key(key())).unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(a)
+        .layer(b);
+    let k = || with_header(request("/"), "x-api-key", "k");
+    assert_eq!(statuses(&app, k, 3).await, [200, 200, 429]);
+}

@@ -1,0 +1,329 @@
+//! Policies through an axum `Router`: per-route policies, shared clones, dry run, several
+//! quotas, costs, tiers, the allow-list, metrics, and configuration files.
+
+mod common;
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::routing::{get, post};
+use common::*;
+use metrics_util::debugging::DebuggingRecorder;
+use ratelimit_core::{Algorithm, Limit, Quota};
+use tower::Service;
+use tower::ServiceExt;
+use tower_ratelimit::key::{ApiKeyHeader, GlobalKey};
+use tower_ratelimit::{Policy, RateLimit, RateLimitLayer, Verdict, VerdictKind};
+
+fn per_minute(n: u64) -> Limit {
+    Limit::single(Algorithm::TokenBucket, Quota::per_minute(n).unwrap()).unwrap()
+}
+
+async fn statuses(app: &Router, make: impl Fn() -> http::Request<Body>, n: usize) -> Vec<u16> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(send(app, make()).await.status().as_u16());
+    }
+    out
+}
+
+fn post_req(path: &str) -> http::Request<Body> {
+    let mut req = request(path);
+    *req.method_mut() = http::Method::POST;
+    req
+}
+
+#[tokio::test]
+async fn per_route_policies_do_not_interfere() {
+    let (_clock, store) = store();
+    let login =
+        RateLimitLayer::new(store.clone(), Policy::new("login", per_minute(2)).unwrap()).unwrap();
+    let api = RateLimitLayer::new(store, Policy::new("api", per_minute(5)).unwrap()).unwrap();
+    // Each route gets its own policy (a `Router::route_layer` would also cover every route added
+    // before it).
+    let app = Router::new()
+        .route("/login", post(|| async { "welcome" }).route_layer(login))
+        .route("/api", get(|| async { "data" }).route_layer(api));
+    assert_eq!(
+        statuses(&app, || post_req("/login"), 3).await,
+        [200, 200, 429]
+    );
+    let res = send(&app, post_req("/login")).await;
+    assert_eq!(header(&res, "ratelimit-policy"), Some("\"login\";q=2;w=60"));
+    // Logins spent nothing of the API's quota, from the same client.
+    assert_eq!(
+        statuses(&app, || request("/api"), 6).await,
+        [200, 200, 200, 200, 200, 429]
+    );
+    let res = send(&app, request("/api")).await;
+    assert_eq!(header(&res, "ratelimit-policy"), Some("\"api\";q=5;w=60"));
+    // Unmatched paths are 404, not limited.
+    assert_eq!(send(&app, request("/nope")).await.status(), 404);
+}
+
+#[tokio::test]
+async fn clones_of_the_layer_share_one_limit() {
+    let (_clock, store) = store();
+    let layer = RateLimitLayer::new(store, Policy::new("shared", per_minute(3)).unwrap()).unwrap();
+    let a = Router::new()
+        .route("/", get(|| async { "a" }))
+        .layer(layer.clone());
+    let b = Router::new()
+        .route("/", get(|| async { "b" }))
+        .layer(layer.clone());
+    assert_eq!(send(&a, request("/")).await.status(), 200);
+    assert_eq!(send(&b, request("/")).await.status(), 200);
+    // A service made by yet another clone, and a clone of that service.
+    let mut svc: RateLimit<_, _> = tower::Layer::layer(
+        &layer,
+        tower::service_fn(|_req: http::Request<Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Body::empty()))
+        }),
+    );
+    let mut svc2 = svc.clone();
+    let res = svc.ready().await.unwrap().call(request("/")).await.unwrap();
+    assert_eq!(res.status(), 200);
+    let res = svc2
+        .ready()
+        .await
+        .unwrap()
+        .call(request("/"))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 429);
+    assert_eq!(send(&a, request("/")).await.status(), 429);
+}
+
+#[tokio::test]
+async fn a_multi_quota_policy_never_half_consumes() {
+    let (clock, store) = store();
+    // 1 a second, and 2 a minute.
+    let limit = Limit::new(
+        Algorithm::TokenBucket,
+        [Quota::per_second(1).unwrap(), Quota::per_minute(2).unwrap()],
+    )
+    .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(store, Policy::new("multi", limit).unwrap()).unwrap());
+    assert_eq!(send(&app, request("/")).await.status(), 200);
+    // Denied by the per-second quota: must not spend from the per-minute one.
+    for _ in 0..5 {
+        let res = send(&app, request("/")).await;
+        assert_eq!(res.status(), 429);
+        assert_eq!(header(&res, "ratelimit"), Some("\"multi.0\";r=0;t=1"));
+    }
+    clock.advance(Duration::from_secs(1));
+    // Had the denials consumed per-minute units, this would be denied.
+    let res = send(&app, request("/")).await;
+    assert_eq!(res.status(), 200);
+    // Both quotas are now empty; the first one is reported.
+    assert_eq!(header(&res, "ratelimit"), Some("\"multi.0\";r=0;t=1"));
+    clock.advance(Duration::from_secs(1));
+    let res = send(&app, request("/")).await;
+    assert_eq!(res.status(), 429, "now the per-minute quota binds");
+    assert_eq!(header(&res, "ratelimit"), Some("\"multi.1\";r=0;t=28"));
+    assert_eq!(header(&res, "retry-after"), Some("28"));
+}
+
+#[tokio::test]
+async fn dry_run_never_denies_but_counts() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (_clock, store) = store();
+    let layer = metrics::with_local_recorder(&recorder, || {
+        RateLimitLayer::new(
+            store,
+            Policy::new("shadow", per_minute(2)).unwrap().dry_run(true),
+        )
+        .unwrap()
+    });
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    for _ in 0..5 {
+        let res = send(&app, request("/")).await;
+        assert_eq!(res.status(), 200);
+        assert!(
+            res.headers().get("ratelimit").is_none(),
+            "invisible to clients"
+        );
+    }
+    let res = send(&app, request("/")).await;
+    assert_eq!(
+        res.extensions().get::<Verdict>().unwrap().kind(),
+        VerdictKind::ShadowDenied
+    );
+    let m = Recorded::take(&snapshotter);
+    assert_eq!(m.outcome("shadow", "allowed"), 2);
+    assert_eq!(m.outcome("shadow", "shadow_denied"), 4);
+    assert_eq!(m.outcome("shadow", "denied"), 0);
+}
+
+#[tokio::test]
+async fn metrics_by_policy_and_outcome() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (_clock, store) = store();
+    let layer = metrics::with_local_recorder(&recorder, || {
+        RateLimitLayer::new(
+            store,
+            Policy::new("m", per_minute(2))
+                .unwrap()
+                .key(ApiKeyHeader::new("x-api-key").unwrap())
+                .allow(|parts| parts.uri.path() == "/health"),
+        )
+        .unwrap()
+    });
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/health", get(|| async { "up" }))
+        .layer(layer);
+    let keyed = || {
+        let mut r = request("/");
+        r.headers_mut().insert("x-api-key", "k".parse().unwrap());
+        r
+    };
+    assert_eq!(statuses(&app, keyed, 3).await, [200, 200, 429]);
+    assert_eq!(send(&app, request("/")).await.status(), 400);
+    assert_eq!(
+        statuses(&app, || request("/health"), 3).await,
+        [200, 200, 200]
+    );
+    let m = Recorded::take(&snapshotter);
+    assert_eq!(m.outcome("m", "allowed"), 2);
+    assert_eq!(m.outcome("m", "denied"), 1);
+    assert_eq!(m.outcome("m", "no_key"), 1);
+    assert_eq!(m.outcome("m", "allow_listed"), 3);
+    assert_eq!(
+        m.histogram_len("ratelimit_store_duration_seconds", &[("policy", "m")]),
+        3
+    );
+    assert_eq!(
+        m.gauge("ratelimit_circuit_state", &[("policy", "m")]),
+        Some(0.0)
+    );
+}
+
+#[tokio::test]
+async fn cost_per_request() {
+    let (_clock, store) = store();
+    let policy = Policy::new("cost", per_minute(10)).unwrap().cost(|parts| {
+        if parts.method == http::Method::POST {
+            4
+        } else {
+            1
+        }
+    });
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }).post(|| async { "posted" }))
+        .layer(RateLimitLayer::new(store, policy).unwrap());
+    assert_eq!(statuses(&app, || post_req("/"), 3).await, [200, 200, 429]);
+    let res = send(&app, request("/")).await;
+    assert_eq!(header(&res, "ratelimit"), Some("\"cost\";r=1;t=54"));
+    assert_eq!(statuses(&app, || request("/"), 2).await, [200, 429]);
+}
+
+#[derive(Clone)]
+enum Plan {
+    Pro,
+}
+
+#[tokio::test]
+async fn tiers_chosen_per_request() {
+    let (_clock, store) = store();
+    let policy = Policy::new("tiered", per_minute(1))
+        .unwrap()
+        .key(GlobalKey)
+        .tier("pro", per_minute(3))
+        .unwrap()
+        .resolve_tier(|parts| parts.extensions.get::<Plan>().map(|_| "pro"));
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(store, policy).unwrap());
+    let pro = || {
+        let mut r = request("/");
+        r.extensions_mut().insert(Plan::Pro);
+        r
+    };
+    let res = send(&app, pro()).await;
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some("\"tiered\";q=3;w=60")
+    );
+    assert_eq!(statuses(&app, pro, 3).await, [200, 200, 429]);
+    // The free tier is counted apart (per (key, limit)).
+    assert_eq!(statuses(&app, || request("/"), 2).await, [200, 429]);
+}
+
+#[tokio::test]
+async fn the_allow_list_is_never_limited() {
+    let (_clock, store) = store();
+    let policy = Policy::new("api", per_minute(1))
+        .unwrap()
+        .allow(|parts| parts.headers.contains_key("x-internal"));
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(store, policy).unwrap());
+    let internal = || {
+        let mut r = request("/");
+        r.headers_mut().insert("x-internal", "1".parse().unwrap());
+        r
+    };
+    assert_eq!(statuses(&app, internal, 5).await, [200; 5]);
+    let res = send(&app, internal()).await;
+    assert!(res.headers().get("ratelimit").is_none());
+    assert_eq!(
+        res.extensions().get::<Verdict>().unwrap().kind(),
+        VerdictKind::AllowListed
+    );
+    assert_eq!(statuses(&app, || request("/"), 2).await, [200, 429]);
+}
+
+#[cfg(feature = "serde")]
+#[tokio::test]
+async fn a_policy_from_a_configuration_file() {
+    use tower_ratelimit::config::PolicyConfig;
+    let config: PolicyConfig = toml::from_str(
+        r#"
+        name = "from-file"
+        algorithm = "fixed_window"
+        quotas = [{ limit = 2, per = "minute" }]
+        missing_key = { shared_key = "anon" }
+        headers = { legacy = true }
+        body = "problem_json"
+        failure = { mode = "closed", retry_after_secs = 3 }
+        "#,
+    )
+    .unwrap();
+    let (_clock, store) = store();
+    let policy = config
+        .into_policy()
+        .unwrap()
+        .key(ApiKeyHeader::new("x-api-key").unwrap());
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(store, policy).unwrap());
+    assert_eq!(statuses(&app, || request("/"), 2).await, [200, 200]);
+    let res = send(&app, request("/")).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some("\"from-file\";q=2;w=60")
+    );
+    assert_eq!(header(&res, "x-ratelimit-limit"), Some("2"));
+    assert_eq!(
+        header(&res, "content-type"),
+        Some("application/problem+json")
+    );
+
+    let bad: Result<PolicyConfig, _> = toml::from_str("name = \"x\"\nquotas = []\nfoo = 1");
+    assert!(bad.is_err(), "unknown fields are refused");
+    let empty: PolicyConfig = toml::from_str("name = \"x\"\nquotas = []").unwrap();
+    assert!(empty.into_policy().is_err(), "a policy needs a quota");
+    let both: PolicyConfig =
+        toml::from_str("name = \"x\"\nquotas = [{ limit = 1, per = \"second\", period_ms = 5 }]")
+            .unwrap();
+    assert!(both.into_policy().is_err());
+}
