@@ -1,0 +1,268 @@
+//! Failure policies with stores that fail or hang: fail open, fail closed, local fallback, the
+//! timeout and the circuit breaker.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get;
+use common::*;
+use metrics_util::debugging::DebuggingRecorder;
+use ratelimit_core::{Algorithm, Limit, ManualClock, Quota, Store};
+use tower_ratelimit::{
+    CircuitBreaker, CircuitState, FailurePolicy, Policy, RateLimitLayer, Verdict, VerdictKind,
+};
+
+fn per_minute(n: u64) -> Limit {
+    Limit::single(Algorithm::TokenBucket, Quota::per_minute(n).unwrap()).unwrap()
+}
+
+fn app<St: Store>(layer: RateLimitLayer<St>) -> Router
+where
+    St::Future: Unpin,
+{
+    Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer)
+}
+
+fn verdict(res: &http::Response<axum::body::Body>) -> VerdictKind {
+    res.extensions().get::<Verdict>().unwrap().kind()
+}
+
+#[tokio::test]
+async fn fail_open_lets_requests_through_and_records_them() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let layer = metrics::with_local_recorder(&recorder, || {
+        RateLimitLayer::builder(
+            FailingStore::default(),
+            Policy::new("open", per_minute(1))
+                .unwrap()
+                .failure(FailurePolicy::FailOpen),
+        )
+        .no_circuit_breaker()
+        .build()
+        .unwrap()
+    });
+    let app = app(layer);
+    for _ in 0..3 {
+        let res = send(&app, request("/")).await;
+        assert_eq!(res.status(), 200);
+        assert_eq!(verdict(&res), VerdictKind::FailedOpen);
+        assert!(res.headers().get("ratelimit").is_none());
+    }
+    let m = Recorded::take(&snapshotter);
+    assert_eq!(m.outcome("open", "failed_open"), 3);
+    assert_eq!(
+        m.counter(
+            "ratelimit_store_errors_total",
+            &[("policy", "open"), ("kind", "error")]
+        ),
+        3
+    );
+}
+
+#[tokio::test]
+async fn fail_closed_answers_503_with_retry_after() {
+    let layer = RateLimitLayer::new(
+        FailingStore::default(),
+        Policy::new("login", per_minute(5))
+            .unwrap()
+            .failure(FailurePolicy::fail_closed(Duration::from_millis(1_500))),
+    )
+    .unwrap();
+    let res = send(&app(layer), request("/")).await;
+    assert_eq!(res.status(), 503);
+    assert_eq!(header(&res, "retry-after"), Some("2"));
+    assert_eq!(verdict(&res), VerdictKind::FailedClosed);
+}
+
+#[tokio::test]
+async fn fallback_counts_locally_against_a_share_of_the_limit() {
+    let clock = ManualClock::new();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    // 6 a minute shared by 3 gateways: 2 a minute each while the store is down.
+    let layer = metrics::with_local_recorder(&recorder, || {
+        RateLimitLayer::builder(
+            FailingStore::default(),
+            Policy::new("fb", per_minute(6))
+                .unwrap()
+                .failure(FailurePolicy::fallback(3).unwrap()),
+        )
+        .no_circuit_breaker()
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+    });
+    let app = app(layer);
+    for _ in 0..2 {
+        let res = send(&app, request("/")).await;
+        assert_eq!(res.status(), 200);
+        assert_eq!(verdict(&res), VerdictKind::FallbackAllowed);
+        assert_eq!(header(&res, "ratelimit-policy"), Some("\"fb\";q=6;w=60"));
+    }
+    let res = send(&app, request("/")).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(verdict(&res), VerdictKind::FallbackDenied);
+    assert_eq!(header(&res, "retry-after"), Some("30"));
+    // Other clients have their own local share.
+    assert_eq!(send(&app, request_from("/", "192.0.2.99:1")).await.status(), 200);
+    // The fallback runs on the layer's clock.
+    clock.advance(Duration::from_secs(30));
+    assert_eq!(send(&app, request("/")).await.status(), 200);
+    let m = Recorded::take(&snapshotter);
+    assert_eq!(m.outcome("fb", "fallback_allowed"), 4);
+    assert_eq!(m.outcome("fb", "fallback_denied"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_store_is_cut_at_the_timeout() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let store = Arc::new(HangingStore::default());
+    let layer = metrics::with_local_recorder(&recorder, || {
+        RateLimitLayer::builder(
+            store.clone(),
+            Policy::new("hang", per_minute(5))
+                .unwrap()
+                .failure(FailurePolicy::fail_closed(Duration::from_secs(1))),
+        )
+        .timeout(Duration::from_millis(80))
+        .build()
+        .unwrap()
+    });
+    let app = app(layer);
+    let start = tokio::time::Instant::now();
+    let res = send(&app, request("/")).await;
+    assert_eq!(start.elapsed(), Duration::from_millis(80));
+    assert_eq!(res.status(), 503);
+    assert_eq!(verdict(&res), VerdictKind::FailedClosed);
+    let m = Recorded::take(&snapshotter);
+    assert_eq!(
+        m.counter(
+            "ratelimit_store_errors_total",
+            &[("policy", "hang"), ("kind", "timeout")]
+        ),
+        1
+    );
+    assert_eq!(m.outcome("hang", "failed_closed"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_slow_store_that_answers_in_time_decides() {
+    let (_clock, memory) = store();
+    let store = Arc::new(SwitchStore::new(memory));
+    let layer = RateLimitLayer::new(store.clone(), Policy::new("async", per_minute(2)).unwrap())
+        .unwrap();
+    let app = app(layer);
+    for _ in 0..2 {
+        let res = send(&app, request("/")).await;
+        assert_eq!(res.status(), 200);
+        assert_eq!(verdict(&res), VerdictKind::Allowed);
+        assert!(res.headers().get("ratelimit").is_some());
+    }
+    let res = send(&app, request("/")).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(header(&res, "retry-after"), Some("30"));
+    assert_eq!(store.calls(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_breaker_opens_after_the_configured_failures_and_half_opens_later() {
+    let clock = ManualClock::new();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (_store_clock, memory) = store();
+    let store = Arc::new(SwitchStore::new(memory));
+    store.set_down(true);
+    let layer = metrics::with_local_recorder(&recorder, || {
+        RateLimitLayer::builder(
+            store.clone(),
+            Policy::new("cb", per_minute(100))
+                .unwrap()
+                .failure(FailurePolicy::fail_closed(Duration::from_secs(1))),
+        )
+        .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(10)).unwrap())
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+    });
+    let app = app(layer.clone());
+
+    // Three failures reach the store, then the circuit opens.
+    for _ in 0..3 {
+        assert_eq!(send(&app, request("/")).await.status(), 503);
+    }
+    assert_eq!(store.calls(), 3);
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    // While open, requests get the failure policy without calling the store.
+    for _ in 0..5 {
+        assert_eq!(send(&app, request("/")).await.status(), 503);
+    }
+    assert_eq!(store.calls(), 3);
+    let m = Recorded::take(&snapshotter);
+    assert_eq!(m.gauge("ratelimit_circuit_state", &[("policy", "cb")]), Some(1.0));
+    assert_eq!(
+        m.counter(
+            "ratelimit_store_errors_total",
+            &[("policy", "cb"), ("kind", "circuit_open")]
+        ),
+        5
+    );
+
+    // After the cool-down one probe goes to the store; it fails, so the circuit opens again.
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(send(&app, request("/")).await.status(), 503);
+    assert_eq!(store.calls(), 4);
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    assert_eq!(send(&app, request("/")).await.status(), 503);
+    assert_eq!(store.calls(), 4);
+
+    // The store recovers; the next probe after another cool-down closes the circuit.
+    store.set_down(false);
+    clock.advance(Duration::from_secs(9));
+    assert_eq!(send(&app, request("/")).await.status(), 503, "still cooling down");
+    assert_eq!(store.calls(), 4);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(send(&app, request("/")).await.status(), 200);
+    assert_eq!(store.calls(), 5);
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
+    assert_eq!(send(&app, request("/")).await.status(), 200);
+    assert_eq!(store.calls(), 6);
+    let m = Recorded::take(&snapshotter);
+    assert_eq!(m.gauge("ratelimit_circuit_state", &[("policy", "cb")]), Some(0.0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn only_one_probe_while_half_open() {
+    let clock = ManualClock::new();
+    let store = Arc::new(HangingStore::default());
+    let layer = RateLimitLayer::builder(
+        store.clone(),
+        Policy::new("probe", per_minute(100)).unwrap(),
+    )
+    .circuit_breaker(CircuitBreaker::new(1, Duration::from_secs(5)).unwrap())
+    .timeout(Duration::from_millis(100))
+    .clock(clock.clone())
+    .build()
+    .unwrap();
+    let app = app(layer.clone());
+    assert_eq!(send(&app, request("/")).await.status(), 200, "failed open");
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    clock.advance(Duration::from_secs(5));
+    // The probe hangs; meanwhile another request does not call the store.
+    let probe = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, request("/")).await.status() }
+    });
+    tokio::task::yield_now().await;
+    assert_eq!(layer.circuit_state(), Some(CircuitState::HalfOpen));
+    assert_eq!(send(&app, request("/")).await.status(), 200);
+    assert_eq!(store.calls.load(std::sync::atomic::Ordering::SeqCst), 2);
+    assert_eq!(probe.await.unwrap(), 200);
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+}
