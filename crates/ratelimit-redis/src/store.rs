@@ -287,6 +287,11 @@ impl Inner {
                 if is_broken(&e) {
                     self.discard(slot, generation);
                 }
+                if e.is_timeout() {
+                    return Err(RedisStoreError::Timeout {
+                        after: self.response_timeout,
+                    });
+                }
                 Err(RedisStoreError::Redis(e))
             }
         }

@@ -263,6 +263,11 @@ pub struct Reference {
 }
 
 impl Reference {
+    /// The stored states of `key`, if any.
+    pub fn states(&self, key: &[u8]) -> Option<&[State]> {
+        self.states.get(key).map(Vec::as_slice)
+    }
+
     pub fn check(&mut self, key: &[u8], limit: &Limit, cost: u64, now: Timestamp) -> Decision {
         if let Some(states) = self.states.get_mut(key) {
             return limit.check(states, now, cost);
@@ -327,4 +332,15 @@ pub async fn run_conformance(
         }
     }
     compared
+}
+
+/// Reads a manual clock in microseconds.
+pub trait NowMicros {
+    fn now_micros(&self) -> u64;
+}
+
+impl NowMicros for ManualClock {
+    fn now_micros(&self) -> u64 {
+        ratelimit_core::Clock::now(self).as_micros()
+    }
 }

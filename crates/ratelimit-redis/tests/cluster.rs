@@ -1,0 +1,109 @@
+//! On a real 3-master Redis Cluster: the same conformance table and the same distributed race,
+//! with keys spread over every master.
+
+mod common;
+
+use common::{manual, run_conformance, table, unique_prefix};
+use futures::future::join_all;
+use ratelimit_core::{Algorithm, Limit, ManualClock, Quota};
+use ratelimit_redis::RedisStore;
+use redis_harness::RedisCluster;
+
+fn dbsize(node: &redis_harness::RedisServer) -> u64 {
+    node.cli(&["dbsize"]).parse().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn conformance_race_and_noscript_on_a_three_master_cluster() {
+    let cluster = RedisCluster::start(3);
+
+    // Conformance: identical decisions, client-clock mode, through one node's URL (the others
+    // are discovered; MOVED redirections are followed by the client).
+    let clock = ManualClock::new();
+    let store = manual(RedisStore::cluster([cluster.urls()[0].clone()]), &clock)
+        .prefix(unique_prefix("cconf"))
+        .build()
+        .await
+        .unwrap();
+    let table = table();
+    let compared = run_conformance(&store, &clock, &table).await;
+    println!("cluster: {} scenarios, {compared:?}", table.len());
+    assert!(compared.with_algorithms > 10_000);
+    // The table's keys landed on every master.
+    for node in cluster.nodes() {
+        assert!(dbsize(node) > 0, "node {} holds keys", node.port());
+    }
+
+    // Multi-key scripts (sliding log: a hash and one list per quota) stay in one slot.
+    let log = Limit::new(
+        Algorithm::SlidingLog,
+        [Quota::per_second(5).unwrap(), Quota::per_hour(50).unwrap()],
+    )
+    .unwrap();
+    for i in 0..30 {
+        let key = format!("user-{i}");
+        assert!(
+            store
+                .check(key.as_bytes(), &log, 1)
+                .await
+                .unwrap()
+                .is_allowed()
+        );
+    }
+
+    // The race: 20 gateways, each its own cluster store, on one hot key per algorithm.
+    let prefix = unique_prefix("crace");
+    let mut gateways = Vec::new();
+    for _ in 0..20 {
+        gateways.push(
+            RedisStore::cluster(cluster.urls())
+                .prefix(prefix.clone())
+                .pool_size(1)
+                .build()
+                .await
+                .unwrap(),
+        );
+    }
+    for alg in Algorithm::ALL {
+        let limit = Limit::single(alg, Quota::per_day(100).unwrap()).unwrap();
+        let key = format!("hot-{alg}");
+        let tasks = gateways.iter().map(|g| {
+            let g = g.clone();
+            let (key, limit) = (key.clone(), limit.clone());
+            tokio::spawn(async move {
+                let checks = (0..150).map(|_| g.check(key.as_bytes(), &limit, 1));
+                join_all(checks)
+                    .await
+                    .into_iter()
+                    .filter(|r| r.as_ref().expect("check").is_allowed())
+                    .count()
+            })
+        });
+        let admitted: usize = join_all(tasks).await.into_iter().map(|r| r.unwrap()).sum();
+        assert_eq!(
+            admitted, 100,
+            "{alg}: 3000 requests from 20 gateways on a cluster"
+        );
+    }
+    // Hot keys of different users are spread over the masters too.
+    let owners: std::collections::HashSet<u16> = Algorithm::ALL
+        .iter()
+        .map(|alg| {
+            let limit = Limit::single(*alg, Quota::per_day(100).unwrap()).unwrap();
+            let k = &gateways[0].state_keys(format!("hot-{alg}").as_bytes(), &limit)[0];
+            cluster.node_for(k).port()
+        })
+        .collect();
+    println!("race keys on {} masters", owners.len());
+    assert!(owners.len() >= 2, "hot keys spread over the masters");
+
+    // NOSCRIPT on a cluster: flush the scripts everywhere; the next check loads and counts once.
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(10).unwrap()).unwrap();
+    let g = &gateways[0];
+    assert_eq!(g.check(b"ns", &limit, 1).await.unwrap().remaining(), 9);
+    for node in cluster.nodes() {
+        assert_eq!(node.cli(&["script", "flush"]), "OK");
+    }
+    assert_eq!(g.check(b"ns", &limit, 1).await.unwrap().remaining(), 8);
+    assert_eq!(g.check(b"ns", &limit, 0).await.unwrap().remaining(), 8);
+}

@@ -1,0 +1,137 @@
+//! Every write sets an expiry equal to the time until the state is fresh again; no key lives
+//! forever, including keys that were only ever denied.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{NowMicros, Reference, T0, unique_prefix};
+use ratelimit_core::{Algorithm, Limit, ManualClock, Quota, Timestamp};
+use ratelimit_redis::RedisStore;
+use redis_harness::RedisServer;
+
+fn pttl(server: &RedisServer, key: &str) -> i64 {
+    server.cli(&["pttl", key]).parse().unwrap()
+}
+
+/// `PTTL` counts down in real time from the moment of the write; allow for the time the test
+/// itself takes between the write and the `PTTL`.
+fn assert_ttl_close(got: i64, expected_ms: i64, what: &str) {
+    assert!(
+        got <= expected_ms && got >= expected_ms - 1_000.min(expected_ms / 2 + 200),
+        "{what}: PTTL {got} ms, expected {expected_ms} ms"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_is_the_time_to_fresh_for_every_algorithm() {
+    let server = RedisServer::start();
+    let clock = ManualClock::starting_at(Timestamp::from_micros(T0));
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("ttl"))
+        .client_clock(clock.clone())
+        .build()
+        .await
+        .unwrap();
+    for alg in Algorithm::ALL {
+        // Long periods, so the real time the test takes is small against the TTL.
+        let limit = Limit::new(
+            alg,
+            [Quota::per_minute(10).unwrap(), Quota::per_hour(50).unwrap()],
+        )
+        .unwrap();
+        let mut reference = Reference::default();
+        for (step, cost) in [(0, 3), (7_000_000, 2), (1_000, 1)] {
+            clock.advance(Duration::from_micros(step));
+            let now = clock.now_micros();
+            let d = store.check(b"user", &limit, cost).await.unwrap();
+            let expected = reference.check(b"user", &limit, cost, Timestamp::from_micros(now));
+            assert_eq!(d, expected);
+            let states = reference.states(b"user").unwrap();
+            let fresh_at = limit.fresh_at(states).as_micros();
+            let expected_ms = (fresh_at - now).div_ceil(1_000) as i64;
+            for key in store.state_keys(b"user", &limit) {
+                assert_ttl_close(pttl(&server, &key), expected_ms, &format!("{alg} {key}"));
+            }
+        }
+    }
+}
+
+/// In server-time mode (the default): 2 per second with a burst of 5; after one request the
+/// bucket is full again in 500 ms, and that is the key's TTL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn server_time_ttl_is_the_refill_time() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("srv"))
+        .build()
+        .await
+        .unwrap();
+    let limit = Limit::single(
+        Algorithm::TokenBucket,
+        Quota::per_second(2).unwrap().with_burst(5).unwrap(),
+    )
+    .unwrap();
+    let d = store.check(b"u", &limit, 1).await.unwrap();
+    assert!(d.is_allowed());
+    assert_eq!(d.reset_after(), Duration::from_millis(500));
+    let key = &store.state_keys(b"u", &limit)[0];
+    assert_ttl_close(pttl(&server, key), 500, "token bucket");
+    // Five more: 5 allowed of 6 would need... the bucket had 4 left.
+    for _ in 0..4 {
+        assert!(store.check(b"u", &limit, 1).await.unwrap().is_allowed());
+    }
+    let d = store.check(b"u", &limit, 1).await.unwrap();
+    assert!(d.is_denied());
+    // Empty bucket: 2.5 s to full again, minus the little real time the checks took.
+    assert_ttl_close(pttl(&server, key), 2_500, "empty bucket");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn denied_only_keys_do_not_live_forever() {
+    let server = RedisServer::start();
+    let clock = ManualClock::starting_at(Timestamp::from_micros(T0));
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("deny"))
+        .client_clock(clock.clone())
+        .build()
+        .await
+        .unwrap();
+    for alg in Algorithm::ALL {
+        let limit = Limit::single(alg, Quota::per_minute(10).unwrap()).unwrap();
+        // A first request that is denied (its cost can never fit): nothing is stored, so there is
+        // nothing to expire.
+        for _ in 0..3 {
+            let d = store.check(b"greedy", &limit, 11).await.unwrap();
+            assert!(d.is_denied());
+        }
+        for key in store.state_keys(b"greedy", &limit) {
+            assert_eq!(server.cli(&["exists", &key]), "0", "{alg}: {key}");
+        }
+        // A key that is then denied again and again keeps the expiry of its state: it is never
+        // extended past the time the state is fresh, and never made persistent.
+        for _ in 0..10 {
+            assert!(store.check(b"busy", &limit, 1).await.unwrap().is_allowed());
+        }
+        for _ in 0..50 {
+            clock.advance(Duration::from_millis(100));
+            assert!(
+                store.check(b"busy", &limit, 1).await.unwrap().is_denied(),
+                "{alg}"
+            );
+        }
+        for key in store.state_keys(b"busy", &limit) {
+            let ttl = pttl(&server, &key);
+            assert!(ttl > 0, "{alg}: {key} has an expiry (PTTL {ttl})");
+            // The last admission was 5 s (client time) before the last denial; every state is
+            // fresh at most two periods (the sliding window's previous window) after it.
+            assert!(ttl <= 115_001, "{alg}: {key} PTTL {ttl}");
+        }
+    }
+    // Every key the store wrote has an expiry.
+    let keys = server.cli(&["--scan", "--pattern", &format!("{}:*", store.prefix())]);
+    assert!(!keys.is_empty());
+    for key in keys.lines() {
+        assert!(pttl(&server, key) > 0, "{key} has no expiry");
+    }
+}

@@ -1,0 +1,201 @@
+//! Timeouts, broken connections, restarts, passwords and ACL users, configuration errors.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::unique_prefix;
+use ratelimit_core::{Algorithm, Limit, Quota};
+use ratelimit_redis::{RedisStore, RedisStoreError};
+use redis_harness::RedisServer;
+
+fn limit() -> Limit {
+    Limit::single(Algorithm::Gcra, Quota::per_second(100).unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_frozen_server_is_a_timeout_not_a_hang() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("pause"))
+        .response_timeout(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    server.pause();
+    let started = Instant::now();
+    let err = store.check(b"k", &limit(), 1).await.unwrap_err();
+    let took = started.elapsed();
+    server.resume();
+    assert!(matches!(err, RedisStoreError::Timeout { .. }), "{err:?}");
+    assert!(err.is_unavailable());
+    assert!(took < Duration::from_secs(2), "took {took:?}");
+    // Once thawed, checks work again on the same connections.
+    let mut ok = false;
+    for _ in 0..20 {
+        if store.check(b"k", &limit(), 1).await.is_ok() {
+            ok = true;
+            break;
+        }
+    }
+    assert!(ok, "checks work again after the server resumes");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_are_reopened_after_a_restart() {
+    let mut server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("restart"))
+        .pool_size(3)
+        .build()
+        .await
+        .unwrap();
+    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    server.kill();
+    let err = store.check(b"k", &limit(), 1).await.unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+    server.restart();
+    // Each broken connection fails once and is replaced; then every check succeeds (the restarted
+    // server is empty and has no scripts: NOSCRIPT loads them).
+    let mut failures = 0;
+    let mut successes = 0;
+    for _ in 0..30 {
+        match store.check(b"k", &limit(), 1).await {
+            Ok(_) => successes += 1,
+            Err(e) => {
+                assert!(e.is_unavailable(), "{e:?}");
+                failures += 1;
+            }
+        }
+    }
+    assert!(failures <= 3, "{failures} failures after the restart");
+    assert!(successes >= 27);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn passwords_and_acl_users() {
+    let server = RedisServer::builder()
+        .password("s3cret")
+        .acl_user("gateway", "g4teway")
+        .start();
+    let port = server.port();
+    for url in [
+        format!("redis://:s3cret@127.0.0.1:{port}"),
+        format!("redis://gateway:g4teway@127.0.0.1:{port}/0"),
+    ] {
+        let store = RedisStore::builder(url.as_str()).build().await.unwrap();
+        assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    }
+    let err = RedisStore::builder(format!("redis://gateway:wrong@127.0.0.1:{port}"))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RedisStoreError::Connection { .. }), "{err:?}");
+    assert!(
+        !err.to_string().contains("wrong"),
+        "no password in messages: {err}"
+    );
+    // Without a password the connection opens, and the first command (loading the scripts) is
+    // refused: build fails.
+    let err = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, RedisStoreError::Redis(e) if e.code() == Some("NOAUTH")),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn bad_settings_are_typed_errors() {
+    let cases: Vec<(&str, RedisStoreError)> = vec![
+        (
+            "prefix",
+            RedisStore::builder("redis://127.0.0.1:1")
+                .prefix("a{b}")
+                .build()
+                .await
+                .unwrap_err(),
+        ),
+        (
+            "pool_size",
+            RedisStore::builder("redis://127.0.0.1:1")
+                .pool_size(0)
+                .build()
+                .await
+                .unwrap_err(),
+        ),
+        (
+            "response_timeout",
+            RedisStore::builder("redis://127.0.0.1:1")
+                .response_timeout(Duration::ZERO)
+                .build()
+                .await
+                .unwrap_err(),
+        ),
+        (
+            "url",
+            RedisStore::builder("http://nope")
+                .build()
+                .await
+                .unwrap_err(),
+        ),
+        (
+            "url",
+            RedisStore::cluster(Vec::<String>::new())
+                .build()
+                .await
+                .unwrap_err(),
+        ),
+    ];
+    for (name, err) in cases {
+        match err {
+            RedisStoreError::Config { name: n, .. } => assert_eq!(n, name),
+            other => panic!("{name}: expected a Config error, got {other:?}"),
+        }
+    }
+    // Nothing listens on port 1: a connection error, within the connect timeout.
+    let err = RedisStore::builder("redis://127.0.0.1:1")
+        .connect_timeout(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, RedisStoreError::Connection { .. }), "{err:?}");
+    assert!(std::error::Error::source(&err).is_some() || err.to_string().contains("connect"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hostile_keys_stay_in_their_slot_and_prefix() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix("app")
+        .build()
+        .await
+        .unwrap();
+    let long = vec![b'a'; 10_000];
+    let keys: Vec<&[u8]> = vec![
+        b"}{other}",
+        b"{victim}",
+        b"victim}",
+        b"\n\r\x00",
+        b"",
+        &long,
+    ];
+    for k in &keys {
+        assert!(store.check(k, &limit(), 1).await.unwrap().is_allowed());
+    }
+    // A key that spells another's hashed form does not share its state.
+    let hashed = store.state_keys(b"{victim}", &limit())[0].clone();
+    let tag = &hashed[hashed.find('{').unwrap() + 1..hashed.find('}').unwrap()];
+    let d = store.check(tag.as_bytes(), &limit(), 1).await.unwrap();
+    assert_eq!(d.remaining(), 99, "'{tag}' is its own key");
+    let stored = server.cli(&["--scan", "--pattern", "*"]);
+    for key in stored.lines() {
+        assert!(key.starts_with("app:{"), "{key}");
+        assert!(key.len() < 120, "bounded: {key}");
+        assert_eq!(key.matches('{').count(), 1, "{key}");
+        assert_eq!(key.matches('}').count(), 1, "{key}");
+    }
+}
