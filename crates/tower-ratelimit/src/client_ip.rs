@@ -1,0 +1,1492 @@
+//! The client's IP address, taking trusted reverse proxies into account.
+//!
+//! A rate limiter keyed by IP must know *whose* address to count. Behind a
+//! load balancer the TCP peer is the proxy, and the client's address is in a
+//! header that the proxy appends to: `X-Forwarded-For` or the standard
+//! `Forwarded` (RFC 7239). Anything in those headers *left* of what your own
+//! proxies wrote was sent by the client and can be anything, so [`ClientIp`]
+//! reads the list **right to left** and trusts only the proxies you configure:
+//!
+//! 1. If the TCP peer is not a trusted proxy, the answer is the peer. The
+//!    headers are not even looked at, so a client talking to you directly
+//!    cannot spoof its address.
+//! 2. Otherwise the hops are read from the right (the nearest proxy's entry
+//!    first). Hops that are trusted proxies are skipped; the first hop that is
+//!    not a trusted proxy is the client.
+//!
+//! Taking the *leftmost* entry instead (as some extractors do) lets every
+//! client choose its own key by sending `X-Forwarded-For: 1.2.3.4`.
+//!
+//! # The documented answers
+//!
+//! [`ClientIp::resolve`] never fails and never panics; every input has one of
+//! these answers. "Last trusted" means the last trusted address the walk has
+//! seen: the peer itself, or the furthest trusted hop examined so far. It is
+//! the furthest address that the configuration lets us vouch for.
+//!
+//! | Situation | Answer |
+//! |---|---|
+//! | The peer is not a trusted proxy | The peer; headers are ignored |
+//! | The peer is trusted, the configured header is absent or empty | The peer |
+//! | Hops read from the right reach an address that is not trusted | That address |
+//! | Every hop is a trusted proxy | The leftmost (furthest) hop |
+//! | A hop is not an IP address: `unknown`, an obfuscated identifier such as `_hidden`, garbage, non-UTF-8 bytes, control characters, a `Forwarded` element without `for=` or with broken syntax | Last trusted: the walk stops there, because nothing beyond it can be vouched for |
+//! | More than [`max_hops`](ClientIp::max_hops) hops are trusted | Last trusted, i.e. the `max_hops`-th hop from the right; nothing further left is read |
+//! | Empty list elements (`a,,b`) | Skipped; they are not hops |
+//!
+//! A request whose headers are broken *by the client* therefore still gets the
+//! client's real address, because the trusted proxy appends that address to
+//! the right of the broken part, and a broken hop ends at the next comma. The
+//! one exception: in `Forwarded`, a quoted string that the client leaves open
+//! is closed by the quote of an IPv6 element the proxy appends to the same
+//! line, which breaks that element; the answer is then the proxy's address.
+//! In no case does broken input let a client pick the answer.
+//!
+//! Trust only the addresses of your proxies. A client whose own address is
+//! trusted is treated as a proxy, so its header is believed: trusting a whole
+//! network that also has clients in it (such as `10.0.0.0/8` in an office)
+//! lets those clients choose their key.
+//!
+//! Work is bounded: at most `max_hops` hops are parsed and checked against the
+//! trusted list, and the header lines that are read are scanned in linear
+//! time (a `Forwarded` line twice, as quoted strings can only be parsed left
+//! to right). The only allocation is a buffer of at most `max_hops` entries
+//! per `Forwarded` line read.
+//!
+//! # Which header
+//!
+//! By default only `X-Forwarded-For` is read ([`ForwardedHeader::XForwardedFor`]).
+//! A header that your proxy does not write is under the client's control, so
+//! read only the header your proxies append to: a client can send a
+//! `Forwarded` header that an `X-Forwarded-For`-only proxy passes along
+//! untouched. See [`ForwardedHeader`].
+//!
+//! # Address normalization and grouping
+//!
+//! IPv4-mapped IPv6 addresses (`::ffff:192.0.2.1`, as reported by dual-stack
+//! sockets) are turned into IPv4 before anything else, for the peer and for
+//! every hop. The result of [`ClientIp::resolve`] is then masked to a prefix:
+//! `/32` for IPv4 and `/64` for IPv6 by default. An IPv6 client is usually
+//! handed a whole `/64`, and without grouping it could use a fresh address,
+//! and so a fresh rate-limit bucket, for every request.
+//!
+//! # Examples
+//!
+//! A spoof attempt from a client that connects directly is ignored:
+//!
+//! ```
+//! use std::net::IpAddr;
+//! use http::HeaderMap;
+//! use tower_ratelimit::client_ip::ClientIp;
+//!
+//! let client_ip = ClientIp::behind_proxies(["10.0.0.0/8"])?;
+//!
+//! let mut headers = HeaderMap::new();
+//! headers.insert("x-forwarded-for", "1.2.3.4".parse()?);
+//! let peer: IpAddr = "203.0.113.9".parse()?;
+//!
+//! // The peer is not one of our proxies: its header is not believed.
+//! assert_eq!(client_ip.resolve(peer, &headers), peer);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Behind a trusted proxy, the entry the proxy appended is used, and whatever
+//! the client put to its left is not:
+//!
+//! ```
+//! use std::net::IpAddr;
+//! use http::HeaderMap;
+//! use tower_ratelimit::client_ip::ClientIp;
+//!
+//! let client_ip = ClientIp::behind_proxies(["10.0.0.0/8"])?;
+//!
+//! // The client sent `X-Forwarded-For: 1.2.3.4`; our proxy at 10.0.0.2
+//! // appended the address it saw the connection come from.
+//! let mut headers = HeaderMap::new();
+//! headers.insert("x-forwarded-for", "1.2.3.4, 198.51.100.7".parse()?);
+//! let peer: IpAddr = "10.0.0.2".parse()?;
+//!
+//! assert_eq!(client_ip.resolve(peer, &headers), "198.51.100.7".parse::<IpAddr>()?);
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! IPv6 clients are grouped by their `/64` unless configured otherwise:
+//!
+//! ```
+//! use std::net::IpAddr;
+//! use http::HeaderMap;
+//! use tower_ratelimit::client_ip::{key_bytes, ClientIp};
+//!
+//! let headers = HeaderMap::new();
+//! let by_64 = ClientIp::peer();
+//! let a: IpAddr = "2001:db8:1:2::a".parse()?;
+//! let b: IpAddr = "2001:db8:1:2:ffff::b".parse()?;
+//! assert_eq!(by_64.resolve(a, &headers), "2001:db8:1:2::".parse::<IpAddr>()?);
+//! assert_eq!(key_bytes(by_64.resolve(a, &headers)), key_bytes(by_64.resolve(b, &headers)));
+//!
+//! let exact = ClientIp::peer().ipv6_prefix(128)?;
+//! assert_ne!(exact.resolve(a, &headers), exact.resolve(b, &headers));
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
+use std::ops::Deref;
+use std::sync::Arc;
+
+use http::HeaderMap;
+use http::header::{FORWARDED, HeaderName};
+use ipnet::IpNet;
+
+/// The `X-Forwarded-For` header name (lowercase, as `http` stores it).
+const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
+/// Default for [`ClientIp::max_hops`].
+const DEFAULT_MAX_HOPS: usize = 32;
+
+/// Longest `for=` value worth unquoting: `[` + a 45-character IPv6 address +
+/// `]:65535` is 53 bytes. Anything longer cannot be an address.
+const MAX_NODE_LEN: usize = 64;
+
+/// Which header(s) [`ClientIp`] reads the proxy chain from.
+///
+/// Choose the header your trusted proxies append to. A header they do not
+/// touch is passed through from the client as-is, and its right end is then
+/// whatever the client wrote.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum ForwardedHeader {
+    /// `X-Forwarded-For: client, proxy1, proxy2`. The default: it is what
+    /// nginx, HAProxy, AWS and GCP load balancers and most others write.
+    #[default]
+    XForwardedFor,
+    /// `Forwarded: for=client, for=proxy1` (RFC 7239). Use it only if every
+    /// trusted proxy appends to it.
+    Forwarded,
+    /// `Forwarded` if the request has that header at all, otherwise
+    /// `X-Forwarded-For`. The two lists are never merged.
+    ///
+    /// Use this only if every trusted proxy either appends to both headers
+    /// or removes `Forwarded` from incoming requests: otherwise a client can
+    /// send its own `Forwarded` header and it will be read instead of the
+    /// `X-Forwarded-For` your proxy wrote.
+    Both,
+}
+
+/// An error in the configuration of a [`ClientIp`].
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ClientIpError {
+    /// A trusted-proxy entry is neither an IP address nor a CIDR block.
+    #[error(
+        "invalid trusted proxy {input:?}: expected an IP address or a CIDR block such as \
+         10.0.0.0/8 or fd00::/8"
+    )]
+    InvalidProxy {
+        /// The entry as it was given.
+        input: String,
+    },
+    /// An IPv4 prefix length above 32.
+    #[error("IPv4 prefix length {0} is out of range (0 to 32)")]
+    Ipv4PrefixOutOfRange(u8),
+    /// An IPv6 prefix length above 128.
+    #[error("IPv6 prefix length {0} is out of range (0 to 128)")]
+    Ipv6PrefixOutOfRange(u8),
+}
+
+/// How to find the client's IP address: which proxies are trusted, which
+/// header they write, and how addresses are grouped.
+///
+/// Cheap to clone (the proxy list is shared). The documentation of the
+/// `client_ip` module lists the rules and the answer to every kind of input.
+#[derive(Clone, Debug)]
+pub struct ClientIp {
+    trusted: Arc<[IpNet]>,
+    header: ForwardedHeader,
+    ipv4_prefix: u8,
+    ipv6_prefix: u8,
+    max_hops: usize,
+}
+
+impl Default for ClientIp {
+    /// Same as [`ClientIp::peer`].
+    fn default() -> Self {
+        Self::peer()
+    }
+}
+
+impl ClientIp {
+    /// Trust no proxy: the answer is always the TCP peer's address (masked to
+    /// the configured prefix). Use this when clients connect directly.
+    #[must_use]
+    pub fn peer() -> Self {
+        Self {
+            trusted: Arc::from(Vec::new()),
+            header: ForwardedHeader::XForwardedFor,
+            ipv4_prefix: 32,
+            ipv6_prefix: 64,
+            max_hops: DEFAULT_MAX_HOPS,
+        }
+    }
+
+    /// Trust the given proxies: each entry is a CIDR block (`"10.0.0.0/8"`,
+    /// `"fd00::/8"`) or a single address (`"10.1.2.3"` meaning `/32`,
+    /// `"::1"` meaning `/128`). Surrounding whitespace is ignored, and host
+    /// bits in a CIDR block are ignored (`10.1.2.3/8` is `10.0.0.0/8`).
+    ///
+    /// An IPv6 block also covers the IPv4 addresses mapped into it (so
+    /// `::ffff:10.0.0.0/104` trusts `10.0.0.0/8`). An empty list trusts
+    /// nothing, like [`ClientIp::peer`].
+    ///
+    /// # Errors
+    ///
+    /// [`ClientIpError::InvalidProxy`] naming the first entry that does not
+    /// parse.
+    pub fn behind_proxies(
+        trusted: impl IntoIterator<Item = impl AsRef<str>>,
+    ) -> Result<Self, ClientIpError> {
+        let nets = trusted
+            .into_iter()
+            .map(|entry| parse_trusted(entry.as_ref()))
+            .collect::<Result<Vec<_>, _>>()?;
+        Ok(Self {
+            trusted: Arc::from(nets),
+            ..Self::peer()
+        })
+    }
+
+    /// Which header to read the proxy chain from. Default:
+    /// [`ForwardedHeader::XForwardedFor`].
+    #[must_use]
+    pub fn header(mut self, header: ForwardedHeader) -> Self {
+        self.header = header;
+        self
+    }
+
+    /// Group IPv6 clients by this prefix length (default 64). `128` keeps
+    /// every address apart; `48` groups a whole site.
+    ///
+    /// # Errors
+    ///
+    /// [`ClientIpError::Ipv6PrefixOutOfRange`] if `len` is above 128.
+    pub fn ipv6_prefix(mut self, len: u8) -> Result<Self, ClientIpError> {
+        if len > 128 {
+            return Err(ClientIpError::Ipv6PrefixOutOfRange(len));
+        }
+        self.ipv6_prefix = len;
+        Ok(self)
+    }
+
+    /// Group IPv4 clients by this prefix length (default 32: every address
+    /// on its own).
+    ///
+    /// # Errors
+    ///
+    /// [`ClientIpError::Ipv4PrefixOutOfRange`] if `len` is above 32.
+    pub fn ipv4_prefix(mut self, len: u8) -> Result<Self, ClientIpError> {
+        if len > 32 {
+            return Err(ClientIpError::Ipv4PrefixOutOfRange(len));
+        }
+        self.ipv4_prefix = len;
+        Ok(self)
+    }
+
+    /// Read at most `n` hops from the right (default 32). If the first `n`
+    /// hops are all trusted proxies, the answer is the `n`-th one and the
+    /// rest of the header is not read. `0` means the headers are never read:
+    /// the answer is the peer even when it is trusted.
+    ///
+    /// Empty list elements are not hops and do not count.
+    #[must_use]
+    pub fn max_hops(mut self, n: usize) -> Self {
+        self.max_hops = n;
+        self
+    }
+
+    /// Whether `ip` is in the trusted-proxy list (after turning an
+    /// IPv4-mapped IPv6 address into IPv4).
+    #[must_use]
+    pub fn is_trusted(&self, ip: IpAddr) -> bool {
+        match ip.to_canonical() {
+            IpAddr::V4(v4) => {
+                let mapped = IpAddr::V6(v4.to_ipv6_mapped());
+                self.trusted
+                    .iter()
+                    .any(|net| net.contains(&IpAddr::V4(v4)) || net.contains(&mapped))
+            }
+            v6 => self.trusted.iter().any(|net| net.contains(&v6)),
+        }
+    }
+
+    /// The client's address, masked to the configured prefix (`/32` for
+    /// IPv4 and `/64` for IPv6 by default): the value to rate-limit by.
+    ///
+    /// `peer` is the address of the TCP connection. The documentation of the
+    /// `client_ip` module gives the answer to every kind of input; this never
+    /// fails and never panics.
+    #[must_use]
+    pub fn resolve(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        self.mask(self.resolve_unmasked(peer, headers))
+    }
+
+    /// The client's address as found, not masked to a prefix (but with
+    /// IPv4-mapped IPv6 turned into IPv4). For logs; rate-limit by
+    /// [`resolve`](Self::resolve).
+    #[must_use]
+    pub fn resolve_unmasked(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
+        let peer = peer.to_canonical();
+        if !self.is_trusted(peer) {
+            return peer;
+        }
+        let use_forwarded = match self.header {
+            ForwardedHeader::XForwardedFor => false,
+            ForwardedHeader::Forwarded => true,
+            ForwardedHeader::Both => headers.contains_key(FORWARDED),
+        };
+        if use_forwarded {
+            let keep = self.max_hops;
+            let hops = headers
+                .get_all(FORWARDED)
+                .iter()
+                .rev()
+                .flat_map(move |line| forwarded_line_rtl(line.as_bytes(), keep));
+            self.walk(peer, hops)
+        } else {
+            let hops = headers
+                .get_all(X_FORWARDED_FOR)
+                .iter()
+                .rev()
+                .flat_map(|line| xff_line_rtl(line.as_bytes()));
+            self.walk(peer, hops)
+        }
+    }
+
+    /// [`key_bytes`] of [`resolve`](Self::resolve): the store key part for
+    /// this request.
+    #[must_use]
+    pub fn key(&self, peer: IpAddr, headers: &HeaderMap) -> IpKey {
+        key_bytes(self.resolve(peer, headers))
+    }
+
+    /// `ip` with the bits beyond the configured prefix cleared.
+    #[must_use]
+    pub fn mask(&self, ip: IpAddr) -> IpAddr {
+        match ip.to_canonical() {
+            IpAddr::V4(v4) => {
+                let mask = u32::MAX
+                    .checked_shl(32 - u32::from(self.ipv4_prefix))
+                    .unwrap_or(0);
+                IpAddr::V4(Ipv4Addr::from(u32::from(v4) & mask))
+            }
+            IpAddr::V6(v6) => {
+                let mask = u128::MAX
+                    .checked_shl(128 - u32::from(self.ipv6_prefix))
+                    .unwrap_or(0);
+                IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask))
+            }
+        }
+    }
+
+    /// The right-to-left walk over hops (nearest proxy's entry first), from
+    /// a trusted peer.
+    fn walk(&self, peer: IpAddr, hops: impl Iterator<Item = Hop>) -> IpAddr {
+        let mut last_trusted = peer;
+        for hop in hops.take(self.max_hops) {
+            match hop {
+                Hop::Addr(ip) => {
+                    let ip = ip.to_canonical();
+                    if self.is_trusted(ip) {
+                        last_trusted = ip;
+                    } else {
+                        return ip;
+                    }
+                }
+                Hop::Opaque => break,
+            }
+        }
+        last_trusted
+    }
+}
+
+/// Parses one trusted-proxy entry: a CIDR block or a bare address.
+fn parse_trusted(input: &str) -> Result<IpNet, ClientIpError> {
+    let s = input.trim();
+    let net = if s.contains('/') {
+        s.parse::<IpNet>().ok().map(|net| net.trunc())
+    } else {
+        s.parse::<IpAddr>().ok().map(IpNet::from)
+    };
+    net.ok_or_else(|| ClientIpError::InvalidProxy {
+        input: input.to_owned(),
+    })
+}
+
+/// The compact, unambiguous store-key encoding of an address; see
+/// [`key_bytes`].
+///
+/// Dereferences to the bytes: 5 bytes for IPv4 (tag `4`, then the address)
+/// and 17 bytes for IPv6 (tag `6`, then the address). No allocation.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct IpKey {
+    buf: [u8; 17],
+    len: u8,
+}
+
+impl IpKey {
+    /// The tag byte of an IPv4 key.
+    pub const V4_TAG: u8 = 4;
+    /// The tag byte of an IPv6 key.
+    pub const V6_TAG: u8 = 6;
+
+    /// The key bytes.
+    #[must_use]
+    pub fn as_bytes(&self) -> &[u8] {
+        &self.buf[..usize::from(self.len)]
+    }
+
+    /// The address this key was made from (IPv4 if it was IPv4-mapped).
+    #[must_use]
+    pub fn ip(&self) -> IpAddr {
+        // A key is only built by `key_bytes`, so it always decodes.
+        Self::decode(self.as_bytes()).unwrap_or(IpAddr::V4(Ipv4Addr::UNSPECIFIED))
+    }
+
+    /// Decodes key bytes made by [`key_bytes`]. `None` if `bytes` is not
+    /// exactly such an encoding: wrong tag or length, or an IPv6 tag on an
+    /// IPv4-mapped address (which `key_bytes` encodes as IPv4). So decoding
+    /// and encoding are inverse: every key decodes to one address and back.
+    #[must_use]
+    pub fn decode(bytes: &[u8]) -> Option<IpAddr> {
+        match bytes.split_first()? {
+            (&Self::V4_TAG, rest) => {
+                let octets: [u8; 4] = rest.try_into().ok()?;
+                Some(IpAddr::V4(Ipv4Addr::from(octets)))
+            }
+            (&Self::V6_TAG, rest) => {
+                let octets: [u8; 16] = rest.try_into().ok()?;
+                let v6 = Ipv6Addr::from(octets);
+                v6.to_ipv4_mapped().is_none().then_some(IpAddr::V6(v6))
+            }
+            _ => None,
+        }
+    }
+}
+
+impl Deref for IpKey {
+    type Target = [u8];
+
+    fn deref(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+impl AsRef<[u8]> for IpKey {
+    fn as_ref(&self) -> &[u8] {
+        self.as_bytes()
+    }
+}
+
+impl From<IpAddr> for IpKey {
+    fn from(ip: IpAddr) -> Self {
+        key_bytes(ip)
+    }
+}
+
+impl fmt::Debug for IpKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("IpKey").field(&self.ip()).finish()
+    }
+}
+
+/// Encodes an address as a store key: a tag byte ([`IpKey::V4_TAG`] or
+/// [`IpKey::V6_TAG`]) followed by the address's octets in network order.
+///
+/// The tag fixes the length (5 or 17 bytes), so no key is a prefix of
+/// another and an IPv4 key never equals an IPv6 key. IPv4-mapped IPv6
+/// addresses are encoded as IPv4, so `::ffff:192.0.2.1` and `192.0.2.1` share
+/// a key. The address is not masked here: pass the result of
+/// [`ClientIp::resolve`].
+///
+/// ```
+/// use std::net::IpAddr;
+/// use tower_ratelimit::client_ip::{key_bytes, IpKey};
+///
+/// let ip: IpAddr = "192.0.2.1".parse()?;
+/// let key = key_bytes(ip);
+/// assert_eq!(&*key, &[IpKey::V4_TAG, 192, 0, 2, 1]);
+/// assert_eq!(IpKey::decode(&key), Some(ip));
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+#[must_use]
+pub fn key_bytes(ip: IpAddr) -> IpKey {
+    let mut buf = [0u8; 17];
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => {
+            buf[0] = IpKey::V4_TAG;
+            buf[1..5].copy_from_slice(&v4.octets());
+            IpKey { buf, len: 5 }
+        }
+        IpAddr::V6(v6) => {
+            buf[0] = IpKey::V6_TAG;
+            buf[1..17].copy_from_slice(&v6.octets());
+            IpKey { buf, len: 17 }
+        }
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Parsing. Everything below works on raw header bytes: `HeaderValue` may hold
+// bytes that are not UTF-8, and nothing here assumes it does not.
+
+/// One hop of a forwarding list.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Hop {
+    /// An IP address (not yet normalized).
+    Addr(IpAddr),
+    /// Anything that is not an IP address: `unknown`, an obfuscated
+    /// identifier, garbage, broken syntax. The walk stops here.
+    Opaque,
+}
+
+/// Optional whitespace (RFC 9110 `OWS`).
+fn is_ows(b: u8) -> bool {
+    b == b' ' || b == b'\t'
+}
+
+fn trim_ows(s: &[u8]) -> &[u8] {
+    let start = s.iter().position(|&b| !is_ows(b)).unwrap_or(s.len());
+    let end = s.iter().rposition(|&b| !is_ows(b)).map_or(start, |i| i + 1);
+    &s[start..end]
+}
+
+/// The hops of one `X-Forwarded-For` line, right to left, empty elements
+/// skipped.
+fn xff_line_rtl(line: &[u8]) -> impl Iterator<Item = Hop> + '_ {
+    line.rsplit(|&b| b == b',')
+        .map(trim_ows)
+        .filter(|element| !element.is_empty())
+        .map(parse_xff_element)
+}
+
+/// One `X-Forwarded-For` element: `192.0.2.1`, `192.0.2.1:8080`,
+/// `2001:db8::1`, `[2001:db8::1]` or `[2001:db8::1]:8080`.
+fn parse_xff_element(element: &[u8]) -> Hop {
+    let Ok(s) = std::str::from_utf8(element) else {
+        return Hop::Opaque;
+    };
+    if s.starts_with('[') {
+        return parse_bracketed(element, false);
+    }
+    if let Ok(ip) = s.parse::<IpAddr>() {
+        return Hop::Addr(ip);
+    }
+    match s.rsplit_once(':') {
+        Some((host, port)) if is_port(port.as_bytes()) => match host.parse::<Ipv4Addr>() {
+            Ok(v4) => Hop::Addr(IpAddr::V4(v4)),
+            Err(_) => Hop::Opaque,
+        },
+        _ => Hop::Opaque,
+    }
+}
+
+/// `[v6]` optionally followed by `:port` (or an RFC 7239 obfuscated port if
+/// `obfport` is set).
+fn parse_bracketed(s: &[u8], obfport: bool) -> Hop {
+    let Some(close) = s.iter().position(|&b| b == b']') else {
+        return Hop::Opaque;
+    };
+    let inner = &s[1..close];
+    let rest = &s[close + 1..];
+    let port_ok = match rest {
+        [] => true,
+        [b':', port @ ..] => is_port(port) || (obfport && is_obfport(port)),
+        _ => false,
+    };
+    let addr = std::str::from_utf8(inner)
+        .ok()
+        .and_then(|a| a.parse::<Ipv6Addr>().ok());
+    match addr {
+        Some(v6) if port_ok => Hop::Addr(IpAddr::V6(v6)),
+        _ => Hop::Opaque,
+    }
+}
+
+/// A decimal port number, 0 to 65535.
+fn is_port(s: &[u8]) -> bool {
+    !s.is_empty()
+        && s.len() <= 5
+        && s.iter().all(u8::is_ascii_digit)
+        && s.iter().fold(0u32, |n, d| n * 10 + u32::from(d - b'0')) <= 65535
+}
+
+/// RFC 7239 `obfport = "_" 1*(ALPHA / DIGIT / "." / "_" / "-")`.
+fn is_obfport(s: &[u8]) -> bool {
+    match s {
+        [b'_', rest @ ..] => !rest.is_empty() && rest.iter().all(|&b| is_obf_char(b)),
+        _ => false,
+    }
+}
+
+fn is_obf_char(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b == b'.' || b == b'_' || b == b'-'
+}
+
+/// An RFC 9110 `tchar`.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
+}
+
+/// A byte of an unquoted parameter value. Stricter RFC 7239 would allow only
+/// `tchar`, which excludes the `:` and brackets of `for=[2001:db8::1]:80`;
+/// some proxies send that unquoted, and accepting it is harmless.
+fn is_value_char(b: u8) -> bool {
+    is_tchar(b) || b == b':' || b == b'[' || b == b']'
+}
+
+/// An RFC 7239 `node` (the value of `for=`), already unquoted.
+fn parse_node(node: &[u8]) -> Hop {
+    // `unknown` and obfuscated identifiers (`_hidden`) are not addresses.
+    if node.first() == Some(&b'[') {
+        return parse_bracketed(node, true);
+    }
+    let (host, port_ok) = match node.iter().position(|&b| b == b':') {
+        None => (node, true),
+        Some(colon) => {
+            let port = &node[colon + 1..];
+            (&node[..colon], is_port(port) || is_obfport(port))
+        }
+    };
+    let addr = std::str::from_utf8(host)
+        .ok()
+        .and_then(|h| h.parse::<Ipv4Addr>().ok());
+    match addr {
+        Some(v4) if port_ok => Hop::Addr(IpAddr::V4(v4)),
+        _ => Hop::Opaque,
+    }
+}
+
+/// The hops of one `Forwarded` line, right to left, keeping at most the
+/// rightmost `keep` of them (the walk never reads more).
+///
+/// RFC 7239 elements can contain quoted strings, which cannot be split
+/// reliably from the right, so the line is parsed left to right twice: once
+/// to count elements and once to keep the last `keep`.
+fn forwarded_line_rtl(line: &[u8], keep: usize) -> std::iter::Rev<std::vec::IntoIter<Hop>> {
+    let count = ForwardedElements::new(line).count();
+    let window: Vec<Hop> = ForwardedElements::new(line)
+        .skip(count.saturating_sub(keep))
+        .collect();
+    window.into_iter().rev()
+}
+
+/// Left-to-right iterator over the non-empty elements of one `Forwarded`
+/// line, yielding each element's `for=` node.
+///
+/// Answers: an element with a valid `for=` address yields it; an element
+/// without `for=`, with `for=` twice, with a `for=` that is not an address,
+/// or with any syntax error yields [`Hop::Opaque`]. After a syntax error the
+/// element ends at the next comma (or the end of the line), so a broken
+/// element cannot swallow the elements to its right. An unterminated quoted
+/// string is such an error at its opening quote: it does not run to the end
+/// of the line, or a client could hide the element its proxy appends.
+#[derive(Debug)]
+struct ForwardedElements<'a> {
+    line: &'a [u8],
+    pos: usize,
+}
+
+impl<'a> ForwardedElements<'a> {
+    fn new(line: &'a [u8]) -> Self {
+        Self { line, pos: 0 }
+    }
+
+    fn peek(&self) -> Option<u8> {
+        self.line.get(self.pos).copied()
+    }
+
+    fn skip_ows(&mut self) {
+        while self.peek().is_some_and(is_ows) {
+            self.pos += 1;
+        }
+    }
+
+    /// Error recovery: skips past the next comma, returns `Hop::Opaque`.
+    fn malformed(&mut self) -> Hop {
+        match self.line[self.pos.min(self.line.len())..]
+            .iter()
+            .position(|&b| b == b',')
+        {
+            Some(offset) => self.pos += offset + 1,
+            None => self.pos = self.line.len(),
+        }
+        Hop::Opaque
+    }
+
+    /// Reads a quoted string starting at the opening quote. Returns the
+    /// unescaped content if it fits in `MAX_NODE_LEN` bytes (`Some(None)` if
+    /// it does not), `None` if it is unterminated, with `pos` back on the
+    /// opening quote.
+    fn quoted(&mut self) -> Option<Option<([u8; MAX_NODE_LEN], usize)>> {
+        let open = self.pos;
+        let mut buf = [0u8; MAX_NODE_LEN];
+        let mut len = 0usize;
+        let mut overflow = false;
+        self.pos += 1; // opening quote
+        loop {
+            let Some(mut b) = self.peek() else {
+                self.pos = open;
+                return None;
+            };
+            self.pos += 1;
+            match b {
+                b'"' => return Some((!overflow).then_some((buf, len))),
+                b'\\' => {
+                    let Some(escaped) = self.peek() else {
+                        self.pos = open;
+                        return None;
+                    };
+                    b = escaped;
+                    self.pos += 1;
+                }
+                _ => {}
+            }
+            match buf.get_mut(len) {
+                Some(slot) => {
+                    *slot = b;
+                    len += 1;
+                }
+                None => overflow = true,
+            }
+        }
+    }
+
+    /// Parses one element starting at `pos` and consumes its terminating
+    /// comma. `None` for an empty element.
+    fn element(&mut self) -> Option<Hop> {
+        let mut node: Option<Hop> = None;
+        let mut pairs = 0usize;
+        loop {
+            self.skip_ows();
+            match self.peek() {
+                None => break,
+                Some(b',') => {
+                    self.pos += 1;
+                    break;
+                }
+                Some(b';') => {
+                    self.pos += 1;
+                    continue;
+                }
+                Some(_) => {}
+            }
+            pairs += 1;
+            let name_start = self.pos;
+            while self.peek().is_some_and(is_tchar) {
+                self.pos += 1;
+            }
+            let name = &self.line[name_start..self.pos];
+            if name.is_empty() || self.peek() != Some(b'=') {
+                return Some(self.malformed());
+            }
+            self.pos += 1;
+            let is_for = name.eq_ignore_ascii_case(b"for");
+            let value = if self.peek() == Some(b'"') {
+                match self.quoted() {
+                    None => return Some(self.malformed()),
+                    Some(Some((buf, len))) => parse_node(&buf[..len]),
+                    Some(None) => Hop::Opaque,
+                }
+            } else {
+                let start = self.pos;
+                while self.peek().is_some_and(is_value_char) {
+                    self.pos += 1;
+                }
+                if start == self.pos {
+                    return Some(self.malformed());
+                }
+                parse_node(&self.line[start..self.pos])
+            };
+            if is_for {
+                if node.is_some() {
+                    // RFC 7239: a parameter must not occur twice in one element.
+                    return Some(self.malformed());
+                }
+                node = Some(value);
+            }
+            self.skip_ows();
+            if !matches!(self.peek(), None | Some(b';' | b',')) {
+                return Some(self.malformed());
+            }
+        }
+        (pairs > 0).then(|| node.unwrap_or(Hop::Opaque))
+    }
+}
+
+impl Iterator for ForwardedElements<'_> {
+    type Item = Hop;
+
+    fn next(&mut self) -> Option<Hop> {
+        while self.pos < self.line.len() {
+            if let Some(hop) = self.element() {
+                return Some(hop);
+            }
+        }
+        None
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+    use proptest::prelude::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    fn headers(name: &str, lines: &[&str]) -> HeaderMap {
+        let mut map = HeaderMap::new();
+        let name = HeaderName::from_bytes(name.as_bytes()).unwrap();
+        for line in lines {
+            map.append(name.clone(), HeaderValue::from_str(line).unwrap());
+        }
+        map
+    }
+
+    fn xff(lines: &[&str]) -> HeaderMap {
+        headers("x-forwarded-for", lines)
+    }
+
+    fn fwd(lines: &[&str]) -> HeaderMap {
+        headers("forwarded", lines)
+    }
+
+    fn proxies() -> ClientIp {
+        ClientIp::behind_proxies(["10.0.0.0/8", "2001:db8:ffff::/48"]).unwrap()
+    }
+
+    const PROXY: &str = "10.0.0.1";
+
+    #[test]
+    fn spoof_from_untrusted_peer_is_ignored() {
+        let c = proxies();
+        let h = xff(&["1.2.3.4"]);
+        assert_eq!(c.resolve(ip("203.0.113.9"), &h), ip("203.0.113.9"));
+        let h = fwd(&["for=1.2.3.4"]);
+        let c = c.header(ForwardedHeader::Forwarded);
+        assert_eq!(c.resolve(ip("203.0.113.9"), &h), ip("203.0.113.9"));
+    }
+
+    #[test]
+    fn peer_mode_ignores_headers() {
+        let c = ClientIp::peer();
+        assert_eq!(c.resolve(ip(PROXY), &xff(&["1.2.3.4"])), ip(PROXY));
+        assert_eq!(
+            ClientIp::default().resolve(ip("1.1.1.1"), &xff(&["2.2.2.2"])),
+            ip("1.1.1.1")
+        );
+    }
+
+    #[test]
+    fn trusted_proxy_without_header_is_the_answer() {
+        assert_eq!(proxies().resolve(ip(PROXY), &HeaderMap::new()), ip(PROXY));
+        assert_eq!(proxies().resolve(ip(PROXY), &xff(&[""])), ip(PROXY));
+        assert_eq!(proxies().resolve(ip(PROXY), &xff(&[" , ,"])), ip(PROXY));
+    }
+
+    #[test]
+    fn single_trusted_proxy_uses_its_appended_hop() {
+        let h = xff(&["198.51.100.7"]);
+        assert_eq!(proxies().resolve(ip(PROXY), &h), ip("198.51.100.7"));
+    }
+
+    #[test]
+    fn chain_of_two_trusted_proxies() {
+        // client -> 10.0.0.5 (edge) -> 10.0.0.1 (inner) -> us
+        let h = xff(&["198.51.100.7, 10.0.0.5"]);
+        assert_eq!(proxies().resolve(ip(PROXY), &h), ip("198.51.100.7"));
+    }
+
+    #[test]
+    fn client_supplied_leftmost_entries_are_ignored() {
+        let h = xff(&["1.1.1.1, 10.0.0.3, 198.51.100.7, 10.0.0.5"]);
+        assert_eq!(proxies().resolve(ip(PROXY), &h), ip("198.51.100.7"));
+        // Even a fake "trusted" entry to the left of the real client.
+        let h = xff(&["10.9.9.9, 198.51.100.7"]);
+        assert_eq!(proxies().resolve(ip(PROXY), &h), ip("198.51.100.7"));
+    }
+
+    #[test]
+    fn all_trusted_hops_give_the_leftmost() {
+        let h = xff(&["10.0.0.9, 10.0.0.5"]);
+        assert_eq!(proxies().resolve(ip(PROXY), &h), ip("10.0.0.9"));
+    }
+
+    #[test]
+    fn multiple_header_lines_are_one_list_last_line_nearest() {
+        // Client sent a line, the proxy added its own line after it.
+        let h = xff(&["6.6.6.6", "198.51.100.7"]);
+        assert_eq!(proxies().resolve(ip(PROXY), &h), ip("198.51.100.7"));
+        let h = xff(&["6.6.6.6, 198.51.100.7", "10.0.0.5"]);
+        assert_eq!(proxies().resolve(ip(PROXY), &h), ip("198.51.100.7"));
+        let h = xff(&["6.6.6.6", "198.51.100.7, 10.0.0.5", "10.0.0.6"]);
+        assert_eq!(proxies().resolve(ip(PROXY), &h), ip("198.51.100.7"));
+        let c = proxies().header(ForwardedHeader::Forwarded);
+        let h = fwd(&["for=6.6.6.6", "for=198.51.100.7", "for=10.0.0.5"]);
+        assert_eq!(c.resolve(ip(PROXY), &h), ip("198.51.100.7"));
+    }
+
+    #[test]
+    fn xff_element_forms() {
+        let c = proxies().ipv6_prefix(128).unwrap();
+        for (value, want) in [
+            ("198.51.100.7:8080", "198.51.100.7"),
+            ("  198.51.100.7\t", "198.51.100.7"),
+            ("2001:db8::7", "2001:db8::7"),
+            ("[2001:db8::7]", "2001:db8::7"),
+            ("[2001:db8::7]:443", "2001:db8::7"),
+            ("198.51.100.7,,", "198.51.100.7"),
+        ] {
+            assert_eq!(c.resolve(ip(PROXY), &xff(&[value])), ip(want), "{value}");
+        }
+    }
+
+    #[test]
+    fn forwarded_quoted_ipv6_with_port() {
+        let c = proxies()
+            .header(ForwardedHeader::Forwarded)
+            .ipv6_prefix(128)
+            .unwrap();
+        let h = fwd(&[r#"for="[2001:db8:cafe::17]:4711""#]);
+        assert_eq!(c.resolve(ip(PROXY), &h), ip("2001:db8:cafe::17"));
+        let h = fwd(&[
+            r#"for=192.0.2.43, For="[2001:db8:cafe::17]";proto=https;by=10.0.0.1, FOR=10.0.0.5"#,
+        ]);
+        assert_eq!(c.resolve(ip(PROXY), &h), ip("2001:db8:cafe::17"));
+        let h = fwd(&[r#"proto=http;for="192.0.2.60:_port" ; by=203.0.113.43"#]);
+        assert_eq!(c.resolve(ip(PROXY), &h), ip("192.0.2.60"));
+        // Escapes in a quoted string; a quoted comma does not split elements.
+        let h = fwd(&[r#"for="\1\92.0.2.61";ext="a,b\"c", for=10.0.0.5"#]);
+        assert_eq!(c.resolve(ip(PROXY), &h), ip("192.0.2.61"));
+        // Lenient: unquoted brackets and port.
+        let h = fwd(&["for=[2001:db8::9]:80"]);
+        assert_eq!(c.resolve(ip(PROXY), &h), ip("2001:db8::9"));
+    }
+
+    #[test]
+    fn both_prefers_forwarded_when_present() {
+        let c = proxies().header(ForwardedHeader::Both);
+        let mut h = xff(&["198.51.100.7"]);
+        assert_eq!(c.resolve(ip(PROXY), &h), ip("198.51.100.7"));
+        h.insert(FORWARDED, HeaderValue::from_static("for=192.0.2.1"));
+        assert_eq!(c.resolve(ip(PROXY), &h), ip("192.0.2.1"));
+        // The default reads only X-Forwarded-For.
+        assert_eq!(proxies().resolve(ip(PROXY), &h), ip("198.51.100.7"));
+        let only_fwd = proxies().header(ForwardedHeader::Forwarded);
+        assert_eq!(only_fwd.resolve(ip(PROXY), &xff(&["1.2.3.4"])), ip(PROXY));
+    }
+
+    #[test]
+    fn unparseable_hop_gives_last_trusted() {
+        let c = proxies();
+        for bad in [
+            "garbage",
+            "unknown",
+            "_hidden",
+            "1.2.3",
+            "1.2.3.4.5",
+            "01.2.3.4",
+            "1.2.3.4:99999",
+            "1.2.3.4:",
+            "[2001:db8::1",
+            "[1.2.3.4]",
+            "fe80::1%eth0",
+            "\"1.2.3.4\"",
+            "1.2.3.4\t5",
+            "for=1.2.3.4",
+        ] {
+            // The nearest hop is broken: the answer is the trusted peer.
+            assert_eq!(c.resolve(ip(PROXY), &xff(&[bad])), ip(PROXY), "{bad:?}");
+            // Broken behind a trusted hop: that hop.
+            let line = format!("{bad}, 10.0.0.5");
+            assert_eq!(
+                c.resolve(ip(PROXY), &xff(&[&line])),
+                ip("10.0.0.5"),
+                "{bad:?}"
+            );
+            // Broken *left* of the client's entry: irrelevant.
+            let line = format!("{bad}, 198.51.100.7");
+            assert_eq!(
+                c.resolve(ip(PROXY), &xff(&[&line])),
+                ip("198.51.100.7"),
+                "{bad:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn forwarded_non_addresses_give_last_trusted() {
+        let c = proxies().header(ForwardedHeader::Forwarded);
+        for bad in [
+            "for=unknown",
+            "for=UNKNOWN",
+            "for=_hidden",
+            r#"for="_gazonk""#,
+            "for=garbage",
+            "proto=https",
+            "for=1.2.3.4;for=5.6.7.8",
+            "for",
+            "for=",
+            "=1.2.3.4",
+            r#"for="1.2.3.4"#,
+            r#"for="1.2.3.4"x"#,
+            "for=1.2.3.4 x",
+            r#"for="2001:db8::1""#,
+            "for=1.2.3.4:_",
+            "for=1.2.3.4:_a/b",
+            "for = 1.2.3.4",
+        ] {
+            assert_eq!(c.resolve(ip(PROXY), &fwd(&[bad])), ip(PROXY), "{bad:?}");
+            let h = fwd(&[bad, "for=10.0.0.5"]);
+            assert_eq!(c.resolve(ip(PROXY), &h), ip("10.0.0.5"), "{bad:?}");
+            // In the same line too.
+            let line = format!("{bad}, for=10.0.0.5");
+            assert_eq!(
+                c.resolve(ip(PROXY), &fwd(&[&line])),
+                ip("10.0.0.5"),
+                "{bad:?}"
+            );
+        }
+        // Broken left of the client's element, in the same line (what a proxy
+        // that appends produces) or in an earlier line.
+        let h = fwd(&["for=_x;;garbage=\", for=198.51.100.7"]);
+        assert_eq!(c.resolve(ip(PROXY), &h), ip("198.51.100.7"));
+        // The client's unterminated quote does not hide what the proxy appends...
+        let h = fwd(&[r#"for=6.6.6.6;x="a, for=198.51.100.7"#]);
+        assert_eq!(c.resolve(ip(PROXY), &h), ip("198.51.100.7"));
+        // ...unless the proxy's own quote closes it: then the proxy's element
+        // is broken, and the answer is the proxy, never the client's pick.
+        let h = fwd(&[r#"for=6.6.6.6;x="a, for="[2001:db8::7]""#]);
+        assert_eq!(c.resolve(ip(PROXY), &h), ip(PROXY));
+        let h = fwd(&["for=\"x", "for=198.51.100.7"]);
+        assert_eq!(c.resolve(ip(PROXY), &h), ip("198.51.100.7"));
+        let h = fwd(&["for=[bad, for=198.51.100.7"]);
+        assert_eq!(c.resolve(ip(PROXY), &h), ip("198.51.100.7"));
+        // Empty elements and pairs are skipped.
+        let h = fwd(&[" , ;; ,for=198.51.100.7;, ,"]);
+        assert_eq!(c.resolve(ip(PROXY), &h), ip("198.51.100.7"));
+    }
+
+    #[test]
+    fn non_utf8_bytes_give_last_trusted() {
+        let bad = HeaderValue::from_bytes(b"198.51.100.\xff").unwrap();
+        for (name, cfg) in [
+            (X_FORWARDED_FOR, proxies()),
+            (FORWARDED, proxies().header(ForwardedHeader::Forwarded)),
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(name.clone(), bad.clone());
+            assert_eq!(cfg.resolve(ip(PROXY), &h), ip(PROXY));
+        }
+        let mut h = HeaderMap::new();
+        h.insert(
+            X_FORWARDED_FOR,
+            HeaderValue::from_bytes(b"\xc3\xa9, 10.0.0.5").unwrap(),
+        );
+        assert_eq!(proxies().resolve(ip(PROXY), &h), ip("10.0.0.5"));
+        let mut h = HeaderMap::new();
+        h.insert(
+            FORWARDED,
+            HeaderValue::from_bytes(b"for=\"\xff\xfe\", for=10.0.0.5").unwrap(),
+        );
+        let c = proxies().header(ForwardedHeader::Forwarded);
+        assert_eq!(c.resolve(ip(PROXY), &h), ip("10.0.0.5"));
+    }
+
+    #[test]
+    fn control_characters_give_last_trusted() {
+        // `HeaderValue` refuses most control characters, so the parsers are
+        // checked on raw bytes too.
+        assert!(HeaderValue::from_bytes(b"1.2.3.4\0").is_err());
+        for bad in [
+            &b"198.51.100.7\0"[..],
+            b"\x00",
+            b"198.51\r\n.100.7",
+            b"\x7f198.51.100.7",
+            b"\x1b[31m198.51.100.7",
+        ] {
+            assert_eq!(parse_xff_element(trim_ows(bad)), Hop::Opaque, "{bad:?}");
+            let mut line = b"for=".to_vec();
+            line.extend_from_slice(bad);
+            assert_eq!(
+                ForwardedElements::new(&line).collect::<Vec<_>>(),
+                [Hop::Opaque],
+                "{bad:?}"
+            );
+        }
+        // A tab inside an element (tab is allowed in header values).
+        let h = xff(&["198.51.\t100.7"]);
+        assert_eq!(proxies().resolve(ip(PROXY), &h), ip(PROXY));
+    }
+
+    #[test]
+    fn ten_thousand_hops_are_bounded() {
+        let c = proxies();
+        // All trusted: stop after max_hops and answer the last one examined.
+        let hops: Vec<String> = (0..10_000)
+            .map(|i| format!("10.0.{}.{}", i / 256 % 256, i % 256))
+            .collect();
+        let line = hops.join(", ");
+        let h = xff(&[&line]);
+        // The 32nd hop from the right is hops[10_000 - 32].
+        assert_eq!(c.resolve(ip(PROXY), &h), ip(&hops[10_000 - 32]));
+        assert_eq!(
+            c.clone().max_hops(3).resolve(ip(PROXY), &h),
+            ip(&hops[10_000 - 3])
+        );
+        assert_eq!(c.clone().max_hops(0).resolve(ip(PROXY), &h), ip(PROXY));
+        // As 10,000 separate lines.
+        let lines: Vec<&str> = hops.iter().map(String::as_str).collect();
+        assert_eq!(c.resolve(ip(PROXY), &xff(&lines)), ip(&hops[10_000 - 32]));
+        // Forwarded.
+        let line = hops
+            .iter()
+            .map(|h| format!("for={h}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let f = c.clone().header(ForwardedHeader::Forwarded);
+        assert_eq!(f.resolve(ip(PROXY), &fwd(&[&line])), ip(&hops[10_000 - 32]));
+        // Client spoofing 10,000 entries left of the real one changes nothing.
+        let line = format!("{}, 198.51.100.7", vec!["1.2.3.4"; 10_000].join(","));
+        assert_eq!(c.resolve(ip(PROXY), &xff(&[&line])), ip("198.51.100.7"));
+        // At most `keep` hops are buffered for a Forwarded line.
+        let line = vec!["for=1.2.3.4"; 10_000].join(",");
+        assert_eq!(forwarded_line_rtl(line.as_bytes(), 32).len(), 32);
+        // Garbage of the same size.
+        let line = ",".repeat(10_000) + &"x".repeat(10_000);
+        assert_eq!(c.resolve(ip(PROXY), &xff(&[&line])), ip(PROXY));
+        let f = c.header(ForwardedHeader::Forwarded);
+        assert_eq!(f.resolve(ip(PROXY), &fwd(&[&line])), ip(PROXY));
+    }
+
+    #[test]
+    fn ipv6_grouping() {
+        let c = ClientIp::peer();
+        let a = ip("2001:db8:1:2:3:4:5:6");
+        assert_eq!(c.resolve(a, &HeaderMap::new()), ip("2001:db8:1:2::"));
+        assert_eq!(
+            c.resolve(ip("2001:db8:1:2:ffff::"), &HeaderMap::new()),
+            c.resolve(a, &HeaderMap::new())
+        );
+        let exact = c.clone().ipv6_prefix(128).unwrap();
+        assert_eq!(exact.resolve(a, &HeaderMap::new()), a);
+        let site = c.clone().ipv6_prefix(48).unwrap();
+        assert_eq!(site.resolve(a, &HeaderMap::new()), ip("2001:db8:1::"));
+        let all = c.clone().ipv6_prefix(0).unwrap();
+        assert_eq!(all.resolve(a, &HeaderMap::new()), ip("::"));
+        // IPv4 untouched by default, groupable.
+        let v4 = ip("192.0.2.77");
+        assert_eq!(c.resolve(v4, &HeaderMap::new()), v4);
+        let c24 = c.clone().ipv4_prefix(24).unwrap();
+        assert_eq!(c24.resolve(v4, &HeaderMap::new()), ip("192.0.2.0"));
+        let c0 = c.ipv4_prefix(0).unwrap();
+        assert_eq!(c0.resolve(v4, &HeaderMap::new()), ip("0.0.0.0"));
+        // Trust is checked on the exact address, before grouping.
+        let one = ClientIp::behind_proxies(["2001:db8:1:2::1", PROXY]).unwrap();
+        let h = xff(&["2001:db8:1:2::2, 2001:db8:1:2::1"]);
+        assert_eq!(one.resolve(ip(PROXY), &h), ip("2001:db8:1:2::"));
+        assert_eq!(one.resolve_unmasked(ip(PROXY), &h), ip("2001:db8:1:2::2"));
+        // Grouping applies to addresses from headers.
+        let h = xff(&["2001:db8:1:2:3:4:5:6"]);
+        assert_eq!(proxies().resolve(ip(PROXY), &h), ip("2001:db8:1:2::"));
+        assert_eq!(proxies().resolve_unmasked(ip(PROXY), &h), a);
+    }
+
+    #[test]
+    fn ipv4_mapped_addresses_are_normalized() {
+        let c = proxies();
+        // A mapped trusted peer is trusted; a mapped hop comes out as IPv4.
+        let h = xff(&["::ffff:198.51.100.7"]);
+        assert_eq!(c.resolve(ip("::ffff:10.0.0.1"), &h), ip("198.51.100.7"));
+        let h = xff(&["[::ffff:198.51.100.7]:1234, ::ffff:10.0.0.5"]);
+        assert_eq!(c.resolve(ip(PROXY), &h), ip("198.51.100.7"));
+        assert_eq!(
+            ClientIp::peer().resolve(ip("::ffff:192.0.2.1"), &HeaderMap::new()),
+            ip("192.0.2.1")
+        );
+        // Trusted blocks given in mapped form cover the IPv4 addresses.
+        let m = ClientIp::behind_proxies(["::ffff:10.0.0.0/104"]).unwrap();
+        assert!(m.is_trusted(ip("10.1.2.3")));
+        assert!(m.is_trusted(ip("::ffff:10.1.2.3")));
+        assert!(!m.is_trusted(ip("11.0.0.1")));
+        assert_eq!(
+            key_bytes(ip("::ffff:192.0.2.1")),
+            key_bytes(ip("192.0.2.1"))
+        );
+    }
+
+    #[test]
+    fn config_errors() {
+        for bad in [
+            "10.0.0.0/33",
+            "::/129",
+            "",
+            "10.0.0",
+            "example.com",
+            "10.0.0.0/8/8",
+            "10.0.0.0/-1",
+        ] {
+            let err = ClientIp::behind_proxies(["127.0.0.1", bad]).unwrap_err();
+            assert_eq!(
+                err,
+                ClientIpError::InvalidProxy {
+                    input: bad.to_owned()
+                }
+            );
+            assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
+        }
+        let c = ClientIp::behind_proxies([" 10.1.2.3/8 ", "::1", "192.0.2.1"]).unwrap();
+        assert!(c.is_trusted(ip("10.200.0.1")));
+        assert!(c.is_trusted(ip("::1")));
+        assert!(c.is_trusted(ip("192.0.2.1")));
+        assert!(!c.is_trusted(ip("192.0.2.2")));
+        assert!(!c.is_trusted(ip("::2")));
+        let none: [&str; 0] = [];
+        assert!(
+            !ClientIp::behind_proxies(none)
+                .unwrap()
+                .is_trusted(ip("10.0.0.1"))
+        );
+        assert_eq!(
+            ClientIp::peer().ipv6_prefix(129).unwrap_err(),
+            ClientIpError::Ipv6PrefixOutOfRange(129)
+        );
+        assert_eq!(
+            ClientIp::peer().ipv4_prefix(33).unwrap_err(),
+            ClientIpError::Ipv4PrefixOutOfRange(33)
+        );
+        assert!(ClientIp::peer().ipv6_prefix(128).is_ok());
+        assert!(ClientIp::peer().ipv4_prefix(32).is_ok());
+    }
+
+    #[test]
+    fn key_encoding() {
+        let k4 = key_bytes(ip("192.0.2.1"));
+        assert_eq!(k4.as_bytes(), [IpKey::V4_TAG, 192, 0, 2, 1]);
+        let k6 = key_bytes(ip("2001:db8::1"));
+        assert_eq!(k6.len(), 17);
+        assert_eq!(k6[0], IpKey::V6_TAG);
+        assert_eq!(k6.ip(), ip("2001:db8::1"));
+        // `0.0.0.0` and `::` do not collide.
+        assert_ne!(&*key_bytes(ip("0.0.0.0")), &*key_bytes(ip("::")));
+        assert_eq!(IpKey::decode(&[]), None);
+        assert_eq!(IpKey::decode(&[IpKey::V4_TAG, 1, 2, 3]), None);
+        assert_eq!(IpKey::decode(&[5, 1, 2, 3, 4]), None);
+        assert_eq!(format!("{k4:?}"), "IpKey(192.0.2.1)");
+        let c = proxies();
+        assert_eq!(
+            c.key(ip(PROXY), &xff(&["198.51.100.7"])),
+            key_bytes(ip("198.51.100.7"))
+        );
+    }
+
+    #[test]
+    fn client_ip_is_send_sync_clone() {
+        fn check<T: Clone + fmt::Debug + Send + Sync + 'static>() {}
+        check::<ClientIp>();
+        check::<ClientIpError>();
+        check::<IpKey>();
+    }
+
+    // ---- property tests ----
+
+    /// Addresses the generated headers are built from: some trusted by
+    /// `proxies()`, some not.
+    const POOL: &[&str] = &[
+        "10.0.0.1",
+        "10.0.0.5",
+        "10.255.0.9",
+        "198.51.100.7",
+        "192.0.2.1",
+        "2001:db8:ffff::1",
+        "2001:db8:ffff:1::2",
+        "2001:db8::7",
+        "::ffff:10.0.0.5",
+        "::ffff:203.0.113.3",
+    ];
+
+    /// Ways to write an address, in either header.
+    fn format_ip(addr: &str, style: u8) -> String {
+        let v6 = addr.contains(':');
+        match (style % 6, v6) {
+            (0, _) => addr.to_owned(),
+            (1, false) => format!("{addr}:8080"),
+            (1, true) => format!("[{addr}]:443"),
+            (2, false) => format!("for={addr}"),
+            (2, true) => format!("for=\"[{addr}]\""),
+            (3, _) => addr.to_uppercase(),
+            (4, true) => format!("[{addr}]"),
+            (4, false) => format!("For=\"{addr}:_p\""),
+            _ => format!(" {addr} "),
+        }
+    }
+
+    #[derive(Clone, Debug)]
+    enum Piece {
+        Ip(usize, u8),
+        Garbage(Vec<u8>),
+        Literal(&'static str),
+    }
+
+    fn piece() -> impl Strategy<Value = Piece> {
+        // Garbage has no hex digits, dots or colons, so it cannot extend an
+        // address into another one.
+        let garbage_byte = prop_oneof![
+            prop::sample::select(b"ghijklmnopqrstuvwxyzGHIJKLMNOPQRSTUVWXYZ_=;\"\\[]/ \t".to_vec()),
+            0x80u8..=0xff,
+            0u8..0x20,
+        ];
+        prop_oneof![
+            4 => (0..POOL.len(), any::<u8>()).prop_map(|(i, s)| Piece::Ip(i, s)),
+            1 => prop::collection::vec(garbage_byte, 1..8).prop_map(Piece::Garbage),
+            1 => prop::sample::select(vec!["for=", "unknown", "_hidden", "proto=https", "by=_x", "\""])
+                .prop_map(Piece::Literal),
+        ]
+    }
+
+    fn separator() -> impl Strategy<Value = &'static str> {
+        prop::sample::select(vec![",", ", ", ",,", ";", " ", "\"", "=", "[", "]", "\n"])
+    }
+
+    /// Header lines built from pieces; returns the lines and the pool
+    /// addresses written into them (normalized).
+    fn lines() -> impl Strategy<Value = (Vec<Vec<u8>>, Vec<IpAddr>)> {
+        prop::collection::vec((piece(), separator()), 0..12).prop_map(|items| {
+            let mut lines = vec![Vec::new()];
+            let mut written = Vec::new();
+            for (piece, sep) in items {
+                let line = lines.last_mut().unwrap();
+                match piece {
+                    Piece::Ip(i, style) => {
+                        line.extend_from_slice(format_ip(POOL[i], style).as_bytes());
+                        written.push(ip(POOL[i]).to_canonical());
+                    }
+                    Piece::Garbage(bytes) => line.extend_from_slice(&bytes),
+                    Piece::Literal(s) => line.extend_from_slice(s.as_bytes()),
+                }
+                if sep == "\n" {
+                    lines.push(Vec::new());
+                } else {
+                    line.extend_from_slice(sep.as_bytes());
+                }
+            }
+            (lines, written)
+        })
+    }
+
+    proptest! {
+        #[test]
+        fn prop_answer_is_peer_trusted_or_written(
+            (lines, written) in lines(),
+            peer in prop::sample::select(POOL.to_vec()),
+            header in prop::sample::select(vec![
+                ForwardedHeader::XForwardedFor, ForwardedHeader::Forwarded, ForwardedHeader::Both,
+            ]),
+            max_hops in 0usize..6,
+            both_names in any::<bool>(),
+        ) {
+            let c = proxies().header(header).max_hops(max_hops).ipv6_prefix(128).unwrap();
+            let peer = ip(peer);
+            let mut h = HeaderMap::new();
+            for line in &lines {
+                // Lines `HeaderValue` refuses cannot reach us; check them raw.
+                let _ = ForwardedElements::new(line).count();
+                let _ = xff_line_rtl(line).count();
+                if let Ok(value) = HeaderValue::from_bytes(line) {
+                    h.append(X_FORWARDED_FOR, value.clone());
+                    if both_names {
+                        h.append(FORWARDED, value);
+                    }
+                }
+            }
+            if !both_names {
+                for value in h.get_all(X_FORWARDED_FOR).iter().cloned().collect::<Vec<_>>() {
+                    h.append(FORWARDED, value);
+                }
+            }
+            let got = c.resolve(peer, &h);
+            prop_assert_eq!(got, c.resolve_unmasked(peer, &h));
+            let peer = peer.to_canonical();
+            if !c.is_trusted(peer) {
+                prop_assert_eq!(got, peer);
+            }
+            prop_assert!(
+                got == peer || c.is_trusted(got) || written.contains(&got),
+                "got {} from {:?}", got, lines
+            );
+        }
+
+        #[test]
+        fn prop_random_bytes_never_panic(
+            lines in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..64), 0..4),
+            max_hops in 0usize..40,
+        ) {
+            let c = ClientIp::behind_proxies(["0.0.0.0/0", "::/0"]).unwrap().max_hops(max_hops);
+            let mut h = HeaderMap::new();
+            for line in &lines {
+                let _ = ForwardedElements::new(line).count();
+                let _ = forwarded_line_rtl(line, max_hops).count();
+                let _ = xff_line_rtl(line).count();
+                if let Ok(v) = HeaderValue::from_bytes(line) {
+                    h.append(X_FORWARDED_FOR, v.clone());
+                    h.append(FORWARDED, v);
+                }
+            }
+            for header in [ForwardedHeader::XForwardedFor, ForwardedHeader::Forwarded] {
+                let _ = c.clone().header(header).key(ip("10.0.0.1"), &h);
+            }
+        }
+
+        #[test]
+        fn prop_clean_lists_match_a_simple_model(
+            chain in prop::collection::vec(0..POOL.len(), 0..10),
+            per_line in 1usize..4,
+            forwarded in any::<bool>(),
+            max_hops in 0usize..12,
+        ) {
+            let header = if forwarded { ForwardedHeader::Forwarded } else { ForwardedHeader::XForwardedFor };
+            let c = proxies().header(header).max_hops(max_hops);
+            let addrs: Vec<IpAddr> = chain.iter().map(|&i| ip(POOL[i])).collect();
+            let mut h = HeaderMap::new();
+            for group in chain.chunks(per_line) {
+                let line = group.iter().map(|&i| if forwarded {
+                    format_ip(POOL[i], 2)
+                } else {
+                    POOL[i].to_owned()
+                }).collect::<Vec<_>>().join(", ");
+                h.append(if forwarded { FORWARDED } else { X_FORWARDED_FOR },
+                         HeaderValue::from_str(&line).unwrap());
+            }
+            // Model: from the right, skip trusted, take the first untrusted.
+            let mut want = ip(PROXY);
+            for a in addrs.iter().rev().take(max_hops) {
+                let a = a.to_canonical();
+                want = a;
+                if !c.is_trusted(a) {
+                    break;
+                }
+            }
+            prop_assert_eq!(c.resolve_unmasked(ip(PROXY), &h), want);
+        }
+
+        #[test]
+        fn prop_key_roundtrip(bytes in prop::collection::vec(any::<u8>(), 0..20), v6 in any::<[u8; 16]>()) {
+            if let Some(addr) = IpKey::decode(&bytes) {
+                prop_assert_eq!(key_bytes(addr).to_vec(), bytes);
+            }
+            let addr = IpAddr::V6(Ipv6Addr::from(v6));
+            prop_assert_eq!(IpKey::decode(&key_bytes(addr)), Some(addr.to_canonical()));
+        }
+    }
+}
