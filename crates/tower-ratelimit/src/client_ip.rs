@@ -1171,6 +1171,37 @@ mod tests {
     }
 
     #[test]
+    fn pathological_lines_parse_in_linear_time() {
+        // Each is about 1 MB; a quadratic parser would not finish.
+        let c = proxies().header(ForwardedHeader::Forwarded);
+        for unit in [
+            r#"for="\","#,
+            r#"a="\"#,
+            r#"x="a\""#,
+            "for=10.0.0.1;",
+            ";",
+            ",",
+            "\"",
+            "for=",
+            r#"for="[2001:db8:ffff::1]:_x","#,
+        ] {
+            let line = unit.repeat(1_000_000 / unit.len());
+            let h = fwd(&[&line]);
+            let got = c.resolve(ip(PROXY), &h);
+            assert!(got == ip(PROXY) || c.is_trusted(got), "{unit:?}: {got}");
+            let _ = ForwardedElements::new(line.as_bytes()).count();
+        }
+        for unit in [",", " ", "10.0.0.1,", "[", "[::1]:", "x"] {
+            let line = unit.repeat(1_000_000 / unit.len());
+            let got = proxies().resolve(ip(PROXY), &xff(&[&line]));
+            assert!(
+                got == ip(PROXY) || proxies().is_trusted(got),
+                "{unit:?}: {got}"
+            );
+        }
+    }
+
+    #[test]
     fn ipv6_grouping() {
         let c = ClientIp::peer();
         let a = ip("2001:db8:1:2:3:4:5:6");
