@@ -83,10 +83,9 @@ fn bench(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("ours/1M_keys", threads), |b| {
             b.iter_custom(|iters| {
                 run_threads(threads, iters, |t, n| {
-                    let mut i = (t as usize) * (SAMPLE / 2);
-                    for _ in 0..n {
+                    let start = (t as usize) * (SAMPLE / 2);
+                    for i in start..start + n as usize {
                         let k = keys[i % SAMPLE];
-                        i += 1;
                         black_box(ours.check_now(&k.to_le_bytes(), &limit, 1));
                     }
                 })
@@ -95,10 +94,9 @@ fn bench(c: &mut Criterion) {
         g.bench_function(BenchmarkId::new("governor/1M_keys", threads), |b| {
             b.iter_custom(|iters| {
                 run_threads(threads, iters, |t, n| {
-                    let mut i = (t as usize) * (SAMPLE / 2);
-                    for _ in 0..n {
+                    let start = (t as usize) * (SAMPLE / 2);
+                    for i in start..start + n as usize {
                         let k = keys[i % SAMPLE];
-                        i += 1;
                         let _ = black_box(theirs.check_key(&k));
                     }
                 })

@@ -18,48 +18,123 @@ pub enum Outcome {
     Exceeds,
 }
 
+/// What an algorithm decided, in microseconds (internal).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verdict {
+    Allowed,
+    Denied(u64),
+    Exceeds,
+}
+
 /// The result of checking one cost against a [`Limit`](crate::Limit) at one instant.
 ///
 /// When a limit combines several quotas, the decision describes the binding one: the quota that
 /// denied with the longest wait, or, when all allowed, the one with the fewest requests left.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Decision {
-    outcome: Outcome,
+    // Kept in integer microseconds (40 bytes in all): decisions are made on the hot path.
+    retry_after_us: u64,
+    reset_after_us: u64,
     limit: u64,
     remaining: u64,
-    reset_after: Duration,
-    quota_index: usize,
+    quota_index: u32,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Kind {
+    Allowed,
+    Denied,
+    Exceeds,
+}
+
+impl std::fmt::Debug for Decision {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Decision")
+            .field("outcome", &self.outcome())
+            .field("limit", &self.limit)
+            .field("remaining", &self.remaining)
+            .field("reset_after", &self.reset_after())
+            .field("quota_index", &self.quota_index)
+            .finish()
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    crate::time::duration_to_micros(d)
 }
 
 impl Decision {
-    /// Builds a decision. Stores use this to report what they computed.
+    /// Builds a decision. Stores use this to report what they computed. Durations are counted in
+    /// whole microseconds.
     #[must_use]
-    pub const fn new(
+    pub fn new(
         outcome: Outcome,
         limit: u64,
         remaining: u64,
         reset_after: Duration,
         quota_index: usize,
     ) -> Self {
+        let (kind, retry_after_us) = match outcome {
+            Outcome::Allowed => (Kind::Allowed, 0),
+            Outcome::Denied { retry_after } => (Kind::Denied, micros(retry_after)),
+            Outcome::Exceeds => (Kind::Exceeds, 0),
+        };
         Decision {
-            outcome,
+            retry_after_us,
+            reset_after_us: micros(reset_after),
             limit,
             remaining,
-            reset_after,
-            quota_index,
+            quota_index: u32::try_from(quota_index).unwrap_or(u32::MAX),
+            kind,
         }
+    }
+
+    /// The same, in microseconds, for the algorithms.
+    #[inline]
+    pub(crate) const fn from_parts(
+        outcome: Verdict,
+        limit: u64,
+        remaining: u64,
+        reset_after_us: u64,
+    ) -> Self {
+        let (kind, retry_after_us) = match outcome {
+            Verdict::Allowed => (Kind::Allowed, 0),
+            Verdict::Denied(us) => (Kind::Denied, us),
+            Verdict::Exceeds => (Kind::Exceeds, 0),
+        };
+        Decision {
+            retry_after_us,
+            reset_after_us,
+            limit,
+            remaining,
+            quota_index: 0,
+            kind,
+        }
+    }
+
+    #[inline]
+    pub(crate) const fn with_quota_index(mut self, index: usize) -> Self {
+        self.quota_index = index as u32;
+        self
     }
 
     /// Passed or not, and why.
     #[must_use]
     pub const fn outcome(&self) -> Outcome {
-        self.outcome
+        match self.kind {
+            Kind::Allowed => Outcome::Allowed,
+            Kind::Denied => Outcome::Denied {
+                retry_after: Duration::from_micros(self.retry_after_us),
+            },
+            Kind::Exceeds => Outcome::Exceeds,
+        }
     }
 
     /// `true` if the request passed.
     #[must_use]
     pub const fn is_allowed(&self) -> bool {
-        matches!(self.outcome, Outcome::Allowed)
+        matches!(self.kind, Kind::Allowed)
     }
 
     /// `true` if the request was denied (including a cost that can never pass).
@@ -71,8 +146,8 @@ impl Decision {
     /// Time until the same cost would pass, if it was denied and can ever pass.
     #[must_use]
     pub const fn retry_after(&self) -> Option<Duration> {
-        match self.outcome {
-            Outcome::Denied { retry_after } => Some(retry_after),
+        match self.kind {
+            Kind::Denied => Some(Duration::from_micros(self.retry_after_us)),
             _ => None,
         }
     }
@@ -80,7 +155,7 @@ impl Decision {
     /// `false` when the cost is larger than the quota can ever hold.
     #[must_use]
     pub const fn can_ever_pass(&self) -> bool {
-        !matches!(self.outcome, Outcome::Exceeds)
+        !matches!(self.kind, Kind::Exceeds)
     }
 
     /// The most the binding quota admits at once: the burst for the bucket algorithms, the limit
@@ -99,13 +174,13 @@ impl Decision {
     /// Time until the binding quota is back to full (zero if it is full).
     #[must_use]
     pub const fn reset_after(&self) -> Duration {
-        self.reset_after
+        Duration::from_micros(self.reset_after_us)
     }
 
     /// Which quota of the limit this decision describes (its index in [`Limit::quotas`](crate::Limit::quotas)).
     #[must_use]
     pub const fn quota_index(&self) -> usize {
-        self.quota_index
+        self.quota_index as usize
     }
 
     /// Combines per-quota decisions into the decision of the whole limit (all-or-nothing).
@@ -132,14 +207,14 @@ impl Decision {
     }
 
     fn binds_tighter_than(&self, other: &Decision) -> bool {
-        fn rank(o: Outcome) -> (u8, Duration) {
-            match o {
-                Outcome::Allowed => (0, Duration::ZERO),
-                Outcome::Denied { retry_after } => (1, retry_after),
-                Outcome::Exceeds => (2, Duration::ZERO),
+        fn rank(d: &Decision) -> (u8, u64) {
+            match d.kind {
+                Kind::Allowed => (0, 0),
+                Kind::Denied => (1, d.retry_after_us),
+                Kind::Exceeds => (2, 0),
             }
         }
-        let (a, b) = (rank(self.outcome), rank(other.outcome));
+        let (a, b) = (rank(self), rank(other));
         if a != b {
             return a > b;
         }

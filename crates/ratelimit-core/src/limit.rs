@@ -156,7 +156,7 @@ impl Limit {
         let mut next = Vec::with_capacity(self.quotas.len());
         for (i, quota) in self.quotas.iter().enumerate() {
             let (d, s) = self.algorithm.check(quota, states.get(i), now, cost);
-            decisions[i] = Decision::new(d.outcome(), d.limit(), d.remaining(), d.reset_after(), i);
+            decisions[i] = d.with_quota_index(i);
             next.push(s);
         }
         let decision = Decision::combine(&decisions[..self.quotas.len()])

@@ -1,16 +1,17 @@
 //! `MemoryStore`: a concurrent, bounded, in-process store for every algorithm.
 
-use std::collections::HashMap;
+use parking_lot::{Mutex, MutexGuard};
 use std::convert::Infallible;
 use std::future::{Ready, ready};
-use std::hash::{BuildHasherDefault, Hash, Hasher};
+use std::hash::Hasher;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use siphasher::sip128::{Hasher128, SipHasher13};
 
 use crate::algorithm::State;
 use crate::{Clock, ConfigError, Decision, Limit, Store, SystemClock, Timestamp};
+
+mod compact;
 
 /// The default cap on the number of keys held: 1,000,000.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -156,7 +157,9 @@ impl<C> MemoryStoreBuilder<C> {
 impl<C: Clock> MemoryStore<C> {
     /// Checks `cost` for `key` against `limit` now, by this store's clock. See [`Store::check`].
     pub fn check_now(&self, key: &[u8], limit: &Limit, cost: u64) -> Decision {
-        self.check_at(key, limit, cost, self.clock.now())
+        // The clock is read under the shard's lock, after the key's bucket is found: the read
+        // then overlaps the bucket's cache miss, and per key, time never goes backwards.
+        self.check_with(key, limit, cost, || self.clock.now())
     }
 
     /// The clock this store reads.
@@ -167,34 +170,48 @@ impl<C: Clock> MemoryStore<C> {
 
 impl<C> MemoryStore<C> {
     /// Checks `cost` for `key` against `limit` at an explicit time (for simulations; a time
-    /// earlier than the key's last is treated as that last time).
+    /// earlier than the key's last is never better than that last time).
     pub fn check_at(&self, key: &[u8], limit: &Limit, cost: u64, now: Timestamp) -> Decision {
+        self.check_with(key, limit, cost, || now)
+    }
+
+    #[inline]
+    fn check_with(
+        &self,
+        key: &[u8],
+        limit: &Limit,
+        cost: u64,
+        now: impl FnOnce() -> Timestamp,
+    ) -> Decision {
         let id = self.key_id(key, limit.fingerprint());
         let mut table = self.shards[(id.1 & self.mask) as usize].lock();
-        if let Some(entry) = table.map.get_mut(&id) {
-            if entry.slot.len() != limit.quotas().len() {
-                entry.slot = Slot::fresh(limit, now);
+        let table = &mut *table;
+        let found = table.find(id);
+        let now = now();
+        if let Some(i) = found {
+            let bucket = table.buckets[i];
+            if bucket.a & BIG != 0 {
+                let states = &mut table.big[bucket.b as usize];
+                if states.len() != limit.quotas().len() {
+                    *states = limit.fresh_states(now);
+                }
+                let decision = limit.check(states, now, cost);
+                if decision.is_allowed() && cost > 0 {
+                    table.buckets[i].a = limit.fresh_at(states).as_micros() | BIG;
+                }
+                return decision;
             }
-            let decision = limit.check(entry.slot.as_mut_slice(), now, cost);
+            let (decision, next) = compact::check(limit, Some((bucket.a, bucket.b)), now, cost);
             if decision.is_allowed() && cost > 0 {
-                entry.fresh_at = limit.fresh_at(entry.slot.as_slice()).as_micros();
+                table.store(i, next);
             }
             return decision;
         }
-        let mut slot = Slot::fresh(limit, now);
-        let decision = limit.check(slot.as_mut_slice(), now, cost);
+        let (decision, next) = compact::check(limit, None, now, cost);
         if decision.is_allowed() && cost > 0 {
-            let fresh_at = limit.fresh_at(slot.as_slice()).as_micros();
-            if fresh_at > now.as_micros() {
-                let evicted = table.insert(
-                    id,
-                    Entry { fresh_at, slot },
-                    now.as_micros(),
-                    self.per_shard_cap,
-                );
-                if evicted > 0 {
-                    self.evictions.fetch_add(evicted, Ordering::Relaxed);
-                }
+            let evicted = table.insert(id, next, now.as_micros(), self.per_shard_cap);
+            if evicted > 0 {
+                self.evictions.fetch_add(evicted, Ordering::Relaxed);
             }
         }
         decision
@@ -202,7 +219,7 @@ impl<C> MemoryStore<C> {
 
     /// How many keys are held now (locks each shard in turn).
     pub fn len(&self) -> usize {
-        self.shards.iter().map(|s| s.lock().map.len()).sum()
+        self.shards.iter().map(|s| s.lock().len).sum()
     }
 
     /// `true` if no key is held.
@@ -221,22 +238,33 @@ impl<C> MemoryStore<C> {
         self.evictions.load(Ordering::Relaxed)
     }
 
+    /// Bytes held by the tables (buckets and the states too large for a bucket), excluding the
+    /// store's fixed size.
+    pub fn memory_bytes(&self) -> usize {
+        self.shards.iter().map(|s| s.lock().memory_bytes()).sum()
+    }
+
     /// Drops every state that is fresh at `now`. Never needed for correctness or for the bound;
     /// useful to return memory after a burst of keys.
     pub fn sweep(&self, now: Timestamp) {
         for shard in self.shards.iter() {
             let mut t = shard.lock();
-            t.map.retain(|_, e| e.fresh_at > now.as_micros());
-            t.sweep_at = (t.map.len() * 2).clamp(MIN_SWEEP, self.per_shard_cap.max(1));
+            t.retain(|b| !b.is_fresh(now.as_micros()), 0);
+            t.sweep_at = (t.len * 2).clamp(MIN_SWEEP, self.per_shard_cap.max(1));
         }
     }
 
     fn key_id(&self, key: &[u8], fingerprint: u64) -> KeyId {
-        let mut h = SipHasher13::new_with_keys(self.seed.0, self.seed.1);
-        h.write_u64(fingerprint);
+        // The limit's fingerprint is folded into the secret key: one pass over the key bytes.
+        let mut h = SipHasher13::new_with_keys(self.seed.0 ^ fingerprint, self.seed.1);
         h.write(key);
         let d = h.finish128();
-        KeyId(d.h1, d.h2)
+        // (0, 0) marks an empty bucket.
+        if d.h1 == 0 && d.h2 == 0 {
+            KeyId(0, 1)
+        } else {
+            KeyId(d.h1, d.h2)
+        }
     }
 }
 
@@ -256,140 +284,218 @@ struct Shard(Mutex<Table>);
 
 impl Shard {
     fn lock(&self) -> MutexGuard<'_, Table> {
-        // Nothing panics while a table is locked; if something ever did, the table is still a
-        // valid map of valid states.
-        self.0.lock().unwrap_or_else(PoisonError::into_inner)
+        // parking_lot's mutex: no poisoning to check, and a short spin before parking, which
+        // suits a critical section of a few dozen nanoseconds.
+        self.0.lock()
     }
 }
 
+/// Set in a bucket's `a` when its states live in the shard's side storage.
+const BIG: u64 = 1 << 63;
+
+/// One key: its digest and its state in two words (see [`compact`]), 32 bytes in all, so that a
+/// lookup in a large table touches one cache line.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[repr(align(32))]
+struct Bucket {
+    id: KeyId,
+    /// The time (µs) from which the state is fresh (see [`compact`]), with `BIG` set if the
+    /// states are in the side storage.
+    a: u64,
+    b: u64,
+}
+
+impl Bucket {
+    fn is_empty(&self) -> bool {
+        self.id == KeyId(0, 0)
+    }
+
+    /// Fresh at `now`: `a` is the first microsecond at which the state is fresh.
+    fn is_fresh(&self, now: u64) -> bool {
+        (self.a & !BIG) <= now
+    }
+}
+
+/// An open-addressing table with linear probing. Keys are only ever removed in bulk (a sweep),
+/// by rebuilding, so no tombstones are needed.
 #[derive(Debug)]
 struct Table {
-    map: HashMap<KeyId, Entry, BuildHasherDefault<IdHasher>>,
+    buckets: Vec<Bucket>,
+    len: usize,
+    /// States too large for a bucket (multi-quota limits, sliding logs, huge counters).
+    big: Vec<Vec<State>>,
+    free_big: Vec<u64>,
     sweep_at: usize,
 }
 
 impl Default for Table {
     fn default() -> Self {
         Table {
-            map: HashMap::default(),
+            buckets: Vec::new(),
+            len: 0,
+            big: Vec::new(),
+            free_big: Vec::new(),
             sweep_at: MIN_SWEEP,
         }
     }
 }
 
 impl Table {
+    #[inline]
+    fn home(id: KeyId, n: usize) -> usize {
+        // Lemire's multiply-shift: any table size, no modulo.
+        ((u128::from(id.0) * n as u128) >> 64) as usize
+    }
+
+    #[inline]
+    fn find(&self, id: KeyId) -> Option<usize> {
+        let n = self.buckets.len();
+        if n == 0 {
+            return None;
+        }
+        let mut i = Self::home(id, n);
+        loop {
+            let b = &self.buckets[i];
+            if b.id == id {
+                return Some(i);
+            }
+            if b.is_empty() {
+                return None;
+            }
+            i += 1;
+            if i == n {
+                i = 0;
+            }
+        }
+    }
+
+    fn place(buckets: &mut [Bucket], bucket: Bucket) {
+        let n = buckets.len();
+        let mut i = Self::home(bucket.id, n);
+        while !buckets[i].is_empty() {
+            i += 1;
+            if i == n {
+                i = 0;
+            }
+        }
+        buckets[i] = bucket;
+    }
+
+    /// Writes a new compact state into bucket `i`, moving it to or from the side storage.
+    fn store(&mut self, i: usize, next: compact::Next) {
+        match next {
+            compact::Next::Inline(a, b) => {
+                self.buckets[i].a = a;
+                self.buckets[i].b = b;
+            }
+            compact::Next::Big(states, fresh_at) => {
+                let slot = self.alloc_big(states);
+                self.buckets[i].a = fresh_at | BIG;
+                self.buckets[i].b = slot;
+            }
+        }
+    }
+
+    fn alloc_big(&mut self, states: Vec<State>) -> u64 {
+        match self.free_big.pop() {
+            Some(slot) => {
+                self.big[slot as usize] = states;
+                slot
+            }
+            None => {
+                self.big.push(states);
+                (self.big.len() - 1) as u64
+            }
+        }
+    }
+
     /// Inserts a new key, first making room if the table reached its sweep point. Returns how many
     /// live states were evicted.
-    fn insert(&mut self, id: KeyId, entry: Entry, now: u64, cap: usize) -> u64 {
+    fn insert(&mut self, id: KeyId, next: compact::Next, now: u64, cap: usize) -> u64 {
         let cap = cap.max(1);
         let mut evicted = 0;
-        if self.map.len() >= self.sweep_at.min(cap) {
-            self.map.retain(|_, e| e.fresh_at > now);
-            if self.map.len() >= cap {
+        if self.len >= self.sweep_at.min(cap) {
+            self.retain(|b| !b.is_fresh(now), 0);
+            if self.len >= cap {
                 let keep = cap - (cap / 8).max(1);
-                evicted = self.evict_nearest_fresh(self.map.len() - keep);
+                evicted = self.evict_nearest_fresh(self.len - keep);
             }
-            self.sweep_at = (self.map.len() * 2).clamp(MIN_SWEEP, cap);
+            self.sweep_at = (self.len * 2).clamp(MIN_SWEEP, cap);
         }
-        self.map.insert(id, entry);
+        // Keep the load at or under 3/4; grow by half (never past what `cap` keys need).
+        if (self.len + 1) * 4 > self.buckets.len() * 3 {
+            let want = (self.buckets.len() * 3 / 2).max(16);
+            let most = cap * 4 / 3 + 2;
+            self.retain(|_| true, want.min(most).max((self.len + 1) * 4 / 3 + 1));
+        }
+        let (a, b) = match next {
+            compact::Next::Inline(a, b) => (a, b),
+            compact::Next::Big(states, fresh_at) => (fresh_at | BIG, self.alloc_big(states)),
+        };
+        Self::place(&mut self.buckets, Bucket { id, a, b });
+        self.len += 1;
         evicted as u64
     }
 
-    /// Drops the `n` states that would be fresh soonest.
+    /// Rebuilds the table with the buckets that `keep` accepts, into `size` buckets (0: a size
+    /// fitting the survivors). Side storage of dropped buckets is freed.
+    fn retain(&mut self, mut keep: impl FnMut(&Bucket) -> bool, size: usize) {
+        let old = std::mem::take(&mut self.buckets);
+        let mut kept = Vec::with_capacity(self.len);
+        for b in old.into_iter().filter(|b| !b.is_empty()) {
+            if keep(&b) {
+                kept.push(b);
+            } else if b.a & BIG != 0 {
+                self.big[b.b as usize] = Vec::new();
+                self.free_big.push(b.b);
+            }
+        }
+        let size = if size == 0 {
+            (kept.len() * 3 / 2).max(16)
+        } else {
+            size
+        };
+        let mut buckets = vec![Bucket::default(); size.max(kept.len() * 4 / 3 + 1)];
+        for b in &kept {
+            Self::place(&mut buckets, *b);
+        }
+        self.len = kept.len();
+        self.buckets = buckets;
+    }
+
+    /// Drops the `n` states that would be fresh soonest. Ties are broken by the digest's second
+    /// half, which is independent of a key's position in the table, so evictions do not leave the
+    /// survivors clustered (that would lengthen probe sequences).
     fn evict_nearest_fresh(&mut self, n: usize) -> usize {
         if n == 0 {
             return 0;
         }
-        let mut times: Vec<u64> = self.map.values().map(|e| e.fresh_at).collect();
-        let (below, &mut threshold, _) = times.select_nth_unstable(n - 1);
-        let mut ties = n - below.iter().filter(|&&t| t < threshold).count();
-        self.map.retain(|_, e| {
-            if e.fresh_at < threshold {
-                false
-            } else if e.fresh_at == threshold && ties > 0 {
-                ties -= 1;
-                false
-            } else {
-                true
-            }
-        });
+        let rank = |b: &Bucket| (b.a & !BIG, b.id.1, b.id.0);
+        let mut ranks: Vec<(u64, u64, u64)> = self
+            .buckets
+            .iter()
+            .filter(|b| !b.is_empty())
+            .map(rank)
+            .collect();
+        let (_, &mut threshold, _) = ranks.select_nth_unstable(n - 1);
+        self.retain(|b| rank(b) > threshold, 0);
         n
     }
-}
 
-#[derive(Debug)]
-struct Entry {
-    /// When every state of this key is fresh again (microseconds).
-    fresh_at: u64,
-    slot: Slot,
-}
-
-#[derive(Debug)]
-enum Slot {
-    One(State),
-    Many(Box<[State]>),
-}
-
-impl Slot {
-    fn fresh(limit: &Limit, now: Timestamp) -> Slot {
-        if limit.quotas().len() == 1 {
-            Slot::One(limit.fresh_state(0, now))
-        } else {
-            Slot::Many(limit.fresh_states(now).into_boxed_slice())
-        }
-    }
-
-    fn len(&self) -> usize {
-        match self {
-            Slot::One(_) => 1,
-            Slot::Many(s) => s.len(),
-        }
-    }
-
-    fn as_slice(&self) -> &[State] {
-        match self {
-            Slot::One(s) => std::slice::from_ref(s),
-            Slot::Many(s) => s,
-        }
-    }
-
-    fn as_mut_slice(&mut self) -> &mut [State] {
-        match self {
-            Slot::One(s) => std::slice::from_mut(s),
-            Slot::Many(s) => s,
-        }
+    fn memory_bytes(&self) -> usize {
+        self.buckets.capacity() * std::mem::size_of::<Bucket>()
+            + self.big.capacity() * std::mem::size_of::<Vec<State>>()
+            + self
+                .big
+                .iter()
+                .map(|v| v.capacity() * std::mem::size_of::<State>())
+                .sum::<usize>()
     }
 }
 
-/// A key's 128-bit digest. Its first half is already uniformly random, so the table hashes it as is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A key's 128-bit digest. Its first half is already uniformly random, so the table uses it as is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 struct KeyId(u64, u64);
-
-impl Hash for KeyId {
-    fn hash<H: Hasher>(&self, state: &mut H) {
-        state.write_u64(self.0);
-    }
-}
-
-#[derive(Debug, Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u64` is used by `KeyId`; fold anything else in, to stay a valid hasher.
-        for &b in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(b);
-        }
-    }
-
-    fn write_u64(&mut self, n: u64) {
-        self.0 = n;
-    }
-}
 
 fn prev_power_of_two(n: usize) -> usize {
     if n.is_power_of_two() {
@@ -406,4 +512,3 @@ fn random_seed() -> (u64, u64) {
     let b = std::collections::hash_map::RandomState::new().hash_one(0xfeed_u64);
     (a, b)
 }
-

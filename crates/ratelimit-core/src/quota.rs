@@ -37,11 +37,13 @@ pub const MAX_EXACT: u64 = 1 << 52;
 /// - fixed window, sliding window and sliding log: at most `limit` per `period`; `burst` is not
 ///   used.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 pub struct Quota {
     limit: u64,
     period_micros: u64,
     burst: u64,
+    // Derived once, at validation (they cost a gcd).
+    scale: u64,
+    refill_per_micro: u64,
 }
 
 impl Quota {
@@ -86,6 +88,8 @@ impl Quota {
             limit,
             period_micros,
             burst: limit,
+            scale: 0,
+            refill_per_micro: 0,
         }
         .validated()
     }
@@ -99,9 +103,12 @@ impl Quota {
         Quota { burst, ..self }.validated()
     }
 
-    fn validated(self) -> Result<Quota, ConfigError> {
+    fn validated(mut self) -> Result<Quota, ConfigError> {
+        let g = gcd(self.limit, self.period_micros);
+        self.scale = self.period_micros / g;
+        self.refill_per_micro = self.limit / g;
         // The bucket algorithms keep `burst * scale` in one integer.
-        let fits = u128::from(self.burst) * u128::from(self.scale()) <= u128::from(MAX_EXACT);
+        let fits = u128::from(self.burst) * u128::from(self.scale) <= u128::from(MAX_EXACT);
         if fits {
             Ok(self)
         } else {
@@ -149,19 +156,19 @@ impl Quota {
     /// exactly, for every quota.
     #[must_use]
     pub const fn scale(&self) -> u64 {
-        self.period_micros / gcd(self.limit, self.period_micros)
+        self.scale
     }
 
     /// Units of bucket level refilled per microsecond: `limit / gcd(limit, period)`.
     #[must_use]
     pub const fn refill_per_micro(&self) -> u64 {
-        self.limit / gcd(self.limit, self.period_micros)
+        self.refill_per_micro
     }
 
     /// The bucket capacity in level units: `burst × scale` (at most 2^52).
     #[must_use]
     pub const fn capacity_units(&self) -> u64 {
-        self.burst * self.scale()
+        self.burst * self.scale
     }
 }
 

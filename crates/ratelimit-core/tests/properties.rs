@@ -187,3 +187,37 @@ fn sliding_log_memory_is_bounded_by_the_limit() {
         assert!(state.as_ref().map_or(0, |s| s.entries.len()) <= 50);
     }
 }
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// The memory store (which keeps states in compact two-word forms) makes exactly the decisions
+    /// of the pure algorithms, for every algorithm, single and multi-quota, over several keys.
+    #[test]
+    fn memory_store_matches_the_pure_algorithms(
+        q1 in quota(),
+        q2 in quota(),
+        s in steps(70),
+        alg in 0usize..5,
+        multi in any::<bool>(),
+        keys in prop::collection::vec(0u8..3, 1..120),
+    ) {
+        let algorithm = Algorithm::ALL[alg];
+        let limit = if multi {
+            Limit::new(algorithm, [q1, q2]).unwrap()
+        } else {
+            Limit::single(algorithm, q1).unwrap()
+        };
+        let store = ratelimit_core::MemoryStore::builder().max_keys(1_000).build().unwrap();
+        let mut states: Vec<Vec<State>> = (0..3).map(|_| limit.fresh_states(Timestamp::ZERO)).collect();
+        let mut now = 0u64;
+        for (i, (gap, cost)) in s.into_iter().enumerate() {
+            now += gap;
+            let k = keys[i % keys.len()] as usize;
+            let t = Timestamp::from_micros(now);
+            let expected = limit.check(&mut states[k], t, cost);
+            let got = store.check_at(&[k as u8], &limit, cost, t);
+            prop_assert_eq!(got, expected, "step {} key {}", i, k);
+        }
+    }
+}

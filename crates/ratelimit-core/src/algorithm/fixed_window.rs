@@ -3,8 +3,8 @@
 //! Kept to show its boundary problem: a client can pass `2 × limit` in a short time across a
 //! window boundary.
 
-use super::micros;
-use crate::{Decision, Outcome, Quota, Timestamp};
+use crate::decision::Verdict;
+use crate::{Decision, Quota, Timestamp};
 
 /// A fixed window's stored state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -51,26 +51,24 @@ pub fn check(
     let mut now = now.as_micros();
     let mut start = now - now % period;
     let mut count = 0;
-    if let Some(s) = state {
-        if s.start >= start {
-            // Same window, or the clock went back: keep counting in the stored window.
-            start = s.start;
-            now = now.max(start);
-            count = s.count.min(limit);
-        }
+    if let Some(s) = state
+        && s.start >= start
+    {
+        // Same window, or the clock went back: keep counting in the stored window.
+        start = s.start;
+        now = now.max(start);
+        count = s.count.min(limit);
     }
     let end = start.saturating_add(period);
     let outcome = if cost > limit {
-        Outcome::Exceeds
+        Verdict::Exceeds
     } else if count + cost <= limit {
         count += cost;
-        Outcome::Allowed
+        Verdict::Allowed
     } else {
-        Outcome::Denied {
-            retry_after: micros(end - now),
-        }
+        Verdict::Denied(end - now)
     };
     let reset = if count == 0 { 0 } else { end - now };
-    let decision = Decision::new(outcome, limit, limit - count, micros(reset), 0);
+    let decision = Decision::from_parts(outcome, limit, limit - count, reset);
     (decision, FixedWindowState { start, count })
 }

@@ -1,7 +1,8 @@
 //! GCRA, the generic cell rate algorithm: one "theoretical arrival time" per key.
 
-use super::{ceil_div, micros};
-use crate::{Decision, Outcome, Quota, Timestamp};
+use super::ceil_div;
+use crate::decision::Verdict;
+use crate::{Decision, Quota, Timestamp};
 
 /// GCRA's stored state: the theoretical arrival time (TAT).
 ///
@@ -61,27 +62,23 @@ pub fn check(
     let mut d = state.map_or(0, |s| debt(quota, s, now));
 
     let outcome = if cost > quota.burst() {
-        Outcome::Exceeds
+        Verdict::Exceeds
     } else {
         let new_d = d + cost * scale;
         if new_d <= cap {
             d = new_d;
-            Outcome::Allowed
+            Verdict::Allowed
         } else {
-            Outcome::Denied {
-                retry_after: micros(ceil_div(new_d - cap, rate)),
-            }
+            Verdict::Denied(ceil_div(new_d - cap, rate))
         }
     };
-    let decision = Decision::new(
-        outcome,
-        quota.burst(),
-        (cap - d) / scale,
-        micros(ceil_div(d, rate)),
-        0,
-    );
+    let decision =
+        Decision::from_parts(outcome, quota.burst(), (cap - d) / scale, ceil_div(d, rate));
     let next = if rate == 1 {
-        GcraState { tat: now + d, frac: 0 }
+        GcraState {
+            tat: now + d,
+            frac: 0,
+        }
     } else {
         GcraState {
             tat: now + d / rate,

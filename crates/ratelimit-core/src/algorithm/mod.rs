@@ -5,8 +5,6 @@
 //! if the decision is committed. All arithmetic is in integers; see `docs/algorithms.md` for each
 //! algorithm's exact admission bound.
 
-use std::time::Duration;
-
 use crate::{Decision, Quota, Timestamp};
 
 pub mod fixed_window;
@@ -174,7 +172,7 @@ pub(crate) const fn ceil_div(a: u64, b: u64) -> u64 {
     if b == 1 {
         a
     } else {
-        a / b + (a % b != 0) as u64
+        a / b + !a.is_multiple_of(b) as u64
     }
 }
 
@@ -185,8 +183,4 @@ pub(crate) const fn mul_at_least(a: u64, b: u64, c: u64) -> bool {
         Some(p) => p >= c,
         None => true,
     }
-}
-
-pub(crate) const fn micros(us: u64) -> Duration {
-    Duration::from_micros(us)
 }

@@ -5,8 +5,8 @@
 
 use std::collections::VecDeque;
 
-use super::micros;
-use crate::{Decision, Outcome, Quota, Timestamp};
+use crate::decision::Verdict;
+use crate::{Decision, Quota, Timestamp};
 
 /// A sliding log's stored state: admissions still inside the window, oldest first.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, Default)]
@@ -56,7 +56,7 @@ pub fn check(
     log.prune(now, p);
 
     let outcome = if cost > limit {
-        Outcome::Exceeds
+        Verdict::Exceeds
     } else if log.total + cost <= limit {
         if cost > 0 {
             match log.entries.back_mut() {
@@ -65,7 +65,7 @@ pub fn check(
             }
             log.total += cost;
         }
-        Outcome::Allowed
+        Verdict::Allowed
     } else {
         // Wait until enough of the oldest entries have slid out.
         let need = log.total + cost - limit;
@@ -78,11 +78,9 @@ pub fn check(
                 break;
             }
         }
-        Outcome::Denied {
-            retry_after: micros(at - now),
-        }
+        Verdict::Denied(at - now)
     };
     let reset = log.entries.back().map_or(0, |&(t, _)| t + p - now);
-    let decision = Decision::new(outcome, limit, limit - log.total, micros(reset), 0);
+    let decision = Decision::from_parts(outcome, limit, limit - log.total, reset);
     (decision, log)
 }

@@ -4,8 +4,8 @@
 //! since the current window began. A request passes if the estimate, with its cost added, is at
 //! most the limit. Comparisons are done multiplied out by `period`, in integers.
 
-use super::micros;
-use crate::{Decision, Outcome, Quota, Timestamp};
+use crate::decision::Verdict;
+use crate::{Decision, Quota, Timestamp};
 
 /// A sliding-window counter's stored state.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -76,10 +76,10 @@ pub fn check(
     let weighted_prev = u128::from(previous) * u128::from(p - e);
 
     let outcome = if cost > limit {
-        Outcome::Exceeds
+        Verdict::Exceeds
     } else if weighted_prev + u128::from(current + cost) * p128 <= l128 * p128 {
         current += cost;
-        Outcome::Allowed
+        Verdict::Allowed
     } else {
         let wait = if current + cost <= limit {
             // Passes later in this window, once enough of `previous` has slid out:
@@ -97,9 +97,7 @@ pub fn check(
             };
             start + p + e_next - now
         };
-        Outcome::Denied {
-            retry_after: micros(wait),
-        }
+        Verdict::Denied(wait)
     };
     let used = u128::from(previous) * u128::from(p - e) + u128::from(current) * p128;
     let remaining = (l128 * p128).saturating_sub(used) / p128;
@@ -110,7 +108,7 @@ pub fn check(
     } else {
         0
     };
-    let decision = Decision::new(outcome, limit, remaining as u64, micros(reset), 0);
+    let decision = Decision::from_parts(outcome, limit, remaining as u64, reset);
     (
         decision,
         SlidingWindowState {

@@ -1,7 +1,8 @@
 //! Token bucket with lazy refill: `tokens = min(capacity, tokens + elapsed × rate)`, no timers.
 
-use super::{ceil_div, micros, mul_at_least};
-use crate::{Decision, Outcome, Quota, Timestamp};
+use super::{ceil_div, mul_at_least};
+use crate::decision::Verdict;
+use crate::{Decision, Quota, Timestamp};
 
 /// A token bucket's stored state.
 ///
@@ -65,24 +66,21 @@ pub fn check(
     }
 
     let outcome = if cost > quota.burst() {
-        Outcome::Exceeds
+        Verdict::Exceeds
     } else {
         let need = cost * scale;
         if level >= need {
             level -= need;
-            Outcome::Allowed
+            Verdict::Allowed
         } else {
-            Outcome::Denied {
-                retry_after: micros(ceil_div(need - level, rate)),
-            }
+            Verdict::Denied(ceil_div(need - level, rate))
         }
     };
-    let decision = Decision::new(
+    let decision = Decision::from_parts(
         outcome,
         quota.burst(),
-        level / scale,
-        micros(ceil_div(cap - level, rate)),
-        0,
+        if level < scale { 0 } else { level / scale },
+        ceil_div(cap - level, rate),
     );
     (decision, TokenBucketState { level, last: now })
 }
