@@ -1,15 +1,11 @@
 -- GCRA, as ratelimit_core::algorithm::gcra.
--- KEYS[1]: a hash with, per quota i, fields a<i> (TAT, whole microseconds) and f<i> (the rest of
--- the TAT, in units of 1/refill_per_micro microsecond).
+-- KEYS[1]: a string "<tat 1>:<frac 1>:<tat 2>:<frac 2>..." per quota: the TAT in whole
+-- microseconds and its rest in units of 1/refill_per_micro microsecond.
 -- Per-quota ARGV: burst, scale, refill_per_micro, capacity_units.
 
 local key = KEYS[1]
-local FIELDS = { 'a1', 'f1', 'a2', 'f2', 'a3', 'f3', 'a4', 'f4',
-                 'a5', 'f5', 'a6', 'f6', 'a7', 'f7', 'a8', 'f8' }
-local stored = redis.call('HMGET', key, unpack(FIELDS, 1, 2 * N))
-local exists = stored[1] ~= false
-
-local new_tat, new_frac = {}, {}
+local st, exists = load_numbers(key, 2 * N)
+local new = {}
 local fresh_before, fresh_after = 0, 0
 for i = 1, N do
   local a = 4 + (i - 1) * 4
@@ -17,15 +13,14 @@ for i = 1, N do
   local rate, cap = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
   -- Debt TAT - now in level units, at most the capacity; computed without forming tat * rate.
   local d = 0
-  local sv = stored[2 * i - 1]
-  if sv then
-    local tat, frac = tonumber(sv), tonumber(stored[2 * i])
+  if exists then
+    local tat, frac = st[2 * i - 1], st[2 * i]
     local f = tat
     if frac > 0 then f = tat + 1 end
     if f > fresh_before then fresh_before = f end
     if tat >= NOW then
       local ahead = tat - NOW
-      if ahead > idiv(cap, rate) + 1 then
+      if ahead > floor(cap / rate) + 1 then
         d = cap
       else
         d = math.min(ahead * rate + frac, cap)
@@ -42,27 +37,19 @@ for i = 1, N do
       d = new_d
     else
       code = 1
-      retry = ceil_div(new_d - cap, rate)
+      retry = ceil((new_d - cap) / rate)
     end
   end
-  consider(i, code, retry, burst, idiv(cap - d, scale), ceil_div(d, rate))
-  local whole = idiv(d, rate)
+  consider(i, code, retry, burst, floor((cap - d) / scale), ceil(d / rate))
+  local whole = floor(d / rate)
   local tat, frac = NOW + whole, d - whole * rate
-  new_tat[i], new_frac[i] = tat, frac
+  new[2 * i - 1], new[2 * i] = tat, frac
   if frac > 0 then tat = tat + 1 end
   if tat > fresh_after then fresh_after = tat end
 end
 
 if B_CODE == 0 then
-  if exists or COST > 0 then
-    local args = {}
-    for i = 1, N do
-      args[4 * i - 3], args[4 * i - 2] = FIELDS[2 * i - 1], new_tat[i]
-      args[4 * i - 1], args[4 * i] = FIELDS[2 * i], new_frac[i]
-    end
-    redis.call('HSET', key, unpack(args))
-    redis.call('PEXPIRE', key, ttl_ms(fresh_after))
-  end
+  if exists or COST > 0 then store_numbers(key, new, fresh_after) end
 elseif exists then
   redis.call('PEXPIRE', key, ttl_ms(fresh_before))
 end

@@ -1,8 +1,10 @@
 -- ratelimit-redis: shared prelude, prepended to each algorithm's script.
 --
--- Numbers are doubles, exact for integers up to 2^53. Every value below stays within 2^53
--- (ratelimit-core's Quota and Limit validation bounds them by 2^52), and every division is of
--- non-negative integers, so math.floor gives the exact integer quotient.
+-- Numbers are doubles, exact for integers up to 2^53. ratelimit-core's Quota and Limit
+-- validation bounds every value the algorithms form by 2^52, and the client clock is refused past
+-- 2^52 us. For integers 0 <= a, b <= 2^52, math.floor(a / b) and math.ceil(a / b) are the exact
+-- integer quotients: a non-integer a/b lies at least 1/b from the nearest integers, more than
+-- half an ulp since (a + b) < 2^53, so the rounded division never crosses an integer.
 --
 -- ARGV[1]  's' to read the time from this server (TIME), or the client's time in microseconds
 -- ARGV[2]  cost (clamped by the client to at most 2^52 + 1)
@@ -13,8 +15,8 @@
 -- Reply: { outcome (0 allowed, 1 denied, 2 exceeds), retry_after_us, limit, remaining,
 --          reset_after_us, quota_index (0-based) } for the binding quota.
 --
--- Atomicity: every read and every decision happens before the first write, and writes happen only
--- when every quota allows, so an error can never leave some quotas consumed and others not.
+-- Atomicity: every read and every decision happens before the first write, and state is written
+-- only when every quota allows, so an error can never leave some quotas consumed and others not.
 
 local NOW
 if ARGV[1] == 's' then
@@ -26,30 +28,14 @@ end
 local COST = tonumber(ARGV[2])
 local N = tonumber(ARGV[3])
 local SLACK_MS = tonumber(ARGV[4])
-
-local floor = math.floor
-
--- floor(a / b) for integers a >= 0, b > 0.
-local function idiv(a, b)
-  local q = floor(a / b)
-  if q * b > a then q = q - 1 end
-  return q
-end
-
--- ceil(a / b) for integers a >= 0, b > 0.
-local function ceil_div(a, b)
-  local q = idiv(a, b)
-  if q * b < a then q = q + 1 end
-  return q
-end
+local floor, ceil = math.floor, math.ceil
 
 -- Milliseconds until fresh_at (microseconds), rounded up, at least 1, plus the configured slack.
 local function ttl_ms(fresh_at)
-  local ms = 1
   if fresh_at > NOW then
-    ms = ceil_div(fresh_at - NOW, 1000)
+    return ceil((fresh_at - NOW) / 1000) + SLACK_MS
   end
-  return ms + SLACK_MS
+  return 1 + SLACK_MS
 end
 
 -- The binding quota, exactly as ratelimit-core's Decision::combine: outcome code first
@@ -70,6 +56,37 @@ local function consider(i, code, retry, limit, rem, reset)
   if tighter then
     B_CODE, B_RETRY, B_LIMIT, B_REM, B_RESET, B_INDEX = code, retry, limit, rem, reset, i - 1
   end
+end
+
+-- The state of the hash-free algorithms: one string key holding every quota's numbers, joined
+-- by ':'. Returns the numbers (an empty table if the key does not exist) and whether it exists.
+local function load_numbers(key, count)
+  local raw = redis.call('GET', key)
+  local v = {}
+  if not raw then return v, false end
+  local pos = 1
+  for j = 1, count do
+    local sep = string.find(raw, ':', pos, true)
+    if sep then
+      v[j] = tonumber(string.sub(raw, pos, sep - 1))
+      pos = sep + 1
+    else
+      v[j] = tonumber(string.sub(raw, pos))
+      break
+    end
+  end
+  return v, true
+end
+
+-- Writes the numbers back with their expiry, in one command.
+local function store_numbers(key, v, fresh_at)
+  local s
+  if #v == 2 then
+    s = string.format('%d:%d', v[1], v[2])
+  else
+    s = string.format(string.rep('%d:', #v - 1) .. '%d', unpack(v))
+  end
+  redis.call('SET', key, s, 'PX', ttl_ms(fresh_at))
 end
 
 local function reply()

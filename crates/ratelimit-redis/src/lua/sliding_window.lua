@@ -1,33 +1,23 @@
 -- Sliding-window counter, as ratelimit_core::algorithm::sliding_window.
--- KEYS[1]: a hash with, per quota i, fields s<i> (current window start), c<i> (current count) and
--- p<i> (previous window's count).
+-- KEYS[1]: a string "<start>:<current>:<previous>" per quota, joined by ':': the current
+-- window's start in microseconds, the cost admitted in it and in the window before.
 -- Per-quota ARGV: limit, period_us (limit * period_us <= 2^52, checked by ratelimit-core).
 
 local key = KEYS[1]
-local FIELDS = { 's1', 'c1', 'p1', 's2', 'c2', 'p2', 's3', 'c3', 'p3', 's4', 'c4', 'p4',
-                 's5', 'c5', 'p5', 's6', 'c6', 'p6', 's7', 'c7', 'p7', 's8', 'c8', 'p8' }
-local stored = redis.call('HMGET', key, unpack(FIELDS, 1, 3 * N))
-local exists = stored[1] ~= false
-
-local new_start, new_cur, new_prev = {}, {}, {}
+local st, exists = load_numbers(key, 3 * N)
+local new = {}
 local fresh_before, fresh_after = 0, 0
-
-local function fresh_at(start, cur, prev, p)
-  if cur > 0 then return start + 2 * p end
-  if prev > 0 then return start + p end
-  return start
-end
 
 for i = 1, N do
   local a = 4 + (i - 1) * 2
   local limit, p = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local now = NOW
-  local start = idiv(now, p) * p
+  local start = floor(now / p) * p
   local cur, prev = 0, 0
-  local sv = stored[3 * i - 2]
-  if sv then
-    local s_start, s_cur, s_prev = tonumber(sv), tonumber(stored[3 * i - 1]), tonumber(stored[3 * i])
-    local f = fresh_at(s_start, s_cur, s_prev, p)
+  if exists then
+    local s_start, s_cur, s_prev = st[3 * i - 2], st[3 * i - 1], st[3 * i]
+    local f = s_start
+    if s_cur > 0 then f = s_start + 2 * p elseif s_prev > 0 then f = s_start + p end
     if f > fresh_before then fresh_before = f end
     if s_start >= start then
       start = s_start
@@ -49,43 +39,33 @@ for i = 1, N do
     code = 1
     if cur + COST <= limit then
       -- Passes later in this window, once enough of prev has slid out.
-      local room = idiv((limit - cur - COST) * p, prev)
+      local room = floor((limit - cur - COST) * p / prev)
       retry = (p - room) - e
     else
       -- Passes in the next window, where cur becomes the previous count.
       local e_next = 0
       if cur > 0 then
-        e_next = p - math.min(idiv((limit - COST) * p, cur), p)
+        e_next = p - math.min(floor((limit - COST) * p / cur), p)
       end
       retry = (p - e) + e_next
     end
   end
   local used = prev * (p - e) + cur * p
   local rem = 0
-  if limit * p > used then rem = idiv(limit * p - used, p) end
-  local reset = 0
+  if limit * p > used then rem = floor((limit * p - used) / p) end
+  local reset, f = 0, start
   if cur > 0 then
-    reset = 2 * p - e
+    reset, f = 2 * p - e, start + 2 * p
   elseif prev > 0 then
-    reset = p - e
+    reset, f = p - e, start + p
   end
   consider(i, code, retry, limit, rem, reset)
-  new_start[i], new_cur[i], new_prev[i] = start, cur, prev
-  local f = fresh_at(start, cur, prev, p)
+  new[3 * i - 2], new[3 * i - 1], new[3 * i] = start, cur, prev
   if f > fresh_after then fresh_after = f end
 end
 
 if B_CODE == 0 then
-  if exists or COST > 0 then
-    local args = {}
-    for i = 1, N do
-      args[6 * i - 5], args[6 * i - 4] = FIELDS[3 * i - 2], new_start[i]
-      args[6 * i - 3], args[6 * i - 2] = FIELDS[3 * i - 1], new_cur[i]
-      args[6 * i - 1], args[6 * i] = FIELDS[3 * i], new_prev[i]
-    end
-    redis.call('HSET', key, unpack(args))
-    redis.call('PEXPIRE', key, ttl_ms(fresh_after))
-  end
+  if exists or COST > 0 then store_numbers(key, new, fresh_after) end
 elseif exists then
   redis.call('PEXPIRE', key, ttl_ms(fresh_before))
 end

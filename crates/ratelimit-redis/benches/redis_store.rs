@@ -1,0 +1,315 @@
+//! RedisStore throughput and latency next to the server's own ceiling.
+//!
+//! Run with: `cargo bench -p ratelimit-redis --bench redis_store`
+//! (`BENCH_SECS=5` to measure longer per row; default 3.)
+//!
+//! Starts its own `redis-server` (through `redis-harness`), then for each algorithm:
+//! 1. `redis-benchmark -P 16` sending `EVALSHA` of the very script the store runs, on random keys
+//!    of 100,000 users: the server's own ceiling for that script;
+//! 2. `RedisStore::check` from 1, 16, 64 and 256 concurrent callers on random keys of 100,000
+//!    users: decisions per second, p50 and p99 latency, and the script's server cost
+//!    (`INFO commandstats`, `usec_per_call` of `EVALSHA`);
+//! 3. for comparison, a deadpool pool of 16 used the usual way, one checkout per call.
+
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use ratelimit_core::{Algorithm, Limit, Quota};
+use ratelimit_redis::{RedisStore, script_sha, script_source};
+use redis_harness::RedisServer;
+
+const USERS: u64 = 100_000;
+
+struct Row {
+    label: String,
+    per_sec: f64,
+    p50_us: u64,
+    p99_us: u64,
+    usec_per_call: f64,
+}
+
+fn xorshift(state: &mut u64) -> u64 {
+    let mut x = *state;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    *state = x;
+    x
+}
+
+fn usec_per_call(server: &RedisServer) -> f64 {
+    let info = server.cli(&["info", "commandstats"]);
+    info.lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .and_then(|l| {
+            l.split(',')
+                .find_map(|kv| kv.strip_prefix("usec_per_call="))
+        })
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(f64::NAN)
+}
+
+/// Runs `callers` tasks, each checking random keys in a loop for `secs`.
+async fn run_callers<F, Fut>(callers: usize, secs: f64, check: F) -> (f64, Histogram<u64>)
+where
+    F: Fn(u64) -> Fut + Send + Sync + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let check = Arc::new(check);
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut tasks = Vec::new();
+    for c in 0..callers {
+        let (check, stop) = (Arc::clone(&check), Arc::clone(&stop));
+        tasks.push(tokio::spawn(async move {
+            let mut rng = 0x9e37_79b9_7f4a_7c15_u64 ^ (c as u64 + 1).wrapping_mul(0x2545_f491);
+            let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+            let mut warm = true;
+            let started = Instant::now();
+            while !stop.load(Ordering::Relaxed) {
+                let user = xorshift(&mut rng) % USERS;
+                let t = Instant::now();
+                check(user).await;
+                if warm && started.elapsed() > Duration::from_millis(300) {
+                    warm = false;
+                }
+                if !warm {
+                    let _ = hist.record(t.elapsed().as_micros().max(1) as u64);
+                }
+            }
+            hist
+        }));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let measured_from = Instant::now();
+    tokio::time::sleep(Duration::from_secs_f64(secs)).await;
+    stop.store(true, Ordering::Relaxed);
+    let elapsed = measured_from.elapsed().as_secs_f64();
+    let mut all = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
+    for t in tasks {
+        all.add(t.await.unwrap()).unwrap();
+    }
+    (all.len() as f64 / elapsed, all)
+}
+
+/// `redis-benchmark -P 16` with EVALSHA of the store's script for `limit`, on random keys.
+fn redis_benchmark(server: &RedisServer, store: &RedisStore, limit: &Limit) -> (f64, String) {
+    let alg = limit.algorithm();
+    let sha = script_sha(alg).unwrap();
+    // The key the store would use for user "user:<n>", with redis-benchmark's random number in
+    // place of <n>.
+    let keys = store.state_keys(b"user:__rand_int__", limit);
+    let mut args: Vec<String> = vec![
+        "-h".into(),
+        "127.0.0.1".into(),
+        "-p".into(),
+        server.port().to_string(),
+        "-P".into(),
+        "16".into(),
+        "-n".into(),
+        "400000".into(),
+        "-r".into(),
+        USERS.to_string(),
+        "-q".into(),
+        "EVALSHA".into(),
+        sha.to_owned(),
+        keys.len().to_string(),
+    ];
+    args.extend(keys);
+    // Server time, cost 1, the quota's parameters: what the store sends (see src/lua/prelude.lua).
+    args.extend(["s", "1", "1", "0"].map(String::from));
+    let q = limit.quotas()[0];
+    match alg {
+        Algorithm::TokenBucket | Algorithm::Gcra => args.extend([
+            q.burst().to_string(),
+            q.scale().to_string(),
+            q.refill_per_micro().to_string(),
+            q.capacity_units().to_string(),
+        ]),
+        _ => args.extend([q.limit().to_string(), q.period_micros().to_string()]),
+    }
+    let out = Command::new("redis-benchmark")
+        .args(&args)
+        .output()
+        .expect("run redis-benchmark (from redis-tools)");
+    let text = String::from_utf8_lossy(&out.stdout);
+    // With -q the last line reads "EVALSHA ...: 123456.79 requests per second, p50=... msec".
+    let per_sec = text
+        .split(['\r', '\n'])
+        .filter_map(|l| l.split(": ").nth(1))
+        .filter_map(|rest| rest.split_whitespace().next())
+        .filter_map(|n| n.parse::<f64>().ok())
+        .last()
+        .unwrap_or(f64::NAN);
+    let shown: Vec<String> = args
+        .iter()
+        .map(|a| {
+            if a.contains('{') || a.is_empty() {
+                format!("'{a}'")
+            } else {
+                a.clone()
+            }
+        })
+        .collect();
+    (per_sec, format!("redis-benchmark {}", shown.join(" ")))
+}
+
+fn main() {
+    let secs: f64 = std::env::var("BENCH_SECS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3.0);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = RedisServer::start();
+    println!(
+        "redis-server {} on 127.0.0.1:{}, {} CPUs, {secs} s per row",
+        server
+            .cli(&["info", "server"])
+            .lines()
+            .find_map(|l| l.strip_prefix("redis_version:"))
+            .unwrap_or("?"),
+        server.port(),
+        std::thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    let algorithms: Vec<Algorithm> = match std::env::var("BENCH_ALGORITHMS") {
+        Ok(list) => Algorithm::ALL
+            .into_iter()
+            .filter(|a| list.split(',').any(|n| n == a.name()))
+            .collect(),
+        Err(_) => vec![Algorithm::TokenBucket, Algorithm::Gcra],
+    };
+    runtime.block_on(async {
+        let store = RedisStore::builder(server.url()).build().await.unwrap();
+        for alg in algorithms {
+            // 10 per second: random users are almost always allowed, so every call writes.
+            let limit = Limit::single(alg, Quota::per_second(10).unwrap()).unwrap();
+            let source_lines = script_source(alg).unwrap().lines().count();
+            println!(
+                "\n== {alg} (script: {source_lines} lines, sha {})",
+                script_sha(alg).unwrap()
+            );
+
+            server.cli(&["flushall"]);
+            server.cli(&["config", "resetstat"]);
+            let (ceiling, command) = redis_benchmark(&server, &store, &limit);
+            let ceiling_cost = usec_per_call(&server);
+            println!("{command}");
+
+            let mut rows = vec![Row {
+                label: "redis-benchmark -P 16 (ceiling)".into(),
+                per_sec: ceiling,
+                p50_us: 0,
+                p99_us: 0,
+                usec_per_call: ceiling_cost,
+            }];
+            for callers in [1, 16, 64, 256] {
+                server.cli(&["flushall"]);
+                server.cli(&["config", "resetstat"]);
+                let (s, l) = (store.clone(), limit.clone());
+                let (per_sec, hist) = run_callers(callers, secs, move |user| {
+                    let (s, l) = (s.clone(), l.clone());
+                    async move {
+                        let key = format!("user:{user}");
+                        s.check(key.as_bytes(), &l, 1).await.expect("check");
+                    }
+                })
+                .await;
+                rows.push(Row {
+                    label: format!("RedisStore, {callers} callers"),
+                    per_sec,
+                    p50_us: hist.value_at_quantile(0.5),
+                    p99_us: hist.value_at_quantile(0.99),
+                    usec_per_call: usec_per_call(&server),
+                });
+            }
+            // For comparison: deadpool used as a per-call checkout (UNWATCH + PING on recycle).
+            {
+                server.cli(&["flushall"]);
+                server.cli(&["config", "resetstat"]);
+                let pool = deadpool_redis::Config::from_url(server.url())
+                    .builder()
+                    .unwrap()
+                    .max_size(16)
+                    .runtime(deadpool_redis::Runtime::Tokio1)
+                    .build()
+                    .unwrap();
+                let script = redis::Script::new(script_source(alg).unwrap());
+                let (p, l, st) = (pool.clone(), limit.clone(), store.clone());
+                let script = Arc::new(script);
+                let (per_sec, hist) = run_callers(64, secs, move |user| {
+                    let (p, script) = (p.clone(), Arc::clone(&script));
+                    let keys = st.state_keys(format!("user:{user}").as_bytes(), &l);
+                    let q = l.quotas()[0];
+                    let alg = l.algorithm();
+                    async move {
+                        let mut conn = p.get().await.expect("pool");
+                        let mut inv = script.prepare_invoke();
+                        for k in &keys {
+                            inv.key(k.as_str());
+                        }
+                        inv.arg("s").arg(1).arg(1).arg(0);
+                        match alg {
+                            Algorithm::TokenBucket | Algorithm::Gcra => {
+                                inv.arg(q.burst())
+                                    .arg(q.scale())
+                                    .arg(q.refill_per_micro())
+                                    .arg(q.capacity_units());
+                            }
+                            _ => {
+                                inv.arg(q.limit()).arg(q.period_micros());
+                            }
+                        }
+                        let _: Vec<i64> = inv.invoke_async(&mut *conn).await.expect("eval");
+                    }
+                })
+                .await;
+                rows.push(Row {
+                    label: "deadpool checkout per call (16), 64 callers".into(),
+                    per_sec,
+                    p50_us: hist.value_at_quantile(0.5),
+                    p99_us: hist.value_at_quantile(0.99),
+                    usec_per_call: usec_per_call(&server),
+                });
+            }
+
+            println!(
+                "| {:<46} | {:>12} | {:>8} | {:>8} | {:>14} |",
+                "client", "decisions/s", "p50 us", "p99 us", "usec_per_call"
+            );
+            println!(
+                "|{:-<48}|{:->14}|{:->10}|{:->10}|{:->16}|",
+                "", "", "", "", ""
+            );
+            for r in &rows {
+                let lat = |v: u64| {
+                    if v == 0 {
+                        "-".to_owned()
+                    } else {
+                        v.to_string()
+                    }
+                };
+                println!(
+                    "| {:<46} | {:>12.0} | {:>8} | {:>8} | {:>14.2} |",
+                    r.label,
+                    r.per_sec,
+                    lat(r.p50_us),
+                    lat(r.p99_us),
+                    r.usec_per_call
+                );
+            }
+            let at64 = rows
+                .iter()
+                .find(|r| r.label.ends_with(" 64 callers"))
+                .unwrap();
+            println!(
+                "at 64 callers: {:.0}% of the redis-benchmark ceiling",
+                100.0 * at64.per_sec / ceiling
+            );
+        }
+    });
+}
