@@ -141,7 +141,7 @@ fn redis_benchmark(server: &RedisServer, store: &RedisStore, limit: &Limit) -> (
         .filter_map(|l| l.split(": ").nth(1))
         .filter_map(|rest| rest.split_whitespace().next())
         .filter_map(|n| n.parse::<f64>().ok())
-        .last()
+        .next_back()
         .unwrap_or(f64::NAN);
     let shown: Vec<String> = args
         .iter()

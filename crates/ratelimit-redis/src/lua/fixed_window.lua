@@ -4,20 +4,17 @@
 -- Per-quota ARGV: limit, period_us.
 
 local key = KEYS[1]
-local st, exists = load_numbers(key, 2 * N)
-local new = {}
-local fresh_before, fresh_after = 0, 0
-for i = 1, N do
-  local a = 4 + (i - 1) * 2
-  local limit, period = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+
+-- One quota's decision. `s_start` is nil for a key never seen. Returns the outcome code, retry,
+-- remaining, reset, the new (start, count), and the fresh times before and after a commit.
+local function window(limit, period, s_start, s_count)
   local now = NOW
   local start = floor(now / period) * period
   local count = 0
-  if exists then
-    local s_start, s_count = st[2 * i - 1], st[2 * i]
-    local f = s_start
-    if s_count > 0 then f = s_start + period end
-    if f > fresh_before then fresh_before = f end
+  local before = 0
+  if s_start then
+    before = s_start
+    if s_count > 0 then before = s_start + period end
     if s_start >= start then
       -- Same window, or the clock went back: keep counting in the stored window.
       start = s_start
@@ -26,7 +23,6 @@ for i = 1, N do
     end
   end
   local left = period - (now - start) -- time until the window ends
-
   local code, retry = 0, 0
   if COST > limit then
     code = 2
@@ -36,18 +32,51 @@ for i = 1, N do
     code = 1
     retry = left
   end
-  local reset = 0
-  if count > 0 then reset = left end
-  consider(i, code, retry, limit, limit - count, reset)
-  new[2 * i - 1], new[2 * i] = start, count
-  local f = start
-  if count > 0 then f = start + period end
-  if f > fresh_after then fresh_after = f end
+  local reset, after = 0, start
+  if count > 0 then reset, after = left, start + period end
+  return code, retry, limit - count, reset, start, count, before, after
 end
 
-if B_CODE == 0 then
+if N == 1 then
+  local limit, period = tonumber(ARGV[5]), tonumber(ARGV[6])
+  local raw = redis.call('GET', key)
+  local s_start, s_count
+  if raw then
+    local sep = string.find(raw, ':', 1, true)
+    s_start, s_count = tonumber(string.sub(raw, 1, sep - 1)), tonumber(string.sub(raw, sep + 1))
+  end
+  local code, retry, rem, reset, start, count, before, after =
+    window(limit, period, s_start, s_count)
+  if code == 0 and (raw or COST > 0) then
+    local ms = 1
+    if after > NOW then ms = ceil((after - NOW) / 1000) end
+    redis.call('SET', key, string.format('%d:%d', start, count), 'PX', ms + SLACK_MS)
+  elseif code ~= 0 and raw then
+    local ms = 1
+    if before > NOW then ms = ceil((before - NOW) / 1000) end
+    redis.call('PEXPIRE', key, ms + SLACK_MS)
+  end
+  return { code, retry, limit, rem, reset, 0 }
+end
+
+local consider, b, load_numbers, store_numbers, ttl_ms = helpers()
+local st, exists = load_numbers(key, 2 * N)
+local new = {}
+local fresh_before, fresh_after = 0, 0
+for i = 1, N do
+  local a = 4 + (i - 1) * 2
+  local limit, period = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local code, retry, rem, reset, start, count, before, after =
+    window(limit, period, st[2 * i - 1], st[2 * i])
+  consider(i, code, retry, limit, rem, reset)
+  new[2 * i - 1], new[2 * i] = start, count
+  if before > fresh_before then fresh_before = before end
+  if after > fresh_after then fresh_after = after end
+end
+
+if b[1] == 0 then
   if exists or COST > 0 then store_numbers(key, new, fresh_after) end
 elseif exists then
   redis.call('PEXPIRE', key, ttl_ms(fresh_before))
 end
-return reply()
+return b

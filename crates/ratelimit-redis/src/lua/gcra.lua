@@ -4,6 +4,56 @@
 -- Per-quota ARGV: burst, scale, refill_per_micro, capacity_units.
 
 local key = KEYS[1]
+
+if N == 1 then
+  local burst, scale = tonumber(ARGV[5]), tonumber(ARGV[6])
+  local rate, cap = tonumber(ARGV[7]), tonumber(ARGV[8])
+  local raw = redis.call('GET', key)
+  -- Debt TAT - now in level units, at most the capacity; computed without forming tat * rate.
+  local d, fresh = 0, 0
+  if raw then
+    local sep = string.find(raw, ':', 1, true)
+    local tat, frac = tonumber(string.sub(raw, 1, sep - 1)), tonumber(string.sub(raw, sep + 1))
+    fresh = tat
+    if frac > 0 then fresh = tat + 1 end
+    if tat >= NOW then
+      local ahead = tat - NOW
+      if ahead > floor(cap / rate) + 1 then
+        d = cap
+      else
+        d = math.min(ahead * rate + frac, cap)
+      end
+    end
+  end
+  local code, retry = 0, 0
+  if COST > burst then
+    code = 2
+  else
+    local new_d = d + COST * scale
+    if new_d <= cap then
+      d = new_d
+    else
+      code = 1
+      retry = ceil((new_d - cap) / rate)
+    end
+  end
+  if code == 0 and (raw or COST > 0) then
+    local whole = floor(d / rate)
+    local tat, frac = NOW + whole, d - whole * rate
+    fresh = tat
+    if frac > 0 then fresh = tat + 1 end
+    local ms = 1
+    if fresh > NOW then ms = ceil((fresh - NOW) / 1000) end
+    redis.call('SET', key, string.format('%d:%d', tat, frac), 'PX', ms + SLACK_MS)
+  elseif code ~= 0 and raw then
+    local ms = 1
+    if fresh > NOW then ms = ceil((fresh - NOW) / 1000) end
+    redis.call('PEXPIRE', key, ms + SLACK_MS)
+  end
+  return { code, retry, burst, floor((cap - d) / scale), ceil(d / rate), 0 }
+end
+
+local consider, b, load_numbers, store_numbers, ttl_ms = helpers()
 local st, exists = load_numbers(key, 2 * N)
 local new = {}
 local fresh_before, fresh_after = 0, 0
@@ -11,7 +61,6 @@ for i = 1, N do
   local a = 4 + (i - 1) * 4
   local burst, scale = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
   local rate, cap = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
-  -- Debt TAT - now in level units, at most the capacity; computed without forming tat * rate.
   local d = 0
   if exists then
     local tat, frac = st[2 * i - 1], st[2 * i]
@@ -48,9 +97,9 @@ for i = 1, N do
   if tat > fresh_after then fresh_after = tat end
 end
 
-if B_CODE == 0 then
+if b[1] == 0 then
   if exists or COST > 0 then store_numbers(key, new, fresh_after) end
 elseif exists then
   redis.call('PEXPIRE', key, ttl_ms(fresh_before))
 end
-return reply()
+return b

@@ -30,65 +30,66 @@ local N = tonumber(ARGV[3])
 local SLACK_MS = tonumber(ARGV[4])
 local floor, ceil = math.floor, math.ceil
 
--- Milliseconds until fresh_at (microseconds), rounded up, at least 1, plus the configured slack.
-local function ttl_ms(fresh_at)
-  if fresh_at > NOW then
-    return ceil((fresh_at - NOW) / 1000) + SLACK_MS
-  end
-  return 1 + SLACK_MS
-end
+-- Expiry: milliseconds from NOW until the state is fresh again, rounded up, at least 1, plus
+-- SLACK_MS (written inline in the single-quota fast paths, which make no closures).
 
--- The binding quota, exactly as ratelimit-core's Decision::combine: outcome code first
--- (exceeds > denied > allowed), then the longer retry_after among denials, then fewer remaining;
--- ties keep the earlier quota.
-local B_CODE, B_RETRY, B_LIMIT, B_REM, B_RESET, B_INDEX
-local function consider(i, code, retry, limit, rem, reset)
-  local tighter
-  if B_CODE == nil then
-    tighter = true
-  elseif code ~= B_CODE then
-    tighter = code > B_CODE
-  elseif code == 1 and retry ~= B_RETRY then
-    tighter = retry > B_RETRY
-  else
-    tighter = rem < B_REM
+-- The helpers of the general path (several quotas). They are made only when called for: a
+-- single-quota check, by far the most common, takes each script's fast path and allocates
+-- nothing but its reply.
+local function helpers()
+  local function ttl_ms(fresh_at)
+    if fresh_at > NOW then
+      return ceil((fresh_at - NOW) / 1000) + SLACK_MS
+    end
+    return 1 + SLACK_MS
   end
-  if tighter then
-    B_CODE, B_RETRY, B_LIMIT, B_REM, B_RESET, B_INDEX = code, retry, limit, rem, reset, i - 1
-  end
-end
 
--- The state of the hash-free algorithms: one string key holding every quota's numbers, joined
--- by ':'. Returns the numbers (an empty table if the key does not exist) and whether it exists.
-local function load_numbers(key, count)
-  local raw = redis.call('GET', key)
-  local v = {}
-  if not raw then return v, false end
-  local pos = 1
-  for j = 1, count do
-    local sep = string.find(raw, ':', pos, true)
-    if sep then
-      v[j] = tonumber(string.sub(raw, pos, sep - 1))
-      pos = sep + 1
+  -- The binding quota, exactly as ratelimit-core's Decision::combine: outcome code first
+  -- (exceeds > denied > allowed), then the longer retry_after among denials, then fewer
+  -- remaining; ties keep the earlier quota.
+  local b = {}
+  local function consider(i, code, retry, limit, rem, reset)
+    local tighter
+    if b[1] == nil then
+      tighter = true
+    elseif code ~= b[1] then
+      tighter = code > b[1]
+    elseif code == 1 and retry ~= b[2] then
+      tighter = retry > b[2]
     else
-      v[j] = tonumber(string.sub(raw, pos))
-      break
+      tighter = rem < b[4]
+    end
+    if tighter then
+      b[1], b[2], b[3], b[4], b[5], b[6] = code, retry, limit, rem, reset, i - 1
     end
   end
-  return v, true
-end
 
--- Writes the numbers back with their expiry, in one command.
-local function store_numbers(key, v, fresh_at)
-  local s
-  if #v == 2 then
-    s = string.format('%d:%d', v[1], v[2])
-  else
-    s = string.format(string.rep('%d:', #v - 1) .. '%d', unpack(v))
+  -- The state of the fixed-size algorithms: one string key holding every quota's numbers,
+  -- joined by ':'. Returns the numbers (an empty table if the key does not exist) and whether
+  -- the key exists.
+  local function load_numbers(key, count)
+    local raw = redis.call('GET', key)
+    local v = {}
+    if not raw then return v, false end
+    local pos = 1
+    for j = 1, count do
+      local sep = string.find(raw, ':', pos, true)
+      if sep then
+        v[j] = tonumber(string.sub(raw, pos, sep - 1))
+        pos = sep + 1
+      else
+        v[j] = tonumber(string.sub(raw, pos))
+        break
+      end
+    end
+    return v, true
   end
-  redis.call('SET', key, s, 'PX', ttl_ms(fresh_at))
-end
 
-local function reply()
-  return { B_CODE, B_RETRY, B_LIMIT, B_REM, B_RESET, B_INDEX }
+  -- Writes the numbers back with their expiry, in one command.
+  local function store_numbers(key, v, fresh_at)
+    local s = string.format(string.rep('%d:', #v - 1) .. '%d', unpack(v))
+    redis.call('SET', key, s, 'PX', ttl_ms(fresh_at))
+  end
+
+  return consider, b, load_numbers, store_numbers, ttl_ms
 end

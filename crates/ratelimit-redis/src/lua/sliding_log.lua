@@ -4,6 +4,7 @@
 -- at one instant are merged into one entry.
 -- Per-quota ARGV: limit, period_us.
 
+local consider, b, _, _, ttl_ms = helpers()
 local hkey = KEYS[1]
 local FIELDS = { 'n1', 'n2', 'n3', 'n4', 'n5', 'n6', 'n7', 'n8' }
 local stored = redis.call('HMGET', hkey, unpack(FIELDS, 1, N))
@@ -114,7 +115,7 @@ for i = 1, N do
   if back and back + p > fresh_after then fresh_after = back + p end
 end
 
-if B_CODE == 0 then
+if b[1] == 0 then
   if exists or COST > 0 then
     local args = {}
     for i = 1, N do
@@ -137,4 +138,4 @@ elseif exists then
   redis.call('PEXPIRE', hkey, ttl)
   for i = 1, N do redis.call('PEXPIRE', KEYS[1 + i], ttl) end
 end
-return reply()
+return b

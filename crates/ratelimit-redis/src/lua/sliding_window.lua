@@ -4,21 +4,18 @@
 -- Per-quota ARGV: limit, period_us (limit * period_us <= 2^52, checked by ratelimit-core).
 
 local key = KEYS[1]
-local st, exists = load_numbers(key, 3 * N)
-local new = {}
-local fresh_before, fresh_after = 0, 0
 
-for i = 1, N do
-  local a = 4 + (i - 1) * 2
-  local limit, p = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+-- One quota's decision. `s_start` is nil for a key never seen. Returns the outcome code, retry,
+-- remaining, reset, the new (start, current, previous), and the fresh times before and after a
+-- commit.
+local function window(limit, p, s_start, s_cur, s_prev)
   local now = NOW
   local start = floor(now / p) * p
   local cur, prev = 0, 0
-  if exists then
-    local s_start, s_cur, s_prev = st[3 * i - 2], st[3 * i - 1], st[3 * i]
-    local f = s_start
-    if s_cur > 0 then f = s_start + 2 * p elseif s_prev > 0 then f = s_start + p end
-    if f > fresh_before then fresh_before = f end
+  local before = 0
+  if s_start then
+    before = s_start
+    if s_cur > 0 then before = s_start + 2 * p elseif s_prev > 0 then before = s_start + p end
     if s_start >= start then
       start = s_start
       if start > now then now = start end
@@ -53,20 +50,58 @@ for i = 1, N do
   local used = prev * (p - e) + cur * p
   local rem = 0
   if limit * p > used then rem = floor((limit * p - used) / p) end
-  local reset, f = 0, start
+  local reset, after = 0, start
   if cur > 0 then
-    reset, f = 2 * p - e, start + 2 * p
+    reset, after = 2 * p - e, start + 2 * p
   elseif prev > 0 then
-    reset, f = p - e, start + p
+    reset, after = p - e, start + p
   end
-  consider(i, code, retry, limit, rem, reset)
-  new[3 * i - 2], new[3 * i - 1], new[3 * i] = start, cur, prev
-  if f > fresh_after then fresh_after = f end
+  return code, retry, rem, reset, start, cur, prev, before, after
 end
 
-if B_CODE == 0 then
+if N == 1 then
+  local limit, p = tonumber(ARGV[5]), tonumber(ARGV[6])
+  local raw = redis.call('GET', key)
+  local s_start, s_cur, s_prev
+  if raw then
+    local s1 = string.find(raw, ':', 1, true)
+    local s2 = string.find(raw, ':', s1 + 1, true)
+    s_start = tonumber(string.sub(raw, 1, s1 - 1))
+    s_cur = tonumber(string.sub(raw, s1 + 1, s2 - 1))
+    s_prev = tonumber(string.sub(raw, s2 + 1))
+  end
+  local code, retry, rem, reset, start, cur, prev, before, after =
+    window(limit, p, s_start, s_cur, s_prev)
+  if code == 0 and (raw or COST > 0) then
+    local ms = 1
+    if after > NOW then ms = ceil((after - NOW) / 1000) end
+    redis.call('SET', key, string.format('%d:%d:%d', start, cur, prev), 'PX', ms + SLACK_MS)
+  elseif code ~= 0 and raw then
+    local ms = 1
+    if before > NOW then ms = ceil((before - NOW) / 1000) end
+    redis.call('PEXPIRE', key, ms + SLACK_MS)
+  end
+  return { code, retry, limit, rem, reset, 0 }
+end
+
+local consider, b, load_numbers, store_numbers, ttl_ms = helpers()
+local st, exists = load_numbers(key, 3 * N)
+local new = {}
+local fresh_before, fresh_after = 0, 0
+for i = 1, N do
+  local a = 4 + (i - 1) * 2
+  local limit, p = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local code, retry, rem, reset, start, cur, prev, before, after =
+    window(limit, p, st[3 * i - 2], st[3 * i - 1], st[3 * i])
+  consider(i, code, retry, limit, rem, reset)
+  new[3 * i - 2], new[3 * i - 1], new[3 * i] = start, cur, prev
+  if before > fresh_before then fresh_before = before end
+  if after > fresh_after then fresh_after = after end
+end
+
+if b[1] == 0 then
   if exists or COST > 0 then store_numbers(key, new, fresh_after) end
 elseif exists then
   redis.call('PEXPIRE', key, ttl_ms(fresh_before))
 end
-return reply()
+return b

@@ -4,6 +4,53 @@
 -- Per-quota ARGV: burst, scale, refill_per_micro, capacity_units.
 
 local key = KEYS[1]
+
+if N == 1 then
+  local burst, scale = tonumber(ARGV[5]), tonumber(ARGV[6])
+  local rate, cap = tonumber(ARGV[7]), tonumber(ARGV[8])
+  local raw = redis.call('GET', key)
+  local level, last = cap, NOW
+  if raw then
+    local sep = string.find(raw, ':', 1, true)
+    level, last = tonumber(string.sub(raw, 1, sep - 1)), tonumber(string.sub(raw, sep + 1))
+    if level > cap then level = cap end
+  end
+  local now = NOW
+  if last > now then now = last end
+  -- Compared by division, so that elapsed * rate is formed only when it is small.
+  local elapsed = now - last
+  if elapsed >= ceil((cap - level) / rate) then
+    level = cap
+  else
+    level = level + elapsed * rate
+  end
+  local code, retry = 0, 0
+  if COST > burst then
+    code = 2
+  else
+    local need = COST * scale
+    if level >= need then
+      level = level - need
+    else
+      code = 1
+      retry = ceil((need - level) / rate)
+    end
+  end
+  local reset = ceil((cap - level) / rate)
+  -- Fresh at now + reset: after the commit if allowed, as stored (refilled) if not.
+  if code == 0 and (raw or COST > 0) then
+    local ms = 1
+    if now + reset > NOW then ms = ceil((now + reset - NOW) / 1000) end
+    redis.call('SET', key, string.format('%d:%d', level, now), 'PX', ms + SLACK_MS)
+  elseif code ~= 0 and raw then
+    local ms = 1
+    if now + reset > NOW then ms = ceil((now + reset - NOW) / 1000) end
+    redis.call('PEXPIRE', key, ms + SLACK_MS)
+  end
+  return { code, retry, burst, floor(level / scale), reset, 0 }
+end
+
+local consider, b, load_numbers, store_numbers, ttl_ms = helpers()
 local st, exists = load_numbers(key, 2 * N)
 local new = {}
 local fresh_before, fresh_after = 0, 0
@@ -18,7 +65,6 @@ for i = 1, N do
   local now = NOW
   if last > now then now = last end
   local elapsed = now - last
-  -- Compared by division, so that elapsed * rate is formed only when it is small.
   if elapsed >= ceil((cap - level) / rate) then
     level = cap
   else
@@ -45,9 +91,9 @@ for i = 1, N do
   if now + reset > fresh_after then fresh_after = now + reset end
 end
 
-if B_CODE == 0 then
+if b[1] == 0 then
   if exists or COST > 0 then store_numbers(key, new, fresh_after) end
 elseif exists then
   redis.call('PEXPIRE', key, ttl_ms(fresh_before))
 end
-return reply()
+return b
