@@ -38,6 +38,7 @@
 pub mod algorithm;
 mod clock;
 mod decision;
+mod denial_cache;
 mod error;
 mod limit;
 mod memory_store;
@@ -48,6 +49,7 @@ mod time;
 pub use algorithm::{Algorithm, State};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Outcome};
+pub use denial_cache::{DEFAULT_MAX_DENIALS, DenialCache, DenialCacheFuture, DenialCacheStats};
 pub use error::ConfigError;
 pub use limit::{Limit, MAX_QUOTAS, MAX_SLIDING_LOG_LIMIT};
 pub use memory_store::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder};

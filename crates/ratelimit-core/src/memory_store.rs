@@ -3,15 +3,13 @@
 use parking_lot::{Mutex, MutexGuard};
 use std::convert::Infallible;
 use std::future::{Ready, ready};
-use std::hash::Hasher;
 use std::sync::atomic::{AtomicU64, Ordering};
-
-use siphasher::sip128::{Hasher128, SipHasher13};
 
 use crate::algorithm::State;
 use crate::{Clock, ConfigError, Decision, Limit, Store, SystemClock, Timestamp};
 
 mod compact;
+mod digest;
 
 /// The default cap on the number of keys held: 1,000,000.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -256,14 +254,12 @@ impl<C> MemoryStore<C> {
 
     fn key_id(&self, key: &[u8], fingerprint: u64) -> KeyId {
         // The limit's fingerprint is folded into the secret key: one pass over the key bytes.
-        let mut h = SipHasher13::new_with_keys(self.seed.0 ^ fingerprint, self.seed.1);
-        h.write(key);
-        let d = h.finish128();
+        let (h1, h2) = digest::siphash13_128(self.seed.0 ^ fingerprint, self.seed.1, key);
         // (0, 0) marks an empty bucket.
-        if d.h1 == 0 && d.h2 == 0 {
+        if h1 == 0 && h2 == 0 {
             KeyId(0, 1)
         } else {
-            KeyId(d.h1, d.h2)
+            KeyId(h1, h2)
         }
     }
 }

@@ -1,0 +1,639 @@
+//! `DenialCache`: answers repeated denials locally until they can first pass, without asking the
+//! store.
+//!
+//! A client far over its limit keeps sending the same request. Once the store has denied a
+//! (key, limit, cost) with a retry-after, every later check of the same (key, limit, cost) before
+//! that deadline is denied again: this wrapper answers those checks itself, so an abusive client
+//! costs the store one call per retry-after instead of one per request.
+//!
+//! ```
+//! use ratelimit_core::{Algorithm, DenialCache, Limit, ManualClock, MemoryStore, Quota, Store};
+//! use std::future::Future;
+//! use std::pin::pin;
+//! use std::task::{Context, Poll, Waker};
+//! use std::time::Duration;
+//!
+//! # fn now<F: Future>(f: F) -> F::Output {
+//! #     match pin!(f).poll(&mut Context::from_waker(Waker::noop())) {
+//! #         Poll::Ready(v) => v,
+//! #         Poll::Pending => unreachable!(),
+//! #     }
+//! # }
+//! let clock = ManualClock::new();
+//! let store = MemoryStore::builder().with_clock(clock.clone()).build()?;
+//! let cached = DenialCache::new(store, clock.clone()).max_entries(10_000);
+//! let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(10)?)?;
+//!
+//! let admitted = (0..1_000)
+//!     .filter(|_| now(cached.check(b"abuser", &limit, 1)).unwrap().is_allowed())
+//!     .count();
+//! assert_eq!(admitted, 10);
+//! // The first denial went to the store; the 989 after it were answered from the cache.
+//! assert_eq!(cached.stats().hits, 989);
+//!
+//! // A token comes back after 100 ms: the cache lets the next check through to the store.
+//! clock.advance(Duration::from_millis(100));
+//! assert!(now(cached.check(b"abuser", &limit, 1)).unwrap().is_allowed());
+//! # Ok::<(), ratelimit_core::ConfigError>(())
+//! ```
+//!
+//! # Why it changes no decision
+//!
+//! For every algorithm of this crate (token bucket, GCRA, fixed window, sliding-window counter,
+//! sliding log), and for limits combining several quotas:
+//!
+//! 1. **Waiting only helps.** If nothing is consumed, a key's state only moves toward allowing as
+//!    time passes (a bucket refills, a window ends or slides). The `retry_after` of a denial is the
+//!    exact first instant at which the same cost passes if nothing else is consumed; before it, the
+//!    store denies that cost.
+//! 2. **Consumption only hurts.** Other requests for the key (on this gateway, with another cost,
+//!    or on other gateways sharing the store) can only take units, never give them back, so they
+//!    can only push that instant later.
+//! 3. **A denial consumes nothing**, so not sending it to the store leaves the store's state, and
+//!    every later decision, exactly as they would have been.
+//!
+//! So a cached denial is returned only for a check that the store, asked at the same moment,
+//! would also have denied. The deadline is measured from the time read *before* the store was
+//! asked, so a slow round trip makes the cached deadline earlier (one more store call), never
+//! later. A cost that can never pass ([`Outcome::Exceeds`]) is cached for the limit's longest
+//! period.
+//!
+//! What a cached decision reports: the outcome and `retry_after` (deadline − now) are what the
+//! store would say on one gateway; `reset_after` is recomputed from the stored deadline the same
+//! way; `remaining` is the value the store reported with its denial, below the cost (it may have
+//! changed since, by refill or by other requests). With one cost per key on one gateway, a cached
+//! decision is identical to the store's, field by field (a denied cost of 1 has 0 remaining); when
+//! other requests consume meanwhile, the cached `retry_after` may be earlier than the store's,
+//! never later.
+//!
+//! Caveat: the deadline is counted on this wrapper's clock. If the store reads another clock (a
+//! Redis store on server time), the two must advance at the same rate; a clock running fast on the
+//! store's side by a fraction `f` makes a cached denial last up to `f × retry_after` too long.
+//!
+//! # Memory
+//!
+//! At most [`max_entries`](DenialCache::max_entries) denials are held (default
+//! [`DEFAULT_MAX_DENIALS`]), each a 16-byte digest and a 48-byte entry. Expired entries are dropped
+//! as the table fills; when a shard is full of live entries, the eighth of it expiring soonest is
+//! dropped. A denial not held only means one more store call: no decision changes.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use pin_project_lite::pin_project;
+use siphasher::sip128::{Hasher128, SipHasher13};
+
+use crate::{Clock, Decision, Limit, Outcome, Store};
+
+/// The default most denials a [`DenialCache`] holds: 100,000.
+pub const DEFAULT_MAX_DENIALS: usize = 100_000;
+
+const MAX_SHARDS: usize = 16;
+
+/// A [`Store`] wrapper that answers a repeated denial locally until its retry-after has passed.
+///
+/// Exact: it never denies a check the wrapped store would have allowed, and never sends the store
+/// a check it would have denied at the same instant for the same key, limit and cost (see the
+/// [module documentation](self) for why, and what the cached decisions report).
+pub struct DenialCache<S, C> {
+    inner: S,
+    clock: C,
+    table: Arc<Table>,
+}
+
+/// Counters of a [`DenialCache`], since it was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct DenialCacheStats {
+    /// Checks answered from the cache: store calls saved.
+    pub hits: u64,
+    /// Checks passed to the store.
+    pub store_calls: u64,
+    /// Denials recorded.
+    pub inserted: u64,
+    /// Live denials dropped because the cache was full (each costs at most one more store call).
+    pub evicted: u64,
+}
+
+impl<S: fmt::Debug, C> fmt::Debug for DenialCache<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DenialCache")
+            .field("inner", &self.inner)
+            .field("capacity", &self.capacity())
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: Store, C: Clock> DenialCache<S, C> {
+    /// Caches the denials of `inner`, timed by `clock` (use the clock the store uses, or the
+    /// system clock for a store on server time), holding at most [`DEFAULT_MAX_DENIALS`].
+    pub fn new(inner: S, clock: C) -> Self {
+        DenialCache {
+            inner,
+            clock,
+            table: Arc::new(Table::new(DEFAULT_MAX_DENIALS)),
+        }
+    }
+
+    /// Holds at most `n` denials (at least 1). Set before the first check; clears the cache.
+    #[must_use]
+    pub fn max_entries(mut self, n: usize) -> Self {
+        self.table = Arc::new(Table::new(n.max(1)));
+        self
+    }
+}
+
+impl<S, C> DenialCache<S, C> {
+    /// The wrapped store.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The wrapped store, unwrapped.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// Counters since the cache was made.
+    pub fn stats(&self) -> DenialCacheStats {
+        let t = &self.table;
+        DenialCacheStats {
+            hits: t.hits.load(Ordering::Relaxed),
+            store_calls: t.misses.load(Ordering::Relaxed),
+            inserted: t.inserted.load(Ordering::Relaxed),
+            evicted: t.evicted.load(Ordering::Relaxed),
+        }
+    }
+
+    /// How many denials are held now (expired ones included until they are swept).
+    pub fn len(&self) -> usize {
+        self.table.shards.iter().map(|s| s.lock().len()).sum()
+    }
+
+    /// `true` if no denial is held.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The most denials held at once.
+    pub fn capacity(&self) -> usize {
+        self.table.per_shard_cap * self.table.shards.len()
+    }
+}
+
+impl<S: Store, C: Clock + 'static> Store for DenialCache<S, C> {
+    type Error = S::Error;
+    type Future = DenialCacheFuture<S::Future>;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        if cost == 0 {
+            // A peek is never denied: nothing to cache.
+            self.table.misses.fetch_add(1, Ordering::Relaxed);
+            return DenialCacheFuture {
+                state: State::Miss {
+                    fut: self.inner.check(key, limit, cost),
+                    record: None,
+                },
+            };
+        }
+        let now = self.clock.now().as_micros();
+        let id = self.table.id(key, limit.fingerprint(), cost);
+        if let Some(d) = self.table.lookup(id, now) {
+            self.table.hits.fetch_add(1, Ordering::Relaxed);
+            return DenialCacheFuture {
+                state: State::Hit { decision: Some(d) },
+            };
+        }
+        self.table.misses.fetch_add(1, Ordering::Relaxed);
+        DenialCacheFuture {
+            state: State::Miss {
+                fut: self.inner.check(key, limit, cost),
+                record: Some(Record {
+                    table: Arc::clone(&self.table),
+                    id,
+                    sent: now,
+                    exceeds_for: limit.longest_period(),
+                }),
+            },
+        }
+    }
+}
+
+pin_project! {
+    /// The future of a [`DenialCache`] check: a cached denial, ready at once, or the wrapped
+    /// store's check, whose denial is recorded when it completes.
+    pub struct DenialCacheFuture<F> {
+        #[pin]
+        state: State<F>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        Hit { decision: Option<Decision> },
+        Miss { #[pin] fut: F, record: Option<Record> },
+    }
+}
+
+struct Record {
+    table: Arc<Table>,
+    id: u128,
+    sent: u64,
+    exceeds_for: Duration,
+}
+
+impl<F> fmt::Debug for DenialCacheFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Hit { .. } => "cached denial",
+            State::Miss { .. } => "store call",
+        };
+        f.debug_struct("DenialCacheFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<F, E> Future for DenialCacheFuture<F>
+where
+    F: Future<Output = Result<Decision, E>>,
+{
+    type Output = Result<Decision, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            StateProj::Hit { decision } => Poll::Ready(Ok(decision
+                .take()
+                .expect("DenialCacheFuture polled after completion"))),
+            StateProj::Miss { fut, record } => {
+                let out = std::task::ready!(fut.poll(cx));
+                if let (Ok(d), Some(r)) = (&out, record.take()) {
+                    r.table.record(r.id, r.sent, d, r.exceeds_for);
+                }
+                Poll::Ready(out)
+            }
+        }
+    }
+}
+
+/// One cached denial, in microseconds of the cache's clock.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// The first instant at which the same cost may pass (exclusive end of the denial).
+    until: u64,
+    /// When the binding quota is full again, as the store reported it.
+    reset_at: u64,
+    limit: u64,
+    remaining: u64,
+    quota_index: u32,
+    exceeds: bool,
+}
+
+impl Entry {
+    fn decision(&self, now: u64) -> Decision {
+        let outcome = if self.exceeds {
+            Outcome::Exceeds
+        } else {
+            Outcome::Denied {
+                retry_after: Duration::from_micros(self.until - now),
+            }
+        };
+        Decision::new(
+            outcome,
+            self.limit,
+            self.remaining,
+            Duration::from_micros(self.reset_at.saturating_sub(now)),
+            self.quota_index as usize,
+        )
+    }
+}
+
+/// The table's keys are already uniform 128-bit digests: hash them by taking 64 bits.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn write_u128(&mut self, i: u128) {
+        self.0 = i as u64;
+    }
+}
+
+type Map = HashMap<u128, Entry, BuildHasherDefault<IdHasher>>;
+
+struct Table {
+    shards: Box<[Mutex<Map>]>,
+    per_shard_cap: usize,
+    seed: (u64, u64),
+    hits: AtomicU64,
+    misses: AtomicU64,
+    inserted: AtomicU64,
+    evicted: AtomicU64,
+}
+
+impl Table {
+    fn new(max: usize) -> Self {
+        let shards = MAX_SHARDS.min(prev_power_of_two(max));
+        Table {
+            shards: (0..shards).map(|_| Mutex::new(Map::default())).collect(),
+            per_shard_cap: max / shards,
+            seed: random_seed(),
+            hits: AtomicU64::new(0),
+            misses: AtomicU64::new(0),
+            inserted: AtomicU64::new(0),
+            evicted: AtomicU64::new(0),
+        }
+    }
+
+    /// A 128-bit SipHash of (limit fingerprint, cost, key) under a per-process random key: fixed
+    /// size whatever the key's length, and HashDoS-resistant.
+    fn id(&self, key: &[u8], fingerprint: u64, cost: u64) -> u128 {
+        let mut h = SipHasher13::new_with_keys(self.seed.0 ^ fingerprint, self.seed.1);
+        h.write_u64(cost);
+        h.write(key);
+        h.finish128().as_u128()
+    }
+
+    fn shard(&self, id: u128) -> &Mutex<Map> {
+        // The high bits pick the shard; the map hashes with the low ones.
+        &self.shards[((id >> 64) as usize) & (self.shards.len() - 1)]
+    }
+
+    fn lookup(&self, id: u128, now: u64) -> Option<Decision> {
+        let mut shard = self.shard(id).lock();
+        let e = *shard.get(&id)?;
+        if e.until > now {
+            Some(e.decision(now))
+        } else {
+            shard.remove(&id);
+            None
+        }
+    }
+
+    fn record(&self, id: u128, sent: u64, d: &Decision, exceeds_for: Duration) {
+        let until = match d.outcome() {
+            Outcome::Allowed => return,
+            Outcome::Denied { retry_after } => sent.saturating_add(micros(retry_after)),
+            Outcome::Exceeds => sent.saturating_add(micros(exceeds_for).max(1)),
+        };
+        let entry = Entry {
+            until,
+            reset_at: sent.saturating_add(micros(d.reset_after())),
+            limit: d.limit(),
+            remaining: d.remaining(),
+            quota_index: u32::try_from(d.quota_index()).unwrap_or(u32::MAX),
+            exceeds: !d.can_ever_pass(),
+        };
+        let cap = self.per_shard_cap.max(1);
+        let mut shard = self.shard(id).lock();
+        if shard.len() >= cap && !shard.contains_key(&id) {
+            // Expired entries first; then the eighth of the live ones that expire soonest.
+            shard.retain(|_, e| e.until > sent);
+            if shard.len() >= cap {
+                let drop = (cap / 8).max(1);
+                let mut untils: Vec<u64> = shard.values().map(|e| e.until).collect();
+                let (_, &mut threshold, _) = untils.select_nth_unstable(drop - 1);
+                let before = shard.len();
+                shard.retain(|_, e| e.until > threshold);
+                self.evicted
+                    .fetch_add((before - shard.len()) as u64, Ordering::Relaxed);
+            }
+        }
+        shard.insert(id, entry);
+        self.inserted.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+fn prev_power_of_two(n: usize) -> usize {
+    let n = n.max(1);
+    if n.is_power_of_two() {
+        n
+    } else {
+        n.next_power_of_two() / 2
+    }
+}
+
+fn random_seed() -> (u64, u64) {
+    use std::hash::BuildHasher;
+    let a = std::collections::hash_map::RandomState::new().hash_one(0xdead_u64);
+    let b = std::collections::hash_map::RandomState::new().hash_one(0xbeef_u64);
+    (a, b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Algorithm, ManualClock, MemoryStore, Quota};
+    use std::pin::pin;
+    use std::task::Waker;
+
+    fn now<F: Future>(f: F) -> F::Output {
+        match pin!(f).poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(v) => v,
+            Poll::Pending => panic!("a MemoryStore check is always ready"),
+        }
+    }
+
+    fn stores(
+        clock: &ManualClock,
+    ) -> (
+        MemoryStore<ManualClock>,
+        DenialCache<MemoryStore<ManualClock>, ManualClock>,
+    ) {
+        let plain = MemoryStore::builder()
+            .with_clock(clock.clone())
+            .build()
+            .unwrap();
+        let cached = DenialCache::new(
+            MemoryStore::builder()
+                .with_clock(clock.clone())
+                .build()
+                .unwrap(),
+            clock.clone(),
+        )
+        .max_entries(64);
+        (plain, cached)
+    }
+
+    fn limits() -> Vec<Limit> {
+        let mut out = Vec::new();
+        for alg in Algorithm::ALL {
+            for quotas in [
+                vec![Quota::per_second(5).unwrap()],
+                vec![Quota::per_second(2).unwrap().with_burst(4).unwrap()],
+                vec![
+                    Quota::per_second(5).unwrap(),
+                    Quota::per_minute(20).unwrap(),
+                ],
+            ] {
+                out.push(Limit::new(alg, quotas).unwrap());
+            }
+        }
+        out
+    }
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 ^= self.0 << 13;
+            self.0 ^= self.0 >> 7;
+            self.0 ^= self.0 << 17;
+            self.0
+        }
+    }
+
+    /// With one cost per key, the cache and a plain store fed the same traffic on the same clock
+    /// make identical decisions, field by field: a cached denial recomputes retry-after and
+    /// reset-after from its deadlines, and a denied cost of 1 always has 0 remaining.
+    #[test]
+    fn identical_decisions_for_every_algorithm() {
+        for limit in limits() {
+            let clock = ManualClock::new();
+            let (plain, cached) = stores(&clock);
+            let mut rng = Rng(0x9e37_79b9_7f4a_7c15);
+            for step in 0..4_000 {
+                let r = rng.next();
+                if r % 4 == 0 {
+                    clock.advance(Duration::from_micros(r % 150_000));
+                }
+                let key = [b'k', (r >> 20) as u8 % 3];
+                let want = plain.check_now(&key, &limit, 1);
+                let got = now(cached.check(&key, &limit, 1)).unwrap();
+                assert_eq!(got, want, "{limit:?} step {step}");
+            }
+            let s = cached.stats();
+            assert!(s.hits > 500, "{limit:?}: {s:?}");
+            assert_eq!(s.hits + s.store_calls, 4_000);
+        }
+    }
+
+    /// With several costs per key, a cheaper request may pass while a dearer one is cached as
+    /// denied: the cached denial is still right, and its retry-after can only be earlier than the
+    /// store's (the store is asked again at that earlier instant).
+    #[test]
+    fn mixed_costs_same_outcomes() {
+        for limit in limits() {
+            let clock = ManualClock::new();
+            let (plain, cached) = stores(&clock);
+            let mut rng = Rng(0x2545_f491_4f6c_dd1d);
+            for step in 0..4_000 {
+                let r = rng.next();
+                if r % 4 == 0 {
+                    clock.advance(Duration::from_micros(r % 150_000));
+                }
+                let key = [b'k', (r >> 20) as u8 % 3];
+                let cost = [1, 1, 1, 2, 3, 0, 99][(r >> 30) as usize % 7];
+                let want = plain.check_now(&key, &limit, cost);
+                let got = now(cached.check(&key, &limit, cost)).unwrap();
+                let what = format!("{limit:?} step {step} cost {cost}");
+                assert_eq!(got.is_allowed(), want.is_allowed(), "{what}");
+                assert_eq!(got.can_ever_pass(), want.can_ever_pass(), "{what}");
+                assert_eq!(got.limit(), want.limit(), "{what}");
+                if got.is_allowed() {
+                    assert_eq!(got, want, "{what}");
+                } else if let (Some(g), Some(w)) = (got.retry_after(), want.retry_after()) {
+                    assert!(g <= w, "{what}: {got:?} {want:?}");
+                    assert!(got.remaining() < cost, "{what}");
+                }
+            }
+            assert!(cached.stats().hits > 100, "{limit:?}");
+        }
+    }
+
+    #[test]
+    fn other_consumers_only_make_a_cached_denial_truer() {
+        // Two gateways share one store; the cache sits on the first. The second keeps taking
+        // tokens: every cached denial is still one the shared store makes at that moment.
+        let clock = ManualClock::new();
+        let shared = Arc::new(
+            MemoryStore::builder()
+                .with_clock(clock.clone())
+                .build()
+                .unwrap(),
+        );
+        let cached = DenialCache::new(Arc::clone(&shared), clock.clone());
+        let limit = Limit::single(Algorithm::Gcra, Quota::per_second(10).unwrap()).unwrap();
+        for i in 0..2_000 {
+            clock.advance(Duration::from_millis(7));
+            if i % 3 == 0 {
+                let _ = shared.check_now(b"k", &limit, 1);
+            }
+            let got = now(cached.check(b"k", &limit, 1)).unwrap();
+            if got.is_denied() {
+                // A peek (cost 0) does not consume; ask whether cost 1 would pass: it must not.
+                let peek = shared.check_now(b"k", &limit, 0);
+                assert_eq!(
+                    peek.remaining(),
+                    0,
+                    "step {i}: cached denial of a passable cost"
+                );
+            }
+        }
+        assert!(cached.stats().hits > 0);
+    }
+
+    #[test]
+    fn exceeds_is_cached_and_peeks_are_not() {
+        let clock = ManualClock::new();
+        let store = MemoryStore::builder()
+            .with_clock(clock.clone())
+            .build()
+            .unwrap();
+        let cached = DenialCache::new(store, clock.clone());
+        let limit = Limit::single(Algorithm::SlidingLog, Quota::per_second(3).unwrap()).unwrap();
+        for _ in 0..10 {
+            let d = now(cached.check(b"k", &limit, 4)).unwrap();
+            assert_eq!(d.outcome(), Outcome::Exceeds);
+            assert_eq!(d.remaining(), 3);
+        }
+        assert_eq!(cached.stats().store_calls, 1);
+        for _ in 0..5 {
+            assert!(now(cached.check(b"k", &limit, 0)).unwrap().is_allowed());
+        }
+        assert_eq!(cached.stats().store_calls, 6);
+        assert_eq!(cached.len(), 1);
+    }
+
+    #[test]
+    fn memory_is_bounded_and_overflow_only_costs_calls() {
+        let clock = ManualClock::new();
+        let store = MemoryStore::builder()
+            .with_clock(clock.clone())
+            .build()
+            .unwrap();
+        let cached = DenialCache::new(store, clock.clone()).max_entries(100);
+        assert_eq!(cached.capacity(), 96);
+        let limit = Limit::single(Algorithm::FixedWindow, Quota::per_hour(1).unwrap()).unwrap();
+        for round in 0..3 {
+            for k in 0..10_000u32 {
+                let d = now(cached.check(&k.to_le_bytes(), &limit, 1)).unwrap();
+                assert_eq!(d.is_allowed(), round == 0, "key {k} round {round}");
+                assert!(cached.len() <= cached.capacity());
+            }
+        }
+        let s = cached.stats();
+        assert!(s.evicted > 0, "{s:?}");
+        assert!(s.hits > 0, "{s:?}");
+    }
+}

@@ -1,0 +1,93 @@
+//! SipHash-1-3 with a 128-bit output over a byte string, written for the store's hot path.
+//!
+//! The `siphasher` crate computes the same function (the tests compare the two on random
+//! inputs), but its streaming `Hasher` interface buffers partial words; a key is hashed here in
+//! one pass over whole words, which takes about half the instructions.
+
+#[inline(always)]
+fn round(v: &mut [u64; 4]) {
+    v[0] = v[0].wrapping_add(v[1]);
+    v[1] = v[1].rotate_left(13);
+    v[1] ^= v[0];
+    v[0] = v[0].rotate_left(32);
+    v[2] = v[2].wrapping_add(v[3]);
+    v[3] = v[3].rotate_left(16);
+    v[3] ^= v[2];
+    v[0] = v[0].wrapping_add(v[3]);
+    v[3] = v[3].rotate_left(21);
+    v[3] ^= v[0];
+    v[2] = v[2].wrapping_add(v[1]);
+    v[1] = v[1].rotate_left(17);
+    v[1] ^= v[2];
+    v[2] = v[2].rotate_left(32);
+}
+
+#[inline(always)]
+fn compress(v: &mut [u64; 4], m: u64) {
+    v[3] ^= m;
+    round(v);
+    v[0] ^= m;
+}
+
+/// SipHash-1-3-128 of `data` under the key `(k0, k1)`, as two 64-bit halves.
+#[inline]
+pub(super) fn siphash13_128(k0: u64, k1: u64, data: &[u8]) -> (u64, u64) {
+    let mut v = [
+        k0 ^ 0x736f_6d65_7073_6575,
+        k1 ^ 0x646f_7261_6e64_6f6d ^ 0xee,
+        k0 ^ 0x6c79_6765_6e65_7261,
+        k1 ^ 0x7465_6462_7974_6573,
+    ];
+    let mut chunks = data.chunks_exact(8);
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        compress(&mut v, u64::from_le_bytes(word));
+    }
+    let rest = chunks.remainder();
+    let mut tail = [0u8; 8];
+    tail[..rest.len()].copy_from_slice(rest);
+    compress(
+        &mut v,
+        u64::from_le_bytes(tail) | ((data.len() as u64) << 56),
+    );
+    v[2] ^= 0xee;
+    round(&mut v);
+    round(&mut v);
+    round(&mut v);
+    let h1 = v[0] ^ v[1] ^ v[2] ^ v[3];
+    v[1] ^= 0xdd;
+    round(&mut v);
+    round(&mut v);
+    round(&mut v);
+    let h2 = v[0] ^ v[1] ^ v[2] ^ v[3];
+    (h1, h2)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::siphash13_128;
+    use siphasher::sip128::{Hasher128, SipHasher13};
+    use std::hash::Hasher;
+
+    #[test]
+    fn same_function_as_the_siphasher_crate() {
+        let mut x = 0x1234_5678_9abc_def0_u64;
+        let mut next = || {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            x
+        };
+        for len in 0..80usize {
+            for _ in 0..20 {
+                let data: Vec<u8> = (0..len).map(|_| next() as u8).collect();
+                let (k0, k1) = (next(), next());
+                let mut reference = SipHasher13::new_with_keys(k0, k1);
+                reference.write(&data);
+                let r = reference.finish128();
+                assert_eq!(siphash13_128(k0, k1, &data), (r.h1, r.h2), "len {len}");
+            }
+        }
+    }
+}
