@@ -9,7 +9,7 @@
 //!   probe succeeds the circuit closes; if it fails (or is cancelled) it opens again for another
 //!   `cool_down`.
 //!
-//! Time is read from the layer's [`Clock`](ratelimit_core::Clock), so tests drive it with a
+//! Time is read from the layer's [`ratelimit_core::Clock`], so tests drive it with a
 //! `ManualClock` instead of sleeping.
 //!
 //! ```

@@ -46,10 +46,7 @@ async fn a_real_server_sends_the_fields_to_a_real_client() {
         let h = res.headers();
         assert_eq!(h["ratelimit-policy"], "\"e2e\";q=3;w=3600");
         let rl = h["ratelimit"].to_str().unwrap().to_owned();
-        assert!(
-            rl.starts_with(&format!("\"e2e\";r={remaining};t=")),
-            "{rl}"
-        );
+        assert!(rl.starts_with(&format!("\"e2e\";r={remaining};t=")), "{rl}");
         assert_eq!(h["x-ratelimit-remaining"], remaining.to_string().as_str());
         assert_eq!(res.text().await.unwrap(), "hello");
     }

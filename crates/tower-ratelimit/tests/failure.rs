@@ -110,7 +110,10 @@ async fn fallback_counts_locally_against_a_share_of_the_limit() {
     assert_eq!(verdict(&res), VerdictKind::FallbackDenied);
     assert_eq!(header(&res, "retry-after"), Some("30"));
     // Other clients have their own local share.
-    assert_eq!(send(&app, request_from("/", "192.0.2.99:1")).await.status(), 200);
+    assert_eq!(
+        send(&app, request_from("/", "192.0.2.99:1")).await.status(),
+        200
+    );
     // The fallback runs on the layer's clock.
     clock.advance(Duration::from_secs(30));
     assert_eq!(send(&app, request("/")).await.status(), 200);
@@ -156,8 +159,8 @@ async fn a_hanging_store_is_cut_at_the_timeout() {
 async fn a_slow_store_that_answers_in_time_decides() {
     let (_clock, memory) = store();
     let store = Arc::new(SwitchStore::new(memory));
-    let layer = RateLimitLayer::new(store.clone(), Policy::new("async", per_minute(2)).unwrap())
-        .unwrap();
+    let layer =
+        RateLimitLayer::new(store.clone(), Policy::new("async", per_minute(2)).unwrap()).unwrap();
     let app = app(layer);
     for _ in 0..2 {
         let res = send(&app, request("/")).await;
@@ -205,7 +208,10 @@ async fn the_breaker_opens_after_the_configured_failures_and_half_opens_later() 
     }
     assert_eq!(store.calls(), 3);
     let m = Recorded::take(&snapshotter);
-    assert_eq!(m.gauge("ratelimit_circuit_state", &[("policy", "cb")]), Some(1.0));
+    assert_eq!(
+        m.gauge("ratelimit_circuit_state", &[("policy", "cb")]),
+        Some(1.0)
+    );
     assert_eq!(
         m.counter(
             "ratelimit_store_errors_total",
@@ -225,7 +231,11 @@ async fn the_breaker_opens_after_the_configured_failures_and_half_opens_later() 
     // The store recovers; the next probe after another cool-down closes the circuit.
     store.set_down(false);
     clock.advance(Duration::from_secs(9));
-    assert_eq!(send(&app, request("/")).await.status(), 503, "still cooling down");
+    assert_eq!(
+        send(&app, request("/")).await.status(),
+        503,
+        "still cooling down"
+    );
     assert_eq!(store.calls(), 4);
     clock.advance(Duration::from_secs(1));
     assert_eq!(send(&app, request("/")).await.status(), 200);
@@ -234,7 +244,10 @@ async fn the_breaker_opens_after_the_configured_failures_and_half_opens_later() 
     assert_eq!(send(&app, request("/")).await.status(), 200);
     assert_eq!(store.calls(), 6);
     let m = Recorded::take(&snapshotter);
-    assert_eq!(m.gauge("ratelimit_circuit_state", &[("policy", "cb")]), Some(0.0));
+    assert_eq!(
+        m.gauge("ratelimit_circuit_state", &[("policy", "cb")]),
+        Some(0.0)
+    );
 }
 
 #[tokio::test(start_paused = true)]

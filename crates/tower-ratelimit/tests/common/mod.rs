@@ -147,13 +147,13 @@ impl Store for SwitchStore {
 }
 
 /// Metrics recorded by a `DebuggingRecorder`, looked up by name and labels.
-pub struct Recorded(
-    pub  Vec<(
-        String,
-        Vec<(String, String)>,
-        metrics_util::debugging::DebugValue,
-    )>,
+pub type Entry = (
+    String,
+    Vec<(String, String)>,
+    metrics_util::debugging::DebugValue,
 );
+
+pub struct Recorded(pub Vec<Entry>);
 
 impl Recorded {
     pub fn take(snapshotter: &metrics_util::debugging::Snapshotter) -> Self {
