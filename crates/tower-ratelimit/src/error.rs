@@ -40,6 +40,9 @@ pub enum Error {
         /// The status that was given.
         status: u16,
     },
+    /// A client-address setting (trusted proxies, prefix lengths) was refused.
+    #[error("invalid client address setting: {0}")]
+    ClientIp(#[from] crate::client_ip::ClientIpError),
     /// A numeric or duration setting was out of range.
     #[error("invalid setting `{name}`: {reason}")]
     InvalidSetting {

@@ -471,24 +471,6 @@ impl KeyExtractor for RouteKey {
     }
 }
 
-/// Keeps the first `prefix` bits of an IPv6 address (IPv4 and IPv4-mapped addresses are
-/// returned as IPv4, whole).
-#[must_use]
-pub(crate) fn group_ip(ip: IpAddr, prefix: u8) -> IpAddr {
-    match ip.to_canonical() {
-        IpAddr::V4(v4) => IpAddr::V4(v4),
-        IpAddr::V6(v6) => {
-            let bits = u128::from(v6);
-            let mask = match prefix {
-                0 => 0,
-                p if p >= 128 => u128::MAX,
-                p => u128::MAX << (128 - u32::from(p)),
-            };
-            IpAddr::V6((bits & mask).into())
-        }
-    }
-}
-
 /// The TCP peer's address, from axum's `ConnectInfo<SocketAddr>` (serve the app with
 /// `into_make_service_with_connect_info::<SocketAddr>()`).
 ///
@@ -497,28 +479,26 @@ pub(crate) fn group_ip(ip: IpAddr, prefix: u8) -> IpAddr {
 ///
 /// Behind a reverse proxy every request comes from the proxy: use [`ClientIpKey`] there.
 #[cfg(feature = "axum")]
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 pub struct PeerIp {
-    ipv6_prefix: u8,
+    client_ip: crate::client_ip::ClientIp,
 }
 
 #[cfg(feature = "axum")]
 impl PeerIp {
     /// The peer address, IPv6 grouped by /64.
     #[must_use]
-    pub const fn new() -> Self {
-        PeerIp { ipv6_prefix: 64 }
+    pub fn new() -> Self {
+        PeerIp {
+            client_ip: crate::client_ip::ClientIp::peer(),
+        }
     }
 
-    /// Groups IPv6 peers by their first `bits` bits (1 to 128; 128 keys each address alone).
+    /// Groups IPv6 peers by their first `bits` bits (0 to 128; 128 keys each address alone).
     pub fn ipv6_prefix(self, bits: u8) -> Result<Self, Error> {
-        if !(1..=128).contains(&bits) {
-            return Err(Error::InvalidSetting {
-                name: "ipv6_prefix",
-                reason: "must be between 1 and 128",
-            });
-        }
-        Ok(PeerIp { ipv6_prefix: bits })
+        Ok(PeerIp {
+            client_ip: self.client_ip.ipv6_prefix(bits)?,
+        })
     }
 }
 
@@ -536,7 +516,9 @@ impl KeyExtractor for PeerIp {
             .extensions
             .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
             .ok_or(NoKey)?;
-        group_ip(info.0.ip(), self.ipv6_prefix).write_to(key);
+        // No proxy is trusted: the headers are never read.
+        let ip = self.client_ip.key(info.0.ip(), &parts.headers);
+        key.push(ip.as_bytes());
         Ok(())
     }
 }
@@ -631,15 +613,6 @@ mod tests {
         assert_eq!(k.as_bytes(), b"abc");
         k.push(b"d");
         assert_eq!(k.as_bytes(), b"abcd");
-    }
-
-    #[test]
-    fn ipv6_grouping() {
-        let a: IpAddr = "2001:db8::1".parse().unwrap();
-        assert_eq!(group_ip(a, 64), "2001:db8::".parse::<IpAddr>().unwrap());
-        assert_eq!(group_ip(a, 128), a);
-        let mapped: IpAddr = "::ffff:10.0.0.1".parse().unwrap();
-        assert_eq!(group_ip(mapped, 64), "10.0.0.1".parse::<IpAddr>().unwrap());
     }
 
     #[test]

@@ -29,6 +29,9 @@ use crate::{FailurePolicy, RateLimitLayer};
 /// Clones share one limiter (the state is behind an `Arc`). `poll_ready` is the inner service's:
 /// the layer never applies backpressure; it answers denied requests with a 429 response, so an
 /// infallible inner service stays infallible. See the [crate docs](crate).
+///
+/// The store's future must be `Unpin`, so that `call` can poll it once in place: the in-memory
+/// store's (`std::future::Ready`) is, and so is any boxed future (the Redis store's).
 pub struct RateLimit<S, St> {
     inner: S,
     shared: Arc<Shared<St>>,
