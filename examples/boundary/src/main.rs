@@ -1,0 +1,351 @@
+//! Run with: cargo run -p example-boundary (add `-- --svg PATH` to choose where the plot goes)
+//!
+//! The window-boundary experiment, through every algorithm: a limit of 100 requests per minute,
+//! 150 requests at 59.9 s and 150 more at 60.1 s. A fixed window aligned to the minute admits 100
+//! on each side of the boundary: 200 requests within 0.2 s. The other algorithms admit 100.
+//!
+//! Then the same client keeps sending bursts of 150 (at 75 s, 90 s, 105 s and 119.9 s), and the
+//! program writes an SVG plot of the requests admitted so far against time, one line per
+//! algorithm, to `boundary.svg` in the current directory (or the path after `--svg`).
+//!
+//! Nothing sleeps: every store runs on a `ManualClock` set to each burst's time.
+
+use std::fmt::Write as _;
+
+use ratelimit_core::{Algorithm, Limit, ManualClock, MemoryStore, Quota, Timestamp};
+
+/// Requests per burst.
+const BURST: u64 = 150;
+/// The limit: this many requests per minute.
+const PER_MINUTE: u64 = 100;
+/// When the bursts arrive, in milliseconds: the experiment (59.9 s, 60.1 s), then four more.
+const BURSTS_MS: [u64; 6] = [59_900, 60_100, 75_000, 90_000, 105_000, 119_900];
+/// The plot's time axis ends here (seconds).
+const PLOT_END_SECS: u64 = 120;
+
+/// What one algorithm admitted in each burst of [`BURSTS_MS`].
+#[derive(Debug, Clone)]
+struct Run {
+    algorithm: Algorithm,
+    admitted: Vec<u64>,
+}
+
+impl Run {
+    /// Admitted at 59.9 s plus at 60.1 s: the boundary experiment.
+    fn across_boundary(&self) -> u64 {
+        self.admitted[0] + self.admitted[1]
+    }
+
+    /// Admitted in all bursts.
+    fn total(&self) -> u64 {
+        self.admitted.iter().sum()
+    }
+}
+
+/// Sends [`BURST`] requests of one client at each time of [`BURSTS_MS`] through a fresh
+/// in-memory store, under `algorithm` with 100 per minute.
+fn run(algorithm: Algorithm) -> Result<Run, ratelimit_core::ConfigError> {
+    let clock = ManualClock::new();
+    let store = MemoryStore::builder().with_clock(clock.clone()).build()?;
+    let limit = Limit::single(algorithm, Quota::per_minute(PER_MINUTE)?)?;
+    let admitted = BURSTS_MS
+        .iter()
+        .map(|&ms| {
+            clock.set(Timestamp::from_millis(ms));
+            (0..BURST)
+                .map(|_| u64::from(store.check_now(b"client", &limit, 1).is_allowed()))
+                .sum()
+        })
+        .collect();
+    Ok(Run {
+        algorithm,
+        admitted,
+    })
+}
+
+/// Seconds with one decimal: `59.9`.
+fn secs(ms: u64) -> String {
+    format!("{}.{}", ms / 1_000, ms % 1_000 / 100)
+}
+
+/// The boundary table and the table of every burst.
+fn tables(runs: &[Run]) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{PER_MINUTE} requests per minute; {BURST} requests at 59.9 s and {BURST} at 60.1 s\n"
+    );
+    let _ = writeln!(
+        out,
+        "{:<16}{:>10}{:>10}{:>8}  within 0.2 s",
+        "algorithm", "59.9 s", "60.1 s", "total"
+    );
+    for r in runs {
+        let total = r.across_boundary();
+        let note = if total > PER_MINUTE {
+            format!("{total} > limit {PER_MINUTE}: the boundary problem")
+        } else {
+            format!("holds the limit of {PER_MINUTE}")
+        };
+        let _ = writeln!(
+            out,
+            "{:<16}{:>10}{:>10}{:>8}  {note}",
+            r.algorithm.name(),
+            r.admitted[0],
+            r.admitted[1],
+            total
+        );
+    }
+
+    let _ = writeln!(
+        out,
+        "\nadmitted per burst of {BURST}, then bursts at 75, 90, 105 and 119.9 s\n"
+    );
+    let _ = write!(out, "{:<16}", "algorithm");
+    for &ms in &BURSTS_MS {
+        let _ = write!(out, "{:>8}", format!("{} s", secs(ms)));
+    }
+    let _ = writeln!(out, "{:>8}", "total");
+    for r in runs {
+        let _ = write!(out, "{:<16}", r.algorithm.name());
+        for a in &r.admitted {
+            let _ = write!(out, "{a:>8}");
+        }
+        let _ = writeln!(out, "{:>8}", r.total());
+    }
+    out
+}
+
+/// Colour and dash pattern of each algorithm's line (token bucket and GCRA make the same
+/// decisions, so GCRA is dashed over it).
+fn style(algorithm: Algorithm) -> (&'static str, &'static str) {
+    match algorithm {
+        Algorithm::TokenBucket => ("#1f77b4", ""),
+        Algorithm::Gcra => ("#ff7f0e", "8 6"),
+        Algorithm::FixedWindow => ("#d62728", ""),
+        Algorithm::SlidingWindow => ("#2ca02c", ""),
+        _ => ("#9467bd", "3 4"),
+    }
+}
+
+/// An SVG plot of the requests admitted so far against time, one polyline per algorithm.
+fn svg(runs: &[Run]) -> String {
+    const W: f64 = 880.0;
+    const H: f64 = 500.0;
+    const LEFT: f64 = 70.0;
+    const RIGHT: f64 = 840.0;
+    const TOP: f64 = 50.0;
+    const BOTTOM: f64 = 440.0;
+    let max_total = runs.iter().map(Run::total).max().unwrap_or(0);
+    let y_max = (max_total + 50).div_ceil(100) * 100;
+    let x = |ms: u64| LEFT + (RIGHT - LEFT) * ms as f64 / (PLOT_END_SECS * 1_000) as f64;
+    let y = |n: u64| BOTTOM - (BOTTOM - TOP) * n as f64 / y_max as f64;
+
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">"#
+    );
+    let _ = writeln!(s, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="24" text-anchor="middle" font-size="15">Requests admitted so far, {PER_MINUTE} per minute, bursts of {BURST} at 59.9, 60.1, 75, 90, 105, 119.9 s</text>"#,
+        (LEFT + RIGHT) / 2.0
+    );
+    // Grid and axes.
+    for t in (0..=PLOT_END_SECS).step_by(10) {
+        let px = x(t * 1_000);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{px:.1}" y1="{TOP}" x2="{px:.1}" y2="{BOTTOM}" stroke="#e5e5e5"/><text x="{px:.1}" y="{}" text-anchor="middle">{t}</text>"##,
+            BOTTOM + 18.0
+        );
+    }
+    for n in (0..=y_max).step_by(100) {
+        let py = y(n);
+        let _ = writeln!(
+            s,
+            r##"<line x1="{LEFT}" y1="{py:.1}" x2="{RIGHT}" y2="{py:.1}" stroke="#e5e5e5"/><text x="{}" y="{:.1}" text-anchor="end">{n}</text>"##,
+            LEFT - 8.0,
+            py + 4.0
+        );
+    }
+    let _ = writeln!(
+        s,
+        r##"<line x1="{LEFT}" y1="{BOTTOM}" x2="{RIGHT}" y2="{BOTTOM}" stroke="black"/><line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{BOTTOM}" stroke="black"/>"##
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="{}" text-anchor="middle">time (s)</text>"#,
+        (LEFT + RIGHT) / 2.0,
+        BOTTOM + 40.0
+    );
+    let _ = writeln!(
+        s,
+        r#"<text x="18" y="{}" text-anchor="middle" transform="rotate(-90 18 {})">admitted requests</text>"#,
+        (TOP + BOTTOM) / 2.0,
+        (TOP + BOTTOM) / 2.0
+    );
+    // The fixed window's boundary.
+    let _ = writeln!(
+        s,
+        r##"<line x1="{0:.1}" y1="{TOP}" x2="{0:.1}" y2="{BOTTOM}" stroke="#999" stroke-dasharray="2 3"/><text x="{1:.1}" y="{2}" fill="#666">minute boundary</text>"##,
+        x(60_000),
+        x(60_000) + 4.0,
+        TOP + 12.0
+    );
+
+    // One step line per algorithm: flat between bursts, up at each burst.
+    for (i, r) in runs.iter().enumerate() {
+        let (colour, dash) = style(r.algorithm);
+        let mut points = format!("{:.1},{:.1}", x(0), y(0));
+        let mut sum = 0;
+        for (&ms, &a) in BURSTS_MS.iter().zip(&r.admitted) {
+            let _ = write!(points, " {:.1},{:.1}", x(ms), y(sum));
+            sum += a;
+            let _ = write!(points, " {:.1},{:.1}", x(ms), y(sum));
+        }
+        let _ = write!(points, " {:.1},{:.1}", x(PLOT_END_SECS * 1_000), y(sum));
+        let dash_attr = if dash.is_empty() {
+            String::new()
+        } else {
+            format!(r#" stroke-dasharray="{dash}""#)
+        };
+        let _ = writeln!(
+            s,
+            r#"<polyline data-algorithm="{}" fill="none" stroke="{colour}" stroke-width="2"{dash_attr} points="{points}"/>"#,
+            r.algorithm.name()
+        );
+        // Legend entry.
+        let ly = TOP + 14.0 + 20.0 * i as f64;
+        let _ = writeln!(
+            s,
+            r#"<line x1="{0}" y1="{ly}" x2="{1}" y2="{ly}" stroke="{colour}" stroke-width="2"{dash_attr}/><text x="{2}" y="{3}">{4}: {5} at the boundary, {6} in all</text>"#,
+            LEFT + 14.0,
+            LEFT + 44.0,
+            LEFT + 50.0,
+            ly + 4.0,
+            r.algorithm.name(),
+            r.across_boundary(),
+            r.total()
+        );
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut path = String::from("boundary.svg");
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--svg" => path = args.next().ok_or("--svg needs a path")?,
+            other => return Err(format!("unknown argument `{other}` (try --svg PATH)").into()),
+        }
+    }
+    let runs = Algorithm::ALL
+        .into_iter()
+        .map(run)
+        .collect::<Result<Vec<_>, _>>()?;
+    print!("{}", tables(&runs));
+    std::fs::write(&path, svg(&runs))?;
+    println!("\nplot written to {path}");
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn runs() -> Vec<Run> {
+        Algorithm::ALL
+            .into_iter()
+            .map(|a| run(a).unwrap())
+            .collect()
+    }
+
+    #[test]
+    fn only_the_fixed_window_admits_twice_the_limit_across_the_boundary() {
+        for r in runs() {
+            let expected = if r.algorithm == Algorithm::FixedWindow {
+                [100, 100]
+            } else {
+                [100, 0]
+            };
+            assert_eq!(r.admitted[..2], expected, "{}", r.algorithm.name());
+        }
+        let table = tables(&runs());
+        assert!(
+            table.contains("fixed_window           100       100     200"),
+            "{table}"
+        );
+        assert!(
+            table.contains("sliding_log            100         0     100"),
+            "{table}"
+        );
+    }
+
+    #[test]
+    fn after_the_boundary_each_algorithm_refills_as_it_should() {
+        let got: Vec<(&str, Vec<u64>)> = runs()
+            .into_iter()
+            .map(|r| (r.algorithm.name(), r.admitted))
+            .collect();
+        let expected: Vec<(&str, Vec<u64>)> = vec![
+            // 100 a minute come back at a steady 25 per 15 s.
+            ("token_bucket", vec![100, 0, 25, 25, 25, 25]),
+            ("gcra", vec![100, 0, 25, 25, 25, 25]),
+            // The window 60-120 s was used up at 60.1 s.
+            ("fixed_window", vec![100, 100, 0, 0, 0, 0]),
+            // The previous window's 100 weigh less and less as the current one goes by.
+            ("sliding_window", vec![100, 0, 25, 25, 25, 24]),
+            // Exact: nothing until the first 100 are a minute old, at 119.9 s.
+            ("sliding_log", vec![100, 0, 0, 0, 0, 100]),
+        ];
+        assert_eq!(got, expected);
+        // No algorithm but the fixed window admits more than 100 in the minute from 59.9 s.
+        for r in runs() {
+            let first_minute: u64 = r.admitted[..5].iter().sum();
+            if r.algorithm == Algorithm::FixedWindow {
+                assert_eq!(first_minute, 200);
+            } else {
+                assert!(first_minute <= 175, "{}", r.algorithm.name());
+            }
+        }
+    }
+
+    #[test]
+    fn the_plot_is_an_svg_with_one_polyline_per_algorithm() {
+        let runs = runs();
+        let svg = svg(&runs);
+        assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
+        assert!(svg.ends_with("</svg>\n"));
+        assert_eq!(svg.matches("<polyline ").count(), Algorithm::ALL.len());
+        for a in Algorithm::ALL {
+            assert!(svg.contains(&format!("data-algorithm=\"{}\"", a.name())));
+        }
+        // Every element is closed: one `/>` per opened line, rect, polyline.
+        let opened = svg.matches("<line ").count()
+            + svg.matches("<rect ").count()
+            + svg.matches("<polyline ").count();
+        assert_eq!(svg.matches("/>").count(), opened);
+        assert_eq!(svg.matches("<text").count(), svg.matches("</text>").count());
+        // Each line has 2 + 2 per burst points, all inside the view box.
+        let points = svg
+            .split("points=\"")
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap();
+        assert_eq!(points.split(' ').count(), 2 + 2 * BURSTS_MS.len());
+        for p in points.split(' ') {
+            let (px, py) = p.split_once(',').unwrap();
+            let (px, py): (f64, f64) = (px.parse().unwrap(), py.parse().unwrap());
+            assert!(
+                (0.0..=880.0).contains(&px) && (0.0..=500.0).contains(&py),
+                "{p}"
+            );
+        }
+    }
+}
