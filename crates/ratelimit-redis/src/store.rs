@@ -171,7 +171,6 @@ impl RedisStore {
                 ))
             });
         };
-        let keys = state_keys(&inner.prefix, key, limit);
         let now = match &inner.clock {
             None => None,
             Some(clock) => {
@@ -184,10 +183,21 @@ impl RedisStore {
                 Some(micros)
             }
         };
-        let args = script_args(limit, cost, now, inner.expiry_slack_ms);
+        // Everything the script needs is encoded now, so the future owns its data.
+        let mut invocation = script.prepare_invoke();
+        for k in state_keys(&inner.prefix, key, limit) {
+            invocation.key(k);
+        }
+        match now {
+            None => invocation.arg("s"),
+            Some(t) => invocation.arg(t),
+        };
+        for a in script_args(limit, cost, inner.expiry_slack_ms) {
+            invocation.arg(a);
+        }
         Box::pin(async move {
             let timeout = inner.response_timeout;
-            match tokio::time::timeout(timeout, inner.eval(script, &keys, &args)).await {
+            match tokio::time::timeout(timeout, inner.eval(invocation)).await {
                 Ok(r) => r,
                 Err(_) => Err(RedisStoreError::Timeout { after: timeout }),
             }
@@ -204,29 +214,27 @@ impl Store for RedisStore {
     }
 }
 
-/// ARGV for the scripts: time (or `s` for the server's), cost, quota count, expiry slack, then
-/// each quota's parameters (see `src/lua/prelude.lua`).
-fn script_args(limit: &Limit, cost: u64, now: Option<u64>, slack_ms: u64) -> Vec<String> {
+/// ARGV for the scripts after the time (`s` for the server's, or the client's µs): cost, quota
+/// count, expiry slack, then each quota's parameters (see `src/lua/prelude.lua`).
+fn script_args(limit: &Limit, cost: u64, slack_ms: u64) -> Vec<u64> {
     let quotas = limit.quotas();
-    let mut args = Vec::with_capacity(4 + 4 * quotas.len());
-    args.push(now.map_or_else(|| "s".to_owned(), |t| t.to_string()));
+    let mut args = Vec::with_capacity(3 + 4 * quotas.len());
     // Every burst and limit is at most 2^52, so a larger cost compares the same once clamped to
     // 2^52 + 1, which a double still holds exactly.
-    args.push(cost.min(MAX_EXACT + 1).to_string());
-    args.push(quotas.len().to_string());
-    args.push(slack_ms.to_string());
+    args.push(cost.min(MAX_EXACT + 1));
+    args.push(quotas.len() as u64);
+    args.push(slack_ms);
     for q in quotas {
         match limit.algorithm() {
             Algorithm::TokenBucket | Algorithm::Gcra => {
-                args.push(q.burst().to_string());
-                args.push(q.scale().to_string());
-                args.push(q.refill_per_micro().to_string());
-                args.push(q.capacity_units().to_string());
+                args.extend([
+                    q.burst(),
+                    q.scale(),
+                    q.refill_per_micro(),
+                    q.capacity_units(),
+                ]);
             }
-            _ => {
-                args.push(q.limit().to_string());
-                args.push(q.period_micros().to_string());
-            }
+            _ => args.extend([q.limit(), q.period_micros()]),
         }
     }
     args
@@ -263,18 +271,9 @@ fn is_broken(e: &RedisError) -> bool {
 impl Inner {
     async fn eval(
         &self,
-        script: &redis::Script,
-        keys: &[String],
-        args: &[String],
+        invocation: redis::ScriptInvocation<'static>,
     ) -> Result<Decision, RedisStoreError> {
         let (slot, generation, mut conn) = self.connection().await?;
-        let mut invocation = script.prepare_invoke();
-        for k in keys {
-            invocation.key(k.as_str());
-        }
-        for a in args {
-            invocation.arg(a.as_str());
-        }
         // `invoke_async` sends EVALSHA and, only on a NOSCRIPT reply (the script did not run),
         // loads the script and sends EVALSHA once more. Any other error is returned as is.
         let reply: Result<Vec<i64>, RedisError> = match &mut conn {
@@ -319,6 +318,7 @@ impl Inner {
         let mut guard = lock(&self.slots[slot].conn);
         if matches!(guard.as_ref(), Some((g, _)) if *g == generation) {
             *guard = None;
+            metrics::counter!("ratelimit_redis_connections_replaced_total").increment(1);
             tracing::warn!(
                 slot,
                 "ratelimit-redis: connection broken; it will be re-opened"
@@ -491,7 +491,8 @@ impl RedisStoreBuilder {
         } else {
             let config = AsyncConnectionConfig::new()
                 .set_connection_timeout(Some(self.connect_timeout))
-                .set_response_timeout(Some(self.response_timeout));
+                // The store bounds each check (connection included) with one timer of its own.
+                .set_response_timeout(None);
             let manager = deadpool_redis::Manager::new_with_config(self.urls[0].as_str(), config)
                 .map_err(|e| {
                 RedisStoreError::config("url", format!("cannot use the URL: {e}"))
@@ -598,25 +599,15 @@ mod tests {
             ],
         )
         .unwrap();
-        let a = script_args(&limit, u64::MAX, Some(7), 0);
-        assert_eq!(a[0], "7");
-        assert_eq!(a[1], (MAX_EXACT + 1).to_string());
-        assert_eq!(a[2], "2");
+        let a = script_args(&limit, u64::MAX, 0);
+        assert_eq!(a[..3], [MAX_EXACT + 1, 2, 0]);
         let q = limit.quotas()[0];
         assert_eq!(
-            a[4..8],
-            [
-                "5".to_owned(),
-                q.scale().to_string(),
-                q.refill_per_micro().to_string(),
-                q.capacity_units().to_string()
-            ]
+            a[3..7],
+            [5, q.scale(), q.refill_per_micro(), q.capacity_units()]
         );
         let w = Limit::single(Algorithm::SlidingWindow, Quota::per_minute(100).unwrap()).unwrap();
-        assert_eq!(
-            script_args(&w, 1, None, 3)[..],
-            ["s", "1", "1", "3", "100", "60000000"]
-        );
+        assert_eq!(script_args(&w, 1, 3), [1, 1, 3, 100, 60_000_000]);
     }
 
     #[test]

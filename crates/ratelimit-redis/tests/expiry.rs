@@ -135,3 +135,31 @@ async fn denied_only_keys_do_not_live_forever() {
         assert!(pttl(&server, key) > 0, "{key} has no expiry");
     }
 }
+
+/// A peek (cost 0) writes nothing: not the state, not the expiry; on a key never seen it creates
+/// nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_peek_writes_nothing() {
+    let server = RedisServer::start();
+    let clock = ManualClock::starting_at(Timestamp::from_micros(T0));
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("peek"))
+        .client_clock(clock.clone())
+        .build()
+        .await
+        .unwrap();
+    for alg in Algorithm::ALL {
+        let limit = Limit::single(alg, Quota::per_minute(10).unwrap()).unwrap();
+        let keys = store.state_keys(b"p", &limit);
+        assert_eq!(store.check(b"p", &limit, 0).await.unwrap().remaining(), 10);
+        assert_eq!(server.cli(&["exists", &keys[0]]), "0", "{alg}");
+        assert!(store.check(b"p", &limit, 4).await.unwrap().is_allowed());
+        let dump = |k: &str| server.cli(&["dump", k]);
+        let before: Vec<String> = keys.iter().map(|k| dump(k)).collect();
+        clock.advance(Duration::from_secs(1));
+        let peek = store.check(b"p", &limit, 0).await.unwrap();
+        assert!(peek.is_allowed(), "{alg}");
+        let after: Vec<String> = keys.iter().map(|k| dump(k)).collect();
+        assert_eq!(before, after, "{alg}: a peek changed the stored state");
+    }
+}

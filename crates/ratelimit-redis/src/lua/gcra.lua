@@ -37,7 +37,7 @@ if N == 1 then
       retry = ceil((new_d - cap) / rate)
     end
   end
-  if code == 0 and (raw or COST > 0) then
+  if code == 0 and COST > 0 then
     local whole = floor(d / rate)
     local tat, frac = NOW + whole, d - whole * rate
     fresh = tat
@@ -98,7 +98,7 @@ for i = 1, N do
 end
 
 if b[1] == 0 then
-  if exists or COST > 0 then store_numbers(key, new, fresh_after) end
+  if COST > 0 then store_numbers(key, new, fresh_after) end
 elseif exists then
   redis.call('PEXPIRE', key, ttl_ms(fresh_before))
 end

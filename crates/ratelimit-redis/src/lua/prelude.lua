@@ -17,6 +17,8 @@
 --
 -- Atomicity: every read and every decision happens before the first write, and state is written
 -- only when every quota allows, so an error can never leave some quotas consumed and others not.
+-- A peek (cost 0) writes nothing; a denial writes nothing but the key's expiry (unchanged in
+-- value: the state is as stored).
 
 local NOW
 if ARGV[1] == 's' then

@@ -116,7 +116,7 @@ for i = 1, N do
 end
 
 if b[1] == 0 then
-  if exists or COST > 0 then
+  if COST > 0 then
     local args = {}
     for i = 1, N do
       local pl = plan[i]

@@ -72,7 +72,7 @@ if N == 1 then
   end
   local code, retry, rem, reset, start, cur, prev, before, after =
     window(limit, p, s_start, s_cur, s_prev)
-  if code == 0 and (raw or COST > 0) then
+  if code == 0 and COST > 0 then
     local ms = 1
     if after > NOW then ms = ceil((after - NOW) / 1000) end
     redis.call('SET', key, string.format('%d:%d:%d', start, cur, prev), 'PX', ms + SLACK_MS)
@@ -100,7 +100,7 @@ for i = 1, N do
 end
 
 if b[1] == 0 then
-  if exists or COST > 0 then store_numbers(key, new, fresh_after) end
+  if COST > 0 then store_numbers(key, new, fresh_after) end
 elseif exists then
   redis.call('PEXPIRE', key, ttl_ms(fresh_before))
 end

@@ -38,7 +38,7 @@ if N == 1 then
   end
   local reset = ceil((cap - level) / rate)
   -- Fresh at now + reset: after the commit if allowed, as stored (refilled) if not.
-  if code == 0 and (raw or COST > 0) then
+  if code == 0 and COST > 0 then
     local ms = 1
     if now + reset > NOW then ms = ceil((now + reset - NOW) / 1000) end
     redis.call('SET', key, string.format('%d:%d', level, now), 'PX', ms + SLACK_MS)
@@ -92,7 +92,7 @@ for i = 1, N do
 end
 
 if b[1] == 0 then
-  if exists or COST > 0 then store_numbers(key, new, fresh_after) end
+  if COST > 0 then store_numbers(key, new, fresh_after) end
 elseif exists then
   redis.call('PEXPIRE', key, ttl_ms(fresh_before))
 end

@@ -254,9 +254,8 @@ impl Scenario {
     }
 }
 
-/// The pure algorithms of ratelimit-core (`Limit::check` on stored states), with a store's write
-/// rule: a key never seen is stored only when a cost > 0 is allowed; a stored key takes the new
-/// states whenever the limit allows.
+/// The pure algorithms of ratelimit-core (`Limit::check` on stored states), with the stores' write
+/// rule: new states are stored only when the limit allows a cost > 0 (a peek writes nothing).
 #[derive(Default)]
 pub struct Reference {
     states: HashMap<Vec<u8>, Vec<State>>,
@@ -269,8 +268,13 @@ impl Reference {
     }
 
     pub fn check(&mut self, key: &[u8], limit: &Limit, cost: u64, now: Timestamp) -> Decision {
-        if let Some(states) = self.states.get_mut(key) {
-            return limit.check(states, now, cost);
+        if let Some(stored) = self.states.get_mut(key) {
+            let mut states = stored.clone();
+            let d = limit.check(&mut states, now, cost);
+            if d.is_allowed() && cost > 0 {
+                *stored = states;
+            }
+            return d;
         }
         let mut states = limit.fresh_states(now);
         let d = limit.check(&mut states, now, cost);
