@@ -1,81 +1,7 @@
 //! `DenialCache`: answers repeated denials locally until they can first pass, without asking the
 //! store.
 //!
-//! A client far over its limit keeps sending the same request. Once the store has denied a
-//! (key, limit, cost) with a retry-after, every later check of the same (key, limit, cost) before
-//! that deadline is denied again: this wrapper answers those checks itself, so an abusive client
-//! costs the store one call per retry-after instead of one per request.
-//!
-//! ```
-//! use ratelimit_core::{Algorithm, DenialCache, Limit, ManualClock, MemoryStore, Quota, Store};
-//! use std::future::Future;
-//! use std::pin::pin;
-//! use std::task::{Context, Poll, Waker};
-//! use std::time::Duration;
-//!
-//! # fn now<F: Future>(f: F) -> F::Output {
-//! #     match pin!(f).poll(&mut Context::from_waker(Waker::noop())) {
-//! #         Poll::Ready(v) => v,
-//! #         Poll::Pending => unreachable!(),
-//! #     }
-//! # }
-//! let clock = ManualClock::new();
-//! let store = MemoryStore::builder().with_clock(clock.clone()).build()?;
-//! let cached = DenialCache::new(store, clock.clone()).max_entries(10_000);
-//! let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(10)?)?;
-//!
-//! let admitted = (0..1_000)
-//!     .filter(|_| now(cached.check(b"abuser", &limit, 1)).unwrap().is_allowed())
-//!     .count();
-//! assert_eq!(admitted, 10);
-//! // The first denial went to the store; the 989 after it were answered from the cache.
-//! assert_eq!(cached.stats().hits, 989);
-//!
-//! // A token comes back after 100 ms: the cache lets the next check through to the store.
-//! clock.advance(Duration::from_millis(100));
-//! assert!(now(cached.check(b"abuser", &limit, 1)).unwrap().is_allowed());
-//! # Ok::<(), ratelimit_core::ConfigError>(())
-//! ```
-//!
-//! # Why it changes no decision
-//!
-//! For every algorithm of this crate (token bucket, GCRA, fixed window, sliding-window counter,
-//! sliding log), and for limits combining several quotas:
-//!
-//! 1. **Waiting only helps.** If nothing is consumed, a key's state only moves toward allowing as
-//!    time passes (a bucket refills, a window ends or slides). The `retry_after` of a denial is the
-//!    exact first instant at which the same cost passes if nothing else is consumed; before it, the
-//!    store denies that cost.
-//! 2. **Consumption only hurts.** Other requests for the key (on this gateway, with another cost,
-//!    or on other gateways sharing the store) can only take units, never give them back, so they
-//!    can only push that instant later.
-//! 3. **A denial consumes nothing**, so not sending it to the store leaves the store's state, and
-//!    every later decision, exactly as they would have been.
-//!
-//! So a cached denial is returned only for a check that the store, asked at the same moment,
-//! would also have denied. The deadline is measured from the time read *before* the store was
-//! asked, so a slow round trip makes the cached deadline earlier (one more store call), never
-//! later. A cost that can never pass ([`Outcome::Exceeds`]) is cached for the limit's longest
-//! period.
-//!
-//! What a cached decision reports: the outcome and `retry_after` (deadline − now) are what the
-//! store would say on one gateway; `reset_after` is recomputed from the stored deadline the same
-//! way; `remaining` is the value the store reported with its denial, below the cost (it may have
-//! changed since, by refill or by other requests). With one cost per key on one gateway, a cached
-//! decision is identical to the store's, field by field (a denied cost of 1 has 0 remaining); when
-//! other requests consume meanwhile, the cached `retry_after` may be earlier than the store's,
-//! never later.
-//!
-//! Caveat: the deadline is counted on this wrapper's clock. If the store reads another clock (a
-//! Redis store on server time), the two must advance at the same rate; a clock running fast on the
-//! store's side by a fraction `f` makes a cached denial last up to `f × retry_after` too long.
-//!
-//! # Memory
-//!
-//! At most [`max_entries`](DenialCache::max_entries) denials are held (default
-//! [`DEFAULT_MAX_DENIALS`]), each a 16-byte digest and a 48-byte entry. Expired entries are dropped
-//! as the table fills; when a shard is full of live entries, the eighth of it expiring soonest is
-//! dropped. A denial not held only means one more store call: no decision changes.
+//! See the documentation of the type for how it works and its guarantees.
 
 use std::collections::HashMap;
 use std::fmt;
@@ -100,9 +26,81 @@ const MAX_SHARDS: usize = 16;
 
 /// A [`Store`] wrapper that answers a repeated denial locally until its retry-after has passed.
 ///
-/// Exact: it never denies a check the wrapped store would have allowed, and never sends the store
-/// a check it would have denied at the same instant for the same key, limit and cost (see the
-/// [module documentation](self) for why, and what the cached decisions report).
+/// A client far over its limit keeps sending the same request. Once the store has denied a
+/// (key, limit, cost) with a retry-after, every later check of the same (key, limit, cost) before
+/// that deadline is denied again: this wrapper answers those checks itself, so an abusive client
+/// costs the store one call per retry-after instead of one per request.
+///
+/// ```
+/// use ratelimit_core::{Algorithm, DenialCache, Limit, ManualClock, MemoryStore, Quota, Store};
+/// use std::future::Future;
+/// use std::pin::pin;
+/// use std::task::{Context, Poll, Waker};
+/// use std::time::Duration;
+///
+/// # fn now<F: Future>(f: F) -> F::Output {
+/// #     match pin!(f).poll(&mut Context::from_waker(Waker::noop())) {
+/// #         Poll::Ready(v) => v,
+/// #         Poll::Pending => unreachable!(),
+/// #     }
+/// # }
+/// let clock = ManualClock::new();
+/// let store = MemoryStore::builder().with_clock(clock.clone()).build()?;
+/// let cached = DenialCache::new(store, clock.clone()).max_entries(10_000);
+/// let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(10)?)?;
+///
+/// let admitted = (0..1_000)
+///     .filter(|_| now(cached.check(b"abuser", &limit, 1)).unwrap().is_allowed())
+///     .count();
+/// assert_eq!(admitted, 10);
+/// // The first denial went to the store; the 989 after it were answered from the cache.
+/// assert_eq!(cached.stats().hits, 989);
+///
+/// // A token comes back after 100 ms: the cache lets the next check through to the store.
+/// clock.advance(Duration::from_millis(100));
+/// assert!(now(cached.check(b"abuser", &limit, 1)).unwrap().is_allowed());
+/// # Ok::<(), ratelimit_core::ConfigError>(())
+/// ```
+///
+/// # Why it changes no decision
+///
+/// For every algorithm of this crate (token bucket, GCRA, fixed window, sliding-window counter,
+/// sliding log), and for limits combining several quotas:
+///
+/// 1. **Waiting only helps.** If nothing is consumed, a key's state only moves toward allowing as
+///    time passes (a bucket refills, a window ends or slides). The `retry_after` of a denial is the
+///    exact first instant at which the same cost passes if nothing else is consumed; before it, the
+///    store denies that cost.
+/// 2. **Consumption only hurts.** Other requests for the key (on this gateway, with another cost,
+///    or on other gateways sharing the store) can only take units, never give them back, so they
+///    can only push that instant later.
+/// 3. **A denial consumes nothing**, so not sending it to the store leaves the store's state, and
+///    every later decision, exactly as they would have been.
+///
+/// So a cached denial is returned only for a check that the store, asked at the same moment,
+/// would also have denied. The deadline is measured from the time read *before* the store was
+/// asked, so a slow round trip makes the cached deadline earlier (one more store call), never
+/// later. A cost that can never pass ([`Outcome::Exceeds`]) is cached for the limit's longest
+/// period.
+///
+/// What a cached decision reports: the outcome and `retry_after` (deadline − now) are what the
+/// store would say on one gateway; `reset_after` is recomputed from the stored deadline the same
+/// way; `remaining` is the value the store reported with its denial, below the cost (it may have
+/// changed since, by refill or by other requests). With one cost per key on one gateway, a cached
+/// decision is identical to the store's, field by field (a denied cost of 1 has 0 remaining); when
+/// other requests consume meanwhile, the cached `retry_after` may be earlier than the store's,
+/// never later.
+///
+/// Caveat: the deadline is counted on this wrapper's clock. If the store reads another clock (a
+/// Redis store on server time), the two must advance at the same rate; a clock running fast on the
+/// store's side by a fraction `f` makes a cached denial last up to `f × retry_after` too long.
+///
+/// # Memory
+///
+/// At most [`max_entries`](DenialCache::max_entries) denials are held (default
+/// [`DEFAULT_MAX_DENIALS`]), each a 16-byte digest and a 48-byte entry. Expired entries are dropped
+/// as the table fills; when a shard is full of live entries, the eighth of it expiring soonest is
+/// dropped. A denial not held only means one more store call: no decision changes.
 pub struct DenialCache<S, C> {
     inner: S,
     clock: C,

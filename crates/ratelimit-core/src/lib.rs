@@ -40,6 +40,7 @@ mod clock;
 mod decision;
 mod denial_cache;
 mod error;
+mod lease;
 mod limit;
 mod memory_store;
 mod quota;
@@ -51,6 +52,10 @@ pub use clock::{Clock, ManualClock, SystemClock};
 pub use decision::{Decision, Outcome};
 pub use denial_cache::{DEFAULT_MAX_DENIALS, DenialCache, DenialCacheFuture, DenialCacheStats};
 pub use error::ConfigError;
+pub use lease::{
+    DEFAULT_MAX_LEASE, DEFAULT_MAX_LEASED_KEYS, DEFAULT_MAX_TTL, LeaseFuture, Leasing,
+    LeasingBuilder, LeasingStats,
+};
 pub use limit::{Limit, MAX_QUOTAS, MAX_SLIDING_LOG_LIMIT};
 pub use memory_store::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder};
 pub use quota::{MAX_EXACT, Quota};

@@ -1,0 +1,820 @@
+//! `Leasing`: reserve a slice of a key's units from the store in one call, then admit from it
+//! locally.
+//!
+//! See the documentation of the type for how it works and its guarantees.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::hash::{BuildHasherDefault, Hasher};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use pin_project_lite::pin_project;
+use siphasher::sip128::{Hasher128, SipHasher13};
+
+use crate::{Algorithm, Clock, ConfigError, Decision, Limit, Outcome, Store};
+
+/// The default largest lease (adaptive sizing): 64 units.
+pub const DEFAULT_MAX_LEASE: u64 = 64;
+/// The default longest lifetime of a lease: 10 seconds.
+pub const DEFAULT_MAX_TTL: Duration = Duration::from_secs(10);
+/// The default most keys with lease state held at once: 100,000.
+pub const DEFAULT_MAX_LEASED_KEYS: usize = 100_000;
+
+const SHARDS: usize = 16;
+
+/// A [`Store`] wrapper that reserves units from the store in a batch (a lease) and admits from
+/// them locally.
+///
+/// A hot key on a gateway costs one store call per request. With leasing, the gateway asks the
+/// store for `L` units at once (an ordinary check of cost `L`, all-or-nothing at the store), then
+/// admits the next requests for that key from those units without calling the store, until they
+/// run out or the lease expires. The store's count never lags behind the gateways: every unit a
+/// gateway admits was consumed at the store first.
+///
+/// ```
+/// use ratelimit_core::{Algorithm, Leasing, Limit, ManualClock, MemoryStore, Quota, Store};
+/// use std::future::Future;
+/// use std::pin::pin;
+/// use std::task::{Context, Poll, Waker};
+///
+/// # fn now<F: Future>(f: F) -> F::Output {
+/// #     match pin!(f).poll(&mut Context::from_waker(Waker::noop())) {
+/// #         Poll::Ready(v) => v,
+/// #         Poll::Pending => unreachable!(),
+/// #     }
+/// # }
+/// let clock = ManualClock::new();
+/// let store = MemoryStore::builder().with_clock(clock.clone()).build()?;
+/// let leasing = Leasing::builder(store, clock.clone()).lease_size(10).build()?;
+/// let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(95)?)?;
+///
+/// let admitted = (0..200)
+///     .filter(|_| now(leasing.check(b"hot", &limit, 1)).unwrap().is_allowed())
+///     .count();
+/// // Exactly the limit: the last 5 units were taken one by one when a lease of 10 no longer fit.
+/// assert_eq!(admitted, 95);
+/// let stats = leasing.stats();
+/// assert_eq!((stats.leases, stats.local), (9, 9 * 9));
+/// # Ok::<(), ratelimit_core::ConfigError>(())
+/// ```
+///
+/// # How a check runs
+///
+/// - The key has a live lease with enough units: they are taken, and the check is answered at
+///   once, locally.
+/// - Otherwise one check per key at a time (on this gateway) asks the store for a lease of the
+///   current size `L` (at least the request's cost, at most what the limit can ever hold); others
+///   for the same key wait for it rather than each taking a lease. If the lease is granted, the
+///   request takes its cost from it. If it is denied, the request's own cost is asked for at once,
+///   so a nearly exhausted key still admits exactly what is left. A denial of the request's own
+///   cost marks the key as starved until its retry-after: meanwhile its checks go straight to the
+///   store, as without leasing.
+/// - A cost of 0 (a peek), a cost larger than the largest lease, and limits of several fixed-window
+///   quotas go straight to the store.
+///
+/// # Lease size and lifetime
+///
+/// [`lease_size`](LeasingBuilder::lease_size) fixes `L`. By default it adapts per key between 1
+/// and [`max_lease`](LeasingBuilder::max_lease): it starts at 2, doubles each time a lease is spent
+/// before it expires, and halves when a lease expires half unused or the store cannot grant one.
+///
+/// A lease of `L` units lives for the time the limit takes to refill `L` units at its fastest
+/// quota's rate (`L × period / limit`), at most [`max_ttl`](LeasingBuilder::max_ttl); for a fixed
+/// window it also ends with the window it was taken in. Units left when it ends are dropped.
+///
+/// # Error bounds
+///
+/// Every admission spends a unit the store granted at most one lease lifetime `ttl` earlier, and
+/// `ttl ≤ L / r` where `r` is the fastest quota's rate. With `G` gateways sharing the store:
+///
+/// - **Never more than the store allows in total.** Over any span, the units admitted are at
+///   most the units the store granted. For a quota that does not refill during the span (a daily
+///   quota in a test) the total admitted never exceeds the quota.
+/// - **Bursts, token bucket and GCRA:** in any interval of length `T`, admissions are at most
+///   `burst + r × (T + ttl) ≤ burst + r × T + L`: the exact bound plus one lease, whatever `G`.
+/// - **Fixed window:** exact; a lease never outlives its window.
+/// - **Sliding window and sliding log:** any window of one period holds at most
+///   `limit + G × (L − 1)`: units leased just before the window starts and spent inside it.
+/// - **Under-admission:** at any time at most `G × (L − 1)` granted units sit unspent in leases;
+///   each lease that expires drops at most `L − 1`. On a quota that does not refill, the total
+///   admitted reaches at least `quota − G × (L − 1)` when demand exceeds it.
+///
+/// # What a local decision reports
+///
+/// An allowed decision answered from a lease has the limit, quota index and reset time of the
+/// store's answer to the lease, and `remaining` = units left in the lease + what the store said
+/// remained after granting it (other gateways may have consumed since). Denials always come from
+/// the store and are exact.
+pub struct Leasing<S, C> {
+    shared: Arc<Shared<S, C>>,
+}
+
+/// Settings for [`Leasing`].
+#[must_use]
+pub struct LeasingBuilder<S, C> {
+    inner: S,
+    clock: C,
+    size: Size,
+    max_ttl: Duration,
+    max_keys: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Size {
+    Fixed(u64),
+    Adaptive(u64),
+}
+
+impl Size {
+    fn max(self) -> u64 {
+        match self {
+            Size::Fixed(n) | Size::Adaptive(n) => n,
+        }
+    }
+}
+
+/// Counters of a [`Leasing`] store, since it was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct LeasingStats {
+    /// Checks answered from a lease, without a store call: store calls saved.
+    pub local: u64,
+    /// Calls made to the wrapped store (leases, fall-backs and pass-through checks).
+    pub store_calls: u64,
+    /// Leases granted.
+    pub leases: u64,
+    /// Units granted in leases (including each first request's own cost).
+    pub leased_units: u64,
+    /// Lease requests the store denied (each followed by a check of the request's own cost).
+    pub lease_denials: u64,
+    /// Granted units dropped unspent (expired leases, leases replaced or evicted).
+    pub wasted_units: u64,
+    /// Checks that found another check of the same key bringing a lease, and waited for it.
+    pub waited: u64,
+}
+
+#[derive(Default)]
+struct Counters {
+    local: AtomicU64,
+    store_calls: AtomicU64,
+    leases: AtomicU64,
+    leased_units: AtomicU64,
+    lease_denials: AtomicU64,
+    wasted_units: AtomicU64,
+    waited: AtomicU64,
+}
+
+struct Shared<S, C> {
+    inner: S,
+    clock: C,
+    size: Size,
+    max_ttl_us: u64,
+    shards: Box<[Mutex<Map>]>,
+    per_shard_cap: usize,
+    seed: (u64, u64),
+    counters: Counters,
+}
+
+type EntryRef = Arc<Mutex<Entry>>;
+type Map = HashMap<u128, EntryRef, BuildHasherDefault<IdHasher>>;
+
+/// One key's lease state on this gateway.
+#[derive(Debug, Default)]
+struct Entry {
+    /// Units left in the lease.
+    tokens: u64,
+    /// End of the lease (exclusive), µs.
+    expires: u64,
+    /// Units the current lease was granted with.
+    granted: u64,
+    /// The store's answer to the lease.
+    limit: u64,
+    remaining: u64,
+    reset_at: u64,
+    quota_index: u32,
+    /// Current lease size.
+    size: u64,
+    /// A lease (or its fall-back) is being asked for.
+    fetching: bool,
+    waiters: Vec<Waker>,
+    /// Checks go straight to the store until then (µs).
+    starved_until: u64,
+}
+
+impl Entry {
+    fn decision(&self, now: u64) -> Decision {
+        Decision::new(
+            Outcome::Allowed,
+            self.limit,
+            self.tokens.saturating_add(self.remaining),
+            Duration::from_micros(self.reset_at.saturating_sub(now)),
+            self.quota_index as usize,
+        )
+    }
+
+    fn wake_all(&mut self) {
+        for w in self.waiters.drain(..) {
+            w.wake();
+        }
+    }
+
+    /// Drops what is left of the current lease; returns how many units that was.
+    fn drop_lease(&mut self) -> u64 {
+        std::mem::take(&mut self.tokens)
+    }
+
+    fn idle(&self, now: u64) -> bool {
+        !self.fetching && self.waiters.is_empty() && (self.tokens == 0 || self.expires <= now)
+    }
+}
+
+enum Action {
+    Local(Decision),
+    Fetch(u64),
+    Direct,
+    Wait,
+}
+
+impl<S, C> Shared<S, C> {
+    fn grow(&self, e: &mut Entry) {
+        if let Size::Adaptive(max) = self.size {
+            e.size = (e.size * 2).min(max);
+        }
+    }
+
+    fn shrink(&self, e: &mut Entry) {
+        if let Size::Adaptive(_) = self.size {
+            e.size = (e.size / 2).max(1);
+        }
+    }
+
+    /// What a check of `cost` at `now` does with this entry.
+    fn try_acquire(&self, e: &mut Entry, now: u64, cost: u64, cap: u64) -> Action {
+        if now < e.starved_until {
+            return Action::Direct;
+        }
+        if e.tokens > 0 && e.expires > now && e.tokens >= cost {
+            e.tokens -= cost;
+            let d = e.decision(now);
+            if e.tokens == 0 {
+                // Spent before it expired: a larger lease would have saved calls.
+                self.grow(e);
+            }
+            self.counters.local.fetch_add(1, Ordering::Relaxed);
+            return Action::Local(d);
+        }
+        if e.fetching {
+            return Action::Wait;
+        }
+        if e.tokens > 0 {
+            let left = e.drop_lease();
+            if e.expires <= now && left * 2 > e.granted {
+                // Mostly unused when it expired: too large for this key's traffic.
+                self.shrink(e);
+            }
+            self.counters
+                .wasted_units
+                .fetch_add(left, Ordering::Relaxed);
+        }
+        e.fetching = true;
+        Action::Fetch(e.size.max(cost).min(cap.max(cost)))
+    }
+
+    /// The lifetime of a lease of `units` granted with decision `d`, in µs.
+    fn ttl(&self, limit: &Limit, units: u64, d: &Decision) -> u64 {
+        // The time the fastest-refilling quota takes to refill `units`.
+        let refill = limit
+            .quotas()
+            .iter()
+            .map(|q| {
+                let t = u128::from(q.period_micros()) * u128::from(units) / u128::from(q.limit());
+                u64::try_from(t).unwrap_or(u64::MAX)
+            })
+            .min()
+            .unwrap_or(0);
+        let mut ttl = refill.min(self.max_ttl_us);
+        if limit.algorithm() == Algorithm::FixedWindow {
+            // The grant's reset is the end of its window (it holds a count > 0).
+            ttl = ttl.min(micros(d.reset_after()));
+        }
+        ttl
+    }
+
+    fn id(&self, key: &[u8], fingerprint: u64) -> u128 {
+        let mut h = SipHasher13::new_with_keys(self.seed.0 ^ fingerprint, self.seed.1);
+        h.write(key);
+        h.finish128().as_u128()
+    }
+
+    /// The entry of `id`, made if needed; `None` if the table is full of busy entries.
+    fn entry(&self, id: u128, now: u64) -> Option<EntryRef> {
+        let mut shard = self.shards[((id >> 64) as usize) & (SHARDS - 1)].lock();
+        if let Some(e) = shard.get(&id) {
+            return Some(Arc::clone(e));
+        }
+        let cap = self.per_shard_cap.max(1);
+        if shard.len() >= cap {
+            // Entries no check holds and with no live lease first, then any no check holds
+            // (their unspent units are dropped).
+            let wasted = &self.counters.wasted_units;
+            shard.retain(|_, e| Arc::strong_count(e) > 1 || !e.lock().idle(now));
+            if shard.len() >= cap {
+                let mut n = (cap / 8).max(1);
+                shard.retain(|_, e| {
+                    if n > 0 && Arc::strong_count(e) == 1 {
+                        n -= 1;
+                        wasted.fetch_add(e.lock().tokens, Ordering::Relaxed);
+                        false
+                    } else {
+                        true
+                    }
+                });
+            }
+            if shard.len() >= cap {
+                return None;
+            }
+        }
+        let initial = match self.size {
+            Size::Fixed(n) => n,
+            Size::Adaptive(max) => max.min(2),
+        };
+        let e = Arc::new(Mutex::new(Entry {
+            size: initial,
+            ..Entry::default()
+        }));
+        shard.insert(id, Arc::clone(&e));
+        Some(e)
+    }
+}
+
+impl<S: Store, C: Clock> Leasing<S, C> {
+    /// Leasing over `inner`, timed by `clock`, with the default settings (adaptive leases up to
+    /// [`DEFAULT_MAX_LEASE`] units).
+    pub fn new(inner: S, clock: C) -> Self {
+        Leasing::builder(inner, clock)
+            .build()
+            .unwrap_or_else(|_| unreachable!("the default settings are valid"))
+    }
+
+    /// Settings, starting from the defaults.
+    pub fn builder(inner: S, clock: C) -> LeasingBuilder<S, C> {
+        LeasingBuilder {
+            inner,
+            clock,
+            size: Size::Adaptive(DEFAULT_MAX_LEASE),
+            max_ttl: DEFAULT_MAX_TTL,
+            max_keys: DEFAULT_MAX_LEASED_KEYS,
+        }
+    }
+}
+
+impl<S, C> LeasingBuilder<S, C> {
+    /// Every lease is `n` units (at least 1): no adaptation.
+    pub fn lease_size(mut self, n: u64) -> Self {
+        self.size = Size::Fixed(n);
+        self
+    }
+
+    /// Adaptive leases of at most `n` units (the default, with [`DEFAULT_MAX_LEASE`]).
+    pub fn max_lease(mut self, n: u64) -> Self {
+        self.size = Size::Adaptive(n);
+        self
+    }
+
+    /// The longest a lease lives (default [`DEFAULT_MAX_TTL`]); a lease also never outlives the
+    /// time the limit takes to refill it. Must be at least one microsecond.
+    pub fn max_ttl(mut self, d: Duration) -> Self {
+        self.max_ttl = d;
+        self
+    }
+
+    /// The most keys with lease state held at once (default [`DEFAULT_MAX_LEASED_KEYS`]). When
+    /// full, keys without a live lease are dropped first; a key that finds no room is checked at
+    /// the store directly.
+    pub fn max_keys(mut self, n: usize) -> Self {
+        self.max_keys = n;
+        self
+    }
+
+    /// Builds the wrapper, or says which setting is wrong.
+    pub fn build(self) -> Result<Leasing<S, C>, ConfigError> {
+        if self.size.max() == 0 {
+            return Err(ConfigError::InvalidSetting {
+                name: "lease_size",
+                reason: "must be at least 1",
+            });
+        }
+        let max_ttl_us = micros(self.max_ttl);
+        if max_ttl_us == 0 {
+            return Err(ConfigError::InvalidSetting {
+                name: "max_ttl",
+                reason: "must be at least one microsecond",
+            });
+        }
+        if self.max_keys == 0 {
+            return Err(ConfigError::InvalidSetting {
+                name: "max_keys",
+                reason: "must be at least 1",
+            });
+        }
+        Ok(Leasing {
+            shared: Arc::new(Shared {
+                inner: self.inner,
+                clock: self.clock,
+                size: self.size,
+                max_ttl_us,
+                shards: (0..SHARDS).map(|_| Mutex::new(Map::default())).collect(),
+                per_shard_cap: self.max_keys.div_ceil(SHARDS),
+                seed: random_seed(),
+                counters: Counters::default(),
+            }),
+        })
+    }
+}
+
+impl<S: fmt::Debug, C> fmt::Debug for LeasingBuilder<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeasingBuilder")
+            .field("inner", &self.inner)
+            .field("size", &self.size)
+            .field("max_ttl", &self.max_ttl)
+            .field("max_keys", &self.max_keys)
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S: fmt::Debug, C> fmt::Debug for Leasing<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Leasing")
+            .field("inner", &self.shared.inner)
+            .field("size", &self.shared.size)
+            .field("max_ttl_us", &self.shared.max_ttl_us)
+            .field("stats", &self.stats())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<S, C> Leasing<S, C> {
+    /// The wrapped store.
+    pub fn get_ref(&self) -> &S {
+        &self.shared.inner
+    }
+
+    /// Counters since the wrapper was made.
+    pub fn stats(&self) -> LeasingStats {
+        let c = &self.shared.counters;
+        LeasingStats {
+            local: c.local.load(Ordering::Relaxed),
+            store_calls: c.store_calls.load(Ordering::Relaxed),
+            leases: c.leases.load(Ordering::Relaxed),
+            leased_units: c.leased_units.load(Ordering::Relaxed),
+            lease_denials: c.lease_denials.load(Ordering::Relaxed),
+            wasted_units: c.wasted_units.load(Ordering::Relaxed),
+            waited: c.waited.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Units held in live leases now, over every key (locks each entry in turn).
+    pub fn outstanding_units(&self) -> u64 {
+        self.shared
+            .shards
+            .iter()
+            .map(|s| s.lock().values().map(|e| e.lock().tokens).sum::<u64>())
+            .sum()
+    }
+}
+
+impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
+    type Error = S::Error;
+    type Future = LeaseFuture<S, C>;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        let sh = &self.shared;
+        let direct = cost == 0
+            || cost > sh.size.max()
+            || (limit.algorithm() == Algorithm::FixedWindow && limit.quotas().len() > 1);
+        let now = sh.clock.now().as_micros();
+        let entry = if direct {
+            None
+        } else {
+            sh.entry(sh.id(key, limit.fingerprint()), now)
+        };
+        let Some(entry) = entry else {
+            sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
+            return LeaseFuture {
+                state: St::Direct {
+                    fut: sh.inner.check(key, limit, cost),
+                },
+                ctx: None,
+            };
+        };
+        let cap = capacity(limit);
+        let action = sh.try_acquire(&mut entry.lock(), now, cost, cap);
+        let ctx = |entry| {
+            Some(Ctx {
+                shared: Arc::clone(sh),
+                key: key.into(),
+                limit: limit.clone(),
+                cost,
+                cap,
+                entry,
+            })
+        };
+        match action {
+            Action::Local(d) => LeaseFuture {
+                state: St::Ready { out: Some(d) },
+                ctx: None,
+            },
+            Action::Direct => {
+                sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
+                LeaseFuture {
+                    state: St::Direct {
+                        fut: sh.inner.check(key, limit, cost),
+                    },
+                    ctx: None,
+                }
+            }
+            Action::Fetch(want) => {
+                sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
+                LeaseFuture {
+                    state: St::Lease {
+                        fut: sh.inner.check(key, limit, want),
+                        want,
+                        sent: now,
+                    },
+                    ctx: ctx(entry),
+                }
+            }
+            Action::Wait => {
+                sh.counters.waited.fetch_add(1, Ordering::Relaxed);
+                LeaseFuture {
+                    state: St::Wait,
+                    ctx: ctx(entry),
+                }
+            }
+        }
+    }
+}
+
+/// The most a limit can ever admit at once: a larger lease would be [`Outcome::Exceeds`].
+fn capacity(limit: &Limit) -> u64 {
+    limit
+        .quotas()
+        .iter()
+        .map(|q| match limit.algorithm() {
+            Algorithm::TokenBucket | Algorithm::Gcra => q.burst(),
+            _ => q.limit(),
+        })
+        .min()
+        .unwrap_or(1)
+}
+
+struct Ctx<S, C> {
+    shared: Arc<Shared<S, C>>,
+    key: Box<[u8]>,
+    limit: Limit,
+    cost: u64,
+    cap: u64,
+    entry: EntryRef,
+}
+
+pin_project! {
+    #[project = StProj]
+    enum St<F> {
+        // Answered locally.
+        Ready { out: Option<Decision> },
+        // Straight to the store, answer passed on.
+        Direct { #[pin] fut: F },
+        // Waiting for another check of this key to bring a lease.
+        Wait,
+        // Asking the store for a lease of `want`.
+        Lease { #[pin] fut: F, want: u64, sent: u64 },
+        // The lease was denied: asking for the request's own cost.
+        Fallback { #[pin] fut: F, sent: u64 },
+        Done,
+    }
+}
+
+pin_project! {
+    /// The future of a [`Leasing`] check: answered from a lease, or waiting for one, or a store
+    /// call.
+    pub struct LeaseFuture<S, C>
+    where
+        S: Store,
+    {
+        #[pin]
+        state: St<S::Future>,
+        ctx: Option<Ctx<S, C>>,
+    }
+
+    impl<S, C> PinnedDrop for LeaseFuture<S, C>
+    where
+        S: Store,
+    {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            // A check dropped while it was bringing a lease must let the waiting checks go on.
+            if let (StProj::Lease { .. } | StProj::Fallback { .. }, Some(ctx)) =
+                (this.state.project(), this.ctx.as_ref())
+            {
+                let mut e = ctx.entry.lock();
+                e.fetching = false;
+                e.wake_all();
+            }
+        }
+    }
+}
+
+impl<S: Store, C> fmt::Debug for LeaseFuture<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            St::Ready { .. } => "local",
+            St::Direct { .. } => "store call",
+            St::Wait => "waiting for a lease",
+            St::Lease { .. } => "asking for a lease",
+            St::Fallback { .. } => "asking for the request's cost",
+            St::Done => "done",
+        };
+        f.debug_struct("LeaseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
+    type Output = Result<Decision, S::Error>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        loop {
+            let this = self.as_mut().project();
+            let ctx = this.ctx.as_ref();
+            match this.state.project() {
+                StProj::Ready { out } => {
+                    let d = out.take().expect("LeaseFuture polled after completion");
+                    return Poll::Ready(Ok(d));
+                }
+                StProj::Direct { fut } => return fut.poll(cx),
+                StProj::Done => panic!("LeaseFuture polled after completion"),
+                StProj::Wait => {
+                    let ctx = ctx.expect("a waiting check has its context");
+                    let sh = &ctx.shared;
+                    let now = sh.clock.now().as_micros();
+                    let mut e = ctx.entry.lock();
+                    match sh.try_acquire(&mut e, now, ctx.cost, ctx.cap) {
+                        Action::Local(d) => {
+                            drop(e);
+                            self.as_mut().project().state.set(St::Done);
+                            return Poll::Ready(Ok(d));
+                        }
+                        Action::Wait => {
+                            if !e.waiters.iter().any(|w| w.will_wake(cx.waker())) {
+                                e.waiters.push(cx.waker().clone());
+                            }
+                            return Poll::Pending;
+                        }
+                        Action::Direct => {
+                            drop(e);
+                            sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
+                            let fut = sh.inner.check(&ctx.key, &ctx.limit, ctx.cost);
+                            self.as_mut().project().state.set(St::Direct { fut });
+                        }
+                        Action::Fetch(want) => {
+                            drop(e);
+                            sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
+                            let fut = sh.inner.check(&ctx.key, &ctx.limit, want);
+                            self.as_mut().project().state.set(St::Lease {
+                                fut,
+                                want,
+                                sent: now,
+                            });
+                        }
+                    }
+                }
+                StProj::Lease { fut, want, sent } => {
+                    let out = std::task::ready!(fut.poll(cx));
+                    let (want, sent) = (*want, *sent);
+                    let ctx = ctx.expect("a lease request has its context");
+                    let sh = &ctx.shared;
+                    let cost = ctx.cost;
+                    let d = match out {
+                        Ok(d) => d,
+                        Err(err) => {
+                            finish(&ctx.entry, |_| {});
+                            self.as_mut().project().state.set(St::Done);
+                            return Poll::Ready(Err(err));
+                        }
+                    };
+                    if d.is_allowed() {
+                        let ttl = sh.ttl(&ctx.limit, want, &d);
+                        let local = finish(&ctx.entry, |e| {
+                            e.tokens = want - cost;
+                            e.granted = want;
+                            e.expires = sent.saturating_add(ttl);
+                            e.limit = d.limit();
+                            e.remaining = d.remaining();
+                            e.reset_at = sent.saturating_add(micros(d.reset_after()));
+                            e.quota_index = u32::try_from(d.quota_index()).unwrap_or(u32::MAX);
+                            if want > cost && e.tokens == 0 {
+                                sh.grow(e);
+                            }
+                            e.decision(sent)
+                        });
+                        if want > cost {
+                            sh.counters.leases.fetch_add(1, Ordering::Relaxed);
+                            sh.counters.leased_units.fetch_add(want, Ordering::Relaxed);
+                        }
+                        self.as_mut().project().state.set(St::Done);
+                        // The store's own answer, with the lease's units counted as remaining.
+                        return Poll::Ready(Ok(Decision::new(
+                            Outcome::Allowed,
+                            d.limit(),
+                            local.remaining(),
+                            d.reset_after(),
+                            d.quota_index(),
+                        )));
+                    }
+                    if want == cost {
+                        // The request's own answer: a denial of its cost.
+                        finish(&ctx.entry, |e| starve(e, sent, &d));
+                        self.as_mut().project().state.set(St::Done);
+                        return Poll::Ready(Ok(d));
+                    }
+                    // The lease does not fit: ask for the request's own cost now, still as the
+                    // one check of this key in flight.
+                    sh.counters.lease_denials.fetch_add(1, Ordering::Relaxed);
+                    sh.shrink(&mut ctx.entry.lock());
+                    sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
+                    let now = sh.clock.now().as_micros();
+                    let fut = sh.inner.check(&ctx.key, &ctx.limit, cost);
+                    self.as_mut()
+                        .project()
+                        .state
+                        .set(St::Fallback { fut, sent: now });
+                }
+                StProj::Fallback { fut, sent } => {
+                    let out = std::task::ready!(fut.poll(cx));
+                    let sent = *sent;
+                    let ctx = ctx.expect("a fall-back has its context");
+                    finish(&ctx.entry, |e| {
+                        if let Ok(d) = &out {
+                            starve(e, sent, d);
+                        }
+                    });
+                    self.as_mut().project().state.set(St::Done);
+                    return Poll::Ready(out);
+                }
+            }
+        }
+    }
+}
+
+/// Ends this check's turn as the key's fetcher: applies `f`, then wakes the waiting checks.
+fn finish<T>(entry: &EntryRef, f: impl FnOnce(&mut Entry) -> T) -> T {
+    let mut e = entry.lock();
+    let out = f(&mut e);
+    e.fetching = false;
+    e.wake_all();
+    out
+}
+
+/// After a denial of a request's own cost: straight to the store until it may pass.
+fn starve(e: &mut Entry, sent: u64, d: &Decision) {
+    if let Some(wait) = d.retry_after() {
+        e.starved_until = sent.saturating_add(micros(wait));
+    }
+}
+
+fn micros(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
+
+/// Keys are uniform 128-bit digests already.
+#[derive(Default)]
+struct IdHasher(u64);
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+    fn write(&mut self, bytes: &[u8]) {
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+    fn write_u128(&mut self, i: u128) {
+        self.0 = i as u64;
+    }
+}
+
+fn random_seed() -> (u64, u64) {
+    use std::hash::BuildHasher;
+    let a = std::collections::hash_map::RandomState::new().hash_one(0x1ea5e_u64);
+    let b = std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64);
+    (a, b)
+}

@@ -1,0 +1,477 @@
+//! `Leasing` over `MemoryStore`s on a `ManualClock`: never more than the limit, the documented
+//! shortfall and burst bounds, one lease per key per gateway, and no unit spent twice under
+//! concurrency.
+
+use std::future::Future;
+use std::pin::{Pin, pin};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Arc, Barrier};
+use std::task::{Context, Poll, Wake, Waker};
+use std::thread;
+use std::time::Duration;
+
+use ratelimit_core::{
+    Algorithm, ConfigError, DenialCache, Leasing, Limit, ManualClock, MemoryStore, NoError, Quota,
+    Store, Timestamp,
+};
+
+/// Polls a future on this thread until it is ready (parking between polls, bounded).
+fn block_on<F: Future>(f: F) -> F::Output {
+    struct Unpark(thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut f = pin!(f);
+    loop {
+        if let Poll::Ready(v) = f.as_mut().poll(&mut cx) {
+            return v;
+        }
+        thread::park_timeout(Duration::from_millis(1));
+    }
+}
+
+fn memory(clock: &ManualClock) -> Arc<MemoryStore<ManualClock>> {
+    Arc::new(
+        MemoryStore::builder()
+            .with_clock(clock.clone())
+            .build()
+            .unwrap(),
+    )
+}
+
+/// A store whose checks are decided only after a few polls (as a network store's are), so that
+/// concurrent checks of one key overlap. The decision is made by a shared `MemoryStore` when the
+/// future completes, not when it is created.
+struct Slow {
+    store: Arc<MemoryStore<ManualClock>>,
+    polls: usize,
+    gate: Arc<AtomicBool>,
+    calls: Arc<AtomicUsize>,
+}
+
+struct SlowFuture {
+    store: Arc<MemoryStore<ManualClock>>,
+    key: Vec<u8>,
+    limit: Limit,
+    cost: u64,
+    left: usize,
+    gate: Arc<AtomicBool>,
+}
+
+impl Future for SlowFuture {
+    type Output = Result<ratelimit_core::Decision, NoError>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if self.left > 0 || !self.gate.load(Ordering::Acquire) {
+            self.left = self.left.saturating_sub(1);
+            thread::yield_now();
+            cx.waker().wake_by_ref();
+            return Poll::Pending;
+        }
+        Poll::Ready(Ok(self.store.check_now(&self.key, &self.limit, self.cost)))
+    }
+}
+
+impl Store for Slow {
+    type Error = NoError;
+    type Future = SlowFuture;
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> SlowFuture {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        SlowFuture {
+            store: Arc::clone(&self.store),
+            key: key.to_vec(),
+            limit: limit.clone(),
+            cost,
+            left: self.polls,
+            gate: Arc::clone(&self.gate),
+        }
+    }
+}
+
+fn slow(store: &Arc<MemoryStore<ManualClock>>, polls: usize) -> Slow {
+    Slow {
+        store: Arc::clone(store),
+        polls,
+        gate: Arc::new(AtomicBool::new(true)),
+        calls: Arc::new(AtomicUsize::new(0)),
+    }
+}
+
+#[test]
+fn one_gateway_admits_exactly_the_quota_for_every_algorithm() {
+    for alg in Algorithm::ALL {
+        let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+        let store = memory(&clock);
+        let leasing = Leasing::builder(Arc::clone(&store), clock.clone())
+            .max_lease(64)
+            .build()
+            .unwrap();
+        // Nothing refills while the clock stands still.
+        let limit = Limit::single(alg, Quota::per_hour(1_000).unwrap()).unwrap();
+        let admitted = (0..5_000)
+            .filter(|_| {
+                block_on(leasing.check(b"hot", &limit, 1))
+                    .unwrap()
+                    .is_allowed()
+            })
+            .count();
+        assert_eq!(admitted, 1_000, "{alg}");
+        let s = leasing.stats();
+        assert_eq!(leasing.outstanding_units(), 0, "{alg}");
+        // The 1,000 admissions cost a few dozen leases; the 4,000 denials one call each (the
+        // denial cache is what saves those).
+        assert!(s.store_calls < 4_000 + 60, "{alg}: {s:?}");
+        assert!(s.local > 900, "{alg}: {s:?}");
+        assert_eq!(s.wasted_units, 0, "{alg}: {s:?}");
+    }
+}
+
+#[test]
+fn with_a_denial_cache_an_over_limit_key_costs_almost_nothing() {
+    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+    let store = memory(&clock);
+    let leasing = Leasing::new(Arc::clone(&store), clock.clone());
+    let both = DenialCache::new(leasing, clock.clone());
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_hour(1_000).unwrap()).unwrap();
+    let admitted = (0..5_000)
+        .filter(|_| {
+            block_on(both.check(b"hot", &limit, 1))
+                .unwrap()
+                .is_allowed()
+        })
+        .count();
+    assert_eq!(admitted, 1_000);
+    let calls = both.get_ref().stats().store_calls;
+    assert!(calls < 40, "{calls} store calls for 5,000 checks");
+}
+
+#[test]
+fn twenty_gateways_never_exceed_and_fall_short_by_at_most_g_times_l_minus_1() {
+    const G: usize = 20;
+    const L: u64 = 10;
+    for alg in Algorithm::ALL {
+        let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+        let store = memory(&clock);
+        let gateways: Vec<_> = (0..G)
+            .map(|_| {
+                Leasing::builder(Arc::clone(&store), clock.clone())
+                    .lease_size(L)
+                    .build()
+                    .unwrap()
+            })
+            .collect();
+        let limit = Limit::single(alg, Quota::per_day(1_000).unwrap()).unwrap();
+        let mut admitted = 0u64;
+        // Uneven demand: gateway g gets g + 1 requests per round.
+        for _round in 0..30 {
+            for (g, gw) in gateways.iter().enumerate() {
+                for _ in 0..=g {
+                    if block_on(gw.check(b"k", &limit, 1)).unwrap().is_allowed() {
+                        admitted += 1;
+                    }
+                }
+            }
+        }
+        let unspent: u64 = gateways.iter().map(Leasing::outstanding_units).sum();
+        assert!(admitted <= 1_000, "{alg}: {admitted}");
+        assert_eq!(
+            admitted + unspent,
+            1_000,
+            "{alg}: every granted unit is admitted or held"
+        );
+        assert!(
+            admitted >= 1_000 - G as u64 * (L - 1),
+            "{alg}: {admitted} admitted, shortfall past the bound"
+        );
+        // The store itself has nothing left.
+        assert!(store.check_now(b"k", &limit, 1).is_denied(), "{alg}");
+    }
+}
+
+#[test]
+fn threads_never_spend_a_lease_twice() {
+    const THREADS: usize = 8;
+    for alg in Algorithm::ALL {
+        let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+        let store = memory(&clock);
+        let slow = slow(&store, 3);
+        let calls = Arc::clone(&slow.calls);
+        let leasing = Arc::new(
+            Leasing::builder(slow, clock.clone())
+                .max_lease(32)
+                .build()
+                .unwrap(),
+        );
+        let limit = Limit::single(alg, Quota::per_hour(1_000).unwrap()).unwrap();
+        let barrier = Arc::new(Barrier::new(THREADS));
+        let handles: Vec<_> = (0..THREADS)
+            .map(|_| {
+                let (leasing, limit, barrier) =
+                    (Arc::clone(&leasing), limit.clone(), Arc::clone(&barrier));
+                thread::spawn(move || {
+                    barrier.wait();
+                    (0..600)
+                        .filter(|_| {
+                            block_on(leasing.check(b"hot", &limit, 1))
+                                .unwrap()
+                                .is_allowed()
+                        })
+                        .count()
+                })
+            })
+            .collect();
+        let admitted: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
+        let s = leasing.stats();
+        assert_eq!(admitted, 1_000, "{alg}: {s:?}");
+        assert_eq!(leasing.outstanding_units(), 0, "{alg}");
+        assert_eq!(s.store_calls, calls.load(Ordering::Relaxed) as u64, "{alg}");
+        assert!(
+            s.waited > 0,
+            "{alg}: concurrent checks waited for a lease: {s:?}"
+        );
+        assert!(s.local > 500, "{alg}: {s:?}");
+    }
+}
+
+#[test]
+fn a_dropped_lease_request_lets_the_waiting_checks_go_on() {
+    let clock = ManualClock::new();
+    let store = memory(&clock);
+    let slow = slow(&store, 0);
+    let gate = Arc::clone(&slow.gate);
+    gate.store(false, Ordering::Release);
+    let leasing = Leasing::new(slow, clock.clone());
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(100).unwrap()).unwrap();
+    let cx = &mut Context::from_waker(Waker::noop());
+    let mut first = Box::pin(leasing.check(b"k", &limit, 1));
+    let mut second = Box::pin(leasing.check(b"k", &limit, 1));
+    assert!(first.as_mut().poll(cx).is_pending());
+    assert!(second.as_mut().poll(cx).is_pending());
+    assert_eq!(leasing.stats().waited, 1);
+    drop(first);
+    gate.store(true, Ordering::Release);
+    let d = block_on(second).unwrap();
+    assert!(d.is_allowed());
+}
+
+#[test]
+fn expired_leases_are_dropped_and_counted() {
+    let clock = ManualClock::new();
+    let store = memory(&clock);
+    let leasing = Leasing::builder(Arc::clone(&store), clock.clone())
+        .lease_size(10)
+        .build()
+        .unwrap();
+    // 10 per second: a lease of 10 lives one second, the time the store takes to refill it.
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(10).unwrap()).unwrap();
+    assert!(
+        block_on(leasing.check(b"k", &limit, 1))
+            .unwrap()
+            .is_allowed()
+    );
+    assert_eq!(leasing.outstanding_units(), 9);
+    clock.advance(Duration::from_millis(999));
+    let d = block_on(leasing.check(b"k", &limit, 1)).unwrap();
+    assert!(d.is_allowed());
+    assert_eq!(leasing.stats().local, 1);
+    // The store said 0 remained after the lease; 8 are left in it.
+    assert_eq!(d.remaining(), 8);
+    clock.advance(Duration::from_millis(1));
+    assert!(
+        block_on(leasing.check(b"k", &limit, 1))
+            .unwrap()
+            .is_allowed()
+    );
+    let s = leasing.stats();
+    assert_eq!((s.leases, s.wasted_units, s.local), (2, 8, 1));
+}
+
+#[test]
+fn a_nearly_exhausted_key_still_admits_what_is_left() {
+    let clock = ManualClock::new();
+    let store = memory(&clock);
+    let leasing = Leasing::builder(Arc::clone(&store), clock.clone())
+        .lease_size(10)
+        .build()
+        .unwrap();
+    let limit = Limit::single(Algorithm::SlidingLog, Quota::per_hour(100).unwrap()).unwrap();
+    // Another gateway took 97.
+    assert!(store.check_now(b"k", &limit, 97).is_allowed());
+    let admitted = (0..10)
+        .filter(|_| {
+            block_on(leasing.check(b"k", &limit, 1))
+                .unwrap()
+                .is_allowed()
+        })
+        .count();
+    assert_eq!(admitted, 3);
+    assert!(leasing.stats().lease_denials >= 3);
+}
+
+/// Every admission, with its time, from `gateways` fed random traffic over `secs` seconds.
+fn admissions(
+    alg: Algorithm,
+    quota: Quota,
+    gateways: usize,
+    lease: u64,
+    secs: u64,
+) -> (Vec<u64>, Duration) {
+    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+    let store = memory(&clock);
+    let gws: Vec<_> = (0..gateways)
+        .map(|_| {
+            Leasing::builder(Arc::clone(&store), clock.clone())
+                .lease_size(lease)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let limit = Limit::single(alg, quota).unwrap();
+    let mut rng = 0x1234_5678_9abc_def1_u64;
+    let mut times = Vec::new();
+    let end = clock_now(&clock) + secs * 1_000_000;
+    while clock_now(&clock) < end {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        // Steady arrivals (up to 3 ms apart), lulls of 300 ms, and bursts of 80 at one instant,
+        // at random gateways: a lull leaves leases held while the store refills.
+        let n = match rng % 50 {
+            0 => {
+                clock.advance(Duration::from_millis(300));
+                1
+            }
+            1 => 80,
+            _ => {
+                clock.advance(Duration::from_micros(rng % 3_000));
+                1
+            }
+        };
+        for i in 0..n {
+            let gw = &gws[((rng >> 40) as usize + i) % gateways];
+            if block_on(gw.check(b"k", &limit, 1)).unwrap().is_allowed() {
+                times.push(clock_now(&clock));
+            }
+        }
+    }
+    (times, quota.period())
+}
+
+fn clock_now(c: &ManualClock) -> u64 {
+    ratelimit_core::Clock::now(c).as_micros()
+}
+
+/// The most admissions in any closed interval of `len` µs.
+fn most_in(times: &[u64], len: u64) -> u64 {
+    let mut best = 0;
+    let mut lo = 0;
+    for hi in 0..times.len() {
+        while times[hi] - times[lo] > len {
+            lo += 1;
+        }
+        best = best.max(hi - lo + 1);
+    }
+    best as u64
+}
+
+#[test]
+fn bucket_bursts_exceed_the_exact_bound_by_at_most_one_lease() {
+    const L: u64 = 16;
+    for alg in [Algorithm::TokenBucket, Algorithm::Gcra] {
+        // 200 per second, bursts of 50; traffic averages ~670 per second.
+        let quota = Quota::per_second(200).unwrap().with_burst(50).unwrap();
+        let (times, _) = admissions(alg, quota, 5, L, 20);
+        assert!(times.len() > 2_000, "{alg}: {}", times.len());
+        for len_ms in [0, 1, 10, 50, 100, 250, 1_000, 5_000] {
+            let len = len_ms * 1_000;
+            // Exact bound for an interval of `len`: burst + rate × len (200/s is 1 per 5 ms).
+            let exact = 50 + len / 5_000;
+            let got = most_in(&times, len);
+            println!("{alg}: at most {got} admitted in {len_ms} ms (exact bound {exact})");
+            assert!(
+                got <= exact + L,
+                "{alg}: {got} in {len_ms} ms, exact bound {exact}"
+            );
+        }
+    }
+}
+
+#[test]
+fn sliding_windows_hold_at_most_limit_plus_g_times_l_minus_1() {
+    const G: usize = 4;
+    const L: u64 = 8;
+    for alg in [Algorithm::SlidingLog, Algorithm::SlidingWindow] {
+        let quota = Quota::per_second(100).unwrap();
+        let (times, period) = admissions(alg, quota, G, L, 20);
+        let got = most_in(&times, period.as_micros() as u64 - 1);
+        println!("{alg}: at most {got} admitted in one period of {period:?}");
+        assert!(
+            got <= 100 + G as u64 * (L - 1),
+            "{alg}: {got} in one period"
+        );
+        assert!(times.len() > 1_000, "{alg}: {}", times.len());
+    }
+}
+
+#[test]
+fn fixed_windows_stay_exact() {
+    let quota = Quota::per_second(100).unwrap();
+    let (times, _) = admissions(Algorithm::FixedWindow, quota, 4, 8, 20);
+    let mut per_window = std::collections::HashMap::new();
+    for t in &times {
+        *per_window.entry(t / 1_000_000).or_insert(0u64) += 1;
+    }
+    assert!(per_window.values().all(|&n| n <= 100), "{per_window:?}");
+    assert!(per_window.values().filter(|&&n| n > 90).count() > 10);
+}
+
+#[test]
+fn settings_are_checked() {
+    let clock = ManualClock::new();
+    let store = memory(&clock);
+    let err = |b: ratelimit_core::LeasingBuilder<_, _>| b.build().unwrap_err();
+    assert!(matches!(
+        err(Leasing::builder(Arc::clone(&store), clock.clone()).lease_size(0)),
+        ConfigError::InvalidSetting {
+            name: "lease_size",
+            ..
+        }
+    ));
+    assert!(matches!(
+        err(Leasing::builder(Arc::clone(&store), clock.clone()).max_ttl(Duration::ZERO)),
+        ConfigError::InvalidSetting {
+            name: "max_ttl",
+            ..
+        }
+    ));
+    assert!(matches!(
+        err(Leasing::builder(Arc::clone(&store), clock.clone()).max_keys(0)),
+        ConfigError::InvalidSetting {
+            name: "max_keys",
+            ..
+        }
+    ));
+}
+
+#[test]
+fn peeks_and_large_costs_go_straight_to_the_store() {
+    let clock = ManualClock::new();
+    let store = memory(&clock);
+    let leasing = Leasing::builder(Arc::clone(&store), clock.clone())
+        .max_lease(4)
+        .build()
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(10).unwrap()).unwrap();
+    let d = block_on(leasing.check(b"k", &limit, 5)).unwrap();
+    assert_eq!((d.is_allowed(), d.remaining()), (true, 5));
+    let d = block_on(leasing.check(b"k", &limit, 0)).unwrap();
+    assert_eq!(d.remaining(), 5);
+    let s = leasing.stats();
+    assert_eq!(
+        (s.store_calls, s.leases, leasing.outstanding_units()),
+        (2, 0, 0)
+    );
+}
