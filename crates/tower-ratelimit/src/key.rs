@@ -118,7 +118,7 @@ use crate::Error;
 /// Separator written between the parts of a combined key.
 pub const PART_SEPARATOR: u8 = 0x1f;
 
-const INLINE: usize = 96;
+const INLINE: usize = 64;
 
 /// A key being built. Short keys live on the stack; longer ones move to the heap.
 ///
