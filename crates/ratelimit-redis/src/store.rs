@@ -109,6 +109,8 @@ pub struct RedisStoreBuilder {
     response_timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
     expiry_slack: Duration,
+    #[cfg(feature = "tls")]
+    root_cert: Option<Vec<u8>>,
 }
 
 impl fmt::Debug for RedisStoreBuilder {
@@ -371,7 +373,34 @@ impl RedisStoreBuilder {
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             clock: None,
             expiry_slack: Duration::ZERO,
+            #[cfg(feature = "tls")]
+            root_cert: None,
         }
+    }
+
+    /// Trusts `pem` (one or more PEM certificates) as the root for `rediss://` servers, instead of
+    /// the system's roots: for a Redis whose certificate comes from a private CA.
+    #[cfg(feature = "tls")]
+    pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
+        self.root_cert = Some(pem.into());
+        self
+    }
+
+    /// The connection settings for `url`, with the root certificate if one was given.
+    fn connection_info(&self, url: &str) -> Result<redis::ConnectionInfo, RedisStoreError> {
+        let bad = |e: RedisError| {
+            RedisStoreError::config("url", format!("cannot use `{}`: {e}", redact(url)))
+        };
+        #[cfg(feature = "tls")]
+        if let Some(pem) = &self.root_cert {
+            let certs = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            };
+            let client = redis::Client::build_with_tls(url, certs).map_err(bad)?;
+            return Ok(client.get_connection_info().clone());
+        }
+        redis::IntoConnectionInfo::into_connection_info(url).map_err(bad)
     }
 
     /// The prefix of every key (default `rl`): printable ASCII, without braces or spaces, at most
@@ -449,19 +478,15 @@ impl RedisStoreBuilder {
         if self.urls.is_empty() {
             return Err(RedisStoreError::config("url", "at least one URL is needed"));
         }
+        let mut infos = Vec::with_capacity(self.urls.len());
         for url in &self.urls {
-            if url.starts_with("rediss://") {
+            if cfg!(not(feature = "tls")) && url.starts_with("rediss://") {
                 return Err(RedisStoreError::config(
                     "url",
-                    "rediss:// (TLS) is not supported by this build of ratelimit-redis",
+                    "rediss:// (TLS) needs ratelimit-redis's `tls` feature",
                 ));
             }
-            if redis::IntoConnectionInfo::into_connection_info(url.as_str()).is_err() {
-                return Err(RedisStoreError::config(
-                    "url",
-                    format!("cannot parse `{}`", redact(url)),
-                ));
-            }
+            infos.push(self.connection_info(url)?);
         }
         if !self.cluster && self.urls.len() != 1 {
             return Err(RedisStoreError::config(
@@ -476,7 +501,7 @@ impl RedisStoreBuilder {
         }
 
         let backend = if self.cluster {
-            let manager = dpc::Manager::new(self.urls.clone(), false).map_err(|e| {
+            let manager = dpc::Manager::new(infos, false).map_err(|e| {
                 RedisStoreError::config("url", format!("cannot use the cluster URLs: {e}"))
             })?;
             let pool = dpc::Pool::builder(manager)
@@ -493,10 +518,9 @@ impl RedisStoreBuilder {
                 .set_connection_timeout(Some(self.connect_timeout))
                 // The store bounds each check (connection included) with one timer of its own.
                 .set_response_timeout(None);
-            let manager = deadpool_redis::Manager::new_with_config(self.urls[0].as_str(), config)
-                .map_err(|e| {
-                RedisStoreError::config("url", format!("cannot use the URL: {e}"))
-            })?;
+            let info = infos.swap_remove(0);
+            let manager = deadpool_redis::Manager::new_with_config(info, config)
+                .map_err(|e| RedisStoreError::config("url", format!("cannot use the URL: {e}")))?;
             let pool = deadpool_redis::Pool::builder(manager)
                 .max_size(self.pool_size)
                 .wait_timeout(Some(self.wait_timeout))
