@@ -28,6 +28,9 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+pub mod proxy;
+pub mod tls;
+
 /// How long a server may take to answer PING after starting.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long a cluster may take to agree that it is up.

@@ -1,0 +1,66 @@
+//! Support for the fault-injection and hostile-input tests of this workspace.
+//!
+//! The tests in `tests/` run a real axum server (on `127.0.0.1:0`) with the real Redis store
+//! against real `redis-server` processes started by `redis-harness`, drive it with a real HTTP
+//! client, break Redis or the network in the middle, and assert what each route answered and how
+//! fast. This library holds what they share:
+//!
+//! - [`app::TestApp`]: serves a router on a loopback port, with the peer address available to
+//!   key extractors;
+//! - [`load`]: a bounded load (a fixed number of workers for a fixed time) that records every
+//!   response's status, latency and time of sending;
+//! - [`observe`]: metrics (a debugging recorder), log lines (a small `tracing` subscriber) and the
+//!   resident memory of this process;
+//! - [`reconnecting::ReconnectingStore`]: a `RedisStore` that can be created while Redis is down
+//!   and connects in the background once it is up.
+//!
+//! Run the suite with `cargo test -p ratelimit-e2e`; the 10,000,000-identity key flood with
+//! `cargo test --release -p ratelimit-e2e --test key_flood -- --ignored`.
+#![forbid(unsafe_code)]
+
+pub mod app;
+pub mod load;
+pub mod observe;
+pub mod reconnecting;
+
+use std::time::Duration;
+
+use ratelimit_core::{Algorithm, Limit, Quota};
+use ratelimit_redis::{RedisStore, RedisStoreBuilder};
+
+/// A token bucket of `n` per minute (bursts of `n`).
+pub fn per_minute(n: u64) -> Limit {
+    Limit::single(
+        Algorithm::TokenBucket,
+        Quota::per_minute(n).expect("a valid quota"),
+    )
+    .expect("a valid limit")
+}
+
+/// Store settings for fault tests: short connect and wait timeouts (100 ms), a response timeout of
+/// 200 ms (the layer's own timeout, shorter, is what bounds a request), two connections.
+pub fn store_builder(url: &str) -> RedisStoreBuilder {
+    RedisStore::builder(url)
+        .prefix("e2e")
+        .pool_size(2)
+        .connect_timeout(Duration::from_millis(100))
+        .wait_timeout(Duration::from_millis(100))
+        .response_timeout(Duration::from_millis(200))
+}
+
+/// Polls `f` every 10 ms until it returns `true`, for at most `within`; returns how long it took,
+/// or `None` if it never did.
+pub async fn wait_until<F, Fut>(within: Duration, mut f: F) -> Option<Duration>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = std::time::Instant::now();
+    while start.elapsed() < within {
+        if f().await {
+            return Some(start.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    None
+}

@@ -1,0 +1,213 @@
+//! Redis killed (SIGKILL) in the middle of a load, then restarted on the same port, empty.
+//!
+//! Three routes share one `RedisStore`, each with its own failure policy:
+//! - `/open` (fail open, 1,000/min): keeps answering 200 throughout;
+//! - `/closed` (fail closed, 1,000/min): answers 503 with `Retry-After: 2` while Redis is down;
+//! - `/fallback` (40/min, local share for 2 gateways = 20/min): admits at most 20 while Redis is
+//!   down and 429 after that.
+//!
+//! After the restart the store reconnects by itself (the app is not restarted) and reloads its
+//! scripts on `NOSCRIPT`; every route is limited by Redis again within a stated time.
+
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::get;
+use ratelimit_e2e::app::TestApp;
+use ratelimit_e2e::load::{self, ms};
+use ratelimit_e2e::observe::{Logs, Metrics};
+use ratelimit_e2e::{per_minute, store_builder, wait_until};
+use ratelimit_redis::RedisStore;
+use redis_harness::RedisServer;
+use tower_ratelimit::{CircuitBreaker, FailurePolicy, Policy, RateLimitLayer};
+
+const TIMEOUT: Duration = Duration::from_millis(50);
+const MARGIN: Duration = Duration::from_millis(250);
+const KILL_AT: Duration = Duration::from_millis(600);
+const RESTART_AT: Duration = Duration::from_millis(2_000);
+const LOAD_FOR: Duration = Duration::from_millis(3_500);
+
+fn layer(
+    store: &RedisStore,
+    name: &str,
+    per_min: u64,
+    failure: FailurePolicy,
+) -> RateLimitLayer<RedisStore> {
+    RateLimitLayer::builder(
+        store.clone(),
+        Policy::new(name, per_minute(per_min))
+            .expect("policy")
+            .failure(failure),
+    )
+    .timeout(TIMEOUT)
+    .circuit_breaker(CircuitBreaker::new(3, Duration::from_millis(200)).expect("breaker"))
+    .build()
+    .expect("layer")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn policies_hold_while_redis_is_killed_and_recover_after_restart() {
+    let logs = Logs::install();
+    let mut redis = RedisServer::start();
+    let store = store_builder(&redis.url()).build().await.expect("store");
+    let metrics = Metrics::new();
+    let (open, closed, fallback) = metrics.register(|| {
+        (
+            layer(&store, "open", 1_000, FailurePolicy::FailOpen),
+            layer(
+                &store,
+                "closed",
+                1_000,
+                FailurePolicy::fail_closed(Duration::from_secs(2)),
+            ),
+            layer(&store, "fallback", 40, FailurePolicy::fallback(2).unwrap()),
+        )
+    });
+    let app = Router::new()
+        .route("/open", get(|| async { "ok" }).route_layer(open))
+        .route(
+            "/closed",
+            get(|| async { "ok" }).route_layer(closed.clone()),
+        )
+        .route("/fallback", get(|| async { "ok" }).route_layer(fallback));
+    let app = TestApp::serve(app).await;
+    let client = load::client();
+    let routes = [
+        ("open", app.url("/open")),
+        ("closed", app.url("/closed")),
+        ("fallback", app.url("/fallback")),
+    ];
+
+    let origin = Instant::now();
+    let load = {
+        let client = client.clone();
+        let routes = routes.clone();
+        tokio::spawn(async move {
+            load::run(
+                &client,
+                &routes,
+                2,
+                LOAD_FOR,
+                Duration::from_millis(10),
+                origin,
+            )
+            .await
+        })
+    };
+    tokio::time::sleep_until((origin + KILL_AT).into()).await;
+    let killed_at = origin.elapsed();
+    redis.kill();
+    tokio::time::sleep_until((origin + RESTART_AT).into()).await;
+    let redis = tokio::task::spawn_blocking(move || {
+        redis.restart();
+        redis
+    })
+    .await
+    .unwrap();
+    let restarted_at = origin.elapsed();
+    // Recovery: the fail-closed route is served by Redis again.
+    let recovered = wait_until(Duration::from_secs(5), || async {
+        let s = load::get(&client, "closed", &app.url("/closed"), origin).await;
+        s.status == 200
+    })
+    .await;
+    let samples = load.await.unwrap();
+
+    println!(
+        "killed at {:.0} ms, restarted at {:.0} ms",
+        ms(killed_at),
+        ms(restarted_at)
+    );
+    for r in ["open", "closed", "fallback"] {
+        println!("{r:>8}: {}", samples.route(r));
+    }
+    let recovered = recovered.expect("the store reconnects within 5 s of the restart");
+    println!("recovered {:.0} ms after the restart", ms(recovered));
+
+    // Nothing hangs, nothing fails at the HTTP level, every answer is bounded.
+    assert_eq!(samples.count(0), 0, "every request got a response");
+    assert!(
+        samples.max() <= TIMEOUT + MARGIN,
+        "worst latency {:?} over {:?}",
+        samples.max(),
+        TIMEOUT + MARGIN
+    );
+
+    // Before the kill: Redis decides.
+    let before = samples.sent_between(Duration::ZERO, killed_at);
+    assert_eq!(before.route("open").statuses(), [200]);
+    assert_eq!(before.route("closed").statuses(), [200]);
+
+    // While down (from the kill until the restart): each route follows its policy.
+    let down = samples.sent_between(killed_at + Duration::from_millis(5), restarted_at);
+    assert!(down.route("open").len() > 20, "load ran during the outage");
+    assert_eq!(
+        down.route("open").statuses(),
+        [200],
+        "fail open keeps serving"
+    );
+    let closed_down = down.route("closed");
+    assert_eq!(closed_down.statuses(), [503], "fail closed answers 503");
+    assert!(
+        closed_down
+            .0
+            .iter()
+            .all(|s| s.retry_after.as_deref() == Some("2")),
+        "every 503 says Retry-After: 2"
+    );
+    let fb = down.route("fallback");
+    assert!(fb.count(200) <= 20, "local share is 20: {fb}");
+    assert!(fb.count(429) > 0, "the local share is enforced: {fb}");
+    assert_eq!(fb.count(200) + fb.count(429), fb.len());
+
+    // Over the whole run the fallback route never admitted more than Redis's 40 before the kill,
+    // the local 20 during the outage and a fresh 40 after the restart.
+    assert!(samples.route("fallback").count(200) <= 40 + 20 + 40);
+
+    // After recovery every route is decided by Redis again.
+    let after = samples.sent_between(
+        restarted_at + recovered + Duration::from_millis(300),
+        LOAD_FOR,
+    );
+    if !after.is_empty() {
+        assert_eq!(after.route("open").statuses(), [200]);
+        assert_eq!(after.route("closed").statuses(), [200]);
+    }
+    let res = client.get(app.url("/fallback")).send().await.unwrap();
+    let policy = res.headers()["ratelimit-policy"]
+        .to_str()
+        .unwrap()
+        .to_owned();
+    assert_eq!(
+        policy, "\"fallback\";q=40;w=60",
+        "Redis's limit, not the local share"
+    );
+
+    // The restarted Redis holds state again, and the scripts were reloaded on NOSCRIPT.
+    let sha = ratelimit_redis::script_sha(ratelimit_core::Algorithm::TokenBucket).unwrap();
+    assert_eq!(redis.cli(&["script", "exists", sha]), "1");
+    let keys = redis.cli(&["--scan", "--pattern", "e2e:*"]);
+    assert!(
+        keys.lines().count() >= 3,
+        "state keys after restart: {keys}"
+    );
+
+    // Counted and logged.
+    assert!(metrics.decisions("open", "failed_open") > 0);
+    assert!(metrics.decisions("closed", "failed_closed") > 0);
+    assert!(metrics.decisions("fallback", "fallback_allowed") <= 20);
+    assert!(metrics.decisions("fallback", "fallback_denied") > 0);
+    assert!(metrics.store_errors("closed", "error") > 0);
+    assert!(metrics.store_errors("closed", "circuit_open") > 0);
+    assert!(
+        !logs
+            .matching(&["WARN", "rate-limit store failed", "closed"])
+            .is_empty()
+    );
+    assert!(!logs.matching(&["circuit open"]).is_empty());
+    assert!(!logs.matching(&["circuit closed"]).is_empty());
+    assert_eq!(
+        closed.circuit_state(),
+        Some(tower_ratelimit::CircuitState::Closed)
+    );
+}
