@@ -1,0 +1,200 @@
+//! Fewer Redis round trips, on a real redis-server: the denial cache, token leasing and request
+//! coalescing, each checked for what it saves (counted by the wrappers and by the server's own
+//! `INFO commandstats`) and for what it changes in the decisions.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{T0, manual, unique_prefix};
+use futures::future::join_all;
+use ratelimit_core::{
+    Algorithm, DenialCache, Leasing, Limit, ManualClock, Quota, Store, SystemClock, Timestamp,
+};
+use ratelimit_redis::RedisStore;
+use redis_harness::RedisServer;
+
+/// Script calls the server has run since its statistics were last reset (`EVALSHA`, and `EVAL`
+/// should a client ever fall back to it).
+fn script_calls(server: &RedisServer) -> u64 {
+    let info = server.cli(&["INFO", "commandstats"]);
+    info.lines()
+        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
+        .filter_map(|l| {
+            l.split("calls=")
+                .nth(1)?
+                .split(',')
+                .next()?
+                .parse::<u64>()
+                .ok()
+        })
+        .sum()
+}
+
+fn reset_stats(server: &RedisServer) {
+    assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]), "OK");
+}
+
+/// 10,000 requests from one key at 100 times its limit (10 per second, asked 1,000 times a second
+/// for 10 seconds): with the denial cache, the same decision for every request as without it, and
+/// Redis is called only for the admissions and once per denial spell.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn denial_cache_abusive_key_same_decisions_few_calls() {
+    let server = RedisServer::start();
+    for alg in Algorithm::ALL {
+        let limit = Limit::single(alg, Quota::per_second(10).unwrap()).unwrap();
+        let mut runs = Vec::new();
+        for cached in [false, true] {
+            let clock = ManualClock::starting_at(Timestamp::from_micros(T0));
+            let store = manual(RedisStore::builder(server.url()), &clock)
+                .prefix(unique_prefix("abuse"))
+                .build()
+                .await
+                .unwrap();
+            let cache = DenialCache::new(store.clone(), clock.clone());
+            reset_stats(&server);
+            let mut decisions = Vec::with_capacity(10_000);
+            for _ in 0..10_000 {
+                let d = if cached {
+                    cache.check(b"abuser", &limit, 1).await.unwrap()
+                } else {
+                    store.check(b"abuser", &limit, 1).await.unwrap()
+                };
+                decisions.push(d);
+                clock.advance(Duration::from_millis(1));
+            }
+            let calls = script_calls(&server);
+            runs.push((decisions, calls, cache.stats()));
+        }
+        let (plain, plain_calls, _) = &runs[0];
+        let (with_cache, cached_calls, stats) = &runs[1];
+        assert_eq!(*plain_calls, 10_000, "{alg}");
+        let admitted = plain.iter().filter(|d| d.is_allowed()).count() as u64;
+        // Identical decisions, field by field, request by request (cost 1, one gateway).
+        assert_eq!(plain, with_cache, "{alg}");
+        // Only admissions and the first denial of each spell reach Redis.
+        let spells = plain
+            .windows(2)
+            .filter(|w| w[0].is_allowed() && w[1].is_denied())
+            .count() as u64
+            + u64::from(plain[0].is_denied());
+        assert_eq!(*cached_calls, admitted + spells, "{alg}: {stats:?}");
+        assert_eq!(
+            stats.store_calls, *cached_calls,
+            "{alg}: the server saw every call counted"
+        );
+        assert!(spells <= admitted, "{alg}");
+        println!(
+            "{alg}: admitted {admitted} of 10,000 with and without the cache; Redis calls \
+             10,000 -> {cached_calls} ({spells} for denials)"
+        );
+    }
+}
+
+/// Twenty gateways, each with its own Redis store and token leasing (leases of 10), share a quota
+/// of 1,000 a day: never more than 1,000 admitted, and the shortfall (units leased but not yet
+/// spent when demand stops) at most 20 x (10 - 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn leasing_twenty_gateways_never_exceed_the_limit() {
+    const GATEWAYS: usize = 20;
+    const LEASE: u64 = 10;
+    const CAPACITY: u64 = 1_000;
+    let server = RedisServer::start();
+    for alg in Algorithm::ALL {
+        let prefix = unique_prefix("lease");
+        let mut gateways = Vec::new();
+        for _ in 0..GATEWAYS {
+            // Server time, as real gateways; the lease clock is this process's.
+            let store = RedisStore::builder(server.url())
+                .prefix(prefix.clone())
+                .pool_size(1)
+                .build()
+                .await
+                .unwrap();
+            let leasing = Leasing::builder(store, SystemClock::new())
+                .lease_size(LEASE)
+                .max_ttl(Duration::from_secs(120))
+                .build()
+                .unwrap();
+            gateways.push(Arc::new(leasing));
+        }
+        let limit = Limit::single(alg, Quota::per_day(CAPACITY).unwrap()).unwrap();
+        reset_stats(&server);
+        // Uneven demand, all at once: gateway g sends 20 + 5 g checks concurrently.
+        let tasks = gateways.iter().enumerate().map(|(g, gw)| {
+            let (gw, limit) = (Arc::clone(gw), limit.clone());
+            tokio::spawn(async move {
+                let checks = (0..20 + 5 * g).map(|_| gw.check(b"shared", &limit, 1));
+                join_all(checks)
+                    .await
+                    .into_iter()
+                    .filter(|r| r.as_ref().unwrap().is_allowed())
+                    .count() as u64
+            })
+        });
+        let admitted: u64 = join_all(tasks).await.into_iter().map(|r| r.unwrap()).sum();
+        let demand: u64 = (0..GATEWAYS as u64).map(|g| 20 + 5 * g).sum();
+        let unspent: u64 = gateways.iter().map(|g| g.outstanding_units()).sum();
+        let calls: u64 = gateways.iter().map(|g| g.stats().store_calls).sum();
+        assert!(demand > CAPACITY);
+        assert!(admitted <= CAPACITY, "{alg}: {admitted}");
+        assert_eq!(
+            admitted + unspent,
+            CAPACITY,
+            "{alg}: granted = admitted + unspent"
+        );
+        assert!(
+            CAPACITY - admitted <= GATEWAYS as u64 * (LEASE - 1),
+            "{alg}: shortfall {} past the bound",
+            CAPACITY - admitted
+        );
+        assert_eq!(script_calls(&server), calls, "{alg}");
+        assert!(
+            calls < demand / 2,
+            "{alg}: {calls} calls for {demand} checks"
+        );
+        println!(
+            "{alg}: {demand} checks on {GATEWAYS} gateways: admitted {admitted} of {CAPACITY} \
+             (shortfall {}, bound {}), Redis calls {calls}",
+            CAPACITY - admitted,
+            GATEWAYS as u64 * (LEASE - 1)
+        );
+    }
+}
+
+/// A hot legitimate key at about its rate (1,000 a second, asked 1,000 times a second by 20
+/// callers for 5 seconds, on one gateway): leasing admits what the exact limit admits, with a
+/// small fraction of the calls.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leasing_hot_key_far_fewer_calls_no_over_admission() {
+    let server = RedisServer::start();
+    for alg in [Algorithm::TokenBucket, Algorithm::Gcra] {
+        let limit = Limit::single(alg, Quota::per_second(1_000).unwrap()).unwrap();
+        let clock = ManualClock::starting_at(Timestamp::from_micros(T0));
+        let store = manual(RedisStore::builder(server.url()), &clock)
+            .prefix(unique_prefix("hot"))
+            .build()
+            .await
+            .unwrap();
+        let leasing = Leasing::new(store, clock.clone());
+        reset_stats(&server);
+        let mut admitted = 0;
+        // Every 20 ms, 20 callers at once.
+        for _ in 0..250 {
+            let checks = (0..20).map(|_| leasing.check(b"hot", &limit, 1));
+            admitted += join_all(checks)
+                .await
+                .into_iter()
+                .filter(|r| r.as_ref().unwrap().is_allowed())
+                .count();
+            clock.advance(Duration::from_millis(20));
+        }
+        let calls = script_calls(&server);
+        assert_eq!(calls, leasing.stats().store_calls, "{alg}");
+        // Demand never exceeds the rate: the exact limit admits all 5,000.
+        assert_eq!(admitted, 5_000, "{alg}: {:?}", leasing.stats());
+        assert!(calls * 1_000 / 5_000 < 100, "{alg}: {calls} calls");
+        println!("{alg}: 5,000 checks, admitted {admitted}, Redis calls {calls}");
+    }
+}
