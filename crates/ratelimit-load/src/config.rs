@@ -1,0 +1,541 @@
+//! What to run: the settings of one load run, and the command-line parser that fills them.
+
+use std::fmt;
+use std::path::PathBuf;
+use std::str::FromStr;
+use std::time::Duration;
+
+use ratelimit_core::{Algorithm, Limit, Quota};
+
+use crate::Error;
+
+/// What the load is sent to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Target {
+    /// `Store::check` called directly: the limiter's decision path without HTTP.
+    Store,
+    /// Real HTTP/1.1 gateways (axum servers started in this process on 127.0.0.1), over
+    /// keep-alive connections.
+    Http,
+}
+
+/// Where the limit state lives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum StoreKind {
+    /// No limiter at all: bare axum (HTTP target only), the baseline.
+    None,
+    /// One in-process `MemoryStore`, shared by every gateway of the run.
+    Memory,
+    /// Redis: each gateway has its own `RedisStore` (its own connections) on one server.
+    Redis,
+}
+
+/// Which wrapper, if any, sits between each gateway and its store.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Every decision is one store call.
+    Exact,
+    /// `ratelimit_core::DenialCache` per gateway: repeated denials are answered locally until
+    /// their retry-after has passed.
+    DenialCache,
+}
+
+/// How users are drawn for each request (the abusive users come on top).
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub enum Distribution {
+    /// Every user equally likely.
+    Uniform,
+    /// User of rank k (from 1) drawn with weight 1/k^s.
+    Zipf(f64),
+}
+
+/// How a request of the store target picks its gateway.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Assign {
+    /// Request i goes to gateway i mod N: one user's requests are spread over every gateway,
+    /// which is the case a shared store must get right.
+    RoundRobin,
+    /// A user always goes to the same gateway (sticky load balancing).
+    UserHash,
+}
+
+/// The settings of one run (or of a sweep of runs, with [`Config::steps`]).
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// What the load is sent to.
+    pub target: Target,
+    /// Where the limit state lives.
+    pub store: StoreKind,
+    /// The Redis server to use; if `None` and the store is Redis, a `redis-server` is started.
+    pub redis_url: Option<String>,
+    /// Connections each `RedisStore` keeps.
+    pub pool_size: usize,
+    /// Wrapper between gateway and store.
+    pub mode: Mode,
+    /// Number of gateway instances.
+    pub gateways: usize,
+    /// How the store target assigns requests to gateways.
+    pub assign: Assign,
+    /// Number of users (abusive ones included).
+    pub users: u64,
+    /// How normal users are drawn.
+    pub dist: Distribution,
+    /// How many users are abusive (the last `abusive` user ids).
+    pub abusive: u64,
+    /// How many times more requests an abusive user sends than a normal user on average.
+    pub abuse_factor: f64,
+    /// Target rate, decisions a second.
+    pub rate: f64,
+    /// How long requests are scheduled for.
+    pub duration: Duration,
+    /// Requests allowed per period, per user.
+    pub limit: u64,
+    /// The period of the limit.
+    pub period: Duration,
+    /// Bucket capacity (token bucket and GCRA); `None` means equal to the limit.
+    pub burst: Option<u64>,
+    /// The algorithm.
+    pub algorithm: Algorithm,
+    /// Store target: the most checks in flight. HTTP target: the number of connections.
+    pub concurrency: usize,
+    /// Seed of the (deterministic) request-to-user schedule.
+    pub seed: u64,
+    /// Rates to step through instead of `rate` (a sweep).
+    pub steps: Vec<f64>,
+    /// In a sweep, the p99 latency a step must stay under to count as sustained.
+    pub p99_target: Duration,
+    /// Print JSON instead of text.
+    pub json: bool,
+    /// Write an SVG plot of latency over time here.
+    pub svg: Option<PathBuf>,
+    /// No progress bar.
+    pub quiet: bool,
+    /// Tokio worker threads.
+    pub threads: usize,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            target: Target::Store,
+            store: StoreKind::Memory,
+            redis_url: None,
+            pool_size: 1,
+            mode: Mode::Exact,
+            gateways: 1,
+            assign: Assign::RoundRobin,
+            users: 10_000,
+            dist: Distribution::Uniform,
+            abusive: 0,
+            abuse_factor: 100.0,
+            rate: 10_000.0,
+            duration: Duration::from_secs(10),
+            limit: 100,
+            period: Duration::from_secs(60),
+            burst: None,
+            algorithm: Algorithm::TokenBucket,
+            concurrency: 256,
+            seed: 1,
+            steps: Vec::new(),
+            p99_target: Duration::from_millis(10),
+            json: false,
+            svg: None,
+            quiet: false,
+            threads: 2,
+        }
+    }
+}
+
+/// The command-line help.
+pub const USAGE: &str = "\
+ratelimit-load: open-loop load for the rate limiter (store or HTTP gateways), with an exactness check
+
+USAGE: ratelimit-load [OPTIONS]
+
+  --target store|http        what to load: Store::check directly, or axum gateways over HTTP [store]
+  --store none|memory|redis  where state lives; none = bare axum (http only) [memory]
+  --redis-url URL            use this Redis; default: start a redis-server on a free port
+  --pool-size N              connections per RedisStore (per gateway) [1]
+  --mode exact|denial-cache  wrapper between each gateway and the store [exact]
+  --gateways N               gateway instances [1]
+  --assign round-robin|user-hash   store target: request-to-gateway assignment [round-robin]
+  --users N                  users, abusive ones included [10000]
+  --dist uniform|zipf:S      distribution of normal users [uniform]
+  --abusive K                K abusive users (the last K ids) [0]
+  --abuse-factor F           an abusive user sends F times a normal user's mean rate [100]
+  --rate R                   target decisions per second [10000]
+  --duration S               seconds of schedule (decimals allowed) [10]
+  --limit N/PERIOD           per-user limit; PERIOD = second|minute|hour|day|<n>s|<n>ms [100/minute]
+  --burst B                  bucket capacity (token_bucket, gcra) [= limit]
+  --algorithm NAME           token_bucket|gcra|fixed_window|sliding_window|sliding_log [token_bucket]
+  --concurrency N            store: most checks in flight; http: connections [256]
+  --steps R1,R2,...          sweep: one run per rate, stops after the first that fails
+  --p99-target-ms MS         sweep: a step is sustained if p99 <= MS, >= 95% of the rate is
+                             achieved and under 0.1% errors [10]
+  --seed N                   seed of the request-to-user schedule [1]
+  --threads N                tokio worker threads [2]
+  --json                     print the report as JSON
+  --svg PATH                 write p50/p99 latency per second as an SVG plot
+  --quiet                    no progress bar
+  -h, --help                 this help
+";
+
+impl Config {
+    /// Parses command-line arguments (without the program name).
+    pub fn from_args<I, S>(args: I) -> Result<Config, Error>
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        let mut c = Config::default();
+        let mut it = args.into_iter().map(Into::into);
+        while let Some(flag) = it.next() {
+            let (flag, inline) = match flag.split_once('=') {
+                Some((f, v)) if f.starts_with("--") => (f.to_owned(), Some(v.to_owned())),
+                _ => (flag, None),
+            };
+            let mut value = |name: &str| -> Result<String, Error> {
+                match inline.clone() {
+                    Some(v) => Ok(v),
+                    None => it
+                        .next()
+                        .ok_or_else(|| Error::Usage(format!("{name} needs a value"))),
+                }
+            };
+            match flag.as_str() {
+                "--target" => {
+                    c.target = match value("--target")?.as_str() {
+                        "store" => Target::Store,
+                        "http" => Target::Http,
+                        other => return Err(bad("--target", other)),
+                    }
+                }
+                "--store" => {
+                    c.store = match value("--store")?.as_str() {
+                        "none" | "bare" => StoreKind::None,
+                        "memory" => StoreKind::Memory,
+                        "redis" => StoreKind::Redis,
+                        other => return Err(bad("--store", other)),
+                    }
+                }
+                "--redis-url" => c.redis_url = Some(value("--redis-url")?),
+                "--pool-size" => c.pool_size = num("--pool-size", &value("--pool-size")?)?,
+                "--mode" => {
+                    c.mode = match value("--mode")?.as_str() {
+                        "exact" => Mode::Exact,
+                        "denial-cache" | "denial_cache" => Mode::DenialCache,
+                        other => return Err(bad("--mode", other)),
+                    }
+                }
+                "--gateways" => c.gateways = num("--gateways", &value("--gateways")?)?,
+                "--assign" => {
+                    c.assign = match value("--assign")?.as_str() {
+                        "round-robin" => Assign::RoundRobin,
+                        "user-hash" => Assign::UserHash,
+                        other => return Err(bad("--assign", other)),
+                    }
+                }
+                "--users" => c.users = num("--users", &value("--users")?)?,
+                "--dist" => c.dist = value("--dist")?.parse()?,
+                "--abusive" => c.abusive = num("--abusive", &value("--abusive")?)?,
+                "--abuse-factor" => {
+                    c.abuse_factor = num("--abuse-factor", &value("--abuse-factor")?)?
+                }
+                "--rate" => c.rate = num("--rate", &value("--rate")?)?,
+                "--duration" => {
+                    let s: f64 = num("--duration", &value("--duration")?)?;
+                    c.duration = Duration::try_from_secs_f64(s)
+                        .map_err(|_| Error::Usage(format!("--duration {s}: not a duration")))?;
+                }
+                "--limit" => {
+                    let v = value("--limit")?;
+                    let (n, p) = parse_limit(&v)?;
+                    c.limit = n;
+                    c.period = p;
+                }
+                "--burst" => c.burst = Some(num("--burst", &value("--burst")?)?),
+                "--algorithm" => {
+                    let v = value("--algorithm")?;
+                    c.algorithm = Algorithm::ALL
+                        .into_iter()
+                        .find(|a| a.name() == v.replace('-', "_"))
+                        .ok_or_else(|| bad("--algorithm", &v))?;
+                }
+                "--concurrency" => c.concurrency = num("--concurrency", &value("--concurrency")?)?,
+                "--connections" => c.concurrency = num("--connections", &value("--connections")?)?,
+                "--steps" => {
+                    c.steps = value("--steps")?
+                        .split(',')
+                        .map(|s| num("--steps", s.trim()))
+                        .collect::<Result<_, _>>()?
+                }
+                "--p99-target-ms" => {
+                    let ms: f64 = num("--p99-target-ms", &value("--p99-target-ms")?)?;
+                    c.p99_target = Duration::from_secs_f64(ms / 1e3);
+                }
+                "--seed" => c.seed = num("--seed", &value("--seed")?)?,
+                "--threads" => c.threads = num("--threads", &value("--threads")?)?,
+                "--json" => c.json = true,
+                "--svg" => c.svg = Some(PathBuf::from(value("--svg")?)),
+                "--quiet" | "-q" => c.quiet = true,
+                "-h" | "--help" => return Err(Error::Help),
+                other => return Err(Error::Usage(format!("unknown option {other}"))),
+            }
+        }
+        c.validate()?;
+        Ok(c)
+    }
+
+    /// Checks the settings fit together.
+    pub fn validate(&self) -> Result<(), Error> {
+        let fail = |m: &str| Err(Error::Usage(m.to_owned()));
+        if self.users == 0 || self.users > u64::from(u32::MAX) {
+            return fail("--users must be between 1 and 2^32 - 1");
+        }
+        if self.abusive >= self.users {
+            return fail("--abusive must be smaller than --users");
+        }
+        if !(self.rate.is_finite() && self.rate > 0.0) {
+            return fail("--rate must be positive");
+        }
+        if self.steps.iter().any(|r| !(r.is_finite() && *r > 0.0)) {
+            return fail("--steps must be positive rates");
+        }
+        if self.duration.is_zero() || self.duration > Duration::from_secs(3_600) {
+            return fail("--duration must be between 0 and 3600 seconds");
+        }
+        if self.gateways == 0 || self.gateways > 1_000 {
+            return fail("--gateways must be between 1 and 1000");
+        }
+        if self.concurrency == 0 || self.concurrency > 100_000 {
+            return fail("--concurrency must be between 1 and 100000");
+        }
+        if self.pool_size == 0 || self.threads == 0 {
+            return fail("--pool-size and --threads must be at least 1");
+        }
+        if self.abuse_factor.is_nan() || self.abuse_factor < 1.0 {
+            return fail("--abuse-factor must be at least 1");
+        }
+        if self.store == StoreKind::None && self.target == Target::Store {
+            return fail("--store none (bare axum) needs --target http");
+        }
+        if self.store == StoreKind::None && self.mode != Mode::Exact {
+            return fail("--mode needs a store");
+        }
+        if let Distribution::Zipf(s) = self.dist
+            && !(s.is_finite() && s > 0.0)
+        {
+            return fail("zipf exponent must be positive");
+        }
+        self.build_limit().map(|_| ())
+    }
+
+    /// The per-user limit these settings describe.
+    pub fn build_limit(&self) -> Result<Limit, Error> {
+        let mut quota = Quota::per_period(self.limit, self.period)?;
+        if let Some(b) = self.burst {
+            quota = quota.with_burst(b)?;
+        }
+        Ok(Limit::single(self.algorithm, quota)?)
+    }
+
+    /// The most requests one user can be admitted over a span of `elapsed` with these settings,
+    /// by the algorithm's own guarantee (see `docs/load-tool.md`).
+    pub fn admission_bound(&self, elapsed: Duration) -> u64 {
+        let t = elapsed.as_micros();
+        let p = self.period.as_micros().max(1);
+        let n = u128::from(self.limit);
+        let bound = match self.algorithm {
+            // A bucket of `burst`, refilled by limit/period: burst + floor(limit * T / period).
+            Algorithm::TokenBucket | Algorithm::Gcra => {
+                u128::from(self.burst.unwrap_or(self.limit)) + n * t / p
+            }
+            // Any span of one period holds at most `limit`: limit * ceil(T / period).
+            Algorithm::SlidingLog => n * t.div_ceil(p).max(1),
+            // Each calendar window admits at most `limit`, and a span of T touches at most
+            // ceil(T / period) + 1 windows. The sliding-window counter admits no more.
+            _ => n * (t.div_ceil(p) + 1),
+        };
+        u64::try_from(bound).unwrap_or(u64::MAX)
+    }
+
+    /// A one-line description of the limit: `100/60s token_bucket`.
+    pub fn limit_label(&self) -> String {
+        let burst = match self.burst {
+            Some(b) if b != self.limit => format!(" burst {b}"),
+            _ => String::new(),
+        };
+        format!(
+            "{}/{} {}{burst}",
+            self.limit,
+            fmt_period(self.period),
+            self.algorithm.name()
+        )
+    }
+}
+
+fn fmt_period(p: Duration) -> String {
+    if p.subsec_nanos() == 0 {
+        format!("{}s", p.as_secs())
+    } else {
+        format!("{}ms", p.as_millis())
+    }
+}
+
+impl fmt::Display for Target {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Target::Store => "store",
+            Target::Http => "http",
+        })
+    }
+}
+
+impl fmt::Display for StoreKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            StoreKind::None => "none",
+            StoreKind::Memory => "memory",
+            StoreKind::Redis => "redis",
+        })
+    }
+}
+
+impl fmt::Display for Mode {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Mode::Exact => "exact",
+            Mode::DenialCache => "denial-cache",
+        })
+    }
+}
+
+impl fmt::Display for Distribution {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Distribution::Uniform => f.write_str("uniform"),
+            Distribution::Zipf(s) => write!(f, "zipf:{s}"),
+        }
+    }
+}
+
+impl FromStr for Distribution {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self, Error> {
+        if s == "uniform" {
+            return Ok(Distribution::Uniform);
+        }
+        if s == "zipf" {
+            return Ok(Distribution::Zipf(1.0));
+        }
+        match s.strip_prefix("zipf:") {
+            Some(e) => Ok(Distribution::Zipf(num("--dist zipf:S", e)?)),
+            None => Err(bad("--dist", s)),
+        }
+    }
+}
+
+fn bad(flag: &str, value: &str) -> Error {
+    Error::Usage(format!("{flag}: unknown value {value:?}"))
+}
+
+fn num<T: FromStr>(flag: &str, v: &str) -> Result<T, Error> {
+    v.replace('_', "")
+        .parse()
+        .map_err(|_| Error::Usage(format!("{flag}: {v:?} is not a number")))
+}
+
+/// `100/minute`, `10/second`, `5/10s`, `3/500ms`.
+fn parse_limit(v: &str) -> Result<(u64, Duration), Error> {
+    let (n, p) = v
+        .split_once('/')
+        .ok_or_else(|| Error::Usage(format!("--limit {v:?}: expected N/PERIOD")))?;
+    let n: u64 = num("--limit", n)?;
+    let period = match p {
+        "s" | "sec" | "second" => Duration::from_secs(1),
+        "m" | "min" | "minute" => Duration::from_secs(60),
+        "h" | "hour" => Duration::from_secs(3_600),
+        "d" | "day" => Duration::from_secs(86_400),
+        other => {
+            if let Some(ms) = other.strip_suffix("ms") {
+                Duration::from_millis(num("--limit", ms)?)
+            } else if let Some(s) = other.strip_suffix('s') {
+                Duration::from_secs(num("--limit", s)?)
+            } else {
+                return Err(Error::Usage(format!(
+                    "--limit {v:?}: unknown period {other:?}"
+                )));
+            }
+        }
+    };
+    Ok((n, period))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_the_seed_fleet_command() {
+        let c = Config::from_args(
+            "--target store --store redis --gateways 20 --users 100000 --limit 100/minute \
+             --rate 50000 --duration 30 --dist zipf:1.1 --abusive 10 --json"
+                .split_whitespace(),
+        )
+        .unwrap();
+        assert_eq!(c.target, Target::Store);
+        assert_eq!(c.store, StoreKind::Redis);
+        assert_eq!(c.gateways, 20);
+        assert_eq!(c.users, 100_000);
+        assert_eq!((c.limit, c.period), (100, Duration::from_secs(60)));
+        assert_eq!(c.rate, 50_000.0);
+        assert_eq!(c.duration, Duration::from_secs(30));
+        assert_eq!(c.dist, Distribution::Zipf(1.1));
+        assert_eq!(c.abusive, 10);
+        assert!(c.json);
+    }
+
+    #[test]
+    fn rejects_what_does_not_fit() {
+        for args in [
+            "--rate 0",
+            "--users 10 --abusive 10",
+            "--target store --store none",
+            "--limit 100/fortnight",
+            "--dist pareto",
+            "--bogus",
+            "--gateways",
+        ] {
+            assert!(
+                Config::from_args(args.split_whitespace()).is_err(),
+                "{args} was accepted"
+            );
+        }
+        assert!(matches!(Config::from_args(["--help"]), Err(Error::Help)));
+    }
+
+    #[test]
+    fn bounds_follow_the_algorithm() {
+        let mut c = Config {
+            limit: 100,
+            period: Duration::from_secs(60),
+            ..Config::default()
+        };
+        // Under one period: the burst. Over 90 s: 100 + 150.
+        assert_eq!(c.admission_bound(Duration::from_secs(30)), 150);
+        assert_eq!(c.admission_bound(Duration::from_millis(500)), 100);
+        assert_eq!(c.admission_bound(Duration::from_secs(90)), 250);
+        c.burst = Some(10);
+        assert_eq!(c.admission_bound(Duration::from_secs(60)), 110);
+        c.algorithm = Algorithm::FixedWindow;
+        assert_eq!(c.admission_bound(Duration::from_secs(30)), 200);
+        c.algorithm = Algorithm::SlidingLog;
+        assert_eq!(c.admission_bound(Duration::from_secs(30)), 100);
+        assert_eq!(parse_limit("5/10s").unwrap(), (5, Duration::from_secs(10)));
+        assert_eq!(
+            parse_limit("3/500ms").unwrap(),
+            (3, Duration::from_millis(500))
+        );
+    }
+}

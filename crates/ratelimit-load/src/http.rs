@@ -1,0 +1,191 @@
+//! The HTTP side: in-process axum gateways on 127.0.0.1, and a minimal HTTP/1.1 keep-alive
+//! client over a `TcpStream` (one request at a time per connection, no allocation per request).
+
+use std::io;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+use axum::Router;
+use axum::routing::get;
+use ratelimit_core::{Limit, Store};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tower_ratelimit::key::ApiKeyHeader;
+use tower_ratelimit::{FailurePolicy, Policy, RateLimitLayer};
+
+use crate::Error;
+
+/// How long one HTTP request may take before it counts as an error.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(10);
+/// The header carrying the user's key.
+const KEY_HEADER: &str = "x-api-key";
+
+/// The baseline: axum with one route and no limiter.
+pub(crate) fn bare() -> Router {
+    Router::new().route("/", get(|| async { "ok" }))
+}
+
+/// The same server with the rate-limit layer over `store`, keyed by the `x-api-key` header.
+/// A store failure answers 503 (fail closed), so it shows as an error, never as an admission.
+pub(crate) fn layered<S>(store: S, limit: &Limit) -> Result<Router, Error>
+where
+    S: Store,
+    S::Future: Unpin,
+{
+    let policy = Policy::new("load", limit.clone())?
+        .key(ApiKeyHeader::new(KEY_HEADER)?)
+        .failure(FailurePolicy::fail_closed(Duration::from_secs(1)));
+    Ok(bare().layer(RateLimitLayer::new(store, policy)?))
+}
+
+/// A server running on a task of this runtime.
+#[derive(Debug)]
+pub(crate) struct Server {
+    pub(crate) addr: SocketAddr,
+    handle: tokio::task::JoinHandle<()>,
+}
+
+impl Server {
+    pub(crate) fn stop(self) {
+        self.handle.abort();
+    }
+}
+
+/// Starts each router on its own loopback port.
+pub(crate) async fn serve_all(routers: Vec<Router>) -> Result<Vec<Server>, Error> {
+    let mut servers = Vec::with_capacity(routers.len());
+    for router in routers {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await?;
+        let addr = listener.local_addr()?;
+        let handle = tokio::spawn(async move {
+            let _ = axum::serve(listener, router).await;
+        });
+        servers.push(Server { addr, handle });
+    }
+    Ok(servers)
+}
+
+/// One keep-alive HTTP/1.1 connection.
+#[derive(Debug)]
+pub(crate) struct Conn {
+    addr: SocketAddr,
+    stream: TcpStream,
+    /// Bytes read and not yet consumed.
+    buf: Vec<u8>,
+    /// The request being written.
+    req: Vec<u8>,
+}
+
+impl Conn {
+    pub(crate) async fn connect(addr: SocketAddr) -> Result<Conn, Error> {
+        let stream = TcpStream::connect(addr).await?;
+        stream.set_nodelay(true)?;
+        Ok(Conn {
+            addr,
+            stream,
+            buf: Vec::with_capacity(4096),
+            req: Vec::with_capacity(128),
+        })
+    }
+
+    /// Replaces the connection with a new one to the same address.
+    pub(crate) async fn reconnect(&mut self) -> Result<(), Error> {
+        *self = Conn::connect(self.addr).await?;
+        Ok(())
+    }
+
+    /// Sends `GET /` for `key` and returns the response's status, having read its whole body.
+    pub(crate) async fn request(&mut self, key: &[u8]) -> Result<u16, Error> {
+        match tokio::time::timeout(REQUEST_TIMEOUT, self.exchange(key)).await {
+            Ok(r) => r.map_err(Error::from),
+            Err(_) => Err(Error::Io(io::Error::new(
+                io::ErrorKind::TimedOut,
+                "no response in time",
+            ))),
+        }
+    }
+
+    async fn exchange(&mut self, key: &[u8]) -> io::Result<u16> {
+        self.req.clear();
+        self.req
+            .extend_from_slice(b"GET / HTTP/1.1\r\nhost: 127.0.0.1\r\nx-api-key: ");
+        self.req.extend_from_slice(key);
+        self.req.extend_from_slice(b"\r\n\r\n");
+        self.stream.write_all(&self.req).await?;
+        loop {
+            if let Some((status, len)) = parse_response(&self.buf)? {
+                self.buf.drain(..len);
+                return Ok(status);
+            }
+            if self.stream.read_buf(&mut self.buf).await? == 0 {
+                return Err(io::Error::new(
+                    io::ErrorKind::UnexpectedEof,
+                    "connection closed mid-response",
+                ));
+            }
+        }
+    }
+}
+
+/// If `buf` holds a whole response, its status and length in bytes.
+fn parse_response(buf: &[u8]) -> io::Result<Option<(u16, usize)>> {
+    let Some(head_end) = find(buf, b"\r\n\r\n") else {
+        return Ok(None);
+    };
+    let head = &buf[..head_end];
+    let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, m.to_owned());
+    if head.len() < 12 || !head.starts_with(b"HTTP/1.") {
+        return Err(bad("not an HTTP/1.x response"));
+    }
+    let status = std::str::from_utf8(&head[9..12])
+        .ok()
+        .and_then(|s| s.parse::<u16>().ok())
+        .ok_or_else(|| bad("bad status code"))?;
+    let body_start = head_end + 4;
+    let mut content_length = None;
+    let mut chunked = false;
+    for line in head.split(|&b| b == b'\n').skip(1) {
+        let line = line.strip_suffix(b"\r").unwrap_or(line);
+        let Some(colon) = line.iter().position(|&b| b == b':') else {
+            continue;
+        };
+        let (name, value) = (&line[..colon], line[colon + 1..].trim_ascii());
+        if name.eq_ignore_ascii_case(b"content-length") {
+            content_length = std::str::from_utf8(value)
+                .ok()
+                .and_then(|v| v.parse::<usize>().ok());
+        } else if name.eq_ignore_ascii_case(b"transfer-encoding")
+            && value.eq_ignore_ascii_case(b"chunked")
+        {
+            chunked = true;
+        }
+    }
+    if chunked {
+        // Only the terminating chunk is looked for: bodies here are small and never contain it.
+        return Ok(find(&buf[body_start..], b"0\r\n\r\n").map(|end| (status, body_start + end + 5)));
+    }
+    let len = body_start + content_length.unwrap_or(0);
+    Ok((buf.len() >= len).then_some((status, len)))
+}
+
+fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
+    haystack.windows(needle.len()).position(|w| w == needle)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_whole_responses_only() {
+        let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+        assert_eq!(parse_response(ok).unwrap(), Some((200, ok.len())));
+        assert_eq!(parse_response(&ok[..ok.len() - 1]).unwrap(), None);
+        assert_eq!(parse_response(&ok[..10]).unwrap(), None);
+        let two = [&ok[..], b"HTTP/1.1 429 Too Many"].concat();
+        assert_eq!(parse_response(&two).unwrap(), Some((200, ok.len())));
+        let chunked = b"HTTP/1.1 429 Too Many Requests\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nno\r\n0\r\n\r\n";
+        assert_eq!(parse_response(chunked).unwrap(), Some((429, chunked.len())));
+        assert!(parse_response(b"SSH-2.0-x\r\n\r\n").is_err());
+    }
+}

@@ -1,0 +1,685 @@
+//! One run: gateways, the open-loop scheduler, the workers, and the report.
+
+use std::io::IsTerminal;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use hdrhistogram::Histogram;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+use parking_lot::Mutex;
+use ratelimit_core::{DenialCache, Limit, MemoryStore, Store, SystemClock};
+use ratelimit_redis::RedisStore;
+use redis_harness::RedisServer;
+use tokio::sync::Notify;
+
+use crate::config::{Assign, Config, Mode, StoreKind, Target};
+use crate::report::{Report, SecondStats, Sweep};
+use crate::schedule::{Sampler, due, due_by, user_key};
+use crate::{Error, http};
+
+/// A request that starts this long after its scheduled time counts as behind schedule.
+const LATE: Duration = Duration::from_millis(1);
+/// The scheduler releases due requests at least this often (and at most this late).
+const TICK: Duration = Duration::from_micros(100);
+/// How long the in-flight requests of a run may take to finish after the schedule ends.
+const GRACE: Duration = Duration::from_secs(15);
+/// Latencies are recorded in microseconds, up to one minute.
+const MAX_LATENCY_US: u64 = 60_000_000;
+
+/// Runs the load `config` describes once and reports what happened. If the store is Redis and
+/// no URL is given, a `redis-server` is started for the run (and stopped after it).
+pub async fn run(config: &Config) -> Result<Report, Error> {
+    config.validate()?;
+    let mut config = config.clone();
+    let _server = start_redis_if_needed(&mut config);
+    run_once(&config).await
+}
+
+/// Runs `config` at each rate of `config.steps` in turn (or at `config.rate` if there are none),
+/// stopping after the first step that is not sustained (see [`Report::sustained`]).
+pub async fn sweep(config: &Config) -> Result<Sweep, Error> {
+    config.validate()?;
+    let mut config = config.clone();
+    let _server = start_redis_if_needed(&mut config);
+    let rates = if config.steps.is_empty() {
+        vec![config.rate]
+    } else {
+        config.steps.clone()
+    };
+    let mut steps = Vec::new();
+    for rate in rates {
+        config.rate = rate;
+        let report = run_once(&config).await?;
+        let ok = report.sustained(config.p99_target);
+        steps.push(report);
+        if !ok {
+            break;
+        }
+    }
+    Ok(Sweep {
+        p99_target: config.p99_target,
+        steps,
+    })
+}
+
+fn start_redis_if_needed(config: &mut Config) -> Option<RedisServer> {
+    if config.store != StoreKind::Redis || config.redis_url.is_some() {
+        return None;
+    }
+    let server = RedisServer::start();
+    config.redis_url = Some(server.url());
+    Some(server)
+}
+
+/// Shared by the scheduler thread and the workers of one run.
+struct Shared {
+    start: Instant,
+    rate: f64,
+    total: u64,
+    /// Requests `0..released` are due.
+    released: AtomicU64,
+    /// The next request to claim.
+    next: AtomicU64,
+    notify: Notify,
+    abort: AtomicBool,
+    completed: AtomicU64,
+    sampler: Sampler,
+    /// Per user: requests sent, requests admitted.
+    sent: Vec<AtomicU32>,
+    admitted: Vec<AtomicU32>,
+    rec: Mutex<Recorder>,
+}
+
+/// What a request got.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Outcome {
+    Admitted,
+    Denied,
+    Error,
+}
+
+struct Recorder {
+    latency: Histogram<u64>,
+    seconds: Vec<Histogram<u64>>,
+    admitted: u64,
+    denied: u64,
+    errors: u64,
+    late_starts: u64,
+    max_start_lateness: Duration,
+    last_end: Option<Instant>,
+}
+
+impl Shared {
+    fn new(config: &Config, start: Instant) -> Shared {
+        let total = ((config.duration.as_secs_f64() * config.rate).round() as u64).max(1);
+        let secs = config.duration.as_secs() as usize + 2;
+        let hist = |sig| {
+            Histogram::new_with_bounds(1, MAX_LATENCY_US, sig)
+                .unwrap_or_else(|_| unreachable!("valid histogram bounds"))
+        };
+        Shared {
+            start,
+            rate: config.rate,
+            total,
+            released: AtomicU64::new(0),
+            next: AtomicU64::new(0),
+            notify: Notify::new(),
+            abort: AtomicBool::new(false),
+            completed: AtomicU64::new(0),
+            sampler: Sampler::new(config),
+            sent: (0..config.users).map(|_| AtomicU32::new(0)).collect(),
+            admitted: (0..config.users).map(|_| AtomicU32::new(0)).collect(),
+            rec: Mutex::new(Recorder {
+                latency: hist(3),
+                seconds: (0..secs).map(|_| hist(2)).collect(),
+                admitted: 0,
+                denied: 0,
+                errors: 0,
+                late_starts: 0,
+                max_start_lateness: Duration::ZERO,
+                last_end: None,
+            }),
+        }
+    }
+
+    /// The next due request, waiting until one is due; `None` when the schedule is done.
+    async fn claim(&self) -> Option<u64> {
+        loop {
+            let notified = self.notify.notified();
+            tokio::pin!(notified);
+            // Registered before looking, so a release in between is not missed.
+            notified.as_mut().enable();
+            loop {
+                let n = self.next.load(Ordering::Relaxed);
+                if n >= self.total || self.abort.load(Ordering::Relaxed) {
+                    return None;
+                }
+                if n >= self.released.load(Ordering::Acquire) {
+                    break;
+                }
+                if self
+                    .next
+                    .compare_exchange_weak(n, n + 1, Ordering::Relaxed, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    return Some(n);
+                }
+            }
+            notified.await;
+        }
+    }
+
+    /// Request `i`'s user and scheduled instant.
+    fn begin(&self, i: u64) -> (u64, Instant) {
+        (self.sampler.user(i), self.start + due(i, self.rate))
+    }
+
+    fn record(&self, i: u64, user: u64, scheduled: Instant, started: Instant, outcome: Outcome) {
+        let end = Instant::now();
+        let latency = end.saturating_duration_since(scheduled);
+        let lateness = started.saturating_duration_since(scheduled);
+        let us = (latency.as_micros() as u64).clamp(1, MAX_LATENCY_US);
+        self.sent[user as usize].fetch_add(1, Ordering::Relaxed);
+        if outcome == Outcome::Admitted {
+            self.admitted[user as usize].fetch_add(1, Ordering::Relaxed);
+        }
+        let second = (i as f64 / self.rate) as usize;
+        {
+            let mut r = self.rec.lock();
+            r.latency.saturating_record(us);
+            if let Some(h) = r.seconds.get_mut(second) {
+                h.saturating_record(us);
+            }
+            match outcome {
+                Outcome::Admitted => r.admitted += 1,
+                Outcome::Denied => r.denied += 1,
+                Outcome::Error => r.errors += 1,
+            }
+            if lateness > LATE {
+                r.late_starts += 1;
+            }
+            r.max_start_lateness = r.max_start_lateness.max(lateness);
+            if r.last_end.is_none_or(|t| t < end) {
+                r.last_end = Some(end);
+            }
+        }
+        self.completed.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// Releases requests as they fall due, on its own thread (a std sleep is precise to tens of
+/// microseconds; tokio's timer to a millisecond).
+fn scheduler(shared: Arc<Shared>, wake_limit: usize) {
+    let mut released = 0;
+    while released < shared.total && !shared.abort.load(Ordering::Relaxed) {
+        let elapsed = shared.start.elapsed();
+        let now_due = due_by(elapsed, shared.rate).min(shared.total);
+        if now_due > released {
+            shared.released.store(now_due, Ordering::Release);
+            for _ in 0..(now_due - released).min(wake_limit as u64) {
+                shared.notify.notify_one();
+            }
+            released = now_due;
+        }
+        if released >= shared.total {
+            break;
+        }
+        let next = due(released, shared.rate);
+        let wait = next.saturating_sub(shared.start.elapsed()).max(TICK);
+        std::thread::sleep(wait);
+    }
+    shared.notify.notify_waiters();
+}
+
+/// Calls of EVAL and EVALSHA the server has answered, from `INFO commandstats`.
+async fn eval_calls(url: &str) -> Result<u64, Error> {
+    let client = redis::Client::open(url).map_err(|e| Error::Redis(e.to_string()))?;
+    let mut conn = client
+        .get_multiplexed_async_connection()
+        .await
+        .map_err(|e| Error::Redis(e.to_string()))?;
+    let info: String = redis::cmd("INFO")
+        .arg("commandstats")
+        .query_async(&mut conn)
+        .await
+        .map_err(|e| Error::Redis(e.to_string()))?;
+    Ok(parse_eval_calls(&info))
+}
+
+fn parse_eval_calls(info: &str) -> u64 {
+    info.lines()
+        .filter(|l| {
+            l.starts_with("cmdstat_evalsha:")
+                || l.starts_with("cmdstat_eval:")
+                || l.starts_with("cmdstat_evalsha_ro:")
+                || l.starts_with("cmdstat_eval_ro:")
+        })
+        .filter_map(|l| {
+            l.split([':', ','])
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .sum()
+}
+
+/// Counters of the denial caches of a run, summed: (hits, store calls).
+type CacheStats = Box<dyn Fn() -> (u64, u64) + Send + Sync>;
+
+/// What a run's gateways are, for the report.
+struct Setup {
+    cache_stats: Option<CacheStats>,
+}
+
+async fn run_once(config: &Config) -> Result<Report, Error> {
+    let limit = config.build_limit()?;
+    let url = config.redis_url.clone();
+    let prefix = format!(
+        "rl-load:{}:{}",
+        std::process::id(),
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos())
+    );
+    let redis = |n: usize| {
+        let url = url.clone();
+        let prefix = prefix.clone();
+        let pool = config.pool_size;
+        async move {
+            let url = url.ok_or_else(|| Error::Redis("no Redis URL".into()))?;
+            let mut stores = Vec::with_capacity(n);
+            for _ in 0..n {
+                let s = RedisStore::builder(url.as_str())
+                    .prefix(prefix.as_str())
+                    .pool_size(pool)
+                    .build()
+                    .await
+                    .map_err(|e| Error::Redis(e.to_string()))?;
+                stores.push(s);
+            }
+            Ok::<_, Error>(stores)
+        }
+    };
+    let memory = || {
+        Arc::new(
+            MemoryStore::builder()
+                .max_keys((config.users as usize * 2).max(1_024))
+                .build()
+                .unwrap_or_else(|_| unreachable!("a valid key cap")),
+        )
+    };
+    let n = config.gateways;
+    match (config.target, config.store, config.mode) {
+        (Target::Store, StoreKind::Memory, Mode::Exact) => {
+            let m = memory();
+            drive_store(config, limit, vec![m; n], Setup { cache_stats: None }).await
+        }
+        (Target::Store, StoreKind::Memory, Mode::DenialCache) => {
+            let m = memory();
+            let gws: Vec<_> = (0..n).map(|_| cached(m.clone())).collect();
+            let setup = cache_setup(&gws);
+            drive_store(config, limit, gws, setup).await
+        }
+        (Target::Store, StoreKind::Redis, Mode::Exact) => {
+            let gws = redis(n).await?;
+            drive_store(config, limit, gws, Setup { cache_stats: None }).await
+        }
+        (Target::Store, StoreKind::Redis, Mode::DenialCache) => {
+            let gws: Vec<_> = redis(n).await?.into_iter().map(cached).collect();
+            let setup = cache_setup(&gws);
+            drive_store(config, limit, gws, setup).await
+        }
+        (Target::Store, StoreKind::None, _) => {
+            Err(Error::Usage("--store none needs --target http".into()))
+        }
+        (Target::Http, StoreKind::None, _) => {
+            let routers = (0..n).map(|_| http::bare()).collect();
+            drive_http(config, routers, Setup { cache_stats: None }).await
+        }
+        (Target::Http, StoreKind::Memory, Mode::Exact) => {
+            let m = memory();
+            let routers = (0..n)
+                .map(|_| http::layered(m.clone(), &limit))
+                .collect::<Result<_, _>>()?;
+            drive_http(config, routers, Setup { cache_stats: None }).await
+        }
+        (Target::Http, StoreKind::Memory, Mode::DenialCache) => {
+            let m = memory();
+            let gws: Vec<_> = (0..n).map(|_| cached(m.clone())).collect();
+            let setup = cache_setup(&gws);
+            let routers = gws
+                .into_iter()
+                .map(|g| http::layered(g, &limit))
+                .collect::<Result<_, _>>()?;
+            drive_http(config, routers, setup).await
+        }
+        (Target::Http, StoreKind::Redis, Mode::Exact) => {
+            let routers = redis(n)
+                .await?
+                .into_iter()
+                .map(|g| http::layered(g, &limit))
+                .collect::<Result<_, _>>()?;
+            drive_http(config, routers, Setup { cache_stats: None }).await
+        }
+        (Target::Http, StoreKind::Redis, Mode::DenialCache) => {
+            let gws: Vec<_> = redis(n).await?.into_iter().map(cached).collect();
+            let setup = cache_setup(&gws);
+            let routers = gws
+                .into_iter()
+                .map(|g| http::layered(g, &limit))
+                .collect::<Result<_, _>>()?;
+            drive_http(config, routers, setup).await
+        }
+    }
+}
+
+type Cached<S> = Arc<DenialCache<S, SystemClock>>;
+
+fn cached<S: Store>(store: S) -> Cached<S> {
+    Arc::new(DenialCache::new(store, SystemClock::new()))
+}
+
+fn cache_setup<S: Store>(gws: &[Cached<S>]) -> Setup {
+    let gws: Vec<Cached<S>> = gws.to_vec();
+    Setup {
+        cache_stats: Some(Box::new(move || {
+            gws.iter().fold((0, 0), |(h, c), g| {
+                let s = g.stats();
+                (h + s.hits, c + s.store_calls)
+            })
+        })),
+    }
+}
+
+async fn drive_store<S>(
+    config: &Config,
+    limit: Limit,
+    gateways: Vec<S>,
+    setup: Setup,
+) -> Result<Report, Error>
+where
+    S: Store,
+{
+    // Warm up every gateway (connections, script cache) on keys no user has.
+    for (g, gw) in gateways.iter().enumerate() {
+        let key = format!("warmup:{g}");
+        gw.check(key.as_bytes(), &limit, 1)
+            .await
+            .map_err(|e| Error::Redis(format!("warm-up check failed: {e}")))?;
+    }
+    let gateways = Arc::new(gateways);
+    let limit = Arc::new(limit);
+    let assign = config.assign;
+    let spawn = move |shared: Arc<Shared>, _w: usize| {
+        let (gateways, limit) = (gateways.clone(), limit.clone());
+        tokio::spawn(async move {
+            let n = gateways.len() as u64;
+            let mut buf = [0u8; 24];
+            while let Some(i) = shared.claim().await {
+                let (user, scheduled) = shared.begin(i);
+                let g = match assign {
+                    Assign::RoundRobin => i % n,
+                    Assign::UserHash => user % n,
+                } as usize;
+                let started = Instant::now();
+                let fut = gateways[g].check(user_key(&mut buf, user), &limit, 1);
+                let outcome = match fut.await {
+                    Ok(d) if d.is_allowed() => Outcome::Admitted,
+                    Ok(_) => Outcome::Denied,
+                    Err(_) => Outcome::Error,
+                };
+                shared.record(i, user, scheduled, started, outcome);
+            }
+        })
+    };
+    drive(config, setup, config.concurrency, spawn).await
+}
+
+async fn drive_http(
+    config: &Config,
+    routers: Vec<axum::Router>,
+    setup: Setup,
+) -> Result<Report, Error> {
+    let servers = http::serve_all(routers).await?;
+    let addrs: Vec<_> = servers.iter().map(|s| s.addr).collect();
+    // Every connection is opened (and answers once) before the clock starts.
+    let mut conns = Vec::with_capacity(config.concurrency);
+    for c in 0..config.concurrency {
+        let mut conn = http::Conn::connect(addrs[c % addrs.len()]).await?;
+        conn.request(b"warmup").await?;
+        conns.push(Mutex::new(Some(conn)));
+    }
+    let conns = Arc::new(conns);
+    let spawn = move |shared: Arc<Shared>, w: usize| {
+        let conns = conns.clone();
+        tokio::spawn(async move {
+            let Some(mut conn) = conns[w].lock().take() else {
+                return;
+            };
+            let mut buf = [0u8; 24];
+            while let Some(i) = shared.claim().await {
+                let (user, scheduled) = shared.begin(i);
+                let started = Instant::now();
+                let outcome = match conn.request(user_key(&mut buf, user)).await {
+                    Ok(200) => Outcome::Admitted,
+                    Ok(429) => Outcome::Denied,
+                    Ok(_) => Outcome::Error,
+                    Err(_) => {
+                        // Count it and start over on a new connection.
+                        let _ = conn.reconnect().await;
+                        Outcome::Error
+                    }
+                };
+                shared.record(i, user, scheduled, started, outcome);
+            }
+        })
+    };
+    let report = drive(config, setup, config.concurrency, spawn).await;
+    for s in servers {
+        s.stop();
+    }
+    report
+}
+
+/// Runs the scheduler and `workers` workers made by `spawn`, shows progress, and builds the
+/// report.
+async fn drive<F>(config: &Config, setup: Setup, workers: usize, spawn: F) -> Result<Report, Error>
+where
+    F: Fn(Arc<Shared>, usize) -> tokio::task::JoinHandle<()>,
+{
+    let calls_before = match (&config.redis_url, config.store) {
+        (Some(url), StoreKind::Redis) => Some(eval_calls(url).await?),
+        _ => None,
+    };
+    let cache_before = setup.cache_stats.as_ref().map(|f| f());
+
+    let shared = Arc::new(Shared::new(
+        config,
+        Instant::now() + Duration::from_millis(20),
+    ));
+    let handles: Vec<_> = (0..workers).map(|w| spawn(shared.clone(), w)).collect();
+    let sched = {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("ratelimit-load-scheduler".into())
+            .spawn(move || {
+                let wait = shared.start.saturating_duration_since(Instant::now());
+                std::thread::sleep(wait);
+                scheduler(shared, workers);
+            })?
+    };
+
+    let bar = progress_bar(config, shared.total);
+    let progress = bar.clone().map(|bar| {
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            let mut last = (0u64, Instant::now());
+            loop {
+                tokio::time::sleep(Duration::from_millis(250)).await;
+                let done = shared.completed.load(Ordering::Relaxed);
+                let now = Instant::now();
+                let rate = (done - last.0) as f64 / now.duration_since(last.1).as_secs_f64();
+                last = (done, now);
+                bar.set_position(done);
+                bar.set_message(format!("{rate:>8.0}/s"));
+            }
+        })
+    });
+
+    let deadline = config.duration + GRACE;
+    let mut timed_out = false;
+    let all = async {
+        for h in handles {
+            let _ = h.await;
+        }
+    };
+    if tokio::time::timeout(deadline, all).await.is_err() {
+        timed_out = true;
+        shared.abort.store(true, Ordering::Relaxed);
+        shared.notify.notify_waiters();
+    }
+    shared.abort.store(true, Ordering::Relaxed);
+    let _ = tokio::task::spawn_blocking(move || sched.join()).await;
+    if let Some(p) = progress {
+        p.abort();
+    }
+    if let Some(bar) = bar {
+        bar.finish_and_clear();
+    }
+
+    let calls_after = match (&config.redis_url, config.store) {
+        (Some(url), StoreKind::Redis) => Some(eval_calls(url).await?),
+        _ => None,
+    };
+    let cache_after = setup.cache_stats.as_ref().map(|f| f());
+    Ok(build_report(
+        config,
+        &shared,
+        timed_out,
+        calls_before.zip(calls_after).map(|(b, a)| a - b),
+        cache_before
+            .zip(cache_after)
+            .map(|(b, a)| (a.0 - b.0, a.1 - b.1)),
+    ))
+}
+
+fn progress_bar(config: &Config, total: u64) -> Option<ProgressBar> {
+    if config.quiet || config.json || !std::io::stdout().is_terminal() {
+        return None;
+    }
+    let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
+    let style = ProgressStyle::with_template(
+        "{spinner} [{elapsed_precise}] {wide_bar} {pos}/{len} decisions {msg}",
+    )
+    .unwrap_or_else(|_| ProgressStyle::default_bar());
+    bar.set_style(style);
+    Some(bar)
+}
+
+fn build_report(
+    config: &Config,
+    shared: &Shared,
+    timed_out: bool,
+    redis_calls: Option<u64>,
+    cache: Option<(u64, u64)>,
+) -> Report {
+    let rec = shared.rec.lock();
+    let completed = rec.latency.len();
+    let elapsed = rec
+        .last_end
+        .map_or_else(|| shared.start.elapsed(), |t| t - shared.start);
+    let bound = config.admission_bound(elapsed);
+    let mut users_seen = 0;
+    let mut max_admitted = 0;
+    let mut users_above = 0;
+    let mut abusive_sent = 0;
+    let mut abusive_admitted = 0;
+    for (u, (sent, admitted)) in shared.sent.iter().zip(&shared.admitted).enumerate() {
+        let sent = u64::from(sent.load(Ordering::Relaxed));
+        let admitted = u64::from(admitted.load(Ordering::Relaxed));
+        if sent > 0 {
+            users_seen += 1;
+        }
+        max_admitted = max_admitted.max(admitted);
+        if admitted > bound {
+            users_above += 1;
+        }
+        if shared.sampler.is_abusive(u as u64) {
+            abusive_sent += sent;
+            abusive_admitted += admitted;
+        }
+    }
+    let q = |h: &Histogram<u64>, q: f64| {
+        if h.is_empty() {
+            0
+        } else {
+            h.value_at_quantile(q)
+        }
+    };
+    let per_second = rec
+        .seconds
+        .iter()
+        .enumerate()
+        .filter(|(_, h)| !h.is_empty())
+        .map(|(s, h)| SecondStats {
+            second: s as u64,
+            completed: h.len(),
+            p50_us: q(h, 0.5),
+            p99_us: q(h, 0.99),
+            max_us: h.max(),
+        })
+        .collect();
+    Report {
+        target: config.target,
+        store: config.store,
+        mode: config.mode,
+        gateways: config.gateways,
+        users: config.users,
+        abusive: config.abusive,
+        dist: config.dist,
+        limit: config.limit_label(),
+        target_rate: config.rate,
+        duration: config.duration,
+        concurrency: config.concurrency,
+        scheduled: shared.total,
+        completed,
+        admitted: rec.admitted,
+        denied: rec.denied,
+        errors: rec.errors,
+        timed_out,
+        elapsed,
+        achieved_rate: completed as f64 / elapsed.as_secs_f64().max(1e-9),
+        late_starts: rec.late_starts,
+        max_start_lateness: rec.max_start_lateness,
+        p50_us: q(&rec.latency, 0.5),
+        p90_us: q(&rec.latency, 0.9),
+        p99_us: q(&rec.latency, 0.99),
+        p999_us: q(&rec.latency, 0.999),
+        max_us: rec.latency.max(),
+        mean_us: rec.latency.mean(),
+        per_second,
+        users_seen,
+        max_admitted,
+        admission_bound: bound,
+        users_above_bound: users_above,
+        abusive_sent,
+        abusive_admitted,
+        redis_calls,
+        cache_hits: cache.map(|c| c.0),
+        store_calls: cache.map(|c| c.1),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn eval_calls_are_summed_from_commandstats() {
+        let info = "# Commandstats\r\ncmdstat_evalsha:calls=120,usec=300,usec_per_call=2.50,\
+                    rejected_calls=0,failed_calls=1\r\ncmdstat_eval:calls=3,usec=9\r\n\
+                    cmdstat_info:calls=7,usec=1\r\n";
+        assert_eq!(parse_eval_calls(info), 123);
+        assert_eq!(parse_eval_calls(""), 0);
+    }
+}

@@ -1,0 +1,132 @@
+//! The tool's core at a small scale: every target and store, checked for exact admission and
+//! for populated measurements. Each run lasts about a second.
+
+use std::time::Duration;
+
+use ratelimit_load::{Config, Mode, Report, StoreKind, Target};
+
+fn small(target: Target, store: StoreKind) -> Config {
+    Config {
+        target,
+        store,
+        users: 1_000,
+        // Two users send 100 times a normal user's rate: about 170 requests each, so the limit
+        // of 100 a minute denies them.
+        abusive: 2,
+        rate: 2_000.0,
+        duration: Duration::from_secs(1),
+        limit: 100,
+        period: Duration::from_secs(60),
+        quiet: true,
+        ..Config::default()
+    }
+}
+
+/// What every run must show: all answered, exact admission, measurements filled in.
+fn check_common(r: &Report) {
+    assert!(!r.timed_out, "{}", r.text());
+    assert_eq!(r.scheduled, 2_000);
+    assert_eq!(r.completed, r.scheduled, "{}", r.text());
+    assert_eq!(r.admitted + r.denied + r.errors, r.completed);
+    assert_eq!(r.errors, 0, "{}", r.text());
+    assert_eq!(r.users_above_bound, 0, "{}", r.text());
+    // Over about one second: the burst of 100 plus at most one refilled token.
+    assert!(
+        (100..=101).contains(&r.admission_bound),
+        "{}",
+        r.admission_bound
+    );
+    assert!(r.max_admitted <= r.admission_bound);
+    assert!(r.abusive_sent > 250, "{}", r.text());
+    assert!(r.abusive_admitted <= 2 * r.admission_bound);
+    assert!(
+        r.denied > 0,
+        "the abusive users must be denied: {}",
+        r.text()
+    );
+    assert!(r.users_seen > 500);
+    assert!(r.achieved_rate > 1_000.0, "{}", r.text());
+    assert!(r.p50_us > 0 && r.p50_us <= r.p99_us && r.p99_us <= r.max_us);
+    assert!(!r.per_second.is_empty());
+    assert_eq!(
+        r.per_second.iter().map(|s| s.completed).sum::<u64>(),
+        r.completed
+    );
+
+    let json = r.to_json();
+    assert_eq!(json["completed"], r.completed);
+    assert_eq!(json["exactness"]["users_above_bound"], 0);
+    assert_eq!(json["latency_us"]["p99"], r.p99_us);
+    assert!(json["per_second"].as_array().is_some_and(|a| !a.is_empty()));
+    let text = r.text();
+    assert!(text.contains("users above bound: 0"), "{text}");
+    let svg = r.svg();
+    assert!(svg.starts_with("<svg") && svg.matches("<polyline").count() == 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_store_exact() {
+    let r = ratelimit_load::run(&small(Target::Store, StoreKind::Memory))
+        .await
+        .unwrap();
+    check_common(&r);
+    // A single user at most 101 admitted; the abusive users reach the burst.
+    assert!(r.max_admitted >= 100, "{}", r.text());
+    assert_eq!(r.redis_calls, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn memory_store_denial_cache_saves_store_calls() {
+    let mut c = small(Target::Store, StoreKind::Memory);
+    c.mode = Mode::DenialCache;
+    c.gateways = 4;
+    let r = ratelimit_load::run(&c).await.unwrap();
+    check_common(&r);
+    let (hits, calls) = (r.cache_hits.unwrap(), r.store_calls.unwrap());
+    assert_eq!(hits + calls, r.completed);
+    assert!(hits > 0, "{}", r.text());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_store_on_a_real_server() {
+    // No URL: the tool starts its own redis-server (redis-harness).
+    let mut c = small(Target::Store, StoreKind::Redis);
+    c.gateways = 3;
+    let r = ratelimit_load::run(&c).await.unwrap();
+    check_common(&r);
+    // Exact mode: one EVALSHA per decision, none more.
+    assert_eq!(r.redis_calls, Some(r.completed), "{}", r.text());
+    assert_eq!(r.redis_calls_per_request(), Some(1.0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_gateways_bare_and_layered() {
+    let mut c = small(Target::Http, StoreKind::Memory);
+    c.gateways = 2;
+    c.concurrency = 16;
+    let layered = ratelimit_load::run(&c).await.unwrap();
+    check_common(&layered);
+
+    c.store = StoreKind::None;
+    let bare = ratelimit_load::run(&c).await.unwrap();
+    assert_eq!(bare.completed, bare.scheduled);
+    assert_eq!(bare.admitted, bare.completed, "no limiter: all 200");
+    assert!(bare.p99_us > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sweep_stops_at_the_first_unsustained_step() {
+    let mut c = small(Target::Store, StoreKind::Memory);
+    c.duration = Duration::from_millis(300);
+    c.steps = vec![500.0, 1_000.0];
+    // An impossible target: no step can be sustained, so the sweep stops after the first.
+    c.p99_target = Duration::from_nanos(1);
+    let s = ratelimit_load::sweep(&c).await.unwrap();
+    assert_eq!(s.steps.len(), 1);
+    assert_eq!(s.sustained_rate(), None);
+    c.p99_target = Duration::from_secs(10);
+    let s = ratelimit_load::sweep(&c).await.unwrap();
+    assert_eq!(s.steps.len(), 2);
+    assert_eq!(s.sustained_rate(), Some(1_000.0));
+    assert_eq!(s.to_json()["steps"][1]["sustained"], true);
+}
