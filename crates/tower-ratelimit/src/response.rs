@@ -58,7 +58,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, RETRY_AFTER};
+use http::header::{CONTENT_TYPE, Entry, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use ratelimit_core::{Decision, Limit};
 
@@ -345,8 +345,103 @@ fn push_u64(out: &mut Vec<u8>, n: u64) {
     out.extend_from_slice(&buf[i..]);
 }
 
+/// The decimal digits of 0 to 999, each written once: `0123456789101112...999`.
+const DIGITS_LEN: usize = 10 + 90 * 2 + 900 * 3;
+
+const fn digits() -> [u8; DIGITS_LEN] {
+    let mut out = [0u8; DIGITS_LEN];
+    let mut n = 0;
+    let mut i = 0;
+    while n < 1000 {
+        if n >= 100 {
+            out[i] = b'0' + (n / 100) as u8;
+            i += 1;
+        }
+        if n >= 10 {
+            out[i] = b'0' + (n / 10 % 10) as u8;
+            i += 1;
+        }
+        out[i] = b'0' + (n % 10) as u8;
+        i += 1;
+        n += 1;
+    }
+    out
+}
+
+const DIGIT_BYTES: [u8; DIGITS_LEN] = digits();
+static DIGITS: &str = match std::str::from_utf8(&DIGIT_BYTES) {
+    Ok(s) => s,
+    Err(_) => panic!("digits are ASCII"),
+};
+
+/// `n` as a header value. Values below 1,000 (most `Retry-After`s) are slices of a static
+/// string: no allocation.
 fn number(n: u64) -> HeaderValue {
-    HeaderValue::from(n)
+    let (start, len) = match n {
+        0..=9 => (n as usize, 1),
+        10..=99 => (10 + (n as usize - 10) * 2, 2),
+        100..=999 => (190 + (n as usize - 100) * 3, 3),
+        _ => {
+            let mut buf = StackBuf::new();
+            buf.push_u64(n);
+            return buf.header_value();
+        }
+    };
+    HeaderValue::from_static(&DIGITS[start..start + len])
+}
+
+/// A small buffer on the stack for building a header value with one allocation.
+struct StackBuf {
+    buf: [u8; 160],
+    len: usize,
+    spill: Vec<u8>,
+}
+
+impl StackBuf {
+    fn new() -> Self {
+        StackBuf {
+            buf: [0; 160],
+            len: 0,
+            spill: Vec::new(),
+        }
+    }
+
+    fn push(&mut self, bytes: &[u8]) {
+        if self.spill.is_empty() && self.len + bytes.len() <= self.buf.len() {
+            self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
+            self.len += bytes.len();
+            return;
+        }
+        if self.spill.is_empty() {
+            self.spill.extend_from_slice(&self.buf[..self.len]);
+        }
+        self.spill.extend_from_slice(bytes);
+    }
+
+    fn push_u64(&mut self, n: u64) {
+        let mut digits = [0u8; 20];
+        let mut i = digits.len();
+        let mut n = n;
+        loop {
+            i -= 1;
+            digits[i] = b'0' + (n % 10) as u8;
+            n /= 10;
+            if n == 0 {
+                break;
+            }
+        }
+        self.push(&digits[i..]);
+    }
+
+    fn header_value(&self) -> HeaderValue {
+        let bytes = if self.spill.is_empty() {
+            &self.buf[..self.len]
+        } else {
+            &self.spill[..]
+        };
+        // Only printable ASCII is ever written (names are checked by `Policy::new`).
+        HeaderValue::from_bytes(bytes).unwrap_or_else(|_| HeaderValue::from_static(""))
+    }
 }
 
 fn push_sf_string(out: &mut Vec<u8>, s: &str) {
@@ -410,34 +505,33 @@ impl Prepared {
             .get(d.quota_index())
             .or_else(|| self.items.first())
             .map_or(&[][..], |b| &b[..]);
-        let mut v = Vec::with_capacity(item.len() + 32);
-        v.extend_from_slice(item);
-        push_u64(&mut v, d.remaining());
-        v.extend_from_slice(b";t=");
-        push_u64(&mut v, reset_secs(d));
-        HeaderValue::from_maybe_shared(Bytes::from(v))
-            .unwrap_or_else(|_| HeaderValue::from_static(""))
+        let mut v = StackBuf::new();
+        v.push(item);
+        v.push_u64(d.remaining());
+        v.push(b";t=");
+        v.push_u64(reset_secs(d));
+        v.header_value()
     }
 
     /// Adds the rate-limit fields of `mode` for `d`, leaving any already set.
     pub(crate) fn write(&self, headers: &mut HeaderMap, mode: Headers, d: &Decision) {
         if mode.ietf {
-            if !headers.contains_key(&RATELIMIT_POLICY) {
-                headers.insert(RATELIMIT_POLICY.clone(), self.policy_value.clone());
+            if let Entry::Vacant(v) = headers.entry(&RATELIMIT_POLICY) {
+                v.insert(self.policy_value.clone());
             }
-            if !headers.contains_key(&RATELIMIT) {
-                headers.insert(RATELIMIT.clone(), self.rate_limit_value(d));
+            if let Entry::Vacant(v) = headers.entry(&RATELIMIT) {
+                v.insert(self.rate_limit_value(d));
             }
         }
         if mode.legacy {
-            if !headers.contains_key(&X_RATELIMIT_LIMIT) {
-                headers.insert(X_RATELIMIT_LIMIT.clone(), number(d.limit()));
+            if let Entry::Vacant(v) = headers.entry(&X_RATELIMIT_LIMIT) {
+                v.insert(number(d.limit()));
             }
-            if !headers.contains_key(&X_RATELIMIT_REMAINING) {
-                headers.insert(X_RATELIMIT_REMAINING.clone(), number(d.remaining()));
+            if let Entry::Vacant(v) = headers.entry(&X_RATELIMIT_REMAINING) {
+                v.insert(number(d.remaining()));
             }
-            if !headers.contains_key(&X_RATELIMIT_RESET) {
-                headers.insert(X_RATELIMIT_RESET.clone(), number(reset_secs(d)));
+            if let Entry::Vacant(v) = headers.entry(&X_RATELIMIT_RESET) {
+                v.insert(number(reset_secs(d)));
             }
         }
     }
@@ -579,5 +673,8 @@ mod tests {
         let mut v = Vec::new();
         push_u64(&mut v, u64::MAX);
         assert_eq!(v, u64::MAX.to_string().as_bytes());
+        for n in (0..1_100).chain([9_999, 10_000, u64::MAX]) {
+            assert_eq!(number(n), n.to_string().as_str(), "{n}");
+        }
     }
 }

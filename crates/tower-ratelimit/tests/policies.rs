@@ -327,3 +327,18 @@ async fn a_policy_from_a_configuration_file() {
             .unwrap();
     assert!(both.into_policy().is_err());
 }
+
+#[tokio::test]
+async fn router_route_layer_limits_matched_routes_only() {
+    let (_clock, store) = store();
+    let layer = RateLimitLayer::new(store, Policy::new("routes", per_minute(1)).unwrap()).unwrap();
+    let app = Router::new()
+        .route("/a", get(|| async { "a" }))
+        .route("/b", get(|| async { "b" }))
+        .route_layer(layer);
+    assert_eq!(send(&app, request("/a")).await.status(), 200);
+    // One limit for the client across the routes under the layer.
+    assert_eq!(send(&app, request("/b")).await.status(), 429);
+    // Unmatched paths never reach the layer: 404, not 429.
+    assert_eq!(send(&app, request("/missing")).await.status(), 404);
+}
