@@ -1,0 +1,285 @@
+//! Redis answering errors instead of decisions: `maxmemory` reached with `noeviction`, a wrong
+//! password, `SCRIPT FLUSH` in the middle of a load. Each maps to the route's failure policy (or,
+//! for `SCRIPT FLUSH`, to no failure at all), with a log line and a metric, never a panic.
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::get;
+use ratelimit_e2e::app::TestApp;
+use ratelimit_e2e::load::{self, ms};
+use ratelimit_e2e::observe::{Logs, Metrics};
+use ratelimit_e2e::{per_minute, store_builder, wait_until};
+use ratelimit_redis::RedisStore;
+use redis_harness::RedisServer;
+use tower_ratelimit::{CircuitBreaker, FailurePolicy, Policy, RateLimitLayer};
+
+const TIMEOUT: Duration = Duration::from_millis(50);
+const MARGIN: Duration = Duration::from_millis(250);
+
+fn layer(
+    store: &RedisStore,
+    name: &str,
+    per_min: u64,
+    failure: FailurePolicy,
+) -> RateLimitLayer<RedisStore> {
+    RateLimitLayer::builder(
+        store.clone(),
+        Policy::new(name, per_minute(per_min))
+            .expect("policy")
+            .failure(failure),
+    )
+    .timeout(TIMEOUT)
+    .circuit_breaker(CircuitBreaker::new(3, Duration::from_millis(200)).expect("breaker"))
+    .build()
+    .expect("layer")
+}
+
+/// `/open` (fail open) and `/closed` (fail closed, Retry-After 1) over `store`, policies named
+/// `<prefix>-open` and `<prefix>-closed`.
+async fn app(store: &RedisStore, prefix: &str, metrics: &Metrics) -> TestApp {
+    let (open, closed) = metrics.register(|| {
+        (
+            layer(
+                store,
+                &format!("{prefix}-open"),
+                100_000,
+                FailurePolicy::FailOpen,
+            ),
+            layer(
+                store,
+                &format!("{prefix}-closed"),
+                100_000,
+                FailurePolicy::fail_closed(Duration::from_secs(1)),
+            ),
+        )
+    });
+    TestApp::serve(
+        Router::new()
+            .route("/open", get(|| async { "ok" }).route_layer(open))
+            .route("/closed", get(|| async { "ok" }).route_layer(closed)),
+    )
+    .await
+}
+
+/// `redis-cli` with an explicit password (the harness's helper uses the configured one).
+fn cli_with_password(port: u16, password: &str, args: &[&str]) -> String {
+    let out = Command::new("redis-cli")
+        .args([
+            "-h",
+            "127.0.0.1",
+            "-p",
+            &port.to_string(),
+            "--no-auth-warning",
+            "-a",
+            password,
+        ])
+        .args(args)
+        .stdin(Stdio::null())
+        .output()
+        .expect("run redis-cli");
+    assert!(out.status.success(), "redis-cli {args:?} failed");
+    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+}
+
+async fn burst(client: &reqwest::Client, app: &TestApp, what: &str) -> load::Samples {
+    let s = load::run(
+        client,
+        &[("open", app.url("/open")), ("closed", app.url("/closed"))],
+        2,
+        Duration::from_millis(600),
+        Duration::from_millis(5),
+        Instant::now(),
+    )
+    .await;
+    println!("{what}: {s}");
+    assert_eq!(s.count(0), 0, "{what}: every request answered");
+    assert!(s.max() <= TIMEOUT + MARGIN, "{what}: worst {:?}", s.max());
+    s
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn maxmemory_with_noeviction_maps_to_the_policy() {
+    let logs = Logs::install();
+    let redis = RedisServer::builder()
+        .config("maxmemory-policy noeviction")
+        .start();
+    let store = store_builder(&redis.url()).build().await.expect("store");
+    let metrics = Metrics::new();
+    let app = app(&store, "oom", &metrics).await;
+    let client = load::client();
+
+    let ok = burst(&client, &app, "before maxmemory").await;
+    assert_eq!(ok.statuses(), [200]);
+
+    // Fill about 3 MB, then cap memory at 1 MB: every write is refused with OOM.
+    redis.cli(&[
+        "eval",
+        "for i = 1, 3000 do redis.call('set', 'fill:' .. i, string.rep('x', 1000)) end return 1",
+        "0",
+    ]);
+    redis.cli(&["config", "set", "maxmemory", "1mb"]);
+    let full = burst(&client, &app, "maxmemory reached").await;
+    assert_eq!(full.route("open").statuses(), [200], "fail open serves");
+    assert_eq!(
+        full.route("closed").statuses(),
+        [503],
+        "fail closed refuses"
+    );
+    assert!(metrics.store_errors("oom-closed", "error") >= 3);
+    assert!(metrics.decisions("oom-closed", "failed_closed") > 0);
+    assert!(metrics.decisions("oom-open", "failed_open") > 0);
+    let lines = logs.matching(&["WARN", "rate-limit store failed", "oom-closed", "OOM"]);
+    println!("log line: {}", lines.first().expect("an OOM log line"));
+
+    // Memory freed: the store decides again, without a restart.
+    redis.cli(&["config", "set", "maxmemory", "0"]);
+    let back = wait_until(Duration::from_secs(5), || async {
+        client
+            .get(app.url("/closed"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200)
+    })
+    .await
+    .expect("recovers within 5 s of memory being freed");
+    println!("recovered {:.0} ms after maxmemory was lifted", ms(back));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_password_maps_to_the_policy() {
+    let logs = Logs::install();
+    let redis = RedisServer::builder().password("right-pw").start();
+    let port = redis.port();
+
+    // At start-up: a typed error that says why, never a panic.
+    let wrong = format!("redis://:wrong-pw@127.0.0.1:{port}");
+    let err = store_builder(&wrong)
+        .build()
+        .await
+        .expect_err("wrong password");
+    println!("build with a wrong password: {err}");
+    let text = err.to_string();
+    assert!(
+        matches!(err, ratelimit_redis::RedisStoreError::Connection { .. }),
+        "{err:?}"
+    );
+    assert!(
+        text.to_ascii_lowercase().contains("authentication failed"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("wrong-pw"),
+        "the password is not echoed: {text}"
+    );
+
+    // While running: the password changes and the connections are cut.
+    let right = format!("redis://:right-pw@127.0.0.1:{port}");
+    let store = store_builder(&right).build().await.expect("store");
+    let metrics = Metrics::new();
+    let app = app(&store, "auth", &metrics).await;
+    let client = load::client();
+    assert_eq!(
+        burst(&client, &app, "right password").await.statuses(),
+        [200]
+    );
+
+    cli_with_password(
+        port,
+        "right-pw",
+        &["config", "set", "requirepass", "rotated-pw"],
+    );
+    cli_with_password(port, "rotated-pw", &["client", "kill", "type", "normal"]);
+    let refused = burst(&client, &app, "password rotated under the app").await;
+    assert_eq!(refused.route("open").statuses(), [200]);
+    assert_eq!(refused.route("closed").statuses(), [503]);
+    assert!(metrics.store_errors("auth-closed", "error") >= 1);
+    let lines = logs.matching(&["WARN", "rate-limit store failed", "auth-closed"]);
+    println!("log line: {}", lines.first().expect("a log line"));
+
+    // The password is put back: the store reconnects by itself.
+    cli_with_password(
+        port,
+        "rotated-pw",
+        &["config", "set", "requirepass", "right-pw"],
+    );
+    let back = wait_until(Duration::from_secs(5), || async {
+        client
+            .get(app.url("/closed"))
+            .send()
+            .await
+            .is_ok_and(|r| r.status() == 200)
+    })
+    .await
+    .expect("recovers within 5 s of the password being restored");
+    println!(
+        "recovered {:.0} ms after the password was restored",
+        ms(back)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn script_flush_mid_load_costs_nothing_and_counts_exactly() {
+    let redis = RedisServer::start();
+    let store = store_builder(&redis.url()).build().await.expect("store");
+    let metrics = Metrics::new();
+    let limit = 150;
+    // Fail closed: any store error would show as a 503.
+    let api = metrics.register(|| {
+        layer(
+            &store,
+            "flush",
+            limit,
+            FailurePolicy::fail_closed(Duration::from_secs(1)),
+        )
+    });
+    let app =
+        TestApp::serve(Router::new().route("/api", get(|| async { "ok" }).route_layer(api))).await;
+    let client = load::client();
+
+    let origin = Instant::now();
+    let run_for = Duration::from_millis(1_500);
+    let flusher = tokio::task::spawn_blocking(move || {
+        let mut flushes = 0;
+        while origin.elapsed() < run_for {
+            assert_eq!(redis.cli(&["script", "flush"]), "OK");
+            flushes += 1;
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        (flushes, redis)
+    });
+    let samples = load::run(
+        &client,
+        &[("api", app.url("/api"))],
+        3,
+        run_for,
+        Duration::from_millis(2),
+        origin,
+    )
+    .await;
+    let (flushes, redis) = flusher.await.unwrap();
+    println!("{flushes} SCRIPT FLUSHes during {samples}");
+
+    assert!(flushes >= 10);
+    assert_eq!(samples.count(0), 0);
+    assert_eq!(samples.count(503), 0, "NOSCRIPT never becomes a failure");
+    assert_eq!(metrics.store_errors("flush", "error"), 0);
+    assert_eq!(metrics.store_errors("flush", "timeout"), 0);
+    assert!(samples.len() as u64 > limit + 50, "the limit was reached");
+    // A token bucket of 150/min refills 2.5 per second: over the run at most ~5 more.
+    let admitted = samples.count(200) as u64;
+    assert!(
+        (limit..=limit + 6).contains(&admitted),
+        "admitted {admitted} for a limit of {limit}"
+    );
+    assert_eq!(metrics.decisions("flush", "allowed"), admitted);
+    assert!(
+        samples.max() <= TIMEOUT + MARGIN,
+        "worst {:?}",
+        samples.max()
+    );
+    let sha = ratelimit_redis::script_sha(ratelimit_core::Algorithm::TokenBucket).unwrap();
+    let _ = client.get(app.url("/api")).send().await.unwrap();
+    assert_eq!(redis.cli(&["script", "exists", sha]), "1", "reloaded");
+}
