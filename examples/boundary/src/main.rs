@@ -116,50 +116,100 @@ fn tables(runs: &[Run]) -> String {
     out
 }
 
-/// Colour and dash pattern of each algorithm's line (token bucket and GCRA make the same
-/// decisions, so GCRA is dashed over it).
-fn style(algorithm: Algorithm) -> (&'static str, &'static str) {
+/// How each algorithm's line is drawn: colour, width and dash pattern. Token bucket and GCRA
+/// make the same decisions, and the sliding window is close to them, so the lines are drawn
+/// from wide to narrow to stay visible on top of each other.
+fn style(algorithm: Algorithm) -> (&'static str, f64, &'static str) {
     match algorithm {
-        Algorithm::TokenBucket => ("#1f77b4", ""),
-        Algorithm::Gcra => ("#ff7f0e", "8 6"),
-        Algorithm::FixedWindow => ("#d62728", ""),
-        Algorithm::SlidingWindow => ("#2ca02c", ""),
-        _ => ("#9467bd", "3 4"),
+        Algorithm::TokenBucket => ("#9ecae1", 9.0, ""),
+        Algorithm::Gcra => ("#1f4e9e", 3.0, "9 6"),
+        Algorithm::FixedWindow => ("#d62728", 2.5, ""),
+        Algorithm::SlidingWindow => ("#2ca02c", 1.5, ""),
+        _ => ("#9467bd", 2.5, "2 4"),
     }
 }
 
-/// An SVG plot of the requests admitted so far against time, one polyline per algorithm.
+/// Where a panel is drawn and which times it shows.
+struct Panel {
+    title: &'static str,
+    top: f64,
+    bottom: f64,
+    from_ms: u64,
+    to_ms: u64,
+    tick_ms: u64,
+}
+
+/// The SVG document's size and the plot area's left and right edges.
+const SVG_W: f64 = 880.0;
+const SVG_H: f64 = 820.0;
+const LEFT: f64 = 70.0;
+const RIGHT: f64 = 840.0;
+
+/// An SVG plot of the requests admitted so far against time, one polyline per algorithm: the
+/// whole run (0-120 s) above, and a zoom on the boundary (59.8-60.2 s) below.
 fn svg(runs: &[Run]) -> String {
-    const W: f64 = 880.0;
-    const H: f64 = 500.0;
-    const LEFT: f64 = 70.0;
-    const RIGHT: f64 = 840.0;
-    const TOP: f64 = 50.0;
-    const BOTTOM: f64 = 440.0;
     let max_total = runs.iter().map(Run::total).max().unwrap_or(0);
     let y_max = (max_total + 50).div_ceil(100) * 100;
-    let x = |ms: u64| LEFT + (RIGHT - LEFT) * ms as f64 / (PLOT_END_SECS * 1_000) as f64;
-    let y = |n: u64| BOTTOM - (BOTTOM - TOP) * n as f64 / y_max as f64;
-
     let mut s = String::new();
     let _ = writeln!(
         s,
-        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{W}" height="{H}" viewBox="0 0 {W} {H}" font-family="sans-serif" font-size="12">"#
+        r#"<svg xmlns="http://www.w3.org/2000/svg" width="{SVG_W}" height="{SVG_H}" viewBox="0 0 {SVG_W} {SVG_H}" font-family="sans-serif" font-size="12">"#
     );
-    let _ = writeln!(s, r#"<rect width="{W}" height="{H}" fill="white"/>"#);
     let _ = writeln!(
         s,
-        r#"<text x="{}" y="24" text-anchor="middle" font-size="15">Requests admitted so far, {PER_MINUTE} per minute, bursts of {BURST} at 59.9, 60.1, 75, 90, 105, 119.9 s</text>"#,
-        (LEFT + RIGHT) / 2.0
+        r#"<rect width="{SVG_W}" height="{SVG_H}" fill="white"/>"#
     );
-    // Grid and axes.
-    for t in (0..=PLOT_END_SECS).step_by(10) {
-        let px = x(t * 1_000);
+    let panels = [
+        Panel {
+            title: "Requests admitted so far: 100 per minute, bursts of 150 at 59.9, 60.1, 75, 90, 105 and 119.9 s",
+            top: 50.0,
+            bottom: 430.0,
+            from_ms: 0,
+            to_ms: PLOT_END_SECS * 1_000,
+            tick_ms: 10_000,
+        },
+        Panel {
+            title: "Zoom on the minute boundary: 59.8 s to 60.2 s",
+            top: 530.0,
+            bottom: 760.0,
+            from_ms: 59_800,
+            to_ms: 60_200,
+            tick_ms: 100,
+        },
+    ];
+    for (i, panel) in panels.iter().enumerate() {
+        // Only the first panel gets the legend; both get every line.
+        draw_panel(&mut s, panel, runs, y_max, i == 0);
+    }
+    s.push_str("</svg>\n");
+    s
+}
+
+/// Draws one panel: title, grid, axes, the minute boundary and one step line per algorithm.
+fn draw_panel(s: &mut String, p: &Panel, runs: &[Run], y_max: u64, legend: bool) {
+    let (top, bottom) = (p.top, p.bottom);
+    let span = (p.to_ms - p.from_ms) as f64;
+    let x =
+        |ms: u64| LEFT + (RIGHT - LEFT) * (ms.clamp(p.from_ms, p.to_ms) - p.from_ms) as f64 / span;
+    let y = |n: u64| bottom - (bottom - top) * n as f64 / y_max as f64;
+
+    let _ = writeln!(
+        s,
+        r#"<text x="{}" y="{}" text-anchor="middle" font-size="15">{}</text>"#,
+        (LEFT + RIGHT) / 2.0,
+        top - 22.0,
+        p.title
+    );
+    let mut t = p.from_ms;
+    while t <= p.to_ms {
+        let px = x(t);
         let _ = writeln!(
             s,
-            r##"<line x1="{px:.1}" y1="{TOP}" x2="{px:.1}" y2="{BOTTOM}" stroke="#e5e5e5"/><text x="{px:.1}" y="{}" text-anchor="middle">{t}</text>"##,
-            BOTTOM + 18.0
+            r##"<line x1="{px:.1}" y1="{top}" x2="{px:.1}" y2="{bottom}" stroke="#e5e5e5"/><text x="{px:.1}" y="{}" text-anchor="middle">{}</text>"##,
+            bottom + 18.0,
+            secs_label(t, p.tick_ms)
         );
+        t += p.tick_ms;
     }
     for n in (0..=y_max).step_by(100) {
         let py = y(n);
@@ -172,66 +222,72 @@ fn svg(runs: &[Run]) -> String {
     }
     let _ = writeln!(
         s,
-        r##"<line x1="{LEFT}" y1="{BOTTOM}" x2="{RIGHT}" y2="{BOTTOM}" stroke="black"/><line x1="{LEFT}" y1="{TOP}" x2="{LEFT}" y2="{BOTTOM}" stroke="black"/>"##
+        r##"<line x1="{LEFT}" y1="{bottom}" x2="{RIGHT}" y2="{bottom}" stroke="black"/><line x1="{LEFT}" y1="{top}" x2="{LEFT}" y2="{bottom}" stroke="black"/>"##
     );
     let _ = writeln!(
         s,
-        r#"<text x="{}" y="{}" text-anchor="middle">time (s)</text>"#,
+        r#"<text x="{}" y="{}" text-anchor="middle">time (s)</text><text x="18" y="{2}" text-anchor="middle" transform="rotate(-90 18 {2})">admitted requests</text>"#,
         (LEFT + RIGHT) / 2.0,
-        BOTTOM + 40.0
+        bottom + 38.0,
+        (top + bottom) / 2.0
     );
     let _ = writeln!(
         s,
-        r#"<text x="18" y="{}" text-anchor="middle" transform="rotate(-90 18 {})">admitted requests</text>"#,
-        (TOP + BOTTOM) / 2.0,
-        (TOP + BOTTOM) / 2.0
-    );
-    // The fixed window's boundary.
-    let _ = writeln!(
-        s,
-        r##"<line x1="{0:.1}" y1="{TOP}" x2="{0:.1}" y2="{BOTTOM}" stroke="#999" stroke-dasharray="2 3"/><text x="{1:.1}" y="{2}" fill="#666">minute boundary</text>"##,
+        r##"<line x1="{0:.1}" y1="{top}" x2="{0:.1}" y2="{bottom}" stroke="#999" stroke-dasharray="2 3"/><text x="{1:.1}" y="{2}" fill="#666">minute boundary</text>"##,
         x(60_000),
         x(60_000) + 4.0,
-        TOP + 12.0
+        bottom - 8.0
     );
 
-    // One step line per algorithm: flat between bursts, up at each burst.
     for (i, r) in runs.iter().enumerate() {
-        let (colour, dash) = style(r.algorithm);
-        let mut points = format!("{:.1},{:.1}", x(0), y(0));
-        let mut sum = 0;
-        for (&ms, &a) in BURSTS_MS.iter().zip(&r.admitted) {
-            let _ = write!(points, " {:.1},{:.1}", x(ms), y(sum));
-            sum += a;
-            let _ = write!(points, " {:.1},{:.1}", x(ms), y(sum));
-        }
-        let _ = write!(points, " {:.1},{:.1}", x(PLOT_END_SECS * 1_000), y(sum));
+        let (colour, width, dash) = style(r.algorithm);
         let dash_attr = if dash.is_empty() {
             String::new()
         } else {
             format!(r#" stroke-dasharray="{dash}""#)
         };
+        // A step line: flat between bursts, straight up at each burst.
+        let mut points = format!("{:.1},{:.1}", x(p.from_ms), y(0));
+        let mut sum = 0;
+        // Only the bursts within the panel's time range.
+        for (&ms, &a) in BURSTS_MS.iter().zip(&r.admitted) {
+            if ms < p.from_ms || ms > p.to_ms {
+                continue;
+            }
+            let _ = write!(points, " {:.1},{:.1}", x(ms), y(sum));
+            sum += a;
+            let _ = write!(points, " {:.1},{:.1}", x(ms), y(sum));
+        }
+        let _ = write!(points, " {:.1},{:.1}", x(p.to_ms), y(sum));
         let _ = writeln!(
             s,
-            r#"<polyline data-algorithm="{}" fill="none" stroke="{colour}" stroke-width="2"{dash_attr} points="{points}"/>"#,
+            r#"<polyline data-algorithm="{}" fill="none" stroke="{colour}" stroke-width="{width}"{dash_attr} points="{points}"/>"#,
             r.algorithm.name()
         );
-        // Legend entry.
-        let ly = TOP + 14.0 + 20.0 * i as f64;
-        let _ = writeln!(
-            s,
-            r#"<line x1="{0}" y1="{ly}" x2="{1}" y2="{ly}" stroke="{colour}" stroke-width="2"{dash_attr}/><text x="{2}" y="{3}">{4}: {5} at the boundary, {6} in all</text>"#,
-            LEFT + 14.0,
-            LEFT + 44.0,
-            LEFT + 50.0,
-            ly + 4.0,
-            r.algorithm.name(),
-            r.across_boundary(),
-            r.total()
-        );
+        if legend {
+            let ly = top + 14.0 + 20.0 * i as f64;
+            let _ = writeln!(
+                s,
+                r#"<line x1="{0}" y1="{ly}" x2="{1}" y2="{ly}" stroke="{colour}" stroke-width="{width}"{dash_attr}/><text x="{2}" y="{3}">{4}: {5} across the boundary, {6} in all</text>"#,
+                LEFT + 14.0,
+                LEFT + 44.0,
+                LEFT + 52.0,
+                ly + 4.0,
+                r.algorithm.name(),
+                r.across_boundary(),
+                r.total()
+            );
+        }
     }
-    s.push_str("</svg>\n");
-    s
+}
+
+/// A tick label: whole seconds on a coarse axis, tenths on a fine one.
+fn secs_label(ms: u64, tick_ms: u64) -> String {
+    if tick_ms >= 1_000 {
+        (ms / 1_000).to_string()
+    } else {
+        secs(ms)
+    }
 }
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -320,7 +376,8 @@ mod tests {
         let svg = svg(&runs);
         assert!(svg.starts_with("<svg xmlns=\"http://www.w3.org/2000/svg\""));
         assert!(svg.ends_with("</svg>\n"));
-        assert_eq!(svg.matches("<polyline ").count(), Algorithm::ALL.len());
+        // One polyline per algorithm in each of the two panels.
+        assert_eq!(svg.matches("<polyline ").count(), 2 * Algorithm::ALL.len());
         for a in Algorithm::ALL {
             assert!(svg.contains(&format!("data-algorithm=\"{}\"", a.name())));
         }

@@ -1,0 +1,581 @@
+//! The gateway's configuration file: where to listen, which store, which API key has which
+//! tier, and one rate-limit policy per route. Every field is described in
+//! `docs/configuration.md`.
+//!
+//! Loading is strict: an unknown field, a value of the wrong type or a setting out of range stops
+//! the gateway at start with a message naming the field, such as
+//!
+//! ```text
+//! routes[1].policy.quotas[0].per: unknown variant `minutes`, expected one of `second`, `minute`, `hour`, `day` (line 29, column 30)
+//! ```
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::time::Duration;
+
+use ratelimit_core::{Algorithm, Limit, Quota};
+use serde::Deserialize;
+use tower_ratelimit::config::{FailureConfig, MissingKeyConfig, Per, PolicyConfig, QuotaConfig};
+
+/// The gateway's endpoints that a route's `path` can cover (`/metrics` is never limited).
+pub const ENDPOINTS: [&str; 4] = ["/login", "/api/items", "/api/items/{id}", "/health"];
+
+/// A configuration that cannot be used: the field (`routes[1].policy.quotas[0].per`) and why.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ConfigError {
+    /// Where the problem is, as a path into the file (empty for the file as a whole).
+    pub field: String,
+    /// What is wrong.
+    pub message: String,
+}
+
+impl ConfigError {
+    pub(crate) fn new(field: impl Into<String>, message: impl fmt::Display) -> Self {
+        ConfigError {
+            field: field.into(),
+            message: message.to_string(),
+        }
+    }
+}
+
+impl fmt::Display for ConfigError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.field.is_empty() {
+            f.write_str(&self.message)
+        } else {
+            write!(f, "{}: {}", self.field, self.message)
+        }
+    }
+}
+
+impl std::error::Error for ConfigError {}
+
+/// The whole file.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct Config {
+    /// Where to listen (default `127.0.0.1:8080`); the `--listen` flag overrides it.
+    #[serde(default = "default_listen")]
+    pub listen: SocketAddr,
+    /// Where the counters live (default: in this process's memory).
+    #[serde(default)]
+    pub store: StoreConfig,
+    /// API key to tier name. A route with tiers looks the request's API key up here; keys not
+    /// listed get the route's own limit.
+    #[serde(default)]
+    pub api_keys: BTreeMap<String, String>,
+    /// The rate-limited routes, checked in this order.
+    pub routes: Vec<RouteConfig>,
+}
+
+/// Which store, and the settings every route's layer shares.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct StoreConfig {
+    /// `memory`, `redis` or `redis_cluster`.
+    #[serde(default)]
+    pub kind: StoreKind,
+    /// The Redis URL (`kind = "redis"`).
+    #[serde(default)]
+    pub url: Option<String>,
+    /// URLs of one or more cluster nodes (`kind = "redis_cluster"`).
+    #[serde(default)]
+    pub urls: Vec<String>,
+    /// The prefix of every Redis key (default `rl`).
+    #[serde(default = "default_prefix")]
+    pub prefix: String,
+    /// Multiplexed Redis connections (default 4).
+    #[serde(default = "default_pool_size")]
+    pub pool_size: usize,
+    /// How long opening a Redis connection may take, in milliseconds (default 1000).
+    #[serde(default = "default_connect_timeout_ms")]
+    pub connect_timeout_ms: u64,
+    /// How long one check may take before it counts as a store failure, in milliseconds
+    /// (default 50).
+    #[serde(default = "default_timeout_ms")]
+    pub timeout_ms: u64,
+    /// The most keys the in-memory store holds (default 1,000,000; `kind = "memory"`).
+    #[serde(default = "default_max_keys")]
+    pub max_keys: usize,
+    /// Stop asking a failing store for a while.
+    #[serde(default)]
+    pub circuit_breaker: BreakerConfig,
+}
+
+impl Default for StoreConfig {
+    fn default() -> Self {
+        StoreConfig {
+            kind: StoreKind::Memory,
+            url: None,
+            urls: Vec::new(),
+            prefix: default_prefix(),
+            pool_size: default_pool_size(),
+            connect_timeout_ms: default_connect_timeout_ms(),
+            timeout_ms: default_timeout_ms(),
+            max_keys: default_max_keys(),
+            circuit_breaker: BreakerConfig::default(),
+        }
+    }
+}
+
+/// Where the counters live.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StoreKind {
+    /// In this process: each gateway counts alone.
+    #[default]
+    Memory,
+    /// One Redis server, shared by every gateway.
+    Redis,
+    /// A Redis Cluster, shared by every gateway.
+    RedisCluster,
+}
+
+/// The circuit breaker: after `failures` store failures in a row, do not ask the store for
+/// `cool_down_ms` (the failure policy answers at once), then try one request.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(deny_unknown_fields, default)]
+pub struct BreakerConfig {
+    /// Whether to use one (default true).
+    pub enabled: bool,
+    /// Failures in a row that open it (default 5).
+    pub failures: u32,
+    /// How long it stays open, in milliseconds (default 10000).
+    pub cool_down_ms: u64,
+}
+
+impl Default for BreakerConfig {
+    fn default() -> Self {
+        BreakerConfig {
+            enabled: true,
+            failures: 5,
+            cool_down_ms: 10_000,
+        }
+    }
+}
+
+/// One rate-limited route: which endpoints, who is counted, what a request costs, and the
+/// policy.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct RouteConfig {
+    /// A path prefix, whole segments: `/api` covers `/api/items` and `/api/items/{id}`, `/`
+    /// covers every endpoint.
+    pub path: String,
+    /// Who a request counts against (default: the client IP).
+    #[serde(default)]
+    pub key: KeyConfig,
+    /// What a request costs (default 1).
+    #[serde(default = "default_cost")]
+    pub cost: u64,
+    /// What a request costs by HTTP method, overriding `cost` (`{ POST = 5 }`).
+    #[serde(default)]
+    pub cost_by_method: BTreeMap<String, u64>,
+    /// The policy: name, algorithm, quotas, tiers, headers, body, failure policy, dry run.
+    pub policy: PolicyConfig,
+}
+
+/// Who a request counts against.
+#[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
+#[serde(tag = "source", rename_all = "snake_case", deny_unknown_fields)]
+pub enum KeyConfig {
+    /// The client's IP address: the TCP peer, or behind trusted proxies the address they saw.
+    Ip {
+        /// Proxies whose forwarding header is believed (CIDR blocks or addresses; default none).
+        #[serde(default)]
+        trusted_proxies: Vec<String>,
+        /// Which header the trusted proxies append to (default `x_forwarded_for`).
+        #[serde(default)]
+        forwarded_header: ForwardedHeaderConfig,
+        /// IPv6 clients are grouped by this prefix length (default 64).
+        #[serde(default = "default_ipv6_prefix")]
+        ipv6_prefix: u8,
+    },
+    /// The value of a request header, such as an API key.
+    Header {
+        /// The header name (`x-api-key`).
+        name: String,
+    },
+    /// One key for every request: the route is limited as a whole.
+    Global,
+}
+
+impl Default for KeyConfig {
+    fn default() -> Self {
+        KeyConfig::Ip {
+            trusted_proxies: Vec::new(),
+            forwarded_header: ForwardedHeaderConfig::default(),
+            ipv6_prefix: default_ipv6_prefix(),
+        }
+    }
+}
+
+/// The header trusted proxies append the client address to.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ForwardedHeaderConfig {
+    /// `X-Forwarded-For`.
+    #[default]
+    XForwardedFor,
+    /// `Forwarded` (RFC 7239).
+    Forwarded,
+    /// `Forwarded` if present, else `X-Forwarded-For`.
+    Both,
+}
+
+fn default_listen() -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], 8080))
+}
+fn default_prefix() -> String {
+    ratelimit_redis::DEFAULT_PREFIX.to_owned()
+}
+fn default_pool_size() -> usize {
+    ratelimit_redis::DEFAULT_POOL_SIZE
+}
+fn default_connect_timeout_ms() -> u64 {
+    1_000
+}
+fn default_timeout_ms() -> u64 {
+    50
+}
+fn default_max_keys() -> usize {
+    ratelimit_core::DEFAULT_MAX_KEYS
+}
+fn default_cost() -> u64 {
+    1
+}
+fn default_ipv6_prefix() -> u8 {
+    64
+}
+
+impl Config {
+    /// Parses and checks a configuration, or says which field is wrong.
+    pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let de = toml::Deserializer::parse(text).map_err(|e| toml_error("", &e, text))?;
+        let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
+            let field = e.path().to_string();
+            let field = if field == "." { String::new() } else { field };
+            toml_error(&field, e.inner(), text)
+        })?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Reads, parses and checks the file at `path`.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new("", format!("cannot read {}: {e}", path.display())))?;
+        Config::from_toml(&text)
+    }
+
+    /// Checks what the types cannot: ranges, combinations, references between fields.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        self.store.validate()?;
+        if self.routes.is_empty() {
+            return Err(ConfigError::new("routes", "at least one route is needed"));
+        }
+        for (i, route) in self.routes.iter().enumerate() {
+            route.validate(&format!("routes[{i}]"))?;
+            let name = &route.policy.name;
+            if let Some(j) = self.routes[..i].iter().position(|r| r.policy.name == *name) {
+                return Err(ConfigError::new(
+                    format!("routes[{i}].policy.name"),
+                    format!("the name {name:?} is already used by routes[{j}]"),
+                ));
+            }
+        }
+        for (key, tier) in &self.api_keys {
+            if key.is_empty() {
+                return Err(ConfigError::new("api_keys", "an API key cannot be empty"));
+            }
+            let defined = self
+                .routes
+                .iter()
+                .any(|r| r.policy.tiers.iter().any(|t| t.name == *tier));
+            if !defined {
+                return Err(ConfigError::new(
+                    format!("api_keys.{key:?}"),
+                    format!("{tier:?} is not a tier of any route"),
+                ));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `field: message (line L, column C)`, from one of toml's errors.
+fn toml_error(field: &str, e: &toml::de::Error, text: &str) -> ConfigError {
+    let mut message = e.message().trim_end().to_owned();
+    if let Some(span) = e.span() {
+        let before = &text[..span.start.min(text.len())];
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        message.push_str(&format!(" (line {line}, column {column})"));
+    }
+    ConfigError::new(field, message)
+}
+
+impl StoreConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        let redis = self.kind != StoreKind::Memory;
+        match self.kind {
+            StoreKind::Memory => {
+                if self.url.is_some() || !self.urls.is_empty() {
+                    return Err(ConfigError::new(
+                        if self.url.is_some() {
+                            "store.url"
+                        } else {
+                            "store.urls"
+                        },
+                        "only used when kind is \"redis\" or \"redis_cluster\"",
+                    ));
+                }
+            }
+            StoreKind::Redis => {
+                if self.url.is_none() {
+                    return Err(ConfigError::new(
+                        "store.url",
+                        "required when kind is \"redis\" (for example \"redis://127.0.0.1:6379\")",
+                    ));
+                }
+                if !self.urls.is_empty() {
+                    return Err(ConfigError::new(
+                        "store.urls",
+                        "only used when kind is \"redis_cluster\"; give one `url`",
+                    ));
+                }
+            }
+            StoreKind::RedisCluster => {
+                if self.urls.is_empty() {
+                    return Err(ConfigError::new(
+                        "store.urls",
+                        "required when kind is \"redis_cluster\": the URL of at least one node",
+                    ));
+                }
+                if self.url.is_some() {
+                    return Err(ConfigError::new(
+                        "store.url",
+                        "only used when kind is \"redis\"; give the nodes in `urls`",
+                    ));
+                }
+            }
+        }
+        if redis && (self.pool_size == 0 || self.pool_size > 1024) {
+            return Err(ConfigError::new(
+                "store.pool_size",
+                "must be between 1 and 1024",
+            ));
+        }
+        if redis && self.connect_timeout_ms == 0 {
+            return Err(ConfigError::new(
+                "store.connect_timeout_ms",
+                "must be at least 1",
+            ));
+        }
+        if self.timeout_ms == 0 {
+            return Err(ConfigError::new("store.timeout_ms", "must be at least 1"));
+        }
+        if self.max_keys == 0 {
+            return Err(ConfigError::new("store.max_keys", "must be at least 1"));
+        }
+        let cb = self.circuit_breaker;
+        if cb.enabled && cb.failures == 0 {
+            return Err(ConfigError::new(
+                "store.circuit_breaker.failures",
+                "must be at least 1 (set enabled = false for no circuit breaker)",
+            ));
+        }
+        if cb.enabled && cb.cool_down_ms == 0 {
+            return Err(ConfigError::new(
+                "store.circuit_breaker.cool_down_ms",
+                "must be at least 1",
+            ));
+        }
+        Ok(())
+    }
+
+    /// The per-check timeout.
+    pub fn timeout(&self) -> Duration {
+        Duration::from_millis(self.timeout_ms)
+    }
+}
+
+impl RouteConfig {
+    fn validate(&self, at: &str) -> Result<(), ConfigError> {
+        if !self.path.starts_with('/') {
+            return Err(ConfigError::new(
+                format!("{at}.path"),
+                format!("{:?} must start with '/'", self.path),
+            ));
+        }
+        if !ENDPOINTS.iter().any(|e| covers(&self.path, e)) {
+            return Err(ConfigError::new(
+                format!("{at}.path"),
+                format!(
+                    "{:?} covers none of the gateway's endpoints ({})",
+                    self.path,
+                    ENDPOINTS.join(", ")
+                ),
+            ));
+        }
+        if let KeyConfig::Header { name } = &self.key
+            && axum::http::HeaderName::from_bytes(name.as_bytes()).is_err()
+        {
+            return Err(ConfigError::new(
+                format!("{at}.key.name"),
+                format!("{name:?} is not a valid header name"),
+            ));
+        }
+        if let KeyConfig::Ip {
+            trusted_proxies,
+            ipv6_prefix,
+            ..
+        } = &self.key
+        {
+            if let Err(e) = tower_ratelimit::ClientIp::behind_proxies(trusted_proxies) {
+                return Err(ConfigError::new(format!("{at}.key.trusted_proxies"), e));
+            }
+            if *ipv6_prefix > 128 {
+                return Err(ConfigError::new(
+                    format!("{at}.key.ipv6_prefix"),
+                    "must be between 0 and 128",
+                ));
+            }
+        }
+        for method in self.cost_by_method.keys() {
+            let ok = !method.is_empty()
+                && method.bytes().all(|b| b.is_ascii_uppercase())
+                && axum::http::Method::from_bytes(method.as_bytes()).is_ok();
+            if !ok {
+                return Err(ConfigError::new(
+                    format!("{at}.cost_by_method.{method}"),
+                    "expected an HTTP method in capitals, such as POST",
+                ));
+            }
+        }
+        let policy = &self.policy;
+        check_limit(policy.algorithm, &policy.quotas, &format!("{at}.policy"))?;
+        for (k, tier) in policy.tiers.iter().enumerate() {
+            check_limit(
+                tier.algorithm.unwrap_or(policy.algorithm),
+                &tier.quotas,
+                &format!("{at}.policy.tiers[{k}]"),
+            )?;
+        }
+        let name_ok = !policy.name.is_empty()
+            && policy.name.len() <= tower_ratelimit::policy::MAX_NAME_LEN
+            && policy.name.bytes().all(|b| (0x20..0x7f).contains(&b));
+        if !name_ok {
+            return Err(ConfigError::new(
+                format!("{at}.policy.name"),
+                format!(
+                    "{:?} must be 1 to {} printable ASCII characters",
+                    policy.name,
+                    tower_ratelimit::policy::MAX_NAME_LEN
+                ),
+            ));
+        }
+        if let FailureConfig::Fallback { gateways: 0 } = policy.failure {
+            return Err(ConfigError::new(
+                format!("{at}.policy.failure.gateways"),
+                "must be at least 1",
+            ));
+        }
+        if let MissingKeyConfig::Reject(status) = policy.missing_key
+            && !(400..=599).contains(&status)
+        {
+            return Err(ConfigError::new(
+                format!("{at}.policy.missing_key.reject"),
+                format!("{status} is not an error status (400 to 599)"),
+            ));
+        }
+        for (k, tier) in policy.tiers.iter().enumerate() {
+            if policy.tiers[..k].iter().any(|t| t.name == tier.name) {
+                return Err(ConfigError::new(
+                    format!("{at}.policy.tiers[{k}].name"),
+                    format!("the tier {:?} is defined twice", tier.name),
+                ));
+            }
+        }
+        // Anything the checks above missed, as the library words it.
+        let _ = policy
+            .clone()
+            .into_policy()
+            .map_err(|e| ConfigError::new(format!("{at}.policy"), e))?;
+        if !policy.tiers.is_empty() && !matches!(self.key, KeyConfig::Header { .. }) {
+            return Err(ConfigError::new(
+                format!("{at}.key.source"),
+                "must be \"header\" for a route with tiers: the tier is found from the API key \
+                 in [api_keys]",
+            ));
+        }
+        Ok(())
+    }
+}
+
+/// Whether the route prefix `prefix` covers the endpoint `endpoint`, by whole segments.
+pub fn covers(prefix: &str, endpoint: &str) -> bool {
+    let prefix = prefix.trim_end_matches('/');
+    prefix.is_empty()
+        || endpoint == prefix
+        || endpoint
+            .strip_prefix(prefix)
+            .is_some_and(|rest| rest.starts_with('/'))
+}
+
+/// Builds each quota of a limit on its own, so an error names the quota.
+fn check_limit(algorithm: Algorithm, quotas: &[QuotaConfig], at: &str) -> Result<(), ConfigError> {
+    if quotas.is_empty() {
+        return Err(ConfigError::new(
+            format!("{at}.quotas"),
+            "at least one quota is needed",
+        ));
+    }
+    let mut built = Vec::with_capacity(quotas.len());
+    for (j, q) in quotas.iter().enumerate() {
+        let field = format!("{at}.quotas[{j}]");
+        let quota = match (q.per, q.period_ms) {
+            (Some(per), None) => match per {
+                Per::Second => Quota::per_second(q.limit),
+                Per::Minute => Quota::per_minute(q.limit),
+                Per::Hour => Quota::per_hour(q.limit),
+                Per::Day => Quota::per_day(q.limit),
+                _ => return Err(ConfigError::new(format!("{field}.per"), "unsupported unit")),
+            },
+            (None, Some(ms)) => Quota::per_period(q.limit, Duration::from_millis(ms)),
+            (Some(_), Some(_)) => {
+                return Err(ConfigError::new(
+                    field,
+                    "give `per` or `period_ms`, not both",
+                ));
+            }
+            (None, None) => {
+                return Err(ConfigError::new(
+                    field,
+                    "missing `per` (second, minute, hour, day) or `period_ms`",
+                ));
+            }
+        }
+        .map_err(|e| {
+            let part = match e {
+                ratelimit_core::ConfigError::ZeroLimit => ".limit",
+                _ if q.period_ms.is_some() => ".period_ms",
+                _ => "",
+            };
+            ConfigError::new(format!("{field}{part}"), e)
+        })?;
+        let quota = match q.burst {
+            Some(b) => quota
+                .with_burst(b)
+                .map_err(|e| ConfigError::new(format!("{field}.burst"), e))?,
+            None => quota,
+        };
+        // Each quota alone first, so that a quota too large for the algorithm is named.
+        Limit::single(algorithm, quota).map_err(|e| ConfigError::new(field, e))?;
+        built.push(quota);
+    }
+    Limit::new(algorithm, built).map_err(|e| ConfigError::new(format!("{at}.quotas"), e))?;
+    Ok(())
+}

@@ -1,0 +1,321 @@
+//! The example gateway as a library: its configuration ([`config`]) and its router ([`app`]), so
+//! that the `gateway` binary, the tests and the `fleet` example build the same server.
+//!
+//! The gateway is a small API server: `POST /login`, `GET /api/items`, `POST /api/items`,
+//! `GET /api/items/{id}`, `GET /health`, and `GET /metrics` (Prometheus text). Which of these are
+//! rate limited, per what key, how hard and what happens when the store fails all come from the
+//! configuration file.
+//!
+//! Each configured route becomes one `RateLimitLayer` wrapped around every endpoint its `path`
+//! covers; when several routes cover an endpoint, the one listed first is checked first. All
+//! layers share one store: an in-memory store, or one Redis store (its own connections) per
+//! gateway.
+
+pub mod config;
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::Path;
+use axum::http::{Method, StatusCode, header};
+use axum::response::IntoResponse;
+use axum::routing::{MethodRouter, get, post};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use ratelimit_core::{MemoryStore, Store};
+use ratelimit_redis::{RedisStore, RedisStoreError};
+use tower_ratelimit::client_ip::ClientIp;
+use tower_ratelimit::key::{ApiKeyHeader, ClientIpKey, GlobalKey};
+use tower_ratelimit::{CircuitBreaker, ForwardedHeader, Policy, RateLimitLayer};
+
+pub use config::{Config, ConfigError};
+
+/// Why the gateway could not start.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum StartError {
+    /// The configuration is wrong; the message names the field.
+    Config(ConfigError),
+    /// The Redis store could not be opened (the server is down, refuses us...).
+    Store(RedisStoreError),
+}
+
+impl std::fmt::Display for StartError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            StartError::Config(e) => e.fmt(f),
+            StartError::Store(e) => write!(f, "store: {e}"),
+        }
+    }
+}
+
+impl std::error::Error for StartError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        match self {
+            StartError::Config(e) => Some(e),
+            StartError::Store(e) => Some(e),
+        }
+    }
+}
+
+impl From<ConfigError> for StartError {
+    fn from(e: ConfigError) -> Self {
+        StartError::Config(e)
+    }
+}
+
+/// The Prometheus recorder's handle. The first call installs the recorder as the global
+/// `metrics` recorder; later calls return the same handle. [`app`] calls it before building any
+/// layer, because a layer registers its metrics with the recorder installed at that moment.
+pub fn metrics_handle() -> PrometheusHandle {
+    static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
+    HANDLE
+        .get_or_init(|| {
+            let recorder = PrometheusBuilder::new().build_recorder();
+            let handle = recorder.handle();
+            // Fails only if another recorder was installed first; then /metrics stays empty
+            // rather than the gateway refusing to start.
+            if metrics::set_global_recorder(recorder).is_err() {
+                eprintln!("warning: a metrics recorder was already installed; /metrics is empty");
+            }
+            handle
+        })
+        .clone()
+}
+
+/// The gateway's router for `config`: opens the store (connecting to Redis if configured),
+/// builds every route's policy, and wraps each endpoint in the layers of the routes covering it.
+///
+/// Serve it with `into_make_service_with_connect_info::<SocketAddr>()`: IP keys read the peer
+/// address from `ConnectInfo`.
+pub async fn app(config: &Config) -> Result<Router, StartError> {
+    config.validate()?;
+    let metrics = metrics_handle();
+    let policies = config
+        .routes
+        .iter()
+        .enumerate()
+        .map(|(i, route)| Ok((route.path.clone(), policy(config, i)?)))
+        .collect::<Result<Vec<_>, ConfigError>>()?;
+    let store = &config.store;
+    match store.kind {
+        config::StoreKind::Memory => {
+            let memory = MemoryStore::builder()
+                .max_keys(store.max_keys)
+                .build()
+                .map_err(|e| ConfigError::new("store.max_keys", e))?;
+            Ok(router(config, Arc::new(memory), policies, metrics)?)
+        }
+        config::StoreKind::Redis | config::StoreKind::RedisCluster => {
+            let builder = match &store.url {
+                Some(url) => RedisStore::builder(url.clone()),
+                None => RedisStore::cluster(store.urls.iter().cloned()),
+            };
+            let redis = builder
+                .prefix(store.prefix.clone())
+                .pool_size(store.pool_size)
+                .connect_timeout(Duration::from_millis(store.connect_timeout_ms))
+                .build()
+                .await
+                .map_err(|e| match e {
+                    RedisStoreError::Config { name, reason } => {
+                        let field = match name {
+                            "url" if store.url.is_none() => "urls",
+                            "connect_timeout" => "connect_timeout_ms",
+                            other => other,
+                        };
+                        StartError::Config(ConfigError::new(format!("store.{field}"), reason))
+                    }
+                    other => StartError::Store(other),
+                })?;
+            Ok(router(config, redis, policies, metrics)?)
+        }
+    }
+}
+
+/// The router over one store (an `Arc<MemoryStore>` or a `RedisStore`).
+fn router<St>(
+    config: &Config,
+    store: St,
+    policies: Vec<(String, Policy)>,
+    metrics: PrometheusHandle,
+) -> Result<Router, ConfigError>
+where
+    St: Store + Clone,
+    St::Future: Unpin,
+{
+    let s = &config.store;
+    let mut layers = Vec::with_capacity(policies.len());
+    for (i, (path, policy)) in policies.into_iter().enumerate() {
+        let builder = RateLimitLayer::builder(store.clone(), policy).timeout(s.timeout());
+        let builder = if s.circuit_breaker.enabled {
+            let breaker = CircuitBreaker::new(
+                s.circuit_breaker.failures,
+                Duration::from_millis(s.circuit_breaker.cool_down_ms),
+            )
+            .map_err(|e| ConfigError::new("store.circuit_breaker", e))?;
+            builder.circuit_breaker(breaker)
+        } else {
+            builder.no_circuit_breaker()
+        };
+        let layer = builder
+            .build()
+            .map_err(|e| ConfigError::new(format!("routes[{i}].policy"), e))?;
+        layers.push((path, layer));
+    }
+
+    let mut app = Router::new();
+    for endpoint in config::ENDPOINTS {
+        let mut handler = endpoint_handler(endpoint);
+        // The last layer added runs first: add them in reverse so the first route is checked
+        // first.
+        for (path, layer) in layers.iter().rev() {
+            if config::covers(path, endpoint) {
+                handler = handler.layer(layer.clone());
+            }
+        }
+        app = app.route(endpoint, handler);
+    }
+    Ok(app.route(
+        "/metrics",
+        get(move || {
+            let text = metrics.render();
+            async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text) }
+        }),
+    ))
+}
+
+/// The handlers of one endpoint.
+fn endpoint_handler(endpoint: &str) -> MethodRouter {
+    match endpoint {
+        "/login" => post(login),
+        "/api/items" => get(list_items).post(create_item),
+        "/api/items/{id}" => get(show_item),
+        _ => get(health),
+    }
+}
+
+async fn login() -> impl IntoResponse {
+    "logged in (this example checks no password)\n"
+}
+
+async fn list_items() -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        "[{\"id\":1,\"name\":\"apple\"},{\"id\":2,\"name\":\"pear\"}]\n",
+    )
+}
+
+async fn create_item() -> impl IntoResponse {
+    (
+        StatusCode::CREATED,
+        [(header::CONTENT_TYPE, "application/json")],
+        "{\"id\":3}\n",
+    )
+}
+
+async fn show_item(Path(id): Path<u64>) -> impl IntoResponse {
+    (
+        [(header::CONTENT_TYPE, "application/json")],
+        format!("{{\"id\":{id}}}\n"),
+    )
+}
+
+async fn health() -> impl IntoResponse {
+    "ok\n"
+}
+
+/// Route `i`'s policy: the data from its `policy` table, the key, the cost and the tier
+/// resolver from the rest of the route.
+fn policy(config: &Config, i: usize) -> Result<Policy, ConfigError> {
+    let route = &config.routes[i];
+    let at = format!("routes[{i}]");
+    let policy = route
+        .policy
+        .clone()
+        .into_policy()
+        .map_err(|e| ConfigError::new(format!("{at}.policy"), e))?;
+
+    let policy = match &route.key {
+        config::KeyConfig::Ip {
+            trusted_proxies,
+            forwarded_header,
+            ipv6_prefix,
+        } => {
+            let header = match forwarded_header {
+                config::ForwardedHeaderConfig::XForwardedFor => ForwardedHeader::XForwardedFor,
+                config::ForwardedHeaderConfig::Forwarded => ForwardedHeader::Forwarded,
+                config::ForwardedHeaderConfig::Both => ForwardedHeader::Both,
+            };
+            let client_ip = ClientIp::behind_proxies(trusted_proxies)
+                .map_err(|e| ConfigError::new(format!("{at}.key.trusted_proxies"), e))?
+                .header(header)
+                .ipv6_prefix(*ipv6_prefix)
+                .map_err(|e| ConfigError::new(format!("{at}.key.ipv6_prefix"), e))?;
+            policy.key(ClientIpKey::new(client_ip))
+        }
+        config::KeyConfig::Header { name } => policy.key(
+            ApiKeyHeader::new(name).map_err(|e| ConfigError::new(format!("{at}.key.name"), e))?,
+        ),
+        config::KeyConfig::Global => policy.key(GlobalKey),
+    };
+
+    let policy = if route.cost_by_method.is_empty() && route.cost == 1 {
+        policy
+    } else {
+        let by_method: Vec<(Method, u64)> = route
+            .cost_by_method
+            .iter()
+            .map(|(m, c)| {
+                Method::from_bytes(m.as_bytes())
+                    .map(|m| (m, *c))
+                    .map_err(|e| ConfigError::new(format!("{at}.cost_by_method.{m}"), e))
+            })
+            .collect::<Result<_, _>>()?;
+        let default = route.cost;
+        policy.cost(move |parts| {
+            by_method
+                .iter()
+                .find(|(m, _)| *m == parts.method)
+                .map_or(default, |(_, c)| *c)
+        })
+    };
+
+    if route.policy.tiers.is_empty() {
+        return Ok(policy);
+    }
+    let config::KeyConfig::Header { name } = &route.key else {
+        return Err(ConfigError::new(
+            format!("{at}.key.source"),
+            "must be \"header\" for a route with tiers",
+        ));
+    };
+    // API key -> tier, for the tiers this route has.
+    let tiers: HashMap<Vec<u8>, &'static str> = config
+        .api_keys
+        .iter()
+        .filter(|(_, tier)| route.policy.tiers.iter().any(|t| t.name == **tier))
+        .map(|(key, tier)| (key.as_bytes().to_vec(), intern(tier)))
+        .collect();
+    let header = axum::http::HeaderName::from_bytes(name.as_bytes())
+        .map_err(|e| ConfigError::new(format!("{at}.key.name"), e))?;
+    Ok(policy.resolve_tier(move |parts| {
+        let key = parts.headers.get(&header)?;
+        tiers.get(key.as_bytes()).copied()
+    }))
+}
+
+/// A `'static` copy of a tier name. `Policy::resolve_tier` returns `&'static str`, and these
+/// names come from a file: each distinct name is leaked once and reused, so rebuilding the app
+/// (in tests, in the fleet) does not leak again.
+fn intern(name: &str) -> &'static str {
+    static NAMES: OnceLock<Mutex<HashMap<String, &'static str>>> = OnceLock::new();
+    let mut names = NAMES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    names
+        .entry(name.to_owned())
+        .or_insert_with(|| Box::leak(name.to_owned().into_boxed_str()))
+}

@@ -1,0 +1,170 @@
+//! Run with: cargo run -p example-gateway (with Redis: `-- --config examples/gateway/gateway-redis.toml`)
+//!
+//! An API server whose rate limits come from a TOML file (`examples/gateway/gateway.toml` by
+//! default; every field is described in `docs/configuration.md`).
+//!
+//! Flags:
+//! - `--config PATH`: the configuration file;
+//! - `--listen ADDR`: where to listen, overriding the file's `listen`;
+//! - `--check`: check the configuration (and connect to Redis if configured), then exit.
+//!
+//! A bad configuration stops the gateway at start with a message naming the field.
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use example_gateway::config::{KeyConfig, StoreKind};
+use example_gateway::{Config, app, metrics_handle};
+
+/// The configuration used when `--config` is not given.
+const DEFAULT_CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.toml");
+
+/// What the command line asked for.
+struct Args {
+    config: PathBuf,
+    listen: Option<SocketAddr>,
+    check: bool,
+}
+
+fn parse_args() -> Result<Args, String> {
+    let mut parsed = Args {
+        config: PathBuf::from(DEFAULT_CONFIG),
+        listen: None,
+        check: false,
+    };
+    let mut args = std::env::args().skip(1);
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--config" => {
+                parsed.config = args.next().ok_or("--config needs a path")?.into();
+            }
+            "--listen" => {
+                let addr = args.next().ok_or("--listen needs an address")?;
+                parsed.listen = Some(
+                    addr.parse()
+                        .map_err(|e| format!("--listen {addr:?}: {e} (expected IP:PORT)"))?,
+                );
+            }
+            "--check" => parsed.check = true,
+            other => {
+                return Err(format!(
+                    "unknown argument `{other}` (expected --config PATH, --listen ADDR, --check)"
+                ));
+            }
+        }
+    }
+    Ok(parsed)
+}
+
+/// A one-line description of the configured store.
+fn describe_store(config: &Config) -> String {
+    let s = &config.store;
+    match s.kind {
+        StoreKind::Memory => "in-memory (this process only)".to_owned(),
+        StoreKind::Redis => format!("Redis at {}", s.url.as_deref().unwrap_or("?")),
+        StoreKind::RedisCluster => format!("Redis Cluster at {}", s.urls.join(", ")),
+    }
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    let args = match parse_args() {
+        Ok(a) => a,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let mut config = match Config::load(&args.config) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error in {}: {e}", args.config.display());
+            return ExitCode::from(2);
+        }
+    };
+    if let Some(listen) = args.listen {
+        config.listen = listen;
+    }
+    let router = match app(&config).await {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("error in {}: {e}", args.config.display());
+            return ExitCode::from(2);
+        }
+    };
+    if args.check {
+        println!("{}: ok", args.config.display());
+        return ExitCode::SUCCESS;
+    }
+
+    let listener = match tokio::net::TcpListener::bind(config.listen).await {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("error: cannot listen on {}: {e}", config.listen);
+            return ExitCode::FAILURE;
+        }
+    };
+    let addr = listener.local_addr().unwrap_or(config.listen);
+    println!("gateway listening on http://{addr}/");
+    println!("  config: {}", args.config.display());
+    println!("  store:  {}", describe_store(&config));
+    for route in &config.routes {
+        let p = &route.policy;
+        let key = match &route.key {
+            KeyConfig::Ip { .. } => "client IP".to_owned(),
+            KeyConfig::Header { name } => format!("header {name}"),
+            KeyConfig::Global => "everyone together".to_owned(),
+        };
+        let quotas: Vec<String> = p
+            .quotas
+            .iter()
+            .map(|q| match (q.per, q.period_ms) {
+                (Some(per), _) => format!("{}/{}", q.limit, format!("{per:?}").to_lowercase()),
+                (None, Some(ms)) => format!("{}/{ms}ms", q.limit),
+                (None, None) => q.limit.to_string(),
+            })
+            .collect();
+        let tiers: Vec<&str> = p.tiers.iter().map(|t| t.name.as_str()).collect();
+        println!(
+            "  route {:<8} policy {:?}: {} per {key}{}{}",
+            route.path,
+            p.name,
+            quotas.join(" + "),
+            if tiers.is_empty() {
+                String::new()
+            } else {
+                format!(", tiers {}", tiers.join(", "))
+            },
+            if p.dry_run { " (dry run)" } else { "" },
+        );
+    }
+    println!("try:");
+    println!("  curl -i -X POST http://{addr}/login");
+    println!("  curl -i -H 'x-api-key: demo-free-key' http://{addr}/api/items");
+    println!("  curl -s http://{addr}/metrics | grep ratelimit_decisions_total");
+
+    // Without the exporter's own HTTP listener, its upkeep (draining histograms) is ours to run.
+    let handle = metrics_handle();
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(Duration::from_secs(5));
+        loop {
+            tick.tick().await;
+            handle.run_upkeep();
+        }
+    });
+
+    let served = axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .await;
+    match served {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,346 @@
+//! The gateway's router, driven with `oneshot` from the example configuration files; bad
+//! configurations; and the Redis configuration against a real redis-server.
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::http::{Request, Response, StatusCode};
+use example_gateway::{Config, app};
+use http_body_util::BodyExt;
+use tower::ServiceExt;
+
+const MEMORY: &str = include_str!("../gateway.toml");
+const REDIS: &str = include_str!("../gateway-redis.toml");
+
+/// A request from `peer`, with an API key if given. The peer address is what
+/// `into_make_service_with_connect_info` would put in the extensions.
+fn request(method: &str, uri: &str, peer: &str, api_key: Option<&str>) -> Request<Body> {
+    let mut builder = Request::builder().method(method).uri(uri);
+    if let Some(key) = api_key {
+        builder = builder.header("x-api-key", key);
+    }
+    let mut req = builder.body(Body::empty()).unwrap();
+    let peer: SocketAddr = peer.parse().unwrap();
+    req.extensions_mut().insert(ConnectInfo(peer));
+    req
+}
+
+async fn send(app: &Router, req: Request<Body>) -> Response<Body> {
+    app.clone().oneshot(req).await.unwrap()
+}
+
+async fn status(app: &Router, method: &str, uri: &str, peer: &str, key: Option<&str>) -> u16 {
+    send(app, request(method, uri, peer, key))
+        .await
+        .status()
+        .as_u16()
+}
+
+async fn body(res: Response<Body>) -> String {
+    String::from_utf8(res.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
+}
+
+async fn memory_app() -> Router {
+    app(&Config::from_toml(MEMORY).unwrap()).await.unwrap()
+}
+
+#[tokio::test]
+async fn login_allows_5_a_minute_per_ip_then_answers_problem_json() {
+    let app = memory_app().await;
+    for _ in 0..5 {
+        assert_eq!(
+            status(&app, "POST", "/login", "192.0.2.1:5000", None).await,
+            200
+        );
+    }
+    let res = send(&app, request("POST", "/login", "192.0.2.1:5001", None)).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let h = res.headers();
+    // GCRA, 5 a minute: one every 12 s.
+    assert_eq!(h["retry-after"], "12");
+    assert_eq!(h["content-type"], "application/problem+json");
+    assert_eq!(
+        h["ratelimit-policy"],
+        "\"login.0\";q=5;w=60, \"login.1\";q=20;w=3600"
+    );
+    assert!(
+        body(res)
+            .await
+            .contains("\"violated-policies\":[\"login\"]")
+    );
+    // Another address is counted apart; the API is not affected.
+    assert_eq!(
+        status(&app, "POST", "/login", "192.0.2.2:5000", None).await,
+        200
+    );
+    assert_eq!(
+        status(&app, "GET", "/api/items", "192.0.2.1:5000", Some("k1")).await,
+        200
+    );
+}
+
+#[tokio::test]
+async fn api_is_per_key_with_tiers_and_writes_cost_5() {
+    let app = memory_app().await;
+    let peer = "198.51.100.1:4000";
+    // No key: 401, not counted against anyone.
+    let res = send(&app, request("GET", "/api/items", peer, None)).await;
+    assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+
+    // A free key: bursts of 20.
+    for left in (0..20).rev() {
+        let res = send(&app, request("GET", "/api/items", peer, Some("free-1"))).await;
+        assert_eq!(res.status(), 200);
+        assert_eq!(
+            res.headers()["x-ratelimit-remaining"],
+            left.to_string().as_str()
+        );
+    }
+    let res = send(&app, request("GET", "/api/items/7", peer, Some("free-1"))).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(res.headers()["retry-after"], "1");
+
+    // Another free key: 4 writes of 5 use the burst of 20.
+    for _ in 0..4 {
+        assert_eq!(
+            status(&app, "POST", "/api/items", peer, Some("free-2")).await,
+            201
+        );
+    }
+    assert_eq!(
+        status(&app, "POST", "/api/items", peer, Some("free-2")).await,
+        429
+    );
+
+    // The pro key: bursts of 100.
+    for _ in 0..100 {
+        assert_eq!(
+            status(&app, "GET", "/api/items", peer, Some("demo-pro-key")).await,
+            200
+        );
+    }
+    let res = send(
+        &app,
+        request("GET", "/api/items", peer, Some("demo-pro-key")),
+    )
+    .await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(
+        res.headers()["ratelimit-policy"],
+        "\"api.0\";q=600;w=60, \"api.1\";q=100000;w=86400"
+    );
+
+    // Health is only in the dry-run policy: never denied, no headers.
+    let res = send(&app, request("GET", "/health", peer, None)).await;
+    assert_eq!(res.status(), 200);
+    assert!(res.headers().get("ratelimit").is_none());
+}
+
+#[tokio::test]
+async fn metrics_endpoint_renders_the_decisions() {
+    let app = memory_app().await;
+    for _ in 0..7 {
+        send(&app, request("POST", "/login", "203.0.113.50:1", None)).await;
+    }
+    let res = send(&app, request("GET", "/metrics", "203.0.113.50:1", None)).await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(res.headers()["content-type"], "text/plain; version=0.0.4");
+    let text = body(res).await;
+    // Other tests in this binary count too: the numbers are at least this test's.
+    let value = |line: &str| -> u64 {
+        text.lines()
+            .find(|l| l.starts_with(line))
+            .unwrap_or_else(|| panic!("no {line} in\n{text}"))
+            .rsplit(' ')
+            .next()
+            .unwrap()
+            .parse()
+            .unwrap()
+    };
+    assert!(value("ratelimit_decisions_total{policy=\"login\",outcome=\"denied\"}") >= 2);
+    assert!(value("ratelimit_decisions_total{policy=\"login\",outcome=\"allowed\"}") >= 5);
+    assert!(text.contains("# TYPE ratelimit_decisions_total counter"));
+}
+
+#[test]
+fn both_example_files_have_the_same_routes_and_keys() {
+    let memory = Config::from_toml(MEMORY).unwrap();
+    let redis = Config::from_toml(REDIS).unwrap();
+    assert_eq!(
+        format!("{:?}", memory.routes),
+        format!("{:?}", redis.routes)
+    );
+    assert_eq!(memory.api_keys, redis.api_keys);
+    assert_eq!(redis.store.url.as_deref(), Some("redis://127.0.0.1:6379"));
+}
+
+/// A configuration with one route whose policy table is `policy`.
+fn with_policy(policy: &str) -> String {
+    format!(
+        "[[routes]]\npath = \"/api\"\nkey = {{ source = \"header\", name = \"x-api-key\" }}\n\
+         [routes.policy]\nname = \"api\"\n{policy}\n"
+    )
+}
+
+#[tokio::test]
+async fn bad_configurations_fail_naming_the_field() {
+    let cases: Vec<(String, &str)> = vec![
+        (
+            with_policy("quotas = [{ limit = 5, per = \"minutes\" }]"),
+            "routes[0].policy.quotas[0].per: ",
+        ),
+        (
+            with_policy("quotas = [{ limit = 0, per = \"minute\" }]"),
+            "routes[0].policy.quotas[0].limit: a quota must allow at least one request",
+        ),
+        (
+            with_policy("quotas = [{ limit = 5, per = \"minute\", period_ms = 10 }]"),
+            "routes[0].policy.quotas[0]: give `per` or `period_ms`, not both",
+        ),
+        (
+            with_policy("quotas = [{ limit = 5, per = \"minute\", brust = 10 }]"),
+            "routes[0].policy.quotas[0].brust: ",
+        ),
+        (
+            with_policy("algorithm = \"leaky\"\nquotas = [{ limit = 5, per = \"minute\" }]"),
+            "routes[0].policy.algorithm: ",
+        ),
+        (
+            with_policy(
+                "quotas = [{ limit = 5, per = \"minute\" }]\nfailure = { mode = \"fallback\", gateways = 0 }",
+            ),
+            "routes[0].policy.failure.gateways: must be at least 1",
+        ),
+        (
+            with_policy("quotas = [{ limit = 5, per = \"minute\" }]\nmissing_key = { reject = 200 }"),
+            "routes[0].policy.missing_key.reject: 200 is not an error status",
+        ),
+        (
+            with_policy("quotas = [{ limit = 5, per = \"minute\" }]")
+                + "[[routes.policy.tiers]]\nname = \"pro\"\nquotas = []\n",
+            "routes[0].policy.tiers[0].quotas: at least one quota is needed",
+        ),
+        (
+            with_policy("quotas = [{ limit = 5, per = \"minute\" }]")
+                + "[api_keys]\n\"k\" = \"gold\"\n",
+            "api_keys.\"k\": \"gold\" is not a tier of any route",
+        ),
+        (
+            "[store]\nkind = \"redis\"\n".to_owned()
+                + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
+            "store.url: required when kind is \"redis\"",
+        ),
+        (
+            "[store]\nkind = \"memcached\"\n".to_owned()
+                + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
+            "store.kind: ",
+        ),
+        (
+            "[[routes]]\npath = \"/admin\"\n[routes.policy]\nname = \"a\"\nquotas = [{ limit = 1, per = \"second\" }]\n"
+                .to_owned(),
+            "routes[0].path: \"/admin\" covers none of the gateway's endpoints",
+        ),
+        (
+            "[[routes]]\npath = \"/login\"\nkey = { source = \"ip\", trusted_proxies = [\"10.0.0.0/33\"] }\n\
+             [routes.policy]\nname = \"login\"\nquotas = [{ limit = 1, per = \"second\" }]\n"
+                .to_owned(),
+            "routes[0].key.trusted_proxies: invalid trusted proxy \"10.0.0.0/33\"",
+        ),
+        (
+            "[[routes]]\npath = \"/login\"\n[routes.policy]\nname = \"login\"\n\
+             quotas = [{ limit = 1, per = \"second\" }]\n[[routes.policy.tiers]]\nname = \"pro\"\n\
+             quotas = [{ limit = 9, per = \"second\" }]\n"
+                .to_owned(),
+            "routes[0].key.source: must be \"header\" for a route with tiers",
+        ),
+        (
+            with_policy("quotas = [{ limit = 5, per = \"minute\" }]")
+                + "[[routes]]\npath = \"/login\"\n[routes.policy]\nname = \"api\"\nquotas = [{ limit = 1, per = \"second\" }]\n",
+            "routes[1].policy.name: the name \"api\" is already used by routes[0]",
+        ),
+        (
+            "[[routes]]\npath = \"/api\"\ncost_by_method = { post = 5 }\n[routes.policy]\nname = \"a\"\n\
+             quotas = [{ limit = 1, per = \"second\" }]\n"
+                .to_owned(),
+            "routes[0].cost_by_method.post: expected an HTTP method in capitals",
+        ),
+        ("listen = \"localhost\"\nroutes = []\n".to_owned(), "listen: "),
+        ("routes = []\n".to_owned(), "routes: at least one route is needed"),
+    ];
+    for (text, expected) in cases {
+        let err = Config::from_toml(&text).expect_err(&text).to_string();
+        assert!(
+            err.starts_with(expected),
+            "expected `{expected}...`, got:\n{err}\nfor:\n{text}"
+        );
+    }
+    // The unknown unit is spelled out with the allowed ones.
+    let err = Config::from_toml(&with_policy("quotas = [{ limit = 5, per = \"minutes\" }]"))
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("expected one of `second`, `minute`, `hour`, `day`"),
+        "{err}"
+    );
+
+    // A store URL that cannot be parsed is named when the store is opened.
+    let config = Config::from_toml(
+        &("[store]\nkind = \"redis\"\nurl = \"http://nowhere\"\n".to_owned()
+            + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]")),
+    )
+    .unwrap();
+    let err = app(&config).await.unwrap_err().to_string();
+    assert!(err.starts_with("store.url: "), "{err}");
+}
+
+#[tokio::test]
+async fn redis_config_shares_limits_between_gateways_and_falls_back_when_redis_dies() {
+    let mut server = redis_harness::RedisServer::start();
+    let text = REDIS.replace("redis://127.0.0.1:6379", &server.url());
+    let config = Config::from_toml(&text).unwrap();
+    // Two gateways, each with its own connections, like two processes.
+    let a = app(&config).await.unwrap();
+    let b = app(&config).await.unwrap();
+
+    // The login limit is shared: 3 logins through one, 2 through the other, then 429 on both.
+    let peer = "192.0.2.77:1000";
+    for gw in [&a, &a, &a, &b, &b] {
+        assert_eq!(status(gw, "POST", "/login", peer, None).await, 200);
+    }
+    assert_eq!(status(&a, "POST", "/login", peer, None).await, 429);
+    assert_eq!(status(&b, "POST", "/login", peer, None).await, 429);
+
+    // So is the API key's burst of 20.
+    for i in 0..20 {
+        let gw = if i % 2 == 0 { &a } else { &b };
+        assert_eq!(status(gw, "GET", "/api/items", peer, Some("k")).await, 200);
+    }
+    assert_eq!(status(&b, "GET", "/api/items", peer, Some("k")).await, 429);
+    let keys = server.cli(&["--scan", "--pattern", "gateway:*"]);
+    assert!(keys.lines().count() >= 3, "{keys}");
+
+    // Redis goes away: login fails closed (503), the API falls back to a local quarter of its
+    // limit (a burst of 5) on each gateway.
+    server.kill();
+    let res = send(&a, request("POST", "/login", "192.0.2.78:1", None)).await;
+    assert_eq!(res.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(res.headers()["retry-after"], "5");
+    let fresh = "fresh-key";
+    for _ in 0..5 {
+        assert_eq!(
+            status(&a, "GET", "/api/items", peer, Some(fresh)).await,
+            200
+        );
+    }
+    assert_eq!(
+        status(&a, "GET", "/api/items", peer, Some(fresh)).await,
+        429
+    );
+    // The other gateway has its own local share.
+    assert_eq!(
+        status(&b, "GET", "/api/items", peer, Some(fresh)).await,
+        200
+    );
+}
