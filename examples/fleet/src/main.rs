@@ -1,0 +1,364 @@
+//! Run with: cargo run -p example-fleet (flags: --gateways N, --users N, --redis URL, --alone)
+//!
+//! A fleet of gateways in one process: N copies of the example gateway (default 20), each with
+//! its own Redis connections as if each were its own process, all sharing one redis-server. Many
+//! users call `GET /api/items` with their own API key, limited to 100 a minute per key: every
+//! user but one always reaches the same gateway; one user's requests are spread round-robin over
+//! every gateway. The program prints, per user, how many requests each sent and how many were
+//! admitted, against the limit.
+//!
+//! Shared, the spread user gets 100, like everyone else. With `--alone`, each gateway counts in
+//! its own memory, and the spread user gets 100 from each gateway: N x 100.
+//!
+//! Without `--redis URL`, a redis-server is started on a free loopback port for the run (it
+//! must be installed: `apt-get install redis-server`), and stopped at the end.
+//!
+//! The limit uses the sliding log, which is exact over any minute: the run takes a few seconds,
+//! so the numbers do not depend on how fast this machine is.
+
+use std::fmt::Write as _;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::Request;
+use example_gateway::{Config, app};
+use tower::ServiceExt;
+
+/// The limit per API key, per minute.
+const LIMIT: u64 = 100;
+/// Requests each user sends per gateway it uses: more than the limit.
+const PER_GATEWAY: u64 = 150;
+/// Concurrent senders for the spread user.
+const SPREAD_WORKERS: u64 = 8;
+
+/// What to run.
+#[derive(Debug, Clone)]
+struct Options {
+    gateways: u64,
+    users: u64,
+    redis: Option<String>,
+    alone: bool,
+}
+
+/// One user's line of the table.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Row {
+    user: String,
+    gateways: u64,
+    sent: u64,
+    admitted: u64,
+    denied: u64,
+    /// Answers other than 200 and 429 (a store failure: the policy fails closed).
+    errors: u64,
+}
+
+/// The result of a run.
+#[derive(Debug)]
+struct Report {
+    options: Options,
+    store: String,
+    rows: Vec<Row>,
+    elapsed: Duration,
+}
+
+impl Report {
+    /// The most a user may be admitted: 100 when shared; 100 per gateway used when alone (at
+    /// most what was sent).
+    fn expected(&self, row: &Row) -> u64 {
+        if self.options.alone {
+            (row.gateways * LIMIT).min(row.sent)
+        } else {
+            LIMIT.min(row.sent)
+        }
+    }
+
+    fn table(&self) -> String {
+        let o = &self.options;
+        let mut s = String::new();
+        let mode = if o.alone {
+            "each counting alone in its own memory".to_owned()
+        } else {
+            format!("sharing one Redis ({})", self.store)
+        };
+        let _ = writeln!(
+            s,
+            "{} gateways {mode}; limit {LIMIT} per minute per API key (sliding log)\n",
+            o.gateways
+        );
+        let _ = writeln!(
+            s,
+            "{:<10}{:>9}{:>7}{:>10}{:>8}{:>8}{:>8}",
+            "user", "gateways", "sent", "admitted", "denied", "errors", "limit"
+        );
+        for r in &self.rows {
+            let limit = if o.alone && r.gateways > 1 {
+                format!("{}x{LIMIT}", r.gateways)
+            } else {
+                LIMIT.to_string()
+            };
+            let _ = writeln!(
+                s,
+                "{:<10}{:>9}{:>7}{:>10}{:>8}{:>8}{:>8}",
+                r.user, r.gateways, r.sent, r.admitted, r.denied, r.errors, limit
+            );
+        }
+        let sent: u64 = self.rows.iter().map(|r| r.sent).sum();
+        let admitted: u64 = self.rows.iter().map(|r| r.admitted).sum();
+        let errors: u64 = self.rows.iter().map(|r| r.errors).sum();
+        let as_expected = self
+            .rows
+            .iter()
+            .filter(|r| r.admitted == self.expected(r))
+            .count();
+        let _ = writeln!(
+            s,
+            "\n{sent} requests in {:.1} s, {admitted} admitted, {errors} errors; \
+             {as_expected} of {} users admitted exactly their limit",
+            self.elapsed.as_secs_f64(),
+            self.rows.len()
+        );
+        s
+    }
+}
+
+/// The gateway configuration of every member of the fleet.
+fn config(redis: Option<&str>, prefix: &str) -> Result<Config, Box<dyn std::error::Error>> {
+    let store = match redis {
+        // Each check may wait up to 2 s: this run measures admission, not latency, and a debug
+        // build on a small machine can be slow. A store failure would show in `errors`.
+        Some(url) => format!(
+            "kind = \"redis\"\nurl = \"{url}\"\nprefix = \"{prefix}\"\npool_size = 2\ntimeout_ms = 2000"
+        ),
+        None => "kind = \"memory\"\ntimeout_ms = 2000".to_owned(),
+    };
+    let text = format!(
+        r#"
+[store]
+{store}
+
+[[routes]]
+path = "/api"
+key = {{ source = "header", name = "x-api-key" }}
+
+[routes.policy]
+name = "fleet-api"
+algorithm = "sliding_log"
+quotas = [{{ limit = {LIMIT}, per = "minute" }}]
+failure = {{ mode = "closed", retry_after_secs = 1 }}
+"#
+    );
+    Ok(Config::from_toml(&text)?)
+}
+
+/// Sends `GET /api/items` as `user` to each gateway in `targets`, in order, and counts.
+async fn send_all(gateways: Arc<Vec<Router>>, user: String, targets: Vec<usize>) -> Row {
+    let mut row = Row {
+        user: user.clone(),
+        gateways: 0,
+        sent: 0,
+        admitted: 0,
+        denied: 0,
+        errors: 0,
+    };
+    for g in targets {
+        let request = Request::get("/api/items")
+            .header("x-api-key", &user)
+            .body(Body::empty());
+        let status = match request {
+            Ok(req) => match gateways[g].clone().oneshot(req).await {
+                Ok(res) => res.status().as_u16(),
+                Err(never) => match never {},
+            },
+            Err(_) => 0,
+        };
+        row.sent += 1;
+        match status {
+            200 => row.admitted += 1,
+            429 => row.denied += 1,
+            _ => row.errors += 1,
+        }
+    }
+    row
+}
+
+/// Starts the fleet and drives the traffic.
+async fn run(options: Options) -> Result<Report, Box<dyn std::error::Error>> {
+    // A redis-server for the run, unless one was given or the gateways count alone.
+    let server = match (&options.redis, options.alone) {
+        (None, false) => Some(redis_harness::RedisServer::start()),
+        _ => None,
+    };
+    let url = options
+        .redis
+        .clone()
+        .or_else(|| server.as_ref().map(|s| s.url()));
+    // A prefix of its own, so a run against a long-lived Redis never sees an earlier run's keys.
+    let stamp = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_millis());
+    let prefix = format!("fleet-{}-{stamp}", std::process::id());
+    let config = config(if options.alone { None } else { url.as_deref() }, &prefix)?;
+
+    let mut gateways = Vec::new();
+    for _ in 0..options.gateways {
+        // Each call opens its own store: its own Redis connections, or its own memory.
+        gateways.push(app(&config).await?);
+    }
+    let gateways = Arc::new(gateways);
+    let n = usize::try_from(options.gateways)?;
+
+    let started = Instant::now();
+    let mut tasks = Vec::new();
+    // Users pinned to one gateway each: user-01 to gateway 1, and so on around the fleet.
+    for u in 1..options.users {
+        let target = usize::try_from(u)? % n;
+        let targets = vec![target; usize::try_from(PER_GATEWAY)?];
+        tasks.push(tokio::spawn(send_all(
+            gateways.clone(),
+            format!("user-{u:02}"),
+            targets,
+        )));
+    }
+    // The spread user: request k goes to gateway k mod N, sent by several workers at once.
+    let spread_total = options.gateways * PER_GATEWAY;
+    let mut spread = Vec::new();
+    for w in 0..SPREAD_WORKERS {
+        let targets = (w..spread_total)
+            .step_by(usize::try_from(SPREAD_WORKERS)?)
+            .map(|k| usize::try_from(k % options.gateways))
+            .collect::<Result<Vec<_>, _>>()?;
+        spread.push(tokio::spawn(send_all(
+            gateways.clone(),
+            "spread".to_owned(),
+            targets,
+        )));
+    }
+
+    let mut rows = Vec::new();
+    for t in tasks {
+        let mut row = t.await?;
+        row.gateways = 1;
+        rows.push(row);
+    }
+    let mut total = Row {
+        user: "spread".to_owned(),
+        gateways: options.gateways,
+        sent: 0,
+        admitted: 0,
+        denied: 0,
+        errors: 0,
+    };
+    for t in spread {
+        let r = t.await?;
+        total.sent += r.sent;
+        total.admitted += r.admitted;
+        total.denied += r.denied;
+        total.errors += r.errors;
+    }
+    rows.push(total);
+    let elapsed = started.elapsed();
+    drop(server);
+
+    Ok(Report {
+        store: url.unwrap_or_default(),
+        options,
+        rows,
+        elapsed,
+    })
+}
+
+fn parse_args() -> Result<Options, String> {
+    let mut o = Options {
+        gateways: 20,
+        users: 50,
+        redis: None,
+        alone: false,
+    };
+    let mut args = std::env::args().skip(1);
+    let number = |flag: &str, v: Option<String>| -> Result<u64, String> {
+        let v = v.ok_or(format!("{flag} needs a number"))?;
+        match v.parse::<u64>() {
+            Ok(n) if n >= 1 => Ok(n),
+            _ => Err(format!("{flag} {v:?}: expected a number of at least 1")),
+        }
+    };
+    while let Some(arg) = args.next() {
+        match arg.as_str() {
+            "--gateways" => o.gateways = number("--gateways", args.next())?,
+            "--users" => o.users = number("--users", args.next())?,
+            "--redis" => o.redis = Some(args.next().ok_or("--redis needs a URL")?),
+            "--alone" => o.alone = true,
+            other => {
+                return Err(format!(
+                    "unknown argument `{other}` (expected --gateways N, --users N, --redis URL, --alone)"
+                ));
+            }
+        }
+    }
+    Ok(o)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let options = parse_args()?;
+    let report = run(options).await?;
+    print!("{}", report.table());
+    if report.elapsed > Duration::from_secs(50) {
+        println!(
+            "note: the run took most of a minute; the limit is per minute, so runs this long can admit more"
+        );
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn spread(report: &Report) -> &Row {
+        report.rows.iter().find(|r| r.user == "spread").unwrap()
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn shared_redis_holds_the_spread_user_to_the_limit_and_alone_does_not() {
+        let server = redis_harness::RedisServer::start();
+        let options = Options {
+            gateways: 4,
+            users: 6,
+            redis: Some(server.url()),
+            alone: false,
+        };
+        let shared = run(options.clone()).await.unwrap();
+        assert_eq!(shared.rows.len(), 6);
+        for r in &shared.rows {
+            assert_eq!(r.errors, 0, "{r:?}");
+            assert_eq!(r.admitted, 100, "{r:?}");
+            assert_eq!(r.admitted + r.denied, r.sent);
+        }
+        assert_eq!(spread(&shared).sent, 600);
+        assert_eq!(spread(&shared).gateways, 4);
+        assert!(
+            shared
+                .table()
+                .contains("6 of 6 users admitted exactly their limit")
+        );
+
+        let alone = run(Options {
+            alone: true,
+            ..options
+        })
+        .await
+        .unwrap();
+        assert_eq!(spread(&alone).admitted, 400);
+        for r in alone.rows.iter().filter(|r| r.user != "spread") {
+            assert_eq!(r.admitted, 100, "{r:?}");
+        }
+        let table = alone.table();
+        assert!(
+            table.contains("spread            4    600       400     200       0   4x100"),
+            "{table}"
+        );
+    }
+}
