@@ -192,8 +192,10 @@ criterion_group!(benches, bench);
 
 fn main() {
     benches();
-    // `--profile-time` runs (under a profiler) measure one benchmark alone.
-    if !std::env::args().any(|a| a == "--profile-time") {
+    // Only under `cargo bench` (which passes `--bench`): `cargo test --all-targets` runs each
+    // benchmark once as a test, and `--profile-time` runs measure one benchmark alone.
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--profile-time") {
         ratios();
     }
     Criterion::default().configure_from_args().final_summary();

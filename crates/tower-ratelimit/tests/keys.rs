@@ -277,3 +277,27 @@ async fn two_policies_on_one_store_never_share_state() {
     let k = || with_header(request("/"), "x-api-key", "k");
     assert_eq!(statuses(&app, k, 3).await, [200, 200, 429]);
 }
+
+#[tokio::test]
+async fn forwarded_from_a_trusted_proxy_groups_ipv6_clients() {
+    use tower_ratelimit::ForwardedHeader;
+    let (_clock, store) = store();
+    let client_ip = ClientIp::behind_proxies(["10.0.0.0/8"])
+        .unwrap()
+        .header(ForwardedHeader::Forwarded);
+    let policy = Policy::new("fwd", two_a_minute())
+        .unwrap()
+        .key(ClientIpKey::new(client_ip));
+    let app = app(store, policy);
+    let fwd = |peer: &str, value: &str| with_header(request_from("/", peer), "forwarded", value);
+    // Two addresses of one IPv6 /64 behind the proxy are one client.
+    let a = || fwd("10.0.0.2:80", "for=6.6.6.6, for=\"[2001:db8:7:7::1]:4711\"");
+    let b = || fwd("10.0.0.2:80", "for=\"[2001:db8:7:7::2]\"");
+    assert_eq!(statuses(&app, a, 2).await, [200, 200]);
+    assert_eq!(statuses(&app, b, 1).await, [429]);
+    // The same header sent straight from the internet is not believed.
+    let spoof = || fwd("203.0.113.5:80", "for=\"[2001:db8:9:9::1]\"");
+    assert_eq!(statuses(&app, spoof, 3).await, [200, 200, 429]);
+    let other = || fwd("203.0.113.6:80", "for=\"[2001:db8:9:9::1]\"");
+    assert_eq!(statuses(&app, other, 1).await, [200]);
+}
