@@ -38,6 +38,10 @@ pub enum Mode {
     /// `ratelimit_core::DenialCache` per gateway: repeated denials are answered locally until
     /// their retry-after has passed.
     DenialCache,
+    /// `ratelimit_core::Leasing` per gateway (adaptive lease size, at most
+    /// `ratelimit_core::DEFAULT_MAX_LEASE` units): a gateway reserves a batch of a key's units in
+    /// one store call and admits from it locally.
+    Leasing,
 }
 
 /// How users are drawn for each request (the abusive users come on top).
@@ -96,7 +100,8 @@ pub struct Config {
     pub burst: Option<u64>,
     /// The algorithm.
     pub algorithm: Algorithm,
-    /// Store target: the most checks in flight. HTTP target: the number of connections.
+    /// Store target: the most checks in flight. HTTP target: the number of connections. 0 picks
+    /// a default for the target (see [`Config::effective_concurrency`]).
     pub concurrency: usize,
     /// Seed of the (deterministic) request-to-user schedule.
     pub seed: u64,
@@ -134,7 +139,7 @@ impl Default for Config {
             period: Duration::from_secs(60),
             burst: None,
             algorithm: Algorithm::TokenBucket,
-            concurrency: 256,
+            concurrency: 0,
             seed: 1,
             steps: Vec::new(),
             p99_target: Duration::from_millis(10),
@@ -156,7 +161,7 @@ USAGE: ratelimit-load [OPTIONS]
   --store none|memory|redis  where state lives; none = bare axum (http only) [memory]
   --redis-url URL            use this Redis; default: start a redis-server on a free port
   --pool-size N              connections per RedisStore (per gateway) [1]
-  --mode exact|denial-cache  wrapper between each gateway and the store [exact]
+  --mode exact|denial-cache|leasing   wrapper between each gateway and the store [exact]
   --gateways N               gateway instances [1]
   --assign round-robin|user-hash   store target: request-to-gateway assignment [round-robin]
   --users N                  users, abusive ones included [10000]
@@ -168,7 +173,7 @@ USAGE: ratelimit-load [OPTIONS]
   --limit N/PERIOD           per-user limit; PERIOD = second|minute|hour|day|<n>s|<n>ms [100/minute]
   --burst B                  bucket capacity (token_bucket, gcra) [= limit]
   --algorithm NAME           token_bucket|gcra|fixed_window|sliding_window|sliding_log [token_bucket]
-  --concurrency N            store: most checks in flight; http: connections [256]
+  --concurrency N            store: most checks in flight [1024]; http: connections [128]
   --steps R1,R2,...          sweep: one run per rate, stops after the first that fails
   --p99-target-ms MS         sweep: a step is sustained if p99 <= MS, >= 95% of the rate is
                              achieved and under 0.1% errors [10]
@@ -224,6 +229,7 @@ impl Config {
                     c.mode = match value("--mode")?.as_str() {
                         "exact" => Mode::Exact,
                         "denial-cache" | "denial_cache" => Mode::DenialCache,
+                        "leasing" | "lease" => Mode::Leasing,
                         other => return Err(bad("--mode", other)),
                     }
                 }
@@ -307,8 +313,8 @@ impl Config {
         if self.gateways == 0 || self.gateways > 1_000 {
             return fail("--gateways must be between 1 and 1000");
         }
-        if self.concurrency == 0 || self.concurrency > 100_000 {
-            return fail("--concurrency must be between 1 and 100000");
+        if self.concurrency > 100_000 {
+            return fail("--concurrency must be at most 100000");
         }
         if self.pool_size == 0 || self.threads == 0 {
             return fail("--pool-size and --threads must be at least 1");
@@ -328,6 +334,16 @@ impl Config {
             return fail("zipf exponent must be positive");
         }
         self.build_limit().map(|_| ())
+    }
+
+    /// The concurrency in use: `concurrency`, or if it is 0, 1,024 checks in flight for the store
+    /// target and 128 connections for the HTTP target.
+    pub fn effective_concurrency(&self) -> usize {
+        match (self.concurrency, self.target) {
+            (0, Target::Store) => 1_024,
+            (0, Target::Http) => 128,
+            (n, _) => n,
+        }
     }
 
     /// The per-user limit these settings describe.
@@ -406,6 +422,7 @@ impl fmt::Display for Mode {
         f.write_str(match self {
             Mode::Exact => "exact",
             Mode::DenialCache => "denial-cache",
+            Mode::Leasing => "leasing",
         })
     }
 }

@@ -90,15 +90,20 @@ pub struct Report {
     pub admission_bound: u64,
     /// Users admitted more than `admission_bound`: 0 when admission is exact.
     pub users_above_bound: u64,
+    /// How far above the exact bound the mode may admit by its documented guarantee (leasing:
+    /// one lease, `ratelimit_core::DEFAULT_MAX_LEASE` units); 0 for exact modes.
+    pub tolerance: u64,
+    /// Users admitted more than `admission_bound + tolerance`: 0 if the mode kept its guarantee.
+    pub users_above_tolerance: u64,
     /// Requests sent by abusive users.
     pub abusive_sent: u64,
     /// Requests of abusive users admitted.
     pub abusive_admitted: u64,
     /// EVAL/EVALSHA calls Redis answered during the run (Redis store only).
     pub redis_calls: Option<u64>,
-    /// Checks answered by the denial caches (denial-cache mode only).
-    pub cache_hits: Option<u64>,
-    /// Checks the denial caches passed to the store (denial-cache mode only).
+    /// Checks the wrappers answered without a store call (denial-cache and leasing modes).
+    pub local_answers: Option<u64>,
+    /// Checks the wrappers passed to the store (denial-cache and leasing modes).
     pub store_calls: Option<u64>,
 }
 
@@ -156,12 +161,14 @@ impl Report {
                 "max_admitted": self.max_admitted,
                 "bound": self.admission_bound,
                 "users_above_bound": self.users_above_bound,
+                "tolerance": self.tolerance,
+                "users_above_tolerance": self.users_above_tolerance,
                 "abusive_sent": self.abusive_sent,
                 "abusive_admitted": self.abusive_admitted,
             },
             "redis_calls": self.redis_calls,
             "redis_calls_per_request": self.redis_calls_per_request(),
-            "cache_hits": self.cache_hits,
+            "local_answers": self.local_answers,
             "store_calls": self.store_calls,
             "per_second": self.per_second.iter().map(|s| json!({
                 "second": s.second,
@@ -235,6 +242,13 @@ impl Report {
             "exactness  {} users seen; most admitted for one user {} (bound {}); users above bound: {}",
             self.users_seen, self.max_admitted, self.admission_bound, self.users_above_bound
         );
+        if self.tolerance > 0 {
+            let _ = writeln!(
+                o,
+                "           documented tolerance of this mode +{}: users above bound + tolerance: {}",
+                self.tolerance, self.users_above_tolerance
+            );
+        }
         if self.abusive > 0 {
             let _ = writeln!(
                 o,
@@ -245,10 +259,12 @@ impl Report {
         if let (Some(c), Some(per)) = (self.redis_calls, self.redis_calls_per_request()) {
             let _ = writeln!(o, "redis      {c} EVAL/EVALSHA calls, {per:.3} per request");
         }
-        if let (Some(h), Some(s)) = (self.cache_hits, self.store_calls) {
+        if let (Some(h), Some(s)) = (self.local_answers, self.store_calls) {
             let _ = writeln!(
                 o,
-                "cache      {h} answered by the denial caches, {s} passed to the store"
+                "{:<10} {h} answered locally, {s} passed to the store ({:.3} store calls per request)",
+                self.mode.to_string(),
+                s as f64 / self.completed.max(1) as f64
             );
         }
         o

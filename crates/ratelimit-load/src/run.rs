@@ -8,7 +8,9 @@ use std::time::{Duration, Instant};
 use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use parking_lot::Mutex;
-use ratelimit_core::{DenialCache, Limit, MemoryStore, Store, SystemClock};
+use ratelimit_core::{
+    DEFAULT_MAX_LEASE, DenialCache, Leasing, Limit, MemoryStore, Store, SystemClock,
+};
 use ratelimit_redis::RedisStore;
 use redis_harness::RedisServer;
 use tokio::sync::Notify;
@@ -263,12 +265,73 @@ fn parse_eval_calls(info: &str) -> u64 {
         .sum()
 }
 
-/// Counters of the denial caches of a run, summed: (hits, store calls).
-type CacheStats = Box<dyn Fn() -> (u64, u64) + Send + Sync>;
+/// Counters of the wrappers (denial caches, leasing) of a run, summed over the gateways:
+/// (checks answered locally, checks passed to the store).
+type WrapperStats = Box<dyn Fn() -> (u64, u64) + Send + Sync>;
 
 /// What a run's gateways are, for the report.
 struct Setup {
-    cache_stats: Option<CacheStats>,
+    cache_stats: Option<WrapperStats>,
+    /// How far above the exact bound the mode may admit (leasing: one lease).
+    tolerance: u64,
+}
+
+impl Setup {
+    fn plain() -> Setup {
+        Setup {
+            cache_stats: None,
+            tolerance: 0,
+        }
+    }
+}
+
+/// Wraps each gateway's store as `config.mode` says, then evaluates the body with the wrapped
+/// gateways and their [`Setup`] bound to the given names (one expansion per store type).
+macro_rules! with_mode {
+    ($config:expr, $base:expr, |$gws:ident, $setup:ident| $body:expr) => {{
+        let base = $base;
+        match $config.mode {
+            Mode::Exact => {
+                let $gws = base;
+                let $setup = Setup::plain();
+                $body
+            }
+            Mode::DenialCache => {
+                let $gws: Vec<_> = base
+                    .into_iter()
+                    .map(|s| Arc::new(DenialCache::new(s, SystemClock::new())))
+                    .collect();
+                let $setup = wrapper_setup(
+                    &$gws,
+                    |g| {
+                        let s = g.stats();
+                        (s.hits, s.store_calls)
+                    },
+                    0,
+                );
+                $body
+            }
+            Mode::Leasing => {
+                let $gws = base
+                    .into_iter()
+                    .map(|s| {
+                        Leasing::builder(s, SystemClock::new())
+                            .build()
+                            .map(Arc::new)
+                    })
+                    .collect::<Result<Vec<_>, _>>()?;
+                let $setup = wrapper_setup(
+                    &$gws,
+                    |g| {
+                        let s = g.stats();
+                        (s.local, s.store_calls)
+                    },
+                    DEFAULT_MAX_LEASE,
+                );
+                $body
+            }
+        }
+    }};
 }
 
 async fn run_once(config: &Config) -> Result<Report, Error> {
@@ -309,86 +372,69 @@ async fn run_once(config: &Config) -> Result<Report, Error> {
         )
     };
     let n = config.gateways;
-    match (config.target, config.store, config.mode) {
-        (Target::Store, StoreKind::Memory, Mode::Exact) => {
-            let m = memory();
-            drive_store(config, limit, vec![m; n], Setup { cache_stats: None }).await
+    match (config.target, config.store) {
+        (Target::Store, StoreKind::Memory) => {
+            with_mode!(config, vec![memory(); n], |gws, setup| {
+                drive_store(config, limit, gws, setup).await
+            })
         }
-        (Target::Store, StoreKind::Memory, Mode::DenialCache) => {
-            let m = memory();
-            let gws: Vec<_> = (0..n).map(|_| cached(m.clone())).collect();
-            let setup = cache_setup(&gws);
-            drive_store(config, limit, gws, setup).await
+        (Target::Store, StoreKind::Redis) => {
+            with_mode!(config, redis(n).await?, |gws, setup| {
+                drive_store(config, limit, gws, setup).await
+            })
         }
-        (Target::Store, StoreKind::Redis, Mode::Exact) => {
-            let gws = redis(n).await?;
-            drive_store(config, limit, gws, Setup { cache_stats: None }).await
-        }
-        (Target::Store, StoreKind::Redis, Mode::DenialCache) => {
-            let gws: Vec<_> = redis(n).await?.into_iter().map(cached).collect();
-            let setup = cache_setup(&gws);
-            drive_store(config, limit, gws, setup).await
-        }
-        (Target::Store, StoreKind::None, _) => {
+        (Target::Store, StoreKind::None) => {
             Err(Error::Usage("--store none needs --target http".into()))
         }
-        (Target::Http, StoreKind::None, _) => {
+        (Target::Http, StoreKind::None) => {
             let routers = (0..n).map(|_| http::bare()).collect();
-            drive_http(config, routers, Setup { cache_stats: None }).await
+            drive_http(config, routers, Setup::plain()).await
         }
-        (Target::Http, StoreKind::Memory, Mode::Exact) => {
-            let m = memory();
-            let routers = (0..n)
-                .map(|_| http::layered(m.clone(), &limit))
-                .collect::<Result<_, _>>()?;
-            drive_http(config, routers, Setup { cache_stats: None }).await
+        (Target::Http, StoreKind::Memory) => {
+            with_mode!(config, vec![memory(); n], |gws, setup| {
+                layered_http(config, &limit, gws, setup).await
+            })
         }
-        (Target::Http, StoreKind::Memory, Mode::DenialCache) => {
-            let m = memory();
-            let gws: Vec<_> = (0..n).map(|_| cached(m.clone())).collect();
-            let setup = cache_setup(&gws);
-            let routers = gws
-                .into_iter()
-                .map(|g| http::layered(g, &limit))
-                .collect::<Result<_, _>>()?;
-            drive_http(config, routers, setup).await
-        }
-        (Target::Http, StoreKind::Redis, Mode::Exact) => {
-            let routers = redis(n)
-                .await?
-                .into_iter()
-                .map(|g| http::layered(g, &limit))
-                .collect::<Result<_, _>>()?;
-            drive_http(config, routers, Setup { cache_stats: None }).await
-        }
-        (Target::Http, StoreKind::Redis, Mode::DenialCache) => {
-            let gws: Vec<_> = redis(n).await?.into_iter().map(cached).collect();
-            let setup = cache_setup(&gws);
-            let routers = gws
-                .into_iter()
-                .map(|g| http::layered(g, &limit))
-                .collect::<Result<_, _>>()?;
-            drive_http(config, routers, setup).await
+        (Target::Http, StoreKind::Redis) => {
+            with_mode!(config, redis(n).await?, |gws, setup| {
+                layered_http(config, &limit, gws, setup).await
+            })
         }
     }
 }
 
-type Cached<S> = Arc<DenialCache<S, SystemClock>>;
-
-fn cached<S: Store>(store: S) -> Cached<S> {
-    Arc::new(DenialCache::new(store, SystemClock::new()))
-}
-
-fn cache_setup<S: Store>(gws: &[Cached<S>]) -> Setup {
-    let gws: Vec<Cached<S>> = gws.to_vec();
+fn wrapper_setup<W: Send + Sync + 'static>(
+    gws: &[Arc<W>],
+    stats: fn(&W) -> (u64, u64),
+    tolerance: u64,
+) -> Setup {
+    let gws: Vec<Arc<W>> = gws.to_vec();
     Setup {
         cache_stats: Some(Box::new(move || {
-            gws.iter().fold((0, 0), |(h, c), g| {
-                let s = g.stats();
-                (h + s.hits, c + s.store_calls)
+            gws.iter().fold((0, 0), |(l, c), g| {
+                let (gl, gc) = stats(g);
+                (l + gl, c + gc)
             })
         })),
+        tolerance,
     }
+}
+
+async fn layered_http<S>(
+    config: &Config,
+    limit: &Limit,
+    gateways: Vec<S>,
+    setup: Setup,
+) -> Result<Report, Error>
+where
+    S: Store,
+    S::Future: Unpin,
+{
+    let routers = gateways
+        .into_iter()
+        .map(|g| http::layered(g, limit))
+        .collect::<Result<_, _>>()?;
+    drive_http(config, routers, setup).await
 }
 
 async fn drive_store<S>(
@@ -432,7 +478,7 @@ where
             }
         })
     };
-    drive(config, setup, config.concurrency, spawn).await
+    drive(config, setup, config.effective_concurrency(), spawn).await
 }
 
 async fn drive_http(
@@ -443,8 +489,8 @@ async fn drive_http(
     let servers = http::serve_all(routers).await?;
     let addrs: Vec<_> = servers.iter().map(|s| s.addr).collect();
     // Every connection is opened (and answers once) before the clock starts.
-    let mut conns = Vec::with_capacity(config.concurrency);
-    for c in 0..config.concurrency {
+    let mut conns = Vec::with_capacity(config.effective_concurrency());
+    for c in 0..config.effective_concurrency() {
         let mut conn = http::Conn::connect(addrs[c % addrs.len()]).await?;
         conn.request(b"warmup").await?;
         conns.push(Mutex::new(Some(conn)));
@@ -474,7 +520,7 @@ async fn drive_http(
             }
         })
     };
-    let report = drive(config, setup, config.concurrency, spawn).await;
+    let report = drive(config, setup, config.effective_concurrency(), spawn).await;
     for s in servers {
         s.stop();
     }
@@ -555,6 +601,7 @@ where
     Ok(build_report(
         config,
         &shared,
+        setup.tolerance,
         timed_out,
         calls_before.zip(calls_after).map(|(b, a)| a - b),
         cache_before
@@ -579,6 +626,7 @@ fn progress_bar(config: &Config, total: u64) -> Option<ProgressBar> {
 fn build_report(
     config: &Config,
     shared: &Shared,
+    tolerance: u64,
     timed_out: bool,
     redis_calls: Option<u64>,
     cache: Option<(u64, u64)>,
@@ -592,6 +640,7 @@ fn build_report(
     let mut users_seen = 0;
     let mut max_admitted = 0;
     let mut users_above = 0;
+    let mut users_above_tolerance = 0;
     let mut abusive_sent = 0;
     let mut abusive_admitted = 0;
     for (u, (sent, admitted)) in shared.sent.iter().zip(&shared.admitted).enumerate() {
@@ -603,6 +652,9 @@ fn build_report(
         max_admitted = max_admitted.max(admitted);
         if admitted > bound {
             users_above += 1;
+        }
+        if admitted > bound + tolerance {
+            users_above_tolerance += 1;
         }
         if shared.sampler.is_abusive(u as u64) {
             abusive_sent += sent;
@@ -640,7 +692,7 @@ fn build_report(
         limit: config.limit_label(),
         target_rate: config.rate,
         duration: config.duration,
-        concurrency: config.concurrency,
+        concurrency: config.effective_concurrency(),
         scheduled: shared.total,
         completed,
         admitted: rec.admitted,
@@ -662,10 +714,12 @@ fn build_report(
         max_admitted,
         admission_bound: bound,
         users_above_bound: users_above,
+        tolerance,
+        users_above_tolerance,
         abusive_sent,
         abusive_admitted,
         redis_calls,
-        cache_hits: cache.map(|c| c.0),
+        local_answers: cache.map(|c| c.0),
         store_calls: cache.map(|c| c.1),
     }
 }

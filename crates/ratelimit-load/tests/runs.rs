@@ -82,7 +82,7 @@ async fn memory_store_denial_cache_saves_store_calls() {
     c.gateways = 4;
     let r = ratelimit_load::run(&c).await.unwrap();
     check_common(&r);
-    let (hits, calls) = (r.cache_hits.unwrap(), r.store_calls.unwrap());
+    let (hits, calls) = (r.local_answers.unwrap(), r.store_calls.unwrap());
     assert_eq!(hits + calls, r.completed);
     assert!(hits > 0, "{}", r.text());
 }
@@ -129,4 +129,21 @@ async fn sweep_stops_at_the_first_unsustained_step() {
     assert_eq!(s.steps.len(), 2);
     assert_eq!(s.sustained_rate(), Some(1_000.0));
     assert_eq!(s.to_json()["steps"][1]["sustained"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leasing_on_redis_stays_within_its_tolerance() {
+    let mut c = small(Target::Store, StoreKind::Redis);
+    c.mode = Mode::Leasing;
+    c.gateways = 2;
+    let r = ratelimit_load::run(&c).await.unwrap();
+    assert_eq!(r.completed, r.scheduled, "{}", r.text());
+    assert_eq!(r.errors, 0, "{}", r.text());
+    assert!(r.tolerance > 0);
+    assert_eq!(r.users_above_tolerance, 0, "{}", r.text());
+    let (local, calls) = (r.local_answers.unwrap(), r.store_calls.unwrap());
+    // A denied lease is followed by a check of the request's own cost: two calls, one request.
+    assert!(local + calls >= r.completed && local > 0, "{}", r.text());
+    // Every store call of the wrapper is one script call (the warm-up is not counted).
+    assert_eq!(r.redis_calls, Some(calls), "{}", r.text());
 }
