@@ -720,9 +720,6 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                             e.remaining = d.remaining();
                             e.reset_at = sent.saturating_add(micros(d.reset_after()));
                             e.quota_index = u32::try_from(d.quota_index()).unwrap_or(u32::MAX);
-                            if want > cost && e.tokens == 0 {
-                                sh.grow(e);
-                            }
                             e.decision(sent)
                         });
                         if want > cost {
