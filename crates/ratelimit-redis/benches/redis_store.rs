@@ -1,7 +1,9 @@
 //! RedisStore throughput and latency next to the server's own ceiling.
 //!
 //! Run with: `cargo bench -p ratelimit-redis --bench redis_store`
-//! (`BENCH_SECS=5` to measure longer per row; default 3.)
+//! (`BENCH_SECS` per row, default 2; `BENCH_ROUNDS` interleaved rounds, default 3, medians shown;
+//! `BENCH_ALGORITHMS=token_bucket,gcra,...`; `BENCH_WORKERS` client runtime threads, default 2;
+//! `BENCH_POOL` the store's connections, default 4.)
 //!
 //! Starts its own `redis-server` (through `redis-harness`), then for each algorithm:
 //! 1. `redis-benchmark -P 16` sending `EVALSHA` of the very script the store runs, on random keys
@@ -10,6 +12,9 @@
 //!    users: decisions per second, p50 and p99 latency, and the script's server cost
 //!    (`INFO commandstats`, `usec_per_call` of `EVALSHA`);
 //! 3. for comparison, a deadpool pool of 16 used the usual way, one checkout per call.
+//!
+//! The three are interleaved in rounds, and the table shows each row's median over the rounds, so
+//! that other load on the machine hits all rows alike.
 
 use std::process::Command;
 use std::sync::Arc;
@@ -109,7 +114,7 @@ fn redis_benchmark(server: &RedisServer, store: &RedisStore, limit: &Limit) -> (
         "-P".into(),
         "16".into(),
         "-n".into(),
-        "400000".into(),
+        "200000".into(),
         "-r".into(),
         USERS.to_string(),
         "-q".into(),
@@ -156,18 +161,113 @@ fn redis_benchmark(server: &RedisServer, store: &RedisStore, limit: &Limit) -> (
     (per_sec, format!("redis-benchmark {}", shown.join(" ")))
 }
 
+/// `RedisStore::check` from `callers` concurrent tasks on random keys.
+async fn store_row(
+    server: &RedisServer,
+    store: &RedisStore,
+    limit: &Limit,
+    callers: usize,
+    secs: f64,
+) -> Row {
+    server.cli(&["flushall"]);
+    server.cli(&["config", "resetstat"]);
+    let (s, l) = (store.clone(), limit.clone());
+    let (per_sec, hist) = run_callers(callers, secs, move |user| {
+        let (s, l) = (s.clone(), l.clone());
+        async move {
+            let key = format!("user:{user}");
+            s.check(key.as_bytes(), &l, 1).await.expect("check");
+        }
+    })
+    .await;
+    Row {
+        label: format!("RedisStore, {callers} callers"),
+        per_sec,
+        p50_us: hist.value_at_quantile(0.5),
+        p99_us: hist.value_at_quantile(0.99),
+        usec_per_call: usec_per_call(server),
+    }
+}
+
+/// For comparison: a deadpool pool of 16 used the usual way, one checkout per call (deadpool-redis
+/// runs UNWATCH + PING on every recycle), 64 callers.
+async fn checkout_row(server: &RedisServer, store: &RedisStore, limit: &Limit, secs: f64) -> Row {
+    server.cli(&["flushall"]);
+    server.cli(&["config", "resetstat"]);
+    let pool = deadpool_redis::Config::from_url(server.url())
+        .builder()
+        .unwrap()
+        .max_size(16)
+        .runtime(deadpool_redis::Runtime::Tokio1)
+        .build()
+        .unwrap();
+    let script = Arc::new(redis::Script::new(
+        script_source(limit.algorithm()).unwrap(),
+    ));
+    let (l, st) = (limit.clone(), store.clone());
+    let (per_sec, hist) = run_callers(64, secs, move |user| {
+        let (p, script) = (pool.clone(), Arc::clone(&script));
+        let keys = st.state_keys(format!("user:{user}").as_bytes(), &l);
+        let q = l.quotas()[0];
+        let alg = l.algorithm();
+        async move {
+            let mut conn = p.get().await.expect("pool");
+            let mut inv = script.prepare_invoke();
+            for k in &keys {
+                inv.key(k.as_str());
+            }
+            inv.arg("s").arg(1).arg(1).arg(0);
+            match alg {
+                Algorithm::TokenBucket | Algorithm::Gcra => {
+                    inv.arg(q.burst())
+                        .arg(q.scale())
+                        .arg(q.refill_per_micro())
+                        .arg(q.capacity_units());
+                }
+                _ => {
+                    inv.arg(q.limit()).arg(q.period_micros());
+                }
+            }
+            let _: Vec<i64> = inv.invoke_async(&mut *conn).await.expect("eval");
+        }
+    })
+    .await;
+    Row {
+        label: "deadpool checkout per call (16), 64 callers".into(),
+        per_sec,
+        p50_us: hist.value_at_quantile(0.5),
+        p99_us: hist.value_at_quantile(0.99),
+        usec_per_call: usec_per_call(server),
+    }
+}
+
 fn main() {
     let secs: f64 = std::env::var("BENCH_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(3.0);
+        .unwrap_or(2.0);
+    let rounds = std::env::var("BENCH_ROUNDS")
+        .ok()
+        .and_then(|v| v.parse::<usize>().ok())
+        .unwrap_or(3)
+        .max(1);
+    let env = |name: &str| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+    };
+    // The client's runtime threads and the store's connections (BENCH_WORKERS, BENCH_POOL).
+    let workers = env("BENCH_WORKERS").unwrap_or(2);
+    let pool_size = env("BENCH_POOL").unwrap_or(ratelimit_redis::DEFAULT_POOL_SIZE);
     let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
         .enable_all()
         .build()
         .unwrap();
     let server = RedisServer::start();
     println!(
-        "redis-server {} on 127.0.0.1:{}, {} CPUs, {secs} s per row",
+        "redis-server {} on 127.0.0.1:{}, {} CPUs, {secs} s per row, client: {workers} tokio \
+         workers, pool_size {pool_size}",
         server
             .cli(&["info", "server"])
             .lines()
@@ -184,7 +284,11 @@ fn main() {
         Err(_) => vec![Algorithm::TokenBucket, Algorithm::Gcra],
     };
     runtime.block_on(async {
-        let store = RedisStore::builder(server.url()).build().await.unwrap();
+        let store = RedisStore::builder(server.url())
+            .pool_size(pool_size)
+            .build()
+            .await
+            .unwrap();
         for alg in algorithms {
             // 10 per second: random users are almost always allowed, so every call writes.
             let limit = Limit::single(alg, Quota::per_second(10).unwrap()).unwrap();
@@ -193,122 +297,70 @@ fn main() {
                 "\n== {alg} (script: {source_lines} lines, sha {})",
                 script_sha(alg).unwrap()
             );
-
-            server.cli(&["flushall"]);
-            server.cli(&["config", "resetstat"]);
-            let (ceiling, command) = redis_benchmark(&server, &store, &limit);
-            let ceiling_cost = usec_per_call(&server);
-            println!("{command}");
-
-            let mut rows = vec![Row {
-                label: "redis-benchmark -P 16 (ceiling)".into(),
-                per_sec: ceiling,
-                p50_us: 0,
-                p99_us: 0,
-                usec_per_call: ceiling_cost,
-            }];
-            for callers in [1, 16, 64, 256] {
+            let mut samples: Vec<Vec<Row>> = Vec::new();
+            let mut ratios = Vec::new();
+            for round in 0..rounds {
+                let mut rows = Vec::new();
                 server.cli(&["flushall"]);
                 server.cli(&["config", "resetstat"]);
-                let (s, l) = (store.clone(), limit.clone());
-                let (per_sec, hist) = run_callers(callers, secs, move |user| {
-                    let (s, l) = (s.clone(), l.clone());
-                    async move {
-                        let key = format!("user:{user}");
-                        s.check(key.as_bytes(), &l, 1).await.expect("check");
-                    }
-                })
-                .await;
+                let (ceiling, command) = redis_benchmark(&server, &store, &limit);
+                if round == 0 {
+                    println!("{command}");
+                }
                 rows.push(Row {
-                    label: format!("RedisStore, {callers} callers"),
-                    per_sec,
-                    p50_us: hist.value_at_quantile(0.5),
-                    p99_us: hist.value_at_quantile(0.99),
+                    label: "redis-benchmark -P 16 (the server's ceiling)".into(),
+                    per_sec: ceiling,
+                    p50_us: 0,
+                    p99_us: 0,
                     usec_per_call: usec_per_call(&server),
                 });
+                for callers in [1, 16, 64, 256] {
+                    rows.push(store_row(&server, &store, &limit, callers, secs).await);
+                }
+                rows.push(checkout_row(&server, &store, &limit, secs).await);
+                let at64 = rows[3].per_sec;
+                ratios.push(at64 / ceiling);
+                samples.push(rows);
             }
-            // For comparison: deadpool used as a per-call checkout (UNWATCH + PING on recycle).
-            {
-                server.cli(&["flushall"]);
-                server.cli(&["config", "resetstat"]);
-                let pool = deadpool_redis::Config::from_url(server.url())
-                    .builder()
-                    .unwrap()
-                    .max_size(16)
-                    .runtime(deadpool_redis::Runtime::Tokio1)
-                    .build()
-                    .unwrap();
-                let script = redis::Script::new(script_source(alg).unwrap());
-                let (p, l, st) = (pool.clone(), limit.clone(), store.clone());
-                let script = Arc::new(script);
-                let (per_sec, hist) = run_callers(64, secs, move |user| {
-                    let (p, script) = (p.clone(), Arc::clone(&script));
-                    let keys = st.state_keys(format!("user:{user}").as_bytes(), &l);
-                    let q = l.quotas()[0];
-                    let alg = l.algorithm();
-                    async move {
-                        let mut conn = p.get().await.expect("pool");
-                        let mut inv = script.prepare_invoke();
-                        for k in &keys {
-                            inv.key(k.as_str());
-                        }
-                        inv.arg("s").arg(1).arg(1).arg(0);
-                        match alg {
-                            Algorithm::TokenBucket | Algorithm::Gcra => {
-                                inv.arg(q.burst())
-                                    .arg(q.scale())
-                                    .arg(q.refill_per_micro())
-                                    .arg(q.capacity_units());
-                            }
-                            _ => {
-                                inv.arg(q.limit()).arg(q.period_micros());
-                            }
-                        }
-                        let _: Vec<i64> = inv.invoke_async(&mut *conn).await.expect("eval");
-                    }
-                })
-                .await;
-                rows.push(Row {
-                    label: "deadpool checkout per call (16), 64 callers".into(),
-                    per_sec,
-                    p50_us: hist.value_at_quantile(0.5),
-                    p99_us: hist.value_at_quantile(0.99),
-                    usec_per_call: usec_per_call(&server),
-                });
-            }
-
             println!(
                 "| {:<46} | {:>12} | {:>8} | {:>8} | {:>14} |",
-                "client", "decisions/s", "p50 us", "p99 us", "usec_per_call"
+                "client (median of rounds)", "decisions/s", "p50 us", "p99 us", "usec_per_call"
             );
             println!(
                 "|{:-<48}|{:->14}|{:->10}|{:->10}|{:->16}|",
                 "", "", "", "", ""
             );
-            for r in &rows {
-                let lat = |v: u64| {
-                    if v == 0 {
+            for i in 0..samples[0].len() {
+                let med_f = |f: &dyn Fn(&Row) -> f64| {
+                    let mut v: Vec<f64> = samples.iter().map(|r| f(&r[i])).collect();
+                    v.sort_by(f64::total_cmp);
+                    v[v.len() / 2]
+                };
+                let lat = |v: f64| {
+                    if v == 0.0 {
                         "-".to_owned()
                     } else {
-                        v.to_string()
+                        format!("{v:.0}")
                     }
                 };
                 println!(
                     "| {:<46} | {:>12.0} | {:>8} | {:>8} | {:>14.2} |",
-                    r.label,
-                    r.per_sec,
-                    lat(r.p50_us),
-                    lat(r.p99_us),
-                    r.usec_per_call
+                    samples[0][i].label,
+                    med_f(&|r| r.per_sec),
+                    lat(med_f(&|r| r.p50_us as f64)),
+                    lat(med_f(&|r| r.p99_us as f64)),
+                    med_f(&|r| r.usec_per_call),
                 );
             }
-            let at64 = rows
-                .iter()
-                .find(|r| r.label.ends_with(" 64 callers"))
-                .unwrap();
+            ratios.sort_by(f64::total_cmp);
             println!(
-                "at 64 callers: {:.0}% of the redis-benchmark ceiling",
-                100.0 * at64.per_sec / ceiling
+                "at 64 callers, RedisStore / redis-benchmark within each round: {}; median {:.0}%",
+                ratios
+                    .iter()
+                    .map(|r| format!("{:.0}%", 100.0 * r))
+                    .collect::<Vec<_>>()
+                    .join(", "),
+                100.0 * ratios[ratios.len() / 2]
             );
         }
     });

@@ -11,7 +11,7 @@ use deadpool_redis::{Runtime, cluster as dpc};
 use ratelimit_core::{Algorithm, Clock, Decision, Limit, MAX_EXACT, Outcome, Store};
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
-use redis::{AsyncConnectionConfig, RedisError};
+use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
 use crate::error::RedisStoreError;
 use crate::key::state_keys;
@@ -75,6 +75,23 @@ struct Slot {
 enum Conn {
     Single(MultiplexedConnection),
     Cluster(ClusterConnection),
+}
+
+impl Conn {
+    async fn query(&mut self, cmd: &Cmd) -> Result<Value, RedisError> {
+        match self {
+            Conn::Single(c) => cmd.query_async(c).await,
+            Conn::Cluster(c) => cmd.query_async(c).await,
+        }
+    }
+
+    /// `SCRIPT LOAD` (on a cluster, on every primary).
+    async fn load(&mut self, script: &redis::Script) -> Result<(), RedisError> {
+        match self {
+            Conn::Single(c) => script.load_async(c).await.map(drop),
+            Conn::Cluster(c) => script.load_async(c).await.map(drop),
+        }
+    }
 }
 
 impl fmt::Debug for RedisStore {
@@ -185,21 +202,23 @@ impl RedisStore {
                 Some(micros)
             }
         };
-        // Everything the script needs is encoded now, so the future owns its data.
-        let mut invocation = script.prepare_invoke();
-        for k in state_keys(&inner.prefix, key, limit) {
-            invocation.key(k);
+        // Everything the script needs is encoded now, into one buffer the future owns.
+        let keys = state_keys(&inner.prefix, key, limit);
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys.len());
+        for k in &keys {
+            cmd.arg(k.as_bytes());
         }
         match now {
-            None => invocation.arg("s"),
-            Some(t) => invocation.arg(t),
+            None => cmd.arg("s"),
+            Some(t) => cmd.arg(t),
         };
         for a in script_args(limit, cost, inner.expiry_slack_ms) {
-            invocation.arg(a);
+            cmd.arg(a);
         }
         Box::pin(async move {
             let timeout = inner.response_timeout;
-            match tokio::time::timeout(timeout, inner.eval(invocation)).await {
+            match tokio::time::timeout(timeout, inner.eval(script, cmd)).await {
                 Ok(r) => r,
                 Err(_) => Err(RedisStoreError::Timeout { after: timeout }),
             }
@@ -242,6 +261,22 @@ fn script_args(limit: &Limit, cost: u64, slack_ms: u64) -> Vec<u64> {
     args
 }
 
+fn decision_from_value(value: &Value) -> Result<Decision, RedisStoreError> {
+    let mut ints = [0i64; 6];
+    match value {
+        Value::Array(items) if items.len() == 6 => {
+            for (slot, item) in ints.iter_mut().zip(items) {
+                match item {
+                    Value::Int(v) => *slot = *v,
+                    _ => return Err(RedisStoreError::UnexpectedReply(format!("{value:?}"))),
+                }
+            }
+            decision_from_reply(&ints)
+        }
+        _ => Err(RedisStoreError::UnexpectedReply(format!("{value:?}"))),
+    }
+}
+
 fn decision_from_reply(reply: &[i64]) -> Result<Decision, RedisStoreError> {
     let bad = || RedisStoreError::UnexpectedReply(format!("{reply:?}"));
     let &[code, retry, limit, remaining, reset, index] = reply else {
@@ -271,19 +306,19 @@ fn is_broken(e: &RedisError) -> bool {
 }
 
 impl Inner {
-    async fn eval(
-        &self,
-        invocation: redis::ScriptInvocation<'static>,
-    ) -> Result<Decision, RedisStoreError> {
+    async fn eval(&self, script: &redis::Script, cmd: Cmd) -> Result<Decision, RedisStoreError> {
         let (slot, generation, mut conn) = self.connection().await?;
-        // `invoke_async` sends EVALSHA and, only on a NOSCRIPT reply (the script did not run),
-        // loads the script and sends EVALSHA once more. Any other error is returned as is.
-        let reply: Result<Vec<i64>, RedisError> = match &mut conn {
-            Conn::Single(c) => invocation.invoke_async(c).await,
-            Conn::Cluster(c) => invocation.invoke_async(c).await,
-        };
+        let mut reply = conn.query(&cmd).await;
+        // NOSCRIPT proves the script did not run: load it and send EVALSHA once more. No other
+        // error is retried (the script may have run).
+        if matches!(&reply, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)) {
+            reply = match conn.load(script).await {
+                Ok(()) => conn.query(&cmd).await,
+                Err(e) => Err(e),
+            };
+        }
         match reply {
-            Ok(values) => decision_from_reply(&values),
+            Ok(value) => decision_from_value(&value),
             Err(e) => {
                 if is_broken(&e) {
                     self.discard(slot, generation);
@@ -557,10 +592,7 @@ impl RedisStoreBuilder {
         if let Some(mut conn) = first {
             let load = async {
                 for s in scripts::all() {
-                    match &mut conn {
-                        Conn::Single(c) => s.prepare_invoke().load_async(c).await?,
-                        Conn::Cluster(c) => s.prepare_invoke().load_async(c).await?,
-                    };
+                    conn.load(s).await?;
                 }
                 Ok::<(), RedisError>(())
             };
