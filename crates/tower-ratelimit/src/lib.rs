@@ -57,7 +57,7 @@
 //! # Features
 //! - `axum` (default): [`key::PeerIp`], [`key::ClientIpKey`] and the matched route in
 //!   [`key::RouteKey`].
-//! - `serde`: policies from configuration ([`config`]).
+//! - `serde`: policies from configuration files (the `config` module).
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 

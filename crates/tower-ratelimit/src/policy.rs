@@ -213,8 +213,10 @@ impl Policy {
         self
     }
 
-    /// Dry run (shadow mode): decisions are made and counted (`outcome="shadow_denied"`), but
-    /// every request goes through and no rate-limit header is added.
+    /// Dry run (shadow mode): decisions are made and counted, but the layer never answers in
+    /// place of the inner service. Every request goes through and no rate-limit header is added;
+    /// what would have been a rejection (a 429, a fail-closed 503, a missing-key rejection) is
+    /// counted as `outcome="shadow_denied"`.
     pub fn dry_run(mut self, dry_run: bool) -> Self {
         self.dry_run = dry_run;
         self
