@@ -425,10 +425,11 @@ where
         let shared = self.shared.clone();
         let ready_inner = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, ready_inner);
-        let breaker = if probe { shared.breaker.clone() } else { None };
+        // Made here, not in the async block: a probe whose future is dropped before its first
+        // poll must re-open the circuit too.
+        let mut guard = ProbeGuard::new(if probe { shared.breaker.clone() } else { None });
         let key = key.as_bytes().to_vec();
         ResponseFuture::waiting(Box::pin(async move {
-            let mut guard = ProbeGuard::new(breaker);
             let result = tokio::time::timeout(shared.timeout, check).await;
             guard.disarm();
             shared.rt.metrics.store_duration(start.elapsed());

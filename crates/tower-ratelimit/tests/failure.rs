@@ -279,3 +279,42 @@ async fn only_one_probe_while_half_open() {
     assert_eq!(probe.await.unwrap(), 200);
     assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_dropped_before_it_ran_reopens_the_circuit() {
+    use tower::{Service, ServiceExt};
+    let clock = ManualClock::new();
+    let (_store_clock, memory) = store();
+    let store = Arc::new(SwitchStore::new(memory));
+    store.set_down(true);
+    let layer = RateLimitLayer::builder(store.clone(), Policy::new("drop", per_minute(9)).unwrap())
+        .circuit_breaker(CircuitBreaker::new(1, Duration::from_secs(5)).unwrap())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    // The service itself (a router would only call it when its own future is polled).
+    let mut svc = tower::Layer::layer(
+        &layer,
+        tower::service_fn(|_req: http::Request<axum::body::Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
+        }),
+    );
+    let res = svc.ready().await.unwrap().call(request("/")).await.unwrap();
+    assert_eq!(res.status(), 200, "failed open");
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    store.set_down(false);
+    clock.advance(Duration::from_secs(5));
+    // The client goes away before the probe's future is ever polled.
+    let probe = svc.ready().await.unwrap().call(request("/"));
+    assert_eq!(layer.circuit_state(), Some(CircuitState::HalfOpen));
+    drop(probe);
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    // The next probe, after another cool-down, closes it.
+    clock.advance(Duration::from_secs(5));
+    let res = svc.ready().await.unwrap().call(request("/")).await.unwrap();
+    assert_eq!(
+        res.extensions().get::<Verdict>().unwrap().kind(),
+        VerdictKind::Allowed
+    );
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
+}
