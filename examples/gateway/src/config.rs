@@ -96,6 +96,11 @@ pub struct StoreConfig {
     /// (default 50).
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
+    /// Start even if Redis cannot be reached (default false: the gateway refuses to start).
+    /// Until a connection is made, every check is a store failure answered by the route's
+    /// failure policy; the gateway keeps trying to connect, once a second.
+    #[serde(default)]
+    pub start_without_redis: bool,
     /// The most keys the in-memory store holds (default 1,000,000; `kind = "memory"`).
     #[serde(default = "default_max_keys")]
     pub max_keys: usize,
@@ -114,6 +119,7 @@ impl Default for StoreConfig {
             pool_size: default_pool_size(),
             connect_timeout_ms: default_connect_timeout_ms(),
             timeout_ms: default_timeout_ms(),
+            start_without_redis: false,
             max_keys: default_max_keys(),
             circuit_breaker: BreakerConfig::default(),
         }
@@ -361,6 +367,12 @@ impl StoreConfig {
                     ));
                 }
             }
+        }
+        if !redis && self.start_without_redis {
+            return Err(ConfigError::new(
+                "store.start_without_redis",
+                "only used when kind is \"redis\" or \"redis_cluster\"",
+            ));
         }
         if redis && (self.pool_size == 0 || self.pool_size > 1024) {
             return Err(ConfigError::new(

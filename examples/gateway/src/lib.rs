@@ -108,28 +108,91 @@ pub async fn app(config: &Config) -> Result<Router, StartError> {
             Ok(router(config, Arc::new(memory), policies, metrics)?)
         }
         config::StoreKind::Redis | config::StoreKind::RedisCluster => {
-            let builder = match &store.url {
-                Some(url) => RedisStore::builder(url.clone()),
-                None => RedisStore::cluster(store.urls.iter().cloned()),
+            let redis = match open_redis(store).await {
+                Ok(redis) => LazyRedis::ready(redis),
+                Err(StartError::Store(e)) if store.start_without_redis => {
+                    eprintln!("warning: {e}; starting anyway, retrying every second");
+                    LazyRedis::connect_in_background(store.clone())
+                }
+                Err(e) => return Err(e),
             };
-            let redis = builder
-                .prefix(store.prefix.clone())
-                .pool_size(store.pool_size)
-                .connect_timeout(Duration::from_millis(store.connect_timeout_ms))
-                .build()
-                .await
-                .map_err(|e| match e {
-                    RedisStoreError::Config { name, reason } => {
-                        let field = match name {
-                            "url" if store.url.is_none() => "urls",
-                            "connect_timeout" => "connect_timeout_ms",
-                            other => other,
-                        };
-                        StartError::Config(ConfigError::new(format!("store.{field}"), reason))
-                    }
-                    other => StartError::Store(other),
-                })?;
             Ok(router(config, redis, policies, metrics)?)
+        }
+    }
+}
+
+/// Opens the Redis store described by `store`.
+async fn open_redis(store: &config::StoreConfig) -> Result<RedisStore, StartError> {
+    let builder = match &store.url {
+        Some(url) => RedisStore::builder(url.clone()),
+        None => RedisStore::cluster(store.urls.iter().cloned()),
+    };
+    builder
+        .prefix(store.prefix.clone())
+        .pool_size(store.pool_size)
+        .connect_timeout(Duration::from_millis(store.connect_timeout_ms))
+        .build()
+        .await
+        .map_err(|e| match e {
+            RedisStoreError::Config { name, reason } => {
+                let field = match name {
+                    "url" if store.url.is_none() => "urls",
+                    "connect_timeout" => "connect_timeout_ms",
+                    other => other,
+                };
+                StartError::Config(ConfigError::new(format!("store.{field}"), reason))
+            }
+            other => StartError::Store(other),
+        })
+}
+
+/// A Redis store that may not be connected yet (`start_without_redis`): until it is, every
+/// check fails at once with a connection error, and the route's failure policy answers.
+#[derive(Debug, Clone)]
+struct LazyRedis {
+    store: Arc<OnceLock<RedisStore>>,
+}
+
+impl LazyRedis {
+    fn ready(store: RedisStore) -> Self {
+        let cell = OnceLock::new();
+        let _ = cell.set(store);
+        LazyRedis {
+            store: Arc::new(cell),
+        }
+    }
+
+    /// Tries to connect once a second, in a background task, until it succeeds.
+    fn connect_in_background(config: config::StoreConfig) -> Self {
+        let lazy = LazyRedis {
+            store: Arc::new(OnceLock::new()),
+        };
+        let cell = lazy.store.clone();
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(Duration::from_secs(1)).await;
+                if let Ok(store) = open_redis(&config).await {
+                    let _ = cell.set(store);
+                    eprintln!("connected to Redis");
+                    return;
+                }
+            }
+        });
+        lazy
+    }
+}
+
+impl Store for LazyRedis {
+    type Error = RedisStoreError;
+    type Future = ratelimit_redis::CheckFuture;
+
+    fn check(&self, key: &[u8], limit: &ratelimit_core::Limit, cost: u64) -> Self::Future {
+        match self.store.get() {
+            Some(store) => store.check(key, limit, cost),
+            None => Box::pin(std::future::ready(Err(RedisStoreError::Connection {
+                message: "not connected yet (start_without_redis)".to_owned(),
+                source: None,
+            }))),
         }
     }
 }

@@ -344,3 +344,66 @@ async fn redis_config_shares_limits_between_gateways_and_falls_back_when_redis_d
         200
     );
 }
+
+#[tokio::test]
+async fn redis_cluster_config_shares_limits_between_gateways() {
+    let cluster = redis_harness::RedisCluster::start(3);
+    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("{u:?}")).collect();
+    let text = REDIS.replace(
+        "kind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"",
+        &format!("kind = \"redis_cluster\"\nurls = [{}]", urls.join(", ")),
+    );
+    let config = Config::from_toml(&text).unwrap();
+    assert_eq!(config.store.urls.len(), 3);
+    let a = app(&config).await.unwrap();
+    let b = app(&config).await.unwrap();
+    // Several clients, so their keys land on different nodes; each gets 5 logins in all.
+    for client in 1..=6 {
+        let peer = format!("192.0.2.{client}:1000");
+        for gw in [&a, &b, &a, &b, &a] {
+            assert_eq!(status(gw, "POST", "/login", &peer, None).await, 200);
+        }
+        assert_eq!(status(&b, "POST", "/login", &peer, None).await, 429);
+    }
+}
+
+#[tokio::test]
+async fn start_without_redis_follows_the_failure_policies_until_redis_comes_up() {
+    let mut server = redis_harness::RedisServer::start();
+    server.kill();
+    let text = REDIS.replace(
+        "url = \"redis://127.0.0.1:6379\"",
+        &format!(
+            "url = \"{}\"\nstart_without_redis = true\ncircuit_breaker = {{ cool_down_ms = 200 }}",
+            server.url()
+        ),
+    );
+    let config = Config::from_toml(&text).unwrap();
+    assert!(config.store.start_without_redis);
+    // Without the setting, the gateway refuses to start.
+    let strict =
+        Config::from_toml(&REDIS.replace("redis://127.0.0.1:6379", &server.url())).unwrap();
+    let err = app(&strict).await.unwrap_err().to_string();
+    assert!(
+        err.starts_with("store: could not connect to Redis"),
+        "{err}"
+    );
+
+    let gw = app(&config).await.unwrap();
+    let peer = "192.0.2.200:1";
+    assert_eq!(status(&gw, "POST", "/login", peer, None).await, 503);
+    for _ in 0..5 {
+        assert_eq!(status(&gw, "GET", "/api/items", peer, Some("k")).await, 200);
+    }
+    assert_eq!(status(&gw, "GET", "/api/items", peer, Some("k")).await, 429);
+
+    // Redis comes up: within a few seconds the gateway connects and logins are counted there.
+    server.restart();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while status(&gw, "POST", "/login", peer, None).await != 200 {
+        assert!(std::time::Instant::now() < deadline, "never connected");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let keys = server.cli(&["--scan", "--pattern", "gateway:*"]);
+    assert!(!keys.is_empty());
+}
