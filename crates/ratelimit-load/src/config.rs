@@ -103,6 +103,9 @@ pub struct Config {
     /// Store target: the most checks in flight. HTTP target: the number of connections. 0 picks
     /// a default for the target (see [`Config::effective_concurrency`]).
     pub concurrency: usize,
+    /// The scheduler thread sleeps at least this long between releases of due requests: the
+    /// most a request can start late because of the tool, traded against its CPU use.
+    pub tick: Duration,
     /// Seed of the (deterministic) request-to-user schedule.
     pub seed: u64,
     /// Rates to step through instead of `rate` (a sweep).
@@ -140,6 +143,7 @@ impl Default for Config {
             burst: None,
             algorithm: Algorithm::TokenBucket,
             concurrency: 0,
+            tick: Duration::from_micros(250),
             seed: 1,
             steps: Vec::new(),
             p99_target: Duration::from_millis(10),
@@ -177,6 +181,7 @@ USAGE: ratelimit-load [OPTIONS]
   --steps R1,R2,...          sweep: one run per rate, stops after the first that fails
   --p99-target-ms MS         sweep: a step is sustained if p99 <= MS, >= 95% of the rate is
                              achieved and under 0.1% errors [10]
+  --tick-us US               the scheduler releases due requests at most every US µs [250]
   --seed N                   seed of the request-to-user schedule [1]
   --threads N                tokio worker threads [2]
   --json                     print the report as JSON
@@ -280,6 +285,9 @@ impl Config {
                     c.p99_target = Duration::from_secs_f64(ms / 1e3);
                 }
                 "--seed" => c.seed = num("--seed", &value("--seed")?)?,
+                "--tick-us" => {
+                    c.tick = Duration::from_micros(num("--tick-us", &value("--tick-us")?)?)
+                }
                 "--threads" => c.threads = num("--threads", &value("--threads")?)?,
                 "--json" => c.json = true,
                 "--svg" => c.svg = Some(PathBuf::from(value("--svg")?)),
@@ -315,6 +323,9 @@ impl Config {
         }
         if self.concurrency > 100_000 {
             return fail("--concurrency must be at most 100000");
+        }
+        if self.tick.is_zero() || self.tick > Duration::from_millis(100) {
+            return fail("--tick-us must be between 1 and 100000");
         }
         if self.pool_size == 0 || self.threads == 0 {
             return fail("--pool-size and --threads must be at least 1");

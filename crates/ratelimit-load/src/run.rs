@@ -22,8 +22,6 @@ use crate::{Error, http};
 
 /// A request that starts this long after its scheduled time counts as behind schedule.
 const LATE: Duration = Duration::from_millis(1);
-/// The scheduler releases due requests at least this often (and at most this late).
-const TICK: Duration = Duration::from_micros(100);
 /// How long the in-flight requests of a run may take to finish after the schedule ends.
 const GRACE: Duration = Duration::from_secs(15);
 /// Latencies are recorded in microseconds, up to one minute.
@@ -212,7 +210,7 @@ impl Shared {
 
 /// Releases requests as they fall due, on its own thread (a std sleep is precise to tens of
 /// microseconds; tokio's timer to a millisecond).
-fn scheduler(shared: Arc<Shared>, wake_limit: usize) {
+fn scheduler(shared: Arc<Shared>, wake_limit: usize, tick: Duration) {
     let mut released = 0;
     while released < shared.total && !shared.abort.load(Ordering::Relaxed) {
         let elapsed = shared.start.elapsed();
@@ -228,7 +226,7 @@ fn scheduler(shared: Arc<Shared>, wake_limit: usize) {
             break;
         }
         let next = due(released, shared.rate);
-        let wait = next.saturating_sub(shared.start.elapsed()).max(TICK);
+        let wait = next.saturating_sub(shared.start.elapsed()).max(tick);
         std::thread::sleep(wait);
     }
     shared.notify.notify_waiters();
@@ -546,12 +544,13 @@ where
     let handles: Vec<_> = (0..workers).map(|w| spawn(shared.clone(), w)).collect();
     let sched = {
         let shared = shared.clone();
+        let tick = config.tick;
         std::thread::Builder::new()
             .name("ratelimit-load-scheduler".into())
             .spawn(move || {
                 let wait = shared.start.saturating_duration_since(Instant::now());
                 std::thread::sleep(wait);
-                scheduler(shared, workers);
+                scheduler(shared, workers, tick);
             })?
     };
 

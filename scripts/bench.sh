@@ -1,0 +1,360 @@
+#!/usr/bin/env bash
+# Runs the whole benchmark set and rewrites the generated section of docs/benchmarks.md (between
+# <!-- BEGIN GENERATED --> and <!-- END GENERATED -->; nothing outside the markers is touched).
+#
+#   scripts/bench.sh            the full set (about 15 minutes on 2 cores)
+#   scripts/bench.sh --quick    short runs, to check the script itself (figures not for the docs)
+#
+# Environment: BENCH_SKIP_CRITERION=1 reuses the criterion results already in target/criterion
+# (and the last redis_store output) instead of running the micro-benchmarks again.
+#
+# Micro level (criterion): ratelimit-core's memory_store, tower-ratelimit's layer,
+# ratelimit-redis's redis_store (next to redis-benchmark on the same server).
+# System level: the ratelimit-load tool (crates/ratelimit-load, docs/load-tool.md).
+# Raw outputs (JSON, text, the uptime before and after each run) go to target/bench-results/.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export CARGO_TERM_COLOR=never
+
+QUICK=0
+if [ "${1:-}" = "--quick" ]; then QUICK=1; fi
+OUT=target/bench-results
+mkdir -p "$OUT" docs/benchmarks
+rm -f "$OUT"/*.json "$OUT"/*.cmd "$OUT"/*.load
+
+for tool in redis-server redis-benchmark python3; do
+  command -v "$tool" >/dev/null || { echo "bench.sh: $tool is needed" >&2; exit 1; }
+done
+
+load() { uptime | sed 's/.*load average: //'; }
+
+# --- the machine ---------------------------------------------------------------------------
+{
+  echo "date: $(date -u '+%Y-%m-%d %H:%M UTC')"
+  echo "cpu: $(lscpu | sed -n 's/^Model name: *//p' | head -1), $(nproc) CPUs"
+  echo "memory: $(free -h | awk '/^Mem:/ {print $2}')"
+  echo "kernel: $(uname -r)"
+  echo "redis: $(redis-server --version | sed 's/.*v=\([^ ]*\).*/\1/')"
+  echo "rustc: $(rustc --version)"
+  echo "quick: $QUICK"
+} > "$OUT/machine.txt"
+
+# --- micro level: criterion ------------------------------------------------------------------
+if [ "${BENCH_SKIP_CRITERION:-0}" != 1 ]; then
+  echo "== cargo bench -p ratelimit-core --bench memory_store" >&2
+  load > "$OUT/memory_store.load"
+  cargo bench -p ratelimit-core --bench memory_store > "$OUT/memory_store.txt" 2>&1
+  load >> "$OUT/memory_store.load"
+
+  echo "== cargo bench -p tower-ratelimit --bench layer" >&2
+  load > "$OUT/layer.load"
+  cargo bench -p tower-ratelimit --bench layer > "$OUT/layer.txt" 2>&1
+  load >> "$OUT/layer.load"
+
+  echo "== cargo bench -p ratelimit-redis --bench redis_store" >&2
+  load > "$OUT/redis_store.load"
+  BENCH_SECS=$([ $QUICK = 1 ] && echo 1 || echo 3) \
+    cargo bench -p ratelimit-redis --bench redis_store > "$OUT/redis_store.txt" 2>&1
+  load >> "$OUT/redis_store.load"
+fi
+
+# --- system level: the load tool -------------------------------------------------------------
+echo "== cargo build --release -p ratelimit-load" >&2
+cargo build --release -p ratelimit-load >&2
+LOADTOOL=target/release/ratelimit-load
+
+# run NAME ARGS...: one run of the tool, its command, its JSON and the load around it.
+run() {
+  local name=$1
+  shift
+  echo "== ratelimit-load $*" >&2
+  echo "cargo run --release -p ratelimit-load -- $*" > "$OUT/$name.cmd"
+  load > "$OUT/$name.load"
+  "$LOADTOOL" "$@" --json --quiet > "$OUT/$name.json"
+  load >> "$OUT/$name.load"
+}
+
+if [ $QUICK = 1 ]; then
+  SEED_SECS=5; MODE_SECS=3; STEP_SECS=2; STEPS=5000,20000
+else
+  SEED_SECS=30; MODE_SECS=20; STEP_SECS=10; STEPS=5000,10000,20000,30000,40000,50000,60000,80000
+fi
+
+# 1. The seed fleet at the store level: 20 gateways (each its own RedisStore and connection), one
+#    local Redis, 100,000 users, 100 a minute each, 50,000 decisions a second.
+run seed --target store --store redis --gateways 20 --users 100000 --limit 100/minute \
+  --rate 50000 --duration "$SEED_SECS" --svg docs/benchmarks/seed-fleet.svg
+
+# 2. The same fleet by mode, with hot users (Zipf) and 100 abusive users sending 100x: the
+#    traffic the round-trip reductions are for.
+MODES="exact denial-cache leasing"
+for mode in $MODES; do
+  run "mode-$mode" --target store --store redis --gateways 20 --users 100000 \
+    --limit 100/minute --rate 50000 --duration "$MODE_SECS" --dist zipf:1.0 --abusive 100 \
+    --mode "$mode"
+done
+
+# 3. Over HTTP: bare axum, the layer on the memory store, the layer on Redis; the rate steps up
+#    until p99 exceeds 10 ms (or under 95% of the rate is achieved).
+for store in none memory redis; do
+  run "http-$store" --target http --store "$store" --users 100000 --limit 100/minute \
+    --steps "$STEPS" --duration "$STEP_SECS" --p99-target-ms 10
+done
+
+# --- the report ------------------------------------------------------------------------------
+python3 - "$OUT" "$MODES" <<'PY'
+import glob, json, os, re, sys
+
+out, modes = sys.argv[1], sys.argv[2].split()
+doc = "docs/benchmarks.md"
+BEGIN, END = "<!-- BEGIN GENERATED -->", "<!-- END GENERATED -->"
+
+def read(name, default=""):
+    try:
+        with open(os.path.join(out, name)) as f:
+            return f.read().strip()
+    except FileNotFoundError:
+        return default
+
+def load_of(name):
+    lines = read(name + ".load").splitlines()
+    if len(lines) == 2:
+        return f"load average (1, 5, 15 min) before: {lines[0]}; after: {lines[1]}"
+    return "load average: not recorded"
+
+def cmd(name):
+    return read(name + ".cmd")
+
+def estimate(group, bench):
+    path = f"target/criterion/{group}/{bench}/new/estimates.json"
+    try:
+        with open(path) as f:
+            return json.load(f)["mean"]["point_estimate"]
+    except (FileNotFoundError, KeyError, ValueError):
+        return None
+
+def ms(us):
+    return f"{us / 1000:.2f}"
+
+def num(x):
+    return f"{x:,.0f}"
+
+g = []
+w = g.append
+w(BEGIN)
+w("")
+w("_Generated by `scripts/bench.sh`; do not edit between the markers. Raw outputs: "
+  "`target/bench-results/`._")
+w("")
+w("### Machine")
+w("")
+w("```text")
+w(read("machine.txt"))
+w("```")
+w("")
+w("The load tool, the in-process gateways and `redis-server` share these CPUs: every figure "
+  "below is for the whole system on one machine, not for a dedicated Redis host.")
+w("")
+
+# Micro level: memory store against governor.
+w("### Memory store against governor (criterion)")
+w("")
+w("Command: `cargo bench -p ratelimit-core --bench memory_store` "
+  f"({load_of('memory_store')}).")
+w("")
+w("| case | threads | ours, ns per check | governor, ns per check | governor / ours |")
+w("|---|---:|---:|---:|---:|")
+for case in ["hot_key", "1M_keys"]:
+    for threads in ["1", "2"]:
+        o = estimate("memory_store", f"ours_{case}/{threads}")
+        t = estimate("memory_store", f"governor_{case}/{threads}")
+        if o is None or t is None:
+            continue
+        w(f"| {case} | {threads} | {o:.1f} | {t:.1f} | {t / o:.2f} |")
+w("")
+w("Criterion mean of one check per iteration; with 2 threads, both run at once and the time is "
+  "per iteration of each.")
+w("")
+
+# Micro level: the layer.
+w("### Layer against bare axum and tower_governor (criterion)")
+w("")
+w(f"Command: `cargo bench -p tower-ratelimit --bench layer` ({load_of('layer')}).")
+w("")
+bare = estimate("layer", "bare")
+w("| router | ns per request | over bare axum, ns | / bare |")
+w("|---|---:|---:|---:|")
+for name in ["bare", "ours_allowed_headers", "governor_allowed_headers", "ours_denied_headers",
+             "governor_denied_headers", "ours_allowed_no-headers", "governor_allowed_no-headers",
+             "ours_denied_no-headers", "governor_denied_no-headers"]:
+    v = estimate("layer", name)
+    if v is None or bare is None:
+        continue
+    label = name.replace("_", " / ")
+    w(f"| {label} | {v:.0f} | {v - bare:.0f} | {v / bare:.2f} |")
+inter = read("layer.txt")
+if "Interleaved minimum" in inter:
+    block = inter[inter.index("Interleaved minimum"):].splitlines()
+    block = [l for l in block if l.strip() and not l.startswith(("Gnuplot", "Benchmarking"))]
+    w("")
+    w("The benchmark's interleaved-minimum ratios (steadier on a shared machine):")
+    w("")
+    w("```text")
+    w("\n".join(block[:20]))
+    w("```")
+w("")
+
+# Micro level: Redis store against redis-benchmark.
+w("### Redis store against `redis-benchmark` EVALSHA on the same server")
+w("")
+w(f"Command: `cargo bench -p ratelimit-redis --bench redis_store` ({load_of('redis_store')}).")
+w("")
+redis_txt = read("redis_store.txt")
+lines = [l for l in redis_txt.splitlines()
+         if l.startswith(("|", "==", "redis-benchmark ", "redis-server ", "at "))
+         or "ceiling" in l]
+if lines:
+    w("```text")
+    w("\n".join(lines))
+    w("```")
+else:
+    w("_No output recorded._")
+ceiling = None
+m = re.search(r"== token_bucket.*?\|\s*redis-benchmark[^|]*\|\s*([\d.]+)", redis_txt, re.S)
+if m:
+    ceiling = float(m.group(1))
+w("")
+
+def report(name):
+    try:
+        with open(os.path.join(out, name + ".json")) as f:
+            return json.load(f)
+    except (FileNotFoundError, ValueError):
+        return None
+
+# System level: the seed fleet.
+w("### The seed fleet at the store level")
+w("")
+r = report("seed")
+if r:
+    lat = r["latency_us"]
+    ex = r["exactness"]
+    w(f"Command: `{cmd('seed')}` ({load_of('seed')}).")
+    w("")
+    w("| figure | value |")
+    w("|---|---:|")
+    w(f"| target rate, decisions/s | {num(r['target_rate'])} |")
+    w(f"| achieved rate, decisions/s | {num(r['achieved_rate'])} "
+      f"({100 * r['achieved_rate'] / r['target_rate']:.1f}% of target) |")
+    w(f"| completed / scheduled | {num(r['completed'])} / {num(r['scheduled'])} |")
+    w(f"| started over 1 ms behind schedule | {num(r['late_starts'])} "
+      f"({100 * r['late_starts'] / max(r['completed'], 1):.2f}%) |")
+    w(f"| latency p50 / p90 / p99 / p99.9 / max, ms | {ms(lat['p50'])} / {ms(lat['p90'])} / "
+      f"**{ms(lat['p99'])}** / {ms(lat['p99.9'])} / {ms(lat['max'])} |")
+    w(f"| errors | {r['errors']} |")
+    w(f"| users seen / most admitted for one user / bound | {num(ex['users_seen'])} / "
+      f"{ex['max_admitted']} / {ex['bound']} |")
+    w(f"| **users admitted above their limit** | **{ex['users_above_bound']}** |")
+    if r.get("redis_calls_per_request") is not None:
+        w(f"| Redis EVALSHA calls per decision | {r['redis_calls_per_request']:.3f} |")
+    if ceiling:
+        w(f"| achieved / `redis-benchmark -P 16` EVALSHA ceiling (token bucket) | "
+          f"{r['achieved_rate'] / ceiling:.2f} ({num(ceiling)}/s) |")
+    verdict = "met" if lat["p99"] < 2000 and r["achieved_rate"] >= 0.95 * r["target_rate"] \
+        else "NOT met"
+    w("")
+    w(f"Target (50,000/s with p99 under 2 ms, nobody above the limit): **{verdict}** in this run. "
+      "Latency is counted from each request's scheduled time (open loop), so time spent queued "
+      "behind a slow request counts.")
+    w("")
+    w("![p50 and p99 latency per second](benchmarks/seed-fleet.svg)")
+else:
+    w("_Not run._")
+w("")
+
+# System level: modes.
+w("### Fleet by mode: hot users and abusers")
+w("")
+w("Same fleet (20 gateways, one Redis, 100,000 users, 100/minute, 50,000 decisions/s), users "
+  "drawn from Zipf(1.0) with 100 abusive users sending 100 times a normal user's rate.")
+w("")
+w("| mode | achieved/s | p50 ms | p99 ms | p99.9 ms | denied | Redis calls per decision "
+  "| users above exact bound | above bound + tolerance | load average before / after |")
+w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+cmds = []
+for mode in modes:
+    r = report("mode-" + mode)
+    if not r:
+        continue
+    lat, ex = r["latency_us"], r["exactness"]
+    per = r.get("redis_calls_per_request")
+    tol = ex.get("tolerance", 0)
+    above_tol = f"{ex['users_above_tolerance']} (+{tol})" if tol else "—"
+    loads = read("mode-" + mode + ".load").splitlines()
+    loads = " / ".join(l.split(",")[0] for l in loads)
+    per = f"{per:.3f}" if per is not None else "n/a"
+    w(f"| {mode} | {num(r['achieved_rate'])} | {ms(lat['p50'])} | {ms(lat['p99'])} | "
+      f"{ms(lat['p99.9'])} | {num(r['denied'])} | {per} | {ex['users_above_bound']} | "
+      f"{above_tol} | {loads} |")
+    cmds.append(cmd("mode-" + mode))
+w("")
+w("Commands:")
+w("")
+w("```sh")
+w("\n".join(cmds))
+w("```")
+w("")
+w("Leasing's tolerance is its documented bound (exact bound plus one lease of at most 64 units); "
+  "the denial cache changes no decision, so its tolerance is 0.")
+w("")
+
+# System level: HTTP.
+w("### Over HTTP: highest rate with p99 under 10 ms")
+w("")
+w("One axum gateway in the same process as the load (127.0.0.1, HTTP/1.1 keep-alive, 128 "
+  "connections), 100,000 users, 100/minute, key from `x-api-key`. Each step runs the schedule "
+  "for its duration; the sweep stops at the first step that misses p99 ≤ 10 ms, 95% of the "
+  "rate, or 0.1% errors.")
+w("")
+sweeps = {}
+w("| server | highest sustained rate/s | / bare axum | steps (target/s: p99 ms) | load average before / after |")
+w("|---|---:|---:|---|---|")
+for store, label in [("none", "bare axum"), ("memory", "layer, memory store"),
+                     ("redis", "layer, Redis store")]:
+    s = report("http-" + store)
+    if not s:
+        continue
+    sweeps[store] = s
+    base = sweeps.get("none", {}).get("sustained_rate")
+    rate = s.get("sustained_rate")
+    ratio = f"{rate / base:.2f}" if rate and base else "—"
+    steps = ", ".join(
+        f"{num(st['target_rate'])}: {ms(st['latency_us']['p99'])}{'' if st['sustained'] else ' ✗'}"
+        for st in s["steps"])
+    loads = read("http-" + store + ".load").splitlines()
+    loads = " / ".join(l.split(",")[0] for l in loads)
+    w(f"| {label} | {num(rate) if rate else 'none'} | {ratio} | {steps} | {loads} |")
+w("")
+w("Commands:")
+w("")
+w("```sh")
+w("\n".join(cmd("http-" + s) for s in ["none", "memory", "redis"] if cmd("http-" + s)))
+w("```")
+w("")
+w(END)
+
+generated = "\n".join(g)
+if os.path.exists(doc):
+    text = open(doc).read()
+else:
+    text = ""
+if BEGIN in text and END in text:
+    head = text[:text.index(BEGIN)]
+    tail = text[text.index(END) + len(END):]
+    text = head + generated + tail
+else:
+    text = text.rstrip("\n") + ("\n\n" if text else "") + generated + "\n"
+with open(doc, "w") as f:
+    f.write(text)
+print(f"bench.sh: wrote the generated section of {doc}", file=sys.stderr)
+PY
