@@ -40,6 +40,7 @@ impl FixedWindowState {
 /// Checks `cost` at `now` in a fixed window. Returns the decision and the state to store if
 /// committed. Time earlier than the stored window counts in the stored window.
 #[must_use]
+#[inline]
 pub fn check(
     quota: &Quota,
     state: Option<&FixedWindowState>,

@@ -49,6 +49,7 @@ fn debt(quota: &Quota, state: &GcraState, now: u64) -> u64 {
 
 /// Checks `cost` at `now` with GCRA. Returns the decision and the state to store if committed.
 #[must_use]
+#[inline]
 pub fn check(
     quota: &Quota,
     state: Option<&GcraState>,

@@ -48,6 +48,7 @@ impl SlidingWindowState {
 /// Checks `cost` at `now` with the sliding-window counter. Returns the decision and the state to
 /// store if committed.
 #[must_use]
+#[inline]
 pub fn check(
     quota: &Quota,
     state: Option<&SlidingWindowState>,

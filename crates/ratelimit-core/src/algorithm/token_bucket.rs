@@ -41,6 +41,7 @@ impl TokenBucketState {
 /// Checks `cost` at `now` against a token bucket. Returns the decision and the state to store if
 /// the decision is committed. Time earlier than the state's is treated as the state's time.
 #[must_use]
+#[inline]
 pub fn check(
     quota: &Quota,
     state: Option<&TokenBucketState>,
