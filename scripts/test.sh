@@ -19,3 +19,5 @@ echo "== cargo test (workspace, all targets)"
 cargo test --workspace --all-targets
 echo "== doc tests"
 cargo test --workspace --doc
+echo "== tower-ratelimit with every feature (serde configuration)"
+cargo test -p tower-ratelimit --all-features

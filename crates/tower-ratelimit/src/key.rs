@@ -509,15 +509,30 @@ impl Default for PeerIp {
     }
 }
 
+/// The TCP peer: axum's `ConnectInfo<SocketAddr>` (from `into_make_service_with_connect_info`), or
+/// in tests the address set with axum's `MockConnectInfo` layer.
+#[cfg(feature = "axum")]
+fn peer_addr(parts: &Parts) -> Option<std::net::SocketAddr> {
+    use axum::extract::ConnectInfo;
+    use axum::extract::connect_info::MockConnectInfo;
+    parts
+        .extensions
+        .get::<ConnectInfo<std::net::SocketAddr>>()
+        .map(|c| c.0)
+        .or_else(|| {
+            parts
+                .extensions
+                .get::<MockConnectInfo<std::net::SocketAddr>>()
+                .map(|m| m.0)
+        })
+}
+
 #[cfg(feature = "axum")]
 impl KeyExtractor for PeerIp {
     fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
-        let info = parts
-            .extensions
-            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-            .ok_or(NoKey)?;
+        let peer = peer_addr(parts).ok_or(NoKey)?;
         // No proxy is trusted: the headers are never read.
-        let ip = self.client_ip.key(info.0.ip(), &parts.headers);
+        let ip = self.client_ip.key(peer.ip(), &parts.headers);
         key.push(ip.as_bytes());
         Ok(())
     }
@@ -586,11 +601,8 @@ impl ClientIpKey {
 #[cfg(feature = "axum")]
 impl KeyExtractor for ClientIpKey {
     fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
-        let info = parts
-            .extensions
-            .get::<axum::extract::ConnectInfo<std::net::SocketAddr>>()
-            .ok_or(NoKey)?;
-        let ip = self.client_ip.key(info.0.ip(), &parts.headers);
+        let peer = peer_addr(parts).ok_or(NoKey)?;
+        let ip = self.client_ip.key(peer.ip(), &parts.headers);
         key.push(ip.as_bytes());
         Ok(())
     }

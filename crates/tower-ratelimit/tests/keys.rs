@@ -301,3 +301,18 @@ async fn forwarded_from_a_trusted_proxy_groups_ipv6_clients() {
     let other = || fwd("203.0.113.6:80", "for=\"[2001:db8:9:9::1]\"");
     assert_eq!(statuses(&app, other, 1).await, [200]);
 }
+
+#[tokio::test]
+async fn peer_ip_reads_axums_mock_connect_info_in_tests() {
+    use axum::extract::connect_info::MockConnectInfo;
+    use std::net::SocketAddr;
+    use tower_ratelimit::key::PeerIp;
+
+    let (_clock, store) = store();
+    let policy = Policy::new("ip", two_a_minute())
+        .unwrap()
+        .key(PeerIp::new());
+    let peer: SocketAddr = "192.0.2.7:5555".parse().unwrap();
+    let app = app(store, policy).layer(MockConnectInfo(peer));
+    assert_eq!(statuses(&app, || request("/"), 3).await, [200, 200, 429]);
+}
