@@ -75,15 +75,21 @@ run() {
 }
 
 if [ $QUICK = 1 ]; then
-  SEED_SECS=5; MODE_SECS=3; STEP_SECS=2; STEPS=5000,20000
+  SEED_SECS=5; MODE_SECS=3; STEP_SECS=2; STEPS=5000,20000; FLEET_STEPS=10000,20000
 else
-  SEED_SECS=30; MODE_SECS=20; STEP_SECS=10; STEPS=5000,10000,20000,30000,40000,50000,60000,80000
+  SEED_SECS=30; MODE_SECS=20; STEP_SECS=10
+  STEPS=5000,10000,20000,30000,40000,50000,60000,80000
+  FLEET_STEPS=10000,20000,30000,40000,45000,50000
 fi
 
 # 1. The seed fleet at the store level: 20 gateways (each its own RedisStore and connection), one
 #    local Redis, 100,000 users, 100 a minute each, 50,000 decisions a second.
 run seed --target store --store redis --gateways 20 --users 100000 --limit 100/minute \
   --rate 50000 --duration "$SEED_SECS" --svg docs/benchmarks/seed-fleet.svg
+
+# 1b. The same fleet, the rate stepped up: the highest rate with p99 under 2 ms.
+run seed-sweep --target store --store redis --gateways 20 --users 100000 --limit 100/minute \
+  --steps "$FLEET_STEPS" --duration "$STEP_SECS" --p99-target-ms 2
 
 # 2. The same fleet by mode, with hot users (Zipf) and 100 abusive users sending 100x: the
 #    traffic the round-trip reductions are for.
@@ -268,6 +274,17 @@ if r:
       "behind a slow request counts.")
     w("")
     w("![p50 and p99 latency per second](benchmarks/seed-fleet.svg)")
+    sw = report("seed-sweep")
+    if sw:
+        steps = ", ".join(
+            f"{num(st['target_rate'])}/s: p99 {ms(st['latency_us']['p99'])} ms, "
+            f"{num(st['achieved_rate'])}/s achieved{'' if st['sustained'] else ' ✗'}"
+            for st in sw["steps"])
+        best = sw.get("sustained_rate")
+        w("")
+        w(f"Stepping the rate up (`{cmd('seed-sweep')}`; {load_of('seed-sweep')}): highest rate "
+          f"with p99 under 2 ms: **{num(best) + '/s' if best else 'none of the steps'}**. "
+          f"Steps: {steps}.")
 else:
     w("_Not run._")
 w("")
@@ -311,7 +328,7 @@ w("")
 # System level: HTTP.
 w("### Over HTTP: highest rate with p99 under 10 ms")
 w("")
-w("One axum gateway in the same process as the load (127.0.0.1, HTTP/1.1 keep-alive, 128 "
+w("One axum gateway in the same process as the load (127.0.0.1, HTTP/1.1 keep-alive, 64 "
   "connections), 100,000 users, 100/minute, key from `x-api-key`. Each step runs the schedule "
   "for its duration; the sweep stops at the first step that misses p99 ≤ 10 ms, 95% of the "
   "rate, or 0.1% errors.")

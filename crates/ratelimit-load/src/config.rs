@@ -177,7 +177,7 @@ USAGE: ratelimit-load [OPTIONS]
   --limit N/PERIOD           per-user limit; PERIOD = second|minute|hour|day|<n>s|<n>ms [100/minute]
   --burst B                  bucket capacity (token_bucket, gcra) [= limit]
   --algorithm NAME           token_bucket|gcra|fixed_window|sliding_window|sliding_log [token_bucket]
-  --concurrency N            store: most checks in flight [1024]; http: connections [128]
+  --concurrency N            store: most checks in flight [1024]; http: connections [64]
   --steps R1,R2,...          sweep: one run per rate, stops after the first that fails
   --p99-target-ms MS         sweep: a step is sustained if p99 <= MS, >= 95% of the rate is
                              achieved and under 0.1% errors [10]
@@ -348,11 +348,11 @@ impl Config {
     }
 
     /// The concurrency in use: `concurrency`, or if it is 0, 1,024 checks in flight for the store
-    /// target and 128 connections for the HTTP target.
+    /// target and 64 connections for the HTTP target.
     pub fn effective_concurrency(&self) -> usize {
         match (self.concurrency, self.target) {
             (0, Target::Store) => 1_024,
-            (0, Target::Http) => 128,
+            (0, Target::Http) => 64,
             (n, _) => n,
         }
     }
