@@ -2,8 +2,8 @@
 //!
 //! Run with: `cargo bench -p ratelimit-redis --bench redis_store`
 //! (`BENCH_SECS` per row, default 2; `BENCH_ROUNDS` interleaved rounds, default 3, medians shown;
-//! `BENCH_ALGORITHMS=token_bucket,gcra,...`; `BENCH_WORKERS` client runtime threads, default 2;
-//! `BENCH_POOL` the store's connections, default 4.)
+//! `BENCH_ALGORITHMS=token_bucket,gcra,...`; `BENCH_WORKERS` client runtime threads, default 1;
+//! `BENCH_POOL` the store's connections, default the store's default.)
 //!
 //! Starts its own `redis-server` (through `redis-harness`), then for each algorithm:
 //! 1. `redis-benchmark -P 16` sending `EVALSHA` of the very script the store runs, on random keys
@@ -12,6 +12,10 @@
 //!    users: decisions per second, p50 and p99 latency, and the script's server cost
 //!    (`INFO commandstats`, `usec_per_call` of `EVALSHA`);
 //! 3. for comparison, a deadpool pool of 16 used the usual way, one checkout per call.
+//!
+//! Besides throughput and latency it shows CPU time per decision, which other load on the machine
+//! disturbs far less: the client's (this process, from /proc/self/stat) and redis-server's (from
+//! `INFO cpu`, which counts its network work too, unlike `usec_per_call`).
 //!
 //! The three are interleaved in rounds, and the table shows each row's median over the rounds, so
 //! that other load on the machine hits all rows alike.
@@ -34,6 +38,29 @@ struct Row {
     p50_us: u64,
     p99_us: u64,
     usec_per_call: f64,
+    /// CPU time per decision: this process (the client), and redis-server (from INFO cpu).
+    client_cpu_us: f64,
+    server_cpu_us: f64,
+}
+
+/// CPU seconds this process has used (all threads), from /proc/self/stat.
+fn process_cpu_secs() -> f64 {
+    let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+    // Fields after the command name (which ends with ')'): utime is the 12th, stime the 13th.
+    let rest = stat.rsplit(')').next().unwrap_or("");
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    let ticks = |i: usize| f.get(i).and_then(|v| v.parse::<f64>().ok()).unwrap_or(0.0);
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+/// CPU seconds redis-server has used (user + system).
+fn server_cpu_secs(server: &RedisServer) -> f64 {
+    server
+        .cli(&["info", "cpu"])
+        .lines()
+        .filter(|l| l.starts_with("used_cpu_user:") || l.starts_with("used_cpu_sys:"))
+        .filter_map(|l| l.split(':').nth(1)?.trim().parse::<f64>().ok())
+        .sum()
 }
 
 fn xorshift(state: &mut u64) -> u64 {
@@ -58,16 +85,17 @@ fn usec_per_call(server: &RedisServer) -> f64 {
 }
 
 /// Runs `callers` tasks, each checking random keys in a loop for `secs`.
-async fn run_callers<F, Fut>(callers: usize, secs: f64, check: F) -> (f64, Histogram<u64>)
+async fn run_callers<F, Fut>(callers: usize, secs: f64, check: F) -> (f64, Histogram<u64>, u64)
 where
     F: Fn(u64) -> Fut + Send + Sync + 'static,
     Fut: std::future::Future<Output = ()> + Send,
 {
     let check = Arc::new(check);
     let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(std::sync::atomic::AtomicU64::new(0));
     let mut tasks = Vec::new();
     for c in 0..callers {
-        let (check, stop) = (Arc::clone(&check), Arc::clone(&stop));
+        let (check, stop, done) = (Arc::clone(&check), Arc::clone(&stop), Arc::clone(&done));
         tasks.push(tokio::spawn(async move {
             let mut rng = 0x9e37_79b9_7f4a_7c15_u64 ^ (c as u64 + 1).wrapping_mul(0x2545_f491);
             let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3).unwrap();
@@ -77,6 +105,7 @@ where
                 let user = xorshift(&mut rng) % USERS;
                 let t = Instant::now();
                 check(user).await;
+                done.fetch_add(1, Ordering::Relaxed);
                 if warm && started.elapsed() > Duration::from_millis(300) {
                     warm = false;
                 }
@@ -96,7 +125,11 @@ where
     for t in tasks {
         all.add(t.await.unwrap()).unwrap();
     }
-    (all.len() as f64 / elapsed, all)
+    (
+        all.len() as f64 / elapsed,
+        all,
+        done.load(Ordering::Relaxed),
+    )
 }
 
 /// `redis-benchmark -P 16` with EVALSHA of the store's script for `limit`, on random keys.
@@ -172,7 +205,8 @@ async fn store_row(
     server.cli(&["flushall"]);
     server.cli(&["config", "resetstat"]);
     let (s, l) = (store.clone(), limit.clone());
-    let (per_sec, hist) = run_callers(callers, secs, move |user| {
+    let (c0, s0) = (process_cpu_secs(), server_cpu_secs(server));
+    let (per_sec, hist, n) = run_callers(callers, secs, move |user| {
         let (s, l) = (s.clone(), l.clone());
         async move {
             let key = format!("user:{user}");
@@ -180,12 +214,15 @@ async fn store_row(
         }
     })
     .await;
+    let (c1, s1) = (process_cpu_secs(), server_cpu_secs(server));
     Row {
         label: format!("RedisStore, {callers} callers"),
         per_sec,
         p50_us: hist.value_at_quantile(0.5),
         p99_us: hist.value_at_quantile(0.99),
         usec_per_call: usec_per_call(server),
+        client_cpu_us: (c1 - c0) * 1e6 / n as f64,
+        server_cpu_us: (s1 - s0) * 1e6 / n as f64,
     }
 }
 
@@ -205,7 +242,8 @@ async fn checkout_row(server: &RedisServer, store: &RedisStore, limit: &Limit, s
         script_source(limit.algorithm()).unwrap(),
     ));
     let (l, st) = (limit.clone(), store.clone());
-    let (per_sec, hist) = run_callers(64, secs, move |user| {
+    let (c0, s0) = (process_cpu_secs(), server_cpu_secs(server));
+    let (per_sec, hist, n) = run_callers(64, secs, move |user| {
         let (p, script) = (pool.clone(), Arc::clone(&script));
         let keys = st.state_keys(format!("user:{user}").as_bytes(), &l);
         let q = l.quotas()[0];
@@ -232,12 +270,15 @@ async fn checkout_row(server: &RedisServer, store: &RedisStore, limit: &Limit, s
         }
     })
     .await;
+    let (c1, s1) = (process_cpu_secs(), server_cpu_secs(server));
     Row {
         label: "deadpool checkout per call (16), 64 callers".into(),
         per_sec,
         p50_us: hist.value_at_quantile(0.5),
         p99_us: hist.value_at_quantile(0.99),
         usec_per_call: usec_per_call(server),
+        client_cpu_us: (c1 - c0) * 1e6 / n as f64,
+        server_cpu_us: (s1 - s0) * 1e6 / n as f64,
     }
 }
 
@@ -257,7 +298,9 @@ fn main() {
             .and_then(|v| v.parse::<usize>().ok())
     };
     // The client's runtime threads and the store's connections (BENCH_WORKERS, BENCH_POOL).
-    let workers = env("BENCH_WORKERS").unwrap_or(2);
+    // One client thread by default: with the server on the same two-core machine, client and
+    // server each get a core, as a gateway and its Redis would on separate machines.
+    let workers = env("BENCH_WORKERS").unwrap_or(1);
     let pool_size = env("BENCH_POOL").unwrap_or(ratelimit_redis::DEFAULT_POOL_SIZE);
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
@@ -303,7 +346,9 @@ fn main() {
                 let mut rows = Vec::new();
                 server.cli(&["flushall"]);
                 server.cli(&["config", "resetstat"]);
+                let s0 = server_cpu_secs(&server);
                 let (ceiling, command) = redis_benchmark(&server, &store, &limit);
+                let server_cpu_us = (server_cpu_secs(&server) - s0) * 1e6 / 200_000.0;
                 if round == 0 {
                     println!("{command}");
                 }
@@ -313,6 +358,8 @@ fn main() {
                     p50_us: 0,
                     p99_us: 0,
                     usec_per_call: usec_per_call(&server),
+                    client_cpu_us: f64::NAN,
+                    server_cpu_us,
                 });
                 for callers in [1, 16, 64, 256] {
                     rows.push(store_row(&server, &store, &limit, callers, secs).await);
@@ -323,12 +370,18 @@ fn main() {
                 samples.push(rows);
             }
             println!(
-                "| {:<46} | {:>12} | {:>8} | {:>8} | {:>14} |",
-                "client (median of rounds)", "decisions/s", "p50 us", "p99 us", "usec_per_call"
+                "| {:<46} | {:>12} | {:>8} | {:>8} | {:>14} | {:>11} | {:>11} |",
+                "client (median of rounds)",
+                "decisions/s",
+                "p50 us",
+                "p99 us",
+                "usec_per_call",
+                "client CPU",
+                "server CPU"
             );
             println!(
-                "|{:-<48}|{:->14}|{:->10}|{:->10}|{:->16}|",
-                "", "", "", "", ""
+                "|{:-<48}|{:->14}|{:->10}|{:->10}|{:->16}|{:->13}|{:->13}|",
+                "", "", "", "", "", "", ""
             );
             for i in 0..samples[0].len() {
                 let med_f = |f: &dyn Fn(&Row) -> f64| {
@@ -343,13 +396,22 @@ fn main() {
                         format!("{v:.0}")
                     }
                 };
+                let cpu = |v: f64| {
+                    if v.is_nan() {
+                        "-".to_owned()
+                    } else {
+                        format!("{v:.1} us")
+                    }
+                };
                 println!(
-                    "| {:<46} | {:>12.0} | {:>8} | {:>8} | {:>14.2} |",
+                    "| {:<46} | {:>12.0} | {:>8} | {:>8} | {:>14.2} | {:>11} | {:>11} |",
                     samples[0][i].label,
                     med_f(&|r| r.per_sec),
                     lat(med_f(&|r| r.p50_us as f64)),
                     lat(med_f(&|r| r.p99_us as f64)),
                     med_f(&|r| r.usec_per_call),
+                    cpu(med_f(&|r| r.client_cpu_us)),
+                    cpu(med_f(&|r| r.server_cpu_us)),
                 );
             }
             ratios.sort_by(f64::total_cmp);

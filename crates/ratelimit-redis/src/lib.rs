@@ -10,7 +10,7 @@
 //! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
 //! let store = RedisStore::builder("redis://127.0.0.1:6379")
 //!     .prefix("myapp:rl")
-//!     .pool_size(4)
+//!     .pool_size(1)
 //!     .response_timeout(Duration::from_millis(200))
 //!     .build()
 //!     .await?;
