@@ -21,6 +21,7 @@ if [ "${1:-}" = "--quick" ]; then QUICK=1; fi
 OUT=target/bench-results
 mkdir -p "$OUT" docs/benchmarks
 rm -f "$OUT"/*.json "$OUT"/*.cmd "$OUT"/*.load
+touch "$OUT/start.stamp"
 
 for tool in redis-server redis-benchmark python3; do
   command -v "$tool" >/dev/null || { echo "bench.sh: $tool is needed" >&2; exit 1; }
@@ -43,18 +44,21 @@ load() { uptime | sed 's/.*load average: //'; }
 if [ "${BENCH_SKIP_CRITERION:-0}" != 1 ]; then
   echo "== cargo bench -p ratelimit-core --bench memory_store" >&2
   load > "$OUT/memory_store.load"
-  cargo bench -p ratelimit-core --bench memory_store > "$OUT/memory_store.txt" 2>&1
+  cargo bench -p ratelimit-core --bench memory_store > "$OUT/memory_store.txt" 2>&1 \
+    || echo "bench.sh: this benchmark failed; see its output in $OUT" >&2
   load >> "$OUT/memory_store.load"
 
   echo "== cargo bench -p tower-ratelimit --bench layer" >&2
   load > "$OUT/layer.load"
-  cargo bench -p tower-ratelimit --bench layer > "$OUT/layer.txt" 2>&1
+  cargo bench -p tower-ratelimit --bench layer > "$OUT/layer.txt" 2>&1 \
+    || echo "bench.sh: this benchmark failed; see its output in $OUT" >&2
   load >> "$OUT/layer.load"
 
   echo "== cargo bench -p ratelimit-redis --bench redis_store" >&2
   load > "$OUT/redis_store.load"
   BENCH_SECS=$([ $QUICK = 1 ] && echo 1 || echo 3) \
-    cargo bench -p ratelimit-redis --bench redis_store > "$OUT/redis_store.txt" 2>&1
+    cargo bench -p ratelimit-redis --bench redis_store > "$OUT/redis_store.txt" 2>&1 \
+    || echo "bench.sh: this benchmark failed; see its output in $OUT" >&2
   load >> "$OUT/redis_store.load"
 fi
 
@@ -131,13 +135,24 @@ def load_of(name):
 def cmd(name):
     return read(name + ".cmd")
 
+STAMP = os.path.getmtime(os.path.join(out, "start.stamp"))
+stale = set()
+
 def estimate(group, bench):
     path = f"target/criterion/{group}/{bench}/new/estimates.json"
     try:
+        if os.path.getmtime(path) < STAMP:
+            stale.add(group)
         with open(path) as f:
             return json.load(f)["mean"]["point_estimate"]
-    except (FileNotFoundError, KeyError, ValueError):
+    except (OSError, KeyError, ValueError):
         return None
+
+def stale_note(group):
+    if group in stale:
+        w("")
+        w("_These criterion results predate this run of `bench.sh` (the benchmark was skipped or "
+          "failed): they come from an earlier run on this machine._")
 
 def ms(us):
     return f"{us / 1000:.2f}"
@@ -180,6 +195,7 @@ for case in ["hot_key", "1M_keys"]:
 w("")
 w("Criterion mean of one check per iteration; with 2 threads, both run at once and the time is "
   "per iteration of each.")
+stale_note("memory_store")
 w("")
 
 # Micro level: the layer.
@@ -198,6 +214,7 @@ for name in ["bare", "ours_allowed_headers", "governor_allowed_headers", "ours_d
         continue
     label = name.replace("_", " / ")
     w(f"| {label} | {v:.0f} | {v - bare:.0f} | {v / bare:.2f} |")
+stale_note("layer")
 inter = read("layer.txt")
 if "Interleaved minimum" in inter:
     block = inter[inter.index("Interleaved minimum"):].splitlines()
