@@ -55,15 +55,17 @@
 //! See `docs/redis.md` for the key layout, the scripts, expiry and the cluster rules.
 #![forbid(unsafe_code)]
 
+mod coalesce;
 mod error;
 mod key;
 mod scripts;
 mod store;
 
+pub use coalesce::{CoalesceFuture, Coalescing, CoalescingStats, DEFAULT_MAX_BATCH};
 pub use error::RedisStoreError;
 pub use key::MAX_VERBATIM_KEY;
 pub use scripts::{script_sha, script_source};
 pub use store::{
-    CheckFuture, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, DEFAULT_PREFIX,
+    CheckFuture, CheckManyFuture, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, DEFAULT_PREFIX,
     DEFAULT_RESPONSE_TIMEOUT, DEFAULT_WAIT_TIMEOUT, RedisStore, RedisStoreBuilder,
 };

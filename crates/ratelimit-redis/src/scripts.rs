@@ -27,6 +27,29 @@ static SCRIPTS: LazyLock<[Script; 5]> = LazyLock::new(|| {
     ]
 });
 
+/// The multi-cost form of a script (request coalescing): the algorithm's script becomes a function
+/// run once per cost, in order, on the state the previous cost left (see `lua/multi_head.lua`).
+macro_rules! multi {
+    ($file:literal) => {
+        concat!(
+            include_str!("lua/prelude.lua"),
+            include_str!("lua/multi_head.lua"),
+            include_str!($file),
+            include_str!("lua/multi_tail.lua")
+        )
+    };
+}
+
+static MULTI: LazyLock<[Script; 5]> = LazyLock::new(|| {
+    [
+        Script::new(multi!("lua/token_bucket.lua")),
+        Script::new(multi!("lua/gcra.lua")),
+        Script::new(multi!("lua/fixed_window.lua")),
+        Script::new(multi!("lua/sliding_window.lua")),
+        Script::new(multi!("lua/sliding_log.lua")),
+    ]
+});
+
 const SOURCES: [&str; 5] = [
     TOKEN_BUCKET,
     GCRA,
@@ -66,6 +89,13 @@ pub(crate) fn script(algorithm: Algorithm) -> Option<&'static Script> {
     index(algorithm).map(|i| &SCRIPTS[i])
 }
 
-pub(crate) fn all() -> &'static [Script; 5] {
-    &SCRIPTS
+/// The multi-cost script of `algorithm`: ARGV[2] is a comma-separated list of costs; the reply
+/// is six integers per cost.
+pub(crate) fn multi_script(algorithm: Algorithm) -> Option<&'static Script> {
+    index(algorithm).map(|i| &MULTI[i])
+}
+
+/// Every script, single- and multi-cost, for loading at start.
+pub(crate) fn all() -> impl Iterator<Item = &'static Script> {
+    SCRIPTS.iter().chain(MULTI.iter())
 }

@@ -31,6 +31,10 @@ pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(500);
 /// The default time a check waits for Redis to answer, connection included.
 pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
 
+/// The future of [`RedisStore::check_many`]: one decision per cost, in order.
+pub type CheckManyFuture =
+    Pin<Box<dyn Future<Output = Result<Vec<Decision>, RedisStoreError>> + Send>>;
+
 /// The future of one [`RedisStore`] check.
 pub type CheckFuture = Pin<Box<dyn Future<Output = Result<Decision, RedisStoreError>> + Send>>;
 
@@ -228,6 +232,73 @@ impl RedisStore {
     }
 }
 
+impl RedisStore {
+    /// Checks several costs for `key` against `limit` in **one** script call: they are decided in
+    /// order, each on the state the previous one left, at one instant, exactly as the same checks
+    /// made one after another at that instant would be. Returns one decision per cost, in order.
+    ///
+    /// This is the call [`Coalescing`](crate::Coalescing) sends for a queue of concurrent checks.
+    pub fn check_many(&self, key: &[u8], limit: &Limit, costs: &[u64]) -> CheckManyFuture {
+        let inner = Arc::clone(&self.inner);
+        let n = costs.len();
+        if n == 0 {
+            return Box::pin(async { Ok(Vec::new()) });
+        }
+        let Some(script) = scripts::multi_script(limit.algorithm()) else {
+            let alg = limit.algorithm();
+            return Box::pin(async move {
+                Err(RedisStoreError::config(
+                    "limit",
+                    format!("ratelimit-redis has no script for the algorithm {alg}"),
+                ))
+            });
+        };
+        let now = match &inner.clock {
+            None => None,
+            Some(clock) => {
+                let micros = clock.now().as_micros();
+                if micros > MAX_EXACT {
+                    return Box::pin(
+                        async move { Err(RedisStoreError::ClockOutOfRange { micros }) },
+                    );
+                }
+                Some(micros)
+            }
+        };
+        let keys = state_keys(&inner.prefix, key, limit);
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(keys.len());
+        for k in &keys {
+            cmd.arg(k.as_bytes());
+        }
+        match now {
+            None => cmd.arg("s"),
+            Some(t) => cmd.arg(t),
+        };
+        // The costs, clamped as for one check, joined by commas in place of the single cost.
+        let joined = costs
+            .iter()
+            .map(|c| c.min(&(MAX_EXACT + 1)).to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        cmd.arg(joined);
+        for a in &script_args(limit, 0, inner.expiry_slack_ms)[1..] {
+            cmd.arg(*a);
+        }
+        Box::pin(async move {
+            let timeout = inner.response_timeout;
+            let call = async {
+                let value = inner.eval_value(script, cmd).await?;
+                decisions_from_value(&value, n)
+            };
+            match tokio::time::timeout(timeout, call).await {
+                Ok(r) => r,
+                Err(_) => Err(RedisStoreError::Timeout { after: timeout }),
+            }
+        })
+    }
+}
+
 impl Store for RedisStore {
     type Error = RedisStoreError;
     type Future = CheckFuture;
@@ -279,6 +350,25 @@ fn decision_from_value(value: &Value) -> Result<Decision, RedisStoreError> {
     }
 }
 
+/// The reply of a multi-cost call: six integers per cost.
+fn decisions_from_value(value: &Value, n: usize) -> Result<Vec<Decision>, RedisStoreError> {
+    let bad = || RedisStoreError::UnexpectedReply(format!("{value:?}"));
+    let Value::Array(items) = value else {
+        return Err(bad());
+    };
+    if items.len() != 6 * n {
+        return Err(bad());
+    }
+    let ints = items
+        .iter()
+        .map(|v| match v {
+            Value::Int(i) => Ok(*i),
+            _ => Err(bad()),
+        })
+        .collect::<Result<Vec<i64>, _>>()?;
+    ints.chunks_exact(6).map(decision_from_reply).collect()
+}
+
 fn decision_from_reply(reply: &[i64]) -> Result<Decision, RedisStoreError> {
     let bad = || RedisStoreError::UnexpectedReply(format!("{reply:?}"));
     let &[code, retry, limit, remaining, reset, index] = reply else {
@@ -309,6 +399,11 @@ fn is_broken(e: &RedisError) -> bool {
 
 impl Inner {
     async fn eval(&self, script: &redis::Script, cmd: Cmd) -> Result<Decision, RedisStoreError> {
+        decision_from_value(&self.eval_value(script, cmd).await?)
+    }
+
+    /// Sends `cmd` (an `EVALSHA` of `script`) and returns the script's reply.
+    async fn eval_value(&self, script: &redis::Script, cmd: Cmd) -> Result<Value, RedisStoreError> {
         let (slot, generation, mut conn) = self.connection().await?;
         let mut reply = conn.query(&cmd).await;
         // NOSCRIPT proves the script did not run: load it and send EVALSHA once more. No other
@@ -320,7 +415,7 @@ impl Inner {
             };
         }
         match reply {
-            Ok(value) => decision_from_value(&value),
+            Ok(value) => Ok(value),
             Err(e) => {
                 if is_broken(&e) {
                     self.discard(slot, generation);

@@ -12,7 +12,7 @@ use futures::future::join_all;
 use ratelimit_core::{
     Algorithm, DenialCache, Leasing, Limit, ManualClock, Quota, Store, SystemClock, Timestamp,
 };
-use ratelimit_redis::RedisStore;
+use ratelimit_redis::{Coalescing, RedisStore};
 use redis_harness::RedisServer;
 
 /// Script calls the server has run since its statistics were last reset (`EVALSHA`, and `EVAL`
@@ -196,5 +196,111 @@ async fn leasing_hot_key_far_fewer_calls_no_over_admission() {
         assert_eq!(admitted, 5_000, "{alg}: {:?}", leasing.stats());
         assert!(calls * 1_000 / 5_000 < 100, "{alg}: {calls} calls");
         println!("{alg}: 5,000 checks, admitted {admitted}, Redis calls {calls}");
+    }
+}
+
+/// The multi-cost script decides exactly as the single-check script called once per cost: the
+/// whole conformance table is replayed with every run of checks of one key at one instant sent as
+/// one multi-cost call, and every field of every decision is compared with the pure algorithms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn multi_cost_call_decides_as_sequential_checks() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let store = manual(RedisStore::builder(server.url()), &clock)
+        .prefix(unique_prefix("multi"))
+        .build()
+        .await
+        .unwrap();
+    let table = common::table();
+    let (mut compared, mut batched) = (0, 0);
+    for (n, sc) in table.iter().enumerate() {
+        let mut reference = common::Reference::default();
+        let mut i = 0;
+        while i < sc.steps.len() {
+            // A run of checks of one key at one instant.
+            let first = &sc.steps[i];
+            let mut j = i + 1;
+            while j < sc.steps.len() && sc.steps[j].t == first.t && sc.steps[j].key == first.key {
+                j += 1;
+            }
+            let mut key = format!("s{n}-").into_bytes();
+            key.extend_from_slice(&first.key);
+            let costs: Vec<u64> = sc.steps[i..j].iter().map(|s| s.cost).collect();
+            let now = Timestamp::from_micros(first.t);
+            let expected: Vec<_> = costs
+                .iter()
+                .map(|&c| reference.check(&key, &sc.limit, c, now))
+                .collect();
+            clock.set(now);
+            let got = store.check_many(&key, &sc.limit, &costs).await.unwrap();
+            assert_eq!(got, expected, "{}: steps {i}..{j} costs {costs:?}", sc.name);
+            compared += costs.len();
+            if costs.len() > 1 {
+                batched += costs.len();
+            }
+            i = j;
+        }
+    }
+    println!("{compared} decisions compared, {batched} of them in multi-cost calls");
+    assert!(batched > 3_000, "{batched}");
+    for alg in Algorithm::ALL {
+        assert!(
+            table
+                .iter()
+                .any(|s| s.limit.algorithm() == alg && s.limit.quotas().len() > 1),
+            "{alg} has a multi-quota scenario"
+        );
+    }
+}
+
+/// 1,000 concurrent checks of one key on one gateway: a handful of script calls, and exactly the
+/// capacity admitted, for every algorithm.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn coalescing_thousand_concurrent_checks() {
+    let server = RedisServer::start();
+    for alg in Algorithm::ALL {
+        let store = RedisStore::builder(server.url())
+            .prefix(unique_prefix("coalesce"))
+            .build()
+            .await
+            .unwrap();
+        let coalescing = Coalescing::new(store);
+        // 100 a day: nothing refills during the test.
+        let limit = Limit::single(alg, Quota::per_day(100).unwrap()).unwrap();
+        reset_stats(&server);
+        let tasks = (0..1_000).map(|_| {
+            let (c, limit) = (coalescing.clone(), limit.clone());
+            tokio::spawn(async move { c.check(b"hot", &limit, 1).await.unwrap() })
+        });
+        let decisions: Vec<_> = join_all(tasks)
+            .await
+            .into_iter()
+            .map(|r| r.unwrap())
+            .collect();
+        let admitted = decisions.iter().filter(|d| d.is_allowed()).count();
+        let calls = script_calls(&server);
+        let stats = coalescing.stats();
+        assert_eq!(admitted, 100, "{alg}");
+        assert_eq!(calls, stats.store_calls, "{alg}: {stats:?}");
+        assert_eq!(stats.checks, 1_000, "{alg}");
+        assert!(calls <= 50, "{alg}: {calls} calls for 1,000 checks");
+        // Every denial says when to retry; every admission's remaining count is distinct.
+        let mut remaining: Vec<_> = decisions
+            .iter()
+            .filter(|d| d.is_allowed())
+            .map(|d| d.remaining())
+            .collect();
+        remaining.sort_unstable();
+        assert_eq!(remaining, (0..100).collect::<Vec<_>>(), "{alg}");
+        assert!(
+            decisions
+                .iter()
+                .all(|d| d.is_allowed() || d.retry_after().is_some())
+        );
+        println!(
+            "{alg}: 1,000 concurrent checks, {calls} script calls (largest batch {}), admitted \
+             {admitted}",
+            stats.largest_batch
+        );
     }
 }

@@ -1,0 +1,309 @@
+//! `Coalescing`: concurrent checks of one key on one gateway share a script call.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use ratelimit_core::{Decision, Limit, Store};
+use tokio::sync::oneshot;
+
+use crate::{RedisStore, RedisStoreError};
+
+/// The default most checks sent in one script call: 256.
+pub const DEFAULT_MAX_BATCH: usize = 256;
+
+/// A [`RedisStore`] wrapper that merges concurrent checks of the same key into one script call.
+///
+/// Single flight per (key, limit): the first check of a key goes to Redis at once. While it is in
+/// flight, later checks of that key on this gateway wait in a queue; when it returns, the whole
+/// queue (up to [`max_batch`](Coalescing::max_batch) checks) goes to Redis as **one** call of the
+/// algorithm's multi-cost script, and so on until the queue is empty. A hot key therefore costs
+/// one call per round trip instead of one per request. With a
+/// [`batch_window`](Coalescing::batch_window), the first check also waits that long, to gather
+/// the checks arriving just after it.
+///
+/// ```no_run
+/// use ratelimit_core::{Algorithm, Limit, Quota, Store};
+/// use ratelimit_redis::{Coalescing, RedisStore};
+/// use std::time::Duration;
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let store = RedisStore::builder("redis://127.0.0.1:6379").build().await?;
+/// let store = Coalescing::new(store).batch_window(Duration::from_micros(200));
+/// let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(1_000)?)?;
+/// let decision = store.check(b"hot", &limit, 1).await?;
+/// # let _ = decision;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// # Exactness
+///
+/// The multi-cost script evaluates the costs in queue order, each on the state the previous one
+/// left, exactly as the single-check script would have one after another at the instant the script
+/// runs (the same code runs for each cost; the conformance test compares them). So a batch admits
+/// exactly the checks that the same checks, sent alone in that order at that instant, would have
+/// admitted; never more than the limit. The only difference from sending each alone is timing: a
+/// check that queued is decided when the batch runs, up to one round trip (plus the batch window)
+/// later than it would have reached Redis alone, as if the network had delayed it that much. For a
+/// limit that does not refill meanwhile, the admitted count is identical.
+///
+/// Errors: if a batch call fails, every check in it gets the error (the script may or may not have
+/// run, as for any failed check; none is retried).
+///
+/// Needs a Tokio runtime: each busy key is served by a spawned task.
+///
+/// Metrics: `ratelimit_redis_coalesced_checks_total` counts the checks that rode in another's
+/// call (store calls saved); [`stats`](Coalescing::stats) gives the same counts.
+#[derive(Clone)]
+pub struct Coalescing {
+    store: RedisStore,
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    queues: Mutex<HashMap<QueueKey, Queue>>,
+    window: Duration,
+    max_batch: usize,
+    checks: AtomicU64,
+    calls: AtomicU64,
+    largest: AtomicU64,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+struct QueueKey {
+    key: Box<[u8]>,
+    fingerprint: u64,
+}
+
+/// The checks of one key waiting for the next call. A queue exists while its key's task runs.
+struct Queue {
+    limit: Limit,
+    waiting: Vec<(u64, oneshot::Sender<Result<Decision, RedisStoreError>>)>,
+}
+
+/// Counters of a [`Coalescing`] store, since it was made.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct CoalescingStats {
+    /// Checks made.
+    pub checks: u64,
+    /// Script calls sent to Redis for them.
+    pub store_calls: u64,
+    /// The most checks sent in one call.
+    pub largest_batch: u64,
+}
+
+impl fmt::Debug for Coalescing {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Coalescing")
+            .field("store", &self.store)
+            .field("batch_window", &self.shared.window)
+            .field("max_batch", &self.shared.max_batch)
+            .field("stats", &self.stats())
+            .finish()
+    }
+}
+
+impl Coalescing {
+    /// Coalesces the checks of `store`, with no batch window and at most [`DEFAULT_MAX_BATCH`]
+    /// checks per call.
+    pub fn new(store: RedisStore) -> Self {
+        Coalescing {
+            store,
+            shared: Arc::new(Shared::new(Duration::ZERO, DEFAULT_MAX_BATCH)),
+        }
+    }
+
+    /// The first check of an idle key waits `window` before going to Redis, so that the checks
+    /// of that key arriving meanwhile share its call (default zero: only checks arriving while a
+    /// call is in flight are merged). A few hundred microseconds suit a hot key. Set before the
+    /// first check.
+    #[must_use]
+    pub fn batch_window(self, window: Duration) -> Self {
+        let max = self.shared.max_batch;
+        Coalescing {
+            store: self.store,
+            shared: Arc::new(Shared::new(window, max)),
+        }
+    }
+
+    /// At most `n` checks (at least 1) per script call; a longer queue is sent in several calls,
+    /// one after another (default [`DEFAULT_MAX_BATCH`]). Bounds how long one script runs on the
+    /// server. Set before the first check.
+    #[must_use]
+    pub fn max_batch(self, n: usize) -> Self {
+        let window = self.shared.window;
+        Coalescing {
+            store: self.store,
+            shared: Arc::new(Shared::new(window, n.max(1))),
+        }
+    }
+
+    /// The wrapped store.
+    pub fn get_ref(&self) -> &RedisStore {
+        &self.store
+    }
+
+    /// Counters since the wrapper was made.
+    pub fn stats(&self) -> CoalescingStats {
+        let s = &self.shared;
+        CoalescingStats {
+            checks: s.checks.load(Ordering::Relaxed),
+            store_calls: s.calls.load(Ordering::Relaxed),
+            largest_batch: s.largest.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Checks `cost` for `key` against `limit`, sharing a script call with the concurrent checks
+    /// of the same key; the same as [`Store::check`].
+    pub fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> CoalesceFuture {
+        let (tx, rx) = oneshot::channel();
+        self.shared.checks.fetch_add(1, Ordering::Relaxed);
+        let qk = QueueKey {
+            key: key.into(),
+            fingerprint: limit.fingerprint(),
+        };
+        let mut queues = lock(&self.shared.queues);
+        if let Some(q) = queues.get_mut(&qk) {
+            q.waiting.push((cost, tx));
+        } else {
+            queues.insert(
+                qk.clone(),
+                Queue {
+                    limit: limit.clone(),
+                    waiting: vec![(cost, tx)],
+                },
+            );
+            drop(queues);
+            tokio::spawn(drive(Arc::clone(&self.shared), self.store.clone(), qk));
+        }
+        CoalesceFuture { rx }
+    }
+}
+
+impl Store for Coalescing {
+    type Error = RedisStoreError;
+    type Future = CoalesceFuture;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        Coalescing::check(self, key, limit, cost)
+    }
+}
+
+impl Shared {
+    fn new(window: Duration, max_batch: usize) -> Self {
+        Shared {
+            queues: Mutex::new(HashMap::new()),
+            window,
+            max_batch,
+            checks: AtomicU64::new(0),
+            calls: AtomicU64::new(0),
+            largest: AtomicU64::new(0),
+        }
+    }
+}
+
+/// Serves one key's queue until it is empty, one script call at a time.
+async fn drive(shared: Arc<Shared>, store: RedisStore, qk: QueueKey) {
+    if !shared.window.is_zero() {
+        tokio::time::sleep(shared.window).await;
+    }
+    loop {
+        let (limit, batch) = {
+            let mut queues = lock(&shared.queues);
+            let Some(q) = queues.get_mut(&qk) else {
+                return;
+            };
+            if q.waiting.is_empty() {
+                queues.remove(&qk);
+                return;
+            }
+            let n = q.waiting.len().min(shared.max_batch);
+            let batch: Vec<_> = q.waiting.drain(..n).collect();
+            (q.limit.clone(), batch)
+        };
+        let n = batch.len() as u64;
+        shared.calls.fetch_add(1, Ordering::Relaxed);
+        shared.largest.fetch_max(n, Ordering::Relaxed);
+        if n > 1 {
+            metrics::counter!("ratelimit_redis_coalesced_checks_total").increment(n - 1);
+        }
+        let result = if let [(cost, _)] = batch[..] {
+            store.check(&qk.key, &limit, cost).await.map(|d| vec![d])
+        } else {
+            let costs: Vec<u64> = batch.iter().map(|(c, _)| *c).collect();
+            store.check_many(&qk.key, &limit, &costs).await
+        };
+        match result {
+            Ok(decisions) if decisions.len() == batch.len() => {
+                for ((_, tx), d) in batch.into_iter().zip(decisions) {
+                    // A check whose caller went away was still counted, as any sent check.
+                    let _ = tx.send(Ok(d));
+                }
+            }
+            Ok(decisions) => {
+                let msg = format!("{} decisions for {} costs", decisions.len(), batch.len());
+                for (_, tx) in batch {
+                    let _ = tx.send(Err(RedisStoreError::UnexpectedReply(msg.clone())));
+                }
+            }
+            Err(e) => {
+                for (_, tx) in batch {
+                    let _ = tx.send(Err(duplicate(&e)));
+                }
+            }
+        }
+    }
+}
+
+/// The same error, for each check of a failed batch.
+fn duplicate(e: &RedisStoreError) -> RedisStoreError {
+    match e {
+        RedisStoreError::Config { name, reason } => RedisStoreError::Config {
+            name,
+            reason: reason.clone(),
+        },
+        RedisStoreError::Connection { message, source } => RedisStoreError::Connection {
+            message: message.clone(),
+            source: source.clone(),
+        },
+        RedisStoreError::Timeout { after } => RedisStoreError::Timeout { after: *after },
+        RedisStoreError::Redis(r) => RedisStoreError::Redis(r.clone()),
+        RedisStoreError::UnexpectedReply(s) => RedisStoreError::UnexpectedReply(s.clone()),
+        RedisStoreError::ClockOutOfRange { micros } => {
+            RedisStoreError::ClockOutOfRange { micros: *micros }
+        }
+    }
+}
+
+fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(PoisonError::into_inner)
+}
+
+/// The future of a [`Coalescing`] check: the answer of the call it rode in.
+#[derive(Debug)]
+pub struct CoalesceFuture {
+    rx: oneshot::Receiver<Result<Decision, RedisStoreError>>,
+}
+
+impl Future for CoalesceFuture {
+    type Output = Result<Decision, RedisStoreError>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match Pin::new(&mut self.rx).poll(cx) {
+            Poll::Ready(Ok(r)) => Poll::Ready(r),
+            // The key's task ended without answering: only if the runtime is shutting down.
+            Poll::Ready(Err(_)) => Poll::Ready(Err(RedisStoreError::Connection {
+                message: "the coalescing task stopped before answering".to_owned(),
+                source: None,
+            })),
+            Poll::Pending => Poll::Pending,
+        }
+    }
+}

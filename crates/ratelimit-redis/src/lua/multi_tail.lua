@@ -1,0 +1,10 @@
+
+end
+
+local out_ = {}
+for i_ = 1, #COSTS_ do
+  COST = COSTS_[i_]
+  local r_ = one_()
+  for j_ = 1, 6 do out_[#out_ + 1] = r_[j_] end
+end
+return out_
