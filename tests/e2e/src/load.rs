@@ -59,6 +59,25 @@ impl Samples {
         )
     }
 
+    /// The samples answered before `t` (sent and answered: `sent_at + latency < t`).
+    pub fn answered_before(&self, t: Duration) -> Samples {
+        Samples(
+            self.0
+                .iter()
+                .filter(|s| s.sent_at + s.latency < t)
+                .cloned()
+                .collect(),
+        )
+    }
+
+    /// The share (0 to 1) of samples that answered `status`; 1 if there are none.
+    pub fn share(&self, status: u16) -> f64 {
+        if self.0.is_empty() {
+            return 1.0;
+        }
+        self.count(status) as f64 / self.0.len() as f64
+    }
+
     /// How many samples there are.
     pub fn len(&self) -> usize {
         self.0.len()

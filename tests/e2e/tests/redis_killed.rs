@@ -98,6 +98,8 @@ async fn policies_hold_while_redis_is_killed_and_recover_after_restart() {
     let killed_at = origin.elapsed();
     redis.kill();
     tokio::time::sleep_until((origin + RESTART_AT).into()).await;
+    // Redis may answer from inside `restart` on (it waits for PING): the outage window ends here.
+    let restart_began = origin.elapsed();
     let redis = tokio::task::spawn_blocking(move || {
         redis.restart();
         redis
@@ -133,13 +135,18 @@ async fn policies_hold_while_redis_is_killed_and_recover_after_restart() {
         TIMEOUT + MARGIN
     );
 
-    // Before the kill: Redis decides.
-    let before = samples.sent_between(Duration::ZERO, killed_at);
+    // Before the kill: Redis decides. (On a loaded machine a check may exceed the 50 ms timeout
+    // and be answered by the policy: at most 2% of them.)
+    let before = samples.answered_before(killed_at);
     assert_eq!(before.route("open").statuses(), [200]);
-    assert_eq!(before.route("closed").statuses(), [200]);
+    assert!(
+        before.route("closed").share(200) >= 0.98,
+        "{}",
+        before.route("closed")
+    );
 
-    // While down (from the kill until the restart): each route follows its policy.
-    let down = samples.sent_between(killed_at + Duration::from_millis(5), restarted_at);
+    // While down (from the kill until the restart began): each route follows its policy.
+    let down = samples.sent_between(killed_at + Duration::from_millis(5), restart_began);
     assert!(down.route("open").len() > 20, "load ran during the outage");
     assert_eq!(
         down.route("open").statuses(),
@@ -169,10 +176,12 @@ async fn policies_hold_while_redis_is_killed_and_recover_after_restart() {
         restarted_at + recovered + Duration::from_millis(300),
         LOAD_FOR,
     );
-    if !after.is_empty() {
-        assert_eq!(after.route("open").statuses(), [200]);
-        assert_eq!(after.route("closed").statuses(), [200]);
-    }
+    assert_eq!(after.route("open").statuses(), [200]);
+    assert!(
+        after.route("closed").share(200) >= 0.98,
+        "{}",
+        after.route("closed")
+    );
     let res = client.get(app.url("/fallback")).send().await.unwrap();
     let policy = res.headers()["ratelimit-policy"]
         .to_str()

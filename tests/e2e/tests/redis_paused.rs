@@ -100,6 +100,8 @@ async fn a_stalled_redis_costs_at_most_the_timeout_and_the_breaker_recovers() {
     let paused_at = origin.elapsed();
     redis.pause();
     tokio::time::sleep_until((origin + RESUME_AT).into()).await;
+    // Redis may answer from this instant on: the stall window ends here.
+    let resume_began = origin.elapsed();
     redis.resume();
     let resumed_at = origin.elapsed();
     let closed_again = wait_until(Duration::from_secs(5), || async {
@@ -111,7 +113,7 @@ async fn a_stalled_redis_costs_at_most_the_timeout_and_the_breaker_recovers() {
     watcher.abort();
     let states = states.lock().unwrap().clone();
 
-    let stall = samples.sent_between(paused_at, resumed_at);
+    let stall = samples.sent_between(paused_at, resume_began);
     println!(
         "paused at {:.0} ms, resumed at {:.0} ms",
         ms(paused_at),
@@ -140,7 +142,10 @@ async fn a_stalled_redis_costs_at_most_the_timeout_and_the_breaker_recovers() {
     assert!(stall.percentile(99.0) <= TIMEOUT + MARGIN);
 
     // During the stall (after the first timeouts) each policy answers.
-    let settled = samples.sent_between(paused_at + TIMEOUT + Duration::from_millis(20), resumed_at);
+    let settled = samples.sent_between(
+        paused_at + TIMEOUT + Duration::from_millis(20),
+        resume_began,
+    );
     assert_eq!(settled.route("open").statuses(), [200]);
     assert_eq!(settled.route("closed").statuses(), [503]);
 
@@ -166,9 +171,12 @@ async fn a_stalled_redis_costs_at_most_the_timeout_and_the_breaker_recovers() {
         resumed_at + closed_again + Duration::from_millis(100),
         LOAD_FOR,
     );
-    if !after.is_empty() {
-        assert_eq!(after.route("closed").statuses(), [200]);
-    }
+    // (On a loaded machine a check may exceed the 50 ms timeout: at most 2% of them.)
+    assert!(
+        after.route("closed").share(200) >= 0.98,
+        "{}",
+        after.route("closed")
+    );
     let res = client.get(app.url("/closed")).send().await.unwrap();
     assert_eq!(res.status(), 200);
     assert!(res.headers().contains_key("ratelimit"));
