@@ -14,8 +14,9 @@
 //! - [`reconnecting::ReconnectingStore`]: a `RedisStore` that can be created while Redis is down
 //!   and connects in the background once it is up.
 //!
-//! Run the suite with `cargo test -p ratelimit-e2e`; the 10,000,000-identity key flood with
-//! `cargo test --release -p ratelimit-e2e --test key_flood -- --ignored`.
+//! Run the suite with `cargo test -p ratelimit-e2e`; the 10,000,000-identity key floods with
+//! `cargo test --release -p ratelimit-e2e -- --ignored`. `docs/operations.md` lists the scenarios
+//! and what they measured.
 #![forbid(unsafe_code)]
 
 pub mod app;
