@@ -26,6 +26,9 @@ pub enum StoreKind {
     None,
     /// One in-process `MemoryStore`, shared by every gateway of the run.
     Memory,
+    /// One `MemoryStore` per gateway, not shared: what a fleet gets from per-instance state. It
+    /// admits up to N times the limit with N gateways, and the exactness check says so.
+    MemoryPerGateway,
     /// Redis: each gateway has its own `RedisStore` (its own connections) on one server.
     Redis,
 }
@@ -162,7 +165,10 @@ ratelimit-load: open-loop load for the rate limiter (store or HTTP gateways), wi
 USAGE: ratelimit-load [OPTIONS]
 
   --target store|http        what to load: Store::check directly, or axum gateways over HTTP [store]
-  --store none|memory|redis  where state lives; none = bare axum (http only) [memory]
+  --store none|memory|redis|memory-per-gateway
+                             where state lives; none = bare axum (http only); memory-per-gateway
+                             = an unshared store per gateway (over-admits: a negative control)
+                             [memory]
   --redis-url URL            use this Redis; default: start a redis-server on a free port
   --pool-size N              connections per RedisStore (per gateway) [1]
   --mode exact|denial-cache|leasing   wrapper between each gateway and the store [exact]
@@ -224,6 +230,7 @@ impl Config {
                     c.store = match value("--store")?.as_str() {
                         "none" | "bare" => StoreKind::None,
                         "memory" => StoreKind::Memory,
+                        "memory-per-gateway" => StoreKind::MemoryPerGateway,
                         "redis" => StoreKind::Redis,
                         other => return Err(bad("--store", other)),
                     }
@@ -423,6 +430,7 @@ impl fmt::Display for StoreKind {
         f.write_str(match self {
             StoreKind::None => "none",
             StoreKind::Memory => "memory",
+            StoreKind::MemoryPerGateway => "memory-per-gateway",
             StoreKind::Redis => "redis",
         })
     }

@@ -376,6 +376,12 @@ async fn run_once(config: &Config) -> Result<Report, Error> {
                 drive_store(config, limit, gws, setup).await
             })
         }
+        (Target::Store, StoreKind::MemoryPerGateway) => {
+            let gws: Vec<_> = (0..n).map(|_| memory()).collect();
+            with_mode!(config, gws, |gws, setup| {
+                drive_store(config, limit, gws, setup).await
+            })
+        }
         (Target::Store, StoreKind::Redis) => {
             with_mode!(config, redis(n).await?, |gws, setup| {
                 drive_store(config, limit, gws, setup).await
@@ -390,6 +396,12 @@ async fn run_once(config: &Config) -> Result<Report, Error> {
         }
         (Target::Http, StoreKind::Memory) => {
             with_mode!(config, vec![memory(); n], |gws, setup| {
+                layered_http(config, &limit, gws, setup).await
+            })
+        }
+        (Target::Http, StoreKind::MemoryPerGateway) => {
+            let gws: Vec<_> = (0..n).map(|_| memory()).collect();
+            with_mode!(config, gws, |gws, setup| {
                 layered_http(config, &limit, gws, setup).await
             })
         }

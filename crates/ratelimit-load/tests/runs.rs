@@ -147,3 +147,18 @@ async fn leasing_on_redis_stays_within_its_tolerance() {
     // Every store call of the wrapper is one script call (the warm-up is not counted).
     assert_eq!(r.redis_calls, Some(calls), "{}", r.text());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_check_catches_unshared_state() {
+    // Four gateways each with its own store: an abusive user spread over them gets up to four
+    // times the limit, and the exactness check must report it.
+    let mut c = small(Target::Store, StoreKind::MemoryPerGateway);
+    c.gateways = 4;
+    let r = ratelimit_load::run(&c).await.unwrap();
+    assert_eq!(r.completed, r.scheduled);
+    assert_eq!(r.users_above_bound, 2, "{}", r.text());
+    // Each abusive user sends about 170 requests: all of them pass, 100 on no gateway.
+    assert!(r.max_admitted > r.admission_bound + 50, "{}", r.text());
+    assert_eq!(r.denied, 0);
+    assert!(r.text().contains("users above bound: 2"));
+}
