@@ -95,6 +95,11 @@ run seed --target store --store redis --gateways 20 --users 100000 --limit 100/m
 run seed-sweep --target store --store redis --gateways 20 --users 100000 --limit 100/minute \
   --steps "$FLEET_STEPS" --duration "$STEP_SECS" --p99-target-ms 2
 
+# 1c. The same fleet offered more than it can take (100,000/s): the achieved rate is the most
+#     this machine decides through the Redis path, next to redis-benchmark's ceiling.
+run saturation --target store --store redis --gateways 20 --users 100000 --limit 100/minute \
+  --rate 100000 --duration "$MODE_SECS"
+
 # 2. The same fleet by mode, with hot users (Zipf) and 100 abusive users sending 100x: the
 #    traffic the round-trip reductions are for.
 MODES="exact denial-cache leasing"
@@ -280,9 +285,15 @@ if r:
     w(f"| **users admitted above their limit** | **{ex['users_above_bound']}** |")
     if r.get("redis_calls_per_request") is not None:
         w(f"| Redis EVALSHA calls per decision | {r['redis_calls_per_request']:.3f} |")
+    sat = report("saturation")
+    if sat:
+        w(f"| most decisions/s through the Redis path (offered 100,000/s, below) | "
+          f"{num(sat['achieved_rate'])} |")
     if ceiling:
-        w(f"| achieved / `redis-benchmark -P 16` EVALSHA ceiling (token bucket) | "
-          f"{r['achieved_rate'] / ceiling:.2f} ({num(ceiling)}/s) |")
+        w(f"| `redis-benchmark -P 16` EVALSHA ceiling, same script, same server | "
+          f"{num(ceiling)}/s |")
+    if ceiling and sat:
+        w(f"| Redis path / Redis's own ceiling | {sat['achieved_rate'] / ceiling:.2f} |")
     verdict = "met" if lat["p99"] < 2000 and r["achieved_rate"] >= 0.95 * r["target_rate"] \
         else "NOT met"
     w("")
@@ -291,6 +302,12 @@ if r:
       "behind a slow request counts.")
     w("")
     w("![p50 and p99 latency per second](benchmarks/seed-fleet.svg)")
+    if sat:
+        w("")
+        w(f"Saturation run: `{cmd('saturation')}` ({load_of('saturation')}); at saturation the "
+          "latencies only measure the queue, so only its rate is shown. The ceiling comes from "
+          "the redis_store benchmark above (`redis-benchmark` pipelining 16 commands, with no "
+          "client work per decision), run on the same machine.")
     sw = report("seed-sweep")
     if sw:
         steps = ", ".join(
