@@ -12,6 +12,14 @@ if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/nul
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server redis-tools >/dev/null
 fi
+# The TLS tests make their certificates with the openssl command-line tool.
+if ! command -v openssl >/dev/null 2>&1; then
+  echo "== installing openssl (Debian package)"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openssl >/dev/null
+fi
 # The Debian package starts a system redis-server on 6379; the tests do not use it.
 redis-server --version
 
