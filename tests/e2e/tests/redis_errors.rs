@@ -284,4 +284,21 @@ async fn script_flush_mid_load_costs_nothing_and_counts_exactly() {
     let sha = ratelimit_redis::script_sha(ratelimit_core::Algorithm::TokenBucket).unwrap();
     let _ = client.get(app.url("/api")).send().await.unwrap();
     assert_eq!(redis.cli(&["script", "exists", sha]), "1", "reloaded");
+    // The server saw the NOSCRIPT replies and the reloads: its own error and command counters.
+    let errors = redis.cli(&["info", "errorstats"]);
+    let noscript = stat(&errors, "errorstat_NOSCRIPT:count=");
+    let commands = redis.cli(&["info", "commandstats"]);
+    let loads = stat(&commands, "cmdstat_script|load:calls=");
+    println!("server side: {noscript} NOSCRIPT replies, {loads} SCRIPT LOADs");
+    assert!(noscript >= 1, "{errors}");
+    assert!(loads >= 1, "{commands}");
+}
+
+/// The number after `prefix` in an `INFO` section (0 if absent).
+fn stat(info: &str, prefix: &str) -> u64 {
+    info.lines()
+        .find_map(|l| l.strip_prefix(prefix))
+        .and_then(|rest| rest.split(',').next())
+        .and_then(|n| n.parse().ok())
+        .unwrap_or(0)
 }
