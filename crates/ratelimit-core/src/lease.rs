@@ -57,10 +57,10 @@ const SHARDS: usize = 16;
 /// let admitted = (0..200)
 ///     .filter(|_| now(leasing.check(b"hot", &limit, 1)).unwrap().is_allowed())
 ///     .count();
-/// // Exactly the limit: the last 5 units were taken one by one when a lease of 10 no longer fit.
+/// // Exactly the limit: nine leases of 10, then, when 10 no longer fit, one of the 5 left.
 /// assert_eq!(admitted, 95);
 /// let stats = leasing.stats();
-/// assert_eq!((stats.leases, stats.local), (9, 9 * 9));
+/// assert_eq!((stats.leases, stats.local), (10, 9 * 9 + 4));
 /// # Ok::<(), ratelimit_core::ConfigError>(())
 /// ```
 ///
@@ -71,10 +71,13 @@ const SHARDS: usize = 16;
 /// - Otherwise one check per key at a time (on this gateway) asks the store for a lease of the
 ///   current size `L` (at least the request's cost, at most what the limit can ever hold); others
 ///   for the same key wait for it rather than each taking a lease. If the lease is granted, the
-///   request takes its cost from it. If it is denied, the request's own cost is asked for at once,
-///   so a nearly exhausted key still admits exactly what is left. A denial of the request's own
-///   cost marks the key as starved until its retry-after: meanwhile its checks go straight to the
-///   store, as without leasing.
+///   request takes its cost from it. If it is denied but the store says it has `r` units left
+///   (more than the cost), a lease of exactly `r` is asked for at once (once). If that fails too,
+///   or fewer units are left, the key's checks go straight to the store
+///   until that lease would fit (the denial's retry-after; before it, the store would deny it
+///   again): the request's own cost at once, so a nearly exhausted key still admits exactly what
+///   is left, and the waiting checks side by side (a coalescing store below merges them). A denial
+///   of a request's own cost does the same until that cost may pass.
 /// - A cost of 0 (a peek), a cost larger than the largest lease, and limits of several fixed-window
 ///   quotas go straight to the store.
 ///
@@ -145,7 +148,7 @@ impl Size {
 pub struct LeasingStats {
     /// Checks answered from a lease, without a store call: store calls saved.
     pub local: u64,
-    /// Calls made to the wrapped store (leases, fall-backs and pass-through checks).
+    /// Calls made to the wrapped store (leases and checks sent straight through).
     pub store_calls: u64,
     /// Leases granted.
     pub leases: u64,
@@ -200,7 +203,7 @@ struct Entry {
     quota_index: u32,
     /// Current lease size.
     size: u64,
-    /// A lease (or its fall-back) is being asked for.
+    /// A lease is being asked for.
     fetching: bool,
     waiters: Vec<Waker>,
     /// Checks go straight to the store until then (µs).
@@ -547,6 +550,7 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
                         fut: sh.inner.check(key, limit, want),
                         want,
                         sent: now,
+                        second: false,
                     },
                     ctx: ctx(entry),
                 }
@@ -594,9 +598,8 @@ pin_project! {
         // Waiting for another check of this key to bring a lease.
         Wait,
         // Asking the store for a lease of `want`.
-        Lease { #[pin] fut: F, want: u64, sent: u64 },
-        // The lease was denied: asking for the request's own cost.
-        Fallback { #[pin] fut: F, sent: u64 },
+        // `second`: a smaller lease, asked for after a denial said how many units were left.
+        Lease { #[pin] fut: F, want: u64, sent: u64, second: bool },
         Done,
     }
 }
@@ -620,7 +623,7 @@ pin_project! {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
             // A check dropped while it was bringing a lease must let the waiting checks go on.
-            if let (StProj::Lease { .. } | StProj::Fallback { .. }, Some(ctx)) =
+            if let (StProj::Lease { .. }, Some(ctx)) =
                 (this.state.project(), this.ctx.as_ref())
             {
                 let mut e = ctx.entry.lock();
@@ -638,7 +641,6 @@ impl<S: Store, C> fmt::Debug for LeaseFuture<S, C> {
             St::Direct { .. } => "store call",
             St::Wait => "waiting for a lease",
             St::Lease { .. } => "asking for a lease",
-            St::Fallback { .. } => "asking for the request's cost",
             St::Done => "done",
         };
         f.debug_struct("LeaseFuture")
@@ -692,13 +694,19 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                                 fut,
                                 want,
                                 sent: now,
+                                second: false,
                             });
                         }
                     }
                 }
-                StProj::Lease { fut, want, sent } => {
+                StProj::Lease {
+                    fut,
+                    want,
+                    sent,
+                    second,
+                } => {
                     let out = std::task::ready!(fut.poll(cx));
-                    let (want, sent) = (*want, *sent);
+                    let (want, sent, second) = (*want, *sent, *second);
                     let ctx = ctx.expect("a lease request has its context");
                     let sh = &ctx.shared;
                     let cost = ctx.cost;
@@ -742,29 +750,36 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                         self.as_mut().project().state.set(St::Done);
                         return Poll::Ready(Ok(d));
                     }
-                    // The lease does not fit: ask for the request's own cost now, still as the
-                    // one check of this key in flight.
                     sh.counters.lease_denials.fetch_add(1, Ordering::Relaxed);
-                    sh.shrink(&mut ctx.entry.lock());
-                    sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
-                    let now = sh.clock.now().as_micros();
-                    let fut = sh.inner.check(&ctx.key, &ctx.limit, cost);
-                    self.as_mut()
-                        .project()
-                        .state
-                        .set(St::Fallback { fut, sent: now });
-                }
-                StProj::Fallback { fut, sent } => {
-                    let out = std::task::ready!(fut.poll(cx));
-                    let sent = *sent;
-                    let ctx = ctx.expect("a fall-back has its context");
-                    finish(&ctx.entry, |e| {
-                        if let Ok(d) = &out {
-                            starve(e, sent, d);
+                    let left = d.remaining();
+                    if !second && left > cost && left < want {
+                        // The store said how many units it has left: ask for exactly those, once
+                        // (this check stays the key's one lease request in flight).
+                        if let Size::Adaptive(_) = sh.size {
+                            ctx.entry.lock().size = left;
                         }
+                        sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
+                        let now = sh.clock.now().as_micros();
+                        let fut = sh.inner.check(&ctx.key, &ctx.limit, left);
+                        self.as_mut().project().state.set(St::Lease {
+                            fut,
+                            want: left,
+                            sent: now,
+                            second: true,
+                        });
+                        continue;
+                    }
+                    // The lease does not fit. Until it would (its retry-after), the key's checks
+                    // go straight to the store: this one now, for its own cost (so a nearly
+                    // exhausted key still admits exactly what is left), and the waiting ones at
+                    // once, side by side (a coalescing store below merges them).
+                    finish(&ctx.entry, |e| {
+                        sh.shrink(e);
+                        starve(e, sent, &d);
                     });
-                    self.as_mut().project().state.set(St::Done);
-                    return Poll::Ready(out);
+                    sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
+                    let fut = sh.inner.check(&ctx.key, &ctx.limit, cost);
+                    self.as_mut().project().state.set(St::Direct { fut });
                 }
             }
         }
@@ -780,10 +795,11 @@ fn finish<T>(entry: &EntryRef, f: impl FnOnce(&mut Entry) -> T) -> T {
     out
 }
 
-/// After a denial of a request's own cost: straight to the store until it may pass.
+/// After a denial (of a lease, or of a request's own cost): straight to the store until it may
+/// pass.
 fn starve(e: &mut Entry, sent: u64, d: &Decision) {
     if let Some(wait) = d.retry_after() {
-        e.starved_until = sent.saturating_add(micros(wait));
+        e.starved_until = e.starved_until.max(sent.saturating_add(micros(wait)));
     }
 }
 
