@@ -1,26 +1,27 @@
 #!/usr/bin/env bash
-# Runs every test of the workspace. Installs redis-server/redis-tools from Debian's packages if
-# they are missing (as root, or with sudo); the tests start their own redis-server processes on
-# free loopback ports, so nothing needs to be running beforehand.
+# Runs every test of the workspace.
+#
+# First it installs what the tests need from Debian's packages, when missing (as root, or with
+# sudo): redis-server and redis-tools (the tests start their own redis-server processes on free
+# loopback ports, so nothing needs to be running beforehand), the openssl tool (the TLS test makes
+# its certificates with it), and libssl-dev with pkg-config (the Redis store's `rediss://` support
+# builds on the system's OpenSSL).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-if ! command -v redis-server >/dev/null 2>&1 || ! command -v redis-cli >/dev/null 2>&1; then
-  echo "== installing redis-server and redis-tools (Debian packages)"
+missing=()
+command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
+command -v openssl >/dev/null 2>&1 || missing+=(openssl)
+command -v pkg-config >/dev/null 2>&1 || missing+=(pkg-config)
+if ! pkg-config --exists openssl 2>/dev/null; then missing+=(libssl-dev); fi
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "== installing from Debian's packages: ${missing[*]}"
   SUDO=""
   if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
   $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq redis-server redis-tools >/dev/null
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
-# The TLS tests make their certificates with the openssl command-line tool.
-if ! command -v openssl >/dev/null 2>&1; then
-  echo "== installing openssl (Debian package)"
-  SUDO=""
-  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq openssl >/dev/null
-fi
-# The Debian package starts a system redis-server on 6379; the tests do not use it.
 redis-server --version
 
 echo "== cargo test (workspace, all targets)"
