@@ -39,6 +39,7 @@ impl<St: Store> RateLimitLayer<St> {
             timeout: DEFAULT_TIMEOUT,
             breaker: Some(CircuitBreaker::default()),
             clock: Arc::new(SystemClock::new()),
+            fallback_max_keys: ratelimit_core::DEFAULT_MAX_KEYS,
         }
     }
 }
@@ -94,6 +95,7 @@ pub struct RateLimitLayerBuilder<St> {
     timeout: Duration,
     breaker: Option<CircuitBreaker>,
     clock: Arc<dyn Clock>,
+    fallback_max_keys: usize,
 }
 
 impl<St> fmt::Debug for RateLimitLayerBuilder<St> {
@@ -102,6 +104,7 @@ impl<St> fmt::Debug for RateLimitLayerBuilder<St> {
             .field("policy", &self.policy)
             .field("timeout", &self.timeout)
             .field("breaker", &self.breaker)
+            .field("fallback_max_keys", &self.fallback_max_keys)
             .finish_non_exhaustive()
     }
 }
@@ -133,6 +136,13 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         self
     }
 
+    /// The most keys the local fallback store holds (with [`FailurePolicy::Fallback`]; default
+    /// 1,000,000, about 57 bytes each). At the cap it drops the keys nearest to fresh.
+    pub fn fallback_max_keys(mut self, max_keys: usize) -> Self {
+        self.fallback_max_keys = max_keys;
+        self
+    }
+
     /// Builds the layer, or says which setting is wrong.
     pub fn build(self) -> Result<RateLimitLayer<St>, Error> {
         if self.timeout < Duration::from_millis(1) {
@@ -144,6 +154,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         let fallback = match self.policy.failure {
             FailurePolicy::Fallback { .. } => Some(
                 MemoryStore::builder()
+                    .max_keys(self.fallback_max_keys)
                     .with_clock(self.clock.clone())
                     .build()?,
             ),

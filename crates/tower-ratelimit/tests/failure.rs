@@ -318,3 +318,29 @@ async fn a_probe_dropped_before_it_ran_reopens_the_circuit() {
     );
     assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
 }
+
+#[tokio::test]
+async fn the_fallback_store_size_is_configurable_and_validated() {
+    let policy = || {
+        Policy::new("fb", per_minute(6))
+            .unwrap()
+            .failure(FailurePolicy::fallback(3).unwrap())
+    };
+    assert!(
+        RateLimitLayer::builder(FailingStore::default(), policy())
+            .fallback_max_keys(0)
+            .build()
+            .is_err()
+    );
+    let layer = RateLimitLayer::builder(FailingStore::default(), policy())
+        .no_circuit_breaker()
+        .fallback_max_keys(64)
+        .build()
+        .unwrap();
+    let app = app(layer);
+    // Far more clients than the fallback holds: each still gets its first request.
+    for i in 0..1_000u32 {
+        let peer = format!("198.51.{}.{}:1", i / 256, i % 256);
+        assert_eq!(send(&app, request_from("/", &peer)).await.status(), 200);
+    }
+}
