@@ -248,7 +248,8 @@ impl<C> MemoryStore<C> {
         for shard in self.shards.iter() {
             let mut t = shard.lock();
             t.retain(|b| !b.is_fresh(now.as_micros()), 0);
-            t.sweep_at = (t.len * 2).clamp(MIN_SWEEP, self.per_shard_cap.max(1));
+            let cap = self.per_shard_cap.max(1);
+            t.sweep_at = (t.len * 2).clamp(MIN_SWEEP.min(cap), cap);
         }
     }
 
@@ -416,7 +417,7 @@ impl Table {
                 let keep = cap - (cap / 8).max(1);
                 evicted = self.evict_nearest_fresh(self.len - keep);
             }
-            self.sweep_at = (self.len * 2).clamp(MIN_SWEEP, cap);
+            self.sweep_at = (self.len * 2).clamp(MIN_SWEEP.min(cap), cap);
         }
         // Keep the load at or under 3/4; grow by half (never past what `cap` keys need).
         if (self.len + 1) * 4 > self.buckets.len() * 3 {

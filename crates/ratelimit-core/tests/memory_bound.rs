@@ -1,7 +1,7 @@
 //! A flood of distinct keys: the key count stays at or under the cap, and memory per key is
 //! measured (resident set size, from /proc on Linux).
 
-use ratelimit_core::{Algorithm, Limit, ManualClock, MemoryStore, Quota};
+use ratelimit_core::{Algorithm, Clock, Limit, ManualClock, MemoryStore, Quota};
 
 fn rss_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
@@ -99,4 +99,28 @@ fn bad_store_settings_are_typed_errors() {
             .build()
             .is_err()
     );
+}
+
+/// Regression: a per-shard cap below the sweep threshold (64) once panicked on `clamp`.
+#[test]
+fn tiny_caps_hold_under_a_flood() {
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(100).unwrap()).unwrap();
+    for max_keys in 1..=40usize {
+        let clock = ManualClock::new();
+        let store = MemoryStore::builder()
+            .max_keys(max_keys)
+            .with_clock(clock.clone())
+            .build()
+            .unwrap();
+        for i in 0..2_000u64 {
+            assert!(store.check_now(&i.to_le_bytes(), &limit, 1).is_allowed());
+            assert!(
+                store.len() <= max_keys,
+                "max_keys {max_keys}: {}",
+                store.len()
+            );
+        }
+        clock.advance(std::time::Duration::from_secs(1));
+        store.sweep(clock.now());
+    }
 }
