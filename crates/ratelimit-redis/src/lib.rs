@@ -52,6 +52,10 @@
 //! pipelined instead of each taking a pooled connection (which would add a health-check round trip
 //! per check). A connection that breaks is replaced through the pool.
 //!
+//! Fewer round trips: [`Coalescing`] merges the concurrent checks of one key on one gateway into
+//! one script call ([`RedisStore::check_many`]); with `ratelimit-core`'s `DenialCache` and
+//! `Leasing` wrappers, see `docs/round-trips.md` for what each saves and its exact error bounds.
+//!
 //! See `docs/redis.md` for the key layout, the scripts, expiry and the cluster rules.
 #![forbid(unsafe_code)]
 
