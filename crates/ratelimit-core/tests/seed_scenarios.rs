@@ -193,3 +193,22 @@ fn time_going_backwards_grants_nothing() {
         );
     }
 }
+
+#[test]
+fn far_future_times_saturate_instead_of_overflowing() {
+    for algorithm in Algorithm::ALL {
+        let limit = Limit::new(
+            algorithm,
+            [Quota::per_second(3).unwrap(), Quota::per_day(5).unwrap()],
+        )
+        .unwrap();
+        let single = Limit::single(algorithm, Quota::per_day(5).unwrap()).unwrap();
+        let store = MemoryStore::new();
+        for t in [u64::MAX, u64::MAX - 1, 1 << 60, 1 << 52] {
+            for l in [&limit, &single] {
+                let d = store.check_at(b"k", l, 1, Timestamp::from_micros(t));
+                assert!(d.limit() > 0, "{algorithm}");
+            }
+        }
+    }
+}

@@ -3,6 +3,7 @@
 //! Kept to show its boundary problem: a client can pass `2 × limit` in a short time across a
 //! window boundary.
 
+use super::MAX_TIME;
 use crate::decision::Verdict;
 use crate::{Decision, Quota, Timestamp};
 
@@ -19,7 +20,7 @@ impl FixedWindowState {
     /// An empty window at `now`.
     #[must_use]
     pub fn fresh(quota: &Quota, now: Timestamp) -> Self {
-        let now = now.as_micros();
+        let now = now.as_micros().min(MAX_TIME);
         FixedWindowState {
             start: now - now % quota.period_micros(),
             count: 0,
@@ -49,7 +50,7 @@ pub fn check(
 ) -> (Decision, FixedWindowState) {
     let period = quota.period_micros();
     let limit = quota.limit();
-    let mut now = now.as_micros();
+    let mut now = now.as_micros().min(MAX_TIME);
     let mut start = now - now % period;
     let mut count = 0;
     if let Some(s) = state

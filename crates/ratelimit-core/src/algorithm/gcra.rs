@@ -1,5 +1,6 @@
 //! GCRA, the generic cell rate algorithm: one "theoretical arrival time" per key.
 
+use super::MAX_TIME;
 use super::ceil_div;
 use crate::decision::Verdict;
 use crate::{Decision, Quota, Timestamp};
@@ -22,7 +23,7 @@ impl GcraState {
     #[must_use]
     pub fn fresh(now: Timestamp) -> Self {
         GcraState {
-            tat: now.as_micros(),
+            tat: now.as_micros().min(MAX_TIME),
             frac: 0,
         }
     }
@@ -59,7 +60,7 @@ pub fn check(
     let cap = quota.capacity_units();
     let rate = quota.refill_per_micro();
     let scale = quota.scale();
-    let now = now.as_micros();
+    let now = now.as_micros().min(MAX_TIME);
     let mut d = state.map_or(0, |s| debt(quota, s, now));
 
     let outcome = if cost > quota.burst() {

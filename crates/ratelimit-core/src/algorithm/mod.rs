@@ -165,6 +165,10 @@ impl State {
     }
 }
 
+/// The latest time the algorithms count with: 2^52 µs after the epoch (the year 2112 for Unix
+/// time). A later time is taken as this one, so that no sum of a time and a period can overflow.
+pub const MAX_TIME: u64 = 1 << 52;
+
 /// `ceil(a / b)` for `b > 0`. Most quotas refill a whole number of units per microsecond with
 /// `b == 1`; that case skips the division, the slowest instruction on the hot path.
 #[inline]

@@ -5,6 +5,7 @@
 
 use std::collections::VecDeque;
 
+use super::MAX_TIME;
 use crate::decision::Verdict;
 use crate::{Decision, Quota, Timestamp};
 
@@ -52,7 +53,7 @@ pub fn check(
     let limit = quota.limit();
     let mut log = state.cloned().unwrap_or_default();
     let newest = log.entries.back().map_or(0, |&(t, _)| t);
-    let now = now.as_micros().max(newest);
+    let now = now.as_micros().min(MAX_TIME).max(newest);
     log.prune(now, p);
 
     let outcome = if cost > limit {

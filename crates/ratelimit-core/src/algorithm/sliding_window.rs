@@ -4,6 +4,7 @@
 //! since the current window began. A request passes if the estimate, with its cost added, is at
 //! most the limit. Comparisons are done multiplied out by `period`, in integers.
 
+use super::MAX_TIME;
 use crate::decision::Verdict;
 use crate::{Decision, Quota, Timestamp};
 
@@ -22,7 +23,7 @@ impl SlidingWindowState {
     /// Empty counters at `now`.
     #[must_use]
     pub fn fresh(quota: &Quota, now: Timestamp) -> Self {
-        let now = now.as_micros();
+        let now = now.as_micros().min(MAX_TIME);
         SlidingWindowState {
             start: now - now % quota.period_micros(),
             current: 0,
@@ -57,7 +58,7 @@ pub fn check(
 ) -> (Decision, SlidingWindowState) {
     let p = quota.period_micros();
     let limit = quota.limit();
-    let mut now = now.as_micros();
+    let mut now = now.as_micros().min(MAX_TIME);
     let mut start = now - now % p;
     let (mut current, mut previous) = (0, 0);
     if let Some(s) = state {

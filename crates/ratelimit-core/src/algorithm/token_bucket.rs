@@ -1,5 +1,6 @@
 //! Token bucket with lazy refill: `tokens = min(capacity, tokens + elapsed × rate)`, no timers.
 
+use super::MAX_TIME;
 use super::{ceil_div, mul_at_least};
 use crate::decision::Verdict;
 use crate::{Decision, Quota, Timestamp};
@@ -22,7 +23,7 @@ impl TokenBucketState {
     pub fn fresh(quota: &Quota, now: Timestamp) -> Self {
         TokenBucketState {
             level: quota.capacity_units(),
-            last: now.as_micros(),
+            last: now.as_micros().min(MAX_TIME),
         }
     }
 
@@ -51,7 +52,7 @@ pub fn check(
     let cap = quota.capacity_units();
     let rate = quota.refill_per_micro();
     let scale = quota.scale();
-    let now = now.as_micros();
+    let now = now.as_micros().min(MAX_TIME);
     let (mut level, last) = match state {
         Some(s) => (s.level.min(cap), s.last),
         None => (cap, now),
