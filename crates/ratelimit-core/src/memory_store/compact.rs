@@ -16,8 +16,8 @@
 //! counters above 2^32 go to the shard's side storage instead.
 
 use crate::algorithm::{
-    FixedWindowState, GcraState, SlidingWindowState, TokenBucketState, fixed_window, gcra,
-    sliding_window, token_bucket,
+    FixedWindowState, GcraState, MAX_TIME, SlidingWindowState, TokenBucketState, fixed_window,
+    gcra, sliding_window, token_bucket,
 };
 use crate::{Algorithm, Decision, Limit, Quota, State, Timestamp};
 
@@ -44,9 +44,10 @@ pub(super) fn check(
     let q = quota;
     match limit.algorithm() {
         Algorithm::TokenBucket => {
+            let now_us = now.as_micros().min(MAX_TIME);
             let s = stored.map(|(a, b)| TokenBucketState {
-                level: q.capacity_units() - debt(q, a, b, now.as_micros()),
-                last: now.as_micros(),
+                level: q.capacity_units() - debt(q, a, b, now_us),
+                last: now_us,
             });
             let (d, s) = token_bucket::check(q, s.as_ref(), now, cost);
             let (a, b) = split(q, s.last, q.capacity_units() - s.level);
