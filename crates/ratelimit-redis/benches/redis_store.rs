@@ -133,7 +133,12 @@ where
 }
 
 /// `redis-benchmark -P 16` with EVALSHA of the store's script for `limit`, on random keys.
-fn redis_benchmark(server: &RedisServer, store: &RedisStore, limit: &Limit) -> (f64, String) {
+fn redis_benchmark(
+    server: &RedisServer,
+    store: &RedisStore,
+    limit: &Limit,
+    requests: usize,
+) -> (f64, String) {
     let alg = limit.algorithm();
     let sha = script_sha(alg).unwrap();
     // The key the store would use for user "user:<n>", with redis-benchmark's random number in
@@ -147,7 +152,7 @@ fn redis_benchmark(server: &RedisServer, store: &RedisStore, limit: &Limit) -> (
         "-P".into(),
         "16".into(),
         "-n".into(),
-        "200000".into(),
+        requests.to_string(),
         "-r".into(),
         USERS.to_string(),
         "-q".into(),
@@ -283,15 +288,19 @@ async fn checkout_row(server: &RedisServer, store: &RedisStore, limit: &Limit, s
 }
 
 fn main() {
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this binary without it, and
+    // then a short smoke run checks that every part works.
+    let smoke = !std::env::args().any(|a| a == "--bench");
     let secs: f64 = std::env::var("BENCH_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(2.0);
+        .unwrap_or(if smoke { 0.2 } else { 2.0 });
     let rounds = std::env::var("BENCH_ROUNDS")
         .ok()
         .and_then(|v| v.parse::<usize>().ok())
-        .unwrap_or(3)
+        .unwrap_or(if smoke { 1 } else { 3 })
         .max(1);
+    let requests: usize = if smoke { 2_000 } else { 200_000 };
     let env = |name: &str| {
         std::env::var(name)
             .ok()
@@ -324,6 +333,7 @@ fn main() {
             .into_iter()
             .filter(|a| list.split(',').any(|n| n == a.name()))
             .collect(),
+        Err(_) if smoke => vec![Algorithm::TokenBucket],
         Err(_) => vec![Algorithm::TokenBucket, Algorithm::Gcra],
     };
     runtime.block_on(async {
@@ -347,8 +357,8 @@ fn main() {
                 server.cli(&["flushall"]);
                 server.cli(&["config", "resetstat"]);
                 let s0 = server_cpu_secs(&server);
-                let (ceiling, command) = redis_benchmark(&server, &store, &limit);
-                let server_cpu_us = (server_cpu_secs(&server) - s0) * 1e6 / 200_000.0;
+                let (ceiling, command) = redis_benchmark(&server, &store, &limit, requests);
+                let server_cpu_us = (server_cpu_secs(&server) - s0) * 1e6 / requests as f64;
                 if round == 0 {
                     println!("{command}");
                 }
@@ -365,6 +375,9 @@ fn main() {
                     rows.push(store_row(&server, &store, &limit, callers, secs).await);
                 }
                 rows.push(checkout_row(&server, &store, &limit, secs).await);
+                for r in &rows {
+                    assert!(r.per_sec > 0.0, "{}: no decisions measured", r.label);
+                }
                 let at64 = rows[3].per_sec;
                 ratios.push(at64 / ceiling);
                 samples.push(rows);
