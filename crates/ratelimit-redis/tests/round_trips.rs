@@ -304,3 +304,41 @@ async fn coalescing_thousand_concurrent_checks() {
         );
     }
 }
+
+/// A batch whose call fails gives every check in it the error (none hangs, none is retried), and
+/// the key's queue works again once Redis answers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalescing_failed_batch_fails_each_check_then_recovers() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("coalesce-fail"))
+        .response_timeout(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    let coalescing = Coalescing::new(store).batch_window(Duration::from_micros(300));
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
+    server.pause();
+    let checks = (0..50).map(|_| coalescing.check(b"k", &limit, 1));
+    let results = tokio::time::timeout(Duration::from_secs(10), join_all(checks))
+        .await
+        .expect("no check hangs");
+    server.resume();
+    assert!(
+        results
+            .iter()
+            .all(|r| matches!(r, Err(e) if e.is_unavailable())),
+        "{results:?}"
+    );
+    let stats = coalescing.stats();
+    assert!(stats.store_calls < 50, "{stats:?}");
+    // Working again: a fresh burst is admitted (what the failed calls consumed, if they ran at
+    // all, is at most 50 of the 1,000).
+    let checks = (0..100).map(|_| coalescing.check(b"k", &limit, 1));
+    let admitted = join_all(checks)
+        .await
+        .into_iter()
+        .filter(|r| r.as_ref().unwrap().is_allowed())
+        .count();
+    assert_eq!(admitted, 100);
+}
