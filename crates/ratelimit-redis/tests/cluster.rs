@@ -107,3 +107,88 @@ async fn conformance_race_and_noscript_on_a_three_master_cluster() {
     assert_eq!(g.check(b"ns", &limit, 1).await.unwrap().remaining(), 8);
     assert_eq!(g.check(b"ns", &limit, 0).await.unwrap().remaining(), 8);
 }
+
+/// A slot moves between masters while checks run: the client follows ASK (during the migration)
+/// and MOVED (after it), and the count goes on exactly, with the state that moved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_follow_a_slot_migration_with_ask_and_moved() {
+    let cluster = RedisCluster::start(3);
+    let store = RedisStore::cluster(cluster.urls())
+        .prefix(unique_prefix("migrate"))
+        .build()
+        .await
+        .unwrap();
+    let bucket = Limit::single(Algorithm::TokenBucket, Quota::per_day(1_000).unwrap()).unwrap();
+    let gcra = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
+    let key = &store.state_keys(b"mover", &bucket)[0];
+    let gcra_key = &store.state_keys(b"mover", &gcra)[0];
+    let slot = cluster.nodes()[0].cli(&["cluster", "keyslot", key]);
+    assert_eq!(
+        slot,
+        cluster.nodes()[0].cli(&["cluster", "keyslot", gcra_key])
+    );
+
+    let mut expected = 1_000;
+    let check = async |limit: &Limit| store.check(b"mover", limit, 1).await.unwrap();
+    for _ in 0..5 {
+        expected -= 1;
+        assert_eq!(check(&bucket).await.remaining(), expected);
+    }
+
+    let source = cluster.node_for(key);
+    let target = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.port() != source.port())
+        .unwrap();
+    let source_id = source.cli(&["cluster", "myid"]);
+    let target_id = target.cli(&["cluster", "myid"]);
+    assert_eq!(
+        target.cli(&["cluster", "setslot", &slot, "importing", &source_id]),
+        "OK"
+    );
+    assert_eq!(
+        source.cli(&["cluster", "setslot", &slot, "migrating", &target_id]),
+        "OK"
+    );
+
+    // Keys of the slot each node holds (an importing node answers MOVED to a plain EXISTS).
+    let count = |node: &redis_harness::RedisServer| -> u32 {
+        node.cli(&["cluster", "countkeysinslot", &slot])
+            .parse()
+            .unwrap()
+    };
+    assert_eq!((count(source), count(target)), (1, 0));
+
+    // A key of the slot that the source does not hold: the source answers ASK, the client asks
+    // the target, and the state is created there.
+    assert_eq!(check(&gcra).await.remaining(), 999);
+    assert_eq!((count(source), count(target)), (1, 1));
+
+    // The bucket's state moves; checks follow it (ASK) and keep counting from where it was.
+    let port = target.port().to_string();
+    assert_eq!(
+        source.cli(&["migrate", "127.0.0.1", &port, "", "0", "5000", "KEYS", key]),
+        "OK"
+    );
+    for _ in 0..3 {
+        expected -= 1;
+        assert_eq!(check(&bucket).await.remaining(), expected);
+    }
+    assert_eq!((count(source), count(target)), (0, 2));
+
+    // The migration ends: the slot belongs to the target (MOVED from now on).
+    for node in cluster.nodes() {
+        assert_eq!(
+            node.cli(&["cluster", "setslot", &slot, "node", &target_id]),
+            "OK"
+        );
+    }
+    for _ in 0..3 {
+        expected -= 1;
+        assert_eq!(check(&bucket).await.remaining(), expected);
+    }
+    assert_eq!(check(&gcra).await.remaining(), 998);
+    assert_eq!(target.cli(&["exists", key]), "1");
+    assert_eq!((count(source), count(target)), (0, 2));
+}
