@@ -17,7 +17,7 @@ use parking_lot::Mutex;
 use pin_project_lite::pin_project;
 use siphasher::sip128::{Hasher128, SipHasher13};
 
-use crate::{Clock, Decision, Limit, Outcome, Store};
+use crate::{Algorithm, Clock, Decision, Limit, Outcome, Store};
 
 /// The default most denials a [`DenialCache`] holds: 100,000.
 pub const DEFAULT_MAX_DENIALS: usize = 100_000;
@@ -53,8 +53,9 @@ const MAX_SHARDS: usize = 16;
 ///     .filter(|_| now(cached.check(b"abuser", &limit, 1)).unwrap().is_allowed())
 ///     .count();
 /// assert_eq!(admitted, 10);
-/// // The first denial went to the store; the 989 after it were answered from the cache.
-/// assert_eq!(cached.stats().hits, 989);
+/// // Every denial was answered from the cache: the admission that took the last token already
+/// // said when the next one comes.
+/// assert_eq!(cached.stats().hits, 990);
 ///
 /// // A token comes back after 100 ms: the cache lets the next check through to the store.
 /// clock.advance(Duration::from_millis(100));
@@ -82,6 +83,15 @@ const MAX_SHARDS: usize = 16;
 /// asked, so a slow round trip makes the cached deadline earlier (one more store call), never
 /// later. A cost that can never pass ([`Outcome::Exceeds`]) is cached for the limit's longest
 /// period.
+///
+/// **Denials implied by an admission.** Under a single-quota limit, an admission that leaves
+/// fewer units than its cost says when that cost passes again, for three algorithms: the fixed
+/// window denies it until the window ends (`reset_after`); the token bucket and GCRA until
+/// `reset_after − (burst − cost) × period / limit`, when that is a whole number of microseconds
+/// (as for 10 or 100 per second, or 100 per minute; not for 3 per second, where nothing is
+/// implied).
+/// The cache records that denial too, so a client hammering an exhausted key costs the store one
+/// call per admission and nothing for its denials.
 ///
 /// What a cached decision reports: the outcome and `retry_after` (deadline − now) are what the
 /// store would say on one gateway; `reset_after` is recomputed from the stored deadline the same
@@ -220,6 +230,13 @@ impl<S: Store, C: Clock + 'static> Store for DenialCache<S, C> {
                     id,
                     sent: now,
                     exceeds_for: limit.longest_period(),
+                    cost,
+                    implied: match limit.algorithm() {
+                        Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::FixedWindow => {
+                            Some(limit.clone())
+                        }
+                        _ => None,
+                    },
                 }),
             },
         }
@@ -248,6 +265,10 @@ struct Record {
     id: u128,
     sent: u64,
     exceeds_for: Duration,
+    cost: u64,
+    /// The limit, for the algorithms whose admissions can imply a denial (see
+    /// [`implied_wait`]).
+    implied: Option<Limit>,
 }
 
 impl<F> fmt::Debug for DenialCacheFuture<F> {
@@ -276,7 +297,7 @@ where
             StateProj::Miss { fut, record } => {
                 let out = std::task::ready!(fut.poll(cx));
                 if let (Ok(d), Some(r)) = (&out, record.take()) {
-                    r.table.record(r.id, r.sent, d, r.exceeds_for);
+                    r.table.record(&r, d);
                 }
                 Poll::Ready(out)
             }
@@ -385,11 +406,15 @@ impl Table {
         }
     }
 
-    fn record(&self, id: u128, sent: u64, d: &Decision, exceeds_for: Duration) {
+    fn record(&self, r: &Record, d: &Decision) {
+        let (id, sent) = (r.id, r.sent);
         let until = match d.outcome() {
-            Outcome::Allowed => return,
+            Outcome::Allowed => match r.implied.as_ref().and_then(|l| implied_wait(l, r.cost, d)) {
+                Some(wait) => sent.saturating_add(wait),
+                None => return,
+            },
             Outcome::Denied { retry_after } => sent.saturating_add(micros(retry_after)),
-            Outcome::Exceeds => sent.saturating_add(micros(exceeds_for).max(1)),
+            Outcome::Exceeds => sent.saturating_add(micros(r.exceeds_for).max(1)),
         };
         let entry = Entry {
             until,
@@ -419,6 +444,40 @@ impl Table {
         shard.insert(id, entry);
         self.inserted.fetch_add(1, Ordering::Relaxed);
     }
+}
+
+/// After `cost` was allowed with fewer than `cost` units left, under a single-quota limit, the same
+/// cost is denied until a moment the decision determines exactly, for two families (µs from the
+/// check; `None` otherwise):
+///
+/// - fixed window: the window's end, which is its `reset_after` (its count is > 0);
+/// - token bucket and GCRA: the quota `q` needs
+///   `cost × scale` units of level and is full after `reset_after`; the difference is
+///   `(burst − cost) × scale / refill_per_micro` µs, exactly when that division is exact (it is
+///   whenever a token is a whole number of µs, `period / limit`); otherwise nothing is implied.
+///
+/// Waiting only helps and others only consume (as for denials), so the store denies that cost
+/// until then; the retry-after it would give is the cached one.
+fn implied_wait(limit: &Limit, cost: u64, d: &Decision) -> Option<u64> {
+    // With several quotas another one could deny for longer: the implied denial would be right
+    // but not the store's own answer, so only single-quota limits take this path.
+    if cost == 0 || d.remaining() >= cost || limit.quotas().len() != 1 {
+        return None;
+    }
+    let reset = micros(d.reset_after());
+    let wait = match limit.algorithm() {
+        Algorithm::FixedWindow => reset,
+        Algorithm::TokenBucket | Algorithm::Gcra => {
+            let q = limit.quotas().get(d.quota_index())?;
+            let units = q.burst().checked_sub(cost)? * q.scale();
+            if !units.is_multiple_of(q.refill_per_micro()) {
+                return None;
+            }
+            reset.checked_sub(units / q.refill_per_micro())?
+        }
+        _ => return None,
+    };
+    (wait > 0).then_some(wait)
 }
 
 fn micros(d: Duration) -> u64 {
@@ -590,6 +649,27 @@ mod tests {
             }
         }
         assert!(cached.stats().hits > 0);
+    }
+
+    /// An admission that leaves fewer units than its cost implies the next denial of that cost
+    /// (token bucket, GCRA, fixed window, one quota): the burst's last admission is the last call.
+    #[test]
+    fn an_emptying_admission_implies_the_next_denial() {
+        for alg in Algorithm::ALL {
+            let clock = ManualClock::new();
+            let (plain, cached) = stores(&clock);
+            let limit = Limit::single(alg, Quota::per_second(5).unwrap()).unwrap();
+            for _ in 0..10 {
+                let want = plain.check_now(b"k", &limit, 1);
+                assert_eq!(now(cached.check(b"k", &limit, 1)).unwrap(), want, "{alg}");
+            }
+            let implied = matches!(
+                alg,
+                Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::FixedWindow
+            );
+            let calls = cached.stats().store_calls;
+            assert_eq!(calls, if implied { 5 } else { 6 }, "{alg}");
+        }
     }
 
     #[test]
