@@ -102,7 +102,7 @@ run saturation --target store --store redis --gateways 20 --users 100000 --limit
 
 # 2. The same fleet by mode, with hot users (Zipf) and 100 abusive users sending 100x: the
 #    traffic the round-trip reductions are for.
-MODES="exact denial-cache leasing"
+MODES="exact denial-cache leasing coalesce"
 for mode in $MODES; do
   run "mode-$mode" --target store --store redis --gateways 20 --users 100000 \
     --limit 100/minute --rate 50000 --duration "$MODE_SECS" --dist zipf:1.0 --abusive 100 \
@@ -356,7 +356,7 @@ w("\n".join(cmds))
 w("```")
 w("")
 w("Leasing's tolerance is its documented bound (exact bound plus one lease of at most 64 units); "
-  "the denial cache changes no decision, so its tolerance is 0.")
+  "the denial cache and coalescing change no decision, so their tolerance is 0.")
 w("")
 
 # System level: HTTP.

@@ -45,6 +45,9 @@ pub enum Mode {
     /// `ratelimit_core::DEFAULT_MAX_LEASE` units): a gateway reserves a batch of a key's units in
     /// one store call and admits from it locally.
     Leasing,
+    /// `ratelimit_redis::Coalescing` per gateway (Redis only): concurrent checks of one key on one
+    /// gateway share one script call.
+    Coalesce,
 }
 
 /// How users are drawn for each request (the abusive users come on top).
@@ -171,7 +174,9 @@ USAGE: ratelimit-load [OPTIONS]
                              [memory]
   --redis-url URL            use this Redis; default: start a redis-server on a free port
   --pool-size N              connections per RedisStore (per gateway) [1]
-  --mode exact|denial-cache|leasing   wrapper between each gateway and the store [exact]
+  --mode exact|denial-cache|leasing|coalesce
+                             wrapper between each gateway and the store (coalesce: Redis only)
+                             [exact]
   --gateways N               gateway instances [1]
   --assign round-robin|user-hash   store target: request-to-gateway assignment [round-robin]
   --users N                  users, abusive ones included [10000]
@@ -242,6 +247,7 @@ impl Config {
                         "exact" => Mode::Exact,
                         "denial-cache" | "denial_cache" => Mode::DenialCache,
                         "leasing" | "lease" => Mode::Leasing,
+                        "coalesce" | "coalescing" => Mode::Coalesce,
                         other => return Err(bad("--mode", other)),
                     }
                 }
@@ -346,6 +352,9 @@ impl Config {
         if self.store == StoreKind::None && self.mode != Mode::Exact {
             return fail("--mode needs a store");
         }
+        if self.mode == Mode::Coalesce && self.store != StoreKind::Redis {
+            return fail("--mode coalesce needs --store redis");
+        }
         if let Distribution::Zipf(s) = self.dist
             && !(s.is_finite() && s > 0.0)
         {
@@ -442,6 +451,7 @@ impl fmt::Display for Mode {
             Mode::Exact => "exact",
             Mode::DenialCache => "denial-cache",
             Mode::Leasing => "leasing",
+            Mode::Coalesce => "coalesce",
         })
     }
 }

@@ -101,7 +101,8 @@ pub struct Report {
     pub abusive_admitted: u64,
     /// EVAL/EVALSHA calls Redis answered during the run (Redis store only).
     pub redis_calls: Option<u64>,
-    /// Checks the wrappers answered without a store call (denial-cache and leasing modes).
+    /// Checks the wrappers answered without a store call of their own (denial-cache, leasing and
+    /// coalesce modes; for coalesce, the checks that shared another check's script call).
     pub local_answers: Option<u64>,
     /// Checks the wrappers passed to the store (denial-cache and leasing modes).
     pub store_calls: Option<u64>,
@@ -260,9 +261,14 @@ impl Report {
             let _ = writeln!(o, "redis      {c} EVAL/EVALSHA calls, {per:.3} per request");
         }
         if let (Some(h), Some(s)) = (self.local_answers, self.store_calls) {
+            let what = if self.mode == Mode::Coalesce {
+                "shared another check's script call"
+            } else {
+                "answered locally"
+            };
             let _ = writeln!(
                 o,
-                "{:<10} {h} answered locally, {s} passed to the store ({:.3} store calls per request)",
+                "{:<10} {h} {what}, {s} store calls ({:.3} per request)",
                 self.mode.to_string(),
                 s as f64 / self.completed.max(1) as f64
             );

@@ -11,7 +11,7 @@ use parking_lot::Mutex;
 use ratelimit_core::{
     DEFAULT_MAX_LEASE, DenialCache, Leasing, Limit, MemoryStore, Store, SystemClock,
 };
-use ratelimit_redis::RedisStore;
+use ratelimit_redis::{Coalescing, RedisStore};
 use redis_harness::RedisServer;
 use tokio::sync::Notify;
 
@@ -309,6 +309,7 @@ macro_rules! with_mode {
                 );
                 $body
             }
+            Mode::Coalesce => Err(Error::Usage("--mode coalesce needs --store redis".into())),
             Mode::Leasing => {
                 let $gws = base
                     .into_iter()
@@ -382,6 +383,10 @@ async fn run_once(config: &Config) -> Result<Report, Error> {
                 drive_store(config, limit, gws, setup).await
             })
         }
+        (Target::Store, StoreKind::Redis) if config.mode == Mode::Coalesce => {
+            let (gws, setup) = coalescing(redis(n).await?);
+            drive_store(config, limit, gws, setup).await
+        }
         (Target::Store, StoreKind::Redis) => {
             with_mode!(config, redis(n).await?, |gws, setup| {
                 drive_store(config, limit, gws, setup).await
@@ -405,12 +410,34 @@ async fn run_once(config: &Config) -> Result<Report, Error> {
                 layered_http(config, &limit, gws, setup).await
             })
         }
+        (Target::Http, StoreKind::Redis) if config.mode == Mode::Coalesce => {
+            let (gws, setup) = coalescing(redis(n).await?);
+            layered_http(config, &limit, gws, setup).await
+        }
         (Target::Http, StoreKind::Redis) => {
             with_mode!(config, redis(n).await?, |gws, setup| {
                 layered_http(config, &limit, gws, setup).await
             })
         }
     }
+}
+
+/// Wraps each gateway's Redis store in `Coalescing`; its local answers are the checks that
+/// shared another check's script call.
+fn coalescing(stores: Vec<RedisStore>) -> (Vec<Arc<Coalescing>>, Setup) {
+    let gws: Vec<_> = stores
+        .into_iter()
+        .map(|s| Arc::new(Coalescing::new(s)))
+        .collect();
+    let setup = wrapper_setup(
+        &gws,
+        |g| {
+            let s = g.stats();
+            (s.checks - s.store_calls.min(s.checks), s.store_calls)
+        },
+        0,
+    );
+    (gws, setup)
 }
 
 fn wrapper_setup<W: Send + Sync + 'static>(

@@ -162,3 +162,15 @@ async fn the_check_catches_unshared_state() {
     assert_eq!(r.denied, 0);
     assert!(r.text().contains("users above bound: 2"));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalescing_on_redis_is_exact() {
+    let mut c = small(Target::Store, StoreKind::Redis);
+    c.mode = Mode::Coalesce;
+    c.gateways = 2;
+    let r = ratelimit_load::run(&c).await.unwrap();
+    check_common(&r);
+    let calls = r.store_calls.unwrap();
+    assert_eq!(r.local_answers.unwrap() + calls, r.completed);
+    assert_eq!(r.redis_calls, Some(calls), "{}", r.text());
+}
