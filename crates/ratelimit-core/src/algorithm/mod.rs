@@ -1,7 +1,7 @@
 //! The rate-limiting algorithms: pure functions of (quota, stored state, now, cost).
 //!
 //! None of them reads a clock, allocates a timer or keeps hidden state: each `check` takes the
-//! stored state and the time, and returns a [`Decision`](crate::Decision) and the state to store
+//! stored state and the time, and returns a [`Decision`] and the state to store
 //! if the decision is committed. All arithmetic is in integers; see `docs/algorithms.md` for each
 //! algorithm's exact admission bound.
 
