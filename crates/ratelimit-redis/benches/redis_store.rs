@@ -339,6 +339,8 @@ fn main() {
     runtime.block_on(async {
         let store = RedisStore::builder(server.url())
             .pool_size(pool_size)
+            // Generous: a stall of the shared machine must not abort the measurement.
+            .response_timeout(Duration::from_secs(5))
             .build()
             .await
             .unwrap();
