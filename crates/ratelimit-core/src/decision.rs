@@ -187,7 +187,8 @@ impl Decision {
     ///
     /// Denied if any is denied; then the binding quota is the one that can never pass, or else
     /// the one with the longest wait (waiting that long lets every quota pass, since waiting only
-    /// ever helps). Allowed otherwise; the binding quota is the one with the fewest left.
+    /// ever helps). Allowed otherwise; the binding quota is the one with the fewest left. Ties go
+    /// to the quota with the longer time to full, then to the earlier quota.
     #[must_use]
     pub fn combine(decisions: &[Decision]) -> Option<Decision> {
         let mut best: Option<Decision> = None;
@@ -218,8 +219,12 @@ impl Decision {
         if a != b {
             return a > b;
         }
-        // Same outcome and wait: fewer remaining binds tighter.
-        self.remaining < other.remaining
+        // Same outcome and wait: fewer remaining binds tighter, then the longer time to full (a
+        // client told "0 left" should hear of the quota that takes longest to come back).
+        if self.remaining != other.remaining {
+            return self.remaining < other.remaining;
+        }
+        self.reset_after_us > other.reset_after_us
     }
 }
 

@@ -48,7 +48,7 @@ local function helpers()
 
   -- The binding quota, exactly as ratelimit-core's Decision::combine: outcome code first
   -- (exceeds > denied > allowed), then the longer retry_after among denials, then fewer
-  -- remaining; ties keep the earlier quota.
+  -- remaining, then the longer reset_after; ties keep the earlier quota.
   local b = {}
   local function consider(i, code, retry, limit, rem, reset)
     local tighter
@@ -58,8 +58,10 @@ local function helpers()
       tighter = code > b[1]
     elseif code == 1 and retry ~= b[2] then
       tighter = retry > b[2]
-    else
+    elseif rem ~= b[4] then
       tighter = rem < b[4]
+    else
+      tighter = reset > b[5]
     end
     if tighter then
       b[1], b[2], b[3], b[4], b[5], b[6] = code, retry, limit, rem, reset, i - 1
