@@ -196,32 +196,11 @@ impl RedisStore {
                 ))
             });
         };
-        let now = match &inner.clock {
-            None => None,
-            Some(clock) => {
-                let micros = clock.now().as_micros();
-                if micros > MAX_EXACT {
-                    return Box::pin(
-                        async move { Err(RedisStoreError::ClockOutOfRange { micros }) },
-                    );
-                }
-                Some(micros)
-            }
-        };
         // Everything the script needs is encoded now, into one buffer the future owns.
-        let keys = state_keys(&inner.prefix, key, limit);
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(keys.len());
-        for k in &keys {
-            cmd.arg(k.as_bytes());
-        }
-        match now {
-            None => cmd.arg("s"),
-            Some(t) => cmd.arg(t),
+        let cmd = match command(&inner, script, key, limit, cost.min(MAX_EXACT + 1)) {
+            Ok(cmd) => cmd,
+            Err(e) => return Box::pin(async move { Err(e) }),
         };
-        for a in script_args(limit, cost, inner.expiry_slack_ms) {
-            cmd.arg(a);
-        }
         Box::pin(async move {
             let timeout = inner.response_timeout;
             match tokio::time::timeout(timeout, inner.eval(script, cmd)).await {
@@ -253,38 +232,16 @@ impl RedisStore {
                 ))
             });
         };
-        let now = match &inner.clock {
-            None => None,
-            Some(clock) => {
-                let micros = clock.now().as_micros();
-                if micros > MAX_EXACT {
-                    return Box::pin(
-                        async move { Err(RedisStoreError::ClockOutOfRange { micros }) },
-                    );
-                }
-                Some(micros)
-            }
-        };
-        let keys = state_keys(&inner.prefix, key, limit);
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(keys.len());
-        for k in &keys {
-            cmd.arg(k.as_bytes());
-        }
-        match now {
-            None => cmd.arg("s"),
-            Some(t) => cmd.arg(t),
-        };
         // The costs, clamped as for one check, joined by commas in place of the single cost.
         let joined = costs
             .iter()
             .map(|c| c.min(&(MAX_EXACT + 1)).to_string())
             .collect::<Vec<_>>()
             .join(",");
-        cmd.arg(joined);
-        for a in &script_args(limit, 0, inner.expiry_slack_ms)[1..] {
-            cmd.arg(*a);
-        }
+        let cmd = match command(&inner, script, key, limit, joined) {
+            Ok(cmd) => cmd,
+            Err(e) => return Box::pin(async move { Err(e) }),
+        };
         Box::pin(async move {
             let timeout = inner.response_timeout;
             let call = async {
@@ -310,6 +267,42 @@ impl Store for RedisStore {
 
 /// ARGV for the scripts after the time (`s` for the server's, or the client's µs): cost, quota
 /// count, expiry slack, then each quota's parameters (see `src/lua/prelude.lua`).
+/// The `EVALSHA` of `script` on `key`'s state under `limit`: the keys, the time (the server's, or
+/// the client clock's), then `cost` (one cost, or several joined by commas) and the quotas.
+fn command(
+    inner: &Inner,
+    script: &redis::Script,
+    key: &[u8],
+    limit: &Limit,
+    cost: impl redis::ToRedisArgs,
+) -> Result<redis::Cmd, RedisStoreError> {
+    let now = match &inner.clock {
+        None => None,
+        Some(clock) => {
+            let micros = clock.now().as_micros();
+            if micros > MAX_EXACT {
+                return Err(RedisStoreError::ClockOutOfRange { micros });
+            }
+            Some(micros)
+        }
+    };
+    let keys = state_keys(&inner.prefix, key, limit);
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(keys.len());
+    for k in &keys {
+        cmd.arg(k.as_bytes());
+    }
+    match now {
+        None => cmd.arg("s"),
+        Some(t) => cmd.arg(t),
+    };
+    cmd.arg(cost);
+    for a in &script_args(limit, 0, inner.expiry_slack_ms)[1..] {
+        cmd.arg(*a);
+    }
+    Ok(cmd)
+}
+
 fn script_args(limit: &Limit, cost: u64, slack_ms: u64) -> Vec<u64> {
     let quotas = limit.quotas();
     let mut args = Vec::with_capacity(3 + 4 * quotas.len());
