@@ -6,7 +6,6 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,8 +14,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use pin_project_lite::pin_project;
-use siphasher::sip128::{Hasher128, SipHasher13};
 
+use crate::key_digest::{BuildIdHasher, KeyDigest};
+use crate::time::duration_to_micros as micros;
 use crate::{Algorithm, Clock, Decision, Limit, Outcome, Store};
 
 /// The default most denials a [`DenialCache`] holds: 100,000.
@@ -337,30 +337,12 @@ impl Entry {
     }
 }
 
-/// The table's keys are already uniform 128-bit digests: hash them by taking 64 bits.
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    fn write_u128(&mut self, i: u128) {
-        self.0 = i as u64;
-    }
-}
-
-type Map = HashMap<u128, Entry, BuildHasherDefault<IdHasher>>;
+type Map = HashMap<u128, Entry, BuildIdHasher>;
 
 struct Table {
     shards: Box<[Mutex<Map>]>,
     per_shard_cap: usize,
-    seed: (u64, u64),
+    digest: KeyDigest,
     hits: AtomicU64,
     misses: AtomicU64,
     inserted: AtomicU64,
@@ -373,7 +355,7 @@ impl Table {
         Table {
             shards: (0..shards).map(|_| Mutex::new(Map::default())).collect(),
             per_shard_cap: max / shards,
-            seed: random_seed(),
+            digest: KeyDigest::random(),
             hits: AtomicU64::new(0),
             misses: AtomicU64::new(0),
             inserted: AtomicU64::new(0),
@@ -384,10 +366,7 @@ impl Table {
     /// A 128-bit SipHash of (limit fingerprint, cost, key) under a per-process random key: fixed
     /// size whatever the key's length, and HashDoS-resistant.
     fn id(&self, key: &[u8], fingerprint: u64, cost: u64) -> u128 {
-        let mut h = SipHasher13::new_with_keys(self.seed.0 ^ fingerprint, self.seed.1);
-        h.write_u64(cost);
-        h.write(key);
-        h.finish128().as_u128()
+        self.digest.digest_u128(key, fingerprint, cost)
     }
 
     fn shard(&self, id: u128) -> &Mutex<Map> {
@@ -480,10 +459,6 @@ fn implied_wait(limit: &Limit, cost: u64, d: &Decision) -> Option<u64> {
     (wait > 0).then_some(wait)
 }
 
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
-
 fn prev_power_of_two(n: usize) -> usize {
     let n = n.max(1);
     if n.is_power_of_two() {
@@ -491,13 +466,6 @@ fn prev_power_of_two(n: usize) -> usize {
     } else {
         n.next_power_of_two() / 2
     }
-}
-
-fn random_seed() -> (u64, u64) {
-    use std::hash::BuildHasher;
-    let a = std::collections::hash_map::RandomState::new().hash_one(0xdead_u64);
-    let b = std::collections::hash_map::RandomState::new().hash_one(0xbeef_u64);
-    (a, b)
 }
 
 #[cfg(test)]

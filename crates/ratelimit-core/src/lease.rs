@@ -6,7 +6,6 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
-use std::hash::{BuildHasherDefault, Hasher};
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -15,8 +14,9 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 use pin_project_lite::pin_project;
-use siphasher::sip128::{Hasher128, SipHasher13};
 
+use crate::key_digest::{BuildIdHasher, KeyDigest};
+use crate::time::duration_to_micros as micros;
 use crate::{Algorithm, Clock, ConfigError, Decision, Limit, Outcome, Store};
 
 /// The default largest lease (adaptive sizing): 64 units.
@@ -180,12 +180,12 @@ struct Shared<S, C> {
     max_ttl_us: u64,
     shards: Box<[Mutex<Map>]>,
     per_shard_cap: usize,
-    seed: (u64, u64),
+    digest: KeyDigest,
     counters: Counters,
 }
 
 type EntryRef = Arc<Mutex<Entry>>;
-type Map = HashMap<u128, EntryRef, BuildHasherDefault<IdHasher>>;
+type Map = HashMap<u128, EntryRef, BuildIdHasher>;
 
 /// One key's lease state on this gateway.
 #[derive(Debug, Default)]
@@ -310,9 +310,7 @@ impl<S, C> Shared<S, C> {
     }
 
     fn id(&self, key: &[u8], fingerprint: u64) -> u128 {
-        let mut h = SipHasher13::new_with_keys(self.seed.0 ^ fingerprint, self.seed.1);
-        h.write(key);
-        h.finish128().as_u128()
+        self.digest.digest_u128(key, fingerprint, 0)
     }
 
     /// The entry of `id`, made if needed; `None` if the table is full of busy entries.
@@ -434,7 +432,7 @@ impl<S, C> LeasingBuilder<S, C> {
                 max_ttl_us,
                 shards: (0..SHARDS).map(|_| Mutex::new(Map::default())).collect(),
                 per_shard_cap: self.max_keys.div_ceil(SHARDS),
-                seed: random_seed(),
+                digest: KeyDigest::random(),
                 counters: Counters::default(),
             }),
         })
@@ -801,33 +799,4 @@ fn starve(e: &mut Entry, sent: u64, d: &Decision) {
     if let Some(wait) = d.retry_after() {
         e.starved_until = e.starved_until.max(sent.saturating_add(micros(wait)));
     }
-}
-
-fn micros(d: Duration) -> u64 {
-    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
-}
-
-/// Keys are uniform 128-bit digests already.
-#[derive(Default)]
-struct IdHasher(u64);
-
-impl Hasher for IdHasher {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-    fn write(&mut self, bytes: &[u8]) {
-        for &b in bytes {
-            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
-        }
-    }
-    fn write_u128(&mut self, i: u128) {
-        self.0 = i as u64;
-    }
-}
-
-fn random_seed() -> (u64, u64) {
-    use std::hash::BuildHasher;
-    let a = std::collections::hash_map::RandomState::new().hash_one(0x1ea5e_u64);
-    let b = std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64);
-    (a, b)
 }

@@ -40,6 +40,7 @@ mod clock;
 mod decision;
 mod denial_cache;
 mod error;
+mod key_digest;
 mod lease;
 mod limit;
 mod memory_store;

@@ -6,10 +6,10 @@ use std::future::{Ready, ready};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crate::algorithm::State;
+use crate::key_digest::KeyDigest;
 use crate::{Clock, ConfigError, Decision, Limit, Store, SystemClock, Timestamp};
 
 mod compact;
-mod digest;
 
 /// The default cap on the number of keys held: 1,000,000.
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
@@ -53,7 +53,7 @@ pub struct MemoryStore<C = SystemClock> {
     shards: Box<[Shard]>,
     mask: u64,
     per_shard_cap: usize,
-    seed: (u64, u64),
+    digest: KeyDigest,
     evictions: AtomicU64,
     clock: C,
 }
@@ -140,12 +140,11 @@ impl<C> MemoryStoreBuilder<C> {
             None => DEFAULT_SHARDS.min(prev_power_of_two((self.max_keys / 16).max(1))),
         };
         let per_shard_cap = self.max_keys / shards;
-        let seed = random_seed();
         Ok(MemoryStore {
             shards: (0..shards).map(|_| Shard::default()).collect(),
             mask: (shards - 1) as u64,
             per_shard_cap,
-            seed,
+            digest: KeyDigest::random(),
             evictions: AtomicU64::new(0),
             clock: self.clock,
         })
@@ -255,7 +254,7 @@ impl<C> MemoryStore<C> {
 
     fn key_id(&self, key: &[u8], fingerprint: u64) -> KeyId {
         // The limit's fingerprint is folded into the secret key: one pass over the key bytes.
-        let (h1, h2) = digest::siphash13_128(self.seed.0 ^ fingerprint, self.seed.1, key);
+        let (h1, h2) = self.digest.digest(key, fingerprint, 0);
         // (0, 0) marks an empty bucket.
         if h1 == 0 && h2 == 0 {
             KeyId(0, 1)
@@ -500,12 +499,4 @@ fn prev_power_of_two(n: usize) -> usize {
     } else {
         n.next_power_of_two() / 2
     }
-}
-
-fn random_seed() -> (u64, u64) {
-    use std::hash::BuildHasher;
-    // std's RandomState is seeded from the operating system's randomness.
-    let a = std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64);
-    let b = std::collections::hash_map::RandomState::new().hash_one(0xfeed_u64);
-    (a, b)
 }

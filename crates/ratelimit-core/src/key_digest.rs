@@ -1,8 +1,71 @@
-//! SipHash-1-3 with a 128-bit output over a byte string, written for the store's hot path.
+//! Keys as 128-bit digests: SipHash-1-3-128 under a random per-process secret, shared by the
+//! memory store, the denial cache and the leasing wrapper.
 //!
 //! The `siphasher` crate computes the same function (the tests compare the two on random
 //! inputs), but its streaming `Hasher` interface buffers partial words; a key is hashed here in
 //! one pass over whole words, which takes about half the instructions.
+
+use std::hash::{BuildHasherDefault, Hasher};
+
+/// A secret SipHash key, drawn from the operating system's randomness (through std's
+/// `RandomState`). Unknown to clients, so they cannot aim collisions at a table.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct KeyDigest {
+    k0: u64,
+    k1: u64,
+}
+
+impl KeyDigest {
+    pub(crate) fn random() -> Self {
+        use std::hash::BuildHasher;
+        let k0 = std::collections::hash_map::RandomState::new().hash_one(0x5eed_u64);
+        let k1 = std::collections::hash_map::RandomState::new().hash_one(0xfeed_u64);
+        KeyDigest { k0, k1 }
+    }
+
+    /// The digest of `key`, under a secret tweaked by `tweak0` and `tweak1` (a limit's fingerprint,
+    /// a cost): a distinct keyed function for each pair of tweaks, in one pass over the key.
+    #[inline]
+    pub(crate) fn digest(&self, key: &[u8], tweak0: u64, tweak1: u64) -> (u64, u64) {
+        siphash13_128(self.k0 ^ tweak0, self.k1 ^ tweak1, key)
+    }
+
+    /// The same digest as one `u128`.
+    #[inline]
+    pub(crate) fn digest_u128(&self, key: &[u8], tweak0: u64, tweak1: u64) -> u128 {
+        let (h1, h2) = self.digest(key, tweak0, tweak1);
+        u128::from(h1) | (u128::from(h2) << 64)
+    }
+}
+
+/// A hasher for tables keyed by digests, which are uniformly random already: it keeps 64 bits of
+/// the digest instead of hashing it again.
+#[derive(Debug, Default)]
+pub(crate) struct IdHasher(u64);
+
+/// [`IdHasher`] for `HashMap`.
+pub(crate) type BuildIdHasher = BuildHasherDefault<IdHasher>;
+
+impl Hasher for IdHasher {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only integers are hashed here; fold anything else in, to stay a valid hasher.
+        for &b in bytes {
+            self.0 = (self.0 ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+        }
+    }
+
+    fn write_u64(&mut self, n: u64) {
+        self.0 = n;
+    }
+
+    fn write_u128(&mut self, n: u128) {
+        self.0 = n as u64;
+    }
+}
 
 #[inline(always)]
 fn round(v: &mut [u64; 4]) {
@@ -31,7 +94,7 @@ fn compress(v: &mut [u64; 4], m: u64) {
 
 /// SipHash-1-3-128 of `data` under the key `(k0, k1)`, as two 64-bit halves.
 #[inline]
-pub(super) fn siphash13_128(k0: u64, k1: u64, data: &[u8]) -> (u64, u64) {
+pub(crate) fn siphash13_128(k0: u64, k1: u64, data: &[u8]) -> (u64, u64) {
     let mut v = [
         k0 ^ 0x736f_6d65_7073_6575,
         k1 ^ 0x646f_7261_6e64_6f6d ^ 0xee,
