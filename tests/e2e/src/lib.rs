@@ -26,8 +26,9 @@ pub mod reconnecting;
 
 use std::time::Duration;
 
-use ratelimit_core::{Algorithm, Limit, Quota};
+use ratelimit_core::{Algorithm, Limit, Quota, Store};
 use ratelimit_redis::{RedisStore, RedisStoreBuilder};
+use tower_ratelimit::{CircuitBreaker, FailurePolicy, Policy, RateLimitLayer};
 
 /// A token bucket of `n` per minute (bursts of `n`).
 pub fn per_minute(n: u64) -> Limit {
@@ -36,6 +37,28 @@ pub fn per_minute(n: u64) -> Limit {
         Quota::per_minute(n).expect("a valid quota"),
     )
     .expect("a valid limit")
+}
+
+/// The layer of the fault scenarios: policy `name` allows `per_min` a minute (token bucket) and
+/// answers `failure` when the store fails; store calls are cut at `timeout`; the circuit breaker
+/// opens after 3 consecutive failures and probes again after 200 ms.
+pub fn fault_layer<S: Store + Clone>(
+    store: &S,
+    name: &str,
+    per_min: u64,
+    failure: FailurePolicy,
+    timeout: Duration,
+) -> RateLimitLayer<S> {
+    RateLimitLayer::builder(
+        store.clone(),
+        Policy::new(name, per_minute(per_min))
+            .expect("policy")
+            .failure(failure),
+    )
+    .timeout(timeout)
+    .circuit_breaker(CircuitBreaker::new(3, Duration::from_millis(200)).expect("breaker"))
+    .build()
+    .expect("layer")
 }
 
 /// Store settings for fault tests: short connect and wait timeouts (100 ms), a response timeout of

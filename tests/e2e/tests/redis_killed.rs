@@ -16,10 +16,10 @@ use axum::routing::get;
 use ratelimit_e2e::app::TestApp;
 use ratelimit_e2e::load::{self, ms};
 use ratelimit_e2e::observe::{Logs, Metrics};
-use ratelimit_e2e::{per_minute, store_builder, wait_until};
+use ratelimit_e2e::{fault_layer, store_builder, wait_until};
 use ratelimit_redis::RedisStore;
 use redis_harness::RedisServer;
-use tower_ratelimit::{CircuitBreaker, FailurePolicy, Policy, RateLimitLayer};
+use tower_ratelimit::{FailurePolicy, RateLimitLayer};
 
 const TIMEOUT: Duration = Duration::from_millis(50);
 const MARGIN: Duration = Duration::from_millis(250);
@@ -33,16 +33,7 @@ fn layer(
     per_min: u64,
     failure: FailurePolicy,
 ) -> RateLimitLayer<RedisStore> {
-    RateLimitLayer::builder(
-        store.clone(),
-        Policy::new(name, per_minute(per_min))
-            .expect("policy")
-            .failure(failure),
-    )
-    .timeout(TIMEOUT)
-    .circuit_breaker(CircuitBreaker::new(3, Duration::from_millis(200)).expect("breaker"))
-    .build()
-    .expect("layer")
+    fault_layer(store, name, per_min, failure, TIMEOUT)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

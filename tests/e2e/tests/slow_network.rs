@@ -11,26 +11,17 @@ use axum::routing::get;
 use ratelimit_e2e::app::TestApp;
 use ratelimit_e2e::load::{self, Samples, ms};
 use ratelimit_e2e::observe::Metrics;
-use ratelimit_e2e::{per_minute, store_builder, wait_until};
+use ratelimit_e2e::{fault_layer, store_builder, wait_until};
 use ratelimit_redis::RedisStore;
 use redis_harness::RedisServer;
 use redis_harness::proxy::Proxy;
-use tower_ratelimit::{CircuitBreaker, FailurePolicy, Policy, RateLimitLayer};
+use tower_ratelimit::{FailurePolicy, RateLimitLayer};
 
 const TIMEOUT: Duration = Duration::from_millis(100);
 const MARGIN: Duration = Duration::from_millis(250);
 
 fn layer(store: &RedisStore, name: &str, failure: FailurePolicy) -> RateLimitLayer<RedisStore> {
-    RateLimitLayer::builder(
-        store.clone(),
-        Policy::new(name, per_minute(100_000))
-            .expect("policy")
-            .failure(failure),
-    )
-    .timeout(TIMEOUT)
-    .circuit_breaker(CircuitBreaker::new(3, Duration::from_millis(200)).expect("breaker"))
-    .build()
-    .expect("layer")
+    fault_layer(store, name, 100_000, failure, TIMEOUT)
 }
 
 async fn phase(client: &reqwest::Client, app: &TestApp, what: &str, ms_: u64) -> Samples {
