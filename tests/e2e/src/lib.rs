@@ -72,6 +72,15 @@ pub fn store_builder(url: &str) -> RedisStoreBuilder {
         .response_timeout(Duration::from_millis(200))
 }
 
+/// `true` if `GET url` answers 200 (used to poll for recovery).
+pub async fn answers_ok(client: &reqwest::Client, url: String) -> bool {
+    client
+        .get(url)
+        .send()
+        .await
+        .is_ok_and(|r| r.status() == 200)
+}
+
 /// Polls `f` every 10 ms until it returns `true`, for at most `within`; returns how long it took,
 /// or `None` if it never did.
 pub async fn wait_until<F, Fut>(within: Duration, mut f: F) -> Option<Duration>

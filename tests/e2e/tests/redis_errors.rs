@@ -10,7 +10,7 @@ use axum::routing::get;
 use ratelimit_e2e::app::TestApp;
 use ratelimit_e2e::load::{self, ms};
 use ratelimit_e2e::observe::{Logs, Metrics};
-use ratelimit_e2e::{fault_layer, per_minute, store_builder, wait_until};
+use ratelimit_e2e::{answers_ok, fault_layer, per_minute, store_builder, wait_until};
 use ratelimit_redis::RedisStore;
 use redis_harness::RedisServer;
 use tower_ratelimit::{FailurePolicy, Policy, RateLimitLayer};
@@ -126,12 +126,8 @@ async fn maxmemory_with_noeviction_maps_to_the_policy() {
 
     // Memory freed: the store decides again, without a restart.
     redis.cli(&["config", "set", "maxmemory", "0"]);
-    let back = wait_until(Duration::from_secs(5), || async {
-        client
-            .get(app.url("/closed"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status() == 200)
+    let back = wait_until(Duration::from_secs(5), || {
+        answers_ok(&client, app.url("/closed"))
     })
     .await
     .expect("recovers within 5 s of memory being freed");
@@ -193,12 +189,8 @@ async fn a_wrong_password_maps_to_the_policy() {
         "rotated-pw",
         &["config", "set", "requirepass", "right-pw"],
     );
-    let back = wait_until(Duration::from_secs(5), || async {
-        client
-            .get(app.url("/closed"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status() == 200)
+    let back = wait_until(Duration::from_secs(5), || {
+        answers_ok(&client, app.url("/closed"))
     })
     .await
     .expect("recovers within 5 s of the password being restored");

@@ -11,7 +11,7 @@ use axum::routing::get;
 use ratelimit_e2e::app::TestApp;
 use ratelimit_e2e::load::{self, Samples, ms};
 use ratelimit_e2e::observe::Metrics;
-use ratelimit_e2e::{fault_layer, store_builder, wait_until};
+use ratelimit_e2e::{answers_ok, fault_layer, store_builder, wait_until};
 use ratelimit_redis::RedisStore;
 use redis_harness::RedisServer;
 use redis_harness::proxy::Proxy;
@@ -46,12 +46,8 @@ async fn phase(client: &reqwest::Client, app: &TestApp, what: &str, ms_: u64) ->
 }
 
 async fn recovers(client: &reqwest::Client, app: &TestApp, what: &str) {
-    let took = wait_until(Duration::from_secs(5), || async {
-        client
-            .get(app.url("/closed"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status() == 200)
+    let took = wait_until(Duration::from_secs(5), || {
+        answers_ok(client, app.url("/closed"))
     })
     .await
     .unwrap_or_else(|| panic!("{what}: no recovery within 5 s"));

@@ -13,7 +13,7 @@ use ratelimit_e2e::app::TestApp;
 use ratelimit_e2e::load::{self, ms};
 use ratelimit_e2e::observe::{Logs, Metrics};
 use ratelimit_e2e::reconnecting::ReconnectingStore;
-use ratelimit_e2e::{fault_layer, store_builder, wait_until};
+use ratelimit_e2e::{answers_ok, fault_layer, store_builder, wait_until};
 use ratelimit_redis::RedisStoreError;
 use redis_harness::RedisServer;
 use tower_ratelimit::{FailurePolicy, RateLimitLayer};
@@ -119,12 +119,8 @@ async fn the_app_starts_without_redis_and_recovers_when_it_comes_up() {
     .await
     .unwrap();
     let up_at = Instant::now();
-    let recovered = wait_until(Duration::from_secs(5), || async {
-        client
-            .get(app.url("/closed"))
-            .send()
-            .await
-            .is_ok_and(|r| r.status() == 200)
+    let recovered = wait_until(Duration::from_secs(5), || {
+        answers_ok(&client, app.url("/closed"))
     })
     .await
     .expect("served by Redis within 5 s of it coming up");
