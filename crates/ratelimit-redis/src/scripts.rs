@@ -5,58 +5,51 @@ use std::sync::LazyLock;
 use ratelimit_core::Algorithm;
 use redis::Script;
 
-macro_rules! script {
-    ($file:literal) => {
-        concat!(include_str!("lua/prelude.lua"), include_str!($file))
-    };
+const PRELUDE: &str = include_str!("lua/prelude.lua");
+const HELPERS: &str = include_str!("lua/helpers.lua");
+/// The line of an algorithm's script where the general path's helpers go (after its fast path).
+const HELPERS_MARK: &str = "--@helpers\n";
+
+/// The algorithms' own scripts, in [`index`] order.
+const ALGORITHMS: [&str; 5] = [
+    include_str!("lua/token_bucket.lua"),
+    include_str!("lua/gcra.lua"),
+    include_str!("lua/fixed_window.lua"),
+    include_str!("lua/sliding_window.lua"),
+    include_str!("lua/sliding_log.lua"),
+];
+
+/// An algorithm's script with the shared helpers in place of its `--@helpers` line (or in front
+/// of it, if it had none).
+fn with_helpers(algorithm: &str) -> String {
+    match algorithm.split_once(HELPERS_MARK) {
+        Some((fast, general)) => [fast, HELPERS, general].concat(),
+        None => [HELPERS, algorithm].concat(),
+    }
 }
 
-const TOKEN_BUCKET: &str = script!("lua/token_bucket.lua");
-const GCRA: &str = script!("lua/gcra.lua");
-const FIXED_WINDOW: &str = script!("lua/fixed_window.lua");
-const SLIDING_WINDOW: &str = script!("lua/sliding_window.lua");
-const SLIDING_LOG: &str = script!("lua/sliding_log.lua");
+/// The single-cost sources: the prelude, then the algorithm's script.
+static SOURCES: LazyLock<[String; 5]> =
+    LazyLock::new(|| ALGORITHMS.map(|a| [PRELUDE, &with_helpers(a)].concat()));
 
-static SCRIPTS: LazyLock<[Script; 5]> = LazyLock::new(|| {
-    [
-        Script::new(TOKEN_BUCKET),
-        Script::new(GCRA),
-        Script::new(FIXED_WINDOW),
-        Script::new(SLIDING_WINDOW),
-        Script::new(SLIDING_LOG),
-    ]
-});
+static SCRIPTS: LazyLock<[Script; 5]> =
+    LazyLock::new(|| SOURCES.each_ref().map(|s| Script::new(s)));
 
 /// The multi-cost form of a script (request coalescing): the algorithm's script becomes a function
 /// run once per cost, in order, on the state the previous cost left (see `lua/multi_head.lua`).
-macro_rules! multi {
-    ($file:literal) => {
-        concat!(
-            include_str!("lua/prelude.lua"),
-            include_str!("lua/multi_head.lua"),
-            include_str!($file),
-            include_str!("lua/multi_tail.lua")
-        )
-    };
-}
-
 static MULTI: LazyLock<[Script; 5]> = LazyLock::new(|| {
-    [
-        Script::new(multi!("lua/token_bucket.lua")),
-        Script::new(multi!("lua/gcra.lua")),
-        Script::new(multi!("lua/fixed_window.lua")),
-        Script::new(multi!("lua/sliding_window.lua")),
-        Script::new(multi!("lua/sliding_log.lua")),
-    ]
+    ALGORITHMS.map(|a| {
+        Script::new(
+            &[
+                PRELUDE,
+                include_str!("lua/multi_head.lua"),
+                &with_helpers(a),
+                include_str!("lua/multi_tail.lua"),
+            ]
+            .concat(),
+        )
+    })
 });
-
-const SOURCES: [&str; 5] = [
-    TOKEN_BUCKET,
-    GCRA,
-    FIXED_WINDOW,
-    SLIDING_WINDOW,
-    SLIDING_LOG,
-];
 
 fn index(algorithm: Algorithm) -> Option<usize> {
     match algorithm {
@@ -76,7 +69,7 @@ fn index(algorithm: Algorithm) -> Option<usize> {
 /// `None` for an algorithm this version of the crate has no script for.
 #[must_use]
 pub fn script_source(algorithm: Algorithm) -> Option<&'static str> {
-    index(algorithm).map(|i| SOURCES[i])
+    index(algorithm).map(|i| SOURCES[i].as_str())
 }
 
 /// The SHA1 of [`script_source`], as used with `EVALSHA`.
@@ -98,4 +91,30 @@ pub(crate) fn multi_script(algorithm: Algorithm) -> Option<&'static Script> {
 /// Every script, single- and multi-cost, for loading at start.
 pub(crate) fn all() -> impl Iterator<Item = &'static Script> {
     SCRIPTS.iter().chain(MULTI.iter())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_algorithm_marks_where_the_helpers_go_once() {
+        for (i, script) in ALGORITHMS.iter().enumerate() {
+            assert_eq!(script.matches(HELPERS_MARK).count(), 1, "script {i}");
+            let source = &SOURCES[i];
+            assert!(source.starts_with(PRELUDE));
+            assert!(!source.contains(HELPERS_MARK));
+            assert_eq!(source.matches("local function helpers()").count(), 1);
+        }
+    }
+
+    #[test]
+    fn fast_paths_come_before_the_helpers() {
+        // Every algorithm but the sliding log has a single-quota fast path that returns before
+        // the helpers closure is made.
+        for source in &SOURCES[..4] {
+            let fast = source.find("if N == 1 then").unwrap();
+            assert!(fast < source.find("local function helpers()").unwrap());
+        }
+    }
 }

@@ -38,12 +38,12 @@ local function window(limit, period, s_start, s_count)
 end
 
 if N == 1 then
-  local limit, period = tonumber(ARGV[5]), tonumber(ARGV[6])
+  local limit, period = ARGV[5] + 0, ARGV[6] + 0
   local raw = redis.call('GET', key)
   local s_start, s_count
   if raw then
-    local sep = string.find(raw, ':', 1, true)
-    s_start, s_count = tonumber(string.sub(raw, 1, sep - 1)), tonumber(string.sub(raw, sep + 1))
+    local x, y = string.match(raw, PAIR)
+    s_start, s_count = x + 0, y + 0
   end
   local code, retry, rem, reset, start, count, before, after =
     window(limit, period, s_start, s_count)
@@ -59,13 +59,14 @@ if N == 1 then
   return { code, retry, limit, rem, reset, 0 }
 end
 
+--@helpers
 local consider, b, load_numbers, store_numbers, ttl_ms = helpers()
 local st, exists = load_numbers(key, 2 * N)
 local new = {}
 local fresh_before, fresh_after = 0, 0
 for i = 1, N do
   local a = 4 + (i - 1) * 2
-  local limit, period = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local limit, period = ARGV[a + 1] + 0, ARGV[a + 2] + 0
   local code, retry, rem, reset, start, count, before, after =
     window(limit, period, st[2 * i - 1], st[2 * i])
   consider(i, code, retry, limit, rem, reset)

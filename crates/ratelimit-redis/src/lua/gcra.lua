@@ -6,14 +6,14 @@
 local key = KEYS[1]
 
 if N == 1 then
-  local burst, scale = tonumber(ARGV[5]), tonumber(ARGV[6])
-  local rate, cap = tonumber(ARGV[7]), tonumber(ARGV[8])
+  local burst, scale = ARGV[5] + 0, ARGV[6] + 0
+  local rate, cap = ARGV[7] + 0, ARGV[8] + 0
   local raw = redis.call('GET', key)
   -- Debt TAT - now in level units, at most the capacity; computed without forming tat * rate.
   local d, fresh = 0, 0
   if raw then
-    local sep = string.find(raw, ':', 1, true)
-    local tat, frac = tonumber(string.sub(raw, 1, sep - 1)), tonumber(string.sub(raw, sep + 1))
+    local x, y = string.match(raw, PAIR)
+    local tat, frac = x + 0, y + 0
     fresh = tat
     if frac > 0 then fresh = tat + 1 end
     if tat >= NOW then
@@ -53,14 +53,15 @@ if N == 1 then
   return { code, retry, burst, floor((cap - d) / scale), ceil(d / rate), 0 }
 end
 
+--@helpers
 local consider, b, load_numbers, store_numbers, ttl_ms = helpers()
 local st, exists = load_numbers(key, 2 * N)
 local new = {}
 local fresh_before, fresh_after = 0, 0
 for i = 1, N do
   local a = 4 + (i - 1) * 4
-  local burst, scale = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local rate, cap = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  local burst, scale = ARGV[a + 1] + 0, ARGV[a + 2] + 0
+  local rate, cap = ARGV[a + 3] + 0, ARGV[a + 4] + 0
   local d = 0
   if exists then
     local tat, frac = st[2 * i - 1], st[2 * i]

@@ -4,6 +4,7 @@
 -- at one instant are merged into one entry.
 -- Per-quota ARGV: limit, period_us.
 
+--@helpers
 local consider, b, _, _, ttl_ms = helpers()
 local hkey = KEYS[1]
 local FIELDS = { 'n1', 'n2', 'n3', 'n4', 'n5', 'n6', 'n7', 'n8' }
@@ -20,7 +21,7 @@ local plan = {}
 local fresh_before, fresh_after = 0, 0
 for i = 1, N do
   local a = 4 + (i - 1) * 2
-  local limit, p = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local limit, p = ARGV[a + 1] + 0, ARGV[a + 2] + 0
   local lkey = KEYS[1 + i]
   local total = 0
   local newest, newest_cost = nil, 0

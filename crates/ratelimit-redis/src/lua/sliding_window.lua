@@ -60,15 +60,12 @@ local function window(limit, p, s_start, s_cur, s_prev)
 end
 
 if N == 1 then
-  local limit, p = tonumber(ARGV[5]), tonumber(ARGV[6])
+  local limit, p = ARGV[5] + 0, ARGV[6] + 0
   local raw = redis.call('GET', key)
   local s_start, s_cur, s_prev
   if raw then
-    local s1 = string.find(raw, ':', 1, true)
-    local s2 = string.find(raw, ':', s1 + 1, true)
-    s_start = tonumber(string.sub(raw, 1, s1 - 1))
-    s_cur = tonumber(string.sub(raw, s1 + 1, s2 - 1))
-    s_prev = tonumber(string.sub(raw, s2 + 1))
+    local x, y, z = string.match(raw, TRIPLE)
+    s_start, s_cur, s_prev = x + 0, y + 0, z + 0
   end
   local code, retry, rem, reset, start, cur, prev, before, after =
     window(limit, p, s_start, s_cur, s_prev)
@@ -84,13 +81,14 @@ if N == 1 then
   return { code, retry, limit, rem, reset, 0 }
 end
 
+--@helpers
 local consider, b, load_numbers, store_numbers, ttl_ms = helpers()
 local st, exists = load_numbers(key, 3 * N)
 local new = {}
 local fresh_before, fresh_after = 0, 0
 for i = 1, N do
   local a = 4 + (i - 1) * 2
-  local limit, p = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
+  local limit, p = ARGV[a + 1] + 0, ARGV[a + 2] + 0
   local code, retry, rem, reset, start, cur, prev, before, after =
     window(limit, p, st[3 * i - 2], st[3 * i - 1], st[3 * i])
   consider(i, code, retry, limit, rem, reset)

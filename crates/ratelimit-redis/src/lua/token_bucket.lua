@@ -6,13 +6,13 @@
 local key = KEYS[1]
 
 if N == 1 then
-  local burst, scale = tonumber(ARGV[5]), tonumber(ARGV[6])
-  local rate, cap = tonumber(ARGV[7]), tonumber(ARGV[8])
+  local burst, scale = ARGV[5] + 0, ARGV[6] + 0
+  local rate, cap = ARGV[7] + 0, ARGV[8] + 0
   local raw = redis.call('GET', key)
   local level, last = cap, NOW
   if raw then
-    local sep = string.find(raw, ':', 1, true)
-    level, last = tonumber(string.sub(raw, 1, sep - 1)), tonumber(string.sub(raw, sep + 1))
+    local x, y = string.match(raw, PAIR)
+    level, last = x + 0, y + 0
     if level > cap then level = cap end
   end
   local now = NOW
@@ -50,14 +50,15 @@ if N == 1 then
   return { code, retry, burst, floor(level / scale), reset, 0 }
 end
 
+--@helpers
 local consider, b, load_numbers, store_numbers, ttl_ms = helpers()
 local st, exists = load_numbers(key, 2 * N)
 local new = {}
 local fresh_before, fresh_after = 0, 0
 for i = 1, N do
   local a = 4 + (i - 1) * 4
-  local burst, scale = tonumber(ARGV[a + 1]), tonumber(ARGV[a + 2])
-  local rate, cap = tonumber(ARGV[a + 3]), tonumber(ARGV[a + 4])
+  local burst, scale = ARGV[a + 1] + 0, ARGV[a + 2] + 0
+  local rate, cap = ARGV[a + 3] + 0, ARGV[a + 4] + 0
   local level, last = cap, NOW
   if exists then
     level, last = math.min(st[2 * i - 1], cap), st[2 * i]

@@ -1,0 +1,66 @@
+-- ratelimit-redis: the helpers of the general path (several quotas), put in place of each
+-- algorithm script's `--@helpers` line (see src/scripts.rs), after its single-quota fast path: a
+-- single-quota check, by far the most common, returns before this closure is even made (making it
+-- costs about 0.2 us of usec_per_call), and allocates nothing but its reply.
+--
+-- ttl_ms: milliseconds from NOW until the state is fresh again, rounded up, at least 1, plus
+-- SLACK_MS (written inline in the fast paths).
+local function helpers()
+  local function ttl_ms(fresh_at)
+    if fresh_at > NOW then
+      return ceil((fresh_at - NOW) / 1000) + SLACK_MS
+    end
+    return 1 + SLACK_MS
+  end
+
+  -- The binding quota, exactly as ratelimit-core's Decision::combine: outcome code first
+  -- (exceeds > denied > allowed), then the longer retry_after among denials, then fewer
+  -- remaining, then the longer reset_after; ties keep the earlier quota.
+  local b = {}
+  local function consider(i, code, retry, limit, rem, reset)
+    local tighter
+    if b[1] == nil then
+      tighter = true
+    elseif code ~= b[1] then
+      tighter = code > b[1]
+    elseif code == 1 and retry ~= b[2] then
+      tighter = retry > b[2]
+    elseif rem ~= b[4] then
+      tighter = rem < b[4]
+    else
+      tighter = reset > b[5]
+    end
+    if tighter then
+      b[1], b[2], b[3], b[4], b[5], b[6] = code, retry, limit, rem, reset, i - 1
+    end
+  end
+
+  -- The state of the fixed-size algorithms: one string key holding every quota's numbers,
+  -- joined by ':'. Returns the numbers (an empty table if the key does not exist) and whether
+  -- the key exists.
+  local function load_numbers(key, count)
+    local raw = redis.call('GET', key)
+    local v = {}
+    if not raw then return v, false end
+    local pos = 1
+    for j = 1, count do
+      local sep = string.find(raw, ':', pos, true)
+      if sep then
+        v[j] = tonumber(string.sub(raw, pos, sep - 1))
+        pos = sep + 1
+      else
+        v[j] = tonumber(string.sub(raw, pos))
+        break
+      end
+    end
+    return v, true
+  end
+
+  -- Writes the numbers back with their expiry, in one command.
+  local function store_numbers(key, v, fresh_at)
+    local s = string.format(string.rep('%d:', #v - 1) .. '%d', unpack(v))
+    redis.call('SET', key, s, 'PX', ttl_ms(fresh_at))
+  end
+
+  return consider, b, load_numbers, store_numbers, ttl_ms
+end
