@@ -80,6 +80,10 @@ pub struct Config {
     pub redis_url: Option<String>,
     /// Connections each `RedisStore` keeps.
     pub pool_size: usize,
+    /// Added to every Redis key's expiry (`RedisStoreBuilder::expiry_slack`).
+    pub expiry_slack: Duration,
+    /// Extra `redis.conf` lines for the `redis-server` the tool starts (ignored with a URL).
+    pub redis_config: Vec<String>,
     /// Wrapper between gateway and store.
     pub mode: Mode,
     /// Number of gateway instances.
@@ -135,6 +139,8 @@ impl Default for Config {
             store: StoreKind::Memory,
             redis_url: None,
             pool_size: 1,
+            expiry_slack: Duration::ZERO,
+            redis_config: Vec::new(),
             mode: Mode::Exact,
             gateways: 1,
             assign: Assign::RoundRobin,
@@ -174,6 +180,10 @@ USAGE: ratelimit-load [OPTIONS]
                              [memory]
   --redis-url URL            use this Redis; default: start a redis-server on a free port
   --pool-size N              connections per RedisStore (per gateway) [1]
+  --expiry-slack-ms MS       added to every Redis key's expiry (fewer keys expire and are
+                             made again when users return within it) [0]
+  --redis-config LINE        a redis.conf line for the redis-server the tool starts, e.g.
+                             'hz 100' (repeatable; ignored with --redis-url)
   --mode exact|denial-cache|leasing|coalesce
                              wrapper between each gateway and the store (coalesce: Redis only)
                              [exact]
@@ -242,6 +252,11 @@ impl Config {
                 }
                 "--redis-url" => c.redis_url = Some(value("--redis-url")?),
                 "--pool-size" => c.pool_size = num("--pool-size", &value("--pool-size")?)?,
+                "--expiry-slack-ms" => {
+                    let ms = num("--expiry-slack-ms", &value("--expiry-slack-ms")?)?;
+                    c.expiry_slack = Duration::from_millis(ms);
+                }
+                "--redis-config" => c.redis_config.push(value("--redis-config")?),
                 "--mode" => {
                     c.mode = match value("--mode")?.as_str() {
                         "exact" => Mode::Exact,
@@ -339,6 +354,9 @@ impl Config {
         }
         if self.tick.is_zero() || self.tick > Duration::from_millis(100) {
             return fail("--tick-us must be between 1 and 100000");
+        }
+        if self.expiry_slack > Duration::from_secs(86_400) {
+            return fail("--expiry-slack-ms must be at most one day");
         }
         if self.pool_size == 0 || self.threads == 0 {
             return fail("--pool-size and --threads must be at least 1");

@@ -67,7 +67,11 @@ fn start_redis_if_needed(config: &mut Config) -> Option<RedisServer> {
     if config.store != StoreKind::Redis || config.redis_url.is_some() {
         return None;
     }
-    let server = RedisServer::start();
+    let server = config
+        .redis_config
+        .iter()
+        .fold(RedisServer::builder(), |b, line| b.config(line.as_str()))
+        .start();
     config.redis_url = Some(server.url());
     Some(server)
 }
@@ -347,6 +351,7 @@ async fn run_once(config: &Config) -> Result<Report, Error> {
         let url = url.clone();
         let prefix = prefix.clone();
         let pool = config.pool_size;
+        let slack = config.expiry_slack;
         async move {
             let url = url.ok_or_else(|| Error::Redis("no Redis URL".into()))?;
             let mut stores = Vec::with_capacity(n);
@@ -354,6 +359,7 @@ async fn run_once(config: &Config) -> Result<Report, Error> {
                 let s = RedisStore::builder(url.as_str())
                     .prefix(prefix.as_str())
                     .pool_size(pool)
+                    .expiry_slack(slack)
                     .build()
                     .await
                     .map_err(|e| Error::Redis(e.to_string()))?;
