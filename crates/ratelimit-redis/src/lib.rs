@@ -62,6 +62,7 @@
 mod coalesce;
 mod error;
 mod key;
+mod reply;
 mod scripts;
 mod store;
 

@@ -8,13 +8,14 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use deadpool_redis::{Runtime, cluster as dpc};
-use ratelimit_core::{Algorithm, Clock, Decision, Limit, MAX_EXACT, Outcome, Store};
+use ratelimit_core::{Algorithm, Clock, Decision, Limit, MAX_EXACT, Store};
 use redis::aio::MultiplexedConnection;
 use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
 use crate::error::RedisStoreError;
 use crate::key::state_keys;
+use crate::reply::{self, Shape};
 use crate::scripts;
 
 /// The default key prefix.
@@ -201,9 +202,10 @@ impl RedisStore {
             Ok(cmd) => cmd,
             Err(e) => return Box::pin(async move { Err(e) }),
         };
+        let shape = Shape::of(limit);
         Box::pin(async move {
             let timeout = inner.response_timeout;
-            match tokio::time::timeout(timeout, inner.eval(script, cmd)).await {
+            match tokio::time::timeout(timeout, inner.eval(script, cmd, shape, cost)).await {
                 Ok(r) => r,
                 Err(_) => Err(RedisStoreError::Timeout { after: timeout }),
             }
@@ -242,11 +244,13 @@ impl RedisStore {
             Ok(cmd) => cmd,
             Err(e) => return Box::pin(async move { Err(e) }),
         };
+        let shape = Shape::of(limit);
+        let costs = costs.to_vec();
         Box::pin(async move {
             let timeout = inner.response_timeout;
             let call = async {
                 let value = inner.eval_value(script, cmd).await?;
-                decisions_from_value(&value, n)
+                reply::decisions(&value, shape, &costs)
             };
             match tokio::time::timeout(timeout, call).await {
                 Ok(r) => r,
@@ -327,72 +331,20 @@ fn script_args(limit: &Limit, cost: u64, slack_ms: u64) -> Vec<u64> {
     args
 }
 
-fn decision_from_value(value: &Value) -> Result<Decision, RedisStoreError> {
-    let mut ints = [0i64; 6];
-    match value {
-        Value::Array(items) if items.len() == 6 => {
-            for (slot, item) in ints.iter_mut().zip(items) {
-                match item {
-                    Value::Int(v) => *slot = *v,
-                    _ => return Err(RedisStoreError::UnexpectedReply(format!("{value:?}"))),
-                }
-            }
-            decision_from_reply(&ints)
-        }
-        _ => Err(RedisStoreError::UnexpectedReply(format!("{value:?}"))),
-    }
-}
-
-/// The reply of a multi-cost call: six integers per cost.
-fn decisions_from_value(value: &Value, n: usize) -> Result<Vec<Decision>, RedisStoreError> {
-    let bad = || RedisStoreError::UnexpectedReply(format!("{value:?}"));
-    let Value::Array(items) = value else {
-        return Err(bad());
-    };
-    if items.len() != 6 * n {
-        return Err(bad());
-    }
-    let ints = items
-        .iter()
-        .map(|v| match v {
-            Value::Int(i) => Ok(*i),
-            _ => Err(bad()),
-        })
-        .collect::<Result<Vec<i64>, _>>()?;
-    ints.chunks_exact(6).map(decision_from_reply).collect()
-}
-
-fn decision_from_reply(reply: &[i64]) -> Result<Decision, RedisStoreError> {
-    let bad = || RedisStoreError::UnexpectedReply(format!("{reply:?}"));
-    let &[code, retry, limit, remaining, reset, index] = reply else {
-        return Err(bad());
-    };
-    let nonneg = |v: i64| u64::try_from(v).map_err(|_| bad());
-    let outcome = match code {
-        0 => Outcome::Allowed,
-        1 => Outcome::Denied {
-            retry_after: Duration::from_micros(nonneg(retry)?),
-        },
-        2 => Outcome::Exceeds,
-        _ => return Err(bad()),
-    };
-    Ok(Decision::new(
-        outcome,
-        nonneg(limit)?,
-        nonneg(remaining)?,
-        Duration::from_micros(nonneg(reset)?),
-        usize::try_from(index).map_err(|_| bad())?,
-    ))
-}
-
 /// Errors after which a connection is replaced.
 fn is_broken(e: &RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error()
 }
 
 impl Inner {
-    async fn eval(&self, script: &redis::Script, cmd: Cmd) -> Result<Decision, RedisStoreError> {
-        decision_from_value(&self.eval_value(script, cmd).await?)
+    async fn eval(
+        &self,
+        script: &redis::Script,
+        cmd: Cmd,
+        shape: Shape,
+        cost: u64,
+    ) -> Result<Decision, RedisStoreError> {
+        reply::decision(&self.eval_value(script, cmd).await?, shape, cost)
     }
 
     /// Sends `cmd` (an `EVALSHA` of `script`) and returns the script's reply.
@@ -756,16 +708,6 @@ mod tests {
         );
         let w = Limit::single(Algorithm::SlidingWindow, Quota::per_minute(100).unwrap()).unwrap();
         assert_eq!(script_args(&w, 1, 3), [1, 1, 3, 100, 60_000_000]);
-    }
-
-    #[test]
-    fn replies_become_decisions() {
-        let d = decision_from_reply(&[1, 600_000, 100, 0, 60_000_000, 1]).unwrap();
-        assert_eq!(d.retry_after(), Some(Duration::from_millis(600)));
-        assert_eq!((d.limit(), d.remaining(), d.quota_index()), (100, 0, 1));
-        assert!(decision_from_reply(&[3, 0, 0, 0, 0, 0]).is_err());
-        assert!(decision_from_reply(&[0, 0, -1, 0, 0, 0]).is_err());
-        assert!(decision_from_reply(&[0]).is_err());
     }
 
     #[test]

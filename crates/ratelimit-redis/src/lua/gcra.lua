@@ -25,19 +25,9 @@ if N == 1 then
       end
     end
   end
-  local code, retry = 0, 0
-  if COST > burst then
-    code = 2
-  else
-    local new_d = d + COST * scale
-    if new_d <= cap then
-      d = new_d
-    else
-      code = 1
-      retry = ceil((new_d - cap) / rate)
-    end
-  end
-  if code == 0 and COST > 0 then
+  local admitted = COST <= burst and d + COST * scale <= cap
+  if admitted then d = d + COST * scale end
+  if admitted and COST > 0 then
     local whole = floor(d / rate)
     local tat, frac = NOW + whole, d - whole * rate
     fresh = tat
@@ -45,12 +35,14 @@ if N == 1 then
     local ms = 1
     if fresh > NOW then ms = ceil((fresh - NOW) / 1000) end
     redis.call('SET', key, string.format('%d:%d', tat, frac), 'PX', ms + SLACK_MS)
-  elseif code ~= 0 and raw then
+  elseif not admitted and raw then
     local ms = 1
     if fresh > NOW then ms = ceil((fresh - NOW) / 1000) end
     redis.call('PEXPIRE', key, ms + SLACK_MS)
   end
-  return { code, retry, burst, floor((cap - d) / scale), ceil(d / rate), 0 }
+  -- The level reply (see prelude.lua), here the debt: the client derives the decision from it.
+  if admitted then return d end
+  return -1 - d
 end
 
 --@helpers

@@ -3,7 +3,8 @@
 -- ARGV[2] is a comma-separated list of costs (each clamped by the client to at most 2^52 + 1).
 -- The costs are decided in order, each on the state the previous one left, at one instant (NOW
 -- is read once): exactly as the single-cost script called once per cost at that instant.
--- Reply: the single-cost reply's six integers for each cost, concatenated, in order.
+-- Reply: the single-cost reply for each cost (six integers, or the one integer of a level reply),
+-- concatenated, in order.
 
 local COSTS_ = {}
 for c in string.gmatch(ARGV[2], '[^,]+') do COSTS_[#COSTS_ + 1] = tonumber(c) end

@@ -5,6 +5,10 @@ local out_ = {}
 for i_ = 1, #COSTS_ do
   COST = COSTS_[i_]
   local r_ = one_()
-  for j_ = 1, 6 do out_[#out_ + 1] = r_[j_] end
+  if type(r_) == 'number' then
+    out_[#out_ + 1] = r_
+  else
+    for j_ = 1, 6 do out_[#out_ + 1] = r_[j_] end
+  end
 end
 return out_

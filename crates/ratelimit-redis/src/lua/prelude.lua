@@ -13,7 +13,11 @@
 -- ARGV[5..] per-quota parameters, in quota order (see each algorithm)
 --
 -- Reply: { outcome (0 allowed, 1 denied, 2 exceeds), retry_after_us, limit, remaining,
---          reset_after_us, quota_index (0-based) } for the binding quota.
+--          reset_after_us, quota_index (0-based) } for the binding quota; except the level reply
+-- of the single-quota token bucket and GCRA: one integer, the bucket level (GCRA: the debt) in
+-- level units after an admission, or -1 - level when the cost is not admitted. Every field of
+-- the decision follows from it, the cost and the quota, and ratelimit-redis derives them as
+-- ratelimit-core does (src/reply.rs). A table reply measured about 0.6 us more server time.
 --
 -- Atomicity: every read and every decision happens before the first write, and state is written
 -- only when every quota allows, so an error can never leave some quotas consumed and others not.

@@ -24,30 +24,22 @@ if N == 1 then
   else
     level = level + elapsed * rate
   end
-  local code, retry = 0, 0
-  if COST > burst then
-    code = 2
-  else
-    local need = COST * scale
-    if level >= need then
-      level = level - need
-    else
-      code = 1
-      retry = ceil((need - level) / rate)
-    end
-  end
+  local admitted = COST <= burst and level >= COST * scale
+  if admitted then level = level - COST * scale end
   local reset = ceil((cap - level) / rate)
-  -- Fresh at now + reset: after the commit if allowed, as stored (refilled) if not.
-  if code == 0 and COST > 0 then
+  -- Fresh at now + reset: after the commit if admitted, as stored (refilled) if not.
+  if admitted and COST > 0 then
     local ms = 1
     if now + reset > NOW then ms = ceil((now + reset - NOW) / 1000) end
     redis.call('SET', key, string.format('%d:%d', level, now), 'PX', ms + SLACK_MS)
-  elseif code ~= 0 and raw then
+  elseif not admitted and raw then
     local ms = 1
     if now + reset > NOW then ms = ceil((now + reset - NOW) / 1000) end
     redis.call('PEXPIRE', key, ms + SLACK_MS)
   end
-  return { code, retry, burst, floor(level / scale), reset, 0 }
+  -- The level reply (see prelude.lua): the client derives the decision from it.
+  if admitted then return level end
+  return -1 - level
 end
 
 --@helpers

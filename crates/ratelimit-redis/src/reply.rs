@@ -1,0 +1,233 @@
+//! Script replies and the decisions they carry.
+//!
+//! Most scripts answer with six integers (see `lua/prelude.lua`). The single-quota token bucket
+//! and GCRA answer with one: the *level reply*, the bucket level (GCRA: the debt) in level units
+//! after an admission, or `-1 - level` when the cost was not admitted. Every field of the
+//! decision follows from that number, the cost and the quota, and is derived here with the same
+//! integer arithmetic as `ratelimit_core::algorithm`; the conformance suite checks the two agree
+//! decision by decision. It saves the script building a table, about 0.6 µs of server time per
+//! check (`usec_per_call`), a tenth of the whole.
+
+use std::time::Duration;
+
+use ratelimit_core::{Algorithm, Decision, Limit, MAX_EXACT, Outcome, Quota};
+use redis::Value;
+
+use crate::error::RedisStoreError;
+
+/// What a limit's script answers with.
+#[derive(Clone, Copy, Debug)]
+pub(crate) enum Shape {
+    /// One integer per cost (single-quota token bucket or GCRA).
+    Level { algorithm: Algorithm, quota: Quota },
+    /// Six integers per cost.
+    Full,
+}
+
+impl Shape {
+    pub(crate) fn of(limit: &Limit) -> Shape {
+        match (limit.algorithm(), limit.quotas()) {
+            (algorithm @ (Algorithm::TokenBucket | Algorithm::Gcra), [quota]) => Shape::Level {
+                algorithm,
+                quota: *quota,
+            },
+            _ => Shape::Full,
+        }
+    }
+
+    fn width(self) -> usize {
+        match self {
+            Shape::Level { .. } => 1,
+            Shape::Full => 6,
+        }
+    }
+}
+
+fn unexpected(value: &Value) -> RedisStoreError {
+    RedisStoreError::UnexpectedReply(format!("{value:?}"))
+}
+
+/// The decision of a one-cost reply.
+pub(crate) fn decision(
+    value: &Value,
+    shape: Shape,
+    cost: u64,
+) -> Result<Decision, RedisStoreError> {
+    match (shape, value) {
+        (Shape::Level { algorithm, quota }, Value::Int(v)) => {
+            from_level(*v, algorithm, &quota, cost).ok_or_else(|| unexpected(value))
+        }
+        (Shape::Full, Value::Array(items)) if items.len() == 6 => {
+            let mut ints = [0i64; 6];
+            for (slot, item) in ints.iter_mut().zip(items) {
+                match item {
+                    Value::Int(v) => *slot = *v,
+                    _ => return Err(unexpected(value)),
+                }
+            }
+            from_six(&ints)
+        }
+        _ => Err(unexpected(value)),
+    }
+}
+
+/// The decisions of a multi-cost reply, one per cost.
+pub(crate) fn decisions(
+    value: &Value,
+    shape: Shape,
+    costs: &[u64],
+) -> Result<Vec<Decision>, RedisStoreError> {
+    let Value::Array(items) = value else {
+        return Err(unexpected(value));
+    };
+    let width = shape.width();
+    if items.len() != width * costs.len() {
+        return Err(unexpected(value));
+    }
+    items
+        .chunks_exact(width)
+        .zip(costs)
+        .map(|(chunk, &cost)| match (shape, chunk) {
+            (Shape::Level { .. }, [one]) => decision(one, shape, cost),
+            _ => decision(&Value::Array(chunk.to_vec()), shape, cost),
+        })
+        .collect()
+}
+
+/// A six-integer reply: outcome, retry-after µs, limit, remaining, reset-after µs, quota index.
+pub(crate) fn from_six(reply: &[i64]) -> Result<Decision, RedisStoreError> {
+    let bad = || RedisStoreError::UnexpectedReply(format!("{reply:?}"));
+    let &[code, retry, limit, remaining, reset, index] = reply else {
+        return Err(bad());
+    };
+    let nonneg = |v: i64| u64::try_from(v).map_err(|_| bad());
+    let outcome = match code {
+        0 => Outcome::Allowed,
+        1 => Outcome::Denied {
+            retry_after: Duration::from_micros(nonneg(retry)?),
+        },
+        2 => Outcome::Exceeds,
+        _ => return Err(bad()),
+    };
+    Ok(Decision::new(
+        outcome,
+        nonneg(limit)?,
+        nonneg(remaining)?,
+        Duration::from_micros(nonneg(reset)?),
+        usize::try_from(index).map_err(|_| bad())?,
+    ))
+}
+
+/// A level reply: `None` if it cannot come from the script for this quota and cost.
+fn from_level(v: i64, algorithm: Algorithm, q: &Quota, cost: u64) -> Option<Decision> {
+    // The script saw the cost clamped as the client sent it.
+    let cost = cost.min(MAX_EXACT + 1);
+    let (admitted, level) = if v >= 0 {
+        (true, v.unsigned_abs())
+    } else {
+        (false, (-1 - v).unsigned_abs())
+    };
+    let (burst, scale, rate, cap) = (
+        q.burst(),
+        q.scale(),
+        q.refill_per_micro(),
+        q.capacity_units(),
+    );
+    if level > cap || (admitted && cost > burst) {
+        return None;
+    }
+    let micros = |units: u64| Duration::from_micros(units.div_ceil(rate));
+    let (remaining, reset) = match algorithm {
+        Algorithm::TokenBucket => (level / scale, micros(cap - level)),
+        Algorithm::Gcra => ((cap - level) / scale, micros(level)),
+        _ => return None,
+    };
+    let outcome = if admitted {
+        Outcome::Allowed
+    } else if cost > burst {
+        Outcome::Exceeds
+    } else {
+        // cost <= burst, so cost * scale <= cap <= 2^52.
+        let need = cost * scale;
+        let short = match algorithm {
+            // The bucket holds less than the cost.
+            Algorithm::TokenBucket => need.checked_sub(level).filter(|&s| s > 0)?,
+            // The debt after the cost would pass the capacity.
+            _ => (level + need).checked_sub(cap).filter(|&s| s > 0)?,
+        };
+        Outcome::Denied {
+            retry_after: micros(short),
+        }
+    };
+    Some(Decision::new(outcome, burst, remaining, reset, 0))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn six_integer_replies_become_decisions() {
+        let d = from_six(&[1, 600_000, 100, 0, 60_000_000, 1]).unwrap();
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(600)));
+        assert_eq!((d.limit(), d.remaining(), d.quota_index()), (100, 0, 1));
+        assert!(from_six(&[3, 0, 0, 0, 0, 0]).is_err());
+        assert!(from_six(&[0, 0, -1, 0, 0, 0]).is_err());
+        assert!(from_six(&[0]).is_err());
+    }
+
+    #[test]
+    fn impossible_level_replies_are_errors() {
+        let q = Quota::per_second(10).unwrap();
+        let limit = Limit::single(Algorithm::TokenBucket, q).unwrap();
+        let shape = Shape::of(&limit);
+        let cap = i64::try_from(q.capacity_units()).unwrap();
+        assert!(decision(&Value::Int(cap), shape, 1).is_ok());
+        // Above the capacity, either way.
+        assert!(decision(&Value::Int(cap + 1), shape, 1).is_err());
+        assert!(decision(&Value::Int(-2 - cap), shape, 1).is_err());
+        // Admitted a cost above the burst; denied a cost the bucket holds.
+        assert!(decision(&Value::Int(0), shape, 11).is_err());
+        assert!(decision(&Value::Int(-1 - cap), shape, 1).is_err());
+        assert!(decision(&Value::Int(i64::MIN), shape, 1).is_err());
+        assert!(decision(&Value::Array(vec![Value::Int(0)]), shape, 1).is_err());
+        assert!(decisions(&Value::Array(vec![Value::Int(0)]), shape, &[1, 1]).is_err());
+    }
+
+    /// Worked examples; the conformance suite (tests/conformance.rs) checks the level replies
+    /// against ratelimit-core's algorithms on a real server, decision by decision.
+    #[test]
+    fn level_replies_worked_examples() {
+        // 10 per second: scale 100,000 units per token, 1 unit per µs, capacity 1,000,000.
+        let q = Quota::per_second(10).unwrap();
+        let tb = Shape::of(&Limit::single(Algorithm::TokenBucket, q).unwrap());
+        let gcra = Shape::of(&Limit::single(Algorithm::Gcra, q).unwrap());
+        let ms = Duration::from_millis;
+
+        // Token bucket, one token spent from a full bucket: 9 left, full again in 100 ms.
+        let d = decision(&Value::Int(900_000), tb, 1).unwrap();
+        assert_eq!(
+            (d.is_allowed(), d.remaining(), d.reset_after()),
+            (true, 9, ms(100))
+        );
+        // Half a token in the bucket: denied, the other half comes in 50 ms.
+        let d = decision(&Value::Int(-1 - 50_000), tb, 1).unwrap();
+        assert_eq!(d.retry_after(), Some(ms(50)));
+        assert_eq!((d.remaining(), d.reset_after()), (0, ms(950)));
+        // A cost above the burst can never pass.
+        let d = decision(&Value::Int(-1 - 1_000_000), tb, 11).unwrap();
+        assert_eq!(d.outcome(), Outcome::Exceeds);
+        assert_eq!((d.limit(), d.remaining(), d.reset_after()), (10, 10, ms(0)));
+
+        // GCRA, a debt of one token after the admission: 9 left, paid off in 100 ms.
+        let d = decision(&Value::Int(100_000), gcra, 1).unwrap();
+        assert_eq!(
+            (d.is_allowed(), d.remaining(), d.reset_after()),
+            (true, 9, ms(100))
+        );
+        // A debt of 9.5 tokens: a whole token more passes the capacity by half a token.
+        let d = decision(&Value::Int(-1 - 950_000), gcra, 1).unwrap();
+        assert_eq!(d.retry_after(), Some(ms(50)));
+        assert_eq!((d.remaining(), d.reset_after()), (0, ms(950)));
+    }
+}
