@@ -271,7 +271,8 @@ async fn checkout_row(server: &RedisServer, store: &RedisStore, limit: &Limit, s
                     inv.arg(q.limit()).arg(q.period_micros());
                 }
             }
-            let _: Vec<i64> = inv.invoke_async(&mut *conn).await.expect("eval");
+            // One integer (the level reply of a single-quota token bucket or GCRA) or six.
+            let _: redis::Value = inv.invoke_async(&mut *conn).await.expect("eval");
         }
     })
     .await;
