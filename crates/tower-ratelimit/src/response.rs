@@ -63,6 +63,7 @@ use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use ratelimit_core::{Decision, Limit};
 
 use crate::body::ResponseBody;
+use crate::service::Rt;
 
 /// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10).
 pub static RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
@@ -273,26 +274,44 @@ impl VerdictKind {
 /// }
 /// # }
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Clone)]
 pub struct Verdict {
-    policy: Arc<str>,
+    /// The layer's policy, for its name: the request's own handle moved here, so that a request
+    /// touches the shared reference count once, not twice.
+    rt: Arc<Rt>,
     kind: VerdictKind,
     decision: Option<Decision>,
 }
 
+impl PartialEq for Verdict {
+    fn eq(&self, other: &Self) -> bool {
+        self.policy() == other.policy()
+            && self.kind == other.kind
+            && self.decision == other.decision
+    }
+}
+
+impl Eq for Verdict {}
+
+impl fmt::Debug for Verdict {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Verdict")
+            .field("policy", &self.policy())
+            .field("kind", &self.kind)
+            .field("decision", &self.decision)
+            .finish()
+    }
+}
+
 impl Verdict {
-    pub(crate) fn new(policy: Arc<str>, kind: VerdictKind, decision: Option<Decision>) -> Self {
-        Verdict {
-            policy,
-            kind,
-            decision,
-        }
+    pub(crate) fn new(rt: Arc<Rt>, kind: VerdictKind, decision: Option<Decision>) -> Self {
+        Verdict { rt, kind, decision }
     }
 
     /// The policy's name.
     #[must_use]
     pub fn policy(&self) -> &str {
-        &self.policy
+        &self.rt.name
     }
 
     /// How the request was answered.

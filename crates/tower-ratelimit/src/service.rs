@@ -170,10 +170,6 @@ impl Rt {
             None => 0,
         }
     }
-
-    fn verdict(&self, kind: VerdictKind, decision: Option<Decision>) -> Verdict {
-        Verdict::new(self.name.clone(), kind, decision)
-    }
 }
 
 /// What to do with the request once the check is over.
@@ -208,8 +204,9 @@ impl Post {
             tier.prepared
                 .write(response.headers_mut(), self.rt.policy.headers, d);
         }
-        let verdict = self.rt.verdict(self.kind, self.decision);
-        response.extensions_mut().insert(verdict);
+        response
+            .extensions_mut()
+            .insert(Verdict::new(self.rt, self.kind, self.decision));
         response
     }
 }
@@ -239,7 +236,7 @@ impl<St: Store> Shared<St> {
         self.rt.metrics.decision(kind);
         response
             .extensions_mut()
-            .insert(self.rt.verdict(kind, decision));
+            .insert(Verdict::new(self.rt.clone(), kind, decision));
         Step::Respond(response)
     }
 
@@ -407,7 +404,11 @@ where
         }
         let probe = admit == Admit::Probe;
 
-        let start = Instant::now();
+        // Store latency: an answer that comes at once (the in-memory store, a cached denial) is
+        // timed about one call in TIMING_SAMPLE, since reading the clock twice would cost a third of the
+        // check itself; an answer that has to wait is always timed, from its first poll (which
+        // sends the command) to its answer.
+        let sampled = sample_timing().then(Instant::now);
         let mut check = shared
             .store
             .check(key.as_bytes(), &rt.tiers[tier].limit, cost);
@@ -415,10 +416,13 @@ where
         // immediate answer needs no timer, no allocation and no waker.
         let mut cx = Context::from_waker(Waker::noop());
         if let Poll::Ready(result) = Pin::new(&mut check).poll(&mut cx) {
-            rt.metrics.store_duration(start.elapsed());
+            if let Some(start) = sampled {
+                rt.metrics.store_duration(start.elapsed());
+            }
             let step = shared.after_check(result, probe, tier, key.as_bytes(), cost);
             return self.step(step, parts, body);
         }
+        let start = sampled.unwrap_or_else(Instant::now);
 
         // The store has to wait: move the check, its timeout and a ready inner service into a
         // boxed future.
@@ -446,6 +450,28 @@ where
             }
         }))
     }
+}
+
+/// About one in this many store answers that come at once is timed (see [`crate::metrics`]).
+pub(crate) const TIMING_SAMPLE: u32 = 64;
+
+thread_local! {
+    /// xorshift32 state (never 0), one per thread so no cache line is shared on the hot path.
+    static TIMING_RNG: std::cell::Cell<u32> = const { std::cell::Cell::new(0x9E37_79B9) };
+}
+
+/// Whether to time this call: true with probability 1/[`TIMING_SAMPLE`]. Random rather than every
+/// 64th call, so that layers whose calls interleave on a thread (a router-wide layer and a route
+/// layer) are each sampled, not one of them always.
+fn sample_timing() -> bool {
+    TIMING_RNG.with(|state| {
+        let mut x = state.get();
+        x ^= x << 13;
+        x ^= x >> 17;
+        x ^= x << 5;
+        state.set(x);
+        x % TIMING_SAMPLE == 0
+    })
 }
 
 impl<S, St> RateLimit<S, St> {

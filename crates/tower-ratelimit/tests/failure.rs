@@ -174,6 +174,55 @@ async fn a_slow_store_that_answers_in_time_decides() {
     assert_eq!(store.calls(), 3);
 }
 
+/// Store latency: every answer that has to wait is timed; answers that come at once are sampled
+/// at random, about one in 64, even when two layers' calls interleave on one thread. (The
+/// sampler's sequence is fixed per thread, so the counts are the same on every run.)
+#[test]
+fn waiting_answers_are_all_timed_immediate_ones_sampled() {
+    let counts = std::thread::spawn(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        let (_clock, memory) = store();
+        let (waiting, immediate) = metrics::with_local_recorder(&recorder, || {
+            let waiting = RateLimitLayer::new(
+                Arc::new(SwitchStore::new(memory.clone())),
+                Policy::new("waiting", per_minute(10_000)).unwrap(),
+            )
+            .unwrap();
+            let immediate = RateLimitLayer::new(
+                memory,
+                Policy::new("immediate", per_minute(10_000)).unwrap(),
+            )
+            .unwrap();
+            (waiting, immediate)
+        });
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let (waiting, immediate) = (app(waiting), app(immediate));
+            for _ in 0..3_200 {
+                assert_eq!(send(&waiting, request("/")).await.status(), 200);
+                assert_eq!(send(&immediate, request("/")).await.status(), 200);
+            }
+        });
+        let m = Recorded::take(&snapshotter);
+        let len = |p: &str| m.histogram_len("ratelimit_store_duration_seconds", &[("policy", p)]);
+        (
+            len("waiting"),
+            len("immediate"),
+            m.outcome("immediate", "allowed"),
+        )
+    })
+    .join()
+    .unwrap();
+    let (waiting, immediate, decisions) = counts;
+    assert_eq!((waiting, decisions), (3_200, 3_200));
+    // 3,200 / 64 = 50 expected.
+    assert!((25..=75).contains(&immediate), "{immediate}");
+}
+
 #[tokio::test(start_paused = true)]
 async fn the_breaker_opens_after_the_configured_failures_and_half_opens_later() {
     let clock = ManualClock::new();

@@ -196,10 +196,8 @@ async fn metrics_by_policy_and_outcome() {
     assert_eq!(m.outcome("m", "denied"), 1);
     assert_eq!(m.outcome("m", "no_key"), 1);
     assert_eq!(m.outcome("m", "allow_listed"), 3);
-    assert_eq!(
-        m.histogram_len("ratelimit_store_duration_seconds", &[("policy", "m")]),
-        3
-    );
+    // Memory-store answers come at once and only about one in 64 is timed (tests/failure.rs).
+    assert!(m.histogram_len("ratelimit_store_duration_seconds", &[("policy", "m")]) <= 3);
     assert_eq!(
         m.gauge("ratelimit_circuit_state", &[("policy", "m")]),
         Some(0.0)
