@@ -76,7 +76,12 @@ run() {
   local name=$1
   shift
   echo "== ratelimit-load $*" >&2
-  echo "cargo run --release -p ratelimit-load -- $*" > "$OUT/$name.cmd"
+  # The command as a user would type it: arguments with spaces in single quotes.
+  local shown="" a
+  for a in "$@"; do
+    case "$a" in *" "*) shown="$shown '$a'" ;; *) shown="$shown $a" ;; esac
+  done
+  echo "cargo run --release -p ratelimit-load --$shown" > "$OUT/$name.cmd"
   load > "$OUT/$name.load"
   "$LOADTOOL" "$@" --json --quiet > "$OUT/$name.json"
   load >> "$OUT/$name.load"
