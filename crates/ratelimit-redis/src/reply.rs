@@ -165,6 +165,54 @@ fn from_level(v: i64, algorithm: Algorithm, q: &Quota, cost: u64) -> Option<Deci
 #[cfg(test)]
 mod tests {
     use super::*;
+    use proptest::prelude::*;
+    use ratelimit_core::Timestamp;
+    use ratelimit_core::algorithm::{GcraState, TokenBucketState, gcra, token_bucket};
+
+    proptest! {
+        /// For random quotas and request sequences, the level the script returns (the state the
+        /// pure algorithm leaves: the bucket level, or the GCRA debt at that instant) decodes to
+        /// exactly the pure algorithm's decision. State is kept only after an admission, as the
+        /// script writes it.
+        #[test]
+        fn level_replies_decode_to_the_algorithms_decisions(
+            limit in 1u64..5_000,
+            period_ms in 1u64..7_200_000,
+            extra_burst in 0u64..50,
+            use_gcra in any::<bool>(),
+            steps in proptest::collection::vec(
+                (0u64..3_000_000, prop_oneof![8 => 0u64..60, 1 => Just(u64::MAX)]),
+                1..60,
+            ),
+        ) {
+            let quota = Quota::per_period(limit, Duration::from_millis(period_ms))
+                .and_then(|q| q.with_burst(limit + extra_burst));
+            prop_assume!(quota.is_ok());
+            let q = quota.unwrap();
+            let algorithm = if use_gcra { Algorithm::Gcra } else { Algorithm::TokenBucket };
+            let shape = Shape::of(&Limit::single(algorithm, q).unwrap());
+            let mut tb: Option<TokenBucketState> = None;
+            let mut gc: Option<GcraState> = None;
+            let mut now = 1_000_000_000u64;
+            for (dt, cost) in steps {
+                now += dt;
+                let t = Timestamp::from_micros(now);
+                let (expected, level) = if use_gcra {
+                    let (d, s) = gcra::check(&q, gc.as_ref(), t, cost);
+                    let debt = s.tat.saturating_sub(now) * q.refill_per_micro() + s.frac;
+                    if d.is_allowed() && cost > 0 { gc = Some(s); }
+                    (d, debt.min(q.capacity_units()))
+                } else {
+                    let (d, s) = token_bucket::check(&q, tb.as_ref(), t, cost);
+                    if d.is_allowed() && cost > 0 { tb = Some(s); }
+                    (d, s.level)
+                };
+                let level = i64::try_from(level).unwrap();
+                let v = if expected.is_allowed() { level } else { -1 - level };
+                prop_assert_eq!(decision(&Value::Int(v), shape, cost).unwrap(), expected);
+            }
+        }
+    }
 
     #[test]
     fn six_integer_replies_become_decisions() {
