@@ -248,23 +248,7 @@ async fn eval_calls(url: &str) -> Result<u64, Error> {
         .query_async(&mut conn)
         .await
         .map_err(|e| Error::Redis(e.to_string()))?;
-    Ok(parse_eval_calls(&info))
-}
-
-fn parse_eval_calls(info: &str) -> u64 {
-    info.lines()
-        .filter(|l| {
-            l.starts_with("cmdstat_evalsha:")
-                || l.starts_with("cmdstat_eval:")
-                || l.starts_with("cmdstat_evalsha_ro:")
-                || l.starts_with("cmdstat_eval_ro:")
-        })
-        .filter_map(|l| {
-            l.split([':', ','])
-                .find_map(|kv| kv.strip_prefix("calls="))
-                .and_then(|v| v.parse::<u64>().ok())
-        })
-        .sum()
+    Ok(redis_harness::script_calls(&info))
 }
 
 /// Counters of the wrappers (denial caches, leasing) of a run, summed over the gateways:
@@ -765,19 +749,5 @@ fn build_report(
         redis_calls,
         local_answers: cache.map(|c| c.0),
         store_calls: cache.map(|c| c.1),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn eval_calls_are_summed_from_commandstats() {
-        let info = "# Commandstats\r\ncmdstat_evalsha:calls=120,usec=300,usec_per_call=2.50,\
-                    rejected_calls=0,failed_calls=1\r\ncmdstat_eval:calls=3,usec=9\r\n\
-                    cmdstat_info:calls=7,usec=1\r\n";
-        assert_eq!(parse_eval_calls(info), 123);
-        assert_eq!(parse_eval_calls(""), 0);
     }
 }

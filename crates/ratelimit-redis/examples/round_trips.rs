@@ -138,21 +138,6 @@ fn exact(sc: &Scenario) -> u64 {
     admitted
 }
 
-fn script_calls(server: &RedisServer) -> u64 {
-    let info = server.cli(&["INFO", "commandstats"]);
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
     let server = RedisServer::start();
@@ -190,7 +175,7 @@ async fn main() {
                     run(&stack, sc, &clock).await
                 }
             };
-            let calls = script_calls(&server);
+            let calls = server.script_calls();
             let per_1000 = calls as f64 * 1_000.0 / decisions as f64;
             let over = admitted.saturating_sub(exact);
             let short = exact.saturating_sub(admitted);

@@ -23,16 +23,23 @@ fn assert_ttl_close(got: i64, expected_ms: i64, what: &str) {
     );
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ttl_is_the_time_to_fresh_for_every_algorithm() {
-    let server = RedisServer::start();
+/// A store on `server` with a manual client clock at `T0` and no expiry slack (the TTLs are what
+/// these tests check).
+async fn client_clock_store(server: &RedisServer, name: &str) -> (ManualClock, RedisStore) {
     let clock = ManualClock::starting_at(Timestamp::from_micros(T0));
     let store = RedisStore::builder(server.url())
-        .prefix(unique_prefix("ttl"))
+        .prefix(unique_prefix(name))
         .client_clock(clock.clone())
         .build()
         .await
         .unwrap();
+    (clock, store)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ttl_is_the_time_to_fresh_for_every_algorithm() {
+    let server = RedisServer::start();
+    let (clock, store) = client_clock_store(&server, "ttl").await;
     for alg in Algorithm::ALL {
         // Long periods, so the real time the test takes is small against the TTL.
         let limit = Limit::new(
@@ -90,13 +97,7 @@ async fn server_time_ttl_is_the_refill_time() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn denied_only_keys_do_not_live_forever() {
     let server = RedisServer::start();
-    let clock = ManualClock::starting_at(Timestamp::from_micros(T0));
-    let store = RedisStore::builder(server.url())
-        .prefix(unique_prefix("deny"))
-        .client_clock(clock.clone())
-        .build()
-        .await
-        .unwrap();
+    let (clock, store) = client_clock_store(&server, "deny").await;
     for alg in Algorithm::ALL {
         let limit = Limit::single(alg, Quota::per_minute(10).unwrap()).unwrap();
         // A first request that is denied (its cost can never fit): nothing is stored, so there is
@@ -141,13 +142,7 @@ async fn denied_only_keys_do_not_live_forever() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_peek_writes_nothing() {
     let server = RedisServer::start();
-    let clock = ManualClock::starting_at(Timestamp::from_micros(T0));
-    let store = RedisStore::builder(server.url())
-        .prefix(unique_prefix("peek"))
-        .client_clock(clock.clone())
-        .build()
-        .await
-        .unwrap();
+    let (clock, store) = client_clock_store(&server, "peek").await;
     for alg in Algorithm::ALL {
         let limit = Limit::single(alg, Quota::per_minute(10).unwrap()).unwrap();
         let keys = store.state_keys(b"p", &limit);

@@ -15,23 +15,6 @@ use ratelimit_core::{
 use ratelimit_redis::{Coalescing, RedisStore};
 use redis_harness::RedisServer;
 
-/// Script calls the server has run since its statistics were last reset (`EVALSHA`, and `EVAL`
-/// should a client ever fall back to it).
-fn script_calls(server: &RedisServer) -> u64 {
-    let info = server.cli(&["INFO", "commandstats"]);
-    info.lines()
-        .filter(|l| l.starts_with("cmdstat_evalsha:") || l.starts_with("cmdstat_eval:"))
-        .filter_map(|l| {
-            l.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 fn reset_stats(server: &RedisServer) {
     assert_eq!(server.cli(&["CONFIG", "RESETSTAT"]), "OK");
 }
@@ -64,7 +47,7 @@ async fn denial_cache_abusive_key_same_decisions_few_calls() {
                 decisions.push(d);
                 clock.advance(Duration::from_millis(1));
             }
-            let calls = script_calls(&server);
+            let calls = server.script_calls();
             runs.push((decisions, calls, cache.stats()));
         }
         let (plain, plain_calls, _) = &runs[0];
@@ -157,7 +140,7 @@ async fn leasing_twenty_gateways_never_exceed_the_limit() {
             "{alg}: shortfall {} past the bound",
             CAPACITY - admitted
         );
-        assert_eq!(script_calls(&server), calls, "{alg}");
+        assert_eq!(server.script_calls(), calls, "{alg}");
         assert!(
             calls < demand / 2,
             "{alg}: {calls} calls for {demand} checks"
@@ -198,7 +181,7 @@ async fn leasing_hot_key_far_fewer_calls_no_over_admission() {
                 .count();
             clock.advance(Duration::from_millis(20));
         }
-        let calls = script_calls(&server);
+        let calls = server.script_calls();
         assert_eq!(calls, leasing.stats().store_calls, "{alg}");
         // Demand never exceeds the rate: the exact limit admits all 5,000.
         assert_eq!(admitted, 5_000, "{alg}: {:?}", leasing.stats());
@@ -286,7 +269,7 @@ async fn coalescing_thousand_concurrent_checks() {
             .map(|r| r.unwrap())
             .collect();
         let admitted = decisions.iter().filter(|d| d.is_allowed()).count();
-        let calls = script_calls(&server);
+        let calls = server.script_calls();
         let stats = coalescing.stats();
         assert_eq!(admitted, 100, "{alg}");
         assert_eq!(calls, stats.store_calls, "{alg}: {stats:?}");

@@ -18,31 +18,24 @@ use tower_ratelimit::{FailurePolicy, Policy, RateLimitLayer};
 const TIMEOUT: Duration = Duration::from_millis(50);
 const MARGIN: Duration = Duration::from_millis(250);
 
-fn layer(
-    store: &RedisStore,
-    name: &str,
-    per_min: u64,
-    failure: FailurePolicy,
-) -> RateLimitLayer<RedisStore> {
-    fault_layer(store, name, per_min, failure, TIMEOUT)
-}
-
 /// `/open` (fail open) and `/closed` (fail closed, Retry-After 1) over `store`, policies named
 /// `<prefix>-open` and `<prefix>-closed`.
 async fn app(store: &RedisStore, prefix: &str, metrics: &Metrics) -> TestApp {
     let (open, closed) = metrics.register(|| {
         (
-            layer(
+            fault_layer(
                 store,
                 &format!("{prefix}-open"),
                 100_000,
                 FailurePolicy::FailOpen,
+                TIMEOUT,
             ),
-            layer(
+            fault_layer(
                 store,
                 &format!("{prefix}-closed"),
                 100_000,
                 FailurePolicy::fail_closed(Duration::from_secs(1)),
+                TIMEOUT,
             ),
         )
     });

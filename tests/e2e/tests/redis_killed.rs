@@ -17,24 +17,14 @@ use ratelimit_e2e::app::TestApp;
 use ratelimit_e2e::load::{self, ms};
 use ratelimit_e2e::observe::{Logs, Metrics};
 use ratelimit_e2e::{fault_layer, store_builder, wait_until};
-use ratelimit_redis::RedisStore;
 use redis_harness::RedisServer;
-use tower_ratelimit::{FailurePolicy, RateLimitLayer};
+use tower_ratelimit::FailurePolicy;
 
 const TIMEOUT: Duration = Duration::from_millis(50);
 const MARGIN: Duration = Duration::from_millis(250);
 const KILL_AT: Duration = Duration::from_millis(600);
 const RESTART_AT: Duration = Duration::from_millis(2_000);
 const LOAD_FOR: Duration = Duration::from_millis(3_500);
-
-fn layer(
-    store: &RedisStore,
-    name: &str,
-    per_min: u64,
-    failure: FailurePolicy,
-) -> RateLimitLayer<RedisStore> {
-    fault_layer(store, name, per_min, failure, TIMEOUT)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn policies_hold_while_redis_is_killed_and_recover_after_restart() {
@@ -44,14 +34,21 @@ async fn policies_hold_while_redis_is_killed_and_recover_after_restart() {
     let metrics = Metrics::new();
     let (open, closed, fallback) = metrics.register(|| {
         (
-            layer(&store, "open", 1_000, FailurePolicy::FailOpen),
-            layer(
+            fault_layer(&store, "open", 1_000, FailurePolicy::FailOpen, TIMEOUT),
+            fault_layer(
                 &store,
                 "closed",
                 1_000,
                 FailurePolicy::fail_closed(Duration::from_secs(2)),
+                TIMEOUT,
             ),
-            layer(&store, "fallback", 40, FailurePolicy::fallback(2).unwrap()),
+            fault_layer(
+                &store,
+                "fallback",
+                40,
+                FailurePolicy::fallback(2).unwrap(),
+                TIMEOUT,
+            ),
         )
     });
     let app = Router::new()

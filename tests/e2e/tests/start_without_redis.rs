@@ -16,19 +16,10 @@ use ratelimit_e2e::reconnecting::ReconnectingStore;
 use ratelimit_e2e::{answers_ok, fault_layer, store_builder, wait_until};
 use ratelimit_redis::RedisStoreError;
 use redis_harness::RedisServer;
-use tower_ratelimit::{FailurePolicy, RateLimitLayer};
+use tower_ratelimit::FailurePolicy;
 
 const TIMEOUT: Duration = Duration::from_millis(50);
 const MARGIN: Duration = Duration::from_millis(250);
-
-fn layer(
-    store: &ReconnectingStore,
-    name: &str,
-    per_min: u64,
-    failure: FailurePolicy,
-) -> RateLimitLayer<ReconnectingStore> {
-    fault_layer(store, name, per_min, failure, TIMEOUT)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_app_starts_without_redis_and_recovers_when_it_comes_up() {
@@ -65,14 +56,21 @@ async fn the_app_starts_without_redis_and_recovers_when_it_comes_up() {
     let metrics = Metrics::new();
     let (open, closed, fallback) = metrics.register(|| {
         (
-            layer(&store, "open", 1_000, FailurePolicy::FailOpen),
-            layer(
+            fault_layer(&store, "open", 1_000, FailurePolicy::FailOpen, TIMEOUT),
+            fault_layer(
                 &store,
                 "closed",
                 1_000,
                 FailurePolicy::fail_closed(Duration::from_secs(3)),
+                TIMEOUT,
             ),
-            layer(&store, "fallback", 10, FailurePolicy::fallback(1).unwrap()),
+            fault_layer(
+                &store,
+                "fallback",
+                10,
+                FailurePolicy::fallback(1).unwrap(),
+                TIMEOUT,
+            ),
         )
     });
     let app = Router::new()

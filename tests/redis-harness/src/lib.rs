@@ -293,6 +293,12 @@ impl RedisServer {
         cli(self.port, &self.auth_args(), args)
     }
 
+    /// Script calls (`EVAL`, `EVALSHA` and their read-only forms) this server has run since its
+    /// statistics were last reset, from `INFO commandstats`.
+    pub fn script_calls(&self) -> u64 {
+        script_calls(&self.cli(&["INFO", "commandstats"]))
+    }
+
     fn auth_args(&self) -> Vec<String> {
         self.lines
             .iter()
@@ -312,6 +318,29 @@ impl Drop for RedisServer {
     fn drop(&mut self) {
         self.kill();
     }
+}
+
+/// The script calls (`EVAL`, `EVALSHA` and their read-only forms) counted in the text of an
+/// `INFO commandstats` reply.
+pub fn script_calls(commandstats: &str) -> u64 {
+    commandstats
+        .lines()
+        .filter(|l| {
+            [
+                "cmdstat_evalsha:",
+                "cmdstat_eval:",
+                "cmdstat_evalsha_ro:",
+                "cmdstat_eval_ro:",
+            ]
+            .iter()
+            .any(|p| l.starts_with(p))
+        })
+        .filter_map(|l| {
+            l.split([':', ','])
+                .find_map(|kv| kv.strip_prefix("calls="))
+                .and_then(|v| v.parse::<u64>().ok())
+        })
+        .sum()
 }
 
 /// Runs `redis-cli -p <port> <args>` and returns stdout, trimmed.
@@ -454,6 +483,15 @@ impl RedisCluster {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn script_calls_are_summed_from_commandstats() {
+        let info = "# Commandstats\r\ncmdstat_evalsha:calls=120,usec=300,usec_per_call=2.50,\
+                    rejected_calls=0,failed_calls=1\r\ncmdstat_eval:calls=3,usec=9\r\n\
+                    cmdstat_info:calls=7,usec=1\r\n";
+        assert_eq!(script_calls(info), 123);
+        assert_eq!(script_calls(""), 0);
+    }
 
     #[test]
     fn standalone_starts_answers_and_stops() {
