@@ -54,19 +54,10 @@ pub(crate) fn decision(
     cost: u64,
 ) -> Result<Decision, RedisStoreError> {
     match (shape, value) {
-        (Shape::Level { algorithm, quota }, Value::Int(v)) => {
-            from_level(*v, algorithm, &quota, cost).ok_or_else(|| unexpected(value))
+        (Shape::Level { .. }, Value::Int(_)) => {
+            from_items(value, std::slice::from_ref(value), shape, cost)
         }
-        (Shape::Full, Value::Array(items)) if items.len() == 6 => {
-            let mut ints = [0i64; 6];
-            for (slot, item) in ints.iter_mut().zip(items) {
-                match item {
-                    Value::Int(v) => *slot = *v,
-                    _ => return Err(unexpected(value)),
-                }
-            }
-            from_six(&ints)
-        }
+        (Shape::Full, Value::Array(items)) => from_items(value, items, shape, cost),
         _ => Err(unexpected(value)),
     }
 }
@@ -87,11 +78,34 @@ pub(crate) fn decisions(
     items
         .chunks_exact(width)
         .zip(costs)
-        .map(|(chunk, &cost)| match (shape, chunk) {
-            (Shape::Level { .. }, [one]) => decision(one, shape, cost),
-            _ => decision(&Value::Array(chunk.to_vec()), shape, cost),
-        })
+        .map(|(chunk, &cost)| from_items(value, chunk, shape, cost))
         .collect()
+}
+
+/// One cost's part of a reply (`value`, named in errors): one integer for a `Level` shape, six
+/// for `Full`.
+fn from_items(
+    value: &Value,
+    items: &[Value],
+    shape: Shape,
+    cost: u64,
+) -> Result<Decision, RedisStoreError> {
+    match (shape, items) {
+        (Shape::Level { algorithm, quota }, [Value::Int(v)]) => {
+            from_level(*v, algorithm, &quota, cost).ok_or_else(|| unexpected(value))
+        }
+        (Shape::Full, items) if items.len() == 6 => {
+            let mut ints = [0i64; 6];
+            for (slot, item) in ints.iter_mut().zip(items) {
+                match item {
+                    Value::Int(v) => *slot = *v,
+                    _ => return Err(unexpected(value)),
+                }
+            }
+            from_six(&ints)
+        }
+        _ => Err(unexpected(value)),
+    }
 }
 
 /// A six-integer reply: outcome, retry-after µs, limit, remaining, reset-after µs, quota index.
