@@ -247,7 +247,7 @@ enum Action {
 impl<S, C> Shared<S, C> {
     fn grow(&self, e: &mut Entry) {
         if let Size::Adaptive(max) = self.size {
-            e.size = (e.size * 2).min(max);
+            e.size = e.size.saturating_mul(2).min(max);
         }
     }
 

@@ -45,8 +45,9 @@
 //! 5. counts the outcome ([`metrics`](mod@crate::metrics)) and puts a [`Verdict`] in the
 //!    response extensions.
 //!
-//! The in-memory path allocates no timer and boxes nothing: the store's answer is ready when
-//! `call` returns, so a denial is a response built at once.
+//! The in-memory path registers no timer and boxes no future: the store's answer is ready when
+//! `call` returns, so a denial is a response built at once. Its one allocation is the
+//! [`Verdict`] put in the response extensions (http allocates the extension map on first insert).
 //!
 //! # Layer order
 //!

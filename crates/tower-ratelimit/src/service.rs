@@ -432,14 +432,14 @@ where
         // Made here, not in the async block: a probe whose future is dropped before its first
         // poll must re-open the circuit too.
         let mut guard = ProbeGuard::new(if probe { shared.breaker.clone() } else { None });
-        let key = key.as_bytes().to_vec();
+        // The key moves into the future as it is (inline up to its buffer size): no copy.
         ResponseFuture::waiting(Box::pin(async move {
             let result = tokio::time::timeout(shared.timeout, check).await;
             guard.disarm();
             shared.rt.metrics.store_duration(start.elapsed());
             let step = match result {
-                Ok(result) => shared.after_check(result, probe, tier, &key, cost),
-                Err(_elapsed) => shared.after_timeout(probe, tier, &key, cost),
+                Ok(result) => shared.after_check(result, probe, tier, key.as_bytes(), cost),
+                Err(_elapsed) => shared.after_timeout(probe, tier, key.as_bytes(), cost),
             };
             match step {
                 Step::Forward(post) => {
