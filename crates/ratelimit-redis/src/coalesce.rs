@@ -5,13 +5,14 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use ratelimit_core::{Decision, Limit, Store};
 use tokio::sync::oneshot;
 
+use crate::store::lock;
 use crate::{RedisStore, RedisStoreError};
 
 /// The default most checks sent in one script call: 256.
@@ -241,49 +242,20 @@ async fn drive(shared: Arc<Shared>, store: RedisStore, qk: QueueKey) {
             store.check_many(&qk.key, &limit, &costs).await
         };
         match result {
-            Ok(decisions) if decisions.len() == batch.len() => {
+            // One decision per cost: `check_many` refuses a reply of any other length.
+            Ok(decisions) => {
                 for ((_, tx), d) in batch.into_iter().zip(decisions) {
                     // A check whose caller went away was still counted, as any sent check.
                     let _ = tx.send(Ok(d));
                 }
             }
-            Ok(decisions) => {
-                let msg = format!("{} decisions for {} costs", decisions.len(), batch.len());
-                for (_, tx) in batch {
-                    let _ = tx.send(Err(RedisStoreError::UnexpectedReply(msg.clone())));
-                }
-            }
             Err(e) => {
                 for (_, tx) in batch {
-                    let _ = tx.send(Err(duplicate(&e)));
+                    let _ = tx.send(Err(e.clone()));
                 }
             }
         }
     }
-}
-
-/// The same error, for each check of a failed batch.
-fn duplicate(e: &RedisStoreError) -> RedisStoreError {
-    match e {
-        RedisStoreError::Config { name, reason } => RedisStoreError::Config {
-            name,
-            reason: reason.clone(),
-        },
-        RedisStoreError::Connection { message, source } => RedisStoreError::Connection {
-            message: message.clone(),
-            source: source.clone(),
-        },
-        RedisStoreError::Timeout { after } => RedisStoreError::Timeout { after: *after },
-        RedisStoreError::Redis(r) => RedisStoreError::Redis(r.clone()),
-        RedisStoreError::UnexpectedReply(s) => RedisStoreError::UnexpectedReply(s.clone()),
-        RedisStoreError::ClockOutOfRange { micros } => {
-            RedisStoreError::ClockOutOfRange { micros: *micros }
-        }
-    }
-}
-
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 /// The future of a [`Coalescing`] check: the answer of the call it rode in.

@@ -12,7 +12,7 @@ use std::time::Duration;
 /// error during a check, the script may or may not have run on the server: the request may have
 /// been counted. It is never retried (retrying could count it twice), except on `NOSCRIPT`, which
 /// proves the script did not run.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum RedisStoreError {
     /// A setting is invalid (an unparsable URL, a prefix with a brace, a zero pool size...).

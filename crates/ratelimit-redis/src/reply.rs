@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use ratelimit_core::{Algorithm, Decision, Limit, MAX_EXACT, Outcome, Quota};
+use ratelimit_core::{Algorithm, Decision, Limit, Outcome, Quota};
 use redis::Value;
 
 use crate::error::RedisStoreError;
@@ -135,7 +135,7 @@ pub(crate) fn from_six(reply: &[i64]) -> Result<Decision, RedisStoreError> {
 /// A level reply: `None` if it cannot come from the script for this quota and cost.
 fn from_level(v: i64, algorithm: Algorithm, q: &Quota, cost: u64) -> Option<Decision> {
     // The script saw the cost clamped as the client sent it.
-    let cost = cost.min(MAX_EXACT + 1);
+    let cost = crate::store::wire_cost(cost);
     let (admitted, level) = if v >= 0 {
         (true, v.unsigned_abs())
     } else {

@@ -198,7 +198,7 @@ impl RedisStore {
             });
         };
         // Everything the script needs is encoded now, into one buffer the future owns.
-        let cmd = match command(&inner, script, key, limit, cost.min(MAX_EXACT + 1)) {
+        let cmd = match command(&inner, script, key, limit, wire_cost(cost)) {
             Ok(cmd) => cmd,
             Err(e) => return Box::pin(async move { Err(e) }),
         };
@@ -237,7 +237,7 @@ impl RedisStore {
         // The costs, clamped as for one check, joined by commas in place of the single cost.
         let joined = costs
             .iter()
-            .map(|c| c.min(&(MAX_EXACT + 1)).to_string())
+            .map(|&c| wire_cost(c).to_string())
             .collect::<Vec<_>>()
             .join(",");
         let cmd = match command(&inner, script, key, limit, joined) {
@@ -269,8 +269,6 @@ impl Store for RedisStore {
     }
 }
 
-/// ARGV for the scripts after the time (`s` for the server's, or the client's µs): cost, quota
-/// count, expiry slack, then each quota's parameters (see `src/lua/prelude.lua`).
 /// The `EVALSHA` of `script` on `key`'s state under `limit`: the keys, the time (the server's, or
 /// the client clock's), then `cost` (one cost, or several joined by commas) and the quotas.
 fn command(
@@ -301,34 +299,42 @@ fn command(
         Some(t) => cmd.arg(t),
     };
     cmd.arg(cost);
-    for a in &script_args(limit, 0, inner.expiry_slack_ms)[1..] {
-        cmd.arg(*a);
-    }
+    quota_args(limit, inner.expiry_slack_ms, |a| {
+        cmd.arg(a);
+    });
     Ok(cmd)
 }
 
-fn script_args(limit: &Limit, cost: u64, slack_ms: u64) -> Vec<u64> {
+/// A cost as the scripts receive it: every burst and limit is at most 2^52, so a larger cost
+/// compares the same once clamped to 2^52 + 1, which a double still holds exactly.
+pub(crate) fn wire_cost(cost: u64) -> u64 {
+    cost.min(MAX_EXACT + 1)
+}
+
+/// ARGV after the time and the cost (see `src/lua/prelude.lua`): quota count, expiry slack, then
+/// each quota's parameters, passed to `push` in order.
+fn quota_args(limit: &Limit, slack_ms: u64, mut push: impl FnMut(u64)) {
     let quotas = limit.quotas();
-    let mut args = Vec::with_capacity(3 + 4 * quotas.len());
-    // Every burst and limit is at most 2^52, so a larger cost compares the same once clamped to
-    // 2^52 + 1, which a double still holds exactly.
-    args.push(cost.min(MAX_EXACT + 1));
-    args.push(quotas.len() as u64);
-    args.push(slack_ms);
+    push(quotas.len() as u64);
+    push(slack_ms);
     for q in quotas {
         match limit.algorithm() {
             Algorithm::TokenBucket | Algorithm::Gcra => {
-                args.extend([
+                for a in [
                     q.burst(),
                     q.scale(),
                     q.refill_per_micro(),
                     q.capacity_units(),
-                ]);
+                ] {
+                    push(a);
+                }
             }
-            _ => args.extend([q.limit(), q.period_micros()]),
+            _ => {
+                push(q.limit());
+                push(q.period_micros());
+            }
         }
     }
-    args
 }
 
 /// Errors after which a connection is replaced.
@@ -434,7 +440,8 @@ fn pool_error(e: deadpool_redis::PoolError) -> RedisStoreError {
     }
 }
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+/// A mutex's guard, poisoned or not (nothing held under these locks can be left half-updated).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -687,6 +694,13 @@ fn redact(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every ARGV after the time, as `command` sends them.
+    fn script_args(limit: &Limit, cost: u64, slack_ms: u64) -> Vec<u64> {
+        let mut args = vec![wire_cost(cost)];
+        quota_args(limit, slack_ms, |a| args.push(a));
+        args
+    }
     use ratelimit_core::Quota;
 
     #[test]
