@@ -42,10 +42,11 @@
 //!   gateways cannot change decisions; [`RedisStoreBuilder::client_clock`] uses a client clock.
 //! - **Expiring state.** Every write sets the key's expiry to the moment its state is fresh
 //!   again: no key lives forever and no cleanup job is needed.
-//! - **Bounded, tag-safe keys.** `prefix:{user key}:algorithm:fingerprint`; long or unusual user
+//! - **Bounded, tag-safe keys.** `prefix:{user key}:algorithm code:fingerprint`; long or unusual user
 //!   keys are hashed, braces never reach the hash tag.
 //! - **Retry only on `NOSCRIPT`.** Any other error is returned as is: replaying a script that may
-//!   have run would count a request twice.
+//!   have run would count a request twice. (On Redis Cluster, redis-rs's cluster client itself
+//!   resends a command after a dropped connection; see `docs/redis.md`, "Cluster".)
 //!
 //! Connections: the store keeps [`pool_size`](RedisStoreBuilder::pool_size) multiplexed
 //! connections made through `deadpool-redis` and hands them out in turn, so concurrent checks are
