@@ -1,5 +1,6 @@
 //! The answer to a check.
 
+use crate::time::duration_to_micros as micros;
 use std::time::Duration;
 
 /// Whether a request passed, and what to tell the client.
@@ -58,10 +59,6 @@ impl std::fmt::Debug for Decision {
             .field("quota_index", &self.quota_index)
             .finish()
     }
-}
-
-fn micros(d: Duration) -> u64 {
-    crate::time::duration_to_micros(d)
 }
 
 impl Decision {

@@ -17,7 +17,7 @@ use pin_project_lite::pin_project;
 
 use crate::key_digest::{BuildIdHasher, KeyDigest};
 use crate::time::duration_to_micros as micros;
-use crate::{Algorithm, Clock, Decision, Limit, Outcome, Store};
+use crate::{Algorithm, Clock, Decision, Limit, Outcome, Quota, Store};
 
 /// The default most denials a [`DenialCache`] holds: 100,000.
 pub const DEFAULT_MAX_DENIALS: usize = 100_000;
@@ -231,12 +231,7 @@ impl<S: Store, C: Clock + 'static> Store for DenialCache<S, C> {
                     sent: now,
                     exceeds_for: limit.longest_period(),
                     cost,
-                    implied: match limit.algorithm() {
-                        Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::FixedWindow => {
-                            Some(limit.clone())
-                        }
-                        _ => None,
-                    },
+                    implied: implied_by(limit),
                 }),
             },
         }
@@ -268,7 +263,7 @@ struct Record {
     cost: u64,
     /// The limit, for the algorithms whose admissions can imply a denial (see
     /// [`implied_wait`]).
-    implied: Option<Limit>,
+    implied: Option<(Algorithm, Quota)>,
 }
 
 impl<F> fmt::Debug for DenialCacheFuture<F> {
@@ -388,7 +383,7 @@ impl Table {
     fn record(&self, r: &Record, d: &Decision) {
         let (id, sent) = (r.id, r.sent);
         let until = match d.outcome() {
-            Outcome::Allowed => match r.implied.as_ref().and_then(|l| implied_wait(l, r.cost, d)) {
+            Outcome::Allowed => match r.implied.and_then(|(a, q)| implied_wait(a, &q, r.cost, d)) {
                 Some(wait) => sent.saturating_add(wait),
                 None => return,
             },
@@ -437,17 +432,26 @@ impl Table {
 ///
 /// Waiting only helps and others only consume (as for denials), so the store denies that cost
 /// until then; the retry-after it would give is the cached one.
-fn implied_wait(limit: &Limit, cost: u64, d: &Decision) -> Option<u64> {
-    // With several quotas another one could deny for longer: the implied denial would be right
-    // but not the store's own answer, so only single-quota limits take this path.
-    if cost == 0 || d.remaining() >= cost || limit.quotas().len() != 1 {
+/// The algorithm and quota of a limit whose admissions can imply denials: single-quota token
+/// bucket, GCRA and fixed window. With several quotas another one could deny for longer: the
+/// implied denial would be right but not the store's own answer.
+fn implied_by(limit: &Limit) -> Option<(Algorithm, Quota)> {
+    match (limit.algorithm(), limit.quotas()) {
+        (a @ (Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::FixedWindow), [q]) => {
+            Some((a, *q))
+        }
+        _ => None,
+    }
+}
+
+fn implied_wait(algorithm: Algorithm, q: &Quota, cost: u64, d: &Decision) -> Option<u64> {
+    if cost == 0 || d.remaining() >= cost {
         return None;
     }
     let reset = micros(d.reset_after());
-    let wait = match limit.algorithm() {
+    let wait = match algorithm {
         Algorithm::FixedWindow => reset,
         Algorithm::TokenBucket | Algorithm::Gcra => {
-            let q = limit.quotas().get(d.quota_index())?;
             let units = q.burst().checked_sub(cost)? * q.scale();
             if !units.is_multiple_of(q.refill_per_micro()) {
                 return None;
