@@ -500,13 +500,10 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
         let direct = cost == 0
             || cost > sh.size.max()
             || (limit.algorithm() == Algorithm::FixedWindow && limit.quotas().len() > 1);
-        let now = sh.clock.now().as_micros();
-        let entry = if direct {
-            None
-        } else {
-            sh.entry(sh.id(key, limit.fingerprint()), now)
-        };
-        let Some(entry) = entry else {
+        // The clock is read only for a check that may use a lease.
+        let now = (!direct).then(|| sh.clock.now().as_micros());
+        let entry = now.and_then(|now| sh.entry(sh.id(key, limit.fingerprint()), now));
+        let (Some(entry), Some(now)) = (entry, now) else {
             sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
             return LeaseFuture {
                 state: St::Direct {
