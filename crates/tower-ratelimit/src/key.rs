@@ -330,17 +330,9 @@ macro_rules! int_key_part {
 int_key_part!(u8, u16, u32, u64, u128, i8, i16, i32, i64, i128);
 
 impl KeyPart for IpAddr {
+    /// The same encoding as the IP extractors' keys ([`key_bytes`](crate::client_ip::key_bytes)).
     fn write_to(&self, key: &mut KeyBuf) {
-        match self.to_canonical() {
-            IpAddr::V4(v4) => {
-                key.push_byte(4);
-                key.push(&v4.octets());
-            }
-            IpAddr::V6(v6) => {
-                key.push_byte(6);
-                key.push(&v6.octets());
-            }
-        }
+        key.push(crate::client_ip::key_bytes(*self).as_bytes());
     }
 }
 
@@ -481,7 +473,8 @@ impl KeyExtractor for RouteKey {
 #[cfg(feature = "axum")]
 #[derive(Debug, Clone)]
 pub struct PeerIp {
-    client_ip: crate::client_ip::ClientIp,
+    /// A client-IP key that trusts no proxy, so it never reads the headers.
+    inner: ClientIpKey,
 }
 
 #[cfg(feature = "axum")]
@@ -490,14 +483,14 @@ impl PeerIp {
     #[must_use]
     pub fn new() -> Self {
         PeerIp {
-            client_ip: crate::client_ip::ClientIp::peer(),
+            inner: ClientIpKey::new(crate::client_ip::ClientIp::peer()),
         }
     }
 
     /// Groups IPv6 peers by their first `bits` bits (0 to 128; 128 keys each address alone).
     pub fn ipv6_prefix(self, bits: u8) -> Result<Self, Error> {
         Ok(PeerIp {
-            client_ip: self.client_ip.ipv6_prefix(bits)?,
+            inner: ClientIpKey::new(self.inner.client_ip.ipv6_prefix(bits)?),
         })
     }
 }
@@ -530,11 +523,7 @@ fn peer_addr(parts: &Parts) -> Option<std::net::SocketAddr> {
 #[cfg(feature = "axum")]
 impl KeyExtractor for PeerIp {
     fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
-        let peer = peer_addr(parts).ok_or(NoKey)?;
-        // No proxy is trusted: the headers are never read.
-        let ip = self.client_ip.key(peer.ip(), &parts.headers);
-        key.push(ip.as_bytes());
-        Ok(())
+        self.inner.extract(parts, key)
     }
 }
 
