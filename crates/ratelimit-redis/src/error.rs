@@ -10,9 +10,9 @@ use std::time::Duration;
 ///
 /// After a [`Timeout`](RedisStoreError::Timeout) or a [`Connection`](RedisStoreError::Connection)
 /// error during a check, the script may or may not have run on the server: the request may have
-/// been counted. The store never retries it (retrying could count it twice), except on
-/// `NOSCRIPT`, which proves the script did not run; on Redis Cluster the cluster client of redis-rs
-/// resends a command after a dropped connection on its own (a known gap, see `docs/redis.md`).
+/// been counted. The store never retries it (retrying could count it twice); it re-sends a check
+/// only after an answer that proves the script did not run (`NOSCRIPT`, and on Redis Cluster
+/// `MOVED`, `ASK`, `TRYAGAIN`, `CLUSTERDOWN` and the like).
 #[derive(Debug, Clone, thiserror::Error)]
 #[non_exhaustive]
 pub enum RedisStoreError {

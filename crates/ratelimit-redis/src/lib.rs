@@ -44,9 +44,11 @@
 //!   again: no key lives forever and no cleanup job is needed.
 //! - **Bounded, tag-safe keys.** `prefix:{user key}:algorithm code:fingerprint`; long or unusual user
 //!   keys are hashed, braces never reach the hash tag.
-//! - **Retry only on `NOSCRIPT`.** Any other error is returned as is: replaying a script that may
-//!   have run would count a request twice. (On Redis Cluster, redis-rs's cluster client itself
-//!   resends a command after a dropped connection; see `docs/redis.md`, "Cluster".)
+//! - **Re-sent only when it provably did not run.** After `NOSCRIPT` (and, on Redis Cluster,
+//!   `MOVED`, `ASK` and the refusals `TRYAGAIN`, `CLUSTERDOWN`...) a check is sent again; any
+//!   other error is returned as is, since replaying a script that may have run would count a
+//!   request twice. The cluster client is built with no retries of its own for that reason
+//!   (see `docs/redis.md`, "Cluster").
 //!
 //! Connections: the store keeps [`pool_size`](RedisStoreBuilder::pool_size) multiplexed
 //! connections made through `deadpool-redis` and hands them out in turn, so concurrent checks are
@@ -60,6 +62,7 @@
 //! See `docs/redis.md` for the key layout, the scripts, expiry and the cluster rules.
 #![forbid(unsafe_code)]
 
+mod cluster;
 mod coalesce;
 mod error;
 mod key;

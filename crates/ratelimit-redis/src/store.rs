@@ -7,12 +7,12 @@ use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use deadpool_redis::{Runtime, cluster as dpc};
+use deadpool_redis::Runtime;
 use ratelimit_core::{Algorithm, Clock, Decision, Limit, MAX_EXACT, Store};
 use redis::aio::MultiplexedConnection;
-use redis::cluster_async::ClusterConnection;
 use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
+use crate::cluster;
 use crate::error::RedisStoreError;
 use crate::key::state_keys;
 use crate::reply::{self, Shape};
@@ -68,7 +68,7 @@ struct Inner {
 
 enum Backend {
     Single(deadpool_redis::Pool),
-    Cluster(dpc::Pool),
+    Cluster(deadpool::managed::Pool<cluster::Manager>),
 }
 
 /// One long-lived multiplexed connection. Checks share it (it pipelines their commands); it is
@@ -81,14 +81,23 @@ struct Slot {
 #[derive(Clone)]
 enum Conn {
     Single(MultiplexedConnection),
-    Cluster(ClusterConnection),
+    Cluster(cluster::Connection),
 }
 
 impl Conn {
-    async fn query(&mut self, cmd: &Cmd) -> Result<Value, RedisError> {
+    /// Sends `cmd` (an `EVALSHA` of `script`) and returns the script's reply. Re-sent only after
+    /// an answer that proves the script did not run (`NOSCRIPT`; on a cluster, also redirections
+    /// and refusals: see [`cluster`]); never after any other error, since the script may have run.
+    async fn eval(&mut self, script: &redis::Script, cmd: &Cmd) -> Result<Value, RedisError> {
         match self {
-            Conn::Single(c) => cmd.query_async(c).await,
-            Conn::Cluster(c) => cmd.query_async(c).await,
+            Conn::Single(c) => match cmd.query_async(c).await {
+                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                    script.load_async(&mut *c).await?;
+                    cmd.query_async(c).await
+                }
+                reply => reply,
+            },
+            Conn::Cluster(c) => c.eval(script, cmd).await,
         }
     }
 
@@ -96,7 +105,7 @@ impl Conn {
     async fn load(&mut self, script: &redis::Script) -> Result<(), RedisError> {
         match self {
             Conn::Single(c) => script.load_async(c).await.map(drop),
-            Conn::Cluster(c) => script.load_async(c).await.map(drop),
+            Conn::Cluster(c) => c.load(script).await,
         }
     }
 }
@@ -161,7 +170,8 @@ impl RedisStore {
     }
 
     /// Settings for a store on a Redis Cluster, from the URLs of one or more of its nodes (the
-    /// rest are discovered). `MOVED` and `ASK` redirections are followed by the client.
+    /// rest are discovered). The store follows `MOVED` and `ASK` redirections itself, and re-sends
+    /// a check only after answers that prove its script did not run (see `docs/redis.md`).
     pub fn cluster<I, S>(urls: I) -> RedisStoreBuilder
     where
         I: IntoIterator<Item = S>,
@@ -356,15 +366,7 @@ impl Inner {
     /// Sends `cmd` (an `EVALSHA` of `script`) and returns the script's reply.
     async fn eval_value(&self, script: &redis::Script, cmd: Cmd) -> Result<Value, RedisStoreError> {
         let (slot, generation, mut conn) = self.connection().await?;
-        let mut reply = conn.query(&cmd).await;
-        // NOSCRIPT proves the script did not run: load it and send EVALSHA once more. No other
-        // error is retried (the script may have run).
-        if matches!(&reply, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)) {
-            reply = match conn.load(script).await {
-                Ok(()) => conn.query(&cmd).await,
-                Err(e) => Err(e),
-            };
-        }
+        let reply = conn.eval(script, &cmd).await;
         match reply {
             Ok(value) => Ok(value),
             Err(e) => {
@@ -420,7 +422,7 @@ impl Inner {
                 Err(e) => Err(pool_error(e)),
             },
             Backend::Cluster(pool) => match pool.get().await {
-                Ok(c) => Ok(Conn::Cluster(dpc::Connection::take(c))),
+                Ok(c) => Ok(Conn::Cluster(deadpool::managed::Object::take(c))),
                 Err(e) => Err(pool_error(e)),
             },
         }
@@ -587,10 +589,10 @@ impl RedisStoreBuilder {
         }
 
         let backend = if self.cluster {
-            let manager = dpc::Manager::new(infos, false).map_err(|e| {
+            let manager = cluster::Manager::new(infos, self.connect_timeout).map_err(|e| {
                 RedisStoreError::config("url", format!("cannot use the cluster URLs: {e}"))
             })?;
-            let pool = dpc::Pool::builder(manager)
+            let pool = deadpool::managed::Pool::builder(manager)
                 .max_size(self.pool_size)
                 .wait_timeout(Some(self.wait_timeout))
                 .create_timeout(Some(self.connect_timeout))

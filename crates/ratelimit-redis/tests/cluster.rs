@@ -8,6 +8,8 @@ use futures::future::join_all;
 use ratelimit_core::{Algorithm, Limit, ManualClock, Quota};
 use ratelimit_redis::RedisStore;
 use redis_harness::RedisCluster;
+use redis_harness::proxy::Proxy;
+use std::time::Duration;
 
 fn dbsize(node: &redis_harness::RedisServer) -> u64 {
     node.cli(&["dbsize"]).parse().unwrap()
@@ -108,7 +110,7 @@ async fn conformance_race_and_noscript_on_a_three_master_cluster() {
     assert_eq!(g.check(b"ns", &limit, 0).await.unwrap().remaining(), 8);
 }
 
-/// A slot moves between masters while checks run: the client follows ASK (during the migration)
+/// A slot moves between masters while checks run: the store follows ASK (during the migration)
 /// and MOVED (after it), and the count goes on exactly, with the state that moved.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_follow_a_slot_migration_with_ask_and_moved() {
@@ -118,6 +120,26 @@ async fn checks_follow_a_slot_migration_with_ask_and_moved() {
         .build()
         .await
         .unwrap();
+    migrate_while_checking(&cluster, &store, None).await;
+}
+
+/// The same, to a master added after the store connected, which owns no slot when the migration
+/// starts (the client has no connection to it): ASK and MOVED are followed there too.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_follow_a_slot_migration_to_a_new_master() {
+    let mut cluster = RedisCluster::start(3);
+    let store = RedisStore::cluster(cluster.urls())
+        .prefix(unique_prefix("grow"))
+        .build()
+        .await
+        .unwrap();
+    let added = cluster.add_empty_master().port();
+    migrate_while_checking(&cluster, &store, Some(added)).await;
+}
+
+/// Moves the slot of the user `mover` to the node on port `to` (by default another master)
+/// while checking, and checks the counts and where the state is.
+async fn migrate_while_checking(cluster: &RedisCluster, store: &RedisStore, to: Option<u16>) {
     let bucket = Limit::single(Algorithm::TokenBucket, Quota::per_day(1_000).unwrap()).unwrap();
     let gcra = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
     let key = &store.state_keys(b"mover", &bucket)[0];
@@ -139,7 +161,7 @@ async fn checks_follow_a_slot_migration_with_ask_and_moved() {
     let target = cluster
         .nodes()
         .iter()
-        .find(|n| n.port() != source.port())
+        .find(|n| to.map_or(n.port() != source.port(), |p| n.port() == p))
         .unwrap();
     let source_id = source.cli(&["cluster", "myid"]);
     let target_id = target.cli(&["cluster", "myid"]);
@@ -191,4 +213,95 @@ async fn checks_follow_a_slot_migration_with_ask_and_moved() {
     assert_eq!(check(&gcra).await.remaining(), 998);
     assert_eq!(target.cli(&["exists", key]), "1");
     assert_eq!((count(source), count(target)), (0, 2));
+}
+
+/// A check whose reply is lost after its script ran on the master (the connection drops while
+/// the reply is on its way) fails, and is not sent again: the master counted it once, and once
+/// only. A client that re-sent it on the new connection would spend two tokens for one request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_whose_reply_is_lost_fails_and_counts_once() {
+    let cluster = RedisCluster::start(3);
+    let node = &cluster.nodes()[0];
+    // Clients reach the first master only through a proxy: it announces the proxy's port.
+    let proxy = Proxy::start(node.port());
+    let bus = (node.port() + 10_000).to_string();
+    assert_eq!(
+        node.cli(&["config", "set", "cluster-announce-bus-port", &bus]),
+        "OK"
+    );
+    let announced = proxy.port().to_string();
+    assert_eq!(
+        node.cli(&["config", "set", "cluster-announce-port", &announced]),
+        "OK"
+    );
+    let id = node.cli(&["cluster", "myid"]);
+    let through_proxy = format!("127.0.0.1:{announced}@");
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while !cluster.nodes().iter().all(|n| {
+        n.cli(&["cluster", "nodes"])
+            .lines()
+            .any(|l| l.starts_with(&id) && l.contains(&through_proxy))
+    }) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "every node learns the new port"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let store = RedisStore::cluster([cluster.urls()[1].clone()])
+        .prefix(unique_prefix("lost"))
+        .response_timeout(Duration::from_secs(10))
+        .build()
+        .await
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100).unwrap()).unwrap();
+    // A user whose state lives on the proxied master.
+    let user = (0..)
+        .map(|i| format!("user-{i}"))
+        .find(|u| {
+            cluster
+                .node_for(&store.state_keys(u.as_bytes(), &limit)[0])
+                .port()
+                == node.port()
+        })
+        .unwrap();
+    let check = |cost| store.check(user.as_bytes(), &limit, cost);
+    assert_eq!(check(1).await.unwrap().remaining(), 99);
+
+    // Every chunk now spends a second in the proxy. Once the script has run on the master (its
+    // call count moves), the reply is still in the proxy: cut the connection then.
+    let before = node.script_calls();
+    proxy.set_latency(Duration::from_secs(1));
+    let lost = tokio::spawn(check(1));
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while node.script_calls() == before {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the check reaches the master"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    proxy.set_latency(Duration::ZERO);
+    proxy.drop_connections();
+    let outcome = lost.await.unwrap();
+    assert!(
+        outcome.is_err(),
+        "the reply was lost, so the check cannot know its decision: {outcome:?}"
+    );
+
+    // The master ran that check once: one token spent, not two.
+    let peek = loop {
+        match check(0).await {
+            Ok(d) => break d,
+            // The connection to the proxied master is being re-opened.
+            Err(_) => tokio::time::sleep(Duration::from_millis(20)).await,
+        }
+    };
+    assert_eq!(peek.remaining(), 98);
+    assert_eq!(
+        node.script_calls(),
+        before + 1 + 1,
+        "the lost check and the peek"
+    );
 }

@@ -441,6 +441,25 @@ impl RedisCluster {
         }
     }
 
+    /// Starts one more cluster-enabled server and joins it (`CLUSTER MEET`) as a master that owns
+    /// no slot, as an operator adds a node before moving slots to it; waits until every node
+    /// knows it. Returns the new node.
+    pub fn add_empty_master(&mut self) -> &RedisServer {
+        let node = RedisServerBuilder {
+            cluster: true,
+            ..RedisServerBuilder::default()
+        }
+        .start();
+        let port = node.port.to_string();
+        assert_eq!(
+            self.nodes[0].cli(&["cluster", "meet", "127.0.0.1", &port]),
+            "OK"
+        );
+        self.nodes.push(node);
+        self.wait_ok();
+        self.nodes.last().expect("just pushed")
+    }
+
     /// `redis://127.0.0.1:<port>` of every node.
     pub fn urls(&self) -> Vec<String> {
         self.nodes.iter().map(RedisServer::url).collect()

@@ -1,0 +1,417 @@
+//! Redis Cluster: connections that never send a script twice, and the redirections they follow.
+//!
+//! redis-rs's cluster client re-sends a command by itself after an I/O error or a dropped
+//! connection (up to 16 times by default). For a rate-limit script that is wrong: the first copy
+//! may have run on the master before the connection dropped, and a second copy spends a second
+//! token for the same request. So the store builds its cluster client with **no** retries, and
+//! re-sends only after an answer that proves the script did not run:
+//!
+//! - `MOVED slot host:port`: the node does not serve the slot; the script is sent to the named
+//!   node (the client refreshes its slot map meanwhile);
+//! - `ASK slot host:port`: the slot is being migrated and the key is not on this node; `ASKING`
+//!   and the script are sent to the named node in one write, so no other command on the shared
+//!   connection can come between them;
+//! - `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `READONLY`, or no connection to the
+//!   slot's node: refused before anything ran (a script on a read-only replica fails at its first
+//!   write); sent again after a short pause, within the check's response timeout;
+//! - `NOSCRIPT`: loaded on every primary, then sent again to the same node.
+//!
+//! Every other error, and every I/O error, is returned: the check fails, and the layer's failure
+//! policy decides what the request gets.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use deadpool::managed::{self, Metrics, RecycleResult};
+use redis::aio::{ConnectionLike, MultiplexedConnection};
+use redis::cluster::{ClusterClient, ClusterClientBuilder};
+use redis::cluster_async::ClusterConnection;
+use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::{
+    AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError,
+    ServerErrorKind, Value,
+};
+
+use crate::store::lock;
+
+/// How many times one check may be sent (the first time included) while it is redirected or
+/// refused. The check's response timeout bounds the time spent as well.
+const MAX_SENDS: u32 = 16;
+/// The first pause after a refusal; each further refusal doubles it, up to [`MAX_PAUSE`].
+const FIRST_PAUSE: Duration = Duration::from_millis(5);
+const MAX_PAUSE: Duration = Duration::from_millis(200);
+/// How many side connections (to nodes the cluster client has no connection to) are kept.
+const MAX_SIDE_CONNECTIONS: usize = 64;
+
+/// Makes cluster connections for the store's pool: a deadpool manager around a redis-rs
+/// [`ClusterClient`] built with no retries (deadpool-redis's own cluster manager keeps the
+/// default of 16).
+pub(crate) struct Manager {
+    client: ClusterClient,
+    nodes: Arc<Nodes>,
+}
+
+impl Manager {
+    pub(crate) fn new(
+        infos: Vec<ConnectionInfo>,
+        connect_timeout: Duration,
+    ) -> Result<Self, RedisError> {
+        let template = infos.first().cloned();
+        let client = ClusterClientBuilder::new(infos)
+            .retries(0)
+            .connection_timeout(connect_timeout)
+            .build()?;
+        Ok(Manager {
+            client,
+            nodes: Arc::new(Nodes {
+                template,
+                connect_timeout,
+                side: Mutex::new(HashMap::new()),
+            }),
+        })
+    }
+}
+
+impl managed::Manager for Manager {
+    type Type = Connection;
+    type Error = RedisError;
+
+    async fn create(&self) -> Result<Connection, RedisError> {
+        Ok(Connection {
+            conn: self.client.get_async_connection().await?,
+            nodes: Arc::clone(&self.nodes),
+        })
+    }
+
+    async fn recycle(&self, conn: &mut Connection, _: &Metrics) -> RecycleResult<RedisError> {
+        // The store detaches its connections from the pool, so this runs only if one is ever
+        // returned to it: check it answers.
+        redis::cmd("PING")
+            .query_async::<()>(&mut conn.conn)
+            .await
+            .map_err(managed::RecycleError::Backend)
+    }
+}
+
+/// A cluster connection (it multiplexes over one connection per master and follows topology
+/// changes) and the store's side connections.
+#[derive(Clone)]
+pub(crate) struct Connection {
+    conn: ClusterConnection,
+    nodes: Arc<Nodes>,
+}
+
+/// Connections to nodes that the cluster client has none to: a node that owns no slot yet is the
+/// target of the first slot moved to it. Shared by the store's connections.
+struct Nodes {
+    /// The first node's settings (credentials, TLS), for connecting to other nodes.
+    template: Option<ConnectionInfo>,
+    connect_timeout: Duration,
+    side: Mutex<HashMap<(String, u16), MultiplexedConnection>>,
+}
+
+/// Where a check is sent.
+#[derive(Clone, Debug, PartialEq)]
+enum Route {
+    /// To the master of the keys' slot, as the client's slot map says.
+    Slot,
+    /// To this node (after `MOVED`).
+    Node(String, u16),
+    /// To this node, preceded by `ASKING` (after `ASK`).
+    Asking(String, u16),
+}
+
+/// What to do after an error.
+enum Next {
+    /// The script may have run, or cannot run: return the error.
+    Fail,
+    /// Send again, to this route, at once.
+    Resend(Route),
+    /// Send again, to this route, after a pause.
+    Pause(Route),
+    /// Load the script, then send again to the same route.
+    Load,
+}
+
+impl Connection {
+    /// `SCRIPT LOAD` on every primary.
+    pub(crate) async fn load(&mut self, script: &redis::Script) -> Result<(), RedisError> {
+        script.load_async(&mut self.conn).await.map(drop)
+    }
+
+    /// Sends `cmd` (an `EVALSHA` of `script`), following the redirections and refusals that
+    /// prove the script did not run, and returns the script's reply.
+    pub(crate) async fn eval(
+        &mut self,
+        script: &redis::Script,
+        cmd: &Cmd,
+    ) -> Result<Value, RedisError> {
+        let mut route = Route::Slot;
+        let mut pause = FIRST_PAUSE;
+        let mut loaded = false;
+        let mut sends = 0;
+        loop {
+            sends += 1;
+            let error = match self.send(&route, script, cmd).await {
+                Ok(value) => return Ok(value),
+                Err(e) => e,
+            };
+            if sends >= MAX_SENDS {
+                return Err(error);
+            }
+            let next = next(&error, &route);
+            if !matches!(next, Next::Fail) {
+                tracing::debug!(%error, "ratelimit-redis: cluster check sent again");
+            }
+            match next {
+                Next::Fail => return Err(error),
+                Next::Resend(to) => route = to,
+                Next::Pause(to) => {
+                    tokio::time::sleep(pause).await;
+                    pause = (pause * 2).min(MAX_PAUSE);
+                    route = to;
+                }
+                Next::Load if !loaded => {
+                    loaded = true;
+                    self.load(script).await?;
+                }
+                Next::Load => return Err(error),
+            }
+        }
+    }
+
+    async fn send(
+        &mut self,
+        route: &Route,
+        script: &redis::Script,
+        cmd: &Cmd,
+    ) -> Result<Value, RedisError> {
+        match route {
+            Route::Slot => cmd.query_async(&mut self.conn).await,
+            Route::Node(host, port) => {
+                let to = by_address(host, *port);
+                match self.conn.route_command(cmd.clone(), to).await {
+                    Err(e) if e.kind() == ErrorKind::ClusterConnectionNotFound => {
+                        self.side_send(host, *port, false, script, cmd).await
+                    }
+                    other => other.and_then(Value::extract_error),
+                }
+            }
+            Route::Asking(host, port) => {
+                let to = SingleNodeRoutingInfo::ByAddress {
+                    host: host.clone(),
+                    port: *port,
+                };
+                let mut pipe = redis::pipe();
+                pipe.cmd("ASKING").add_command(cmd.clone());
+                match self.conn.route_pipeline(pipe, 1, 1, to).await {
+                    Err(e) if e.kind() == ErrorKind::ClusterConnectionNotFound => {
+                        self.side_send(host, *port, true, script, cmd).await
+                    }
+                    other => other.and_then(one_reply),
+                }
+            }
+        }
+    }
+
+    /// Sends `cmd` (after `ASKING` if `asking`) over a side connection to `host:port`. The node
+    /// is not one the cluster client loads scripts on, so `NOSCRIPT` is answered here: the script
+    /// is loaded on that node and sent once more.
+    async fn side_send(
+        &self,
+        host: &str,
+        port: u16,
+        asking: bool,
+        script: &redis::Script,
+        cmd: &Cmd,
+    ) -> Result<Value, RedisError> {
+        let key = (host.to_owned(), port);
+        let existing = lock(&self.nodes.side).get(&key).cloned();
+        let mut conn = match existing {
+            Some(c) => c,
+            None => {
+                let c = self.nodes.connect(host, port).await?;
+                let mut side = lock(&self.nodes.side);
+                if side.len() >= MAX_SIDE_CONNECTIONS {
+                    side.clear();
+                }
+                side.insert(key.clone(), c.clone());
+                c
+            }
+        };
+        let mut reply = side_query(&mut conn, asking, cmd).await;
+        if matches!(&reply, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)) {
+            reply = match script.load_async(&mut conn).await {
+                Ok(_) => side_query(&mut conn, asking, cmd).await,
+                Err(e) => Err(e),
+            };
+        }
+        if let Err(e) = &reply
+            && (e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error())
+        {
+            lock(&self.nodes.side).remove(&key);
+        }
+        reply
+    }
+}
+
+/// `cmd` over `conn`, after `ASKING` in the same write if `asking`.
+async fn side_query(
+    conn: &mut MultiplexedConnection,
+    asking: bool,
+    cmd: &Cmd,
+) -> Result<Value, RedisError> {
+    if !asking {
+        return cmd.query_async(conn).await;
+    }
+    let mut pipe = redis::pipe();
+    pipe.cmd("ASKING").add_command(cmd.clone());
+    let replies = conn.req_packed_commands(&pipe, 1, 1).await?;
+    one_reply(replies)
+}
+
+/// The one reply of a pipeline read from its second command on, server errors as errors.
+fn one_reply(mut replies: Vec<Value>) -> Result<Value, RedisError> {
+    match replies.pop() {
+        Some(value) if replies.is_empty() => value.extract_error(),
+        _ => Err(RedisError::from((
+            ErrorKind::UnexpectedReturnType,
+            "ASKING and EVALSHA did not answer one reply",
+        ))),
+    }
+}
+
+impl Nodes {
+    async fn connect(&self, host: &str, port: u16) -> Result<MultiplexedConnection, RedisError> {
+        let Some(template) = &self.template else {
+            return Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "no node settings to connect with",
+            )));
+        };
+        let addr = match template.addr() {
+            ConnectionAddr::Tcp(..) => ConnectionAddr::Tcp(host.to_owned(), port),
+            ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => ConnectionAddr::TcpTls {
+                host: host.to_owned(),
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => {
+                return Err(RedisError::from((
+                    ErrorKind::InvalidClientConfig,
+                    "cluster nodes are reached over TCP",
+                )));
+            }
+        };
+        let client = redis::Client::open(template.clone().set_addr(addr))?;
+        let config = AsyncConnectionConfig::new()
+            .set_connection_timeout(Some(self.connect_timeout))
+            .set_response_timeout(None);
+        client
+            .get_multiplexed_async_connection_with_config(&config)
+            .await
+    }
+}
+
+fn by_address(host: &str, port: u16) -> RoutingInfo {
+    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+        host: host.to_owned(),
+        port,
+    })
+}
+
+/// What an error proves, and where to send the check next.
+fn next(error: &RedisError, route: &Route) -> Next {
+    let redirect = || {
+        let (addr, _slot) = error.redirect_node()?;
+        let (host, port) = addr.rsplit_once(':')?;
+        Some((host.to_owned(), port.parse::<u16>().ok()?))
+    };
+    match error.kind() {
+        ErrorKind::Server(ServerErrorKind::Moved) => match redirect() {
+            Some((host, port)) => Next::Resend(Route::Node(host, port)),
+            None => Next::Fail,
+        },
+        ErrorKind::Server(ServerErrorKind::Ask) => match redirect() {
+            Some((host, port)) => Next::Resend(Route::Asking(host, port)),
+            None => Next::Fail,
+        },
+        ErrorKind::Server(ServerErrorKind::NoScript) => Next::Load,
+        // Keys of a migrating slot are split between two nodes: ask the same node again.
+        ErrorKind::Server(ServerErrorKind::TryAgain) => Next::Pause(route.clone()),
+        // Refused by a node that cannot serve now, or never sent: go by the (refreshed) slot map.
+        ErrorKind::Server(
+            ServerErrorKind::ClusterDown
+            | ServerErrorKind::MasterDown
+            | ServerErrorKind::BusyLoading
+            | ServerErrorKind::ReadOnly,
+        )
+        | ErrorKind::ClusterConnectionNotFound => Next::Pause(Route::Slot),
+        _ => Next::Fail,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn server_error(text: &str) -> RedisError {
+        let parsed = redis::parse_redis_value(format!("-{text}\r\n").as_bytes()).unwrap();
+        parsed.extract_error().unwrap_err()
+    }
+
+    #[test]
+    fn only_answers_that_prove_the_script_did_not_run_are_resent() {
+        let slot = Route::Slot;
+        assert!(matches!(
+            next(&server_error("MOVED 3999 127.0.0.1:6381"), &slot),
+            Next::Resend(Route::Node(h, 6381)) if h == "127.0.0.1"
+        ));
+        assert!(matches!(
+            next(&server_error("ASK 3999 10.0.0.7:7000"), &slot),
+            Next::Resend(Route::Asking(h, 7000)) if h == "10.0.0.7"
+        ));
+        let asking = Route::Asking("h".into(), 1);
+        assert!(matches!(
+            next(&server_error("TRYAGAIN Multiple keys request during rehashing of slot"), &asking),
+            Next::Pause(r) if r == asking
+        ));
+        for refused in [
+            "CLUSTERDOWN The cluster is down",
+            "MASTERDOWN Link with MASTER is down",
+            "LOADING Redis is loading the dataset in memory",
+            "READONLY You can't write against a read only replica.",
+        ] {
+            assert!(
+                matches!(
+                    next(&server_error(refused), &asking),
+                    Next::Pause(Route::Slot)
+                ),
+                "{refused}"
+            );
+        }
+        assert!(matches!(
+            next(&server_error("NOSCRIPT No matching script."), &slot),
+            Next::Load
+        ));
+        // The script may have run, or will fail the same way again: never re-sent.
+        let io = RedisError::from(std::io::Error::new(
+            std::io::ErrorKind::ConnectionReset,
+            "reset",
+        ));
+        for e in [
+            io,
+            server_error("ERR user_script:1: something went wrong"),
+            server_error("OOM command not allowed when used memory > 'maxmemory'."),
+            server_error("MOVED not-a-slot"),
+        ] {
+            assert!(matches!(next(&e, &slot), Next::Fail), "{e}");
+        }
+    }
+}
