@@ -141,29 +141,31 @@ impl Limit {
     /// Checks `cost` at `now` against every quota, all-or-nothing: if every quota allows, the
     /// new states are written into `states`; otherwise `states` is left as it was.
     ///
-    /// `states` holds one state per quota, in order; a missing or mismatched state counts as fresh.
+    /// `states` holds one state per quota, in order (see [`fresh_states`](Limit::fresh_states)
+    /// for a key never seen). A state of another algorithm counts as fresh. A quota with no state
+    /// in the slice (a slice shorter than the quotas) is checked as fresh, and what it admits
+    /// cannot be recorded: always pass one state per quota.
     #[must_use]
     pub fn check(&self, states: &mut [State], now: Timestamp, cost: u64) -> Decision {
         if let ([quota], [state]) = (&*self.quotas, &mut *states) {
-            let (d, next) = self.algorithm.check(quota, Some(state), now, cost);
-            if d.is_allowed() {
-                *state = next;
-            }
-            return d;
+            return self.algorithm.check_in_place(quota, state, now, cost);
         }
+        // Decide every quota first, reading the states; write only if all admit.
         let mut decisions =
             [Decision::new(crate::Outcome::Allowed, 0, 0, Duration::ZERO, 0); MAX_QUOTAS];
-        let mut next = Vec::with_capacity(self.quotas.len());
         for (i, quota) in self.quotas.iter().enumerate() {
-            let (d, s) = self.algorithm.check(quota, states.get(i), now, cost);
-            decisions[i] = d.with_quota_index(i);
-            next.push(s);
+            decisions[i] = self
+                .algorithm
+                .decide(quota, states.get(i), now, cost)
+                .with_quota_index(i);
         }
         let decision = Decision::combine(&decisions[..self.quotas.len()])
             .expect("a limit has at least one quota");
         if decision.is_allowed() {
-            for (slot, s) in states.iter_mut().zip(next) {
-                *slot = s;
+            for (quota, state) in self.quotas.iter().zip(states.iter_mut()) {
+                // Deterministic: the same check admits again, and now writes its state.
+                let again = self.algorithm.check_in_place(quota, state, now, cost);
+                debug_assert!(again.is_allowed());
             }
         }
         decision

@@ -127,6 +127,49 @@ impl Algorithm {
             }
         }
     }
+
+    /// The decision of [`check`](Algorithm::check), without the state to store: a sliding log
+    /// is read, not copied.
+    #[must_use]
+    pub fn decide(
+        self,
+        quota: &Quota,
+        state: Option<&State>,
+        now: Timestamp,
+        cost: u64,
+    ) -> Decision {
+        match (self, state) {
+            (Algorithm::SlidingLog, Some(State::SlidingLog(log))) => {
+                sliding_log::decide(quota, log, now, cost)
+            }
+            _ => self.check(quota, state, now, cost).0,
+        }
+    }
+
+    /// Checks `cost` at `now` against `state` and, if it is admitted, updates `state` in place
+    /// (a state of another algorithm counts as none and is replaced). A denied check leaves a
+    /// state of this algorithm as it was.
+    #[must_use]
+    pub fn check_in_place(
+        self,
+        quota: &Quota,
+        state: &mut State,
+        now: Timestamp,
+        cost: u64,
+    ) -> Decision {
+        if let (Algorithm::SlidingLog, State::SlidingLog(log)) = (self, &mut *state) {
+            let decision = sliding_log::decide(quota, log, now, cost);
+            if decision.is_allowed() {
+                sliding_log::commit(quota, log, now, cost);
+            }
+            return decision;
+        }
+        let (decision, next) = self.check(quota, Some(state), now, cost);
+        if decision.is_allowed() {
+            *state = next;
+        }
+        decision
+    }
 }
 
 impl std::fmt::Display for Algorithm {

@@ -42,6 +42,9 @@ impl SlidingLogState {
 
 /// Checks `cost` at `now` against the exact log of the last `period`. Returns the decision and
 /// the state to store if committed.
+///
+/// This copies the log; a store that holds the state should call [`decide`] and, if it admits,
+/// [`commit`], which change it in place.
 #[must_use]
 pub fn check(
     quota: &Quota,
@@ -49,39 +52,143 @@ pub fn check(
     now: Timestamp,
     cost: u64,
 ) -> (Decision, SlidingLogState) {
+    let mut log = state.cloned().unwrap_or_default();
+    let decision = decide(quota, &log, now, cost);
+    if decision.is_allowed() {
+        commit(quota, &mut log, now, cost);
+    }
+    (decision, log)
+}
+
+/// The time a check at `now` counts with: never before the newest entry (time going backwards
+/// never frees an entry), never past [`MAX_TIME`].
+fn clamp(log: &SlidingLogState, now: Timestamp) -> u64 {
+    let newest = log.entries.back().map_or(0, |&(t, _)| t);
+    now.as_micros().min(MAX_TIME).max(newest)
+}
+
+/// The decision for `cost` at `now`, reading `log` without changing it.
+#[must_use]
+pub fn decide(quota: &Quota, log: &SlidingLogState, now: Timestamp, cost: u64) -> Decision {
     let p = quota.period_micros();
     let limit = quota.limit();
-    let mut log = state.cloned().unwrap_or_default();
-    let newest = log.entries.back().map_or(0, |&(t, _)| t);
-    let now = now.as_micros().min(MAX_TIME).max(newest);
-    log.prune(now, p);
-
-    let outcome = if cost > limit {
-        Verdict::Exceeds
-    } else if log.total + cost <= limit {
-        if cost > 0 {
-            match log.entries.back_mut() {
-                Some((t, c)) if *t == now => *c += cost,
-                _ => log.entries.push_back((now, cost)),
-            }
-            log.total += cost;
+    let now = clamp(log, now);
+    // Entries that have slid out of the window by `now`.
+    let (mut expired, mut expired_cost) = (0, 0);
+    for &(t, c) in &log.entries {
+        if t.saturating_add(p) > now {
+            break;
         }
-        Verdict::Allowed
+        expired += 1;
+        expired_cost += c;
+    }
+    let live = log.entries.range(expired..);
+    let total = log.total - expired_cost;
+    let live_newest = live.clone().next_back().map(|&(t, _)| t);
+
+    let (outcome, total, newest) = if cost > limit {
+        (Verdict::Exceeds, total, live_newest)
+    } else if total + cost <= limit {
+        let newest = if cost > 0 { Some(now) } else { live_newest };
+        (Verdict::Allowed, total + cost, newest)
     } else {
         // Wait until enough of the oldest entries have slid out.
-        let need = log.total + cost - limit;
+        let need = total + cost - limit;
         let mut freed = 0;
         let mut at = now;
-        for &(t, c) in &log.entries {
+        for &(t, c) in live {
             freed += c;
             if freed >= need {
                 at = t + p;
                 break;
             }
         }
-        Verdict::Denied(at - now)
+        (Verdict::Denied(at - now), total, live_newest)
     };
-    let reset = log.entries.back().map_or(0, |&(t, _)| t + p - now);
-    let decision = Decision::from_parts(outcome, limit, limit - log.total, reset);
-    (decision, log)
+    let reset = newest.map_or(0, |t| t + p - now);
+    Decision::from_parts(outcome, limit, limit - total, reset)
+}
+
+/// Records an admitted `cost` at `now` in `log`: drops the entries that have slid out and adds
+/// the new one. Call it only after [`decide`] admitted the same cost at the same time; a cost of
+/// zero (a peek) changes nothing.
+pub fn commit(quota: &Quota, log: &mut SlidingLogState, now: Timestamp, cost: u64) {
+    if cost == 0 {
+        return;
+    }
+    let now = clamp(log, now);
+    log.prune(now, quota.period_micros());
+    match log.entries.back_mut() {
+        Some((t, c)) if *t == now => *c += cost,
+        _ => log.entries.push_back((now, cost)),
+    }
+    log.total += cost;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// The admissions of the last `period`, kept naively: every admission ever, summed each time.
+    fn naive(
+        limit: u64,
+        period: u64,
+        admitted: &[(u64, u64)],
+        now: u64,
+        cost: u64,
+    ) -> (bool, u64, Option<u64>) {
+        let live: Vec<_> = admitted
+            .iter()
+            .filter(|&&(t, _)| t + period > now)
+            .collect();
+        let total: u64 = live.iter().map(|&&(_, c)| c).sum();
+        if cost <= limit && total + cost <= limit {
+            return (true, limit - total - cost, None);
+        }
+        let retry = (cost <= limit).then(|| {
+            let need = total + cost - limit;
+            let mut freed = 0;
+            live.iter()
+                .find(|&&&(_, c)| {
+                    freed += c;
+                    freed >= need
+                })
+                .map_or(0, |&&(t, _)| t + period - now)
+        });
+        (false, limit - total, retry)
+    }
+
+    proptest! {
+        /// `decide` and `commit`, changing one log in place, make the decisions of a naive count
+        /// of every admission in the window, and keep the log as short as the window needs.
+        #[test]
+        fn in_place_log_matches_a_naive_count(
+            limit in 1u64..20,
+            period in 1u64..50,
+            steps in prop::collection::vec((0u64..12, 0u64..6), 1..200),
+        ) {
+            let quota = Quota::per_period(limit, std::time::Duration::from_micros(period)).unwrap();
+            let mut log = SlidingLogState::default();
+            let mut admitted = Vec::new();
+            let mut now = 0;
+            for (dt, cost) in steps {
+                now += dt;
+                let at = Timestamp::from_micros(now);
+                let d = decide(&quota, &log, at, cost);
+                let (allowed, remaining, retry) = naive(limit, period, &admitted, now, cost);
+                prop_assert_eq!(d.is_allowed(), allowed);
+                prop_assert_eq!(d.remaining(), remaining);
+                prop_assert_eq!(d.retry_after().map(|r| r.as_micros() as u64), retry);
+                if allowed {
+                    commit(&quota, &mut log, at, cost);
+                    if cost > 0 {
+                        admitted.push((now, cost));
+                    }
+                }
+                prop_assert!(log.total <= limit);
+                prop_assert_eq!(log.total, log.entries.iter().map(|&(_, c)| c).sum::<u64>());
+            }
+        }
+    }
 }
