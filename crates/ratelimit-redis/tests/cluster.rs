@@ -305,3 +305,83 @@ async fn a_check_whose_reply_is_lost_fails_and_counts_once() {
         "the lost check and the peek"
     );
 }
+
+/// A master dies and its replica takes over: checks of its slots fail (the failure policy decides
+/// those requests) until the cluster has failed over, then succeed by themselves, and the count
+/// goes on from the state the replica had (acknowledged by `WAIT` before the kill), once per
+/// check. Checks of other masters' slots go on meanwhile.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_recover_after_a_master_fails_over_to_its_replica() {
+    let mut cluster = RedisCluster::start_with_replicas(3, 1, &["cluster-node-timeout 1000"]);
+    let store = RedisStore::cluster(cluster.urls())
+        .prefix(unique_prefix("failover"))
+        .response_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100).unwrap()).unwrap();
+    let owner = |cluster: &RedisCluster, user: &str| {
+        cluster
+            .node_for(&store.state_keys(user.as_bytes(), &limit)[0])
+            .port()
+    };
+    let victim = owner(&cluster, "victim");
+    let bystander = (0..)
+        .map(|i| format!("bystander-{i}"))
+        .find(|u| owner(&cluster, u) != victim)
+        .unwrap();
+    for i in 1..=10 {
+        let d = store.check(b"victim", &limit, 1).await.unwrap();
+        assert_eq!(d.remaining(), 100 - i);
+        store.check(bystander.as_bytes(), &limit, 1).await.unwrap();
+    }
+    let master = cluster.nodes().iter().find(|n| n.port() == victim).unwrap();
+    assert_eq!(
+        master.cli(&["wait", "1", "2000"]),
+        "1",
+        "the replica has the writes"
+    );
+
+    cluster.kill_node(victim);
+    let killed = std::time::Instant::now();
+    let mut failed = 0;
+    let recovered = loop {
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "checks recover after the failover"
+        );
+        match store.check(b"victim", &limit, 1).await {
+            Ok(d) => break d,
+            Err(e) => {
+                failed += 1;
+                assert!(
+                    e.is_unavailable() || matches!(e, ratelimit_redis::RedisStoreError::Redis(_)),
+                    "{e}"
+                );
+                // Another master's users are served meanwhile.
+                if failed == 1 {
+                    store.check(bystander.as_bytes(), &limit, 1).await.unwrap();
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+    assert!(failed > 0, "the master's death is visible, not hidden");
+    // A failed check may or may not have run on the new master before its reply was lost, but
+    // none of them ran twice: the count goes on from the replica's state, at most one per check.
+    let spent = 100 - 10 - recovered.remaining();
+    println!(
+        "recovered {:?} after the kill, {failed} checks failed meanwhile, {spent} tokens spent",
+        killed.elapsed()
+    );
+    assert!(
+        (1..=failed + 1).contains(&spent),
+        "{spent} tokens for 1 answered and {failed} failed checks"
+    );
+    let new_owner = owner(&cluster, "victim");
+    assert_ne!(new_owner, victim);
+    for i in 1..=5 {
+        let d = store.check(b"victim", &limit, 1).await.unwrap();
+        assert_eq!(d.remaining(), recovered.remaining() - i);
+    }
+}

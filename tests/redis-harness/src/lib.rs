@@ -385,20 +385,34 @@ fn raw_command(port: u16, args: &[&str]) -> std::io::Result<String> {
 #[derive(Debug)]
 pub struct RedisCluster {
     nodes: Vec<RedisServer>,
+    /// How many masters every node must know.
+    masters: usize,
+    /// How many replicas every master must have in sync.
+    replicas: usize,
 }
 
 impl RedisCluster {
     /// Starts `masters` cluster-enabled servers (at least 3) and joins them into one cluster with
     /// no replicas, then waits until every node reports `cluster_state:ok`.
     pub fn start(masters: usize) -> RedisCluster {
+        RedisCluster::start_with_replicas(masters, 0, &[])
+    }
+
+    /// Starts a cluster of `masters` masters with `replicas` replicas each, every node with the
+    /// extra configuration `lines` (`"cluster-node-timeout 1000"` for a quicker failover), and
+    /// waits until every node reports `cluster_state:ok` and knows every master.
+    pub fn start_with_replicas(masters: usize, replicas: usize, lines: &[&str]) -> RedisCluster {
         assert!(masters >= 3, "a Redis Cluster needs at least 3 masters");
-        let nodes: Vec<RedisServer> = (0..masters)
+        let nodes: Vec<RedisServer> = (0..masters * (1 + replicas))
             .map(|_| {
-                RedisServerBuilder {
+                let mut builder = RedisServerBuilder {
                     cluster: true,
                     ..RedisServerBuilder::default()
+                };
+                for line in lines {
+                    builder = builder.config(*line);
                 }
-                .start()
+                builder.start()
             })
             .collect();
         let addrs: Vec<String> = nodes
@@ -407,9 +421,14 @@ impl RedisCluster {
             .collect();
         let mut args: Vec<&str> = vec!["--cluster", "create"];
         args.extend(addrs.iter().map(String::as_str));
-        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        let replicas = replicas.to_string();
+        args.extend(["--cluster-replicas", &replicas, "--cluster-yes"]);
         cli(nodes[0].port, &[], &args);
-        let cluster = RedisCluster { nodes };
+        let cluster = RedisCluster {
+            nodes,
+            masters,
+            replicas: replicas.parse().expect("a number"),
+        };
         cluster.wait_ok();
         cluster
     }
@@ -426,11 +445,18 @@ impl RedisCluster {
                 && self.nodes.iter().all(|n| {
                     n.cli(&["cluster", "nodes"])
                         .lines()
-                        .filter(|l| l.contains("master"))
+                        .filter(|l| l.contains("master") && !l.contains("fail"))
                         .count()
-                        == self.nodes.len()
+                        == self.masters
                 });
-            if all_know {
+            // Every master has its replicas connected and in sync.
+            let all_synced = all_know
+                && self.nodes.iter().all(|n| {
+                    let info = n.cli(&["info", "replication"]);
+                    !info.contains("role:master")
+                        || info.matches("state=online").count() >= self.replicas
+                });
+            if all_synced {
                 return;
             }
             assert!(
@@ -456,8 +482,20 @@ impl RedisCluster {
             "OK"
         );
         self.nodes.push(node);
+        self.masters += 1;
         self.wait_ok();
         self.nodes.last().expect("just pushed")
+    }
+
+    /// Kills the node on `port` (SIGKILL) and forgets it: [`nodes`](RedisCluster::nodes) and
+    /// [`node_for`](RedisCluster::node_for) see only the nodes left.
+    pub fn kill_node(&mut self, port: u16) {
+        let i = self
+            .nodes
+            .iter()
+            .position(|n| n.port == port)
+            .expect("a node of this cluster");
+        self.nodes.remove(i).kill();
     }
 
     /// `redis://127.0.0.1:<port>` of every node.
