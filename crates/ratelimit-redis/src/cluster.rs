@@ -33,7 +33,7 @@ use redis::{
     ServerErrorKind, Value,
 };
 
-use crate::store::lock;
+use crate::store::{is_broken, lock};
 
 /// How many times one check may be sent (the first time included) while it is redirected or
 /// refused. The check's response timeout bounds the time spent as well.
@@ -248,7 +248,7 @@ impl Connection {
             };
         }
         if let Err(e) = &reply
-            && (e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error())
+            && is_broken(e)
         {
             lock(&self.nodes.side).remove(&key);
         }

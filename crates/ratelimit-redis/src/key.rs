@@ -53,6 +53,21 @@ pub(crate) fn algorithm_code(algorithm: Algorithm) -> &'static str {
 
 /// Every Redis key of one check: the state hash first, then (sliding log) one list per quota.
 pub(crate) fn state_keys(prefix: &str, key: &[u8], limit: &Limit) -> Vec<String> {
+    let mut keys = Vec::with_capacity(key_count(limit));
+    each_state_key(prefix, key, limit, |k| keys.push(k.to_owned()));
+    keys
+}
+
+/// How many keys a check of `limit` touches.
+pub(crate) fn key_count(limit: &Limit) -> usize {
+    match limit.algorithm() {
+        Algorithm::SlidingLog => 1 + limit.quotas().len(),
+        _ => 1,
+    }
+}
+
+/// Passes each of [`state_keys`] to `f`, in order, built in one buffer.
+pub(crate) fn each_state_key(prefix: &str, key: &[u8], limit: &Limit, mut f: impl FnMut(&str)) {
     let mut base = String::with_capacity(prefix.len() + 100);
     base.push_str(prefix);
     base.push_str(":{");
@@ -63,15 +78,14 @@ pub(crate) fn state_keys(prefix: &str, key: &[u8], limit: &Limit) -> Vec<String>
         algorithm_code(limit.algorithm()),
         limit.fingerprint()
     );
+    f(&base);
     if limit.algorithm() == Algorithm::SlidingLog {
-        let mut keys = Vec::with_capacity(1 + limit.quotas().len());
+        let len = base.len();
         for i in 0..limit.quotas().len() {
-            keys.push(format!("{base}:{i}"));
+            base.truncate(len);
+            let _ = write!(base, ":{i}");
+            f(&base);
         }
-        keys.insert(0, base);
-        keys
-    } else {
-        vec![base]
     }
 }
 

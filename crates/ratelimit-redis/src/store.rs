@@ -14,7 +14,7 @@ use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, ServerErrorKind, 
 
 use crate::cluster;
 use crate::error::RedisStoreError;
-use crate::key::state_keys;
+use crate::key::{each_state_key, key_count, state_keys};
 use crate::reply::{self, Shape};
 use crate::scripts;
 
@@ -197,45 +197,46 @@ impl RedisStore {
     /// Checks `cost` for `key` against `limit`; the same as [`Store::check`], as an inherent
     /// method so callers need not import the trait.
     pub fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> CheckFuture {
-        let inner = Arc::clone(&self.inner);
-        let Some(script) = scripts::script(limit.algorithm()) else {
-            let alg = limit.algorithm();
-            return Box::pin(async move {
-                Err(RedisStoreError::config(
-                    "limit",
-                    format!("ratelimit-redis has no script for the algorithm {alg}"),
-                ))
-            });
-        };
-        // Everything the script needs is encoded now, into one buffer the future owns.
-        let cmd = match command(&inner, script, key, limit, wire_cost(cost)) {
-            Ok(cmd) => cmd,
-            Err(e) => return Box::pin(async move { Err(e) }),
-        };
-        let shape = Shape::of(limit);
-        Box::pin(async move {
-            let timeout = inner.response_timeout;
-            match tokio::time::timeout(timeout, inner.eval(script, cmd, shape, cost)).await {
-                Ok(r) => r,
-                Err(_) => Err(RedisStoreError::Timeout { after: timeout }),
-            }
+        let script = scripts::script(limit.algorithm());
+        self.call(script, key, limit, wire_cost(cost), move |value, shape| {
+            reply::decision(value, shape, cost)
         })
     }
-}
 
-impl RedisStore {
     /// Checks several costs for `key` against `limit` in **one** script call: they are decided in
     /// order, each on the state the previous one left, at one instant, exactly as the same checks
     /// made one after another at that instant would be. Returns one decision per cost, in order.
     ///
     /// This is the call [`Coalescing`](crate::Coalescing) sends for a queue of concurrent checks.
     pub fn check_many(&self, key: &[u8], limit: &Limit, costs: &[u64]) -> CheckManyFuture {
-        let inner = Arc::clone(&self.inner);
-        let n = costs.len();
-        if n == 0 {
+        if costs.is_empty() {
             return Box::pin(async { Ok(Vec::new()) });
         }
-        let Some(script) = scripts::multi_script(limit.algorithm()) else {
+        // The costs, clamped as for one check, joined by commas in place of the single cost.
+        let joined = costs
+            .iter()
+            .map(|&c| wire_cost(c).to_string())
+            .collect::<Vec<_>>()
+            .join(",");
+        let costs = costs.to_vec();
+        let script = scripts::multi_script(limit.algorithm());
+        self.call(script, key, limit, joined, move |value, shape| {
+            reply::decisions(value, shape, &costs)
+        })
+    }
+
+    /// One `EVALSHA` of `script` with `cost` (one cost, or several joined), its reply decoded by
+    /// `decode`, all within the response timeout. Everything the script needs is encoded now,
+    /// into one command the future owns.
+    fn call<T: Send + 'static>(
+        &self,
+        script: Option<&'static redis::Script>,
+        key: &[u8],
+        limit: &Limit,
+        cost: impl redis::ToRedisArgs,
+        decode: impl FnOnce(&Value, Shape) -> Result<T, RedisStoreError> + Send + 'static,
+    ) -> Pin<Box<dyn Future<Output = Result<T, RedisStoreError>> + Send>> {
+        let Some(script) = script else {
             let alg = limit.algorithm();
             return Box::pin(async move {
                 Err(RedisStoreError::config(
@@ -244,24 +245,15 @@ impl RedisStore {
                 ))
             });
         };
-        // The costs, clamped as for one check, joined by commas in place of the single cost.
-        let joined = costs
-            .iter()
-            .map(|&c| wire_cost(c).to_string())
-            .collect::<Vec<_>>()
-            .join(",");
-        let cmd = match command(&inner, script, key, limit, joined) {
+        let inner = Arc::clone(&self.inner);
+        let cmd = match command(&inner, script, key, limit, cost) {
             Ok(cmd) => cmd,
             Err(e) => return Box::pin(async move { Err(e) }),
         };
         let shape = Shape::of(limit);
-        let costs = costs.to_vec();
         Box::pin(async move {
             let timeout = inner.response_timeout;
-            let call = async {
-                let value = inner.eval_value(script, cmd).await?;
-                reply::decisions(&value, shape, &costs)
-            };
+            let call = async { decode(&inner.eval_value(script, cmd).await?, shape) };
             match tokio::time::timeout(timeout, call).await {
                 Ok(r) => r,
                 Err(_) => Err(RedisStoreError::Timeout { after: timeout }),
@@ -298,12 +290,11 @@ fn command(
             Some(micros)
         }
     };
-    let keys = state_keys(&inner.prefix, key, limit);
     let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(keys.len());
-    for k in &keys {
+    cmd.arg(script.get_hash()).arg(key_count(limit));
+    each_state_key(&inner.prefix, key, limit, |k| {
         cmd.arg(k.as_bytes());
-    }
+    });
     match now {
         None => cmd.arg("s"),
         Some(t) => cmd.arg(t),
@@ -348,21 +339,11 @@ fn quota_args(limit: &Limit, slack_ms: u64, mut push: impl FnMut(u64)) {
 }
 
 /// Errors after which a connection is replaced.
-fn is_broken(e: &RedisError) -> bool {
+pub(crate) fn is_broken(e: &RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error()
 }
 
 impl Inner {
-    async fn eval(
-        &self,
-        script: &redis::Script,
-        cmd: Cmd,
-        shape: Shape,
-        cost: u64,
-    ) -> Result<Decision, RedisStoreError> {
-        reply::decision(&self.eval_value(script, cmd).await?, shape, cost)
-    }
-
     /// Sends `cmd` (an `EVALSHA` of `script`) and returns the script's reply.
     async fn eval_value(&self, script: &redis::Script, cmd: Cmd) -> Result<Value, RedisStoreError> {
         let (slot, generation, mut conn) = self.connection().await?;
