@@ -175,8 +175,9 @@ impl<S, C> DenialCache<S, C> {
     pub fn stats(&self) -> DenialCacheStats {
         let t = &self.table;
         DenialCacheStats {
-            hits: t.hits.load(Ordering::Relaxed),
-            store_calls: t.misses.load(Ordering::Relaxed),
+            hits: t.shards.iter().map(|s| s.0.lock().hits).sum(),
+            store_calls: t.peeks.load(Ordering::Relaxed)
+                + t.shards.iter().map(|s| s.0.lock().misses).sum::<u64>(),
             inserted: t.inserted.load(Ordering::Relaxed),
             evicted: t.evicted.load(Ordering::Relaxed),
         }
@@ -184,7 +185,7 @@ impl<S, C> DenialCache<S, C> {
 
     /// How many denials are held now (expired ones included until they are swept).
     pub fn len(&self) -> usize {
-        self.table.shards.iter().map(|s| s.lock().len()).sum()
+        self.table.shards.iter().map(|s| s.0.lock().map.len()).sum()
     }
 
     /// `true` if no denial is held.
@@ -205,7 +206,7 @@ impl<S: Store, C: Clock + 'static> Store for DenialCache<S, C> {
     fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
         if cost == 0 {
             // A peek is never denied: nothing to cache.
-            self.table.misses.fetch_add(1, Ordering::Relaxed);
+            self.table.peeks.fetch_add(1, Ordering::Relaxed);
             return DenialCacheFuture {
                 state: State::Miss {
                     fut: self.inner.check(key, limit, cost),
@@ -216,12 +217,10 @@ impl<S: Store, C: Clock + 'static> Store for DenialCache<S, C> {
         let now = self.clock.now().as_micros();
         let id = self.table.id(key, limit.fingerprint(), cost);
         if let Some(d) = self.table.lookup(id, now) {
-            self.table.hits.fetch_add(1, Ordering::Relaxed);
             return DenialCacheFuture {
                 state: State::Hit { decision: Some(d) },
             };
         }
-        self.table.misses.fetch_add(1, Ordering::Relaxed);
         DenialCacheFuture {
             state: State::Miss {
                 fut: self.inner.check(key, limit, cost),
@@ -334,12 +333,25 @@ impl Entry {
 
 type Map = HashMap<u128, Entry, BuildIdHasher>;
 
+/// One shard of the table, on its own cache lines: its denials, and its share of the hit and miss
+/// counts, kept under the lock each lookup takes anyway, so that checks on different shards
+/// share no counter.
+#[repr(align(128))]
+struct Shard(Mutex<ShardData>);
+
+#[derive(Default)]
+struct ShardData {
+    map: Map,
+    hits: u64,
+    misses: u64,
+}
+
 struct Table {
-    shards: Box<[Mutex<Map>]>,
+    shards: Box<[Shard]>,
     per_shard_cap: usize,
     digest: KeyDigest,
-    hits: AtomicU64,
-    misses: AtomicU64,
+    /// Peeks (cost 0), which go to the store without a lookup.
+    peeks: AtomicU64,
     inserted: AtomicU64,
     evicted: AtomicU64,
 }
@@ -348,11 +360,12 @@ impl Table {
     fn new(max: usize) -> Self {
         let shards = MAX_SHARDS.min(prev_power_of_two(max));
         Table {
-            shards: (0..shards).map(|_| Mutex::new(Map::default())).collect(),
+            shards: (0..shards)
+                .map(|_| Shard(Mutex::new(ShardData::default())))
+                .collect(),
             per_shard_cap: max / shards,
             digest: KeyDigest::random(),
-            hits: AtomicU64::new(0),
-            misses: AtomicU64::new(0),
+            peeks: AtomicU64::new(0),
             inserted: AtomicU64::new(0),
             evicted: AtomicU64::new(0),
         }
@@ -364,20 +377,27 @@ impl Table {
         self.digest.digest_u128(key, fingerprint, cost)
     }
 
-    fn shard(&self, id: u128) -> &Mutex<Map> {
+    fn shard(&self, id: u128) -> &Mutex<ShardData> {
         // The high bits pick the shard; the map hashes with the low ones.
-        &self.shards[((id >> 64) as usize) & (self.shards.len() - 1)]
+        &self.shards[((id >> 64) as usize) & (self.shards.len() - 1)].0
     }
 
+    /// The cached denial of `id` at `now`, counted as a hit or a miss.
     fn lookup(&self, id: u128, now: u64) -> Option<Decision> {
         let mut shard = self.shard(id).lock();
-        let e = *shard.get(&id)?;
-        if e.until > now {
-            Some(e.decision(now))
-        } else {
-            shard.remove(&id);
-            None
+        let found = match shard.map.get(&id) {
+            Some(e) if e.until > now => Some(e.decision(now)),
+            Some(_) => {
+                shard.map.remove(&id);
+                None
+            }
+            None => None,
+        };
+        match found {
+            Some(_) => shard.hits += 1,
+            None => shard.misses += 1,
         }
+        found
     }
 
     fn record(&self, r: &Record, d: &Decision) {
@@ -399,7 +419,8 @@ impl Table {
             exceeds: !d.can_ever_pass(),
         };
         let cap = self.per_shard_cap.max(1);
-        let mut shard = self.shard(id).lock();
+        let mut guard = self.shard(id).lock();
+        let shard = &mut guard.map;
         if shard.len() >= cap && !shard.contains_key(&id) {
             // Expired entries first; then the eighth of the live ones that expire soonest.
             shard.retain(|_, e| e.until > sent);
