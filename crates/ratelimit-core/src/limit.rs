@@ -1,6 +1,7 @@
 //! A limit: one algorithm and one or more quotas, checked together all-or-nothing.
 
 use std::hash::Hasher;
+use std::sync::Arc;
 use std::time::Duration;
 
 use crate::algorithm::State;
@@ -32,7 +33,8 @@ pub const MAX_SLIDING_LOG_LIMIT: u64 = 100_000;
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Limit {
     algorithm: Algorithm,
-    quotas: Box<[Quota]>,
+    /// Shared: a clone (a policy per request, a coalesced batch) allocates nothing.
+    quotas: Arc<[Quota]>,
     fingerprint: u64,
 }
 
@@ -42,7 +44,7 @@ impl Limit {
         algorithm: Algorithm,
         quotas: impl IntoIterator<Item = Quota>,
     ) -> Result<Limit, ConfigError> {
-        let quotas: Box<[Quota]> = quotas.into_iter().collect();
+        let quotas: Arc<[Quota]> = quotas.into_iter().collect();
         if quotas.is_empty() {
             return Err(ConfigError::NoQuota);
         }
