@@ -86,6 +86,8 @@ pub struct Config {
     pub redis_config: Vec<String>,
     /// Wrapper between gateway and store.
     pub mode: Mode,
+    /// With `--mode leasing`: a fixed lease size in units; `None` adapts it to each key's traffic.
+    pub lease_size: Option<u64>,
     /// Number of gateway instances.
     pub gateways: usize,
     /// How the store target assigns requests to gateways.
@@ -140,6 +142,7 @@ impl Default for Config {
             redis_url: None,
             pool_size: 1,
             expiry_slack: Duration::ZERO,
+            lease_size: None,
             redis_config: Vec::new(),
             mode: Mode::Exact,
             gateways: 1,
@@ -187,6 +190,8 @@ USAGE: ratelimit-load [OPTIONS]
   --mode exact|denial-cache|leasing|coalesce
                              wrapper between each gateway and the store (coalesce: Redis only)
                              [exact]
+  --lease-size N             leasing: reserve N units per lease (the most a gateway may hold
+                             unspent per key) [adaptive, at most 64]
   --gateways N               gateway instances [1]
   --assign round-robin|user-hash   store target: request-to-gateway assignment [round-robin]
   --users N                  users, abusive ones included [10000]
@@ -252,6 +257,9 @@ impl Config {
                 }
                 "--redis-url" => c.redis_url = Some(value("--redis-url")?),
                 "--pool-size" => c.pool_size = num("--pool-size", &value("--pool-size")?)?,
+                "--lease-size" => {
+                    c.lease_size = Some(num("--lease-size", &value("--lease-size")?)?);
+                }
                 "--expiry-slack-ms" => {
                     let ms = num("--expiry-slack-ms", &value("--expiry-slack-ms")?)?;
                     c.expiry_slack = Duration::from_millis(ms);
@@ -354,6 +362,14 @@ impl Config {
         }
         if self.tick.is_zero() || self.tick > Duration::from_millis(100) {
             return fail("--tick-us must be between 1 and 100000");
+        }
+        if let Some(n) = self.lease_size {
+            if self.mode != Mode::Leasing {
+                return fail("--lease-size needs --mode leasing");
+            }
+            if n == 0 || n > 1_000_000 {
+                return fail("--lease-size must be between 1 and 1000000");
+            }
         }
         if self.expiry_slack > Duration::from_secs(86_400) {
             return fail("--expiry-slack-ms must be at most one day");
@@ -558,6 +574,14 @@ mod tests {
         assert_eq!(c.dist, Distribution::Zipf(1.1));
         assert_eq!(c.abusive, 10);
         assert!(c.json);
+        let leasing = Config::from_args(
+            "--mode leasing --lease-size 32 --assign user-hash".split_whitespace(),
+        )
+        .unwrap();
+        assert_eq!(
+            (leasing.mode, leasing.lease_size),
+            (Mode::Leasing, Some(32))
+        );
     }
 
     #[test]
@@ -570,6 +594,8 @@ mod tests {
             "--dist pareto",
             "--bogus",
             "--gateways",
+            "--lease-size 8",
+            "--mode leasing --lease-size 0",
         ] {
             assert!(
                 Config::from_args(args.split_whitespace()).is_err(),

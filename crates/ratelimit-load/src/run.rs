@@ -302,9 +302,13 @@ macro_rules! with_mode {
                 let $gws = base
                     .into_iter()
                     .map(|s| {
-                        Leasing::builder(s, SystemClock::new())
-                            .build()
-                            .map(Arc::new)
+                        let b = Leasing::builder(s, SystemClock::new());
+                        match $config.lease_size {
+                            Some(n) => b.lease_size(n),
+                            None => b,
+                        }
+                        .build()
+                        .map(Arc::new)
                     })
                     .collect::<Result<Vec<_>, _>>()?;
                 let $setup = wrapper_setup(
@@ -313,7 +317,7 @@ macro_rules! with_mode {
                         let s = g.stats();
                         (s.local, s.store_calls)
                     },
-                    DEFAULT_MAX_LEASE,
+                    $config.lease_size.unwrap_or(DEFAULT_MAX_LEASE),
                 );
                 $body
             }
