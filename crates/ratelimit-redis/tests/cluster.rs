@@ -213,6 +213,26 @@ async fn migrate_while_checking(cluster: &RedisCluster, store: &RedisStore, to: 
     assert_eq!(check(&gcra).await.remaining(), 998);
     assert_eq!(target.cli(&["exists", key]), "1");
     assert_eq!((count(source), count(target)), (0, 2));
+
+    // The MOVED answers made the client refresh its slot map: later checks go straight to the
+    // new owner, not through a redirection each.
+    let moved = |node: &redis_harness::RedisServer| -> u64 {
+        let stats = node.cli(&["info", "errorstats"]);
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("errorstat_MOVED:count="))
+            .map_or(0, |n| n.trim().parse().unwrap())
+    };
+    let before = moved(source);
+    for _ in 0..20 {
+        expected -= 1;
+        assert_eq!(check(&bucket).await.remaining(), expected);
+    }
+    println!(
+        "MOVED answers: {before} before, {} after 20 more checks",
+        moved(source)
+    );
+    assert_eq!(moved(source), before, "checks go to the slot's new owner");
 }
 
 /// A check whose reply is lost after its script ran on the master (the connection drops while
