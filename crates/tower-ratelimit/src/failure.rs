@@ -33,7 +33,9 @@
 //! ## Fall back to a local share of the limit
 //!
 //! Each gateway counts alone in its own memory, with every quota divided by the number of
-//! gateways, so that together they grant no more than the shared limit would have.
+//! gateways, so that together they grant no more than the shared limit would have. Meanwhile the
+//! `RateLimit-Policy` and `RateLimit` fields describe that local share (`q=25` below), the quota
+//! the answer was made against, as the legacy `X-RateLimit-Limit` does.
 //!
 //! ```
 //! use tower_ratelimit::{FailurePolicy, Policy};

@@ -116,8 +116,21 @@ pub(crate) struct Rt {
 pub(crate) struct Tier {
     pub(crate) name: Option<Cow<'static, str>>,
     pub(crate) limit: Limit,
-    pub(crate) fallback: Option<Limit>,
+    /// The local share counted while the store is down, and its header values: a fallback
+    /// decision advertises the quota it was made against.
+    pub(crate) fallback: Option<(Limit, Prepared)>,
     pub(crate) prepared: Prepared,
+}
+
+impl Tier {
+    /// The header values for a decision made against the shared limit or, if `fallback`, the
+    /// local share.
+    fn prepared(&self, fallback: bool) -> &Prepared {
+        match (&self.fallback, fallback) {
+            (Some((_, local)), true) => local,
+            _ => &self.prepared,
+        }
+    }
 }
 
 impl Rt {
@@ -132,7 +145,11 @@ impl Rt {
             .chain(policy.tiers.iter().map(|(n, l)| (Some(n.clone()), l)));
         for (tier_name, limit) in all {
             let fallback = match gateways {
-                Some(n) => Some(limit.divided(n)?),
+                Some(n) => {
+                    let local = limit.divided(n)?;
+                    let prepared = Prepared::new(&name, &local);
+                    Some((local, prepared))
+                }
                 None => None,
             };
             tiers.push(Tier {
@@ -200,9 +217,12 @@ impl Post {
     pub(crate) fn apply<B>(self, response: Response<B>) -> Response<ResponseBody<B>> {
         let mut response = response.map(ResponseBody::inner);
         if let (true, Some(d)) = (self.headers, &self.decision) {
-            let tier = &self.rt.tiers[self.tier];
-            tier.prepared
-                .write(response.headers_mut(), self.rt.policy.headers, d);
+            let fallback = self.kind == VerdictKind::FallbackAllowed;
+            self.rt.tiers[self.tier].prepared(fallback).write(
+                response.headers_mut(),
+                self.rt.policy.headers,
+                d,
+            );
         }
         response
             .extensions_mut()
@@ -266,9 +286,12 @@ impl<St: Store> Shared<St> {
             retry_after_ms = d.retry_after().map(|w| w.as_millis() as u64),
             "rate limit denied request"
         );
-        let response = rt
-            .bodies
-            .denied(&rt.name, &rt.tiers[tier].prepared, rt.policy.headers, &d);
+        let response = rt.bodies.denied(
+            &rt.name,
+            rt.tiers[tier].prepared(fallback),
+            rt.policy.headers,
+            &d,
+        );
         self.respond(kind, Some(d), response)
     }
 
@@ -292,7 +315,7 @@ impl<St: Store> Shared<St> {
             FailurePolicy::Fallback { .. } => {
                 let t = &rt.tiers[tier];
                 match (&self.fallback, &t.fallback) {
-                    (Some(store), Some(limit)) => {
+                    (Some(store), Some((limit, _))) => {
                         let d = store.check_now(key, limit, cost);
                         self.decide(d, tier, true)
                     }

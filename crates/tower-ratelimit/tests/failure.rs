@@ -99,16 +99,20 @@ async fn fallback_counts_locally_against_a_share_of_the_limit() {
         .unwrap()
     });
     let app = app(layer);
-    for _ in 0..2 {
+    // The headers advertise the quota the fallback enforces, the local share.
+    for remaining in ["1", "0"] {
         let res = send(&app, request("/")).await;
         assert_eq!(res.status(), 200);
         assert_eq!(verdict(&res), VerdictKind::FallbackAllowed);
-        assert_eq!(header(&res, "ratelimit-policy"), Some("\"fb\";q=6;w=60"));
+        assert_eq!(header(&res, "ratelimit-policy"), Some("\"fb\";q=2;w=60"));
+        let r = header(&res, "ratelimit").unwrap();
+        assert!(r.starts_with(&format!("\"fb\";r={remaining};")), "{r}");
     }
     let res = send(&app, request("/")).await;
     assert_eq!(res.status(), 429);
     assert_eq!(verdict(&res), VerdictKind::FallbackDenied);
     assert_eq!(header(&res, "retry-after"), Some("30"));
+    assert_eq!(header(&res, "ratelimit-policy"), Some("\"fb\";q=2;w=60"));
     // Other clients have their own local share.
     assert_eq!(
         send(&app, request_from("/", "192.0.2.99:1")).await.status(),
