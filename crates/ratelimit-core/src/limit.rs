@@ -141,7 +141,8 @@ impl Limit {
     }
 
     /// Checks `cost` at `now` against every quota, all-or-nothing: if every quota allows, the
-    /// new states are written into `states`; otherwise `states` is left as it was.
+    /// new states are written into `states`; otherwise, and for a peek (cost 0), `states` is left
+    /// as it was.
     ///
     /// `states` holds one state per quota, in order (see [`fresh_states`](Limit::fresh_states)
     /// for a key never seen). A state of another algorithm counts as fresh. A quota with no state

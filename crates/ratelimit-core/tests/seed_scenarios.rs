@@ -212,3 +212,52 @@ fn far_future_times_saturate_instead_of_overflowing() {
         }
     }
 }
+
+/// A peek changes no state, whatever the time says: one at an earlier time must not move a state
+/// back (a GCRA debt capped at the burst would then forget what was spent), nor one at a later
+/// time move it forward. Several quotas, so the memory store keeps the states in full.
+#[test]
+fn a_peek_at_another_time_changes_nothing() {
+    for algorithm in Algorithm::ALL {
+        let limit = Limit::new(
+            algorithm,
+            [
+                Quota::per_second(10).unwrap(),
+                Quota::per_hour(1_000).unwrap(),
+            ],
+        )
+        .unwrap();
+        let store = MemoryStore::new();
+        let at = |s: u64| Timestamp::from_micros(s * 1_000_000);
+        assert!(
+            store.check_at(b"k", &limit, 10, at(100)).is_allowed(),
+            "{algorithm}"
+        );
+        // Peeks before and after, then the same time again: still spent.
+        assert!(
+            store.check_at(b"k", &limit, 0, at(0)).is_allowed(),
+            "{algorithm}"
+        );
+        assert!(
+            store.check_at(b"k", &limit, 0, at(130)).is_allowed(),
+            "{algorithm}"
+        );
+        let again = store.check_at(b"k", &limit, 10, at(100));
+        assert!(!again.is_allowed(), "{algorithm}: {again:?}");
+    }
+}
+
+/// A peek is allowed even when the clock went back within a sliding window and the weighted
+/// count there is above the limit (the count admitted at the later time stays).
+#[test]
+fn a_sliding_window_peek_after_the_clock_went_back_is_allowed() {
+    let limit = Limit::single(Algorithm::SlidingWindow, Quota::per_second(10).unwrap()).unwrap();
+    let store = MemoryStore::new();
+    let at = |ms: u64| Timestamp::from_micros(ms * 1_000);
+    assert!(store.check_at(b"k", &limit, 10, at(500)).is_allowed());
+    assert!(store.check_at(b"k", &limit, 9, at(1_950)).is_allowed());
+    let peek = store.check_at(b"k", &limit, 0, at(1_100));
+    assert!(peek.is_allowed(), "{peek:?}");
+    assert_eq!(peek.remaining(), 0);
+    assert!(!store.check_at(b"k", &limit, 1, at(1_100)).is_allowed());
+}

@@ -9,6 +9,12 @@
 //!   probe succeeds the circuit closes; if it fails (or is cancelled) it opens again for another
 //!   `cool_down`.
 //!
+//! Only answers that had to wait for the store are evidence of its health. An answer that is
+//! ready at once (an in-memory store, a [`DenialCache`](ratelimit_core::DenialCache) hit, a unit
+//! from a [`Leasing`](ratelimit_core::Leasing) lease) did not ask the store: it neither resets
+//! the failure count nor closes the circuit (a probe answered that way hands the probe to the
+//! next request). Failures always count.
+//!
 //! Time is read from the layer's [`ratelimit_core::Clock`], so tests drive it with a
 //! `ManualClock` instead of sleeping.
 //!
@@ -186,7 +192,7 @@ impl Breaker {
 
     pub(crate) fn failure(&self, probe: bool) {
         if probe {
-            self.open();
+            self.open(HALF_OPEN);
             return;
         }
         let n = self
@@ -194,15 +200,35 @@ impl Breaker {
             .fetch_add(1, Ordering::AcqRel)
             .saturating_add(1);
         if n >= self.config.failure_threshold && self.state.load(Ordering::Acquire) == CLOSED {
-            self.open();
+            self.open(CLOSED);
         }
     }
 
-    fn open(&self) {
+    /// The probe was answered without asking the store: the circuit stays open, cooled down, so
+    /// that the next request probes.
+    pub(crate) fn probe_not_asked(&self) {
+        if self
+            .state
+            .compare_exchange(HALF_OPEN, OPEN, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
+            self.gauge.set(f64::from(OPEN));
+        }
+    }
+
+    /// Opens the circuit if it is still in state `from` (a thread that saw it closed long ago
+    /// must not re-open a circuit whose probe is out).
+    fn open(&self, from: u8) {
         self.opened_at
             .store(self.clock.now().as_micros(), Ordering::Release);
+        if self
+            .state
+            .compare_exchange(from, OPEN, Ordering::AcqRel, Ordering::Acquire)
+            .is_err()
+        {
+            return;
+        }
         self.failures.store(0, Ordering::Release);
-        self.state.store(OPEN, Ordering::Release);
         self.gauge.set(f64::from(OPEN));
         tracing::warn!(
             policy = %self.policy,

@@ -330,8 +330,12 @@ impl Verdict {
 /// Whole seconds in `d`, rounded up.
 #[must_use]
 pub(crate) fn secs_ceil(d: Duration) -> u64 {
-    d.as_secs() + u64::from(d.subsec_nanos() > 0)
+    d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
 }
+
+/// The largest integer a structured field may carry (RFC 9651: at most 15 digits). Quotas go up
+/// to 2^52, so the IETF fields clamp their numbers to it.
+const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 
 /// `Retry-After` seconds: rounded up, at least 1.
 #[must_use]
@@ -501,9 +505,9 @@ impl Prepared {
             }
             push_sf_string(&mut policy, &n);
             policy.extend_from_slice(b";q=");
-            push_u64(&mut policy, q.limit());
+            push_u64(&mut policy, q.limit().min(SF_INTEGER_MAX));
             policy.extend_from_slice(b";w=");
-            push_u64(&mut policy, secs_ceil(q.period()));
+            push_u64(&mut policy, secs_ceil(q.period()).min(SF_INTEGER_MAX));
             let mut item = Vec::new();
             push_sf_string(&mut item, &n);
             item.extend_from_slice(b";r=");
@@ -526,9 +530,9 @@ impl Prepared {
             .map_or(&[][..], |b| &b[..]);
         let mut v = StackBuf::new();
         v.push(item);
-        v.push_u64(d.remaining());
+        v.push_u64(d.remaining().min(SF_INTEGER_MAX));
         v.push(b";t=");
-        v.push_u64(reset_secs(d));
+        v.push_u64(reset_secs(d).min(SF_INTEGER_MAX));
         v.header_value()
     }
 

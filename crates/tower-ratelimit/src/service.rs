@@ -326,18 +326,23 @@ impl<St: Store> Shared<St> {
         }
     }
 
+    /// The store's answer; `waited` says it had to wait for it (it asked the store, so a success
+    /// is evidence of the store's health).
     fn after_check<B>(
         &self,
         result: Result<Decision, St::Error>,
         probe: bool,
+        waited: bool,
         tier: usize,
         key: &[u8],
         cost: u64,
     ) -> Step<B> {
         match result {
             Ok(d) => {
-                if let Some(b) = &self.breaker {
-                    b.success(probe);
+                match &self.breaker {
+                    Some(b) if waited => b.success(probe),
+                    Some(b) if probe => b.probe_not_asked(),
+                    _ => {}
                 }
                 self.decide(d, tier, false)
             }
@@ -442,7 +447,7 @@ where
             if let Some(start) = sampled {
                 rt.metrics.store_duration(start.elapsed());
             }
-            let step = shared.after_check(result, probe, tier, key.as_bytes(), cost);
+            let step = shared.after_check(result, probe, false, tier, key.as_bytes(), cost);
             return self.step(step, parts, body);
         }
         let start = sampled.unwrap_or_else(Instant::now);
@@ -461,7 +466,7 @@ where
             guard.disarm();
             shared.rt.metrics.store_duration(start.elapsed());
             let step = match result {
-                Ok(result) => shared.after_check(result, probe, tier, key.as_bytes(), cost),
+                Ok(result) => shared.after_check(result, probe, true, tier, key.as_bytes(), cost),
                 Err(_elapsed) => shared.after_timeout(probe, tier, key.as_bytes(), cost),
             };
             match step {

@@ -397,3 +397,61 @@ async fn the_fallback_store_size_is_configurable_and_validated() {
         assert_eq!(send(&app, request_from("/", &peer)).await.status(), 200);
     }
 }
+
+/// Answers that never asked the store (denial-cache hits under the layer) are no evidence that it
+/// is healthy: between real failures they do not keep the circuit closed, and a probe answered
+/// that way does not close it; the next request probes the store instead.
+#[tokio::test(start_paused = true)]
+async fn answers_that_never_asked_the_store_neither_keep_the_circuit_closed_nor_close_it() {
+    let (clock, memory) = store();
+    let store = Arc::new(SwitchStore::new(memory));
+    let cached = Arc::new(ratelimit_core::DenialCache::new(
+        store.clone(),
+        clock.clone(),
+    ));
+    let layer = RateLimitLayer::builder(
+        cached,
+        Policy::new("cb", per_minute(1))
+            .unwrap()
+            .failure(FailurePolicy::fail_closed(Duration::from_secs(1))),
+    )
+    .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(10)).unwrap())
+    .clock(clock.clone())
+    .build()
+    .unwrap();
+    let app = app(layer.clone());
+    let (a, b) = ("192.0.2.1:1", "192.0.2.2:1");
+
+    // A spends its quota; the cache knows from that answer that A's next request is denied.
+    assert_eq!(send(&app, request_from("/", a)).await.status(), 200);
+    assert_eq!(send(&app, request_from("/", a)).await.status(), 429);
+    assert_eq!(store.calls(), 1);
+
+    // The store goes down. B's checks fail; A's denials come from the cache in between.
+    store.set_down(true);
+    for _ in 0..3 {
+        assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
+        assert_eq!(send(&app, request_from("/", b)).await.status(), 503);
+        let hit = send(&app, request_from("/", a)).await;
+        assert!(
+            matches!(hit.status().as_u16(), 429 | 503),
+            "{}",
+            hit.status()
+        );
+    }
+    assert_eq!(store.calls(), 4, "only B's checks reached the store");
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+
+    // Cooled down, the store back: A's request is the probe, answered from the cache without
+    // asking the store, so the circuit stays open and B's request probes the store and closes it.
+    store.set_down(false);
+    clock.advance(Duration::from_secs(10));
+    let res = send(&app, request_from("/", a)).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(verdict(&res), VerdictKind::Denied);
+    assert_eq!(store.calls(), 4);
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    assert_eq!(send(&app, request_from("/", b)).await.status(), 200);
+    assert_eq!(store.calls(), 5);
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
+}

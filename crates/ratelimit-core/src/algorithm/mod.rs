@@ -147,8 +147,9 @@ impl Algorithm {
     }
 
     /// Checks `cost` at `now` against `state` and, if it is admitted, updates `state` in place
-    /// (a state of another algorithm counts as none and is replaced). A denied check leaves a
-    /// state of this algorithm as it was.
+    /// (a state of another algorithm counts as none and is replaced). A denied check, and a peek
+    /// (cost 0), leave a state of this algorithm as it was: a peek at a later time must not move
+    /// the state forward, nor one at an earlier time move it back.
     #[must_use]
     pub fn check_in_place(
         self,
@@ -165,7 +166,7 @@ impl Algorithm {
             return decision;
         }
         let (decision, next) = self.check(quota, Some(state), now, cost);
-        if decision.is_allowed() {
+        if decision.is_allowed() && cost > 0 {
             *state = next;
         }
         decision

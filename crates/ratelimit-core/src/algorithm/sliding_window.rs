@@ -79,7 +79,9 @@ pub fn check(
 
     let outcome = if cost > limit {
         Verdict::Exceeds
-    } else if weighted_prev + u128::from(current + cost) * p128 <= l128 * p128 {
+    } else if cost == 0 || weighted_prev + u128::from(current + cost) * p128 <= l128 * p128 {
+        // A peek is always allowed, even when the clock went back within the window and the
+        // weighted count is above the limit there.
         current += cost;
         Verdict::Allowed
     } else {

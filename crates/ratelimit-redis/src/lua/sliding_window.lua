@@ -30,7 +30,7 @@ local function window(limit, p, s_start, s_cur, s_prev)
   local code, retry = 0, 0
   if COST > limit then
     code = 2
-  elseif cur + COST <= limit and prev * (p - e) + (cur + COST) * p <= limit * p then
+  elseif COST == 0 or (cur + COST <= limit and prev * (p - e) + (cur + COST) * p <= limit * p) then
     cur = cur + COST
   else
     code = 1
