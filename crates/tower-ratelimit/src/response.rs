@@ -660,6 +660,18 @@ mod tests {
     use ratelimit_core::{Algorithm, Outcome, Quota};
 
     #[test]
+    fn numbers_fit_a_structured_field_integer_and_never_overflow() {
+        let huge = Quota::per_period(1 << 52, Duration::from_micros(1 << 20)).unwrap();
+        let limit = Limit::single(Algorithm::FixedWindow, huge).unwrap();
+        let p = Prepared::new("x", &limit);
+        assert_eq!(p.policy_value, "\"x\";q=999999999999999;w=2");
+        let d = Decision::new(Outcome::Allowed, 1 << 52, 1 << 52, Duration::ZERO, 0);
+        assert_eq!(p.rate_limit_value(&d), "\"x\";r=999999999999999;t=0");
+        assert_eq!(secs_ceil(Duration::MAX), u64::MAX);
+        assert_eq!(retry_after_secs(Duration::MAX), u64::MAX);
+    }
+
+    #[test]
     fn rounding_is_up_and_never_zero() {
         assert_eq!(retry_after_secs(Duration::from_micros(1)), 1);
         assert_eq!(retry_after_secs(Duration::ZERO), 1);
