@@ -339,6 +339,13 @@ impl KeyPart for IpAddr {
 /// The value of a request header, such as an API key.
 ///
 /// A request without the header (or with an empty value) has no key.
+///
+/// The value is whatever the client sent. Unless the key is checked before this layer runs (an
+/// authentication layer outside it that rejects unknown keys), a client can send a new made-up
+/// key with every request and never reach a limit, or send someone else's key to spend their
+/// quota. Put the rate limit behind authentication, or key on the authenticated identity
+/// ([`ExtensionKey`]), or combine it with the client's address (a tuple `(ApiKeyHeader, ClientIpKey)`
+/// is a [`KeyExtractor`] too).
 #[derive(Debug, Clone)]
 pub struct ApiKeyHeader {
     name: HeaderName,
