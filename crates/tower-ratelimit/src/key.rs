@@ -344,8 +344,8 @@ impl KeyPart for IpAddr {
 /// authentication layer outside it that rejects unknown keys), a client can send a new made-up
 /// key with every request and never reach a limit, or send someone else's key to spend their
 /// quota. Put the rate limit behind authentication, or key on the authenticated identity
-/// ([`ExtensionKey`]), or combine it with the client's address (a tuple `(ApiKeyHeader, ClientIpKey)`
-/// is a [`KeyExtractor`] too).
+/// ([`ExtensionKey`]); a second layer keyed on the client's address ([`ClientIpKey`]) also bounds
+/// what one address can send under made-up keys.
 #[derive(Debug, Clone)]
 pub struct ApiKeyHeader {
     name: HeaderName,
