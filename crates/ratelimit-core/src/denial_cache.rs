@@ -13,6 +13,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use parking_lot::Mutex;
+
+use crate::memory_store::prev_power_of_two;
 use pin_project_lite::pin_project;
 
 use crate::key_digest::{BuildIdHasher, KeyDigest};
@@ -484,21 +486,21 @@ fn implied_wait(algorithm: Algorithm, q: &Quota, cost: u64, d: &Decision) -> Opt
     (wait > 0).then_some(wait)
 }
 
-fn prev_power_of_two(n: usize) -> usize {
-    let n = n.max(1);
-    if n.is_power_of_two() {
-        n
-    } else {
-        n.next_power_of_two() / 2
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::{Algorithm, ManualClock, MemoryStore, Quota};
     use std::pin::pin;
     use std::task::Waker;
+
+    #[test]
+    fn any_size_is_accepted() {
+        for n in [0, 1, 3, usize::MAX / 2 + 1, usize::MAX] {
+            let clock = ManualClock::new();
+            let cached = DenialCache::new(MemoryStore::new(), clock).max_entries(n);
+            assert!((1..=n.max(1)).contains(&cached.capacity()), "{n}");
+        }
+    }
 
     fn now<F: Future>(f: F) -> F::Output {
         match pin!(f).poll(&mut Context::from_waker(Waker::noop())) {

@@ -493,10 +493,7 @@ impl Table {
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 struct KeyId(u64, u64);
 
-fn prev_power_of_two(n: usize) -> usize {
-    if n.is_power_of_two() {
-        n
-    } else {
-        n.next_power_of_two() / 2
-    }
+/// The largest power of two at most `n` (1 for 0), without overflow for any `n`.
+pub(crate) fn prev_power_of_two(n: usize) -> usize {
+    1 << n.max(1).ilog2()
 }

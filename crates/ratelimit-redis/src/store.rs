@@ -3,7 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -72,11 +72,23 @@ enum Backend {
 }
 
 /// One long-lived multiplexed connection. Checks share it (it pipelines their commands); it is
-/// replaced, through the pool, when it breaks.
+/// replaced, through the pool, when it breaks or stops answering.
 struct Slot {
     conn: Mutex<Option<(u64, Conn)>>,
-    heal: tokio::sync::Mutex<()>,
+    /// Set while a task opens this slot's connection.
+    opening: AtomicBool,
+    /// Woken when an opening ends.
+    opened: tokio::sync::Notify,
+    /// How many openings have failed, and the last one's error.
+    failed: Mutex<(u64, Option<RedisStoreError>)>,
+    /// Checks timed out on the current connection since its last answer.
+    timeouts: AtomicU32,
 }
+
+/// A connection on which this many checks in a row time out, with no answer in between, is
+/// replaced: a peer that vanished without closing it (power loss, a partition) would otherwise
+/// keep it until the kernel gives up on the socket, many minutes later.
+const TIMEOUTS_BEFORE_REPLACING: u32 = 3;
 
 #[derive(Clone)]
 enum Conn {
@@ -252,12 +264,8 @@ impl RedisStore {
         };
         let shape = Shape::of(limit);
         Box::pin(async move {
-            let timeout = inner.response_timeout;
-            let call = async { decode(&inner.eval_value(script, cmd).await?, shape) };
-            match tokio::time::timeout(timeout, call).await {
-                Ok(r) => r,
-                Err(_) => Err(RedisStoreError::Timeout { after: timeout }),
-            }
+            let deadline = tokio::time::Instant::now() + inner.response_timeout;
+            decode(&inner.eval_value(script, cmd, deadline).await?, shape)
         })
     }
 }
@@ -344,42 +352,102 @@ pub(crate) fn is_broken(e: &RedisError) -> bool {
 }
 
 impl Inner {
-    /// Sends `cmd` (an `EVALSHA` of `script`) and returns the script's reply.
-    async fn eval_value(&self, script: &redis::Script, cmd: Cmd) -> Result<Value, RedisStoreError> {
-        let (slot, generation, mut conn) = self.connection().await?;
-        let reply = conn.eval(script, &cmd).await;
-        match reply {
-            Ok(value) => Ok(value),
-            Err(e) => {
-                if is_broken(&e) {
+    /// Sends `cmd` (an `EVALSHA` of `script`) and returns the script's reply, or a timeout at
+    /// `deadline` (connection included).
+    async fn eval_value(
+        self: &Arc<Self>,
+        script: &redis::Script,
+        cmd: Cmd,
+        deadline: tokio::time::Instant,
+    ) -> Result<Value, RedisStoreError> {
+        let timeout = || RedisStoreError::Timeout {
+            after: self.response_timeout,
+        };
+        let (slot, generation, mut conn) =
+            match tokio::time::timeout_at(deadline, self.connection()).await {
+                Ok(c) => c?,
+                Err(_) => return Err(timeout()),
+            };
+        let reply = match tokio::time::timeout_at(deadline, conn.eval(script, &cmd)).await {
+            Ok(reply) => reply,
+            Err(_) => {
+                let s = &self.slots[slot];
+                if s.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= TIMEOUTS_BEFORE_REPLACING {
+                    s.timeouts.store(0, Ordering::Relaxed);
                     self.discard(slot, generation);
                 }
-                if e.is_timeout() {
-                    return Err(RedisStoreError::Timeout {
-                        after: self.response_timeout,
-                    });
-                }
-                Err(RedisStoreError::Redis(e))
+                return Err(timeout());
+            }
+        };
+        // READONLY from a standalone server: it was demoted to a replica behind the same address
+        // (a failover behind a DNS name or a virtual IP); a new connection finds the new primary.
+        let replace = matches!(&reply, Err(e) if is_broken(e)
+            || (matches!(conn, Conn::Single(_))
+                && e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)));
+        if replace {
+            self.discard(slot, generation);
+        } else if self.slots[slot].timeouts.load(Ordering::Relaxed) != 0 {
+            // An answer, even an error reply: the connection works.
+            self.slots[slot].timeouts.store(0, Ordering::Relaxed);
+        }
+        reply.map_err(|e| {
+            if e.is_timeout() {
+                timeout()
+            } else {
+                RedisStoreError::Redis(e)
+            }
+        })
+    }
+
+    /// A connection, round-robin over the slots. A slot without one is re-opened by a task of its
+    /// own, which a check that stops waiting (its timeout, a dropped request) does not cancel:
+    /// however long opening takes, the next checks find the connection.
+    async fn connection(self: &Arc<Self>) -> Result<(usize, u64, Conn), RedisStoreError> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        let slot = &self.slots[i];
+        loop {
+            if let Some((g, c)) = lock(&slot.conn).as_ref() {
+                return Ok((i, *g, c.clone()));
+            }
+            let opened = slot.opened.notified();
+            let mut opened = std::pin::pin!(opened);
+            opened.as_mut().enable();
+            if let Some((g, c)) = lock(&slot.conn).as_ref() {
+                return Ok((i, *g, c.clone()));
+            }
+            let failures = lock(&slot.failed).0;
+            if !slot.opening.swap(true, Ordering::AcqRel) {
+                let inner = Arc::clone(self);
+                tokio::spawn(async move { inner.open_slot(i).await });
+            }
+            opened.await;
+            let failed = lock(&slot.failed);
+            if failed.0 != failures
+                && let Some(e) = &failed.1
+            {
+                return Err(e.clone());
             }
         }
     }
 
-    /// A connection, round-robin over the slots; re-opens a slot's connection if it was dropped.
-    async fn connection(&self) -> Result<(usize, u64, Conn), RedisStoreError> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+    /// Opens slot `i`'s connection, records the outcome and wakes the checks waiting for it.
+    async fn open_slot(&self, i: usize) {
         let slot = &self.slots[i];
-        if let Some((g, c)) = lock(&slot.conn).as_ref() {
-            return Ok((i, *g, c.clone()));
+        match self.open().await {
+            Ok(conn) => {
+                let g = self.generation.fetch_add(1, Ordering::Relaxed);
+                slot.timeouts.store(0, Ordering::Relaxed);
+                *lock(&slot.conn) = Some((g, conn));
+                tracing::debug!(slot = i, "ratelimit-redis: connection (re)opened");
+            }
+            Err(e) => {
+                let mut failed = lock(&slot.failed);
+                failed.0 += 1;
+                failed.1 = Some(e);
+            }
         }
-        let _healing = slot.heal.lock().await;
-        if let Some((g, c)) = lock(&slot.conn).as_ref() {
-            return Ok((i, *g, c.clone()));
-        }
-        let conn = self.open().await?;
-        let g = self.generation.fetch_add(1, Ordering::Relaxed);
-        *lock(&slot.conn) = Some((g, conn.clone()));
-        tracing::debug!(slot = i, "ratelimit-redis: connection (re)opened");
-        Ok((i, g, conn))
+        slot.opening.store(false, Ordering::Release);
+        slot.opened.notify_waiters();
     }
 
     fn discard(&self, slot: usize, generation: u64) {
@@ -601,12 +669,15 @@ impl RedisStoreBuilder {
             Backend::Single(pool)
         };
 
-        let inner = Inner {
+        let inner = Arc::new(Inner {
             backend,
             slots: (0..self.pool_size)
                 .map(|_| Slot {
                     conn: Mutex::new(None),
-                    heal: tokio::sync::Mutex::new(()),
+                    opening: AtomicBool::new(false),
+                    opened: tokio::sync::Notify::new(),
+                    failed: Mutex::new((0, None)),
+                    timeouts: AtomicU32::new(0),
                 })
                 .collect(),
             next: AtomicUsize::new(0),
@@ -615,7 +686,7 @@ impl RedisStoreBuilder {
             response_timeout: self.response_timeout,
             clock: self.clock,
             expiry_slack_ms: slack_ms,
-        };
+        });
         // Open every connection now, so a wrong address or password fails here, and load the
         // scripts (on every primary of a cluster) so the first checks need no NOSCRIPT round trip.
         let mut first = None;
@@ -641,9 +712,7 @@ impl RedisStoreBuilder {
                 }
             }
         }
-        Ok(RedisStore {
-            inner: Arc::new(inner),
-        })
+        Ok(RedisStore { inner })
     }
 }
 

@@ -8,6 +8,7 @@ use common::unique_prefix;
 use ratelimit_core::{Algorithm, Limit, Quota};
 use ratelimit_redis::{RedisStore, RedisStoreError};
 use redis_harness::RedisServer;
+use redis_harness::proxy::Proxy;
 
 fn limit() -> Limit {
     Limit::single(Algorithm::Gcra, Quota::per_second(100).unwrap()).unwrap()
@@ -198,4 +199,66 @@ async fn hostile_keys_stay_in_their_slot_and_prefix() {
         assert_eq!(key.matches('{').count(), 1, "{key}");
         assert_eq!(key.matches('}').count(), 1, "{key}");
     }
+}
+
+/// A connection whose peer goes silent without closing it (power loss, a partition: no reset
+/// ever arrives) is replaced after a few checks in a row time out, instead of failing every check
+/// until the kernel gives up on the socket. The proxy holds every chunk for an hour, then
+/// forwards new connections at once again; only a new connection gets through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_connection_is_replaced_after_checks_time_out() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let store = RedisStore::builder(proxy.url())
+        .prefix(unique_prefix("silent"))
+        .response_timeout(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    let accepted = proxy.accepted();
+    proxy.set_latency(Duration::from_secs(3_600));
+    for _ in 0..3 {
+        let err = store.check(b"k", &limit(), 1).await.unwrap_err();
+        assert!(matches!(err, RedisStoreError::Timeout { .. }), "{err:?}");
+    }
+    proxy.set_latency(Duration::ZERO);
+    // The old connection still holds chunks for an hour; a new one answers at once.
+    let d = store.check(b"k", &limit(), 1).await.unwrap();
+    assert!(d.is_allowed());
+    assert_eq!(proxy.accepted(), accepted + 1, "one new connection");
+}
+
+/// Opening a connection is the slot's own task, not the check's: a check that gives up on it (a
+/// caller's timeout shorter than opening takes, a dropped request) does not cancel it, and the
+/// checks after it find the connection open instead of starting over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reconnect_is_not_cancelled_by_a_check_that_gives_up() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let store = RedisStore::builder(proxy.url())
+        .prefix(unique_prefix("reopen"))
+        .response_timeout(Duration::from_millis(550))
+        .build()
+        .await
+        .unwrap();
+    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    // Every chunk now takes 200 ms each way: a round trip is 400 ms, within a check's 550 ms;
+    // opening a connection and then checking on it takes two.
+    proxy.set_latency(Duration::from_millis(200));
+    proxy.drop_connections();
+    let broken = store.check(b"k", &limit(), 1).await.unwrap_err();
+    assert!(broken.is_unavailable(), "{broken:?}");
+    // A caller gives up 100 ms into the check, while the connection is being opened.
+    let gave_up = tokio::time::timeout(Duration::from_millis(100), store.check(b"k", &limit(), 1));
+    assert!(gave_up.await.is_err());
+    // The opening went on without it: the next check needs one round trip only.
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    let started = Instant::now();
+    let d = store.check(b"k", &limit(), 1).await.unwrap();
+    assert!(d.is_allowed());
+    println!(
+        "one check on the re-opened connection: {:?}",
+        started.elapsed()
+    );
 }
