@@ -57,6 +57,13 @@ pub const DEFAULT_MAX_BATCH: usize = 256;
 /// Errors: if a batch call fails, every check in it gets the error (the script may or may not have
 /// run, as for any failed check; none is retried).
 ///
+/// Time: a queued check waits for the call in flight, then rides in the next one, so it can take
+/// up to about two response timeouts (plus the batch window, and one more call per `max_batch`
+/// checks ahead of it) when Redis is slow. Callers that stop waiting (the layer's timeout, a
+/// dropped request) leave the queue: their checks are not sent and spend nothing. If a key's task
+/// ends without answering (its runtime shut down), its waiting checks fail at once and the next
+/// check of the key starts a new one.
+///
 /// Needs a Tokio runtime: each busy key is served by a spawned task.
 ///
 /// Metrics: `ratelimit_redis_coalesced_checks_total` counts the checks that rode in another's
@@ -210,8 +217,32 @@ impl Shared {
     }
 }
 
+/// Removes a key's queue if its task ends without emptying it (dropped with its runtime, or a
+/// panic): the waiting checks then fail at once instead of waiting forever, and the next check of
+/// the key starts a new task.
+struct QueueGuard<'a> {
+    shared: &'a Shared,
+    qk: &'a QueueKey,
+    /// Cleared when the task ends normally, having removed the empty queue itself (a new queue
+    /// of the same key, with its own task, may exist by the time the guard drops).
+    armed: bool,
+}
+
+impl Drop for QueueGuard<'_> {
+    fn drop(&mut self) {
+        if self.armed {
+            lock(&self.shared.queues).remove(self.qk);
+        }
+    }
+}
+
 /// Serves one key's queue until it is empty, one script call at a time.
 async fn drive(shared: Arc<Shared>, store: RedisStore, qk: QueueKey) {
+    let mut guard = QueueGuard {
+        shared: &shared,
+        qk: &qk,
+        armed: true,
+    };
     if !shared.window.is_zero() {
         tokio::time::sleep(shared.window).await;
     }
@@ -219,10 +250,15 @@ async fn drive(shared: Arc<Shared>, store: RedisStore, qk: QueueKey) {
         let (limit, batch) = {
             let mut queues = lock(&shared.queues);
             let Some(q) = queues.get_mut(&qk) else {
+                guard.armed = false;
                 return;
             };
+            // A check whose caller gave up while it waited (a timeout, a dropped request) is not
+            // sent: it spends nothing, as a check never sent would not.
+            q.waiting.retain(|(_, tx)| !tx.is_closed());
             if q.waiting.is_empty() {
                 queues.remove(&qk);
+                guard.armed = false;
                 return;
             }
             let n = q.waiting.len().min(shared.max_batch);

@@ -333,3 +333,35 @@ async fn coalescing_failed_batch_fails_each_check_then_recovers() {
         .count();
     assert_eq!(admitted, 100);
 }
+
+/// Checks whose callers gave up while queued behind a call in flight are not sent: they spend
+/// nothing, as checks never sent would not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalescing_does_not_send_checks_whose_callers_gave_up() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("coalesce-drop"))
+        .response_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let coalescing = Coalescing::new(store);
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
+    let calls = server.script_calls();
+    server.pause();
+    // One check goes out and waits on the frozen server; ten queue behind it and are dropped.
+    let first = tokio::spawn(coalescing.check(b"k", &limit, 1));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    for _ in 0..10 {
+        drop(coalescing.check(b"k", &limit, 1));
+    }
+    server.resume();
+    assert_eq!(first.await.unwrap().unwrap().remaining(), 999);
+    let peek = coalescing.check(b"k", &limit, 0).await.unwrap();
+    assert_eq!(peek.remaining(), 999, "the dropped checks spent nothing");
+    assert_eq!(
+        server.script_calls(),
+        calls + 2,
+        "the first check and the peek"
+    );
+}
