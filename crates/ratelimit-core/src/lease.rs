@@ -106,7 +106,16 @@ const SHARDS: usize = 16;
 ///   `limit + G × (L − 1)`: units leased just before the window starts and spent inside it.
 /// - **Under-admission:** at any time at most `G × (L − 1)` granted units sit unspent in leases;
 ///   each lease that expires drops at most `L − 1`. On a quota that does not refill, the total
-///   admitted reaches at least `quota − G × (L − 1)` when demand exceeds it.
+///   admitted reaches at least `quota − G × (L − 1)` when demand exceeds it. A check that costs
+///   more than its gateway's lease holds goes to the store on its own and leaves the lease be.
+///   A check that was fetching a lease and is dropped (a caller's timeout) may lose the whole
+///   lease, `L` units, if the store granted it before the drop.
+///
+/// # Polling
+///
+/// A check that must fetch a lease decides so when it is made, and the key's other checks on this
+/// gateway wait for its answer. Poll a check once it is made (as the tower layer does, within its
+/// timeout): a check made and left unpolled holds those checks up.
 ///
 /// # What a local decision reports
 ///
@@ -259,25 +268,32 @@ impl<S, C> Shared<S, C> {
 
     /// What a check of `cost` at `now` does with this entry.
     fn try_acquire(&self, e: &mut Entry, now: u64, cost: u64, cap: u64) -> Action {
-        if now < e.starved_until {
+        if now < e.starved_until || cost > cap {
+            // Starved, or a cost no lease can cover (the store says it never passes): straight to
+            // the store, and the lease, if any, stays for the checks it can serve.
             return Action::Direct;
         }
-        if e.tokens > 0 && e.expires > now && e.tokens >= cost {
-            e.tokens -= cost;
-            let d = e.decision(now);
-            if e.tokens == 0 {
-                // Spent before it expired: a larger lease would have saved calls.
-                self.grow(e);
+        if e.tokens > 0 && e.expires > now {
+            if e.tokens >= cost {
+                e.tokens -= cost;
+                let d = e.decision(now);
+                if e.tokens == 0 {
+                    // Spent before it expired: a larger lease would have saved calls.
+                    self.grow(e);
+                }
+                self.counters.local.fetch_add(1, Ordering::Relaxed);
+                return Action::Local(d);
             }
-            self.counters.local.fetch_add(1, Ordering::Relaxed);
-            return Action::Local(d);
+            // A live lease too small for this cost is kept for the smaller checks it can serve;
+            // dropping it to lease again would throw its units away.
+            return Action::Direct;
         }
         if e.fetching {
             return Action::Wait;
         }
         if e.tokens > 0 {
             let left = e.drop_lease();
-            if e.expires <= now && left * 2 > e.granted {
+            if left * 2 > e.granted {
                 // Mostly unused when it expired: too large for this key's traffic.
                 self.shrink(e);
             }
@@ -286,7 +302,7 @@ impl<S, C> Shared<S, C> {
                 .fetch_add(left, Ordering::Relaxed);
         }
         e.fetching = true;
-        Action::Fetch(e.size.max(cost).min(cap.max(cost)))
+        Action::Fetch(e.size.max(cost).min(cap))
     }
 
     /// The lifetime of a lease of `units` granted with decision `d`, in µs.

@@ -477,3 +477,39 @@ fn peeks_and_large_costs_go_straight_to_the_store() {
         (2, 0, 0)
     );
 }
+
+/// A cost larger than what is left of a live lease goes to the store on its own, and the lease
+/// stays for the smaller checks: alternating costs of 1 and 10 under leases of 10 waste nothing
+/// (dropping the lease for each large cost would throw away 9 units each time, about half the
+/// quota), and a cost the limit can never hold leaves the lease alone too.
+#[test]
+fn a_cost_larger_than_the_lease_keeps_the_lease() {
+    let clock = ManualClock::new();
+    let store = memory(&clock);
+    let leasing = Leasing::builder(Arc::clone(&store), clock.clone())
+        .lease_size(10)
+        .build()
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100).unwrap()).unwrap();
+    let mut admitted = 0;
+    for i in 0..40 {
+        let cost = if i % 2 == 0 { 1 } else { 10 };
+        if block_on(leasing.check(b"k", &limit, cost))
+            .unwrap()
+            .is_allowed()
+        {
+            admitted += cost;
+        }
+        // Never passes (more than the burst of 100), and must not touch the lease.
+        let d = block_on(leasing.check(b"k", &limit, 101)).unwrap();
+        assert!(!d.can_ever_pass());
+    }
+    let s = leasing.stats();
+    assert_eq!(s.wasted_units, 0, "{s:?}");
+    // What was not admitted is at most what the last lease still holds.
+    assert!(
+        admitted + leasing.outstanding_units() >= 100,
+        "{admitted} admitted, {s:?}"
+    );
+    assert!(admitted >= 91, "{admitted} admitted");
+}
