@@ -51,9 +51,12 @@
 //!   (see `docs/redis.md`, "Cluster").
 //!
 //! Connections: the store keeps [`pool_size`](RedisStoreBuilder::pool_size) multiplexed
-//! connections made through `deadpool-redis` and hands them out in turn, so concurrent checks are
-//! pipelined instead of each taking a pooled connection (which would add a health-check round trip
-//! per check). A connection that breaks is replaced through the pool.
+//! connections made through a deadpool pool (deadpool-redis's on a standalone server; on a
+//! cluster the store's own manager, whose client never re-sends a command by itself) and hands
+//! them out in turn, so concurrent checks are pipelined instead of each taking a pooled
+//! connection (which would add a health-check round trip per check). A connection that breaks,
+//! on which three checks in a row time out, or (standalone) that answers `READONLY` is replaced
+//! by a task of its slot, which a check that stops waiting does not cancel.
 //!
 //! Fewer round trips: [`Coalescing`] merges the concurrent checks of one key on one gateway into
 //! one script call ([`RedisStore::check_many`]); with `ratelimit-core`'s `DenialCache` and
@@ -76,5 +79,5 @@ pub use key::MAX_VERBATIM_KEY;
 pub use scripts::{script_sha, script_source};
 pub use store::{
     CheckFuture, CheckManyFuture, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, DEFAULT_PREFIX,
-    DEFAULT_RESPONSE_TIMEOUT, DEFAULT_WAIT_TIMEOUT, RedisStore, RedisStoreBuilder,
+    DEFAULT_RESPONSE_TIMEOUT, DEFAULT_WAIT_TIMEOUT, RedisStore, RedisStoreBuilder, redact_url,
 };

@@ -26,8 +26,9 @@ pub const DEFAULT_PREFIX: &str = "rl";
 pub const DEFAULT_POOL_SIZE: usize = 1;
 /// The default time allowed to open a connection.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
-/// The default time a check waits for a connection to become available (while one is being
-/// re-opened after a failure).
+/// The default time the pool may wait for room to make a connection (the store takes each one out
+/// of the pool, so this wait does not happen in practice; a check's wait for a connection being
+/// re-opened is bounded by its response timeout).
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(500);
 /// The default time a check waits for Redis to answer, connection included.
 pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -524,7 +525,7 @@ impl RedisStoreBuilder {
     /// The connection settings for `url`, with the root certificate if one was given.
     fn connection_info(&self, url: &str) -> Result<redis::ConnectionInfo, RedisStoreError> {
         let bad = |e: RedisError| {
-            RedisStoreError::config("url", format!("cannot use `{}`: {e}", redact(url)))
+            RedisStoreError::config("url", format!("cannot use `{}`: {e}", redact_url(url)))
         };
         #[cfg(feature = "tls")]
         if let Some(pem) = &self.root_cert {
@@ -560,7 +561,9 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How long a check may wait for the pool to hand out a connection (default 500 ms).
+    /// How long the pool may wait for room to make a connection (default 500 ms). The store takes
+    /// each connection out of the pool, so this wait does not happen in practice; a check waiting
+    /// for a connection being re-opened is bounded by [`response_timeout`](Self::response_timeout).
     pub fn wait_timeout(mut self, d: Duration) -> Self {
         self.wait_timeout = d;
         self
@@ -735,8 +738,10 @@ fn validate_prefix(prefix: &str) -> Result<(), RedisStoreError> {
     Ok(())
 }
 
-/// The URL without its password, for error messages.
-fn redact(url: &str) -> String {
+/// `url` with its user and password replaced by `***`, for logs and error messages:
+/// `redis://user:secret@host:6379/0` becomes `redis://***@host:6379/0`.
+#[must_use]
+pub fn redact_url(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
         _ => url.to_owned(),
@@ -787,7 +792,7 @@ mod tests {
 
     #[test]
     fn redacts_passwords() {
-        assert_eq!(redact("redis://u:pw@h:1/0"), "redis://***@h:1/0");
-        assert_eq!(redact("redis://h:1"), "redis://h:1");
+        assert_eq!(redact_url("redis://u:pw@h:1/0"), "redis://***@h:1/0");
+        assert_eq!(redact_url("redis://h:1"), "redis://h:1");
     }
 }

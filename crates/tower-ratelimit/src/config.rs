@@ -150,13 +150,13 @@ pub enum BodyConfig {
 
 /// The failure policy: `{ mode = "open" }`, `{ mode = "closed", retry_after_secs = 2 }` or
 /// `{ mode = "fallback", gateways = 4 }`.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(tag = "mode", rename_all = "snake_case", deny_unknown_fields)]
 #[non_exhaustive]
 pub enum FailureConfig {
-    /// [`FailurePolicy::FailOpen`].
-    #[default]
-    Open,
+    /// [`FailurePolicy::FailOpen`]. (A struct variant, so that a stray setting next to it, such
+    /// as `retry_after_secs`, is refused instead of silently ignored.)
+    Open {},
     /// [`FailurePolicy::FailClosed`].
     Closed {
         /// `Retry-After` in seconds.
@@ -167,6 +167,12 @@ pub enum FailureConfig {
         /// How many gateways share the limit.
         gateways: u64,
     },
+}
+
+impl Default for FailureConfig {
+    fn default() -> Self {
+        FailureConfig::Open {}
+    }
 }
 
 /// The missing-key answer: `{ reject = 400 }` or `{ shared_key = "anonymous" }`.
@@ -226,7 +232,7 @@ impl PolicyConfig {
             policy = policy.tier(tier.name, l)?;
         }
         let failure = match self.failure {
-            FailureConfig::Open => FailurePolicy::FailOpen,
+            FailureConfig::Open {} => FailurePolicy::FailOpen,
             FailureConfig::Closed { retry_after_secs } => {
                 FailurePolicy::fail_closed(Duration::from_secs(retry_after_secs))
             }

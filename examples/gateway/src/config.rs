@@ -86,7 +86,7 @@ pub struct StoreConfig {
     /// The prefix of every Redis key (default `rl`).
     #[serde(default = "default_prefix")]
     pub prefix: String,
-    /// Multiplexed Redis connections (default 4).
+    /// Multiplexed Redis connections (default 1, `ratelimit_redis::DEFAULT_POOL_SIZE`).
     #[serde(default = "default_pool_size")]
     pub pool_size: usize,
     /// How long opening a Redis connection may take, in milliseconds (default 1000).
@@ -204,8 +204,9 @@ pub enum KeyConfig {
         /// The header name (`x-api-key`).
         name: String,
     },
-    /// One key for every request: the route is limited as a whole.
-    Global,
+    /// One key for every request: the route is limited as a whole. (A struct variant, so that a
+    /// stray setting next to it, such as `name`, is refused instead of silently ignored.)
+    Global {},
 }
 
 impl Default for KeyConfig {
@@ -240,6 +241,9 @@ fn default_prefix() -> String {
 fn default_pool_size() -> usize {
     ratelimit_redis::DEFAULT_POOL_SIZE
 }
+/// The longest timeout or cool-down a configuration may set: one hour.
+const MAX_MS: u64 = 3_600_000;
+
 fn default_connect_timeout_ms() -> u64 {
     1_000
 }
@@ -386,8 +390,17 @@ impl StoreConfig {
                 "must be at least 1",
             ));
         }
-        if self.timeout_ms == 0 {
-            return Err(ConfigError::new("store.timeout_ms", "must be at least 1"));
+        if self.timeout_ms == 0 || self.timeout_ms > MAX_MS {
+            return Err(ConfigError::new(
+                "store.timeout_ms",
+                "must be between 1 and 3600000 (one hour)",
+            ));
+        }
+        if redis && self.connect_timeout_ms > MAX_MS {
+            return Err(ConfigError::new(
+                "store.connect_timeout_ms",
+                "must be at most 3600000 (one hour)",
+            ));
         }
         if self.max_keys == 0 {
             return Err(ConfigError::new("store.max_keys", "must be at least 1"));
@@ -399,10 +412,10 @@ impl StoreConfig {
                 "must be at least 1 (set enabled = false for no circuit breaker)",
             ));
         }
-        if cb.enabled && cb.cool_down_ms == 0 {
+        if cb.enabled && (cb.cool_down_ms == 0 || cb.cool_down_ms > MAX_MS) {
             return Err(ConfigError::new(
                 "store.circuit_breaker.cool_down_ms",
-                "must be at least 1",
+                "must be between 1 and 3600000 (one hour)",
             ));
         }
         Ok(())
@@ -449,12 +462,27 @@ impl RouteConfig {
             if let Err(e) = tower_ratelimit::ClientIp::behind_proxies(trusted_proxies) {
                 return Err(ConfigError::new(format!("{at}.key.trusted_proxies"), e));
             }
+            if let Some(all) = trusted_proxies.iter().find(|p| p.trim().ends_with("/0")) {
+                return Err(ConfigError::new(
+                    format!("{at}.key.trusted_proxies"),
+                    format!(
+                        "{all:?} trusts every address as a proxy: any client could then choose its \
+                         own key with a forwarding header; list the proxies' own addresses"
+                    ),
+                ));
+            }
             if *ipv6_prefix > 128 {
                 return Err(ConfigError::new(
                     format!("{at}.key.ipv6_prefix"),
                     "must be between 0 and 128",
                 ));
             }
+        }
+        if self.cost == 0 {
+            return Err(ConfigError::new(
+                format!("{at}.cost"),
+                "must be at least 1 (a cost of 0 counts nothing: the route would be unlimited)",
+            ));
         }
         for method in self.cost_by_method.keys() {
             let ok = !method.is_empty()
@@ -468,13 +496,32 @@ impl RouteConfig {
             }
         }
         let policy = &self.policy;
-        check_limit(policy.algorithm, &policy.quotas, &format!("{at}.policy"))?;
+        let mut limits = vec![check_limit(
+            policy.algorithm,
+            &policy.quotas,
+            &format!("{at}.policy"),
+        )?];
         for (k, tier) in policy.tiers.iter().enumerate() {
-            check_limit(
+            limits.push(check_limit(
                 tier.algorithm.unwrap_or(policy.algorithm),
                 &tier.quotas,
                 &format!("{at}.policy.tiers[{k}]"),
-            )?;
+            )?);
+        }
+        if let FailureConfig::Fallback { gateways } = policy.failure
+            && gateways > 0
+        {
+            // Each gateway's local share must be a valid limit too.
+            for limit in &limits {
+                limit.divided(gateways).map_err(|e| {
+                    ConfigError::new(
+                        format!("{at}.policy.failure.gateways"),
+                        format!(
+                            "the local share of each of {gateways} gateways is not a limit: {e}"
+                        ),
+                    )
+                })?;
+            }
         }
         let name_ok = !policy.name.is_empty()
             && policy.name.len() <= tower_ratelimit::policy::MAX_NAME_LEN
@@ -538,7 +585,11 @@ pub fn covers(prefix: &str, endpoint: &str) -> bool {
 }
 
 /// Builds each quota of a limit on its own, so an error names the quota.
-fn check_limit(algorithm: Algorithm, quotas: &[QuotaConfig], at: &str) -> Result<(), ConfigError> {
+fn check_limit(
+    algorithm: Algorithm,
+    quotas: &[QuotaConfig],
+    at: &str,
+) -> Result<Limit, ConfigError> {
     if quotas.is_empty() {
         return Err(ConfigError::new(
             format!("{at}.quotas"),
@@ -588,6 +639,5 @@ fn check_limit(algorithm: Algorithm, quotas: &[QuotaConfig], at: &str) -> Result
         Limit::single(algorithm, quota).map_err(|e| ConfigError::new(field, e))?;
         built.push(quota);
     }
-    Limit::new(algorithm, built).map_err(|e| ConfigError::new(format!("{at}.quotas"), e))?;
-    Ok(())
+    Limit::new(algorithm, built).map_err(|e| ConfigError::new(format!("{at}.quotas"), e))
 }

@@ -321,7 +321,7 @@ fn policy(config: &Config, i: usize) -> Result<Policy, ConfigError> {
         config::KeyConfig::Header { name } => policy.key(
             ApiKeyHeader::new(name).map_err(|e| ConfigError::new(format!("{at}.key.name"), e))?,
         ),
-        config::KeyConfig::Global => policy.key(GlobalKey),
+        config::KeyConfig::Global {} => policy.key(GlobalKey),
     };
 
     let policy = if route.cost_by_method.is_empty() && route.cost == 1 {

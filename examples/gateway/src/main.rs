@@ -63,8 +63,18 @@ fn describe_store(config: &Config) -> String {
     let s = &config.store;
     match s.kind {
         StoreKind::Memory => "in-memory (this process only)".to_owned(),
-        StoreKind::Redis => format!("Redis at {}", s.url.as_deref().unwrap_or("?")),
-        StoreKind::RedisCluster => format!("Redis Cluster at {}", s.urls.join(", ")),
+        StoreKind::Redis => format!(
+            "Redis at {}",
+            ratelimit_redis::redact_url(s.url.as_deref().unwrap_or("?"))
+        ),
+        StoreKind::RedisCluster => {
+            let urls: Vec<String> = s
+                .urls
+                .iter()
+                .map(|u| ratelimit_redis::redact_url(u))
+                .collect();
+            format!("Redis Cluster at {}", urls.join(", "))
+        }
     }
 }
 
@@ -86,6 +96,10 @@ async fn main() -> ExitCode {
     };
     if let Some(listen) = args.listen {
         config.listen = listen;
+    }
+    if args.check {
+        // A check of the configuration also checks that Redis can be reached.
+        config.store.start_without_redis = false;
     }
     let router = match app(&config).await {
         Ok(r) => r,
@@ -115,7 +129,7 @@ async fn main() -> ExitCode {
         let key = match &route.key {
             KeyConfig::Ip { .. } => "client IP".to_owned(),
             KeyConfig::Header { name } => format!("header {name}"),
-            KeyConfig::Global => "everyone together".to_owned(),
+            KeyConfig::Global {} => "everyone together".to_owned(),
         };
         let quotas: Vec<String> = p
             .quotas

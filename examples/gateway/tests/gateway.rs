@@ -275,6 +275,47 @@ async fn bad_configurations_fail_naming_the_field() {
                 .to_owned(),
             "routes[0].cost_by_method.post: expected an HTTP method in capitals",
         ),
+        // A stray setting next to a mode without settings is refused, not ignored.
+        (
+            with_policy(
+                "quotas = [{ limit = 5, per = \"minute\" }]\nfailure = { mode = \"open\", retry_after_secs = 5 }",
+            ),
+            "routes[0].policy.failure: unknown field `retry_after_secs`",
+        ),
+        (
+            "[[routes]]\npath = \"/api\"\nkey = { source = \"global\", name = \"x-api-key\" }\n\
+             [routes.policy]\nname = \"a\"\nquotas = [{ limit = 1, per = \"second\" }]\n"
+                .to_owned(),
+            "routes[0].key: unknown field `name`",
+        ),
+        (
+            "[[routes]]\npath = \"/login\"\nkey = { source = \"ip\", trusted_proxies = [\"0.0.0.0/0\"] }\n\
+             [routes.policy]\nname = \"login\"\nquotas = [{ limit = 1, per = \"second\" }]\n"
+                .to_owned(),
+            "routes[0].key.trusted_proxies: \"0.0.0.0/0\" trusts every address",
+        ),
+        (
+            "[[routes]]\npath = \"/api\"\ncost = 0\n[routes.policy]\nname = \"a\"\n\
+             quotas = [{ limit = 1, per = \"second\" }]\n"
+                .to_owned(),
+            "routes[0].cost: must be at least 1",
+        ),
+        (
+            "[store]\ncircuit_breaker = { cool_down_ms = 9223372036854775807 }\n".to_owned()
+                + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
+            "store.circuit_breaker.cool_down_ms: must be between 1 and 3600000",
+        ),
+        (
+            "[store]\ntimeout_ms = 86400000\n".to_owned()
+                + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
+            "store.timeout_ms: must be between 1 and 3600000",
+        ),
+        (
+            with_policy(
+                "quotas = [{ limit = 10000000, per = \"day\" }]\nfailure = { mode = \"fallback\", gateways = 3 }",
+            ),
+            "routes[0].policy.failure.gateways: the local share of each of 3 gateways is not a limit",
+        ),
         ("listen = \"localhost\"\nroutes = []\n".to_owned(), "listen: "),
         ("routes = []\n".to_owned(), "routes: at least one route is needed"),
     ];
