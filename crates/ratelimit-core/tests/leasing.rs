@@ -34,6 +34,17 @@ fn block_on<F: Future>(f: F) -> F::Output {
     }
 }
 
+/// One gateway leasing `lease` units at a time from a memory store on `clock`.
+fn leases_of(
+    lease: u64,
+    clock: &ManualClock,
+) -> Leasing<Arc<MemoryStore<ManualClock>>, ManualClock> {
+    Leasing::builder(memory(clock), clock.clone())
+        .lease_size(lease)
+        .build()
+        .unwrap()
+}
+
 fn memory(clock: &ManualClock) -> Arc<MemoryStore<ManualClock>> {
     Arc::new(
         MemoryStore::builder()
@@ -260,11 +271,7 @@ fn a_dropped_lease_request_lets_the_waiting_checks_go_on() {
 #[test]
 fn expired_leases_are_dropped_and_counted() {
     let clock = ManualClock::new();
-    let store = memory(&clock);
-    let leasing = Leasing::builder(Arc::clone(&store), clock.clone())
-        .lease_size(10)
-        .build()
-        .unwrap();
+    let leasing = leases_of(10, &clock);
     // 10 per second: a lease of 10 lives one second, the time the store takes to refill it.
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(10).unwrap()).unwrap();
     assert!(
@@ -292,14 +299,10 @@ fn expired_leases_are_dropped_and_counted() {
 #[test]
 fn a_nearly_exhausted_key_still_admits_what_is_left() {
     let clock = ManualClock::new();
-    let store = memory(&clock);
-    let leasing = Leasing::builder(Arc::clone(&store), clock.clone())
-        .lease_size(10)
-        .build()
-        .unwrap();
+    let leasing = leases_of(10, &clock);
     let limit = Limit::single(Algorithm::SlidingLog, Quota::per_hour(100).unwrap()).unwrap();
     // Another gateway took 97.
-    assert!(store.check_now(b"k", &limit, 97).is_allowed());
+    assert!(leasing.get_ref().check_now(b"k", &limit, 97).is_allowed());
     let admitted = (0..10)
         .filter(|_| {
             block_on(leasing.check(b"k", &limit, 1))
@@ -485,11 +488,7 @@ fn peeks_and_large_costs_go_straight_to_the_store() {
 #[test]
 fn a_cost_larger_than_the_lease_keeps_the_lease() {
     let clock = ManualClock::new();
-    let store = memory(&clock);
-    let leasing = Leasing::builder(Arc::clone(&store), clock.clone())
-        .lease_size(10)
-        .build()
-        .unwrap();
+    let leasing = leases_of(10, &clock);
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100).unwrap()).unwrap();
     let mut admitted = 0;
     for i in 0..40 {
