@@ -13,11 +13,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use parking_lot::Mutex;
-
-use crate::memory_store::prev_power_of_two;
 use pin_project_lite::pin_project;
 
 use crate::key_digest::{BuildIdHasher, KeyDigest};
+use crate::memory_store::prev_power_of_two;
 use crate::time::duration_to_micros as micros;
 use crate::{Algorithm, Clock, Decision, Limit, Outcome, Quota, Store};
 

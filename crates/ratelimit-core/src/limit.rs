@@ -156,19 +156,17 @@ impl Limit {
         // Decide every quota first, reading the states; write only if all admit.
         let mut decisions =
             [Decision::new(crate::Outcome::Allowed, 0, 0, Duration::ZERO, 0); MAX_QUOTAS];
+        let mut next: [Option<State>; MAX_QUOTAS] = Default::default();
         for (i, quota) in self.quotas.iter().enumerate() {
-            decisions[i] = self
-                .algorithm
-                .decide(quota, states.get(i), now, cost)
-                .with_quota_index(i);
+            let (d, n) = self.algorithm.decide(quota, states.get(i), now, cost);
+            decisions[i] = d.with_quota_index(i);
+            next[i] = n;
         }
         let decision = Decision::combine(&decisions[..self.quotas.len()])
             .expect("a limit has at least one quota");
         if decision.is_allowed() {
-            for (quota, state) in self.quotas.iter().zip(states.iter_mut()) {
-                // Deterministic: the same check admits again, and now writes its state.
-                let again = self.algorithm.check_in_place(quota, state, now, cost);
-                debug_assert!(again.is_allowed());
+            for ((quota, state), next) in self.quotas.iter().zip(states.iter_mut()).zip(next) {
+                self.algorithm.commit(quota, state, next, now, cost);
             }
         }
         decision

@@ -190,7 +190,7 @@ impl Connection {
         match route {
             Route::Slot => cmd.query_async(&mut self.conn).await,
             Route::Node(host, port) => {
-                let to = by_address(host, *port);
+                let to = RoutingInfo::SingleNode(node(host, *port));
                 match self.conn.route_command(cmd.clone(), to).await {
                     Err(e) if e.kind() == ErrorKind::ClusterConnectionNotFound => {
                         self.side_send(host, *port, false, script, cmd).await
@@ -199,13 +199,8 @@ impl Connection {
                 }
             }
             Route::Asking(host, port) => {
-                let to = SingleNodeRoutingInfo::ByAddress {
-                    host: host.clone(),
-                    port: *port,
-                };
-                let mut pipe = redis::pipe();
-                pipe.cmd("ASKING").add_command(cmd.clone());
-                match self.conn.route_pipeline(pipe, 1, 1, to).await {
+                let to = node(host, *port);
+                match self.conn.route_pipeline(asking(cmd), 1, 1, to).await {
                     Err(e) if e.kind() == ErrorKind::ClusterConnectionNotFound => {
                         self.side_send(host, *port, true, script, cmd).await
                     }
@@ -240,13 +235,7 @@ impl Connection {
                 c
             }
         };
-        let mut reply = side_query(&mut conn, asking, cmd).await;
-        if matches!(&reply, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript)) {
-            reply = match script.load_async(&mut conn).await {
-                Ok(_) => side_query(&mut conn, asking, cmd).await,
-                Err(e) => Err(e),
-            };
-        }
+        let reply = eval_on(&mut conn, script, cmd, asking).await;
         if let Err(e) = &reply
             && is_broken(e)
         {
@@ -256,19 +245,37 @@ impl Connection {
     }
 }
 
-/// `cmd` over `conn`, after `ASKING` in the same write if `asking`.
-async fn side_query(
+/// `cmd` (an `EVALSHA` of `script`) on the connection to one server: a standalone server, or a
+/// cluster node reached directly (after `ASKING`, in the same write, if `asking`). `NOSCRIPT`
+/// proves the script did not run: it is loaded on that server and `cmd` sent once more.
+pub(crate) async fn eval_on(
     conn: &mut MultiplexedConnection,
-    asking: bool,
+    script: &redis::Script,
     cmd: &Cmd,
+    asking: bool,
 ) -> Result<Value, RedisError> {
-    if !asking {
-        return cmd.query_async(conn).await;
+    let send = async |conn: &mut MultiplexedConnection| {
+        if asking {
+            one_reply(conn.req_packed_commands(&self::asking(cmd), 1, 1).await?)
+        } else {
+            cmd.query_async(conn).await
+        }
+    };
+    match send(conn).await {
+        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+            script.load_async(&mut *conn).await?;
+            send(conn).await
+        }
+        reply => reply,
     }
+}
+
+/// `ASKING` and `cmd`, to be written together: on a multiplexed connection no other command can
+/// then come between them and take the `ASKING`.
+fn asking(cmd: &Cmd) -> redis::Pipeline {
     let mut pipe = redis::pipe();
     pipe.cmd("ASKING").add_command(cmd.clone());
-    let replies = conn.req_packed_commands(&pipe, 1, 1).await?;
-    one_reply(replies)
+    pipe
 }
 
 /// The one reply of a pipeline read from its second command on, server errors as errors.
@@ -319,11 +326,11 @@ impl Nodes {
     }
 }
 
-fn by_address(host: &str, port: u16) -> RoutingInfo {
-    RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress {
+fn node(host: &str, port: u16) -> SingleNodeRoutingInfo {
+    SingleNodeRoutingInfo::ByAddress {
         host: host.to_owned(),
         port,
-    })
+    }
 }
 
 /// What an error proves, and where to send the check next.

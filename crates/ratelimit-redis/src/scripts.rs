@@ -19,13 +19,13 @@ const ALGORITHMS: [&str; 5] = [
     include_str!("lua/sliding_log.lua"),
 ];
 
-/// An algorithm's script with the shared helpers in place of its `--@helpers` line (or in front
-/// of it, if it had none).
+/// An algorithm's script with the shared helpers in place of its `--@helpers` line (every
+/// script has one; a test checks it).
 fn with_helpers(algorithm: &str) -> String {
-    match algorithm.split_once(HELPERS_MARK) {
-        Some((fast, general)) => [fast, HELPERS, general].concat(),
-        None => [HELPERS, algorithm].concat(),
-    }
+    let (fast, general) = algorithm
+        .split_once(HELPERS_MARK)
+        .unwrap_or(("", algorithm));
+    [fast, HELPERS, general].concat()
 }
 
 /// The single-cost sources: the prelude, then the algorithm's script.

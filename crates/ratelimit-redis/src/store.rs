@@ -103,13 +103,7 @@ impl Conn {
     /// and refusals: see [`cluster`]); never after any other error, since the script may have run.
     async fn eval(&mut self, script: &redis::Script, cmd: &Cmd) -> Result<Value, RedisError> {
         match self {
-            Conn::Single(c) => match cmd.query_async(c).await {
-                Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                    script.load_async(&mut *c).await?;
-                    cmd.query_async(c).await
-                }
-                reply => reply,
-            },
+            Conn::Single(c) => cluster::eval_on(c, script, cmd, false).await,
             Conn::Cluster(c) => c.eval(script, cmd).await,
         }
     }
@@ -751,6 +745,7 @@ pub fn redact_url(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ratelimit_core::Quota;
 
     /// Every ARGV after the time, as `command` sends them.
     fn script_args(limit: &Limit, cost: u64, slack_ms: u64) -> Vec<u64> {
@@ -758,7 +753,6 @@ mod tests {
         quota_args(limit, slack_ms, |a| args.push(a));
         args
     }
-    use ratelimit_core::Quota;
 
     #[test]
     fn args_carry_integer_parameters() {

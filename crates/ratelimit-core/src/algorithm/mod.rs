@@ -128,24 +128,6 @@ impl Algorithm {
         }
     }
 
-    /// The decision of [`check`](Algorithm::check), without the state to store: a sliding log
-    /// is read, not copied.
-    #[must_use]
-    pub fn decide(
-        self,
-        quota: &Quota,
-        state: Option<&State>,
-        now: Timestamp,
-        cost: u64,
-    ) -> Decision {
-        match (self, state) {
-            (Algorithm::SlidingLog, Some(State::SlidingLog(log))) => {
-                sliding_log::decide(quota, log, now, cost)
-            }
-            _ => self.check(quota, state, now, cost).0,
-        }
-    }
-
     /// Checks `cost` at `now` against `state` and, if it is admitted, updates `state` in place
     /// (a state of another algorithm counts as none and is replaced). A denied check, and a peek
     /// (cost 0), leave a state of this algorithm as it was: a peek at a later time must not move
@@ -158,18 +140,53 @@ impl Algorithm {
         now: Timestamp,
         cost: u64,
     ) -> Decision {
-        if let (Algorithm::SlidingLog, State::SlidingLog(log)) = (self, &mut *state) {
-            let decision = sliding_log::decide(quota, log, now, cost);
-            if decision.is_allowed() {
-                sliding_log::commit(quota, log, now, cost);
-            }
-            return decision;
-        }
-        let (decision, next) = self.check(quota, Some(state), now, cost);
-        if decision.is_allowed() && cost > 0 {
-            *state = next;
+        let (decision, next) = self.decide(quota, Some(state), now, cost);
+        if decision.is_allowed() {
+            self.commit(quota, state, next, now, cost);
         }
         decision
+    }
+
+    /// The decision for `cost` at `now`, and what [`commit`](Algorithm::commit) needs to record
+    /// it: the state to store, or `None` for a sliding log held in `state`, which is changed in
+    /// place instead of copied.
+    pub(crate) fn decide(
+        self,
+        quota: &Quota,
+        state: Option<&State>,
+        now: Timestamp,
+        cost: u64,
+    ) -> (Decision, Option<State>) {
+        match (self, state) {
+            (Algorithm::SlidingLog, Some(State::SlidingLog(log))) => {
+                (sliding_log::decide(quota, log, now, cost), None)
+            }
+            _ => {
+                let (decision, next) = self.check(quota, state, now, cost);
+                (decision, Some(next))
+            }
+        }
+    }
+
+    /// Records an admission [`decide`](Algorithm::decide) made, with what it returned. A peek
+    /// (cost 0) records nothing.
+    pub(crate) fn commit(
+        self,
+        quota: &Quota,
+        state: &mut State,
+        next: Option<State>,
+        now: Timestamp,
+        cost: u64,
+    ) {
+        if cost == 0 {
+            return;
+        }
+        match (next, state) {
+            (Some(next), state) => *state = next,
+            (None, State::SlidingLog(log)) => sliding_log::commit(quota, log, now, cost),
+            // `decide` returns `None` only for a sliding log held in the state.
+            (None, _) => {}
+        }
     }
 }
 
