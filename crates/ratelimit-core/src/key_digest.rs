@@ -107,13 +107,7 @@ pub(crate) fn siphash13_128(k0: u64, k1: u64, data: &[u8]) -> (u64, u64) {
         word.copy_from_slice(chunk);
         compress(&mut v, u64::from_le_bytes(word));
     }
-    let rest = chunks.remainder();
-    let mut tail = [0u8; 8];
-    tail[..rest.len()].copy_from_slice(rest);
-    compress(
-        &mut v,
-        u64::from_le_bytes(tail) | ((data.len() as u64) << 56),
-    );
+    compress(&mut v, tail(chunks.remainder()) | ((data.len() as u64) << 56));
     v[2] ^= 0xee;
     round(&mut v);
     round(&mut v);
@@ -125,6 +119,26 @@ pub(crate) fn siphash13_128(k0: u64, k1: u64, data: &[u8]) -> (u64, u64) {
     round(&mut v);
     let h2 = v[0] ^ v[1] ^ v[2] ^ v[3];
     (h1, h2)
+}
+
+/// The last 0 to 7 bytes of a key as a little-endian word, in at most three loads (a
+/// variable-length copy would call `memcpy`).
+#[inline(always)]
+fn tail(rest: &[u8]) -> u64 {
+    let mut out = 0u64;
+    let mut at = 0;
+    if rest.len() >= 4 {
+        out = u64::from(u32::from_le_bytes([rest[0], rest[1], rest[2], rest[3]]));
+        at = 4;
+    }
+    if rest.len() - at >= 2 {
+        out |= u64::from(u16::from_le_bytes([rest[at], rest[at + 1]])) << (8 * at);
+        at += 2;
+    }
+    if rest.len() > at {
+        out |= u64::from(rest[at]) << (8 * at);
+    }
+    out
 }
 
 #[cfg(test)]

@@ -31,7 +31,7 @@ pub(super) enum Next {
 
 /// Checks `cost` against `limit` from a stored inline state (or none), returning the decision and
 /// the state to store if it is allowed.
-#[inline]
+#[inline(always)]
 pub(super) fn check(
     limit: &Limit,
     stored: Option<(u64, u64)>,
