@@ -107,7 +107,10 @@ pub(crate) fn siphash13_128(k0: u64, k1: u64, data: &[u8]) -> (u64, u64) {
         word.copy_from_slice(chunk);
         compress(&mut v, u64::from_le_bytes(word));
     }
-    compress(&mut v, tail(chunks.remainder()) | ((data.len() as u64) << 56));
+    compress(
+        &mut v,
+        tail(chunks.remainder()) | ((data.len() as u64) << 56),
+    );
     v[2] ^= 0xee;
     round(&mut v);
     round(&mut v);

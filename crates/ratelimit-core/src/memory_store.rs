@@ -279,6 +279,7 @@ impl<C: Clock + 'static> Store for MemoryStore<C> {
 struct Shard(Mutex<Table>);
 
 impl Shard {
+    #[inline]
     fn lock(&self) -> MutexGuard<'_, Table> {
         // parking_lot's mutex: no poisoning to check, and a short spin before parking, which
         // suits a critical section of a few dozen nanoseconds.

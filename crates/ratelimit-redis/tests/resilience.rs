@@ -262,3 +262,65 @@ async fn a_reconnect_is_not_cancelled_by_a_check_that_gives_up() {
         started.elapsed()
     );
 }
+
+/// A standalone primary demoted to a replica behind the address the store uses (a failover
+/// behind a DNS name or a virtual IP): its connections answer `READONLY` to every write from then
+/// on. The check that gets `READONLY` fails, its connection is replaced, and the next check
+/// reaches the new primary, which goes on from the replicated count.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_to_a_demoted_primary_is_replaced() {
+    let old = RedisServer::start();
+    let new = RedisServer::start();
+    let old_port = old.port().to_string();
+    let new_port = new.port().to_string();
+    new.cli(&["REPLICAOF", "127.0.0.1", &old_port]);
+    wait_for(|| {
+        new.cli(&["INFO", "replication"])
+            .contains("master_link_status:up")
+    });
+    let proxy = Proxy::start(old.port());
+    let store = RedisStore::builder(proxy.url())
+        .prefix(unique_prefix("demoted"))
+        .pool_size(1)
+        .build()
+        .await
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(100).unwrap()).unwrap();
+    for left in [99, 98, 97] {
+        assert_eq!(
+            store.check(b"k", &limit, 1).await.unwrap().remaining(),
+            left
+        );
+    }
+    assert_eq!(old.cli(&["WAIT", "1", "5000"]).trim(), "1", "replicated");
+
+    // Failover: the replica is promoted, the old primary follows it, the address moves.
+    new.cli(&["REPLICAOF", "NO", "ONE"]);
+    old.cli(&["REPLICAOF", "127.0.0.1", &new_port]);
+    proxy.set_upstream(new.port());
+    let accepted = proxy.accepted();
+
+    let err = store.check(b"k", &limit, 1).await.unwrap_err();
+    assert!(err.to_string().contains("ReadOnly"), "{err}");
+    let d = store.check(b"k", &limit, 1).await.unwrap();
+    assert_eq!(
+        d.remaining(),
+        96,
+        "the new primary counts on from the replicated state"
+    );
+    assert_eq!(proxy.accepted(), accepted + 1, "one new connection");
+    for left in [95, 94] {
+        assert_eq!(
+            store.check(b"k", &limit, 1).await.unwrap().remaining(),
+            left
+        );
+    }
+}
+
+fn wait_for(mut done: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while !done() {
+        assert!(Instant::now() < until, "timed out");
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

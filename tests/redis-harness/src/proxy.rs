@@ -10,6 +10,7 @@
 //! proxy.set_latency(Duration::from_millis(30)); // every chunk arrives 30 ms late
 //! proxy.drop_connections(); // cut every open connection
 //! proxy.set_refuse(true); // new connections are closed at once
+//! proxy.set_upstream(server.port()); // new connections go to this port
 //! ```
 //!
 //! Each direction of each connection is a delay line: a reader thread stamps every chunk it reads
@@ -22,7 +23,7 @@
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, Shutdown, SocketAddrV4, TcpListener, TcpStream};
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU16, AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::thread;
@@ -38,6 +39,7 @@ pub struct Proxy {
 
 #[derive(Debug, Default)]
 struct Shared {
+    upstream: AtomicU16,
     latency_micros: AtomicU64,
     refuse: AtomicBool,
     stopped: AtomicBool,
@@ -52,11 +54,14 @@ impl Proxy {
         let listener = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))
             .expect("bind the proxy's port");
         let port = listener.local_addr().expect("local address").port();
-        let shared = Arc::new(Shared::default());
+        let shared = Arc::new(Shared {
+            upstream: AtomicU16::new(upstream),
+            ..Shared::default()
+        });
         let s = Arc::clone(&shared);
         thread::Builder::new()
             .name(format!("proxy-{port}"))
-            .spawn(move || accept_loop(&listener, upstream, &s))
+            .spawn(move || accept_loop(&listener, &s))
             .expect("spawn the proxy thread");
         Proxy { port, shared }
     }
@@ -76,6 +81,12 @@ impl Proxy {
     pub fn set_latency(&self, latency: Duration) {
         let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
         self.shared.latency_micros.store(micros, Ordering::Relaxed);
+    }
+
+    /// Sends new connections to `127.0.0.1:<upstream>` from now on; open connections keep their
+    /// server (as after a failover behind a DNS name or a virtual IP).
+    pub fn set_upstream(&self, upstream: u16) {
+        self.shared.upstream.store(upstream, Ordering::Relaxed);
     }
 
     /// While `true`, each new connection is accepted and closed at once, before anything is
@@ -115,7 +126,7 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
-fn accept_loop(listener: &TcpListener, upstream: u16, shared: &Arc<Shared>) {
+fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
     for client in listener.incoming() {
         if shared.stopped.load(Ordering::Relaxed) {
             return;
@@ -127,7 +138,7 @@ fn accept_loop(listener: &TcpListener, upstream: u16, shared: &Arc<Shared>) {
             continue;
         }
         let Ok(server) = TcpStream::connect_timeout(
-            &SocketAddrV4::new(Ipv4Addr::LOCALHOST, upstream).into(),
+            &SocketAddrV4::new(Ipv4Addr::LOCALHOST, shared.upstream.load(Ordering::Relaxed)).into(),
             Duration::from_secs(1),
         ) else {
             let _ = client.shutdown(Shutdown::Both);
