@@ -313,6 +313,24 @@ mod tests {
         assert_eq!(b.state(), CircuitState::Open);
     }
 
+    /// A request's failure checks that the circuit is closed, then opens it; between the two,
+    /// other requests can open it, the cool-down pass and a probe go out. The late half of that
+    /// failure must not re-open the circuit under the probe (the probe's success would be lost).
+    #[test]
+    fn a_failure_that_saw_the_circuit_closed_does_not_reopen_it_under_a_probe() {
+        let clock = ManualClock::new();
+        let b = breaker(&clock);
+        b.failure(false);
+        b.failure(false);
+        clock.advance(Duration::from_secs(5));
+        assert_eq!(b.admit(), Admit::Probe);
+        // The delayed second half of `failure(false)` from a request that saw `CLOSED`.
+        b.open(CLOSED);
+        assert_eq!(b.state(), CircuitState::HalfOpen);
+        b.success(true);
+        assert_eq!(b.state(), CircuitState::Closed);
+    }
+
     #[test]
     fn settings_are_validated() {
         assert!(CircuitBreaker::new(0, Duration::from_secs(1)).is_err());
