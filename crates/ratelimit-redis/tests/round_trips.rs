@@ -365,3 +365,46 @@ async fn coalescing_does_not_send_checks_whose_callers_gave_up() {
         "the first check and the peek"
     );
 }
+
+/// A key's queue whose task ends before emptying it (here: the task's runtime shuts down during
+/// the batch window) is removed: the checks of that key made afterwards start a task of their own
+/// and are answered, instead of joining a queue nobody serves.
+#[test]
+fn coalescing_recovers_from_a_task_that_ended_with_its_runtime() {
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = RedisServer::start();
+    let store = main.block_on(async {
+        RedisStore::builder(server.url())
+            .prefix(unique_prefix("coalesce-shutdown"))
+            .build()
+            .await
+            .unwrap()
+    });
+    let coalescing = Coalescing::new(store).batch_window(Duration::from_millis(500));
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
+
+    // The key's task is spawned on a short-lived runtime, which shuts down during its window.
+    let short_lived = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let gave_up = short_lived.block_on(async {
+        tokio::time::timeout(Duration::from_millis(20), coalescing.check(b"k", &limit, 1)).await
+    });
+    assert!(gave_up.is_err(), "still in the batch window");
+    drop(short_lived);
+
+    let answered = main.block_on(async {
+        tokio::time::timeout(Duration::from_secs(5), coalescing.check(b"k", &limit, 1)).await
+    });
+    let decision = answered.expect("answered, not queued forever").unwrap();
+    assert_eq!(
+        decision.remaining(),
+        999,
+        "the abandoned check was never sent"
+    );
+}
