@@ -158,3 +158,46 @@ async fn a_peek_writes_nothing() {
         assert_eq!(before, after, "{alg}: a peek changed the stored state");
     }
 }
+
+/// The sliding log keeps its totals in a hash next to its lists. If the hash is lost apart from
+/// the lists (evicted under an `allkeys-lru` policy, deleted by an operator), the total is
+/// recounted from the log instead of read as 0, which would admit a second limit's worth and
+/// leave the total short for as long as the log lives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_log_whose_total_was_lost_recounts_it() {
+    let server = RedisServer::start();
+    let clock = ManualClock::starting_at(Timestamp::from_micros(T0));
+    let store = common::manual(
+        RedisStore::builder(server.url()).prefix(unique_prefix("lost-total")),
+        &clock,
+    )
+    .build()
+    .await
+    .unwrap();
+    let limit = Limit::single(Algorithm::SlidingLog, Quota::per_minute(10).unwrap()).unwrap();
+    for _ in 0..10 {
+        assert!(store.check(b"u", &limit, 1).await.unwrap().is_allowed());
+        clock.advance(Duration::from_secs(1));
+    }
+    let hash = &store.state_keys(b"u", &limit)[0];
+    assert_eq!(server.cli(&["TYPE", hash]), "hash");
+    assert_eq!(server.cli(&["DEL", hash]), "1");
+
+    // At 10 s the log holds 10 requests of the last minute: denied until the first slides out.
+    let d = store.check(b"u", &limit, 1).await.unwrap();
+    assert!(!d.is_allowed(), "{d:?}");
+    assert_eq!(d.remaining(), 0);
+    assert_eq!(d.retry_after(), Some(Duration::from_secs(50)));
+    assert_eq!(
+        server.cli(&["HGET", hash, "n1"]),
+        "10",
+        "the recount is stored"
+    );
+    assert!(pttl(&server, hash) > 0, "and expires with the log");
+
+    // At 60 s the first request has slid out: one more passes, then none.
+    clock.advance(Duration::from_secs(50));
+    assert!(store.check(b"u", &limit, 1).await.unwrap().is_allowed());
+    assert!(!store.check(b"u", &limit, 1).await.unwrap().is_allowed());
+    assert_eq!(server.cli(&["HGET", hash, "n1"]), "10");
+}

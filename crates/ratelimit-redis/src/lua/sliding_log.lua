@@ -17,6 +17,21 @@ local function parse(entry)
   return tonumber(string.sub(entry, 1, sep - 1)), tonumber(string.sub(entry, sep + 1))
 end
 
+-- The sum of the costs in a log. Only for a total lost apart from its log (the hash evicted or
+-- deleted while the lists live on): reading 0 would admit a second limit's worth.
+local function recount(lkey)
+  local sum, pos = 0, 0
+  while true do
+    local chunk = redis.call('LRANGE', lkey, pos, pos + 1023)
+    for j = 1, #chunk do
+      local _, c = parse(chunk[j])
+      sum = sum + c
+    end
+    if #chunk < 1024 then return sum end
+    pos = pos + 1024
+  end
+end
+
 local plan = {}
 local fresh_before, fresh_after = 0, 0
 for i = 1, N do
@@ -26,9 +41,14 @@ for i = 1, N do
   local total = 0
   local newest, newest_cost = nil, 0
   local last = redis.call('LINDEX', lkey, -1)
+  local repaired = nil
   if last then
     newest, newest_cost = parse(last)
-    total = tonumber(stored[i]) or 0
+    total = tonumber(stored[i])
+    if total == nil or total < 0 then
+      total = recount(lkey)
+      repaired = total
+    end
     if newest + p > fresh_before then fresh_before = newest + p end
   end
   local now = NOW
@@ -112,7 +132,7 @@ for i = 1, N do
   if back then reset = back + p - now end
   consider(i, code, retry, limit, limit - total, reset)
   plan[i] = { lkey = lkey, pruned = pruned, merge = merge, push = push, now = now,
-              cost = newest_cost + COST, total = total }
+              cost = newest_cost + COST, total = total, repaired = repaired }
   if back and back + p > fresh_after then fresh_after = back + p end
 end
 
@@ -134,7 +154,22 @@ if b[1] == 0 then
     redis.call('PEXPIRE', hkey, ttl)
     for i = 1, N do redis.call('PEXPIRE', KEYS[1 + i], ttl) end
   end
-elseif exists then
+else
+  -- A denial writes nothing, except a recounted total (for the whole log, which a denial does
+  -- not trim), so that the next checks need not recount.
+  local args = {}
+  for i = 1, N do
+    if plan[i].repaired then
+      args[#args + 1] = FIELDS[i]
+      args[#args + 1] = plan[i].repaired
+    end
+  end
+  if #args > 0 then
+    redis.call('HSET', hkey, unpack(args))
+    exists = true
+  end
+end
+if b[1] ~= 0 and exists then
   local ttl = ttl_ms(fresh_before)
   redis.call('PEXPIRE', hkey, ttl)
   for i = 1, N do redis.call('PEXPIRE', KEYS[1 + i], ttl) end
