@@ -83,15 +83,15 @@ pub struct StoreConfig {
     /// URLs of one or more cluster nodes (`kind = "redis_cluster"`).
     #[serde(default)]
     pub urls: Vec<String>,
-    /// The prefix of every Redis key (default `rl`).
-    #[serde(default = "default_prefix")]
-    pub prefix: String,
+    /// The prefix of every Redis key (default `rl`; see [`StoreConfig::prefix`]).
+    #[serde(default)]
+    pub prefix: Option<String>,
     /// Multiplexed Redis connections (default 1, `ratelimit_redis::DEFAULT_POOL_SIZE`).
-    #[serde(default = "default_pool_size")]
-    pub pool_size: usize,
+    #[serde(default)]
+    pub pool_size: Option<usize>,
     /// How long opening a Redis connection may take, in milliseconds (default 1000).
-    #[serde(default = "default_connect_timeout_ms")]
-    pub connect_timeout_ms: u64,
+    #[serde(default)]
+    pub connect_timeout_ms: Option<u64>,
     /// How long one check may take before it counts as a store failure, in milliseconds
     /// (default 50).
     #[serde(default = "default_timeout_ms")]
@@ -102,8 +102,8 @@ pub struct StoreConfig {
     #[serde(default)]
     pub start_without_redis: bool,
     /// The most keys the in-memory store holds (default 1,000,000; `kind = "memory"`).
-    #[serde(default = "default_max_keys")]
-    pub max_keys: usize,
+    #[serde(default)]
+    pub max_keys: Option<usize>,
     /// Stop asking a failing store for a while.
     #[serde(default)]
     pub circuit_breaker: BreakerConfig,
@@ -115,12 +115,12 @@ impl Default for StoreConfig {
             kind: StoreKind::Memory,
             url: None,
             urls: Vec::new(),
-            prefix: default_prefix(),
-            pool_size: default_pool_size(),
-            connect_timeout_ms: default_connect_timeout_ms(),
+            prefix: None,
+            pool_size: None,
+            connect_timeout_ms: None,
             timeout_ms: default_timeout_ms(),
             start_without_redis: false,
-            max_keys: default_max_keys(),
+            max_keys: None,
             circuit_breaker: BreakerConfig::default(),
         }
     }
@@ -235,23 +235,11 @@ pub enum ForwardedHeaderConfig {
 fn default_listen() -> SocketAddr {
     SocketAddr::from(([127, 0, 0, 1], 8080))
 }
-fn default_prefix() -> String {
-    ratelimit_redis::DEFAULT_PREFIX.to_owned()
-}
-fn default_pool_size() -> usize {
-    ratelimit_redis::DEFAULT_POOL_SIZE
-}
 /// The longest timeout or cool-down a configuration may set: one hour.
 const MAX_MS: u64 = 3_600_000;
 
-fn default_connect_timeout_ms() -> u64 {
-    1_000
-}
 fn default_timeout_ms() -> u64 {
     50
-}
-fn default_max_keys() -> usize {
-    ratelimit_core::DEFAULT_MAX_KEYS
 }
 fn default_cost() -> u64 {
     1
@@ -328,6 +316,28 @@ fn toml_error(field: &str, e: &toml::de::Error, text: &str) -> ConfigError {
 }
 
 impl StoreConfig {
+    /// The prefix of every Redis key: `prefix`, or `ratelimit_redis::DEFAULT_PREFIX` (`rl`).
+    pub fn prefix(&self) -> &str {
+        self.prefix
+            .as_deref()
+            .unwrap_or(ratelimit_redis::DEFAULT_PREFIX)
+    }
+
+    /// `pool_size`, or `ratelimit_redis::DEFAULT_POOL_SIZE`.
+    pub fn pool_size(&self) -> usize {
+        self.pool_size.unwrap_or(ratelimit_redis::DEFAULT_POOL_SIZE)
+    }
+
+    /// `connect_timeout_ms`, or 1000.
+    pub fn connect_timeout_ms(&self) -> u64 {
+        self.connect_timeout_ms.unwrap_or(1_000)
+    }
+
+    /// `max_keys`, or `ratelimit_core::DEFAULT_MAX_KEYS` (1,000,000).
+    pub fn max_keys(&self) -> usize {
+        self.max_keys.unwrap_or(ratelimit_core::DEFAULT_MAX_KEYS)
+    }
+
     fn validate(&self) -> Result<(), ConfigError> {
         let redis = self.kind != StoreKind::Memory;
         match self.kind {
@@ -372,19 +382,36 @@ impl StoreConfig {
                 }
             }
         }
-        if !redis && self.start_without_redis {
+        // A setting the chosen store never reads is a mistake (a kind changed, a line left
+        // behind), not something to ignore.
+        let redis_only = [
+            ("store.start_without_redis", self.start_without_redis),
+            ("store.prefix", self.prefix.is_some()),
+            ("store.pool_size", self.pool_size.is_some()),
+            (
+                "store.connect_timeout_ms",
+                self.connect_timeout_ms.is_some(),
+            ),
+        ];
+        if let (false, Some((field, _))) = (redis, redis_only.iter().find(|(_, set)| *set)) {
             return Err(ConfigError::new(
-                "store.start_without_redis",
+                *field,
                 "only used when kind is \"redis\" or \"redis_cluster\"",
             ));
         }
-        if redis && (self.pool_size == 0 || self.pool_size > 1024) {
+        if redis && self.max_keys.is_some() {
+            return Err(ConfigError::new(
+                "store.max_keys",
+                "only used when kind is \"memory\" (a route's fallback store is sized by the layer)",
+            ));
+        }
+        if redis && (self.pool_size() == 0 || self.pool_size() > 1024) {
             return Err(ConfigError::new(
                 "store.pool_size",
                 "must be between 1 and 1024",
             ));
         }
-        if redis && self.connect_timeout_ms == 0 {
+        if redis && self.connect_timeout_ms() == 0 {
             return Err(ConfigError::new(
                 "store.connect_timeout_ms",
                 "must be at least 1",
@@ -396,13 +423,13 @@ impl StoreConfig {
                 "must be between 1 and 3600000 (one hour)",
             ));
         }
-        if redis && self.connect_timeout_ms > MAX_MS {
+        if redis && self.connect_timeout_ms() > MAX_MS {
             return Err(ConfigError::new(
                 "store.connect_timeout_ms",
                 "must be at most 3600000 (one hour)",
             ));
         }
-        if self.max_keys == 0 {
+        if self.max_keys() == 0 {
             return Err(ConfigError::new("store.max_keys", "must be at least 1"));
         }
         let cb = self.circuit_breaker;

@@ -102,7 +102,7 @@ pub async fn app(config: &Config) -> Result<Router, StartError> {
     match store.kind {
         config::StoreKind::Memory => {
             let memory = MemoryStore::builder()
-                .max_keys(store.max_keys)
+                .max_keys(store.max_keys())
                 .build()
                 .map_err(|e| ConfigError::new("store.max_keys", e))?;
             Ok(router(config, Arc::new(memory), policies, metrics)?)
@@ -128,9 +128,9 @@ async fn open_redis(store: &config::StoreConfig) -> Result<RedisStore, StartErro
         None => RedisStore::cluster(store.urls.iter().cloned()),
     };
     builder
-        .prefix(store.prefix.clone())
-        .pool_size(store.pool_size)
-        .connect_timeout(Duration::from_millis(store.connect_timeout_ms))
+        .prefix(store.prefix().to_owned())
+        .pool_size(store.pool_size())
+        .connect_timeout(Duration::from_millis(store.connect_timeout_ms()))
         .build()
         .await
         .map_err(|e| match e {

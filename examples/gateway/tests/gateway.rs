@@ -275,6 +275,22 @@ async fn bad_configurations_fail_naming_the_field() {
                 .to_owned(),
             "routes[0].cost_by_method.post: expected an HTTP method in capitals",
         ),
+        // A store setting the chosen kind never reads is refused, not ignored.
+        (
+            "[store]\npool_size = 4\n".to_owned()
+                + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
+            "store.pool_size: only used when kind is \"redis\" or \"redis_cluster\"",
+        ),
+        (
+            "[store]\nprefix = \"gw\"\n".to_owned()
+                + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
+            "store.prefix: only used when kind is \"redis\" or \"redis_cluster\"",
+        ),
+        (
+            "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nmax_keys = 10\n".to_owned()
+                + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
+            "store.max_keys: only used when kind is \"memory\"",
+        ),
         // A stray setting next to a mode without settings is refused, not ignored.
         (
             with_policy(

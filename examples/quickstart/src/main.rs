@@ -81,8 +81,10 @@ async fn demo() -> Result<Vec<String>, Box<dyn Error>> {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
     let url = format!("http://{}/", listener.local_addr()?);
     let server = tokio::spawn(serve(listener, app()?));
+    // The demo talks to itself on loopback: never through an HTTP_PROXY set for the machine.
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
+        .no_proxy()
         .build()?;
 
     let mut lines = Vec::new();
