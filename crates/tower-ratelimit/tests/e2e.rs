@@ -36,6 +36,7 @@ async fn a_real_server_sends_the_fields_to_a_real_client() {
     let addr = serve(app).await;
     let client = reqwest::Client::builder()
         .timeout(Duration::from_secs(10))
+        .no_proxy()
         .build()
         .unwrap();
     let url = format!("http://{addr}/");

@@ -279,11 +279,12 @@ impl RedisServer {
 
     fn signal(&self, sig: &str) {
         let child = self.child.as_ref().expect("the server is not running");
-        let status = Command::new("kill")
-            .arg(sig)
+        // The shell's built-in `kill`: minimal images have `sh` but not always `/bin/kill`.
+        let status = Command::new("sh")
+            .args(["-c", "kill \"$1\" \"$2\"", "sh", sig])
             .arg(child.id().to_string())
             .status()
-            .expect("run kill");
+            .expect("run sh -c kill");
         assert!(status.success(), "kill {sig} failed");
     }
 
