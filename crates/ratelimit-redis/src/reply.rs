@@ -20,8 +20,8 @@ use crate::error::RedisStoreError;
 pub(crate) enum Shape {
     /// One integer per cost (single-quota token bucket or GCRA).
     Level { algorithm: Algorithm, quota: Quota },
-    /// Six integers per cost.
-    Full,
+    /// Six integers per cost, for a limit of this many quotas.
+    Full { quotas: usize },
 }
 
 impl Shape {
@@ -31,14 +31,16 @@ impl Shape {
                 algorithm,
                 quota: *quota,
             },
-            _ => Shape::Full,
+            (_, quotas) => Shape::Full {
+                quotas: quotas.len(),
+            },
         }
     }
 
     fn width(self) -> usize {
         match self {
             Shape::Level { .. } => 1,
-            Shape::Full => 6,
+            Shape::Full { .. } => 6,
         }
     }
 }
@@ -57,7 +59,7 @@ pub(crate) fn decision(
         (Shape::Level { .. }, Value::Int(_)) => {
             from_items(value, std::slice::from_ref(value), shape, cost)
         }
-        (Shape::Full, Value::Array(items)) => from_items(value, items, shape, cost),
+        (Shape::Full { .. }, Value::Array(items)) => from_items(value, items, shape, cost),
         _ => Err(unexpected(value)),
     }
 }
@@ -94,7 +96,7 @@ fn from_items(
         (Shape::Level { algorithm, quota }, [Value::Int(v)]) => {
             from_level(*v, algorithm, &quota, cost).ok_or_else(|| unexpected(value))
         }
-        (Shape::Full, items) if items.len() == 6 => {
+        (Shape::Full { quotas }, items) if items.len() == 6 => {
             let mut ints = [0i64; 6];
             for (slot, item) in ints.iter_mut().zip(items) {
                 match item {
@@ -102,14 +104,15 @@ fn from_items(
                     _ => return Err(unexpected(value)),
                 }
             }
-            from_six(&ints)
+            from_six(&ints, quotas)
         }
         _ => Err(unexpected(value)),
     }
 }
 
-/// A six-integer reply: outcome, retry-after µs, limit, remaining, reset-after µs, quota index.
-pub(crate) fn from_six(reply: &[i64]) -> Result<Decision, RedisStoreError> {
+/// A six-integer reply: outcome, retry-after µs, limit, remaining, reset-after µs, quota index
+/// (below `quotas`, the limit's number of quotas, or the reply is refused).
+pub(crate) fn from_six(reply: &[i64], quotas: usize) -> Result<Decision, RedisStoreError> {
     let bad = || RedisStoreError::UnexpectedReply(format!("{reply:?}"));
     let &[code, retry, limit, remaining, reset, index] = reply else {
         return Err(bad());
@@ -128,7 +131,10 @@ pub(crate) fn from_six(reply: &[i64]) -> Result<Decision, RedisStoreError> {
         nonneg(limit)?,
         nonneg(remaining)?,
         Duration::from_micros(nonneg(reset)?),
-        usize::try_from(index).map_err(|_| bad())?,
+        usize::try_from(index)
+            .ok()
+            .filter(|&i| i < quotas)
+            .ok_or_else(bad)?,
     ))
 }
 
@@ -230,12 +236,15 @@ mod tests {
 
     #[test]
     fn six_integer_replies_become_decisions() {
-        let d = from_six(&[1, 600_000, 100, 0, 60_000_000, 1]).unwrap();
+        let d = from_six(&[1, 600_000, 100, 0, 60_000_000, 1], 2).unwrap();
         assert_eq!(d.retry_after(), Some(Duration::from_millis(600)));
         assert_eq!((d.limit(), d.remaining(), d.quota_index()), (100, 0, 1));
-        assert!(from_six(&[3, 0, 0, 0, 0, 0]).is_err());
-        assert!(from_six(&[0, 0, -1, 0, 0, 0]).is_err());
-        assert!(from_six(&[0]).is_err());
+        assert!(from_six(&[3, 0, 0, 0, 0, 0], 1).is_err());
+        assert!(from_six(&[0, 0, -1, 0, 0, 0], 1).is_err());
+        assert!(from_six(&[0], 1).is_err());
+        // A quota the limit does not have: refused, not passed on to index the caller's quotas.
+        assert!(from_six(&[1, 600_000, 100, 0, 60_000_000, 2], 2).is_err());
+        assert!(from_six(&[0, 0, 100, 99, 600_000, -1], 2).is_err());
     }
 
     #[test]
