@@ -124,3 +124,25 @@ fn tiny_caps_hold_under_a_flood() {
         store.sweep(clock.now());
     }
 }
+
+/// Past the algorithms' last instant (`MAX_TIME`, the year 2112) time stands still for them, so a
+/// state written there never becomes fresh; a sweep must not drop it either, or the key would
+/// start over full.
+#[test]
+fn sweeps_past_the_last_instant_keep_live_states() {
+    use ratelimit_core::Timestamp;
+    use ratelimit_core::algorithm::MAX_TIME;
+    use std::time::Duration;
+    let clock = ManualClock::starting_at(Timestamp::from_micros(MAX_TIME + 7_200_000_000));
+    let store = MemoryStore::builder()
+        .with_clock(clock.clone())
+        .build()
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(1).unwrap()).unwrap();
+    assert!(store.check_now(b"a", &limit, 1).is_allowed());
+    assert!(!store.check_now(b"a", &limit, 1).is_allowed());
+    clock.advance(Duration::from_secs(7_200));
+    store.sweep(clock.now());
+    assert_eq!(store.len(), 1, "the state is not fresh for the algorithm");
+    assert!(!store.check_now(b"a", &limit, 1).is_allowed());
+}
