@@ -268,6 +268,14 @@ if lines:
     w("```")
 else:
     w("_No output recorded._")
+try:
+    if os.path.getmtime(os.path.join(out, "redis_store.txt")) < STAMP:
+        w("")
+        w("_This output predates this run of `bench.sh` (the benchmark was skipped): it comes "
+          "from an earlier run on this machine, and so does the ceiling the system-level "
+          "figures below are compared with._")
+except OSError:
+    pass
 ceiling = None
 m = re.search(r"== token_bucket.*?\|\s*redis-benchmark[^|]*\|\s*([\d.]+)", redis_txt, re.S)
 if m:
@@ -303,20 +311,33 @@ if r:
     w(f"| errors | {r['errors']} |")
     w(f"| users seen / most admitted for one user / bound | {num(ex['users_seen'])} / "
       f"{ex['max_admitted']} / {ex['bound']} |")
-    w(f"| **users admitted above their limit** | **{ex['users_above_bound']}** |")
+    tested = ex.get("users_tested")
+    w(f"| denied | {num(r['denied'])} |")
+    if tested is not None:
+        w(f"| users who sent more than the bound (the only ones that test exactness) | "
+          f"{num(tested)} |")
+    untested = " (not tested: no user sent more than the bound)" if tested == 0 else ""
+    w(f"| **users admitted above their limit** | **{ex['users_above_bound']}**{untested} |")
     if r.get("redis_calls_per_request") is not None:
         w(f"| Redis EVALSHA calls per decision | {r['redis_calls_per_request']:.3f} |")
     sat = report("saturation")
+    # A rate that kept up with what was offered is a lower bound, not a ceiling.
+    sat_bound = bool(sat) and sat["achieved_rate"] >= 0.95 * sat["target_rate"]
+    at_least = "≥ " if sat_bound else ""
     if sat:
-        w(f"| most decisions/s through the Redis path (offered 100,000/s, below) | "
-          f"{num(sat['achieved_rate'])} |")
+        w(f"| most decisions/s through the Redis path (offered {num(sat['target_rate'])}/s, "
+          f"below) | {at_least}{num(sat['achieved_rate'])}"
+          f"{' (all that was offered: a lower bound)' if sat_bound else ''} |")
     if ceiling:
         w(f"| `redis-benchmark -P 16` EVALSHA ceiling, same script, same server | "
           f"{num(ceiling)}/s |")
     if ceiling and sat:
-        w(f"| Redis path / Redis's own ceiling | {sat['achieved_rate'] / ceiling:.2f} |")
-    verdict = "met" if lat["p99"] < 2000 and r["achieved_rate"] >= 0.95 * r["target_rate"] \
-        else "NOT met"
+        w(f"| Redis path / Redis's own ceiling | {at_least}{sat['achieved_rate'] / ceiling:.2f} |")
+    verdict = "met" if (lat["p99"] < 2000 and r["achieved_rate"] >= 0.95 * r["target_rate"]
+                        and ex["users_above_bound"] == 0 and r["errors"] == 0
+                        and r["completed"] == r["scheduled"]) else "NOT met"
+    if verdict == "met" and tested == 0:
+        verdict = "met for rate and latency; exactness not tested by this workload"
     w("")
     w(f"Target (50,000/s with p99 under 2 ms, nobody above the limit): **{verdict}** in this run. "
       "Latency is counted from each request's scheduled time (open loop), so time spent queued "
@@ -331,14 +352,17 @@ if r:
           f"{load_of('seed-hz100')}): {num(hz['achieved_rate'])}/s achieved, latency p50 / p90 / "
           f"p99 / p99.9 / max {ms(hl['p50'])} / {ms(hl['p90'])} / **{ms(hl['p99'])}** / "
           f"{ms(hl['p99.9'])} / {ms(hl['max'])} ms, "
-          f"{hz['exactness']['users_above_bound']} users above their limit. Every key here "
-          "expires within a second of its last check, so Redis's active expiry deletes tens of "
-          "thousands of keys a second; a higher `hz` does that in smaller slices (see "
-          "docs/operations.md).")
+          f"{hz['exactness']['users_above_bound']} users above their limit; p99 "
+          f"{ms(hl['p99'])} ms against {ms(lat['p99'])} ms at the default `hz` in this run. "
+          "Every key here expires within a second of its last check, so Redis's active expiry "
+          "deletes tens of thousands of keys a second; a higher `hz` does that in smaller slices "
+          "(see docs/operations.md), which on this shared machine has helped in some runs and "
+          "not in others.")
     if sat:
         w("")
-        w(f"Saturation run: `{cmd('saturation')}` ({load_of('saturation')}); at saturation the "
-          "latencies only measure the queue, so only its rate is shown. The ceiling comes from "
+        w(f"Run at twice the seed rate: `{cmd('saturation')}` ({load_of('saturation')}); "
+          "only its rate is shown (where it falls short of the offered rate, the latencies only "
+          "measure the queue; where it keeps up, the rate is a lower bound). The ceiling comes from "
           "the redis_store benchmark above (`redis-benchmark` pipelining 16 commands, with no "
           "client work per decision), run on the same machine.")
     for name, what in [("seed-sweep", "Stepping the rate up"),
@@ -366,8 +390,9 @@ w("Same fleet (20 gateways, one Redis, 100,000 users, 100/minute, 50,000 decisio
   "drawn from Zipf(1.0) with 100 abusive users sending 100 times a normal user's rate.")
 w("")
 w("| mode | achieved/s | p50 ms | p99 ms | p99.9 ms | denied | Redis calls per decision "
-  "| users above exact bound | above bound + tolerance | load average before / after |")
-w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+  "| users who sent more than the bound | users above exact bound | above bound + tolerance "
+  "| load average before / after |")
+w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 cmds = []
 for mode in modes:
     r = report("mode-" + mode)
@@ -381,7 +406,8 @@ for mode in modes:
     loads = " / ".join(l.split(",")[0] for l in loads)
     per = f"{per:.3f}" if per is not None else "n/a"
     w(f"| {mode} | {num(r['achieved_rate'])} | {ms(lat['p50'])} | {ms(lat['p99'])} | "
-      f"{ms(lat['p99.9'])} | {num(r['denied'])} | {per} | {ex['users_above_bound']} | "
+      f"{ms(lat['p99.9'])} | {num(r['denied'])} | {per} | "
+      f"{num(ex['users_tested']) if 'users_tested' in ex else '—'} | {ex['users_above_bound']} | "
       f"{above_tol} | {loads} |")
     cmds.append(cmd("mode-" + mode))
 w("")
@@ -390,6 +416,12 @@ w("")
 w("```sh")
 w("\n".join(cmds))
 w("```")
+w("")
+w("Only users who sent more than the bound can be over-admitted, so they are the ones these "
+  "columns test (the abusive users and the hottest of the Zipf users). The check compares each "
+  "user's admissions over the whole run with the bound for the run's length: it catches steady "
+  "over-admission, not a burst inside a shorter window that the rest of the run makes up for; "
+  "the conformance and property tests check decisions one by one.")
 w("")
 w("Leasing's tolerance is its documented bound (exact bound plus one lease of at most 64 units); "
   "the denial cache and coalescing change no decision, so their tolerance is 0.")
@@ -427,9 +459,10 @@ for store, label in [("none", "bare axum"), ("memory", "layer, memory store"),
     w(f"| {label} | {num(rate) if rate else 'none'} | {ratio} | {num(top)} | {top_ratio} | "
       f"{steps} | {loads} |")
 w("")
-w("The sustained rate moves in the sweep's steps; the most achieved (at the step that "
-  "saturated, where latency no longer counts) is the throughput ceiling of each server on "
-  "this machine.")
+w("The sustained rate moves in the sweep's steps, and each step is one sample of a noisy "
+  "machine. The most achieved is a throughput ceiling only where a step fell clearly short of "
+  "its offered rate; where every step kept up (achieved within 5% of offered) and the sweep "
+  "stopped on latency, it is only a lower bound.")
 w("")
 w("Commands:")
 w("")

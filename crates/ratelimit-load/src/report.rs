@@ -88,6 +88,10 @@ pub struct Report {
     pub max_admitted: u64,
     /// The most a user may be admitted over `elapsed` by the limit.
     pub admission_bound: u64,
+    /// Users who sent more than `admission_bound`: the only users a limiter could over-admit,
+    /// so the only ones the exactness check tests. With none, `users_above_bound` is 0 whatever
+    /// the limiter does.
+    pub users_tested: u64,
     /// Users admitted more than `admission_bound`: 0 when admission is exact.
     pub users_above_bound: u64,
     /// How far above the exact bound the mode may admit by its documented guarantee (leasing:
@@ -161,6 +165,7 @@ impl Report {
                 "users_seen": self.users_seen,
                 "max_admitted": self.max_admitted,
                 "bound": self.admission_bound,
+                "users_tested": self.users_tested,
                 "users_above_bound": self.users_above_bound,
                 "tolerance": self.tolerance,
                 "users_above_tolerance": self.users_above_tolerance,
@@ -242,6 +247,16 @@ impl Report {
             o,
             "exactness  {} users seen; most admitted for one user {} (bound {}); users above bound: {}",
             self.users_seen, self.max_admitted, self.admission_bound, self.users_above_bound
+        );
+        let _ = writeln!(
+            o,
+            "           users who sent more than the bound (the only ones that test it): {}{}",
+            self.users_tested,
+            if self.users_tested == 0 {
+                " (this run does not test exactness)"
+            } else {
+                ""
+            }
         );
         if self.tolerance > 0 {
             let _ = writeln!(

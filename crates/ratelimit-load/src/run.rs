@@ -672,6 +672,7 @@ fn build_report(
     let mut users_seen = 0;
     let mut max_admitted = 0;
     let mut users_above = 0;
+    let mut users_tested = 0;
     let mut users_above_tolerance = 0;
     let mut abusive_sent = 0;
     let mut abusive_admitted = 0;
@@ -682,6 +683,9 @@ fn build_report(
             users_seen += 1;
         }
         max_admitted = max_admitted.max(admitted);
+        if sent > bound {
+            users_tested += 1;
+        }
         if admitted > bound {
             users_above += 1;
         }
@@ -745,6 +749,7 @@ fn build_report(
         users_seen,
         max_admitted,
         admission_bound: bound,
+        users_tested,
         users_above_bound: users_above,
         tolerance,
         users_above_tolerance,

@@ -30,6 +30,8 @@ fn check_common(r: &Report) {
     assert_eq!(r.admitted + r.denied + r.errors, r.completed);
     assert_eq!(r.errors, 0, "{}", r.text());
     assert_eq!(r.users_above_bound, 0, "{}", r.text());
+    // The two abusive users send more than the bound: the check above tested something.
+    assert!(r.users_tested >= 2, "{}", r.text());
     // Over about one second: the burst of 100 plus at most one refilled token.
     assert!(
         (100..=101).contains(&r.admission_bound),
@@ -157,6 +159,7 @@ async fn the_check_catches_unshared_state() {
     let r = ratelimit_load::run(&c).await.unwrap();
     assert_eq!(r.completed, r.scheduled);
     assert_eq!(r.users_above_bound, 2, "{}", r.text());
+    assert!(r.users_tested >= r.users_above_bound, "{}", r.text());
     // Each abusive user sends about 170 requests: all of them pass, 100 on no gateway.
     assert!(r.max_admitted > r.admission_bound + 50, "{}", r.text());
     assert_eq!(r.denied, 0);
