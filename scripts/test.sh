@@ -23,7 +23,7 @@ if [ "${#missing[@]}" -gt 0 ]; then
       echo "test.sh: run as root, or install sudo, to install: ${missing[*]}" >&2
       exit 1
     }
-    SUDO="sudo"
+    SUDO="sudo -n"
   fi
   $SUDO apt-get update -qq || echo "test.sh: apt-get update failed; trying the cached package index" >&2
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null

@@ -219,15 +219,18 @@ impl Breaker {
     /// Opens the circuit if it is still in state `from` (a thread that saw it closed long ago
     /// must not re-open a circuit whose probe is out).
     fn open(&self, from: u8) {
-        self.opened_at
-            .store(self.clock.now().as_micros(), Ordering::Release);
         if self
             .state
             .compare_exchange(from, OPEN, Ordering::AcqRel, Ordering::Acquire)
             .is_err()
         {
+            // Someone else moved it: a late failure must not restart the cool-down either.
             return;
         }
+        // Stamped after winning the state: between the two, a request may find the circuit open
+        // with an older stamp and probe at once (one early probe, whose answer decides as usual).
+        self.opened_at
+            .store(self.clock.now().as_micros(), Ordering::Release);
         self.failures.store(0, Ordering::Release);
         self.gauge.set(f64::from(OPEN));
         tracing::warn!(
@@ -329,6 +332,22 @@ mod tests {
         assert_eq!(b.state(), CircuitState::HalfOpen);
         b.success(true);
         assert_eq!(b.state(), CircuitState::Closed);
+    }
+
+    /// Nor does it restart the cool-down: once cooled, a circuit whose probe was answered without
+    /// asking the store lets the next request probe at once.
+    #[test]
+    fn a_late_failure_does_not_restart_the_cool_down() {
+        let clock = ManualClock::new();
+        let b = breaker(&clock);
+        b.failure(false);
+        b.failure(false);
+        clock.advance(Duration::from_secs(5));
+        assert_eq!(b.admit(), Admit::Probe);
+        b.open(CLOSED);
+        b.probe_not_asked();
+        assert_eq!(b.state(), CircuitState::Open);
+        assert_eq!(b.admit(), Admit::Probe, "still cooled down");
     }
 
     #[test]

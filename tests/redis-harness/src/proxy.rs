@@ -11,6 +11,7 @@
 //! proxy.drop_connections(); // cut every open connection
 //! proxy.set_refuse(true); // new connections are closed at once
 //! proxy.set_upstream(server.port()); // new connections go to this port
+//! proxy.set_hold_replies(true); // the server's replies wait in the proxy until set back
 //! ```
 //!
 //! Each direction of each connection is a delay line: a reader thread stamps every chunk it reads
@@ -40,6 +41,7 @@ pub struct Proxy {
 #[derive(Debug, Default)]
 struct Shared {
     upstream: AtomicU16,
+    hold_replies: AtomicBool,
     latency_micros: AtomicU64,
     refuse: AtomicBool,
     stopped: AtomicBool,
@@ -81,6 +83,13 @@ impl Proxy {
     pub fn set_latency(&self, latency: Duration) {
         let micros = u64::try_from(latency.as_micros()).unwrap_or(u64::MAX);
         self.shared.latency_micros.store(micros, Ordering::Relaxed);
+    }
+
+    /// While `true`, what the server sends is held in the proxy, undelivered (requests still
+    /// reach the server): a reply is lost for sure if the connection is cut before this is set
+    /// back to `false`.
+    pub fn set_hold_replies(&self, hold: bool) {
+        self.shared.hold_replies.store(hold, Ordering::Relaxed);
     }
 
     /// Sends new connections to `127.0.0.1:<upstream>` from now on; open connections keep their
@@ -156,13 +165,14 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
             continue;
         };
         lock(&shared.streams).extend([c_keep, s_keep]);
-        pipe(c_read, server, Arc::clone(shared));
-        pipe(s_read, client, Arc::clone(shared));
+        pipe(c_read, server, Arc::clone(shared), false);
+        pipe(s_read, client, Arc::clone(shared), true);
     }
 }
 
-/// Forwards `from` to `to` through a delay line: one thread reads, another delivers.
-fn pipe(mut from: TcpStream, mut to: TcpStream, shared: Arc<Shared>) {
+/// Forwards `from` to `to` through a delay line: one thread reads, another delivers. `replies`:
+/// this direction carries the server's replies (held while `hold_replies` is set).
+fn pipe(mut from: TcpStream, mut to: TcpStream, shared: Arc<Shared>, replies: bool) {
     let (tx, rx) = mpsc::channel::<(Instant, Vec<u8>)>();
     let reader = Arc::clone(&shared);
     let spawned = thread::Builder::new()
@@ -196,6 +206,12 @@ fn pipe(mut from: TcpStream, mut to: TcpStream, shared: Arc<Shared>) {
                 let now = Instant::now();
                 if due > now {
                     thread::sleep(due - now);
+                }
+                while replies
+                    && shared.hold_replies.load(Ordering::Relaxed)
+                    && !shared.stopped.load(Ordering::Relaxed)
+                {
+                    thread::sleep(Duration::from_millis(1));
                 }
                 if to.write_all(&chunk).is_err() {
                     break;
