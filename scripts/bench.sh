@@ -319,6 +319,9 @@ if r:
           f"{num(tested)} |")
     untested = " (not tested: no user sent more than the bound)" if tested == 0 else ""
     w(f"| **users admitted above their limit** | **{ex['users_above_bound']}**{untested} |")
+    if "users_above_in_some_interval" in ex:
+        w(f"| users admitted above the bound of some interval within the run | "
+          f"{ex['users_above_in_some_interval']}{untested} |")
     if r.get("redis_calls_per_request") is not None:
         w(f"| Redis EVALSHA calls per decision | {r['redis_calls_per_request']:.3f} |")
     sat = report("saturation")
@@ -335,7 +338,8 @@ if r:
     if ceiling and sat:
         w(f"| Redis path / Redis's own ceiling | {at_least}{sat['achieved_rate'] / ceiling:.2f} |")
     verdict = "met" if (lat["p99"] < 2000 and r["achieved_rate"] >= 0.95 * r["target_rate"]
-                        and ex["users_above_bound"] == 0 and r["errors"] == 0
+                        and ex["users_above_bound"] == 0
+                        and ex.get("users_above_in_some_interval", 0) == 0 and r["errors"] == 0
                         and r["completed"] == r["scheduled"]) else "NOT met"
     if verdict == "met" and tested == 0:
         verdict = "met for rate and latency; exactness not tested by this workload"
@@ -392,8 +396,8 @@ w("Same fleet (20 gateways, one Redis, 100,000 users, 100/minute, 50,000 decisio
 w("")
 w("| mode | achieved/s | p50 ms | p99 ms | p99.9 ms | denied | Redis calls per decision "
   "| users who sent more than the bound | users above exact bound | above bound + tolerance "
-  "| load average before / after |")
-w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
+  "| above (bound + tolerance) in some interval | load average before / after |")
+w("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|")
 cmds = []
 for mode in modes:
     r = report("mode-" + mode)
@@ -409,7 +413,7 @@ for mode in modes:
     w(f"| {mode} | {num(r['achieved_rate'])} | {ms(lat['p50'])} | {ms(lat['p99'])} | "
       f"{ms(lat['p99.9'])} | {num(r['denied'])} | {per} | "
       f"{num(ex['users_tested']) if 'users_tested' in ex else '—'} | {ex['users_above_bound']} | "
-      f"{above_tol} | {loads} |")
+      f"{above_tol} | {ex.get('users_above_in_some_interval', '—')} | {loads} |")
     cmds.append(cmd("mode-" + mode))
 w("")
 w("Commands:")
@@ -419,10 +423,11 @@ w("\n".join(cmds))
 w("```")
 w("")
 w("Only users who sent more than the bound can be over-admitted, so they are the ones these "
-  "columns test (the abusive users and the hottest of the Zipf users). The check compares each "
-  "user's admissions over the whole run with the bound for the run's length: it catches steady "
-  "over-admission, not a burst inside a shorter window that the rest of the run makes up for; "
-  "the conformance and property tests check decisions one by one.")
+  "columns test (the abusive users and the hottest of the Zipf users). Two checks per user: "
+  "the admissions of the whole run against the bound for the run's length, and the admissions "
+  "within every interval from one admission's request to another's answer against the bound "
+  "for that interval's length (conservative: an admission counts only if both its request and "
+  "its answer fall inside), which also catches a burst that the rest of the run makes up for.")
 w("")
 w("Leasing's tolerance is its documented bound (exact bound plus one lease of at most 64 units); "
   "the denial cache and coalescing change no decision, so their tolerance is 0.")

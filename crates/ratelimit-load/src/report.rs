@@ -94,6 +94,10 @@ pub struct Report {
     pub users_tested: u64,
     /// Users admitted more than `admission_bound`: 0 when admission is exact.
     pub users_above_bound: u64,
+    /// Users admitted more than the bound (plus `tolerance`) of some interval within the run
+    /// (from one admission's request to another's answer): 0 when the mode keeps its guarantee
+    /// in every interval, not only over the whole run.
+    pub users_above_in_some_interval: u64,
     /// How far above the exact bound the mode may admit by its documented guarantee (leasing:
     /// one lease, `ratelimit_core::DEFAULT_MAX_LEASE` units); 0 for exact modes.
     pub tolerance: u64,
@@ -167,6 +171,7 @@ impl Report {
                 "bound": self.admission_bound,
                 "users_tested": self.users_tested,
                 "users_above_bound": self.users_above_bound,
+                "users_above_in_some_interval": self.users_above_in_some_interval,
                 "tolerance": self.tolerance,
                 "users_above_tolerance": self.users_above_tolerance,
                 "abusive_sent": self.abusive_sent,
@@ -247,6 +252,11 @@ impl Report {
             o,
             "exactness  {} users seen; most admitted for one user {} (bound {}); users above bound: {}",
             self.users_seen, self.max_admitted, self.admission_bound, self.users_above_bound
+        );
+        let _ = writeln!(
+            o,
+            "           users above the bound (+ tolerance) of some interval within the run: {}",
+            self.users_above_in_some_interval
         );
         let _ = writeln!(
             o,

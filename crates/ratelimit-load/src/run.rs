@@ -1,5 +1,6 @@
 //! One run: gateways, the open-loop scheduler, the workers, and the report.
 
+use std::collections::HashMap;
 use std::io::IsTerminal;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -112,6 +113,9 @@ struct Recorder {
     late_starts: u64,
     max_start_lateness: Duration,
     last_end: Option<Instant>,
+    /// Every admission: user, when its request was sent and when its answer came (µs from the
+    /// start), for the check over every interval.
+    admissions: Vec<(u32, u64, u64)>,
 }
 
 impl Shared {
@@ -143,6 +147,7 @@ impl Shared {
                 late_starts: 0,
                 max_start_lateness: Duration::ZERO,
                 last_end: None,
+                admissions: Vec::new(),
             }),
         }
     }
@@ -195,8 +200,12 @@ impl Shared {
             if let Some(h) = r.seconds.get_mut(second) {
                 h.saturating_record(us);
             }
+            let since = |t: Instant| t.saturating_duration_since(self.start).as_micros() as u64;
             match outcome {
-                Outcome::Admitted => r.admitted += 1,
+                Outcome::Admitted => {
+                    r.admitted += 1;
+                    r.admissions.push((user as u32, since(started), since(end)));
+                }
                 Outcome::Denied => r.denied += 1,
                 Outcome::Error => r.errors += 1,
             }
@@ -697,6 +706,8 @@ fn build_report(
             abusive_admitted += admitted;
         }
     }
+    let users_above_in_some_interval =
+        users_above_in_some_interval(config, &rec.admissions, tolerance);
     let q = |h: &Histogram<u64>, q: f64| {
         if h.is_empty() {
             0
@@ -751,6 +762,7 @@ fn build_report(
         admission_bound: bound,
         users_tested,
         users_above_bound: users_above,
+        users_above_in_some_interval,
         tolerance,
         users_above_tolerance,
         abusive_sent,
@@ -758,5 +770,82 @@ fn build_report(
         redis_calls,
         local_answers: cache.map(|c| c.0),
         store_calls: cache.map(|c| c.1),
+    }
+}
+
+/// Users admitted more than the limit allows within some interval of the run, not only over the
+/// whole of it. An admission was decided at some instant between its request being sent and its
+/// answer; so the admissions whose request was sent at or after `a`'s and answered by `b`'s
+/// answer were all decided within `[sent_a, answered_b]`, and their number must not exceed the
+/// bound for that interval's length. Conservative (the interval is at least as long as the one
+/// the decisions really fell in): it never reports a user the limiter treated exactly. `tolerance`
+/// is what the mode may add to the bound in any interval by its documented guarantee (leasing:
+/// one lease).
+fn users_above_in_some_interval(
+    config: &Config,
+    admissions: &[(u32, u64, u64)],
+    tolerance: u64,
+) -> u64 {
+    let bound = |span: Duration| config.admission_bound(span).saturating_add(tolerance);
+    // Users admitted at most the bound of an empty interval cannot exceed any interval's bound.
+    let floor = bound(Duration::ZERO);
+    let mut by_user: HashMap<u32, Vec<(u64, u64)>> = HashMap::new();
+    for &(user, sent, answered) in admissions {
+        by_user.entry(user).or_default().push((sent, answered));
+    }
+    let mut above = 0;
+    for (_, mut list) in by_user {
+        if list.len() as u64 <= floor {
+            continue;
+        }
+        list.sort_unstable();
+        let mut ends = Vec::with_capacity(list.len());
+        let over = (0..list.len()).any(|a| {
+            let sent_a = list[a].0;
+            ends.clear();
+            ends.extend(list[a..].iter().map(|&(_, answered)| answered));
+            ends.sort_unstable();
+            ends.iter().enumerate().any(|(k, &answered)| {
+                let span = Duration::from_micros(answered.saturating_sub(sent_a));
+                k as u64 + 1 > bound(span)
+            })
+        });
+        if over {
+            above += 1;
+        }
+    }
+    above
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn config() -> Config {
+        Config {
+            limit: 100,
+            period: Duration::from_secs(60),
+            ..Config::default()
+        }
+    }
+
+    /// 150 admissions in the first second and none after: within the whole minute's bound
+    /// (200), but 49 more than a bucket of 100 can give in one second.
+    #[test]
+    fn a_burst_the_whole_run_hides_is_found() {
+        let burst: Vec<_> = (0..150).map(|i| (7, i * 6_000, i * 6_000 + 500)).collect();
+        assert!(150 <= config().admission_bound(Duration::from_secs(60)));
+        assert_eq!(users_above_in_some_interval(&config(), &burst, 0), 1);
+        // Within the documented tolerance of 64 it passes.
+        assert_eq!(users_above_in_some_interval(&config(), &burst, 64), 0);
+    }
+
+    /// Admissions at the bucket's pace (a burst of 100, then one every 0.6 s) never exceed it,
+    /// whichever interval is taken, even with answers that overlap the next request.
+    #[test]
+    fn exact_admissions_are_not_reported() {
+        let mut exact: Vec<_> = (0..100).map(|i| (1, i * 10, i * 10 + 5_000)).collect();
+        exact.extend((1..=50).map(|i| (1, 1_000 + i * 600_000, 1_000 + i * 600_000 + 5_000)));
+        assert_eq!(users_above_in_some_interval(&config(), &exact, 0), 0);
     }
 }

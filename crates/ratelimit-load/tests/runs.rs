@@ -32,6 +32,7 @@ fn check_common(r: &Report) {
     assert_eq!(r.users_above_bound, 0, "{}", r.text());
     // The two abusive users send more than the bound: the check above tested something.
     assert!(r.users_tested >= 2, "{}", r.text());
+    assert_eq!(r.users_above_in_some_interval, 0, "{}", r.text());
     // Over about one second: the burst of 100 plus at most one refilled token.
     assert!(
         (100..=101).contains(&r.admission_bound),
@@ -143,6 +144,7 @@ async fn leasing_on_redis_stays_within_its_tolerance() {
     assert_eq!(r.errors, 0, "{}", r.text());
     assert!(r.tolerance > 0);
     assert_eq!(r.users_above_tolerance, 0, "{}", r.text());
+    assert_eq!(r.users_above_in_some_interval, 0, "{}", r.text());
     let (local, calls) = (r.local_answers.unwrap(), r.store_calls.unwrap());
     // A denied lease is followed by a check of the request's own cost: two calls, one request.
     assert!(local + calls >= r.completed && local > 0, "{}", r.text());
@@ -160,6 +162,7 @@ async fn the_check_catches_unshared_state() {
     assert_eq!(r.completed, r.scheduled);
     assert_eq!(r.users_above_bound, 2, "{}", r.text());
     assert!(r.users_tested >= r.users_above_bound, "{}", r.text());
+    assert_eq!(r.users_above_in_some_interval, 2, "{}", r.text());
     // Each abusive user sends about 170 requests: all of them pass, 100 on no gateway.
     assert!(r.max_admitted > r.admission_bound + 50, "{}", r.text());
     assert_eq!(r.denied, 0);
