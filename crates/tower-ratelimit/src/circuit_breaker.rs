@@ -319,16 +319,22 @@ mod tests {
     /// A request's failure checks that the circuit is closed, then opens it; between the two,
     /// other requests can open it, the cool-down pass and a probe go out. The late half of that
     /// failure must not re-open the circuit under the probe (the probe's success would be lost).
-    #[test]
-    fn a_failure_that_saw_the_circuit_closed_does_not_reopen_it_under_a_probe() {
-        let clock = ManualClock::new();
-        let b = breaker(&clock);
+    /// A circuit opened, cooled down and probing, then the delayed second half of
+    /// `failure(false)` from a request that saw it `CLOSED`.
+    fn probing_then_a_late_failure(clock: &ManualClock) -> Breaker {
+        let b = breaker(clock);
         b.failure(false);
         b.failure(false);
         clock.advance(Duration::from_secs(5));
         assert_eq!(b.admit(), Admit::Probe);
-        // The delayed second half of `failure(false)` from a request that saw `CLOSED`.
         b.open(CLOSED);
+        b
+    }
+
+    #[test]
+    fn a_failure_that_saw_the_circuit_closed_does_not_reopen_it_under_a_probe() {
+        let clock = ManualClock::new();
+        let b = probing_then_a_late_failure(&clock);
         assert_eq!(b.state(), CircuitState::HalfOpen);
         b.success(true);
         assert_eq!(b.state(), CircuitState::Closed);
@@ -339,12 +345,7 @@ mod tests {
     #[test]
     fn a_late_failure_does_not_restart_the_cool_down() {
         let clock = ManualClock::new();
-        let b = breaker(&clock);
-        b.failure(false);
-        b.failure(false);
-        clock.advance(Duration::from_secs(5));
-        assert_eq!(b.admit(), Admit::Probe);
-        b.open(CLOSED);
+        let b = probing_then_a_late_failure(&clock);
         b.probe_not_asked();
         assert_eq!(b.state(), CircuitState::Open);
         assert_eq!(b.admit(), Admit::Probe, "still cooled down");
