@@ -208,9 +208,7 @@ impl<C> MemoryStore<C> {
         }
         let (decision, next) = compact::check(limit, None, now, cost);
         if decision.is_allowed() && cost > 0 {
-            // Sweeps compare with the algorithms' time, which stops at `MAX_TIME`: a state
-            // written there is never fresh for them, and must not be for a sweep either.
-            let evicted = table.insert(id, next, now.as_micros().min(MAX_TIME), self.per_shard_cap);
+            let evicted = table.insert(id, next, now.as_micros(), self.per_shard_cap);
             if evicted > 0 {
                 self.evictions.fetch_add(evicted, Ordering::Relaxed);
             }
@@ -250,7 +248,7 @@ impl<C> MemoryStore<C> {
     pub fn sweep(&self, now: Timestamp) {
         for shard in self.shards.iter() {
             let mut t = shard.lock();
-            t.retain(|b| !b.is_fresh(now.as_micros().min(MAX_TIME)), 0);
+            t.retain(|b| !b.is_fresh(now.as_micros()), 0);
             let cap = self.per_shard_cap.max(1);
             t.sweep_at = (t.len * 2).clamp(MIN_SWEEP.min(cap), cap);
         }
@@ -311,9 +309,10 @@ impl Bucket {
         self.id == KeyId(0, 0)
     }
 
-    /// Fresh at `now`: `a` is the first microsecond at which the state is fresh.
+    /// Fresh at `now`: `a` is the first microsecond at which the state is fresh. Time stops at
+    /// `MAX_TIME` for the algorithms, so a state fresh only after it never is.
     fn is_fresh(&self, now: u64) -> bool {
-        (self.a & !BIG) <= now
+        (self.a & !BIG) <= now.min(MAX_TIME)
     }
 }
 
