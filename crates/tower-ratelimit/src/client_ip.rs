@@ -186,6 +186,16 @@ pub enum ClientIpError {
         /// The entry as it was given.
         input: String,
     },
+    /// A trusted-proxy entry of prefix length 0 (`0.0.0.0/0`, `::/0`): every address would be a
+    /// proxy, and any client could choose its own address with a forwarding header.
+    #[error(
+        "{input:?} trusts every address as a proxy: any client could then choose its own \
+         address with a forwarding header; list the proxies' own addresses"
+    )]
+    TrustsEveryAddress {
+        /// The entry as it was given.
+        input: String,
+    },
     /// An IPv4 prefix length above 32.
     #[error("IPv4 prefix length {0} is out of range (0 to 32)")]
     Ipv4PrefixOutOfRange(u8),
@@ -241,7 +251,7 @@ impl ClientIp {
     /// # Errors
     ///
     /// [`ClientIpError::InvalidProxy`] naming the first entry that does not
-    /// parse.
+    /// parse; [`ClientIpError::TrustsEveryAddress`] for `0.0.0.0/0` or `::/0`.
     pub fn behind_proxies(
         trusted: impl IntoIterator<Item = impl AsRef<str>>,
     ) -> Result<Self, ClientIpError> {
@@ -416,9 +426,15 @@ fn parse_trusted(input: &str) -> Result<IpNet, ClientIpError> {
     } else {
         s.parse::<IpAddr>().ok().map(IpNet::from)
     };
-    net.ok_or_else(|| ClientIpError::InvalidProxy {
-        input: input.to_owned(),
-    })
+    match net {
+        None => Err(ClientIpError::InvalidProxy {
+            input: input.to_owned(),
+        }),
+        Some(net) if net.prefix_len() == 0 => Err(ClientIpError::TrustsEveryAddress {
+            input: input.to_owned(),
+        }),
+        Some(net) => Ok(net),
+    }
 }
 
 /// The compact, unambiguous store-key encoding of an address; see
@@ -1277,6 +1293,15 @@ mod tests {
             );
             assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
         }
+        for every in ["0.0.0.0/0", " ::/0", "10.0.0.0/0"] {
+            let err = ClientIp::behind_proxies(["127.0.0.1", every]).unwrap_err();
+            assert_eq!(
+                err,
+                ClientIpError::TrustsEveryAddress {
+                    input: every.to_owned()
+                }
+            );
+        }
         let c = ClientIp::behind_proxies([" 10.1.2.3/8 ", "::1", "192.0.2.1"]).unwrap();
         assert!(c.is_trusted(ip("10.200.0.1")));
         assert!(c.is_trusted(ip("::1")));
@@ -1486,7 +1511,9 @@ mod tests {
             lines in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..64), 0..4),
             max_hops in 0usize..40,
         ) {
-            let c = ClientIp::behind_proxies(["0.0.0.0/0", "::/0"]).unwrap().max_hops(max_hops);
+            // Every address trusted (two halves each: a /0 entry is refused).
+            let every = ["0.0.0.0/1", "128.0.0.0/1", "::/1", "8000::/1"];
+            let c = ClientIp::behind_proxies(every).unwrap().max_hops(max_hops);
             let mut h = HeaderMap::new();
             for line in &lines {
                 let _ = ForwardedElements::new(line).count();
