@@ -90,9 +90,8 @@ struct Shared {
     abort: AtomicBool,
     completed: AtomicU64,
     sampler: Sampler,
-    /// Per user: requests sent, requests admitted.
+    /// Per user: requests sent (what each was admitted is in the recorder's `admissions`).
     sent: Vec<AtomicU32>,
-    admitted: Vec<AtomicU32>,
     rec: Mutex<Recorder>,
 }
 
@@ -107,7 +106,6 @@ pub(crate) enum Outcome {
 struct Recorder {
     latency: Histogram<u64>,
     seconds: Vec<Histogram<u64>>,
-    admitted: u64,
     denied: u64,
     errors: u64,
     late_starts: u64,
@@ -137,11 +135,9 @@ impl Shared {
             completed: AtomicU64::new(0),
             sampler: Sampler::new(config),
             sent: (0..config.users).map(|_| AtomicU32::new(0)).collect(),
-            admitted: (0..config.users).map(|_| AtomicU32::new(0)).collect(),
             rec: Mutex::new(Recorder {
                 latency: hist(3),
                 seconds: (0..secs).map(|_| hist(2)).collect(),
-                admitted: 0,
                 denied: 0,
                 errors: 0,
                 late_starts: 0,
@@ -190,9 +186,6 @@ impl Shared {
         let lateness = started.saturating_duration_since(scheduled);
         let us = (latency.as_micros() as u64).clamp(1, MAX_LATENCY_US);
         self.sent[user as usize].fetch_add(1, Ordering::Relaxed);
-        if outcome == Outcome::Admitted {
-            self.admitted[user as usize].fetch_add(1, Ordering::Relaxed);
-        }
         let second = (i as f64 / self.rate) as usize;
         {
             let mut r = self.rec.lock();
@@ -202,10 +195,7 @@ impl Shared {
             }
             let since = |t: Instant| t.saturating_duration_since(self.start).as_micros() as u64;
             match outcome {
-                Outcome::Admitted => {
-                    r.admitted += 1;
-                    r.admissions.push((user as u32, since(started), since(end)));
-                }
+                Outcome::Admitted => r.admissions.push((user as u32, since(started), since(end))),
                 Outcome::Denied => r.denied += 1,
                 Outcome::Error => r.errors += 1,
             }
@@ -685,9 +675,12 @@ fn build_report(
     let mut users_above_tolerance = 0;
     let mut abusive_sent = 0;
     let mut abusive_admitted = 0;
-    for (u, (sent, admitted)) in shared.sent.iter().zip(&shared.admitted).enumerate() {
+    let mut admitted_by_user = vec![0u64; shared.sent.len()];
+    for &(user, _, _) in &rec.admissions {
+        admitted_by_user[user as usize] += 1;
+    }
+    for (u, (sent, &admitted)) in shared.sent.iter().zip(&admitted_by_user).enumerate() {
         let sent = u64::from(sent.load(Ordering::Relaxed));
-        let admitted = u64::from(admitted.load(Ordering::Relaxed));
         if sent > 0 {
             users_seen += 1;
         }
@@ -742,7 +735,7 @@ fn build_report(
         concurrency: config.effective_concurrency(),
         scheduled: shared.total,
         completed,
-        admitted: rec.admitted,
+        admitted: rec.admissions.len() as u64,
         denied: rec.denied,
         errors: rec.errors,
         timed_out,

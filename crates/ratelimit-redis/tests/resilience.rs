@@ -292,16 +292,7 @@ async fn a_connection_to_a_demoted_primary_is_replaced() {
             left
         );
     }
-    // Replicated: the replica has processed everything the primary wrote (`WAIT` would only
-    // count the writes of its own connection, redis-cli's, which has written nothing).
-    let offset = |server: &RedisServer, field: &str| -> u64 {
-        let info = server.cli(&["INFO", "replication"]);
-        info.lines()
-            .find_map(|l| l.strip_prefix(field)?.trim().parse().ok())
-            .unwrap_or(0)
-    };
-    let written = offset(&old, "master_repl_offset:");
-    wait_for(|| offset(&new, "slave_repl_offset:") >= written);
+    old.wait_replicated();
 
     // Failover: the replica is promoted, the old primary follows it, the address moves.
     new.cli(&["REPLICAOF", "NO", "ONE"]);

@@ -294,6 +294,38 @@ impl RedisServer {
         cli(self.port, &self.auth_args(), args)
     }
 
+    /// Waits (up to 10 s) until this master has at least one replica and every replica has
+    /// acknowledged everything the master has written so far: each `slaveN` offset in
+    /// `INFO replication` reaches `master_repl_offset`. (`WAIT` sent through redis-cli would only
+    /// count the writes of redis-cli's own connection: none.) Replicas acknowledge about once a
+    /// second. Panics on timeout.
+    pub fn wait_replicated(&self) {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            let info = self.cli(&["info", "replication"]);
+            let written: Option<u64> = info
+                .lines()
+                .find_map(|l| l.strip_prefix("master_repl_offset:")?.trim().parse().ok());
+            // `slave0:ip=...,port=...,state=online,offset=<acknowledged>,lag=...`
+            let acked: Vec<u64> = info
+                .lines()
+                .filter(|l| l.starts_with("slave"))
+                .filter_map(|l| {
+                    l.split(',')
+                        .find_map(|kv| kv.strip_prefix("offset=")?.trim().parse().ok())
+                })
+                .collect();
+            if let Some(w) = written
+                && !acked.is_empty()
+                && acked.iter().all(|&a| a >= w)
+            {
+                return;
+            }
+            assert!(Instant::now() < deadline, "replicas not in sync: {info}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
     /// Script calls (`EVAL`, `EVALSHA` and their read-only forms) this server has run since its
     /// statistics were last reset, from `INFO commandstats`.
     pub fn script_calls(&self) -> u64 {
@@ -422,13 +454,13 @@ impl RedisCluster {
             .collect();
         let mut args: Vec<&str> = vec!["--cluster", "create"];
         args.extend(addrs.iter().map(String::as_str));
-        let replicas = replicas.to_string();
-        args.extend(["--cluster-replicas", &replicas, "--cluster-yes"]);
+        let replicas_arg = replicas.to_string();
+        args.extend(["--cluster-replicas", &replicas_arg, "--cluster-yes"]);
         cli(nodes[0].port, &[], &args);
         let cluster = RedisCluster {
             nodes,
             masters,
-            replicas: replicas.parse().expect("a number"),
+            replicas,
         };
         cluster.wait_ok();
         cluster
