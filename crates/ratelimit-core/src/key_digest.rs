@@ -30,6 +30,12 @@ impl KeyDigest {
         siphash13_128(self.k0 ^ tweak0, self.k1 ^ tweak1, key)
     }
 
+    /// A 64-bit digest of `key` (SipHash-1-3-64) under the secret tweaked by `tweak`.
+    #[inline]
+    pub(crate) fn digest64(&self, key: &[u8], tweak: u64) -> u64 {
+        siphash13_64(self.k0 ^ tweak, self.k1, key)
+    }
+
     /// The same digest as one `u128`.
     #[inline]
     pub(crate) fn digest_u128(&self, key: &[u8], tweak0: u64, tweak1: u64) -> u128 {
@@ -124,6 +130,32 @@ pub(crate) fn siphash13_128(k0: u64, k1: u64, data: &[u8]) -> (u64, u64) {
     (h1, h2)
 }
 
+/// SipHash-1-3-64 of `data` under the key `(k0, k1)`.
+#[inline]
+pub(crate) fn siphash13_64(k0: u64, k1: u64, data: &[u8]) -> u64 {
+    let mut v = [
+        k0 ^ 0x736f_6d65_7073_6575,
+        k1 ^ 0x646f_7261_6e64_6f6d,
+        k0 ^ 0x6c79_6765_6e65_7261,
+        k1 ^ 0x7465_6462_7974_6573,
+    ];
+    let mut chunks = data.chunks_exact(8);
+    for chunk in &mut chunks {
+        let mut word = [0u8; 8];
+        word.copy_from_slice(chunk);
+        compress(&mut v, u64::from_le_bytes(word));
+    }
+    compress(
+        &mut v,
+        tail(chunks.remainder()) | ((data.len() as u64) << 56),
+    );
+    v[2] ^= 0xff;
+    round(&mut v);
+    round(&mut v);
+    round(&mut v);
+    v[0] ^ v[1] ^ v[2] ^ v[3]
+}
+
 /// The last 0 to 7 bytes of a key as a little-endian word, in at most three loads (a
 /// variable-length copy would call `memcpy`).
 #[inline(always)]
@@ -146,7 +178,8 @@ fn tail(rest: &[u8]) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::siphash13_128;
+    use super::{siphash13_64, siphash13_128};
+    use siphasher::sip::SipHasher13 as SipHasher13x64;
     use siphasher::sip128::{Hasher128, SipHasher13};
     use std::hash::Hasher;
 
@@ -167,6 +200,9 @@ mod tests {
                 reference.write(&data);
                 let r = reference.finish128();
                 assert_eq!(siphash13_128(k0, k1, &data), (r.h1, r.h2), "len {len}");
+                let mut reference = SipHasher13x64::new_with_keys(k0, k1);
+                reference.write(&data);
+                assert_eq!(siphash13_64(k0, k1, &data), reference.finish(), "len {len}");
             }
         }
     }

@@ -182,25 +182,25 @@ impl<C> MemoryStore<C> {
         cost: u64,
         now: impl FnOnce() -> Timestamp,
     ) -> Decision {
-        let id = self.key_id(key, limit.fingerprint());
-        let mut table = self.shards[(id.1 & self.mask) as usize].lock();
+        let (shard, id) = self.key_id(key, limit.fingerprint());
+        let mut table = self.shards[shard].lock();
         let table = &mut *table;
         let found = table.find(id);
         let now = now();
         if let Some(i) = found {
-            let bucket = table.buckets[i];
-            if bucket.a & BIG != 0 {
-                let states = &mut table.big[bucket.b as usize];
-                if states.len() != limit.quotas().len() {
-                    *states = limit.fresh_states(now);
+            let word = table.buckets[i].word;
+            if word & BIG != 0 {
+                let big = &mut table.big[(word & !BIG) as usize];
+                if big.states.len() != limit.quotas().len() {
+                    big.states = limit.fresh_states(now);
                 }
-                let decision = limit.check(states, now, cost);
+                let decision = limit.check(&mut big.states, now, cost);
                 if decision.is_allowed() && cost > 0 {
-                    table.buckets[i].a = limit.fresh_at(states).as_micros() | BIG;
+                    big.fresh_at = limit.fresh_at(&big.states).as_micros();
                 }
                 return decision;
             }
-            let (decision, next) = compact::check(limit, Some((bucket.a, bucket.b)), now, cost);
+            let (decision, next) = compact::check(limit, Some(word), now, cost);
             if decision.is_allowed() && cost > 0 {
                 table.store(i, next);
             }
@@ -248,21 +248,21 @@ impl<C> MemoryStore<C> {
     pub fn sweep(&self, now: Timestamp) {
         for shard in self.shards.iter() {
             let mut t = shard.lock();
-            t.retain(|b| !b.is_fresh(now.as_micros()), 0);
+            t.retain(|_, fresh_from| is_live(fresh_from, now.as_micros()), 0);
             let cap = self.per_shard_cap.max(1);
             t.sweep_at = (t.len * 2).clamp(MIN_SWEEP.min(cap), cap);
         }
     }
 
-    fn key_id(&self, key: &[u8], fingerprint: u64) -> KeyId {
+    /// The key's shard and its identity in the shard's table: the low bits of its digest pick
+    /// the shard, the high bits its place in the shard's table, and the whole digest is its
+    /// identity.
+    #[inline]
+    fn key_id(&self, key: &[u8], fingerprint: u64) -> (usize, u64) {
         // The limit's fingerprint is folded into the secret key: one pass over the key bytes.
-        let (h1, h2) = self.digest.digest(key, fingerprint, 0);
-        // (0, 0) marks an empty bucket.
-        if h1 == 0 && h2 == 0 {
-            KeyId(0, 1)
-        } else {
-            KeyId(h1, h2)
-        }
+        let h = self.digest.digest64(key, fingerprint);
+        // 0 marks an empty bucket.
+        ((h & self.mask) as usize, h.max(1))
     }
 }
 
@@ -289,31 +289,39 @@ impl Shard {
     }
 }
 
-/// Set in a bucket's `a` when its states live in the shard's side storage.
+/// Set in a bucket's word when its states live in the shard's side storage (the other bits are
+/// their index there).
 const BIG: u64 = 1 << 63;
 
-/// One key: its digest and its state in two words (see [`compact`]), 32 bytes in all, so that a
-/// lookup in a large table touches one cache line.
+/// One key: the 64-bit identity and the state in one word (see [`compact`]), 16 bytes in all, so
+/// that a lookup in a large table touches one cache line and a table of a million keys fits in
+/// about 21 to 32 MB.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[repr(align(32))]
+#[repr(align(16))]
 struct Bucket {
-    id: KeyId,
-    /// The time (µs) from which the state is fresh (see [`compact`]), with `BIG` set if the
-    /// states are in the side storage.
-    a: u64,
-    b: u64,
+    /// The key's identity (never 0; 0 marks an empty bucket).
+    id: u64,
+    /// The state, or `BIG` and the index of the states in the side storage.
+    word: u64,
 }
 
 impl Bucket {
     fn is_empty(&self) -> bool {
-        self.id == KeyId(0, 0)
+        self.id == 0
     }
+}
 
-    /// Fresh at `now`: `a` is the first microsecond at which the state is fresh. Time stops at
-    /// `MAX_TIME` for the algorithms, so a state fresh only after it never is.
-    fn is_fresh(&self, now: u64) -> bool {
-        (self.a & !BIG) <= now.min(MAX_TIME)
-    }
+/// A state that is fresh from `fresh_from` on is live at `now`. Time stops at `MAX_TIME` for the
+/// algorithms, so a state fresh only after it never is fresh.
+fn is_live(fresh_from: u64, now: u64) -> bool {
+    fresh_from > now.min(MAX_TIME)
+}
+
+/// States too large for a bucket's word, and when they are fresh.
+#[derive(Debug, Default)]
+struct Big {
+    fresh_at: u64,
+    states: Vec<State>,
 }
 
 /// An open-addressing table with linear probing. Keys are only ever removed in bulk (a sweep),
@@ -322,8 +330,8 @@ impl Bucket {
 struct Table {
     buckets: Vec<Bucket>,
     len: usize,
-    /// States too large for a bucket (multi-quota limits, sliding logs, huge counters).
-    big: Vec<Vec<State>>,
+    /// States too large for a bucket (multi-quota limits, sliding logs, large counts).
+    big: Vec<Big>,
     free_big: Vec<u64>,
     sweep_at: usize,
 }
@@ -342,13 +350,13 @@ impl Default for Table {
 
 impl Table {
     #[inline]
-    fn home(id: KeyId, n: usize) -> usize {
+    fn home(id: u64, n: usize) -> usize {
         // Lemire's multiply-shift: any table size, no modulo.
-        ((u128::from(id.0) * n as u128) >> 64) as usize
+        ((u128::from(id) * n as u128) >> 64) as usize
     }
 
     #[inline]
-    fn find(&self, id: KeyId) -> Option<usize> {
+    fn find(&self, id: u64) -> Option<usize> {
         let n = self.buckets.len();
         if n == 0 {
             return None;
@@ -384,26 +392,21 @@ impl Table {
     /// Writes a new compact state into bucket `i`, moving it to or from the side storage.
     fn store(&mut self, i: usize, next: compact::Next) {
         match next {
-            compact::Next::Inline(a, b) => {
-                self.buckets[i].a = a;
-                self.buckets[i].b = b;
-            }
+            compact::Next::Inline(word) => self.buckets[i].word = word,
             compact::Next::Big(states, fresh_at) => {
-                let slot = self.alloc_big(states);
-                self.buckets[i].a = fresh_at | BIG;
-                self.buckets[i].b = slot;
+                self.buckets[i].word = self.alloc_big(Big { fresh_at, states }) | BIG;
             }
         }
     }
 
-    fn alloc_big(&mut self, states: Vec<State>) -> u64 {
+    fn alloc_big(&mut self, big: Big) -> u64 {
         match self.free_big.pop() {
             Some(slot) => {
-                self.big[slot as usize] = states;
+                self.big[slot as usize] = big;
                 slot
             }
             None => {
-                self.big.push(states);
+                self.big.push(big);
                 (self.big.len() - 1) as u64
             }
         }
@@ -411,11 +414,11 @@ impl Table {
 
     /// Inserts a new key, first making room if the table reached its sweep point. Returns how many
     /// live states were evicted.
-    fn insert(&mut self, id: KeyId, next: compact::Next, now: u64, cap: usize) -> u64 {
+    fn insert(&mut self, id: u64, next: compact::Next, now: u64, cap: usize) -> u64 {
         let cap = cap.max(1);
         let mut evicted = 0;
         if self.len >= self.sweep_at.min(cap) {
-            self.retain(|b| !b.is_fresh(now), 0);
+            self.retain(|_, fresh_from| is_live(fresh_from, now), 0);
             if self.len >= cap {
                 let keep = cap - (cap / 8).max(1);
                 evicted = self.evict_nearest_fresh(self.len - keep);
@@ -426,28 +429,39 @@ impl Table {
         if (self.len + 1) * 4 > self.buckets.len() * 3 {
             let want = (self.buckets.len() * 3 / 2).max(16);
             let most = cap * 4 / 3 + 2;
-            self.retain(|_| true, want.min(most).max((self.len + 1) * 4 / 3 + 1));
+            self.retain(|_, _| true, want.min(most).max((self.len + 1) * 4 / 3 + 1));
         }
-        let (a, b) = match next {
-            compact::Next::Inline(a, b) => (a, b),
-            compact::Next::Big(states, fresh_at) => (fresh_at | BIG, self.alloc_big(states)),
+        let word = match next {
+            compact::Next::Inline(word) => word,
+            compact::Next::Big(states, fresh_at) => self.alloc_big(Big { fresh_at, states }) | BIG,
         };
-        Self::place(&mut self.buckets, Bucket { id, a, b });
+        Self::place(&mut self.buckets, Bucket { id, word });
         self.len += 1;
         evicted as u64
     }
 
-    /// Rebuilds the table with the buckets that `keep` accepts, into `size` buckets (0: a size
-    /// fitting the survivors). Side storage of dropped buckets is freed.
-    fn retain(&mut self, mut keep: impl FnMut(&Bucket) -> bool, size: usize) {
+    /// A time from which the state of `b` is certainly fresh.
+    fn fresh_from(&self, b: &Bucket) -> u64 {
+        if b.word & BIG != 0 {
+            self.big[(b.word & !BIG) as usize].fresh_at
+        } else {
+            compact::fresh_from(b.word)
+        }
+    }
+
+    /// Rebuilds the table with the buckets that `keep` accepts (given the time from which each is
+    /// fresh), into `size` buckets (0: a size fitting the survivors). Side storage of dropped
+    /// buckets is freed.
+    fn retain(&mut self, mut keep: impl FnMut(&Bucket, u64) -> bool, size: usize) {
         let old = std::mem::take(&mut self.buckets);
         let mut kept = Vec::with_capacity(self.len);
         for b in old.into_iter().filter(|b| !b.is_empty()) {
-            if keep(&b) {
+            if keep(&b, self.fresh_from(&b)) {
                 kept.push(b);
-            } else if b.a & BIG != 0 {
-                self.big[b.b as usize] = Vec::new();
-                self.free_big.push(b.b);
+            } else if b.word & BIG != 0 {
+                let slot = b.word & !BIG;
+                self.big[slot as usize] = Big::default();
+                self.free_big.push(slot);
             }
         }
         let size = if size == 0 {
@@ -463,39 +477,35 @@ impl Table {
         self.buckets = buckets;
     }
 
-    /// Drops the `n` states that would be fresh soonest. Ties are broken by the digest's second
-    /// half, which is independent of a key's position in the table, so evictions do not leave the
-    /// survivors clustered (that would lengthen probe sequences).
+    /// Drops the `n` states that would be fresh soonest. Ties are broken by the identity's low
+    /// bits, which do not decide a key's position in the table (its high bits do), so evictions
+    /// do not leave the survivors clustered (that would lengthen probe sequences).
     fn evict_nearest_fresh(&mut self, n: usize) -> usize {
         if n == 0 {
             return 0;
         }
-        let rank = |b: &Bucket| (b.a & !BIG, b.id.1, b.id.0);
-        let mut ranks: Vec<(u64, u64, u64)> = self
+        let rank = |b: &Bucket, fresh_from: u64| (fresh_from, b.id.rotate_left(32));
+        let mut ranks: Vec<(u64, u64)> = self
             .buckets
             .iter()
             .filter(|b| !b.is_empty())
-            .map(rank)
+            .map(|b| rank(b, self.fresh_from(b)))
             .collect();
         let (_, &mut threshold, _) = ranks.select_nth_unstable(n - 1);
-        self.retain(|b| rank(b) > threshold, 0);
+        self.retain(|b, fresh_from| rank(b, fresh_from) > threshold, 0);
         n
     }
 
     fn memory_bytes(&self) -> usize {
         self.buckets.capacity() * std::mem::size_of::<Bucket>()
-            + self.big.capacity() * std::mem::size_of::<Vec<State>>()
+            + self.big.capacity() * std::mem::size_of::<Big>()
             + self
                 .big
                 .iter()
-                .map(|v| v.capacity() * std::mem::size_of::<State>())
+                .map(|v| v.states.capacity() * std::mem::size_of::<State>())
                 .sum::<usize>()
     }
 }
-
-/// A key's 128-bit digest. Its first half is already uniformly random, so the table uses it as is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-struct KeyId(u64, u64);
 
 /// The largest power of two at most `n` (1 for 0), without overflow for any `n`.
 pub(crate) fn prev_power_of_two(n: usize) -> usize {

@@ -43,6 +43,31 @@ fn a_million_keys_stay_under_a_cap_of_100_000() {
     }
 }
 
+/// A million live token-bucket keys: the tables hold 16 bytes per bucket at a load between 1/2
+/// and 3/4, so at most 32 bytes per key (plus the shards' fixed parts).
+#[test]
+fn a_million_keys_take_at_most_32_bytes_each() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::builder()
+        .max_keys(2_000_000)
+        .with_clock(clock.clone())
+        .build()
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(100).unwrap()).unwrap();
+    for i in 0..1_000_000u64 {
+        assert!(store.check_now(&i.to_le_bytes(), &limit, 1).is_allowed());
+    }
+    assert_eq!(store.len(), 1_000_000);
+    assert_eq!(store.evictions(), 0);
+    let bytes = store.memory_bytes();
+    println!(
+        "tables: {bytes} bytes for 1,000,000 keys: {:.1} bytes per key",
+        bytes as f64 / 1e6
+    );
+    assert!(bytes <= 32 * 1_000_000 + 64 * 1024, "{bytes} bytes");
+    assert!(bytes >= 16 * 1_000_000, "{bytes} bytes");
+}
+
 #[test]
 fn fresh_keys_are_dropped_without_any_eviction() {
     let clock = ManualClock::new();

@@ -18,8 +18,9 @@ use ratelimit_e2e::per_minute;
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
-/// Resident bytes allowed per key the store may hold: the tables measured 32 to 64 bytes per key;
-/// twice the upper figure leaves room for the open-addressing table's spare slots.
+/// Resident bytes allowed per key the store may hold: the tables take 16 to 32 bytes per key
+/// (16-byte buckets, between 1/2 and 3/4 full); a generous bound leaves room for a table being
+/// rebuilt next to the old one and for allocator slack.
 const BYTES_PER_KEY: u64 = 128;
 /// Allocator and runtime noise allowed on top.
 const SLACK: u64 = 16 * 1024 * 1024;

@@ -1,19 +1,29 @@
-//! Two-word encodings of single-quota states, so that a key fits one 32-byte bucket.
+//! One-word encodings of single-quota states, so that a key fits a 16-byte bucket with its
+//! 64-bit identity.
 //!
-//! Word `a` is always the time (µs) from which the state is fresh, so that sweeps can tell fresh
-//! keys without knowing their quota:
+//! Every word tells, without its quota, a time from which its state is certainly fresh
+//! ([`fresh_from`]), so that sweeps can drop fresh states of any limit. Bit 63 is never set here
+//! (the store marks states in its side storage with it); bit 62 picks one of two forms.
 //!
-//! | algorithm      | `a`                                   | `b`                                  |
-//! |----------------|---------------------------------------|--------------------------------------|
-//! | token bucket   | when the bucket is full (µs, rounded up) | what rounding up added, in 1/rate µs |
-//! | GCRA           | the TAT (µs, rounded up)              | what rounding up added, in 1/rate µs |
-//! | fixed window   | the window's end                      | the count                            |
-//! | sliding window | when both counters have slid out      | `current << 32 \| previous`          |
+//! **Bucket form** (bit 62 clear; token bucket and GCRA): bits 0..53 hold `a`, the first whole
+//! microsecond at which the state is fresh, and bits 53..62 hold `b`, what rounding up to `a`
+//! added, in 1/rate µs. A token bucket's `(level, last)` and "the time it is full again" carry the
+//! same information at any instant: `level = capacity − (full_at − now) × rate`. The store keeps
+//! the latter, because it does not go stale, and hands the algorithm the former; GCRA's TAT is
+//! that time already.
 //!
-//! A token bucket's `(level, last)` and "the time it is full again" carry the same information at
-//! any instant: `level = capacity − (full_at − now) × rate`. The store keeps the latter, because
-//! it does not go stale, and hands the algorithm the former. Sliding logs, multi-quota limits and
-//! counters above 2^32 go to the shard's side storage instead.
+//! **Window form** (bit 62 set; fixed and sliding windows): a window state is fresh at a multiple
+//! of its period `p`. With `e` the largest exponent such that `2^e ≤ p` (at most 53), the word holds
+//! `e` (bits 56..62), `m = ⌈fresh_at / 2^e⌉` (bits `e + 2`..56) and the counts in the low `e + 2`
+//! bits (a sliding window's two counts in halves of them). `m × 2^e` is at or after the exact
+//! time, which is the one multiple of `p` in `((m − 1) × 2^e, m × 2^e]`. A window of a minute
+//! thus keeps counts below 2^27 (a sliding window's below 2^13 each), one of a second below 2^21
+//! (2^10 each).
+//!
+//! A state that does not fit goes to the shard's side storage, as do sliding logs and multi-quota
+//! limits: a remainder `b` of 2^9 or more (possible only for refill rates above 512 units per µs,
+//! that is limits whose ratio to the period in µs does not reduce below 512), counts beyond the
+//! above, and times at or past 2^53 µs.
 
 use crate::algorithm::{
     FixedWindowState, GcraState, MAX_TIME, SlidingWindowState, TokenBucketState, fixed_window,
@@ -24,9 +34,81 @@ use crate::{Algorithm, Decision, Limit, Quota, State, Timestamp};
 /// The state to store after an allowed check.
 #[derive(Debug)]
 pub(super) enum Next {
-    Inline(u64, u64),
+    Inline(u64),
     /// States for the side storage, and when they are fresh.
     Big(Vec<State>, u64),
+}
+
+/// Set in the window form.
+const WINDOW: u64 = 1 << 62;
+/// Bits of `a` in the bucket form.
+const A_BITS: u32 = 53;
+/// Bits of `b` in the bucket form.
+const B_BITS: u32 = 9;
+/// Where `e` starts in the window form.
+const E_SHIFT: u32 = 56;
+
+/// A time from which the state in `word` is certainly fresh: exactly so in the bucket form, at
+/// most `2^e − 1` µs later than exactly in the window form.
+#[inline]
+pub(super) fn fresh_from(word: u64) -> u64 {
+    if word & WINDOW == 0 {
+        word & mask(A_BITS)
+    } else {
+        let (e, m, _) = window_parts(word);
+        m << e
+    }
+}
+
+#[inline(always)]
+const fn mask(bits: u32) -> u64 {
+    (1 << bits) - 1
+}
+
+/// The bucket form of `(a, b)`, if it fits.
+#[inline]
+fn bucket_word(a: u64, b: u64) -> Option<u64> {
+    (a <= mask(A_BITS) && b <= mask(B_BITS)).then_some(a | (b << A_BITS))
+}
+
+/// The bucket form's `(a, b)`.
+#[inline]
+fn bucket_parts(word: u64) -> (u64, u64) {
+    (word & mask(A_BITS), (word >> A_BITS) & mask(B_BITS))
+}
+
+/// `e` for period `p`: the largest with `2^e ≤ p`, at most 53.
+#[inline]
+fn exponent(p: u64) -> u32 {
+    p.ilog2().min(A_BITS)
+}
+
+/// The window form of a state fresh at `fresh_at` (a multiple of `p`) with `payload` in its low
+/// `e + 2` bits, if it fits.
+#[inline]
+fn window_word(p: u64, fresh_at: u64, payload: u64) -> Option<u64> {
+    let e = exponent(p);
+    let m = fresh_at.div_ceil(1 << e);
+    let fits = fresh_at.is_multiple_of(p)
+        && fresh_at <= mask(A_BITS)
+        && payload <= mask(e + 2)
+        && m <= mask(E_SHIFT - (e + 2));
+    fits.then_some(WINDOW | (u64::from(e) << E_SHIFT) | (m << (e + 2)) | payload)
+}
+
+/// The window form's `(e, m, payload)`.
+#[inline]
+fn window_parts(word: u64) -> (u32, u64, u64) {
+    let e = ((word >> E_SHIFT) & mask(6)) as u32;
+    let low = word & mask(E_SHIFT);
+    (e, low >> (e + 2), low & mask(e + 2))
+}
+
+/// The exact time a window state of period `p` in `word` is fresh, and its payload.
+#[inline]
+fn window_fresh_at(p: u64, word: u64) -> (u64, u64) {
+    let (e, m, payload) = window_parts(word);
+    ((m << e) / p * p, payload)
 }
 
 /// Checks `cost` against `limit` from a stored inline state (or none), returning the decision and
@@ -34,7 +116,7 @@ pub(super) enum Next {
 #[inline(always)]
 pub(super) fn check(
     limit: &Limit,
-    stored: Option<(u64, u64)>,
+    stored: Option<u64>,
     now: Timestamp,
     cost: u64,
 ) -> (Decision, Next) {
@@ -45,36 +127,58 @@ pub(super) fn check(
     match limit.algorithm() {
         Algorithm::TokenBucket => {
             let now_us = now.as_micros().min(MAX_TIME);
-            let s = stored.map(|(a, b)| TokenBucketState {
-                level: q.capacity_units() - debt(q, a, b, now_us),
-                last: now_us,
+            let s = stored.map(|word| {
+                let (a, b) = bucket_parts(word);
+                TokenBucketState {
+                    level: q.capacity_units() - debt(q, a, b, now_us),
+                    last: now_us,
+                }
             });
             let (d, s) = token_bucket::check(q, s.as_ref(), now, cost);
             let (a, b) = split(q, s.last, q.capacity_units() - s.level);
-            (d, Next::Inline(a, b))
+            let next = match bucket_word(a, b) {
+                Some(word) => Next::Inline(word),
+                None => Next::Big(vec![State::TokenBucket(s)], s.fresh_at(q).as_micros()),
+            };
+            (d, next)
         }
         Algorithm::Gcra => {
-            let s = stored.map(|(a, b)| {
+            let s = stored.map(|word| {
+                let (a, b) = bucket_parts(word);
                 let (tat, frac) = unround(q, a, b);
                 GcraState { tat, frac }
             });
             let (d, s) = gcra::check(q, s.as_ref(), now, cost);
             let (a, b) = round(q, s.tat, s.frac);
-            (d, Next::Inline(a, b))
+            let next = match bucket_word(a, b) {
+                Some(word) => Next::Inline(word),
+                None => Next::Big(vec![State::Gcra(s)], s.fresh_at().as_micros()),
+            };
+            (d, next)
         }
         Algorithm::FixedWindow => {
             let p = q.period_micros();
-            let s = stored.map(|(end, count)| FixedWindowState {
-                start: end.saturating_sub(p),
-                count,
+            let s = stored.map(|word| {
+                let (end, count) = window_fresh_at(p, word);
+                FixedWindowState {
+                    start: end.saturating_sub(p),
+                    count,
+                }
             });
             let (d, s) = fixed_window::check(q, s.as_ref(), now, cost);
-            (d, Next::Inline(s.start + p, s.count))
+            let end = s.start.saturating_add(p);
+            let next = match window_word(p, end, s.count) {
+                Some(word) => Next::Inline(word),
+                None => Next::Big(vec![State::FixedWindow(s)], end),
+            };
+            (d, next)
         }
         Algorithm::SlidingWindow => {
             let p = q.period_micros();
-            let s = stored.map(|(fresh_at, counts)| {
-                let (current, previous) = (counts >> 32, counts & u64::from(u32::MAX));
+            let half = (exponent(p) + 2) / 2;
+            let s = stored.map(|word| {
+                let (fresh_at, counts) = window_fresh_at(p, word);
+                let (current, previous) = (counts >> half, counts & mask(half));
                 let back = if current > 0 { 2 * p } else { p };
                 SlidingWindowState {
                     start: fresh_at.saturating_sub(back),
@@ -84,9 +188,14 @@ pub(super) fn check(
             });
             let (d, s) = sliding_window::check(q, s.as_ref(), now, cost);
             let fresh_at = s.fresh_at(q).as_micros();
-            let next = match (u32::try_from(s.current), u32::try_from(s.previous)) {
-                (Ok(c), Ok(p)) => Next::Inline(fresh_at, (u64::from(c) << 32) | u64::from(p)),
-                _ => Next::Big(vec![State::SlidingWindow(s)], fresh_at),
+            let word = if s.current <= mask(half) && s.previous <= mask(half) {
+                window_word(p, fresh_at, (s.current << half) | s.previous)
+            } else {
+                None
+            };
+            let next = match word {
+                Some(word) => Next::Inline(word),
+                None => Next::Big(vec![State::SlidingWindow(s)], fresh_at),
             };
             (d, next)
         }
