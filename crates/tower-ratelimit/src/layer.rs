@@ -137,7 +137,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     }
 
     /// The most keys the local fallback store holds (with [`FailurePolicy::Fallback`]; default
-    /// 1,000,000, about 57 bytes each). At the cap it drops the keys nearest to fresh.
+    /// 1,000,000, about 28 bytes each). At the cap it drops the keys nearest to fresh.
     pub fn fallback_max_keys(mut self, max_keys: usize) -> Self {
         self.fallback_max_keys = max_keys;
         self
