@@ -5,9 +5,9 @@
 //! ([`fresh_from`]), so that sweeps can drop fresh states of any limit. Bit 63 is never set here
 //! (the store marks states in its side storage with it); bit 62 picks one of two forms.
 //!
-//! **Bucket form** (bit 62 clear; token bucket and GCRA): bits 0..53 hold `a`, the first whole
-//! microsecond at which the state is fresh, and bits 53..62 hold `b`, what rounding up to `a`
-//! added, in 1/rate µs. A token bucket's `(level, last)` and "the time it is full again" carry the
+//! **Bucket form** (bit 62 clear; token bucket and GCRA): bits 0..52 hold `a`, the first whole
+//! microsecond at which the state is fresh (2^52 µs is the year 2112 in Unix time), and bits
+//! 52..62 hold `b`, what rounding up to `a` added, in 1/rate µs. A token bucket's `(level, last)` and "the time it is full again" carry the
 //! same information at any instant: `level = capacity − (full_at − now) × rate`. The store keeps
 //! the latter, because it does not go stale, and hands the algorithm the former; GCRA's TAT is
 //! that time already.
@@ -21,9 +21,9 @@
 //! (2^10 each).
 //!
 //! A state that does not fit goes to the shard's side storage, as do sliding logs and multi-quota
-//! limits: a remainder `b` of 2^9 or more (possible only for refill rates above 512 units per µs,
-//! that is limits whose ratio to the period in µs does not reduce below 512), counts beyond the
-//! above, and times at or past 2^53 µs.
+//! limits: a remainder `b` of 2^10 or more (possible only for refill rates above 1,024 units per
+//! µs, that is limits whose ratio to the period in µs does not reduce below 1,024), counts beyond
+//! the above, and times at or past 2^52 µs (bucket form) or 2^53 µs (window form).
 
 use crate::algorithm::{
     FixedWindowState, GcraState, MAX_TIME, SlidingWindowState, TokenBucketState, fixed_window,
@@ -42,9 +42,11 @@ pub(super) enum Next {
 /// Set in the window form.
 const WINDOW: u64 = 1 << 62;
 /// Bits of `a` in the bucket form.
-const A_BITS: u32 = 53;
+const A_BITS: u32 = 52;
 /// Bits of `b` in the bucket form.
-const B_BITS: u32 = 9;
+const B_BITS: u32 = 10;
+/// Bits of a window's time in the window form (times below 2^53 µs).
+const T_BITS: u32 = 53;
 /// Where `e` starts in the window form.
 const E_SHIFT: u32 = 56;
 
@@ -80,7 +82,7 @@ fn bucket_parts(word: u64) -> (u64, u64) {
 /// `e` for period `p`: the largest with `2^e ≤ p`, at most 53.
 #[inline]
 fn exponent(p: u64) -> u32 {
-    p.ilog2().min(A_BITS)
+    p.ilog2().min(T_BITS)
 }
 
 /// The window form of a state fresh at `fresh_at` (a multiple of `p`) with `payload` in its low
@@ -90,7 +92,7 @@ fn window_word(p: u64, fresh_at: u64, payload: u64) -> Option<u64> {
     let e = exponent(p);
     let m = fresh_at.div_ceil(1 << e);
     let fits = fresh_at.is_multiple_of(p)
-        && fresh_at <= mask(A_BITS)
+        && fresh_at <= mask(T_BITS)
         && payload <= mask(e + 2)
         && m <= mask(E_SHIFT - (e + 2));
     fits.then_some(WINDOW | (u64::from(e) << E_SHIFT) | (m << (e + 2)) | payload)
