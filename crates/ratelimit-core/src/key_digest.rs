@@ -1,7 +1,7 @@
-//! Keys as 128-bit digests: SipHash-1-3-128 under a random per-process secret, shared by the
-//! memory store, the denial cache and the leasing wrapper.
+//! Keys as digests under a random secret: SipHash-1-3-64 for the memory store's tables (a 16-byte
+//! bucket keeps 8 bytes of identity), SipHash-1-3-128 for the denial cache and the leasing wrapper.
 //!
-//! The `siphasher` crate computes the same function (the tests compare the two on random
+//! The `siphasher` crate computes the same functions (the tests compare them on random
 //! inputs), but its streaming `Hasher` interface buffers partial words; a key is hashed here in
 //! one pass over whole words, which takes about half the instructions.
 

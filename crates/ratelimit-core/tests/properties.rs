@@ -222,53 +222,73 @@ proptest! {
     }
 
     /// The same over the whole range of the one-word forms and across their edges: refill rates
-    /// whose remainders do not fit a word, window counts that outgrow theirs, periods down to one
-    /// microsecond, times from the epoch, today and the algorithms' last instant, over up to 200
-    /// keys in one shard, so that the store sweeps as it grows and when asked (a sweep drops only
-    /// fresh states, which changes no decision).
+    /// whose remainders do not fit a word, window counts that outgrow theirs, periods from one
+    /// microsecond to years, times from the epoch, today, the algorithms' last instant and far past
+    /// it, two limits of any algorithms in one store, over up to 200 keys in one shard, so that
+    /// the store sweeps as it grows and when asked (a sweep drops only fresh states, which changes
+    /// no decision).
     #[test]
     fn memory_store_matches_the_pure_algorithms_across_encodings(
-        q in wide_quota(),
+        q1 in wide_quota(),
+        q2 in wide_quota(),
+        alg1 in 0usize..5,
+        alg2 in 0usize..5,
         s in steps(70),
-        alg in 0usize..4,
-        origin in prop_oneof![Just(0u64), Just(1_764_000_000_000_000), Just((1u64 << 52) - 10_000_000)],
+        origin in prop_oneof![
+            Just(0u64),
+            Just(1_764_000_000_000_000),
+            Just((1u64 << 52) - 10_000_000),
+            Just(1u64 << 60),
+        ],
         keys in prop::collection::vec(0u8..200, 1..120),
         sweeps in prop::collection::vec(any::<bool>(), 1..120),
     ) {
-        let limit = Limit::single(Algorithm::ALL[alg], q).unwrap();
+        // Even keys under one limit, odd keys under the other: both forms, and the side
+        // storage, in one table.
+        let limits = [
+            Limit::single(Algorithm::ALL[alg1], q1).unwrap(),
+            Limit::single(Algorithm::ALL[alg2], q2).unwrap(),
+        ];
         let store = ratelimit_core::MemoryStore::builder()
             .max_keys(100_000)
             .shards(1)
             .build()
             .unwrap();
-        let mut states: Vec<Vec<State>> =
-            (0..200).map(|_| limit.fresh_states(Timestamp::ZERO)).collect();
+        let mut states: Vec<Vec<State>> = (0..200)
+            .map(|k| limits[k % 2].fresh_states(Timestamp::ZERO))
+            .collect();
         let mut now = origin;
         for (i, (gap, cost)) in s.into_iter().enumerate() {
             now += gap;
             let k = keys[i % keys.len()] as usize;
+            let limit = &limits[k % 2];
             let t = Timestamp::from_micros(now);
             if sweeps[i % sweeps.len()] && i % 7 == 0 {
                 store.sweep(t);
             }
             let expected = limit.check(&mut states[k], t, cost);
-            let got = store.check_at(&[k as u8], &limit, cost, t);
+            let got = store.check_at(&[k as u8], limit, cost, t);
             prop_assert_eq!(got, expected, "step {} key {} at {}", i, k, now);
         }
     }
 }
 
-/// A quota over a wider range than [`quota`]: limit 1..=3000 per period 1 µs..=20 s, burst
-/// 1..=3000 (combinations too large to count exactly are skipped).
+/// A quota over a wider range than [`quota`]: limit 1..=3000 per period from 1 µs (often 1 to 3
+/// µs) to 2^51 µs, burst 1..=3000 (combinations too large to count exactly are skipped).
 fn wide_quota() -> impl Strategy<Value = Quota> {
-    (
-        1u64..=3000,
-        prop_oneof![1u64..=100, 1u64..=20_000_000],
-        1u64..=3000,
-    )
-        .prop_filter_map("too large to count exactly", |(limit, period_us, burst)| {
+    let period = prop_oneof![
+        1u64..=3,
+        1u64..=100,
+        1u64..=20_000_000,
+        60_000_000u64..=86_400_000_000,
+        (1u64 << 40)..=(1u64 << 51),
+    ];
+    (1u64..=3000, period, 1u64..=3000).prop_filter_map(
+        "too large to count exactly",
+        |(limit, period_us, burst)| {
             Quota::per_period(limit, std::time::Duration::from_micros(period_us))
                 .and_then(|q| q.with_burst(burst))
                 .ok()
-        })
+        },
+    )
 }

@@ -73,10 +73,15 @@ fn bucket_word(a: u64, b: u64) -> Option<u64> {
     (a <= mask(A_BITS) && b <= mask(B_BITS)).then_some(a | (b << A_BITS))
 }
 
-/// The bucket form's `(a, b)`.
+/// The bucket form's `(a, b)` for quota `q`, or `None` for a word this quota cannot have written
+/// (another form, or a remainder not below its rate): a state of another key whose 64-bit digest
+/// is the same, which then counts as fresh, as [`Limit::check`] counts a state of another
+/// algorithm.
 #[inline]
-fn bucket_parts(word: u64) -> (u64, u64) {
-    (word & mask(A_BITS), (word >> A_BITS) & mask(B_BITS))
+fn bucket_parts(q: &Quota, word: u64) -> Option<(u64, u64)> {
+    let (a, b) = (word & mask(A_BITS), (word >> A_BITS) & mask(B_BITS));
+    let ours = word & WINDOW == 0 && (b == 0 || (b < q.refill_per_micro() && a > 0));
+    ours.then_some((a, b))
 }
 
 /// `e` for period `p`: the largest with `2^e ≤ p`, at most 53.
@@ -106,11 +111,15 @@ fn window_parts(word: u64) -> (u32, u64, u64) {
     (e, low >> (e + 2), low & mask(e + 2))
 }
 
-/// The exact time a window state of period `p` in `word` is fresh, and its payload.
+/// The exact time a window state of period `p` in `word` is fresh, and its payload, or `None`
+/// for a word a window of period `p` cannot have written (see [`bucket_parts`]).
 #[inline]
-fn window_fresh_at(p: u64, word: u64) -> (u64, u64) {
-    let (e, m, payload) = window_parts(word);
-    ((m << e) / p * p, payload)
+fn window_fresh_at(p: u64, word: u64) -> Option<(u64, u64)> {
+    let ours = word & WINDOW != 0 && ((word >> E_SHIFT) & mask(6)) as u32 == exponent(p);
+    ours.then(|| {
+        let (e, m, payload) = window_parts(word);
+        ((m << e) / p * p, payload)
+    })
 }
 
 /// Checks `cost` against `limit` from a stored inline state (or none), returning the decision and
@@ -129,13 +138,12 @@ pub(super) fn check(
     match limit.algorithm() {
         Algorithm::TokenBucket => {
             let now_us = now.as_micros().min(MAX_TIME);
-            let s = stored.map(|word| {
-                let (a, b) = bucket_parts(word);
-                TokenBucketState {
+            let s = stored
+                .and_then(|word| bucket_parts(q, word))
+                .map(|(a, b)| TokenBucketState {
                     level: q.capacity_units() - debt(q, a, b, now_us),
                     last: now_us,
-                }
-            });
+                });
             let (d, s) = token_bucket::check(q, s.as_ref(), now, cost);
             let (a, b) = split(q, s.last, q.capacity_units() - s.level);
             let next = match bucket_word(a, b) {
@@ -145,8 +153,7 @@ pub(super) fn check(
             (d, next)
         }
         Algorithm::Gcra => {
-            let s = stored.map(|word| {
-                let (a, b) = bucket_parts(word);
+            let s = stored.and_then(|word| bucket_parts(q, word)).map(|(a, b)| {
                 let (tat, frac) = unround(q, a, b);
                 GcraState { tat, frac }
             });
@@ -160,13 +167,12 @@ pub(super) fn check(
         }
         Algorithm::FixedWindow => {
             let p = q.period_micros();
-            let s = stored.map(|word| {
-                let (end, count) = window_fresh_at(p, word);
-                FixedWindowState {
+            let s = stored
+                .and_then(|word| window_fresh_at(p, word))
+                .map(|(end, count)| FixedWindowState {
                     start: end.saturating_sub(p),
                     count,
-                }
-            });
+                });
             let (d, s) = fixed_window::check(q, s.as_ref(), now, cost);
             let end = s.start.saturating_add(p);
             let next = match window_word(p, end, s.count) {
@@ -178,16 +184,17 @@ pub(super) fn check(
         Algorithm::SlidingWindow => {
             let p = q.period_micros();
             let half = (exponent(p) + 2) / 2;
-            let s = stored.map(|word| {
-                let (fresh_at, counts) = window_fresh_at(p, word);
-                let (current, previous) = (counts >> half, counts & mask(half));
-                let back = if current > 0 { 2 * p } else { p };
-                SlidingWindowState {
-                    start: fresh_at.saturating_sub(back),
-                    current,
-                    previous,
-                }
-            });
+            let s = stored
+                .and_then(|word| window_fresh_at(p, word))
+                .map(|(fresh_at, counts)| {
+                    let (current, previous) = (counts >> half, counts & mask(half));
+                    let back = if current > 0 { 2 * p } else { p };
+                    SlidingWindowState {
+                        start: fresh_at.saturating_sub(back),
+                        current,
+                        previous,
+                    }
+                });
             let (d, s) = sliding_window::check(q, s.as_ref(), now, cost);
             let fresh_at = s.fresh_at(q).as_micros();
             let word = if s.current <= mask(half) && s.previous <= mask(half) {
@@ -257,5 +264,72 @@ fn unround(q: &Quota, a: u64, b: u64) -> (u64, u64) {
         (a, 0)
     } else {
         (a - 1, q.refill_per_micro() - b)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Next, WINDOW, check};
+    use crate::{Algorithm, Limit, Quota, Timestamp};
+    use std::time::Duration;
+
+    /// Two keys whose 64-bit digests agree share a word: whatever one limit wrote, any other
+    /// limit reads it without a panic (no underflow, no shift past 63), and a word of the other
+    /// form, or a remainder not below its rate, counts as fresh.
+    #[test]
+    fn a_word_written_by_another_limit_is_read_safely() {
+        let quotas = [
+            Quota::per_minute(100).unwrap(),
+            Quota::per_second(1_000_000_000).unwrap(),
+            Quota::per_period(7, Duration::from_micros(3)).unwrap(),
+            Quota::per_second(3).unwrap().with_burst(50).unwrap(),
+            Quota::per_period(1_000, Duration::from_secs(86_400)).unwrap(),
+        ];
+        let algorithms = [
+            Algorithm::TokenBucket,
+            Algorithm::Gcra,
+            Algorithm::FixedWindow,
+            Algorithm::SlidingWindow,
+        ];
+        let limits: Vec<Limit> = algorithms
+            .iter()
+            .flat_map(|&a| quotas.iter().map(move |&q| Limit::single(a, q).unwrap()))
+            .collect();
+        let t0 = Timestamp::from_micros(1_764_000_000_000_000);
+        let mut words = Vec::new();
+        for writer in &limits {
+            for cost in [1, 2, 40] {
+                if let (d, Next::Inline(word)) = check(writer, None, t0, cost)
+                    && d.is_allowed()
+                {
+                    words.push(word);
+                }
+            }
+        }
+        // Also words no limit writes: every form bit, exponents and remainders at their widest.
+        words.extend([
+            0,
+            u64::MAX >> 1,
+            WINDOW | (63 << 56),
+            (1 << 62) - 1,
+            1 << 52,
+        ]);
+        let mut foreign = 0;
+        for &word in &words {
+            for reader in &limits {
+                for (later, cost) in [(0, 1), (1, 0), (1_000, 3), (10_000_000, 1)] {
+                    let now = t0.saturating_add(Duration::from_micros(later));
+                    let (got, _) = check(reader, Some(word), now, cost);
+                    let (fresh, _) = check(reader, None, now, cost);
+                    let bucket_reader =
+                        matches!(reader.algorithm(), Algorithm::TokenBucket | Algorithm::Gcra);
+                    if bucket_reader == (word & WINDOW != 0) {
+                        assert_eq!(got, fresh, "word {word:#x} read by {reader:?}");
+                        foreign += 1;
+                    }
+                }
+            }
+        }
+        assert!(foreign > 100, "{foreign} cross-form reads");
     }
 }
