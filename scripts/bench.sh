@@ -223,6 +223,16 @@ w("")
 w("Criterion mean of one check per iteration; with 2 threads, both run at once and the time is "
   "per iteration of each.")
 stale_note("memory_store")
+inter = read("memory_store.txt")
+if "Interleaved minimum" in inter:
+    block = inter[inter.index("Interleaved minimum"):].splitlines()
+    block = [l for l in block if l.strip() and not l.startswith(("Gnuplot", "Benchmarking"))]
+    w("")
+    w("The benchmark's interleaved-minimum ratios (steadier on a shared machine):")
+    w("")
+    w("```text")
+    w("\n".join(block[:5]))
+    w("```")
 w("")
 
 # Micro level: the layer.
