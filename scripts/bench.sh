@@ -221,7 +221,7 @@ for case in ["hot_key", "1M_keys"]:
         w(f"| {case} | {threads} | {o:.1f} | {t:.1f} | {t / o:.2f} |")
 w("")
 w("Criterion mean of one check per iteration; with 2 threads, both run at once and the time is "
-  "per iteration of each.")
+  "the wall time per check across both threads.")
 stale_note("memory_store")
 inter = read("memory_store.txt")
 if "Interleaved minimum" in inter:

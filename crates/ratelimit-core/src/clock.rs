@@ -48,13 +48,16 @@ impl SystemClock {
     /// A clock anchored to the system time now.
     #[must_use]
     pub fn new() -> Self {
+        // The counter first: its first use may calibrate for up to 200 ms, which must not pass
+        // between the two readings of the anchor.
+        let clock = quanta::Clock::new();
+        let anchor = clock.raw();
         let unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)
             .unwrap_or(Duration::ZERO);
-        let clock = quanta::Clock::new();
         SystemClock {
             anchor_unix_micros: duration_to_micros(unix),
-            anchor: clock.raw(),
+            anchor,
             micros_per_tick: micros_per_tick(&clock),
             clock,
         }
@@ -87,8 +90,8 @@ impl Clock for SystemClock {
 
 /// quanta's calibration of its raw ticks, as microseconds per tick in a 64-bit binary fraction:
 /// the nanoseconds quanta gives for 2^44 ticks, times 2^20 / 1,000 (`None` if a tick is a
-/// microsecond or longer). quanta scales by a factor over a power of two no larger than the ticks
-/// it calibrated over (milliseconds' worth, far fewer than 2^44), so the product is exact.
+/// microsecond or longer). quanta scales by a factor over the power of two just above the ticks it
+/// calibrated over (at most 200 ms' worth, about 2^30, far below 2^44), so the product is exact.
 fn micros_per_tick(clock: &quanta::Clock) -> Option<u64> {
     let nanos = u128::from(clock.delta_as_nanos(0, 1 << 44));
     u64::try_from((nanos << 20) / 1_000).ok()
