@@ -204,6 +204,20 @@ w("The load tool, the in-process gateways and `redis-server` share these CPUs: e
   "below is for the whole system on one machine, not for a dedicated Redis host.")
 w("")
 
+def interleaved(name, lines):
+    """The benchmark's own interleaved-minimum block, if its output has one."""
+    inter = read(name)
+    if "Interleaved minimum" not in inter:
+        return
+    block = inter[inter.index("Interleaved minimum"):].splitlines()
+    block = [l for l in block if l.strip() and not l.startswith(("Gnuplot", "Benchmarking"))]
+    w("")
+    w("The benchmark's interleaved-minimum ratios (steadier on a shared machine):")
+    w("")
+    w("```text")
+    w("\n".join(block[:lines]))
+    w("```")
+
 # Micro level: memory store against governor.
 w("### Memory store against governor (criterion)")
 w("")
@@ -223,16 +237,7 @@ w("")
 w("Criterion mean of one check per iteration; with 2 threads, both run at once and the time is "
   "the wall time per check across both threads.")
 stale_note("memory_store")
-inter = read("memory_store.txt")
-if "Interleaved minimum" in inter:
-    block = inter[inter.index("Interleaved minimum"):].splitlines()
-    block = [l for l in block if l.strip() and not l.startswith(("Gnuplot", "Benchmarking"))]
-    w("")
-    w("The benchmark's interleaved-minimum ratios (steadier on a shared machine):")
-    w("")
-    w("```text")
-    w("\n".join(block[:5]))
-    w("```")
+interleaved("memory_store.txt", 5)
 w("")
 
 # Micro level: the layer.
@@ -252,16 +257,7 @@ for name in ["bare", "ours_allowed_headers", "governor_allowed_headers", "ours_d
     label = name.replace("_", " / ")
     w(f"| {label} | {v:.0f} | {v - bare:.0f} | {v / bare:.2f} |")
 stale_note("layer")
-inter = read("layer.txt")
-if "Interleaved minimum" in inter:
-    block = inter[inter.index("Interleaved minimum"):].splitlines()
-    block = [l for l in block if l.strip() and not l.startswith(("Gnuplot", "Benchmarking"))]
-    w("")
-    w("The benchmark's interleaved-minimum ratios (steadier on a shared machine):")
-    w("")
-    w("```text")
-    w("\n".join(block[:20]))
-    w("```")
+interleaved("layer.txt", 20)
 w("")
 
 # Micro level: Redis store against redis-benchmark.

@@ -11,7 +11,7 @@ use std::num::NonZeroU32;
 use std::time::{Duration, Instant};
 
 use criterion::{BenchmarkId, Criterion, Throughput, criterion_group};
-use governor::{Quota as GQuota, RateLimiter};
+use governor::{DefaultKeyedRateLimiter, Quota as GQuota, RateLimiter};
 use ratelimit_core::{Algorithm, Limit, MemoryStore, Quota};
 
 const KEYS: u64 = 1_000_000;
@@ -42,17 +42,21 @@ fn run_threads(threads: usize, iters: u64, f: impl Fn(u64, u64) + Sync) -> Durat
     start.elapsed()
 }
 
-fn bench(c: &mut Criterion) {
+/// The limit, the random key sample, and both limiters with the same quota (100 per minute),
+/// each holding the same 1,000,000 keys.
+fn limiters() -> (Limit, Vec<u64>, MemoryStore, DefaultKeyedRateLimiter<u64>) {
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(100).unwrap()).unwrap();
-    let gquota = GQuota::per_minute(NonZeroU32::new(100).unwrap());
-    let keys = random_keys();
-
     let ours = MemoryStore::builder().max_keys(2_000_000).build().unwrap();
-    let theirs = RateLimiter::keyed(gquota);
+    let theirs = RateLimiter::keyed(GQuota::per_minute(NonZeroU32::new(100).unwrap()));
     for k in 0..KEYS {
         let _ = ours.check_now(&k.to_le_bytes(), &limit, 1);
         let _ = theirs.check_key(&k);
     }
+    (limit, random_keys(), ours, theirs)
+}
+
+fn bench(c: &mut Criterion) {
+    let (limit, keys, ours, theirs) = limiters();
 
     let mut g = c.benchmark_group("memory_store");
     g.throughput(Throughput::Elements(1));
@@ -136,15 +140,7 @@ fn batch(threads: usize, hot: bool, keys: &[u64], start: usize, check: impl Fn(u
 /// background load.
 fn ratios() {
     const ROUNDS: usize = 15;
-    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(100).unwrap()).unwrap();
-    let gquota = GQuota::per_minute(NonZeroU32::new(100).unwrap());
-    let keys = random_keys();
-    let ours = MemoryStore::builder().max_keys(2_000_000).build().unwrap();
-    let theirs = RateLimiter::keyed(gquota);
-    for k in 0..KEYS {
-        let _ = ours.check_now(&k.to_le_bytes(), &limit, 1);
-        let _ = theirs.check_key(&k);
-    }
+    let (limit, keys, ours, theirs) = limiters();
     let cases = [
         ("hot_key", 1usize),
         ("hot_key", 2),

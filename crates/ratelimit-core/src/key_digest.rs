@@ -98,12 +98,13 @@ fn compress(v: &mut [u64; 4], m: u64) {
     v[0] ^= m;
 }
 
-/// SipHash-1-3-128 of `data` under the key `(k0, k1)`, as two 64-bit halves.
-#[inline]
-pub(crate) fn siphash13_128(k0: u64, k1: u64, data: &[u8]) -> (u64, u64) {
+/// SipHash-1-3's state after absorbing `data` under the key `(k0, k1)`; `v1_tweak` is 0xee for
+/// the 128-bit output, 0 for the 64-bit one.
+#[inline(always)]
+fn absorb(k0: u64, k1: u64, data: &[u8], v1_tweak: u64) -> [u64; 4] {
     let mut v = [
         k0 ^ 0x736f_6d65_7073_6575,
-        k1 ^ 0x646f_7261_6e64_6f6d ^ 0xee,
+        k1 ^ 0x646f_7261_6e64_6f6d ^ v1_tweak,
         k0 ^ 0x6c79_6765_6e65_7261,
         k1 ^ 0x7465_6462_7974_6573,
     ];
@@ -117,43 +118,34 @@ pub(crate) fn siphash13_128(k0: u64, k1: u64, data: &[u8]) -> (u64, u64) {
         &mut v,
         tail(chunks.remainder()) | ((data.len() as u64) << 56),
     );
-    v[2] ^= 0xee;
-    round(&mut v);
-    round(&mut v);
-    round(&mut v);
-    let h1 = v[0] ^ v[1] ^ v[2] ^ v[3];
+    v
+}
+
+/// Three SipRounds after xoring `x` into `v2`, and the xor of the state.
+#[inline(always)]
+fn finish(v: &mut [u64; 4], x: u64) -> u64 {
+    v[2] ^= x;
+    round(v);
+    round(v);
+    round(v);
+    v[0] ^ v[1] ^ v[2] ^ v[3]
+}
+
+/// SipHash-1-3-128 of `data` under the key `(k0, k1)`, as two 64-bit halves.
+#[inline]
+pub(crate) fn siphash13_128(k0: u64, k1: u64, data: &[u8]) -> (u64, u64) {
+    let mut v = absorb(k0, k1, data, 0xee);
+    let h1 = finish(&mut v, 0xee);
     v[1] ^= 0xdd;
-    round(&mut v);
-    round(&mut v);
-    round(&mut v);
-    let h2 = v[0] ^ v[1] ^ v[2] ^ v[3];
+    let h2 = finish(&mut v, 0);
     (h1, h2)
 }
 
 /// SipHash-1-3-64 of `data` under the key `(k0, k1)`.
 #[inline]
 pub(crate) fn siphash13_64(k0: u64, k1: u64, data: &[u8]) -> u64 {
-    let mut v = [
-        k0 ^ 0x736f_6d65_7073_6575,
-        k1 ^ 0x646f_7261_6e64_6f6d,
-        k0 ^ 0x6c79_6765_6e65_7261,
-        k1 ^ 0x7465_6462_7974_6573,
-    ];
-    let mut chunks = data.chunks_exact(8);
-    for chunk in &mut chunks {
-        let mut word = [0u8; 8];
-        word.copy_from_slice(chunk);
-        compress(&mut v, u64::from_le_bytes(word));
-    }
-    compress(
-        &mut v,
-        tail(chunks.remainder()) | ((data.len() as u64) << 56),
-    );
-    v[2] ^= 0xff;
-    round(&mut v);
-    round(&mut v);
-    round(&mut v);
-    v[0] ^ v[1] ^ v[2] ^ v[3]
+    let mut v = absorb(k0, k1, data, 0);
+    finish(&mut v, 0xff)
 }
 
 /// The last 0 to 7 bytes of a key as a little-endian word, in at most three loads (a
