@@ -202,13 +202,13 @@ impl<C> MemoryStore<C> {
                 return decision;
             }
             let (decision, next) = compact::check(limit, Some(word), now, cost);
-            if decision.is_allowed() && cost > 0 {
+            if let Some(next) = next {
                 table.store(i, next);
             }
             return decision;
         }
         let (decision, next) = compact::check(limit, None, now, cost);
-        if decision.is_allowed() && cost > 0 {
+        if let Some(next) = next {
             let evicted = table.insert(id, next, now.as_micros(), self.per_shard_cap);
             if evicted > 0 {
                 self.evictions.fetch_add(evicted, Ordering::Relaxed);

@@ -123,14 +123,15 @@ fn window_fresh_at(p: u64, word: u64) -> Option<(u64, u64)> {
 }
 
 /// Checks `cost` against `limit` from a stored inline state (or none), returning the decision and
-/// the state to store if it is allowed.
+/// the state to store: `None` unless an admission changed it (a denial or a peek stores nothing,
+/// so its state is not encoded).
 #[inline(always)]
 pub(super) fn check(
     limit: &Limit,
     stored: Option<u64>,
     now: Timestamp,
     cost: u64,
-) -> (Decision, Next) {
+) -> (Decision, Option<Next>) {
     let [quota] = limit.quotas() else {
         return general(limit, now, cost);
     };
@@ -145,12 +146,15 @@ pub(super) fn check(
                     last: now_us,
                 });
             let (d, s) = token_bucket::check(q, s.as_ref(), now, cost);
+            if !stores(&d, cost) {
+                return (d, None);
+            }
             let (a, b) = split(q, s.last, q.capacity_units() - s.level);
             let next = match bucket_word(a, b) {
                 Some(word) => Next::Inline(word),
                 None => Next::Big(vec![State::TokenBucket(s)], s.fresh_at(q).as_micros()),
             };
-            (d, next)
+            (d, Some(next))
         }
         Algorithm::Gcra => {
             let s = stored.and_then(|word| bucket_parts(q, word)).map(|(a, b)| {
@@ -158,12 +162,15 @@ pub(super) fn check(
                 GcraState { tat, frac }
             });
             let (d, s) = gcra::check(q, s.as_ref(), now, cost);
+            if !stores(&d, cost) {
+                return (d, None);
+            }
             let (a, b) = round(q, s.tat, s.frac);
             let next = match bucket_word(a, b) {
                 Some(word) => Next::Inline(word),
                 None => Next::Big(vec![State::Gcra(s)], s.fresh_at().as_micros()),
             };
-            (d, next)
+            (d, Some(next))
         }
         Algorithm::FixedWindow => {
             let p = q.period_micros();
@@ -174,12 +181,15 @@ pub(super) fn check(
                     count,
                 });
             let (d, s) = fixed_window::check(q, s.as_ref(), now, cost);
+            if !stores(&d, cost) {
+                return (d, None);
+            }
             let end = s.start.saturating_add(p);
             let next = match window_word(p, end, s.count) {
                 Some(word) => Next::Inline(word),
                 None => Next::Big(vec![State::FixedWindow(s)], end),
             };
-            (d, next)
+            (d, Some(next))
         }
         Algorithm::SlidingWindow => {
             let p = q.period_micros();
@@ -196,6 +206,9 @@ pub(super) fn check(
                     }
                 });
             let (d, s) = sliding_window::check(q, s.as_ref(), now, cost);
+            if !stores(&d, cost) {
+                return (d, None);
+            }
             let fresh_at = s.fresh_at(q).as_micros();
             let word = if s.current <= mask(half) && s.previous <= mask(half) {
                 window_word(p, fresh_at, (s.current << half) | s.previous)
@@ -206,7 +219,7 @@ pub(super) fn check(
                 Some(word) => Next::Inline(word),
                 None => Next::Big(vec![State::SlidingWindow(s)], fresh_at),
             };
-            (d, next)
+            (d, Some(next))
         }
         _ => general(limit, now, cost),
     }
@@ -214,11 +227,20 @@ pub(super) fn check(
 
 /// Limits whose state never fits a bucket: checked on fresh states (the side storage is checked
 /// in place by the store itself).
-fn general(limit: &Limit, now: Timestamp, cost: u64) -> (Decision, Next) {
+fn general(limit: &Limit, now: Timestamp, cost: u64) -> (Decision, Option<Next>) {
     let mut states = limit.fresh_states(now);
     let d = limit.check(&mut states, now, cost);
+    if !stores(&d, cost) {
+        return (d, None);
+    }
     let fresh_at = limit.fresh_at(&states).as_micros();
-    (d, Next::Big(states, fresh_at))
+    (d, Some(Next::Big(states, fresh_at)))
+}
+
+/// Whether a check's state is stored: only an admission of a positive cost changes it.
+#[inline(always)]
+fn stores(d: &Decision, cost: u64) -> bool {
+    d.is_allowed() && cost > 0
 }
 
 /// Debt at `now` (level units) of a bucket stored as `(a, b)`.
@@ -299,7 +321,7 @@ mod tests {
         let mut words = Vec::new();
         for writer in &limits {
             for cost in [1, 2, 40] {
-                if let (d, Next::Inline(word)) = check(writer, None, t0, cost)
+                if let (d, Some(Next::Inline(word))) = check(writer, None, t0, cost)
                     && d.is_allowed()
                 {
                     words.push(word);
