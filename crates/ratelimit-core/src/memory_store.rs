@@ -155,9 +155,11 @@ impl<C> MemoryStoreBuilder<C> {
 impl<C: Clock> MemoryStore<C> {
     /// Checks `cost` for `key` against `limit` now, by this store's clock. See [`Store::check`].
     pub fn check_now(&self, key: &[u8], limit: &Limit, cost: u64) -> Decision {
-        // The clock is read under the shard's lock, after the key's bucket is found: the read
-        // then overlaps the bucket's cache miss, and per key, time never goes backwards.
-        self.check_with(key, limit, cost, || self.clock.now())
+        // The clock is read before the shard's lock, so that its latency overlaps the hash and
+        // the lock; the shard then counts at the latest time it has seen, so that a check that
+        // read the clock first but got the lock second does not count at an earlier time than
+        // the one before it: per shard, and so per key, time never goes backwards.
+        self.check_with(key, limit, cost, self.clock.now(), true)
     }
 
     /// The clock this store reads.
@@ -172,7 +174,7 @@ impl<C> MemoryStore<C> {
     /// non-decreasing across keys for the pure algorithms' answers: a sweep at a later time may
     /// have dropped a state that was fresh then (see `docs/memory-store.md`).
     pub fn check_at(&self, key: &[u8], limit: &Limit, cost: u64, now: Timestamp) -> Decision {
-        self.check_with(key, limit, cost, || now)
+        self.check_with(key, limit, cost, now, false)
     }
 
     #[inline]
@@ -181,13 +183,21 @@ impl<C> MemoryStore<C> {
         key: &[u8],
         limit: &Limit,
         cost: u64,
-        now: impl FnOnce() -> Timestamp,
+        now: Timestamp,
+        monotonic: bool,
     ) -> Decision {
         let (shard, id) = self.key_id(key, limit.fingerprint());
         let mut table = self.shards[shard].lock();
         let table = &mut *table;
+        let now = if !monotonic {
+            now
+        } else if now > table.latest {
+            table.latest = now;
+            now
+        } else {
+            table.latest
+        };
         let found = table.find(id);
-        let now = now();
         if let Some(i) = found {
             let word = table.buckets[i].word;
             if word & BIG != 0 {
@@ -335,6 +345,8 @@ struct Table {
     big: Vec<Big>,
     free_big: Vec<u64>,
     sweep_at: usize,
+    /// The latest time a check by the store's clock counted at (see `check_now`).
+    latest: Timestamp,
 }
 
 impl Default for Table {
@@ -345,6 +357,7 @@ impl Default for Table {
             big: Vec::new(),
             free_big: Vec::new(),
             sweep_at: MIN_SWEEP,
+            latest: Timestamp::ZERO,
         }
     }
 }

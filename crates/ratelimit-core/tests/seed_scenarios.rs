@@ -261,3 +261,36 @@ fn a_sliding_window_peek_after_the_clock_went_back_is_allowed() {
     assert_eq!(peek.remaining(), 0);
     assert!(!store.check_at(b"k", &limit, 1, at(1_100)).is_allowed());
 }
+
+/// The store reads its clock before taking a shard's lock, so two checks can take the lock in the
+/// other order than they read the clock; each shard then counts at the latest time it has seen.
+/// Seen here with a clock set back: a key first checked after the clock went back counts at the
+/// shard's latest time (its fixed window is the one after 10 s, not the one before), while a
+/// check at an explicit time (`check_at`) keeps its own time.
+#[test]
+fn a_shard_never_counts_at_an_earlier_time_than_it_has_seen() {
+    let clock = ManualClock::starting_at(Timestamp::from_secs(10));
+    let store = MemoryStore::builder()
+        .shards(1)
+        .with_clock(clock.clone())
+        .build()
+        .expect("valid settings");
+    let limit = Limit::single(Algorithm::FixedWindow, Quota::per_second(1).unwrap()).unwrap();
+    let per_10s = Limit::single(
+        Algorithm::FixedWindow,
+        Quota::per_period(5, Duration::from_secs(10)).unwrap(),
+    )
+    .unwrap();
+    assert!(store.check_now(b"a", &limit, 1).is_allowed());
+    clock.set(Timestamp::from_secs(5));
+    // At 5 s the window would be [0 s, 10 s) and reset in 5 s; at 10 s it is [10 s, 20 s).
+    let d = store.check_now(b"b", &per_10s, 1);
+    assert!(d.is_allowed());
+    assert_eq!(d.reset_after(), Duration::from_secs(10));
+    let d = store.check_at(b"c", &per_10s, 1, Timestamp::from_secs(5));
+    assert_eq!(d.reset_after(), Duration::from_secs(5));
+    // Once the clock passes the latest time, it counts again.
+    clock.set(Timestamp::from_secs(12));
+    let d = store.check_now(b"d", &per_10s, 1);
+    assert_eq!(d.reset_after(), Duration::from_secs(8));
+}
