@@ -206,7 +206,7 @@ impl<C> MemoryStore<C> {
                     big.states = limit.fresh_states(now);
                 }
                 let decision = limit.check(&mut big.states, now, cost);
-                if decision.is_allowed() && cost > 0 {
+                if compact::stores(&decision, cost) {
                     big.fresh_at = limit.fresh_at(&big.states).as_micros();
                 }
                 return decision;
@@ -403,13 +403,16 @@ impl Table {
         buckets[i] = bucket;
     }
 
-    /// Writes a new compact state into bucket `i`, moving it to or from the side storage.
+    /// Writes a new compact state into bucket `i`, moving it to the side storage if it must.
     fn store(&mut self, i: usize, next: compact::Next) {
+        self.buckets[i].word = self.word(next);
+    }
+
+    /// The bucket word for `next`: the state itself, or `BIG` and its slot in the side storage.
+    fn word(&mut self, next: compact::Next) -> u64 {
         match next {
-            compact::Next::Inline(word) => self.buckets[i].word = word,
-            compact::Next::Big(states, fresh_at) => {
-                self.buckets[i].word = self.alloc_big(Big { fresh_at, states }) | BIG;
-            }
+            compact::Next::Inline(word) => word,
+            compact::Next::Big(states, fresh_at) => self.alloc_big(Big { fresh_at, states }) | BIG,
         }
     }
 
@@ -445,10 +448,7 @@ impl Table {
             let most = cap * 4 / 3 + 2;
             self.retain(|_, _| true, want.min(most).max((self.len + 1) * 4 / 3 + 1));
         }
-        let word = match next {
-            compact::Next::Inline(word) => word,
-            compact::Next::Big(states, fresh_at) => self.alloc_big(Big { fresh_at, states }) | BIG,
-        };
+        let word = self.word(next);
         Self::place(&mut self.buckets, Bucket { id, word });
         self.len += 1;
         evicted as u64

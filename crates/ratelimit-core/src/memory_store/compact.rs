@@ -103,10 +103,16 @@ fn window_word(p: u64, fresh_at: u64, payload: u64) -> Option<u64> {
     fits.then_some(WINDOW | (u64::from(e) << E_SHIFT) | (m << (e + 2)) | payload)
 }
 
+/// The window form's `e`.
+#[inline]
+fn window_exponent(word: u64) -> u32 {
+    ((word >> E_SHIFT) & mask(6)) as u32
+}
+
 /// The window form's `(e, m, payload)`.
 #[inline]
 fn window_parts(word: u64) -> (u32, u64, u64) {
-    let e = ((word >> E_SHIFT) & mask(6)) as u32;
+    let e = window_exponent(word);
     let low = word & mask(E_SHIFT);
     (e, low >> (e + 2), low & mask(e + 2))
 }
@@ -115,7 +121,7 @@ fn window_parts(word: u64) -> (u32, u64, u64) {
 /// for a word a window of period `p` cannot have written (see [`bucket_parts`]).
 #[inline]
 fn window_fresh_at(p: u64, word: u64) -> Option<(u64, u64)> {
-    let ours = word & WINDOW != 0 && ((word >> E_SHIFT) & mask(6)) as u32 == exponent(p);
+    let ours = word & WINDOW != 0 && window_exponent(word) == exponent(p);
     ours.then(|| {
         let (e, m, payload) = window_parts(word);
         ((m << e) / p * p, payload)
@@ -150,11 +156,12 @@ pub(super) fn check(
                 return (d, None);
             }
             let (a, b) = split(q, s.last, q.capacity_units() - s.level);
-            let next = match bucket_word(a, b) {
-                Some(word) => Next::Inline(word),
-                None => Next::Big(vec![State::TokenBucket(s)], s.fresh_at(q).as_micros()),
-            };
-            (d, Some(next))
+            (
+                d,
+                Some(inline_or_big(bucket_word(a, b), || {
+                    (State::TokenBucket(s), s.fresh_at(q).as_micros())
+                })),
+            )
         }
         Algorithm::Gcra => {
             let s = stored.and_then(|word| bucket_parts(q, word)).map(|(a, b)| {
@@ -166,11 +173,12 @@ pub(super) fn check(
                 return (d, None);
             }
             let (a, b) = round(q, s.tat, s.frac);
-            let next = match bucket_word(a, b) {
-                Some(word) => Next::Inline(word),
-                None => Next::Big(vec![State::Gcra(s)], s.fresh_at().as_micros()),
-            };
-            (d, Some(next))
+            (
+                d,
+                Some(inline_or_big(bucket_word(a, b), || {
+                    (State::Gcra(s), s.fresh_at().as_micros())
+                })),
+            )
         }
         Algorithm::FixedWindow => {
             let p = q.period_micros();
@@ -185,11 +193,12 @@ pub(super) fn check(
                 return (d, None);
             }
             let end = s.start.saturating_add(p);
-            let next = match window_word(p, end, s.count) {
-                Some(word) => Next::Inline(word),
-                None => Next::Big(vec![State::FixedWindow(s)], end),
-            };
-            (d, Some(next))
+            (
+                d,
+                Some(inline_or_big(window_word(p, end, s.count), || {
+                    (State::FixedWindow(s), end)
+                })),
+            )
         }
         Algorithm::SlidingWindow => {
             let p = q.period_micros();
@@ -215,11 +224,10 @@ pub(super) fn check(
             } else {
                 None
             };
-            let next = match word {
-                Some(word) => Next::Inline(word),
-                None => Next::Big(vec![State::SlidingWindow(s)], fresh_at),
-            };
-            (d, Some(next))
+            (
+                d,
+                Some(inline_or_big(word, || (State::SlidingWindow(s), fresh_at))),
+            )
         }
         _ => general(limit, now, cost),
     }
@@ -239,8 +247,21 @@ fn general(limit: &Limit, now: Timestamp, cost: u64) -> (Decision, Option<Next>)
 
 /// Whether a check's state is stored: only an admission of a positive cost changes it.
 #[inline(always)]
-fn stores(d: &Decision, cost: u64) -> bool {
+pub(super) fn stores(d: &Decision, cost: u64) -> bool {
     d.is_allowed() && cost > 0
+}
+
+/// The word to store if there is one, else the state for the side storage and when it is fresh
+/// (made only then).
+#[inline(always)]
+fn inline_or_big(word: Option<u64>, big: impl FnOnce() -> (State, u64)) -> Next {
+    match word {
+        Some(word) => Next::Inline(word),
+        None => {
+            let (state, fresh_at) = big();
+            Next::Big(vec![state], fresh_at)
+        }
+    }
 }
 
 /// Debt at `now` (level units) of a bucket stored as `(a, b)`.
