@@ -23,23 +23,18 @@ impl KeyDigest {
         KeyDigest { k0, k1 }
     }
 
-    /// The digest of `key`, under a secret tweaked by `tweak0` and `tweak1` (a limit's fingerprint,
-    /// a cost): a distinct keyed function for each pair of tweaks, in one pass over the key.
-    #[inline]
-    pub(crate) fn digest(&self, key: &[u8], tweak0: u64, tweak1: u64) -> (u64, u64) {
-        siphash13_128(self.k0 ^ tweak0, self.k1 ^ tweak1, key)
-    }
-
     /// A 64-bit digest of `key` (SipHash-1-3-64) under the secret tweaked by `tweak`.
     #[inline]
     pub(crate) fn digest64(&self, key: &[u8], tweak: u64) -> u64 {
         siphash13_64(self.k0 ^ tweak, self.k1, key)
     }
 
-    /// The same digest as one `u128`.
+    /// The 128-bit digest of `key` (SipHash-1-3-128), under a secret tweaked by `tweak0` and
+    /// `tweak1` (a limit's fingerprint, a cost): a distinct keyed function for each pair of
+    /// tweaks, in one pass over the key.
     #[inline]
     pub(crate) fn digest_u128(&self, key: &[u8], tweak0: u64, tweak1: u64) -> u128 {
-        let (h1, h2) = self.digest(key, tweak0, tweak1);
+        let (h1, h2) = siphash13_128(self.k0 ^ tweak0, self.k1 ^ tweak1, key);
         u128::from(h1) | (u128::from(h2) << 64)
     }
 }
