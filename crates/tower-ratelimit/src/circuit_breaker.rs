@@ -28,7 +28,7 @@
 //! ```
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU8, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::Duration;
 
 use ratelimit_core::{Clock, Timestamp};
@@ -99,9 +99,11 @@ pub enum CircuitState {
     HalfOpen,
 }
 
-const CLOSED: u8 = 0;
-const OPEN: u8 = 1;
-const HALF_OPEN: u8 = 2;
+const CLOSED: u64 = 0;
+const OPEN: u64 = 1;
+const HALF_OPEN: u64 = 2;
+/// The state's bits in the breaker's word; the time it last opened (µs) is above them.
+const STATE: u64 = 0b11;
 
 /// Whether a request may ask the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,9 +115,10 @@ pub(crate) enum Admit {
 
 pub(crate) struct Breaker {
     config: CircuitBreaker,
-    state: AtomicU8,
+    /// The state and the time it last opened, in one word (`opened_at_µs << 2 | state`), so that
+    /// the two always change together.
+    word: AtomicU64,
     failures: AtomicU32,
-    opened_at: AtomicU64,
     clock: Arc<dyn Clock>,
     gauge: metrics::Gauge,
     policy: Arc<str>,
@@ -139,9 +142,8 @@ impl Breaker {
     ) -> Breaker {
         Breaker {
             config,
-            state: AtomicU8::new(CLOSED),
+            word: AtomicU64::new(CLOSED),
             failures: AtomicU32::new(0),
-            opened_at: AtomicU64::new(0),
             clock,
             gauge,
             policy,
@@ -149,7 +151,7 @@ impl Breaker {
     }
 
     pub(crate) fn state(&self) -> CircuitState {
-        match self.state.load(Ordering::Acquire) {
+        match self.word.load(Ordering::Acquire) & STATE {
             CLOSED => CircuitState::Closed,
             OPEN => CircuitState::Open,
             _ => CircuitState::HalfOpen,
@@ -157,18 +159,24 @@ impl Breaker {
     }
 
     pub(crate) fn admit(&self) -> Admit {
-        match self.state.load(Ordering::Acquire) {
+        let word = self.word.load(Ordering::Acquire);
+        match word & STATE {
             CLOSED => Admit::Call,
             OPEN => {
-                let opened = Timestamp::from_micros(self.opened_at.load(Ordering::Acquire));
+                let opened = Timestamp::from_micros(word >> 2);
                 let cooled = self.clock.now().saturating_since(opened) >= self.config.cool_down;
                 if cooled
                     && self
-                        .state
-                        .compare_exchange(OPEN, HALF_OPEN, Ordering::AcqRel, Ordering::Acquire)
+                        .word
+                        .compare_exchange(
+                            word,
+                            (word & !STATE) | HALF_OPEN,
+                            Ordering::AcqRel,
+                            Ordering::Acquire,
+                        )
                         .is_ok()
                 {
-                    self.gauge.set(f64::from(HALF_OPEN));
+                    self.gauge.set(HALF_OPEN as f64);
                     tracing::info!(policy = %self.policy, "rate-limit store circuit half-open: probing");
                     Admit::Probe
                 } else {
@@ -182,8 +190,8 @@ impl Breaker {
     pub(crate) fn success(&self, probe: bool) {
         if probe {
             self.failures.store(0, Ordering::Release);
-            self.state.store(CLOSED, Ordering::Release);
-            self.gauge.set(f64::from(CLOSED));
+            self.word.store(CLOSED, Ordering::Release);
+            self.gauge.set(CLOSED as f64);
             tracing::info!(policy = %self.policy, "rate-limit store circuit closed");
         } else if self.failures.load(Ordering::Relaxed) != 0 {
             self.failures.store(0, Ordering::Release);
@@ -199,7 +207,7 @@ impl Breaker {
             .failures
             .fetch_add(1, Ordering::AcqRel)
             .saturating_add(1);
-        if n >= self.config.failure_threshold && self.state.load(Ordering::Acquire) == CLOSED {
+        if n >= self.config.failure_threshold && self.state() == CircuitState::Closed {
             self.open(CLOSED);
         }
     }
@@ -207,32 +215,33 @@ impl Breaker {
     /// The probe was answered without asking the store: the circuit stays open, cooled down, so
     /// that the next request probes.
     pub(crate) fn probe_not_asked(&self) {
-        if self
-            .state
-            .compare_exchange(HALF_OPEN, OPEN, Ordering::AcqRel, Ordering::Acquire)
-            .is_ok()
-        {
-            self.gauge.set(f64::from(OPEN));
+        let reopened = self
+            .word
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                (w & STATE == HALF_OPEN).then_some((w & !STATE) | OPEN)
+            })
+            .is_ok();
+        if reopened {
+            self.gauge.set(OPEN as f64);
         }
     }
 
     /// Opens the circuit if it is still in state `from` (a thread that saw it closed long ago
     /// must not re-open a circuit whose probe is out).
-    fn open(&self, from: u8) {
-        if self
-            .state
-            .compare_exchange(from, OPEN, Ordering::AcqRel, Ordering::Acquire)
-            .is_err()
-        {
+    fn open(&self, from: u64) {
+        let stamped = (self.clock.now().as_micros().min(u64::MAX >> 2) << 2) | OPEN;
+        let opened = self
+            .word
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                (w & STATE == from).then_some(stamped)
+            })
+            .is_ok();
+        if !opened {
             // Someone else moved it: a late failure must not restart the cool-down either.
             return;
         }
-        // Stamped after winning the state: between the two, a request may find the circuit open
-        // with an older stamp and probe at once (one early probe, whose answer decides as usual).
-        self.opened_at
-            .store(self.clock.now().as_micros(), Ordering::Release);
         self.failures.store(0, Ordering::Release);
-        self.gauge.set(f64::from(OPEN));
+        self.gauge.set(OPEN as f64);
         tracing::warn!(
             policy = %self.policy,
             cool_down_ms = self.config.cool_down.as_millis() as u64,
