@@ -143,7 +143,8 @@ impl Shared {
                 late_starts: 0,
                 max_start_lateness: Duration::ZERO,
                 last_end: None,
-                admissions: Vec::new(),
+                // At most one per request: never grown (and copied) under the lock mid-run.
+                admissions: Vec::with_capacity(total as usize),
             }),
         }
     }
@@ -792,6 +793,16 @@ fn users_above_in_some_interval(
             continue;
         }
         list.sort_unstable();
+        // The whole span of the user's admissions is one of the intervals below, and the
+        // cheapest: a user over its bound (a limiter that does not limit gives one user many
+        // admissions) needs no search.
+        let first_sent = list[0].0;
+        let last_answered = list.iter().map(|&(_, answered)| answered).max().unwrap_or(0);
+        let whole = Duration::from_micros(last_answered.saturating_sub(first_sent));
+        if list.len() as u64 > bound(whole) {
+            above += 1;
+            continue;
+        }
         let mut ends = Vec::with_capacity(list.len());
         let over = (0..list.len()).any(|a| {
             let sent_a = list[a].0;
