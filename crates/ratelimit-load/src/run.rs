@@ -797,7 +797,11 @@ fn users_above_in_some_interval(
         // cheapest: a user over its bound (a limiter that does not limit gives one user many
         // admissions) needs no search.
         let first_sent = list[0].0;
-        let last_answered = list.iter().map(|&(_, answered)| answered).max().unwrap_or(0);
+        let last_answered = list
+            .iter()
+            .map(|&(_, answered)| answered)
+            .max()
+            .unwrap_or(0);
         let whole = Duration::from_micros(last_answered.saturating_sub(first_sent));
         if list.len() as u64 > bound(whole) {
             above += 1;

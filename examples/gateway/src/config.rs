@@ -89,7 +89,8 @@ pub struct StoreConfig {
     /// Multiplexed Redis connections (default 1, `ratelimit_redis::DEFAULT_POOL_SIZE`).
     #[serde(default)]
     pub pool_size: Option<usize>,
-    /// How long opening a Redis connection may take, in milliseconds (default 1000).
+    /// How long opening a Redis connection may take, in milliseconds (default 1000,
+    /// `ratelimit_redis::DEFAULT_CONNECT_TIMEOUT`).
     #[serde(default)]
     pub connect_timeout_ms: Option<u64>,
     /// How long one check may take before it counts as a store failure, in milliseconds
@@ -328,9 +329,10 @@ impl StoreConfig {
         self.pool_size.unwrap_or(ratelimit_redis::DEFAULT_POOL_SIZE)
     }
 
-    /// `connect_timeout_ms`, or 1000.
+    /// `connect_timeout_ms`, or `ratelimit_redis::DEFAULT_CONNECT_TIMEOUT` in milliseconds.
     pub fn connect_timeout_ms(&self) -> u64 {
-        self.connect_timeout_ms.unwrap_or(1_000)
+        self.connect_timeout_ms
+            .unwrap_or(ratelimit_redis::DEFAULT_CONNECT_TIMEOUT.as_millis() as u64)
     }
 
     /// `max_keys`, or `ratelimit_core::DEFAULT_MAX_KEYS` (1,000,000).
@@ -393,7 +395,7 @@ impl StoreConfig {
                 self.connect_timeout_ms.is_some(),
             ),
         ];
-        if let (false, Some((field, _))) = (redis, redis_only.iter().find(|(_, set)| *set)) {
+        if !redis && let Some((field, _)) = redis_only.iter().find(|(_, set)| *set) {
             return Err(ConfigError::new(
                 *field,
                 "only used when kind is \"redis\" or \"redis_cluster\"",
