@@ -343,7 +343,7 @@ async fn a_check_whose_reply_is_lost_fails_and_counts_once() {
 
 /// A master dies and its replica takes over: checks of its slots fail (the failure policy decides
 /// those requests) until the cluster has failed over, then succeed by themselves, and the count
-/// goes on from the state the replica had (acknowledged by `WAIT` before the kill), once per
+/// goes on from the state the replica had (acknowledged by the replica before the kill), once per
 /// check. Checks of other masters' slots go on meanwhile.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_recover_after_a_master_fails_over_to_its_replica() {

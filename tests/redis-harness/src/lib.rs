@@ -294,9 +294,11 @@ impl RedisServer {
         cli(self.port, &self.auth_args(), args)
     }
 
-    /// Waits (up to 10 s) until this master has at least one replica and every replica has
-    /// acknowledged everything the master has written so far: each `slaveN` offset in
-    /// `INFO replication` reaches `master_repl_offset`. (`WAIT` sent through redis-cli would only
+    /// Waits (up to 10 s) until this master has at least one replica and every replica is online
+    /// (done with its initial sync) and has acknowledged everything the master has written so
+    /// far: each `slaveN` line of `INFO replication` says `state=online` and its offset reaches
+    /// `master_repl_offset` (a replica still syncing shows offset 0, which an empty master's
+    /// offset of 0 would not tell apart). (`WAIT` sent through redis-cli would only
     /// count the writes of redis-cli's own connection: none.) Replicas acknowledge about once a
     /// second. Panics on timeout.
     pub fn wait_replicated(&self) {
@@ -307,17 +309,16 @@ impl RedisServer {
                 .lines()
                 .find_map(|l| l.strip_prefix("master_repl_offset:")?.trim().parse().ok());
             // `slave0:ip=...,port=...,state=online,offset=<acknowledged>,lag=...`
-            let acked: Vec<u64> = info
-                .lines()
-                .filter(|l| l.starts_with("slave"))
-                .filter_map(|l| {
-                    l.split(',')
-                        .find_map(|kv| kv.strip_prefix("offset=")?.trim().parse().ok())
-                })
-                .collect();
+            let replicas: Vec<&str> = info.lines().filter(|l| l.starts_with("slave")).collect();
+            let acked = |l: &str| -> Option<u64> {
+                l.split(',')
+                    .find_map(|kv| kv.strip_prefix("offset=")?.trim().parse().ok())
+            };
             if let Some(w) = written
-                && !acked.is_empty()
-                && acked.iter().all(|&a| a >= w)
+                && !replicas.is_empty()
+                && replicas
+                    .iter()
+                    .all(|l| l.contains("state=online") && acked(l).is_some_and(|a| a >= w))
             {
                 return;
             }
