@@ -11,6 +11,7 @@ local FIELDS = { 'n1', 'n2', 'n3', 'n4', 'n5', 'n6', 'n7', 'n8' }
 local stored = redis.call('HMGET', hkey, unpack(FIELDS, 1, N))
 local exists = stored[1] ~= false
 local CHUNK = 32
+local RECOUNT_CHUNK = 1024
 
 local function parse(entry)
   local sep = string.find(entry, ':', 1, true)
@@ -22,17 +23,19 @@ end
 local function recount(lkey)
   local sum, pos = 0, 0
   while true do
-    local chunk = redis.call('LRANGE', lkey, pos, pos + 1023)
+    local chunk = redis.call('LRANGE', lkey, pos, pos + RECOUNT_CHUNK - 1)
     for j = 1, #chunk do
       local _, c = parse(chunk[j])
       sum = sum + c
     end
-    if #chunk < 1024 then return sum end
-    pos = pos + 1024
+    if #chunk < RECOUNT_CHUNK then return sum end
+    pos = pos + RECOUNT_CHUNK
   end
 end
 
 local plan = {}
+-- Recounted totals (field, total, ...), nil until the first: a denial stores them too.
+local repairs = nil
 local fresh_before, fresh_after = 0, 0
 for i = 1, N do
   local a = 4 + (i - 1) * 2
@@ -41,14 +44,9 @@ for i = 1, N do
   local total = 0
   local newest, newest_cost = nil, 0
   local last = redis.call('LINDEX', lkey, -1)
-  local repaired = nil
   if last then
     newest, newest_cost = parse(last)
     total = tonumber(stored[i])
-    if total == nil or total < 0 then
-      total = recount(lkey)
-      repaired = total
-    end
     if newest + p > fresh_before then fresh_before = newest + p end
   end
   local now = NOW
@@ -63,6 +61,12 @@ for i = 1, N do
       total = 0
       newest = nil
     else
+      if total == nil or total < 0 then
+        total = recount(lkey)
+        repairs = repairs or {}
+        repairs[#repairs + 1] = FIELDS[i]
+        repairs[#repairs + 1] = total
+      end
       local pos, done = 0, false
       while not done do
         local chunk = redis.call('LRANGE', lkey, pos, pos + CHUNK - 1)
@@ -132,7 +136,7 @@ for i = 1, N do
   if back then reset = back + p - now end
   consider(i, code, retry, limit, limit - total, reset)
   plan[i] = { lkey = lkey, pruned = pruned, merge = merge, push = push, now = now,
-              cost = newest_cost + COST, total = total, repaired = repaired }
+              cost = newest_cost + COST, total = total }
   if back and back + p > fresh_after then fresh_after = back + p end
 end
 
@@ -155,23 +159,13 @@ if b[1] == 0 then
     for i = 1, N do redis.call('PEXPIRE', KEYS[1 + i], ttl) end
   end
 else
-  -- A denial writes nothing, except a recounted total (for the whole log, which a denial does
-  -- not trim), so that the next checks need not recount.
-  local args = {}
-  for i = 1, N do
-    if plan[i].repaired then
-      args[#args + 1] = FIELDS[i]
-      args[#args + 1] = plan[i].repaired
-    end
+  -- A denial writes nothing but the expiry, and a recounted total (for the whole log, which a
+  -- denial does not trim), so that the next checks need not recount.
+  if repairs then redis.call('HSET', hkey, unpack(repairs)) end
+  if exists or repairs then
+    local ttl = ttl_ms(fresh_before)
+    redis.call('PEXPIRE', hkey, ttl)
+    for i = 1, N do redis.call('PEXPIRE', KEYS[1 + i], ttl) end
   end
-  if #args > 0 then
-    redis.call('HSET', hkey, unpack(args))
-    exists = true
-  end
-end
-if b[1] ~= 0 and exists then
-  local ttl = ttl_ms(fresh_before)
-  redis.call('PEXPIRE', hkey, ttl)
-  for i = 1, N do redis.call('PEXPIRE', KEYS[1 + i], ttl) end
 end
 return b
