@@ -165,11 +165,18 @@ def cmd(name):
 STAMP = os.path.getmtime(os.path.join(out, "start.stamp"))
 stale = set()
 
+def predates(path):
+    """Whether `path` was written before this run of bench.sh started (False if missing)."""
+    try:
+        return os.path.getmtime(path) < STAMP
+    except OSError:
+        return False
+
 def estimate(group, bench):
     path = f"target/criterion/{group}/{bench}/new/estimates.json"
+    if predates(path):
+        stale.add(group)
     try:
-        if os.path.getmtime(path) < STAMP:
-            stale.add(group)
         with open(path) as f:
             return json.load(f)["mean"]["point_estimate"]
     except (OSError, KeyError, ValueError):
@@ -275,14 +282,11 @@ if lines:
     w("```")
 else:
     w("_No output recorded._")
-try:
-    if os.path.getmtime(os.path.join(out, "redis_store.txt")) < STAMP:
-        w("")
-        w("_This output predates this run of `bench.sh` (the benchmark was skipped): it comes "
-          "from an earlier run on this machine, and so does the ceiling the system-level "
-          "figures below are compared with._")
-except OSError:
-    pass
+if predates(os.path.join(out, "redis_store.txt")):
+    w("")
+    w("_This output predates this run of `bench.sh` (the benchmark was skipped): it comes "
+      "from an earlier run on this machine, and so does the ceiling the system-level "
+      "figures below are compared with._")
 ceiling = None
 m = re.search(r"== token_bucket.*?\|\s*redis-benchmark[^|]*\|\s*([\d.]+)", redis_txt, re.S)
 if m:
