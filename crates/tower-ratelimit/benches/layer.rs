@@ -1,5 +1,7 @@
 //! Per-request cost of the layer through an axum `Router`, against a bare handler and against
-//! tower_governor configured alike (peer-IP key, token bucket, rate-limit headers on).
+//! tower_governor configured alike (peer-IP key, token bucket, rate-limit headers on or off). The
+//! `ours` rows use the default policy, which also puts a `Verdict` in the response extensions; the
+//! `lean` rows turn that off, as tower_governor has nothing like it.
 //!
 //! Run with: `cargo bench -p tower-ratelimit --bench layer`
 //!
@@ -35,9 +37,14 @@ fn bare() -> Router {
     Router::new().route("/", get(|| async { "ok" }))
 }
 
-fn ours(quota: Quota, headers: Headers) -> Router {
+/// Our layer; `verdict` puts a `Verdict` in the response extensions (the default; tower_governor
+/// has nothing like it, so the `lean` rows turn it off to compare like with like).
+fn ours(quota: Quota, headers: Headers, verdict: bool) -> Router {
     let limit = Limit::single(Algorithm::TokenBucket, quota).unwrap();
-    let policy = Policy::new("bench", limit).unwrap().headers(headers);
+    let policy = Policy::new("bench", limit)
+        .unwrap()
+        .headers(headers)
+        .verdict(verdict);
     bare().layer(RateLimitLayer::new(MemoryStore::new(), policy).unwrap())
 }
 
@@ -78,8 +85,26 @@ fn apps() -> Vec<(&'static str, Router, u16)> {
     let hour_nanos = 3_600_000_000_000;
     vec![
         ("bare", bare(), 200),
-        ("ours/allowed/headers", ours(plenty, Headers::ietf()), 200),
-        ("ours/denied/headers", ours(scarce, Headers::ietf()), 429),
+        (
+            "ours/allowed/headers",
+            ours(plenty, Headers::ietf(), true),
+            200,
+        ),
+        (
+            "ours/denied/headers",
+            ours(scarce, Headers::ietf(), true),
+            429,
+        ),
+        (
+            "lean/allowed/headers",
+            ours(plenty, Headers::ietf(), false),
+            200,
+        ),
+        (
+            "lean/denied/headers",
+            ours(scarce, Headers::ietf(), false),
+            429,
+        ),
         (
             "governor/allowed/headers",
             governor_with_headers(1, u32::MAX),
@@ -92,10 +117,24 @@ fn apps() -> Vec<(&'static str, Router, u16)> {
         ),
         (
             "ours/allowed/no-headers",
-            ours(plenty, Headers::none()),
+            ours(plenty, Headers::none(), true),
             200,
         ),
-        ("ours/denied/no-headers", ours(scarce, Headers::none()), 429),
+        (
+            "ours/denied/no-headers",
+            ours(scarce, Headers::none(), true),
+            429,
+        ),
+        (
+            "lean/allowed/no-headers",
+            ours(plenty, Headers::none(), false),
+            200,
+        ),
+        (
+            "lean/denied/no-headers",
+            ours(scarce, Headers::none(), false),
+            429,
+        ),
         (
             "governor/allowed/no-headers",
             governor_plain(1, u32::MAX),
@@ -170,7 +209,7 @@ fn ratios() {
         );
     }
     for mode in ["headers", "no-headers"] {
-        for who in ["ours", "governor"] {
+        for who in ["ours", "lean", "governor"] {
             let allowed = ns(&format!("{who}/allowed/{mode}"));
             let denied = ns(&format!("{who}/denied/{mode}"));
             println!(
@@ -179,12 +218,14 @@ fn ratios() {
                 allowed - bare
             );
         }
-        let ours = ns(&format!("ours/allowed/{mode}")) - bare;
         let governor = ns(&format!("governor/allowed/{mode}")) - bare;
-        println!(
-            "  {mode}: our allowed overhead / tower_governor's = {:.2}",
-            ours / governor
-        );
+        for who in ["ours", "lean"] {
+            let ours = ns(&format!("{who}/allowed/{mode}")) - bare;
+            println!(
+                "  {mode}: {who} allowed overhead / tower_governor's = {:.2}",
+                ours / governor
+            );
+        }
     }
 }
 

@@ -1,7 +1,7 @@
 //! Policies from configuration files (the `serde` feature).
 //!
 //! A [`PolicyConfig`] is the data part of a [`Policy`]: name, algorithm, quotas, tiers, header
-//! mode, body, failure policy, missing-key answer and dry run. What is code (the key extractor,
+//! mode, verdict, body, failure policy, missing-key answer and dry run. What is code (the key extractor,
 //! the cost function, the tier resolver, the allow-list) is added to the built policy.
 //!
 //! ```
@@ -55,6 +55,10 @@ pub struct PolicyConfig {
     /// Which rate-limit fields to send.
     #[serde(default)]
     pub headers: HeadersConfig,
+    /// Whether to put a `Verdict` in the response extensions (default `true`; see
+    /// [`Policy::verdict`]).
+    #[serde(default = "yes")]
+    pub verdict: bool,
     /// The body of a 429.
     #[serde(default)]
     pub body: BodyConfig,
@@ -222,6 +226,10 @@ fn limit(algorithm: Algorithm, quotas: &[QuotaConfig]) -> Result<Limit, Error> {
     Ok(Limit::new(algorithm, quotas)?)
 }
 
+fn yes() -> bool {
+    true
+}
+
 impl PolicyConfig {
     /// Builds the policy, or says which setting is wrong. Set the key extractor (and any cost
     /// function, tier resolver or allow-list) on the result.
@@ -245,6 +253,7 @@ impl PolicyConfig {
         let h = self.headers;
         Ok(policy
             .dry_run(self.dry_run)
+            .verdict(self.verdict)
             .headers(
                 Headers::ietf()
                     .with_ietf(h.ietf)

@@ -29,6 +29,7 @@ pin_project! {
 pin_project! {
     #[project = KindProj]
     enum Kind<F, B, E> {
+        // `post` is taken when the inner future completes.
         Inner { #[pin] fut: F, post: Option<Post> },
         Ready { response: Option<Response<ResponseBody<B>>> },
         Waiting { fut: Waiting<B, E> },
@@ -36,12 +37,9 @@ pin_project! {
 }
 
 impl<F, B, E> ResponseFuture<F, B, E> {
-    pub(crate) fn inner(fut: F, post: Post) -> Self {
+    pub(crate) fn inner(fut: F, post: Option<Post>) -> Self {
         ResponseFuture {
-            kind: Kind::Inner {
-                fut,
-                post: Some(post),
-            },
+            kind: Kind::Inner { fut, post },
         }
     }
 
@@ -83,10 +81,7 @@ where
         match self.project().kind.project() {
             KindProj::Inner { fut, post } => {
                 let response = ready!(fut.poll(cx))?;
-                Poll::Ready(Ok(match post.take() {
-                    Some(post) => post.apply(response),
-                    None => response.map(ResponseBody::inner),
-                }))
+                Poll::Ready(Ok(Post::apply_some(post.take(), response)))
             }
             KindProj::Ready { response } => Poll::Ready(Ok(response
                 .take()

@@ -43,11 +43,13 @@
 //!    `RateLimit-Policy` fields ([`response`]); if the store fails, the [`FailurePolicy`]
 //!    decides ([`failure`]);
 //! 5. counts the outcome ([`metrics`](mod@crate::metrics)) and puts a [`Verdict`] in the
-//!    response extensions.
+//!    response extensions (unless [`Policy::verdict`] turns that off).
 //!
 //! The in-memory path registers no timer and boxes no future: the store's answer is ready when
-//! `call` returns, so a denial is a response built at once. Its one allocation is the
-//! [`Verdict`] put in the response extensions (http allocates the extension map on first insert).
+//! `call` returns, so a denial is a response built at once. Its allocations are the [`Verdict`]
+//! put in the response extensions (http allocates the extension map, its table and the boxed
+//! value on the first insert); an app that never reads the verdict saves them with
+//! `Policy::verdict(false)`.
 //!
 //! # Layer order
 //!

@@ -191,17 +191,19 @@ impl Rt {
 
 /// What to do with the request once the check is over.
 pub(crate) enum Step<B> {
-    Forward(Post),
+    /// Call the inner service; then add the headers and the verdict, if there are any to add.
+    Forward(Option<Post>),
     Respond(Response<ResponseBody<B>>),
 }
 
-/// What to add to the inner service's response.
+/// What to add to the inner service's response: the headers, the verdict, or both.
 pub(crate) struct Post {
     rt: Arc<Rt>,
     kind: VerdictKind,
     decision: Option<Decision>,
     tier: usize,
     headers: bool,
+    verdict: bool,
 }
 
 impl fmt::Debug for Post {
@@ -224,10 +226,23 @@ impl Post {
                 d,
             );
         }
+        if self.verdict {
+            response
+                .extensions_mut()
+                .insert(Verdict::new(self.rt, self.kind, self.decision));
+        }
         response
-            .extensions_mut()
-            .insert(Verdict::new(self.rt, self.kind, self.decision));
-        response
+    }
+
+    /// `response` with what `post` adds, if anything.
+    pub(crate) fn apply_some<B>(
+        post: Option<Post>,
+        response: Response<B>,
+    ) -> Response<ResponseBody<B>> {
+        match post {
+            Some(post) => post.apply(response),
+            None => response.map(ResponseBody::inner),
+        }
     }
 }
 
@@ -238,13 +253,16 @@ impl<St: Store> Shared<St> {
         let headers = matches!(kind, VerdictKind::Allowed | VerdictKind::FallbackAllowed)
             && rt.policy.headers.any_on_allowed()
             && !rt.policy.dry_run;
-        Step::Forward(Post {
+        let verdict = rt.policy.verdict;
+        // Nothing to add: no reference to the policy travels with the request.
+        Step::Forward((headers || verdict).then(|| Post {
             rt: rt.clone(),
             kind,
             decision,
             tier,
             headers,
-        })
+            verdict,
+        }))
     }
 
     fn respond<B>(
@@ -254,9 +272,11 @@ impl<St: Store> Shared<St> {
         mut response: Response<ResponseBody<B>>,
     ) -> Step<B> {
         self.rt.metrics.decision(kind);
-        response
-            .extensions_mut()
-            .insert(Verdict::new(self.rt.clone(), kind, decision));
+        if self.rt.policy.verdict {
+            response
+                .extensions_mut()
+                .insert(Verdict::new(self.rt.clone(), kind, decision));
+        }
         Step::Respond(response)
     }
 
@@ -472,7 +492,7 @@ where
             match step {
                 Step::Forward(post) => {
                     let response = inner.call(Request::from_parts(parts, body)).await?;
-                    Ok(post.apply(response))
+                    Ok(Post::apply_some(post, response))
                 }
                 Step::Respond(response) => Ok(response),
             }

@@ -132,6 +132,43 @@ async fn no_fields_mode_keeps_retry_after() {
 }
 
 #[tokio::test]
+async fn the_verdict_can_be_left_out_of_the_extensions() {
+    let (_clock, memory) = store();
+    let limited = app(
+        memory,
+        Policy::new("api", five_a_minute()).unwrap().verdict(false),
+    );
+    for i in 0..5u64 {
+        let res = send(&limited, request("/")).await;
+        assert_eq!(res.status(), 200);
+        assert!(res.extensions().get::<Verdict>().is_none());
+        // The headers do not depend on it.
+        let expected = format!("\"api\";r={};t={}", 4 - i, 12 * (i + 1));
+        assert_eq!(header(&res, "ratelimit"), Some(expected.as_str()));
+    }
+    let res = send(&limited, request("/")).await;
+    assert_eq!(res.status(), 429);
+    assert!(res.extensions().get::<Verdict>().is_none());
+    assert_eq!(header(&res, "retry-after"), Some("12"));
+    assert_eq!(body_text(res).await, "Too Many Requests\n");
+
+    // Without headers and without the verdict, an allowed response is the inner one, untouched.
+    let (_clock, memory) = store();
+    let untouched = app(
+        memory,
+        Policy::new("api", five_a_minute())
+            .unwrap()
+            .headers(Headers::none())
+            .verdict(false),
+    );
+    let res = send(&untouched, request("/")).await;
+    assert_eq!(res.status(), 200);
+    assert!(res.extensions().get::<Verdict>().is_none());
+    assert!(res.headers().get("ratelimit").is_none());
+    assert_eq!(body_text(res).await, "ok");
+}
+
+#[tokio::test]
 async fn problem_json_body() {
     let (_clock, store) = store();
     let policy = Policy::new("api", five_a_minute())

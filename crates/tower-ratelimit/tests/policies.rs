@@ -315,6 +315,15 @@ async fn a_policy_from_a_configuration_file() {
         header(&res, "content-type"),
         Some("application/problem+json")
     );
+    assert!(
+        res.extensions().get::<tower_ratelimit::Verdict>().is_some(),
+        "the verdict is on by default"
+    );
+    let lean: PolicyConfig =
+        toml::from_str("name = \"x\"\nquotas = [{ limit = 1, per = \"second\" }]\nverdict = false")
+            .unwrap();
+    assert!(!lean.verdict);
+    assert!(format!("{:?}", lean.into_policy().unwrap()).contains("verdict: false"));
 
     let bad: Result<PolicyConfig, _> = toml::from_str("name = \"x\"\nquotas = []\nfoo = 1");
     assert!(bad.is_err(), "unknown fields are refused");
