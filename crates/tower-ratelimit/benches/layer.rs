@@ -1,7 +1,8 @@
 //! Per-request cost of the layer through an axum `Router`, against a bare handler and against
 //! tower_governor configured alike (peer-IP key, token bucket, rate-limit headers on or off). The
-//! `ours` rows use the default policy, which also puts a `Verdict` in the response extensions; the
-//! `lean` rows turn that off, as tower_governor has nothing like it.
+//! `ours` rows use the default policy, which also puts a `Verdict` in the response extensions and
+//! wraps the body in `ResponseBody`; the `lean` rows do neither (`Policy::verdict(false)`,
+//! `RateLimitLayer::same_body`), as tower_governor has nothing like them.
 //!
 //! Run with: `cargo bench -p tower-ratelimit --bench layer`
 //!
@@ -37,15 +38,21 @@ fn bare() -> Router {
     Router::new().route("/", get(|| async { "ok" }))
 }
 
-/// Our layer; `verdict` puts a `Verdict` in the response extensions (the default; tower_governor
-/// has nothing like it, so the `lean` rows turn it off to compare like with like).
-fn ours(quota: Quota, headers: Headers, verdict: bool) -> Router {
+/// Our layer with the default policy (`lean == false`), or configured as tower_governor is
+/// (`lean`): no `Verdict` in the response extensions, and the inner body type kept
+/// (`same_body`), since tower_governor has neither.
+fn ours(quota: Quota, headers: Headers, lean: bool) -> Router {
     let limit = Limit::single(Algorithm::TokenBucket, quota).unwrap();
     let policy = Policy::new("bench", limit)
         .unwrap()
         .headers(headers)
-        .verdict(verdict);
-    bare().layer(RateLimitLayer::new(MemoryStore::new(), policy).unwrap())
+        .verdict(!lean);
+    let layer = RateLimitLayer::new(MemoryStore::new(), policy).unwrap();
+    if lean {
+        bare().layer(layer.same_body())
+    } else {
+        bare().layer(layer)
+    }
 }
 
 fn governor_with_headers(per_nanos: u64, burst: u32) -> Router {
@@ -87,22 +94,22 @@ fn apps() -> Vec<(&'static str, Router, u16)> {
         ("bare", bare(), 200),
         (
             "ours/allowed/headers",
-            ours(plenty, Headers::ietf(), true),
-            200,
-        ),
-        (
-            "ours/denied/headers",
-            ours(scarce, Headers::ietf(), true),
-            429,
-        ),
-        (
-            "lean/allowed/headers",
             ours(plenty, Headers::ietf(), false),
             200,
         ),
         (
-            "lean/denied/headers",
+            "ours/denied/headers",
             ours(scarce, Headers::ietf(), false),
+            429,
+        ),
+        (
+            "lean/allowed/headers",
+            ours(plenty, Headers::ietf(), true),
+            200,
+        ),
+        (
+            "lean/denied/headers",
+            ours(scarce, Headers::ietf(), true),
             429,
         ),
         (
@@ -117,22 +124,22 @@ fn apps() -> Vec<(&'static str, Router, u16)> {
         ),
         (
             "ours/allowed/no-headers",
-            ours(plenty, Headers::none(), true),
-            200,
-        ),
-        (
-            "ours/denied/no-headers",
-            ours(scarce, Headers::none(), true),
-            429,
-        ),
-        (
-            "lean/allowed/no-headers",
             ours(plenty, Headers::none(), false),
             200,
         ),
         (
-            "lean/denied/no-headers",
+            "ours/denied/no-headers",
             ours(scarce, Headers::none(), false),
+            429,
+        ),
+        (
+            "lean/allowed/no-headers",
+            ours(plenty, Headers::none(), true),
+            200,
+        ),
+        (
+            "lean/denied/no-headers",
+            ours(scarce, Headers::none(), true),
             429,
         ),
         (

@@ -1,4 +1,22 @@
 //! The response body: the inner service's, or one the layer wrote (a 429, a 503, a 400).
+//!
+//! A [`BodyMode`] says how the layer's responses carry it. [`WrapBody`], the default, works with
+//! any inner body: responses carry a [`ResponseBody`] that is either the inner body or the
+//! layer's own. [`SameBody`] (`RateLimitLayer::same_body`) keeps the inner body type, for bodies
+//! that can be made from [`Bytes`] such as axum's `Body`: axum then has no second box to make,
+//! and a stack typed on `Response<axum::body::Body>` needs no mapping.
+//!
+//! ```
+//! use axum::{Router, body::Body, routing::get};
+//! use ratelimit_core::{Algorithm, Limit, MemoryStore, Quota};
+//! use tower_ratelimit::{Policy, RateLimitLayer};
+//!
+//! let policy = Policy::new("api", Limit::single(Algorithm::Gcra, Quota::per_second(10)?)?)?;
+//! let layer = RateLimitLayer::new(MemoryStore::new(), policy)?.same_body();
+//! let app: Router = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+//! # let _ = app;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
 
 use std::fmt;
 use std::pin::Pin;
@@ -7,6 +25,78 @@ use std::task::{Context, Poll};
 use bytes::Bytes;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
+
+/// How the responses of [`RateLimit`](crate::RateLimit) carry their body: [`WrapBody`] (the
+/// default, any body) or [`SameBody`] (the inner body type, for bodies made from [`Bytes`]). See
+/// the [module docs](self).
+///
+/// Sealed: the two modes are the crate's.
+#[diagnostic::on_unimplemented(
+    message = "the rate limit's body mode `{Self}` cannot carry a body of type `{B}`",
+    note = "`SameBody` needs a body that implements `From<Bytes>` (axum's `Body`, `Full<Bytes>`); \
+            leave out `.same_body()` to wrap any body in `ResponseBody`"
+)]
+pub trait BodyMode<B>: private::Sealed + Send + Sync + 'static {
+    /// The body of the layer's responses.
+    type Body;
+
+    /// The inner service's body, as the layer's.
+    #[doc(hidden)]
+    fn inner(body: B) -> Self::Body;
+
+    /// A complete body the layer wrote.
+    #[doc(hidden)]
+    fn full(data: Bytes) -> Self::Body;
+}
+
+mod private {
+    pub trait Sealed {}
+    impl Sealed for super::WrapBody {}
+    impl Sealed for super::SameBody {}
+}
+
+/// Responses carry a [`ResponseBody<B>`]: the inner body, or the layer's own. Works with any body
+/// whose data chunks can be made from [`Bytes`]. The default.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct WrapBody;
+
+impl<B> BodyMode<B> for WrapBody
+where
+    B: Body,
+    B::Data: From<Bytes>,
+{
+    type Body = ResponseBody<B>;
+
+    #[inline]
+    fn inner(body: B) -> ResponseBody<B> {
+        ResponseBody::inner(body)
+    }
+
+    fn full(data: Bytes) -> ResponseBody<B> {
+        ResponseBody::full(data)
+    }
+}
+
+/// Responses keep the inner service's body type `B`, and the layer's own bodies are made with
+/// `B::from(Bytes)`. Chosen with `RateLimitLayer::same_body`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SameBody;
+
+impl<B> BodyMode<B> for SameBody
+where
+    B: Body + From<Bytes>,
+{
+    type Body = B;
+
+    #[inline]
+    fn inner(body: B) -> B {
+        body
+    }
+
+    fn full(data: Bytes) -> B {
+        B::from(data)
+    }
+}
 
 pin_project! {
     /// The body of a response from [`RateLimit`](crate::RateLimit): the inner service's body, or

@@ -2,63 +2,69 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 
 use http::Response;
 use pin_project_lite::pin_project;
 
-use crate::body::ResponseBody;
+use crate::body::{BodyMode, WrapBody};
 use crate::service::Post;
 
-pub(crate) type Waiting<B, E> =
-    Pin<Box<dyn Future<Output = Result<Response<ResponseBody<B>>, E>> + Send + 'static>>;
+pub(crate) type Waiting<R, E> =
+    Pin<Box<dyn Future<Output = Result<Response<R>, E>> + Send + 'static>>;
 
 pin_project! {
-    /// The response future of [`RateLimit`](crate::RateLimit).
+    /// The response future of [`RateLimit`](crate::RateLimit): `F` is the inner service's future,
+    /// `R` the body of the responses (see [`BodyMode`]), `E` the inner service's error.
     ///
     /// When the store answered at once (the in-memory store always does), this is the inner
     /// service's future, or a response the layer wrote itself: nothing is boxed. Only a store that
     /// has to wait (a network store) moves the check into a boxed future with its timeout.
-    pub struct ResponseFuture<F, B, E> {
+    pub struct ResponseFuture<F, R, E, M = WrapBody> {
         #[pin]
-        kind: Kind<F, B, E>,
+        kind: Kind<F, R, E>,
+        _mode: PhantomData<fn() -> M>,
     }
 }
 
 pin_project! {
     #[project = KindProj]
-    enum Kind<F, B, E> {
+    enum Kind<F, R, E> {
         // `post` is taken when the inner future completes.
         Inner { #[pin] fut: F, post: Option<Post> },
-        Ready { response: Option<Response<ResponseBody<B>>> },
-        Waiting { fut: Waiting<B, E> },
+        Ready { response: Option<Response<R>> },
+        Waiting { fut: Waiting<R, E> },
     }
 }
 
-impl<F, B, E> ResponseFuture<F, B, E> {
+impl<F, R, E, M> ResponseFuture<F, R, E, M> {
     pub(crate) fn inner(fut: F, post: Option<Post>) -> Self {
         ResponseFuture {
             kind: Kind::Inner { fut, post },
+            _mode: PhantomData,
         }
     }
 
-    pub(crate) fn ready(response: Response<ResponseBody<B>>) -> Self {
+    pub(crate) fn ready(response: Response<R>) -> Self {
         ResponseFuture {
             kind: Kind::Ready {
                 response: Some(response),
             },
+            _mode: PhantomData,
         }
     }
 
-    pub(crate) fn waiting(fut: Waiting<B, E>) -> Self {
+    pub(crate) fn waiting(fut: Waiting<R, E>) -> Self {
         ResponseFuture {
             kind: Kind::Waiting { fut },
+            _mode: PhantomData,
         }
     }
 }
 
-impl<F, B, E> fmt::Debug for ResponseFuture<F, B, E> {
+impl<F, R, E, M> fmt::Debug for ResponseFuture<F, R, E, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.kind {
             Kind::Inner { .. } => "Inner",
@@ -71,17 +77,18 @@ impl<F, B, E> fmt::Debug for ResponseFuture<F, B, E> {
     }
 }
 
-impl<F, B, E> Future for ResponseFuture<F, B, E>
+impl<F, B, R, E, M> Future for ResponseFuture<F, R, E, M>
 where
     F: Future<Output = Result<Response<B>, E>>,
+    M: BodyMode<B, Body = R>,
 {
-    type Output = Result<Response<ResponseBody<B>>, E>;
+    type Output = Result<Response<R>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {
             KindProj::Inner { fut, post } => {
                 let response = ready!(fut.poll(cx))?;
-                Poll::Ready(Ok(Post::apply_some(post.take(), response)))
+                Poll::Ready(Ok(Post::apply_some::<M, B>(post.take(), response)))
             }
             KindProj::Ready { response } => Poll::Ready(Ok(response
                 .take()

@@ -1,12 +1,14 @@
 //! The [`RateLimitLayer`].
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
 use ratelimit_core::{Clock, MemoryStore, Store, SystemClock};
 use tower_layer::Layer;
 
+use crate::body::{SameBody, WrapBody};
 use crate::circuit_breaker::{Breaker, CircuitBreaker, CircuitState};
 use crate::service::{RateLimit, Rt, Shared};
 use crate::{Error, FailurePolicy, Policy};
@@ -18,8 +20,13 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 ///
 /// Use it with `Router::layer` (every route, one limit per key across them) or
 /// `Router::route_layer` (only the routes above it; unmatched paths still get 404, not 429).
-pub struct RateLimitLayer<St> {
+///
+/// `M` is the [`BodyMode`](crate::BodyMode): by default responses carry a
+/// [`ResponseBody`](crate::ResponseBody) around any inner body; [`same_body`](Self::same_body)
+/// keeps the inner body type.
+pub struct RateLimitLayer<St, M = WrapBody> {
     shared: Arc<Shared<St>>,
+    _mode: PhantomData<fn() -> M>,
 }
 
 impl<St: Store> RateLimitLayer<St> {
@@ -45,6 +52,19 @@ impl<St: Store> RateLimitLayer<St> {
 }
 
 impl<St> RateLimitLayer<St> {
+    /// Responses keep the inner service's body type instead of a
+    /// [`ResponseBody`](crate::ResponseBody) around it; the layer's own bodies (a 429, a 503) are
+    /// made with `From<Bytes>`. For axum (whose `Body` is such a type) this saves the second box
+    /// axum would make of a wrapped body, and keeps a stack typed on `Response<Body>` as it is.
+    pub fn same_body(self) -> RateLimitLayer<St, SameBody> {
+        RateLimitLayer {
+            shared: self.shared,
+            _mode: PhantomData,
+        }
+    }
+}
+
+impl<St, M> RateLimitLayer<St, M> {
     /// The policy.
     pub fn policy(&self) -> &Policy {
         &self.shared.rt.policy
@@ -61,15 +81,16 @@ impl<St> RateLimitLayer<St> {
     }
 }
 
-impl<St> Clone for RateLimitLayer<St> {
+impl<St, M> Clone for RateLimitLayer<St, M> {
     fn clone(&self) -> Self {
         RateLimitLayer {
             shared: self.shared.clone(),
+            _mode: PhantomData,
         }
     }
 }
 
-impl<St> fmt::Debug for RateLimitLayer<St> {
+impl<St, M> fmt::Debug for RateLimitLayer<St, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimitLayer")
             .field("policy", &self.shared.rt.policy)
@@ -79,8 +100,8 @@ impl<St> fmt::Debug for RateLimitLayer<St> {
     }
 }
 
-impl<S, St> Layer<S> for RateLimitLayer<St> {
-    type Service = RateLimit<S, St>;
+impl<S, St, M> Layer<S> for RateLimitLayer<St, M> {
+    type Service = RateLimit<S, St, M>;
 
     fn layer(&self, inner: S) -> Self::Service {
         RateLimit::from_shared(inner, self.shared.clone())
@@ -177,6 +198,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 breaker,
                 fallback,
             }),
+            _mode: PhantomData,
         })
     }
 }

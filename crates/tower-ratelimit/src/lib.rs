@@ -64,7 +64,7 @@
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
-mod body;
+pub mod body;
 pub mod circuit_breaker;
 pub mod client_ip;
 #[cfg(feature = "serde")]
@@ -79,7 +79,7 @@ pub mod policy;
 pub mod response;
 mod service;
 
-pub use body::ResponseBody;
+pub use body::{BodyMode, ResponseBody, SameBody, WrapBody};
 pub use circuit_breaker::{CircuitBreaker, CircuitState};
 pub use client_ip::{ClientIp, ClientIpError, ForwardedHeader};
 pub use error::Error;

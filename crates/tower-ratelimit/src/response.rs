@@ -62,7 +62,6 @@ use http::header::{CONTENT_TYPE, Entry, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use ratelimit_core::{Decision, Limit};
 
-use crate::body::ResponseBody;
 use crate::service::Rt;
 
 /// `RateLimit` (draft-ietf-httpapi-ratelimit-headers-10).
@@ -589,22 +588,21 @@ impl Bodies {
     }
 
     /// The 429 for `d`, with `Retry-After` and the fields of `mode`.
-    pub(crate) fn denied<B>(
+    pub(crate) fn denied(
         &self,
         name: &str,
         prepared: &Prepared,
         mode: Headers,
         d: &Decision,
-    ) -> Response<ResponseBody<B>> {
+    ) -> Response<Bytes> {
         let mut res = match &self.kind {
             DenialBody::PlainText => {
-                let mut r =
-                    Response::new(ResponseBody::full(Bytes::from_static(PLAIN_429.as_bytes())));
+                let mut r = Response::new(Bytes::from_static(PLAIN_429.as_bytes()));
                 r.headers_mut().insert(CONTENT_TYPE, TEXT_PLAIN);
                 r
             }
             DenialBody::ProblemJson => {
-                let mut r = Response::new(ResponseBody::full(self.problem.clone()));
+                let mut r = Response::new(self.problem.clone());
                 r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
                 r
             }
@@ -613,9 +611,7 @@ impl Bodies {
                     policy: name,
                     decision: d,
                 };
-                let custom = f(&denial);
-                let (parts, body) = custom.into_parts();
-                let mut r = Response::from_parts(parts, ResponseBody::full(body));
+                let mut r = f(&denial);
                 if r.status().is_success() {
                     // A 2xx for a denial would tell clients the request was served.
                     *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
@@ -640,12 +636,12 @@ impl Bodies {
 }
 
 /// A plain-text error response (missing key, fail closed).
-pub(crate) fn plain<B>(
+pub(crate) fn plain(
     status: StatusCode,
     text: &'static str,
     retry_after: Option<u64>,
-) -> Response<ResponseBody<B>> {
-    let mut r = Response::new(ResponseBody::full(Bytes::from_static(text.as_bytes())));
+) -> Response<Bytes> {
+    let mut r = Response::new(Bytes::from_static(text.as_bytes()));
     *r.status_mut() = status;
     r.headers_mut().insert(CONTENT_TYPE, TEXT_PLAIN);
     if let Some(secs) = retry_after {

@@ -3,6 +3,7 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -13,11 +14,10 @@ use quanta::Instant;
 use bytes::Bytes;
 use http::request::Parts;
 use http::{Request, Response, StatusCode};
-use http_body::Body;
 use ratelimit_core::{Clock, Decision, Limit, MemoryStore, Store};
 use tower_service::Service;
 
-use crate::body::ResponseBody;
+use crate::body::{BodyMode, WrapBody};
 use crate::circuit_breaker::{Admit, Breaker, CircuitState, ProbeGuard};
 use crate::future::ResponseFuture;
 use crate::key::KeyBuf;
@@ -34,22 +34,32 @@ use crate::{FailurePolicy, RateLimitLayer};
 ///
 /// The store's future must be `Unpin`, so that `call` can poll it once in place: the in-memory
 /// store's (`std::future::Ready`) is, and so is any boxed future (the Redis store's).
-pub struct RateLimit<S, St> {
+///
+/// `M` is the [`BodyMode`]: responses carry a [`ResponseBody`](crate::ResponseBody) around any
+/// inner body by default, or keep the inner body type ([`RateLimitLayer::same_body`]).
+pub struct RateLimit<S, St, M = WrapBody> {
     inner: S,
     shared: Arc<Shared<St>>,
+    _mode: PhantomData<fn() -> M>,
 }
 
 impl<S, St> RateLimit<S, St> {
-    pub(crate) fn from_shared(inner: S, shared: Arc<Shared<St>>) -> Self {
-        RateLimit { inner, shared }
-    }
-
     /// A layer applying `policy` over `store` (the same as [`RateLimitLayer::new`]).
     pub fn layer(store: St, policy: Policy) -> Result<RateLimitLayer<St>, crate::Error>
     where
         St: Store,
     {
         RateLimitLayer::new(store, policy)
+    }
+}
+
+impl<S, St, M> RateLimit<S, St, M> {
+    pub(crate) fn from_shared(inner: S, shared: Arc<Shared<St>>) -> Self {
+        RateLimit {
+            inner,
+            shared,
+            _mode: PhantomData,
+        }
     }
 
     /// The inner service.
@@ -73,16 +83,17 @@ impl<S, St> RateLimit<S, St> {
     }
 }
 
-impl<S: Clone, St> Clone for RateLimit<S, St> {
+impl<S: Clone, St, M> Clone for RateLimit<S, St, M> {
     fn clone(&self) -> Self {
         RateLimit {
             inner: self.inner.clone(),
             shared: self.shared.clone(),
+            _mode: PhantomData,
         }
     }
 }
 
-impl<S: fmt::Debug, St> fmt::Debug for RateLimit<S, St> {
+impl<S: fmt::Debug, St, M> fmt::Debug for RateLimit<S, St, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RateLimit")
             .field("inner", &self.inner)
@@ -190,10 +201,11 @@ impl Rt {
 }
 
 /// What to do with the request once the check is over.
-pub(crate) enum Step<B> {
+pub(crate) enum Step {
     /// Call the inner service; then add the headers and the verdict, if there are any to add.
     Forward(Option<Post>),
-    Respond(Response<ResponseBody<B>>),
+    /// Answer with the layer's own response (its body becomes the body mode's).
+    Respond(Response<Bytes>),
 }
 
 /// What to add to the inner service's response: the headers, the verdict, or both.
@@ -216,8 +228,8 @@ impl fmt::Debug for Post {
 }
 
 impl Post {
-    pub(crate) fn apply<B>(self, response: Response<B>) -> Response<ResponseBody<B>> {
-        let mut response = response.map(ResponseBody::inner);
+    pub(crate) fn apply<M: BodyMode<B>, B>(self, response: Response<B>) -> Response<M::Body> {
+        let mut response = response.map(M::inner);
         if let (true, Some(d)) = (self.headers, &self.decision) {
             let fallback = self.kind == VerdictKind::FallbackAllowed;
             self.rt.tiers[self.tier].prepared(fallback).write(
@@ -235,19 +247,19 @@ impl Post {
     }
 
     /// `response` with what `post` adds, if anything.
-    pub(crate) fn apply_some<B>(
+    pub(crate) fn apply_some<M: BodyMode<B>, B>(
         post: Option<Post>,
         response: Response<B>,
-    ) -> Response<ResponseBody<B>> {
+    ) -> Response<M::Body> {
         match post {
-            Some(post) => post.apply(response),
-            None => response.map(ResponseBody::inner),
+            Some(post) => post.apply::<M, B>(response),
+            None => response.map(M::inner),
         }
     }
 }
 
 impl<St: Store> Shared<St> {
-    fn forward<B>(&self, kind: VerdictKind, decision: Option<Decision>, tier: usize) -> Step<B> {
+    fn forward(&self, kind: VerdictKind, decision: Option<Decision>, tier: usize) -> Step {
         let rt = &self.rt;
         rt.metrics.decision(kind);
         let headers = matches!(kind, VerdictKind::Allowed | VerdictKind::FallbackAllowed)
@@ -265,12 +277,12 @@ impl<St: Store> Shared<St> {
         }))
     }
 
-    fn respond<B>(
+    fn respond(
         &self,
         kind: VerdictKind,
         decision: Option<Decision>,
-        mut response: Response<ResponseBody<B>>,
-    ) -> Step<B> {
+        mut response: Response<Bytes>,
+    ) -> Step {
         self.rt.metrics.decision(kind);
         if self.rt.policy.verdict {
             response
@@ -281,7 +293,7 @@ impl<St: Store> Shared<St> {
     }
 
     /// A decision from the store (or the fallback).
-    fn decide<B>(&self, d: Decision, tier: usize, fallback: bool) -> Step<B> {
+    fn decide(&self, d: Decision, tier: usize, fallback: bool) -> Step {
         let rt = &self.rt;
         if d.is_allowed() {
             let kind = if fallback {
@@ -316,7 +328,7 @@ impl<St: Store> Shared<St> {
     }
 
     /// The store could not answer.
-    fn on_failure<B>(&self, kind: FailureKind, tier: usize, key: &[u8], cost: u64) -> Step<B> {
+    fn on_failure(&self, kind: FailureKind, tier: usize, key: &[u8], cost: u64) -> Step {
         let rt = &self.rt;
         rt.metrics.failure(kind);
         match rt.policy.failure {
@@ -348,7 +360,7 @@ impl<St: Store> Shared<St> {
 
     /// The store's answer; `waited` says it had to wait for it (it asked the store, so a success
     /// is evidence of the store's health).
-    fn after_check<B>(
+    fn after_check(
         &self,
         result: Result<Decision, St::Error>,
         probe: bool,
@@ -356,7 +368,7 @@ impl<St: Store> Shared<St> {
         tier: usize,
         key: &[u8],
         cost: u64,
-    ) -> Step<B> {
+    ) -> Step {
         match result {
             Ok(d) => {
                 match &self.breaker {
@@ -376,7 +388,7 @@ impl<St: Store> Shared<St> {
         }
     }
 
-    fn after_timeout<B>(&self, probe: bool, tier: usize, key: &[u8], cost: u64) -> Step<B> {
+    fn after_timeout(&self, probe: bool, tier: usize, key: &[u8], cost: u64) -> Step {
         if let Some(b) = &self.breaker {
             b.failure(probe);
         }
@@ -389,20 +401,21 @@ impl<St: Store> Shared<St> {
     }
 }
 
-impl<S, St, ReqB, ResB> Service<Request<ReqB>> for RateLimit<S, St>
+impl<S, St, M, ReqB, ResB> Service<Request<ReqB>> for RateLimit<S, St, M>
 where
     S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Send + 'static,
     ReqB: Send + 'static,
-    ResB: Body + Send + 'static,
-    ResB::Data: From<Bytes>,
+    ResB: Send + 'static,
+    M: BodyMode<ResB>,
+    M::Body: Send + 'static,
     St: Store,
     St::Future: Unpin,
 {
-    type Response = Response<ResponseBody<ResB>>;
+    type Response = Response<M::Body>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, ResB, S::Error>;
+    type Future = ResponseFuture<S::Future, M::Body, S::Error, M>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -492,9 +505,9 @@ where
             match step {
                 Step::Forward(post) => {
                     let response = inner.call(Request::from_parts(parts, body)).await?;
-                    Ok(Post::apply_some(post, response))
+                    Ok(Post::apply_some::<M, ResB>(post, response))
                 }
-                Step::Respond(response) => Ok(response),
+                Step::Respond(response) => Ok(response.map(M::full)),
             }
         }))
     }
@@ -522,21 +535,22 @@ fn sample_timing() -> bool {
     })
 }
 
-impl<S, St> RateLimit<S, St> {
+impl<S, St, M> RateLimit<S, St, M> {
     fn step<ReqB, ResB>(
         &mut self,
-        step: Step<ResB>,
+        step: Step,
         parts: Parts,
         body: ReqB,
-    ) -> ResponseFuture<S::Future, ResB, S::Error>
+    ) -> ResponseFuture<S::Future, M::Body, S::Error, M>
     where
         S: Service<Request<ReqB>, Response = Response<ResB>>,
+        M: BodyMode<ResB>,
     {
         match step {
             Step::Forward(post) => {
                 ResponseFuture::inner(self.inner.call(Request::from_parts(parts, body)), post)
             }
-            Step::Respond(response) => ResponseFuture::ready(response),
+            Step::Respond(response) => ResponseFuture::ready(response.map(M::full)),
         }
     }
 }

@@ -178,6 +178,53 @@ async fn a_slow_store_that_answers_in_time_decides() {
     assert_eq!(store.calls(), 3);
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_store_that_has_to_wait_answers_in_the_inner_body_type_with_same_body() {
+    let (_clock, memory) = store();
+    let store = Arc::new(SwitchStore::new(memory));
+    let layer = RateLimitLayer::new(
+        store.clone(),
+        Policy::new("async", per_minute(1))
+            .unwrap()
+            .failure(FailurePolicy::fail_closed(Duration::from_secs(2))),
+    )
+    .unwrap()
+    .same_body();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let res = send(&app, request("/")).await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(body_text(res).await, "ok");
+    let res = send(&app, request("/")).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(header(&res, "retry-after"), Some("60"));
+    assert_eq!(body_text(res).await, "Too Many Requests\n");
+    assert_eq!(store.calls(), 2);
+
+    // A store that fails: the fail-closed 503 is written in the inner body type too.
+    let layer = RateLimitLayer::builder(
+        FailingStore::default(),
+        Policy::new("closed", per_minute(1))
+            .unwrap()
+            .failure(FailurePolicy::fail_closed(Duration::from_secs(2))),
+    )
+    .no_circuit_breaker()
+    .build()
+    .unwrap()
+    .same_body();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let res = send(&app, request("/")).await;
+    assert_eq!(res.status(), 503);
+    assert_eq!(header(&res, "retry-after"), Some("2"));
+    assert_eq!(
+        body_text(res).await,
+        "Service Unavailable: the rate limiter cannot decide\n"
+    );
+}
+
 /// Store latency: every answer that has to wait is timed; answers that come at once are sampled
 /// at random, about one in 64, even when two layers' calls interleave on one thread. (The
 /// sampler's sequence is fixed per thread, so the counts are the same on every run.)

@@ -284,3 +284,79 @@ async fn works_with_a_non_axum_body_type() {
         .to_bytes();
     assert_eq!(&body[..], b"Too Many Requests\n");
 }
+
+#[tokio::test]
+async fn same_body_keeps_the_inner_body_type() {
+    use http_body_util::Full;
+    use tower::{ServiceExt, service_fn};
+    let (_clock, memory) = store();
+    let layer = RateLimitLayer::new(
+        memory,
+        Policy::new("api", five_a_minute()).unwrap().key(GlobalKey),
+    )
+    .unwrap()
+    .same_body();
+    let svc = tower::ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(|_req: http::Request<String>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                bytes::Bytes::from_static(b"hi"),
+            )))
+        }));
+    async fn collect(res: http::Response<Full<bytes::Bytes>>) -> bytes::Bytes {
+        // The type says it: the inner body, not a wrapper around it.
+        http_body_util::BodyExt::collect(res.into_body())
+            .await
+            .unwrap()
+            .to_bytes()
+    }
+    for i in 0..5u64 {
+        let res = svc
+            .clone()
+            .oneshot(http::Request::new(String::new()))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        let expected = format!("\"api\";r={};t={}", 4 - i, 12 * (i + 1));
+        assert_eq!(header(&res, "ratelimit"), Some(expected.as_str()));
+        assert_eq!(
+            res.extensions().get::<Verdict>().unwrap().kind(),
+            VerdictKind::Allowed
+        );
+        assert_eq!(&collect(res).await[..], b"hi");
+    }
+    let res = svc
+        .oneshot(http::Request::new(String::new()))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 429);
+    assert_eq!(header(&res, "retry-after"), Some("12"));
+    assert_eq!(
+        header(&res, "content-type"),
+        Some("text/plain; charset=utf-8")
+    );
+    assert_eq!(&collect(res).await[..], b"Too Many Requests\n");
+}
+
+#[tokio::test]
+async fn same_body_on_an_axum_router_answers_with_axum_bodies() {
+    let (_clock, memory) = store();
+    // The default key is the peer address: a request without one gets the 400 the layer writes.
+    let layer = RateLimitLayer::new(memory, Policy::new("api", five_a_minute()).unwrap())
+        .unwrap()
+        .same_body();
+    let svc = tower::ServiceBuilder::new().layer(layer).service(
+        Router::new()
+            .route("/", get(|| async { "ok" }))
+            .into_service::<axum::body::Body>(),
+    );
+    let res: http::Response<axum::body::Body> =
+        tower::ServiceExt::oneshot(svc.clone(), http::Request::new(axum::body::Body::empty()))
+            .await
+            .unwrap();
+    assert_eq!(res.status(), 400);
+    assert_eq!(body_text(res).await, "No rate-limit key in the request\n");
+    let res = tower::ServiceExt::oneshot(svc, request("/")).await.unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(body_text(res).await, "ok");
+}

@@ -44,7 +44,7 @@ pub async fn send(app: &Router, req: Request<Body>) -> Response<Body> {
     app.clone().oneshot(req).await.unwrap()
 }
 
-pub fn header<'a>(res: &'a Response<Body>, name: &str) -> Option<&'a str> {
+pub fn header<'a, B>(res: &'a Response<B>, name: &str) -> Option<&'a str> {
     res.headers().get(name).map(|v| v.to_str().unwrap())
 }
 
