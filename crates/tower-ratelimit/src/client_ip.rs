@@ -375,6 +375,11 @@ impl ClientIp {
     /// this request.
     #[must_use]
     pub fn key(&self, peer: IpAddr, headers: &HeaderMap) -> IpKey {
+        if self.trusted.is_empty() {
+            // No proxy is trusted (`ClientIp::peer`, `PeerIp`): the peer is the client, and the
+            // headers are never read.
+            return key_bytes(self.mask(peer));
+        }
         key_bytes(self.resolve(peer, headers))
     }
 
