@@ -75,6 +75,19 @@ pub static X_RATELIMIT_REMAINING: HeaderName = HeaderName::from_static("x-rateli
 /// The legacy `X-RateLimit-Reset` (seconds from now).
 pub static X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
 
+/// The same names as constants, for `HeaderMap::entry`, which takes its name by value: a constant
+/// is built in place, where a static would be cloned on every response.
+mod names {
+    #![allow(clippy::declare_interior_mutable_const)] // Each use is a fresh value; none is mutated.
+    use http::HeaderName;
+    pub(super) const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+    pub(super) const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+    pub(super) const X_RATELIMIT_LIMIT: HeaderName = HeaderName::from_static("x-ratelimit-limit");
+    pub(super) const X_RATELIMIT_REMAINING: HeaderName =
+        HeaderName::from_static("x-ratelimit-remaining");
+    pub(super) const X_RATELIMIT_RESET: HeaderName = HeaderName::from_static("x-ratelimit-reset");
+}
+
 /// The problem type of draft-ietf-httpapi-ratelimit-headers-10 for a 429.
 pub const QUOTA_EXCEEDED_TYPE: &str =
     "https://iana.org/assignments/http-problem-types#quota-exceeded";
@@ -538,21 +551,21 @@ impl Prepared {
     /// Adds the rate-limit fields of `mode` for `d`, leaving any already set.
     pub(crate) fn write(&self, headers: &mut HeaderMap, mode: Headers, d: &Decision) {
         if mode.ietf {
-            if let Entry::Vacant(v) = headers.entry(&RATELIMIT_POLICY) {
+            if let Entry::Vacant(v) = headers.entry(names::RATELIMIT_POLICY) {
                 v.insert(self.policy_value.clone());
             }
-            if let Entry::Vacant(v) = headers.entry(&RATELIMIT) {
+            if let Entry::Vacant(v) = headers.entry(names::RATELIMIT) {
                 v.insert(self.rate_limit_value(d));
             }
         }
         if mode.legacy {
-            if let Entry::Vacant(v) = headers.entry(&X_RATELIMIT_LIMIT) {
+            if let Entry::Vacant(v) = headers.entry(names::X_RATELIMIT_LIMIT) {
                 v.insert(number(d.limit()));
             }
-            if let Entry::Vacant(v) = headers.entry(&X_RATELIMIT_REMAINING) {
+            if let Entry::Vacant(v) = headers.entry(names::X_RATELIMIT_REMAINING) {
                 v.insert(number(d.remaining()));
             }
-            if let Entry::Vacant(v) = headers.entry(&X_RATELIMIT_RESET) {
+            if let Entry::Vacant(v) = headers.entry(names::X_RATELIMIT_RESET) {
                 v.insert(number(reset_secs(d)));
             }
         }
@@ -674,6 +687,15 @@ mod tests {
         assert_eq!(retry_after_secs(Duration::from_millis(1_001)), 2);
         assert_eq!(retry_after_secs(Duration::from_secs(3)), 3);
         assert_eq!(secs_ceil(Duration::ZERO), 0);
+    }
+
+    #[test]
+    fn the_constant_names_are_the_public_ones() {
+        assert_eq!(names::RATELIMIT, RATELIMIT);
+        assert_eq!(names::RATELIMIT_POLICY, RATELIMIT_POLICY);
+        assert_eq!(names::X_RATELIMIT_LIMIT, X_RATELIMIT_LIMIT);
+        assert_eq!(names::X_RATELIMIT_REMAINING, X_RATELIMIT_REMAINING);
+        assert_eq!(names::X_RATELIMIT_RESET, X_RATELIMIT_RESET);
     }
 
     #[test]
