@@ -222,9 +222,12 @@ where
         } else {
             builder.no_circuit_breaker()
         };
+        // The layers stack on axum handlers, whose bodies are axum's `Body`: keeping that type
+        // spares axum a box per layer per response.
         let layer = builder
             .build()
-            .map_err(|e| ConfigError::new(format!("routes[{i}].policy"), e))?;
+            .map_err(|e| ConfigError::new(format!("routes[{i}].policy"), e))?
+            .same_body();
         layers.push((path, layer));
     }
 
