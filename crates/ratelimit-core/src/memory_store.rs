@@ -212,8 +212,13 @@ impl<C> MemoryStore<C> {
                 return decision;
             }
             let (decision, next) = compact::check(limit, Some(word), now, cost);
-            if let Some(next) = next {
-                table.store(i, next);
+            match next {
+                // The common case written here, in registers: passing the whole `Next` to a call
+                // spilled it to the stack in two halves and read it back in one, a
+                // store-forwarding stall on every allowed check.
+                Some(compact::Next::Inline(word)) => table.buckets[i].word = word,
+                Some(next) => table.store(i, next),
+                None => {}
             }
             return decision;
         }
