@@ -30,12 +30,9 @@ use pin_project_lite::pin_project;
 /// default, any body) or [`SameBody`] (the inner body type, for bodies made from [`Bytes`]). See
 /// the [module docs](self).
 ///
-/// Sealed: the two modes are the crate's.
-#[diagnostic::on_unimplemented(
-    message = "the rate limit's body mode `{Self}` cannot carry a body of type `{B}`",
-    note = "`SameBody` needs a body that implements `From<Bytes>` (axum's `Body`, `Full<Bytes>`); \
-            leave out `.same_body()` to wrap any body in `ResponseBody`"
-)]
+/// Sealed: the two modes are the crate's. With [`SameBody`], a body that cannot be made from
+/// [`Bytes`] leaves `RateLimit` without a `Service` impl (the compiler says the `Service` bound is
+/// not satisfied): use the default mode for such bodies.
 pub trait BodyMode<B>: private::Sealed + Send + Sync + 'static {
     /// The body of the layer's responses.
     type Body;

@@ -1567,6 +1567,33 @@ mod tests {
         }
 
         #[test]
+        fn prop_key_without_trusted_proxies_is_the_masked_peer(
+            v6 in any::<[u8; 16]>(),
+            v4 in any::<[u8; 4]>(),
+            form in 0u8..3,
+            v4_prefix in 0u8..=32,
+            v6_prefix in 0u8..=128,
+            line in prop::sample::select(vec!["203.0.113.7", "for=198.51.100.1", "2001:db8::1, 10.0.0.1"]),
+        ) {
+            // `key` skips the walk when no proxy is trusted: it must give what `resolve` gives,
+            // for IPv4, IPv6 and IPv4-mapped IPv6 peers, any prefix, and headers present or not.
+            let peer = match form {
+                0 => IpAddr::V4(Ipv4Addr::from(v4)),
+                1 => IpAddr::V6(Ipv6Addr::from(v6)),
+                _ => IpAddr::V6(Ipv4Addr::from(v4).to_ipv6_mapped()),
+            };
+            let mut h = HeaderMap::new();
+            h.append(X_FORWARDED_FOR, HeaderValue::from_static(line));
+            h.append(FORWARDED, HeaderValue::from_static(line));
+            let none: [&str; 0] = [];
+            for c in [ClientIp::peer(), ClientIp::behind_proxies(none).unwrap()] {
+                let c = c.ipv4_prefix(v4_prefix).unwrap().ipv6_prefix(v6_prefix).unwrap();
+                prop_assert_eq!(c.key(peer, &h).to_vec(), key_bytes(c.resolve(peer, &h)).to_vec());
+                prop_assert_eq!(c.key(peer, &h).to_vec(), key_bytes(c.mask(peer)).to_vec());
+            }
+        }
+
+        #[test]
         fn prop_key_roundtrip(bytes in prop::collection::vec(any::<u8>(), 0..20), v6 in any::<[u8; 16]>()) {
             if let Some(addr) = IpKey::decode(&bytes) {
                 prop_assert_eq!(key_bytes(addr).to_vec(), bytes);

@@ -17,15 +17,19 @@ pub(crate) type Waiting<R, E> =
 
 pin_project! {
     /// The response future of [`RateLimit`](crate::RateLimit): `F` is the inner service's future,
-    /// `R` the body of the responses (see [`BodyMode`]), `E` the inner service's error.
+    /// `B` the inner service's response body, `E` its error, and `M` the [`BodyMode`], which
+    /// gives the body of the layer's responses (`ResponseBody<B>` by default).
     ///
     /// When the store answered at once (the in-memory store always does), this is the inner
     /// service's future, or a response the layer wrote itself: nothing is boxed. Only a store that
     /// has to wait (a network store) moves the check into a boxed future with its timeout.
-    pub struct ResponseFuture<F, R, E, M = WrapBody> {
+    pub struct ResponseFuture<F, B, E, M = WrapBody>
+    where
+        M: BodyMode<B>,
+    {
         #[pin]
-        kind: Kind<F, R, E>,
-        _mode: PhantomData<fn() -> M>,
+        kind: Kind<F, M::Body, E>,
+        _mode: PhantomData<fn() -> (B, M)>,
     }
 }
 
@@ -39,7 +43,7 @@ pin_project! {
     }
 }
 
-impl<F, R, E, M> ResponseFuture<F, R, E, M> {
+impl<F, B, E, M: BodyMode<B>> ResponseFuture<F, B, E, M> {
     pub(crate) fn inner(fut: F, post: Option<Post>) -> Self {
         ResponseFuture {
             kind: Kind::Inner { fut, post },
@@ -47,7 +51,7 @@ impl<F, R, E, M> ResponseFuture<F, R, E, M> {
         }
     }
 
-    pub(crate) fn ready(response: Response<R>) -> Self {
+    pub(crate) fn ready(response: Response<M::Body>) -> Self {
         ResponseFuture {
             kind: Kind::Ready {
                 response: Some(response),
@@ -56,7 +60,7 @@ impl<F, R, E, M> ResponseFuture<F, R, E, M> {
         }
     }
 
-    pub(crate) fn waiting(fut: Waiting<R, E>) -> Self {
+    pub(crate) fn waiting(fut: Waiting<M::Body, E>) -> Self {
         ResponseFuture {
             kind: Kind::Waiting { fut },
             _mode: PhantomData,
@@ -64,7 +68,7 @@ impl<F, R, E, M> ResponseFuture<F, R, E, M> {
     }
 }
 
-impl<F, R, E, M> fmt::Debug for ResponseFuture<F, R, E, M> {
+impl<F, B, E, M: BodyMode<B>> fmt::Debug for ResponseFuture<F, B, E, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.kind {
             Kind::Inner { .. } => "Inner",
@@ -77,12 +81,12 @@ impl<F, R, E, M> fmt::Debug for ResponseFuture<F, R, E, M> {
     }
 }
 
-impl<F, B, R, E, M> Future for ResponseFuture<F, R, E, M>
+impl<F, B, E, M> Future for ResponseFuture<F, B, E, M>
 where
     F: Future<Output = Result<Response<B>, E>>,
-    M: BodyMode<B, Body = R>,
+    M: BodyMode<B>,
 {
-    type Output = Result<Response<R>, E>;
+    type Output = Result<Response<M::Body>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().kind.project() {

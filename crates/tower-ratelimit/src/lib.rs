@@ -46,10 +46,11 @@
 //!    response extensions (unless [`Policy::verdict`] turns that off).
 //!
 //! The in-memory path registers no timer and boxes no future: the store's answer is ready when
-//! `call` returns, so a denial is a response built at once. Its allocations are the [`Verdict`]
-//! put in the response extensions (http allocates the extension map, its table and the boxed
-//! value on the first insert); an app that never reads the verdict saves them with
-//! `Policy::verdict(false)`.
+//! `call` returns, so a denial is a response built at once. What an allowed request allocates is
+//! the `RateLimit` field's value and the [`Verdict`] put in the response extensions (http
+//! allocates the extension map, its table and the boxed value on the first insert); an app that
+//! never reads the verdict saves those three with `Policy::verdict(false)`. A denial also
+//! allocates its response's header map.
 //!
 //! # Layer order
 //!

@@ -415,7 +415,7 @@ where
 {
     type Response = Response<M::Body>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, M::Body, S::Error, M>;
+    type Future = ResponseFuture<S::Future, ResB, S::Error, M>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
         self.inner.poll_ready(cx)
@@ -541,7 +541,7 @@ impl<S, St, M> RateLimit<S, St, M> {
         step: Step,
         parts: Parts,
         body: ReqB,
-    ) -> ResponseFuture<S::Future, M::Body, S::Error, M>
+    ) -> ResponseFuture<S::Future, ResB, S::Error, M>
     where
         S: Service<Request<ReqB>, Response = Response<ResB>>,
         M: BodyMode<ResB>,
@@ -551,6 +551,51 @@ impl<S, St, M> RateLimit<S, St, M> {
                 ResponseFuture::inner(self.inner.call(Request::from_parts(parts, body)), post)
             }
             Step::Respond(response) => ResponseFuture::ready(response.map(M::full)),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Headers;
+    use ratelimit_core::{Algorithm, Quota};
+
+    fn shared(policy: Policy) -> Shared<MemoryStore> {
+        Shared {
+            store: MemoryStore::new(),
+            rt: Arc::new(Rt::new(policy).unwrap()),
+            timeout: Duration::from_millis(50),
+            breaker: None,
+            fallback: None,
+        }
+    }
+
+    fn policy() -> Policy {
+        let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(5).unwrap()).unwrap();
+        Policy::new("p", limit).unwrap()
+    }
+
+    /// With neither headers nor the verdict to add, nothing travels with the request: no `Post`,
+    /// and no new reference to the policy.
+    #[test]
+    fn a_request_with_nothing_to_add_carries_nothing() {
+        let lean = shared(policy().headers(Headers::none()).verdict(false));
+        let d = lean.store.check_now(b"k", &lean.rt.tiers[0].limit, 1);
+        let step = lean.decide(d, 0, false);
+        assert!(matches!(step, Step::Forward(None)));
+        assert_eq!(Arc::strong_count(&lean.rt), 1);
+
+        for (headers, verdict) in [(Headers::none(), true), (Headers::ietf(), false)] {
+            let s = shared(policy().headers(headers).verdict(verdict));
+            let d = s.store.check_now(b"k", &s.rt.tiers[0].limit, 1);
+            match s.decide(d, 0, false) {
+                Step::Forward(Some(post)) => {
+                    assert_eq!((post.headers, post.verdict), (headers.any(), verdict));
+                    assert_eq!(Arc::strong_count(&s.rt), 2);
+                }
+                _ => panic!("an allowed request is forwarded with what to add"),
+            }
         }
     }
 }

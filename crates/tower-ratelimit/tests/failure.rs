@@ -202,13 +202,15 @@ async fn a_store_that_has_to_wait_answers_in_the_inner_body_type_with_same_body(
     assert_eq!(body_text(res).await, "Too Many Requests\n");
     assert_eq!(store.calls(), 2);
 
-    // A store that fails: the fail-closed 503 is written in the inner body type too.
+    // A store that hangs, cut at the timeout inside the boxed future: the fail-closed 503 is
+    // written in the inner body type too.
     let layer = RateLimitLayer::builder(
-        FailingStore::default(),
+        Arc::new(HangingStore::default()),
         Policy::new("closed", per_minute(1))
             .unwrap()
             .failure(FailurePolicy::fail_closed(Duration::from_secs(2))),
     )
+    .timeout(Duration::from_millis(20))
     .no_circuit_breaker()
     .build()
     .unwrap()

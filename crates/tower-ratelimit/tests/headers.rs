@@ -336,6 +336,52 @@ async fn same_body_keeps_the_inner_body_type() {
         Some("text/plain; charset=utf-8")
     );
     assert_eq!(&collect(res).await[..], b"Too Many Requests\n");
+
+    // A custom denial body, in the inner body type, keeps its headers and gets ours.
+    let (_clock, memory) = store();
+    let body = DenialBody::custom(|denial| {
+        http::Response::builder()
+            .status(429)
+            .header("content-type", "application/json")
+            .body(bytes::Bytes::from(format!(
+                "{{\"policy\":\"{}\"}}",
+                denial.policy()
+            )))
+            .unwrap()
+    });
+    let layer = RateLimitLayer::new(
+        memory,
+        Policy::new("api", five_a_minute())
+            .unwrap()
+            .key(GlobalKey)
+            .body(body),
+    )
+    .unwrap()
+    .same_body();
+    let svc = tower::ServiceBuilder::new()
+        .layer(layer)
+        .service(service_fn(|_req: http::Request<String>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
+                bytes::Bytes::from_static(b"hi"),
+            )))
+        }));
+    for _ in 0..5 {
+        let res = svc
+            .clone()
+            .oneshot(http::Request::new(String::new()))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+    }
+    let res = svc
+        .oneshot(http::Request::new(String::new()))
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 429);
+    assert_eq!(header(&res, "content-type"), Some("application/json"));
+    assert_eq!(header(&res, "retry-after"), Some("12"));
+    assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=0;t=12"));
+    assert_eq!(&collect(res).await[..], b"{\"policy\":\"api\"}");
 }
 
 #[tokio::test]
