@@ -12,16 +12,20 @@ use common::*;
 use metrics_util::debugging::DebuggingRecorder;
 use ratelimit_core::{Algorithm, Limit, ManualClock, Quota, Store};
 use tower_ratelimit::{
-    CircuitBreaker, CircuitState, FailurePolicy, Policy, RateLimitLayer, Verdict, VerdictKind,
+    BodyMode, CircuitBreaker, CircuitState, FailurePolicy, Policy, RateLimitLayer, Verdict,
+    VerdictKind,
 };
 
 fn per_minute(n: u64) -> Limit {
     Limit::single(Algorithm::TokenBucket, Quota::per_minute(n).unwrap()).unwrap()
 }
 
-fn app<St: Store>(layer: RateLimitLayer<St>) -> Router
+fn app<St: Store, M>(layer: RateLimitLayer<St, M>) -> Router
 where
     St::Future: Unpin,
+    M: BodyMode<axum::body::Body>,
+    M::Body: http_body::Body<Data = bytes::Bytes> + Send + 'static,
+    <M::Body as http_body::Body>::Error: Into<axum::BoxError>,
 {
     Router::new()
         .route("/", get(|| async { "ok" }))
@@ -190,13 +194,11 @@ async fn a_store_that_has_to_wait_answers_in_the_inner_body_type_with_same_body(
     )
     .unwrap()
     .same_body();
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
-    let res = send(&app, request("/")).await;
+    let router = app(layer);
+    let res = send(&router, request("/")).await;
     assert_eq!(res.status(), 200);
     assert_eq!(body_text(res).await, "ok");
-    let res = send(&app, request("/")).await;
+    let res = send(&router, request("/")).await;
     assert_eq!(res.status(), 429);
     assert_eq!(header(&res, "retry-after"), Some("60"));
     assert_eq!(body_text(res).await, "Too Many Requests\n");
@@ -215,10 +217,8 @@ async fn a_store_that_has_to_wait_answers_in_the_inner_body_type_with_same_body(
     .build()
     .unwrap()
     .same_body();
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .layer(layer);
-    let res = send(&app, request("/")).await;
+    let router = app(layer);
+    let res = send(&router, request("/")).await;
     assert_eq!(res.status(), 503);
     assert_eq!(header(&res, "retry-after"), Some("2"));
     assert_eq!(

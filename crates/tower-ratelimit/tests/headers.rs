@@ -2,12 +2,16 @@
 
 mod common;
 
+use std::convert::Infallible;
 use std::time::Duration;
 
 use axum::Router;
 use axum::routing::get;
+use bytes::Bytes;
 use common::*;
+use http_body_util::Full;
 use ratelimit_core::{Algorithm, Limit, Quota};
+use tower::{ServiceExt, service_fn};
 use tower_ratelimit::key::GlobalKey;
 use tower_ratelimit::{DenialBody, Headers, Policy, RateLimitLayer, Verdict, VerdictKind};
 
@@ -248,10 +252,43 @@ async fn multi_quota_fields_name_the_binding_quota() {
     assert_eq!(header(&res, "ratelimit"), Some("\"api.0\";r=2;t=1"));
 }
 
+/// A tower service (not axum) whose body is `Full<Bytes>`.
+async fn hi(_req: http::Request<String>) -> Result<http::Response<Full<Bytes>>, Infallible> {
+    Ok(http::Response::new(Full::new(Bytes::from_static(b"hi"))))
+}
+
+/// Sends `n` requests that must pass, then one more: its response.
+async fn after<S, B>(svc: S, n: usize) -> http::Response<B>
+where
+    S: tower::Service<http::Request<String>, Response = http::Response<B>> + Clone,
+    S::Error: std::fmt::Debug,
+{
+    for _ in 0..n {
+        let res = svc
+            .clone()
+            .oneshot(http::Request::new(String::new()))
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+    }
+    svc.oneshot(http::Request::new(String::new()))
+        .await
+        .unwrap()
+}
+
+async fn collect<B>(body: B) -> Bytes
+where
+    B: http_body::Body,
+    B::Error: std::fmt::Debug,
+{
+    http_body_util::BodyExt::collect(body)
+        .await
+        .unwrap()
+        .to_bytes()
+}
+
 #[tokio::test]
 async fn works_with_a_non_axum_body_type() {
-    use http_body_util::Full;
-    use tower::{ServiceExt, service_fn};
     let (_clock, store) = store();
     let layer = RateLimitLayer::new(
         store,
@@ -260,35 +297,18 @@ async fn works_with_a_non_axum_body_type() {
     .unwrap();
     let svc = tower::ServiceBuilder::new()
         .layer(layer)
-        .service(service_fn(|_req: http::Request<String>| async {
-            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
-                bytes::Bytes::from_static(b"hi"),
-            )))
-        }));
-    for _ in 0..5 {
-        let res = svc
-            .clone()
-            .oneshot(http::Request::new(String::new()))
-            .await
-            .unwrap();
-        assert_eq!(res.status(), 200);
-    }
-    let res = svc
-        .oneshot(http::Request::new(String::new()))
-        .await
-        .unwrap();
+        .service(service_fn(hi));
+    let res = after(svc, 5).await;
     assert_eq!(res.status(), 429);
-    let body = http_body_util::BodyExt::collect(res.into_body())
-        .await
-        .unwrap()
-        .to_bytes();
-    assert_eq!(&body[..], b"Too Many Requests\n");
+    assert_eq!(&collect(res.into_body()).await[..], b"Too Many Requests\n");
 }
 
 #[tokio::test]
 async fn same_body_keeps_the_inner_body_type() {
-    use http_body_util::Full;
-    use tower::{ServiceExt, service_fn};
+    // The type says it: the inner body, not a wrapper around it.
+    async fn text(res: http::Response<Full<Bytes>>) -> Bytes {
+        collect(res.into_body()).await
+    }
     let (_clock, memory) = store();
     let layer = RateLimitLayer::new(
         memory,
@@ -298,18 +318,7 @@ async fn same_body_keeps_the_inner_body_type() {
     .same_body();
     let svc = tower::ServiceBuilder::new()
         .layer(layer)
-        .service(service_fn(|_req: http::Request<String>| async {
-            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
-                bytes::Bytes::from_static(b"hi"),
-            )))
-        }));
-    async fn collect(res: http::Response<Full<bytes::Bytes>>) -> bytes::Bytes {
-        // The type says it: the inner body, not a wrapper around it.
-        http_body_util::BodyExt::collect(res.into_body())
-            .await
-            .unwrap()
-            .to_bytes()
-    }
+        .service(service_fn(hi));
     for i in 0..5u64 {
         let res = svc
             .clone()
@@ -323,7 +332,7 @@ async fn same_body_keeps_the_inner_body_type() {
             res.extensions().get::<Verdict>().unwrap().kind(),
             VerdictKind::Allowed
         );
-        assert_eq!(&collect(res).await[..], b"hi");
+        assert_eq!(&text(res).await[..], b"hi");
     }
     let res = svc
         .oneshot(http::Request::new(String::new()))
@@ -335,7 +344,7 @@ async fn same_body_keeps_the_inner_body_type() {
         header(&res, "content-type"),
         Some("text/plain; charset=utf-8")
     );
-    assert_eq!(&collect(res).await[..], b"Too Many Requests\n");
+    assert_eq!(&text(res).await[..], b"Too Many Requests\n");
 
     // A custom denial body, in the inner body type, keeps its headers and gets ours.
     let (_clock, memory) = store();
@@ -360,28 +369,13 @@ async fn same_body_keeps_the_inner_body_type() {
     .same_body();
     let svc = tower::ServiceBuilder::new()
         .layer(layer)
-        .service(service_fn(|_req: http::Request<String>| async {
-            Ok::<_, std::convert::Infallible>(http::Response::new(Full::new(
-                bytes::Bytes::from_static(b"hi"),
-            )))
-        }));
-    for _ in 0..5 {
-        let res = svc
-            .clone()
-            .oneshot(http::Request::new(String::new()))
-            .await
-            .unwrap();
-        assert_eq!(res.status(), 200);
-    }
-    let res = svc
-        .oneshot(http::Request::new(String::new()))
-        .await
-        .unwrap();
+        .service(service_fn(hi));
+    let res = after(svc, 5).await;
     assert_eq!(res.status(), 429);
     assert_eq!(header(&res, "content-type"), Some("application/json"));
     assert_eq!(header(&res, "retry-after"), Some("12"));
     assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=0;t=12"));
-    assert_eq!(&collect(res).await[..], b"{\"policy\":\"api\"}");
+    assert_eq!(&text(res).await[..], b"{\"policy\":\"api\"}");
 }
 
 #[tokio::test]
