@@ -52,6 +52,14 @@
 //! never reads the verdict saves those three with `Policy::verdict(false)`. A denial also
 //! allocates its response's header map.
 //!
+//! # Response bodies
+//!
+//! By default a response's body is a [`ResponseBody`]: the inner service's body, or the layer's
+//! own (a 429, a 503), for any inner body type. With [`RateLimitLayer::same_body`] responses keep
+//! the inner body type instead, for bodies that can be made from `Bytes` (axum's `Body` among
+//! them): axum then does not box the body a second time, and a stack typed on
+//! `Response<axum::body::Body>` stays as it is. See [`body`].
+//!
 //! # Layer order
 //!
 //! Put authentication before the rate limit if the key is the user (`.layer(rate_limit)` then
