@@ -76,6 +76,10 @@ where
 
 /// Responses keep the inner service's body type `B`, and the layer's own bodies are made with
 /// `B::from(Bytes)`. Chosen with `RateLimitLayer::same_body`.
+///
+/// The layer's own bodies are never empty, except a custom denial body that is: it becomes
+/// `B::from(Bytes::new())`, and whether that reports the end of the stream at once is up to `B`
+/// (axum's `Body` and `Full` do).
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SameBody;
 
