@@ -2,12 +2,13 @@
 //!
 //! A [`BodyMode`] says how the layer's responses carry it. [`WrapBody`], the default, works with
 //! any inner body: responses carry a [`ResponseBody`] that is either the inner body or the
-//! layer's own. [`SameBody`] (`RateLimitLayer::same_body`) keeps the inner body type, for bodies
-//! that can be made from [`Bytes`] such as axum's `Body`: axum then has no second box to make,
-//! and a stack typed on `Response<axum::body::Body>` needs no mapping.
+//! layer's own. [`SameBody`] ([`RateLimitLayer::same_body`](crate::RateLimitLayer::same_body))
+//! keeps the inner body type, for bodies that can be made from [`Bytes`] such as axum's `Body`:
+//! axum then has no second box to make, and a stack typed on `Response<axum::body::Body>` needs
+//! no mapping.
 //!
 //! ```
-//! use axum::{Router, body::Body, routing::get};
+//! use axum::{Router, routing::get};
 //! use ratelimit_core::{Algorithm, Limit, MemoryStore, Quota};
 //! use tower_ratelimit::{Policy, RateLimitLayer};
 //!
@@ -75,7 +76,7 @@ where
 }
 
 /// Responses keep the inner service's body type `B`, and the layer's own bodies are made with
-/// `B::from(Bytes)`. Chosen with `RateLimitLayer::same_body`.
+/// `B::from(Bytes)`. Chosen with [`RateLimitLayer::same_body`](crate::RateLimitLayer::same_body).
 ///
 /// The layer's own bodies are never empty, except a custom denial body that is: it becomes
 /// `B::from(Bytes::new())`, and whether that reports the end of the stream at once is up to `B`
