@@ -217,7 +217,7 @@ impl<C> MemoryStore<C> {
                 // spilled it to the stack in two halves and read it back in one, a
                 // store-forwarding stall on every allowed check.
                 Some(compact::Next::Inline(word)) => table.buckets[i].word = word,
-                Some(next) => table.store(i, next),
+                Some(next) => table.buckets[i].word = table.word(next),
                 None => {}
             }
             return decision;
@@ -406,11 +406,6 @@ impl Table {
             }
         }
         buckets[i] = bucket;
-    }
-
-    /// Writes a new compact state into bucket `i`, moving it to the side storage if it must.
-    fn store(&mut self, i: usize, next: compact::Next) {
-        self.buckets[i].word = self.word(next);
     }
 
     /// The bucket word for `next`: the state itself, or `BIG` and its slot in the side storage.

@@ -375,11 +375,6 @@ impl ClientIp {
     /// this request.
     #[must_use]
     pub fn key(&self, peer: IpAddr, headers: &HeaderMap) -> IpKey {
-        if self.trusted.is_empty() {
-            // No proxy is trusted (`ClientIp::peer`, `PeerIp`): the peer is the client, and the
-            // headers are never read.
-            return key_bytes(self.mask(peer));
-        }
         key_bytes(self.resolve(peer, headers))
     }
 
@@ -1575,8 +1570,8 @@ mod tests {
             v6_prefix in 0u8..=128,
             line in prop::sample::select(vec!["203.0.113.7", "for=198.51.100.1", "2001:db8::1, 10.0.0.1"]),
         ) {
-            // `key` skips the walk when no proxy is trusted: it must give what `resolve` gives,
-            // for IPv4, IPv6 and IPv4-mapped IPv6 peers, any prefix, and headers present or not.
+            // With no proxy trusted, the key is the masked peer whatever the headers say, for
+            // IPv4, IPv6 and IPv4-mapped IPv6 peers and any prefix.
             let peer = match form {
                 0 => IpAddr::V4(Ipv4Addr::from(v4)),
                 1 => IpAddr::V6(Ipv6Addr::from(v6)),
