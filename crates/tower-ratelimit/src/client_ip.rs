@@ -316,6 +316,7 @@ impl ClientIp {
     /// Whether `ip` is in the trusted-proxy list (after turning an
     /// IPv4-mapped IPv6 address into IPv4).
     #[must_use]
+    #[inline]
     pub fn is_trusted(&self, ip: IpAddr) -> bool {
         match ip.to_canonical() {
             IpAddr::V4(v4) => {
@@ -335,6 +336,7 @@ impl ClientIp {
     /// `client_ip` module gives the answer to every kind of input; this never
     /// fails and never panics.
     #[must_use]
+    #[inline]
     pub fn resolve(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         self.mask(self.resolve_unmasked(peer, headers))
     }
@@ -343,11 +345,17 @@ impl ClientIp {
     /// IPv4-mapped IPv6 turned into IPv4). For logs; rate-limit by
     /// [`resolve`](Self::resolve).
     #[must_use]
+    #[inline]
     pub fn resolve_unmasked(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         let peer = peer.to_canonical();
         if !self.is_trusted(peer) {
             return peer;
         }
+        self.forwarded_client(peer, headers)
+    }
+
+    /// The client's address from the forwarding headers, `peer` being a trusted proxy.
+    fn forwarded_client(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         let use_forwarded = match self.header {
             ForwardedHeader::XForwardedFor => false,
             ForwardedHeader::Forwarded => true,
@@ -374,12 +382,14 @@ impl ClientIp {
     /// [`key_bytes`] of [`resolve`](Self::resolve): the store key part for
     /// this request.
     #[must_use]
+    #[inline]
     pub fn key(&self, peer: IpAddr, headers: &HeaderMap) -> IpKey {
         key_bytes(self.resolve(peer, headers))
     }
 
     /// `ip` with the bits beyond the configured prefix cleared.
     #[must_use]
+    #[inline]
     pub fn mask(&self, ip: IpAddr) -> IpAddr {
         match ip.to_canonical() {
             IpAddr::V4(v4) => {
@@ -534,6 +544,7 @@ impl fmt::Debug for IpKey {
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
 #[must_use]
+#[inline]
 pub fn key_bytes(ip: IpAddr) -> IpKey {
     let mut buf = [0u8; 17];
     match ip.to_canonical() {

@@ -29,6 +29,10 @@ pin_project! {
     {
         #[pin]
         kind: Kind<F, M::Body, E>,
+        // What to add to the inner service's response (`Kind::Inner` only), taken when it comes.
+        // Kept out of the enum: then the inner future alone fills its variant, and `call` writes
+        // it in place instead of building it aside and copying it (twice) into this future.
+        post: Option<Post>,
         _mode: PhantomData<fn() -> (B, M)>,
     }
 }
@@ -36,8 +40,7 @@ pin_project! {
 pin_project! {
     #[project = KindProj]
     enum Kind<F, R, E> {
-        // `post` is taken when the inner future completes.
-        Inner { #[pin] fut: F, post: Option<Post> },
+        Inner { #[pin] fut: F },
         Ready { response: Option<Response<R>> },
         Waiting { fut: Waiting<R, E> },
     }
@@ -46,7 +49,8 @@ pin_project! {
 impl<F, B, E, M: BodyMode<B>> ResponseFuture<F, B, E, M> {
     pub(crate) fn inner(fut: F, post: Option<Post>) -> Self {
         ResponseFuture {
-            kind: Kind::Inner { fut, post },
+            kind: Kind::Inner { fut },
+            post,
             _mode: PhantomData,
         }
     }
@@ -56,6 +60,7 @@ impl<F, B, E, M: BodyMode<B>> ResponseFuture<F, B, E, M> {
             kind: Kind::Ready {
                 response: Some(response),
             },
+            post: None,
             _mode: PhantomData,
         }
     }
@@ -63,6 +68,7 @@ impl<F, B, E, M: BodyMode<B>> ResponseFuture<F, B, E, M> {
     pub(crate) fn waiting(fut: Waiting<M::Body, E>) -> Self {
         ResponseFuture {
             kind: Kind::Waiting { fut },
+            post: None,
             _mode: PhantomData,
         }
     }
@@ -89,10 +95,11 @@ where
     type Output = Result<Response<M::Body>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().kind.project() {
-            KindProj::Inner { fut, post } => {
+        let this = self.project();
+        match this.kind.project() {
+            KindProj::Inner { fut } => {
                 let response = ready!(fut.poll(cx))?;
-                Poll::Ready(Ok(Post::apply_some::<M, B>(post.take(), response)))
+                Poll::Ready(Ok(Post::apply_some::<M, B>(this.post.take(), response)))
             }
             KindProj::Ready { response } => Poll::Ready(Ok(response
                 .take()

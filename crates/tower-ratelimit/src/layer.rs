@@ -1,5 +1,7 @@
 //! The [`RateLimitLayer`].
 
+use std::any::TypeId;
+use std::convert::Infallible;
 use std::fmt;
 use std::marker::PhantomData;
 use std::sync::Arc;
@@ -31,7 +33,7 @@ pub struct RateLimitLayer<St, M = WrapBody> {
 
 impl<St: Store> RateLimitLayer<St> {
     /// A layer applying `policy` over `store`, with the default timeout (50 ms), circuit breaker
-    /// (5 failures, 10 s) and the system clock.
+    /// (5 failures, 10 s; none for a store that cannot fail) and the system clock.
     ///
     /// Fails if the policy's fallback share cannot be computed for one of its limits.
     pub fn new(store: St, policy: Policy) -> Result<Self, Error> {
@@ -75,7 +77,8 @@ impl<St, M> RateLimitLayer<St, M> {
         &self.shared.store
     }
 
-    /// The state of the store's circuit breaker (`None` if the layer has none).
+    /// The state of the store's circuit breaker (`None` if the layer has none: it was turned off,
+    /// or the store cannot fail).
     pub fn circuit_state(&self) -> Option<CircuitState> {
         self.shared.breaker.as_ref().map(|b| b.state())
     }
@@ -138,7 +141,8 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         self
     }
 
-    /// The circuit breaker's settings (default: [`CircuitBreaker::default`]).
+    /// The circuit breaker's settings (default: [`CircuitBreaker::default`]). A store whose error
+    /// type is [`Infallible`] (the in-memory store) gets no breaker: it could never trip.
     pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
         self.breaker = Some(breaker);
         self
@@ -182,7 +186,9 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             _ => None,
         };
         let rt = Arc::new(Rt::new(self.policy)?);
-        let breaker = self.breaker.map(|config| {
+        // A store that cannot fail needs no breaker, and its requests skip the breaker's check.
+        let can_fail = TypeId::of::<St::Error>() != TypeId::of::<Infallible>();
+        let breaker = self.breaker.filter(|_| can_fail).map(|config| {
             Arc::new(Breaker::new(
                 config,
                 self.clock.clone(),

@@ -1,6 +1,7 @@
 //! The [`RateLimit`] service.
 
 use std::borrow::Cow;
+use std::convert::Infallible;
 use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
@@ -77,7 +78,8 @@ impl<S, St, M> RateLimit<S, St, M> {
         self.inner
     }
 
-    /// The state of the store's circuit breaker (`None` if the layer has none).
+    /// The state of the store's circuit breaker (`None` if the layer has none: it was turned off,
+    /// or the store cannot fail).
     pub fn circuit_state(&self) -> Option<CircuitState> {
         self.shared.breaker.as_ref().map(|b| b.state())
     }
@@ -185,10 +187,15 @@ impl Rt {
         })
     }
 
+    #[inline]
     fn tier_for(&self, parts: &Parts) -> usize {
-        let Some(resolve) = &self.policy.resolve_tier else {
-            return 0;
-        };
+        match &self.policy.resolve_tier {
+            None => 0,
+            Some(resolve) => self.resolved_tier(resolve, parts),
+        }
+    }
+
+    fn resolved_tier(&self, resolve: &crate::policy::TierFn, parts: &Parts) -> usize {
         match resolve(parts) {
             Some(wanted) => self
                 .tiers
@@ -200,12 +207,18 @@ impl Rt {
     }
 }
 
-/// What to do with the request once the check is over.
-pub(crate) enum Step {
+/// What to do with the request: `W` is what `call` waits for when the store cannot answer at
+/// once ([`Pending`]); after the store has answered nothing can wait, and `W` is `Infallible`.
+///
+/// One type for both, rather than a decision wrapped in another enum, so that a decision is
+/// written once, in place: wrapping it cost a memcpy of it per request.
+pub(crate) enum Step<W = Infallible> {
     /// Call the inner service; then add the headers and the verdict, if there are any to add.
     Forward(Option<Post>),
     /// Answer with the layer's own response (its body becomes the body mode's).
     Respond(Response<Bytes>),
+    /// Wait for the store.
+    Wait(W),
 }
 
 /// What to add to the inner service's response: the headers, the verdict, or both.
@@ -259,7 +272,7 @@ impl Post {
 }
 
 impl<St: Store> Shared<St> {
-    fn forward(&self, kind: VerdictKind, decision: Option<Decision>, tier: usize) -> Step {
+    fn forward<W>(&self, kind: VerdictKind, decision: Option<Decision>, tier: usize) -> Step<W> {
         let rt = &self.rt;
         rt.metrics.decision(kind);
         let headers = matches!(kind, VerdictKind::Allowed | VerdictKind::FallbackAllowed)
@@ -277,12 +290,12 @@ impl<St: Store> Shared<St> {
         }))
     }
 
-    fn respond(
+    fn respond<W>(
         &self,
         kind: VerdictKind,
         decision: Option<Decision>,
         mut response: Response<Bytes>,
-    ) -> Step {
+    ) -> Step<W> {
         self.rt.metrics.decision(kind);
         if self.rt.policy.verdict {
             response
@@ -293,7 +306,7 @@ impl<St: Store> Shared<St> {
     }
 
     /// A decision from the store (or the fallback).
-    fn decide(&self, d: Decision, tier: usize, fallback: bool) -> Step {
+    fn decide<W>(&self, d: Decision, tier: usize, fallback: bool) -> Step<W> {
         let rt = &self.rt;
         if d.is_allowed() {
             let kind = if fallback {
@@ -328,7 +341,7 @@ impl<St: Store> Shared<St> {
     }
 
     /// The store could not answer.
-    fn on_failure(&self, kind: FailureKind, tier: usize, key: &[u8], cost: u64) -> Step {
+    fn on_failure<W>(&self, kind: FailureKind, tier: usize, key: &[u8], cost: u64) -> Step<W> {
         let rt = &self.rt;
         rt.metrics.failure(kind);
         match rt.policy.failure {
@@ -360,7 +373,7 @@ impl<St: Store> Shared<St> {
 
     /// The store's answer; `waited` says it had to wait for it (it asked the store, so a success
     /// is evidence of the store's health).
-    fn after_check(
+    fn after_check<W>(
         &self,
         result: Result<Decision, St::Error>,
         probe: bool,
@@ -368,7 +381,7 @@ impl<St: Store> Shared<St> {
         tier: usize,
         key: &[u8],
         cost: u64,
-    ) -> Step {
+    ) -> Step<W> {
         match result {
             Ok(d) => {
                 match &self.breaker {
@@ -422,71 +435,45 @@ where
     }
 
     fn call(&mut self, req: Request<ReqB>) -> Self::Future {
-        let shared = &*self.shared;
-        let rt = &*shared.rt;
         let (parts, body) = req.into_parts();
-
-        if let Some(allow) = &rt.policy.allow
-            && allow(&parts)
-        {
-            let step = shared.forward(VerdictKind::AllowListed, None, 0);
-            return self.step(step, parts, body);
-        }
-
-        let tier = rt.tier_for(&parts);
-        let mut key = KeyBuf::new();
-        key.push(&rt.prefix);
-        if rt.policy.key.extract(&parts, &mut key).is_err() {
-            match &rt.policy.missing_key {
-                MissingKey::Reject(_) if rt.policy.dry_run => {
-                    let step = shared.forward(VerdictKind::ShadowDenied, None, tier);
-                    return self.step(step, parts, body);
-                }
-                MissingKey::Reject(status) => {
-                    tracing::debug!(policy = %rt.name, "no rate-limit key in request");
-                    let response =
-                        response::plain(*status, "No rate-limit key in the request\n", None);
-                    let step = shared.respond(VerdictKind::NoKey, None, response);
-                    return self.step(step, parts, body);
-                }
-                MissingKey::SharedKey(shared_key) => {
-                    key.truncate(0);
-                    key.push(&rt.shared_prefix);
-                    key.push(shared_key);
-                }
+        // One place builds the future, so that it is written in place, not built and then copied
+        // out (a memcpy of the whole future per request).
+        match self.shared.next(&parts) {
+            Step::Forward(post) => {
+                ResponseFuture::inner(self.inner.call(Request::from_parts(parts, body)), post)
             }
+            Step::Respond(response) => ResponseFuture::ready(response.map(M::full)),
+            Step::Wait(pending) => self.wait(pending, parts, body),
         }
-        let cost = rt.policy.cost.as_ref().map_or(1, |cost| cost(&parts));
+    }
+}
 
-        let admit = shared.breaker.as_ref().map_or(Admit::Call, |b| b.admit());
-        if admit == Admit::Reject {
-            let step = shared.on_failure(FailureKind::CircuitOpen, tier, key.as_bytes(), cost);
-            return self.step(step, parts, body);
-        }
-        let probe = admit == Admit::Probe;
-
-        // Store latency: an answer that comes at once (the in-memory store, a cached denial) is
-        // timed about one call in TIMING_SAMPLE, since reading the clock twice would cost a third of the
-        // check itself; an answer that has to wait is always timed, from its first poll (which
-        // sends the command) to its answer.
-        let sampled = sample_timing().then(Instant::now);
-        let mut check = shared
-            .store
-            .check(key.as_bytes(), &rt.tiers[tier].limit, cost);
-        // The in-memory store's future is already complete: poll it once here, so that an
-        // immediate answer needs no timer, no allocation and no waker.
-        let mut cx = Context::from_waker(Waker::noop());
-        if let Poll::Ready(result) = Pin::new(&mut check).poll(&mut cx) {
-            if let Some(start) = sampled {
-                rt.metrics.store_duration(start.elapsed());
-            }
-            let step = shared.after_check(result, probe, false, tier, key.as_bytes(), cost);
-            return self.step(step, parts, body);
-        }
-        let start = sampled.unwrap_or_else(Instant::now);
-
-        // The store has to wait: move the check, its timeout and a ready inner service into a
-        // boxed future.
+impl<S, St: Store, M> RateLimit<S, St, M> {
+    /// The store has to wait: move the check, its timeout and a ready inner service into a boxed
+    /// future.
+    fn wait<ReqB, ResB>(
+        &mut self,
+        pending: Pending<St::Future>,
+        parts: Parts,
+        body: ReqB,
+    ) -> ResponseFuture<S::Future, ResB, S::Error, M>
+    where
+        S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ReqB: Send + 'static,
+        ResB: Send + 'static,
+        M: BodyMode<ResB>,
+        M::Body: Send + 'static,
+    {
+        let Pending {
+            check,
+            start,
+            probe,
+            tier,
+            key,
+            cost,
+        } = pending;
         let shared = self.shared.clone();
         let ready_inner = self.inner.clone();
         let mut inner = std::mem::replace(&mut self.inner, ready_inner);
@@ -508,8 +495,91 @@ where
                     Ok(Post::apply_some::<M, ResB>(post, response))
                 }
                 Step::Respond(response) => Ok(response.map(M::full)),
+                Step::Wait(never) => match never {},
             }
         }))
+    }
+}
+
+/// A store check that has to wait, and what its answer is for.
+struct Pending<F> {
+    check: F,
+    /// When the check was sent, for the store latency histogram.
+    start: Instant,
+    probe: bool,
+    tier: usize,
+    key: KeyBuf,
+    cost: u64,
+}
+
+impl<St: Store> Shared<St>
+where
+    St::Future: Unpin,
+{
+    /// The request's decision, if it can be made at once (allow-listed, no key, an open circuit,
+    /// or a store that answers at once), or the store check to wait for.
+    fn next(&self, parts: &Parts) -> Step<Pending<St::Future>> {
+        let rt = &*self.rt;
+        if let Some(allow) = &rt.policy.allow
+            && allow(parts)
+        {
+            return self.forward(VerdictKind::AllowListed, None, 0);
+        }
+
+        let tier = rt.tier_for(parts);
+        let mut key = KeyBuf::new();
+        key.push(&rt.prefix);
+        if rt.policy.key.extract(parts, &mut key).is_err() {
+            match &rt.policy.missing_key {
+                MissingKey::Reject(_) if rt.policy.dry_run => {
+                    return self.forward(VerdictKind::ShadowDenied, None, tier);
+                }
+                MissingKey::Reject(status) => {
+                    tracing::debug!(policy = %rt.name, "no rate-limit key in request");
+                    let response =
+                        response::plain(*status, "No rate-limit key in the request\n", None);
+                    return self.respond(VerdictKind::NoKey, None, response);
+                }
+                MissingKey::SharedKey(shared_key) => {
+                    key.truncate(0);
+                    key.push(&rt.shared_prefix);
+                    key.push(shared_key);
+                }
+            }
+        }
+        let cost = rt.policy.cost.as_ref().map_or(1, |cost| cost(parts));
+
+        let admit = self.breaker.as_ref().map_or(Admit::Call, |b| b.admit());
+        if admit == Admit::Reject {
+            return self.on_failure(FailureKind::CircuitOpen, tier, key.as_bytes(), cost);
+        }
+        let probe = admit == Admit::Probe;
+
+        // Store latency: an answer that comes at once (the in-memory store, a cached denial) is
+        // timed about one call in TIMING_SAMPLE, since reading the clock twice would cost a third
+        // of the check itself; an answer that has to wait is always timed, from its first poll
+        // (which sends the command) to its answer.
+        let sampled = sample_timing().then(Instant::now);
+        let mut check = self
+            .store
+            .check(key.as_bytes(), &rt.tiers[tier].limit, cost);
+        // The in-memory store's future is already complete: poll it once here, so that an
+        // immediate answer needs no timer, no allocation and no waker.
+        let mut cx = Context::from_waker(Waker::noop());
+        if let Poll::Ready(result) = Pin::new(&mut check).poll(&mut cx) {
+            if let Some(start) = sampled {
+                rt.metrics.store_duration(start.elapsed());
+            }
+            return self.after_check(result, probe, false, tier, key.as_bytes(), cost);
+        }
+        Step::Wait(Pending {
+            check,
+            start: sampled.unwrap_or_else(Instant::now),
+            probe,
+            tier,
+            key,
+            cost,
+        })
     }
 }
 
@@ -524,6 +594,7 @@ thread_local! {
 /// Whether to time this call: true with probability 1/[`TIMING_SAMPLE`]. Random rather than every
 /// 64th call, so that layers whose calls interleave on a thread (a router-wide layer and a route
 /// layer) are each sampled, not one of them always.
+#[inline]
 fn sample_timing() -> bool {
     TIMING_RNG.with(|state| {
         let mut x = state.get();
@@ -533,26 +604,6 @@ fn sample_timing() -> bool {
         state.set(x);
         x % TIMING_SAMPLE == 0
     })
-}
-
-impl<S, St, M> RateLimit<S, St, M> {
-    fn step<ReqB, ResB>(
-        &mut self,
-        step: Step,
-        parts: Parts,
-        body: ReqB,
-    ) -> ResponseFuture<S::Future, ResB, S::Error, M>
-    where
-        S: Service<Request<ReqB>, Response = Response<ResB>>,
-        M: BodyMode<ResB>,
-    {
-        match step {
-            Step::Forward(post) => {
-                ResponseFuture::inner(self.inner.call(Request::from_parts(parts, body)), post)
-            }
-            Step::Respond(response) => ResponseFuture::ready(response.map(M::full)),
-        }
-    }
 }
 
 #[cfg(test)]
@@ -582,14 +633,14 @@ mod tests {
     fn a_request_with_nothing_to_add_carries_nothing() {
         let lean = shared(policy().headers(Headers::none()).verdict(false));
         let d = lean.store.check_now(b"k", &lean.rt.tiers[0].limit, 1);
-        let step = lean.decide(d, 0, false);
+        let step: Step = lean.decide(d, 0, false);
         assert!(matches!(step, Step::Forward(None)));
         assert_eq!(Arc::strong_count(&lean.rt), 1);
 
         for (headers, verdict) in [(Headers::none(), true), (Headers::ietf(), false)] {
             let s = shared(policy().headers(headers).verdict(verdict));
             let d = s.store.check_now(b"k", &s.rt.tiers[0].limit, 1);
-            match s.decide(d, 0, false) {
+            match s.decide::<Infallible>(d, 0, false) {
                 Step::Forward(Some(post)) => {
                     assert_eq!((post.headers, post.verdict), (headers.any(), verdict));
                     assert_eq!(Arc::strong_count(&s.rt), 2);

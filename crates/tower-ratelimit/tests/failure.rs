@@ -504,3 +504,24 @@ async fn answers_that_never_asked_the_store_neither_keep_the_circuit_closed_nor_
     assert_eq!(store.calls(), 5);
     assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
 }
+
+/// A store that cannot fail (its error type is `Infallible`) gets no breaker, even one asked for;
+/// a store that can fail gets the default one.
+#[test]
+fn only_a_store_that_can_fail_has_a_breaker() {
+    let policy = || Policy::new("cb", per_minute(100)).unwrap();
+    let (_clock, memory) = store();
+    assert_eq!(
+        RateLimitLayer::new(memory.clone(), policy())
+            .unwrap()
+            .circuit_state(),
+        None
+    );
+    let asked = RateLimitLayer::builder(memory, policy())
+        .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(10)).unwrap())
+        .build()
+        .unwrap();
+    assert_eq!(asked.circuit_state(), None);
+    let failing = RateLimitLayer::new(Arc::new(FailingStore::default()), policy()).unwrap();
+    assert_eq!(failing.circuit_state(), Some(CircuitState::Closed));
+}
