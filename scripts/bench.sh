@@ -255,7 +255,7 @@ w("")
 bare = estimate("layer", "bare")
 w("| router | ns per request | over bare axum, ns | / bare |")
 w("|---|---:|---:|---:|")
-for name in ["bare", "ours_allowed_headers", "lean_allowed_headers", "governor_allowed_headers",
+for name in ["bare", "noop", "ours_allowed_headers", "lean_allowed_headers", "governor_allowed_headers",
              "ours_denied_headers", "lean_denied_headers", "governor_denied_headers",
              "ours_allowed_no-headers", "lean_allowed_no-headers", "governor_allowed_no-headers",
              "ours_denied_no-headers", "lean_denied_no-headers", "governor_denied_no-headers"]:
@@ -267,7 +267,8 @@ for name in ["bare", "ours_allowed_headers", "lean_allowed_headers", "governor_a
 w("")
 w("`ours` is the default policy (a `Verdict` in the response extensions, the body wrapped in "
   "`ResponseBody`); `lean` is configured as tower_governor is, with neither "
-  "(`Policy::verdict(false)`, `RateLimitLayer::same_body()`).")
+  "(`Policy::verdict(false)`, `RateLimitLayer::same_body()`). `noop` is a layer that does "
+  "nothing but split the request into parts and join them again: what axum charges any layer.")
 stale_note("layer")
 interleaved("layer.txt", 28)
 w("")
