@@ -667,7 +667,9 @@ mod tests {
     /// spill to the heap, gives the bytes pushed.
     #[test]
     fn keybuf_holds_exactly_the_bytes_pushed() {
-        let bytes: Vec<u8> = (0..80u8).map(|i| i.wrapping_mul(37).wrapping_add(1)).collect();
+        let bytes: Vec<u8> = (0..80u8)
+            .map(|i| i.wrapping_mul(37).wrapping_add(1))
+            .collect();
         for first in 0..=70 {
             for second in 0..=40 {
                 let mut k = KeyBuf::new();
