@@ -272,6 +272,7 @@ impl Post {
 }
 
 impl<St: Store> Shared<St> {
+    #[inline]
     fn forward<W>(&self, kind: VerdictKind, decision: Option<Decision>, tier: usize) -> Step<W> {
         let rt = &self.rt;
         rt.metrics.decision(kind);
@@ -306,16 +307,23 @@ impl<St: Store> Shared<St> {
     }
 
     /// A decision from the store (or the fallback).
+    #[inline]
     fn decide<W>(&self, d: Decision, tier: usize, fallback: bool) -> Step<W> {
-        let rt = &self.rt;
         if d.is_allowed() {
             let kind = if fallback {
                 VerdictKind::FallbackAllowed
             } else {
                 VerdictKind::Allowed
             };
-            return self.forward(kind, Some(d), tier);
+            self.forward(kind, Some(d), tier)
+        } else {
+            self.deny(d, tier, fallback)
         }
+    }
+
+    /// A denial from the store (or the fallback): a 429, or in a dry run the request forwarded.
+    fn deny<W>(&self, d: Decision, tier: usize, fallback: bool) -> Step<W> {
+        let rt = &self.rt;
         if rt.policy.dry_run {
             tracing::debug!(policy = %rt.name, fallback, "rate limit would deny (dry run)");
             return self.forward(VerdictKind::ShadowDenied, Some(d), tier);
