@@ -30,8 +30,8 @@ pin_project! {
         #[pin]
         kind: Kind<F, M::Body, E>,
         // What to add to the inner service's response (`Kind::Inner` only), taken when it comes.
-        // Kept out of the enum: then the inner future alone fills its variant, and `call` writes
-        // it in place instead of building it aside and copying it (twice) into this future.
+        // Beside the enum rather than in its variant, so that the inner future is written in
+        // place when `call` builds this one.
         post: Option<Post>,
         _mode: PhantomData<fn() -> (B, M)>,
     }

@@ -3,11 +3,12 @@
 use std::any::TypeId;
 use std::convert::Infallible;
 use std::fmt;
+use std::future::Ready;
 use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ratelimit_core::{Clock, MemoryStore, Store, SystemClock};
+use ratelimit_core::{Clock, Decision, MemoryStore, Store, SystemClock};
 use tower_layer::Layer;
 
 use crate::body::{SameBody, WrapBody};
@@ -33,7 +34,8 @@ pub struct RateLimitLayer<St, M = WrapBody> {
 
 impl<St: Store> RateLimitLayer<St> {
     /// A layer applying `policy` over `store`, with the default timeout (50 ms), circuit breaker
-    /// (5 failures, 10 s; none for a store that cannot fail) and the system clock.
+    /// (5 failures, 10 s; none for a store that always answers at once and cannot fail, such as
+    /// the in-memory store) and the system clock.
     ///
     /// Fails if the policy's fallback share cannot be computed for one of its limits.
     pub fn new(store: St, policy: Policy) -> Result<Self, Error> {
@@ -78,7 +80,7 @@ impl<St, M> RateLimitLayer<St, M> {
     }
 
     /// The state of the store's circuit breaker (`None` if the layer has none: it was turned off,
-    /// or the store cannot fail).
+    /// or the store always answers at once and cannot fail).
     pub fn circuit_state(&self) -> Option<CircuitState> {
         self.shared.breaker.as_ref().map(|b| b.state())
     }
@@ -141,8 +143,9 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         self
     }
 
-    /// The circuit breaker's settings (default: [`CircuitBreaker::default`]). A store whose error
-    /// type is [`Infallible`] (the in-memory store) gets no breaker: it could never trip.
+    /// The circuit breaker's settings (default: [`CircuitBreaker::default`]). A store whose future
+    /// is `std::future::Ready<Result<Decision, Infallible>>` (the in-memory store, or an `Arc` of
+    /// it) gets no breaker: it answers at once and never fails, so it could never trip one.
     pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
         self.breaker = Some(breaker);
         self
@@ -186,9 +189,13 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             _ => None,
         };
         let rt = Arc::new(Rt::new(self.policy)?);
-        // A store that cannot fail needs no breaker, and its requests skip the breaker's check.
-        let can_fail = TypeId::of::<St::Error>() != TypeId::of::<Infallible>();
-        let breaker = self.breaker.filter(|_| can_fail).map(|config| {
+        // A store whose answer is always ready at once and never an error (the in-memory store's
+        // future) can neither fail nor time out: it needs no breaker, and its requests skip the
+        // breaker's check. A store with an `Infallible` error whose future can wait keeps its
+        // breaker, since its timeouts count as failures.
+        let always_answers =
+            TypeId::of::<St::Future>() == TypeId::of::<Ready<Result<Decision, Infallible>>>();
+        let breaker = self.breaker.filter(|_| !always_answers).map(|config| {
             Arc::new(Breaker::new(
                 config,
                 self.clock.clone(),

@@ -79,7 +79,7 @@ impl<S, St, M> RateLimit<S, St, M> {
     }
 
     /// The state of the store's circuit breaker (`None` if the layer has none: it was turned off,
-    /// or the store cannot fail).
+    /// or the store always answers at once and cannot fail).
     pub fn circuit_state(&self) -> Option<CircuitState> {
         self.shared.breaker.as_ref().map(|b| b.state())
     }
@@ -209,9 +209,7 @@ impl Rt {
 
 /// What to do with the request: `W` is what `call` waits for when the store cannot answer at
 /// once ([`Pending`]); after the store has answered nothing can wait, and `W` is `Infallible`.
-///
-/// One type for both, rather than a decision wrapped in another enum, so that a decision is
-/// written once, in place: wrapping it cost a memcpy of it per request.
+/// The decision and the wait are one enum so that `call` gets either written in place.
 pub(crate) enum Step<W = Infallible> {
     /// Call the inner service; then add the headers and the verdict, if there are any to add.
     Forward(Option<Post>),
@@ -322,6 +320,8 @@ impl<St: Store> Shared<St> {
     }
 
     /// A denial from the store (or the fallback): a 429, or in a dry run the request forwarded.
+    /// Out of line, so that the allowed path stays small.
+    #[inline(never)]
     fn deny<W>(&self, d: Decision, tier: usize, fallback: bool) -> Step<W> {
         let rt = &self.rt;
         if rt.policy.dry_run {

@@ -505,12 +505,13 @@ async fn answers_that_never_asked_the_store_neither_keep_the_circuit_closed_nor_
     assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
 }
 
-/// A store that cannot fail (its error type is `Infallible`) gets no breaker, even one asked for;
-/// a store that can fail gets the default one.
-#[test]
-fn only_a_store_that_can_fail_has_a_breaker() {
+/// A store that answers at once and cannot fail (the in-memory store's `Ready` future with an
+/// `Infallible` error) gets no breaker, even one asked for. A store that can fail gets one, and so
+/// does a store whose error is `Infallible` but whose answer can wait: its timeouts open it.
+#[tokio::test(start_paused = true)]
+async fn only_a_store_that_can_fail_or_wait_has_a_breaker() {
     let policy = || Policy::new("cb", per_minute(100)).unwrap();
-    let (_clock, memory) = store();
+    let (clock, memory) = store();
     assert_eq!(
         RateLimitLayer::new(memory.clone(), policy())
             .unwrap()
@@ -524,4 +525,37 @@ fn only_a_store_that_can_fail_has_a_breaker() {
     assert_eq!(asked.circuit_state(), None);
     let failing = RateLimitLayer::new(Arc::new(FailingStore::default()), policy()).unwrap();
     assert_eq!(failing.circuit_state(), Some(CircuitState::Closed));
+
+    let hanging = Arc::new(HangingInfallibleStore::default());
+    let layer = RateLimitLayer::builder(hanging.clone(), policy())
+        .timeout(Duration::from_millis(20))
+        .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(10)).unwrap())
+        .clock(clock)
+        .build()
+        .unwrap();
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
+    let app = app(layer.clone());
+    for _ in 0..5 {
+        // Fail open (the default): each request goes through after the timeout or, once the
+        // circuit is open, at once.
+        assert_eq!(send(&app, request("/")).await.status(), 200);
+    }
+    assert_eq!(hanging.calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+}
+
+/// A store that cannot fail but never answers.
+#[derive(Debug, Default)]
+struct HangingInfallibleStore {
+    calls: std::sync::atomic::AtomicU64,
+}
+
+impl Store for HangingInfallibleStore {
+    type Error = std::convert::Infallible;
+    type Future = std::future::Pending<Result<ratelimit_core::Decision, std::convert::Infallible>>;
+
+    fn check(&self, _key: &[u8], _limit: &Limit, _cost: u64) -> Self::Future {
+        self.calls.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        std::future::pending()
+    }
 }
