@@ -451,61 +451,44 @@ where
                 ResponseFuture::inner(self.inner.call(Request::from_parts(parts, body)), post)
             }
             Step::Respond(response) => ResponseFuture::ready(response.map(M::full)),
-            Step::Wait(pending) => self.wait(pending, parts, body),
-        }
-    }
-}
-
-impl<S, St: Store, M> RateLimit<S, St, M> {
-    /// The store has to wait: move the check, its timeout and a ready inner service into a boxed
-    /// future.
-    fn wait<ReqB, ResB>(
-        &mut self,
-        pending: Pending<St::Future>,
-        parts: Parts,
-        body: ReqB,
-    ) -> ResponseFuture<S::Future, ResB, S::Error, M>
-    where
-        S: Service<Request<ReqB>, Response = Response<ResB>> + Clone + Send + 'static,
-        S::Future: Send + 'static,
-        S::Error: Send + 'static,
-        ReqB: Send + 'static,
-        ResB: Send + 'static,
-        M: BodyMode<ResB>,
-        M::Body: Send + 'static,
-    {
-        let Pending {
-            check,
-            start,
-            probe,
-            tier,
-            key,
-            cost,
-        } = pending;
-        let shared = self.shared.clone();
-        let ready_inner = self.inner.clone();
-        let mut inner = std::mem::replace(&mut self.inner, ready_inner);
-        // Made here, not in the async block: a probe whose future is dropped before its first
-        // poll must re-open the circuit too.
-        let mut guard = ProbeGuard::new(if probe { shared.breaker.clone() } else { None });
-        // The key moves into the future as it is (inline up to its buffer size): no copy.
-        ResponseFuture::waiting(Box::pin(async move {
-            let result = tokio::time::timeout(shared.timeout, check).await;
-            guard.disarm();
-            shared.rt.metrics.store_duration(start.elapsed());
-            let step = match result {
-                Ok(result) => shared.after_check(result, probe, true, tier, key.as_bytes(), cost),
-                Err(_elapsed) => shared.after_timeout(probe, tier, key.as_bytes(), cost),
-            };
-            match step {
-                Step::Forward(post) => {
-                    let response = inner.call(Request::from_parts(parts, body)).await?;
-                    Ok(Post::apply_some::<M, ResB>(post, response))
-                }
-                Step::Respond(response) => Ok(response.map(M::full)),
-                Step::Wait(never) => match never {},
+            // The store has to wait: move the check, its timeout and a ready inner service into
+            // a boxed future.
+            Step::Wait(Pending {
+                check,
+                start,
+                probe,
+                tier,
+                key,
+                cost,
+            }) => {
+                let shared = self.shared.clone();
+                let ready_inner = self.inner.clone();
+                let mut inner = std::mem::replace(&mut self.inner, ready_inner);
+                // Made here, not in the async block: a probe whose future is dropped before its
+                // first poll must re-open the circuit too.
+                let mut guard = ProbeGuard::new(if probe { shared.breaker.clone() } else { None });
+                // The key moves into the future as it is (inline up to its buffer size): no copy.
+                ResponseFuture::waiting(Box::pin(async move {
+                    let result = tokio::time::timeout(shared.timeout, check).await;
+                    guard.disarm();
+                    shared.rt.metrics.store_duration(start.elapsed());
+                    let step = match result {
+                        Ok(result) => {
+                            shared.after_check(result, probe, true, tier, key.as_bytes(), cost)
+                        }
+                        Err(_elapsed) => shared.after_timeout(probe, tier, key.as_bytes(), cost),
+                    };
+                    match step {
+                        Step::Forward(post) => {
+                            let response = inner.call(Request::from_parts(parts, body)).await?;
+                            Ok(Post::apply_some::<M, ResB>(post, response))
+                        }
+                        Step::Respond(response) => Ok(response.map(M::full)),
+                        Step::Wait(never) => match never {},
+                    }
+                }))
             }
-        }))
+        }
     }
 }
 
