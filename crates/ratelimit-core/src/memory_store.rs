@@ -3,7 +3,7 @@
 use parking_lot::{Mutex, MutexGuard};
 use std::convert::Infallible;
 use std::future::{Ready, ready};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use crate::algorithm::{MAX_TIME, State};
 use crate::key_digest::KeyDigest;
@@ -155,11 +155,16 @@ impl<C> MemoryStoreBuilder<C> {
 impl<C: Clock> MemoryStore<C> {
     /// Checks `cost` for `key` against `limit` now, by this store's clock. See [`Store::check`].
     pub fn check_now(&self, key: &[u8], limit: &Limit, cost: u64) -> Decision {
-        // The clock is read before the shard's lock, so that its latency overlaps the hash and
-        // the lock; the shard then counts at the latest time it has seen, so that a check that
-        // read the clock first but got the lock second does not count at an earlier time than
-        // the one before it: per shard, and so per key, time never goes backwards.
-        self.check_with(key, limit, cost, self.clock.now(), true)
+        let (shard, id) = self.key_id(key, limit.fingerprint());
+        // The key's bucket is requested from memory first, and the clock read while it comes:
+        // on a table larger than the cache that hides most of the clock's latency and the
+        // lock's. The clock is read before the shard's lock; the shard then counts at the latest
+        // time it has seen, so that a check that read the clock first but got the lock second
+        // does not count at an earlier time than the one before it: per shard, and so per key,
+        // time never goes backwards.
+        self.shards[shard].prefetch(id);
+        let now = self.clock.now();
+        self.check_id(shard, id, limit, cost, now, true)
     }
 
     /// The clock this store reads.
@@ -174,20 +179,23 @@ impl<C> MemoryStore<C> {
     /// non-decreasing across keys for the pure algorithms' answers: a sweep at a later time may
     /// have dropped a state that was fresh then (see `docs/memory-store.md`).
     pub fn check_at(&self, key: &[u8], limit: &Limit, cost: u64, now: Timestamp) -> Decision {
-        self.check_with(key, limit, cost, now, false)
+        let (shard, id) = self.key_id(key, limit.fingerprint());
+        self.check_id(shard, id, limit, cost, now, false)
     }
 
+    /// The check of the key `id` of `shard` (see [`key_id`](Self::key_id)).
     #[inline]
-    fn check_with(
+    fn check_id(
         &self,
-        key: &[u8],
+        shard: usize,
+        id: u64,
         limit: &Limit,
         cost: u64,
         now: Timestamp,
         monotonic: bool,
     ) -> Decision {
-        let (shard, id) = self.key_id(key, limit.fingerprint());
-        let mut table = self.shards[shard].lock();
+        let shard = &self.shards[shard];
+        let mut table = shard.lock();
         let table = &mut *table;
         let now = if !monotonic {
             now
@@ -225,6 +233,7 @@ impl<C> MemoryStore<C> {
         let (decision, next) = compact::check(limit, None, now, cost);
         if let Some(next) = next {
             let evicted = table.insert(id, next, now.as_micros(), self.per_shard_cap);
+            shard.publish(table);
             if evicted > 0 {
                 self.evictions.fetch_add(evicted, Ordering::Relaxed);
             }
@@ -265,6 +274,7 @@ impl<C> MemoryStore<C> {
         for shard in self.shards.iter() {
             let mut t = shard.lock();
             t.retain(|_, fresh_from| is_live(fresh_from, now.as_micros()), 0);
+            shard.publish(&t);
             let cap = self.per_shard_cap.max(1);
             t.sweep_at = (t.len * 2).clamp(MIN_SWEEP.min(cap), cap);
         }
@@ -291,17 +301,47 @@ impl<C: Clock + 'static> Store for MemoryStore<C> {
     }
 }
 
+/// Tables of up to this many buckets (32 KB) stay in the cache of a core that uses them: a
+/// prefetch would only cost its instructions.
+const PREFETCH_FROM: usize = 2048;
+
 /// A shard on its own cache lines, so that two cores locking neighbouring shards do not contend.
 #[derive(Debug, Default)]
 #[repr(align(128))]
-struct Shard(Mutex<Table>);
+struct Shard {
+    table: Mutex<Table>,
+    /// Where the table's buckets are and how many, published under the lock whenever the table
+    /// may have been rebuilt, for [`prefetch`](Self::prefetch) to read without the lock. A stale
+    /// pair only makes a prefetch useless: it is never dereferenced.
+    buckets_at: AtomicPtr<Bucket>,
+    buckets_len: AtomicUsize,
+}
 
 impl Shard {
     #[inline]
     fn lock(&self) -> MutexGuard<'_, Table> {
         // parking_lot's mutex: no poisoning to check, and a short spin before parking, which
         // suits a critical section of a few dozen nanoseconds.
-        self.0.lock()
+        self.table.lock()
+    }
+
+    /// Publishes where `table`'s buckets are (called with the lock held, after a rebuild).
+    #[inline]
+    fn publish(&self, table: &Table) {
+        self.buckets_at
+            .store(table.buckets.as_ptr().cast_mut(), Ordering::Relaxed);
+        self.buckets_len
+            .store(table.buckets.len(), Ordering::Relaxed);
+    }
+
+    /// Asks for the cache line of `id`'s home bucket, without the lock.
+    #[inline]
+    fn prefetch(&self, id: u64) {
+        let n = self.buckets_len.load(Ordering::Relaxed);
+        if n > PREFETCH_FROM {
+            let at = self.buckets_at.load(Ordering::Relaxed);
+            crate::prefetch::prefetch(at.wrapping_add(Table::home(id, n)));
+        }
     }
 }
 
@@ -524,4 +564,46 @@ impl Table {
 /// The largest power of two at most `n` (1 for 0), without overflow for any `n`.
 pub(crate) fn prev_power_of_two(n: usize) -> usize {
     1 << n.max(1).ilog2()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{Algorithm, ManualClock, Quota};
+
+    /// What `prefetch` reads without the lock is where each table's buckets are, through growth,
+    /// eviction at the cap and sweeps (a stale pair would only make the prefetch useless, but
+    /// would do so silently).
+    #[test]
+    fn every_shard_publishes_where_its_buckets_are() {
+        let clock = ManualClock::new();
+        let store = MemoryStore::builder()
+            .max_keys(20_000)
+            .with_clock(clock.clone())
+            .build()
+            .unwrap();
+        let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(10).unwrap()).unwrap();
+        let published = |store: &MemoryStore<ManualClock>| {
+            for shard in store.shards.iter() {
+                let table = shard.lock();
+                assert_eq!(
+                    shard.buckets_at.load(Ordering::Relaxed).cast_const(),
+                    table.buckets.as_ptr()
+                );
+                assert_eq!(
+                    shard.buckets_len.load(Ordering::Relaxed),
+                    table.buckets.len()
+                );
+            }
+        };
+        for k in 0..50_000u64 {
+            let _ = store.check_now(&k.to_le_bytes(), &limit, 1);
+        }
+        assert!(store.evictions() > 0, "the cap was reached");
+        published(&store);
+        clock.advance(std::time::Duration::from_secs(60));
+        store.sweep(clock.now());
+        assert!(store.is_empty());
+        published(&store);
+    }
 }
