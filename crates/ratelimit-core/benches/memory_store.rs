@@ -5,6 +5,7 @@
 //! Cases: one hot key, and 1,000,000 present keys picked at random; each single-threaded and with
 //! 2 threads (the time is wall time per check across both threads). Both limiters use the same
 //! quota (100 per minute) and read their own real clock on every check.
+#![forbid(unsafe_code)]
 
 use std::hint::black_box;
 use std::num::NonZeroU32;

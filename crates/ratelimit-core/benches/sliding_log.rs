@@ -5,6 +5,7 @@
 //! One key, 1,000 per second, checked every 100 µs of (given) time: one check in ten is admitted
 //! and the key's log holds about 1,000 entries. The sliding-window counter keeps two counters
 //! whatever the limit, so its time is the floor the log's is compared with.
+#![forbid(unsafe_code)]
 
 use std::hint::black_box;
 use std::time::Duration;

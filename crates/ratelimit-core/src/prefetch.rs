@@ -1,13 +1,15 @@
 //! A hint to the CPU to start loading a cache line: the one `unsafe` call of this crate.
 //!
 //! The memory store requests a key's bucket before it reads the clock and takes the shard's lock,
-//! so that on a table larger than the cache the memory's latency overlaps that work instead of
-//! following it (on a million keys, checks took 103–107 ns against 140–186 without it; see
+//! so that on a table larger than the cache the bucket's miss overlaps that work instead of
+//! following it (on a million keys, checks took 112–123 ns against 166–204 without it; see
 //! `docs/benchmarks.md`). A plain load in its place does not help: the lock's atomic instruction
 //! waits for it.
 //!
 //! Stable Rust has no safe prefetch: `std::hint::prefetch_read` is unstable, and the x86-64
-//! intrinsic may only be called in `unsafe` code from a function without its target feature.
+//! intrinsic needs `unsafe` (up to Rust 1.8x an `unsafe fn`, as intrinsics taking a pointer were;
+//! since then a safe function with the `sse` target feature, which a function without that
+//! feature may only call in `unsafe` code).
 
 #![allow(unsafe_code)]
 
@@ -17,9 +19,10 @@
 #[inline(always)]
 pub(crate) fn prefetch<T>(p: *const T) {
     #[cfg(all(target_arch = "x86_64", target_feature = "sse"))]
-    // SAFETY: `_mm_prefetch` is safe to call wherever SSE is available, which the `cfg` above
-    // guarantees (it is part of the x86-64 baseline); the prefetch instruction only hints the
-    // cache and neither reads `p` into the program nor faults, whatever `p` points to.
+    // SAFETY: `_mm_prefetch` puts no requirement on `p`: it becomes LLVM's `prefetch`, which
+    // changes nothing the program can observe, never reads `p` into it and never faults,
+    // whatever `p` points to. What newer Rust versions check instead, that SSE is available, the
+    // `cfg` above guarantees (SSE is part of the x86-64 baseline).
     unsafe {
         std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p.cast());
     }

@@ -1,4 +1,5 @@
 //! Many threads on one key: the lost-update race must be absent.
+#![forbid(unsafe_code)]
 
 use std::sync::{Arc, Barrier};
 use std::thread;

@@ -1,6 +1,7 @@
 //! `Leasing` over `MemoryStore`s on a `ManualClock`: never more than the limit, the documented
 //! shortfall and burst bounds, one lease per key per gateway, and no unit spent twice under
 //! concurrency.
+#![forbid(unsafe_code)]
 
 use std::future::Future;
 use std::pin::{Pin, pin};

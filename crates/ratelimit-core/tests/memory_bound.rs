@@ -1,5 +1,6 @@
 //! A flood of distinct keys: the key count stays at or under the cap, and memory per key is
 //! measured (resident set size, from /proc on Linux).
+#![forbid(unsafe_code)]
 
 use ratelimit_core::{Algorithm, Clock, Limit, ManualClock, MemoryStore, Quota};
 

@@ -1,5 +1,6 @@
 //! Property tests over random request sequences. Failing cases proptest finds are saved in
 //! `properties.proptest-regressions` (committed) and replayed first on every run.
+#![forbid(unsafe_code)]
 
 use proptest::prelude::*;
 use ratelimit_core::algorithm::{gcra, sliding_log, token_bucket};

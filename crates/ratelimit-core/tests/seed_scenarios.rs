@@ -1,4 +1,5 @@
 //! The seed's scenarios, reproduced exactly, through the public store API on a manual clock.
+#![forbid(unsafe_code)]
 
 use std::time::Duration;
 
