@@ -327,7 +327,8 @@ impl Shard {
         self.table.lock()
     }
 
-    /// Publishes where `table`'s buckets are (called with the lock held, after a rebuild).
+    /// Publishes where `table`'s buckets are (called with the lock held, after adding a key or a
+    /// sweep, either of which may rebuild the table).
     #[inline]
     fn publish(&self, table: &Table) {
         self.buckets_at

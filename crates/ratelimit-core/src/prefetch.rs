@@ -7,9 +7,9 @@
 //! waits for it.
 //!
 //! Stable Rust has no safe prefetch: `std::hint::prefetch_read` is unstable, and the x86-64
-//! intrinsic needs `unsafe` (up to Rust 1.8x an `unsafe fn`, as intrinsics taking a pointer were;
-//! since then a safe function with the `sse` target feature, which a function without that
-//! feature may only call in `unsafe` code).
+//! intrinsic needs `unsafe` (in older Rust an `unsafe fn`, as intrinsics taking a pointer were; in
+//! Rust 1.95 a safe function with the `sse` target feature, which a function without that feature
+//! may only call in `unsafe` code).
 
 #![allow(unsafe_code)]
 
