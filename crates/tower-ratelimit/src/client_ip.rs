@@ -348,10 +348,16 @@ impl ClientIp {
     #[inline]
     pub fn resolve_unmasked(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
         let peer = peer.to_canonical();
-        if !self.is_trusted(peer) {
+        if self.trusts_none() || !self.is_trusted(peer) {
             return peer;
         }
         self.forwarded_client(peer, headers)
+    }
+
+    /// No proxy is trusted ([`ClientIp::peer`]): the answer is always the peer's address.
+    #[inline]
+    pub(crate) fn trusts_none(&self) -> bool {
+        self.trusted.is_empty()
     }
 
     /// The client's address from the forwarding headers, `peer` being a trusted proxy.
@@ -392,12 +398,7 @@ impl ClientIp {
     #[inline]
     pub fn mask(&self, ip: IpAddr) -> IpAddr {
         match ip.to_canonical() {
-            IpAddr::V4(v4) => {
-                let mask = u32::MAX
-                    .checked_shl(32 - u32::from(self.ipv4_prefix))
-                    .unwrap_or(0);
-                IpAddr::V4(Ipv4Addr::from(u32::from(v4) & mask))
-            }
+            IpAddr::V4(v4) => IpAddr::V4(self.mask_v4(v4)),
             IpAddr::V6(v6) => {
                 let mask = u128::MAX
                     .checked_shl(128 - u32::from(self.ipv6_prefix))
@@ -405,6 +406,15 @@ impl ClientIp {
                 IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask))
             }
         }
+    }
+
+    /// The IPv4 part of [`mask`](Self::mask).
+    #[inline]
+    pub(crate) fn mask_v4(&self, v4: Ipv4Addr) -> Ipv4Addr {
+        let mask = u32::MAX
+            .checked_shl(32 - u32::from(self.ipv4_prefix))
+            .unwrap_or(0);
+        Ipv4Addr::from(u32::from(v4) & mask)
     }
 
     /// The right-to-left walk over hops (nearest proxy's entry first), from
@@ -557,6 +567,22 @@ pub fn key_bytes(ip: IpAddr) -> IpKey {
             buf[0] = IpKey::V6_TAG;
             buf[1..17].copy_from_slice(&v6.octets());
             IpKey { buf, len: 17 }
+        }
+    }
+}
+
+/// Appends [`key_bytes`] of `ip` to `key`, without building the [`IpKey`] first.
+#[inline]
+pub(crate) fn push_key_bytes(key: &mut crate::key::KeyBuf, ip: IpAddr) {
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => {
+            let [a, b, c, d] = v4.octets();
+            key.push(&[IpKey::V4_TAG, a, b, c, d]);
+        }
+        IpAddr::V6(v6) => {
+            let mut buf = [IpKey::V6_TAG; 17];
+            buf[1..].copy_from_slice(&v6.octets());
+            key.push(&buf);
         }
     }
 }
@@ -1473,6 +1499,25 @@ mod tests {
     }
 
     proptest! {
+        /// What the extractors append is exactly `key_bytes`, for every address: IPv4, IPv6 and
+        /// IPv4-mapped IPv6 (encoded as IPv4), after whatever the key holds already.
+        #[test]
+        fn pushed_key_bytes_are_key_bytes(
+            v6 in any::<u128>(),
+            v4 in any::<u32>(),
+            prefix in prop::collection::vec(any::<u8>(), 0..40),
+        ) {
+            let mapped = IpAddr::V6(Ipv4Addr::from(v4).to_ipv6_mapped());
+            for addr in [IpAddr::V6(Ipv6Addr::from(v6)), IpAddr::V4(Ipv4Addr::from(v4)), mapped] {
+                let mut key = crate::key::KeyBuf::new();
+                key.push(&prefix);
+                push_key_bytes(&mut key, addr);
+                let mut want = prefix.clone();
+                want.extend_from_slice(&key_bytes(addr));
+                prop_assert_eq!(key.as_bytes(), &want[..]);
+            }
+        }
+
         #[test]
         fn prop_answer_is_peer_trusted_or_written(
             (forwarded, (lines, written)) in any::<bool>().prop_flat_map(|f| (Just(f), lines(f))),

@@ -371,7 +371,7 @@ int_key_part!(u8, u16, u32, u64, u128, i8, i16, i32, i64, i128);
 impl KeyPart for IpAddr {
     /// The same encoding as the IP extractors' keys ([`key_bytes`](crate::client_ip::key_bytes)).
     fn write_to(&self, key: &mut KeyBuf) {
-        key.push(crate::client_ip::key_bytes(*self).as_bytes());
+        crate::client_ip::push_key_bytes(key, *self);
     }
 }
 
@@ -552,19 +552,19 @@ impl Default for PeerIp {
 /// in tests the address set with axum's `MockConnectInfo` layer.
 #[cfg(feature = "axum")]
 #[inline]
-fn peer_ip(parts: &Parts) -> Option<std::net::IpAddr> {
+fn peer_addr(parts: &Parts) -> Option<&std::net::SocketAddr> {
     use axum::extract::ConnectInfo;
     use axum::extract::connect_info::MockConnectInfo;
     use std::net::SocketAddr;
-    // `ip()` reads the address in place: copying the `SocketAddr` out first made rustc move its
-    // 14 unaligned bytes of a V6 through two overlapping stack words, and reading them back
-    // stalled on store forwarding (half of this function's time, per `perf annotate`).
+    // A reference, read in place by the caller: copying the `SocketAddr` out first made rustc
+    // move its 14 unaligned bytes of a V6 through two overlapping stack words, and reading them
+    // back stalled on store forwarding (half of this function's time, per `perf annotate`).
     match parts.extensions.get::<ConnectInfo<SocketAddr>>() {
-        Some(c) => Some(c.0.ip()),
+        Some(c) => Some(&c.0),
         None => parts
             .extensions
             .get::<MockConnectInfo<SocketAddr>>()
-            .map(|m| m.0.ip()),
+            .map(|m| &m.0),
     }
 }
 
@@ -639,9 +639,20 @@ impl ClientIpKey {
 impl KeyExtractor for ClientIpKey {
     #[inline]
     fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
-        let peer = peer_ip(parts).ok_or(NoKey)?;
-        let ip = self.client_ip.key(peer, &parts.headers);
-        key.push(ip.as_bytes());
+        let peer = peer_addr(parts).ok_or(NoKey)?;
+        let client_ip = &self.client_ip;
+        match peer {
+            // The peer-IP key's IPv4 client, written from the address's 4 bytes: going through
+            // the 17-byte `IpAddr` (see `resolve`) split it into bytes and moved them one by one.
+            std::net::SocketAddr::V4(v4) if client_ip.trusts_none() => {
+                let [a, b, c, d] = client_ip.mask_v4(*v4.ip()).octets();
+                key.push(&[crate::client_ip::IpKey::V4_TAG, a, b, c, d]);
+            }
+            _ => {
+                let ip = client_ip.resolve(peer.ip(), &parts.headers);
+                crate::client_ip::push_key_bytes(key, ip);
+            }
+        }
         Ok(())
     }
 }
@@ -663,6 +674,49 @@ mod tests {
         assert_eq!(k.as_bytes(), b"abc");
         k.push(b"d");
         assert_eq!(k.as_bytes(), b"abcd");
+    }
+
+    /// The client-IP key is `key_bytes` of what `ClientIp::resolve` answers, on the peer-IP fast
+    /// path (an IPv4 peer, no proxy trusted) and off it: IPv4 prefixes, IPv6 and IPv4-mapped
+    /// peers, trusted proxies, after a prefix already in the key.
+    #[cfg(feature = "axum")]
+    #[test]
+    fn client_ip_key_is_the_resolved_address() {
+        use crate::client_ip::{ClientIp, key_bytes};
+        use axum::extract::ConnectInfo;
+        use std::net::SocketAddr;
+        let configs = [
+            ClientIp::peer(),
+            ClientIp::peer().ipv4_prefix(24).unwrap(),
+            ClientIp::peer().ipv4_prefix(0).unwrap(),
+            ClientIp::peer().ipv6_prefix(128).unwrap(),
+            ClientIp::behind_proxies(["10.0.0.0/8"]).unwrap(),
+        ];
+        let peers = [
+            "192.0.2.77:1",
+            "10.1.2.3:2",
+            "[::ffff:192.0.2.77]:3",
+            "[::ffff:10.1.2.3]:4",
+            "[2001:db8::1:2:3:4]:5",
+        ];
+        for config in configs {
+            let extractor = ClientIpKey::new(config.clone());
+            for peer in peers {
+                let peer: SocketAddr = peer.parse().unwrap();
+                let mut req = http::Request::get("/")
+                    .header("x-forwarded-for", "198.51.100.9")
+                    .body(())
+                    .unwrap();
+                req.extensions_mut().insert(ConnectInfo(peer));
+                let (parts, ()) = req.into_parts();
+                let mut key = KeyBuf::new();
+                key.push(b"prefix:");
+                extractor.extract(&parts, &mut key).unwrap();
+                let mut want = b"prefix:".to_vec();
+                want.extend_from_slice(&key_bytes(config.resolve(peer.ip(), &parts.headers)));
+                assert_eq!(key.as_bytes(), &want[..], "{config:?} {peer}");
+            }
+        }
     }
 
     /// Every length of each of two parts, through the inline copies of every size class and the
