@@ -219,26 +219,21 @@ impl<C> MemoryStore<C> {
                 }
                 return decision;
             }
-            let (decision, next) = compact::check(limit, Some(word), now, cost);
-            match next {
-                // The common case written here, in registers: passing the whole `Next` to a call
-                // spilled it to the stack in two halves and read it back in one, a
-                // store-forwarding stall on every allowed check.
-                Some(compact::Next::Inline(word)) => table.buckets[i].word = word,
-                Some(next) => table.buckets[i].word = table.word(next),
-                None => {}
-            }
-            return decision;
+            return compact::check(limit, Some(word), now, cost, |next| {
+                // The common case, an inline word, goes straight to the bucket, in registers.
+                table.buckets[i].word = match next {
+                    compact::Next::Inline(word) => word,
+                    next => table.word(next),
+                };
+            });
         }
-        let (decision, next) = compact::check(limit, None, now, cost);
-        if let Some(next) = next {
+        compact::check(limit, None, now, cost, |next| {
             let evicted = table.insert(id, next, now.as_micros(), self.per_shard_cap);
             shard.publish(table);
             if evicted > 0 {
                 self.evictions.fetch_add(evicted, Ordering::Relaxed);
             }
-        }
-        decision
+        })
     }
 
     /// How many keys are held now (locks each shard in turn).
