@@ -219,21 +219,26 @@ impl<C> MemoryStore<C> {
                 }
                 return decision;
             }
-            return compact::check(limit, Some(word), now, cost, |next| {
-                // The common case, an inline word, goes straight to the bucket, in registers.
-                table.buckets[i].word = match next {
-                    compact::Next::Inline(word) => word,
-                    next => table.word(next),
-                };
-            });
+            let mut next = None;
+            let decision = compact::check(limit, Some(word), now, cost, &mut next);
+            match next {
+                // The common case written here, in registers.
+                Some(compact::Next::Inline(word)) => table.buckets[i].word = word,
+                Some(next) => table.replace(i, next),
+                None => {}
+            }
+            return decision;
         }
-        compact::check(limit, None, now, cost, |next| {
+        let mut next = None;
+        let decision = compact::check(limit, None, now, cost, &mut next);
+        if let Some(next) = next {
             let evicted = table.insert(id, next, now.as_micros(), self.per_shard_cap);
             shard.publish(table);
             if evicted > 0 {
                 self.evictions.fetch_add(evicted, Ordering::Relaxed);
             }
-        })
+        }
+        decision
     }
 
     /// How many keys are held now (locks each shard in turn).
@@ -452,6 +457,13 @@ impl Table {
             compact::Next::Inline(word) => word,
             compact::Next::Big(states, fresh_at) => self.alloc_big(Big { fresh_at, states }) | BIG,
         }
+    }
+
+    /// Sets bucket `i`'s state to `next`.
+    #[cold]
+    #[inline(never)]
+    fn replace(&mut self, i: usize, next: compact::Next) {
+        self.buckets[i].word = self.word(next);
     }
 
     fn alloc_big(&mut self, big: Big) -> u64 {

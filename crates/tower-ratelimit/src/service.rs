@@ -447,6 +447,11 @@ where
         // One place builds the future, so that it is written in place, not built and then copied
         // out (a memcpy of the whole future per request).
         match self.shared.next(&parts) {
+            // Nothing to add, spelled out so that the empty `Option<Post>` is written as such
+            // rather than copied out of the step (a load that stalled on `next`'s stores).
+            Step::Forward(None) => {
+                ResponseFuture::inner(self.inner.call(Request::from_parts(parts, body)), None)
+            }
             Step::Forward(post) => {
                 ResponseFuture::inner(self.inner.call(Request::from_parts(parts, body)), post)
             }
