@@ -162,9 +162,12 @@ pub(super) fn check(
                 return d;
             }
             let (a, b) = split(q, s.last, q.capacity_units() - s.level);
-            *next = Some(inline_or_big(bucket_word(a, b), || {
-                (State::TokenBucket(s), s.fresh_at(q).as_micros())
-            }));
+            put(
+                next,
+                inline_or_big(bucket_word(a, b), || {
+                    (State::TokenBucket(s), s.fresh_at(q).as_micros())
+                }),
+            );
             d
         }
         Algorithm::Gcra => {
@@ -177,9 +180,12 @@ pub(super) fn check(
                 return d;
             }
             let (a, b) = round(q, s.tat, s.frac);
-            *next = Some(inline_or_big(bucket_word(a, b), || {
-                (State::Gcra(s), s.fresh_at().as_micros())
-            }));
+            put(
+                next,
+                inline_or_big(bucket_word(a, b), || {
+                    (State::Gcra(s), s.fresh_at().as_micros())
+                }),
+            );
             d
         }
         Algorithm::FixedWindow => {
@@ -195,9 +201,12 @@ pub(super) fn check(
                 return d;
             }
             let end = s.start.saturating_add(p);
-            *next = Some(inline_or_big(window_word(p, end, s.count), || {
-                (State::FixedWindow(s), end)
-            }));
+            put(
+                next,
+                inline_or_big(window_word(p, end, s.count), || {
+                    (State::FixedWindow(s), end)
+                }),
+            );
             d
         }
         Algorithm::SlidingWindow => {
@@ -224,7 +233,10 @@ pub(super) fn check(
             } else {
                 None
             };
-            *next = Some(inline_or_big(word, || (State::SlidingWindow(s), fresh_at)));
+            put(
+                next,
+                inline_or_big(word, || (State::SlidingWindow(s), fresh_at)),
+            );
             d
         }
         _ => general(limit, now, cost, next),
@@ -238,9 +250,18 @@ fn general(limit: &Limit, now: Timestamp, cost: u64, next: &mut Option<Next>) ->
     let d = limit.check(&mut states, now, cost);
     if stores(&d, cost) {
         let fresh_at = limit.fresh_at(&states).as_micros();
-        *next = Some(Next::Big(states, fresh_at));
+        put(next, Next::Big(states, fresh_at));
     }
     d
+}
+
+/// Sets `next`, `None` until then, without calling `Option<Next>`'s drop glue on the `None` it
+/// replaces (assigning over it compiled to that call, out of line, on every admission).
+#[inline(always)]
+fn put(next: &mut Option<Next>, value: Next) {
+    let old = next.replace(value);
+    debug_assert!(old.is_none(), "a check stores one state");
+    std::mem::forget(old);
 }
 
 /// Whether a check's state is stored: only an admission of a positive cost changes it.
