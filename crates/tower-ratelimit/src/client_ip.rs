@@ -571,22 +571,6 @@ pub fn key_bytes(ip: IpAddr) -> IpKey {
     }
 }
 
-/// Appends [`key_bytes`] of `ip` to `key`, without building the [`IpKey`] first.
-#[inline]
-pub(crate) fn push_key_bytes(key: &mut crate::key::KeyBuf, ip: IpAddr) {
-    match ip.to_canonical() {
-        IpAddr::V4(v4) => {
-            let [a, b, c, d] = v4.octets();
-            key.push(&[IpKey::V4_TAG, a, b, c, d]);
-        }
-        IpAddr::V6(v6) => {
-            let mut buf = [IpKey::V6_TAG; 17];
-            buf[1..].copy_from_slice(&v6.octets());
-            key.push(&buf);
-        }
-    }
-}
-
 // ---------------------------------------------------------------------------
 // Parsing. Everything below works on raw header bytes: `HeaderValue` may hold
 // bytes that are not UTF-8, and nothing here assumes it does not.
@@ -1499,25 +1483,6 @@ mod tests {
     }
 
     proptest! {
-        /// What the extractors append is exactly `key_bytes`, for every address: IPv4, IPv6 and
-        /// IPv4-mapped IPv6 (encoded as IPv4), after whatever the key holds already.
-        #[test]
-        fn pushed_key_bytes_are_key_bytes(
-            v6 in any::<u128>(),
-            v4 in any::<u32>(),
-            prefix in prop::collection::vec(any::<u8>(), 0..40),
-        ) {
-            let mapped = IpAddr::V6(Ipv4Addr::from(v4).to_ipv6_mapped());
-            for addr in [IpAddr::V6(Ipv6Addr::from(v6)), IpAddr::V4(Ipv4Addr::from(v4)), mapped] {
-                let mut key = crate::key::KeyBuf::new();
-                key.push(&prefix);
-                push_key_bytes(&mut key, addr);
-                let mut want = prefix.clone();
-                want.extend_from_slice(&key_bytes(addr));
-                prop_assert_eq!(key.as_bytes(), &want[..]);
-            }
-        }
-
         #[test]
         fn prop_answer_is_peer_trusted_or_written(
             (forwarded, (lines, written)) in any::<bool>().prop_flat_map(|f| (Just(f), lines(f))),

@@ -371,7 +371,26 @@ int_key_part!(u8, u16, u32, u64, u128, i8, i16, i32, i64, i128);
 impl KeyPart for IpAddr {
     /// The same encoding as the IP extractors' keys ([`key_bytes`](crate::client_ip::key_bytes)).
     fn write_to(&self, key: &mut KeyBuf) {
-        crate::client_ip::push_key_bytes(key, *self);
+        push_key_bytes(key, *self);
+    }
+}
+
+/// Appends [`key_bytes`](crate::client_ip::key_bytes) of `ip` to `key`, without building the
+/// [`IpKey`](crate::client_ip::IpKey) first. (Here rather than in `client_ip`, which the fuzz
+/// crate compiles on its own.)
+#[inline]
+fn push_key_bytes(key: &mut KeyBuf, ip: IpAddr) {
+    use crate::client_ip::IpKey;
+    match ip.to_canonical() {
+        IpAddr::V4(v4) => {
+            let [a, b, c, d] = v4.octets();
+            key.push(&[IpKey::V4_TAG, a, b, c, d]);
+        }
+        IpAddr::V6(v6) => {
+            let mut buf = [IpKey::V6_TAG; 17];
+            buf[1..].copy_from_slice(&v6.octets());
+            key.push(&buf);
+        }
     }
 }
 
@@ -650,7 +669,7 @@ impl KeyExtractor for ClientIpKey {
             }
             _ => {
                 let ip = client_ip.resolve(peer.ip(), &parts.headers);
-                crate::client_ip::push_key_bytes(key, ip);
+                push_key_bytes(key, ip);
             }
         }
         Ok(())
@@ -674,6 +693,28 @@ mod tests {
         assert_eq!(k.as_bytes(), b"abc");
         k.push(b"d");
         assert_eq!(k.as_bytes(), b"abcd");
+    }
+
+    proptest::proptest! {
+        /// What the IP keys append is exactly `key_bytes`, for every address: IPv4, IPv6 and
+        /// IPv4-mapped IPv6 (encoded as IPv4), after whatever the key holds already.
+        #[test]
+        fn pushed_key_bytes_are_key_bytes(
+            v6: u128,
+            v4: u32,
+            prefix in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
+        ) {
+            use std::net::{Ipv4Addr, Ipv6Addr};
+            let mapped = IpAddr::V6(Ipv4Addr::from(v4).to_ipv6_mapped());
+            for addr in [IpAddr::V6(Ipv6Addr::from(v6)), IpAddr::V4(Ipv4Addr::from(v4)), mapped] {
+                let mut key = KeyBuf::new();
+                key.push(&prefix);
+                push_key_bytes(&mut key, addr);
+                let mut want = prefix.clone();
+                want.extend_from_slice(&crate::client_ip::key_bytes(addr));
+                proptest::prop_assert_eq!(key.as_bytes(), &want[..]);
+            }
+        }
     }
 
     /// The client-IP key is `key_bytes` of what `ClientIp::resolve` answers, on the peer-IP fast

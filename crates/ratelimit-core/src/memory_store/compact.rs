@@ -129,8 +129,8 @@ fn window_fresh_at(p: u64, word: u64) -> Option<(u64, u64)> {
 }
 
 /// Checks `cost` against `limit` from a stored inline state (or none), returning the decision;
-/// the state to store goes to `next`, left `None` unless an admission changed it (a denial or a
-/// peek stores nothing, so its state is not encoded).
+/// the state to store goes to `next`, which must be `None` on entry and is left `None` unless an
+/// admission changed the state (a denial or a peek stores nothing, so its state is not encoded).
 ///
 /// The state goes out through `next` rather than beside the decision: returning both from the arms
 /// of the match below merged them in a stack temporary, written a field at a time and read back
