@@ -82,6 +82,7 @@ impl Metrics {
         }
     }
 
+    #[inline]
     pub(crate) fn decision(&self, kind: VerdictKind) {
         self.decisions[kind.index()].increment(1);
     }
