@@ -448,7 +448,8 @@ where
         // out (a memcpy of the whole future per request).
         match self.shared.next(&parts) {
             // Nothing to add, spelled out so that the empty `Option<Post>` is written as such
-            // rather than copied out of the step (a load that stalled on `next`'s stores).
+            // rather than copied out of the step (which, while `next` was out of line, was a
+            // load that stalled on its stores).
             Step::Forward(None) => {
                 ResponseFuture::inner(self.inner.call(Request::from_parts(parts, body)), None)
             }
@@ -516,9 +517,8 @@ where
     /// or a store that answers at once), or the store check to wait for.
     ///
     /// Inlined into `call`, its one caller (`#[inline]` alone was not taken): the step is then
-    /// built where `call` reads it instead of returned through memory. 17 fewer instructions a
-    /// request, and lean without the rate-limit fields a median 1.05× tower_governor's overhead
-    /// against 1.14× in five runs alternating the two builds.
+    /// built where `call` reads it instead of returned through memory (17 fewer instructions a
+    /// request; the time it saved is in docs/benchmarks.md).
     #[inline(always)]
     fn next(&self, parts: &Parts) -> Step<Pending<St::Future>> {
         let rt = &*self.rt;
