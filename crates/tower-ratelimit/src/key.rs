@@ -371,26 +371,7 @@ int_key_part!(u8, u16, u32, u64, u128, i8, i16, i32, i64, i128);
 impl KeyPart for IpAddr {
     /// The same encoding as the IP extractors' keys ([`key_bytes`](crate::client_ip::key_bytes)).
     fn write_to(&self, key: &mut KeyBuf) {
-        push_key_bytes(key, *self);
-    }
-}
-
-/// Appends [`key_bytes`](crate::client_ip::key_bytes) of `ip` to `key`, without building the
-/// [`IpKey`](crate::client_ip::IpKey) first. (Here rather than in `client_ip`, which the fuzz
-/// crate compiles on its own.)
-#[inline]
-fn push_key_bytes(key: &mut KeyBuf, ip: IpAddr) {
-    use crate::client_ip::IpKey;
-    match ip.to_canonical() {
-        IpAddr::V4(v4) => {
-            let [a, b, c, d] = v4.octets();
-            key.push(&[IpKey::V4_TAG, a, b, c, d]);
-        }
-        IpAddr::V6(v6) => {
-            let mut buf = [IpKey::V6_TAG; 17];
-            buf[1..].copy_from_slice(&v6.octets());
-            key.push(&buf);
-        }
+        key.push(crate::client_ip::key_bytes(*self).as_bytes());
     }
 }
 
@@ -667,10 +648,7 @@ impl KeyExtractor for ClientIpKey {
                 let [a, b, c, d] = client_ip.mask_v4(*v4.ip()).octets();
                 key.push(&[crate::client_ip::IpKey::V4_TAG, a, b, c, d]);
             }
-            _ => {
-                let ip = client_ip.resolve(peer.ip(), &parts.headers);
-                push_key_bytes(key, ip);
-            }
+            _ => client_ip.resolve(peer.ip(), &parts.headers).write_to(key),
         }
         Ok(())
     }
@@ -696,10 +674,10 @@ mod tests {
     }
 
     proptest::proptest! {
-        /// What the IP keys append is exactly `key_bytes`, for every address: IPv4, IPv6 and
+        /// What an address appends is exactly `key_bytes`, for every address: IPv4, IPv6 and
         /// IPv4-mapped IPv6 (encoded as IPv4), after whatever the key holds already.
         #[test]
-        fn pushed_key_bytes_are_key_bytes(
+        fn written_ip_keys_are_key_bytes(
             v6: u128,
             v4: u32,
             prefix in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..40),
@@ -709,7 +687,7 @@ mod tests {
             for addr in [IpAddr::V6(Ipv6Addr::from(v6)), IpAddr::V4(Ipv4Addr::from(v4)), mapped] {
                 let mut key = KeyBuf::new();
                 key.push(&prefix);
-                push_key_bytes(&mut key, addr);
+                addr.write_to(&mut key);
                 let mut want = prefix.clone();
                 want.extend_from_slice(&crate::client_ip::key_bytes(addr));
                 proptest::prop_assert_eq!(key.as_bytes(), &want[..]);

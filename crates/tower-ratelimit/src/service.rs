@@ -448,8 +448,7 @@ where
         // out (a memcpy of the whole future per request).
         match self.shared.next(&parts) {
             // Nothing to add, spelled out so that the empty `Option<Post>` is written as such
-            // rather than copied out of the step (which, while `next` was out of line, was a
-            // load that stalled on its stores).
+            // rather than copied out of the step.
             Step::Forward(None) => {
                 ResponseFuture::inner(self.inner.call(Request::from_parts(parts, body)), None)
             }
