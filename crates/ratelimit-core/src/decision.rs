@@ -192,6 +192,12 @@ impl Decision {
         Duration::from_micros(self.reset_after_us)
     }
 
+    /// [`reset_after`](Decision::reset_after) in microseconds.
+    #[inline]
+    pub(crate) const fn reset_after_micros(&self) -> u64 {
+        self.reset_after_us
+    }
+
     /// Which quota of the limit this decision describes (its index in [`Limit::quotas`](crate::Limit::quotas)).
     #[must_use]
     pub const fn quota_index(&self) -> usize {

@@ -161,7 +161,12 @@ pub(super) fn check(
             if !stores(&d, cost) {
                 return d;
             }
-            let (a, b) = split(q, s.last, q.capacity_units() - s.level);
+            let (a, b) = split(
+                q,
+                s.last,
+                q.capacity_units() - s.level,
+                d.reset_after_micros(),
+            );
             put(
                 next,
                 inline_or_big(bucket_word(a, b), || {
@@ -297,15 +302,17 @@ fn debt(q: &Quota, a: u64, b: u64, now: u64) -> u64 {
     }
 }
 
-/// The time a bucket with `debt` at `last` is full, stored as `(a, b)`.
+/// The time a bucket with `debt` at `last` is full, stored as `(a, b)`, given `up`, the number of
+/// microseconds until then rounded up (`⌈debt / rate⌉`, which the decision's reset time already
+/// is): `a = last + up` and `b = up × rate − debt`, the same as [`round`] of the exact time,
+/// without a second division.
 #[inline]
-fn split(q: &Quota, last: u64, debt: u64) -> (u64, u64) {
+fn split(q: &Quota, last: u64, debt: u64, up: u64) -> (u64, u64) {
     let rate = q.refill_per_micro();
-    if rate == 1 {
-        (last + debt, 0)
-    } else {
-        round(q, last + debt / rate, debt % rate)
-    }
+    debug_assert_eq!(up, debt.div_ceil(rate));
+    // `up × rate < debt + rate`, and `up` is 0 or 1 whenever `rate` is above `debt` (at most
+    // 2^52): no overflow.
+    (last + up, up * rate - debt)
 }
 
 /// `tat + frac / rate` µs as `(ceil, rate − frac)` (or `(tat, 0)` when `frac` is 0), so that `a` is
