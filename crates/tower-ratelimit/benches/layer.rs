@@ -146,7 +146,7 @@ fn apps() -> Vec<(&'static str, Router, u16)> {
     let plenty = Quota::per_second(1_000_000_000).unwrap();
     let scarce = Quota::per_hour(1).unwrap();
     let hour_nanos = 3_600_000_000_000;
-    vec![
+    let apps = vec![
         ("bare", bare(), 200),
         ("noop", bare().layer(noop::NoopLayer), 200),
         (
@@ -209,7 +209,13 @@ fn apps() -> Vec<(&'static str, Router, u16)> {
             governor_plain(hour_nanos, 1),
             429,
         ),
-    ]
+    ];
+    // Routes made once, as `axum::serve` does for each connection: a router whose handlers have
+    // not been given their state yet turns each into a route on every request, which re-applies
+    // every layer to it (a clone of the layer, its `Layer::layer` and a boxed service per request).
+    apps.into_iter()
+        .map(|(name, app, status)| (name, app.with_state(()), status))
+        .collect()
 }
 
 async fn one(app: &Router) {
