@@ -348,6 +348,30 @@ impl<St: Store> Shared<St> {
         self.respond(kind, Some(d), response)
     }
 
+    /// No key in the request: the configured answer, or `None` with `key` set to the shared
+    /// fallback key. Out of line, so that the key's path stays small.
+    #[cold]
+    #[inline(never)]
+    fn missing_key<W>(&self, tier: usize, key: &mut KeyBuf) -> Option<Step<W>> {
+        let rt = &self.rt;
+        match &rt.policy.missing_key {
+            MissingKey::Reject(_) if rt.policy.dry_run => {
+                Some(self.forward(VerdictKind::ShadowDenied, None, tier))
+            }
+            MissingKey::Reject(status) => {
+                tracing::debug!(policy = %rt.name, "no rate-limit key in request");
+                let response = response::plain(*status, "No rate-limit key in the request\n", None);
+                Some(self.respond(VerdictKind::NoKey, None, response))
+            }
+            MissingKey::SharedKey(shared_key) => {
+                key.truncate(0);
+                key.push(&rt.shared_prefix);
+                key.push(shared_key);
+                None
+            }
+        }
+    }
+
     /// The store could not answer.
     fn on_failure<W>(&self, kind: FailureKind, tier: usize, key: &[u8], cost: u64) -> Step<W> {
         let rt = &self.rt;
@@ -530,23 +554,10 @@ where
         let tier = rt.tier_for(parts);
         let mut key = KeyBuf::new();
         key.push(&rt.prefix);
-        if rt.policy.key.extract(parts, &mut key).is_err() {
-            match &rt.policy.missing_key {
-                MissingKey::Reject(_) if rt.policy.dry_run => {
-                    return self.forward(VerdictKind::ShadowDenied, None, tier);
-                }
-                MissingKey::Reject(status) => {
-                    tracing::debug!(policy = %rt.name, "no rate-limit key in request");
-                    let response =
-                        response::plain(*status, "No rate-limit key in the request\n", None);
-                    return self.respond(VerdictKind::NoKey, None, response);
-                }
-                MissingKey::SharedKey(shared_key) => {
-                    key.truncate(0);
-                    key.push(&rt.shared_prefix);
-                    key.push(shared_key);
-                }
-            }
+        if rt.policy.key.extract(parts, &mut key).is_err()
+            && let Some(step) = self.missing_key(tier, &mut key)
+        {
+            return step;
         }
         let cost = rt.policy.cost.as_ref().map_or(1, |cost| cost(parts));
 
