@@ -7,7 +7,8 @@
 //! Run with: `cargo bench -p tower-ratelimit --bench layer`
 //!
 //! Every benchmark sends one request through `Router::oneshot` on a current-thread runtime, with
-//! the peer address in `ConnectInfo`, so they differ only by the middleware.
+//! the peer address in `ConnectInfo`, so they differ only by the middleware. The routers are
+//! given their state once, as a server does (see `apps`).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
