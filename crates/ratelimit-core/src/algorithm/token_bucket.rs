@@ -82,6 +82,7 @@ pub fn check(
         outcome,
         quota.burst(),
         if level < scale { 0 } else { level / scale },
+        // The memory store builds the stored time from this value (`compact::split`).
         ceil_div(cap - level, rate),
     );
     (decision, TokenBucketState { level, last: now })

@@ -310,8 +310,8 @@ fn debt(q: &Quota, a: u64, b: u64, now: u64) -> u64 {
 fn split(q: &Quota, last: u64, debt: u64, up: u64) -> (u64, u64) {
     let rate = q.refill_per_micro();
     debug_assert_eq!(up, debt.div_ceil(rate));
-    // `up × rate < debt + rate`, and `up` is 0 or 1 whenever `rate` is above `debt` (at most
-    // 2^52): no overflow.
+    // `debt` is at most the capacity and `rate` at most the limit, both at most 2^52 (see
+    // `Quota`), so `up × rate < debt + rate ≤ 2^53`: no overflow.
     (last + up, up * rate - debt)
 }
 
