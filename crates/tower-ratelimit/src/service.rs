@@ -349,8 +349,8 @@ impl<St: Store> Shared<St> {
     }
 
     /// No key in the request: the configured answer, or `None` with `key` set to the shared
-    /// fallback key. Out of line, so that the key's path stays small.
-    #[cold]
+    /// fallback key. Out of line, so that the key's path stays small; not `#[cold]`, since a
+    /// policy with a shared fallback key may take it on many requests.
     #[inline(never)]
     fn missing_key<W>(&self, tier: usize, key: &mut KeyBuf) -> Option<Step<W>> {
         let rt = &self.rt;
