@@ -36,11 +36,12 @@
 //!
 //! A request whose headers are broken *by the client* therefore still gets the
 //! client's real address, because the trusted proxy appends that address to
-//! the right of the broken part, and a broken hop ends at the next comma. The
-//! one exception: in `Forwarded`, a quoted string that the client leaves open
-//! is closed by the quote of an IPv6 element the proxy appends to the same
-//! line, which breaks that element; the answer is then the proxy's address.
-//! In no case does broken input let a client pick the answer.
+//! the right of the broken part, and the list is split from the right: in
+//! `X-Forwarded-For` at every comma, in `Forwarded` at the commas outside
+//! quoted strings as read from the right end, so that a quoted string the
+//! client leaves open cannot swallow, or be closed by, an element a proxy
+//! appends to the same line. Broken input never lets a client pick the
+//! answer, nor choose between its own address and its proxy's.
 //!
 //! Trust only the addresses of your proxies. A client whose own address is
 //! trusted is treated as a proxy, so its header is believed: trusting a whole
@@ -48,10 +49,8 @@
 //! lets those clients choose their key.
 //!
 //! Work is bounded: at most `max_hops` hops are parsed and checked against the
-//! trusted list, and the header lines that are read are scanned in linear
-//! time (a `Forwarded` line twice, as quoted strings can only be parsed left
-//! to right). The only allocation is a buffer of at most `max_hops` entries
-//! per `Forwarded` line read.
+//! trusted list, each header line is scanned from the right in linear time
+//! and no further than those hops, and nothing is allocated.
 //!
 //! # Which header
 //!
@@ -186,8 +185,10 @@ pub enum ClientIpError {
         /// The entry as it was given.
         input: String,
     },
-    /// A trusted-proxy entry of prefix length 0 (`0.0.0.0/0`, `::/0`): every address would be a
-    /// proxy, and any client could choose its own address with a forwarding header.
+    /// A trusted-proxy entry of prefix length 0 (`0.0.0.0/0`, `::/0`), or an IPv6 block that
+    /// holds every IPv4-mapped address (`::ffff:0:0/96`, `::/64`): every address (every IPv4
+    /// address) would be a proxy, and any client could choose its own address with a forwarding
+    /// header.
     #[error(
         "{input:?} trusts every address as a proxy: any client could then choose its own \
          address with a forwarding header; list the proxies' own addresses"
@@ -251,7 +252,9 @@ impl ClientIp {
     /// # Errors
     ///
     /// [`ClientIpError::InvalidProxy`] naming the first entry that does not
-    /// parse; [`ClientIpError::TrustsEveryAddress`] for `0.0.0.0/0` or `::/0`.
+    /// parse; [`ClientIpError::TrustsEveryAddress`] for `0.0.0.0/0`, `::/0`,
+    /// or an IPv6 block holding all of `::ffff:0:0/96` (which would trust
+    /// every IPv4 address).
     pub fn behind_proxies(
         trusted: impl IntoIterator<Item = impl AsRef<str>>,
     ) -> Result<Self, ClientIpError> {
@@ -368,12 +371,11 @@ impl ClientIp {
             ForwardedHeader::Both => headers.contains_key(FORWARDED),
         };
         if use_forwarded {
-            let keep = self.max_hops;
             let hops = headers
                 .get_all(FORWARDED)
                 .iter()
                 .rev()
-                .flat_map(move |line| forwarded_line_rtl(line.as_bytes(), keep));
+                .flat_map(|line| forwarded_line_rtl(line.as_bytes()));
             self.walk(peer, hops)
         } else {
             let hops = headers
@@ -450,10 +452,26 @@ fn parse_trusted(input: &str) -> Result<IpNet, ClientIpError> {
         None => Err(ClientIpError::InvalidProxy {
             input: input.to_owned(),
         }),
-        Some(net) if net.prefix_len() == 0 => Err(ClientIpError::TrustsEveryAddress {
-            input: input.to_owned(),
-        }),
+        Some(net) if net.prefix_len() == 0 || holds_every_ipv4_mapped(&net) => {
+            Err(ClientIpError::TrustsEveryAddress {
+                input: input.to_owned(),
+            })
+        }
         Some(net) => Ok(net),
+    }
+}
+
+/// Whether `net` is an IPv6 block holding all of `::ffff:0:0/96`, the
+/// IPv4-mapped addresses: it would trust every IPv4 address, since
+/// [`ClientIp::is_trusted`] checks an IPv4 address in its mapped form too.
+/// (Blocks are aligned: one of prefix 96 or less that holds the first mapped
+/// address holds them all.)
+fn holds_every_ipv4_mapped(net: &IpNet) -> bool {
+    match net {
+        IpNet::V6(v6) => {
+            v6.prefix_len() <= 96 && v6.contains(&Ipv4Addr::UNSPECIFIED.to_ipv6_mapped())
+        }
+        IpNet::V4(_) => false,
     }
 }
 
@@ -702,39 +720,122 @@ fn parse_node(node: &[u8]) -> Hop {
     }
 }
 
-/// The hops of one `Forwarded` line, right to left, keeping at most the
-/// rightmost `keep` of them (the walk never reads more).
+/// The hops of one `Forwarded` line, right to left, empty elements skipped;
+/// lazily, so the walk reads no further than it needs.
 ///
-/// RFC 7239 elements can contain quoted strings, which cannot be split
-/// reliably from the right, so the line is parsed left to right twice: once
-/// to count elements and once to keep the last `keep`.
-fn forwarded_line_rtl(line: &[u8], keep: usize) -> std::iter::Rev<std::vec::IntoIter<Hop>> {
-    let count = ForwardedElements::new(line).count();
-    let window: Vec<Hop> = ForwardedElements::new(line)
-        .skip(count.saturating_sub(keep))
-        .collect();
-    window.into_iter().rev()
+/// The line is split at the commas outside quoted strings, found from the
+/// right. A proxy appends its element at the right end of the line, so
+/// nothing a client wrote to the left of it (a quoted string left open, a
+/// stray backslash) can change where that element starts or how it is read,
+/// which a split found from the left cannot promise: there, the client's
+/// open quote would be closed by the first quote of the proxy's element.
+/// Each element is then parsed on its own, left to right (see
+/// [`ForwardedElement`]); one whose quotes do not pair up is
+/// [`Hop::Opaque`].
+fn forwarded_line_rtl(line: &[u8]) -> ForwardedRtl<'_> {
+    ForwardedRtl { rest: Some(line) }
 }
 
-/// Left-to-right iterator over the non-empty elements of one `Forwarded`
-/// line, yielding each element's `for=` node.
+/// The iterator of [`forwarded_line_rtl`]: `rest` is the part of the line
+/// left of the elements already read (`None` once it is all read).
+#[derive(Debug)]
+struct ForwardedRtl<'a> {
+    rest: Option<&'a [u8]>,
+}
+
+impl Iterator for ForwardedRtl<'_> {
+    type Item = Hop;
+
+    fn next(&mut self) -> Option<Hop> {
+        loop {
+            let rest = self.rest?;
+            let (element, balanced) = match last_comma(rest) {
+                Some(comma) => {
+                    self.rest = Some(&rest[..comma]);
+                    (&rest[comma + 1..], true)
+                }
+                None => {
+                    self.rest = None;
+                    (rest, quotes_pair_up(rest))
+                }
+            };
+            let element = trim_ows(element);
+            if element.is_empty() {
+                continue;
+            }
+            if !balanced {
+                return Some(Hop::Opaque);
+            }
+            if let Some(hop) = ForwardedElement::parse(element) {
+                return Some(hop);
+            }
+        }
+    }
+}
+
+/// The last comma of `line` outside quoted strings, read from the right: a
+/// quote opens a string (read backwards) and the next unescaped quote closes
+/// it. `None` if there is none, or if a string is still open at the start
+/// of the line (see [`quotes_pair_up`]).
+fn last_comma(line: &[u8]) -> Option<usize> {
+    let mut quoted = false;
+    for i in (0..line.len()).rev() {
+        match line[i] {
+            b'"' if !quoted => quoted = true,
+            b'"' if !is_escaped(line, i) => quoted = false,
+            b',' if !quoted => return Some(i),
+            _ => {}
+        }
+    }
+    None
+}
+
+/// Whether the quotes of `piece` (which has no comma outside quoted
+/// strings) pair up, read from the right as in [`last_comma`].
+fn quotes_pair_up(piece: &[u8]) -> bool {
+    let mut quoted = false;
+    for i in (0..piece.len()).rev() {
+        if piece[i] == b'"' && (!quoted || !is_escaped(piece, i)) {
+            quoted = !quoted;
+        }
+    }
+    !quoted
+}
+
+/// Whether the byte at `i` is escaped: preceded by an odd run of
+/// backslashes. Each run is counted for at most one quote, the one right
+/// after it, so a scan stays linear.
+fn is_escaped(line: &[u8], i: usize) -> bool {
+    line[..i].iter().rev().take_while(|&&b| b == b'\\').count() % 2 == 1
+}
+
+/// The parser of one `Forwarded` element, left to right, yielding its
+/// `for=` node.
 ///
 /// Answers: an element with a valid `for=` address yields it; an element
 /// without `for=`, with `for=` twice, with a `for=` that is not an address,
-/// or with any syntax error yields [`Hop::Opaque`]. After a syntax error the
-/// element ends at the next comma (or the end of the line), so a broken
-/// element cannot swallow the elements to its right. An unterminated quoted
-/// string is such an error at its opening quote: it does not run to the end
-/// of the line, or a client could hide the element its proxy appends.
+/// or with any syntax error yields [`Hop::Opaque`]; an element of only `;`
+/// separators yields nothing (it is skipped, as an empty one is).
 #[derive(Debug)]
-struct ForwardedElements<'a> {
+struct ForwardedElement<'a> {
     line: &'a [u8],
     pos: usize,
 }
 
-impl<'a> ForwardedElements<'a> {
-    fn new(line: &'a [u8]) -> Self {
-        Self { line, pos: 0 }
+impl<'a> ForwardedElement<'a> {
+    /// `element` (with no comma outside its quoted strings) parsed whole: a
+    /// comma the parser finds outside them after all, or anything it leaves
+    /// unread, makes it [`Hop::Opaque`].
+    fn parse(element: &'a [u8]) -> Option<Hop> {
+        let mut parser = Self {
+            line: element,
+            pos: 0,
+        };
+        let hop = parser.element();
+        if parser.pos < element.len() {
+            return Some(Hop::Opaque);
+        }
+        hop
     }
 
     fn peek(&self) -> Option<u8> {
@@ -856,19 +957,6 @@ impl<'a> ForwardedElements<'a> {
             }
         }
         (pairs > 0).then(|| node.unwrap_or(Hop::Opaque))
-    }
-}
-
-impl Iterator for ForwardedElements<'_> {
-    type Item = Hop;
-
-    fn next(&mut self) -> Option<Hop> {
-        while self.pos < self.line.len() {
-            if let Some(hop) = self.element() {
-                return Some(hop);
-            }
-        }
-        None
     }
 }
 
@@ -1099,13 +1187,38 @@ mod tests {
         // that appends produces) or in an earlier line.
         let h = fwd(&["for=_x;;garbage=\", for=198.51.100.7"]);
         assert_eq!(c.resolve(ip(PROXY), &h), ip("198.51.100.7"));
-        // The client's unterminated quote does not hide what the proxy appends...
-        let h = fwd(&[r#"for=6.6.6.6;x="a, for=198.51.100.7"#]);
-        assert_eq!(c.resolve(ip(PROXY), &h), ip("198.51.100.7"));
-        // ...unless the proxy's own quote closes it: then the proxy's element
-        // is broken, and the answer is the proxy, never the client's pick.
-        let h = fwd(&[r#"for=6.6.6.6;x="a, for="[2001:db8::7]""#]);
+        // The client's unterminated quote (or stray backslash) does not hide
+        // or break what the proxy appends, quoted or not: elements are found
+        // from the right.
+        for client in [
+            r#"for=6.6.6.6;x="a"#,
+            r#"a=""#,
+            r#"a="\"#,
+            r#"a="\""#,
+            "\\",
+            r#"""#,
+        ] {
+            for (proxy, want) in [
+                ("for=198.51.100.7", "198.51.100.7"),
+                (r#"for="[2001:db8::7]""#, "2001:db8::7"),
+                (r#"for="198.51.100.7:4711""#, "198.51.100.7"),
+                (r#"for=198.51.100.7;by="_lb1""#, "198.51.100.7"),
+                (r#"for="198.51.100.7";host="a,b""#, "198.51.100.7"),
+            ] {
+                let line = format!("{client}, {proxy}");
+                let want = c.mask(ip(want));
+                assert_eq!(c.resolve(ip(PROXY), &fwd(&[&line])), want, "{line}");
+                // Behind a second trusted proxy's element as well.
+                let line = format!("{client}, {proxy}, for=10.0.0.5");
+                assert_eq!(c.resolve(ip(PROXY), &fwd(&[&line])), want, "{line}");
+            }
+        }
+        // A proxy's element whose quotes do not pair up is broken: the answer
+        // is the last trusted address.
+        let h = fwd(&[r#"for=198.51.100.7, for="10.0.0.5"#]);
         assert_eq!(c.resolve(ip(PROXY), &h), ip(PROXY));
+        let h = fwd(&[r#"for=198.51.100.7, for="10.0.0.5\", for=10.0.0.6"#]);
+        assert_eq!(c.resolve(ip(PROXY), &h), ip("10.0.0.6"));
         let h = fwd(&["for=\"x", "for=198.51.100.7"]);
         assert_eq!(c.resolve(ip(PROXY), &h), ip("198.51.100.7"));
         let h = fwd(&["for=[bad, for=198.51.100.7"]);
@@ -1157,7 +1270,7 @@ mod tests {
             let mut line = b"for=".to_vec();
             line.extend_from_slice(bad);
             assert_eq!(
-                ForwardedElements::new(&line).collect::<Vec<_>>(),
+                forwarded_line_rtl(&line).collect::<Vec<_>>(),
                 [Hop::Opaque],
                 "{bad:?}"
             );
@@ -1197,9 +1310,11 @@ mod tests {
         // Client spoofing 10,000 entries left of the real one changes nothing.
         let line = format!("{}, 198.51.100.7", vec!["1.2.3.4"; 10_000].join(","));
         assert_eq!(c.resolve(ip(PROXY), &xff(&[&line])), ip("198.51.100.7"));
-        // At most `keep` hops are buffered for a Forwarded line.
+        // A Forwarded line is read lazily from the right.
         let line = vec!["for=1.2.3.4"; 10_000].join(",");
-        assert_eq!(forwarded_line_rtl(line.as_bytes(), 32).len(), 32);
+        let mut hops = forwarded_line_rtl(line.as_bytes());
+        assert_eq!(hops.next(), Some(Hop::Addr(ip("1.2.3.4"))));
+        assert_eq!(hops.rest.map(<[u8]>::len), Some(line.len() - 12));
         // Garbage of the same size.
         let line = ",".repeat(10_000) + &"x".repeat(10_000);
         assert_eq!(c.resolve(ip(PROXY), &xff(&[&line])), ip(PROXY));
@@ -1226,7 +1341,7 @@ mod tests {
             let h = fwd(&[&line]);
             let got = c.resolve(ip(PROXY), &h);
             assert!(got == ip(PROXY) || c.is_trusted(got), "{unit:?}: {got}");
-            let _ = ForwardedElements::new(line.as_bytes()).count();
+            let _ = forwarded_line_rtl(line.as_bytes()).count();
         }
         for unit in [",", " ", "10.0.0.1,", "[", "[::1]:", "x"] {
             let line = unit.repeat(1_000_000 / unit.len());
@@ -1314,7 +1429,15 @@ mod tests {
             );
             assert!(err.to_string().contains(&format!("{bad:?}")), "{err}");
         }
-        for every in ["0.0.0.0/0", " ::/0", "10.0.0.0/0"] {
+        for every in [
+            "0.0.0.0/0",
+            " ::/0",
+            "10.0.0.0/0",
+            "::ffff:0:0/96",
+            "::ffff:10.0.0.0/96",
+            "::/64",
+            "::/1",
+        ] {
             let err = ClientIp::behind_proxies(["127.0.0.1", every]).unwrap_err();
             assert_eq!(
                 err,
@@ -1506,7 +1629,7 @@ mod tests {
             let mut h = HeaderMap::new();
             for line in &lines {
                 // Lines `HeaderValue` refuses cannot reach us; check them raw.
-                let _ = ForwardedElements::new(line).count();
+                let _ = forwarded_line_rtl(line).count();
                 let _ = xff_line_rtl(line).count();
                 if let Ok(value) = HeaderValue::from_bytes(line) {
                     h.append(name.clone(), value.clone());
@@ -1532,13 +1655,13 @@ mod tests {
             lines in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..64), 0..4),
             max_hops in 0usize..40,
         ) {
-            // Every address trusted (two halves each: a /0 entry is refused).
-            let every = ["0.0.0.0/1", "128.0.0.0/1", "::/1", "8000::/1"];
+            // Every IPv4 address and most IPv6 ones trusted (a /0 entry, or
+            // one holding the IPv4-mapped block, is refused).
+            let every = ["0.0.0.0/1", "128.0.0.0/1", "2000::/3", "4000::/2", "8000::/1"];
             let c = ClientIp::behind_proxies(every).unwrap().max_hops(max_hops);
             let mut h = HeaderMap::new();
             for line in &lines {
-                let _ = ForwardedElements::new(line).count();
-                let _ = forwarded_line_rtl(line, max_hops).count();
+                let _ = forwarded_line_rtl(line).take(max_hops).count();
                 let _ = xff_line_rtl(line).count();
                 if let Ok(v) = HeaderValue::from_bytes(line) {
                     h.append(X_FORWARDED_FOR, v.clone());
@@ -1607,6 +1730,34 @@ mod tests {
                 prop_assert_eq!(c.key(peer, &h).to_vec(), key_bytes(c.resolve(peer, &h)).to_vec());
                 prop_assert_eq!(c.key(peer, &h).to_vec(), key_bytes(c.mask(peer)).to_vec());
             }
+        }
+
+        /// Whatever a client writes in its `Forwarded` header (any printable
+        /// bytes, quotes and backslashes included), the elements that trusted
+        /// proxies append to the same line decide the answer: the client's
+        /// address, as the nearest untrusted hop they wrote.
+        #[test]
+        fn prop_client_text_cannot_change_appended_elements(
+            client in prop::collection::vec(
+                prop::sample::select(vec![
+                    "a=\"", "for=\"", "for=", "\"", "\\", ",", ";", " ", "=", "[", "]:", "_x",
+                    "1.2.3.4", "x=\"a\\\"", "for=6.6.6.6",
+                ]),
+                0..8,
+            ).prop_map(|parts| parts.concat().into_bytes()),
+            addr in prop::sample::select(vec!["198.51.100.7", "192.0.2.1", "2001:db8::7", "::ffff:203.0.113.3"]),
+            style in 0u8..4,
+            proxies_behind in 0usize..3,
+        ) {
+            let c = proxies().header(ForwardedHeader::Forwarded).ipv6_prefix(128).unwrap();
+            let mut line = client.clone();
+            line.extend_from_slice(b", ");
+            line.extend_from_slice(format_ip(addr, style, true).as_bytes());
+            for hop in ["10.0.0.5", "10.255.0.9"].iter().take(proxies_behind) {
+                line.extend_from_slice(format!(", for={hop}").as_bytes());
+            }
+            let h = fwd(&[std::str::from_utf8(&line).unwrap()]);
+            prop_assert_eq!(c.resolve(ip(PROXY), &h), ip(addr).to_canonical(), "{:?}", String::from_utf8_lossy(&line));
         }
 
         #[test]

@@ -377,7 +377,9 @@ impl KeyPart for IpAddr {
 
 /// The value of a request header, such as an API key.
 ///
-/// A request without the header (or with an empty value) has no key.
+/// A request without the header, with an empty value, or with the header more than once has no
+/// key: of two values, an authentication layer in front might check one and this layer count the
+/// other, so a client could spend someone else's quota under its own valid key.
 ///
 /// The value is whatever the client sent. Unless the key is checked before this layer runs (an
 /// authentication layer outside it that rejects unknown keys), a client can send a new made-up
@@ -409,8 +411,9 @@ impl ApiKeyHeader {
 
 impl KeyExtractor for ApiKeyHeader {
     fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
-        match parts.headers.get(&self.name) {
-            Some(v) if !v.is_empty() => {
+        let mut values = parts.headers.get_all(&self.name).iter();
+        match (values.next(), values.next()) {
+            (Some(v), None) if !v.is_empty() => {
                 key.push(v.as_bytes());
                 Ok(())
             }

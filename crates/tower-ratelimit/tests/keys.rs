@@ -71,6 +71,32 @@ async fn a_missing_key_gets_400_by_default_never_500() {
 }
 
 #[tokio::test]
+async fn an_api_key_header_sent_twice_is_no_key() {
+    let (_clock, store) = store();
+    let policy = Policy::new("api", two_a_minute())
+        .unwrap()
+        .key(ApiKeyHeader::new("x-api-key").unwrap());
+    let app = app(store, policy);
+    // Two values: which one an authentication layer checked is unknown, so neither is the key.
+    let twice = || {
+        let mut req = with_header(request("/"), "x-api-key", "victim");
+        req.headers_mut()
+            .append("x-api-key", "mine".parse().unwrap());
+        req
+    };
+    let res = send(&app, twice()).await;
+    assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+    assert_eq!(
+        res.extensions().get::<Verdict>().unwrap().kind(),
+        VerdictKind::NoKey
+    );
+    // The victim's quota is untouched.
+    let victim = || with_header(request("/"), "x-api-key", "victim");
+    assert_eq!(statuses(&app, twice, 3).await, [400, 400, 400]);
+    assert_eq!(statuses(&app, victim, 3).await, [200, 200, 429]);
+}
+
+#[tokio::test]
 async fn a_missing_key_can_get_a_chosen_status() {
     let (_clock, store) = store();
     let policy = Policy::new("api", two_a_minute())
