@@ -71,8 +71,9 @@
 //! let mut buf = KeyBuf::new();
 //! key.extract(&parts, &mut buf)?;
 //! // Outside a router there is no matched route: the route part is the method and the
-//! // `<unmatched>` marker, never the raw path (whose cardinality the client controls).
-//! assert_eq!(buf.as_bytes(), b"POST <unmatched>\x1facme");
+//! // `<unmatched>` marker, never the raw path (whose cardinality the client controls). Each part
+//! // after the first is followed by its length, so no two combinations give the same key.
+//! assert_eq!(buf.as_bytes(), b"POST <unmatched>acme\x04");
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -114,9 +115,6 @@ use http::request::Parts;
 use http::{HeaderName, HeaderValue};
 
 use crate::Error;
-
-/// Separator written between the parts of a combined key.
-pub const PART_SEPARATOR: u8 = 0x1f;
 
 const INLINE: usize = 64;
 
@@ -188,6 +186,19 @@ impl KeyBuf {
     #[must_use]
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Appends `n`, the length of a part just written, so that the parts of a combined key can
+    /// be told apart from the end: one byte below 255, else the 8 big-endian bytes of `n` and
+    /// then 255.
+    fn push_part_len(&mut self, n: usize) {
+        match u8::try_from(n) {
+            Ok(b) if b < u8::MAX => self.push_byte(b),
+            _ => {
+                self.push(&(n as u64).to_be_bytes());
+                self.push_byte(u8::MAX);
+            }
+        }
     }
 
     /// Forgets everything written after the first `len` bytes.
@@ -264,9 +275,11 @@ impl std::error::Error for NoKey {}
 
 /// Finds the key a request counts against.
 ///
-/// Implemented by the built-in extractors, by tuples of extractors (every part, in order, with
-/// [`PART_SEPARATOR`] between them) and by closures `Fn(&Parts) -> Option<R>` where `R:`
-/// [`KeyPart`].
+/// Implemented by the built-in extractors, by tuples of extractors and by closures
+/// `Fn(&Parts) -> Option<R>` where `R:` [`KeyPart`]. A tuple writes its parts in order, each after
+/// the first followed by its length, so that no two tuples of values give the same key (with a
+/// separator between them instead, `("a,b", "c")` and `("a", "b,c")` would, for any separator a
+/// value may contain).
 pub trait KeyExtractor: Send + Sync + 'static {
     /// Appends the request's key to `key`, or says there is none.
     fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey>;
@@ -288,21 +301,28 @@ where
     }
 }
 
+/// Appends `part`'s key followed by its length: read from the end, the length says where the part
+/// starts, and the key before it is the parts before it.
+#[inline]
+fn extract_counted(part: &impl KeyExtractor, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
+    let start = key.len();
+    part.extract(parts, key)?;
+    key.push_part_len(key.len() - start);
+    Ok(())
+}
+
 impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for (A, B) {
     fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
         self.0.extract(parts, key)?;
-        key.push_byte(PART_SEPARATOR);
-        self.1.extract(parts, key)
+        extract_counted(&self.1, parts, key)
     }
 }
 
 impl<A: KeyExtractor, B: KeyExtractor, C: KeyExtractor> KeyExtractor for (A, B, C) {
     fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
         self.0.extract(parts, key)?;
-        key.push_byte(PART_SEPARATOR);
-        self.1.extract(parts, key)?;
-        key.push_byte(PART_SEPARATOR);
-        self.2.extract(parts, key)
+        extract_counted(&self.1, parts, key)?;
+        extract_counted(&self.2, parts, key)
     }
 }
 
@@ -676,7 +696,61 @@ mod tests {
         assert_eq!(k.as_bytes(), b"abcd");
     }
 
+    /// A closure extractor that answers a fixed value (`None`: no key).
+    fn fixed(v: Option<Vec<u8>>) -> impl KeyExtractor {
+        move |_: &Parts| v.clone()
+    }
+
+    fn key_of(extractor: &impl KeyExtractor) -> Option<Vec<u8>> {
+        let (parts, ()) = http::Request::new(()).into_parts();
+        let mut key = KeyBuf::new();
+        extractor
+            .extract(&parts, &mut key)
+            .ok()
+            .map(|()| key.as_bytes().to_vec())
+    }
+
+    #[test]
+    fn combined_keys_are_unambiguous() {
+        let s = |v: &[u8]| fixed(Some(v.to_vec()));
+        assert_eq!(key_of(&(s(b"ab"), s(b"c"))).unwrap(), b"abc\x01");
+        assert_ne!(
+            key_of(&(s(b"a\x1fb"), s(b"c"))),
+            key_of(&(s(b"a"), s(b"b\x1fc")))
+        );
+        assert_ne!(
+            key_of(&(s(b"a\x01"), s(b""))),
+            key_of(&(s(b"a"), s(b"\x01\x00")))
+        );
+        // A long part's length takes 9 bytes.
+        let long = vec![7u8; 300];
+        let key = key_of(&(s(b"a"), s(&long))).unwrap();
+        assert_eq!(key.len(), 1 + 300 + 9);
+        assert_eq!(&key[301..], [0, 0, 0, 0, 0, 0, 1, 44, 255]);
+        assert_eq!(key_of(&(s(b"a"), fixed(None))), None);
+        assert_eq!(key_of(&(s(b"a"), s(b"b"), fixed(None))), None);
+    }
+
     proptest::proptest! {
+        /// Two different tuples of values never give the same key, for pairs and triples of any
+        /// bytes (separator-like bytes and long parts included), and equal ones always do.
+        #[test]
+        fn distinct_tuples_give_distinct_keys(
+            a in proptest::collection::vec(proptest::prelude::any::<Vec<u8>>(), 3),
+            b in proptest::collection::vec(proptest::prelude::any::<Vec<u8>>(), 3),
+            long in proptest::prelude::any::<bool>(),
+        ) {
+            let (mut a, b) = (a, b);
+            if long {
+                a[1].resize(260, 0x1f);
+            }
+            let s = |v: &Vec<u8>| fixed(Some(v.clone()));
+            let pair = |v: &[Vec<u8>]| key_of(&(s(&v[0]), s(&v[1]))).unwrap();
+            let triple = |v: &[Vec<u8>]| key_of(&(s(&v[0]), s(&v[1]), s(&v[2]))).unwrap();
+            proptest::prop_assert_eq!(pair(&a) == pair(&b), a[..2] == b[..2]);
+            proptest::prop_assert_eq!(triple(&a) == triple(&b), a == b);
+        }
+
         /// What an address appends is exactly `key_bytes`, for every address: IPv4, IPv6 and
         /// IPv4-mapped IPv6 (encoded as IPv4), after whatever the key holds already.
         #[test]
