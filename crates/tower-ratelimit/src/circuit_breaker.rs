@@ -6,14 +6,18 @@
 //!   [`FailurePolicy`](crate::FailurePolicy) at once. After `cool_down` the next request is let
 //!   through as the probe, and the circuit is half-open.
 //! - **Half-open**: exactly one probe asks the store; the others are answered as when open. If the
-//!   probe succeeds the circuit closes; if it fails (or is cancelled) it opens again for another
-//!   `cool_down`.
+//!   probe succeeds the circuit closes; if it fails it opens again for another `cool_down`. A
+//!   probe cancelled before its answer (its client went away) tells nothing about the store: the
+//!   circuit stays open, cooled down, and the next request probes.
 //!
 //! Only answers that had to wait for the store are evidence of its health. An answer that is
-//! ready at once (an in-memory store, a [`DenialCache`](ratelimit_core::DenialCache) hit, a unit
-//! from a [`Leasing`](ratelimit_core::Leasing) lease) did not ask the store: it neither resets
-//! the failure count nor closes the circuit (a probe answered that way hands the probe to the
-//! next request). Failures always count.
+//! ready at once (a [`DenialCache`](ratelimit_core::DenialCache) hit, a unit from a
+//! [`Leasing`](ratelimit_core::Leasing) lease) did not ask the store: it neither resets the
+//! failure count nor closes the circuit (a probe answered that way hands the probe to the next
+//! request). The exception is a store whose future is [`std::future::Ready`]: it answers in its
+//! `check` itself, so each of its answers did ask it and counts. (A store that answers some
+//! checks from a cache of its own should return another future type, such as a boxed one.)
+//! Failures always count.
 //!
 //! Time is read from the layer's [`ratelimit_core::Clock`], so tests drive it with a
 //! `ManualClock` instead of sleeping.
@@ -250,7 +254,8 @@ impl Breaker {
     }
 }
 
-/// Re-opens the circuit if a probe is dropped before its result is known.
+/// Hands the probe on (the circuit stays open, cooled down) if a probe is dropped before its
+/// result is known: a cancelled probe says nothing about the store.
 pub(crate) struct ProbeGuard {
     breaker: Option<Arc<Breaker>>,
 }
@@ -268,7 +273,7 @@ impl ProbeGuard {
 impl Drop for ProbeGuard {
     fn drop(&mut self) {
         if let Some(b) = self.breaker.take() {
-            b.failure(true);
+            b.probe_not_asked();
         }
     }
 }
@@ -314,7 +319,7 @@ mod tests {
     }
 
     #[test]
-    fn a_dropped_probe_reopens() {
+    fn a_dropped_probe_hands_the_probe_on() {
         let clock = ManualClock::new();
         let b = Arc::new(breaker(&clock));
         b.failure(false);
@@ -323,6 +328,13 @@ mod tests {
         assert_eq!(b.admit(), Admit::Probe);
         drop(ProbeGuard::new(Some(b.clone())));
         assert_eq!(b.state(), CircuitState::Open);
+        // Still cooled down: the next request probes, without another cool-down.
+        assert_eq!(b.admit(), Admit::Probe);
+        // A disarmed guard (the probe's answer came) changes nothing.
+        let mut guard = ProbeGuard::new(Some(b.clone()));
+        guard.disarm();
+        drop(guard);
+        assert_eq!(b.state(), CircuitState::HalfOpen);
     }
 
     /// A request's failure checks that the circuit is closed, then opens it; between the two,

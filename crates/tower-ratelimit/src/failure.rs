@@ -33,7 +33,11 @@
 //! ## Fall back to a local share of the limit
 //!
 //! Each gateway counts alone in its own memory, with every quota divided by the number of
-//! gateways, so that together they grant no more than the shared limit would have. Meanwhile the
+//! gateways (rounded down, but at least 1), so that together they grant no more than the shared
+//! limit would have, unless the limit (or its burst) is smaller than the number of gateways: then
+//! each still grants 1, and together up to one per gateway (5 a minute over 10 gateways becomes
+//! up to 10). A request whose cost fits the shared limit but not the local share is denied as one
+//! that can never pass (no `Retry-After`) until the store is back. Meanwhile the
 //! `RateLimit-Policy` and `RateLimit` fields describe that local share (`q=25` below), the quota
 //! the answer was made against, as the legacy `X-RateLimit-Limit` does.
 //!

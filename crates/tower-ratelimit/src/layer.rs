@@ -137,7 +137,11 @@ impl<St> fmt::Debug for RateLimitLayerBuilder<St> {
 
 impl<St: Store> RateLimitLayerBuilder<St> {
     /// How long a store call may take before it counts as failed (default 50 ms; at least 1 ms).
-    /// A store that answers at once (the in-memory store) never arms a timer.
+    /// A store that answers at once (the in-memory store) never arms a timer. The time counts from
+    /// the first poll of the response future (a server polls it at once); the store's `check` and
+    /// that poll run in `call`, so a store must not block in them. Arming the timer needs a Tokio
+    /// runtime with its time driver (`#[tokio::main]` has it; a hand-built runtime needs
+    /// `enable_time`).
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -195,6 +199,11 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         // breaker, since its timeouts count as failures.
         let always_answers =
             TypeId::of::<St::Future>() == TypeId::of::<Ready<Result<Decision, Infallible>>>();
+        // A store whose future is `Ready` answers in `check` itself: every answer asked it, and
+        // counts for the breaker even though it came at once (with any other future, an answer
+        // ready at once may come from a cache in front of the store, and does not).
+        let answers_in_check =
+            TypeId::of::<St::Future>() == TypeId::of::<Ready<Result<Decision, St::Error>>>();
         let breaker = self.breaker.filter(|_| !always_answers).map(|config| {
             Arc::new(Breaker::new(
                 config,
@@ -209,6 +218,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 rt,
                 timeout: self.timeout,
                 breaker,
+                answers_in_check,
                 fallback,
             }),
             _mode: PhantomData,

@@ -279,6 +279,10 @@ impl VerdictKind {
 /// The layer's answer to one request, put in the response extensions (unless the policy says
 /// [`verdict(false)`](crate::Policy::verdict): then there is none).
 ///
+/// Under nested layers (a route layer inside a router-wide one) the response keeps the verdict of
+/// the innermost layer that gave one, the layer that decided it, as it keeps that layer's header
+/// fields: an outer layer adds its own only to a response without one.
+///
 /// ```
 /// # use tower_ratelimit::{Verdict, VerdictKind};
 /// # fn f(response: &http::Response<()>) {

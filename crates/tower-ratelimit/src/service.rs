@@ -110,6 +110,9 @@ pub(crate) struct Shared<St> {
     pub(crate) rt: Arc<Rt>,
     pub(crate) timeout: Duration,
     pub(crate) breaker: Option<Arc<Breaker>>,
+    /// The store's future is `std::future::Ready`: it answers in `check` itself, so an answer
+    /// ready at once did ask it (see [`crate::circuit_breaker`]).
+    pub(crate) answers_in_check: bool,
     pub(crate) fallback: Option<MemoryStore<Arc<dyn Clock>>>,
 }
 
@@ -249,7 +252,9 @@ impl Post {
                 d,
             );
         }
-        if self.verdict {
+        // An inner rate-limit layer's verdict stays: it is the one that decided this response
+        // (as its header fields stay).
+        if self.verdict && response.extensions().get::<Verdict>().is_none() {
             response
                 .extensions_mut()
                 .insert(Verdict::new(self.rt, self.kind, self.decision));
@@ -404,7 +409,7 @@ impl<St: Store> Shared<St> {
     }
 
     /// The store's answer; `waited` says it had to wait for it (it asked the store, so a success
-    /// is evidence of the store's health).
+    /// is evidence of the store's health, as is any answer of a store that answers in `check`).
     fn after_check<W>(
         &self,
         result: Result<Decision, St::Error>,
@@ -417,7 +422,7 @@ impl<St: Store> Shared<St> {
         match result {
             Ok(d) => {
                 match &self.breaker {
-                    Some(b) if waited => b.success(probe),
+                    Some(b) if waited || self.answers_in_check => b.success(probe),
                     Some(b) if probe => b.probe_not_asked(),
                     _ => {}
                 }
@@ -494,7 +499,7 @@ where
                 let ready_inner = self.inner.clone();
                 let mut inner = std::mem::replace(&mut self.inner, ready_inner);
                 // Made here, not in the async block: a probe whose future is dropped before its
-                // first poll must re-open the circuit too.
+                // first poll must hand the probe on too.
                 let mut guard = ProbeGuard::new(if probe { shared.breaker.clone() } else { None });
                 // The key moves into the future as it is (inline up to its buffer size): no copy.
                 ResponseFuture::waiting(Box::pin(async move {
@@ -630,6 +635,7 @@ mod tests {
             rt: Arc::new(Rt::new(policy).unwrap()),
             timeout: Duration::from_millis(50),
             breaker: None,
+            answers_in_check: true,
             fallback: None,
         }
     }

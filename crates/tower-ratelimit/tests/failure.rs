@@ -383,7 +383,7 @@ async fn only_one_probe_while_half_open() {
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_probe_dropped_before_it_ran_reopens_the_circuit() {
+async fn a_probe_dropped_before_it_ran_hands_the_probe_to_the_next_request() {
     use tower::{Service, ServiceExt};
     let clock = ManualClock::new();
     let (_store_clock, memory) = store();
@@ -411,8 +411,8 @@ async fn a_probe_dropped_before_it_ran_reopens_the_circuit() {
     assert_eq!(layer.circuit_state(), Some(CircuitState::HalfOpen));
     drop(probe);
     assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
-    // The next probe, after another cool-down, closes it.
-    clock.advance(Duration::from_secs(5));
+    // A cancelled probe says nothing about the store: the next request probes at once, without
+    // another cool-down, and closes the circuit.
     let res = svc.ready().await.unwrap().call(request("/")).await.unwrap();
     assert_eq!(
         res.extensions().get::<Verdict>().unwrap().kind(),
@@ -542,6 +542,71 @@ async fn only_a_store_that_can_fail_or_wait_has_a_breaker() {
     }
     assert_eq!(hanging.calls.load(std::sync::atomic::Ordering::SeqCst), 3);
     assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+}
+
+/// A store whose future is `std::future::Ready` answers in `check` itself, so its answers are
+/// evidence even though they come at once: successes between failures keep the circuit closed,
+/// and a probe answered at once closes it.
+#[tokio::test]
+async fn a_store_that_answers_in_check_is_judged_by_every_answer() {
+    let (clock, memory) = store();
+    let flaky = Arc::new(ReadyFlakyStore {
+        inner: memory,
+        down: std::sync::atomic::AtomicBool::new(false),
+    });
+    let layer = RateLimitLayer::builder(
+        flaky.clone(),
+        Policy::new("ready", per_minute(100))
+            .unwrap()
+            .failure(FailurePolicy::fail_closed(Duration::from_secs(1))),
+    )
+    .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(10)).unwrap())
+    .clock(clock.clone())
+    .build()
+    .unwrap();
+    let app = app(layer.clone());
+    let set_down = |down| flaky.down.store(down, std::sync::atomic::Ordering::SeqCst);
+    // Failures scattered between successes are not consecutive.
+    for _ in 0..5 {
+        set_down(true);
+        assert_eq!(send(&app, request("/")).await.status(), 503);
+        set_down(false);
+        assert_eq!(send(&app, request("/")).await.status(), 200);
+    }
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
+    // Three in a row open it.
+    set_down(true);
+    for _ in 0..3 {
+        assert_eq!(send(&app, request("/")).await.status(), 503);
+    }
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    // Cooled down and back: the probe's answer, ready at once, closes it.
+    set_down(false);
+    clock.advance(Duration::from_secs(10));
+    let res = send(&app, request("/")).await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(verdict(&res), VerdictKind::Allowed);
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
+}
+
+/// A memory store behind a switch, answering in `check` (a `Ready` future) that can fail.
+#[derive(Debug)]
+struct ReadyFlakyStore {
+    inner: Arc<ratelimit_core::MemoryStore<ratelimit_core::ManualClock>>,
+    down: std::sync::atomic::AtomicBool,
+}
+
+impl Store for ReadyFlakyStore {
+    type Error = StoreDown;
+    type Future = std::future::Ready<Result<ratelimit_core::Decision, StoreDown>>;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        std::future::ready(if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            Err(StoreDown)
+        } else {
+            Ok(self.inner.check_now(key, limit, cost))
+        })
+    }
 }
 
 /// A store that cannot fail but never answers.

@@ -62,6 +62,35 @@ async fn per_route_policies_do_not_interfere() {
     assert_eq!(send(&app, request("/nope")).await.status(), 404);
 }
 
+/// A route layer inside a router-wide one: the response carries the verdict of the layer that
+/// decided it (the inner one's denial is not relabelled as the outer one's admission), as its
+/// header fields do.
+#[tokio::test]
+async fn nested_layers_keep_the_inner_verdict() {
+    let (_clock, store) = store();
+    let login =
+        RateLimitLayer::new(store.clone(), Policy::new("login", per_minute(1)).unwrap()).unwrap();
+    let site = RateLimitLayer::new(store, Policy::new("site", per_minute(100)).unwrap()).unwrap();
+    let app = Router::new()
+        .route("/login", post(|| async { "welcome" }).route_layer(login))
+        .route("/", get(|| async { "home" }))
+        .layer(site);
+    let verdict = |res: &http::Response<Body>| {
+        let v = res.extensions().get::<Verdict>().unwrap();
+        (v.policy().to_owned(), v.kind())
+    };
+    let res = send(&app, post_req("/login")).await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(verdict(&res), ("login".to_owned(), VerdictKind::Allowed));
+    let res = send(&app, post_req("/login")).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(verdict(&res), ("login".to_owned(), VerdictKind::Denied));
+    assert_eq!(header(&res, "ratelimit-policy"), Some("\"login\";q=1;w=60"));
+    // A route without the inner layer gets the outer one's.
+    let res = send(&app, request("/")).await;
+    assert_eq!(verdict(&res), ("site".to_owned(), VerdictKind::Allowed));
+}
+
 #[tokio::test]
 async fn clones_of_the_layer_share_one_limit() {
     let (_clock, store) = store();
