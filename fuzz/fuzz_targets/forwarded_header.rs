@@ -4,7 +4,8 @@
 //! Input layout: byte 0 picks `max_hops` (0 to 63) and the IPv6 prefix,
 //! the rest is split on `\n` into header lines. Lines that `http` refuses as
 //! header values (control characters) cannot arrive from the network and are
-//! skipped.
+//! skipped. The last line, with a proxy's element appended, must resolve to the address in
+//! that element (with `max_hops` of 2 or more).
 #![no_main]
 
 use std::net::IpAddr;
@@ -56,5 +57,25 @@ fuzz_target!(|data: &[u8]| {
             c.key(trusted_peer, &headers).len(),
             if grouped.is_ipv4() { 5 } else { 17 }
         );
+    }
+
+    // Whatever the client wrote, an element a trusted proxy appends to the same `Forwarded`
+    // line decides the answer (elements are found from the right).
+    if config & 0x3f >= 2 {
+        let client = "198.51.100.7".parse::<IpAddr>().expect("valid address");
+        let c = base.clone().header(ForwardedHeader::Forwarded);
+        for appended in [
+            &b", for=198.51.100.7"[..],
+            b", for=\"198.51.100.7:4711\";by=\"_lb\"",
+            b",for=\"198.51.100.7\" , for=10.0.0.9",
+        ] {
+            let mut line = rest.rsplit(|&b| b == b'\n').next().unwrap_or_default().to_vec();
+            line.extend_from_slice(appended);
+            if let Ok(value) = HeaderValue::from_bytes(&line) {
+                let mut h = HeaderMap::new();
+                h.append(http::header::FORWARDED, value);
+                assert_eq!(c.resolve_unmasked(trusted_peer, &h), client, "{line:?}");
+            }
+        }
     }
 });
