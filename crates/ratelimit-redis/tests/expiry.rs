@@ -109,8 +109,8 @@ async fn denied_only_keys_do_not_live_forever() {
         for key in store.state_keys(b"greedy", &limit) {
             assert_eq!(server.cli(&["exists", &key]), "0", "{alg}: {key}");
         }
-        // A key that is then denied again and again keeps the expiry of its state: it is never
-        // extended past the time the state is fresh, and never made persistent.
+        // A key that is then denied again and again keeps the expiry its last admission set: a
+        // denial writes nothing, so it never extends the key's life, nor shortens it.
         for _ in 0..10 {
             assert!(store.check(b"busy", &limit, 1).await.unwrap().is_allowed());
         }
@@ -124,9 +124,10 @@ async fn denied_only_keys_do_not_live_forever() {
         for key in store.state_keys(b"busy", &limit) {
             let ttl = pttl(&server, &key);
             assert!(ttl > 0, "{alg}: {key} has an expiry (PTTL {ttl})");
-            // The last admission was 5 s (client time) before the last denial; every state is
-            // fresh at most two periods (the sliding window's previous window) after it.
-            assert!(ttl <= 115_001, "{alg}: {key} PTTL {ttl}");
+            // Every state is fresh at most two periods (the sliding window's previous window)
+            // after the last admission, which set the expiry; the denials' 5 s of client time
+            // did not touch it.
+            assert!(ttl <= 120_001, "{alg}: {key} PTTL {ttl}");
         }
     }
     // Every key the store wrote has an expiry.
@@ -134,6 +135,47 @@ async fn denied_only_keys_do_not_live_forever() {
     assert!(!keys.is_empty());
     for key in keys.lines() {
         assert!(pttl(&server, key) > 0, "{key} has no expiry");
+    }
+}
+
+/// With client clocks, a denial by a gateway whose clock runs ahead does not cut the expiry that
+/// the admitting gateway set (a denial writes nothing), so the key does not vanish while its state
+/// is still in force for the other gateways.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_by_a_gateway_ahead_leaves_the_expiry_alone() {
+    let server = RedisServer::start();
+    let prefix = unique_prefix("skew");
+    let gateway = |clock: &ManualClock| {
+        RedisStore::builder(server.url())
+            .prefix(prefix.clone())
+            .client_clock(clock.clone())
+            .build()
+    };
+    let clock_a = ManualClock::starting_at(Timestamp::from_micros(T0));
+    let clock_b = ManualClock::starting_at(Timestamp::from_micros(T0 + 900_000));
+    // T0 is 123,457 µs into its second, so B's time is in the next one-second window.
+    let (a, b) = (
+        gateway(&clock_a).await.unwrap(),
+        gateway(&clock_b).await.unwrap(),
+    );
+    for alg in Algorithm::ALL {
+        // One a second: after one admission the state is in force for a second.
+        let limit = Limit::single(alg, Quota::per_second(1).unwrap()).unwrap();
+        let key_name = format!("user-{alg}");
+        assert!(
+            a.check(key_name.as_bytes(), &limit, 1)
+                .await
+                .unwrap()
+                .is_allowed()
+        );
+        // B, 900 ms ahead, is denied (a fixed window: B is in the next window, and admitted).
+        let d = b.check(key_name.as_bytes(), &limit, 1).await.unwrap();
+        assert_eq!(d.is_allowed(), alg == Algorithm::FixedWindow, "{alg}");
+        for key in a.state_keys(key_name.as_bytes(), &limit) {
+            let ttl = pttl(&server, &key);
+            // The denial left A's expiry of about 1 s (B would have cut it to about 100 ms).
+            assert!(ttl > 500, "{alg}: {key} PTTL {ttl}");
+        }
     }
 }
 

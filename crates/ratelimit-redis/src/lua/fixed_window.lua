@@ -6,15 +6,12 @@
 local key = KEYS[1]
 
 -- One quota's decision. `s_start` is nil for a key never seen. Returns the outcome code, retry,
--- remaining, reset, the new (start, count), and the fresh times before and after a commit.
+-- remaining, reset, the new (start, count), and the time the new state is fresh.
 local function window(limit, period, s_start, s_count)
   local now = NOW
   local start = floor(now / period) * period
   local count = 0
-  local before = 0
   if s_start then
-    before = s_start
-    if s_count > 0 then before = s_start + period end
     if s_start >= start then
       -- Same window, or the clock went back: keep counting in the stored window.
       start = s_start
@@ -34,7 +31,7 @@ local function window(limit, period, s_start, s_count)
   end
   local reset, after = 0, start
   if count > 0 then reset, after = left, start + period end
-  return code, retry, limit - count, reset, start, count, before, after
+  return code, retry, limit - count, reset, start, count, after
 end
 
 if N == 1 then
@@ -45,16 +42,11 @@ if N == 1 then
     local x, y = string.match(raw, PAIR)
     s_start, s_count = x + 0, y + 0
   end
-  local code, retry, rem, reset, start, count, before, after =
-    window(limit, period, s_start, s_count)
+  local code, retry, rem, reset, start, count, after = window(limit, period, s_start, s_count)
   if code == 0 and COST > 0 then
     local ms = 1
     if after > NOW then ms = ceil((after - NOW) / 1000) end
     redis.call('SET', key, string.format('%d:%d', start, count), 'PX', ms + SLACK_MS)
-  elseif code ~= 0 and raw then
-    local ms = 1
-    if before > NOW then ms = ceil((before - NOW) / 1000) end
-    redis.call('PEXPIRE', key, ms + SLACK_MS)
   end
   return { code, retry, limit, rem, reset, 0 }
 end
@@ -63,21 +55,16 @@ end
 local consider, b, load_numbers, store_numbers, ttl_ms = helpers()
 local st, exists = load_numbers(key, 2 * N)
 local new = {}
-local fresh_before, fresh_after = 0, 0
+local fresh_after = 0
 for i = 1, N do
   local a = 4 + (i - 1) * 2
   local limit, period = ARGV[a + 1] + 0, ARGV[a + 2] + 0
-  local code, retry, rem, reset, start, count, before, after =
+  local code, retry, rem, reset, start, count, after =
     window(limit, period, st[2 * i - 1], st[2 * i])
   consider(i, code, retry, limit, rem, reset)
   new[2 * i - 1], new[2 * i] = start, count
-  if before > fresh_before then fresh_before = before end
   if after > fresh_after then fresh_after = after end
 end
 
-if b[1] == 0 then
-  if COST > 0 then store_numbers(key, new, fresh_after) end
-elseif exists then
-  redis.call('PEXPIRE', key, ttl_ms(fresh_before))
-end
+if b[1] == 0 and COST > 0 then store_numbers(key, new, fresh_after) end
 return b

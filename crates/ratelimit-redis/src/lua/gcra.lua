@@ -10,12 +10,10 @@ if N == 1 then
   local rate, cap = ARGV[7] + 0, ARGV[8] + 0
   local raw = redis.call('GET', key)
   -- Debt TAT - now in level units, at most the capacity; computed without forming tat * rate.
-  local d, fresh = 0, 0
+  local d = 0
   if raw then
     local x, y = string.match(raw, PAIR)
     local tat, frac = x + 0, y + 0
-    fresh = tat
-    if frac > 0 then fresh = tat + 1 end
     if tat >= NOW then
       local ahead = tat - NOW
       if ahead > floor(cap / rate) + 1 then
@@ -30,15 +28,11 @@ if N == 1 then
   if admitted and COST > 0 then
     local whole = floor(d / rate)
     local tat, frac = NOW + whole, d - whole * rate
-    fresh = tat
+    local fresh = tat
     if frac > 0 then fresh = tat + 1 end
     local ms = 1
     if fresh > NOW then ms = ceil((fresh - NOW) / 1000) end
     redis.call('SET', key, string.format('%d:%d', tat, frac), 'PX', ms + SLACK_MS)
-  elseif not admitted and raw then
-    local ms = 1
-    if fresh > NOW then ms = ceil((fresh - NOW) / 1000) end
-    redis.call('PEXPIRE', key, ms + SLACK_MS)
   end
   -- The level reply (see prelude.lua), here the debt: the client derives the decision from it.
   if admitted then return d end
@@ -49,7 +43,7 @@ end
 local consider, b, load_numbers, store_numbers, ttl_ms = helpers()
 local st, exists = load_numbers(key, 2 * N)
 local new = {}
-local fresh_before, fresh_after = 0, 0
+local fresh_after = 0
 for i = 1, N do
   local a = 4 + (i - 1) * 4
   local burst, scale = ARGV[a + 1] + 0, ARGV[a + 2] + 0
@@ -57,9 +51,6 @@ for i = 1, N do
   local d = 0
   if exists then
     local tat, frac = st[2 * i - 1], st[2 * i]
-    local f = tat
-    if frac > 0 then f = tat + 1 end
-    if f > fresh_before then fresh_before = f end
     if tat >= NOW then
       local ahead = tat - NOW
       if ahead > floor(cap / rate) + 1 then
@@ -90,9 +81,5 @@ for i = 1, N do
   if tat > fresh_after then fresh_after = tat end
 end
 
-if b[1] == 0 then
-  if COST > 0 then store_numbers(key, new, fresh_after) end
-elseif exists then
-  redis.call('PEXPIRE', key, ttl_ms(fresh_before))
-end
+if b[1] == 0 and COST > 0 then store_numbers(key, new, fresh_after) end
 return b

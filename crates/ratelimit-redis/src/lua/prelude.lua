@@ -21,9 +21,10 @@
 --
 -- Atomicity: every read and every decision happens before the first write, and state is written
 -- only when every quota allows, so an error can never leave some quotas consumed and others not.
--- A peek (cost 0) writes nothing; a denial writes nothing but the key's expiry (unchanged in
--- value: the state is as stored), except that the sliding log stores a total it had to recount
--- from its log (a hash lost apart from its lists), the same value it read.
+-- A peek (cost 0) writes nothing, and neither does a denial (the key keeps the expiry its last
+-- admission set, the time its state is fresh, which a denial does not change), except that the
+-- sliding log stores a total it had to recount from its log (a hash lost apart from its lists),
+-- the same value it read, with the hash's expiry.
 
 -- Numeric arguments and stored numbers are converted by arithmetic coercion (`x + 0`), which Lua
 -- does inside the VM with the same conversion as tonumber() but without a function call: on a

@@ -9,7 +9,6 @@ local consider, b, _, _, ttl_ms = helpers()
 local hkey = KEYS[1]
 local FIELDS = { 'n1', 'n2', 'n3', 'n4', 'n5', 'n6', 'n7', 'n8' }
 local stored = redis.call('HMGET', hkey, unpack(FIELDS, 1, N))
-local exists = stored[1] ~= false
 local CHUNK = 32
 local RECOUNT_CHUNK = 1024
 
@@ -159,13 +158,12 @@ if b[1] == 0 then
     for i = 1, N do redis.call('PEXPIRE', KEYS[1 + i], ttl) end
   end
 else
-  -- A denial writes nothing but the expiry, and a recounted total (for the whole log, which a
-  -- denial does not trim), so that the next checks need not recount.
-  if repairs then redis.call('HSET', hkey, unpack(repairs)) end
-  if exists or repairs then
-    local ttl = ttl_ms(fresh_before)
-    redis.call('PEXPIRE', hkey, ttl)
-    for i = 1, N do redis.call('PEXPIRE', KEYS[1 + i], ttl) end
+  -- A denial writes nothing but a recounted total (for the whole log, which a denial does not
+  -- trim), so that the next checks need not recount, and that hash's expiry (a hash lost apart
+  -- from its lists comes back without one; the lists keep theirs).
+  if repairs then
+    redis.call('HSET', hkey, unpack(repairs))
+    redis.call('PEXPIRE', hkey, ttl_ms(fresh_before))
   end
 end
 return b

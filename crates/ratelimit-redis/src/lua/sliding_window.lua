@@ -6,16 +6,12 @@
 local key = KEYS[1]
 
 -- One quota's decision. `s_start` is nil for a key never seen. Returns the outcome code, retry,
--- remaining, reset, the new (start, current, previous), and the fresh times before and after a
--- commit.
+-- remaining, reset, the new (start, current, previous), and the time the new state is fresh.
 local function window(limit, p, s_start, s_cur, s_prev)
   local now = NOW
   local start = floor(now / p) * p
   local cur, prev = 0, 0
-  local before = 0
   if s_start then
-    before = s_start
-    if s_cur > 0 then before = s_start + 2 * p elseif s_prev > 0 then before = s_start + p end
     if s_start >= start then
       start = s_start
       if start > now then now = start end
@@ -56,7 +52,7 @@ local function window(limit, p, s_start, s_cur, s_prev)
   elseif prev > 0 then
     reset, after = p - e, start + p
   end
-  return code, retry, rem, reset, start, cur, prev, before, after
+  return code, retry, rem, reset, start, cur, prev, after
 end
 
 if N == 1 then
@@ -67,16 +63,12 @@ if N == 1 then
     local x, y, z = string.match(raw, TRIPLE)
     s_start, s_cur, s_prev = x + 0, y + 0, z + 0
   end
-  local code, retry, rem, reset, start, cur, prev, before, after =
+  local code, retry, rem, reset, start, cur, prev, after =
     window(limit, p, s_start, s_cur, s_prev)
   if code == 0 and COST > 0 then
     local ms = 1
     if after > NOW then ms = ceil((after - NOW) / 1000) end
     redis.call('SET', key, string.format('%d:%d:%d', start, cur, prev), 'PX', ms + SLACK_MS)
-  elseif code ~= 0 and raw then
-    local ms = 1
-    if before > NOW then ms = ceil((before - NOW) / 1000) end
-    redis.call('PEXPIRE', key, ms + SLACK_MS)
   end
   return { code, retry, limit, rem, reset, 0 }
 end
@@ -85,21 +77,16 @@ end
 local consider, b, load_numbers, store_numbers, ttl_ms = helpers()
 local st, exists = load_numbers(key, 3 * N)
 local new = {}
-local fresh_before, fresh_after = 0, 0
+local fresh_after = 0
 for i = 1, N do
   local a = 4 + (i - 1) * 2
   local limit, p = ARGV[a + 1] + 0, ARGV[a + 2] + 0
-  local code, retry, rem, reset, start, cur, prev, before, after =
+  local code, retry, rem, reset, start, cur, prev, after =
     window(limit, p, st[3 * i - 2], st[3 * i - 1], st[3 * i])
   consider(i, code, retry, limit, rem, reset)
   new[3 * i - 2], new[3 * i - 1], new[3 * i] = start, cur, prev
-  if before > fresh_before then fresh_before = before end
   if after > fresh_after then fresh_after = after end
 end
 
-if b[1] == 0 then
-  if COST > 0 then store_numbers(key, new, fresh_after) end
-elseif exists then
-  redis.call('PEXPIRE', key, ttl_ms(fresh_before))
-end
+if b[1] == 0 and COST > 0 then store_numbers(key, new, fresh_after) end
 return b

@@ -32,10 +32,6 @@ if N == 1 then
     local ms = 1
     if now + reset > NOW then ms = ceil((now + reset - NOW) / 1000) end
     redis.call('SET', key, string.format('%d:%d', level, now), 'PX', ms + SLACK_MS)
-  elseif not admitted and raw then
-    local ms = 1
-    if now + reset > NOW then ms = ceil((now + reset - NOW) / 1000) end
-    redis.call('PEXPIRE', key, ms + SLACK_MS)
   end
   -- The level reply (see prelude.lua): the client derives the decision from it.
   if admitted then return level end
@@ -46,7 +42,7 @@ end
 local consider, b, load_numbers, store_numbers, ttl_ms = helpers()
 local st, exists = load_numbers(key, 2 * N)
 local new = {}
-local fresh_before, fresh_after = 0, 0
+local fresh_after = 0
 for i = 1, N do
   local a = 4 + (i - 1) * 4
   local burst, scale = ARGV[a + 1] + 0, ARGV[a + 2] + 0
@@ -63,8 +59,6 @@ for i = 1, N do
   else
     level = level + elapsed * rate
   end
-  local f = now + ceil((cap - level) / rate)
-  if f > fresh_before then fresh_before = f end
 
   local code, retry = 0, 0
   if COST > burst then
@@ -84,9 +78,5 @@ for i = 1, N do
   if now + reset > fresh_after then fresh_after = now + reset end
 end
 
-if b[1] == 0 then
-  if COST > 0 then store_numbers(key, new, fresh_after) end
-elseif exists then
-  redis.call('PEXPIRE', key, ttl_ms(fresh_before))
-end
+if b[1] == 0 and COST > 0 then store_numbers(key, new, fresh_after) end
 return b
