@@ -84,8 +84,12 @@ const SHARDS: usize = 16;
 /// # Lease size and lifetime
 ///
 /// [`lease_size`](LeasingBuilder::lease_size) fixes `L`. By default it adapts per key between 1
-/// and [`max_lease`](LeasingBuilder::max_lease): it starts at 2, doubles each time a lease is spent
-/// before it expires, and halves when a lease expires half unused or the store cannot grant one.
+/// and [`max_lease`](LeasingBuilder::max_lease): it starts at 1 (the first check's own cost),
+/// doubles each time a lease is spent before it expires, and halves when a lease expires half
+/// unused or more, or the store cannot grant one. A key that comes to a gateway now and then, or whose leases would not outlive the round
+/// trip that brings them (`L / r` no longer than it), thus stays at 1 unit there: no saving, and
+/// no unit taken from the store and dropped unused, which across many gateways would deny the key
+/// below its limit.
 ///
 /// A lease of `L` units lives for the time the limit takes to refill `L` units at its fastest
 /// quota's rate (`L × period / limit`), at most [`max_ttl`](LeasingBuilder::max_ttl); for a fixed
@@ -205,6 +209,8 @@ struct Entry {
     expires: u64,
     /// Units the current lease was granted with.
     granted: u64,
+    /// The cost of the check that fetched it (the units it took at once).
+    fetched_for: u64,
     /// The store's answer to the lease.
     limit: u64,
     remaining: u64,
@@ -293,13 +299,21 @@ impl<S, C> Shared<S, C> {
         }
         if e.tokens > 0 {
             let left = e.drop_lease();
-            if left * 2 > e.granted {
-                // Mostly unused when it expired: too large for this key's traffic.
+            if left * 2 >= e.granted {
+                // Half unused or more when it expired: too large for this key's traffic here. (A
+                // lease of 2 of which the one check that fetched it used 1 is such a lease:
+                // kept at 2, a key that comes to this gateway now and then would waste half
+                // of what the gateway takes from the store, and be denied below its limit.)
                 self.shrink(e);
             }
             self.counters
                 .wasted_units
                 .fetch_add(left, Ordering::Relaxed);
+        } else if e.granted > 0 && e.granted == e.fetched_for && now < e.expires {
+            // A lease of only the cost of the check that fetched it (a key's first, of one unit),
+            // and the key is back before it would have expired: a lease of more would have been
+            // spent here.
+            self.grow(e);
         }
         e.fetching = true;
         Action::Fetch(e.size.max(cost).min(cap))
@@ -342,16 +356,26 @@ impl<S, C> Shared<S, C> {
             let wasted = &self.counters.wasted_units;
             shard.retain(|_, e| Arc::strong_count(e) > 1 || !e.lock().idle(now));
             if shard.len() >= cap {
-                let mut n = (cap / 8).max(1);
-                shard.retain(|_, e| {
-                    if n > 0 && Arc::strong_count(e) == 1 {
-                        n -= 1;
-                        wasted.fetch_add(e.lock().tokens, Ordering::Relaxed);
-                        false
-                    } else {
-                        true
+                // Then the eighth of the shard with the fewest units left (among those no check
+                // holds): a flood of new keys, each holding a lease of a unit or two, must not
+                // cost a hot key its lease (up to `max_lease − 1` units it would waste at the
+                // store, again and again).
+                let mut free: Vec<(u64, u128)> = shard
+                    .iter()
+                    .filter(|(_, e)| Arc::strong_count(e) == 1)
+                    .map(|(id, e)| (e.lock().tokens, *id))
+                    .collect();
+                let n = (cap / 8).max(1).min(free.len());
+                if n > 0 {
+                    let (fewest, _, _) = free.select_nth_unstable(n - 1);
+                    let mut drop: Vec<u128> = fewest.iter().map(|&(_, id)| id).collect();
+                    drop.push(free[n - 1].1);
+                    for id in drop {
+                        if let Some(e) = shard.remove(&id) {
+                            wasted.fetch_add(e.lock().tokens, Ordering::Relaxed);
+                        }
                     }
-                });
+                }
             }
             if shard.len() >= cap {
                 return None;
@@ -359,7 +383,9 @@ impl<S, C> Shared<S, C> {
         }
         let initial = match self.size {
             Size::Fixed(n) => n,
-            Size::Adaptive(max) => max.min(2),
+            // One unit: a key's first check here takes no more than it needs, so keys that
+            // come to this gateway once waste nothing.
+            Size::Adaptive(_) => 1,
         };
         let e = Arc::new(Mutex::new(Entry {
             size: initial,
@@ -734,6 +760,7 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                         let local = finish(&ctx.entry, |e| {
                             e.tokens = want - cost;
                             e.granted = want;
+                            e.fetched_for = cost;
                             e.expires = sent.saturating_add(ttl);
                             e.limit = d.limit();
                             e.remaining = d.remaining();

@@ -513,3 +513,127 @@ fn a_cost_larger_than_the_lease_keeps_the_lease() {
     );
     assert!(admitted >= 91, "{admitted} admitted");
 }
+
+/// One user's steady traffic, below its limit, spread over twenty gateways (the seed fleet's
+/// shape), each gateway leasing with the default adaptive size: each gateway sees a request of
+/// the key only now and then, and its leases would mostly expire unused. They must not take so
+/// many units that the user is denied below its limit.
+#[test]
+fn spread_traffic_below_the_limit_is_not_denied() {
+    const G: usize = 20;
+    for alg in Algorithm::ALL {
+        let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+        let store = memory(&clock);
+        let gateways: Vec<_> = (0..G)
+            .map(|_| Leasing::new(Arc::clone(&store), clock.clone()))
+            .collect();
+        // 100 a minute; the user sends 80 a minute, one every 750 ms, round robin.
+        let limit = Limit::single(alg, Quota::per_minute(100).unwrap()).unwrap();
+        let mut denied = 0;
+        for i in 0..800 {
+            let gw = &gateways[i % G];
+            if block_on(gw.check(b"user", &limit, 1)).unwrap().is_denied() {
+                denied += 1;
+            }
+            clock.advance(Duration::from_millis(750));
+        }
+        let stats: Vec<_> = gateways.iter().map(Leasing::stats).collect();
+        let wasted: u64 = stats.iter().map(|s| s.wasted_units).sum();
+        assert_eq!(
+            denied, 0,
+            "{alg}: {denied} of 800 denied at 80% of the limit, {wasted} units wasted"
+        );
+        // Each gateway sees the key every 15 s, far apart for its leases: one unit at a time.
+        assert_eq!(wasted, 0, "{alg}");
+    }
+}
+
+/// A store that takes `rtt` of the shared manual clock to answer (the clock moves on when the
+/// check is made), as a store across the network does in real time.
+struct Distant {
+    store: Arc<MemoryStore<ManualClock>>,
+    clock: ManualClock,
+    rtt: Duration,
+}
+
+impl Store for Distant {
+    type Error = NoError;
+    type Future = std::future::Ready<Result<ratelimit_core::Decision, NoError>>;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        self.clock.advance(self.rtt);
+        std::future::ready(Ok(self.store.check_now(key, limit, cost)))
+    }
+}
+
+/// A hot key whose leases would live (`L / r`) no longer than the round trip that brings them:
+/// taken at `L` = 2 as before, each arrived nearly expired, so each check took two units from
+/// the store and used one, and the key was denied at about half its rate. Now such a key stays
+/// at one unit per store call: nothing is wasted and nothing denied below the limit.
+#[test]
+fn leases_that_would_expire_on_the_way_are_not_taken() {
+    for alg in [
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::SlidingWindow,
+    ] {
+        let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+        let store = memory(&clock);
+        let distant = Distant {
+            store: Arc::clone(&store),
+            clock: clock.clone(),
+            rtt: Duration::from_micros(300),
+        };
+        let gw = Leasing::new(distant, clock.clone());
+        // 5,000 a second (a lease of 2 lives 400 µs); a check every 250 µs between the round
+        // trips, for 3 s.
+        let limit = Limit::single(alg, Quota::per_second(5_000).unwrap()).unwrap();
+        let start = clock_now(&clock);
+        let (mut denied, mut checks) = (0, 0);
+        while clock_now(&clock) - start < 3_000_000 {
+            if block_on(gw.check(b"hot", &limit, 1)).unwrap().is_denied() {
+                denied += 1;
+            }
+            checks += 1;
+            clock.advance(Duration::from_micros(250));
+        }
+        let stats = gw.stats();
+        assert_eq!(denied, 0, "{alg}: {denied} of {checks} denied, {stats:?}");
+        assert_eq!(stats.wasted_units, 0, "{alg}: {stats:?}");
+    }
+}
+
+/// A flood of keys seen once, through a gateway whose lease table is full: the hot key's lease
+/// (many units) is not the one evicted; the flood's leases of a unit or none are.
+#[test]
+fn a_flood_of_new_keys_does_not_evict_a_hot_lease() {
+    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+    let store = memory(&clock);
+    let gw = Leasing::builder(Arc::clone(&store), clock.clone())
+        .max_keys(16 * 8)
+        .build()
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100_000).unwrap()).unwrap();
+    // The hot key: its leases grow to the largest.
+    for _ in 0..200 {
+        assert!(block_on(gw.check(b"hot", &limit, 1)).unwrap().is_allowed());
+    }
+    let before = gw.stats();
+    assert!(gw.outstanding_units() > 1, "{before:?}");
+    // Ten thousand keys seen once each, interleaved with the hot key.
+    for i in 0..10_000u64 {
+        let _ = block_on(gw.check(&i.to_le_bytes(), &limit, 1)).unwrap();
+        assert!(block_on(gw.check(b"hot", &limit, 1)).unwrap().is_allowed());
+    }
+    let after = gw.stats();
+    // The flood's keys take one unit each, and use it: nothing they hold is wasted; the hot key
+    // went on from its leases.
+    assert!(
+        after.wasted_units - before.wasted_units < 64,
+        "{before:?} then {after:?}"
+    );
+    assert!(
+        after.local - before.local > 9_000,
+        "{before:?} then {after:?}"
+    );
+}
