@@ -171,6 +171,23 @@ impl<C: Clock> MemoryStore<C> {
     pub fn clock(&self) -> &C {
         &self.clock
     }
+
+    /// Drops every state that is fresh now, by this store's clock. Never needed for correctness
+    /// or for the bound; useful to return memory after a burst of keys. Unlike
+    /// [`sweep`](Self::sweep) with a time read from the clock beforehand, it changes no decision
+    /// of a concurrent [`check_now`](Self::check_now): each shard is swept at the latest time it
+    /// has counted at, which a check that read the clock earlier then counts at too.
+    pub fn sweep_now(&self) {
+        let now = self.clock.now();
+        for shard in self.shards.iter() {
+            let mut t = shard.lock();
+            if now > t.latest {
+                t.latest = now;
+            }
+            let at = t.latest;
+            self.sweep_shard(shard, &mut t, at);
+        }
+    }
 }
 
 impl<C> MemoryStore<C> {
@@ -269,15 +286,27 @@ impl<C> MemoryStore<C> {
     }
 
     /// Drops every state that is fresh at `now`. Never needed for correctness or for the bound;
-    /// useful to return memory after a burst of keys.
+    /// useful to return memory after a burst of keys. For a store checked at explicit times
+    /// ([`check_at`](Self::check_at)); a store checked by its own clock is swept with
+    /// [`sweep_now`](Self::sweep_now), which cannot drop a state that a concurrent check, having
+    /// read the clock a moment before, still counts against.
     pub fn sweep(&self, now: Timestamp) {
         for shard in self.shards.iter() {
             let mut t = shard.lock();
-            t.retain(|_, fresh_from| is_live(fresh_from, now.as_micros()), 0);
-            shard.publish(&t);
-            let cap = self.per_shard_cap.max(1);
-            t.sweep_at = (t.len * 2).clamp(MIN_SWEEP.min(cap), cap);
+            self.sweep_shard(shard, &mut t, now);
         }
+    }
+
+    fn sweep_shard(&self, shard: &Shard, t: &mut Table, now: Timestamp) {
+        t.retain(|_, fresh_from| is_live(fresh_from, now.as_micros()), 0);
+        // The side storage's free list and slots are returned too, once nothing uses them.
+        if t.len == 0 || t.free_big.len() == t.big.len() {
+            t.big = Vec::new();
+            t.free_big = Vec::new();
+        }
+        shard.publish(t);
+        let cap = self.per_shard_cap.max(1);
+        t.sweep_at = (t.len * 2).clamp(MIN_SWEEP.min(cap), cap);
     }
 
     /// The key's shard and its identity in the shard's table: the low bits of its digest pick
@@ -485,9 +514,13 @@ impl Table {
         let cap = cap.max(1);
         let mut evicted = 0;
         if self.len >= self.sweep_at.min(cap) {
+            let full = self.len >= cap;
             self.retain(|_, fresh_from| is_live(fresh_from, now), 0);
-            if self.len >= cap {
-                let keep = cap - (cap / 8).max(1);
+            // At the cap, make room for an eighth of it at least: a sweep that freed only a few
+            // fresh states would otherwise be followed by another after as many inserts, each
+            // rebuilding the whole table (O(cap) a key while nearly every state is live).
+            let keep = cap - (cap / 8).max(1);
+            if full && self.len > keep {
                 evicted = self.evict_nearest_fresh(self.len - keep);
             }
             self.sweep_at = (self.len * 2).clamp(MIN_SWEEP.min(cap), cap);
@@ -495,7 +528,7 @@ impl Table {
         // Keep the load at or under 3/4; grow by half (never past what `cap` keys need).
         if (self.len + 1) * 4 > self.buckets.len() * 3 {
             let want = (self.buckets.len() * 3 / 2).max(16);
-            let most = cap * 4 / 3 + 2;
+            let most = cap.saturating_mul(4) / 3 + 2;
             self.retain(|_, _| true, want.min(most).max((self.len + 1) * 4 / 3 + 1));
         }
         let word = self.word(next);
@@ -561,12 +594,23 @@ impl Table {
     }
 
     fn memory_bytes(&self) -> usize {
+        let state_bytes = |s: &State| match s {
+            State::SlidingLog(log) => {
+                std::mem::size_of::<crate::algorithm::SlidingLogState>()
+                    + log.entries.capacity() * std::mem::size_of::<(u64, u64)>()
+            }
+            _ => 0,
+        };
         self.buckets.capacity() * std::mem::size_of::<Bucket>()
             + self.big.capacity() * std::mem::size_of::<Big>()
+            + self.free_big.capacity() * std::mem::size_of::<u64>()
             + self
                 .big
                 .iter()
-                .map(|v| v.states.capacity() * std::mem::size_of::<State>())
+                .map(|v| {
+                    v.states.capacity() * std::mem::size_of::<State>()
+                        + v.states.iter().map(state_bytes).sum::<usize>()
+                })
                 .sum::<usize>()
     }
 }
@@ -618,7 +662,7 @@ mod tests {
             assert!(shard.buckets_len.load(Ordering::Relaxed) > PREFETCH_FROM);
         }
         clock.advance(std::time::Duration::from_secs(60));
-        store.sweep(clock.now());
+        store.sweep_now();
         assert!(store.is_empty());
         published(&store);
     }

@@ -2,7 +2,7 @@
 //! measured (resident set size, from /proc on Linux).
 #![forbid(unsafe_code)]
 
-use ratelimit_core::{Algorithm, Clock, Limit, ManualClock, MemoryStore, Quota};
+use ratelimit_core::{Algorithm, Limit, ManualClock, MemoryStore, Quota};
 
 fn rss_bytes() -> Option<u64> {
     let statm = std::fs::read_to_string("/proc/self/statm").ok()?;
@@ -114,6 +114,70 @@ fn evicted_keys_are_the_ones_nearest_to_fresh() {
     assert!(store.check_now(b"heavy", &limit, 1).is_denied());
 }
 
+/// At the cap, a sweep that frees only a few fresh states makes room for an eighth of the cap,
+/// evicting the states nearest to fresh: otherwise the next few new keys would each bring another
+/// sweep of the whole table.
+#[test]
+fn a_sweep_at_the_cap_makes_room_for_an_eighth() {
+    use std::time::Duration;
+    let clock = ManualClock::new();
+    let store = MemoryStore::builder()
+        .max_keys(64)
+        .shards(1)
+        .with_clock(clock.clone())
+        .build()
+        .unwrap();
+    let short = Limit::single(Algorithm::TokenBucket, Quota::per_second(10).unwrap()).unwrap();
+    let long = Limit::single(Algorithm::TokenBucket, Quota::per_hour(10).unwrap()).unwrap();
+    // Two states fresh within 100 ms, 62 that stay live for six minutes: the store is full.
+    for i in 0..2u64 {
+        assert!(store.check_now(&i.to_le_bytes(), &short, 1).is_allowed());
+    }
+    for i in 2..64u64 {
+        assert!(store.check_now(&i.to_le_bytes(), &long, 1).is_allowed());
+    }
+    assert_eq!((store.len(), store.evictions()), (64, 0));
+    clock.advance(Duration::from_secs(1));
+    // A new key: the sweep frees the two fresh states and evicts down to 56 before adding it.
+    assert!(store.check_now(b"new", &long, 1).is_allowed());
+    assert_eq!(store.evictions(), 6);
+    assert_eq!(store.len(), 57);
+    // Seven more keys fit without another sweep or eviction.
+    for i in 100..107u64 {
+        assert!(store.check_now(&i.to_le_bytes(), &long, 1).is_allowed());
+    }
+    assert_eq!((store.len(), store.evictions()), (64, 6));
+}
+
+/// `memory_bytes` counts a sliding log's entries (16 bytes each), and a sweep returns them.
+#[test]
+fn memory_bytes_counts_sliding_logs() {
+    use std::time::Duration;
+    let clock = ManualClock::new();
+    let store = MemoryStore::builder()
+        .with_clock(clock.clone())
+        .build()
+        .unwrap();
+    let empty = store.memory_bytes();
+    let limit = Limit::single(Algorithm::SlidingLog, Quota::per_minute(1_000).unwrap()).unwrap();
+    for _ in 0..500 {
+        assert!(store.check_now(b"k", &limit, 1).is_allowed());
+        clock.advance(Duration::from_millis(1));
+    }
+    assert!(
+        store.memory_bytes() >= empty + 500 * 16,
+        "{} bytes, {empty} empty",
+        store.memory_bytes()
+    );
+    clock.advance(Duration::from_secs(60));
+    store.sweep_now();
+    assert!(store.is_empty());
+    // As much as a store that never held a key, once swept (each shard keeps a small table).
+    let baseline = MemoryStore::new();
+    baseline.sweep_now();
+    assert_eq!(store.memory_bytes(), baseline.memory_bytes());
+}
+
 #[test]
 fn bad_store_settings_are_typed_errors() {
     assert!(MemoryStore::builder().max_keys(0).build().is_err());
@@ -147,7 +211,7 @@ fn tiny_caps_hold_under_a_flood() {
             );
         }
         clock.advance(std::time::Duration::from_secs(1));
-        store.sweep(clock.now());
+        store.sweep_now();
     }
 }
 
@@ -168,7 +232,7 @@ fn sweeps_past_the_last_instant_keep_live_states() {
     assert!(store.check_now(b"a", &limit, 1).is_allowed());
     assert!(!store.check_now(b"a", &limit, 1).is_allowed());
     clock.advance(Duration::from_secs(7_200));
-    store.sweep(clock.now());
+    store.sweep_now();
     assert_eq!(store.len(), 1, "the state is not fresh for the algorithm");
     assert!(!store.check_now(b"a", &limit, 1).is_allowed());
 }
