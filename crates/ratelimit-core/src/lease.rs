@@ -105,7 +105,8 @@ const SHARDS: usize = 16;
 ///   quota in a test) the total admitted never exceeds the quota.
 /// - **Bursts, token bucket and GCRA:** in any interval of length `T`, admissions are at most
 ///   `burst + r × (T + ttl) ≤ burst + r × T + L`: the exact bound plus one lease, whatever `G`.
-/// - **Fixed window:** exact; a lease never outlives its window.
+/// - **Fixed window:** exact; a lease never outlives its window (as timed by the gateway's clock:
+///   exact while it runs at the store's rate).
 /// - **Sliding window and sliding log:** any window of one period holds at most
 ///   `limit + G × (L − 1)`: units leased just before the window starts and spent inside it.
 /// - **Under-admission:** at any time at most `G × (L − 1)` granted units sit unspent in leases;
@@ -114,6 +115,10 @@ const SHARDS: usize = 16;
 ///   more than its gateway's lease holds goes to the store on its own and leaves the lease be.
 ///   A check that was fetching a lease and is dropped (a caller's timeout) may lose the whole
 ///   lease, `L` units, if the store granted it before the drop.
+///
+/// These bounds assume the store keeps what it granted: if it loses a key's state (an eviction,
+/// a failover), the key starts from fresh there while leases already granted still answer until
+/// they expire. While the store is down, live leases keep answering, for at most `max_ttl`.
 ///
 /// # Polling
 ///
