@@ -85,8 +85,9 @@ const SHARDS: usize = 16;
 ///
 /// [`lease_size`](LeasingBuilder::lease_size) fixes `L`. By default it adapts per key between 1
 /// and [`max_lease`](LeasingBuilder::max_lease): it starts at 1 (the first check's own cost),
-/// doubles each time a lease is spent before it expires, and halves when a lease expires half
-/// unused or more, or the store cannot grant one. A key that comes to a gateway now and then, or whose leases would not outlive the round
+/// doubles each time a lease is spent before it expires (for a lease of only its fetching check's
+/// cost: when the key is back within the lifetime of a lease twice as large), and halves when a
+/// lease expires half unused or more, or the store cannot grant one. A key that comes to a gateway now and then, or whose leases would not outlive the round
 /// trip that brings them (`L / r` no longer than it), thus stays at 1 unit there: no saving, and
 /// no unit taken from the store and dropped unused, which across many gateways would deny the key
 /// below its limit.
@@ -216,6 +217,8 @@ struct Entry {
     granted: u64,
     /// The cost of the check that fetched it (the units it took at once).
     fetched_for: u64,
+    /// When it was asked for (its lifetime counts from then), µs.
+    sent: u64,
     /// The store's answer to the lease.
     limit: u64,
     remaining: u64,
@@ -314,10 +317,16 @@ impl<S, C> Shared<S, C> {
             self.counters
                 .wasted_units
                 .fetch_add(left, Ordering::Relaxed);
-        } else if e.granted > 0 && e.granted == e.fetched_for && now < e.expires {
-            // A lease of only the cost of the check that fetched it (a key's first, of one unit),
-            // and the key is back before it would have expired: a lease of more would have been
-            // spent here.
+        } else if e.granted > 0
+            && e.granted == e.fetched_for
+            && e.remaining > 0
+            && now - e.sent.min(now) < 2 * e.expires.saturating_sub(e.sent)
+        {
+            // A lease of only the cost of the check that fetched it (a key's first is one unit),
+            // the store had units left beyond it, and the key is back within the lifetime of a
+            // lease twice as large: that lease's next unit would have been spent here. (A key
+            // below its rate is never back within a one-unit lease's own lifetime, `1 / r`; a
+            // key at its limit, with nothing left, would only have its larger lease denied.)
             self.grow(e);
         }
         e.fetching = true;
@@ -766,6 +775,7 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                             e.tokens = want - cost;
                             e.granted = want;
                             e.fetched_for = cost;
+                            e.sent = sent;
                             e.expires = sent.saturating_add(ttl);
                             e.limit = d.limit();
                             e.remaining = d.remaining();

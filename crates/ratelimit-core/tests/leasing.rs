@@ -603,8 +603,8 @@ fn leases_that_would_expire_on_the_way_are_not_taken() {
     }
 }
 
-/// A flood of keys seen once, through a gateway whose lease table is full: the hot key's lease
-/// (many units) is not the one evicted; the flood's leases of a unit or none are.
+/// A flood of keys seen twice each, through a gateway whose lease table is full of live leases:
+/// the hot key's lease (many units) is not the one evicted; the flood's leases of one unit are.
 #[test]
 fn a_flood_of_new_keys_does_not_evict_a_hot_lease() {
     let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
@@ -620,20 +620,32 @@ fn a_flood_of_new_keys_does_not_evict_a_hot_lease() {
     }
     let before = gw.stats();
     assert!(gw.outstanding_units() > 1, "{before:?}");
-    // Ten thousand keys seen once each, interleaved with the hot key.
-    for i in 0..10_000u64 {
-        let _ = block_on(gw.check(&i.to_le_bytes(), &limit, 1)).unwrap();
+    // Ten thousand keys seen twice each, back to back (so that each keeps a live lease of one
+    // unit), interleaved with the hot key. The clock stands still: no lease expires, and the
+    // table stays full of live ones.
+    let flood = 10_000u64;
+    for i in 0..flood {
+        for _ in 0..2 {
+            assert!(
+                block_on(gw.check(&i.to_le_bytes(), &limit, 1))
+                    .unwrap()
+                    .is_allowed()
+            );
+        }
         assert!(block_on(gw.check(b"hot", &limit, 1)).unwrap().is_allowed());
     }
     let after = gw.stats();
-    // The flood's keys take one unit each, and use it: nothing they hold is wasted; the hot key
-    // went on from its leases.
+    // Each flood key left one unit, dropped when it was evicted; the hot key's lease never was:
+    // nothing more was wasted, and it went on from its leases (a fetch every 64 checks).
+    let wasted = after.wasted_units - before.wasted_units;
     assert!(
-        after.wasted_units - before.wasted_units < 64,
-        "{before:?} then {after:?}"
+        wasted <= flood,
+        "{wasted} wasted; {before:?} then {after:?}"
     );
+    // (With the first entries in hash order evicted instead, this test saw 14,154 units wasted
+    // and 7,561 local answers.)
     assert!(
-        after.local - before.local > 9_000,
+        after.local - before.local > 9_500,
         "{before:?} then {after:?}"
     );
 }

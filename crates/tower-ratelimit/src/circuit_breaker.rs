@@ -6,8 +6,9 @@
 //!   [`FailurePolicy`](crate::FailurePolicy) at once. After `cool_down` the next request is let
 //!   through as the probe, and the circuit is half-open.
 //! - **Half-open**: exactly one probe asks the store; the others are answered as when open. If the
-//!   probe succeeds the circuit closes; if it fails it opens again for another `cool_down`. A
-//!   probe cancelled before its answer (its client went away) tells nothing about the store: the
+//!   probe succeeds the circuit closes; if it fails, or is cancelled while it waits for the store
+//!   (a caller's timeout), it opens again for another `cool_down`. A probe cancelled before its
+//!   response future ran (its client went away at once) tells nothing about the store: the
 //!   circuit stays open, cooled down, and the next request probes.
 //!
 //! Only answers that had to wait for the store are evidence of its health. An answer that is
@@ -254,15 +255,27 @@ impl Breaker {
     }
 }
 
-/// Hands the probe on (the circuit stays open, cooled down) if a probe is dropped before its
-/// result is known: a cancelled probe says nothing about the store.
+/// Settles a probe dropped before its result is known. Dropped before the response future first
+/// ran (its client went away at once), it says nothing about the store: the probe is handed on
+/// (the circuit stays open, cooled down). Dropped while it was waiting for the store (a caller's
+/// timeout shorter than the layer's), it counts as a failure, as the layer's own timeout would:
+/// a store that stalls must not get a probe on every request.
 pub(crate) struct ProbeGuard {
     breaker: Option<Arc<Breaker>>,
+    waited: bool,
 }
 
 impl ProbeGuard {
     pub(crate) fn new(breaker: Option<Arc<Breaker>>) -> Self {
-        ProbeGuard { breaker }
+        ProbeGuard {
+            breaker,
+            waited: false,
+        }
+    }
+
+    /// The response future runs: from now on a drop counts as a failure.
+    pub(crate) fn waiting(&mut self) {
+        self.waited = true;
     }
 
     pub(crate) fn disarm(&mut self) {
@@ -273,7 +286,11 @@ impl ProbeGuard {
 impl Drop for ProbeGuard {
     fn drop(&mut self) {
         if let Some(b) = self.breaker.take() {
-            b.probe_not_asked();
+            if self.waited {
+                b.failure(true);
+            } else {
+                b.probe_not_asked();
+            }
         }
     }
 }
@@ -335,6 +352,14 @@ mod tests {
         guard.disarm();
         drop(guard);
         assert_eq!(b.state(), CircuitState::HalfOpen);
+        // A probe dropped while it waited for the store counts as a failure: another cool-down.
+        let mut guard = ProbeGuard::new(Some(b.clone()));
+        guard.waiting();
+        drop(guard);
+        assert_eq!(b.state(), CircuitState::Open);
+        assert_eq!(b.admit(), Admit::Reject);
+        clock.advance(Duration::from_secs(5));
+        assert_eq!(b.admit(), Admit::Probe);
     }
 
     /// A request's failure checks that the circuit is closed, then opens it; between the two,

@@ -281,7 +281,9 @@ impl VerdictKind {
 ///
 /// Under nested layers (a route layer inside a router-wide one) the response keeps the verdict of
 /// the innermost layer that gave one, the layer that decided it, as it keeps that layer's header
-/// fields: an outer layer adds its own only to a response without one.
+/// fields: an outer layer puts its own only on a response without one, or over an inner
+/// `Allowed` or `AllowListed` when its own says more (`ShadowDenied`, `FailedOpen`,
+/// `FallbackAllowed`).
 ///
 /// ```
 /// # use tower_ratelimit::{Verdict, VerdictKind};

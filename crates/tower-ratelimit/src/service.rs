@@ -252,9 +252,17 @@ impl Post {
                 d,
             );
         }
-        // An inner rate-limit layer's verdict stays: it is the one that decided this response
-        // (as its header fields stay).
-        if self.verdict && response.extensions().get::<Verdict>().is_none() {
+        // An inner rate-limit layer's verdict stays: it is the one that decided this response (as
+        // its header fields stay), unless it only let the request through and this layer has
+        // more to say (a shadow denial, a failed-open or fallback answer).
+        let replace = match response.extensions().get::<Verdict>() {
+            None => true,
+            Some(inner) => {
+                let plain = |k| matches!(k, VerdictKind::Allowed | VerdictKind::AllowListed);
+                plain(inner.kind()) && !plain(self.kind)
+            }
+        };
+        if self.verdict && replace {
             response
                 .extensions_mut()
                 .insert(Verdict::new(self.rt, self.kind, self.decision));
@@ -503,6 +511,7 @@ where
                 let mut guard = ProbeGuard::new(if probe { shared.breaker.clone() } else { None });
                 // The key moves into the future as it is (inline up to its buffer size): no copy.
                 ResponseFuture::waiting(Box::pin(async move {
+                    guard.waiting();
                     let result = tokio::time::timeout(shared.timeout, check).await;
                     guard.disarm();
                     shared.rt.metrics.store_duration(start.elapsed());

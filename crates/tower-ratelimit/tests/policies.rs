@@ -89,6 +89,31 @@ async fn nested_layers_keep_the_inner_verdict() {
     // A route without the inner layer gets the outer one's.
     let res = send(&app, request("/")).await;
     assert_eq!(verdict(&res), ("site".to_owned(), VerdictKind::Allowed));
+
+    // An outer layer with more to say than an inner "allowed" (here a dry run's shadow denial)
+    // puts its own verdict.
+    let (_clock, store) = common::store();
+    let login = RateLimitLayer::new(
+        store.clone(),
+        Policy::new("login", per_minute(100)).unwrap(),
+    )
+    .unwrap();
+    let site = RateLimitLayer::new(
+        store,
+        Policy::new("site", per_minute(1)).unwrap().dry_run(true),
+    )
+    .unwrap();
+    let app = Router::new()
+        .route("/login", post(|| async { "welcome" }).route_layer(login))
+        .layer(site);
+    let res = send(&app, post_req("/login")).await;
+    assert_eq!(verdict(&res), ("login".to_owned(), VerdictKind::Allowed));
+    let res = send(&app, post_req("/login")).await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        verdict(&res),
+        ("site".to_owned(), VerdictKind::ShadowDenied)
+    );
 }
 
 #[tokio::test]

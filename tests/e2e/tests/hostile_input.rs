@@ -337,8 +337,7 @@ async fn huge_binary_and_empty_api_keys() {
         200
     );
 
-    // Control characters in a key (the layer's own separator 0x1f, say) never reach it: the
-    // HTTP server refuses them.
+    // Control characters in a key (0x1f, say) never reach it: the HTTP server refuses them.
     let line = raw_status(
         &app,
         b"GET /key HTTP/1.1\r\nHost: 127.0.0.1\r\nx-api-key: \x1fcost\x1f\r\nConnection: close\r\n\r\n",
