@@ -91,8 +91,8 @@ fn fresh_keys_are_dropped_without_any_eviction() {
     assert_eq!(store.evictions(), 0);
 }
 
-#[test]
-fn evicted_keys_are_the_ones_nearest_to_fresh() {
+/// A store of one shard holding at most 64 keys, on a manual clock.
+fn one_shard_of_64() -> (ManualClock, MemoryStore<ManualClock>) {
     let clock = ManualClock::new();
     let store = MemoryStore::builder()
         .max_keys(64)
@@ -100,6 +100,12 @@ fn evicted_keys_are_the_ones_nearest_to_fresh() {
         .with_clock(clock.clone())
         .build()
         .unwrap();
+    (clock, store)
+}
+
+#[test]
+fn evicted_keys_are_the_ones_nearest_to_fresh() {
+    let (_clock, store) = one_shard_of_64();
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(10).unwrap()).unwrap();
     // One heavy key: empty bucket, a minute from fresh.
     for _ in 0..10 {
@@ -120,13 +126,7 @@ fn evicted_keys_are_the_ones_nearest_to_fresh() {
 #[test]
 fn a_sweep_at_the_cap_makes_room_for_an_eighth() {
     use std::time::Duration;
-    let clock = ManualClock::new();
-    let store = MemoryStore::builder()
-        .max_keys(64)
-        .shards(1)
-        .with_clock(clock.clone())
-        .build()
-        .unwrap();
+    let (clock, store) = one_shard_of_64();
     let short = Limit::single(Algorithm::TokenBucket, Quota::per_second(10).unwrap()).unwrap();
     let long = Limit::single(Algorithm::TokenBucket, Quota::per_hour(10).unwrap()).unwrap();
     // Two states fresh within 100 ms, 62 that stay live for six minutes: the store is full.

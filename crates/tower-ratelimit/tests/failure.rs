@@ -447,6 +447,23 @@ async fn the_fallback_store_size_is_configurable_and_validated() {
     }
 }
 
+/// A layer over `store` that fails closed (503, `Retry-After: 1`) with a breaker of 3 failures and
+/// a 10 s cool-down, on `clock`.
+fn closed_with_breaker<St: Store>(
+    store: St,
+    policy: Policy,
+    clock: &ratelimit_core::ManualClock,
+) -> RateLimitLayer<St> {
+    RateLimitLayer::builder(
+        store,
+        policy.failure(FailurePolicy::fail_closed(Duration::from_secs(1))),
+    )
+    .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(10)).unwrap())
+    .clock(clock.clone())
+    .build()
+    .unwrap()
+}
+
 /// Answers that never asked the store (denial-cache hits under the layer) are no evidence that it
 /// is healthy: between real failures they do not keep the circuit closed, and a probe answered
 /// that way does not close it; the next request probes the store instead.
@@ -458,16 +475,7 @@ async fn answers_that_never_asked_the_store_neither_keep_the_circuit_closed_nor_
         store.clone(),
         clock.clone(),
     ));
-    let layer = RateLimitLayer::builder(
-        cached,
-        Policy::new("cb", per_minute(1))
-            .unwrap()
-            .failure(FailurePolicy::fail_closed(Duration::from_secs(1))),
-    )
-    .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(10)).unwrap())
-    .clock(clock.clone())
-    .build()
-    .unwrap();
+    let layer = closed_with_breaker(cached, Policy::new("cb", per_minute(1)).unwrap(), &clock);
     let app = app(layer.clone());
     let (a, b) = ("192.0.2.1:1", "192.0.2.2:1");
 
@@ -554,16 +562,11 @@ async fn a_store_that_answers_in_check_is_judged_by_every_answer() {
         inner: memory,
         down: std::sync::atomic::AtomicBool::new(false),
     });
-    let layer = RateLimitLayer::builder(
+    let layer = closed_with_breaker(
         flaky.clone(),
-        Policy::new("ready", per_minute(100))
-            .unwrap()
-            .failure(FailurePolicy::fail_closed(Duration::from_secs(1))),
-    )
-    .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(10)).unwrap())
-    .clock(clock.clone())
-    .build()
-    .unwrap();
+        Policy::new("ready", per_minute(100)).unwrap(),
+        &clock,
+    );
     let app = app(layer.clone());
     let set_down = |down| flaky.down.store(down, std::sync::atomic::Ordering::SeqCst);
     // Failures scattered between successes are not consecutive.
