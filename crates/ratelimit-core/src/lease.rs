@@ -86,8 +86,9 @@ const SHARDS: usize = 16;
 /// [`lease_size`](LeasingBuilder::lease_size) fixes `L`. By default it adapts per key between 1
 /// and [`max_lease`](LeasingBuilder::max_lease): it starts at 1 (the first check's own cost),
 /// doubles each time a lease is spent before it expires (for a lease of only its fetching check's
-/// cost: when the key is back within the lifetime of a lease twice as large), and halves when a
-/// lease expires half unused or more, or the store cannot grant one. A key that comes to a gateway now and then, or whose leases would not outlive the round
+/// cost: when the key is back within the lifetime of a lease twice as large and the store had
+/// units left), and halves when a lease expires half unused or more, or the store cannot grant
+/// one. A key that comes to a gateway now and then, or whose leases would not outlive the round
 /// trip that brings them (`L / r` no longer than it), thus stays at 1 unit there: no saving, and
 /// no unit taken from the store and dropped unused, which across many gateways would deny the key
 /// below its limit.
@@ -320,7 +321,7 @@ impl<S, C> Shared<S, C> {
         } else if e.granted > 0
             && e.granted == e.fetched_for
             && e.remaining > 0
-            && now - e.sent.min(now) < 2 * e.expires.saturating_sub(e.sent)
+            && now - e.sent.min(now) < e.expires.saturating_sub(e.sent).saturating_mul(2)
         {
             // A lease of only the cost of the check that fetched it (a key's first is one unit),
             // the store had units left beyond it, and the key is back within the lifetime of a
