@@ -382,10 +382,8 @@ impl<S, C> Shared<S, C> {
                     .collect();
                 let n = (cap / 8).max(1).min(free.len());
                 if n > 0 {
-                    let (fewest, _, _) = free.select_nth_unstable(n - 1);
-                    let mut drop: Vec<u128> = fewest.iter().map(|&(_, id)| id).collect();
-                    drop.push(free[n - 1].1);
-                    for id in drop {
+                    free.select_nth_unstable(n - 1);
+                    for &(_, id) in &free[..n] {
                         if let Some(e) = shard.remove(&id) {
                             wasted.fetch_add(e.lock().tokens, Ordering::Relaxed);
                         }

@@ -181,10 +181,7 @@ impl<C: Clock> MemoryStore<C> {
         let now = self.clock.now();
         for shard in self.shards.iter() {
             let mut t = shard.lock();
-            if now > t.latest {
-                t.latest = now;
-            }
-            let at = t.latest;
+            let at = t.advance(now);
             self.sweep_shard(shard, &mut t, at);
         }
     }
@@ -214,14 +211,7 @@ impl<C> MemoryStore<C> {
         let shard = &self.shards[shard];
         let mut table = shard.lock();
         let table = &mut *table;
-        let now = if !monotonic {
-            now
-        } else if now > table.latest {
-            table.latest = now;
-            now
-        } else {
-            table.latest
-        };
+        let now = if monotonic { table.advance(now) } else { now };
         let found = table.find(id);
         if let Some(i) = found {
             let word = table.buckets[i].word;
@@ -440,6 +430,15 @@ impl Default for Table {
 }
 
 impl Table {
+    /// Moves the shard's latest time on to `now` if later, and returns it: the time to count at.
+    #[inline]
+    fn advance(&mut self, now: Timestamp) -> Timestamp {
+        if now > self.latest {
+            self.latest = now;
+        }
+        self.latest
+    }
+
     #[inline]
     fn home(id: u64, n: usize) -> usize {
         // Lemire's multiply-shift: any table size, no modulo.

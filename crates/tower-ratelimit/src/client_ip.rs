@@ -750,13 +750,13 @@ impl Iterator for ForwardedRtl<'_> {
         loop {
             let rest = self.rest?;
             let (element, balanced) = match last_comma(rest) {
-                Some(comma) => {
+                Ok(comma) => {
                     self.rest = Some(&rest[..comma]);
                     (&rest[comma + 1..], true)
                 }
-                None => {
+                Err(balanced) => {
                     self.rest = None;
-                    (rest, quotes_pair_up(rest))
+                    (rest, balanced)
                 }
             };
             let element = trim_ows(element);
@@ -775,31 +775,19 @@ impl Iterator for ForwardedRtl<'_> {
 
 /// The last comma of `line` outside quoted strings, read from the right: a
 /// quote opens a string (read backwards) and the next unescaped quote closes
-/// it. `None` if there is none, or if a string is still open at the start
-/// of the line (see [`quotes_pair_up`]).
-fn last_comma(line: &[u8]) -> Option<usize> {
+/// it. Without one, `Err` says whether the quotes read paired up (`false`: a
+/// string is still open at the start of the line).
+fn last_comma(line: &[u8]) -> Result<usize, bool> {
     let mut quoted = false;
     for i in (0..line.len()).rev() {
         match line[i] {
             b'"' if !quoted => quoted = true,
             b'"' if !is_escaped(line, i) => quoted = false,
-            b',' if !quoted => return Some(i),
+            b',' if !quoted => return Ok(i),
             _ => {}
         }
     }
-    None
-}
-
-/// Whether the quotes of `piece` (which has no comma outside quoted
-/// strings) pair up, read from the right as in [`last_comma`].
-fn quotes_pair_up(piece: &[u8]) -> bool {
-    let mut quoted = false;
-    for i in (0..piece.len()).rev() {
-        if piece[i] == b'"' && (!quoted || !is_escaped(piece, i)) {
-            quoted = !quoted;
-        }
-    }
-    !quoted
+    Err(!quoted)
 }
 
 /// Whether the byte at `i` is escaped: preceded by an odd run of

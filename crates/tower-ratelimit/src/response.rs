@@ -276,6 +276,15 @@ impl VerdictKind {
     }
 }
 
+impl VerdictKind {
+    /// Whether an outer layer's verdict of this kind goes on a response that has `inner` (an
+    /// inner layer's): only over none, or over a plain admission when this one says more.
+    pub(crate) fn outranks(self, inner: Option<&Verdict>) -> bool {
+        let plain = |k| matches!(k, VerdictKind::Allowed | VerdictKind::AllowListed);
+        inner.is_none_or(|inner| plain(inner.kind()) && !plain(self))
+    }
+}
+
 /// The layer's answer to one request, put in the response extensions (unless the policy says
 /// [`verdict(false)`](crate::Policy::verdict): then there is none).
 ///

@@ -255,14 +255,7 @@ impl Post {
         // An inner rate-limit layer's verdict stays: it is the one that decided this response (as
         // its header fields stay), unless it only let the request through and this layer has
         // more to say (a shadow denial, a failed-open or fallback answer).
-        let replace = match response.extensions().get::<Verdict>() {
-            None => true,
-            Some(inner) => {
-                let plain = |k| matches!(k, VerdictKind::Allowed | VerdictKind::AllowListed);
-                plain(inner.kind()) && !plain(self.kind)
-            }
-        };
-        if self.verdict && replace {
+        if self.verdict && self.kind.outranks(response.extensions().get::<Verdict>()) {
             response
                 .extensions_mut()
                 .insert(Verdict::new(self.rt, self.kind, self.decision));
