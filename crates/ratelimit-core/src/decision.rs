@@ -120,6 +120,36 @@ impl Decision {
         }
     }
 
+    /// A denial with no unit left, the given waits, and the limit and kind-and-index word of an
+    /// earlier denial (the memory store's denial memo).
+    #[inline]
+    pub(crate) const fn memo_denial(
+        retry_after_us: u64,
+        reset_after_us: u64,
+        limit: u64,
+        tag: u64,
+    ) -> Self {
+        Decision {
+            retry_after_us,
+            reset_after_us,
+            limit,
+            remaining: 0,
+            tag,
+        }
+    }
+
+    /// The kind and quota index as one word (see [`memo_denial`](Self::memo_denial)).
+    #[inline]
+    pub(crate) const fn tag_word(&self) -> u64 {
+        self.tag
+    }
+
+    /// [`retry_after`](Decision::retry_after) in microseconds (0 unless denied).
+    #[inline]
+    pub(crate) const fn retry_after_micros(&self) -> u64 {
+        self.retry_after_us
+    }
+
     #[inline]
     pub(crate) const fn with_quota_index(mut self, index: usize) -> Self {
         self.tag = (self.tag & 0xff) | (quota_index_bits(index) << 8);

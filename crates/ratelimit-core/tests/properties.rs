@@ -279,6 +279,78 @@ proptest! {
     }
 }
 
+/// Steps whose cost is mostly 1 (the cost the store's denial memo answers): (gap, cost), where
+/// a gap is `Ok(µs)`, or `Err(d)` for the last denial's retry-after plus `d` µs (-2..=2), which
+/// lands checks on the instants around the end of a denial.
+fn unit_steps() -> impl Strategy<Value = Vec<(Result<u64, i64>, u64)>> {
+    prop::collection::vec(
+        (
+            prop_oneof![
+                2 => Just(Ok(0u64)),
+                2 => (0u64..2_000).prop_map(Ok),
+                1 => (0u64..5_000_000).prop_map(Ok),
+                2 => (-2i64..=2).prop_map(Err),
+            ],
+            prop_oneof![4 => Just(1u64), 1 => 0u64..=70],
+        ),
+        1..200,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+    /// Checks by the store's own clock (`check_now`, whose denials of cost 1 are answered from
+    /// the shard's denial memo while they stand) make exactly the pure algorithms' decisions,
+    /// for every algorithm, single and multi-quota, over keys that share one shard, with sweeps
+    /// between checks, and at the instants around the end of each denial.
+    #[test]
+    fn memory_store_by_its_clock_matches_the_pure_algorithms(
+        q1 in quota(),
+        q2 in quota(),
+        s in unit_steps(),
+        alg in 0usize..5,
+        multi in any::<bool>(),
+        keys in prop::collection::vec(0u8..3, 1..120),
+        sweeps in prop::collection::vec(any::<bool>(), 1..120),
+    ) {
+        let algorithm = Algorithm::ALL[alg];
+        let limit = if multi {
+            Limit::new(algorithm, [q1, q2]).unwrap()
+        } else {
+            Limit::single(algorithm, q1).unwrap()
+        };
+        let clock = ratelimit_core::ManualClock::new();
+        let store = ratelimit_core::MemoryStore::builder()
+            .max_keys(1_000)
+            .shards(1)
+            .with_clock(clock.clone())
+            .build()
+            .unwrap();
+        let mut states: Vec<Vec<State>> = (0..3).map(|_| limit.fresh_states(Timestamp::ZERO)).collect();
+        let mut now = 0u64;
+        let mut last_retry = 0u64;
+        for (i, (gap, cost)) in s.into_iter().enumerate() {
+            let gap = match gap {
+                Ok(us) => us,
+                Err(d) => last_retry.saturating_add_signed(d),
+            };
+            now += gap;
+            clock.advance(std::time::Duration::from_micros(gap));
+            if sweeps[i % sweeps.len()] && i % 5 == 0 {
+                store.sweep_now();
+            }
+            let k = keys[i % keys.len()] as usize;
+            let expected = limit.check(&mut states[k], Timestamp::from_micros(now), cost);
+            let got = store.check_now(&[k as u8], &limit, cost);
+            prop_assert_eq!(got, expected, "step {} key {} at {}", i, k, now);
+            if let Some(r) = got.retry_after() {
+                last_retry = r.as_micros() as u64;
+            }
+        }
+    }
+}
+
 /// A quota over a wider range than [`quota`]: limit 1..=3000 per period from 1 µs (often 1 to 3
 /// µs) to 2^51 µs, burst 1..=3000 (combinations too large to count exactly are skipped).
 fn wide_quota() -> impl Strategy<Value = Quota> {

@@ -1,0 +1,262 @@
+//! A shard's memo of a denied key: checks of that key answered without the shard's lock.
+//!
+//! An abusive client is one key checked over and over and denied nearly every time. Under the
+//! lock, each of those denials costs two atomic read-modify-writes on the lock's cache line, which
+//! moves between the cores that serve the key; with two cores on one key the checks run no faster
+//! than on one. A denial changes no state, though, and until the key can pass again every check
+//! of it at cost 1 is the same denial, only nearer its end. So the shard keeps the last such
+//! denial (the key's identity, the instants at which one request passes and the quota is full
+//! again, and the figures that do not change) behind a sequence lock, and a check that finds its
+//! key there answers from it with plain loads: the cache line is shared by the cores that read it
+//! and written only when the memo changes.
+//!
+//! The answer is exactly the one the lock would give: while a key is denied for a request of
+//! cost 1, nothing but time changes its state (a denial stores nothing, a cost of 1 is the least
+//! that can be admitted, and any admission of the key clears the memo under the lock first), so
+//! its decision at `now` is the memo's with the waits shortened by the time passed since. Only a
+//! cost of exactly 1 is answered, and only from a denial of cost 1 that left no unit (so that
+//! "remaining" is 0 all along): another cost may have a different wait and binding quota, and
+//! would take the lock as before. Like a check under the lock, a check from the memo counts at
+//! the later of its clock reading and the time the memo was written.
+//!
+//! The memo's key is also kept in the shard itself (the `hint`), on the cache line that a check
+//! reads anyway (for the prefetch), and the memo's own line is read only when the hint names the
+//! key: a check of any other key touches no line more than before, and does one comparison more.
+//! Where that comparison sits matters on a table larger than the cache: see `check_now`.
+
+use std::sync::atomic::{AtomicU64, Ordering, fence};
+
+use crate::{Decision, Timestamp};
+
+/// One denial of one key, behind a sequence lock. Written only with the shard's lock held (so
+/// there is one writer at a time); read without it. On a cache line of its own, so that the
+/// lock's traffic does not take the line from its readers.
+#[derive(Debug, Default)]
+#[repr(align(64))]
+pub(super) struct DenialMemo {
+    /// Even while the fields below are stable, odd while they are being written.
+    seq: AtomicU64,
+    /// The key's identity; 0 (never an identity) when empty.
+    id: AtomicU64,
+    /// The time the denial was counted at, in µs.
+    at: AtomicU64,
+    /// The first instant at which a request of cost 1 passes, in µs; 0 when empty.
+    until: AtomicU64,
+    /// The instant at which the binding quota is full again, in µs.
+    full_at: AtomicU64,
+    limit: AtomicU64,
+    /// The decision's kind and quota index.
+    tag: AtomicU64,
+}
+
+impl DenialMemo {
+    /// The decision for `id` at cost 1 at `now`, if the memo holds a denial of `id` that still
+    /// stands at `now` (the later of `now` and the memo's own time). Read under the memo's
+    /// sequence lock; the caller has found `id` in the shard's hint.
+    #[inline]
+    pub(super) fn denial(&self, id: u64, now: Timestamp) -> Option<Decision> {
+        let seq = self.seq.load(Ordering::Acquire);
+        if self.id.load(Ordering::Relaxed) != id {
+            return None;
+        }
+        let at = self.at.load(Ordering::Relaxed);
+        let until = self.until.load(Ordering::Relaxed);
+        let full_at = self.full_at.load(Ordering::Relaxed);
+        let limit = self.limit.load(Ordering::Relaxed);
+        let tag = self.tag.load(Ordering::Relaxed);
+        // Orders the loads above before the second reading of `seq`: if any of them saw a write
+        // of a writer, that writer's odd `seq` is seen here too.
+        fence(Ordering::Acquire);
+        if seq & 1 != 0 || self.seq.load(Ordering::Relaxed) != seq {
+            return None;
+        }
+        let now = now.as_micros().max(at);
+        if now >= until {
+            return None;
+        }
+        Some(Decision::memo_denial(
+            until - now,
+            full_at.saturating_sub(now),
+            limit,
+            tag,
+        ))
+    }
+
+    /// Keeps the memo in step with a decision for `id` made under the shard's lock at `now` (the
+    /// time it counted at): an admission of the memo's key clears it; a denial of cost 1 that
+    /// left no unit is written into an empty or expired memo, if `record` (checks by the store's
+    /// own clock; a check at an explicit time never writes it). The caller holds the lock.
+    #[inline]
+    pub(super) fn after_check(
+        &self,
+        hint: &AtomicU64,
+        id: u64,
+        cost: u64,
+        now: Timestamp,
+        d: &Decision,
+        record: bool,
+    ) {
+        if d.is_allowed() {
+            // By the store's clock an admission of the memo's key comes at or after the end of
+            // its denial, when the memo no longer answers: nothing to do (and nothing to read,
+            // on the path of every admission). At an explicit time it may come from the future.
+            if !record && hint.load(Ordering::Relaxed) == id {
+                self.clear(hint);
+            }
+            return;
+        }
+        if record && cost == 1 && d.remaining() == 0 && d.can_ever_pass()
+        // Another key's denial that still stands stays: a second hot key in the shard takes
+        // the lock rather than make the two evict each other on every check.
+        {
+            self.record(hint, id, now.as_micros(), d);
+        }
+    }
+
+    /// Writes the denial `d` of `id` at `now` (µs) into an empty or expired memo.
+    #[inline(never)]
+    fn record(&self, hint: &AtomicU64, id: u64, now: u64, d: &Decision) {
+        if self.until.load(Ordering::Relaxed) > now {
+            return;
+        }
+        self.write(
+            id,
+            now,
+            now.saturating_add(d.retry_after_micros()),
+            now.saturating_add(d.reset_after_micros()),
+            d,
+        );
+        hint.store(id, Ordering::Relaxed);
+    }
+
+    /// Empties the memo (the caller holds the lock): for a sweep or an eviction, which may drop
+    /// the memo's key.
+    pub(super) fn clear(&self, hint: &AtomicU64) {
+        if self.id.load(Ordering::Relaxed) != 0 {
+            hint.store(0, Ordering::Relaxed);
+            self.write(0, 0, 0, 0, &Decision::memo_denial(0, 0, 0, 0));
+        }
+    }
+
+    fn write(&self, id: u64, at: u64, until: u64, full_at: u64, d: &Decision) {
+        let seq = self.seq.load(Ordering::Relaxed);
+        self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
+        // Orders the odd `seq` before the fields: a reader that sees any new field sees it.
+        fence(Ordering::Release);
+        self.id.store(id, Ordering::Relaxed);
+        self.at.store(at, Ordering::Relaxed);
+        self.until.store(until, Ordering::Relaxed);
+        self.full_at.store(full_at, Ordering::Relaxed);
+        self.limit.store(d.limit(), Ordering::Relaxed);
+        self.tag.store(d.tag_word(), Ordering::Relaxed);
+        self.seq.store(seq.wrapping_add(2), Ordering::Release);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::decision::Outcome;
+    use std::time::Duration;
+
+    fn denial(retry_us: u64, reset_us: u64) -> Decision {
+        Decision::new(
+            Outcome::Denied {
+                retry_after: Duration::from_micros(retry_us),
+            },
+            10,
+            0,
+            Duration::from_micros(reset_us),
+            1,
+        )
+    }
+
+    #[test]
+    fn a_recorded_denial_answers_until_the_key_can_pass() {
+        let memo = DenialMemo::default();
+        let hint = AtomicU64::new(0);
+        assert_eq!(memo.denial(7, Timestamp::from_micros(0)), None);
+        memo.after_check(
+            &hint,
+            7,
+            1,
+            Timestamp::from_micros(100),
+            &denial(50, 900),
+            true,
+        );
+        // Later: the waits shortened by the time passed.
+        assert_eq!(
+            memo.denial(7, Timestamp::from_micros(120)),
+            Some(denial(30, 880))
+        );
+        // A clock reading before the memo's time counts at the memo's time.
+        assert_eq!(
+            memo.denial(7, Timestamp::from_micros(90)),
+            Some(denial(50, 900))
+        );
+        assert_eq!(memo.denial(8, Timestamp::from_micros(120)), None);
+        assert_eq!(memo.denial(7, Timestamp::from_micros(150)), None);
+    }
+
+    #[test]
+    fn only_denials_of_cost_one_with_nothing_left_are_recorded() {
+        let memo = DenialMemo::default();
+        let hint = AtomicU64::new(0);
+        let t = Timestamp::from_micros(100);
+        memo.after_check(&hint, 7, 2, t, &denial(50, 900), true);
+        assert_eq!(memo.denial(7, t), None);
+        memo.after_check(&hint, 7, 1, t, &denial(50, 900), false);
+        assert_eq!(memo.denial(7, t), None);
+        let left = Decision::new(
+            Outcome::Denied {
+                retry_after: Duration::from_micros(50),
+            },
+            10,
+            1,
+            Duration::from_micros(900),
+            0,
+        );
+        memo.after_check(&hint, 7, 1, t, &left, true);
+        assert_eq!(memo.denial(7, t), None);
+        memo.after_check(
+            &hint,
+            7,
+            1,
+            t,
+            &Decision::new(Outcome::Exceeds, 10, 0, Duration::ZERO, 0),
+            true,
+        );
+        assert_eq!(memo.denial(7, t), None);
+    }
+
+    #[test]
+    fn another_key_waits_its_turn_and_an_admission_at_an_explicit_time_clears_it() {
+        let memo = DenialMemo::default();
+        let hint = AtomicU64::new(0);
+        let t = Timestamp::from_micros;
+        memo.after_check(&hint, 7, 1, t(100), &denial(50, 900), true);
+        assert_eq!(hint.load(Ordering::Relaxed), 7);
+        // Another key's denial does not replace one that still stands...
+        memo.after_check(&hint, 8, 1, t(110), &denial(50, 900), true);
+        assert_eq!(hint.load(Ordering::Relaxed), 7);
+        // ...nor does an admission clear it: by the store's clock, the key's own cannot come
+        // before the denial ends, and an admission at an explicit time of another key is no
+        // concern of it.
+        let allowed = Decision::new(Outcome::Allowed, 10, 3, Duration::from_micros(5), 0);
+        memo.after_check(&hint, 7, 1, t(150), &allowed, true);
+        memo.after_check(&hint, 8, 1, t(110), &allowed, false);
+        assert!(memo.denial(7, t(110)).is_some());
+        // An admission of the key at an explicit time (perhaps ahead of the clock) clears it.
+        memo.after_check(&hint, 7, 1, t(110), &allowed, false);
+        assert_eq!(hint.load(Ordering::Relaxed), 0);
+        assert_eq!(memo.denial(7, t(110)), None);
+        // Once it has expired, the next denial takes its place.
+        memo.after_check(&hint, 7, 1, t(100), &denial(50, 900), true);
+        memo.after_check(&hint, 8, 1, t(150), &denial(20, 900), true);
+        assert_eq!(hint.load(Ordering::Relaxed), 8);
+        assert_eq!(memo.denial(8, t(160)), Some(denial(10, 890)));
+        memo.clear(&hint);
+        assert_eq!(hint.load(Ordering::Relaxed), 0);
+        assert_eq!(memo.denial(8, t(160)), None);
+    }
+}
