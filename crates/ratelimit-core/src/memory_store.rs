@@ -236,22 +236,24 @@ impl<C> MemoryStore<C> {
         monotonic: bool,
     ) -> Decision {
         let memo = &self.memos[shard];
-        let at = shard;
         let shard = &self.shards[shard];
         let mut table = shard.lock();
         let table = &mut *table;
         let now = if monotonic { table.advance(now) } else { now };
-        let decision = self.check_locked(at, table, id, limit, cost, now);
+        let decision = self.check_locked(shard, memo, table, id, limit, cost, now);
         memo.after_check(&shard.memo_key, id, cost, now, &decision, monotonic);
         decision
     }
 
-    /// The check of `check_id` in shard `at`, with the shard's lock held and the time to count
-    /// at.
+    /// The check of `check_id`, with the shard's lock held and the time to count at. (The shard
+    /// and its memo are passed as they are: passing their index instead made the million-key
+    /// check about 30 ns slower, by the code's layout alone.)
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn check_locked(
         &self,
-        at: usize,
+        shard: &Shard,
+        memo: &DenialMemo,
         table: &mut Table,
         id: u64,
         limit: &Limit,
@@ -285,13 +287,12 @@ impl<C> MemoryStore<C> {
         let mut next = None;
         let decision = compact::check(limit, None, now, cost, &mut next);
         if let Some(next) = next {
-            let shard = &self.shards[at];
             let held = table.len;
             let evicted = table.insert(id, next, now.as_micros(), self.per_shard_cap);
             shard.publish(table);
             if table.len <= held {
                 // The insert swept or evicted: the memo's key may be gone.
-                self.memos[at].clear(&shard.memo_key);
+                memo.clear(&shard.memo_key);
             }
             if evicted > 0 {
                 self.evictions.fetch_add(evicted, Ordering::Relaxed);
