@@ -411,6 +411,7 @@ impl<St: Store> Shared<St> {
 
     /// The store's answer; `waited` says it had to wait for it (it asked the store, so a success
     /// is evidence of the store's health, as is any answer of a store that answers in `check`).
+    #[inline(always)]
     fn after_check<W>(
         &self,
         result: Result<Decision, St::Error>,
