@@ -284,8 +284,12 @@ impl<St: Store> Shared<St> {
             && rt.policy.headers.any_on_allowed()
             && !rt.policy.dry_run;
         let verdict = rt.policy.verdict;
-        // Nothing to add: no reference to the policy travels with the request.
-        Step::Forward((headers || verdict).then(|| Post {
+        if !(headers || verdict) {
+            // Nothing to add: no reference to the policy travels with the request, and no field
+            // of a `Post` is written (`bool::then` wrote them all, then the `None`).
+            return Step::Forward(None);
+        }
+        Step::Forward(Some(Post {
             rt: rt.clone(),
             kind,
             decision,
@@ -607,22 +611,23 @@ where
 pub(crate) const TIMING_SAMPLE: u32 = 64;
 
 thread_local! {
-    /// xorshift32 state (never 0), one per thread so no cache line is shared on the hot path.
-    static TIMING_RNG: std::cell::Cell<u32> = const { std::cell::Cell::new(0x9E37_79B9) };
+    /// A Weyl sequence (multiples of an odd constant near 2³²/φ), one per thread so no cache line
+    /// is shared on the hot path.
+    static TIMING_SEQ: std::cell::Cell<u32> = const { std::cell::Cell::new(0) };
 }
 
-/// Whether to time this call: true with probability 1/[`TIMING_SAMPLE`]. Random rather than every
+/// Whether to time this call: true for one call in [`TIMING_SAMPLE`] (a power of two), those
+/// whose step of the sequence lands in the lowest 1/`TIMING_SAMPLE` of its range. Not every
 /// 64th call, so that layers whose calls interleave on a thread (a router-wide layer and a route
-/// layer) are each sampled, not one of them always.
+/// layer) are each sampled, not one of them always: the steps of every other call, or every
+/// third, are spread over the range too (the constant's multiples are equidistributed). One
+/// add, where the xorshift this replaced took a dozen instructions.
 #[inline]
 fn sample_timing() -> bool {
-    TIMING_RNG.with(|state| {
-        let mut x = state.get();
-        x ^= x << 13;
-        x ^= x >> 17;
-        x ^= x << 5;
+    TIMING_SEQ.with(|state| {
+        let x = state.get().wrapping_add(0x9E37_79B9);
         state.set(x);
-        x % TIMING_SAMPLE == 0
+        x < u32::MAX / TIMING_SAMPLE
     })
 }
 
@@ -646,6 +651,24 @@ mod tests {
     fn policy() -> Policy {
         let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(5).unwrap()).unwrap();
         Policy::new("p", limit).unwrap()
+    }
+
+    /// One call in `TIMING_SAMPLE` is timed, and so is about one in `TIMING_SAMPLE` of every
+    /// other call, or every third or fourth (layers whose calls interleave on a thread).
+    #[test]
+    fn timing_samples_one_call_in_64_of_any_interleaving() {
+        const CALLS: usize = 64 * 4 * 3 * 1_000;
+        let picks: Vec<bool> = (0..CALLS).map(|_| sample_timing()).collect();
+        for m in 1..=4 {
+            for r in 0..m {
+                let sampled = picks.iter().skip(r).step_by(m).filter(|&&p| p).count();
+                let expected = CALLS / m / TIMING_SAMPLE as usize;
+                assert!(
+                    sampled.abs_diff(expected) * 50 <= expected,
+                    "every {m}th call from {r}: {sampled} timed, {expected} expected"
+                );
+            }
+        }
     }
 
     /// With neither headers nor the verdict to add, nothing travels with the request: no `Post`,
