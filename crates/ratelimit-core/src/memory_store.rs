@@ -3,7 +3,7 @@
 use parking_lot::{Mutex, MutexGuard};
 use std::convert::Infallible;
 use std::future::{Ready, ready};
-use std::sync::atomic::{AtomicPtr, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering};
 
 use crate::algorithm::{MAX_TIME, State};
 use crate::key_digest::KeyDigest;
@@ -61,6 +61,9 @@ pub struct MemoryStore<C = SystemClock> {
     per_shard_cap: usize,
     digest: KeyDigest,
     evictions: AtomicU64,
+    /// Set by the first `check_at`: a key may then hold a state ahead of the clock, whose waits do
+    /// not shorten as the clock moves, and the denial memo is no longer written.
+    explicit_times: AtomicBool,
     clock: C,
 }
 
@@ -153,6 +156,7 @@ impl<C> MemoryStoreBuilder<C> {
             per_shard_cap,
             digest: KeyDigest::random(),
             evictions: AtomicU64::new(0),
+            explicit_times: AtomicBool::new(false),
             clock: self.clock,
         })
     }
@@ -183,13 +187,21 @@ impl<C: Clock> MemoryStore<C> {
     /// denial still stands, else under the lock. Out of line, so that the path of every other
     /// check stays as it was (the memo's code inlined into it cost about 50 ns a check on a
     /// million keys, in the bucket's miss, which it apparently overlapped less).
+    ///
+    /// The memo answers only a check whose clock reading is not past the shard's latest time, and
+    /// counts at that time, as the lock would: a check that would move the latest time on takes
+    /// the lock to do so (the memo writes nothing), which is one check per microsecond of the
+    /// clock at most, while the checks that contend for a key come many to a microsecond.
     #[inline(never)]
     fn check_memo(&self, shard: usize, id: u64, limit: &Limit) -> Decision {
         let now = self.clock.now();
-        match self.memos[shard].denial(id, now) {
-            Some(d) => d,
-            None => self.check_id(shard, id, limit, 1, now, true),
+        let latest = Timestamp::from_micros(self.shards[shard].latest.load(Ordering::Relaxed));
+        if now <= latest
+            && let Some(d) = self.memos[shard].denial(id, latest)
+        {
+            return d;
         }
+        self.check_id(shard, id, limit, 1, now, true)
     }
 
     /// The clock this store reads.
@@ -206,7 +218,7 @@ impl<C: Clock> MemoryStore<C> {
         let now = self.clock.now();
         for (shard, memo) in self.shards.iter().zip(self.memos.iter()) {
             let mut t = shard.lock();
-            let at = t.advance(now);
+            let at = shard.advance(now);
             self.sweep_shard(shard, memo, &mut t, at);
         }
     }
@@ -218,6 +230,13 @@ impl<C> MemoryStore<C> {
     /// non-decreasing across keys for the pure algorithms' answers: a sweep at a later time may
     /// have dropped a state that was fresh then (see `docs/memory-store.md`).
     pub fn check_at(&self, key: &[u8], limit: &Limit, cost: u64, now: Timestamp) -> Decision {
+        if !self.explicit_times.load(Ordering::Relaxed) {
+            self.explicit_times.store(true, Ordering::Relaxed);
+            for (shard, memo) in self.shards.iter().zip(self.memos.iter()) {
+                let _t = shard.lock();
+                memo.clear(&shard.memo_key);
+            }
+        }
         let (shard, id) = self.key_id(key, limit.fingerprint());
         self.check_id(shard, id, limit, cost, now, false)
     }
@@ -239,9 +258,16 @@ impl<C> MemoryStore<C> {
         let shard = &self.shards[shard];
         let mut table = shard.lock();
         let table = &mut *table;
-        let now = if monotonic { table.advance(now) } else { now };
+        let now = if monotonic { shard.advance(now) } else { now };
         let decision = self.check_locked(shard, memo, table, id, limit, cost, now);
-        memo.after_check(&shard.memo_key, id, cost, now, &decision, monotonic);
+        memo.after_check(
+            &shard.memo_key,
+            id,
+            cost,
+            now,
+            &decision,
+            monotonic && !self.explicit_times.load(Ordering::Relaxed),
+        );
         decision
     }
 
@@ -393,6 +419,9 @@ struct Shard {
     /// The key of the shard's denial memo (0: none), read without the lock before the memo
     /// itself, on a line that a check reads anyway (see `denial_memo`).
     memo_key: AtomicU64,
+    /// The latest time a check by the store's clock counted at (see `check_now`), in µs: written
+    /// under the lock, read without it by the denial memo, which counts at it too.
+    latest: AtomicU64,
 }
 
 impl Shard {
@@ -411,6 +440,19 @@ impl Shard {
             .store(table.buckets.as_ptr().cast_mut(), Ordering::Relaxed);
         self.buckets_len
             .store(table.buckets.len(), Ordering::Relaxed);
+    }
+
+    /// Moves the shard's latest time on to `now` if later, and returns it: the time to count at.
+    /// Called with the lock held (the only writer); read without it by the denial memo.
+    #[inline]
+    fn advance(&self, now: Timestamp) -> Timestamp {
+        let latest = self.latest.load(Ordering::Relaxed);
+        if now.as_micros() > latest {
+            self.latest.store(now.as_micros(), Ordering::Relaxed);
+            now
+        } else {
+            Timestamp::from_micros(latest)
+        }
     }
 
     /// Asks for the cache line of `id`'s home bucket, without the lock.
@@ -469,8 +511,6 @@ struct Table {
     big: Vec<Big>,
     free_big: Vec<u64>,
     sweep_at: usize,
-    /// The latest time a check by the store's clock counted at (see `check_now`).
-    latest: Timestamp,
 }
 
 impl Default for Table {
@@ -481,21 +521,11 @@ impl Default for Table {
             big: Vec::new(),
             free_big: Vec::new(),
             sweep_at: MIN_SWEEP,
-            latest: Timestamp::ZERO,
         }
     }
 }
 
 impl Table {
-    /// Moves the shard's latest time on to `now` if later, and returns it: the time to count at.
-    #[inline]
-    fn advance(&mut self, now: Timestamp) -> Timestamp {
-        if now > self.latest {
-            self.latest = now;
-        }
-        self.latest
-    }
-
     #[inline]
     fn home(id: u64, n: usize) -> usize {
         // Lemire's multiply-shift: any table size, no modulo.
@@ -763,6 +793,110 @@ mod tests {
         assert!(store.evictions() > 0);
         assert_eq!(store.shards[0].memo_key.load(Ordering::Relaxed), 0);
         assert!(store.check_now(b"hot", &hourly, 1).is_allowed());
+    }
+
+    fn memo_answers() -> u64 {
+        denial_memo::ANSWERS.with(|n| n.get())
+    }
+
+    /// A denied key's next checks at cost 1 come from the memo, with the lock's answer.
+    #[test]
+    fn a_denied_key_is_answered_by_the_memo() {
+        let (clock, store, hourly) = denied_hot_key();
+        let before = memo_answers();
+        let first = store.check_now(b"hot", &hourly, 1);
+        assert_eq!(memo_answers() - before, 1);
+        assert_eq!(
+            first.retry_after(),
+            Some(std::time::Duration::from_secs(3_600))
+        );
+        // A clock past the shard's latest time takes the lock, which moves that time on...
+        clock.advance(std::time::Duration::from_secs(60));
+        let later = store.check_now(b"hot", &hourly, 1);
+        assert_eq!(memo_answers() - before, 1);
+        // ...and the memo answers the next checks at that time, or at a clock behind it.
+        assert_eq!(store.check_now(b"hot", &hourly, 1), later);
+        clock.set(Timestamp::from_micros(30_000_000));
+        assert_eq!(store.check_now(b"hot", &hourly, 1), later);
+        assert_eq!(memo_answers() - before, 3);
+        assert_eq!(
+            later.retry_after(),
+            Some(std::time::Duration::from_secs(3_540))
+        );
+        assert_eq!(later.reset_after(), std::time::Duration::from_secs(3_540));
+        // Another cost takes the lock.
+        let _ = store.check_now(b"hot", &hourly, 2);
+        assert_eq!(memo_answers() - before, 3);
+    }
+
+    /// A clock set back (or a core whose clock is behind) counts at the shard's latest time, from
+    /// the memo as under the lock: here the key was admitted again at that time.
+    #[test]
+    fn the_memo_counts_at_the_shards_latest_time() {
+        let limit = Limit::single(
+            Algorithm::TokenBucket,
+            Quota::per_second(10).unwrap().with_burst(5).unwrap(),
+        )
+        .unwrap();
+        for other_key in [false, true] {
+            let clock = ManualClock::new();
+            let store = MemoryStore::builder()
+                .shards(1)
+                .with_clock(clock.clone())
+                .build()
+                .unwrap();
+            for _ in 0..5 {
+                assert!(store.check_now(b"hot", &limit, 1).is_allowed());
+            }
+            assert!(store.check_now(b"hot", &limit, 1).is_denied());
+            clock.set(Timestamp::from_micros(1_000_000));
+            let key: &[u8] = if other_key { b"other" } else { b"hot" };
+            assert!(store.check_now(key, &limit, 1).is_allowed());
+            clock.set(Timestamp::from_micros(50_000));
+            let d = store.check_now(b"hot", &limit, 1);
+            assert!(d.is_allowed(), "{d:?}");
+            assert_eq!(d.remaining(), if other_key { 4 } else { 3 });
+        }
+    }
+
+    /// Past the algorithms' last instant time stands still, and so do the waits: the memo is not
+    /// written there.
+    #[test]
+    fn past_the_last_instant_the_waits_do_not_shrink() {
+        let clock = ManualClock::starting_at(Timestamp::from_micros(crate::algorithm::MAX_TIME));
+        let store = MemoryStore::builder()
+            .with_clock(clock.clone())
+            .build()
+            .unwrap();
+        let hourly = Limit::single(Algorithm::TokenBucket, Quota::per_hour(1).unwrap()).unwrap();
+        assert!(store.check_now(b"hot", &hourly, 1).is_allowed());
+        let first = store.check_now(b"hot", &hourly, 1);
+        clock.advance(std::time::Duration::from_secs(1));
+        let later = store.check_now(b"hot", &hourly, 1);
+        assert_eq!(
+            first.retry_after(),
+            Some(std::time::Duration::from_secs(3_600))
+        );
+        assert_eq!(later, first);
+    }
+
+    /// After a check at an explicit time, a key's state may be ahead of the clock and its waits
+    /// do not shorten as the clock moves: the memo is no longer written.
+    #[test]
+    fn a_store_checked_at_explicit_times_writes_no_memo() {
+        let clock = ManualClock::new();
+        let store = MemoryStore::builder()
+            .with_clock(clock.clone())
+            .build()
+            .unwrap();
+        let hourly = Limit::single(Algorithm::TokenBucket, Quota::per_hour(1).unwrap()).unwrap();
+        let ten_hours = Timestamp::from_micros(36_000_000_000);
+        assert!(store.check_at(b"k", &hourly, 1, ten_hours).is_allowed());
+        let first = store.check_now(b"k", &hourly, 1);
+        clock.advance(std::time::Duration::from_secs(1_800));
+        let later = store.check_now(b"k", &hourly, 1);
+        assert!(first.is_denied());
+        assert_eq!(later, first);
     }
 
     /// A sweep at a later time than the clock's (which drops states fresh then) empties the memo

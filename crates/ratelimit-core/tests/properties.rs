@@ -279,17 +279,28 @@ proptest! {
     }
 }
 
-/// Steps whose cost is mostly 1 (the cost the store's denial memo answers): (gap, cost), where
-/// a gap is `Ok(µs)`, or `Err(d)` for the last denial's retry-after plus `d` µs (-2..=2), which
-/// lands checks on the instants around the end of a denial.
-fn unit_steps() -> impl Strategy<Value = Vec<(Result<u64, i64>, u64)>> {
+/// How the clock moves before a check of [`unit_steps`].
+#[derive(Debug, Clone)]
+enum Move {
+    /// Forward by this many µs.
+    Forward(u64),
+    /// Forward by the last denial's retry-after plus this many µs (-2..=2): onto the instants
+    /// around the end of a denial.
+    ToRetry(i64),
+    /// Back by this many µs (a clock set back, or a core whose clock is behind another's).
+    Back(u64),
+}
+
+/// Steps whose cost is mostly 1 (the cost the store's denial memo answers).
+fn unit_steps() -> impl Strategy<Value = Vec<(Move, u64)>> {
     prop::collection::vec(
         (
             prop_oneof![
-                2 => Just(Ok(0u64)),
-                2 => (0u64..2_000).prop_map(Ok),
-                1 => (0u64..5_000_000).prop_map(Ok),
-                2 => (-2i64..=2).prop_map(Err),
+                2 => Just(Move::Forward(0)),
+                2 => (0u64..2_000).prop_map(Move::Forward),
+                1 => (0u64..5_000_000).prop_map(Move::Forward),
+                2 => (-2i64..=2).prop_map(Move::ToRetry),
+                1 => (0u64..3_000_000).prop_map(Move::Back),
             ],
             prop_oneof![4 => Just(1u64), 1 => 0u64..=70],
         ),
@@ -301,9 +312,11 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
 
     /// Checks by the store's own clock (`check_now`, whose denials of cost 1 are answered from
-    /// the shard's denial memo while they stand) make exactly the pure algorithms' decisions,
-    /// for every algorithm, single and multi-quota, over keys that share one shard, with sweeps
-    /// between checks, and at the instants around the end of each denial.
+    /// the shard's denial memo while they stand) make exactly the pure algorithms' decisions at
+    /// the shard's latest time (the later of the clock and every time it counted at before), for
+    /// every algorithm, single and multi-quota, over keys that share one shard, with sweeps
+    /// between checks, at the instants around the end of each denial, with the clock set back
+    /// now and then, and from the epoch, today, and around the algorithms' last instant.
     #[test]
     fn memory_store_by_its_clock_matches_the_pure_algorithms(
         q1 in quota(),
@@ -313,6 +326,11 @@ proptest! {
         multi in any::<bool>(),
         keys in prop::collection::vec(0u8..3, 1..120),
         sweeps in prop::collection::vec(any::<bool>(), 1..120),
+        origin in prop_oneof![
+            3 => Just(0u64),
+            1 => Just(1_764_000_000_000_000),
+            1 => Just((1u64 << 52) - 3_000_000),
+        ],
     ) {
         let algorithm = Algorithm::ALL[alg];
         let limit = if multi {
@@ -320,7 +338,7 @@ proptest! {
         } else {
             Limit::single(algorithm, q1).unwrap()
         };
-        let clock = ratelimit_core::ManualClock::new();
+        let clock = ratelimit_core::ManualClock::starting_at(Timestamp::from_micros(origin));
         let store = ratelimit_core::MemoryStore::builder()
             .max_keys(1_000)
             .shards(1)
@@ -328,22 +346,24 @@ proptest! {
             .build()
             .unwrap();
         let mut states: Vec<Vec<State>> = (0..3).map(|_| limit.fresh_states(Timestamp::ZERO)).collect();
-        let mut now = 0u64;
+        // The shard's latest time starts at zero, wherever the clock starts.
+        let (mut now, mut latest) = (origin, 0);
         let mut last_retry = 0u64;
-        for (i, (gap, cost)) in s.into_iter().enumerate() {
-            let gap = match gap {
-                Ok(us) => us,
-                Err(d) => last_retry.saturating_add_signed(d),
+        for (i, (step, cost)) in s.into_iter().enumerate() {
+            now = match step {
+                Move::Forward(us) => now + us,
+                Move::ToRetry(d) => now + last_retry.saturating_add_signed(d),
+                Move::Back(us) => now.saturating_sub(us),
             };
-            now += gap;
-            clock.advance(std::time::Duration::from_micros(gap));
+            clock.set(Timestamp::from_micros(now));
             if sweeps[i % sweeps.len()] && i % 5 == 0 {
                 store.sweep_now();
             }
+            latest = latest.max(now);
             let k = keys[i % keys.len()] as usize;
-            let expected = limit.check(&mut states[k], Timestamp::from_micros(now), cost);
+            let expected = limit.check(&mut states[k], Timestamp::from_micros(latest), cost);
             let got = store.check_now(&[k as u8], &limit, cost);
-            prop_assert_eq!(got, expected, "step {} key {} at {}", i, k, now);
+            prop_assert_eq!(got, expected, "step {} key {} at {} (latest {})", i, k, now, latest);
             if let Some(r) = got.retry_after() {
                 last_retry = r.as_micros() as u64;
             }

@@ -16,8 +16,15 @@
 //! its decision at `now` is the memo's with the waits shortened by the time passed since. Only a
 //! cost of exactly 1 is answered, and only from a denial of cost 1 that left no unit (so that
 //! "remaining" is 0 all along): another cost may have a different wait and binding quota, and
-//! would take the lock as before. Like a check under the lock, a check from the memo counts at
-//! the later of its clock reading and the time the memo was written.
+//! would take the lock as before. The memo answers only a check whose clock reading is not past
+//! the shard's latest time (kept in an atomic for this), and counts at that time, as the lock
+//! would; a check that would move the latest time on takes the lock (the memo writes nothing
+//! shared), which is one check per microsecond of the clock at most. A clock that goes back, or a
+//! core whose clock is behind another's, so gets the lock's answer too.
+//! The memo is written only while both of its instants are within the algorithms' time range
+//! (past `MAX_TIME` they hold time still, and the memo's waits would shrink), and never once the
+//! store has been checked at an explicit time (a key's state may then be ahead of the clock, its
+//! waits not shortening as the clock moves).
 //!
 //! The memo's key is also kept in the shard itself (the `hint`), on the cache line that a check
 //! reads anyway (for the prefetch), and the memo's own line is read only when the hint names the
@@ -26,7 +33,14 @@
 
 use std::sync::atomic::{AtomicU64, Ordering, fence};
 
+use crate::algorithm::MAX_TIME;
 use crate::{Decision, Timestamp};
+
+#[cfg(test)]
+thread_local! {
+    /// How many checks of this thread the memo answered (tests: that it was used at all).
+    pub(super) static ANSWERS: std::cell::Cell<u64> = const { std::cell::Cell::new(0) };
+}
 
 /// One denial of one key, behind a sequence lock. Written only with the shard's lock held (so
 /// there is one writer at a time); read without it. On a cache line of its own, so that the
@@ -38,8 +52,6 @@ pub(super) struct DenialMemo {
     seq: AtomicU64,
     /// The key's identity; 0 (never an identity) when empty.
     id: AtomicU64,
-    /// The time the denial was counted at, in µs.
-    at: AtomicU64,
     /// The first instant at which a request of cost 1 passes, in µs; 0 when empty.
     until: AtomicU64,
     /// The instant at which the binding quota is full again, in µs.
@@ -50,8 +62,8 @@ pub(super) struct DenialMemo {
 }
 
 impl DenialMemo {
-    /// The decision for `id` at cost 1 at `now`, if the memo holds a denial of `id` that still
-    /// stands at `now` (the later of `now` and the memo's own time). Read under the memo's
+    /// The decision for `id` at cost 1 at `now` (the later of the clock and the shard's latest
+    /// time), if the memo holds a denial of `id` that still stands then. Read under the memo's
     /// sequence lock; the caller has found `id` in the shard's hint.
     #[inline]
     pub(super) fn denial(&self, id: u64, now: Timestamp) -> Option<Decision> {
@@ -59,7 +71,6 @@ impl DenialMemo {
         if self.id.load(Ordering::Relaxed) != id {
             return None;
         }
-        let at = self.at.load(Ordering::Relaxed);
         let until = self.until.load(Ordering::Relaxed);
         let full_at = self.full_at.load(Ordering::Relaxed);
         let limit = self.limit.load(Ordering::Relaxed);
@@ -70,10 +81,12 @@ impl DenialMemo {
         if seq & 1 != 0 || self.seq.load(Ordering::Relaxed) != seq {
             return None;
         }
-        let now = now.as_micros().max(at);
+        let now = now.as_micros();
         if now >= until {
             return None;
         }
+        #[cfg(test)]
+        ANSWERS.with(|n| n.set(n.get() + 1));
         Some(Decision::memo_denial(
             until - now,
             full_at.saturating_sub(now),
@@ -113,19 +126,16 @@ impl DenialMemo {
         }
     }
 
-    /// Writes the denial `d` of `id` at `now` (µs) into an empty or expired memo.
+    /// Writes the denial `d` of `id` at `now` (µs) into an empty or expired memo, if both of its
+    /// instants are within the algorithms' time range.
     #[inline(never)]
     fn record(&self, hint: &AtomicU64, id: u64, now: u64, d: &Decision) {
-        if self.until.load(Ordering::Relaxed) > now {
+        let until = now.saturating_add(d.retry_after_micros());
+        let full_at = now.saturating_add(d.reset_after_micros());
+        if self.until.load(Ordering::Relaxed) > now || until > MAX_TIME || full_at > MAX_TIME {
             return;
         }
-        self.write(
-            id,
-            now,
-            now.saturating_add(d.retry_after_micros()),
-            now.saturating_add(d.reset_after_micros()),
-            d,
-        );
+        self.write(id, until, full_at, d);
         hint.store(id, Ordering::Relaxed);
     }
 
@@ -134,17 +144,16 @@ impl DenialMemo {
     pub(super) fn clear(&self, hint: &AtomicU64) {
         if self.id.load(Ordering::Relaxed) != 0 {
             hint.store(0, Ordering::Relaxed);
-            self.write(0, 0, 0, 0, &Decision::memo_denial(0, 0, 0, 0));
+            self.write(0, 0, 0, &Decision::memo_denial(0, 0, 0, 0));
         }
     }
 
-    fn write(&self, id: u64, at: u64, until: u64, full_at: u64, d: &Decision) {
+    fn write(&self, id: u64, until: u64, full_at: u64, d: &Decision) {
         let seq = self.seq.load(Ordering::Relaxed);
         self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
         // Orders the odd `seq` before the fields: a reader that sees any new field sees it.
         fence(Ordering::Release);
         self.id.store(id, Ordering::Relaxed);
-        self.at.store(at, Ordering::Relaxed);
         self.until.store(until, Ordering::Relaxed);
         self.full_at.store(full_at, Ordering::Relaxed);
         self.limit.store(d.limit(), Ordering::Relaxed);
@@ -188,11 +197,6 @@ mod tests {
         assert_eq!(
             memo.denial(7, Timestamp::from_micros(120)),
             Some(denial(30, 880))
-        );
-        // A clock reading before the memo's time counts at the memo's time.
-        assert_eq!(
-            memo.denial(7, Timestamp::from_micros(90)),
-            Some(denial(50, 900))
         );
         assert_eq!(memo.denial(8, Timestamp::from_micros(120)), None);
         assert_eq!(memo.denial(7, Timestamp::from_micros(150)), None);
