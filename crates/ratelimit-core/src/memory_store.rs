@@ -195,9 +195,10 @@ impl<C: Clock> MemoryStore<C> {
     #[inline(never)]
     fn check_memo(&self, shard: usize, id: u64, limit: &Limit) -> Decision {
         let now = self.clock.now();
-        let latest = Timestamp::from_micros(self.shards[shard].latest.load(Ordering::Relaxed));
+        let memo = &self.memos[shard];
+        let latest = memo.latest();
         if now <= latest
-            && let Some(d) = self.memos[shard].denial(id, latest)
+            && let Some(d) = memo.denial(id, latest)
         {
             return d;
         }
@@ -218,7 +219,8 @@ impl<C: Clock> MemoryStore<C> {
         let now = self.clock.now();
         for (shard, memo) in self.shards.iter().zip(self.memos.iter()) {
             let mut t = shard.lock();
-            let at = shard.advance(now);
+            let at = t.advance(now);
+            memo.publish_latest(&shard.memo_key, at);
             self.sweep_shard(shard, memo, &mut t, at);
         }
     }
@@ -258,7 +260,13 @@ impl<C> MemoryStore<C> {
         let shard = &self.shards[shard];
         let mut table = shard.lock();
         let table = &mut *table;
-        let now = if monotonic { shard.advance(now) } else { now };
+        let now = if monotonic {
+            let now = table.advance(now);
+            memo.publish_latest(&shard.memo_key, now);
+            now
+        } else {
+            now
+        };
         let decision = self.check_locked(shard, memo, table, id, limit, cost, now);
         memo.after_check(
             &shard.memo_key,
@@ -266,7 +274,8 @@ impl<C> MemoryStore<C> {
             cost,
             now,
             &decision,
-            monotonic && !self.explicit_times.load(Ordering::Relaxed),
+            monotonic,
+            &self.explicit_times,
         );
         decision
     }
@@ -419,9 +428,6 @@ struct Shard {
     /// The key of the shard's denial memo (0: none), read without the lock before the memo
     /// itself, on a line that a check reads anyway (see `denial_memo`).
     memo_key: AtomicU64,
-    /// The latest time a check by the store's clock counted at (see `check_now`), in µs: written
-    /// under the lock, read without it by the denial memo, which counts at it too.
-    latest: AtomicU64,
 }
 
 impl Shard {
@@ -440,19 +446,6 @@ impl Shard {
             .store(table.buckets.as_ptr().cast_mut(), Ordering::Relaxed);
         self.buckets_len
             .store(table.buckets.len(), Ordering::Relaxed);
-    }
-
-    /// Moves the shard's latest time on to `now` if later, and returns it: the time to count at.
-    /// Called with the lock held (the only writer); read without it by the denial memo.
-    #[inline]
-    fn advance(&self, now: Timestamp) -> Timestamp {
-        let latest = self.latest.load(Ordering::Relaxed);
-        if now.as_micros() > latest {
-            self.latest.store(now.as_micros(), Ordering::Relaxed);
-            now
-        } else {
-            Timestamp::from_micros(latest)
-        }
     }
 
     /// Asks for the cache line of `id`'s home bucket, without the lock.
@@ -511,6 +504,8 @@ struct Table {
     big: Vec<Big>,
     free_big: Vec<u64>,
     sweep_at: usize,
+    /// The latest time a check by the store's clock counted at (see `check_now`).
+    latest: Timestamp,
 }
 
 impl Default for Table {
@@ -521,11 +516,21 @@ impl Default for Table {
             big: Vec::new(),
             free_big: Vec::new(),
             sweep_at: MIN_SWEEP,
+            latest: Timestamp::ZERO,
         }
     }
 }
 
 impl Table {
+    /// Moves the shard's latest time on to `now` if later, and returns it: the time to count at.
+    #[inline]
+    fn advance(&mut self, now: Timestamp) -> Timestamp {
+        if now > self.latest {
+            self.latest = now;
+        }
+        self.latest
+    }
+
     #[inline]
     fn home(id: u64, n: usize) -> usize {
         // Lemire's multiply-shift: any table size, no modulo.

@@ -31,7 +31,7 @@
 //! key: a check of any other key touches no line more than before, and does one comparison more.
 //! Where that comparison sits matters on a table larger than the cache: see `check_now`.
 
-use std::sync::atomic::{AtomicU64, Ordering, fence};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering, fence};
 
 use crate::algorithm::MAX_TIME;
 use crate::{Decision, Timestamp};
@@ -59,6 +59,9 @@ pub(super) struct DenialMemo {
     limit: AtomicU64,
     /// The decision's kind and quota index.
     tag: AtomicU64,
+    /// The shard's latest time (µs), published while the memo names a key (outside the sequence
+    /// lock: a stale value is an earlier time, at which the answer was right a moment before).
+    latest: AtomicU64,
 }
 
 impl DenialMemo {
@@ -100,6 +103,7 @@ impl DenialMemo {
     /// left no unit is written into an empty or expired memo, if `record` (checks by the store's
     /// own clock; a check at an explicit time never writes it). The caller holds the lock.
     #[inline]
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn after_check(
         &self,
         hint: &AtomicU64,
@@ -108,6 +112,7 @@ impl DenialMemo {
         now: Timestamp,
         d: &Decision,
         record: bool,
+        explicit_times: &AtomicBool,
     ) {
         if d.is_allowed() {
             // By the store's clock an admission of the memo's key comes at or after the end of
@@ -122,19 +127,38 @@ impl DenialMemo {
         // Another key's denial that still stands stays: a second hot key in the shard takes
         // the lock rather than make the two evict each other on every check.
         {
-            self.record(hint, id, now.as_micros(), d);
+            self.record(hint, id, now.as_micros(), d, explicit_times);
+        }
+    }
+
+    /// The shard's latest time, as last published.
+    #[inline]
+    pub(super) fn latest(&self) -> Timestamp {
+        Timestamp::from_micros(self.latest.load(Ordering::Relaxed))
+    }
+
+    /// Publishes the shard's latest time `now` (the caller holds the lock and has just moved it
+    /// on), if the memo names a key: only then is it read, so other shards' checks write nothing.
+    #[inline]
+    pub(super) fn publish_latest(&self, hint: &AtomicU64, now: Timestamp) {
+        if hint.load(Ordering::Relaxed) != 0 {
+            self.latest.store(now.as_micros(), Ordering::Relaxed);
         }
     }
 
     /// Writes the denial `d` of `id` at `now` (µs) into an empty or expired memo, if both of its
     /// instants are within the algorithms' time range.
     #[inline(never)]
-    fn record(&self, hint: &AtomicU64, id: u64, now: u64, d: &Decision) {
+    fn record(&self, hint: &AtomicU64, id: u64, now: u64, d: &Decision, explicit: &AtomicBool) {
+        if explicit.load(Ordering::Relaxed) {
+            return;
+        }
         let until = now.saturating_add(d.retry_after_micros());
         let full_at = now.saturating_add(d.reset_after_micros());
         if self.until.load(Ordering::Relaxed) > now || until > MAX_TIME || full_at > MAX_TIME {
             return;
         }
+        self.latest.store(now, Ordering::Relaxed);
         self.write(id, until, full_at, d);
         hint.store(id, Ordering::Relaxed);
     }
@@ -168,6 +192,21 @@ mod tests {
     use crate::decision::Outcome;
     use std::time::Duration;
 
+    impl DenialMemo {
+        /// `after_check` on a store never checked at an explicit time.
+        fn after_check_t(
+            &self,
+            hint: &AtomicU64,
+            id: u64,
+            cost: u64,
+            now: Timestamp,
+            d: &Decision,
+            record: bool,
+        ) {
+            self.after_check(hint, id, cost, now, d, record, &AtomicBool::new(false));
+        }
+    }
+
     fn denial(retry_us: u64, reset_us: u64) -> Decision {
         Decision::new(
             Outcome::Denied {
@@ -185,7 +224,7 @@ mod tests {
         let memo = DenialMemo::default();
         let hint = AtomicU64::new(0);
         assert_eq!(memo.denial(7, Timestamp::from_micros(0)), None);
-        memo.after_check(
+        memo.after_check_t(
             &hint,
             7,
             1,
@@ -207,9 +246,9 @@ mod tests {
         let memo = DenialMemo::default();
         let hint = AtomicU64::new(0);
         let t = Timestamp::from_micros(100);
-        memo.after_check(&hint, 7, 2, t, &denial(50, 900), true);
+        memo.after_check_t(&hint, 7, 2, t, &denial(50, 900), true);
         assert_eq!(memo.denial(7, t), None);
-        memo.after_check(&hint, 7, 1, t, &denial(50, 900), false);
+        memo.after_check_t(&hint, 7, 1, t, &denial(50, 900), false);
         assert_eq!(memo.denial(7, t), None);
         let left = Decision::new(
             Outcome::Denied {
@@ -220,9 +259,9 @@ mod tests {
             Duration::from_micros(900),
             0,
         );
-        memo.after_check(&hint, 7, 1, t, &left, true);
+        memo.after_check_t(&hint, 7, 1, t, &left, true);
         assert_eq!(memo.denial(7, t), None);
-        memo.after_check(
+        memo.after_check_t(
             &hint,
             7,
             1,
@@ -238,25 +277,25 @@ mod tests {
         let memo = DenialMemo::default();
         let hint = AtomicU64::new(0);
         let t = Timestamp::from_micros;
-        memo.after_check(&hint, 7, 1, t(100), &denial(50, 900), true);
+        memo.after_check_t(&hint, 7, 1, t(100), &denial(50, 900), true);
         assert_eq!(hint.load(Ordering::Relaxed), 7);
         // Another key's denial does not replace one that still stands...
-        memo.after_check(&hint, 8, 1, t(110), &denial(50, 900), true);
+        memo.after_check_t(&hint, 8, 1, t(110), &denial(50, 900), true);
         assert_eq!(hint.load(Ordering::Relaxed), 7);
         // ...nor does an admission clear it: by the store's clock, the key's own cannot come
         // before the denial ends, and an admission at an explicit time of another key is no
         // concern of it.
         let allowed = Decision::new(Outcome::Allowed, 10, 3, Duration::from_micros(5), 0);
-        memo.after_check(&hint, 7, 1, t(150), &allowed, true);
-        memo.after_check(&hint, 8, 1, t(110), &allowed, false);
+        memo.after_check_t(&hint, 7, 1, t(150), &allowed, true);
+        memo.after_check_t(&hint, 8, 1, t(110), &allowed, false);
         assert!(memo.denial(7, t(110)).is_some());
         // An admission of the key at an explicit time (perhaps ahead of the clock) clears it.
-        memo.after_check(&hint, 7, 1, t(110), &allowed, false);
+        memo.after_check_t(&hint, 7, 1, t(110), &allowed, false);
         assert_eq!(hint.load(Ordering::Relaxed), 0);
         assert_eq!(memo.denial(7, t(110)), None);
         // Once it has expired, the next denial takes its place.
-        memo.after_check(&hint, 7, 1, t(100), &denial(50, 900), true);
-        memo.after_check(&hint, 8, 1, t(150), &denial(20, 900), true);
+        memo.after_check_t(&hint, 7, 1, t(100), &denial(50, 900), true);
+        memo.after_check_t(&hint, 8, 1, t(150), &denial(20, 900), true);
         assert_eq!(hint.load(Ordering::Relaxed), 8);
         assert_eq!(memo.denial(8, t(160)), Some(denial(10, 890)));
         memo.clear(&hint);
