@@ -17,7 +17,8 @@
 //! cost of exactly 1 is answered, and only from a denial of cost 1 that left no unit (so that
 //! "remaining" is 0 all along): another cost may have a different wait and binding quota, and
 //! would take the lock as before. The memo answers only a check whose clock reading is not past
-//! the shard's latest time (kept in an atomic for this), and counts at that time, as the lock
+//! the shard's latest time (a copy of which the lock's holder publishes in the memo while it names
+//! a key), and counts at that time, as the lock
 //! would; a check that would move the latest time on takes the lock (the memo writes nothing
 //! shared), which is one check per microsecond of the clock at most. A clock that goes back, or a
 //! core whose clock is behind another's, so gets the lock's answer too.
