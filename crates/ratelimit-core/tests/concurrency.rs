@@ -26,16 +26,21 @@ fn hammer(store: &Arc<MemoryStore<ManualClock>>, limit: &Limit, key: &'static [u
     handles.into_iter().map(|h| h.join().unwrap()).sum()
 }
 
+/// A store with the default settings on `clock`, to share between threads.
+fn store_on(clock: &ManualClock) -> Arc<MemoryStore<ManualClock>> {
+    Arc::new(
+        MemoryStore::builder()
+            .with_clock(clock.clone())
+            .build()
+            .unwrap(),
+    )
+}
+
 #[test]
 fn one_key_admits_exactly_the_capacity() {
     for algorithm in Algorithm::ALL {
         // The clock does not move, so nothing refills: exactly the capacity may pass.
-        let store = Arc::new(
-            MemoryStore::builder()
-                .with_clock(ManualClock::new())
-                .build()
-                .unwrap(),
-        );
+        let store = store_on(&ManualClock::new());
         let limit = Limit::single(algorithm, Quota::per_hour(1_000).unwrap()).unwrap();
         let admitted = hammer(&store, &limit, b"hot");
         assert_eq!(admitted, 1_000, "{algorithm}");
@@ -46,12 +51,7 @@ fn one_key_admits_exactly_the_capacity() {
 fn multi_quota_never_half_consumes_under_contention() {
     for algorithm in Algorithm::ALL {
         let clock = ManualClock::new();
-        let store = Arc::new(
-            MemoryStore::builder()
-                .with_clock(clock.clone())
-                .build()
-                .unwrap(),
-        );
+        let store = store_on(&clock);
         // 700 a minute binds while 1,000 an hour would still have room: every denied request
         // had room in the hour quota, so a half-consuming check would drain it.
         let minute = Quota::per_minute(700).unwrap();
@@ -92,12 +92,7 @@ fn a_denied_key_is_admitted_exactly_as_it_refills_while_time_moves() {
     const TICK: Duration = Duration::from_micros(500);
     for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
         let clock = ManualClock::new();
-        let store = Arc::new(
-            MemoryStore::builder()
-                .with_clock(clock.clone())
-                .build()
-                .unwrap(),
-        );
+        let store = store_on(&clock);
         // 1 unit a millisecond, burst 10: 10 + 200 over the 200 ms the clock moves.
         let quota = Quota::per_second(1_000).unwrap().with_burst(10).unwrap();
         let limit = Limit::single(algorithm, quota).unwrap();

@@ -193,20 +193,8 @@ mod tests {
     use crate::decision::Outcome;
     use std::time::Duration;
 
-    impl DenialMemo {
-        /// `after_check` on a store never checked at an explicit time.
-        fn after_check_t(
-            &self,
-            hint: &AtomicU64,
-            id: u64,
-            cost: u64,
-            now: Timestamp,
-            d: &Decision,
-            record: bool,
-        ) {
-            self.after_check(hint, id, cost, now, d, record, &AtomicBool::new(false));
-        }
-    }
+    /// A store never checked at an explicit time.
+    static NEVER: AtomicBool = AtomicBool::new(false);
 
     fn denial(retry_us: u64, reset_us: u64) -> Decision {
         Decision::new(
@@ -225,13 +213,14 @@ mod tests {
         let memo = DenialMemo::default();
         let hint = AtomicU64::new(0);
         assert_eq!(memo.denial(7, Timestamp::from_micros(0)), None);
-        memo.after_check_t(
+        memo.after_check(
             &hint,
             7,
             1,
             Timestamp::from_micros(100),
             &denial(50, 900),
             true,
+            &NEVER,
         );
         // Later: the waits shortened by the time passed.
         assert_eq!(
@@ -247,9 +236,9 @@ mod tests {
         let memo = DenialMemo::default();
         let hint = AtomicU64::new(0);
         let t = Timestamp::from_micros(100);
-        memo.after_check_t(&hint, 7, 2, t, &denial(50, 900), true);
+        memo.after_check(&hint, 7, 2, t, &denial(50, 900), true, &NEVER);
         assert_eq!(memo.denial(7, t), None);
-        memo.after_check_t(&hint, 7, 1, t, &denial(50, 900), false);
+        memo.after_check(&hint, 7, 1, t, &denial(50, 900), false, &NEVER);
         assert_eq!(memo.denial(7, t), None);
         let left = Decision::new(
             Outcome::Denied {
@@ -260,15 +249,16 @@ mod tests {
             Duration::from_micros(900),
             0,
         );
-        memo.after_check_t(&hint, 7, 1, t, &left, true);
+        memo.after_check(&hint, 7, 1, t, &left, true, &NEVER);
         assert_eq!(memo.denial(7, t), None);
-        memo.after_check_t(
+        memo.after_check(
             &hint,
             7,
             1,
             t,
             &Decision::new(Outcome::Exceeds, 10, 0, Duration::ZERO, 0),
             true,
+            &NEVER,
         );
         assert_eq!(memo.denial(7, t), None);
     }
@@ -278,25 +268,25 @@ mod tests {
         let memo = DenialMemo::default();
         let hint = AtomicU64::new(0);
         let t = Timestamp::from_micros;
-        memo.after_check_t(&hint, 7, 1, t(100), &denial(50, 900), true);
+        memo.after_check(&hint, 7, 1, t(100), &denial(50, 900), true, &NEVER);
         assert_eq!(hint.load(Ordering::Relaxed), 7);
         // Another key's denial does not replace one that still stands...
-        memo.after_check_t(&hint, 8, 1, t(110), &denial(50, 900), true);
+        memo.after_check(&hint, 8, 1, t(110), &denial(50, 900), true, &NEVER);
         assert_eq!(hint.load(Ordering::Relaxed), 7);
         // ...nor does an admission clear it: by the store's clock, the key's own cannot come
         // before the denial ends, and an admission at an explicit time of another key is no
         // concern of it.
         let allowed = Decision::new(Outcome::Allowed, 10, 3, Duration::from_micros(5), 0);
-        memo.after_check_t(&hint, 7, 1, t(150), &allowed, true);
-        memo.after_check_t(&hint, 8, 1, t(110), &allowed, false);
+        memo.after_check(&hint, 7, 1, t(150), &allowed, true, &NEVER);
+        memo.after_check(&hint, 8, 1, t(110), &allowed, false, &NEVER);
         assert!(memo.denial(7, t(110)).is_some());
         // An admission of the key at an explicit time (perhaps ahead of the clock) clears it.
-        memo.after_check_t(&hint, 7, 1, t(110), &allowed, false);
+        memo.after_check(&hint, 7, 1, t(110), &allowed, false, &NEVER);
         assert_eq!(hint.load(Ordering::Relaxed), 0);
         assert_eq!(memo.denial(7, t(110)), None);
         // Once it has expired, the next denial takes its place.
-        memo.after_check_t(&hint, 7, 1, t(100), &denial(50, 900), true);
-        memo.after_check_t(&hint, 8, 1, t(150), &denial(20, 900), true);
+        memo.after_check(&hint, 7, 1, t(100), &denial(50, 900), true, &NEVER);
+        memo.after_check(&hint, 8, 1, t(150), &denial(20, 900), true, &NEVER);
         assert_eq!(hint.load(Ordering::Relaxed), 8);
         assert_eq!(memo.denial(8, t(160)), Some(denial(10, 890)));
         memo.clear(&hint);
