@@ -196,6 +196,11 @@ impl<C: Clock> MemoryStore<C> {
     fn check_memo(&self, shard: usize, id: u64, limit: &Limit) -> Decision {
         let now = self.clock.now();
         let memo = &self.memos[shard];
+        // Acquire: the memo's latest time is then at least the one it was written at (its
+        // writer publishes the key last, with Release).
+        if self.shards[shard].memo_key.load(Ordering::Acquire) != id {
+            return self.check_id(shard, id, limit, 1, now, true);
+        }
         let latest = memo.latest();
         if now <= latest
             && let Some(d) = memo.denial(id, latest)

@@ -161,7 +161,8 @@ impl DenialMemo {
         }
         self.latest.store(now, Ordering::Relaxed);
         self.write(id, until, full_at, d);
-        hint.store(id, Ordering::Relaxed);
+        // Release: a reader that sees the key (with Acquire) sees this memo's latest time.
+        hint.store(id, Ordering::Release);
     }
 
     /// Empties the memo (the caller holds the lock): for a sweep or an eviction, which may drop
