@@ -321,7 +321,7 @@ impl<S, C> Shared<S, C> {
         } else if e.granted > 0
             && e.granted == e.fetched_for
             && e.remaining > 0
-            && now - e.sent.min(now) < e.expires.saturating_sub(e.sent).saturating_mul(2)
+            && now.saturating_sub(e.sent) < e.expires.saturating_sub(e.sent).saturating_mul(2)
         {
             // A lease of only the cost of the check that fetched it (a key's first is one unit),
             // the store had units left beyond it, and the key is back within the lifetime of a

@@ -279,7 +279,6 @@ impl<C> MemoryStore<C> {
             cost,
             now,
             &decision,
-            monotonic,
             &self.explicit_times,
         );
         decision

@@ -99,12 +99,12 @@ impl DenialMemo {
     }
 
     /// Keeps the memo in step with a decision for `id` made under the shard's lock at `now` (the
-    /// time it counted at): an admission of the memo's key at an explicit time (not `record`)
-    /// clears it; a denial of cost 1 that
-    /// left no unit is written into an empty or expired memo, if `record` (checks by the store's
-    /// own clock; a check at an explicit time never writes it). The caller holds the lock.
+    /// time it counted at): a denial of cost 1 that left no unit is written into an empty or
+    /// expired memo, unless the store has been checked at an explicit time. An admission needs
+    /// nothing: by the store's clock, an admission of the memo's key comes at or after the end of
+    /// its denial, when the memo no longer answers (and `check_at`, whose admission may come from
+    /// the future, empties every memo and stops their writing first). The caller holds the lock.
     #[inline]
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn after_check(
         &self,
         hint: &AtomicU64,
@@ -112,22 +112,12 @@ impl DenialMemo {
         cost: u64,
         now: Timestamp,
         d: &Decision,
-        record: bool,
         explicit_times: &AtomicBool,
     ) {
         if d.is_allowed() {
-            // By the store's clock an admission of the memo's key comes at or after the end of
-            // its denial, when the memo no longer answers: nothing to do (and nothing to read,
-            // on the path of every admission). At an explicit time it may come from the future.
-            if !record && hint.load(Ordering::Relaxed) == id {
-                self.clear(hint);
-            }
             return;
         }
-        if record && cost == 1 && d.remaining() == 0 && d.can_ever_pass()
-        // Another key's denial that still stands stays: a second hot key in the shard takes
-        // the lock rather than make the two evict each other on every check.
-        {
+        if cost == 1 && d.remaining() == 0 && d.can_ever_pass() {
             self.record(hint, id, now.as_micros(), d, explicit_times);
         }
     }
@@ -147,8 +137,10 @@ impl DenialMemo {
         }
     }
 
-    /// Writes the denial `d` of `id` at `now` (µs) into an empty or expired memo, if both of its
-    /// instants are within the algorithms' time range.
+    /// Writes the denial `d` of `id` at `now` (µs) into an empty or expired memo (another key's
+    /// denial that still stands stays: a second hot key in the shard takes the lock rather than
+    /// make the two evict each other on every check), if both of its instants are within the
+    /// algorithms' time range.
     #[inline(never)]
     fn record(&self, hint: &AtomicU64, id: u64, now: u64, d: &Decision, explicit: &AtomicBool) {
         if explicit.load(Ordering::Relaxed) {
@@ -196,6 +188,8 @@ mod tests {
 
     /// A store never checked at an explicit time.
     static NEVER: AtomicBool = AtomicBool::new(false);
+    /// A store checked at an explicit time.
+    static EXPLICIT: AtomicBool = AtomicBool::new(true);
 
     fn denial(retry_us: u64, reset_us: u64) -> Decision {
         Decision::new(
@@ -220,7 +214,6 @@ mod tests {
             1,
             Timestamp::from_micros(100),
             &denial(50, 900),
-            true,
             &NEVER,
         );
         // Later: the waits shortened by the time passed.
@@ -237,9 +230,9 @@ mod tests {
         let memo = DenialMemo::default();
         let hint = AtomicU64::new(0);
         let t = Timestamp::from_micros(100);
-        memo.after_check(&hint, 7, 2, t, &denial(50, 900), true, &NEVER);
+        memo.after_check(&hint, 7, 2, t, &denial(50, 900), &NEVER);
         assert_eq!(memo.denial(7, t), None);
-        memo.after_check(&hint, 7, 1, t, &denial(50, 900), false, &NEVER);
+        memo.after_check(&hint, 7, 1, t, &denial(50, 900), &EXPLICIT);
         assert_eq!(memo.denial(7, t), None);
         let left = Decision::new(
             Outcome::Denied {
@@ -250,7 +243,7 @@ mod tests {
             Duration::from_micros(900),
             0,
         );
-        memo.after_check(&hint, 7, 1, t, &left, true, &NEVER);
+        memo.after_check(&hint, 7, 1, t, &left, &NEVER);
         assert_eq!(memo.denial(7, t), None);
         memo.after_check(
             &hint,
@@ -258,36 +251,33 @@ mod tests {
             1,
             t,
             &Decision::new(Outcome::Exceeds, 10, 0, Duration::ZERO, 0),
-            true,
             &NEVER,
         );
         assert_eq!(memo.denial(7, t), None);
     }
 
     #[test]
-    fn another_key_waits_its_turn_and_an_admission_at_an_explicit_time_clears_it() {
+    fn another_key_waits_its_turn_and_an_admission_leaves_it() {
         let memo = DenialMemo::default();
         let hint = AtomicU64::new(0);
         let t = Timestamp::from_micros;
-        memo.after_check(&hint, 7, 1, t(100), &denial(50, 900), true, &NEVER);
+        memo.after_check(&hint, 7, 1, t(100), &denial(50, 900), &NEVER);
         assert_eq!(hint.load(Ordering::Relaxed), 7);
         // Another key's denial does not replace one that still stands...
-        memo.after_check(&hint, 8, 1, t(110), &denial(50, 900), true, &NEVER);
+        memo.after_check(&hint, 8, 1, t(110), &denial(50, 900), &NEVER);
         assert_eq!(hint.load(Ordering::Relaxed), 7);
         // ...nor does an admission clear it: by the store's clock, the key's own cannot come
-        // before the denial ends, and an admission at an explicit time of another key is no
-        // concern of it.
+        // before the denial ends (and a store checked at explicit times writes no memo).
         let allowed = Decision::new(Outcome::Allowed, 10, 3, Duration::from_micros(5), 0);
-        memo.after_check(&hint, 7, 1, t(150), &allowed, true, &NEVER);
-        memo.after_check(&hint, 8, 1, t(110), &allowed, false, &NEVER);
+        memo.after_check(&hint, 7, 1, t(150), &allowed, &NEVER);
+        memo.after_check(&hint, 8, 1, t(110), &allowed, &NEVER);
         assert!(memo.denial(7, t(110)).is_some());
-        // An admission of the key at an explicit time (perhaps ahead of the clock) clears it.
-        memo.after_check(&hint, 7, 1, t(110), &allowed, false, &NEVER);
+        memo.clear(&hint);
         assert_eq!(hint.load(Ordering::Relaxed), 0);
         assert_eq!(memo.denial(7, t(110)), None);
         // Once it has expired, the next denial takes its place.
-        memo.after_check(&hint, 7, 1, t(100), &denial(50, 900), true, &NEVER);
-        memo.after_check(&hint, 8, 1, t(150), &denial(20, 900), true, &NEVER);
+        memo.after_check(&hint, 7, 1, t(100), &denial(50, 900), &NEVER);
+        memo.after_check(&hint, 8, 1, t(150), &denial(20, 900), &NEVER);
         assert_eq!(hint.load(Ordering::Relaxed), 8);
         assert_eq!(memo.denial(8, t(160)), Some(denial(10, 890)));
         memo.clear(&hint);

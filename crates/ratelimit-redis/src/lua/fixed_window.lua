@@ -52,8 +52,8 @@ if N == 1 then
 end
 
 --@helpers
-local consider, b, load_numbers, store_numbers, ttl_ms = helpers()
-local st, exists = load_numbers(key, 2 * N)
+local consider, b, load_numbers, store_numbers = helpers()
+local st = load_numbers(key, 2 * N)
 local new = {}
 local fresh_after = 0
 for i = 1, N do

@@ -40,7 +40,7 @@ if N == 1 then
 end
 
 --@helpers
-local consider, b, load_numbers, store_numbers, ttl_ms = helpers()
+local consider, b, load_numbers, store_numbers = helpers()
 local st, exists = load_numbers(key, 2 * N)
 local new = {}
 local fresh_after = 0
