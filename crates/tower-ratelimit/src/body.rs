@@ -20,10 +20,12 @@
 //! ```
 
 use std::fmt;
+use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use bytes::Bytes;
+use http::Response;
 use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
@@ -45,6 +47,17 @@ pub trait BodyMode<B>: private::Sealed + Send + Sync + 'static {
     /// A complete body the layer wrote.
     #[doc(hidden)]
     fn full(data: Bytes) -> Self::Body;
+
+    /// The inner service's future polled, its response's body made this mode's. For
+    /// [`SameBody`] this is the inner future's answer as it is, written straight into the
+    /// caller's place instead of moved out and back (a copy of the whole response).
+    #[doc(hidden)]
+    fn poll_inner<F, E>(
+        fut: Pin<&mut F>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Response<Self::Body>, E>>
+    where
+        F: Future<Output = Result<Response<B>, E>>;
 }
 
 mod private {
@@ -73,6 +86,18 @@ where
     fn full(data: Bytes) -> ResponseBody<B> {
         ResponseBody::full(data)
     }
+
+    #[inline]
+    fn poll_inner<F, E>(
+        fut: Pin<&mut F>,
+        cx: &mut Context<'_>,
+    ) -> Poll<Result<Response<Self::Body>, E>>
+    where
+        F: Future<Output = Result<Response<B>, E>>,
+    {
+        fut.poll(cx)
+            .map_ok(|response| response.map(ResponseBody::inner))
+    }
 }
 
 /// Responses keep the inner service's body type `B`, and the layer's own bodies are made with
@@ -97,6 +122,14 @@ where
 
     fn full(data: Bytes) -> B {
         B::from(data)
+    }
+
+    #[inline]
+    fn poll_inner<F, E>(fut: Pin<&mut F>, cx: &mut Context<'_>) -> Poll<Result<Response<B>, E>>
+    where
+        F: Future<Output = Result<Response<B>, E>>,
+    {
+        fut.poll(cx)
     }
 }
 

@@ -215,6 +215,8 @@ pub struct ClientIp {
     trusted: Arc<[IpNet]>,
     header: ForwardedHeader,
     ipv4_prefix: u8,
+    /// `ipv4_prefix` as a mask of the address's bits (set once, not worked out per request).
+    ipv4_mask: u32,
     ipv6_prefix: u8,
     max_hops: usize,
 }
@@ -235,6 +237,7 @@ impl ClientIp {
             trusted: Arc::from(Vec::new()),
             header: ForwardedHeader::XForwardedFor,
             ipv4_prefix: 32,
+            ipv4_mask: u32::MAX,
             ipv6_prefix: 64,
             max_hops: DEFAULT_MAX_HOPS,
         }
@@ -301,6 +304,7 @@ impl ClientIp {
             return Err(ClientIpError::Ipv4PrefixOutOfRange(len));
         }
         self.ipv4_prefix = len;
+        self.ipv4_mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
         Ok(self)
     }
 
@@ -413,10 +417,7 @@ impl ClientIp {
     /// The IPv4 part of [`mask`](Self::mask).
     #[inline]
     pub(crate) fn mask_v4(&self, v4: Ipv4Addr) -> Ipv4Addr {
-        let mask = u32::MAX
-            .checked_shl(32 - u32::from(self.ipv4_prefix))
-            .unwrap_or(0);
-        Ipv4Addr::from(u32::from(v4) & mask)
+        Ipv4Addr::from(u32::from(v4) & self.ipv4_mask)
     }
 
     /// The right-to-left walk over hops (nearest proxy's entry first), from
@@ -1361,8 +1362,21 @@ mod tests {
         assert_eq!(c.resolve(v4, &HeaderMap::new()), v4);
         let c24 = c.clone().ipv4_prefix(24).unwrap();
         assert_eq!(c24.resolve(v4, &HeaderMap::new()), ip("192.0.2.0"));
-        let c0 = c.ipv4_prefix(0).unwrap();
+        let c0 = c.clone().ipv4_prefix(0).unwrap();
         assert_eq!(c0.resolve(v4, &HeaderMap::new()), ip("0.0.0.0"));
+        // Every prefix keeps exactly its leading bits (the mask is set when the prefix is).
+        for len in 0..=32u8 {
+            let kept = u32::from(
+                c.clone()
+                    .ipv4_prefix(len)
+                    .unwrap()
+                    .mask_v4(Ipv4Addr::BROADCAST),
+            );
+            assert_eq!(
+                (kept.leading_ones(), kept.count_ones()),
+                (len.into(), len.into())
+            );
+        }
         // Trust is checked on the exact address, before grouping.
         let one = ClientIp::behind_proxies(["2001:db8:1:2::1", PROXY]).unwrap();
         let h = xff(&["2001:db8:1:2::2, 2001:db8:1:2::1"]);

@@ -99,9 +99,7 @@ where
         match this.kind.project() {
             // Nothing to add (no fields, no verdict): the inner future's answer as it is, without
             // moving it through `Post`.
-            KindProj::Inner { fut } if this.post.is_none() => {
-                fut.poll(cx).map_ok(|response| response.map(M::inner))
-            }
+            KindProj::Inner { fut } if this.post.is_none() => M::poll_inner(fut, cx),
             KindProj::Inner { fut } => {
                 let response = ready!(fut.poll(cx))?;
                 Poll::Ready(Ok(Post::apply_some::<M, B>(this.post.take(), response)))

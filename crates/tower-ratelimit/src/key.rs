@@ -201,6 +201,20 @@ impl KeyBuf {
         }
     }
 
+    /// A copy, made without `Vec::clone`'s call when the bytes are inline.
+    #[inline]
+    pub(crate) fn copy(&self) -> KeyBuf {
+        if self.heap.is_empty() {
+            KeyBuf {
+                inline: self.inline,
+                len: self.len,
+                heap: Vec::new(),
+            }
+        } else {
+            self.clone()
+        }
+    }
+
     /// Forgets everything written after the first `len` bytes.
     pub(crate) fn truncate(&mut self, len: usize) {
         if self.heap.is_empty() {
@@ -680,6 +694,21 @@ impl KeyExtractor for ClientIpKey {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A copy has the same bytes and is independent, inline or on the heap.
+    #[test]
+    fn keybuf_copy_is_a_clone() {
+        for len in [0usize, 5, INLINE, INLINE + 1, 300] {
+            let mut k = KeyBuf::new();
+            k.push(&vec![9u8; len]);
+            let mut c = k.copy();
+            assert_eq!(c.as_bytes(), k.as_bytes());
+            c.push(b"x");
+            assert_eq!(k.len(), len);
+            assert_eq!(c.as_bytes()[..len], *k.as_bytes());
+            assert_eq!(c.as_bytes()[len..], *b"x");
+        }
+    }
 
     #[test]
     fn keybuf_spills_to_the_heap_and_back() {

@@ -121,8 +121,12 @@ pub(crate) struct Rt {
     pub(crate) name: Arc<str>,
     pub(crate) policy: Policy,
     pub(crate) tiers: Box<[Tier]>,
-    /// `<name>\0`: the namespace of extracted keys.
-    pub(crate) prefix: Box<[u8]>,
+    /// A key holding `<name>\0`, the namespace of extracted keys: each request's key starts as
+    /// a copy of it (a copy of the whole buffer took fewer instructions than zeroing one and
+    /// appending the namespace).
+    pub(crate) key_start: KeyBuf,
+    /// Allowed requests get the rate-limit fields (some are on for them, and not a dry run).
+    pub(crate) headers_on_allowed: bool,
     /// `<name>\x01`: the namespace of the shared missing-key key.
     pub(crate) shared_prefix: Box<[u8]>,
     pub(crate) bodies: Bodies,
@@ -175,15 +179,17 @@ impl Rt {
                 prepared: Prepared::new(&name, limit),
             });
         }
-        let mut prefix = name.as_bytes().to_vec();
-        prefix.push(0);
+        let mut key_start = KeyBuf::new();
+        key_start.push(name.as_bytes());
+        key_start.push(&[0]);
         let mut shared_prefix = name.as_bytes().to_vec();
         shared_prefix.push(1);
         Ok(Rt {
             bodies: Bodies::new(&name, policy.body.clone()),
             metrics: Metrics::new(&name),
             tiers: tiers.into_boxed_slice(),
-            prefix: prefix.into_boxed_slice(),
+            key_start,
+            headers_on_allowed: policy.headers.any_on_allowed() && !policy.dry_run,
             shared_prefix: shared_prefix.into_boxed_slice(),
             name,
             policy,
@@ -281,8 +287,7 @@ impl<St: Store> Shared<St> {
         let rt = &self.rt;
         rt.metrics.decision(kind);
         let headers = matches!(kind, VerdictKind::Allowed | VerdictKind::FallbackAllowed)
-            && rt.policy.headers.any_on_allowed()
-            && !rt.policy.dry_run;
+            && rt.headers_on_allowed;
         let verdict = rt.policy.verdict;
         if !(headers || verdict) {
             // Nothing to add: no reference to the policy travels with the request, and no field
@@ -564,8 +569,7 @@ where
         }
 
         let tier = rt.tier_for(parts);
-        let mut key = KeyBuf::new();
-        key.push(&rt.prefix);
+        let mut key = rt.key_start.copy();
         if rt.policy.key.extract(parts, &mut key).is_err()
             && let Some(step) = self.missing_key(tier, &mut key)
         {
