@@ -383,18 +383,7 @@ fn reset_secs(d: &Decision) -> u64 {
 
 /// Appends the decimal digits of `n`.
 fn push_u64(out: &mut Vec<u8>, n: u64) {
-    let mut buf = [0u8; 20];
-    let mut i = buf.len();
-    let mut n = n;
-    loop {
-        i -= 1;
-        buf[i] = b'0' + (n % 10) as u8;
-        n /= 10;
-        if n == 0 {
-            break;
-        }
-    }
-    out.extend_from_slice(&buf[i..]);
+    out.extend_from_slice(itoa::Buffer::new().format(n).as_bytes());
 }
 
 /// The decimal digits of 0 to 999, each written once: `0123456789101112...999`.
@@ -433,67 +422,9 @@ fn number(n: u64) -> HeaderValue {
         0..=9 => (n as usize, 1),
         10..=99 => (10 + (n as usize - 10) * 2, 2),
         100..=999 => (190 + (n as usize - 100) * 3, 3),
-        _ => {
-            let mut buf = StackBuf::new();
-            buf.push_u64(n);
-            return buf.header_value();
-        }
+        _ => return HeaderValue::from(n),
     };
     HeaderValue::from_static(&DIGITS[start..start + len])
-}
-
-/// A small buffer on the stack for building a header value with one allocation.
-struct StackBuf {
-    buf: [u8; 160],
-    len: usize,
-    spill: Vec<u8>,
-}
-
-impl StackBuf {
-    fn new() -> Self {
-        StackBuf {
-            buf: [0; 160],
-            len: 0,
-            spill: Vec::new(),
-        }
-    }
-
-    fn push(&mut self, bytes: &[u8]) {
-        if self.spill.is_empty() && self.len + bytes.len() <= self.buf.len() {
-            self.buf[self.len..self.len + bytes.len()].copy_from_slice(bytes);
-            self.len += bytes.len();
-            return;
-        }
-        if self.spill.is_empty() {
-            self.spill.extend_from_slice(&self.buf[..self.len]);
-        }
-        self.spill.extend_from_slice(bytes);
-    }
-
-    fn push_u64(&mut self, n: u64) {
-        let mut digits = [0u8; 20];
-        let mut i = digits.len();
-        let mut n = n;
-        loop {
-            i -= 1;
-            digits[i] = b'0' + (n % 10) as u8;
-            n /= 10;
-            if n == 0 {
-                break;
-            }
-        }
-        self.push(&digits[i..]);
-    }
-
-    fn header_value(&self) -> HeaderValue {
-        let bytes = if self.spill.is_empty() {
-            &self.buf[..self.len]
-        } else {
-            &self.spill[..]
-        };
-        // Only printable ASCII is ever written (names are checked by `Policy::new`).
-        HeaderValue::from_bytes(bytes).unwrap_or_else(|_| HeaderValue::from_static(""))
-    }
 }
 
 fn push_sf_string(out: &mut Vec<u8>, s: &str) {
@@ -557,12 +488,20 @@ impl Prepared {
             .get(d.quota_index())
             .or_else(|| self.items.first())
             .map_or(&[][..], |b| &b[..]);
-        let mut v = StackBuf::new();
-        v.push(item);
-        v.push_u64(d.remaining().min(SF_INTEGER_MAX));
-        v.push(b";t=");
-        v.push_u64(reset_secs(d).min(SF_INTEGER_MAX));
-        v.header_value()
+        let mut r = itoa::Buffer::new();
+        let r = r.format(d.remaining().min(SF_INTEGER_MAX)).as_bytes();
+        let mut t = itoa::Buffer::new();
+        let t = t.format(reset_secs(d).min(SF_INTEGER_MAX)).as_bytes();
+        // Built at its exact length, so that `Bytes` takes the vector as it is (a copy through a
+        // stack buffer measured 46 instructions more).
+        let mut v = Vec::with_capacity(item.len() + r.len() + 3 + t.len());
+        v.extend_from_slice(item);
+        v.extend_from_slice(r);
+        v.extend_from_slice(b";t=");
+        v.extend_from_slice(t);
+        // Only printable ASCII is ever written (names are checked by `Policy::new`).
+        HeaderValue::from_maybe_shared(Bytes::from(v))
+            .unwrap_or_else(|_| HeaderValue::from_static(""))
     }
 
     /// Adds the rate-limit fields of `mode` for `d`, leaving any already set.
