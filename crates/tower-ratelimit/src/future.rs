@@ -4,7 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 
 use http::Response;
 use pin_project_lite::pin_project;
@@ -100,9 +100,17 @@ where
             // Nothing to add (no fields, no verdict): the inner future's answer as it is, without
             // moving it through `Post`.
             KindProj::Inner { fut } if this.post.is_none() => M::poll_inner(fut, cx),
+            // The response is made this mode's where the inner future writes it, and the fields
+            // and verdict are added to it there (no move of the response through `Post`).
             KindProj::Inner { fut } => {
-                let response = ready!(fut.poll(cx))?;
-                Poll::Ready(Ok(Post::apply_some::<M, B>(this.post.take(), response)))
+                let mut out = M::poll_inner(fut, cx);
+                // Taken only with the response: a pending poll keeps it for the next.
+                if let Poll::Ready(Ok(response)) = &mut out
+                    && let Some(post) = this.post.take()
+                {
+                    post.apply_to(response);
+                }
+                out
             }
             KindProj::Ready { response } => Poll::Ready(Ok(response
                 .take()

@@ -250,6 +250,12 @@ impl fmt::Debug for Post {
 impl Post {
     pub(crate) fn apply<M: BodyMode<B>, B>(self, response: Response<B>) -> Response<M::Body> {
         let mut response = response.map(M::inner);
+        self.apply_to(&mut response);
+        response
+    }
+
+    /// Adds the headers and the verdict to `response` where it is.
+    pub(crate) fn apply_to<R>(self, response: &mut Response<R>) {
         if let (true, Some(d)) = (self.headers, &self.decision) {
             let fallback = self.kind == VerdictKind::FallbackAllowed;
             self.rt.tiers[self.tier].prepared(fallback).write(
@@ -266,7 +272,6 @@ impl Post {
                 .extensions_mut()
                 .insert(Verdict::new(self.rt, self.kind, self.decision));
         }
-        response
     }
 
     /// `response` with what `post` adds, if anything.

@@ -400,3 +400,32 @@ async fn same_body_on_an_axum_router_answers_with_axum_bodies() {
     assert_eq!(res.status(), 200);
     assert_eq!(body_text(res).await, "ok");
 }
+
+/// The fields and the verdict are added when the inner service answers, even if its future is
+/// pending at first (they wait in the response future across its polls), in either body mode.
+#[tokio::test]
+async fn an_inner_future_that_waits_still_gets_the_fields_and_the_verdict() {
+    // A handler whose future is pending on its first poll.
+    let waits = || async {
+        tokio::task::yield_now().await;
+        "ok"
+    };
+    let (_clock, store) = store();
+    let policy = Policy::new("api", five_a_minute()).unwrap();
+    let layer = RateLimitLayer::new(store, policy).unwrap();
+    let wrapped = Router::new().route("/", get(waits)).layer(layer.clone());
+    let same = Router::new()
+        .route("/", get(waits))
+        .layer(layer.same_body());
+    for (i, app) in [wrapped, same].iter().enumerate() {
+        let res = send(app, request("/")).await;
+        assert_eq!(res.status(), 200);
+        assert_eq!(header(&res, "ratelimit-policy"), Some("\"api\";q=5;w=60"));
+        // The two routers share the layer's limit: one token each.
+        let expected = format!("\"api\";r={};t={}", 4 - i, 12 * (i + 1));
+        assert_eq!(header(&res, "ratelimit"), Some(expected.as_str()));
+        let verdict = res.extensions().get::<Verdict>().unwrap();
+        assert_eq!(verdict.kind(), VerdictKind::Allowed);
+        assert_eq!(body_text(res).await, "ok");
+    }
+}
