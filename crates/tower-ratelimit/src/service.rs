@@ -127,6 +127,8 @@ pub(crate) struct Rt {
     pub(crate) key_start: KeyBuf,
     /// Allowed requests get the rate-limit fields (some are on for them, and not a dry run).
     pub(crate) headers_on_allowed: bool,
+    /// Allowed requests get neither the fields nor the verdict: nothing travels with them.
+    pub(crate) nothing_on_allowed: bool,
     /// `<name>\x01`: the namespace of the shared missing-key key.
     pub(crate) shared_prefix: Box<[u8]>,
     pub(crate) bodies: Bodies,
@@ -190,6 +192,8 @@ impl Rt {
             tiers: tiers.into_boxed_slice(),
             key_start,
             headers_on_allowed: policy.headers.any_on_allowed() && !policy.dry_run,
+            nothing_on_allowed: !(policy.headers.any_on_allowed() && !policy.dry_run)
+                && !policy.verdict,
             shared_prefix: shared_prefix.into_boxed_slice(),
             name,
             policy,
@@ -291,10 +295,16 @@ impl<St: Store> Shared<St> {
     fn forward<W>(&self, kind: VerdictKind, decision: Option<Decision>, tier: usize) -> Step<W> {
         let rt = &self.rt;
         rt.metrics.decision(kind);
-        let headers = matches!(kind, VerdictKind::Allowed | VerdictKind::FallbackAllowed)
-            && rt.headers_on_allowed;
+        let allowed = matches!(kind, VerdictKind::Allowed | VerdictKind::FallbackAllowed);
+        let headers = allowed && rt.headers_on_allowed;
         let verdict = rt.policy.verdict;
-        if !(headers || verdict) {
+        // One flag for the allowed path (the two it stands for took eight instructions).
+        let nothing = if allowed {
+            rt.nothing_on_allowed
+        } else {
+            !verdict
+        };
+        if nothing {
             // Nothing to add: no reference to the policy travels with the request, and no field
             // of a `Post` is written (`bool::then` wrote them all, then the `None`).
             return Step::Forward(None);
