@@ -181,6 +181,7 @@ impl Rt {
                 prepared: Prepared::new(&name, limit),
             });
         }
+        let headers_on_allowed = policy.headers.any_on_allowed() && !policy.dry_run;
         let mut key_start = KeyBuf::new();
         key_start.push(name.as_bytes());
         key_start.push(&[0]);
@@ -191,9 +192,8 @@ impl Rt {
             metrics: Metrics::new(&name),
             tiers: tiers.into_boxed_slice(),
             key_start,
-            headers_on_allowed: policy.headers.any_on_allowed() && !policy.dry_run,
-            nothing_on_allowed: !(policy.headers.any_on_allowed() && !policy.dry_run)
-                && !policy.verdict,
+            headers_on_allowed,
+            nothing_on_allowed: !headers_on_allowed && !policy.verdict,
             shared_prefix: shared_prefix.into_boxed_slice(),
             name,
             policy,
