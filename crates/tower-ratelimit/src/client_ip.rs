@@ -214,9 +214,9 @@ pub enum ClientIpError {
 pub struct ClientIp {
     trusted: Arc<[IpNet]>,
     header: ForwardedHeader,
-    ipv4_prefix: u8,
-    /// `ipv4_prefix` as a mask of the address's bits (set once, not worked out per request).
-    ipv4_mask: u32,
+    /// The IPv4 grouping prefix as a mask (`255.255.255.0` for /24): made when the prefix is
+    /// set, not worked out per request.
+    ipv4_mask: Ipv4Addr,
     ipv6_prefix: u8,
     max_hops: usize,
 }
@@ -236,8 +236,7 @@ impl ClientIp {
         Self {
             trusted: Arc::from(Vec::new()),
             header: ForwardedHeader::XForwardedFor,
-            ipv4_prefix: 32,
-            ipv4_mask: u32::MAX,
+            ipv4_mask: Ipv4Addr::BROADCAST,
             ipv6_prefix: 64,
             max_hops: DEFAULT_MAX_HOPS,
         }
@@ -303,8 +302,7 @@ impl ClientIp {
         if len > 32 {
             return Err(ClientIpError::Ipv4PrefixOutOfRange(len));
         }
-        self.ipv4_prefix = len;
-        self.ipv4_mask = u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0);
+        self.ipv4_mask = Ipv4Addr::from(u32::MAX.checked_shl(32 - u32::from(len)).unwrap_or(0));
         Ok(self)
     }
 
@@ -417,7 +415,7 @@ impl ClientIp {
     /// The IPv4 part of [`mask`](Self::mask).
     #[inline]
     pub(crate) fn mask_v4(&self, v4: Ipv4Addr) -> Ipv4Addr {
-        Ipv4Addr::from(u32::from(v4) & self.ipv4_mask)
+        Ipv4Addr::from(v4.to_bits() & self.ipv4_mask.to_bits())
     }
 
     /// The right-to-left walk over hops (nearest proxy's entry first), from
