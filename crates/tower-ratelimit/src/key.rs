@@ -121,7 +121,6 @@ const INLINE: usize = 64;
 /// A key being built. Short keys live on the stack; longer ones move to the heap.
 ///
 /// Extractors append bytes with [`push`](KeyBuf::push) (or any [`KeyPart`]).
-#[derive(Clone)]
 pub struct KeyBuf {
     inline: [u8; INLINE],
     len: usize,
@@ -201,34 +200,6 @@ impl KeyBuf {
         }
     }
 
-    /// A copy, made without `Vec::clone`'s call when the bytes are inline; on the heap, with room
-    /// to grow as `push` would have left it (one allocation for the key, not two).
-    #[inline]
-    pub(crate) fn copy(&self) -> KeyBuf {
-        if self.heap.is_empty() {
-            KeyBuf {
-                inline: self.inline,
-                len: self.len,
-                heap: Vec::new(),
-            }
-        } else {
-            self.copy_heap()
-        }
-    }
-
-    /// [`copy`](Self::copy) of a key on the heap (a namespace of 64 bytes or more). Out of line:
-    /// inlined, it made the inline case 12 instructions longer.
-    #[inline(never)]
-    fn copy_heap(&self) -> KeyBuf {
-        let mut heap = Vec::with_capacity(self.heap.len().max(2 * INLINE));
-        heap.extend_from_slice(&self.heap);
-        KeyBuf {
-            inline: self.inline,
-            len: self.len,
-            heap,
-        }
-    }
-
     /// Forgets everything written after the first `len` bytes.
     pub(crate) fn truncate(&mut self, len: usize) {
         if self.heap.is_empty() {
@@ -238,6 +209,39 @@ impl KeyBuf {
             if self.heap.is_empty() {
                 self.len = 0;
             }
+        }
+    }
+}
+
+/// A copy made without `Vec::clone`'s call when the bytes are inline (every request's key starts
+/// as a clone of its policy's namespace); on the heap, with room to grow as `push` would have
+/// left it (one allocation for the key, not two).
+impl Clone for KeyBuf {
+    #[inline]
+    fn clone(&self) -> KeyBuf {
+        if self.heap.is_empty() {
+            KeyBuf {
+                inline: self.inline,
+                len: self.len,
+                heap: Vec::new(),
+            }
+        } else {
+            self.clone_heap()
+        }
+    }
+}
+
+impl KeyBuf {
+    /// [`clone`](Clone::clone) of a key on the heap (a namespace of 64 bytes or more). Out of
+    /// line: inlined, it made the inline case 12 instructions longer.
+    #[inline(never)]
+    fn clone_heap(&self) -> KeyBuf {
+        let mut heap = Vec::with_capacity(self.heap.len().max(2 * INLINE));
+        heap.extend_from_slice(&self.heap);
+        KeyBuf {
+            inline: self.inline,
+            len: self.len,
+            heap,
         }
     }
 }
@@ -709,13 +713,13 @@ impl KeyExtractor for ClientIpKey {
 mod tests {
     use super::*;
 
-    /// A copy has the same bytes and is independent, inline or on the heap.
+    /// A clone has the same bytes and is independent, inline or on the heap.
     #[test]
-    fn keybuf_copy_is_a_clone() {
+    fn keybuf_clone_is_independent() {
         for len in [0usize, 5, INLINE, INLINE + 1, 300] {
             let mut k = KeyBuf::new();
             k.push(&vec![9u8; len]);
-            let mut c = k.copy();
+            let mut c = k.clone();
             assert_eq!(c.as_bytes(), k.as_bytes());
             assert!(c.heap.capacity() == 0 || c.heap.capacity() >= 2 * INLINE);
             c.push(b"x");

@@ -252,12 +252,6 @@ impl fmt::Debug for Post {
 }
 
 impl Post {
-    pub(crate) fn apply<M: BodyMode<B>, B>(self, response: Response<B>) -> Response<M::Body> {
-        let mut response = response.map(M::inner);
-        self.apply_to(&mut response);
-        response
-    }
-
     /// Adds the headers and the verdict to `response` where it is.
     pub(crate) fn apply_to<R>(self, response: &mut Response<R>) {
         if let (true, Some(d)) = (self.headers, &self.decision) {
@@ -283,10 +277,11 @@ impl Post {
         post: Option<Post>,
         response: Response<B>,
     ) -> Response<M::Body> {
-        match post {
-            Some(post) => post.apply::<M, B>(response),
-            None => response.map(M::inner),
+        let mut response = response.map(M::inner);
+        if let Some(post) = post {
+            post.apply_to(&mut response);
         }
+        response
     }
 }
 
@@ -584,7 +579,7 @@ where
         }
 
         let tier = rt.tier_for(parts);
-        let mut key = rt.key_start.copy();
+        let mut key = rt.key_start.clone();
         if rt.policy.key.extract(parts, &mut key).is_err()
             && let Some(step) = self.missing_key(tier, &mut key)
         {
