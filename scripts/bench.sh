@@ -272,6 +272,31 @@ w("`ours` is the default policy (a `Verdict` in the response extensions, the bod
 stale_note("layer")
 interleaved("layer.txt", 28)
 w("")
+w("Many clients (the `clients` group of the same benchmark): each request comes from the next of "
+  "10 thousand or a million peer addresses, each with a quota it never spends (a burst of a "
+  "million, one more a second), so every client keeps a state in the store, as a gateway's "
+  "clients do.")
+w("")
+w("| clients | router | ns per request | over bare axum, ns |")
+w("|---|---|---:|---:|")
+for size in ["10k", "1M"]:
+    cbare = estimate("clients", f"{size}_bare")
+    for name in ["bare", "ours_allowed_headers", "lean_allowed_headers", "governor_allowed_headers",
+                 "lean_allowed_no-headers", "governor_allowed_no-headers"]:
+        v = estimate("clients", f"{size}_{name}")
+        if v is None or cbare is None:
+            continue
+        w(f"| {size} | {name.replace('_', ' / ')} | {v:.0f} | {v - cbare:.0f} |")
+stale_note("clients")
+clients = read("layer.txt")
+if "Many clients" in clients:
+    block = clients[clients.index("Many clients"):].splitlines()
+    block = [l for l in block if l.strip() and not l.startswith(("Gnuplot", "Benchmarking"))]
+    w("")
+    w("```text")
+    w("\n".join(block[:24]))
+    w("```")
+w("")
 
 # Micro level: Redis store against redis-benchmark.
 w("### Redis store against `redis-benchmark` EVALSHA on the same server")

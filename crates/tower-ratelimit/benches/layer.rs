@@ -9,8 +9,12 @@
 //! Every benchmark sends one request through `Router::oneshot` on a current-thread runtime, with
 //! the peer address in `ConnectInfo`, so they differ only by the middleware. The routers are
 //! given their state once, as a server does (see `apps`).
+//!
+//! The `clients` group sends each request from the next of many clients (10 thousand, whose
+//! states stay in the CPU's caches, and a million, whose states do not), each with a quota it
+//! never spends, so that every client's state stays in the store as a gateway's clients' do.
 
-use std::net::SocketAddr;
+use std::net::{Ipv4Addr, SocketAddr};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -37,6 +41,19 @@ fn request() -> Request<Body> {
     req
 }
 
+/// The peer address of client `i` of many (in 10.0.0.0/8).
+fn client(i: u32) -> SocketAddr {
+    SocketAddr::from((Ipv4Addr::from(0x0a00_0000 | (i & 0x00ff_ffff)), 5000))
+}
+
+/// A request from `peer`.
+#[inline(never)]
+fn request_from(peer: SocketAddr) -> Request<Body> {
+    let mut req = Request::get("/").body(Body::empty()).unwrap();
+    req.extensions_mut().insert(ConnectInfo(peer));
+    req
+}
+
 fn bare() -> Router {
     Router::new().route("/", get(|| async { "ok" }))
 }
@@ -45,12 +62,16 @@ fn bare() -> Router {
 /// (`lean`): no `Verdict` in the response extensions, and the inner body type kept
 /// (`same_body`), since tower_governor has neither.
 fn ours(quota: Quota, headers: Headers, lean: bool) -> Router {
+    ours_on(MemoryStore::new(), quota, headers, lean)
+}
+
+fn ours_on(store: MemoryStore, quota: Quota, headers: Headers, lean: bool) -> Router {
     let limit = Limit::single(Algorithm::TokenBucket, quota).unwrap();
     let policy = Policy::new("bench", limit)
         .unwrap()
         .headers(headers)
         .verdict(!lean);
-    let layer = RateLimitLayer::new(MemoryStore::new(), policy).unwrap();
+    let layer = RateLimitLayer::new(store, policy).unwrap();
     if lean {
         bare().layer(layer.same_body())
     } else {
@@ -225,6 +246,75 @@ async fn one(app: &Router) {
     let _ = http_body_util::BodyExt::collect(res.into_body()).await;
 }
 
+async fn one_from(app: &Router, peer: SocketAddr) -> u16 {
+    let res = app.clone().oneshot(request_from(peer)).await.unwrap();
+    let status = res.status().as_u16();
+    let _ = http_body_util::BodyExt::collect(res.into_body()).await;
+    status
+}
+
+/// How many clients each `clients` benchmark cycles through: 10 thousand and a million under
+/// `cargo bench`; a thousand when `cargo test --all-targets` runs each benchmark once as a test,
+/// in a debug build.
+fn clients() -> [(&'static str, u32); 2] {
+    let full = std::env::args().any(|a| a == "--bench");
+    [
+        ("10k", if full { 10_000 } else { 1_000 }),
+        ("1M", if full { 1_000_000 } else { 1_000 }),
+    ]
+}
+
+/// The routers of the `clients` group for `n` clients. Each client may send a million requests
+/// at once and gets one more a second: never denied here, and its state never returns to fresh
+/// (which the memory store would drop), so the store holds every client, as tower_governor's
+/// map does. Our store is sized for them, as a gateway's would be.
+fn client_apps(n: u32) -> Vec<(&'static str, Router)> {
+    let quota = Quota::per_second(1).unwrap().with_burst(1_000_000).unwrap();
+    let store = || {
+        MemoryStore::builder()
+            .max_keys((2 * n as usize).max(ratelimit_core::DEFAULT_MAX_KEYS))
+            .build()
+            .unwrap()
+    };
+    let second = 1_000_000_000;
+    let apps = vec![
+        ("bare", bare()),
+        (
+            "ours/allowed/headers",
+            ours_on(store(), quota, Headers::ietf(), false),
+        ),
+        (
+            "lean/allowed/headers",
+            ours_on(store(), quota, Headers::ietf(), true),
+        ),
+        (
+            "governor/allowed/headers",
+            governor_with_headers(second, 1_000_000),
+        ),
+        (
+            "lean/allowed/no-headers",
+            ours_on(store(), quota, Headers::none(), true),
+        ),
+        (
+            "governor/allowed/no-headers",
+            governor_plain(second, 1_000_000),
+        ),
+    ];
+    apps.into_iter()
+        .map(|(name, app)| (name, app.with_state(())))
+        .collect()
+}
+
+/// One request from each of the `n` clients, so that every client has a state before measuring;
+/// checks that all were allowed.
+fn fill(rt: &tokio::runtime::Runtime, name: &str, app: &Router, n: u32) {
+    rt.block_on(async {
+        for i in 0..n {
+            assert_eq!(one_from(app, client(i)).await, 200, "{name}, client {i}");
+        }
+    });
+}
+
 fn bench(c: &mut Criterion) {
     let rt = runtime();
     let apps = apps();
@@ -241,6 +331,25 @@ fn bench(c: &mut Criterion) {
             assert_eq!(res.status().as_u16(), status, "{name}");
         });
         group.bench_function(name, |b| b.to_async(&rt).iter(|| one(&app)));
+    }
+    group.finish();
+
+    let mut group = c.benchmark_group("clients");
+    group
+        .sample_size(30)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(2));
+    for (size, n) in clients() {
+        for (name, app) in client_apps(n) {
+            fill(&rt, name, &app, n);
+            let mut i = 0;
+            group.bench_function(format!("{size}/{name}"), |b| {
+                b.to_async(&rt).iter(|| {
+                    i = (i + 1) % n;
+                    one_from(&app, client(i))
+                })
+            });
+        }
     }
     group.finish();
 }
@@ -303,6 +412,59 @@ fn ratios() {
     }
 }
 
+/// `ratios` for the `clients` routers: each batch continues through the clients where the last
+/// batch of the same router stopped.
+fn client_ratios() {
+    const ROUNDS: usize = 15;
+    const BATCH: u32 = 20_000;
+    let rt = runtime();
+    for (size, n) in clients() {
+        let apps = client_apps(n);
+        for (name, app) in &apps {
+            fill(&rt, name, app, n);
+        }
+        let mut best = vec![f64::INFINITY; apps.len()];
+        let mut next = vec![0u32; apps.len()];
+        rt.block_on(async {
+            for _ in 0..ROUNDS {
+                for (i, (_, app)) in apps.iter().enumerate() {
+                    let start = std::time::Instant::now();
+                    for _ in 0..BATCH {
+                        next[i] = (next[i] + 1) % n;
+                        one_from(app, client(next[i])).await;
+                    }
+                    let ns = start.elapsed().as_nanos() as f64 / f64::from(BATCH);
+                    best[i] = best[i].min(ns);
+                }
+            }
+        });
+        let ns = |name: &str| best[apps.iter().position(|(n, _)| *n == name).unwrap()];
+        let bare = ns("bare");
+        println!(
+            "\nMany clients ({size}), interleaved minimum over {ROUNDS} rounds of {BATCH} requests (ns per request):"
+        );
+        for (i, (name, _)) in apps.iter().enumerate() {
+            println!(
+                "  {name:<28} {:>8.0} ns   overhead over bare {:>8.0} ns",
+                best[i],
+                best[i] - bare
+            );
+        }
+        for (who, mode) in [
+            ("ours", "headers"),
+            ("lean", "headers"),
+            ("lean", "no-headers"),
+        ] {
+            let ours = ns(&format!("{who}/allowed/{mode}")) - bare;
+            let governor = ns(&format!("governor/allowed/{mode}")) - bare;
+            println!(
+                "  {size} clients, {mode}: {who} allowed overhead / tower_governor's = {:.2}",
+                ours / governor
+            );
+        }
+    }
+}
+
 criterion_group!(benches, bench);
 
 fn main() {
@@ -312,6 +474,7 @@ fn main() {
     let args: Vec<String> = std::env::args().collect();
     if args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--profile-time") {
         ratios();
+        client_ratios();
     }
     Criterion::default().configure_from_args().final_summary();
 }
