@@ -216,7 +216,9 @@ def interleaved(name, lines):
     inter = read(name)
     if "Interleaved minimum" not in inter:
         return
-    block = inter[inter.index("Interleaved minimum"):].splitlines()
+    block = inter[inter.index("Interleaved minimum"):]
+    # The layer's many-clients blocks follow its own; they are reported apart.
+    block = block.split("\nMany clients")[0].splitlines()
     block = [l for l in block if l.strip() and not l.startswith(("Gnuplot", "Benchmarking"))]
     w("")
     w("The benchmark's interleaved-minimum ratios (steadier on a shared machine):")
