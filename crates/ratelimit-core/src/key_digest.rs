@@ -109,10 +109,7 @@ fn absorb(k0: u64, k1: u64, data: &[u8], v1_tweak: u64) -> [u64; 4] {
         word.copy_from_slice(chunk);
         compress(&mut v, u64::from_le_bytes(word));
     }
-    compress(
-        &mut v,
-        tail(chunks.remainder()) | ((data.len() as u64) << 56),
-    );
+    compress(&mut v, tail(data) | ((data.len() as u64) << 56));
     v
 }
 
@@ -143,10 +140,24 @@ pub(crate) fn siphash13_64(k0: u64, k1: u64, data: &[u8]) -> u64 {
     finish(&mut v, 0xff)
 }
 
-/// The last 0 to 7 bytes of a key as a little-endian word, in at most three loads (a
-/// variable-length copy would call `memcpy`).
+/// The key's last `len % 8` bytes (those after its whole words) as a little-endian word. A key of
+/// 8 bytes or more ends with a whole word, which holds them at its top: one load and a shift.
+/// A shorter key takes at most three loads (a variable-length copy would call `memcpy`).
 #[inline(always)]
-fn tail(rest: &[u8]) -> u64 {
+fn tail(data: &[u8]) -> u64 {
+    let n = data.len() % 8;
+    if let Some(last) = data.last_chunk::<8>() {
+        // `n == 0` would shift by 64: no bytes, so 0.
+        return u64::from_le_bytes(*last)
+            .checked_shr(8 * (8 - n as u32))
+            .unwrap_or(0);
+    }
+    short_tail(data)
+}
+
+/// The bytes of a key shorter than 8 bytes as a little-endian word, in at most three loads.
+#[inline(always)]
+fn short_tail(rest: &[u8]) -> u64 {
     let mut out = 0u64;
     let mut at = 0;
     if rest.len() >= 4 {
