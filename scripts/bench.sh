@@ -211,18 +211,19 @@ w("The load tool, the in-process gateways and `redis-server` share these CPUs: e
   "below is for the whole system on one machine, not for a dedicated Redis host.")
 w("")
 
-def interleaved(name, lines):
-    """The benchmark's own interleaved-minimum block, if its output has one."""
+def interleaved(name, lines, start="Interleaved minimum", until="\nMany clients",
+                intro="The benchmark's interleaved-minimum ratios (steadier on a shared machine):"):
+    """The benchmark's own interleaved-minimum block from `start`, if its output has one, up to
+    `until` (the layer's many-clients blocks follow its own and are reported apart)."""
     inter = read(name)
-    if "Interleaved minimum" not in inter:
+    if start not in inter:
         return
-    block = inter[inter.index("Interleaved minimum"):]
-    # The layer's many-clients blocks follow its own; they are reported apart.
-    block = block.split("\nMany clients")[0].splitlines()
+    block = inter[inter.index(start):].split(until)[0].splitlines()
     block = [l for l in block if l.strip() and not l.startswith(("Gnuplot", "Benchmarking"))]
     w("")
-    w("The benchmark's interleaved-minimum ratios (steadier on a shared machine):")
-    w("")
+    if intro:
+        w(intro)
+        w("")
     w("```text")
     w("\n".join(block[:lines]))
     w("```")
@@ -290,14 +291,7 @@ for size in ["10k", "1M"]:
             continue
         w(f"| {size} | {name.replace('_', ' / ')} | {v:.0f} | {v - cbare:.0f} |")
 stale_note("clients")
-clients = read("layer.txt")
-if "Many clients" in clients:
-    block = clients[clients.index("Many clients"):].splitlines()
-    block = [l for l in block if l.strip() and not l.startswith(("Gnuplot", "Benchmarking"))]
-    w("")
-    w("```text")
-    w("\n".join(block[:24]))
-    w("```")
+interleaved("layer.txt", 24, start="Many clients", until="\0", intro=None)
 w("")
 
 # Micro level: Redis store against redis-benchmark.

@@ -35,10 +35,7 @@ use tower_ratelimit::{Headers, Policy, RateLimitLayer};
 // Out of line: `callgrind.sh` counts requests by the calls of this function.
 #[inline(never)]
 fn request() -> Request<Body> {
-    let mut req = Request::get("/").body(Body::empty()).unwrap();
-    req.extensions_mut()
-        .insert(ConnectInfo(SocketAddr::from(([192, 0, 2, 1], 5000))));
-    req
+    request_from(SocketAddr::from(([192, 0, 2, 1], 5000)))
 }
 
 /// The peer address of client `i` of many (in 10.0.0.0/8).
@@ -47,7 +44,7 @@ fn client(i: u32) -> SocketAddr {
 }
 
 /// A request from `peer`.
-#[inline(never)]
+#[inline]
 fn request_from(peer: SocketAddr) -> Request<Body> {
     let mut req = Request::get("/").body(Body::empty()).unwrap();
     req.extensions_mut().insert(ConnectInfo(peer));
@@ -241,13 +238,16 @@ fn apps() -> Vec<(&'static str, Router, u16)> {
 }
 
 async fn one(app: &Router) {
-    let res = app.clone().oneshot(request()).await.unwrap();
-    // Consume the body as a server would.
-    let _ = http_body_util::BodyExt::collect(res.into_body()).await;
+    send(app, request()).await;
 }
 
 async fn one_from(app: &Router, peer: SocketAddr) -> u16 {
-    let res = app.clone().oneshot(request_from(peer)).await.unwrap();
+    send(app, request_from(peer)).await
+}
+
+/// Sends `req` through `app` and reads the response's body, as a server would; its status.
+async fn send(app: &Router, req: Request<Body>) -> u16 {
+    let res = app.clone().oneshot(req).await.unwrap();
     let status = res.status().as_u16();
     let _ = http_body_util::BodyExt::collect(res.into_body()).await;
     status
