@@ -214,11 +214,14 @@ w("")
 def interleaved(name, lines, start="Interleaved minimum", until="\nMany clients",
                 intro="The benchmark's interleaved-minimum ratios (steadier on a shared machine):"):
     """The benchmark's own interleaved-minimum block from `start`, if its output has one, up to
-    `until` (the layer's many-clients blocks follow its own and are reported apart)."""
+    `until` if given (the layer's many-clients blocks follow its own and are reported apart)."""
     inter = read(name)
     if start not in inter:
         return
-    block = inter[inter.index(start):].split(until)[0].splitlines()
+    block = inter[inter.index(start):]
+    if until:
+        block = block.split(until)[0]
+    block = block.splitlines()
     block = [l for l in block if l.strip() and not l.startswith(("Gnuplot", "Benchmarking"))]
     w("")
     if intro:
@@ -291,7 +294,7 @@ for size in ["10k", "1M"]:
             continue
         w(f"| {size} | {name.replace('_', ' / ')} | {v:.0f} | {v - cbare:.0f} |")
 stale_note("clients")
-interleaved("layer.txt", 24, start="Many clients", until="\0", intro=None)
+interleaved("layer.txt", 24, start="Many clients", until=None, intro=None)
 w("")
 
 # Micro level: Redis store against redis-benchmark.
