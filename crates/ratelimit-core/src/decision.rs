@@ -31,17 +31,52 @@ pub(crate) enum Verdict {
 ///
 /// When a limit combines several quotas, the decision describes the binding one: the quota that
 /// denied with the longest wait, or, when all allowed, the one with the fewest requests left.
-#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+///
+/// A decision may be marked as answered from a cache in front of the store ([`cached`](Self::cached)):
+/// it is then no evidence of the store's health, for a circuit breaker. The mark is not part of
+/// the decision's value: two decisions that differ only by it are equal.
+#[derive(Clone, Copy)]
 pub struct Decision {
     // Kept in integer microseconds (40 bytes in all): decisions are made on the hot path.
     retry_after_us: u64,
     reset_after_us: u64,
     limit: u64,
     remaining: u64,
-    /// The kind in the low byte, the quota index above it: one word, so that a decision is
-    /// written with whole-word stores and read back without a store-forwarding stall (a `u32` and
-    /// a `u8` written apart and then copied as one word stalled every check, about 2 ns here).
+    /// The kind in the low byte, the quota index in the 32 bits above it, and [`CACHED`] at the
+    /// top: one word, so that a decision is written with whole-word stores and read back without
+    /// a store-forwarding stall (a `u32` and a `u8` written apart and then copied as one word
+    /// stalled every check, about 2 ns here).
     tag: u64,
+}
+
+/// The bit of a decision's tag that marks it as answered from a cache in front of the store.
+const CACHED: u64 = 1 << 63;
+
+impl Decision {
+    /// The fields that make the decision's value (the cache mark left out).
+    const fn value(&self) -> (u64, u64, u64, u64, u64) {
+        (
+            self.retry_after_us,
+            self.reset_after_us,
+            self.limit,
+            self.remaining,
+            self.tag & !CACHED,
+        )
+    }
+}
+
+impl PartialEq for Decision {
+    fn eq(&self, other: &Self) -> bool {
+        self.value() == other.value()
+    }
+}
+
+impl Eq for Decision {}
+
+impl std::hash::Hash for Decision {
+    fn hash<H: std::hash::Hasher>(&self, state: &mut H) {
+        self.value().hash(state)
+    }
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -69,6 +104,7 @@ impl std::fmt::Debug for Decision {
             .field("remaining", &self.remaining)
             .field("reset_after", &self.reset_after())
             .field("quota_index", &self.quota_index())
+            .field("cached", &self.is_cached())
             .finish()
     }
 }
@@ -152,8 +188,39 @@ impl Decision {
 
     #[inline]
     pub(crate) const fn with_quota_index(mut self, index: usize) -> Self {
-        self.tag = (self.tag & 0xff) | (quota_index_bits(index) << 8);
+        self.tag = (self.tag & (0xff | CACHED)) | (quota_index_bits(index) << 8);
         self
+    }
+
+    /// The same decision, marked as answered from a cache in front of the store (a
+    /// [`DenialCache`](crate::DenialCache) hit, a unit of a [`Leasing`](crate::Leasing) lease)
+    /// rather than by the store itself. A store wrapper that answers some checks without asking
+    /// the store it wraps marks those answers, so that a circuit breaker in front of it does not
+    /// take them as evidence that the store is healthy. The mark changes nothing else: the
+    /// decision compares equal to the unmarked one.
+    ///
+    /// ```
+    /// use ratelimit_core::{Decision, Outcome};
+    /// use std::time::Duration;
+    ///
+    /// let d = Decision::new(Outcome::Allowed, 10, 9, Duration::from_millis(100), 0);
+    /// assert!(!d.is_cached());
+    /// assert!(d.cached().is_cached());
+    /// assert_eq!(d.cached(), d);
+    /// ```
+    #[must_use]
+    #[inline]
+    pub const fn cached(mut self) -> Self {
+        self.tag |= CACHED;
+        self
+    }
+
+    /// `true` if this decision was answered from a cache in front of the store, without asking
+    /// it (see [`cached`](Self::cached)).
+    #[must_use]
+    #[inline]
+    pub const fn is_cached(&self) -> bool {
+        self.tag & CACHED != 0
     }
 
     const fn kind(&self) -> Kind {
@@ -231,7 +298,7 @@ impl Decision {
     /// Which quota of the limit this decision describes (its index in [`Limit::quotas`](crate::Limit::quotas)).
     #[must_use]
     pub const fn quota_index(&self) -> usize {
-        (self.tag >> 8) as usize
+        ((self.tag >> 8) & u32::MAX as u64) as usize
     }
 
     /// Combines per-quota decisions into the decision of the whole limit (all-or-nothing).

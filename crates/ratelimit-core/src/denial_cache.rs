@@ -387,7 +387,8 @@ impl Table {
     fn lookup(&self, id: u128, now: u64) -> Option<Decision> {
         let mut shard = self.shard(id).lock();
         let found = match shard.map.get(&id) {
-            Some(e) if e.until > now => Some(e.decision(now)),
+            // Answered here, without asking the store: marked so.
+            Some(e) if e.until > now => Some(e.decision(now).cached()),
             Some(_) => {
                 shard.map.remove(&id);
                 None
@@ -558,7 +559,8 @@ mod tests {
 
     /// With one cost per key, the cache and a plain store fed the same traffic on the same clock
     /// make identical decisions, field by field: a cached denial recomputes retry-after and
-    /// reset-after from its deadlines, and a denied cost of 1 always has 0 remaining.
+    /// reset-after from its deadlines, and a denied cost of 1 always has 0 remaining. Exactly the
+    /// cache's hits are marked as cached.
     #[test]
     fn identical_decisions_for_every_algorithm() {
         for limit in limits() {
@@ -571,9 +573,13 @@ mod tests {
                     clock.advance(Duration::from_micros(r % 150_000));
                 }
                 let key = [b'k', (r >> 20) as u8 % 3];
+                let hits = cached.stats().hits;
                 let want = plain.check_now(&key, &limit, 1);
                 let got = now(cached.check(&key, &limit, 1)).unwrap();
                 assert_eq!(got, want, "{limit:?} step {step}");
+                // A hit is marked as answered from the cache; the store's answers are not.
+                assert!(!want.is_cached());
+                assert_eq!(got.is_cached(), cached.stats().hits > hits, "step {step}");
             }
             let s = cached.stats();
             assert!(s.hits > 500, "{limit:?}: {s:?}");

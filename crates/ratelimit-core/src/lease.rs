@@ -291,7 +291,8 @@ impl<S, C> Shared<S, C> {
         if e.tokens > 0 && e.expires > now {
             if e.tokens >= cost {
                 e.tokens -= cost;
-                let d = e.decision(now);
+                // A unit of the lease, without asking the store: marked so.
+                let d = e.decision(now).cached();
                 if e.tokens == 0 {
                     // Spent before it expired: a larger lease would have saved calls.
                     self.grow(e);

@@ -123,15 +123,15 @@ fn one_gateway_admits_exactly_the_quota_for_every_algorithm() {
             .unwrap();
         // Nothing refills while the clock stands still.
         let limit = Limit::single(alg, Quota::per_hour(1_000).unwrap()).unwrap();
-        let admitted = (0..5_000)
-            .filter(|_| {
-                block_on(leasing.check(b"hot", &limit, 1))
-                    .unwrap()
-                    .is_allowed()
-            })
-            .count();
+        let decisions: Vec<_> = (0..5_000)
+            .map(|_| block_on(leasing.check(b"hot", &limit, 1)).unwrap())
+            .collect();
+        let admitted = decisions.iter().filter(|d| d.is_allowed()).count();
         assert_eq!(admitted, 1_000, "{alg}");
         let s = leasing.stats();
+        // The units of a lease are marked as answered without the store; nothing else is.
+        let cached = decisions.iter().filter(|d| d.is_cached()).count();
+        assert_eq!(cached as u64, s.local, "{alg}");
         assert_eq!(leasing.outstanding_units(), 0, "{alg}");
         // The 1,000 admissions cost a few dozen leases; the 4,000 denials one call each (the
         // denial cache is what saves those).

@@ -11,13 +11,14 @@
 //!   response future ran (its client went away at once) tells nothing about the store: the
 //!   circuit stays open, cooled down, and the next request probes.
 //!
-//! Only answers that had to wait for the store are evidence of its health. An answer that is
-//! ready at once (a [`DenialCache`](ratelimit_core::DenialCache) hit, a unit from a
-//! [`Leasing`](ratelimit_core::Leasing) lease) did not ask the store: it neither resets the
-//! failure count nor closes the circuit (a probe answered that way hands the probe to the next
-//! request). The exception is a store whose future is [`std::future::Ready`]: it answers in its
-//! `check` itself, so each of its answers did ask it and counts. (A store that answers some
-//! checks from a cache of its own should return another future type, such as a boxed one.)
+//! Only answers that asked the store are evidence of its health. An answer from a cache in front
+//! of the store (a [`DenialCache`](ratelimit_core::DenialCache) hit, a unit of a
+//! [`Leasing`](ratelimit_core::Leasing) lease) comes marked
+//! ([`Decision::is_cached`](ratelimit_core::Decision::is_cached)): it neither resets the failure
+//! count nor closes the circuit (a probe answered that way hands the probe to the next request).
+//! Every other answer counts, whether it had to wait or was ready at once: a store wrapper of
+//! your own that answers some checks without asking the store marks those answers with
+//! [`Decision::cached`](ratelimit_core::Decision::cached).
 //! Failures always count.
 //!
 //! Time is read from the layer's [`ratelimit_core::Clock`], so tests drive it with a

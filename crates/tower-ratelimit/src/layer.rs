@@ -194,17 +194,12 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         };
         let rt = Arc::new(Rt::new(self.policy)?);
         // A store whose answer is always ready at once and never an error (the in-memory store's
-        // future) can neither fail nor time out: it needs no breaker, and its requests skip the
-        // breaker's check. A store with an `Infallible` error whose future can wait keeps its
-        // breaker, since its timeouts count as failures.
-        //
-        // A store whose future is `Ready` answers in `check` itself: every answer asked it, and
-        // counts for the breaker even though it came at once (with any other future, an answer
-        // ready at once may come from a cache in front of the store, and does not).
-        let answers_in_check =
-            TypeId::of::<St::Future>() == TypeId::of::<Ready<Result<Decision, St::Error>>>();
-        let always_answers =
-            answers_in_check && TypeId::of::<St::Error>() == TypeId::of::<Infallible>();
+        // future, `Ready` with an `Infallible` error) can neither fail nor time out: it needs no
+        // breaker, and its requests skip the breaker's check. A store with an `Infallible` error
+        // whose future can wait keeps its breaker, since its timeouts count as failures.
+        let always_answers = TypeId::of::<St::Future>()
+            == TypeId::of::<Ready<Result<Decision, St::Error>>>()
+            && TypeId::of::<St::Error>() == TypeId::of::<Infallible>();
         let breaker = self.breaker.filter(|_| !always_answers).map(|config| {
             Arc::new(Breaker::new(
                 config,
@@ -219,7 +214,6 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 rt,
                 timeout: self.timeout,
                 breaker,
-                answers_in_check,
                 fallback,
             }),
             _mode: PhantomData,

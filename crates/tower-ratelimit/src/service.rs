@@ -110,9 +110,6 @@ pub(crate) struct Shared<St> {
     pub(crate) rt: Arc<Rt>,
     pub(crate) timeout: Duration,
     pub(crate) breaker: Option<Arc<Breaker>>,
-    /// The store's future is `std::future::Ready`: it answers in `check` itself, so an answer
-    /// ready at once did ask it (see [`crate::circuit_breaker`]).
-    pub(crate) answers_in_check: bool,
     pub(crate) fallback: Option<MemoryStore<Arc<dyn Clock>>>,
 }
 
@@ -428,14 +425,13 @@ impl<St: Store> Shared<St> {
         }
     }
 
-    /// The store's answer; `waited` says it had to wait for it (it asked the store, so a success
-    /// is evidence of the store's health, as is any answer of a store that answers in `check`).
+    /// The store's answer. A success is evidence of the store's health unless it was answered
+    /// from a cache in front of the store ([`Decision::is_cached`]).
     #[inline(always)]
     fn after_check<W>(
         &self,
         result: Result<Decision, St::Error>,
         probe: bool,
-        waited: bool,
         tier: usize,
         key: &[u8],
         cost: u64,
@@ -443,7 +439,7 @@ impl<St: Store> Shared<St> {
         match result {
             Ok(d) => {
                 match &self.breaker {
-                    Some(b) if waited || self.answers_in_check => b.success(probe),
+                    Some(b) if !d.is_cached() => b.success(probe),
                     Some(b) if probe => b.probe_not_asked(),
                     _ => {}
                 }
@@ -529,9 +525,7 @@ where
                     guard.disarm();
                     shared.rt.metrics.store_duration(start.elapsed());
                     let step = match result {
-                        Ok(result) => {
-                            shared.after_check(result, probe, true, tier, key.as_bytes(), cost)
-                        }
+                        Ok(result) => shared.after_check(result, probe, tier, key.as_bytes(), cost),
                         Err(_elapsed) => shared.after_timeout(probe, tier, key.as_bytes(), cost),
                     };
                     match step {
@@ -608,7 +602,7 @@ where
             if let Some(start) = sampled {
                 rt.metrics.store_duration(start.elapsed());
             }
-            return self.after_check(result, probe, false, tier, key.as_bytes(), cost);
+            return self.after_check(result, probe, tier, key.as_bytes(), cost);
         }
         Step::Wait(Pending {
             check,
@@ -657,7 +651,6 @@ mod tests {
             rt: Arc::new(Rt::new(policy).unwrap()),
             timeout: Duration::from_millis(50),
             breaker: None,
-            answers_in_check: true,
             fallback: None,
         }
     }

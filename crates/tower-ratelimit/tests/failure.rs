@@ -558,15 +558,34 @@ async fn only_a_store_that_can_fail_or_wait_has_a_breaker() {
 #[tokio::test]
 async fn a_store_that_answers_in_check_is_judged_by_every_answer() {
     let (clock, memory) = store();
-    let flaky = Arc::new(ReadyFlakyStore {
+    let flaky = Arc::new(FlakyStore {
         inner: memory,
         down: std::sync::atomic::AtomicBool::new(false),
     });
-    let layer = closed_with_breaker(
-        flaky.clone(),
-        Policy::new("ready", per_minute(100)).unwrap(),
-        &clock,
-    );
+    judged_by_every_answer(ReadyFlakyStore(flaky.clone()), &flaky, &clock).await;
+}
+
+/// The same for a store whose future is ready at its first poll but is not `Ready` (a boxed
+/// `async` block): its answers, none of them marked as cached, are evidence too. (Until the cache
+/// mark, only `Ready` futures' answers were: the circuit opened on scattered failures and never
+/// closed again.)
+#[tokio::test]
+async fn a_store_answering_at_once_through_a_boxed_future_recovers() {
+    let (clock, memory) = store();
+    let flaky = Arc::new(FlakyStore {
+        inner: memory,
+        down: std::sync::atomic::AtomicBool::new(false),
+    });
+    judged_by_every_answer(BoxedFlakyStore(flaky.clone()), &flaky, &clock).await;
+}
+
+/// Successes between failures keep the circuit closed; three failures in a row open it; once
+/// cooled down, a probe answered at once closes it.
+async fn judged_by_every_answer<St: Store>(store: St, flaky: &FlakyStore, clock: &ManualClock)
+where
+    St::Future: Unpin,
+{
+    let layer = closed_with_breaker(store, Policy::new("ready", per_minute(100)).unwrap(), clock);
     let app = app(layer.clone());
     let set_down = |down| flaky.down.store(down, std::sync::atomic::Ordering::SeqCst);
     // Failures scattered between successes are not consecutive.
@@ -592,23 +611,54 @@ async fn a_store_that_answers_in_check_is_judged_by_every_answer() {
     assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
 }
 
-/// A memory store behind a switch, answering in `check` (a `Ready` future) that can fail.
+/// A memory store behind a switch that can fail.
 #[derive(Debug)]
-struct ReadyFlakyStore {
+struct FlakyStore {
     inner: Arc<ratelimit_core::MemoryStore<ratelimit_core::ManualClock>>,
     down: std::sync::atomic::AtomicBool,
 }
+
+impl FlakyStore {
+    fn answer(
+        &self,
+        key: &[u8],
+        limit: &Limit,
+        cost: u64,
+    ) -> Result<ratelimit_core::Decision, StoreDown> {
+        if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            Err(StoreDown)
+        } else {
+            Ok(self.inner.check_now(key, limit, cost))
+        }
+    }
+}
+
+/// A [`FlakyStore`] answering in `check` (a `Ready` future).
+struct ReadyFlakyStore(Arc<FlakyStore>);
 
 impl Store for ReadyFlakyStore {
     type Error = StoreDown;
     type Future = std::future::Ready<Result<ratelimit_core::Decision, StoreDown>>;
 
     fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
-        std::future::ready(if self.down.load(std::sync::atomic::Ordering::SeqCst) {
-            Err(StoreDown)
-        } else {
-            Ok(self.inner.check_now(key, limit, cost))
-        })
+        std::future::ready(self.0.answer(key, limit, cost))
+    }
+}
+
+/// A [`FlakyStore`] answering through a boxed future, ready at its first poll.
+struct BoxedFlakyStore(Arc<FlakyStore>);
+
+type BoxedCheck = std::pin::Pin<
+    Box<dyn std::future::Future<Output = Result<ratelimit_core::Decision, StoreDown>> + Send>,
+>;
+
+impl Store for BoxedFlakyStore {
+    type Error = StoreDown;
+    type Future = BoxedCheck;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        let answer = self.0.answer(key, limit, cost);
+        Box::pin(async move { answer })
     }
 }
 
