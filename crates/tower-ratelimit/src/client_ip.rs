@@ -143,8 +143,12 @@ const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// Default for [`ClientIp::max_hops`].
 const DEFAULT_MAX_HOPS: usize = 32;
 
-/// Longest `for=` value worth unquoting: `[` + a 45-character IPv6 address +
-/// `]:65535` is 53 bytes. Anything longer cannot be an address.
+/// Longest quoted `for=` value read: `[` + a 45-character IPv6 address +
+/// `]:65535` is 53 bytes. A longer one is read as unreadable, which stops the
+/// walk at the last trusted address (failing safe). RFC 7239 sets no length
+/// to an obfuscated port (`"192.0.2.1:_a1b2..."`), so a proxy that wrote one
+/// longer than 55 bytes would have its clients keyed by its own address; no
+/// proxy is known to.
 const MAX_NODE_LEN: usize = 64;
 
 /// Which header(s) [`ClientIp`] reads the proxy chain from.

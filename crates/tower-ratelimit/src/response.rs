@@ -10,7 +10,16 @@
 //!   problem type), or whatever a closure returns.
 //!
 //! On allowed responses `RateLimit` says how many are left and `t` when the quota is full again.
-//! Headers are only added when absent: what the inner service set is never overwritten. A policy
+//! A quota whose period is not whole seconds is advertised over the period rounded up, with `q`
+//! the units granted in it at the quota's rate, rounded down (`100` per 100 ms is `q=1000;w=1`).
+//! For the bucket algorithms `q` is the sustained rate: a burst above it shows in `r` (a fresh
+//! bucket of 20 refilled at 10 a second says `q=10;w=1` and, after one request, `r=19`), and in
+//! `X-RateLimit-Limit`, which gives the burst.
+//!
+//! Fields are only added when absent: what the inner service set is never overwritten. The two
+//! IETF fields go together, and so do the three legacy ones: if the inner service (or an inner
+//! rate-limit layer) set any field of a group, the layer adds none of that group, so that a
+//! `RateLimit` never names a policy missing from the `RateLimit-Policy` beside it. A policy
 //! of several quotas lists one `RateLimit-Policy` item per quota (`"api.0"`, `"api.1"`, ...), and
 //! `RateLimit` names the quota that binds.
 //!
@@ -357,6 +366,22 @@ impl Verdict {
 }
 
 /// Whole seconds in `d`, rounded up.
+/// A quota as `q` units per `w` whole seconds, the form of `RateLimit-Policy`: `w` is the period
+/// rounded up to a whole second, and `q` the units the quota grants in `w` at its rate, rounded
+/// down (the quota's limit when its period is whole seconds). `100 per 100 ms` is `q=1000;w=1`,
+/// not `q=100;w=1`, which would tell clients a tenth of the rate; a period that is not whole
+/// seconds never advertises more than the quota grants.
+fn in_whole_seconds(q: &ratelimit_core::Quota) -> (u64, u64) {
+    let window = secs_ceil(q.period()).max(1);
+    let period_us = u128::from(q.period_micros().max(1));
+    let units = u128::from(q.limit())
+        .checked_mul(u128::from(window) * 1_000_000)
+        .map_or(u64::MAX, |n| {
+            u64::try_from(n / period_us).unwrap_or(u64::MAX)
+        });
+    (units, window)
+}
+
 #[must_use]
 pub(crate) fn secs_ceil(d: Duration) -> u64 {
     d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
@@ -464,10 +489,11 @@ impl Prepared {
                 policy.extend_from_slice(b", ");
             }
             push_sf_string(&mut policy, &n);
+            let (units, window) = in_whole_seconds(q);
             policy.extend_from_slice(b";q=");
-            push_u64(&mut policy, q.limit().min(SF_INTEGER_MAX));
+            push_u64(&mut policy, units.min(SF_INTEGER_MAX));
             policy.extend_from_slice(b";w=");
-            push_u64(&mut policy, secs_ceil(q.period()).min(SF_INTEGER_MAX));
+            push_u64(&mut policy, window.min(SF_INTEGER_MAX));
             let mut item = Vec::new();
             push_sf_string(&mut item, &n);
             item.extend_from_slice(b";r=");
@@ -504,26 +530,24 @@ impl Prepared {
             .unwrap_or_else(|_| HeaderValue::from_static(""))
     }
 
-    /// Adds the rate-limit fields of `mode` for `d`, leaving any already set.
+    /// Adds the rate-limit fields of `mode` for `d`: each group (the IETF pair, the legacy three)
+    /// only if none of its fields is set already.
     pub(crate) fn write(&self, headers: &mut HeaderMap, mode: Headers, d: &Decision) {
-        if mode.ietf {
-            if let Entry::Vacant(v) = headers.entry(names::RATELIMIT_POLICY) {
-                v.insert(self.policy_value.clone());
-            }
-            if let Entry::Vacant(v) = headers.entry(names::RATELIMIT) {
-                v.insert(self.rate_limit_value(d));
-            }
+        if mode.ietf
+            && !headers.contains_key(names::RATELIMIT)
+            && let Entry::Vacant(v) = headers.entry(names::RATELIMIT_POLICY)
+        {
+            v.insert(self.policy_value.clone());
+            headers.insert(names::RATELIMIT, self.rate_limit_value(d));
         }
-        if mode.legacy {
-            if let Entry::Vacant(v) = headers.entry(names::X_RATELIMIT_LIMIT) {
-                v.insert(number(d.limit()));
-            }
-            if let Entry::Vacant(v) = headers.entry(names::X_RATELIMIT_REMAINING) {
-                v.insert(number(d.remaining()));
-            }
-            if let Entry::Vacant(v) = headers.entry(names::X_RATELIMIT_RESET) {
-                v.insert(number(reset_secs(d)));
-            }
+        if mode.legacy
+            && !headers.contains_key(names::X_RATELIMIT_LIMIT)
+            && !headers.contains_key(names::X_RATELIMIT_REMAINING)
+            && !headers.contains_key(names::X_RATELIMIT_RESET)
+        {
+            headers.insert(names::X_RATELIMIT_LIMIT, number(d.limit()));
+            headers.insert(names::X_RATELIMIT_REMAINING, number(d.remaining()));
+            headers.insert(names::X_RATELIMIT_RESET, number(reset_secs(d)));
         }
     }
 }
@@ -660,6 +684,23 @@ mod tests {
             p.policy_value,
             "\"a\\\"b.0\";q=10;w=1, \"a\\\"b.1\";q=1000;w=3601"
         );
+        // A period that is not whole seconds: the units granted in the rounded-up window, at the
+        // quota's rate, rounded down.
+        for (limit, period_ms, want) in [
+            (5, 100, "q=50;w=1"),
+            (1, 1, "q=1000;w=1"),
+            (7, 1_500, "q=9;w=2"),
+            (3, 2_000, "q=3;w=2"),
+            (1, 86_400_000, "q=1;w=86400"),
+        ] {
+            let q = Quota::per_period(limit, Duration::from_millis(period_ms)).unwrap();
+            let p = Prepared::new("p", &Limit::single(Algorithm::FixedWindow, q).unwrap());
+            assert_eq!(
+                p.policy_value,
+                format!("\"p\";{want}"),
+                "{limit} per {period_ms} ms"
+            );
+        }
         let d = Decision::new(
             Outcome::Denied {
                 retry_after: Duration::from_millis(2_500),

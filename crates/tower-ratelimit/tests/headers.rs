@@ -82,18 +82,85 @@ async fn sub_second_waits_round_up_to_one() {
     assert_eq!(header(&res, "ratelimit"), Some("\"fast\";r=0;t=1"));
 }
 
+/// Fields the inner service set are kept, and each group of fields (the IETF pair, the legacy
+/// three) is added whole or not at all: a `RateLimit` of the inner service's is not joined by a
+/// `RateLimit-Policy` of the layer's that does not list its policy.
 #[tokio::test]
 async fn headers_set_by_the_inner_service_are_kept() {
-    let (_clock, store) = store();
-    let app = Router::new()
-        .route(
-            "/",
-            get(|| async { ([("ratelimit", "\"inner\";r=1;t=1")], "ok") }),
-        )
-        .layer(RateLimitLayer::new(store, Policy::new("api", five_a_minute()).unwrap()).unwrap());
-    let res = send(&app, request("/")).await;
+    let inner_sets = |fields: &'static [(&'static str, &'static str)]| {
+        let (_clock, store) = store();
+        let policy = Policy::new("api", five_a_minute())
+            .unwrap()
+            .headers(Headers::ietf().legacy(true));
+        Router::new()
+            .route(
+                "/",
+                get(move || async move {
+                    let mut res = axum::response::Response::new(axum::body::Body::from("ok"));
+                    for (name, value) in fields {
+                        res.headers_mut().insert(*name, value.parse().unwrap());
+                    }
+                    res
+                }),
+            )
+            .layer(RateLimitLayer::new(store, policy).unwrap())
+    };
+
+    let res = send(
+        &inner_sets(&[("ratelimit", "\"inner\";r=1;t=1")]),
+        request("/"),
+    )
+    .await;
     assert_eq!(header(&res, "ratelimit"), Some("\"inner\";r=1;t=1"));
+    assert_eq!(header(&res, "ratelimit-policy"), None);
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("4"));
+
+    let res = send(
+        &inner_sets(&[("ratelimit-policy", "\"inner\";q=9;w=9")]),
+        request("/"),
+    )
+    .await;
+    assert_eq!(header(&res, "ratelimit-policy"), Some("\"inner\";q=9;w=9"));
+    assert_eq!(header(&res, "ratelimit"), None);
+
+    let res = send(&inner_sets(&[("x-ratelimit-reset", "7")]), request("/")).await;
+    assert_eq!(header(&res, "x-ratelimit-reset"), Some("7"));
+    assert_eq!(header(&res, "x-ratelimit-limit"), None);
+    assert_eq!(header(&res, "x-ratelimit-remaining"), None);
+    assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=4;t=12"));
     assert_eq!(header(&res, "ratelimit-policy"), Some("\"api\";q=5;w=60"));
+}
+
+/// A bucket's burst above its rate: `q` and `w` give the sustained rate, `r` what is left of the
+/// burst, and `X-RateLimit-Limit` the burst.
+#[tokio::test]
+async fn a_burst_above_the_rate_shows_in_r_and_the_legacy_limit() {
+    let (_clock, store) = store();
+    let quota = Quota::per_second(10).unwrap().with_burst(20).unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, quota).unwrap();
+    let policy = Policy::new("api", limit)
+        .unwrap()
+        .headers(Headers::ietf().legacy(true));
+    let res = send(&app(store, policy), request("/")).await;
+    assert_eq!(header(&res, "ratelimit-policy"), Some("\"api\";q=10;w=1"));
+    assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=19;t=1"));
+    assert_eq!(header(&res, "x-ratelimit-limit"), Some("20"));
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("19"));
+}
+
+/// A period that is not whole seconds is advertised over the period rounded up, at its rate.
+#[tokio::test]
+async fn a_sub_second_period_is_advertised_at_its_rate() {
+    let (_clock, store) = store();
+    let quota = Quota::per_period(5, Duration::from_millis(100)).unwrap();
+    let limit = Limit::single(Algorithm::FixedWindow, quota).unwrap();
+    let res = send(
+        &app(store, Policy::new("api", limit).unwrap()),
+        request("/"),
+    )
+    .await;
+    assert_eq!(header(&res, "ratelimit-policy"), Some("\"api\";q=50;w=1"));
+    assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=4;t=1"));
 }
 
 #[tokio::test]
