@@ -179,8 +179,11 @@ impl Policy {
         self
     }
 
-    /// The cost of each request (default 1). A cost of 0 checks without consuming; a cost larger
-    /// than the limit can ever hold is denied with no `Retry-After` (it would never pass).
+    /// The cost of each request (default 1). A cost of 0 checks without consuming, and is always
+    /// let through: a cost computed from the request (say its body's length in KiB) should be at
+    /// least 1 (`(len / 1024).max(1)`) unless small requests are meant to be free. A cost larger
+    /// than the limit can ever hold is denied with no `Retry-After` (it would never pass); its
+    /// `RateLimit` field reports the quota as it stands (`t=0` when it is full).
     pub fn cost(mut self, cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
         self.cost = Some(Arc::new(cost));
         self
