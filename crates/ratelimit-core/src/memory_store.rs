@@ -270,6 +270,10 @@ impl<C> MemoryStore<C> {
             memo.publish_latest(&shard.memo_key, now);
             now
         } else {
+            // A check at an explicit time may admit the memo's key ahead of its denial. The first
+            // `check_at` empties every memo, but a concurrent one may get here before it reaches
+            // this shard: empty this shard's memo under its lock too.
+            memo.clear(&shard.memo_key);
             now
         };
         let decision = self.check_locked(shard, memo, table, id, limit, cost, now);

@@ -32,7 +32,7 @@ impl SlidingLogState {
         while let Some(&(t, c)) = self.entries.front() {
             if t.saturating_add(period) <= now {
                 self.entries.pop_front();
-                self.total -= c;
+                self.total = self.total.saturating_sub(c);
             } else {
                 break;
             }
@@ -80,33 +80,39 @@ pub fn decide(quota: &Quota, log: &SlidingLogState, now: Timestamp, cost: u64) -
             break;
         }
         expired += 1;
-        expired_cost += c;
+        expired_cost = c.saturating_add(expired_cost);
     }
     let live = log.entries.range(expired..);
-    let total = log.total - expired_cost;
+    // Saturating throughout: the state's fields are public, and a state kept under a larger limit
+    // (or built by hand) may hold more than this quota's limit; it then denies, and never panics.
+    let total = log.total.saturating_sub(expired_cost);
     let live_newest = live.clone().next_back().map(|&(t, _)| t);
 
     let (outcome, total, newest) = if cost > limit {
         (Verdict::Exceeds, total, live_newest)
-    } else if total + cost <= limit {
+    } else if total.saturating_add(cost) <= limit {
         let newest = if cost > 0 { Some(now) } else { live_newest };
         (Verdict::Allowed, total + cost, newest)
     } else {
         // Wait until enough of the oldest entries have slid out.
-        let need = total + cost - limit;
-        let mut freed = 0;
+        let need = total.saturating_add(cost) - limit;
+        let mut freed = 0u64;
         let mut at = now;
         for &(t, c) in live {
-            freed += c;
+            freed = freed.saturating_add(c);
             if freed >= need {
-                at = t + p;
+                at = t.saturating_add(p);
                 break;
             }
         }
-        (Verdict::Denied(at - now), total, live_newest)
+        (
+            Verdict::Denied(at.saturating_sub(now).max(1)),
+            total,
+            live_newest,
+        )
     };
-    let reset = newest.map_or(0, |t| t + p - now);
-    Decision::from_parts(outcome, limit, limit - total, reset)
+    let reset = newest.map_or(0, |t| t.saturating_add(p).saturating_sub(now));
+    Decision::from_parts(outcome, limit, limit.saturating_sub(total), reset)
 }
 
 /// Records an admitted `cost` at `now` in `log`: drops the entries that have slid out and adds
@@ -119,10 +125,10 @@ pub fn commit(quota: &Quota, log: &mut SlidingLogState, now: Timestamp, cost: u6
     let now = clamp(log, now);
     log.prune(now, quota.period_micros());
     match log.entries.back_mut() {
-        Some((t, c)) if *t == now => *c += cost,
+        Some((t, c)) if *t == now => *c = c.saturating_add(cost),
         _ => log.entries.push_back((now, cost)),
     }
-    log.total += cost;
+    log.total = log.total.saturating_add(cost);
 }
 
 #[cfg(test)]
@@ -157,6 +163,41 @@ mod tests {
                 .map_or(0, |&&(t, _)| t + period - now)
         });
         (false, limit - total, retry)
+    }
+
+    /// A log holding more than the quota's limit (kept under a larger one, or built by hand: the
+    /// fields are public) is denied with nothing remaining, and waits for enough of it to slide
+    /// out; a log whose fields disagree never panics.
+    #[test]
+    fn a_log_over_the_limit_is_denied_and_nothing_panics() {
+        let quota = Quota::per_second(10).unwrap();
+        let log = SlidingLogState {
+            entries: [(0, 60), (500_000, 40)].into_iter().collect(),
+            total: 100,
+        };
+        let d = decide(&quota, &log, Timestamp::from_micros(600_000), 1);
+        assert!(!d.is_allowed());
+        assert_eq!(d.remaining(), 0);
+        // 91 units must slide out: both entries, the second at 1.5 s.
+        assert_eq!(
+            d.retry_after(),
+            Some(std::time::Duration::from_micros(900_000))
+        );
+        let broken = SlidingLogState {
+            entries: [(u64::MAX - 1, u64::MAX), (5, 3)].into_iter().collect(),
+            total: 1,
+        };
+        for now in [0, 5, 1 << 40, u64::MAX] {
+            for cost in [0, 1, 10, 11, u64::MAX] {
+                let at = Timestamp::from_micros(now);
+                let d = decide(&quota, &broken, at, cost);
+                if let Some(wait) = d.retry_after() {
+                    assert!(wait >= std::time::Duration::from_micros(1));
+                }
+                let mut log = broken.clone();
+                commit(&quota, &mut log, at, cost);
+            }
+        }
     }
 
     proptest! {

@@ -59,6 +59,10 @@ pub(super) struct DenialMemo {
     limit: AtomicU64,
     /// The decision's kind and quota index.
     tag: AtomicU64,
+    /// The instant (µs) the denial was recorded at: the memo answers no earlier time. (A reader
+    /// that read the shard's latest time just before a new denial was recorded would otherwise
+    /// answer for a time before it, with waits that are too long.)
+    at: AtomicU64,
     /// The shard's latest time (µs), published while the memo names a key (outside the sequence
     /// lock: a stale value is an earlier time, at which the answer was right a moment before).
     latest: AtomicU64,
@@ -78,6 +82,7 @@ impl DenialMemo {
         let full_at = self.full_at.load(Ordering::Relaxed);
         let limit = self.limit.load(Ordering::Relaxed);
         let tag = self.tag.load(Ordering::Relaxed);
+        let at = self.at.load(Ordering::Relaxed);
         // Orders the loads above before the second reading of `seq`: if any of them saw a write
         // of a writer, that writer's odd `seq` is seen here too.
         fence(Ordering::Acquire);
@@ -85,7 +90,7 @@ impl DenialMemo {
             return None;
         }
         let now = now.as_micros();
-        if now >= until {
+        if now >= until || now < at {
             return None;
         }
         #[cfg(test)]
@@ -152,7 +157,7 @@ impl DenialMemo {
             return;
         }
         self.latest.store(now, Ordering::Relaxed);
-        self.write(id, until, full_at, d);
+        self.write(id, now, until, full_at, d);
         // Release: a reader that sees the key (with Acquire) sees this memo's latest time.
         hint.store(id, Ordering::Release);
     }
@@ -162,11 +167,11 @@ impl DenialMemo {
     pub(super) fn clear(&self, hint: &AtomicU64) {
         if self.id.load(Ordering::Relaxed) != 0 {
             hint.store(0, Ordering::Relaxed);
-            self.write(0, 0, 0, &Decision::memo_denial(0, 0, 0, 0));
+            self.write(0, 0, 0, 0, &Decision::memo_denial(0, 0, 0, 0));
         }
     }
 
-    fn write(&self, id: u64, until: u64, full_at: u64, d: &Decision) {
+    fn write(&self, id: u64, at: u64, until: u64, full_at: u64, d: &Decision) {
         let seq = self.seq.load(Ordering::Relaxed);
         self.seq.store(seq.wrapping_add(1), Ordering::Relaxed);
         // Orders the odd `seq` before the fields: a reader that sees any new field sees it.
@@ -176,6 +181,7 @@ impl DenialMemo {
         self.full_at.store(full_at, Ordering::Relaxed);
         self.limit.store(d.limit(), Ordering::Relaxed);
         self.tag.store(d.tag_word(), Ordering::Relaxed);
+        self.at.store(at, Ordering::Relaxed);
         self.seq.store(seq.wrapping_add(2), Ordering::Release);
     }
 }
@@ -223,6 +229,25 @@ mod tests {
         );
         assert_eq!(memo.denial(8, Timestamp::from_micros(120)), None);
         assert_eq!(memo.denial(7, Timestamp::from_micros(150)), None);
+    }
+
+    /// A reader whose time was read before a newer denial of its key was recorded (the shard's
+    /// latest time, read outside the sequence lock, then the key admitted and denied again) is
+    /// not answered for that earlier time, at which the new denial did not exist: it takes the
+    /// lock.
+    #[test]
+    fn no_answer_for_a_time_before_the_denial_was_recorded() {
+        let memo = DenialMemo::default();
+        let hint = AtomicU64::new(0);
+        let t = Timestamp::from_micros;
+        memo.after_check(&hint, 7, 1, t(0), &denial(1_000, 1_000), &NEVER);
+        let stale = memo.latest();
+        assert_eq!(stale, t(0));
+        // The denial ends; the key is admitted and denied again at 1,400.
+        memo.after_check(&hint, 7, 1, t(1_400), &denial(1_000, 1_000), &NEVER);
+        assert_eq!(memo.denial(7, stale), None);
+        assert_eq!(memo.denial(7, t(1_400)), Some(denial(1_000, 1_000)));
+        assert_eq!(memo.denial(7, t(1_500)), Some(denial(900, 900)));
     }
 
     #[test]
