@@ -150,6 +150,10 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// The circuit breaker's settings (default: [`CircuitBreaker::default`]). A store whose future
     /// is `std::future::Ready<Result<Decision, Infallible>>` (the in-memory store, or an `Arc` of
     /// it) gets no breaker: it answers at once and never fails, so it could never trip one.
+    ///
+    /// Keep the cool-down longer than the [`timeout`](Self::timeout) (the defaults: 10 s and
+    /// 50 ms). With a shorter one, a probe may close the circuit while calls sent before it opened
+    /// are still waiting; their timeouts then count as new failures and can open it again.
     pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
         self.breaker = Some(breaker);
         self
