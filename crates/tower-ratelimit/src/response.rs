@@ -533,12 +533,19 @@ impl Prepared {
     /// Adds the rate-limit fields of `mode` for `d`: each group (the IETF pair, the legacy three)
     /// only if none of its fields is set already.
     pub(crate) fn write(&self, headers: &mut HeaderMap, mode: Headers, d: &Decision) {
+        // Two lookups, as for the fields apart: the rare `RateLimit` without a policy is undone.
         if mode.ietf
-            && !headers.contains_key(names::RATELIMIT)
             && let Entry::Vacant(v) = headers.entry(names::RATELIMIT_POLICY)
         {
             v.insert(self.policy_value.clone());
-            headers.insert(names::RATELIMIT, self.rate_limit_value(d));
+            match headers.entry(names::RATELIMIT) {
+                Entry::Vacant(v) => {
+                    v.insert(self.rate_limit_value(d));
+                }
+                Entry::Occupied(_) => {
+                    headers.remove(names::RATELIMIT_POLICY);
+                }
+            }
         }
         if mode.legacy
             && !headers.contains_key(names::X_RATELIMIT_LIMIT)
