@@ -189,7 +189,15 @@ impl Coalescing {
                 },
             );
             drop(queues);
-            tokio::spawn(drive(Arc::clone(&self.shared), self.store.clone(), qk));
+            // Made before the task is spawned and moved into it, so that the queue is removed
+            // even if the task is dropped before its first poll (spawned as its runtime shuts
+            // down, or the runtime dropped with it unpolled), or if spawning panics.
+            let guard = QueueGuard {
+                shared: Arc::clone(&self.shared),
+                qk,
+                armed: true,
+            };
+            tokio::spawn(drive(guard, self.store.clone()));
         }
         CoalesceFuture { rx }
     }
@@ -217,32 +225,29 @@ impl Shared {
     }
 }
 
-/// Removes a key's queue if its task ends without emptying it (dropped with its runtime, or a
-/// panic): the waiting checks then fail at once instead of waiting forever, and the next check of
-/// the key starts a new task.
-struct QueueGuard<'a> {
-    shared: &'a Shared,
-    qk: &'a QueueKey,
+/// Removes a key's queue if its task ends without emptying it (dropped with its runtime, before
+/// or after its first poll, or a panic): the waiting checks then fail at once instead of waiting
+/// forever, and the next check of the key starts a new task.
+struct QueueGuard {
+    shared: Arc<Shared>,
+    qk: QueueKey,
     /// Cleared when the task ends normally, having removed the empty queue itself (a new queue
     /// of the same key, with its own task, may exist by the time the guard drops).
     armed: bool,
 }
 
-impl Drop for QueueGuard<'_> {
+impl Drop for QueueGuard {
     fn drop(&mut self) {
         if self.armed {
-            lock(&self.shared.queues).remove(self.qk);
+            lock(&self.shared.queues).remove(&self.qk);
         }
     }
 }
 
 /// Serves one key's queue until it is empty, one script call at a time.
-async fn drive(shared: Arc<Shared>, store: RedisStore, qk: QueueKey) {
-    let mut guard = QueueGuard {
-        shared: &shared,
-        qk: &qk,
-        armed: true,
-    };
+async fn drive(mut guard: QueueGuard, store: RedisStore) {
+    let shared = Arc::clone(&guard.shared);
+    let qk = guard.qk.clone();
     if !shared.window.is_zero() {
         tokio::time::sleep(shared.window).await;
     }

@@ -408,3 +408,51 @@ fn coalescing_recovers_from_a_task_that_ended_with_its_runtime() {
         "the abandoned check was never sent"
     );
 }
+
+/// The same when the key's task never ran at all: spawned on a runtime that is dropped before it
+/// polls the task (the check gave up at once). The queue it was made for is removed with it.
+#[test]
+fn coalescing_recovers_from_a_task_dropped_before_its_first_poll() {
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = RedisServer::start();
+    let store = main.block_on(async {
+        RedisStore::builder(server.url())
+            .prefix(unique_prefix("coalesce-unpolled"))
+            .build()
+            .await
+            .unwrap()
+    });
+    let coalescing = Coalescing::new(store);
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
+
+    // A current-thread runtime runs its spawned tasks only when the future it blocks on waits;
+    // this one is done at its first poll, so the key's task is dropped with the runtime unpolled.
+    let short_lived = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let pending = short_lived.block_on(async {
+        // Polled once, then dropped: the caller gave up at once.
+        let mut check = std::pin::pin!(coalescing.check(b"k", &limit, 1));
+        std::future::poll_fn(|cx| {
+            std::task::Poll::Ready(std::future::Future::poll(check.as_mut(), cx).is_pending())
+        })
+        .await
+    });
+    assert!(pending, "not answered at its first poll");
+    drop(short_lived);
+
+    let answered = main.block_on(async {
+        tokio::time::timeout(Duration::from_secs(5), coalescing.check(b"k", &limit, 1)).await
+    });
+    let decision = answered.expect("answered, not queued forever").unwrap();
+    assert_eq!(
+        decision.remaining(),
+        999,
+        "the abandoned check was never sent"
+    );
+}
