@@ -212,6 +212,10 @@ type Map = HashMap<u128, EntryRef, BuildIdHasher>;
 struct Entry {
     /// Units left in the lease.
     tokens: u64,
+    /// Lease requests of this key that failed: a check that waited through one goes straight to
+    /// the store rather than ask for the next lease (its fellow waiters would otherwise take
+    /// turns, each after the last one's failure).
+    failed_fetches: u64,
     /// End of the lease (exclusive), µs.
     expires: u64,
     /// Units the current lease was granted with.
@@ -265,7 +269,8 @@ enum Action {
     Local(Decision),
     Fetch(u64),
     Direct,
-    Wait,
+    /// Another check is bringing a lease; with the key's failed lease requests so far.
+    Wait(u64),
 }
 
 impl<S, C> Shared<S, C> {
@@ -281,8 +286,9 @@ impl<S, C> Shared<S, C> {
         }
     }
 
-    /// What a check of `cost` at `now` does with this entry.
-    fn try_acquire(&self, e: &mut Entry, now: u64, cost: u64, cap: u64) -> Action {
+    /// What a check of `cost` at `now` does with this entry; `may_fetch` false: straight to the
+    /// store where it would ask for a lease.
+    fn try_acquire(&self, e: &mut Entry, now: u64, cost: u64, cap: u64, may_fetch: bool) -> Action {
         if now < e.starved_until || cost > cap {
             // Starved, or a cost no lease can cover (the store says it never passes): straight to
             // the store, and the lease, if any, stays for the checks it can serve.
@@ -305,7 +311,7 @@ impl<S, C> Shared<S, C> {
             return Action::Direct;
         }
         if e.fetching {
-            return Action::Wait;
+            return Action::Wait(e.failed_fetches);
         }
         if e.tokens > 0 {
             let left = e.drop_lease();
@@ -330,6 +336,9 @@ impl<S, C> Shared<S, C> {
             // below its rate is never back within a one-unit lease's own lifetime, `1 / r`; a
             // key at its limit, with nothing left, would only have its larger lease denied.)
             self.grow(e);
+        }
+        if !may_fetch {
+            return Action::Direct;
         }
         e.fetching = true;
         Action::Fetch(e.size.max(cost).min(cap))
@@ -569,7 +578,7 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
             };
         };
         let cap = capacity(limit);
-        let action = sh.try_acquire(&mut entry.lock(), now, cost, cap);
+        let action = sh.try_acquire(&mut entry.lock(), now, cost, cap, true);
         let ctx = |entry| {
             Some(Ctx {
                 shared: Arc::clone(sh),
@@ -606,10 +615,10 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
                     ctx: ctx(entry),
                 }
             }
-            Action::Wait => {
+            Action::Wait(failures) => {
                 sh.counters.waited.fetch_add(1, Ordering::Relaxed);
                 LeaseFuture {
-                    state: St::Wait,
+                    state: St::Wait { failures },
                     ctx: ctx(entry),
                 }
             }
@@ -646,8 +655,9 @@ pin_project! {
         Ready { out: Option<Decision> },
         // Straight to the store, answer passed on.
         Direct { #[pin] fut: F },
-        // Waiting for another check of this key to bring a lease.
-        Wait,
+        // Waiting for another check of this key to bring a lease; `failures`: the key's failed
+        // lease requests when it began.
+        Wait { failures: u64 },
         // Asking the store for a lease of `want`.
         // `second`: a smaller lease, asked for after a denial said how many units were left.
         Lease { #[pin] fut: F, want: u64, sent: u64, second: bool },
@@ -690,7 +700,7 @@ impl<S: Store, C> fmt::Debug for LeaseFuture<S, C> {
         let state = match &self.state {
             St::Ready { .. } => "local",
             St::Direct { .. } => "store call",
-            St::Wait => "waiting for a lease",
+            St::Wait { .. } => "waiting for a lease",
             St::Lease { .. } => "asking for a lease",
             St::Done => "done",
         };
@@ -714,18 +724,21 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                 }
                 StProj::Direct { fut } => return fut.poll(cx),
                 StProj::Done => panic!("LeaseFuture polled after completion"),
-                StProj::Wait => {
+                StProj::Wait { failures } => {
                     let ctx = ctx.expect("a waiting check has its context");
                     let sh = &ctx.shared;
                     let now = sh.clock.now().as_micros();
                     let mut e = ctx.entry.lock();
-                    match sh.try_acquire(&mut e, now, ctx.cost, ctx.cap) {
+                    // A lease request failed while this check waited: it asks the store for
+                    // itself (a live lease brought since still serves it).
+                    let may_fetch = e.failed_fetches == *failures;
+                    match sh.try_acquire(&mut e, now, ctx.cost, ctx.cap, may_fetch) {
                         Action::Local(d) => {
                             drop(e);
                             self.as_mut().project().state.set(St::Done);
                             return Poll::Ready(Ok(d));
                         }
-                        Action::Wait => {
+                        Action::Wait(_) => {
                             if !e.waiters.iter().any(|w| w.will_wake(cx.waker())) {
                                 e.waiters.push(cx.waker().clone());
                             }
@@ -764,7 +777,7 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                     let d = match out {
                         Ok(d) => d,
                         Err(err) => {
-                            finish(&ctx.entry, |_| {});
+                            finish(&ctx.entry, |e| e.failed_fetches += 1);
                             self.as_mut().project().state.set(St::Done);
                             return Poll::Ready(Err(err));
                         }

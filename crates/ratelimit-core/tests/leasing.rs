@@ -269,6 +269,101 @@ fn a_dropped_lease_request_lets_the_waiting_checks_go_on() {
     assert!(d.is_allowed());
 }
 
+/// A store that is down: each check waits until the gate is open, then fails.
+struct Down {
+    gate: Arc<AtomicBool>,
+    calls: Arc<AtomicUsize>,
+}
+
+#[derive(Debug)]
+struct StoreDown;
+
+impl std::fmt::Display for StoreDown {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("store down")
+    }
+}
+
+impl std::error::Error for StoreDown {}
+
+struct DownFuture(Arc<AtomicBool>);
+
+impl Future for DownFuture {
+    type Output = Result<ratelimit_core::Decision, StoreDown>;
+    fn poll(self: Pin<&mut Self>, _cx: &mut Context<'_>) -> Poll<Self::Output> {
+        if self.0.load(Ordering::Acquire) {
+            Poll::Ready(Err(StoreDown))
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+impl Store for Down {
+    type Error = StoreDown;
+    type Future = DownFuture;
+    fn check(&self, _key: &[u8], _limit: &Limit, _cost: u64) -> DownFuture {
+        self.calls.fetch_add(1, Ordering::Relaxed);
+        DownFuture(Arc::clone(&self.gate))
+    }
+}
+
+/// When a lease request fails, the checks that waited for it each ask the store at once, side by
+/// side, instead of taking turns at the next lease request (each after the last one's failure: the
+/// k-th waiter would answer after k store timeouts).
+#[test]
+fn a_failed_lease_request_sends_its_waiters_to_the_store_together() {
+    let clock = ManualClock::new();
+    let gate = Arc::new(AtomicBool::new(false));
+    let calls = Arc::new(AtomicUsize::new(0));
+    let down = Down {
+        gate: Arc::clone(&gate),
+        calls: Arc::clone(&calls),
+    };
+    let leasing = Leasing::new(down, clock.clone());
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(100).unwrap()).unwrap();
+    let cx = &mut Context::from_waker(Waker::noop());
+    let mut fetcher = Box::pin(leasing.check(b"k", &limit, 1));
+    let mut waiters: Vec<_> = (0..3)
+        .map(|_| Box::pin(leasing.check(b"k", &limit, 1)))
+        .collect();
+    assert!(fetcher.as_mut().poll(cx).is_pending());
+    for w in &mut waiters {
+        assert!(w.as_mut().poll(cx).is_pending());
+    }
+    assert_eq!(
+        (calls.load(Ordering::Relaxed), leasing.stats().waited),
+        (1, 3)
+    );
+
+    // The lease request fails; the store stays slow for the checks that come next.
+    gate.store(true, Ordering::Release);
+    assert!(matches!(
+        fetcher.as_mut().poll(cx),
+        Poll::Ready(Err(StoreDown))
+    ));
+    gate.store(false, Ordering::Release);
+    for w in &mut waiters {
+        assert!(w.as_mut().poll(cx).is_pending());
+    }
+    assert_eq!(
+        calls.load(Ordering::Relaxed),
+        4,
+        "every waiter asked the store at once"
+    );
+
+    gate.store(true, Ordering::Release);
+    for w in &mut waiters {
+        assert!(matches!(w.as_mut().poll(cx), Poll::Ready(Err(StoreDown))));
+    }
+    // A check that comes later asks for a lease again.
+    let mut later = Box::pin(leasing.check(b"k", &limit, 1));
+    gate.store(false, Ordering::Release);
+    assert!(later.as_mut().poll(cx).is_pending());
+    drop(later);
+    assert_eq!(calls.load(Ordering::Relaxed), 5);
+}
+
 #[test]
 fn expired_leases_are_dropped_and_counted() {
     let clock = ManualClock::new();
