@@ -371,41 +371,20 @@ async fn coalescing_does_not_send_checks_whose_callers_gave_up() {
 /// and are answered, instead of joining a queue nobody serves.
 #[test]
 fn coalescing_recovers_from_a_task_that_ended_with_its_runtime() {
-    let main = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    let server = RedisServer::start();
-    let store = main.block_on(async {
-        RedisStore::builder(server.url())
-            .prefix(unique_prefix("coalesce-shutdown"))
-            .build()
-            .await
-            .unwrap()
-    });
-    let coalescing = Coalescing::new(store).batch_window(Duration::from_millis(500));
-    let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
-
-    // The key's task is spawned on a short-lived runtime, which shuts down during its window.
-    let short_lived = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let gave_up = short_lived.block_on(async {
-        tokio::time::timeout(Duration::from_millis(20), coalescing.check(b"k", &limit, 1)).await
-    });
-    assert!(gave_up.is_err(), "still in the batch window");
-    drop(short_lived);
-
-    let answered = main.block_on(async {
-        tokio::time::timeout(Duration::from_secs(5), coalescing.check(b"k", &limit, 1)).await
-    });
-    let decision = answered.expect("answered, not queued forever").unwrap();
-    assert_eq!(
-        decision.remaining(),
-        999,
-        "the abandoned check was never sent"
+    abandoned_then_answered(
+        "coalesce-shutdown",
+        Duration::from_millis(500),
+        |c, limit| {
+            // The key's task is spawned on this runtime, which shuts down during its window.
+            let gave_up = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap()
+                .block_on(async {
+                    tokio::time::timeout(Duration::from_millis(20), c.check(b"k", limit, 1)).await
+                });
+            assert!(gave_up.is_err(), "still in the batch window");
+        },
     );
 }
 
@@ -413,6 +392,34 @@ fn coalescing_recovers_from_a_task_that_ended_with_its_runtime() {
 /// polls the task (the check gave up at once). The queue it was made for is removed with it.
 #[test]
 fn coalescing_recovers_from_a_task_dropped_before_its_first_poll() {
+    abandoned_then_answered("coalesce-unpolled", Duration::ZERO, |c, limit| {
+        // A current-thread runtime runs its spawned tasks only when the future it blocks on
+        // waits; this one is done at its first poll, so the key's task is dropped with the
+        // runtime unpolled.
+        let pending = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap()
+            .block_on(async {
+                // Polled once, then dropped: the caller gave up at once.
+                let mut check = std::pin::pin!(c.check(b"k", limit, 1));
+                std::future::poll_fn(|cx| {
+                    let polled = std::future::Future::poll(check.as_mut(), cx);
+                    std::task::Poll::Ready(polled.is_pending())
+                })
+                .await
+            });
+        assert!(pending, "not answered at its first poll");
+    });
+}
+
+/// A check of key `k` that `abandon` starts and gives up on, on a short-lived runtime, then one
+/// on the main runtime: answered (not queued forever), and the first never sent.
+fn abandoned_then_answered(
+    prefix: &str,
+    window: Duration,
+    abandon: impl FnOnce(&Coalescing, &Limit),
+) {
     let main = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
@@ -421,31 +428,14 @@ fn coalescing_recovers_from_a_task_dropped_before_its_first_poll() {
     let server = RedisServer::start();
     let store = main.block_on(async {
         RedisStore::builder(server.url())
-            .prefix(unique_prefix("coalesce-unpolled"))
+            .prefix(unique_prefix(prefix))
             .build()
             .await
             .unwrap()
     });
-    let coalescing = Coalescing::new(store);
+    let coalescing = Coalescing::new(store).batch_window(window);
     let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
-
-    // A current-thread runtime runs its spawned tasks only when the future it blocks on waits;
-    // this one is done at its first poll, so the key's task is dropped with the runtime unpolled.
-    let short_lived = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let pending = short_lived.block_on(async {
-        // Polled once, then dropped: the caller gave up at once.
-        let mut check = std::pin::pin!(coalescing.check(b"k", &limit, 1));
-        std::future::poll_fn(|cx| {
-            std::task::Poll::Ready(std::future::Future::poll(check.as_mut(), cx).is_pending())
-        })
-        .await
-    });
-    assert!(pending, "not answered at its first poll");
-    drop(short_lived);
-
+    abandon(&coalescing, &limit);
     let answered = main.block_on(async {
         tokio::time::timeout(Duration::from_secs(5), coalescing.check(b"k", &limit, 1)).await
     });

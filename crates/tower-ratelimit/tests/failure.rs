@@ -557,11 +557,7 @@ async fn only_a_store_that_can_fail_or_wait_has_a_breaker() {
 /// and a probe answered at once closes it.
 #[tokio::test]
 async fn a_store_that_answers_in_check_is_judged_by_every_answer() {
-    let (clock, memory) = store();
-    let flaky = Arc::new(FlakyStore {
-        inner: memory,
-        down: std::sync::atomic::AtomicBool::new(false),
-    });
+    let (clock, flaky) = flaky();
     judged_by_every_answer(ReadyFlakyStore(flaky.clone()), &flaky, &clock).await;
 }
 
@@ -571,11 +567,7 @@ async fn a_store_that_answers_in_check_is_judged_by_every_answer() {
 /// closed again.)
 #[tokio::test]
 async fn a_store_answering_at_once_through_a_boxed_future_recovers() {
-    let (clock, memory) = store();
-    let flaky = Arc::new(FlakyStore {
-        inner: memory,
-        down: std::sync::atomic::AtomicBool::new(false),
-    });
+    let (clock, flaky) = flaky();
     judged_by_every_answer(BoxedFlakyStore(flaky.clone()), &flaky, &clock).await;
 }
 
@@ -609,6 +601,16 @@ where
     assert_eq!(res.status(), 200);
     assert_eq!(verdict(&res), VerdictKind::Allowed);
     assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
+}
+
+/// A [`FlakyStore`], up, on a manual clock.
+fn flaky() -> (ManualClock, Arc<FlakyStore>) {
+    let (clock, memory) = store();
+    let flaky = FlakyStore {
+        inner: memory,
+        down: std::sync::atomic::AtomicBool::new(false),
+    };
+    (clock, Arc::new(flaky))
 }
 
 /// A memory store behind a switch that can fail.
