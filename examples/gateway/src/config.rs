@@ -193,9 +193,10 @@ pub enum KeyConfig {
         /// Proxies whose forwarding header is believed (CIDR blocks or addresses; default none).
         #[serde(default)]
         trusted_proxies: Vec<String>,
-        /// Which header the trusted proxies append to (default `x_forwarded_for`).
+        /// Which header the trusted proxies append to (default `x_forwarded_for`). Only with
+        /// `trusted_proxies`: the header is read from no one else.
         #[serde(default)]
-        forwarded_header: ForwardedHeaderConfig,
+        forwarded_header: Option<ForwardedHeaderConfig>,
         /// IPv6 clients are grouped by this prefix length (default 64).
         #[serde(default = "default_ipv6_prefix")]
         ipv6_prefix: u8,
@@ -214,7 +215,7 @@ impl Default for KeyConfig {
     fn default() -> Self {
         KeyConfig::Ip {
             trusted_proxies: Vec::new(),
-            forwarded_header: ForwardedHeaderConfig::default(),
+            forwarded_header: None,
             ipv6_prefix: default_ipv6_prefix(),
         }
     }
@@ -484,12 +485,19 @@ impl RouteConfig {
         }
         if let KeyConfig::Ip {
             trusted_proxies,
+            forwarded_header,
             ipv6_prefix,
-            ..
         } = &self.key
         {
             if let Err(e) = tower_ratelimit::ClientIp::behind_proxies(trusted_proxies) {
                 return Err(ConfigError::new(format!("{at}.key.trusted_proxies"), e));
+            }
+            if forwarded_header.is_some() && trusted_proxies.is_empty() {
+                return Err(ConfigError::new(
+                    format!("{at}.key.forwarded_header"),
+                    "is read only from trusted proxies, and none are set: add trusted_proxies \
+                     (without them the key is the TCP peer's address)",
+                ));
             }
             if *ipv6_prefix > 128 {
                 return Err(ConfigError::new(
@@ -504,7 +512,7 @@ impl RouteConfig {
                 "must be at least 1 (a cost of 0 counts nothing: the route would be unlimited)",
             ));
         }
-        for method in self.cost_by_method.keys() {
+        for (method, cost) in &self.cost_by_method {
             let ok = !method.is_empty()
                 && method.bytes().all(|b| b.is_ascii_uppercase())
                 && axum::http::Method::from_bytes(method.as_bytes()).is_ok();
@@ -512,6 +520,13 @@ impl RouteConfig {
                 return Err(ConfigError::new(
                     format!("{at}.cost_by_method.{method}"),
                     "expected an HTTP method in capitals, such as POST",
+                ));
+            }
+            if *cost == 0 {
+                return Err(ConfigError::new(
+                    format!("{at}.cost_by_method.{method}"),
+                    "must be at least 1 (a cost of 0 counts nothing: the method would be \
+                     unlimited)",
                 ));
             }
         }

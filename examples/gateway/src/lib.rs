@@ -171,10 +171,15 @@ impl LazyRedis {
         tokio::spawn(async move {
             loop {
                 tokio::time::sleep(Duration::from_secs(1)).await;
-                if let Ok(store) = open_redis(&config).await {
-                    let _ = cell.set(store);
-                    eprintln!("connected to Redis");
-                    return;
+                match open_redis(&config).await {
+                    Ok(store) => {
+                        let _ = cell.set(store);
+                        tracing::info!("connected to Redis");
+                        return;
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "cannot connect to Redis yet; retrying in 1 s")
+                    }
                 }
             }
         });
@@ -309,7 +314,7 @@ fn policy(config: &Config, i: usize) -> Result<Policy, ConfigError> {
             forwarded_header,
             ipv6_prefix,
         } => {
-            let header = match forwarded_header {
+            let header = match forwarded_header.unwrap_or_default() {
                 config::ForwardedHeaderConfig::XForwardedFor => ForwardedHeader::XForwardedFor,
                 config::ForwardedHeaderConfig::Forwarded => ForwardedHeader::Forwarded,
                 config::ForwardedHeaderConfig::Both => ForwardedHeader::Both,

@@ -8,7 +8,9 @@
 //! - `--listen ADDR`: where to listen, overriding the file's `listen`;
 //! - `--check`: check the configuration (and connect to Redis if configured), then exit.
 //!
-//! A bad configuration stops the gateway at start with a message naming the field.
+//! A bad configuration stops the gateway at start with a message naming the field. Ctrl-C or
+//! SIGTERM stops it gracefully (no new connections; the requests in flight finish). The rate
+//! limiter's events go to stderr, filtered by `RUST_LOG` (default `info`).
 
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -58,6 +60,32 @@ fn parse_args() -> Result<Args, String> {
     Ok(parsed)
 }
 
+/// Ctrl-C or SIGTERM (what an orchestrator sends before it stops a container): the server stops
+/// accepting connections and lets the requests in flight finish.
+async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut sigterm) => {
+                sigterm.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+    tracing::info!("shutting down: finishing the requests in flight");
+}
+
 /// A one-line description of the configured store.
 fn describe_store(config: &Config) -> String {
     let s = &config.store;
@@ -80,6 +108,15 @@ fn describe_store(config: &Config) -> String {
 
 #[tokio::main]
 async fn main() -> ExitCode {
+    // The rate limiter's events (store failures and timeouts, the circuit breaker) and the
+    // gateway's own, on stderr; `RUST_LOG` chooses (default `info`; `debug` adds every denial).
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .init();
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
@@ -173,6 +210,7 @@ async fn main() -> ExitCode {
         listener,
         router.into_make_service_with_connect_info::<SocketAddr>(),
     )
+    .with_graceful_shutdown(shutdown_signal())
     .await;
     match served {
         Ok(()) => ExitCode::SUCCESS,

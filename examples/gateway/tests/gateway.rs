@@ -317,6 +317,20 @@ async fn bad_configurations_fail_naming_the_field() {
             "routes[0].cost: must be at least 1",
         ),
         (
+            "[[routes]]\npath = \"/api\"\ncost_by_method = { GET = 0, POST = 5 }\n\
+             [routes.policy]\nname = \"a\"\nquotas = [{ limit = 1, per = \"second\" }]\n"
+                .to_owned(),
+            "routes[0].cost_by_method.GET: must be at least 1",
+        ),
+        // The forwarding header is read only from trusted proxies: without any, the setting
+        // would do nothing.
+        (
+            "[[routes]]\npath = \"/login\"\nkey = { source = \"ip\", forwarded_header = \"forwarded\" }\n\
+             [routes.policy]\nname = \"login\"\nquotas = [{ limit = 1, per = \"second\" }]\n"
+                .to_owned(),
+            "routes[0].key.forwarded_header: is read only from trusted proxies",
+        ),
+        (
             "[store]\ncircuit_breaker = { cool_down_ms = 9223372036854775807 }\n".to_owned()
                 + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
             "store.circuit_breaker.cool_down_ms: must be between 1 and 3600000",

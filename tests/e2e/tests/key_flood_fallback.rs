@@ -23,7 +23,9 @@ use ratelimit_e2e::observe::rss_bytes;
 use ratelimit_e2e::{per_minute, store_builder};
 use redis_harness::RedisServer;
 use tower::ServiceExt;
-use tower_ratelimit::{CircuitBreaker, CircuitState, FailurePolicy, Policy, RateLimitLayer};
+use tower_ratelimit::{
+    CircuitBreaker, CircuitState, FailurePolicy, Policy, RateLimitLayer, Verdict, VerdictKind,
+};
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
 
@@ -70,12 +72,14 @@ async fn fallback_flood_on_runtime(identities: u64) {
     let before = rss_bytes();
     let mut peak = before;
     let start = Instant::now();
-    let mut admitted = 0u64;
+    let (mut admitted, mut by_fallback) = (0u64, 0u64);
     for n in 0..identities {
         let mut req = Request::get("/").body(Body::empty()).unwrap();
         req.extensions_mut().insert(identity(n));
         let res = app.clone().oneshot(req).await.unwrap();
         admitted += u64::from(res.status() == 200);
+        let kind = res.extensions().get::<Verdict>().map(Verdict::kind);
+        by_fallback += u64::from(kind == Some(VerdictKind::FallbackAllowed));
         if n % 1_000_000 == 0 {
             peak = peak.max(rss_bytes());
         }
@@ -90,8 +94,10 @@ async fn fallback_flood_on_runtime(identities: u64) {
         start.elapsed().as_secs_f64(),
     );
     assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
-    // Every identity is new, so every one is admitted by its own local bucket.
+    // Every identity is new, so every one is admitted by its own local bucket: by the fallback
+    // (not failed open, which would admit as many and hold nothing).
     assert_eq!(admitted, identities);
+    assert_eq!(by_fallback, identities);
     assert!(growth <= bound, "resident growth {growth} over {bound}");
 }
 
