@@ -112,6 +112,7 @@ async fn main() -> ExitCode {
     // gateway's own, on stderr; `RUST_LOG` chooses (default `info`; `debug` adds every denial).
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
                 .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
