@@ -318,6 +318,11 @@ impl Config {
                 }
                 "--p99-target-ms" => {
                     let ms: f64 = num("--p99-target-ms", &value("--p99-target-ms")?)?;
+                    if !(ms.is_finite() && ms > 0.0 && ms <= 3_600_000.0) {
+                        return Err(Error::Usage(
+                            "--p99-target-ms must be between 0 and 3600000".to_owned(),
+                        ));
+                    }
                     c.p99_target = Duration::from_secs_f64(ms / 1e3);
                 }
                 "--seed" => c.seed = num("--seed", &value("--seed")?)?,
@@ -377,8 +382,15 @@ impl Config {
         if self.pool_size == 0 || self.threads == 0 {
             return fail("--pool-size and --threads must be at least 1");
         }
-        if self.abuse_factor.is_nan() || self.abuse_factor < 1.0 {
-            return fail("--abuse-factor must be at least 1");
+        if !(self.abuse_factor.is_finite() && (1.0..=1e6).contains(&self.abuse_factor)) {
+            return fail("--abuse-factor must be between 1 and 1000000");
+        }
+        // Each scheduled request takes a record of 24 bytes, reserved at the start.
+        let steps_max = self.steps.iter().copied().fold(self.rate, f64::max);
+        if steps_max * self.duration.as_secs_f64() > 100_000_000.0 {
+            return fail(
+                "--rate (or a --steps rate) times --duration must be at most 100000000 requests",
+            );
         }
         if self.store == StoreKind::None && self.target == Target::Store {
             return fail("--store none (bare axum) needs --target http");
@@ -427,13 +439,26 @@ impl Config {
             Algorithm::TokenBucket | Algorithm::Gcra => {
                 u128::from(self.burst.unwrap_or(self.limit)) + n * t / p
             }
-            // Any span of one period holds at most `limit`: limit * ceil(T / period).
-            Algorithm::SlidingLog => n * t.div_ceil(p).max(1),
+            // Any half-open span of one period, (x - period, x], holds at most `limit`, and a
+            // closed span of T is covered by floor(T / period) + 1 of them.
+            Algorithm::SlidingLog => n * (t / p + 1),
             // Each calendar window admits at most `limit`, and a span of T touches at most
             // ceil(T / period) + 1 windows. The sliding-window counter admits no more.
             _ => n * (t.div_ceil(p) + 1),
         };
         u64::try_from(bound).unwrap_or(u64::MAX)
+    }
+
+    /// How many spans of one period the bound of [`admission_bound`](Self::admission_bound)
+    /// counts for a span of `elapsed` (window algorithms), for a tolerance given per period.
+    pub fn periods_in_bound(&self, elapsed: Duration) -> u64 {
+        let t = elapsed.as_micros();
+        let p = self.period.as_micros().max(1);
+        let periods = match self.algorithm {
+            Algorithm::SlidingLog => t / p + 1,
+            _ => t.div_ceil(p) + 1,
+        };
+        u64::try_from(periods).unwrap_or(u64::MAX)
     }
 
     /// A one-line description of the limit: `100/60s token_bucket`.
@@ -596,6 +621,11 @@ mod tests {
             "--gateways",
             "--lease-size 8",
             "--mode leasing --lease-size 0",
+            "--p99-target-ms -1",
+            "--p99-target-ms nan",
+            "--p99-target-ms 1e30",
+            "--abuse-factor inf",
+            "--rate 1000000 --duration 600",
         ] {
             assert!(
                 Config::from_args(args.split_whitespace()).is_err(),
@@ -622,6 +652,9 @@ mod tests {
         assert_eq!(c.admission_bound(Duration::from_secs(30)), 200);
         c.algorithm = Algorithm::SlidingLog;
         assert_eq!(c.admission_bound(Duration::from_secs(30)), 100);
+        // A closed span of exactly one period: the slot of its first instant frees at its last.
+        assert_eq!(c.admission_bound(Duration::from_secs(60)), 200);
+        assert_eq!(c.periods_in_bound(Duration::from_secs(60)), 2);
         assert_eq!(parse_limit("5/10s").unwrap(), (5, Duration::from_secs(10)));
         assert_eq!(
             parse_limit("3/500ms").unwrap(),

@@ -98,10 +98,16 @@ pub struct Report {
     /// (from one admission's request to another's answer): 0 when the mode keeps its guarantee
     /// in every interval, not only over the whole run.
     pub users_above_in_some_interval: u64,
-    /// How far above the exact bound the mode may admit by its documented guarantee (leasing:
-    /// one lease, `ratelimit_core::DEFAULT_MAX_LEASE` units); 0 for exact modes.
+    /// How far above the exact bound the mode may admit by its documented guarantee, in any span
+    /// or, with `tolerance_per_period`, per period the bound counts (leasing: one lease,
+    /// `ratelimit_core::DEFAULT_MAX_LEASE` units by default, on the bucket algorithms;
+    /// `gateways × (lease − 1)` per period on the sliding ones; 0 on fixed windows and for the
+    /// exact modes).
     pub tolerance: u64,
-    /// Users admitted more than `admission_bound + tolerance`: 0 if the mode kept its guarantee.
+    /// The tolerance is per period the bound counts, not once.
+    pub tolerance_per_period: bool,
+    /// Users admitted more than `admission_bound` plus the tolerance: 0 if the mode kept its
+    /// guarantee.
     pub users_above_tolerance: u64,
     /// Requests sent by abusive users.
     pub abusive_sent: u64,
@@ -173,6 +179,7 @@ impl Report {
                 "users_above_bound": self.users_above_bound,
                 "users_above_in_some_interval": self.users_above_in_some_interval,
                 "tolerance": self.tolerance,
+                "tolerance_per_period": self.tolerance_per_period,
                 "users_above_tolerance": self.users_above_tolerance,
                 "abusive_sent": self.abusive_sent,
                 "abusive_admitted": self.abusive_admitted,
@@ -271,8 +278,14 @@ impl Report {
         if self.tolerance > 0 {
             let _ = writeln!(
                 o,
-                "           documented tolerance of this mode +{}: users above bound + tolerance: {}",
-                self.tolerance, self.users_above_tolerance
+                "           documented tolerance of this mode +{}{}: users above bound + tolerance: {}",
+                self.tolerance,
+                if self.tolerance_per_period {
+                    " per period"
+                } else {
+                    ""
+                },
+                self.users_above_tolerance
             );
         }
         if self.abusive > 0 {

@@ -9,7 +9,7 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use parking_lot::Mutex;
 use ratelimit_core::{
-    DEFAULT_MAX_LEASE, DenialCache, Leasing, Limit, MemoryStore, Store, SystemClock,
+    Algorithm, DEFAULT_MAX_LEASE, DenialCache, Leasing, Limit, MemoryStore, Store, SystemClock,
 };
 use ratelimit_redis::{Coalescing, RedisStore};
 use redis_harness::RedisServer;
@@ -24,8 +24,9 @@ use crate::{Error, http};
 const LATE: Duration = Duration::from_millis(1);
 /// How long the in-flight requests of a run may take to finish after the schedule ends.
 const GRACE: Duration = Duration::from_secs(15);
-/// Latencies are recorded in microseconds, up to one minute.
-const MAX_LATENCY_US: u64 = 60_000_000;
+/// Latencies are recorded in microseconds; the per-second series up to one minute (a longer
+/// latency counts as one minute there), the whole run's up to the longest a request can take.
+const MAX_SECOND_LATENCY_US: u64 = 60_000_000;
 
 /// Runs the load `config` describes once and reports what happened. If the store is Redis and
 /// no URL is given, a `redis-server` is started for the run (and stopped after it).
@@ -119,10 +120,12 @@ impl Shared {
     fn new(config: &Config, start: Instant) -> Shared {
         let total = ((config.duration.as_secs_f64() * config.rate).round() as u64).max(1);
         let secs = config.duration.as_secs() as usize + 2;
-        let hist = |sig| {
-            Histogram::new_with_bounds(1, MAX_LATENCY_US, sig)
+        let hist = |max: u64, sig| {
+            Histogram::new_with_bounds(1, max.max(2), sig)
                 .unwrap_or_else(|_| unreachable!("valid histogram bounds"))
         };
+        // A request scheduled at the start may be answered at the end of the grace period.
+        let max_latency_us = (config.duration + GRACE + Duration::from_secs(1)).as_micros() as u64;
         Shared {
             start,
             rate: config.rate,
@@ -135,8 +138,8 @@ impl Shared {
             sampler: Sampler::new(config),
             sent: (0..config.users).map(|_| AtomicU32::new(0)).collect(),
             rec: Mutex::new(Recorder {
-                latency: hist(3),
-                seconds: (0..secs).map(|_| hist(2)).collect(),
+                latency: hist(max_latency_us, 3),
+                seconds: (0..secs).map(|_| hist(MAX_SECOND_LATENCY_US, 2)).collect(),
                 denied: 0,
                 errors: 0,
                 late_starts: 0,
@@ -184,14 +187,14 @@ impl Shared {
         let end = Instant::now();
         let latency = end.saturating_duration_since(scheduled);
         let lateness = started.saturating_duration_since(scheduled);
-        let us = (latency.as_micros() as u64).clamp(1, MAX_LATENCY_US);
+        let us = (latency.as_micros() as u64).max(1);
         self.sent[user as usize].fetch_add(1, Ordering::Relaxed);
         let second = (i as f64 / self.rate) as usize;
         {
             let mut r = self.rec.lock();
             r.latency.saturating_record(us);
             if let Some(h) = r.seconds.get_mut(second) {
-                h.saturating_record(us);
+                h.saturating_record(us.min(MAX_SECOND_LATENCY_US));
             }
             let since = |t: Instant| t.saturating_duration_since(self.start).as_micros() as u64;
             match outcome {
@@ -257,17 +260,74 @@ type WrapperStats = Box<dyn Fn() -> (u64, u64) + Send + Sync>;
 /// What a run's gateways are, for the report.
 struct Setup {
     cache_stats: Option<WrapperStats>,
-    /// How far above the exact bound the mode may admit (leasing: one lease).
-    tolerance: u64,
+    /// How far above the exact bound the mode may admit.
+    tolerance: Tolerance,
 }
 
 impl Setup {
     fn plain() -> Setup {
         Setup {
             cache_stats: None,
-            tolerance: 0,
+            tolerance: Tolerance::Exact,
         }
     }
+}
+
+/// How far above the exact bound a mode may admit, by its documented guarantee.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Tolerance {
+    /// Not at all: the mode's decisions are the store's.
+    Exact,
+    /// This many units in any span (leasing on a bucket: one lease, whatever the gateways).
+    Once(u64),
+    /// This many units per period the bound counts (leasing on a sliding window or log:
+    /// `G × (L − 1)` in any window of one period).
+    PerPeriod(u64),
+}
+
+impl Tolerance {
+    /// Leasing's guarantee for `config`'s algorithm (see `ratelimit_core::Leasing`).
+    fn leasing(config: &Config) -> Tolerance {
+        let lease = config.lease_size.unwrap_or(DEFAULT_MAX_LEASE);
+        match config.algorithm {
+            Algorithm::TokenBucket | Algorithm::Gcra => Tolerance::Once(lease),
+            // A lease never outlives its window.
+            Algorithm::FixedWindow => Tolerance::Exact,
+            _ => Tolerance::PerPeriod(
+                (config.gateways as u64).saturating_mul(lease.saturating_sub(1)),
+            ),
+        }
+    }
+
+    /// The units it allows over a span of `elapsed`.
+    fn over(self, config: &Config, elapsed: Duration) -> u64 {
+        match self {
+            Tolerance::Exact => 0,
+            Tolerance::Once(n) => n,
+            Tolerance::PerPeriod(n) => n.saturating_mul(config.periods_in_bound(elapsed)),
+        }
+    }
+
+    /// The units, once or per period.
+    fn units(self) -> u64 {
+        match self {
+            Tolerance::Exact => 0,
+            Tolerance::Once(n) | Tolerance::PerPeriod(n) => n,
+        }
+    }
+}
+
+/// Added to every span the bounds are taken over: the tool's and the store's clocks read whole
+/// microseconds on grids of their own, so the span the store counted may be a microsecond or so
+/// longer than the one the tool measured.
+const CLOCK_SLACK: Duration = Duration::from_micros(2);
+
+/// The most a user may be admitted over a span of `elapsed` in this mode.
+fn bound_with(config: &Config, tolerance: Tolerance, elapsed: Duration) -> u64 {
+    let span = elapsed + CLOCK_SLACK;
+    config
+        .admission_bound(span)
+        .saturating_add(tolerance.over(config, span))
 }
 
 /// Wraps each gateway's store as `config.mode` says, then evaluates the body with the wrapped
@@ -292,7 +352,7 @@ macro_rules! with_mode {
                         let s = g.stats();
                         (s.hits, s.store_calls)
                     },
-                    0,
+                    Tolerance::Exact,
                 );
                 $body
             }
@@ -316,7 +376,7 @@ macro_rules! with_mode {
                         let s = g.stats();
                         (s.local, s.store_calls)
                     },
-                    $config.lease_size.unwrap_or(DEFAULT_MAX_LEASE),
+                    Tolerance::leasing(&$config),
                 );
                 $body
             }
@@ -428,7 +488,7 @@ fn coalescing(stores: Vec<RedisStore>) -> (Vec<Arc<Coalescing>>, Setup) {
             let s = g.stats();
             (s.checks - s.store_calls.min(s.checks), s.store_calls)
         },
-        0,
+        Tolerance::Exact,
     );
     (gws, setup)
 }
@@ -436,7 +496,7 @@ fn coalescing(stores: Vec<RedisStore>) -> (Vec<Arc<Coalescing>>, Setup) {
 fn wrapper_setup<W: Send + Sync + 'static>(
     gws: &[Arc<W>],
     stats: fn(&W) -> (u64, u64),
-    tolerance: u64,
+    tolerance: Tolerance,
 ) -> Setup {
     let gws: Vec<Arc<W>> = gws.to_vec();
     Setup {
@@ -657,7 +717,7 @@ fn progress_bar(config: &Config, total: u64) -> Option<ProgressBar> {
 fn build_report(
     config: &Config,
     shared: &Shared,
-    tolerance: u64,
+    tolerance: Tolerance,
     timed_out: bool,
     redis_calls: Option<u64>,
     cache: Option<(u64, u64)>,
@@ -667,7 +727,8 @@ fn build_report(
     let elapsed = rec
         .last_end
         .map_or_else(|| shared.start.elapsed(), |t| t - shared.start);
-    let bound = config.admission_bound(elapsed);
+    let bound = config.admission_bound(elapsed + CLOCK_SLACK);
+    let bound_tolerated = bound_with(config, tolerance, elapsed);
     let mut users_seen = 0;
     let mut max_admitted = 0;
     let mut users_above = 0;
@@ -689,7 +750,7 @@ fn build_report(
         if admitted > bound {
             users_above += 1;
         }
-        if admitted > bound + tolerance {
+        if admitted > bound_tolerated {
             users_above_tolerance += 1;
         }
         if shared.sampler.is_abusive(u as u64) {
@@ -753,7 +814,8 @@ fn build_report(
         users_tested,
         users_above_bound: users_above,
         users_above_in_some_interval,
-        tolerance,
+        tolerance: tolerance.units(),
+        tolerance_per_period: matches!(tolerance, Tolerance::PerPeriod(_)),
         users_above_tolerance,
         abusive_sent,
         abusive_admitted,
@@ -777,17 +839,21 @@ fn admissions_by_user(admissions: &[(u32, u64, u64)], users: usize) -> Vec<Vec<(
 /// answer; so the admissions whose request was sent at or after `a`'s and answered by `b`'s
 /// answer were all decided within `[sent_a, answered_b]`, and their number must not exceed the
 /// bound for that interval's length. Conservative (the interval is at least as long as the one
-/// the decisions really fell in): it never reports a user the limiter treated exactly. `tolerance`
-/// is what the mode may add to the bound in any interval by its documented guarantee (leasing:
-/// one lease).
+/// the decisions really fell in): it never reports a user the limiter treated exactly. The bound
+/// includes the mode's `tolerance` (see [`bound_with`]).
+///
+/// Every pair is checked, in O(n²) cheap steps for a user admitted n times: the bound is
+/// inverted once (the shortest span that admits `m`, for every `m` up to n), and the answers of
+/// the admissions sent from `a` on are kept sorted as `a` moves back, so that the `k`-th of them
+/// is the one that makes `k + 1`.
 fn users_above_in_some_interval(
     config: &Config,
     by_user: Vec<Vec<(u64, u64)>>,
-    tolerance: u64,
+    tolerance: Tolerance,
 ) -> u64 {
-    let bound = |span: Duration| config.admission_bound(span).saturating_add(tolerance);
+    let bound = |span_us: u64| bound_with(config, tolerance, Duration::from_micros(span_us));
     // Users admitted at most the bound of an empty interval cannot exceed any interval's bound.
-    let floor = bound(Duration::ZERO);
+    let floor = bound(0);
     let mut above = 0;
     for mut list in by_user {
         if list.len() as u64 <= floor {
@@ -803,21 +869,35 @@ fn users_above_in_some_interval(
             .map(|&(_, answered)| answered)
             .max()
             .unwrap_or(0);
-        let whole = Duration::from_micros(last_answered.saturating_sub(first_sent));
+        let whole = last_answered.saturating_sub(first_sent);
         if list.len() as u64 > bound(whole) {
             above += 1;
             continue;
         }
-        let mut ends = Vec::with_capacity(list.len());
-        let over = (0..list.len()).any(|a| {
-            let sent_a = list[a].0;
-            ends.clear();
-            ends.extend(list[a..].iter().map(|&(_, answered)| answered));
-            ends.sort_unstable();
-            ends.iter().enumerate().any(|(k, &answered)| {
-                let span = Duration::from_micros(answered.saturating_sub(sent_a));
-                k as u64 + 1 > bound(span)
+        // need[m]: the shortest span (µs) whose bound admits m. The bound grows with the span,
+        // and the whole span admits them all, so a binary search finds it.
+        let need: Vec<u64> = (0..=list.len() as u64)
+            .map(|m| {
+                let (mut lo, mut hi) = (0u64, whole);
+                while lo < hi {
+                    let mid = lo + (hi - lo) / 2;
+                    if bound(mid) >= m {
+                        hi = mid;
+                    } else {
+                        lo = mid + 1;
+                    }
+                }
+                lo
             })
+            .collect();
+        let mut ends: Vec<u64> = Vec::with_capacity(list.len());
+        let over = list.iter().rev().any(|&(sent_a, answered_a)| {
+            let at = ends.partition_point(|&e| e < answered_a);
+            ends.insert(at, answered_a);
+            // The k-th answer (from 0) closes an interval holding k + 1 admissions.
+            ends.iter()
+                .zip(&need[1..])
+                .any(|(&answered, &shortest)| answered.saturating_sub(sent_a) < shortest)
         });
         if over {
             above += 1;
@@ -838,6 +918,80 @@ mod tests {
         }
     }
 
+    /// A sliding log frees a slot exactly one period after an admission (an entry counts in
+    /// `(now - period, now]`): a closed span of one period may hold `limit + 1`, and is not
+    /// reported; `limit + 1` in less than a period is.
+    #[test]
+    fn a_sliding_log_slot_freed_at_exactly_one_period_is_not_reported() {
+        let c = Config {
+            algorithm: Algorithm::SlidingLog,
+            ..config()
+        };
+        let p = 60_000_000;
+        let mut exact: Vec<_> = (0..100).map(|_| (3, 0, 0)).collect();
+        exact.push((3, p, p));
+        let by_user = || admissions_by_user(&exact, 4);
+        assert_eq!(
+            users_above_in_some_interval(&c, by_user(), Tolerance::Exact),
+            0
+        );
+        // One more within the period (a few microseconds clear of the clocks' slack): reported.
+        exact.push((3, p - 10, p - 10));
+        let by_user = admissions_by_user(&exact, 4);
+        assert_eq!(
+            users_above_in_some_interval(&c, by_user, Tolerance::Exact),
+            1
+        );
+    }
+
+    /// Leasing's tolerance follows its guarantee: one lease on the buckets, none on fixed windows,
+    /// `gateways × (lease − 1)` per period on the sliding algorithms.
+    #[test]
+    fn leasing_tolerance_by_algorithm() {
+        let with = |algorithm| Config {
+            algorithm,
+            gateways: 4,
+            lease_size: Some(10),
+            ..config()
+        };
+        assert_eq!(
+            Tolerance::leasing(&with(Algorithm::Gcra)),
+            Tolerance::Once(10)
+        );
+        assert_eq!(
+            Tolerance::leasing(&with(Algorithm::FixedWindow)),
+            Tolerance::Exact
+        );
+        let sliding = with(Algorithm::SlidingLog);
+        let t = Tolerance::leasing(&sliding);
+        assert_eq!(t, Tolerance::PerPeriod(36));
+        // Two periods and a bit touch three half-open windows of one period.
+        assert_eq!(t.over(&sliding, Duration::from_secs(121)), 3 * 36);
+    }
+
+    /// Thousands of admissions of one user at the bucket's pace are checked pair by pair and
+    /// not reported; three extra admissions in the middle of them are.
+    #[test]
+    fn many_admissions_are_checked_and_a_burst_among_them_found() {
+        let c = Config {
+            limit: 1_000,
+            period: Duration::from_secs(1),
+            ..Config::default()
+        };
+        // A full bucket at once, then one a millisecond (the refill rate), answered 0.3 ms later.
+        let mut paced: Vec<_> = (0..1_000).map(|_| (5, 0, 300)).collect();
+        paced.extend((1..=4_000u64).map(|i| (5, i * 1_000, i * 1_000 + 300)));
+        assert_eq!(
+            users_above_in_some_interval(&c, admissions_by_user(&paced, 6), Tolerance::Exact),
+            0
+        );
+        paced.extend((0..3).map(|_| (5, 2_000_000, 2_000_300)));
+        assert_eq!(
+            users_above_in_some_interval(&c, admissions_by_user(&paced, 6), Tolerance::Exact),
+            1
+        );
+    }
+
     /// 150 admissions in the first second and none after: within the whole minute's bound
     /// (200), but 49 more than a bucket of 100 can give in one second.
     #[test]
@@ -845,12 +999,20 @@ mod tests {
         let burst: Vec<_> = (0..150).map(|i| (7, i * 6_000, i * 6_000 + 500)).collect();
         assert!(150 <= config().admission_bound(Duration::from_secs(60)));
         assert_eq!(
-            users_above_in_some_interval(&config(), admissions_by_user(&burst, 8), 0),
+            users_above_in_some_interval(
+                &config(),
+                admissions_by_user(&burst, 8),
+                Tolerance::Exact
+            ),
             1
         );
         // Within the documented tolerance of 64 it passes.
         assert_eq!(
-            users_above_in_some_interval(&config(), admissions_by_user(&burst, 8), 64),
+            users_above_in_some_interval(
+                &config(),
+                admissions_by_user(&burst, 8),
+                Tolerance::Once(64)
+            ),
             0
         );
     }
@@ -862,7 +1024,11 @@ mod tests {
         let mut exact: Vec<_> = (0..100).map(|i| (1, i * 10, i * 10 + 5_000)).collect();
         exact.extend((1..=50).map(|i| (1, 1_000 + i * 600_000, 1_000 + i * 600_000 + 5_000)));
         assert_eq!(
-            users_above_in_some_interval(&config(), admissions_by_user(&exact, 2), 0),
+            users_above_in_some_interval(
+                &config(),
+                admissions_by_user(&exact, 2),
+                Tolerance::Exact
+            ),
             0
         );
     }
