@@ -65,6 +65,8 @@ struct Inner {
     response_timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
     expiry_slack_ms: u64,
+    /// The origin of the slots' `unanswered_since` times.
+    epoch: tokio::time::Instant,
 }
 
 enum Backend {
@@ -84,6 +86,14 @@ struct Slot {
     failed: Mutex<(u64, Option<RedisStoreError>)>,
     /// Checks timed out on the current connection since its last answer.
     timeouts: AtomicU32,
+    /// When the oldest command sent on the current connection that may still be unanswered was
+    /// sent (µs since the store's epoch, plus 1; 0 for none). Set by the first command sent with
+    /// none outstanding, cleared by the answer to a command sent at or after it (a connection
+    /// answers in order). A command whose check was dropped before its answer (a caller's
+    /// timeout shorter than the store's, such as the tower layer's) leaves it set, so that a
+    /// connection that has gone silent is found even when no check waits for it long enough
+    /// to time out itself.
+    unanswered_since: AtomicU64,
 }
 
 /// A connection on which this many checks in a row time out, with no answer in between, is
@@ -358,11 +368,27 @@ impl Inner {
         let timeout = || RedisStoreError::Timeout {
             after: self.response_timeout,
         };
-        let (slot, generation, mut conn) =
+        let (mut slot, mut generation, mut conn) =
             match tokio::time::timeout_at(deadline, self.connection()).await {
                 Ok(c) => c?,
                 Err(_) => return Err(timeout()),
             };
+        if self.silent(slot) {
+            tracing::warn!(
+                slot,
+                after_ms = self.response_timeout.as_millis() as u64,
+                "ratelimit-redis: no answer on a connection for the response timeout"
+            );
+            self.discard(slot, generation);
+            (slot, generation, conn) =
+                match tokio::time::timeout_at(deadline, self.connection()).await {
+                    Ok(c) => c?,
+                    Err(_) => return Err(timeout()),
+                };
+        }
+        let sent = self.micros() + 1;
+        let unanswered = &self.slots[slot].unanswered_since;
+        let _ = unanswered.compare_exchange(0, sent, Ordering::Relaxed, Ordering::Relaxed);
         let reply = match tokio::time::timeout_at(deadline, conn.eval(script, &cmd)).await {
             Ok(reply) => reply,
             Err(_) => {
@@ -381,9 +407,15 @@ impl Inner {
                 && e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)));
         if replace {
             self.discard(slot, generation);
-        } else if self.slots[slot].timeouts.load(Ordering::Relaxed) != 0 {
-            // An answer, even an error reply: the connection works.
-            self.slots[slot].timeouts.store(0, Ordering::Relaxed);
+        } else {
+            // An answer, even an error reply: the connection works, and has answered every
+            // command sent before this one.
+            let _ = unanswered.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
+                (m != 0 && m <= sent).then_some(0)
+            });
+            if self.slots[slot].timeouts.load(Ordering::Relaxed) != 0 {
+                self.slots[slot].timeouts.store(0, Ordering::Relaxed);
+            }
         }
         reply.map_err(|e| {
             if e.is_timeout() {
@@ -392,6 +424,19 @@ impl Inner {
                 RedisStoreError::Redis(e)
             }
         })
+    }
+
+    /// Microseconds since the store's epoch.
+    fn micros(&self) -> u64 {
+        u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX - 1)
+    }
+
+    /// Slot `i`'s connection has left a command unanswered for the response timeout.
+    fn silent(&self, i: usize) -> bool {
+        let since = self.slots[i].unanswered_since.load(Ordering::Relaxed);
+        since != 0
+            && Duration::from_micros(self.micros().saturating_sub(since - 1))
+                >= self.response_timeout
     }
 
     /// A connection, round-robin over the slots. A slot without one is re-opened by a task of its
@@ -432,6 +477,7 @@ impl Inner {
             Ok(conn) => {
                 let g = self.generation.fetch_add(1, Ordering::Relaxed);
                 slot.timeouts.store(0, Ordering::Relaxed);
+                slot.unanswered_since.store(0, Ordering::Relaxed);
                 *lock(&slot.conn) = Some((g, conn));
                 tracing::debug!(slot = i, "ratelimit-redis: connection (re)opened");
             }
@@ -675,12 +721,14 @@ impl RedisStoreBuilder {
                     opened: tokio::sync::Notify::new(),
                     failed: Mutex::new((0, None)),
                     timeouts: AtomicU32::new(0),
+                    unanswered_since: AtomicU64::new(0),
                 })
                 .collect(),
             next: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
             prefix: self.prefix,
             response_timeout: self.response_timeout,
+            epoch: tokio::time::Instant::now(),
             clock: self.clock,
             expiry_slack_ms: slack_ms,
         });
