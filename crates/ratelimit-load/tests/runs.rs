@@ -33,9 +33,10 @@ fn check_common(r: &Report) {
     // The two abusive users send more than the bound: the check above tested something.
     assert!(r.users_tested >= 2, "{}", r.text());
     assert_eq!(r.users_above_in_some_interval, 0, "{}", r.text());
-    // Over about one second: the burst of 100 plus at most one refilled token.
+    // Over about one second: the burst of 100 plus a token refilled every 0.6 s of the run
+    // (its last answer may come late on a loaded machine: up to 105 allows three seconds).
     assert!(
-        (100..=101).contains(&r.admission_bound),
+        (100..=105).contains(&r.admission_bound),
         "{}",
         r.admission_bound
     );
@@ -120,7 +121,9 @@ async fn http_gateways_bare_and_layered() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sweep_stops_at_the_first_unsustained_step() {
     let mut c = small(Target::Store, StoreKind::Memory);
-    c.duration = Duration::from_millis(300);
+    // Two seconds a step: a step is sustained if 95% of its rate was achieved up to its last
+    // answer, which a short step misses on a loaded machine (a 300 ms step, by 17 ms).
+    c.duration = Duration::from_secs(2);
     c.steps = vec![500.0, 1_000.0];
     // An impossible target: no step can be sustained, so the sweep stops after the first.
     c.p99_target = Duration::from_nanos(1);

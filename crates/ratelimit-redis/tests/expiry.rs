@@ -64,8 +64,10 @@ async fn ttl_is_the_time_to_fresh_for_every_algorithm() {
     }
 }
 
-/// In server-time mode (the default): 2 per second with a burst of 5; after one request the
-/// bucket is full again in 500 ms, and that is the key's TTL.
+/// In server-time mode (the default): 6 a minute with a burst of 5; after one request the
+/// bucket is full again in 10 s, and that is the key's TTL. (A token every 10 s: the checks and
+/// the `redis-cli` calls between them have ample time on a loaded machine, where with a token
+/// every 500 ms a stall could refill one and let the sixth check pass.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn server_time_ttl_is_the_refill_time() {
     let server = RedisServer::start();
@@ -76,22 +78,22 @@ async fn server_time_ttl_is_the_refill_time() {
         .unwrap();
     let limit = Limit::single(
         Algorithm::TokenBucket,
-        Quota::per_second(2).unwrap().with_burst(5).unwrap(),
+        Quota::per_minute(6).unwrap().with_burst(5).unwrap(),
     )
     .unwrap();
     let d = store.check(b"u", &limit, 1).await.unwrap();
     assert!(d.is_allowed());
-    assert_eq!(d.reset_after(), Duration::from_millis(500));
+    assert_eq!(d.reset_after(), Duration::from_secs(10));
     let key = &store.state_keys(b"u", &limit)[0];
-    assert_ttl_close(pttl(&server, key), 500, "token bucket");
+    assert_ttl_close(pttl(&server, key), 10_000, "token bucket");
     // Five more: 5 allowed of 6 would need... the bucket had 4 left.
     for _ in 0..4 {
         assert!(store.check(b"u", &limit, 1).await.unwrap().is_allowed());
     }
     let d = store.check(b"u", &limit, 1).await.unwrap();
     assert!(d.is_denied());
-    // Empty bucket: 2.5 s to full again, minus the little real time the checks took.
-    assert_ttl_close(pttl(&server, key), 2_500, "empty bucket");
+    // Empty bucket: 50 s to full again, minus the little real time the checks took.
+    assert_ttl_close(pttl(&server, key), 50_000, "empty bucket");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

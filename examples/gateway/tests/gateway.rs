@@ -14,6 +14,15 @@ use tower::ServiceExt;
 const MEMORY: &str = include_str!("../gateway.toml");
 const REDIS: &str = include_str!("../gateway-redis.toml");
 
+/// `gateway-redis.toml` with a store timeout long enough for a loaded test machine (the file's
+/// 50 ms suits a server, not a CI run that starts a cluster beside these checks): the tests
+/// assert exact sequences of 200s and 429s, which a timed-out check would turn into the
+/// failure policy's answer.
+fn redis_text() -> String {
+    assert!(REDIS.contains("timeout_ms = 50\n"));
+    REDIS.replace("timeout_ms = 50\n", "timeout_ms = 2000\n")
+}
+
 /// A request from `peer`, with an API key if given. The peer address is what
 /// `into_make_service_with_connect_info` would put in the extensions.
 fn request(method: &str, uri: &str, peer: &str, api_key: Option<&str>) -> Request<Body> {
@@ -378,7 +387,7 @@ async fn bad_configurations_fail_naming_the_field() {
 #[tokio::test]
 async fn redis_config_shares_limits_between_gateways_and_falls_back_when_redis_dies() {
     let mut server = redis_harness::RedisServer::start();
-    let text = REDIS.replace("redis://127.0.0.1:6379", &server.url());
+    let text = redis_text().replace("redis://127.0.0.1:6379", &server.url());
     let config = Config::from_toml(&text).unwrap();
     // Two gateways, each with its own connections, like two processes.
     let a = app(&config).await.unwrap();
@@ -429,7 +438,7 @@ async fn redis_config_shares_limits_between_gateways_and_falls_back_when_redis_d
 async fn redis_cluster_config_shares_limits_between_gateways() {
     let cluster = redis_harness::RedisCluster::start(3);
     let urls: Vec<String> = cluster.urls().iter().map(|u| format!("{u:?}")).collect();
-    let text = REDIS.replace(
+    let text = redis_text().replace(
         "kind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"",
         &format!("kind = \"redis_cluster\"\nurls = [{}]", urls.join(", ")),
     );
@@ -451,7 +460,7 @@ async fn redis_cluster_config_shares_limits_between_gateways() {
 async fn start_without_redis_follows_the_failure_policies_until_redis_comes_up() {
     let mut server = redis_harness::RedisServer::start();
     server.kill();
-    let text = REDIS.replace(
+    let text = redis_text().replace(
         "url = \"redis://127.0.0.1:6379\"",
         &format!(
             "url = \"{}\"\nstart_without_redis = true\ncircuit_breaker = {{ cool_down_ms = 200 }}",
@@ -462,7 +471,7 @@ async fn start_without_redis_follows_the_failure_policies_until_redis_comes_up()
     assert!(config.store.start_without_redis);
     // Without the setting, the gateway refuses to start.
     let strict =
-        Config::from_toml(&REDIS.replace("redis://127.0.0.1:6379", &server.url())).unwrap();
+        Config::from_toml(&redis_text().replace("redis://127.0.0.1:6379", &server.url())).unwrap();
     let err = app(&strict).await.unwrap_err().to_string();
     assert!(
         err.starts_with("store: could not connect to Redis"),

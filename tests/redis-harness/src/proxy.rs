@@ -253,7 +253,12 @@ mod tests {
         let mut open = TcpStream::connect(SocketAddrV4::new(Ipv4Addr::LOCALHOST, proxy.port()))
             .expect("connect");
         open.set_read_timeout(Some(Duration::from_secs(2))).unwrap();
-        thread::sleep(Duration::from_millis(50));
+        // One round trip first: the proxy has then accepted and registered the connection (a
+        // fixed wait might not be long enough on a loaded machine).
+        open.write_all(b"*1\r\n$4\r\nPING\r\n").unwrap();
+        let mut pong = [0u8; 7];
+        open.read_exact(&mut pong).unwrap();
+        assert_eq!(&pong, b"+PONG\r\n");
         proxy.drop_connections();
         let mut buf = [0u8; 8];
         let cut = open.write_all(b"*1\r\n$4\r\nPING\r\n").is_err()
