@@ -131,6 +131,9 @@ async fn open_redis(store: &config::StoreConfig) -> Result<RedisStore, StartErro
         .prefix(store.prefix().to_owned())
         .pool_size(store.pool_size())
         .connect_timeout(Duration::from_millis(store.connect_timeout_ms()))
+        // The store's own timer on the same budget as the layer's (it starts first, in `call`),
+        // so that a longer `timeout_ms` is not cut by the store's default 500 ms.
+        .response_timeout(Duration::from_millis(store.timeout_ms))
         .build()
         .await
         .map_err(|e| match e {

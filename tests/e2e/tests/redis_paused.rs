@@ -97,8 +97,10 @@ async fn a_stalled_redis_costs_at_most_the_timeout_and_the_breaker_recovers() {
         })
     };
     tokio::time::sleep_until((origin + PAUSE_AT).into()).await;
-    let paused_at = origin.elapsed();
     redis.pause();
+    // Read once the signal is delivered (`pause` waits for the shell that sends it, which a
+    // loaded machine may take tens of milliseconds to start): the stall window starts here.
+    let paused_at = origin.elapsed();
     tokio::time::sleep_until((origin + RESUME_AT).into()).await;
     // Redis may answer from this instant on: the stall window ends here.
     let resume_began = origin.elapsed();
