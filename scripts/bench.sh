@@ -3,7 +3,8 @@
 # <!-- BEGIN GENERATED --> and <!-- END GENERATED -->; nothing outside the markers is touched).
 #
 #   scripts/bench.sh            the full set (about 15 minutes on 2 cores)
-#   scripts/bench.sh --quick    short runs, to check the script itself (figures not for the docs)
+#   scripts/bench.sh --quick    short runs, to check the script itself (figures not for the docs:
+#                               the section and the plot go to target/bench-results/ instead)
 #   scripts/bench.sh --report-only   rewrite the section from the last run's raw outputs
 #
 # Environment: BENCH_SKIP_CRITERION=1 reuses the criterion results already in target/criterion
@@ -23,6 +24,10 @@ if [ "${1:-}" = "--quick" ]; then QUICK=1; fi
 if [ "${1:-}" = "--report-only" ]; then REPORT_ONLY=1; fi
 OUT=target/bench-results
 mkdir -p "$OUT" docs/benchmarks
+# Where the report goes: the docs, except for a quick run, whose figures are not for them.
+DOC=docs/benchmarks.md
+SVG=docs/benchmarks/seed-fleet.svg
+if [ $QUICK = 1 ]; then DOC="$OUT/benchmarks-quick.md"; SVG="$OUT/seed-fleet.svg"; fi
 if [ $REPORT_ONLY = 0 ]; then
 rm -f "$OUT"/*.json "$OUT"/*.cmd "$OUT"/*.load
 touch "$OUT/start.stamp"
@@ -98,7 +103,7 @@ fi
 # 1. The seed fleet at the store level: 20 gateways (each its own RedisStore and connection), one
 #    local Redis, 100,000 users, 100 a minute each, 50,000 decisions a second.
 run seed --target store --store redis --gateways 20 --users 100000 --limit 100/minute \
-  --rate 50000 --duration "$SEED_SECS" --svg docs/benchmarks/seed-fleet.svg
+  --rate 50000 --duration "$SEED_SECS" --svg "$SVG"
 
 # 1a. The same, with Redis's `hz 100`: every key here expires within a second of its last
 #     check (the time to refill one token), so Redis's active expiry deletes tens of thousands of
@@ -139,11 +144,10 @@ fi # REPORT_ONLY
 MODES="exact denial-cache leasing coalesce"
 
 # --- the report ------------------------------------------------------------------------------
-python3 - "$OUT" "$MODES" <<'PY'
+python3 - "$OUT" "$MODES" "$DOC" <<'PY'
 import glob, json, os, re, sys
 
-out, modes = sys.argv[1], sys.argv[2].split()
-doc = "docs/benchmarks.md"
+out, modes, doc = sys.argv[1], sys.argv[2].split(), sys.argv[3]
 BEGIN, END = "<!-- BEGIN GENERATED -->", "<!-- END GENERATED -->"
 
 def read(name, default=""):

@@ -23,7 +23,8 @@ if [ "${#missing[@]}" -gt 0 ]; then
       echo "test.sh: run as root, or install sudo, to install: ${missing[*]}" >&2
       exit 1
     }
-    SUDO="sudo -n"
+    # Plain sudo: it asks for a password on a terminal if it needs one.
+    SUDO="sudo"
   fi
   $SUDO apt-get update -qq || echo "test.sh: apt-get update failed; trying the cached package index" >&2
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
