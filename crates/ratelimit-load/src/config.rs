@@ -431,31 +431,30 @@ impl Config {
     /// The most requests one user can be admitted over a span of `elapsed` with these settings,
     /// by the algorithm's own guarantee (see `docs/load-tool.md`).
     pub fn admission_bound(&self, elapsed: Duration) -> u64 {
-        let t = elapsed.as_micros();
-        let p = self.period.as_micros().max(1);
         let n = u128::from(self.limit);
         let bound = match self.algorithm {
             // A bucket of `burst`, refilled by limit/period: burst + floor(limit * T / period).
             Algorithm::TokenBucket | Algorithm::Gcra => {
+                let (t, p) = (elapsed.as_micros(), self.period.as_micros().max(1));
                 u128::from(self.burst.unwrap_or(self.limit)) + n * t / p
             }
-            // Any half-open span of one period, (x - period, x], holds at most `limit`, and a
-            // closed span of T is covered by floor(T / period) + 1 of them.
-            Algorithm::SlidingLog => n * (t / p + 1),
-            // Each calendar window admits at most `limit`, and a span of T touches at most
-            // ceil(T / period) + 1 windows. The sliding-window counter admits no more.
-            _ => n * (t.div_ceil(p) + 1),
+            // At most `limit` in each of the windows of one period that cover the span.
+            _ => n * u128::from(self.periods_in_bound(elapsed)),
         };
         u64::try_from(bound).unwrap_or(u64::MAX)
     }
 
-    /// How many spans of one period the bound of [`admission_bound`](Self::admission_bound)
-    /// counts for a span of `elapsed` (window algorithms), for a tolerance given per period.
+    /// How many windows of one period a span of `elapsed` is covered by, for the window
+    /// algorithms (the bound counts `limit` for each, and a tolerance given per period too).
     pub fn periods_in_bound(&self, elapsed: Duration) -> u64 {
         let t = elapsed.as_micros();
         let p = self.period.as_micros().max(1);
         let periods = match self.algorithm {
+            // Any half-open span of one period, (x - period, x], holds at most `limit`, and a
+            // closed span of T is covered by floor(T / period) + 1 of them.
             Algorithm::SlidingLog => t / p + 1,
+            // Each calendar window admits at most `limit`, and a span of T touches at most
+            // ceil(T / period) + 1 windows. The sliding-window counter admits no more.
             _ => t.div_ceil(p) + 1,
         };
         u64::try_from(periods).unwrap_or(u64::MAX)

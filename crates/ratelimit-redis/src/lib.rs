@@ -55,7 +55,8 @@
 //! cluster the store's own manager, whose client never re-sends a command by itself) and hands
 //! them out in turn, so concurrent checks are pipelined instead of each taking a pooled
 //! connection (which would add a health-check round trip per check). A connection that breaks,
-//! on which three checks in a row time out, or (standalone) that answers `READONLY` is replaced
+//! that has left a command unanswered for the response timeout, or (standalone) that answers
+//! `READONLY` is replaced
 //! by a task of its slot, which a check that stops waiting does not cancel.
 //!
 //! Fewer round trips: [`Coalescing`] merges the concurrent checks of one key on one gateway into

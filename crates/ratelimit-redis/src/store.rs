@@ -3,7 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -84,22 +84,16 @@ struct Slot {
     opened: tokio::sync::Notify,
     /// How many openings have failed, and the last one's error.
     failed: Mutex<(u64, Option<RedisStoreError>)>,
-    /// Checks timed out on the current connection since its last answer.
-    timeouts: AtomicU32,
     /// When the oldest command sent on the current connection that may still be unanswered was
     /// sent (µs since the store's epoch, plus 1; 0 for none). Set by the first command sent with
     /// none outstanding, cleared by the answer to a command sent at or after it (a connection
-    /// answers in order). A command whose check was dropped before its answer (a caller's
-    /// timeout shorter than the store's, such as the tower layer's) leaves it set, so that a
-    /// connection that has gone silent is found even when no check waits for it long enough
-    /// to time out itself.
+    /// answers in order). A check that finds it older than the response timeout replaces the
+    /// connection: a peer that vanished without closing it (power loss, a partition) would
+    /// otherwise keep it until the kernel gives up on the socket, many minutes later. It holds
+    /// whether the command's check timed out in the store or was dropped first by its caller
+    /// (whose timeout, such as the tower layer's, may be the shorter).
     unanswered_since: AtomicU64,
 }
-
-/// A connection on which this many checks in a row time out, with no answer in between, is
-/// replaced: a peer that vanished without closing it (power loss, a partition) would otherwise
-/// keep it until the kernel gives up on the socket, many minutes later.
-const TIMEOUTS_BEFORE_REPLACING: u32 = 3;
 
 #[derive(Clone)]
 enum Conn {
@@ -391,14 +385,8 @@ impl Inner {
         let _ = unanswered.compare_exchange(0, sent, Ordering::Relaxed, Ordering::Relaxed);
         let reply = match tokio::time::timeout_at(deadline, conn.eval(script, &cmd)).await {
             Ok(reply) => reply,
-            Err(_) => {
-                let s = &self.slots[slot];
-                if s.timeouts.fetch_add(1, Ordering::Relaxed) + 1 >= TIMEOUTS_BEFORE_REPLACING {
-                    s.timeouts.store(0, Ordering::Relaxed);
-                    self.discard(slot, generation);
-                }
-                return Err(timeout());
-            }
+            // The command stays unanswered: the next check on this slot finds it so.
+            Err(_) => return Err(timeout()),
         };
         // READONLY from a standalone server: it was demoted to a replica behind the same address
         // (a failover behind a DNS name or a virtual IP); a new connection finds the new primary.
@@ -413,9 +401,6 @@ impl Inner {
             let _ = unanswered.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
                 (m != 0 && m <= sent).then_some(0)
             });
-            if self.slots[slot].timeouts.load(Ordering::Relaxed) != 0 {
-                self.slots[slot].timeouts.store(0, Ordering::Relaxed);
-            }
         }
         reply.map_err(|e| {
             if e.is_timeout() {
@@ -476,7 +461,6 @@ impl Inner {
         match self.open().await {
             Ok(conn) => {
                 let g = self.generation.fetch_add(1, Ordering::Relaxed);
-                slot.timeouts.store(0, Ordering::Relaxed);
                 slot.unanswered_since.store(0, Ordering::Relaxed);
                 *lock(&slot.conn) = Some((g, conn));
                 tracing::debug!(slot = i, "ratelimit-redis: connection (re)opened");
@@ -720,7 +704,6 @@ impl RedisStoreBuilder {
                     opening: AtomicBool::new(false),
                     opened: tokio::sync::Notify::new(),
                     failed: Mutex::new((0, None)),
-                    timeouts: AtomicU32::new(0),
                     unanswered_since: AtomicU64::new(0),
                 })
                 .collect(),

@@ -202,7 +202,7 @@ async fn hostile_keys_stay_in_their_slot_and_prefix() {
 }
 
 /// A connection whose peer goes silent without closing it (power loss, a partition: no reset
-/// ever arrives) is replaced after a few checks in a row time out, instead of failing every check
+/// ever arrives) is replaced once a check on it has timed out, instead of failing every check
 /// until the kernel gives up on the socket. The proxy holds every chunk for an hour, then
 /// forwards new connections at once again; only a new connection gets through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -365,7 +365,6 @@ impl Verdict {
     }
 }
 
-/// Whole seconds in `d`, rounded up.
 /// A quota as `q` units per `w` whole seconds, the form of `RateLimit-Policy`: `w` is the period
 /// rounded up to a whole second, and `q` the units the quota grants in `w` at its rate, rounded
 /// down (the quota's limit when its period is whole seconds). `100 per 100 ms` is `q=1000;w=1`,
@@ -382,6 +381,7 @@ fn in_whole_seconds(q: &ratelimit_core::Quota) -> (u64, u64) {
     (units, window)
 }
 
+/// Whole seconds in `d`, rounded up.
 #[must_use]
 pub(crate) fn secs_ceil(d: Duration) -> u64 {
     d.as_secs().saturating_add(u64::from(d.subsec_nanos() > 0))
