@@ -5,11 +5,13 @@
 # sudo): redis-server and redis-tools (the tests start their own redis-server processes on free
 # loopback ports, so nothing needs to be running beforehand), the openssl tool (the TLS test makes
 # its certificates with it), and libssl-dev with pkg-config (the Redis store's `rediss://` support
-# builds on the system's OpenSSL).
+# builds on the system's OpenSSL), and a C compiler and linker (gcc: rustup does not bring one,
+# and the OpenSSL bindings compile a little C).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 missing=()
+command -v cc >/dev/null 2>&1 || missing+=(gcc libc6-dev)
 command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 command -v openssl >/dev/null 2>&1 || missing+=(openssl)

@@ -135,6 +135,11 @@ enum Next {
 }
 
 impl Connection {
+    /// `ping` (a `PING`), which the client sends to every primary.
+    pub(crate) async fn ping(&mut self, ping: &Cmd) -> Result<(), RedisError> {
+        ping.query_async(&mut self.conn).await
+    }
+
     /// `SCRIPT LOAD` on every primary.
     pub(crate) async fn load(&mut self, script: &redis::Script) -> Result<(), RedisError> {
         script.load_async(&mut self.conn).await.map(drop)

@@ -86,13 +86,24 @@ struct Slot {
     failed: Mutex<(u64, Option<RedisStoreError>)>,
     /// When the oldest command sent on the current connection that may still be unanswered was
     /// sent (µs since the store's epoch, plus 1; 0 for none). Set by the first command sent with
-    /// none outstanding, cleared by the answer to a command sent at or after it (a connection
-    /// answers in order). A check that finds it older than the response timeout replaces the
-    /// connection: a peer that vanished without closing it (power loss, a partition) would
-    /// otherwise keep it until the kernel gives up on the socket, many minutes later. It holds
-    /// whether the command's check timed out in the store or was dropped first by its caller
-    /// (whose timeout, such as the tower layer's, may be the shorter).
+    /// none outstanding; cleared by the answer to a command sent at or after it on a standalone
+    /// connection (which answers in order), and by an answered probe. It holds whether the
+    /// command's check timed out in the store or was dropped first by its caller (whose timeout,
+    /// such as the tower layer's, may be the shorter), so it may also stand for an answer that
+    /// came after its caller left.
+    ///
+    /// A check that finds it older than the response timeout starts a probe (see
+    /// [`Inner::probe`]): a `PING` on the connection, in a task of its own, which clears it if
+    /// answered within the response timeout and replaces the connection if not. A peer that
+    /// vanished without closing the connection (power loss, a partition) would otherwise keep it
+    /// until the kernel gives up on the socket, many minutes later.
+    ///
+    /// On a cluster connection (one connection per master, whose answers are not ordered with
+    /// each other's) an answer from one master says nothing of another, so only probes clear it:
+    /// the probe's `PING` goes to every master.
     unanswered_since: AtomicU64,
+    /// Set while a probe of this slot's connection runs.
+    probing: AtomicBool,
 }
 
 #[derive(Clone)]
@@ -109,6 +120,15 @@ impl Conn {
         match self {
             Conn::Single(c) => cluster::eval_on(c, script, cmd, false).await,
             Conn::Cluster(c) => c.eval(script, cmd).await,
+        }
+    }
+
+    /// `PING` (on a cluster, every primary).
+    async fn ping(&mut self) -> Result<(), RedisError> {
+        let ping = redis::cmd("PING");
+        match self {
+            Conn::Single(c) => ping.query_async(c).await,
+            Conn::Cluster(c) => c.ping(&ping).await,
         }
     }
 
@@ -362,23 +382,14 @@ impl Inner {
         let timeout = || RedisStoreError::Timeout {
             after: self.response_timeout,
         };
-        let (mut slot, mut generation, mut conn) =
+        let (slot, generation, mut conn) =
             match tokio::time::timeout_at(deadline, self.connection()).await {
                 Ok(c) => c?,
                 Err(_) => return Err(timeout()),
             };
-        if self.silent(slot) {
-            tracing::warn!(
-                slot,
-                after_ms = self.response_timeout.as_millis() as u64,
-                "ratelimit-redis: no answer on a connection for the response timeout"
-            );
-            self.discard(slot, generation);
-            (slot, generation, conn) =
-                match tokio::time::timeout_at(deadline, self.connection()).await {
-                    Ok(c) => c?,
-                    Err(_) => return Err(timeout()),
-                };
+        if self.silent(slot) && !self.slots[slot].probing.swap(true, Ordering::AcqRel) {
+            // In a task of its own, so that this check's caller giving up does not cancel it.
+            tokio::spawn(Arc::clone(self).probe(slot, generation, conn.clone()));
         }
         let sent = self.micros() + 1;
         let unanswered = &self.slots[slot].unanswered_since;
@@ -395,12 +406,10 @@ impl Inner {
                 && e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)));
         if replace {
             self.discard(slot, generation);
-        } else {
+        } else if matches!(conn, Conn::Single(_)) {
             // An answer, even an error reply: the connection works, and has answered every
             // command sent before this one.
-            let _ = unanswered.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |m| {
-                (m != 0 && m <= sent).then_some(0)
-            });
+            self.answered(slot, sent);
         }
         reply.map_err(|e| {
             if e.is_timeout() {
@@ -409,6 +418,66 @@ impl Inner {
                 RedisStoreError::Redis(e)
             }
         })
+    }
+
+    /// Clears slot `i`'s unanswered mark if it is not later than `sent`: every command sent on
+    /// the connection up to `sent` has been answered.
+    fn answered(&self, i: usize, sent: u64) {
+        let _ = self.slots[i].unanswered_since.fetch_update(
+            Ordering::Relaxed,
+            Ordering::Relaxed,
+            |m| (m != 0 && m <= sent).then_some(0),
+        );
+    }
+
+    /// Asks slot `i`'s connection (of `generation`), which has left a command unanswered for the
+    /// response timeout, whether it still answers: a `PING` (on a cluster, to every master),
+    /// given the response timeout. Answered, the connection is kept: the command's answer came
+    /// after its caller had given up, or came late. Not answered, or broken, it is replaced.
+    async fn probe(self: Arc<Self>, i: usize, generation: u64, mut conn: Conn) {
+        let sent = self.micros() + 1;
+        let answer = tokio::time::timeout(self.response_timeout, conn.ping()).await;
+        match answer {
+            Ok(Ok(())) => self.answered(i, sent),
+            Ok(Err(e)) if !is_broken(&e) && !e.is_timeout() => self.answered(i, sent),
+            Ok(Err(error)) => {
+                tracing::warn!(slot = i, %error, "ratelimit-redis: a silent connection's probe failed");
+                self.reopen(i, generation).await;
+            }
+            Err(_) => {
+                tracing::warn!(
+                    slot = i,
+                    after_ms = self.response_timeout.as_millis() as u64,
+                    "ratelimit-redis: no answer on a connection for twice the response timeout"
+                );
+                self.reopen(i, generation).await;
+            }
+        }
+        self.slots[i].probing.store(false, Ordering::Release);
+    }
+
+    /// Replaces slot `i`'s connection (of `generation`) with a new one, made before the old one
+    /// is let go: checks go on over the old one meanwhile, which on a cluster still reaches every
+    /// master that answers. If no new connection can be made, the old one is dropped, and checks
+    /// wait for the slot's next opening as after any broken connection.
+    async fn reopen(&self, i: usize, generation: u64) {
+        let slot = &self.slots[i];
+        match self.open().await {
+            Ok(conn) => {
+                let mut guard = lock(&slot.conn);
+                if matches!(guard.as_ref(), Some((g, _)) if *g == generation) {
+                    let g = self.generation.fetch_add(1, Ordering::Relaxed);
+                    slot.unanswered_since.store(0, Ordering::Relaxed);
+                    *guard = Some((g, conn));
+                    metrics::counter!("ratelimit_redis_connections_replaced_total").increment(1);
+                    tracing::warn!(slot = i, "ratelimit-redis: silent connection replaced");
+                }
+            }
+            Err(error) => {
+                tracing::warn!(slot = i, %error, "ratelimit-redis: no new connection for a silent one");
+                self.discard(i, generation);
+            }
+        }
     }
 
     /// Microseconds since the store's epoch.
@@ -442,6 +511,13 @@ impl Inner {
             }
             let failures = lock(&slot.failed).0;
             if !slot.opening.swap(true, Ordering::AcqRel) {
+                // An opening may have ended between the look above and the swap: then its
+                // connection is there, and a second one would replace it.
+                if lock(&slot.conn).is_some() {
+                    slot.opening.store(false, Ordering::Release);
+                    slot.opened.notify_waiters();
+                    continue;
+                }
                 let inner = Arc::clone(self);
                 tokio::spawn(async move { inner.open_slot(i).await });
             }
@@ -705,6 +781,7 @@ impl RedisStoreBuilder {
                     opened: tokio::sync::Notify::new(),
                     failed: Mutex::new((0, None)),
                     unanswered_since: AtomicU64::new(0),
+                    probing: AtomicBool::new(false),
                 })
                 .collect(),
             next: AtomicUsize::new(0),

@@ -418,3 +418,86 @@ async fn checks_recover_after_a_master_fails_over_to_its_replica() {
         assert_eq!(d.remaining(), recovered.remaining() - i);
     }
 }
+
+/// A master that goes silent without closing its connections (SIGSTOP here; power loss or a
+/// partition in production) while the other masters answer: the answers from the others must not
+/// hide it. The store's cluster connection is replaced (its `PING` probe, to every master, gets no
+/// answer), so that a new one can find a new topology; checks of the other masters are answered
+/// meanwhile, and the silent master's checks come back once it does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_master_gets_the_connection_replaced_while_others_answer() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = RedisCluster::start(3);
+    let store = RedisStore::cluster(cluster.urls())
+        .prefix(unique_prefix("silent-master"))
+        .pool_size(1)
+        .response_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(1_000).unwrap()).unwrap();
+    let owner = |user: &str| {
+        cluster
+            .node_for(&store.state_keys(user.as_bytes(), &limit)[0])
+            .port()
+    };
+    let victim = owner("victim");
+    let bystander = (0..)
+        .map(|i| format!("bystander-{i}"))
+        .find(|u| owner(u) != victim)
+        .unwrap();
+    let other = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.port() == owner(&bystander))
+        .unwrap();
+    let received = || -> u64 {
+        let stats = other.cli(&["info", "stats"]);
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("total_connections_received:"))
+            .unwrap()
+            .trim()
+            .parse()
+            .unwrap()
+    };
+    store.check(b"victim", &limit, 1).await.unwrap();
+    store.check(bystander.as_bytes(), &limit, 1).await.unwrap();
+    let before = received();
+    let master = cluster.nodes().iter().find(|n| n.port() == victim).unwrap();
+    master.pause();
+    // Two seconds of checks of both users, the victim's given up after 50 ms as the tower layer
+    // does; the bystander's answers arrive all along.
+    let started = std::time::Instant::now();
+    let mut answered = 0;
+    while started.elapsed() < Duration::from_secs(2) {
+        let gave_up = tokio::time::timeout(
+            Duration::from_millis(50),
+            store.check(b"victim", &limit, 1),
+        )
+        .await;
+        assert!(!matches!(gave_up, Ok(Ok(_))), "a paused master answered");
+        if let Ok(Ok(_)) = tokio::time::timeout(
+            Duration::from_millis(300),
+            store.check(bystander.as_bytes(), &limit, 1),
+        )
+        .await
+        {
+            answered += 1;
+        }
+    }
+    master.resume();
+    println!("{answered} bystander checks answered while the master was paused");
+    assert!(answered > 0, "the other masters were served");
+    // `redis-cli` counts too: one connection per call of `received`.
+    assert!(
+        received() > before + 1,
+        "the cluster connection was replaced (a new connection to the other master)"
+    );
+    // Back: the victim's checks are answered again.
+    let back = std::time::Instant::now();
+    while store.check(b"victim", &limit, 1).await.is_err() {
+        assert!(back.elapsed() < Duration::from_secs(10), "the master's checks came back");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}

@@ -231,6 +231,34 @@ async fn a_silent_connection_is_replaced_when_callers_give_up_first() {
     .await;
 }
 
+/// A connection whose answer came after its caller gave up is alive, and is kept: the next check,
+/// on a quiet connection, finds its command unanswered for longer than the response timeout, and
+/// a probe (not the check itself) finds the connection answering. Redis behind a proxy that
+/// delays every chunk by 100 ms each way; the caller gives up after 50 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_connection_answering_after_its_caller_gave_up_is_kept() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let store = RedisStore::builder(proxy.url())
+        .prefix(unique_prefix("late"))
+        .pool_size(1)
+        .response_timeout(Duration::from_millis(2_000))
+        .build()
+        .await
+        .unwrap();
+    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    let accepted = proxy.accepted();
+    proxy.set_latency(Duration::from_millis(100));
+    assert!(caller(&store).await.is_err(), "given up before the answer");
+    // Quiet for longer than the response timeout: the answer came meanwhile, and nobody saw it.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    for _ in 0..3 {
+        assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    }
+    // The probe's PING had its answer long before the checks were done.
+    assert_eq!(proxy.accepted(), accepted, "the connection was kept");
+}
+
 /// A check of `k` that its caller gives up after 50 ms, as the tower layer does by default.
 fn caller(store: &RedisStore) -> tokio::time::Timeout<ratelimit_redis::CheckFuture> {
     tokio::time::timeout(Duration::from_millis(50), store.check(b"k", &limit(), 1))

@@ -534,8 +534,10 @@ impl KeyExtractor for GlobalKey {
 /// The request's method and matched route (axum's `MatchedPath`, such as `/users/{id}`), never
 /// the raw path: a client choosing paths cannot create keys at will.
 ///
-/// Requests with no matched route (outside a router, or a fallback) share the marker
-/// `<unmatched>`. Combine it with a client key to limit each client per route:
+/// Nor can it choose methods: `HEAD` counts as `GET` (axum answers a `HEAD` with the `GET`
+/// handler, so the two are one quota), and every method outside RFC 9110's eight and `PATCH`
+/// shares the marker `OTHER`. Requests with no matched route (outside a router, or a fallback)
+/// share the marker `<unmatched>`. Combine it with a client key to limit each client per route:
 /// `(RouteKey::new(), ApiKeyHeader::new("x-api-key")?)`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RouteKey {
@@ -552,7 +554,7 @@ impl RouteKey {
 
 impl KeyExtractor for RouteKey {
     fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
-        key.push(parts.method.as_str().as_bytes());
+        key.push(method_name(&parts.method).as_bytes());
         key.push_byte(b' ');
         #[cfg(feature = "axum")]
         if let Some(path) = parts.extensions.get::<axum::extract::MatchedPath>() {
@@ -561,6 +563,23 @@ impl KeyExtractor for RouteKey {
         }
         key.push(b"<unmatched>");
         Ok(())
+    }
+}
+
+/// The method as [`RouteKey`] writes it: `HEAD` as `GET`, and any method that is not standard as
+/// `OTHER`, so that neither multiplies a route's quota.
+fn method_name(method: &http::Method) -> &'static str {
+    use http::Method;
+    match *method {
+        Method::GET | Method::HEAD => "GET",
+        Method::POST => "POST",
+        Method::PUT => "PUT",
+        Method::DELETE => "DELETE",
+        Method::PATCH => "PATCH",
+        Method::OPTIONS => "OPTIONS",
+        Method::CONNECT => "CONNECT",
+        Method::TRACE => "TRACE",
+        _ => "OTHER",
     }
 }
 

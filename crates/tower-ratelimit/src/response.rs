@@ -200,8 +200,8 @@ pub enum DenialBody {
     /// `text/plain`: `Too Many Requests`. The default.
     #[default]
     PlainText,
-    /// `application/problem+json` with the draft's `quota-exceeded` problem type and the policy
-    /// name in `violated-policies`.
+    /// `application/problem+json` with the draft's `quota-exceeded` problem type and the
+    /// quota-policy item that denied (as `RateLimit-Policy` names it) in `violated-policies`.
     ProblemJson,
     /// A response built by a closure. Its status and headers are kept; `Retry-After` and the
     /// rate-limit fields are added where absent.
@@ -469,6 +469,9 @@ pub(crate) struct Prepared {
     policy_value: HeaderValue,
     /// `"name";r=` for each quota.
     items: Box<[Box<[u8]>]>,
+    /// The `application/problem+json` body of a denial by each quota: its `violated-policies`
+    /// names the quota's item, as `RateLimit-Policy` and `RateLimit` do.
+    problems: Box<[Bytes]>,
 }
 
 impl Prepared {
@@ -483,8 +486,10 @@ impl Prepared {
         };
         let mut policy = Vec::new();
         let mut items = Vec::with_capacity(quotas.len());
+        let mut problems = Vec::with_capacity(quotas.len());
         for (i, q) in quotas.iter().enumerate() {
             let n = item_name(i);
+            problems.push(problem_body(&n));
             if i > 0 {
                 policy.extend_from_slice(b", ");
             }
@@ -505,7 +510,17 @@ impl Prepared {
         Prepared {
             policy_value,
             items: items.into_boxed_slice(),
+            problems: problems.into_boxed_slice(),
         }
+    }
+
+    /// The problem body of `d`'s denial, naming the quota that denied.
+    fn problem(&self, d: &Decision) -> Bytes {
+        self.problems
+            .get(d.quota_index())
+            .or_else(|| self.problems.first())
+            .cloned()
+            .unwrap_or_default()
     }
 
     fn rate_limit_value(&self, d: &Decision) -> HeaderValue {
@@ -559,11 +574,26 @@ impl Prepared {
     }
 }
 
-/// Bodies computed once per policy.
+/// How a policy's 429s get their bodies (the problem bodies are computed once per quota, in
+/// [`Prepared`]).
 #[derive(Debug)]
 pub(crate) struct Bodies {
     kind: DenialBody,
-    problem: Bytes,
+}
+
+/// The draft's quota-exceeded problem, naming the quota-policy item `item` (as in
+/// `RateLimit-Policy`) in `violated-policies`.
+fn problem_body(item: &str) -> Bytes {
+    let mut json = Vec::new();
+    json.extend_from_slice(b"{\"type\":\"");
+    json.extend_from_slice(QUOTA_EXCEEDED_TYPE.as_bytes());
+    json.extend_from_slice(
+        b"\",\"title\":\"Too Many Requests: a rate-limit quota is exhausted\",\"status\":429,\"violated-policies\":[",
+    );
+    // A policy name is printable ASCII: escaping `"` and `\` makes it a JSON string.
+    push_sf_string(&mut json, item);
+    json.extend_from_slice(b"]}");
+    Bytes::from(json)
 }
 
 const PLAIN_429: &str = "Too Many Requests\n";
@@ -571,20 +601,8 @@ const TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=ut
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 
 impl Bodies {
-    pub(crate) fn new(name: &str, kind: DenialBody) -> Bodies {
-        let mut json = Vec::new();
-        json.extend_from_slice(b"{\"type\":\"");
-        json.extend_from_slice(QUOTA_EXCEEDED_TYPE.as_bytes());
-        json.extend_from_slice(
-            b"\",\"title\":\"Too Many Requests: a rate-limit quota is exhausted\",\"status\":429,\"violated-policies\":[",
-        );
-        // A policy name is printable ASCII: escaping `"` and `\` makes it a JSON string.
-        push_sf_string(&mut json, name);
-        json.extend_from_slice(b"]}");
-        Bodies {
-            kind,
-            problem: Bytes::from(json),
-        }
+    pub(crate) fn new(kind: DenialBody) -> Bodies {
+        Bodies { kind }
     }
 
     /// The 429 for `d`, with `Retry-After` and the fields of `mode`.
@@ -602,7 +620,7 @@ impl Bodies {
                 r
             }
             DenialBody::ProblemJson => {
-                let mut r = Response::new(self.problem.clone());
+                let mut r = Response::new(prepared.problem(d));
                 r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
                 r
             }

@@ -154,6 +154,15 @@ impl Tier {
 
 impl Rt {
     pub(crate) fn new(policy: Policy) -> Result<Rt, crate::Error> {
+        // `MissingKey::reject` checks its status; the variant built directly is checked here, so
+        // that no keyless request is answered with a status that says it was served.
+        if let MissingKey::Reject(status) = &policy.missing_key
+            && !(status.is_client_error() || status.is_server_error())
+        {
+            return Err(crate::Error::InvalidStatus {
+                status: status.as_u16(),
+            });
+        }
         let name = policy.name.clone();
         let gateways = match policy.failure {
             FailurePolicy::Fallback { gateways } => Some(gateways),
@@ -185,7 +194,7 @@ impl Rt {
         let mut shared_prefix = name.as_bytes().to_vec();
         shared_prefix.push(1);
         Ok(Rt {
-            bodies: Bodies::new(&name, policy.body.clone()),
+            bodies: Bodies::new(policy.body.clone()),
             metrics: Metrics::new(&name),
             tiers: tiers.into_boxed_slice(),
             key_start,

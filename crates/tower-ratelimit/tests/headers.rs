@@ -264,6 +264,41 @@ async fn problem_json_body() {
 }
 
 #[tokio::test]
+async fn a_problem_body_names_the_quota_that_denied() {
+    let (clock, store) = store();
+    let limit = Limit::new(
+        Algorithm::TokenBucket,
+        [
+            Quota::per_second(2).unwrap(),
+            Quota::per_minute(3).unwrap(),
+        ],
+    )
+    .unwrap();
+    let policy = Policy::new("api", limit)
+        .unwrap()
+        .key(GlobalKey)
+        .body(DenialBody::ProblemJson);
+    let app = app(store, policy);
+    let denied_by = |res: http::Response<axum::body::Body>| async move {
+        assert_eq!(res.status(), 429);
+        let rate_limit = header(&res, "ratelimit").unwrap().to_owned();
+        (rate_limit, body_text(res).await)
+    };
+    send(&app, request("/")).await;
+    send(&app, request("/")).await;
+    // The third request in the same second: the per-second quota denies.
+    let (rate_limit, body) = denied_by(send(&app, request("/")).await).await;
+    assert!(rate_limit.starts_with("\"api.0\";"), "{rate_limit}");
+    assert!(body.ends_with("\"violated-policies\":[\"api.0\"]}"), "{body}");
+    // A second later the per-second quota has refilled; the per-minute one is spent after one.
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(send(&app, request("/")).await.status(), 200);
+    let (rate_limit, body) = denied_by(send(&app, request("/")).await).await;
+    assert!(rate_limit.starts_with("\"api.1\";"), "{rate_limit}");
+    assert!(body.ends_with("\"violated-policies\":[\"api.1\"]}"), "{body}");
+}
+
+#[tokio::test]
 async fn custom_body_keeps_its_headers_and_gets_ours() {
     let (_clock, store) = store();
     let body = DenialBody::custom(|denial| {

@@ -107,6 +107,23 @@ async fn a_missing_key_can_get_a_chosen_status() {
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
 }
 
+#[test]
+fn a_missing_key_status_that_is_not_an_error_is_refused_even_when_built_directly() {
+    let (_clock, store) = store();
+    for status in [StatusCode::OK, StatusCode::FOUND, StatusCode::CONTINUE] {
+        let policy = Policy::new("api", two_a_minute())
+            .unwrap()
+            .missing_key(MissingKey::Reject(status));
+        assert!(
+            matches!(
+                RateLimitLayer::new(store.clone(), policy),
+                Err(tower_ratelimit::Error::InvalidStatus { status: s }) if s == status.as_u16()
+            ),
+            "{status}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn keyless_requests_can_share_one_fallback_key() {
     let (_clock, store) = store();
@@ -185,6 +202,35 @@ async fn route_and_user_combined() {
     let other = || with_header(request("/other"), "x-api-key", "k");
     assert_eq!(statuses(&app, root, 3).await, [200, 200, 429]);
     assert_eq!(statuses(&app, other, 3).await, [200, 200, 429]);
+}
+
+#[tokio::test]
+async fn a_client_choosing_methods_does_not_multiply_a_route_quota() {
+    let (_clock, store) = store();
+    let policy = Policy::new("per-route", two_a_minute())
+        .unwrap()
+        .key((RouteKey::new(), ApiKeyHeader::new("x-api-key").unwrap()));
+    let app = Router::new()
+        .route("/search", get(|| async { "found" }))
+        .route("/any", axum::routing::any(|| async { "any" }))
+        .layer(RateLimitLayer::new(store, policy).unwrap());
+    let with_method = |method: &str, path: &str| {
+        let mut req = with_header(request(path), "x-api-key", "k");
+        *req.method_mut() = method.parse().unwrap();
+        req
+    };
+    // axum answers HEAD with the GET handler: one quota for both.
+    assert_eq!(send(&app, with_method("GET", "/search")).await.status(), 200);
+    assert_eq!(send(&app, with_method("HEAD", "/search")).await.status(), 200);
+    assert_eq!(send(&app, with_method("HEAD", "/search")).await.status(), 429);
+    assert_eq!(send(&app, with_method("GET", "/search")).await.status(), 429);
+    // Invented methods share one key: a client cannot make a fresh bucket per method name.
+    assert_eq!(send(&app, with_method("FOO1", "/any")).await.status(), 200);
+    assert_eq!(send(&app, with_method("FOO2", "/any")).await.status(), 200);
+    assert_eq!(send(&app, with_method("FOO3", "/any")).await.status(), 429);
+    // Standard methods still count apart.
+    assert_eq!(send(&app, with_method("POST", "/any")).await.status(), 200);
+    assert_eq!(send(&app, with_method("DELETE", "/any")).await.status(), 200);
 }
 
 #[tokio::test]
