@@ -109,8 +109,11 @@ const SHARDS: usize = 16;
 ///   `burst + r × (T + ttl) ≤ burst + r × T + L`: the exact bound plus one lease, whatever `G`.
 /// - **Fixed window:** exact; a lease never outlives its window (as timed by the gateway's clock:
 ///   exact while it runs at the store's rate).
-/// - **Sliding window and sliding log:** any window of one period holds at most
-///   `limit + G × (L − 1)`: units leased just before the window starts and spent inside it.
+/// - **Sliding log:** any window of one period holds at most `limit + G × (L − 1)`: units
+///   leased just before the window starts and spent inside it. **Sliding window** (the
+///   weighted counter): the store's own bound plus the same `G × (L − 1)`; the counter alone
+///   may admit up to twice its limit in a period that straddles its windows
+///   (see `docs/algorithms.md`).
 /// - **Under-admission:** at any time at most `G × (L − 1)` granted units sit unspent in leases;
 ///   each lease that expires drops at most `L − 1`. On a quota that does not refill, the total
 ///   admitted reaches at least `quota − G × (L − 1)` when demand exceeds it. A check that costs
@@ -370,7 +373,7 @@ impl<S, C> Shared<S, C> {
 
     /// The entry of `id`, made if needed; `None` if the table is full of busy entries.
     fn entry(&self, id: u128, now: u64) -> Option<EntryRef> {
-        let mut shard = self.shards[((id >> 64) as usize) & (SHARDS - 1)].lock();
+        let mut shard = self.shards[((id >> 64) as usize) & (self.shards.len() - 1)].lock();
         if let Some(e) = shard.get(&id) {
             return Some(Arc::clone(e));
         }
@@ -379,7 +382,18 @@ impl<S, C> Shared<S, C> {
             // Entries no check holds and with no live lease first, then any no check holds
             // (their unspent units are dropped).
             let wasted = &self.counters.wasted_units;
-            shard.retain(|_, e| Arc::strong_count(e) > 1 || !e.lock().idle(now));
+            shard.retain(|_, e| {
+                if Arc::strong_count(e) > 1 {
+                    return true;
+                }
+                let e = e.lock();
+                if e.idle(now) {
+                    // An expired lease's units are dropped with it.
+                    wasted.fetch_add(e.tokens, Ordering::Relaxed);
+                    return false;
+                }
+                true
+            });
             if shard.len() >= cap {
                 // Then the eighth of the shard with the fewest units left (among those no check
                 // holds): a flood of new keys, each holding a lease of a unit or two, must not
@@ -489,14 +503,17 @@ impl<S, C> LeasingBuilder<S, C> {
                 reason: "must be at least 1",
             });
         }
+        // A power of two of shards (the index is masked), each holding an equal share: never more
+        // than `max_keys` in all.
+        let shards = SHARDS.min(crate::memory_store::prev_power_of_two(self.max_keys));
         Ok(Leasing {
             shared: Arc::new(Shared {
                 inner: self.inner,
                 clock: self.clock,
                 size: self.size,
                 max_ttl_us,
-                shards: (0..SHARDS).map(|_| Mutex::new(Map::default())).collect(),
-                per_shard_cap: self.max_keys.div_ceil(SHARDS),
+                shards: (0..shards).map(|_| Mutex::new(Map::default())).collect(),
+                per_shard_cap: self.max_keys / shards,
                 digest: KeyDigest::random(),
                 counters: Counters::default(),
             }),
@@ -544,6 +561,11 @@ impl<S, C> Leasing<S, C> {
             wasted_units: c.wasted_units.load(Ordering::Relaxed),
             waited: c.waited.load(Ordering::Relaxed),
         }
+    }
+
+    /// How many keys hold lease state now (at most [`max_keys`](LeasingBuilder::max_keys)).
+    pub fn held_keys(&self) -> usize {
+        self.shared.shards.iter().map(|s| s.lock().len()).sum()
     }
 
     /// Units held in live leases now, over every key (locks each entry in turn).

@@ -113,15 +113,19 @@ impl Limit {
     /// fallback when the shared store is down): every limit and burst divided by `n`, rounded down
     /// but at least 1, so that `n` gateways together admit no more than the limit (unless the limit
     /// is below `n`).
+    ///
+    /// A share's limit may have fewer factors in common with the period than the limit had (a
+    /// day's 10,000,000 divided by 3), which can take the share's refill past what a quota holds
+    /// exactly ([`ConfigError::TooLarge`]); the share's limit is then rounded down further, to a
+    /// multiple of the smallest divisor of the period that makes it fit (3,333,312 for that
+    /// example: 21 fewer a day). It fails only if that multiple would be 0, which takes a burst
+    /// far above the limit.
     pub fn divided(&self, n: u64) -> Result<Limit, ConfigError> {
         let n = n.max(1);
         let quotas = self
             .quotas
             .iter()
-            .map(|q| {
-                Quota::per_period((q.limit() / n).max(1), q.period())?
-                    .with_burst((q.burst() / n).max(1))
-            })
+            .map(|q| local_share(q, n))
             .collect::<Result<Vec<_>, _>>()?;
         Limit::new(self.algorithm, quotas)
     }
@@ -194,4 +198,113 @@ fn fingerprint(algorithm: Algorithm, quotas: &[Quota]) -> u64 {
         h.write_u64(q.burst());
     }
     h.finish()
+}
+
+/// `q`'s share for one of `n` gateways (see [`Limit::divided`]).
+fn local_share(q: &Quota, n: u64) -> Result<Quota, ConfigError> {
+    let limit = (q.limit() / n).max(1);
+    let burst = (q.burst() / n).max(1);
+    let share = Quota::per_period(limit, q.period()).and_then(|s| s.with_burst(burst));
+    let Err(ConfigError::TooLarge { .. }) = share else {
+        return share;
+    };
+    // `burst * period / gcd(limit, period)` must be at most MAX_EXACT: a limit that is a multiple
+    // of a divisor `d` of the period with `d >= burst * period / MAX_EXACT` makes it so.
+    let period = q.period_micros();
+    let need = (u128::from(burst) * u128::from(period)).div_ceil(u128::from(MAX_EXACT));
+    let d = smallest_divisor_at_least(period, u64::try_from(need).unwrap_or(u64::MAX));
+    match limit / d * d {
+        0 => share,
+        rounded => Quota::per_period(rounded, q.period())?.with_burst(burst),
+    }
+}
+
+/// The smallest divisor of `n` that is at least `at_least` (`n` itself if none is smaller; 1 for
+/// `at_least <= 1`). By trial division: periods are round numbers of microseconds, whose factors
+/// are small, so this ends after a few steps (a period near 2^52 µs with a prime factor near 2^26
+/// would take some 30 million steps, once, when the limit is divided).
+fn smallest_divisor_at_least(n: u64, at_least: u64) -> u64 {
+    if at_least <= 1 || n <= 1 {
+        return 1;
+    }
+    // The prime factorization of `n`, then every divisor built from it.
+    let mut factors: Vec<(u64, u32)> = Vec::new();
+    let mut rest = n;
+    let mut p = 2u64;
+    while p * p <= rest {
+        let mut k = 0;
+        while rest % p == 0 {
+            rest /= p;
+            k += 1;
+        }
+        if k > 0 {
+            factors.push((p, k));
+        }
+        p += if p == 2 { 1 } else { 2 };
+    }
+    if rest > 1 {
+        factors.push((rest, 1));
+    }
+    let mut divisors = vec![1u64];
+    for (p, k) in factors {
+        let mut more = Vec::with_capacity(divisors.len() * k as usize);
+        for &d in &divisors {
+            let mut x = d;
+            for _ in 0..k {
+                x *= p;
+                more.push(x);
+            }
+        }
+        divisors.extend(more);
+    }
+    divisors
+        .into_iter()
+        .filter(|&d| d >= at_least)
+        .min()
+        .unwrap_or(n)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Algorithm;
+
+    #[test]
+    fn a_share_whose_refill_would_not_fit_is_rounded_down_to_fit() {
+        for (limit, n) in [
+            (10_000_000, 3),
+            (86_400_000, 7),
+            (86_400_000_000, 999_983),
+            (4_320_000_000, 7),
+        ] {
+            for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra, Algorithm::FixedWindow] {
+                let whole = Limit::single(algorithm, Quota::per_day(limit).unwrap()).unwrap();
+                let share = whole.divided(n).unwrap_or_else(|e| panic!("{limit}/{n}: {e}"));
+                let q = &share.quotas()[0];
+                assert_eq!(q.period(), Duration::from_secs(86_400));
+                // Never above the plain share, and not far below it.
+                assert!(q.limit() <= limit / n, "{limit}/{n}: {}", q.limit());
+                assert!(q.limit() * n <= limit);
+                assert!(q.limit() as f64 >= 0.999 * (limit / n) as f64, "{}", q.limit());
+            }
+        }
+        // The example of the docs.
+        let whole =
+            Limit::single(Algorithm::TokenBucket, Quota::per_day(10_000_000).unwrap()).unwrap();
+        assert!(Quota::per_day(3_333_333).is_err(), "the plain share does not fit");
+        assert_eq!(whole.divided(3).unwrap().quotas()[0].limit(), 3_333_312);
+        // A share that fits as it is stays as it is.
+        let whole = Limit::single(Algorithm::TokenBucket, Quota::per_minute(100).unwrap()).unwrap();
+        assert_eq!(whole.divided(3).unwrap().quotas()[0].limit(), 33);
+    }
+
+    #[test]
+    fn smallest_divisors() {
+        assert_eq!(smallest_divisor_at_least(86_400_000_000, 0), 1);
+        assert_eq!(smallest_divisor_at_least(86_400_000_000, 7), 8);
+        assert_eq!(smallest_divisor_at_least(86_400_000_000, 64), 64);
+        assert_eq!(smallest_divisor_at_least(97, 2), 97);
+        assert_eq!(smallest_divisor_at_least(97, 98), 97);
+        assert_eq!(smallest_divisor_at_least(1 << 52, 3), 4);
+    }
 }

@@ -393,6 +393,41 @@ fn expired_leases_are_dropped_and_counted() {
 }
 
 #[test]
+fn never_more_keys_than_max_keys() {
+    for max_keys in [1, 3, 16, 17, 100] {
+        let clock = ManualClock::new();
+        let gw = Leasing::builder(memory(&clock), clock.clone())
+            .max_keys(max_keys)
+            .build()
+            .unwrap();
+        let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(1_000).unwrap()).unwrap();
+        for i in 0..500u64 {
+            block_on(gw.check(&i.to_le_bytes(), &limit, 1)).unwrap();
+            assert!(gw.held_keys() <= max_keys, "{} > {max_keys}", gw.held_keys());
+        }
+        assert!(gw.held_keys() >= max_keys.min(16) / 2, "the table is used");
+    }
+}
+
+#[test]
+fn an_evicted_expired_lease_counts_its_units_as_wasted() {
+    let clock = ManualClock::new();
+    let gw = Leasing::builder(memory(&clock), clock.clone())
+        .lease_size(10)
+        .max_keys(1)
+        .build()
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(10).unwrap()).unwrap();
+    assert!(block_on(gw.check(b"a", &limit, 1)).unwrap().is_allowed());
+    assert_eq!(gw.outstanding_units(), 9);
+    // The lease of 10 lives one second; then a new key takes the only place.
+    clock.advance(Duration::from_secs(2));
+    assert!(block_on(gw.check(b"b", &limit, 1)).unwrap().is_allowed());
+    assert_eq!(gw.held_keys(), 1);
+    assert_eq!(gw.stats().wasted_units, 9, "{:?}", gw.stats());
+}
+
+#[test]
 fn a_nearly_exhausted_key_still_admits_what_is_left() {
     let clock = ManualClock::new();
     let leasing = leases_of(10, &clock);

@@ -597,8 +597,8 @@ where
         let probe = admit == Admit::Probe;
 
         // Store latency: an answer that comes at once (the in-memory store, a cached denial) is
-        // timed about one call in TIMING_SAMPLE, since reading the clock twice would cost a third
-        // of the check itself; an answer that has to wait is always timed, from its first poll
+        // timed about one call in TIMING_SAMPLE, since reading the clock twice cost about 20 ns a
+        // request (docs/benchmarks.md); an answer that has to wait is always timed, from its first poll
         // (which sends the command) to its answer.
         let sampled = sample_timing().then(Instant::now);
         let mut check = self
