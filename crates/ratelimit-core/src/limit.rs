@@ -277,21 +277,34 @@ mod tests {
             (86_400_000_000, 999_983),
             (4_320_000_000, 7),
         ] {
-            for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra, Algorithm::FixedWindow] {
+            for algorithm in [
+                Algorithm::TokenBucket,
+                Algorithm::Gcra,
+                Algorithm::FixedWindow,
+            ] {
                 let whole = Limit::single(algorithm, Quota::per_day(limit).unwrap()).unwrap();
-                let share = whole.divided(n).unwrap_or_else(|e| panic!("{limit}/{n}: {e}"));
+                let share = whole
+                    .divided(n)
+                    .unwrap_or_else(|e| panic!("{limit}/{n}: {e}"));
                 let q = &share.quotas()[0];
                 assert_eq!(q.period(), Duration::from_secs(86_400));
                 // Never above the plain share, and not far below it.
                 assert!(q.limit() <= limit / n, "{limit}/{n}: {}", q.limit());
                 assert!(q.limit() * n <= limit);
-                assert!(q.limit() as f64 >= 0.999 * (limit / n) as f64, "{}", q.limit());
+                assert!(
+                    q.limit() as f64 >= 0.999 * (limit / n) as f64,
+                    "{}",
+                    q.limit()
+                );
             }
         }
         // The example of the docs.
         let whole =
             Limit::single(Algorithm::TokenBucket, Quota::per_day(10_000_000).unwrap()).unwrap();
-        assert!(Quota::per_day(3_333_333).is_err(), "the plain share does not fit");
+        assert!(
+            Quota::per_day(3_333_333).is_err(),
+            "the plain share does not fit"
+        );
         assert_eq!(whole.divided(3).unwrap().quotas()[0].limit(), 3_333_312);
         // A share that fits as it is stays as it is.
         let whole = Limit::single(Algorithm::TokenBucket, Quota::per_minute(100).unwrap()).unwrap();

@@ -403,7 +403,11 @@ fn never_more_keys_than_max_keys() {
         let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(1_000).unwrap()).unwrap();
         for i in 0..500u64 {
             block_on(gw.check(&i.to_le_bytes(), &limit, 1)).unwrap();
-            assert!(gw.held_keys() <= max_keys, "{} > {max_keys}", gw.held_keys());
+            assert!(
+                gw.held_keys() <= max_keys,
+                "{} > {max_keys}",
+                gw.held_keys()
+            );
         }
         assert!(gw.held_keys() >= max_keys.min(16) / 2, "the table is used");
     }

@@ -344,8 +344,9 @@ impl Config {
     /// Checks the settings fit together.
     pub fn validate(&self) -> Result<(), Error> {
         let fail = |m: &str| Err(Error::Usage(m.to_owned()));
-        if self.users == 0 || self.users > u64::from(u32::MAX) {
-            return fail("--users must be between 1 and 2^32 - 1");
+        // Each user takes some 40 bytes of counters and tables, reserved at the start.
+        if self.users == 0 || self.users > 100_000_000 {
+            return fail("--users must be between 1 and 100000000");
         }
         if self.abusive >= self.users {
             return fail("--abusive must be smaller than --users");
@@ -364,6 +365,11 @@ impl Config {
         }
         if self.concurrency > 100_000 {
             return fail("--concurrency must be at most 100000");
+        }
+        if self.target == Target::Http && self.effective_concurrency() < self.gateways {
+            return fail(
+                "--concurrency must be at least --gateways with --target http (each gateway needs a connection)",
+            );
         }
         if self.tick.is_zero() || self.tick > Duration::from_millis(100) {
             return fail("--tick-us must be between 1 and 100000");
@@ -579,6 +585,28 @@ fn parse_limit(v: &str) -> Result<(u64, Duration), Error> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn settings_that_would_crash_or_mislead_are_refused() {
+        for args in [
+            // Per-user tables for four billion users: out of memory after the whole run.
+            "--users 4000000000",
+            // 100 gateways over 64 connections: 36 gateways would get no traffic.
+            "--target http --store memory --gateways 100",
+            "--target http --store memory --gateways 8 --concurrency 4",
+        ] {
+            let checked = Config::from_args(args.split_whitespace()).and_then(|c| c.validate());
+            assert!(
+                matches!(checked, Err(Error::Usage(_))),
+                "{args}: {checked:?}"
+            );
+        }
+        let ok = Config::from_args(
+            "--target http --store memory --gateways 100 --concurrency 100".split_whitespace(),
+        )
+        .unwrap();
+        ok.validate().unwrap();
+    }
 
     #[test]
     fn parses_the_seed_fleet_command() {

@@ -62,7 +62,8 @@ pub struct Report {
     pub timed_out: bool,
     /// From the first scheduled request to the last answer.
     pub elapsed: Duration,
-    /// `completed / elapsed`.
+    /// `completed / (elapsed + 1 / target_rate)`: `elapsed` spans one interval of the schedule
+    /// fewer than it has requests.
     pub achieved_rate: f64,
     /// Requests that started more than 1 ms after their scheduled time.
     pub late_starts: u64,
@@ -109,6 +110,12 @@ pub struct Report {
     /// Users admitted more than `admission_bound` plus the tolerance: 0 if the mode kept its
     /// guarantee.
     pub users_above_tolerance: u64,
+    /// Users who sent more than `admission_bound` plus the tolerance: the only ones the
+    /// tolerance check tests (with a tolerance of 0, the same as `users_tested`).
+    pub users_tested_tolerance: u64,
+    /// Live keys the memory store evicted at its cap (memory stores only). Not 0 means some users
+    /// started again from a full quota mid-run, and the exactness figures do not hold.
+    pub memory_evictions: Option<u64>,
     /// Requests sent by abusive users.
     pub abusive_sent: u64,
     /// Requests of abusive users admitted.
@@ -181,6 +188,8 @@ impl Report {
                 "tolerance": self.tolerance,
                 "tolerance_per_period": self.tolerance_per_period,
                 "users_above_tolerance": self.users_above_tolerance,
+                "users_tested_tolerance": self.users_tested_tolerance,
+                "memory_evictions": self.memory_evictions,
                 "abusive_sent": self.abusive_sent,
                 "abusive_admitted": self.abusive_admitted,
             },
@@ -286,6 +295,23 @@ impl Report {
                     ""
                 },
                 self.users_above_tolerance
+            );
+            let _ = writeln!(
+                o,
+                "           users who sent more than bound + tolerance (the only ones that test it): {}{}",
+                self.users_tested_tolerance,
+                if self.users_tested_tolerance == 0 {
+                    " (this run does not test the tolerance)"
+                } else {
+                    ""
+                }
+            );
+        }
+        if let Some(n) = self.memory_evictions.filter(|&n| n > 0) {
+            let _ = writeln!(
+                o,
+                "WARNING    the memory store evicted {n} live keys at its cap: those users started again \
+                 from a full quota, and the exactness figures above do not hold"
             );
         }
         if self.abusive > 0 {

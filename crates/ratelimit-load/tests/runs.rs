@@ -77,6 +77,26 @@ async fn memory_store_exact() {
     // A single user at most 101 admitted; the abusive users reach the burst.
     assert!(r.max_admitted >= 100, "{}", r.text());
     assert_eq!(r.redis_calls, None);
+    // No user's state was evicted mid-run: the exactness figures hold.
+    assert_eq!(r.memory_evictions, Some(0), "{}", r.text());
+}
+
+/// A run that keeps to its schedule reads as its rate, not as `n / (n − 1)` of it: ten requests
+/// at 10 a second over one second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_achieved_rate_of_a_kept_schedule_is_the_target_rate() {
+    let mut c = small(Target::Store, StoreKind::Memory);
+    c.rate = 10.0;
+    c.users = 10;
+    c.abusive = 0;
+    let r = ratelimit_load::run(&c).await.unwrap();
+    assert_eq!(r.completed, 10, "{}", r.text());
+    assert!(
+        (9.0..=10.05).contains(&r.achieved_rate),
+        "{} ({})",
+        r.achieved_rate,
+        r.text()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

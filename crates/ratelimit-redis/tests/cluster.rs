@@ -471,11 +471,9 @@ async fn a_silent_master_gets_the_connection_replaced_while_others_answer() {
     let started = std::time::Instant::now();
     let mut answered = 0;
     while started.elapsed() < Duration::from_secs(2) {
-        let gave_up = tokio::time::timeout(
-            Duration::from_millis(50),
-            store.check(b"victim", &limit, 1),
-        )
-        .await;
+        let gave_up =
+            tokio::time::timeout(Duration::from_millis(50), store.check(b"victim", &limit, 1))
+                .await;
         assert!(!matches!(gave_up, Ok(Ok(_))), "a paused master answered");
         if let Ok(Ok(_)) = tokio::time::timeout(
             Duration::from_millis(300),
@@ -497,7 +495,10 @@ async fn a_silent_master_gets_the_connection_replaced_while_others_answer() {
     // Back: the victim's checks are answered again.
     let back = std::time::Instant::now();
     while store.check(b"victim", &limit, 1).await.is_err() {
-        assert!(back.elapsed() < Duration::from_secs(10), "the master's checks came back");
+        assert!(
+            back.elapsed() < Duration::from_secs(10),
+            "the master's checks came back"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }

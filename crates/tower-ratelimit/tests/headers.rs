@@ -268,10 +268,7 @@ async fn a_problem_body_names_the_quota_that_denied() {
     let (clock, store) = store();
     let limit = Limit::new(
         Algorithm::TokenBucket,
-        [
-            Quota::per_second(2).unwrap(),
-            Quota::per_minute(3).unwrap(),
-        ],
+        [Quota::per_second(2).unwrap(), Quota::per_minute(3).unwrap()],
     )
     .unwrap();
     let policy = Policy::new("api", limit)
@@ -289,13 +286,19 @@ async fn a_problem_body_names_the_quota_that_denied() {
     // The third request in the same second: the per-second quota denies.
     let (rate_limit, body) = denied_by(send(&app, request("/")).await).await;
     assert!(rate_limit.starts_with("\"api.0\";"), "{rate_limit}");
-    assert!(body.ends_with("\"violated-policies\":[\"api.0\"]}"), "{body}");
+    assert!(
+        body.ends_with("\"violated-policies\":[\"api.0\"]}"),
+        "{body}"
+    );
     // A second later the per-second quota has refilled; the per-minute one is spent after one.
     clock.advance(Duration::from_secs(1));
     assert_eq!(send(&app, request("/")).await.status(), 200);
     let (rate_limit, body) = denied_by(send(&app, request("/")).await).await;
     assert!(rate_limit.starts_with("\"api.1\";"), "{rate_limit}");
-    assert!(body.ends_with("\"violated-policies\":[\"api.1\"]}"), "{body}");
+    assert!(
+        body.ends_with("\"violated-policies\":[\"api.1\"]}"),
+        "{body}"
+    );
 }
 
 #[tokio::test]

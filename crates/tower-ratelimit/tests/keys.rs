@@ -220,17 +220,32 @@ async fn a_client_choosing_methods_does_not_multiply_a_route_quota() {
         req
     };
     // axum answers HEAD with the GET handler: one quota for both.
-    assert_eq!(send(&app, with_method("GET", "/search")).await.status(), 200);
-    assert_eq!(send(&app, with_method("HEAD", "/search")).await.status(), 200);
-    assert_eq!(send(&app, with_method("HEAD", "/search")).await.status(), 429);
-    assert_eq!(send(&app, with_method("GET", "/search")).await.status(), 429);
+    assert_eq!(
+        send(&app, with_method("GET", "/search")).await.status(),
+        200
+    );
+    assert_eq!(
+        send(&app, with_method("HEAD", "/search")).await.status(),
+        200
+    );
+    assert_eq!(
+        send(&app, with_method("HEAD", "/search")).await.status(),
+        429
+    );
+    assert_eq!(
+        send(&app, with_method("GET", "/search")).await.status(),
+        429
+    );
     // Invented methods share one key: a client cannot make a fresh bucket per method name.
     assert_eq!(send(&app, with_method("FOO1", "/any")).await.status(), 200);
     assert_eq!(send(&app, with_method("FOO2", "/any")).await.status(), 200);
     assert_eq!(send(&app, with_method("FOO3", "/any")).await.status(), 429);
     // Standard methods still count apart.
     assert_eq!(send(&app, with_method("POST", "/any")).await.status(), 200);
-    assert_eq!(send(&app, with_method("DELETE", "/any")).await.status(), 200);
+    assert_eq!(
+        send(&app, with_method("DELETE", "/any")).await.status(),
+        200
+    );
 }
 
 #[tokio::test]

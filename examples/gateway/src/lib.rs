@@ -110,7 +110,11 @@ pub async fn app(config: &Config) -> Result<Router, StartError> {
         config::StoreKind::Redis | config::StoreKind::RedisCluster => {
             let redis = match open_redis(store).await {
                 Ok(redis) => LazyRedis::ready(redis),
-                Err(StartError::Store(e)) if store.start_without_redis => {
+                // A refused password is a wrong setting, not Redis being down: it still stops
+                // the gateway, as a wrong URL does.
+                Err(StartError::Store(e))
+                    if store.start_without_redis && !refused_credentials(&e) =>
+                {
                     eprintln!("warning: {e}; starting anyway, retrying every second");
                     LazyRedis::connect_in_background(store.clone())
                 }
@@ -122,6 +126,25 @@ pub async fn app(config: &Config) -> Result<Router, StartError> {
 }
 
 /// Opens the Redis store described by `store`.
+/// Redis refused the credentials (a wrong password or user, or a user without the needed
+/// permissions): retrying will not help.
+fn refused_credentials(e: &RedisStoreError) -> bool {
+    let refused = |r: &redis::RedisError| {
+        r.kind() == redis::ErrorKind::AuthenticationFailed
+            || matches!(r.code(), Some("WRONGPASS" | "NOPERM" | "NOAUTH"))
+    };
+    match e {
+        RedisStoreError::Connection {
+            source: Some(r), ..
+        }
+        | RedisStoreError::Redis(r) => refused(r),
+        _ => false,
+    }
+}
+
+/// How much longer the Redis store's own timeout is than the layer's.
+const STORE_TIMEOUT_MARGIN: Duration = Duration::from_millis(10);
+
 async fn open_redis(store: &config::StoreConfig) -> Result<RedisStore, StartError> {
     let builder = match &store.url {
         Some(url) => RedisStore::builder(url.clone()),
@@ -131,9 +154,12 @@ async fn open_redis(store: &config::StoreConfig) -> Result<RedisStore, StartErro
         .prefix(store.prefix().to_owned())
         .pool_size(store.pool_size())
         .connect_timeout(Duration::from_millis(store.connect_timeout_ms()))
-        // The store's own timer on the same budget as the layer's (it starts first, in `call`),
-        // so that a longer `timeout_ms` is not cut by the store's default 500 ms.
-        .response_timeout(Duration::from_millis(store.timeout_ms))
+        // The store's own timer on the layer's budget, so that a longer `timeout_ms` is not cut
+        // by the store's default 500 ms, plus 10 ms: the store's timer starts first (the layer
+        // polls the check once in `call`, its own timer at the response future's first poll),
+        // and the layer's must fire first for a stall to be counted and logged as a timeout
+        // (`kind="timeout"`), not as a store error.
+        .response_timeout(Duration::from_millis(store.timeout_ms) + STORE_TIMEOUT_MARGIN)
         .build()
         .await
         .map_err(|e| match e {
@@ -246,7 +272,7 @@ where
         // first.
         for (path, layer) in layers.iter().rev() {
             if config::covers(path, endpoint) {
-                handler = handler.layer(layer.clone());
+                handler = handler.route_layer(layer.clone());
             }
         }
         app = app.route(endpoint, handler);

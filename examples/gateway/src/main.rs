@@ -194,7 +194,7 @@ async fn main() -> ExitCode {
     }
     println!("try:");
     println!("  curl -i -X POST http://{addr}/login");
-    println!("  curl -i -H 'x-api-key: demo-free-key' http://{addr}/api/items");
+    println!("  curl -i -H 'x-api-key: demo-free' http://{addr}/api/items");
     println!("  curl -s http://{addr}/metrics | grep ratelimit_decisions_total");
 
     // Without the exporter's own HTTP listener, its upkeep (draining histograms) is ours to run.

@@ -70,10 +70,12 @@ impl Samples {
         )
     }
 
-    /// The share (0 to 1) of samples that answered `status`; 1 if there are none.
+    /// The share (0 to 1) of samples that answered `status`; 0 if there are none, so that a
+    /// window left empty (a recovery slower than the test allows for) fails an assertion of a
+    /// share instead of passing it with no evidence.
     pub fn share(&self, status: u16) -> f64 {
         if self.0.is_empty() {
-            return 1.0;
+            return 0.0;
         }
         self.count(status) as f64 / self.0.len() as f64
     }
