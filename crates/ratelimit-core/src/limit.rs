@@ -204,7 +204,7 @@ fn fingerprint(algorithm: Algorithm, quotas: &[Quota]) -> u64 {
 fn local_share(q: &Quota, n: u64) -> Result<Quota, ConfigError> {
     let limit = (q.limit() / n).max(1);
     let burst = (q.burst() / n).max(1);
-    let share = Quota::per_period(limit, q.period()).and_then(|s| s.with_burst(burst));
+    let share = Quota::per_period_with_burst(limit, q.period(), burst);
     let Err(ConfigError::TooLarge { .. }) = share else {
         return share;
     };
@@ -215,7 +215,7 @@ fn local_share(q: &Quota, n: u64) -> Result<Quota, ConfigError> {
     let d = smallest_divisor_at_least(period, u64::try_from(need).unwrap_or(u64::MAX));
     match limit / d * d {
         0 => share,
-        rounded => Quota::per_period(rounded, q.period())?.with_burst(burst),
+        rounded => Quota::per_period_with_burst(rounded, q.period(), burst),
     }
 }
 
@@ -233,7 +233,7 @@ fn smallest_divisor_at_least(n: u64, at_least: u64) -> u64 {
     let mut p = 2u64;
     while p * p <= rest {
         let mut k = 0;
-        while rest % p == 0 {
+        while rest.is_multiple_of(p) {
             rest /= p;
             k += 1;
         }
@@ -306,6 +306,18 @@ mod tests {
             "the plain share does not fit"
         );
         assert_eq!(whole.divided(3).unwrap().quotas()[0].limit(), 3_333_312);
+        // A burst below the limit: the share's rate with a bucket of its limit would not fit,
+        // with its own bucket it does, and is not rounded.
+        let whole = Limit::single(
+            Algorithm::TokenBucket,
+            Quota::per_day(10_000_000)
+                .unwrap()
+                .with_burst(100_000)
+                .unwrap(),
+        )
+        .unwrap();
+        let share = whole.divided(3).unwrap().quotas()[0];
+        assert_eq!((share.limit(), share.burst()), (3_333_333, 33_333));
         // A share that fits as it is stays as it is.
         let whole = Limit::single(Algorithm::TokenBucket, Quota::per_minute(100).unwrap()).unwrap();
         assert_eq!(whole.divided(3).unwrap().quotas()[0].limit(), 33);

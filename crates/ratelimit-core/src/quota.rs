@@ -70,6 +70,18 @@ impl Quota {
     /// `limit` requests per `period`. The period is counted in whole microseconds (a sub-microsecond
     /// remainder is dropped) and must be between 1 µs and 2^52 µs.
     pub fn per_period(limit: u64, period: Duration) -> Result<Quota, ConfigError> {
+        Quota::per_period_with_burst(limit, period, limit)
+    }
+
+    /// `limit` requests per `period` with a bucket of `burst` (see [`with_burst`](Self::with_burst)),
+    /// checked as one: a rate whose bucket of `limit` would not fit exactly
+    /// ([`ConfigError::TooLarge`]) may still fit with a smaller burst, which
+    /// `per_period(limit, period)?.with_burst(burst)` never gets to.
+    pub fn per_period_with_burst(
+        limit: u64,
+        period: Duration,
+        burst: u64,
+    ) -> Result<Quota, ConfigError> {
         if limit == 0 {
             return Err(ConfigError::ZeroLimit);
         }
@@ -84,10 +96,13 @@ impl Quota {
                 micros: period_micros,
             });
         }
+        if burst == 0 {
+            return Err(ConfigError::ZeroBurst);
+        }
         Quota {
             limit,
             period_micros,
-            burst: limit,
+            burst,
             scale: 0,
             refill_per_micro: 0,
         }

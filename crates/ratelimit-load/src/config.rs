@@ -427,10 +427,11 @@ impl Config {
 
     /// The per-user limit these settings describe.
     pub fn build_limit(&self) -> Result<Limit, Error> {
-        let mut quota = Quota::per_period(self.limit, self.period)?;
-        if let Some(b) = self.burst {
-            quota = quota.with_burst(b)?;
-        }
+        let quota = Quota::per_period_with_burst(
+            self.limit,
+            self.period,
+            self.burst.unwrap_or(self.limit),
+        )?;
         Ok(Limit::single(self.algorithm, quota)?)
     }
 

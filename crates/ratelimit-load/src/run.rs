@@ -71,6 +71,18 @@ fn start_redis_if_needed(config: &mut Config) -> Result<Option<RedisServer>, Err
     if config.store != StoreKind::Redis || config.redis_url.is_some() {
         return Ok(None);
     }
+    // The usual cause, said plainly (the harness would panic with its own message first).
+    if std::process::Command::new("redis-server")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        return Err(Error::Redis(
+            "redis-server not found: install it (Debian: apt-get install redis-server), or give \
+             --redis-url"
+                .to_owned(),
+        ));
+    }
     let lines = config.redis_config.clone();
     let server = std::panic::catch_unwind(move || {
         lines

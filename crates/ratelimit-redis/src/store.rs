@@ -435,6 +435,15 @@ impl Inner {
     /// given the response timeout. Answered, the connection is kept: the command's answer came
     /// after its caller had given up, or came late. Not answered, or broken, it is replaced.
     async fn probe(self: Arc<Self>, i: usize, generation: u64, mut conn: Conn) {
+        // Lets the next probe start however this one ends: done, panicked, or dropped with its
+        // runtime.
+        struct Probing<'a>(&'a AtomicBool);
+        impl Drop for Probing<'_> {
+            fn drop(&mut self) {
+                self.0.store(false, Ordering::Release);
+            }
+        }
+        let _probing = Probing(&self.slots[i].probing);
         let sent = self.micros() + 1;
         let answer = tokio::time::timeout(self.response_timeout, conn.ping()).await;
         match answer {
@@ -453,7 +462,6 @@ impl Inner {
                 self.reopen(i, generation).await;
             }
         }
-        self.slots[i].probing.store(false, Ordering::Release);
     }
 
     /// Replaces slot `i`'s connection (of `generation`) with a new one, made before the old one

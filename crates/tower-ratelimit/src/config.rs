@@ -198,12 +198,12 @@ impl Default for MissingKeyConfig {
 
 impl QuotaConfig {
     fn to_quota(&self) -> Result<Quota, Error> {
-        let quota = match (self.per, self.period_ms) {
-            (Some(Per::Second), None) => Quota::per_second(self.limit)?,
-            (Some(Per::Minute), None) => Quota::per_minute(self.limit)?,
-            (Some(Per::Hour), None) => Quota::per_hour(self.limit)?,
-            (Some(Per::Day), None) => Quota::per_day(self.limit)?,
-            (None, Some(ms)) => Quota::per_period(self.limit, Duration::from_millis(ms))?,
+        let period = match (self.per, self.period_ms) {
+            (Some(Per::Second), None) => Duration::from_secs(1),
+            (Some(Per::Minute), None) => Duration::from_secs(60),
+            (Some(Per::Hour), None) => Duration::from_secs(3_600),
+            (Some(Per::Day), None) => Duration::from_secs(86_400),
+            (None, Some(ms)) => Duration::from_millis(ms),
             _ => {
                 return Err(Error::InvalidSetting {
                     name: "quotas",
@@ -211,10 +211,10 @@ impl QuotaConfig {
                 });
             }
         };
-        Ok(match self.burst {
-            Some(b) => quota.with_burst(b)?,
-            None => quota,
-        })
+        // Checked with its burst as one: a rate that fits only with a burst below its limit is
+        // accepted (`Quota::per_period_with_burst`).
+        let burst = self.burst.unwrap_or(self.limit);
+        Ok(Quota::per_period_with_burst(self.limit, period, burst)?)
     }
 }
 

@@ -634,15 +634,15 @@ fn check_limit(
     let mut built = Vec::with_capacity(quotas.len());
     for (j, q) in quotas.iter().enumerate() {
         let field = format!("{at}.quotas[{j}]");
-        let quota = match (q.per, q.period_ms) {
+        let period = match (q.per, q.period_ms) {
             (Some(per), None) => match per {
-                Per::Second => Quota::per_second(q.limit),
-                Per::Minute => Quota::per_minute(q.limit),
-                Per::Hour => Quota::per_hour(q.limit),
-                Per::Day => Quota::per_day(q.limit),
+                Per::Second => Duration::from_secs(1),
+                Per::Minute => Duration::from_secs(60),
+                Per::Hour => Duration::from_secs(3_600),
+                Per::Day => Duration::from_secs(86_400),
                 _ => return Err(ConfigError::new(format!("{field}.per"), "unsupported unit")),
             },
-            (None, Some(ms)) => Quota::per_period(q.limit, Duration::from_millis(ms)),
+            (None, Some(ms)) => Duration::from_millis(ms),
             (Some(_), Some(_)) => {
                 return Err(ConfigError::new(
                     field,
@@ -655,21 +655,20 @@ fn check_limit(
                     "missing `per` (second, minute, hour, day) or `period_ms`",
                 ));
             }
-        }
-        .map_err(|e| {
-            let part = match e {
-                ratelimit_core::ConfigError::ZeroLimit => ".limit",
-                _ if q.period_ms.is_some() => ".period_ms",
-                _ => "",
-            };
-            ConfigError::new(format!("{field}{part}"), e)
-        })?;
-        let quota = match q.burst {
-            Some(b) => quota
-                .with_burst(b)
-                .map_err(|e| ConfigError::new(format!("{field}.burst"), e))?,
-            None => quota,
         };
+        // Checked with its burst as one: a rate that fits only with a burst below its limit is
+        // accepted.
+        let quota = Quota::per_period_with_burst(q.limit, period, q.burst.unwrap_or(q.limit))
+            .map_err(|e| {
+                let part = match e {
+                    ratelimit_core::ConfigError::ZeroLimit => ".limit",
+                    ratelimit_core::ConfigError::ZeroBurst => ".burst",
+                    ratelimit_core::ConfigError::TooLarge { .. } if q.burst.is_some() => ".burst",
+                    _ if q.period_ms.is_some() => ".period_ms",
+                    _ => "",
+                };
+                ConfigError::new(format!("{field}{part}"), e)
+            })?;
         // Each quota alone first, so that a quota too large for the algorithm is named.
         Limit::single(algorithm, quota).map_err(|e| ConfigError::new(field, e))?;
         built.push(quota);

@@ -125,7 +125,6 @@ pub async fn app(config: &Config) -> Result<Router, StartError> {
     }
 }
 
-/// Opens the Redis store described by `store`.
 /// Redis refused the credentials (a wrong password or user, or a user without the needed
 /// permissions): retrying will not help.
 fn refused_credentials(e: &RedisStoreError) -> bool {
@@ -145,6 +144,7 @@ fn refused_credentials(e: &RedisStoreError) -> bool {
 /// How much longer the Redis store's own timeout is than the layer's.
 const STORE_TIMEOUT_MARGIN: Duration = Duration::from_millis(10);
 
+/// Opens the Redis store described by `store`.
 async fn open_redis(store: &config::StoreConfig) -> Result<RedisStore, StartError> {
     let builder = match &store.url {
         Some(url) => RedisStore::builder(url.clone()),
