@@ -122,8 +122,12 @@ impl Quota {
         let g = gcd(self.limit, self.period_micros);
         self.scale = self.period_micros / g;
         self.refill_per_micro = self.limit / g;
-        // The bucket algorithms keep `burst * scale` in one integer.
-        let fits = u128::from(self.burst) * u128::from(self.scale) <= u128::from(MAX_EXACT);
+        // The bucket algorithms keep `burst * scale` in one integer; every count, the limit
+        // included, stays within 2^52 (the Redis scripts count in doubles). A quota built with
+        // its burst (`per_period_with_burst`) is not held to `limit * scale`, so the limit is
+        // checked on its own.
+        let fits = u128::from(self.burst) * u128::from(self.scale) <= u128::from(MAX_EXACT)
+            && self.limit <= MAX_EXACT;
         if fits {
             Ok(self)
         } else {
@@ -199,6 +203,13 @@ const fn gcd(mut a: u64, mut b: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_limit_above_2_52_is_refused_even_with_a_small_burst() {
+        let one_us = Duration::from_micros(1);
+        assert!(Quota::per_period_with_burst(MAX_EXACT + 1, one_us, 1).is_err());
+        assert!(Quota::per_period_with_burst(MAX_EXACT, one_us, 1).is_ok());
+    }
 
     #[test]
     fn units_are_in_the_names() {
