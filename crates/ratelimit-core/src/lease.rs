@@ -627,9 +627,12 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
             }
             Action::Fetch(want) => {
                 sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
+                let fetching = FetchStarting(&entry);
+                let fut = sh.inner.check(key, limit, want);
+                std::mem::forget(fetching);
                 LeaseFuture {
                     state: St::Lease {
-                        fut: sh.inner.check(key, limit, want),
+                        fut,
                         want,
                         sent: now,
                         second: false,
@@ -775,7 +778,9 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                         Action::Fetch(want) => {
                             drop(e);
                             sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
+                            let fetching = FetchStarting(&ctx.entry);
                             let fut = sh.inner.check(&ctx.key, &ctx.limit, want);
+                            std::mem::forget(fetching);
                             self.as_mut().project().state.set(St::Lease {
                                 fut,
                                 want,
@@ -875,6 +880,19 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
 }
 
 /// Ends this check's turn as the key's fetcher: applies `f`, then wakes the waiting checks.
+/// Armed between taking a key's lease request (`fetching` set) and holding the store's future
+/// for it, whose drop would hand the request on: if the store's `check` panics, the key's
+/// waiting checks are let go instead of waiting for good. Forgotten once the future is held.
+struct FetchStarting<'a>(&'a EntryRef);
+
+impl Drop for FetchStarting<'_> {
+    fn drop(&mut self) {
+        let mut e = self.0.lock();
+        e.fetching = false;
+        e.wake_all();
+    }
+}
+
 fn finish<T>(entry: &EntryRef, f: impl FnOnce(&mut Entry) -> T) -> T {
     let mut e = entry.lock();
     let out = f(&mut e);

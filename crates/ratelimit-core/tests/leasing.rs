@@ -364,6 +364,49 @@ fn a_failed_lease_request_sends_its_waiters_to_the_store_together() {
     assert_eq!(calls.load(Ordering::Relaxed), 5);
 }
 
+/// A store whose first check panics (before it returns a future): say, a store that spawns a task
+/// and is called outside a runtime.
+struct PanicsOnce {
+    store: Arc<MemoryStore<ManualClock>>,
+    armed: AtomicBool,
+}
+
+impl Store for PanicsOnce {
+    type Error = NoError;
+    type Future = <MemoryStore<ManualClock> as Store>::Future;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        assert!(
+            !self.armed.swap(false, Ordering::Relaxed),
+            "the store panics"
+        );
+        self.store.check(key, limit, cost)
+    }
+}
+
+#[test]
+fn a_store_panicking_on_a_lease_request_does_not_leave_the_key_waiting() {
+    let clock = ManualClock::new();
+    let inner = PanicsOnce {
+        store: memory(&clock),
+        armed: AtomicBool::new(true),
+    };
+    let gw = Leasing::builder(inner, clock.clone()).build().unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(100).unwrap()).unwrap();
+    let panicked = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        drop(gw.check(b"k", &limit, 1));
+    }));
+    assert!(panicked.is_err());
+    // The next check of the key asks the store itself: polled once, it is answered, where it
+    // used to wait for good for the lease request that never was.
+    let mut next = Box::pin(gw.check(b"k", &limit, 1));
+    let mut cx = Context::from_waker(Waker::noop());
+    match next.as_mut().poll(&mut cx) {
+        Poll::Ready(d) => assert!(d.unwrap().is_allowed()),
+        Poll::Pending => panic!("the key waits for a lease request that will never end"),
+    }
+}
+
 #[test]
 fn expired_leases_are_dropped_and_counted() {
     let clock = ManualClock::new();

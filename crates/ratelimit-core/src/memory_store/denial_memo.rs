@@ -130,7 +130,10 @@ impl DenialMemo {
     /// The shard's latest time, as last published.
     #[inline]
     pub(super) fn latest(&self) -> Timestamp {
-        Timestamp::from_micros(self.latest.load(Ordering::Relaxed))
+        // Acquire, paired with the Release stores: a reader that sees a latest time sees every
+        // memo write (and clear) made under the lock before it, not only the older ones the
+        // key's Acquire gave it.
+        Timestamp::from_micros(self.latest.load(Ordering::Acquire))
     }
 
     /// Publishes the shard's latest time `now` (the caller holds the lock and has just moved it
@@ -138,7 +141,7 @@ impl DenialMemo {
     #[inline]
     pub(super) fn publish_latest(&self, hint: &AtomicU64, now: Timestamp) {
         if hint.load(Ordering::Relaxed) != 0 {
-            self.latest.store(now.as_micros(), Ordering::Relaxed);
+            self.latest.store(now.as_micros(), Ordering::Release);
         }
     }
 
@@ -156,7 +159,7 @@ impl DenialMemo {
         if self.until.load(Ordering::Relaxed) > now || until > MAX_TIME || full_at > MAX_TIME {
             return;
         }
-        self.latest.store(now, Ordering::Relaxed);
+        self.latest.store(now, Ordering::Release);
         self.write(id, now, until, full_at, d);
         // Release: a reader that sees the key (with Acquire) sees this memo's latest time.
         hint.store(id, Ordering::Release);
