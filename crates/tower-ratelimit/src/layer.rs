@@ -152,8 +152,9 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// it) gets no breaker: it answers at once and never fails, so it could never trip one.
     ///
     /// Keep the cool-down longer than the [`timeout`](Self::timeout) (the defaults: 10 s and
-    /// 50 ms). With a shorter one, a probe may close the circuit while calls sent before it opened
-    /// are still waiting; their timeouts then count as new failures and can open it again.
+    /// 50 ms; `build` logs a warning otherwise). With a shorter one, a probe may close the circuit
+    /// while calls sent before it opened are still waiting; their timeouts then count as new
+    /// failures and can open it again.
     pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
         self.breaker = Some(breaker);
         self
@@ -173,7 +174,8 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     }
 
     /// The most keys the local fallback store holds (with [`FailurePolicy::Fallback`]; default
-    /// 1,000,000, about 28 bytes each). At the cap it drops the keys nearest to fresh.
+    /// 1,000,000, at least 1; docs/memory-store.md gives the memory per key). At the cap it
+    /// drops the keys nearest to fresh.
     pub fn fallback_max_keys(mut self, max_keys: usize) -> Self {
         self.fallback_max_keys = max_keys;
         self
@@ -181,11 +183,28 @@ impl<St: Store> RateLimitLayerBuilder<St> {
 
     /// Builds the layer, or says which setting is wrong.
     pub fn build(self) -> Result<RateLimitLayer<St>, Error> {
-        if self.timeout < Duration::from_millis(1) {
+        if self.timeout < Duration::from_millis(1) || self.timeout > Duration::from_secs(3_600) {
             return Err(Error::InvalidSetting {
                 name: "timeout",
-                reason: "must be at least 1 ms",
+                reason: "must be between 1 ms and one hour",
             });
+        }
+        if self.fallback_max_keys == 0 {
+            return Err(Error::InvalidSetting {
+                name: "fallback_max_keys",
+                reason: "must be at least 1",
+            });
+        }
+        if let Some(b) = &self.breaker
+            && b.cool_down() <= self.timeout
+        {
+            tracing::warn!(
+                policy = %self.policy.name,
+                cool_down_ms = b.cool_down().as_millis() as u64,
+                timeout_ms = self.timeout.as_millis() as u64,
+                "circuit breaker cool-down not longer than the store timeout: late timeouts may \
+                 re-open a circuit a probe just closed"
+            );
         }
         let fallback = match self.policy.failure {
             FailurePolicy::Fallback { .. } => Some(

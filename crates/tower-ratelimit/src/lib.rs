@@ -1,15 +1,16 @@
 //! Rate limiting for Tower and Axum over any [`ratelimit_core::Store`].
 //!
 //! ```
-//! use std::net::SocketAddr;
-//! use axum::{Router, routing::get, extract::ConnectInfo};
+//! use axum::{Router, routing::get};
 //! use ratelimit_core::{Algorithm, Limit, ManualClock, MemoryStore, Quota};
 //! use tower::ServiceExt;
 //! use tower_ratelimit::{FailurePolicy, Policy, RateLimitLayer, key::ApiKeyHeader};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let store = MemoryStore::new();
+//! // A clock the example moves by hand, so that the waits below are exact (a server uses
+//! // `MemoryStore::new()`, on the system clock).
+//! let store = MemoryStore::builder().with_clock(ManualClock::new()).build()?;
 //! let policy = Policy::new("api", Limit::single(Algorithm::TokenBucket, Quota::per_minute(2)?)?)?
 //!     .key(ApiKeyHeader::new("x-api-key")?)
 //!     .failure(FailurePolicy::FailOpen);

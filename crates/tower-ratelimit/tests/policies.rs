@@ -409,3 +409,51 @@ async fn router_route_layer_limits_matched_routes_only() {
     // Unmatched paths never reach the layer: 404, not 429.
     assert_eq!(send(&app, request("/missing")).await.status(), 404);
 }
+
+/// Settings that the constructors check are checked again when the layer is built, for values
+/// built directly (public enum variants) or combined across builders.
+#[test]
+fn settings_built_directly_or_combined_are_checked_at_build() {
+    use tower_ratelimit::{Error, FailurePolicy};
+    let (_clock, store) = store();
+    let refused =
+        |policy: Policy, timeout: Duration, fallback_keys: usize| match RateLimitLayer::builder(
+            store.clone(),
+            policy,
+        )
+        .timeout(timeout)
+        .fallback_max_keys(fallback_keys)
+        .build()
+        {
+            Err(Error::InvalidSetting { name, .. }) => name,
+            other => panic!("expected a refused setting, got {:?}", other.map(|_| ())),
+        };
+    let base = || Policy::new("p", per_minute(10)).unwrap();
+    let ms50 = Duration::from_millis(50);
+    // Zero gateways would give each gateway the whole limit while the store is down.
+    assert_eq!(
+        refused(
+            base().failure(FailurePolicy::Fallback { gateways: 0 }),
+            ms50,
+            10
+        ),
+        "gateways"
+    );
+    assert_eq!(
+        refused(
+            base().failure(FailurePolicy::FailClosed {
+                retry_after: Duration::from_secs(86_401)
+            }),
+            ms50,
+            10
+        ),
+        "retry_after"
+    );
+    // Tiers that nothing chooses: every request would get the base limit.
+    assert_eq!(
+        refused(base().tier("pro", per_minute(20)).unwrap(), ms50, 10),
+        "tiers"
+    );
+    assert_eq!(refused(base(), Duration::from_secs(3_601), 10), "timeout");
+    assert_eq!(refused(base(), ms50, 0), "fallback_max_keys");
+}

@@ -359,7 +359,8 @@ mod tests {
             ("sliding_log", vec![100, 0, 0, 0, 0, 100]),
         ];
         assert_eq!(got, expected);
-        // No algorithm but the fixed window admits more than 100 in the minute from 59.9 s.
+        // In the minute from 59.9 s only the fixed window admits 200; the buckets admit at most
+        // 175 (their burst of 100 plus what refills in those seconds), the sliding ones less.
         for r in runs() {
             let first_minute: u64 = r.admitted[..5].iter().sum();
             if r.algorithm == Algorithm::FixedWindow {

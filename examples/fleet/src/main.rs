@@ -123,13 +123,20 @@ impl Report {
     }
 }
 
+/// `s` as the inside of a TOML basic string (a password in a URL may hold `"` or `\`).
+fn toml_string(s: &str) -> String {
+    s.replace('\\', "\\\\").replace('"', "\\\"")
+}
+
 /// The gateway configuration of every member of the fleet.
 fn config(redis: Option<&str>, prefix: &str) -> Result<Config, Box<dyn std::error::Error>> {
     let store = match redis {
         // Each check may wait up to 2 s: this run measures admission, not latency, and a debug
         // build on a small machine can be slow. A store failure would show in `errors`.
         Some(url) => format!(
-            "kind = \"redis\"\nurl = \"{url}\"\nprefix = \"{prefix}\"\npool_size = 2\ntimeout_ms = 2000"
+            "kind = \"redis\"\nurl = \"{}\"\nprefix = \"{}\"\npool_size = 2\ntimeout_ms = 2000",
+            toml_string(url),
+            toml_string(prefix)
         ),
         None => "kind = \"memory\"\ntimeout_ms = 2000".to_owned(),
     };
@@ -187,7 +194,21 @@ async fn send_all(gateways: Arc<Vec<Router>>, user: String, targets: Vec<usize>)
 async fn run(options: Options) -> Result<Report, Box<dyn std::error::Error>> {
     // A redis-server for the run, unless one was given or the gateways count alone.
     let server = match (&options.redis, options.alone) {
-        (None, false) => Some(redis_harness::RedisServer::start()),
+        (None, false) => {
+            // The harness panics if it cannot start one; the usual cause, said plainly first.
+            if std::process::Command::new("redis-server")
+                .arg("--version")
+                .output()
+                .is_err()
+            {
+                return Err(
+                    "redis-server not found: install it (Debian: apt-get install \
+                            redis-server), give --redis URL, or run with --alone"
+                        .into(),
+                );
+            }
+            Some(redis_harness::RedisServer::start())
+        }
         _ => None,
     };
     let url = options
@@ -262,7 +283,11 @@ async fn run(options: Options) -> Result<Report, Box<dyn std::error::Error>> {
     drop(server);
 
     Ok(Report {
-        store: url.unwrap_or_default(),
+        // Never the password: the URL is printed.
+        store: url
+            .as_deref()
+            .map(ratelimit_redis::redact_url)
+            .unwrap_or_default(),
         options,
         rows,
         elapsed,
@@ -296,6 +321,12 @@ fn parse_args() -> Result<Options, String> {
                 ));
             }
         }
+    }
+    if o.alone && o.redis.is_some() {
+        return Err(
+            "--redis and --alone do not go together: alone, each gateway counts in its own memory"
+                .into(),
+        );
     }
     Ok(o)
 }

@@ -1,8 +1,9 @@
 //! Run with: cargo run -p example-quickstart (add `-- --demo` to watch it answer 429)
 //!
 //! The smallest useful setup: an axum API on 127.0.0.1 where each client IP may make 5 requests
-//! per 10 seconds, counted in this process's memory. The 6th request within the window gets
-//! `429 Too Many Requests` with `Retry-After`; a token comes back every 2 seconds.
+//! per 10 seconds as a token bucket, counted in this process's memory: a burst of 5, then one
+//! request every 2 seconds as the tokens come back. A request with no token left gets
+//! `429 Too Many Requests` with `Retry-After`.
 //!
 //! Flags:
 //! - `--listen ADDR`: where to listen (default `127.0.0.1:3000`);
@@ -36,7 +37,9 @@ fn app() -> Result<Router, tower_ratelimit::Error> {
     Ok(Router::new()
         .route(
             "/",
-            get(|| async { "Hello! You may call me 5 times every 10 seconds.\n" }),
+            get(|| async {
+                "Hello! You may call me 5 times at once, then once every 2 seconds.\n"
+            }),
         )
         .layer(layer))
 }
@@ -133,14 +136,18 @@ async fn main() -> Result<(), Box<dyn Error>> {
         return Ok(());
     }
 
-    let listener = tokio::net::TcpListener::bind(&listen).await?;
+    let listener = tokio::net::TcpListener::bind(&listen).await.map_err(|e| {
+        format!("cannot listen on {listen}: {e} (try --listen 127.0.0.1:3001, or --demo)")
+    })?;
     let addr = listener.local_addr()?;
     println!(
         "quickstart listening on http://{addr}/ ({LIMIT} requests per {} s per client IP)",
         WINDOW.as_secs()
     );
     println!("try it: for i in 1 2 3 4 5 6; do curl -si http://{addr}/ | head -n 1; done");
-    println!("        curl -i http://{addr}/    # within 10 s: 429 Too Many Requests, Retry-After");
+    println!(
+        "        curl -i http://{addr}/    # right after: 429 Too Many Requests, Retry-After (a token comes back every 2 s)"
+    );
     serve(listener, app()?).await?;
     Ok(())
 }
@@ -160,8 +167,8 @@ mod tests {
 
     #[tokio::test]
     async fn five_per_client_then_429_with_retry_after() {
-        // The peer address as `axum::serve` would give it. (`PeerIp` reads `ConnectInfo` from the
-        // extensions; axum's `MockConnectInfo` is only seen by the `ConnectInfo` extractor.)
+        // The peer address as `axum::serve` would give it, in the extensions (`PeerIp` also reads
+        // axum's `MockConnectInfo`, which tests can use instead).
         let router = app().unwrap();
         let peer: SocketAddr = "127.0.0.1:40000".parse().unwrap();
         let app = router.clone().layer(Extension(ConnectInfo(peer)));
