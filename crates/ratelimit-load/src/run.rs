@@ -72,11 +72,7 @@ fn start_redis_if_needed(config: &mut Config) -> Result<Option<RedisServer>, Err
         return Ok(None);
     }
     // The usual cause, said plainly (the harness would panic with its own message first).
-    if std::process::Command::new("redis-server")
-        .arg("--version")
-        .output()
-        .is_err()
-    {
+    if !redis_harness::redis_server_installed() {
         return Err(Error::Redis(
             "redis-server not found: install it (Debian: apt-get install redis-server), or give \
              --redis-url"

@@ -387,13 +387,21 @@ impl Inner {
                 Ok(c) => c?,
                 Err(_) => return Err(timeout()),
             };
-        if self.silent(slot) && !self.slots[slot].probing.swap(true, Ordering::AcqRel) {
-            // In a task of its own, so that this check's caller giving up does not cancel it.
-            tokio::spawn(Arc::clone(self).probe(slot, generation, conn.clone()));
-        }
+        // One clock read per check: the silence test and this command's mark.
         let sent = self.micros() + 1;
         let unanswered = &self.slots[slot].unanswered_since;
-        let _ = unanswered.compare_exchange(0, sent, Ordering::Relaxed, Ordering::Relaxed);
+        let since = unanswered.load(Ordering::Relaxed);
+        if since == 0 {
+            // Only the first command with none outstanding writes the mark (a shared line the
+            // checks would otherwise all write).
+            let _ = unanswered.compare_exchange(0, sent, Ordering::Relaxed, Ordering::Relaxed);
+        } else if Duration::from_micros(sent.saturating_sub(since)) >= self.response_timeout
+            && !self.slots[slot].probing.swap(true, Ordering::AcqRel)
+        {
+            // Silent for the response timeout: a probe, in a task of its own so that this
+            // check's caller giving up does not cancel it.
+            tokio::spawn(Arc::clone(self).probe(slot, generation, conn.clone()));
+        }
         let reply = match tokio::time::timeout_at(deadline, conn.eval(script, &cmd)).await {
             Ok(reply) => reply,
             // The command stays unanswered: the next check on this slot finds it so.
@@ -421,13 +429,14 @@ impl Inner {
     }
 
     /// Clears slot `i`'s unanswered mark if it is not later than `sent`: every command sent on
-    /// the connection up to `sent` has been answered.
+    /// the connection up to `sent` has been answered. (A look first: most answers find no mark to
+    /// clear, and need not write.)
     fn answered(&self, i: usize, sent: u64) {
-        let _ = self.slots[i].unanswered_since.fetch_update(
-            Ordering::Relaxed,
-            Ordering::Relaxed,
-            |m| (m != 0 && m <= sent).then_some(0),
-        );
+        let mark = &self.slots[i].unanswered_since;
+        let m = mark.load(Ordering::Relaxed);
+        if m != 0 && m <= sent {
+            let _ = mark.compare_exchange(m, 0, Ordering::Relaxed, Ordering::Relaxed);
+        }
     }
 
     /// Asks slot `i`'s connection (of `generation`), which has left a command unanswered for the
@@ -474,9 +483,7 @@ impl Inner {
             Ok(conn) => {
                 let mut guard = lock(&slot.conn);
                 if matches!(guard.as_ref(), Some((g, _)) if *g == generation) {
-                    let g = self.generation.fetch_add(1, Ordering::Relaxed);
-                    slot.unanswered_since.store(0, Ordering::Relaxed);
-                    *guard = Some((g, conn));
+                    self.install(slot, &mut guard, conn);
                     metrics::counter!("ratelimit_redis_connections_replaced_total").increment(1);
                     tracing::warn!(slot = i, "ratelimit-redis: silent connection replaced");
                 }
@@ -488,17 +495,17 @@ impl Inner {
         }
     }
 
+    /// Puts `conn` in `slot` (whose connection lock the caller holds) as a new generation, with
+    /// nothing outstanding on it.
+    fn install(&self, slot: &Slot, held: &mut Option<(u64, Conn)>, conn: Conn) {
+        let g = self.generation.fetch_add(1, Ordering::Relaxed);
+        slot.unanswered_since.store(0, Ordering::Relaxed);
+        *held = Some((g, conn));
+    }
+
     /// Microseconds since the store's epoch.
     fn micros(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX - 1)
-    }
-
-    /// Slot `i`'s connection has left a command unanswered for the response timeout.
-    fn silent(&self, i: usize) -> bool {
-        let since = self.slots[i].unanswered_since.load(Ordering::Relaxed);
-        since != 0
-            && Duration::from_micros(self.micros().saturating_sub(since - 1))
-                >= self.response_timeout
     }
 
     /// A connection, round-robin over the slots. A slot without one is re-opened by a task of its
@@ -544,9 +551,7 @@ impl Inner {
         let slot = &self.slots[i];
         match self.open().await {
             Ok(conn) => {
-                let g = self.generation.fetch_add(1, Ordering::Relaxed);
-                slot.unanswered_since.store(0, Ordering::Relaxed);
-                *lock(&slot.conn) = Some((g, conn));
+                self.install(slot, &mut lock(&slot.conn), conn);
                 tracing::debug!(slot = i, "ratelimit-redis: connection (re)opened");
             }
             Err(e) => {

@@ -103,6 +103,19 @@ pub enum Per {
     Day,
 }
 
+impl Per {
+    /// The period this unit names.
+    #[must_use]
+    pub const fn period(self) -> Duration {
+        Duration::from_secs(match self {
+            Per::Second => 1,
+            Per::Minute => 60,
+            Per::Hour => 3_600,
+            Per::Day => 86_400,
+        })
+    }
+}
+
 /// A tier: a named limit.
 #[derive(Debug, Clone, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -199,10 +212,7 @@ impl Default for MissingKeyConfig {
 impl QuotaConfig {
     fn to_quota(&self) -> Result<Quota, Error> {
         let period = match (self.per, self.period_ms) {
-            (Some(Per::Second), None) => Duration::from_secs(1),
-            (Some(Per::Minute), None) => Duration::from_secs(60),
-            (Some(Per::Hour), None) => Duration::from_secs(3_600),
-            (Some(Per::Day), None) => Duration::from_secs(86_400),
+            (Some(per), None) => per.period(),
             (None, Some(ms)) => Duration::from_millis(ms),
             _ => {
                 return Err(Error::InvalidSetting {

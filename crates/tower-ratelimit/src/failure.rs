@@ -76,7 +76,8 @@ pub enum FailurePolicy {
 }
 
 impl FailurePolicy {
-    /// [`FailurePolicy::FailClosed`] with this `Retry-After`.
+    /// [`FailurePolicy::FailClosed`] with this `Retry-After` (at most a day: a longer one is
+    /// refused when the layer is built).
     #[must_use]
     pub const fn fail_closed(retry_after: Duration) -> Self {
         FailurePolicy::FailClosed { retry_after }
@@ -84,12 +85,30 @@ impl FailurePolicy {
 
     /// [`FailurePolicy::Fallback`] with the limit shared by `gateways` gateways (at least 1).
     pub fn fallback(gateways: u64) -> Result<Self, Error> {
-        if gateways == 0 {
-            return Err(Error::InvalidSetting {
+        let policy = FailurePolicy::Fallback { gateways };
+        policy.check()?;
+        Ok(policy)
+    }
+
+    /// Refuses settings that would not mean what they say: 0 gateways (each gateway's share
+    /// would be the whole limit) or a `Retry-After` over a day. Checked again when a layer is
+    /// built, for the variants built directly.
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        match *self {
+            FailurePolicy::Fallback { gateways: 0 } => Err(Error::InvalidSetting {
                 name: "gateways",
-                reason: "must be at least 1",
-            });
+                reason: "must be at least 1 (each gateway's share is the limit divided by it)",
+            }),
+            FailurePolicy::FailClosed { retry_after } if retry_after > MAX_RETRY_AFTER => {
+                Err(Error::InvalidSetting {
+                    name: "retry_after",
+                    reason: "must be at most one day",
+                })
+            }
+            _ => Ok(()),
         }
-        Ok(FailurePolicy::Fallback { gateways })
     }
 }
+
+/// The longest `Retry-After` a fail-closed policy may advertise.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(86_400);

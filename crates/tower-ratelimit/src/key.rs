@@ -538,8 +538,9 @@ impl KeyExtractor for GlobalKey {
 /// with the `GET` handler, so the two are one quota), and every method outside RFC 9110's eight
 /// and `PATCH` shares the marker `OTHER`. The standard methods count apart, so a route that
 /// serves several (`any(..)`) has a quota per method; leave `RouteKey` out of the key, or key
-/// on `MatchedPath` alone with a closure, to count them together. Requests with no matched route (outside a router, or a fallback)
-/// share the marker `<unmatched>`. Combine it with a client key to limit each client per route:
+/// on `MatchedPath` alone with a closure, to count them together. Requests with no matched route
+/// (outside a router, or a fallback) share the marker `<unmatched>`. Combine it with a client key
+/// to limit each client per route:
 /// `(RouteKey::new(), ApiKeyHeader::new("x-api-key")?)`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RouteKey {

@@ -10,8 +10,8 @@
 //! `ratelimit_store_duration_seconds` times every store answer that has to wait (the Redis store's,
 //! from the poll that sends the command to the reply). Answers that come at once (the in-memory
 //! store, a denial cache hit) take about 100 ns, and timing each added about 20 ns to a request
-//! (measured on 2026-11-29; docs/benchmarks.md), so about one in 64 of them, drawn at random, is timed: the histogram's count is then not the
-//! number of checks; `ratelimit_decisions_total` is.
+//! (measured on 2026-11-29; docs/benchmarks.md), so about one in 64 of them, drawn at random, is
+//! timed: the histogram's count is then not the number of checks; `ratelimit_decisions_total` is.
 //!
 //! The handles are registered when the layer is built, with the recorder installed then:
 //! install your recorder (a Prometheus exporter, say) before building the layer. Recording then

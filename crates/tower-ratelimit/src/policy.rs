@@ -87,9 +87,21 @@ pub enum MissingKey {
 impl MissingKey {
     /// Rejects keyless requests with `status`, which must be a client or server error.
     pub fn reject(status: u16) -> Result<Self, Error> {
-        match StatusCode::from_u16(status) {
-            Ok(s) if s.is_client_error() || s.is_server_error() => Ok(MissingKey::Reject(s)),
-            _ => Err(Error::InvalidStatus { status }),
+        let s = StatusCode::from_u16(status).map_err(|_| Error::InvalidStatus { status })?;
+        let answer = MissingKey::Reject(s);
+        answer.check()?;
+        Ok(answer)
+    }
+
+    /// Refuses a status that is not a client or server error, which would tell clients and
+    /// proxies that a keyless request was served (checked again when a layer is built, for the
+    /// variant built directly).
+    pub(crate) fn check(&self) -> Result<(), Error> {
+        match self {
+            MissingKey::Reject(s) if !(s.is_client_error() || s.is_server_error()) => {
+                Err(Error::InvalidStatus { status: s.as_u16() })
+            }
+            _ => Ok(()),
         }
     }
 

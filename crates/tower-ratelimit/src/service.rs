@@ -104,9 +104,6 @@ impl<S: fmt::Debug, St, M> fmt::Debug for RateLimit<S, St, M> {
     }
 }
 
-/// The longest `Retry-After` a fail-closed policy may advertise.
-pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(86_400);
-
 /// What every clone of a layer and its services shares.
 pub(crate) struct Shared<St> {
     pub(crate) store: St,
@@ -157,32 +154,9 @@ impl Tier {
 
 impl Rt {
     pub(crate) fn new(policy: Policy) -> Result<Rt, crate::Error> {
-        // `MissingKey::reject` checks its status; the variant built directly is checked here, so
-        // that no keyless request is answered with a status that says it was served.
-        if let MissingKey::Reject(status) = &policy.missing_key
-            && !(status.is_client_error() || status.is_server_error())
-        {
-            return Err(crate::Error::InvalidStatus {
-                status: status.as_u16(),
-            });
-        }
-        // The failure policy's constructors check these; a variant built directly is checked
-        // here.
-        match policy.failure {
-            FailurePolicy::Fallback { gateways: 0 } => {
-                return Err(crate::Error::InvalidSetting {
-                    name: "gateways",
-                    reason: "must be at least 1 (each gateway's share is the limit divided by it)",
-                });
-            }
-            FailurePolicy::FailClosed { retry_after } if retry_after > MAX_RETRY_AFTER => {
-                return Err(crate::Error::InvalidSetting {
-                    name: "retry_after",
-                    reason: "must be at most one day",
-                });
-            }
-            _ => {}
-        }
+        // The constructors' checks, again for values built directly (public enum variants).
+        policy.missing_key.check()?;
+        policy.failure.check()?;
         if !policy.tiers.is_empty() && policy.resolve_tier.is_none() {
             return Err(crate::Error::InvalidSetting {
                 name: "tiers",

@@ -196,11 +196,7 @@ async fn run(options: Options) -> Result<Report, Box<dyn std::error::Error>> {
     let server = match (&options.redis, options.alone) {
         (None, false) => {
             // The harness panics if it cannot start one; the usual cause, said plainly first.
-            if std::process::Command::new("redis-server")
-                .arg("--version")
-                .output()
-                .is_err()
-            {
+            if !redis_harness::redis_server_installed() {
                 return Err(
                     "redis-server not found: install it (Debian: apt-get install \
                             redis-server), give --redis URL, or run with --alone"

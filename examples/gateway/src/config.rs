@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use ratelimit_core::{Algorithm, Limit, Quota};
 use serde::Deserialize;
-use tower_ratelimit::config::{FailureConfig, MissingKeyConfig, Per, PolicyConfig, QuotaConfig};
+use tower_ratelimit::config::{FailureConfig, MissingKeyConfig, PolicyConfig, QuotaConfig};
 
 /// The gateway's endpoints that a route's `path` can cover (`/metrics` is never limited).
 pub const ENDPOINTS: [&str; 4] = ["/login", "/api/items", "/api/items/{id}", "/health"];
@@ -635,13 +635,7 @@ fn check_limit(
     for (j, q) in quotas.iter().enumerate() {
         let field = format!("{at}.quotas[{j}]");
         let period = match (q.per, q.period_ms) {
-            (Some(per), None) => match per {
-                Per::Second => Duration::from_secs(1),
-                Per::Minute => Duration::from_secs(60),
-                Per::Hour => Duration::from_secs(3_600),
-                Per::Day => Duration::from_secs(86_400),
-                _ => return Err(ConfigError::new(format!("{field}.per"), "unsupported unit")),
-            },
+            (Some(per), None) => per.period(),
             (None, Some(ms)) => Duration::from_millis(ms),
             (Some(_), Some(_)) => {
                 return Err(ConfigError::new(

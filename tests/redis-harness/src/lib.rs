@@ -68,13 +68,22 @@ fn port_is_free(port: u16) -> bool {
     TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)).is_ok()
 }
 
-fn binary(name: &str) -> PathBuf {
-    let found = std::env::var_os("PATH").and_then(|paths| {
+fn find(name: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|paths| {
         std::env::split_paths(&paths)
             .map(|dir| dir.join(name))
             .find(|p| p.is_file())
-    });
-    match found {
+    })
+}
+
+/// Whether `redis-server` is on the `PATH`. Starting a server without it panics (as everything
+/// in this harness does, for tests); a program that reports errors instead checks this first.
+pub fn redis_server_installed() -> bool {
+    find("redis-server").is_some()
+}
+
+fn binary(name: &str) -> PathBuf {
+    match find(name) {
         Some(p) => p,
         None if name == "redis-server" => panic!("{MISSING}"),
         None => panic!("{name} not found: run ./scripts/test.sh, which installs redis-tools"),
