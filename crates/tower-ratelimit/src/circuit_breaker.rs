@@ -6,10 +6,12 @@
 //!   [`FailurePolicy`](crate::FailurePolicy) at once. After `cool_down` the next request is let
 //!   through as the probe, and the circuit is half-open.
 //! - **Half-open**: exactly one probe asks the store; the others are answered as when open. If the
-//!   probe succeeds the circuit closes; if it fails, or is cancelled while it waits for the store
-//!   (a caller's timeout), it opens again for another `cool_down`. A probe cancelled before its
-//!   response future ran (its client went away at once) tells nothing about the store: the
-//!   circuit stays open, cooled down, and the next request probes.
+//!   probe succeeds the circuit closes; if it fails or times out, it opens again for another
+//!   `cool_down`. Only the store decides: a probe whose request is dropped before the store
+//!   answered (its client went away, or a caller's timeout fired) runs on in a task of its own,
+//!   under the layer's timeout, and its answer settles the circuit, so clients that cancel their
+//!   requests cannot keep it open. (With no tokio runtime current at the drop, the probe is
+//!   handed on: the circuit stays open, cooled down, and the next request probes.)
 //!
 //! Only answers that asked the store are evidence of its health. An answer from a cache in front
 //! of the store (a [`DenialCache`](ratelimit_core::DenialCache) hit, a unit of a
@@ -33,11 +35,16 @@
 //! # Ok::<(), tower_ratelimit::Error>(())
 //! ```
 
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::task::{Context, Poll};
 use std::time::Duration;
 
-use ratelimit_core::{Clock, Timestamp};
+use ratelimit_core::{Clock, Decision, Timestamp};
+use tokio::time::Timeout;
+use tokio::time::error::Elapsed;
 
 use crate::Error;
 
@@ -146,6 +153,7 @@ impl Breaker {
         gauge: metrics::Gauge,
         policy: Arc<str>,
     ) -> Breaker {
+        gauge.set(CLOSED as f64);
         Breaker {
             config,
             word: AtomicU64::new(CLOSED),
@@ -153,6 +161,20 @@ impl Breaker {
             clock,
             gauge,
             policy,
+        }
+    }
+
+    /// Sets the gauge to the state, after a transition. Transitions and gauge writes of two
+    /// threads can interleave (one closes, another opens, and the closer's write lands last): each
+    /// writer reads the state again after writing and writes again if it moved, so the last write
+    /// follows the last transition and the gauge ends on the state.
+    fn publish(&self) {
+        loop {
+            let state = self.word.load(Ordering::Acquire) & STATE;
+            self.gauge.set(state as f64);
+            if self.word.load(Ordering::Acquire) & STATE == state {
+                return;
+            }
         }
     }
 
@@ -182,7 +204,7 @@ impl Breaker {
                         )
                         .is_ok()
                 {
-                    self.gauge.set(HALF_OPEN as f64);
+                    self.publish();
                     tracing::info!(policy = %self.policy, "rate-limit store circuit half-open: probing");
                     Admit::Probe
                 } else {
@@ -197,7 +219,7 @@ impl Breaker {
         if probe {
             self.failures.store(0, Ordering::Release);
             self.word.store(CLOSED, Ordering::Release);
-            self.gauge.set(CLOSED as f64);
+            self.publish();
             tracing::info!(policy = %self.policy, "rate-limit store circuit closed");
         } else if self.failures.load(Ordering::Relaxed) != 0 {
             self.failures.store(0, Ordering::Release);
@@ -228,7 +250,7 @@ impl Breaker {
             })
             .is_ok();
         if reopened {
-            self.gauge.set(OPEN as f64);
+            self.publish();
         }
     }
 
@@ -247,7 +269,7 @@ impl Breaker {
             return;
         }
         self.failures.store(0, Ordering::Release);
-        self.gauge.set(OPEN as f64);
+        self.publish();
         tracing::warn!(
             policy = %self.policy,
             cool_down_ms = self.config.cool_down.as_millis() as u64,
@@ -256,42 +278,121 @@ impl Breaker {
     }
 }
 
-/// Settles a probe dropped before its result is known. Dropped before the response future first
-/// ran (its client went away at once), it says nothing about the store: the probe is handed on
-/// (the circuit stays open, cooled down). Dropped while it was waiting for the store (a caller's
-/// timeout shorter than the layer's), it counts as a failure, as the layer's own timeout would:
-/// a store that stalls must not get a probe on every request.
-pub(crate) struct ProbeGuard {
-    breaker: Option<Arc<Breaker>>,
-    waited: bool,
+/// The probe's store check with the layer's timeout: the future the waiting request awaits, and
+/// the one thing that settles the probe if that request is dropped first.
+///
+/// Dropped before the store answered (the client went away, or a caller's timeout shorter than
+/// the layer's fired), it does not guess: the check (its command already sent by the poll in
+/// `call`) runs on in a task of its own, under the same timeout, and the store's answer settles
+/// the probe as it would have settled the request's. So a client that cancels its requests, one
+/// after another, cannot decide the circuit's state: only the store can. Where no tokio runtime is
+/// current at the drop, or the task is dropped unrun (a runtime shutting down), the probe is handed
+/// on: the circuit stays open, cooled down, and the next request probes.
+pub(crate) struct ProbeCheck<F, E>
+where
+    F: Future<Output = Result<Decision, E>> + Send + Unpin + 'static,
+    E: Send + 'static,
+{
+    breaker: Arc<Breaker>,
+    timeout: Duration,
+    state: Option<Checking<F>>,
 }
 
-impl ProbeGuard {
-    pub(crate) fn new(breaker: Option<Arc<Breaker>>) -> Self {
-        ProbeGuard {
+enum Checking<F> {
+    /// Not polled yet by the waiting future (`call` polled the store's future once).
+    Sent(F),
+    /// Polled: the timeout runs, boxed so that a drop can move it into a task.
+    Timed(Pin<Box<Timeout<F>>>),
+}
+
+impl<F, E> ProbeCheck<F, E>
+where
+    F: Future<Output = Result<Decision, E>> + Send + Unpin + 'static,
+    E: Send + 'static,
+{
+    pub(crate) fn new(breaker: Arc<Breaker>, check: F, timeout: Duration) -> Self {
+        ProbeCheck {
             breaker,
-            waited: false,
+            timeout,
+            state: Some(Checking::Sent(check)),
         }
     }
+}
 
-    /// The response future runs: from now on a drop counts as a failure.
-    pub(crate) fn waiting(&mut self) {
-        self.waited = true;
-    }
+impl<F, E> Future for ProbeCheck<F, E>
+where
+    F: Future<Output = Result<Decision, E>> + Send + Unpin + 'static,
+    E: Send + 'static,
+{
+    type Output = Result<Result<Decision, E>, Elapsed>;
 
-    pub(crate) fn disarm(&mut self) {
-        self.breaker = None;
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let mut timed = match this.state.take() {
+            Some(Checking::Sent(check)) => Box::pin(tokio::time::timeout(this.timeout, check)),
+            Some(Checking::Timed(timed)) => timed,
+            None => panic!("ProbeCheck polled after completion"),
+        };
+        match timed.as_mut().poll(cx) {
+            // The caller settles the probe with the answer (`after_check`, `after_timeout`).
+            Poll::Ready(out) => Poll::Ready(out),
+            Poll::Pending => {
+                this.state = Some(Checking::Timed(timed));
+                Poll::Pending
+            }
+        }
     }
 }
 
-impl Drop for ProbeGuard {
+impl<F, E> Drop for ProbeCheck<F, E>
+where
+    F: Future<Output = Result<Decision, E>> + Send + Unpin + 'static,
+    E: Send + 'static,
+{
     fn drop(&mut self) {
-        if let Some(b) = self.breaker.take() {
-            if self.waited {
-                b.failure(true);
-            } else {
-                b.probe_not_asked();
-            }
+        let Some(state) = self.state.take() else {
+            return;
+        };
+        let mut unsettled = Unsettled(Some(self.breaker.clone()));
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime to finish the check on: `unsettled` hands the probe on as it drops.
+            return;
+        };
+        let timeout = self.timeout;
+        // The timeout is made in the task (a runtime without timers panics there, not in a drop).
+        runtime.spawn(async move {
+            let answer = match state {
+                Checking::Sent(check) => tokio::time::timeout(timeout, check).await,
+                Checking::Timed(timed) => timed.await,
+            };
+            unsettled.settle(answer);
+        });
+    }
+}
+
+/// A probe whose answer is still to come: settled by it, or handed on if dropped without one.
+struct Unsettled(Option<Arc<Breaker>>);
+
+impl Unsettled {
+    fn settle<E>(&mut self, answer: Result<Result<Decision, E>, Elapsed>) {
+        let Some(b) = self.0.take() else { return };
+        match answer {
+            Ok(Ok(d)) if !d.is_cached() => b.success(true),
+            Ok(Ok(_)) => b.probe_not_asked(),
+            Ok(Err(_)) | Err(_) => b.failure(true),
+        }
+        tracing::debug!(
+            policy = %b.policy,
+            state = ?b.state(),
+            "rate-limit store probe settled after its request was dropped"
+        );
+    }
+}
+
+impl Drop for Unsettled {
+    fn drop(&mut self) {
+        if let Some(b) = self.0.take() {
+            b.probe_not_asked();
         }
     }
 }
@@ -336,31 +437,143 @@ mod tests {
         assert_eq!(b.admit(), Admit::Call);
     }
 
-    #[test]
-    fn a_dropped_probe_hands_the_probe_on() {
-        let clock = ManualClock::new();
-        let b = Arc::new(breaker(&clock));
+    /// A circuit opened by two failures and cooled down, its probe out.
+    fn probing(clock: &ManualClock) -> Arc<Breaker> {
+        let b = Arc::new(breaker(clock));
         b.failure(false);
         b.failure(false);
         clock.advance(Duration::from_secs(5));
         assert_eq!(b.admit(), Admit::Probe);
-        drop(ProbeGuard::new(Some(b.clone())));
-        assert_eq!(b.state(), CircuitState::Open);
-        // Still cooled down: the next request probes, without another cool-down.
-        assert_eq!(b.admit(), Admit::Probe);
-        // A disarmed guard (the probe's answer came) changes nothing.
-        let mut guard = ProbeGuard::new(Some(b.clone()));
-        guard.disarm();
-        drop(guard);
+        b
+    }
+
+    type Answer = Result<Decision, std::io::Error>;
+    type Sent = Pin<Box<dyn Future<Output = Answer> + Send>>;
+
+    /// A store check whose answer the test sends when it likes (never, if it drops the sender).
+    fn check() -> (tokio::sync::oneshot::Sender<Answer>, Sent) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let fut = Box::pin(async move {
+            match rx.await {
+                Ok(answer) => answer,
+                Err(_) => std::future::pending().await,
+            }
+        });
+        (tx, fut)
+    }
+
+    fn allowed() -> Decision {
+        let limit = ratelimit_core::Limit::single(
+            ratelimit_core::Algorithm::TokenBucket,
+            ratelimit_core::Quota::per_second(1).unwrap(),
+        )
+        .unwrap();
+        ratelimit_core::MemoryStore::new().check_now(b"k", &limit, 1)
+    }
+
+    /// Waits until the spawned settlements have run (time is paused: a sleep only advances it).
+    async fn settle() {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    }
+
+    /// Dropped before the store answered, the probe is settled by the store's answer, whenever it
+    /// comes: a client that cancels its request cannot re-open a healthy store's circuit.
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_probe_is_settled_by_the_stores_answer() {
+        let clock = ManualClock::new();
+        // Dropped before it was polled.
+        let b = probing(&clock);
+        let (tx, fut) = check();
+        drop(ProbeCheck::new(b.clone(), fut, Duration::from_secs(1)));
         assert_eq!(b.state(), CircuitState::HalfOpen);
-        // A probe dropped while it waited for the store counts as a failure: another cool-down.
-        let mut guard = ProbeGuard::new(Some(b.clone()));
-        guard.waiting();
-        drop(guard);
+        tx.send(Ok(allowed())).unwrap();
+        settle().await;
+        assert_eq!(b.state(), CircuitState::Closed);
+
+        // Dropped while it waited; the store then fails: another cool-down.
+        let b = probing(&clock);
+        let (tx, fut) = check();
+        let mut probe = ProbeCheck::new(b.clone(), fut, Duration::from_secs(1));
+        assert!(futures_poll(&mut probe).is_pending());
+        drop(probe);
+        settle().await;
+        assert_eq!(b.state(), CircuitState::HalfOpen, "no answer yet");
+        tx.send(Err(std::io::Error::other("down"))).unwrap();
+        settle().await;
         assert_eq!(b.state(), CircuitState::Open);
         assert_eq!(b.admit(), Admit::Reject);
-        clock.advance(Duration::from_secs(5));
+
+        // Dropped while it waited; the store never answers: the layer's timeout settles it.
+        let b = probing(&clock);
+        let (tx, fut) = check();
+        let mut probe = ProbeCheck::new(b.clone(), fut, Duration::from_secs(1));
+        assert!(futures_poll(&mut probe).is_pending());
+        drop(probe);
+        tokio::time::sleep(Duration::from_millis(999)).await;
+        assert_eq!(b.state(), CircuitState::HalfOpen);
+        tokio::time::sleep(Duration::from_millis(2)).await;
+        settle().await;
+        assert_eq!(b.state(), CircuitState::Open);
+        drop(tx);
+    }
+
+    /// An answer from a cache in front of the store says nothing of it: the probe is handed on.
+    #[tokio::test(start_paused = true)]
+    async fn a_dropped_probe_answered_from_a_cache_is_handed_on() {
+        let clock = ManualClock::new();
+        let b = probing(&clock);
+        let (tx, fut) = check();
+        drop(ProbeCheck::new(b.clone(), fut, Duration::from_secs(1)));
+        tx.send(Ok(allowed().cached())).unwrap();
+        settle().await;
+        assert_eq!(b.state(), CircuitState::Open);
+        assert_eq!(b.admit(), Admit::Probe, "still cooled down");
+    }
+
+    /// With no runtime to finish the check on, or a task that never runs, the probe is handed on
+    /// rather than lost (a circuit left half-open with no probe out would never close).
+    #[test]
+    fn a_dropped_probe_without_a_runtime_is_handed_on() {
+        let clock = ManualClock::new();
+        let b = probing(&clock);
+        let (_tx, fut) = check();
+        drop(ProbeCheck::new(b.clone(), fut, Duration::from_secs(1)));
+        assert_eq!(b.state(), CircuitState::Open);
         assert_eq!(b.admit(), Admit::Probe);
+
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
+        let (_tx, fut) = check();
+        {
+            let _in_rt = rt.enter();
+            drop(ProbeCheck::new(b.clone(), fut, Duration::from_secs(1)));
+        }
+        assert_eq!(b.state(), CircuitState::HalfOpen, "its task is spawned");
+        drop(rt);
+        assert_eq!(b.state(), CircuitState::Open, "and dropped unrun");
+        assert_eq!(b.admit(), Admit::Probe);
+    }
+
+    /// Polled to the end, the probe leaves the settling to its caller.
+    #[tokio::test(start_paused = true)]
+    async fn a_finished_probe_check_settles_nothing_itself() {
+        let clock = ManualClock::new();
+        let b = probing(&clock);
+        let (tx, fut) = check();
+        let mut probe = ProbeCheck::new(b.clone(), fut, Duration::from_secs(1));
+        tx.send(Ok(allowed())).unwrap();
+        assert!(matches!((&mut probe).await, Ok(Ok(_))));
+        drop(probe);
+        settle().await;
+        assert_eq!(b.state(), CircuitState::HalfOpen);
+    }
+
+    fn futures_poll<F: Future + Unpin>(f: &mut F) -> Poll<F::Output> {
+        Pin::new(f).poll(&mut Context::from_waker(std::task::Waker::noop()))
     }
 
     /// A request's failure checks that the circuit is closed, then opens it; between the two,

@@ -5,13 +5,23 @@
 //! | `ratelimit_decisions_total` | counter | `policy`, `outcome` (see [`VerdictKind::as_str`]) |
 //! | `ratelimit_store_duration_seconds` | histogram | `policy` |
 //! | `ratelimit_store_errors_total` | counter | `policy`, `kind` (`error`, `timeout`, `circuit_open`) |
+//! | `ratelimit_checks_cancelled_total` | counter | `policy` |
 //! | `ratelimit_circuit_state` | gauge | `policy` (0 closed, 1 open, 2 half-open) |
+//!
+//! `ratelimit_checks_cancelled_total` counts the store checks whose request was dropped before the
+//! store answered (its client went away, or a timeout of the caller's fired): they have no
+//! decision and are not in `ratelimit_decisions_total`, but the store may have counted them (the
+//! command was sent). A probe of the circuit breaker cancelled that way is still settled by the
+//! store's answer (see [`crate::circuit_breaker`]).
 //!
 //! `ratelimit_store_duration_seconds` times every store answer that has to wait (the Redis store's,
 //! from the poll that sends the command to the reply). Answers that come at once (the in-memory
 //! store, a denial cache hit) take about 100 ns, and timing each added about 20 ns to a request
 //! (measured on 2026-11-29; docs/benchmarks.md), so about one in 64 of them, drawn at random, is
 //! timed: the histogram's count is then not the number of checks; `ratelimit_decisions_total` is.
+//!
+//! The policy's name is the `policy` label: layers that share a name share these series (their
+//! counters add up, and their circuits write one gauge), so give each layer of an app its own.
 //!
 //! The handles are registered when the layer is built, with the recorder installed then:
 //! install your recorder (a Prometheus exporter, say) before building the layer. Recording then
@@ -27,6 +37,8 @@ pub const DECISIONS_TOTAL: &str = "ratelimit_decisions_total";
 pub const STORE_DURATION_SECONDS: &str = "ratelimit_store_duration_seconds";
 /// Store failures by policy and kind.
 pub const STORE_ERRORS_TOTAL: &str = "ratelimit_store_errors_total";
+/// Store checks whose request was dropped before the store answered, by policy.
+pub const CHECKS_CANCELLED_TOTAL: &str = "ratelimit_checks_cancelled_total";
 /// Circuit-breaker state by policy: 0 closed, 1 open, 2 half-open.
 pub const CIRCUIT_STATE: &str = "ratelimit_circuit_state";
 
@@ -52,6 +64,7 @@ pub(crate) struct Metrics {
     decisions: [Counter; 9],
     store_duration: Histogram,
     errors: [Counter; 3],
+    pub(crate) cancelled: Counter,
     pub(crate) circuit: Gauge,
 }
 
@@ -72,12 +85,13 @@ impl Metrics {
             FailureKind::CircuitOpen,
         ]
         .map(|k| counter!(STORE_ERRORS_TOTAL, "policy" => policy.to_owned(), "kind" => k.as_str()));
+        // Set by the breaker, if the layer has one (a layer over the in-memory store has none).
         let circuit = gauge!(CIRCUIT_STATE, "policy" => policy.to_owned());
-        circuit.set(0.0);
         Metrics {
             decisions,
             store_duration: histogram!(STORE_DURATION_SECONDS, "policy" => policy.to_owned()),
             errors,
+            cancelled: counter!(CHECKS_CANCELLED_TOTAL, "policy" => policy.to_owned()),
             circuit,
         }
     }

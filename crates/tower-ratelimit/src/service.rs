@@ -19,7 +19,7 @@ use ratelimit_core::{Clock, Decision, Limit, MemoryStore, Store};
 use tower_service::Service;
 
 use crate::body::{BodyMode, WrapBody};
-use crate::circuit_breaker::{Admit, Breaker, CircuitState, ProbeGuard};
+use crate::circuit_breaker::{Admit, Breaker, CircuitState, ProbeCheck};
 use crate::future::ResponseFuture;
 use crate::key::KeyBuf;
 use crate::metrics::{FailureKind, Metrics};
@@ -525,14 +525,23 @@ where
                 let shared = self.shared.clone();
                 let ready_inner = self.inner.clone();
                 let mut inner = std::mem::replace(&mut self.inner, ready_inner);
-                // Made here, not in the async block: a probe whose future is dropped before its
-                // first poll must hand the probe on too.
-                let mut guard = ProbeGuard::new(if probe { shared.breaker.clone() } else { None });
+                // Made here, not in the async block: the check was sent by the poll in `next`, so
+                // a future dropped before its first poll is cancelled too, and a probe's check has
+                // to settle the circuit all the same.
+                let mut cancelled = Cancelled(Some(shared.rt.metrics.cancelled.clone()));
+                let check = match (probe, &shared.breaker) {
+                    (true, Some(b)) => {
+                        Check::Probe(ProbeCheck::new(b.clone(), check, shared.timeout))
+                    }
+                    _ => Check::Plain(check),
+                };
                 // The key moves into the future as it is (inline up to its buffer size): no copy.
                 ResponseFuture::waiting(Box::pin(async move {
-                    guard.waiting();
-                    let result = tokio::time::timeout(shared.timeout, check).await;
-                    guard.disarm();
+                    let result = match check {
+                        Check::Plain(check) => tokio::time::timeout(shared.timeout, check).await,
+                        Check::Probe(mut check) => (&mut check).await,
+                    };
+                    cancelled.answered();
                     shared.rt.metrics.store_duration(start.elapsed());
                     let step = match result {
                         Ok(result) => shared.after_check(result, probe, tier, key.as_bytes(), cost),
@@ -548,6 +557,34 @@ where
                     }
                 }))
             }
+        }
+    }
+}
+
+/// A store check that has to wait: a probe's settles the circuit even if its request is dropped.
+enum Check<F, E>
+where
+    F: Future<Output = Result<Decision, E>> + Send + Unpin + 'static,
+    E: Send + 'static,
+{
+    Plain(F),
+    Probe(ProbeCheck<F, E>),
+}
+
+/// Counts a check whose request was dropped before the store answered (the client went away, or
+/// a caller's timeout fired), unless taken once the answer came.
+struct Cancelled(Option<::metrics::Counter>);
+
+impl Cancelled {
+    fn answered(&mut self) {
+        self.0 = None;
+    }
+}
+
+impl Drop for Cancelled {
+    fn drop(&mut self) {
+        if let Some(counter) = self.0.take() {
+            counter.increment(1);
         }
     }
 }

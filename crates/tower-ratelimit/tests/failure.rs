@@ -382,18 +382,25 @@ async fn only_one_probe_while_half_open() {
     assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
 }
 
+/// A probe whose request is dropped (before its future ran, or while it waited) is settled by the
+/// store's answer all the same: a client that cancels every request it sends cannot keep the
+/// circuit open over a healthy store. The cancelled checks are counted.
 #[tokio::test(start_paused = true)]
-async fn a_probe_dropped_before_it_ran_hands_the_probe_to_the_next_request() {
+async fn a_dropped_probe_is_settled_by_the_store_not_by_the_client() {
     use tower::{Service, ServiceExt};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
     let clock = ManualClock::new();
     let (_store_clock, memory) = store();
     let store = Arc::new(SwitchStore::new(memory));
     store.set_down(true);
-    let layer = RateLimitLayer::builder(store.clone(), Policy::new("drop", per_minute(9)).unwrap())
-        .circuit_breaker(CircuitBreaker::new(1, Duration::from_secs(5)).unwrap())
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let layer = metrics::with_local_recorder(&recorder, || {
+        RateLimitLayer::builder(store.clone(), Policy::new("drop", per_minute(9)).unwrap())
+            .circuit_breaker(CircuitBreaker::new(1, Duration::from_secs(5)).unwrap())
+            .clock(clock.clone())
+            .build()
+            .unwrap()
+    });
     // The service itself (a router would only call it when its own future is polled).
     let mut svc = tower::Layer::layer(
         &layer,
@@ -404,21 +411,57 @@ async fn a_probe_dropped_before_it_ran_hands_the_probe_to_the_next_request() {
     let res = svc.ready().await.unwrap().call(request("/")).await.unwrap();
     assert_eq!(res.status(), 200, "failed open");
     assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
-    store.set_down(false);
+    let settle = || async {
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    };
+
+    // Still down: the probe's request goes away before its future is ever polled; the store's
+    // failure re-opens the circuit, for another cool-down.
     clock.advance(Duration::from_secs(5));
-    // The client goes away before the probe's future is ever polled.
     let probe = svc.ready().await.unwrap().call(request("/"));
     assert_eq!(layer.circuit_state(), Some(CircuitState::HalfOpen));
     drop(probe);
+    settle().await;
     assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
-    // A cancelled probe says nothing about the store: the next request probes at once, without
-    // another cool-down, and closes the circuit.
+    assert_eq!(store.calls(), 2);
     let res = svc.ready().await.unwrap().call(request("/")).await.unwrap();
-    assert_eq!(
-        res.extensions().get::<Verdict>().unwrap().kind(),
-        VerdictKind::Allowed
-    );
+    let kind = |res: &http::Response<_>| res.extensions().get::<Verdict>().unwrap().kind();
+    assert_eq!(kind(&res), VerdictKind::FailedOpen);
+    assert_eq!(store.calls(), 2, "open: the store is not asked");
+
+    // Up again: the probe's request is dropped while it waits for the store's answer; the answer
+    // closes the circuit.
+    store.set_down(false);
+    store
+        .delay_ms
+        .store(10, std::sync::atomic::Ordering::SeqCst);
+    clock.advance(Duration::from_secs(5));
+    let mut probe = Box::pin(svc.ready().await.unwrap().call(request("/")));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(probe.as_mut().poll(&mut cx).is_pending());
+    drop(probe);
+    settle().await;
+    assert_eq!(layer.circuit_state(), Some(CircuitState::HalfOpen));
+    tokio::time::sleep(Duration::from_millis(10)).await;
+    settle().await;
     assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
+    let res = svc.ready().await.unwrap().call(request("/")).await.unwrap();
+    assert_eq!(kind(&res), VerdictKind::Allowed);
+
+    // Both checks reached the store (it counted them) but decided no request.
+    let m = Recorded::take(&snapshotter);
+    assert_eq!(
+        m.counter("ratelimit_checks_cancelled_total", &[("policy", "drop")]),
+        2
+    );
+    assert_eq!(m.outcome("drop", "allowed"), 1);
+    assert_eq!(m.outcome("drop", "failed_open"), 2);
+    assert_eq!(
+        m.gauge("ratelimit_circuit_state", &[("policy", "drop")]),
+        Some(0.0)
+    );
 }
 
 #[tokio::test]

@@ -99,13 +99,14 @@ impl Store for HangingStore {
     }
 }
 
-/// A memory store behind a switch (up or down) that answers asynchronously (after one yield),
-/// like a network store would, and counts its calls.
+/// A memory store behind a switch (up or down) that answers asynchronously (after one yield, or
+/// after `delay_ms` of tokio's time), like a network store would, and counts its calls.
 #[derive(Debug)]
 pub struct SwitchStore {
     pub inner: Arc<MemoryStore<ManualClock>>,
     pub down: AtomicBool,
     pub calls: AtomicU64,
+    pub delay_ms: AtomicU64,
 }
 
 impl SwitchStore {
@@ -114,6 +115,7 @@ impl SwitchStore {
             inner,
             down: AtomicBool::new(false),
             calls: AtomicU64::new(0),
+            delay_ms: AtomicU64::new(0),
         }
     }
 
@@ -139,8 +141,13 @@ impl Store for SwitchStore {
         } else {
             Ok(self.inner.check_now(key, limit, cost))
         };
+        let delay = self.delay_ms.load(Ordering::SeqCst);
         Box::pin(async move {
-            tokio::task::yield_now().await;
+            if delay == 0 {
+                tokio::task::yield_now().await;
+            } else {
+                tokio::time::sleep(std::time::Duration::from_millis(delay)).await;
+            }
             result
         })
     }
