@@ -370,6 +370,20 @@ pub(crate) fn is_broken(e: &RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error()
 }
 
+/// A slot's opening in progress: ended (and its waiters woken) when this drops.
+struct Opening {
+    inner: Arc<Inner>,
+    slot: usize,
+}
+
+impl Drop for Opening {
+    fn drop(&mut self) {
+        let slot = &self.inner.slots[self.slot];
+        slot.opening.store(false, Ordering::Release);
+        slot.opened.notify_waiters();
+    }
+}
+
 impl Inner {
     /// Sends `cmd` (an `EVALSHA` of `script`) and returns the script's reply, or a timeout at
     /// `deadline` (connection included).
@@ -533,8 +547,14 @@ impl Inner {
                     slot.opened.notify_waiters();
                     continue;
                 }
-                let inner = Arc::clone(self);
-                tokio::spawn(async move { inner.open_slot(i).await });
+                // The guard ends the opening however the task ends: done, panicked, or dropped
+                // with its runtime (even unrun), which would otherwise leave the slot "opening"
+                // for good and every later check waiting for it.
+                let opening = Opening {
+                    inner: Arc::clone(self),
+                    slot: i,
+                };
+                tokio::spawn(async move { opening.inner.open_slot(opening.slot).await });
             }
             opened.await;
             let failed = lock(&slot.failed);
@@ -546,7 +566,8 @@ impl Inner {
         }
     }
 
-    /// Opens slot `i`'s connection, records the outcome and wakes the checks waiting for it.
+    /// Opens slot `i`'s connection and records the outcome; its [`Opening`] then wakes the checks
+    /// waiting for it.
     async fn open_slot(&self, i: usize) {
         let slot = &self.slots[i];
         match self.open().await {
@@ -560,8 +581,6 @@ impl Inner {
                 failed.1 = Some(e);
             }
         }
-        slot.opening.store(false, Ordering::Release);
-        slot.opened.notify_waiters();
     }
 
     fn discard(&self, slot: usize, generation: u64) {

@@ -328,6 +328,51 @@ async fn a_reconnect_is_not_cancelled_by_a_check_that_gives_up() {
     );
 }
 
+/// An opening whose task ends with its runtime (a store shared by several runtimes: one shuts
+/// down while it re-opens a connection) does not leave the slot "opening" for good: the checks
+/// after it, on another runtime, open the connection again and are answered.
+#[test]
+fn a_reconnect_ended_with_its_runtime_does_not_leave_the_slot_stuck() {
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let store = main.block_on(async {
+        let store = RedisStore::builder(proxy.url())
+            .prefix(unique_prefix("reopen-shutdown"))
+            .pool_size(1)
+            .response_timeout(Duration::from_millis(1_500))
+            .connect_timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap();
+        assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+        proxy.set_latency(Duration::from_millis(500));
+        proxy.drop_connections();
+        let broken = store.check(b"k", &limit(), 1).await.unwrap_err();
+        assert!(broken.is_unavailable(), "{broken:?}");
+        store
+    });
+    // On a runtime of its own, a check starts the opening (spawned there) and gives up; the
+    // runtime shuts down with the opening half done.
+    let gave_up = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+        .block_on(async {
+            tokio::time::timeout(Duration::from_millis(100), store.check(b"k", &limit(), 1)).await
+        });
+    assert!(gave_up.is_err(), "still opening");
+    proxy.set_latency(Duration::ZERO);
+    main.block_on(async {
+        let d = store.check(b"k", &limit(), 1).await.unwrap();
+        assert!(d.is_allowed());
+    });
+}
+
 /// A standalone primary demoted to a replica behind the address the store uses (a failover
 /// behind a DNS name or a virtual IP): its connections answer `READONLY` to every write from then
 /// on. The check that gets `READONLY` fails, its connection is replaced, and the next check
