@@ -69,6 +69,13 @@
 //! handed a whole `/64`, and without grouping it could use a fresh address,
 //! and so a fresh rate-limit bucket, for every request.
 //!
+//! An address of the NAT64 well-known prefix `64:ff9b::/96` (RFC 6052: an
+//! IPv4 client seen through a translator, such as SIIT-DC in front of an
+//! IPv6-only service) is grouped as the IPv4 address it carries, not by its
+//! `/64`, which would put every IPv4 client in one group. A translator with a
+//! network-specific prefix needs its own setting: group by `/128` there
+//! ([`ClientIp::ipv6_prefix`]).
+//!
 //! # Examples
 //!
 //! A spoof attempt from a client that connects directly is ignored:
@@ -407,6 +414,9 @@ impl ClientIp {
     pub fn mask(&self, ip: IpAddr) -> IpAddr {
         match ip.to_canonical() {
             IpAddr::V4(v4) => IpAddr::V4(self.mask_v4(v4)),
+            IpAddr::V6(v6) if u128::from(v6) >> 32 == NAT64_WELL_KNOWN => {
+                IpAddr::V4(self.mask_v4(Ipv4Addr::from(u128::from(v6) as u32)))
+            }
             IpAddr::V6(v6) => {
                 let mask = u128::MAX
                     .checked_shl(128 - u32::from(self.ipv6_prefix))
@@ -416,7 +426,8 @@ impl ClientIp {
         }
     }
 
-    /// The IPv4 part of [`mask`](Self::mask).
+    /// The IPv4 part of [`mask`](Self::mask) (also of IPv4 addresses carried in the NAT64
+    /// well-known prefix).
     #[inline]
     pub(crate) fn mask_v4(&self, v4: Ipv4Addr) -> Ipv4Addr {
         Ipv4Addr::from(v4.to_bits() & self.ipv4_mask.to_bits())
@@ -701,11 +712,27 @@ fn is_value_char(b: u8) -> bool {
     is_tchar(b) || b == b':' || b == b'[' || b == b']'
 }
 
+/// The NAT64 well-known prefix `64:ff9b::/96` (RFC 6052), as the top 96 bits of an address.
+const NAT64_WELL_KNOWN: u128 = 0x0064_ff9b_0000_0000_0000_0000;
+
 /// An RFC 7239 `node` (the value of `for=`), already unquoted.
 fn parse_node(node: &[u8]) -> Hop {
     // `unknown` and obfuscated identifiers (`_hidden`) are not addresses.
     if node.first() == Some(&b'[') {
         return parse_bracketed(node, true);
+    }
+    // RFC 7239 wants an IPv6 node in brackets (and the value quoted), but some proxies write the
+    // bare address (nginx's `for=$remote_addr`). One that parses whole as IPv6 cannot be read as
+    // anything else (a port needs the brackets): read it, rather than stop the walk at the proxy
+    // and give every IPv6 client the proxy's key.
+    if node.iter().filter(|&&b| b == b':').nth(1).is_some() {
+        return match std::str::from_utf8(node)
+            .ok()
+            .and_then(|h| h.parse::<Ipv6Addr>().ok())
+        {
+            Some(v6) => Hop::Addr(IpAddr::V6(v6)),
+            None => Hop::Opaque,
+        };
     }
     let (host, port_ok) = match node.iter().position(|&b| b == b':') {
         None => (node, true),
@@ -1068,6 +1095,53 @@ mod tests {
         }
     }
 
+    /// An IPv6 node without its brackets (nginx's `for=$remote_addr`), quoted or not, is read:
+    /// it cannot be anything else.
+    #[test]
+    fn forwarded_bare_ipv6_is_read() {
+        let c = proxies()
+            .header(ForwardedHeader::Forwarded)
+            .ipv6_prefix(128)
+            .unwrap();
+        for value in [r#"for="2001:db8::1""#, "for=2001:db8::1"] {
+            assert_eq!(
+                c.resolve(ip(PROXY), &fwd(&[value])),
+                ip("2001:db8::1"),
+                "{value}"
+            );
+            let line = format!("for=192.0.2.9, {value}");
+            assert_eq!(
+                c.resolve(ip(PROXY), &fwd(&[&line])),
+                ip("2001:db8::1"),
+                "{value}"
+            );
+        }
+        // A trusted proxy's bare address is skipped like any other.
+        let h = fwd(&["for=192.0.2.9, for=::ffff:10.0.0.5"]);
+        assert_eq!(c.resolve(ip(PROXY), &h), ip("192.0.2.9"));
+    }
+
+    /// IPv4 clients seen through a NAT64 translator's well-known prefix are grouped by their IPv4
+    /// address, not all into the translator's /64; other IPv6 addresses are grouped as before.
+    #[test]
+    fn nat64_well_known_prefix_is_grouped_as_ipv4() {
+        let c = ClientIp::peer();
+        let h = HeaderMap::new();
+        assert_eq!(c.resolve(ip("64:ff9b::c000:201"), &h), ip("192.0.2.1"));
+        assert_eq!(c.resolve(ip("64:ff9b::c000:202"), &h), ip("192.0.2.2"));
+        assert_eq!(
+            c.resolve(ip("64:ff9b:0:1::c000:201"), &h),
+            ip("64:ff9b:0:1::")
+        );
+        let by_24 = ClientIp::peer().ipv4_prefix(24).unwrap();
+        assert_eq!(by_24.resolve(ip("64:ff9b::c000:2ff"), &h), ip("192.0.2.0"));
+        // Unmasked (for logs), the address is as it came.
+        assert_eq!(
+            c.resolve_unmasked(ip("64:ff9b::c000:201"), &h),
+            ip("64:ff9b::c000:201")
+        );
+    }
+
     #[test]
     fn forwarded_quoted_ipv6_with_port() {
         let c = proxies()
@@ -1158,7 +1232,8 @@ mod tests {
             r#"for="1.2.3.4"#,
             r#"for="1.2.3.4"x"#,
             "for=1.2.3.4 x",
-            r#"for="2001:db8::1""#,
+            r#"for="fe80::1%eth0""#,
+            "for=2001:db8::1::2",
             "for=1.2.3.4:_",
             "for=1.2.3.4:_a/b",
             "for = 1.2.3.4",
