@@ -106,6 +106,13 @@ const MAX_SHARDS: usize = 16;
 /// Redis store on server time), the two must advance at the same rate; a clock running fast on the
 /// store's side by a fraction `f` makes a cached denial last up to `f × retry_after` too long.
 ///
+/// Caveat: "consumption only hurts" assumes the store keeps the key's state. When the store loses
+/// it (an evicted key of a full `MemoryStore`, a Redis failover to a replica that had not received
+/// it, an operator deleting the key to let a client back in), the store would admit the client at
+/// once, but a cached denial still stands until its deadline, at most `retry_after` from the denial
+/// (the limit's longest period for a cost that can never pass). To let a client back in at once
+/// after deleting its state, [`clear`](DenialCache::clear) the cache as well.
+///
 /// # Memory
 ///
 /// At most [`max_entries`](DenialCache::max_entries) denials are held (default
@@ -192,6 +199,16 @@ impl<S, C> DenialCache<S, C> {
     /// `true` if no denial is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+
+    /// Drops every denial held: the next check of every key goes to the store. For after a
+    /// key's state was deleted from the store (to let a client back in at once), since a held
+    /// denial outlives the state it was read from. A check already waiting for the store may
+    /// still record its denial afterwards. The counters are kept.
+    pub fn clear(&self) {
+        for shard in self.table.shards.iter() {
+            shard.0.lock().map.clear();
+        }
     }
 
     /// The most denials held at once.
@@ -500,6 +517,37 @@ mod tests {
             let cached = DenialCache::new(MemoryStore::new(), clock).max_entries(n);
             assert!((1..=n.max(1)).contains(&cached.capacity()), "{n}");
         }
+    }
+
+    /// A held denial outlives a state deleted from the store; `clear` lets the client back in.
+    #[test]
+    fn clear_forgets_every_denial() {
+        let clock = ManualClock::new();
+        let cached = DenialCache::new(
+            MemoryStore::builder()
+                .with_clock(clock.clone())
+                .build()
+                .unwrap(),
+            clock.clone(),
+        );
+        let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(1).unwrap()).unwrap();
+        assert!(now(cached.check(b"k", &limit, 1)).unwrap().is_allowed());
+        assert!(!now(cached.check(b"k", &limit, 1)).unwrap().is_allowed());
+        assert!(!cached.is_empty());
+        // The store forgets the key (a fresh store stands for a deleted state): the cache still
+        // denies, until cleared.
+        let cached = DenialCache {
+            inner: MemoryStore::builder()
+                .with_clock(clock.clone())
+                .build()
+                .unwrap(),
+            clock: cached.clock.clone(),
+            table: cached.table.clone(),
+        };
+        assert!(!now(cached.check(b"k", &limit, 1)).unwrap().is_allowed());
+        cached.clear();
+        assert!(cached.is_empty());
+        assert!(now(cached.check(b"k", &limit, 1)).unwrap().is_allowed());
     }
 
     fn now<F: Future>(f: F) -> F::Output {

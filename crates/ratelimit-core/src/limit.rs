@@ -192,10 +192,12 @@ fn fingerprint(algorithm: Algorithm, quotas: &[Quota]) -> u64 {
     // Fixed keys: the fingerprint must be the same in every process (it is part of Redis keys).
     let mut h = siphasher::sip::SipHasher13::new_with_keys(0x7261_7465_6c69_6d69, 0x7420_7631);
     h.write(algorithm.name().as_bytes());
+    // Little-endian bytes on every host (`write_u64` hashes native-endian ones): a fleet of mixed
+    // hosts must name the same Redis keys.
     for q in quotas {
-        h.write_u64(q.limit());
-        h.write_u64(q.period_micros());
-        h.write_u64(q.burst());
+        h.write(&q.limit().to_le_bytes());
+        h.write(&q.period_micros().to_le_bytes());
+        h.write(&q.burst().to_le_bytes());
     }
     h.finish()
 }
@@ -243,6 +245,24 @@ fn smallest_divisor_at_least(n: u64, at_least: u64) -> u64 {
 mod tests {
     use super::*;
     use crate::Algorithm;
+
+    /// The fingerprint is part of every Redis key: it must not change between versions, builds
+    /// or hosts (these values were computed when the fingerprint was first defined).
+    #[test]
+    fn fingerprints_are_stable() {
+        let one = Limit::single(Algorithm::TokenBucket, Quota::per_minute(100).unwrap()).unwrap();
+        let two = Limit::new(
+            Algorithm::SlidingWindow,
+            [
+                Quota::per_second(10).unwrap(),
+                Quota::per_period_with_burst(1_000, std::time::Duration::from_secs(3_600), 50)
+                    .unwrap(),
+            ],
+        )
+        .unwrap();
+        assert_eq!(one.fingerprint(), 0x495f_6cbd_1921_65b7);
+        assert_eq!(two.fingerprint(), 0xbec0_b417_41a4_37e2);
+    }
 
     #[test]
     fn a_share_whose_refill_would_not_fit_is_rounded_down_to_fit() {

@@ -37,6 +37,13 @@ impl SlidingLogState {
                 break;
             }
         }
+        // Give back the memory of a burst once it has slid out (a full log of a large limit is
+        // megabytes), by halves, so that a log that grows again does not reallocate at every
+        // check: amortized, each entry is moved a constant number of times.
+        let cap = self.entries.capacity();
+        if cap > 64 && self.entries.len() < cap / 4 {
+            self.entries.shrink_to((self.entries.len() * 2).max(64));
+        }
     }
 }
 
@@ -135,6 +142,32 @@ pub fn commit(quota: &Quota, log: &mut SlidingLogState, now: Timestamp, cost: u6
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A burst's memory is given back once its entries have slid out.
+    #[test]
+    fn a_burst_that_slid_out_gives_its_memory_back() {
+        let quota = Quota::per_second(100_000).unwrap();
+        let mut log = SlidingLogState::default();
+        for t in 0..100_000u64 {
+            commit(&quota, &mut log, Timestamp::from_micros(t), 1);
+        }
+        assert!(log.entries.capacity() >= 100_000);
+        // A second later the burst has slid out; a trickle keeps the key live.
+        for t in 0..10u64 {
+            commit(
+                &quota,
+                &mut log,
+                Timestamp::from_micros(1_000_000 + 100_000 + t),
+                1,
+            );
+        }
+        assert_eq!(log.entries.len(), 10);
+        assert!(
+            log.entries.capacity() <= 1_024,
+            "{}",
+            log.entries.capacity()
+        );
+    }
 
     /// The admissions of the last `period`, kept naively: every admission ever, summed each time.
     fn naive(

@@ -63,7 +63,9 @@ pub fn check(
     let (mut current, mut previous) = (0, 0);
     if let Some(s) = state {
         if s.start >= start {
-            start = s.start;
+            // Clamped like every time here: a state built by hand may start past the latest time
+            // (a stored one never does), and the sums below must not overflow.
+            start = s.start.min(MAX_TIME);
             now = now.max(start);
             (current, previous) = (s.current, s.previous);
         } else if s.start + p == start {
@@ -121,4 +123,33 @@ pub fn check(
             previous,
         },
     )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A state built by hand with a start past the latest time the algorithms count with (or
+    /// near `u64::MAX`) is denied or allowed, never an overflow.
+    #[test]
+    fn a_state_from_the_far_future_never_overflows() {
+        let quota = Quota::per_second(10).unwrap();
+        for start in [u64::MAX - 10, u64::MAX, MAX_TIME + 1, MAX_TIME] {
+            for (current, previous) in [(1, 0), (0, 1), (10, 10), (u64::MAX, u64::MAX)] {
+                let state = SlidingWindowState {
+                    start,
+                    current,
+                    previous,
+                };
+                for now in [0, 1_000_000, MAX_TIME] {
+                    for cost in [0, 1, 10, 11] {
+                        let (d, next) =
+                            check(&quota, Some(&state), Timestamp::from_micros(now), cost);
+                        assert!(d.remaining() <= 10);
+                        assert!(next.start <= MAX_TIME);
+                    }
+                }
+            }
+        }
+    }
 }
