@@ -27,12 +27,13 @@ use deadpool::managed::{self, Metrics, RecycleResult};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
 use redis::cluster::{ClusterClient, ClusterClientBuilder};
 use redis::cluster_async::ClusterConnection;
-use redis::cluster_routing::{RoutingInfo, SingleNodeRoutingInfo};
+use redis::cluster_routing::{self, RoutingInfo, SingleNodeRoutingInfo};
 use redis::{
     AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError,
     ServerErrorKind, Value,
 };
 
+use crate::scripts;
 use crate::store::{is_broken, lock};
 
 /// How many times one check may be sent (the first time included) while it is redirected or
@@ -145,6 +146,40 @@ impl Connection {
         script.load_async(&mut self.conn).await.map(drop)
     }
 
+    /// `SCRIPT LOAD` on the node that answered `NOSCRIPT` to `cmd` sent by `route`: the master of
+    /// the key's slot, or the node named. Not on every node, as [`load`](Self::load) does, which
+    /// fails if any node is down: one shard's outage (a cluster serving without full coverage)
+    /// must not keep a healthy master that lost its scripts (a restart, a failover) from
+    /// answering.
+    async fn load_for(
+        &mut self,
+        route: &Route,
+        script: &redis::Script,
+        cmd: &Cmd,
+    ) -> Result<(), RedisError> {
+        let to = match route {
+            Route::Slot => first_key(cmd).map(|key| {
+                SingleNodeRoutingInfo::SpecificNode(cluster_routing::Route::with_key(
+                    key,
+                    cluster_routing::SlotAddr::Master,
+                ))
+            }),
+            Route::Node(host, port) | Route::Asking(host, port) => Some(node(host, *port)),
+        };
+        match (to, scripts::source_of(script)) {
+            (Some(to), Some(source)) => {
+                let mut load = redis::cmd("SCRIPT");
+                load.arg("LOAD").arg(source);
+                self.conn
+                    .route_command(load, RoutingInfo::SingleNode(to))
+                    .await
+                    .and_then(Value::extract_error)
+                    .map(drop)
+            }
+            _ => self.load(script).await,
+        }
+    }
+
     /// Sends `cmd` (an `EVALSHA` of `script`), following the redirections and refusals that
     /// prove the script did not run, and returns the script's reply.
     pub(crate) async fn eval(
@@ -179,7 +214,7 @@ impl Connection {
                 }
                 Next::Load if !loaded => {
                     loaded = true;
-                    self.load(script).await?;
+                    self.load_for(&route, script, cmd).await?;
                 }
                 Next::Load => return Err(error),
             }
@@ -328,6 +363,14 @@ impl Nodes {
         client
             .get_multiplexed_async_connection_with_config(&config)
             .await
+    }
+}
+
+/// The first key of `cmd`, an `EVALSHA sha numkeys key ...`.
+fn first_key(cmd: &Cmd) -> Option<&[u8]> {
+    match cmd.args_iter().nth(3)? {
+        redis::Arg::Simple(key) => Some(key),
+        _ => None,
     }
 }
 

@@ -37,19 +37,20 @@ static SCRIPTS: LazyLock<[Script; 5]> =
 
 /// The multi-cost form of a script (request coalescing): the algorithm's script becomes a function
 /// run once per cost, in order, on the state the previous cost left (see `lua/multi_head.lua`).
-static MULTI: LazyLock<[Script; 5]> = LazyLock::new(|| {
+static MULTI_SOURCES: LazyLock<[String; 5]> = LazyLock::new(|| {
     ALGORITHMS.map(|a| {
-        Script::new(
-            &[
-                PRELUDE,
-                include_str!("lua/multi_head.lua"),
-                &with_helpers(a),
-                include_str!("lua/multi_tail.lua"),
-            ]
-            .concat(),
-        )
+        [
+            PRELUDE,
+            include_str!("lua/multi_head.lua"),
+            &with_helpers(a),
+            include_str!("lua/multi_tail.lua"),
+        ]
+        .concat()
     })
 });
+
+static MULTI: LazyLock<[Script; 5]> =
+    LazyLock::new(|| MULTI_SOURCES.each_ref().map(|s| Script::new(s)));
 
 fn index(algorithm: Algorithm) -> Option<usize> {
     match algorithm {
@@ -88,6 +89,17 @@ pub(crate) fn multi_script(algorithm: Algorithm) -> Option<&'static Script> {
     index(algorithm).map(|i| &MULTI[i])
 }
 
+/// The source of one of this crate's scripts (`redis::Script` keeps its own private), for a
+/// `SCRIPT LOAD` sent to one node only.
+pub(crate) fn source_of(script: &Script) -> Option<&'static str> {
+    SCRIPTS
+        .iter()
+        .zip(SOURCES.iter())
+        .chain(MULTI.iter().zip(MULTI_SOURCES.iter()))
+        .find(|(s, _)| s.get_hash() == script.get_hash())
+        .map(|(_, source)| source.as_str())
+}
+
 /// Every script, single- and multi-cost, for loading at start.
 pub(crate) fn all() -> impl Iterator<Item = &'static Script> {
     SCRIPTS.iter().chain(MULTI.iter())
@@ -106,6 +118,15 @@ mod tests {
             assert!(!source.contains(HELPERS_MARK));
             assert_eq!(source.matches("local function helpers()").count(), 1);
         }
+    }
+
+    #[test]
+    fn every_script_has_its_source() {
+        for script in all() {
+            let source = source_of(script).unwrap();
+            assert_eq!(Script::new(source).get_hash(), script.get_hash());
+        }
+        assert_eq!(source_of(&Script::new("return 1")), None);
     }
 
     #[test]

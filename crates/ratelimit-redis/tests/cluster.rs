@@ -419,6 +419,48 @@ async fn checks_recover_after_a_master_fails_over_to_its_replica() {
     }
 }
 
+/// A master that lost its scripts (restarted, failed over) answers `NOSCRIPT`; the script is
+/// loaded on that master alone, not on every node, so one shard being down (a cluster serving
+/// without full coverage) does not keep the healthy master from answering.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_are_reloaded_on_the_master_that_lost_them_while_another_is_down() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut cluster =
+        RedisCluster::start_with_replicas(3, 0, &["cluster-require-full-coverage no"]);
+    let store = RedisStore::cluster(cluster.urls())
+        .prefix(unique_prefix("noscript-partial"))
+        .response_timeout(PATIENT)
+        .build()
+        .await
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(10).unwrap()).unwrap();
+    let owner = |cluster: &RedisCluster, user: &str| {
+        cluster
+            .node_for(&store.state_keys(user.as_bytes(), &limit)[0])
+            .port()
+    };
+    let alive = owner(&cluster, "alive");
+    let down = cluster
+        .nodes()
+        .iter()
+        .map(|n| n.port())
+        .find(|&p| p != alive)
+        .unwrap();
+    assert_eq!(
+        store.check(b"alive", &limit, 1).await.unwrap().remaining(),
+        9
+    );
+    cluster.kill_node(down);
+    let master = cluster.nodes().iter().find(|n| n.port() == alive).unwrap();
+    assert_eq!(master.cli(&["script", "flush"]), "OK");
+    let d = store.check(b"alive", &limit, 1).await.unwrap();
+    assert_eq!(d.remaining(), 8, "loaded on its master and counted once");
+    assert_eq!(
+        store.check(b"alive", &limit, 0).await.unwrap().remaining(),
+        8
+    );
+}
+
 /// A master that goes silent without closing its connections (SIGSTOP here; power loss or a
 /// partition in production) while the other masters answer: the answers from the others must not
 /// hide it. The store's cluster connection is replaced (its `PING` probe, to every master, gets no
