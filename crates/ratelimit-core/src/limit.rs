@@ -99,6 +99,29 @@ impl Limit {
         self.fingerprint
     }
 
+    /// The largest cost this limit can ever admit at once: the smallest bucket (`burst`) of the
+    /// token bucket and GCRA, the smallest `limit` of the window algorithms. A larger cost is
+    /// always denied ([`Outcome::Exceeds`](crate::Outcome::Exceeds)), so a configuration that can
+    /// charge one should be refused.
+    ///
+    /// ```
+    /// use ratelimit_core::{Algorithm, Limit, Quota};
+    ///
+    /// let q = Quota::per_minute(100)?.with_burst(20)?;
+    /// assert_eq!(Limit::single(Algorithm::TokenBucket, q)?.max_cost(), 20);
+    /// assert_eq!(Limit::single(Algorithm::FixedWindow, q)?.max_cost(), 100);
+    /// # Ok::<(), ratelimit_core::ConfigError>(())
+    /// ```
+    #[must_use]
+    pub fn max_cost(&self) -> u64 {
+        let bucket = matches!(self.algorithm, Algorithm::TokenBucket | Algorithm::Gcra);
+        self.quotas
+            .iter()
+            .map(|q| if bucket { q.burst() } else { q.limit() })
+            .min()
+            .unwrap_or(0)
+    }
+
     /// The longest period among the quotas.
     #[must_use]
     pub fn longest_period(&self) -> Duration {
@@ -247,7 +270,8 @@ mod tests {
     use crate::Algorithm;
 
     /// The fingerprint is part of every Redis key: it must not change between versions, builds
-    /// or hosts (these values were computed when the fingerprint was first defined).
+    /// or hosts (these values were computed by the code before it hashed little-endian bytes,
+    /// `write_u64` on a little-endian host).
     #[test]
     fn fingerprints_are_stable() {
         let one = Limit::single(Algorithm::TokenBucket, Quota::per_minute(100).unwrap()).unwrap();

@@ -371,6 +371,12 @@ impl Config {
                 "--concurrency must be at least --gateways with --target http (each gateway needs a connection)",
             );
         }
+        if self.target == Target::Http && self.assign == Assign::UserHash {
+            return fail(
+                "--assign user-hash is for --target store: over HTTP, requests go round-robin over \
+                 the connections",
+            );
+        }
         if self.tick.is_zero() || self.tick > Duration::from_millis(100) {
             return fail("--tick-us must be between 1 and 100000");
         }
@@ -595,6 +601,8 @@ mod tests {
             // 100 gateways over 64 connections: 36 gateways would get no traffic.
             "--target http --store memory --gateways 100",
             "--target http --store memory --gateways 8 --concurrency 4",
+            // Sticky assignment is the store target's: HTTP would be round-robin all the same.
+            "--target http --store memory --assign user-hash",
         ] {
             let checked = Config::from_args(args.split_whitespace()).and_then(|c| c.validate());
             assert!(

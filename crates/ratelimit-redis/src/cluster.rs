@@ -14,7 +14,8 @@
 //! - `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `READONLY`, or no connection to the
 //!   slot's node: refused before anything ran (a script on a read-only replica fails at its first
 //!   write); sent again after a short pause, within the check's response timeout;
-//! - `NOSCRIPT`: loaded on every primary, then sent again to the same node.
+//! - `NOSCRIPT`: loaded on the node that answered it (the slot's master, or the node named by a
+//!   redirection), then sent again to the same node.
 //!
 //! Every other error, and every I/O error, is returned: the check fails, and the layer's failure
 //! policy decides what the request gets.

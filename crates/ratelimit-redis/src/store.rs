@@ -370,15 +370,33 @@ pub(crate) fn is_broken(e: &RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error()
 }
 
-/// A slot's opening in progress: ended (and its waiters woken) when this drops.
+/// A slot's opening in progress: ended (and its waiters woken) when this drops. An opening that
+/// did not run to its end (its task dropped with its runtime, even unrun) counts as a failed one,
+/// so that its waiters return an error rather than start another opening at once (on a runtime
+/// that refuses new tasks, that would spin).
 struct Opening {
     inner: Arc<Inner>,
     slot: usize,
+    done: bool,
+}
+
+impl Opening {
+    fn finished(&mut self) {
+        self.done = true;
+    }
 }
 
 impl Drop for Opening {
     fn drop(&mut self) {
         let slot = &self.inner.slots[self.slot];
+        if !self.done {
+            let mut failed = lock(&slot.failed);
+            failed.0 += 1;
+            failed.1 = Some(RedisStoreError::Connection {
+                message: "the connection's opening was abandoned: its runtime shut down".into(),
+                source: None,
+            });
+        }
         slot.opening.store(false, Ordering::Release);
         slot.opened.notify_waiters();
     }
@@ -550,11 +568,15 @@ impl Inner {
                 // The guard ends the opening however the task ends: done, panicked, or dropped
                 // with its runtime (even unrun), which would otherwise leave the slot "opening"
                 // for good and every later check waiting for it.
-                let opening = Opening {
+                let mut opening = Opening {
                     inner: Arc::clone(self),
                     slot: i,
+                    done: false,
                 };
-                tokio::spawn(async move { opening.inner.open_slot(opening.slot).await });
+                tokio::spawn(async move {
+                    opening.inner.open_slot(opening.slot).await;
+                    opening.finished();
+                });
             }
             opened.await;
             let failed = lock(&slot.failed);
@@ -873,13 +895,31 @@ fn validate_prefix(prefix: &str) -> Result<(), RedisStoreError> {
 }
 
 /// `url` with its user and password replaced by `***`, for logs and error messages:
-/// `redis://user:secret@host:6379/0` becomes `redis://***@host:6379/0`.
+/// `redis://user:secret@host:6379/0` becomes `redis://***@host:6379/0`, and the `user`, `pass`
+/// and `password` parameters of a query (`redis+unix:///run/redis.sock?pass=secret`, a form the
+/// client accepts) become `pass=***`.
 #[must_use]
 pub fn redact_url(url: &str) -> String {
-    match (url.find("://"), url.rfind('@')) {
-        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &url[..s], &url[at + 1..]),
-        _ => url.to_owned(),
+    let (base, query) = match url.split_once('?') {
+        Some((b, q)) => (b, Some(q)),
+        None => (url, None),
+    };
+    let mut out = match (base.find("://"), base.rfind('@')) {
+        (Some(s), Some(at)) if at > s => format!("{}://***@{}", &base[..s], &base[at + 1..]),
+        _ => base.to_owned(),
+    };
+    if let Some(query) = query {
+        out.push('?');
+        let params: Vec<String> = query
+            .split('&')
+            .map(|param| match param.split_once('=') {
+                Some((k, _)) if ["user", "pass", "password"].contains(&k) => format!("{k}=***"),
+                _ => param.to_owned(),
+            })
+            .collect();
+        out.push_str(&params.join("&"));
     }
+    out
 }
 
 #[cfg(test)]
@@ -928,5 +968,13 @@ mod tests {
     fn redacts_passwords() {
         assert_eq!(redact_url("redis://u:pw@h:1/0"), "redis://***@h:1/0");
         assert_eq!(redact_url("redis://h:1"), "redis://h:1");
+        assert_eq!(
+            redact_url("redis+unix:///run/redis.sock?db=2&pass=secret&user=me"),
+            "redis+unix:///run/redis.sock?db=2&pass=***&user=***"
+        );
+        assert_eq!(
+            redact_url("redis://u:pw@h:1/0?password=pw&protocol=resp3"),
+            "redis://***@h:1/0?password=***&protocol=resp3"
+        );
     }
 }

@@ -43,6 +43,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use ratelimit_core::{Clock, Decision, Timestamp};
+
+use crate::metrics::{FailureKind, Metrics};
 use tokio::time::Timeout;
 use tokio::time::error::Elapsed;
 
@@ -128,6 +130,9 @@ pub(crate) enum Admit {
 
 pub(crate) struct Breaker {
     config: CircuitBreaker,
+    /// Failures of probes settled in the background (their requests dropped): counted here, as
+    /// the layer counts those of the requests it answers.
+    errors: [metrics::Counter; 2],
     /// The state and the time it last opened, in one word (`opened_at_µs << 2 | state`), so that
     /// the two always change together.
     word: AtomicU64,
@@ -150,12 +155,17 @@ impl Breaker {
     pub(crate) fn new(
         config: CircuitBreaker,
         clock: Arc<dyn Clock>,
-        gauge: metrics::Gauge,
+        metrics: &Metrics,
         policy: Arc<str>,
     ) -> Breaker {
+        let gauge = Metrics::circuit_gauge(&policy);
         gauge.set(CLOSED as f64);
         Breaker {
             config,
+            errors: [
+                metrics.failure_counter(FailureKind::Error),
+                metrics.failure_counter(FailureKind::Timeout),
+            ],
             word: AtomicU64::new(CLOSED),
             failures: AtomicU32::new(0),
             clock,
@@ -172,6 +182,8 @@ impl Breaker {
         loop {
             let state = self.word.load(Ordering::Acquire) & STATE;
             self.gauge.set(state as f64);
+            // The re-read must not move before the gauge's write.
+            std::sync::atomic::fence(Ordering::SeqCst);
             if self.word.load(Ordering::Acquire) & STATE == state {
                 return;
             }
@@ -328,6 +340,10 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
+        // The state is out of `this` while it is polled: should the store's future (or making
+        // the timeout) panic, the probe is settled as failed as the panic unwinds, instead of
+        // being left half-open with nothing to settle it.
+        let _on_panic = FailOnPanic(&this.breaker);
         let mut timed = match this.state.take() {
             Some(Checking::Sent(check)) => Box::pin(tokio::time::timeout(this.timeout, check)),
             Some(Checking::Timed(timed)) => timed,
@@ -370,22 +386,51 @@ where
     }
 }
 
+/// Counts the probe as failed if dropped while its thread panics.
+struct FailOnPanic<'a>(&'a Breaker);
+
+impl Drop for FailOnPanic<'_> {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            self.0.failure(true);
+        }
+    }
+}
+
 /// A probe whose answer is still to come: settled by it, or handed on if dropped without one.
 struct Unsettled(Option<Arc<Breaker>>);
 
 impl Unsettled {
     fn settle<E>(&mut self, answer: Result<Result<Decision, E>, Elapsed>) {
         let Some(b) = self.0.take() else { return };
-        match answer {
-            Ok(Ok(d)) if !d.is_cached() => b.success(true),
-            Ok(Ok(_)) => b.probe_not_asked(),
-            Ok(Err(_)) | Err(_) => b.failure(true),
+        let failed = match answer {
+            Ok(Ok(d)) if !d.is_cached() => {
+                b.success(true);
+                None
+            }
+            Ok(Ok(_)) => {
+                b.probe_not_asked();
+                None
+            }
+            Ok(Err(_)) => Some(0),
+            Err(_) => Some(1),
+        };
+        match failed {
+            Some(kind) => {
+                b.errors[kind].increment(1);
+                b.failure(true);
+                tracing::warn!(
+                    policy = %b.policy,
+                    timeout = kind == 1,
+                    "rate-limit store probe failed (its request was dropped before the answer)"
+                );
+            }
+            None => tracing::debug!(
+                policy = %b.policy,
+                state = ?b.state(),
+                "rate-limit store probe settled after its request was dropped"
+            ),
         }
-        tracing::debug!(
-            policy = %b.policy,
-            state = ?b.state(),
-            "rate-limit store probe settled after its request was dropped"
-        );
     }
 }
 
@@ -406,7 +451,7 @@ mod tests {
         Breaker::new(
             CircuitBreaker::new(2, Duration::from_secs(5)).unwrap(),
             Arc::new(clock.clone()),
-            metrics::Gauge::noop(),
+            &Metrics::new("p"),
             "p".into(),
         )
     }
@@ -556,6 +601,24 @@ mod tests {
         drop(rt);
         assert_eq!(b.state(), CircuitState::Open, "and dropped unrun");
         assert_eq!(b.admit(), Admit::Probe);
+    }
+
+    /// A store future that panics while the probe polls it fails the probe as it unwinds: the
+    /// circuit is not left half-open with nothing to settle it.
+    #[tokio::test(start_paused = true)]
+    async fn a_probe_whose_check_panics_fails() {
+        let clock = ManualClock::new();
+        let b = probing(&clock);
+        let fut: Sent = Box::pin(async { panic!("a store bug") });
+        let mut probe = ProbeCheck::new(b.clone(), fut, Duration::from_secs(1));
+        let polled =
+            std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| futures_poll(&mut probe)));
+        assert!(polled.is_err());
+        assert_eq!(b.state(), CircuitState::Open);
+        assert_eq!(b.admit(), Admit::Reject, "a new cool-down");
+        drop(probe);
+        settle().await;
+        assert_eq!(b.state(), CircuitState::Open);
     }
 
     /// Polled to the end, the probe leaves the settling to its caller.

@@ -334,7 +334,18 @@ impl ClientIp {
     #[must_use]
     #[inline]
     pub fn is_trusted(&self, ip: IpAddr) -> bool {
-        match ip.to_canonical() {
+        let ip = match ip.to_canonical() {
+            // A proxy seen through a NAT64 translator is trusted as its IPv4 address (as well
+            // as by the `64:ff9b::/96` form, matched below), as it is grouped by it.
+            IpAddr::V6(v6) if u128::from(v6) >> 32 == NAT64_WELL_KNOWN => {
+                if self.trusted.iter().any(|net| net.contains(&IpAddr::V6(v6))) {
+                    return true;
+                }
+                IpAddr::V4(Ipv4Addr::from(u128::from(v6) as u32))
+            }
+            ip => ip,
+        };
+        match ip {
             IpAddr::V4(v4) => {
                 let mapped = IpAddr::V6(v4.to_ipv6_mapped());
                 self.trusted
@@ -1135,6 +1146,13 @@ mod tests {
         );
         let by_24 = ClientIp::peer().ipv4_prefix(24).unwrap();
         assert_eq!(by_24.resolve(ip("64:ff9b::c000:2ff"), &h), ip("192.0.2.0"));
+        // A proxy listed by its IPv4 address is trusted when seen through the translator.
+        let proxies = ClientIp::behind_proxies(["10.0.0.2"]).unwrap();
+        let mut h = HeaderMap::new();
+        h.insert("x-forwarded-for", "192.0.2.7".parse().unwrap());
+        assert_eq!(proxies.resolve(ip("64:ff9b::a00:2"), &h), ip("192.0.2.7"));
+        assert_eq!(proxies.resolve(ip("64:ff9b::a00:3"), &h), ip("10.0.0.3"));
+        let h = HeaderMap::new();
         // Unmasked (for logs), the address is as it came.
         assert_eq!(
             c.resolve_unmasked(ip("64:ff9b::c000:201"), &h),

@@ -227,7 +227,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             Arc::new(Breaker::new(
                 config,
                 self.clock.clone(),
-                rt.metrics.circuit.clone(),
+                &rt.metrics,
                 rt.name.clone(),
             ))
         });

@@ -65,7 +65,6 @@ pub(crate) struct Metrics {
     store_duration: Histogram,
     errors: [Counter; 3],
     pub(crate) cancelled: Counter,
-    pub(crate) circuit: Gauge,
 }
 
 impl std::fmt::Debug for Metrics {
@@ -85,14 +84,11 @@ impl Metrics {
             FailureKind::CircuitOpen,
         ]
         .map(|k| counter!(STORE_ERRORS_TOTAL, "policy" => policy.to_owned(), "kind" => k.as_str()));
-        // Set by the breaker, if the layer has one (a layer over the in-memory store has none).
-        let circuit = gauge!(CIRCUIT_STATE, "policy" => policy.to_owned());
         Metrics {
             decisions,
             store_duration: histogram!(STORE_DURATION_SECONDS, "policy" => policy.to_owned()),
             errors,
             cancelled: counter!(CHECKS_CANCELLED_TOTAL, "policy" => policy.to_owned()),
-            circuit,
         }
     }
 
@@ -107,5 +103,17 @@ impl Metrics {
 
     pub(crate) fn failure(&self, kind: FailureKind) {
         self.errors[kind as usize].increment(1);
+    }
+
+    /// The counter of `kind` failures, for a breaker that records failures of its own.
+    pub(crate) fn failure_counter(&self, kind: FailureKind) -> Counter {
+        self.errors[kind as usize].clone()
+    }
+
+    /// The circuit-state gauge of `policy`: registered only by a layer that has a breaker, so
+    /// that a layer without one (over the in-memory store) shows no series at all rather than a
+    /// "closed" one.
+    pub(crate) fn circuit_gauge(policy: &str) -> Gauge {
+        gauge!(CIRCUIT_STATE, "policy" => policy.to_owned())
     }
 }

@@ -458,6 +458,14 @@ async fn a_dropped_probe_is_settled_by_the_store_not_by_the_client() {
     );
     assert_eq!(m.outcome("drop", "allowed"), 1);
     assert_eq!(m.outcome("drop", "failed_open"), 2);
+    // The first request's failure, and the dropped probe's, settled in the background.
+    assert_eq!(
+        m.counter(
+            "ratelimit_store_errors_total",
+            &[("policy", "drop"), ("kind", "error")]
+        ),
+        2
+    );
     assert_eq!(
         m.gauge("ratelimit_circuit_state", &[("policy", "drop")]),
         Some(0.0)

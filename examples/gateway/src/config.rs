@@ -19,8 +19,10 @@ use ratelimit_core::{Algorithm, Limit, Quota};
 use serde::Deserialize;
 use tower_ratelimit::config::{FailureConfig, MissingKeyConfig, PolicyConfig, QuotaConfig};
 
-/// The gateway's endpoints that a route's `path` can cover (`/metrics` is never limited).
-pub const ENDPOINTS: [&str; 4] = ["/login", "/api/items", "/api/items/{id}", "/health"];
+/// The gateway's endpoints that a route's `path` can cover. `/health` and `/metrics` are never
+/// limited: a load balancer's health check answered 429 or 503 would take the gateway out of
+/// service, and a scrape would leave a gap in the figures.
+pub const ENDPOINTS: [&str; 3] = ["/login", "/api/items", "/api/items/{id}"];
 
 /// A configuration that cannot be used: the field (`routes[1].policy.quotas[0].per`) and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -295,8 +297,11 @@ impl Config {
                 .iter()
                 .any(|r| r.policy.tiers.iter().any(|t| t.name == *tier));
             if !defined {
+                // The key is a secret: only its first few characters go to the message (and the
+                // logs that collect it).
+                let shown: String = key.chars().take((key.chars().count() / 2).min(4)).collect();
                 return Err(ConfigError::new(
-                    format!("api_keys.{key:?}"),
+                    format!("api_keys.\"{shown}…\""),
                     format!("{tier:?} is not a tier of any route"),
                 ));
             }
@@ -543,19 +548,50 @@ impl RouteConfig {
                 &format!("{at}.policy.tiers[{k}]"),
             )?);
         }
+        let mut shares = Vec::new();
         if let FailureConfig::Fallback { gateways } = policy.failure
             && gateways > 0
         {
             // Each gateway's local share must be a valid limit too.
             for limit in &limits {
-                limit.divided(gateways).map_err(|e| {
+                shares.push(limit.divided(gateways).map_err(|e| {
                     ConfigError::new(
                         format!("{at}.policy.failure.gateways"),
                         format!(
                             "the local share of each of {gateways} gateways is not a limit: {e}"
                         ),
                     )
-                })?;
+                })?);
+            }
+        }
+        // A cost no quota can ever hold is a 429 for every such request, for good (and, over a
+        // fallback share, for every one while the store is down): a mistake, refused here.
+        let costs = std::iter::once(("cost".to_owned(), self.cost)).chain(
+            self.cost_by_method
+                .iter()
+                .map(|(m, &c)| (format!("cost_by_method.{m}"), c)),
+        );
+        for (field, cost) in costs {
+            for (limit, local) in limits
+                .iter()
+                .map(|l| (l, false))
+                .chain(shares.iter().map(|l| (l, true)))
+            {
+                if cost > limit.max_cost() {
+                    let whose = if local {
+                        "each gateway's fallback share of the limit"
+                    } else {
+                        "the limit"
+                    };
+                    return Err(ConfigError::new(
+                        format!("{at}.{field}"),
+                        format!(
+                            "{cost} is more than {whose} can ever admit at once ({}): every such \
+                             request would be denied",
+                            limit.max_cost()
+                        ),
+                    ));
+                }
             }
         }
         let name_ok = !policy.name.is_empty()
@@ -650,6 +686,15 @@ fn check_limit(
                 ));
             }
         };
+        if q.burst.is_some() && !matches!(algorithm, Algorithm::TokenBucket | Algorithm::Gcra) {
+            return Err(ConfigError::new(
+                format!("{field}.burst"),
+                format!(
+                    "only the token bucket and GCRA have a burst; {algorithm} allows `limit` per \
+                     period (remove it, or choose algorithm = \"token_bucket\")"
+                ),
+            ));
+        }
         // Checked with its burst as one: a rate that fits only with a burst below its limit is
         // accepted.
         let quota = Quota::per_period_with_burst(q.limit, period, q.burst.unwrap_or(q.limit))

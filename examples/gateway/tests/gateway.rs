@@ -158,10 +158,32 @@ async fn api_is_per_key_with_tiers_and_writes_cost_5() {
         "\"api.0\";q=600;w=60, \"api.1\";q=100000;w=86400"
     );
 
-    // Health is only in the dry-run policy: never denied, no headers.
+    // Health is never limited: no headers.
     let res = send(&app, request("GET", "/health", peer, None)).await;
     assert_eq!(res.status(), 200);
     assert!(res.headers().get("ratelimit").is_none());
+}
+
+/// `/health` and `/metrics` are never limited, even by a route covering every endpoint: a load
+/// balancer's health check answered 429 (or 503 while the store is down) would take the gateway
+/// out of service.
+#[tokio::test]
+async fn health_and_metrics_are_never_limited() {
+    let config = Config::from_toml(
+        "[[routes]]\npath = \"/\"\n[routes.policy]\nname = \"all\"\n\
+         quotas = [{ limit = 1, per = \"minute\" }]\nfailure = { mode = \"closed\", retry_after_secs = 5 }\n",
+    )
+    .unwrap();
+    let app = app(&config).await.unwrap();
+    let peer = "192.0.2.60:1";
+    assert_eq!(status(&app, "GET", "/api/items", peer, None).await, 200);
+    assert_eq!(status(&app, "GET", "/api/items", peer, None).await, 429);
+    for _ in 0..3 {
+        let res = send(&app, request("GET", "/health", peer, None)).await;
+        assert_eq!(res.status(), 200);
+        assert!(res.headers().get("ratelimit").is_none());
+        assert_eq!(status(&app, "GET", "/metrics", peer, None).await, 200);
+    }
 }
 
 #[tokio::test]
@@ -251,7 +273,32 @@ async fn bad_configurations_fail_naming_the_field() {
         (
             with_policy("quotas = [{ limit = 5, per = \"minute\" }]")
                 + "[api_keys]\n\"k\" = \"gold\"\n",
-            "api_keys.\"k\": \"gold\" is not a tier of any route",
+            "api_keys.\"…\": \"gold\" is not a tier of any route",
+        ),
+        // A key is a secret: only its first characters are shown.
+        (
+            with_policy("quotas = [{ limit = 5, per = \"minute\" }]")
+                + "[api_keys]\n\"sk_live_0123456789\" = \"gold\"\n",
+            "api_keys.\"sk_l…\": \"gold\" is not a tier of any route",
+        ),
+        // A cost no quota can hold would deny every such request, for good.
+        (
+            "[[routes]]\npath = \"/api\"\ncost = 6\n[routes.policy]\nname = \"a\"\n\
+             quotas = [{ limit = 5, per = \"minute\" }]\n"
+                .to_owned(),
+            "routes[0].cost: 6 is more than the limit can ever admit at once (5)",
+        ),
+        (
+            "[[routes]]\npath = \"/api\"\ncost_by_method = { POST = 5 }\n[routes.policy]\nname = \"a\"\n\
+             quotas = [{ limit = 600, per = \"minute\", burst = 20 }]\n\
+             failure = { mode = \"fallback\", gateways = 5 }\n"
+                .to_owned(),
+            "routes[0].cost_by_method.POST: 5 is more than each gateway's fallback share of the \
+             limit can ever admit at once (4)",
+        ),
+        (
+            with_policy("algorithm = \"fixed_window\"\nquotas = [{ limit = 5, per = \"minute\", burst = 10 }]"),
+            "routes[0].policy.quotas[0].burst: only the token bucket and GCRA have a burst",
         ),
         (
             "[store]\nkind = \"redis\"\n".to_owned()
