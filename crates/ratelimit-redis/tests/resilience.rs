@@ -315,13 +315,20 @@ async fn a_reconnect_is_not_cancelled_by_a_check_that_gives_up() {
     let broken = store.check(b"k", &limit(), 1).await.unwrap_err();
     assert!(broken.is_unavailable(), "{broken:?}");
     // A caller gives up 100 ms into the check, while the connection is being opened.
+    let accepted = proxy.accepted();
     let gave_up = tokio::time::timeout(Duration::from_millis(100), store.check(b"k", &limit(), 1));
     assert!(gave_up.await.is_err());
-    // The opening (one round trip) went on without it: the next check needs one round trip only.
+    // The opening (one round trip) went on without it: the next check needs one round trip only,
+    // on the connection that opening made (no other is opened).
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     let started = Instant::now();
     let d = store.check(b"k", &limit(), 1).await.unwrap();
     assert!(d.is_allowed());
+    assert_eq!(
+        proxy.accepted(),
+        accepted + 1,
+        "one connection opened, and kept"
+    );
     println!(
         "one check on the re-opened connection: {:?}",
         started.elapsed()

@@ -294,6 +294,29 @@ async fn coalescing_thousand_concurrent_checks() {
             stats.largest_batch
         );
     }
+
+    // `max_batch` bounds every call: 1,000 checks in batches of at most 10 take at least 100
+    // calls, and the count is as exact.
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("coalesce-max"))
+        .build()
+        .await
+        .unwrap();
+    let coalescing = Coalescing::new(store).max_batch(10);
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100).unwrap()).unwrap();
+    let tasks = (0..1_000).map(|_| {
+        let (c, limit) = (coalescing.clone(), limit.clone());
+        tokio::spawn(async move { c.check(b"hot", &limit, 1).await.unwrap() })
+    });
+    let admitted = join_all(tasks)
+        .await
+        .into_iter()
+        .filter(|r| r.as_ref().unwrap().is_allowed())
+        .count();
+    let stats = coalescing.stats();
+    assert_eq!(admitted, 100);
+    assert!(stats.largest_batch <= 10, "{stats:?}");
+    assert!(stats.store_calls >= 100, "{stats:?}");
 }
 
 /// A batch whose call fails gives every check in it the error (none hangs, none is retried), and

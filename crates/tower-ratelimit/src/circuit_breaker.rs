@@ -482,6 +482,33 @@ mod tests {
         assert_eq!(b.admit(), Admit::Call);
     }
 
+    /// However many threads ask at once after the cool-down, exactly one gets the probe.
+    #[test]
+    fn one_probe_among_concurrent_requests() {
+        for _ in 0..50 {
+            let clock = ManualClock::new();
+            let b = Arc::new(breaker(&clock));
+            b.failure(false);
+            b.failure(false);
+            clock.advance(Duration::from_secs(5));
+            let start = Arc::new(std::sync::Barrier::new(4));
+            let probes: usize = (0..4)
+                .map(|_| {
+                    let (b, start) = (b.clone(), start.clone());
+                    std::thread::spawn(move || {
+                        start.wait();
+                        (0..200).filter(|_| b.admit() == Admit::Probe).count()
+                    })
+                })
+                .collect::<Vec<_>>()
+                .into_iter()
+                .map(|t| t.join().unwrap())
+                .sum();
+            assert_eq!(probes, 1);
+            assert_eq!(b.state(), CircuitState::HalfOpen);
+        }
+    }
+
     /// A circuit opened by two failures and cooled down, its probe out.
     fn probing(clock: &ManualClock) -> Arc<Breaker> {
         let b = Arc::new(breaker(clock));

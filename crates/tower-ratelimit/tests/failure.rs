@@ -485,16 +485,33 @@ async fn the_fallback_store_size_is_configurable_and_validated() {
             .build()
             .is_err()
     );
-    let layer = RateLimitLayer::builder(FailingStore::default(), policy())
-        .no_circuit_breaker()
-        .fallback_max_keys(64)
-        .build()
-        .unwrap();
-    let app = app(layer);
-    // Far more clients than the fallback holds: each still gets its first request.
-    for i in 0..1_000u32 {
-        let peer = format!("198.51.{}.{}:1", i / 256, i % 256);
-        assert_eq!(send(&app, request_from("/", &peer)).await.status(), 200);
+    // A share of 2 a minute. Client A spends one unit; 20 s later, far more clients than the
+    // fallback holds arrive. At the cap, the states nearest to fresh go first, A's among them: A
+    // starts again from a full share (two requests), where a store that kept it would admit one
+    // (its level refilled to 1.67). A store of the default size keeps it.
+    for (max_keys, a_admitted) in [(Some(64), 2), (None, 1)] {
+        let clock = ManualClock::new();
+        let mut builder = RateLimitLayer::builder(FailingStore::default(), policy())
+            .no_circuit_breaker()
+            .clock(clock.clone());
+        if let Some(n) = max_keys {
+            builder = builder.fallback_max_keys(n);
+        }
+        let app = app(builder.build().unwrap());
+        let a = "192.0.2.200:1";
+        assert_eq!(send(&app, request_from("/", a)).await.status(), 200);
+        clock.advance(Duration::from_secs(20));
+        // Each client still gets its first request.
+        for i in 0..1_000u32 {
+            let peer = format!("198.51.{}.{}:1", i / 256, i % 256);
+            assert_eq!(send(&app, request_from("/", &peer)).await.status(), 200);
+        }
+        let mut admitted = 0;
+        while send(&app, request_from("/", a)).await.status() == 200 {
+            admitted += 1;
+            assert!(admitted <= 2, "a share of 2");
+        }
+        assert_eq!(admitted, a_admitted, "fallback_max_keys {max_keys:?}");
     }
 }
 

@@ -16,7 +16,7 @@ use redis_harness::RedisServer;
 use tower_ratelimit::{FailurePolicy, Policy, RateLimitLayer};
 
 const TIMEOUT: Duration = Duration::from_millis(50);
-const MARGIN: Duration = Duration::from_millis(250);
+const MARGIN: Duration = Duration::from_millis(750);
 
 /// `/open` (fail open) and `/closed` (fail closed, Retry-After 1) over `store`, policies named
 /// `<prefix>-open` and `<prefix>-closed`.

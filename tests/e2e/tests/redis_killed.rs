@@ -21,7 +21,7 @@ use redis_harness::RedisServer;
 use tower_ratelimit::FailurePolicy;
 
 const TIMEOUT: Duration = Duration::from_millis(50);
-const MARGIN: Duration = Duration::from_millis(250);
+const MARGIN: Duration = Duration::from_millis(750);
 const KILL_AT: Duration = Duration::from_millis(600);
 const RESTART_AT: Duration = Duration::from_millis(2_000);
 const LOAD_FOR: Duration = Duration::from_millis(3_500);

@@ -19,7 +19,7 @@ use redis_harness::RedisServer;
 use tower_ratelimit::{CircuitBreaker, CircuitState, FailurePolicy, Policy, RateLimitLayer};
 
 const TIMEOUT: Duration = Duration::from_millis(50);
-const MARGIN: Duration = Duration::from_millis(250);
+const MARGIN: Duration = Duration::from_millis(750);
 const COOL_DOWN: Duration = Duration::from_millis(200);
 const PAUSE_AT: Duration = Duration::from_millis(500);
 const RESUME_AT: Duration = Duration::from_millis(2_500);

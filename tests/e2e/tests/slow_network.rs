@@ -18,7 +18,7 @@ use redis_harness::proxy::Proxy;
 use tower_ratelimit::{FailurePolicy, RateLimitLayer};
 
 const TIMEOUT: Duration = Duration::from_millis(100);
-const MARGIN: Duration = Duration::from_millis(250);
+const MARGIN: Duration = Duration::from_millis(400);
 
 fn layer(store: &RedisStore, name: &str, failure: FailurePolicy) -> RateLimitLayer<RedisStore> {
     fault_layer(store, name, 100_000, failure, TIMEOUT)

@@ -19,7 +19,7 @@ use redis_harness::RedisServer;
 use tower_ratelimit::FailurePolicy;
 
 const TIMEOUT: Duration = Duration::from_millis(50);
-const MARGIN: Duration = Duration::from_millis(250);
+const MARGIN: Duration = Duration::from_millis(750);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_app_starts_without_redis_and_recovers_when_it_comes_up() {
