@@ -55,9 +55,10 @@
 //! cluster the store's own manager, whose client never re-sends a command by itself) and hands
 //! them out in turn, so concurrent checks are pipelined instead of each taking a pooled
 //! connection (which would add a health-check round trip per check). A connection that breaks,
-//! that has left a command unanswered for the response timeout, or (standalone) that answers
-//! `READONLY` is replaced
-//! by a task of its slot, which a check that stops waiting does not cancel.
+//! or (standalone) that answers `READONLY`, is replaced by a task of its slot, which a check that
+//! stops waiting does not cancel. One that has left a command unanswered for the response timeout
+//! is probed (a `PING`, sent when the next check finds the silence) and replaced if the probe
+//! fails or stays unanswered for another response timeout.
 //!
 //! Fewer round trips: [`Coalescing`] merges the concurrent checks of one key on one gateway into
 //! one script call ([`RedisStore::check_many`]); with `ratelimit-core`'s `DenialCache` and
