@@ -276,7 +276,7 @@ impl<C> MemoryStore<C> {
             memo.clear(&shard.memo_key);
             now
         };
-        let decision = self.check_locked(shard, memo, table, id, limit, cost, now);
+        let decision = self.check_locked(shard, memo, table, id, limit, cost, now, monotonic);
         memo.after_check(
             &shard.memo_key,
             id,
@@ -302,6 +302,7 @@ impl<C> MemoryStore<C> {
         limit: &Limit,
         cost: u64,
         now: Timestamp,
+        monotonic: bool,
     ) -> Decision {
         let found = table.find(id);
         if let Some(i) = found {
@@ -310,6 +311,16 @@ impl<C> MemoryStore<C> {
                 let big = &mut table.big[(word & !BIG) as usize];
                 if big.states.len() != limit.quotas().len() {
                     big.states = limit.fresh_states(now);
+                } else if monotonic && limit.algorithm() == crate::Algorithm::SlidingLog {
+                    // On the store's clock no later check counts at an earlier time: the entries
+                    // that have slid out can go now, so that a key denied while its log ages does
+                    // not have each check scan them under the lock (an admission would drop
+                    // them; a denial does not). Decisions are unchanged.
+                    for (state, quota) in big.states.iter_mut().zip(limit.quotas()) {
+                        if let crate::algorithm::State::SlidingLog(log) = state {
+                            log.prune_at(quota, now);
+                        }
+                    }
                 }
                 let decision = limit.check(&mut big.states, now, cost);
                 if compact::stores(&decision, cost) {
@@ -723,6 +734,52 @@ pub(crate) fn prev_power_of_two(n: usize) -> usize {
 mod tests {
     use super::*;
     use crate::{Algorithm, ManualClock, Quota};
+    use std::time::Duration;
+
+    /// On its clock, a denial drops a sliding log's entries that have slid out (and, the log
+    /// mostly gone, its memory), with the decisions of a log that kept them; at explicit times
+    /// (which may go back) it does not.
+    #[test]
+    fn a_sliding_log_denial_on_the_clock_drops_what_slid_out() {
+        let clock = ManualClock::new();
+        let on_clock = MemoryStore::builder()
+            .with_clock(clock.clone())
+            .build()
+            .unwrap();
+        let explicit = MemoryStore::new();
+        let limit =
+            Limit::single(Algorithm::SlidingLog, Quota::per_minute(10_000).unwrap()).unwrap();
+        let mut t = Timestamp::ZERO;
+        let mut both = |cost: u64, t: Timestamp| {
+            clock.set(t);
+            let a = on_clock.check_now(b"k", &limit, cost);
+            let b = explicit.check_at(b"k", &limit, cost, t);
+            assert_eq!(a, b, "cost {cost} at {t:?}");
+            a
+        };
+        for _ in 0..9_900 {
+            assert!(both(1, t).is_allowed());
+            t = t.saturating_add(Duration::from_micros(1));
+        }
+        t = t.saturating_add(Duration::from_secs(30));
+        for _ in 0..100 {
+            assert!(both(1, t).is_allowed());
+            t = t.saturating_add(Duration::from_micros(1));
+        }
+        let (before, kept) = (on_clock.memory_bytes(), explicit.memory_bytes());
+        // 61 s in: the first 9,900 have slid out; 100 + 9,950 is over the limit.
+        t = Timestamp::from_micros(61_000_000);
+        assert!(!both(9_950, t).is_allowed());
+        assert!(
+            on_clock.memory_bytes() < before / 4,
+            "{} of {before}",
+            on_clock.memory_bytes()
+        );
+        assert_eq!(explicit.memory_bytes(), kept);
+        // The same decisions afterwards: 9,900 pass at once, then nothing.
+        assert!(both(9_900, t).is_allowed());
+        assert!(!both(1, t).is_allowed());
+    }
 
     /// What `prefetch` reads without the lock is where each table's buckets are, through growth,
     /// eviction at the cap and sweeps (a stale pair would only make the prefetch useless, but

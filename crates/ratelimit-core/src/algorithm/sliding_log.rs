@@ -28,6 +28,14 @@ impl SlidingLogState {
         }
     }
 
+    /// Drops the entries that have slid out of `quota`'s window at `now` (clamped as a check
+    /// clamps it). For a store whose checks never count at an earlier time (the memory store on
+    /// its clock): a denial then need not scan them again.
+    pub(crate) fn prune_at(&mut self, quota: &Quota, now: Timestamp) {
+        let now = clamp(self, now);
+        self.prune(now, quota.period_micros());
+    }
+
     fn prune(&mut self, now: u64, period: u64) {
         while let Some(&(t, c)) = self.entries.front() {
             if t.saturating_add(period) <= now {
