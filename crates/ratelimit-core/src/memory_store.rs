@@ -750,7 +750,7 @@ mod tests {
         let limit =
             Limit::single(Algorithm::SlidingLog, Quota::per_minute(10_000).unwrap()).unwrap();
         let mut t = Timestamp::ZERO;
-        let mut both = |cost: u64, t: Timestamp| {
+        let both = |cost: u64, t: Timestamp| {
             clock.set(t);
             let a = on_clock.check_now(b"k", &limit, cost);
             let b = explicit.check_at(b"k", &limit, cost, t);
