@@ -523,13 +523,7 @@ mod tests {
     #[test]
     fn clear_forgets_every_denial() {
         let clock = ManualClock::new();
-        let cached = DenialCache::new(
-            MemoryStore::builder()
-                .with_clock(clock.clone())
-                .build()
-                .unwrap(),
-            clock.clone(),
-        );
+        let (_, cached) = stores(&clock);
         let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(1).unwrap()).unwrap();
         assert!(now(cached.check(b"k", &limit, 1)).unwrap().is_allowed());
         assert!(!now(cached.check(b"k", &limit, 1)).unwrap().is_allowed());

@@ -293,6 +293,27 @@ async fn silent_then_back(name: &str, silent: impl AsyncFnOnce(&RedisStore)) {
     assert!(proxy.accepted() > accepted, "a new connection");
 }
 
+/// A store of one connection through `proxy`, checked once; then every chunk takes 500 ms each
+/// way (a round trip is 1 s, within a check's 1.5 s, a margin for a loaded machine; opening a
+/// connection and then checking on it takes two), and the connection is cut: a check fails, and
+/// the next one has to open a connection again.
+async fn broken_behind_a_slow_proxy(proxy: &Proxy, name: &str) -> RedisStore {
+    let store = RedisStore::builder(proxy.url())
+        .prefix(unique_prefix(name))
+        .pool_size(1)
+        .response_timeout(Duration::from_millis(1_500))
+        .connect_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    proxy.set_latency(Duration::from_millis(500));
+    proxy.drop_connections();
+    let broken = store.check(b"k", &limit(), 1).await.unwrap_err();
+    assert!(broken.is_unavailable(), "{broken:?}");
+    store
+}
+
 /// Opening a connection is the slot's own task, not the check's: a check that gives up on it (a
 /// caller's timeout shorter than opening takes, a dropped request) does not cancel it, and the
 /// checks after it find the connection open instead of starting over.
@@ -300,20 +321,7 @@ async fn silent_then_back(name: &str, silent: impl AsyncFnOnce(&RedisStore)) {
 async fn a_reconnect_is_not_cancelled_by_a_check_that_gives_up() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
-    let store = RedisStore::builder(proxy.url())
-        .prefix(unique_prefix("reopen"))
-        .response_timeout(Duration::from_millis(1_500))
-        .connect_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
-    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
-    // Every chunk now takes 500 ms each way: a round trip is 1 s, within a check's 1.5 s (a
-    // margin for a loaded machine); opening a connection and then checking on it takes two.
-    proxy.set_latency(Duration::from_millis(500));
-    proxy.drop_connections();
-    let broken = store.check(b"k", &limit(), 1).await.unwrap_err();
-    assert!(broken.is_unavailable(), "{broken:?}");
+    let store = broken_behind_a_slow_proxy(&proxy, "reopen").await;
     // A caller gives up 100 ms into the check, while the connection is being opened.
     let accepted = proxy.accepted();
     let gave_up = tokio::time::timeout(Duration::from_millis(100), store.check(b"k", &limit(), 1));
@@ -347,22 +355,7 @@ fn a_reconnect_ended_with_its_runtime_does_not_leave_the_slot_stuck() {
         .unwrap();
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
-    let store = main.block_on(async {
-        let store = RedisStore::builder(proxy.url())
-            .prefix(unique_prefix("reopen-shutdown"))
-            .pool_size(1)
-            .response_timeout(Duration::from_millis(1_500))
-            .connect_timeout(Duration::from_secs(5))
-            .build()
-            .await
-            .unwrap();
-        assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
-        proxy.set_latency(Duration::from_millis(500));
-        proxy.drop_connections();
-        let broken = store.check(b"k", &limit(), 1).await.unwrap_err();
-        assert!(broken.is_unavailable(), "{broken:?}");
-        store
-    });
+    let store = main.block_on(broken_behind_a_slow_proxy(&proxy, "reopen-shutdown"));
     // On a runtime of its own, a check starts the opening (spawned there) and gives up; the
     // runtime shuts down with the opening half done.
     let gave_up = tokio::runtime::Builder::new_current_thread()
