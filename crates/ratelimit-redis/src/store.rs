@@ -393,7 +393,9 @@ impl Drop for Opening {
             let mut failed = lock(&slot.failed);
             failed.0 += 1;
             failed.1 = Some(RedisStoreError::Connection {
-                message: "the connection's opening was abandoned: its runtime shut down".into(),
+                message: "the connection's opening ended before it finished (its task \
+                          panicked, or its runtime shut down)"
+                    .into(),
                 source: None,
             });
         }
@@ -900,8 +902,10 @@ fn validate_prefix(prefix: &str) -> Result<(), RedisStoreError> {
 /// client accepts) become `pass=***`.
 #[must_use]
 pub fn redact_url(url: &str) -> String {
-    let (base, query) = match url.split_once('?') {
-        Some((b, q)) => (b, Some(q)),
+    // The query starts after the user part, whose password may hold a raw `?`.
+    let host_at = url.rfind('@').map_or(0, |at| at + 1);
+    let (base, query) = match url[host_at..].find('?') {
+        Some(q) => (&url[..host_at + q], Some(&url[host_at + q + 1..])),
         None => (url, None),
     };
     let mut out = match (base.find("://"), base.rfind('@')) {
@@ -971,6 +975,10 @@ mod tests {
         assert_eq!(
             redact_url("redis+unix:///run/redis.sock?db=2&pass=secret&user=me"),
             "redis+unix:///run/redis.sock?db=2&pass=***&user=***"
+        );
+        assert_eq!(
+            redact_url("redis://default:ab?cd@redis:6379"),
+            "redis://***@redis:6379"
         );
         assert_eq!(
             redact_url("redis://u:pw@h:1/0?password=pw&protocol=resp3"),

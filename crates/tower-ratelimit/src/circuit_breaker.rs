@@ -386,8 +386,9 @@ where
     }
 }
 
-/// Counts the probe as failed if dropped while its thread panics.
-struct FailOnPanic<'a>(&'a Breaker);
+/// Counts the probe as failed if dropped while its thread panics (the store's `check`, or a poll
+/// of its future, panicked).
+pub(crate) struct FailOnPanic<'a>(pub(crate) &'a Breaker);
 
 impl Drop for FailOnPanic<'_> {
     fn drop(&mut self) {
@@ -437,7 +438,12 @@ impl Unsettled {
 impl Drop for Unsettled {
     fn drop(&mut self) {
         if let Some(b) = self.0.take() {
-            b.probe_not_asked();
+            if std::thread::panicking() {
+                // The check panicked in its task: a failure, as in the request's own future.
+                b.failure(true);
+            } else {
+                b.probe_not_asked();
+            }
         }
     }
 }

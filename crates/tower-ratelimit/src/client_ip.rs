@@ -74,7 +74,8 @@
 //! IPv6-only service) is grouped as the IPv4 address it carries, not by its
 //! `/64`, which would put every IPv4 client in one group. A translator with a
 //! network-specific prefix needs its own setting: group by `/128` there
-//! ([`ClientIp::ipv6_prefix`]).
+//! ([`ClientIp::ipv6_prefix`]). Trust is not translated: a proxy seen
+//! through the translator is trusted only if its `64:ff9b::` address is listed.
 //!
 //! # Examples
 //!
@@ -334,18 +335,10 @@ impl ClientIp {
     #[must_use]
     #[inline]
     pub fn is_trusted(&self, ip: IpAddr) -> bool {
-        let ip = match ip.to_canonical() {
-            // A proxy seen through a NAT64 translator is trusted as its IPv4 address (as well
-            // as by the `64:ff9b::/96` form, matched below), as it is grouped by it.
-            IpAddr::V6(v6) if u128::from(v6) >> 32 == NAT64_WELL_KNOWN => {
-                if self.trusted.iter().any(|net| net.contains(&IpAddr::V6(v6))) {
-                    return true;
-                }
-                IpAddr::V4(Ipv4Addr::from(u128::from(v6) as u32))
-            }
-            ip => ip,
-        };
-        match ip {
+        // A proxy seen through a NAT64 translator is trusted only by its `64:ff9b::` form, as
+        // listed: trust is never widened by a translation (which RFC 6052 forbids for the
+        // private addresses proxies usually have, so a peer showing one is not a translator's).
+        match ip.to_canonical() {
             IpAddr::V4(v4) => {
                 let mapped = IpAddr::V6(v4.to_ipv6_mapped());
                 self.trusted
@@ -1146,12 +1139,14 @@ mod tests {
         );
         let by_24 = ClientIp::peer().ipv4_prefix(24).unwrap();
         assert_eq!(by_24.resolve(ip("64:ff9b::c000:2ff"), &h), ip("192.0.2.0"));
-        // A proxy listed by its IPv4 address is trusted when seen through the translator.
-        let proxies = ClientIp::behind_proxies(["10.0.0.2"]).unwrap();
+        // Trust is not widened by the translation: a proxy seen through it is trusted only by
+        // its `64:ff9b::` form, as listed.
         let mut h = HeaderMap::new();
         h.insert("x-forwarded-for", "192.0.2.7".parse().unwrap());
-        assert_eq!(proxies.resolve(ip("64:ff9b::a00:2"), &h), ip("192.0.2.7"));
-        assert_eq!(proxies.resolve(ip("64:ff9b::a00:3"), &h), ip("10.0.0.3"));
+        let by_v4 = ClientIp::behind_proxies(["10.0.0.2"]).unwrap();
+        assert_eq!(by_v4.resolve(ip("64:ff9b::a00:2"), &h), ip("10.0.0.2"));
+        let by_v6 = ClientIp::behind_proxies(["64:ff9b::a00:2/128"]).unwrap();
+        assert_eq!(by_v6.resolve(ip("64:ff9b::a00:2"), &h), ip("192.0.2.7"));
         let h = HeaderMap::new();
         // Unmasked (for logs), the address is as it came.
         assert_eq!(

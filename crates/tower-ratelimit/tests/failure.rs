@@ -472,6 +472,56 @@ async fn a_dropped_probe_is_settled_by_the_store_not_by_the_client() {
     );
 }
 
+/// A store whose `check` panics while it is the probe: the probe fails as the panic unwinds (a
+/// new cool-down), instead of leaving the circuit half-open with nothing to settle it, which
+/// would refuse the store to every request for good.
+#[tokio::test(start_paused = true)]
+async fn a_probe_whose_store_panics_fails() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use tower::{Service, ServiceExt};
+    struct Panicky(AtomicBool);
+    impl Store for Panicky {
+        type Error = StoreDown;
+        type Future = std::future::Ready<Result<ratelimit_core::Decision, StoreDown>>;
+        fn check(&self, _: &[u8], _: &Limit, _: u64) -> Self::Future {
+            if self.0.load(Ordering::SeqCst) {
+                panic!("a store bug");
+            }
+            std::future::ready(Err(StoreDown))
+        }
+    }
+    let clock = ManualClock::new();
+    let store = Arc::new(Panicky(AtomicBool::new(false)));
+    let layer = RateLimitLayer::builder(store.clone(), Policy::new("p", per_minute(9)).unwrap())
+        .circuit_breaker(CircuitBreaker::new(1, Duration::from_secs(5)).unwrap())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let mut svc = tower::Layer::layer(
+        &layer,
+        tower::service_fn(|_req: http::Request<axum::body::Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
+        }),
+    );
+    svc.ready().await.unwrap().call(request("/")).await.unwrap();
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    clock.advance(Duration::from_secs(5));
+    store.0.store(true, Ordering::SeqCst);
+    let ready = svc.ready().await.unwrap();
+    let call = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| ready.call(request("/"))));
+    assert!(call.is_err(), "the store panicked");
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    // A new cool-down, then a probe again.
+    store.0.store(false, Ordering::SeqCst);
+    clock.advance(Duration::from_secs(5));
+    svc.ready().await.unwrap().call(request("/")).await.unwrap();
+    assert_eq!(
+        layer.circuit_state(),
+        Some(CircuitState::Open),
+        "the probe failed"
+    );
+}
+
 #[tokio::test]
 async fn the_fallback_store_size_is_configurable_and_validated() {
     let policy = || {

@@ -258,7 +258,11 @@ impl Config {
         let de = toml::Deserializer::parse(text).map_err(|e| toml_error("", &e, text))?;
         let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let field = e.path().to_string();
-            let field = if field == "." { String::new() } else { field };
+            let field = match field.strip_prefix("api_keys.") {
+                _ if field == "." => String::new(),
+                Some(key) => format!("api_keys.{}", redact_key(key.trim_matches('"'))),
+                None => field,
+            };
             toml_error(&field, e.inner(), text)
         })?;
         config.validate()?;
@@ -272,6 +276,17 @@ impl Config {
         Config::from_toml(&text)
     }
 
+    /// What a valid configuration may not mean to do, one line each (printed at start and by
+    /// `--check`): a cost that each gateway's fallback share cannot admit, so that every such
+    /// request is denied while the store is down.
+    pub fn warnings(&self) -> Vec<String> {
+        let mut warnings = Vec::new();
+        for (i, route) in self.routes.iter().enumerate() {
+            let _ = route.validate(&format!("routes[{i}]"), &mut warnings);
+        }
+        warnings
+    }
+
     /// Checks what the types cannot: ranges, combinations, references between fields.
     pub fn validate(&self) -> Result<(), ConfigError> {
         self.store.validate()?;
@@ -279,7 +294,7 @@ impl Config {
             return Err(ConfigError::new("routes", "at least one route is needed"));
         }
         for (i, route) in self.routes.iter().enumerate() {
-            route.validate(&format!("routes[{i}]"))?;
+            route.validate(&format!("routes[{i}]"), &mut Vec::new())?;
             let name = &route.policy.name;
             if let Some(j) = self.routes[..i].iter().position(|r| r.policy.name == *name) {
                 return Err(ConfigError::new(
@@ -297,17 +312,21 @@ impl Config {
                 .iter()
                 .any(|r| r.policy.tiers.iter().any(|t| t.name == *tier));
             if !defined {
-                // The key is a secret: only its first few characters go to the message (and the
-                // logs that collect it).
-                let shown: String = key.chars().take((key.chars().count() / 2).min(4)).collect();
                 return Err(ConfigError::new(
-                    format!("api_keys.\"{shown}…\""),
+                    format!("api_keys.{}", redact_key(key)),
                     format!("{tier:?} is not a tier of any route"),
                 ));
             }
         }
         Ok(())
     }
+}
+
+/// An API key as error messages show it: a secret, so only its first few characters (at most
+/// half of them, and 4), escaped and quoted: `"sk_l…"`.
+fn redact_key(key: &str) -> String {
+    let shown: String = key.chars().take((key.chars().count() / 2).min(4)).collect();
+    format!("\"{}…\"", shown.escape_debug())
 }
 
 /// `field: message (line L, column C)`, from one of toml's errors.
@@ -463,7 +482,7 @@ impl StoreConfig {
 }
 
 impl RouteConfig {
-    fn validate(&self, at: &str) -> Result<(), ConfigError> {
+    fn validate(&self, at: &str, warnings: &mut Vec<String>) -> Result<(), ConfigError> {
         if !self.path.starts_with('/') {
             return Err(ConfigError::new(
                 format!("{at}.path"),
@@ -564,34 +583,32 @@ impl RouteConfig {
                 })?);
             }
         }
-        // A cost no quota can ever hold is a 429 for every such request, for good (and, over a
-        // fallback share, for every one while the store is down): a mistake, refused here.
+        // A cost no quota can ever hold is a 429 for every such request, for good: a mistake,
+        // refused here. Over a fallback share it is so only while the store is down, which may
+        // be meant (writes refused in degraded mode): a warning.
         let costs = std::iter::once(("cost".to_owned(), self.cost)).chain(
             self.cost_by_method
                 .iter()
                 .map(|(m, &c)| (format!("cost_by_method.{m}"), c)),
         );
         for (field, cost) in costs {
-            for (limit, local) in limits
-                .iter()
-                .map(|l| (l, false))
-                .chain(shares.iter().map(|l| (l, true)))
-            {
-                if cost > limit.max_cost() {
-                    let whose = if local {
-                        "each gateway's fallback share of the limit"
-                    } else {
-                        "the limit"
-                    };
-                    return Err(ConfigError::new(
-                        format!("{at}.{field}"),
-                        format!(
-                            "{cost} is more than {whose} can ever admit at once ({}): every such \
-                             request would be denied",
-                            limit.max_cost()
-                        ),
-                    ));
-                }
+            if let Some(limit) = limits.iter().find(|l| cost > l.max_cost()) {
+                return Err(ConfigError::new(
+                    format!("{at}.{field}"),
+                    format!(
+                        "{cost} is more than the limit can ever admit at once ({}): every such \
+                         request would be denied",
+                        limit.max_cost()
+                    ),
+                ));
+            }
+            if let Some(share) = shares.iter().find(|l| cost > l.max_cost()) {
+                warnings.push(format!(
+                    "{at}.{field}: {cost} is more than each gateway's fallback share of the limit \
+                     can admit at once ({}): while the store is down, every such request is \
+                     denied",
+                    share.max_cost()
+                ));
             }
         }
         let name_ok = !policy.name.is_empty()

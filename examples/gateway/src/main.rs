@@ -132,6 +132,9 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    for warning in config.warnings() {
+        eprintln!("warning in {}: {warning}", args.config.display());
+    }
     if let Some(listen) = args.listen {
         config.listen = listen;
     }

@@ -288,13 +288,11 @@ async fn bad_configurations_fail_naming_the_field() {
                 .to_owned(),
             "routes[0].cost: 6 is more than the limit can ever admit at once (5)",
         ),
+        // A key's value of the wrong type: the key is not shown whole either.
         (
-            "[[routes]]\npath = \"/api\"\ncost_by_method = { POST = 5 }\n[routes.policy]\nname = \"a\"\n\
-             quotas = [{ limit = 600, per = \"minute\", burst = 20 }]\n\
-             failure = { mode = \"fallback\", gateways = 5 }\n"
-                .to_owned(),
-            "routes[0].cost_by_method.POST: 5 is more than each gateway's fallback share of the \
-             limit can ever admit at once (4)",
+            with_policy("quotas = [{ limit = 5, per = \"minute\" }]")
+                + "[api_keys]\n\"sk_live_0123456789\" = 5\n",
+            "api_keys.\"sk_l…\": ",
         ),
         (
             with_policy("algorithm = \"fixed_window\"\nquotas = [{ limit = 5, per = \"minute\", burst = 10 }]"),
@@ -414,6 +412,22 @@ async fn bad_configurations_fail_naming_the_field() {
             "expected `{expected}...`, got:\n{err}\nfor:\n{text}"
         );
     }
+    // A cost over each gateway's fallback share (writes refused while Redis is down) may be
+    // meant: loaded, with a warning that names it.
+    let config = Config::from_toml(
+        "[[routes]]\npath = \"/api\"\ncost_by_method = { POST = 5 }\n[routes.policy]\nname = \"a\"\n\
+         quotas = [{ limit = 600, per = \"minute\", burst = 20 }]\n\
+         failure = { mode = \"fallback\", gateways = 5 }\n",
+    )
+    .unwrap();
+    assert_eq!(
+        config.warnings(),
+        [
+            "routes[0].cost_by_method.POST: 5 is more than each gateway's fallback share of the \
+          limit can admit at once (4): while the store is down, every such request is denied"
+        ]
+    );
+    assert!(Config::from_toml(MEMORY).unwrap().warnings().is_empty());
     // A local share whose plain division would not fit a quota exactly (10,000,000 a day over 3
     // gateways) is rounded down until it does (`Limit::divided`), not refused.
     Config::from_toml(&with_policy(
