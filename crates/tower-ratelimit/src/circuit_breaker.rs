@@ -11,7 +11,9 @@
 //!   answered (its client went away, or a caller's timeout fired) runs on in a task of its own,
 //!   under the layer's timeout, and its answer settles the circuit, so clients that cancel their
 //!   requests cannot keep it open. (With no tokio runtime current at the drop, the probe is
-//!   handed on: the circuit stays open, cooled down, and the next request probes.)
+//!   handed on: the circuit stays open, cooled down, and the next request probes.) A probe that
+//!   nothing settles within a cool-down (its store panicked before there was a check to wait
+//!   for) is taken as lost, and the next request probes again.
 //!
 //! Only answers that asked the store are evidence of its health. An answer from a cache in front
 //! of the store (a [`DenialCache`](ratelimit_core::DenialCache) hit, a unit of a
@@ -114,10 +116,16 @@ pub enum CircuitState {
     HalfOpen,
 }
 
+/// `t` in the breaker's word, above the state's bits.
+fn stamp(t: Timestamp) -> u64 {
+    t.as_micros().min(u64::MAX >> 2) << 2
+}
+
 const CLOSED: u64 = 0;
 const OPEN: u64 = 1;
 const HALF_OPEN: u64 = 2;
-/// The state's bits in the breaker's word; the time it last opened (µs) is above them.
+/// The state's bits in the breaker's word; when the state began (µs: opened, or the probe sent)
+/// is above them.
 const STATE: u64 = 0b11;
 
 /// Whether a request may ask the store.
@@ -133,8 +141,8 @@ pub(crate) struct Breaker {
     /// Failures of probes settled in the background (their requests dropped): counted here, as
     /// the layer counts those of the requests it answers.
     errors: [metrics::Counter; 2],
-    /// The state and the time it last opened, in one word (`opened_at_µs << 2 | state`), so that
-    /// the two always change together.
+    /// The state and when it began (opened; or half-open, when the probe went out), in one word
+    /// (`since_µs << 2 | state`), so that the two always change together.
     word: AtomicU64,
     failures: AtomicU32,
     clock: Arc<dyn Clock>,
@@ -202,28 +210,39 @@ impl Breaker {
         let word = self.word.load(Ordering::Acquire);
         match word & STATE {
             CLOSED => Admit::Call,
-            OPEN => {
-                let opened = Timestamp::from_micros(word >> 2);
-                let cooled = self.clock.now().saturating_since(opened) >= self.config.cool_down;
-                if cooled
-                    && self
-                        .word
-                        .compare_exchange(
-                            word,
-                            (word & !STATE) | HALF_OPEN,
-                            Ordering::AcqRel,
-                            Ordering::Acquire,
-                        )
-                        .is_ok()
-                {
+            // Open: the first request after the cool-down probes. Half-open: the probe is out;
+            // one that has had no answer for a whole cool-down is taken as lost (its request's
+            // task panicked, say, with nothing left to settle it) and the next request probes
+            // again, so that no lost probe can keep the circuit from closing.
+            state => {
+                let since = Timestamp::from_micros(word >> 2);
+                let now = self.clock.now();
+                if now.saturating_since(since) < self.config.cool_down {
+                    return Admit::Reject;
+                }
+                let probing = self
+                    .word
+                    .compare_exchange(
+                        word,
+                        stamp(now) | HALF_OPEN,
+                        Ordering::AcqRel,
+                        Ordering::Acquire,
+                    )
+                    .is_ok();
+                if !probing {
+                    return Admit::Reject;
+                }
+                if state == OPEN {
                     self.publish();
                     tracing::info!(policy = %self.policy, "rate-limit store circuit half-open: probing");
-                    Admit::Probe
                 } else {
-                    Admit::Reject
+                    tracing::warn!(
+                        policy = %self.policy,
+                        "rate-limit store probe settled by nothing within a cool-down: probing again"
+                    );
                 }
+                Admit::Probe
             }
-            _ => Admit::Reject,
         }
     }
 
@@ -255,10 +274,15 @@ impl Breaker {
     /// The probe was answered without asking the store: the circuit stays open, cooled down, so
     /// that the next request probes.
     pub(crate) fn probe_not_asked(&self) {
+        // Stamped a cool-down ago: cooled down already, so that the next request probes.
+        let cool_down = u64::try_from(self.config.cool_down.as_micros()).unwrap_or(u64::MAX);
+        let cooled = stamp(Timestamp::from_micros(
+            self.clock.now().as_micros().saturating_sub(cool_down),
+        ));
         let reopened = self
             .word
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-                (w & STATE == HALF_OPEN).then_some((w & !STATE) | OPEN)
+                (w & STATE == HALF_OPEN).then_some(cooled | OPEN)
             })
             .is_ok();
         if reopened {
@@ -269,7 +293,7 @@ impl Breaker {
     /// Opens the circuit if it is still in state `from` (a thread that saw it closed long ago
     /// must not re-open a circuit whose probe is out).
     fn open(&self, from: u64) {
-        let stamped = (self.clock.now().as_micros().min(u64::MAX >> 2) << 2) | OPEN;
+        let stamped = stamp(self.clock.now()) | OPEN;
         let opened = self
             .word
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
@@ -486,6 +510,22 @@ mod tests {
         b.success(true);
         assert_eq!(b.state(), CircuitState::Closed);
         assert_eq!(b.admit(), Admit::Call);
+    }
+
+    /// A probe that nothing settles (its request's task panicked before its check was made) is
+    /// taken as lost after a cool-down: the next request probes, and only one.
+    #[test]
+    fn a_probe_lost_for_a_cool_down_is_sent_again() {
+        let clock = ManualClock::new();
+        let b = probing(&clock);
+        clock.advance(Duration::from_millis(4_999));
+        assert_eq!(b.admit(), Admit::Reject, "the probe may still answer");
+        clock.advance(Duration::from_millis(1));
+        assert_eq!(b.admit(), Admit::Probe);
+        assert_eq!(b.admit(), Admit::Reject);
+        assert_eq!(b.state(), CircuitState::HalfOpen);
+        b.success(true);
+        assert_eq!(b.state(), CircuitState::Closed);
     }
 
     /// However many threads ask at once after the cool-down, exactly one gets the probe.

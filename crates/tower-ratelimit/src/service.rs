@@ -19,7 +19,7 @@ use ratelimit_core::{Clock, Decision, Limit, MemoryStore, Store};
 use tower_service::Service;
 
 use crate::body::{BodyMode, WrapBody};
-use crate::circuit_breaker::{Admit, Breaker, CircuitState, FailOnPanic, ProbeCheck};
+use crate::circuit_breaker::{Admit, Breaker, CircuitState, ProbeCheck};
 use crate::future::ResponseFuture;
 use crate::key::KeyBuf;
 use crate::metrics::{FailureKind, Metrics};
@@ -639,13 +639,6 @@ where
         // request (docs/benchmarks.md); an answer that has to wait is always timed, from its first poll
         // (which sends the command) to its answer.
         let sampled = sample_timing().then(Instant::now);
-        // A probe whose store panics (in `check` or its first poll) fails as the panic unwinds,
-        // rather than leaving the circuit half-open with no probe to settle it.
-        let _fail_on_panic = if probe {
-            self.breaker.as_deref().map(FailOnPanic)
-        } else {
-            None
-        };
         let mut check = self
             .store
             .check(key.as_bytes(), &rt.tiers[tier].limit, cost);
