@@ -19,6 +19,13 @@ static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(())
 /// machine does not turn a slow answer into a failure.
 const PATIENT: Duration = Duration::from_secs(5);
 
+/// The port of the master that holds `user`'s state under `limit`.
+fn master_of(cluster: &RedisCluster, store: &RedisStore, limit: &Limit, user: &str) -> u16 {
+    cluster
+        .node_for(&store.state_keys(user.as_bytes(), limit)[0])
+        .port()
+}
+
 fn dbsize(node: &redis_harness::RedisServer) -> u64 {
     node.cli(&["dbsize"]).parse().unwrap()
 }
@@ -356,11 +363,7 @@ async fn checks_recover_after_a_master_fails_over_to_its_replica() {
         .await
         .unwrap();
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100).unwrap()).unwrap();
-    let owner = |cluster: &RedisCluster, user: &str| {
-        cluster
-            .node_for(&store.state_keys(user.as_bytes(), &limit)[0])
-            .port()
-    };
+    let owner = |cluster: &RedisCluster, user: &str| master_of(cluster, &store, &limit, user);
     let victim = owner(&cluster, "victim");
     let bystander = (0..)
         .map(|i| format!("bystander-{i}"))
@@ -434,11 +437,7 @@ async fn scripts_are_reloaded_on_the_master_that_lost_them_while_another_is_down
         .await
         .unwrap();
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(10).unwrap()).unwrap();
-    let owner = |cluster: &RedisCluster, user: &str| {
-        cluster
-            .node_for(&store.state_keys(user.as_bytes(), &limit)[0])
-            .port()
-    };
+    let owner = |cluster: &RedisCluster, user: &str| master_of(cluster, &store, &limit, user);
     let alive = owner(&cluster, "alive");
     let down = cluster
         .nodes()
@@ -478,11 +477,7 @@ async fn a_silent_master_gets_the_connection_replaced_while_others_answer() {
         .await
         .unwrap();
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(1_000).unwrap()).unwrap();
-    let owner = |user: &str| {
-        cluster
-            .node_for(&store.state_keys(user.as_bytes(), &limit)[0])
-            .port()
-    };
+    let owner = |user: &str| master_of(&cluster, &store, &limit, user);
     let victim = owner("victim");
     let bystander = (0..)
         .map(|i| format!("bystander-{i}"))
