@@ -599,7 +599,8 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
                 ctx: None,
             };
         };
-        let cap = capacity(limit);
+        // The most the limit can ever admit at once: a larger lease would be `Exceeds`.
+        let cap = limit.max_cost();
         let action = sh.try_acquire(&mut entry.lock(), now, cost, cap, true);
         let ctx = |entry| {
             Some(Ctx {
@@ -649,19 +650,6 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
             }
         }
     }
-}
-
-/// The most a limit can ever admit at once: a larger lease would be [`Outcome::Exceeds`].
-fn capacity(limit: &Limit) -> u64 {
-    limit
-        .quotas()
-        .iter()
-        .map(|q| match limit.algorithm() {
-            Algorithm::TokenBucket | Algorithm::Gcra => q.burst(),
-            _ => q.limit(),
-        })
-        .min()
-        .unwrap_or(1)
 }
 
 struct Ctx<S, C> {

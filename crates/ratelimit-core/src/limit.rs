@@ -114,7 +114,7 @@ impl Limit {
     /// ```
     #[must_use]
     pub fn max_cost(&self) -> u64 {
-        let bucket = matches!(self.algorithm, Algorithm::TokenBucket | Algorithm::Gcra);
+        let bucket = self.algorithm.uses_burst();
         self.quotas
             .iter()
             .map(|q| if bucket { q.burst() } else { q.limit() })

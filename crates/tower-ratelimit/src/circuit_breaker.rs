@@ -138,8 +138,9 @@ pub(crate) enum Admit {
 
 pub(crate) struct Breaker {
     config: CircuitBreaker,
-    /// Failures of probes settled in the background (their requests dropped): counted here, as
-    /// the layer counts those of the requests it answers.
+    /// Failures of probes settled in the background (their requests dropped), by
+    /// [`FailureKind`] (`Error`, `Timeout`): counted here, as the layer counts those of the
+    /// requests it answers.
     errors: [metrics::Counter; 2],
     /// The state and when it began (opened; or half-open, when the probe went out), in one word
     /// (`since_µs << 2 | state`), so that the two always change together.
@@ -254,6 +255,16 @@ impl Breaker {
             tracing::info!(policy = %self.policy, "rate-limit store circuit closed");
         } else if self.failures.load(Ordering::Relaxed) != 0 {
             self.failures.store(0, Ordering::Release);
+        }
+    }
+
+    /// The store answered `d`: evidence of its health unless it came from a cache in front of
+    /// it (then a probe is handed on).
+    pub(crate) fn answered(&self, d: &Decision, probe: bool) {
+        if !d.is_cached() {
+            self.success(probe);
+        } else if probe {
+            self.probe_not_asked();
         }
     }
 
@@ -410,9 +421,9 @@ where
     }
 }
 
-/// Counts the probe as failed if dropped while its thread panics (the store's `check`, or a poll
-/// of its future, panicked).
-pub(crate) struct FailOnPanic<'a>(pub(crate) &'a Breaker);
+/// Counts the probe as failed if dropped while its thread panics (a poll of its store's future
+/// panicked).
+struct FailOnPanic<'a>(&'a Breaker);
 
 impl Drop for FailOnPanic<'_> {
     fn drop(&mut self) {
@@ -429,24 +440,20 @@ impl Unsettled {
     fn settle<E>(&mut self, answer: Result<Result<Decision, E>, Elapsed>) {
         let Some(b) = self.0.take() else { return };
         let failed = match answer {
-            Ok(Ok(d)) if !d.is_cached() => {
-                b.success(true);
+            Ok(Ok(d)) => {
+                b.answered(&d, true);
                 None
             }
-            Ok(Ok(_)) => {
-                b.probe_not_asked();
-                None
-            }
-            Ok(Err(_)) => Some(0),
-            Err(_) => Some(1),
+            Ok(Err(_)) => Some(FailureKind::Error),
+            Err(_) => Some(FailureKind::Timeout),
         };
         match failed {
             Some(kind) => {
-                b.errors[kind].increment(1);
+                b.errors[kind as usize].increment(1);
                 b.failure(true);
                 tracing::warn!(
                     policy = %b.policy,
-                    timeout = kind == 1,
+                    kind = kind.as_str(),
                     "rate-limit store probe failed (its request was dropped before the answer)"
                 );
             }

@@ -448,10 +448,8 @@ impl<St: Store> Shared<St> {
     ) -> Step<W> {
         match result {
             Ok(d) => {
-                match &self.breaker {
-                    Some(b) if !d.is_cached() => b.success(probe),
-                    Some(b) if probe => b.probe_not_asked(),
-                    _ => {}
+                if let Some(b) = &self.breaker {
+                    b.answered(&d, probe);
                 }
                 self.decide(d, tier, false)
             }

@@ -703,7 +703,7 @@ fn check_limit(
                 ));
             }
         };
-        if q.burst.is_some() && !matches!(algorithm, Algorithm::TokenBucket | Algorithm::Gcra) {
+        if q.burst.is_some() && !algorithm.uses_burst() {
             return Err(ConfigError::new(
                 format!("{field}.burst"),
                 format!(

@@ -40,6 +40,13 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// Whether a quota's `burst` counts: the token bucket's and GCRA's capacity. The window
+    /// algorithms allow `limit` per period and ignore it.
+    #[must_use]
+    pub const fn uses_burst(self) -> bool {
+        matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)
+    }
+
     /// Every algorithm, in a fixed order.
     pub const ALL: [Algorithm; 5] = [
         Algorithm::TokenBucket,
