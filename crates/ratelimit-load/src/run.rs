@@ -9,7 +9,8 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use parking_lot::Mutex;
 use ratelimit_core::{
-    Algorithm, DEFAULT_MAX_LEASE, DenialCache, Leasing, Limit, MemoryStore, Store, SystemClock,
+    Algorithm, Clock, DEFAULT_MAX_LEASE, DenialCache, Leasing, Limit, MemoryStore, Store,
+    SystemClock,
 };
 use ratelimit_redis::{Coalescing, RedisStore};
 use redis_harness::RedisServer;
@@ -114,6 +115,10 @@ struct Shared {
     /// Per user: requests sent (what each was admitted is in the recorder's `admissions`).
     sent: Vec<AtomicU32>,
     rec: Mutex<Recorder>,
+    /// The clock the admissions are timed on: the one the in-memory stores count with, so that
+    /// the check over every interval measures spans as the stores did (std's `Instant` and this
+    /// clock may run at rates some parts per million apart).
+    clock: SystemClock,
 }
 
 /// What a request got.
@@ -132,8 +137,8 @@ struct Recorder {
     late_starts: u64,
     max_start_lateness: Duration,
     last_end: Option<Instant>,
-    /// Every admission: user, when its request was sent and when its answer came (µs from the
-    /// start), for the check over every interval.
+    /// Every admission: user, when its request was sent and when its answer came (µs on
+    /// `Shared::clock`), for the check over every interval.
     admissions: Vec<(u32, u64, u64)>,
 }
 
@@ -169,6 +174,7 @@ impl Shared {
                 // At most one per request: never grown (and copied) under the lock mid-run.
                 admissions: Vec::with_capacity(total as usize),
             }),
+            clock: SystemClock::new(),
         }
     }
 
@@ -204,8 +210,22 @@ impl Shared {
         (self.sampler.user(i), self.start + due(i, self.rate))
     }
 
-    fn record(&self, i: u64, user: u64, scheduled: Instant, started: Instant, outcome: Outcome) {
+    /// Now on the clock the admissions are timed on, in µs.
+    fn micros(&self) -> u64 {
+        self.clock.now().as_micros()
+    }
+
+    /// Records request `i`'s answer; `started_us` is [`micros`](Self::micros) when it was sent.
+    fn record(
+        &self,
+        i: u64,
+        user: u64,
+        scheduled: Instant,
+        (started, started_us): (Instant, u64),
+        outcome: Outcome,
+    ) {
         let end = Instant::now();
+        let end_us = self.micros();
         let latency = end.saturating_duration_since(scheduled);
         let lateness = started.saturating_duration_since(scheduled);
         let us = (latency.as_micros() as u64).max(1);
@@ -217,9 +237,8 @@ impl Shared {
             if let Some(h) = r.seconds.get_mut(second) {
                 h.saturating_record(us.min(MAX_SECOND_LATENCY_US));
             }
-            let since = |t: Instant| t.saturating_duration_since(self.start).as_micros() as u64;
             match outcome {
-                Outcome::Admitted => r.admissions.push((user as u32, since(started), since(end))),
+                Outcome::Admitted => r.admissions.push((user as u32, started_us, end_us)),
                 Outcome::Denied => r.denied += 1,
                 Outcome::Error => r.errors += 1,
             }
@@ -338,9 +357,10 @@ impl Tolerance {
     }
 }
 
-/// Added to every span the bounds are taken over: the tool's and the store's clocks read whole
-/// microseconds on grids of their own, so the span the store counted may be a microsecond or so
-/// longer than the one the tool measured.
+/// Added to every span the bounds are taken over: admissions are timed on the clock the in-memory
+/// stores count with (`Shared::clock`), but in whole microseconds read at other instants, and a
+/// Redis store on server time reads a clock of its own; so the span the store counted may be a
+/// microsecond or so longer than the one the tool measured.
 const CLOCK_SLACK: Duration = Duration::from_micros(2);
 
 /// The most a user may be admitted over a span of `elapsed` in this mode.
@@ -597,7 +617,7 @@ where
                     Assign::RoundRobin => i % n,
                     Assign::UserHash => user % n,
                 } as usize;
-                let started = Instant::now();
+                let started = (Instant::now(), shared.micros());
                 let fut = gateways[g].check(user_key(&mut buf, user), &limit, 1);
                 let outcome = match fut.await {
                     Ok(d) if d.is_allowed() => Outcome::Admitted,
@@ -635,7 +655,7 @@ async fn drive_http(
             let mut buf = [0u8; 24];
             while let Some(i) = shared.claim().await {
                 let (user, scheduled) = shared.begin(i);
-                let started = Instant::now();
+                let started = (Instant::now(), shared.micros());
                 let outcome = match conn.request(user_key(&mut buf, user)).await {
                     Ok(200) => Outcome::Admitted,
                     Ok(429) => Outcome::Denied,
