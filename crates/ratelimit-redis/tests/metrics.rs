@@ -1,0 +1,108 @@
+//! The store's own counters, recorded through the `metrics` facade's global recorder (the store
+//! records from its connections' tasks, on any thread, so a thread-local recorder would miss
+//! them). A test binary of its own: it installs the global recorder.
+
+mod common;
+
+use std::collections::HashMap;
+use std::sync::{Mutex, OnceLock};
+use std::time::Duration;
+
+use common::unique_prefix;
+use futures::future::join_all;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use ratelimit_core::{Algorithm, Limit, Quota};
+use ratelimit_redis::{Coalescing, RedisStore};
+use redis_harness::RedisServer;
+
+/// Every counter's total so far. A snapshot takes the counts since the last one (it resets
+/// them), so the tests, which run at once, add each snapshot here and read their own counter.
+fn counter(name: &str) -> u64 {
+    static RECORDER: OnceLock<(Snapshotter, Mutex<HashMap<String, u64>>)> = OnceLock::new();
+    let (snapshotter, totals) = RECORDER.get_or_init(|| {
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::set_global_recorder(recorder).expect("the only recorder of this test binary");
+        (snapshotter, Mutex::new(HashMap::new()))
+    });
+    let mut totals = totals.lock().unwrap();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        if let DebugValue::Counter(n) = value {
+            *totals.entry(key.key().name().to_owned()).or_default() += n;
+        }
+    }
+    totals.get(name).copied().unwrap_or(0)
+}
+
+/// `ratelimit_redis_coalesced_checks_total` counts the checks that rode in another's script
+/// call: every check of a batch but the first, so the checks made less the calls sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalesced_checks_are_counted() {
+    const NAME: &str = "ratelimit_redis_coalesced_checks_total";
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("metrics-coalesce"))
+        .build()
+        .await
+        .unwrap();
+    let coalescing = Coalescing::new(store);
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100).unwrap()).unwrap();
+    let before = counter(NAME);
+    let tasks = (0..500).map(|_| {
+        let (c, limit) = (coalescing.clone(), limit.clone());
+        tokio::spawn(async move { c.check(b"hot", &limit, 1).await.unwrap() })
+    });
+    let admitted = join_all(tasks)
+        .await
+        .into_iter()
+        .filter(|r| r.as_ref().unwrap().is_allowed())
+        .count();
+    assert_eq!(admitted, 100);
+    let stats = coalescing.stats();
+    assert_eq!(stats.checks, 500);
+    assert!(
+        stats.largest_batch > 1,
+        "some checks were coalesced: {stats:?}"
+    );
+    assert_eq!(
+        counter(NAME) - before,
+        stats.checks - stats.store_calls,
+        "{stats:?}"
+    );
+}
+
+/// `ratelimit_redis_connections_replaced_total` counts a connection found broken (the server
+/// killed under it), once, and not the checks that fail meanwhile on no connection.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_broken_connection_is_counted_once() {
+    const NAME: &str = "ratelimit_redis_connections_replaced_total";
+    let mut server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("metrics-broken"))
+        .pool_size(1)
+        .response_timeout(Duration::from_millis(500))
+        .build()
+        .await
+        .unwrap();
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_second(100).unwrap()).unwrap();
+    assert!(store.check(b"k", &limit, 1).await.unwrap().is_allowed());
+    let before = counter(NAME);
+    server.kill();
+    for _ in 0..5 {
+        let err = store.check(b"k", &limit, 1).await.unwrap_err();
+        assert!(err.is_unavailable(), "{err:?}");
+    }
+    assert_eq!(counter(NAME) - before, 1, "one connection, broken once");
+    server.restart();
+    let mut ok = false;
+    for _ in 0..20 {
+        if store.check(b"k", &limit, 1).await.is_ok() {
+            ok = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(ok, "checks work again once the server is back");
+    // A connection opened anew after a break is not a replacement.
+    assert_eq!(counter(NAME) - before, 1);
+}
