@@ -12,8 +12,9 @@
 //!   under the layer's timeout, and its answer settles the circuit, so clients that cancel their
 //!   requests cannot keep it open. (With no tokio runtime current at the drop, the probe is
 //!   handed on: the circuit stays open, cooled down, and the next request probes.) A probe that
-//!   nothing settles within a cool-down (its store panicked before there was a check to wait
-//!   for) is taken as lost, and the next request probes again.
+//!   nothing settles within a cool-down, or twice the layer's timeout if that is longer (its
+//!   store panicked before there was a check to wait for), is taken as lost, and the next
+//!   request probes again; a probe still waiting for the store is never doubled.
 //!
 //! Only answers that asked the store are evidence of its health. An answer from a cache in front
 //! of the store (a [`DenialCache`](ratelimit_core::DenialCache) hit, a unit of a
@@ -146,6 +147,11 @@ pub(crate) struct Breaker {
     /// (`since_µs << 2 | state`), so that the two always change together.
     word: AtomicU64,
     failures: AtomicU32,
+    /// How long a probe may stay unsettled before it is taken as lost: a cool-down, and never
+    /// less than twice the layer's timeout (a probe waits for the store at most one timeout; the
+    /// second allows for a timer that fires late on a loaded machine), so that a probe still
+    /// waiting for its answer is never doubled.
+    lost_after: Duration,
     clock: Arc<dyn Clock>,
     gauge: metrics::Gauge,
     policy: Arc<str>,
@@ -163,6 +169,7 @@ impl std::fmt::Debug for Breaker {
 impl Breaker {
     pub(crate) fn new(
         config: CircuitBreaker,
+        timeout: Duration,
         clock: Arc<dyn Clock>,
         metrics: &Metrics,
         policy: Arc<str>,
@@ -177,6 +184,7 @@ impl Breaker {
             ],
             word: AtomicU64::new(CLOSED),
             failures: AtomicU32::new(0),
+            lost_after: config.cool_down.max(timeout.saturating_mul(2)),
             clock,
             gauge,
             policy,
@@ -212,13 +220,19 @@ impl Breaker {
         match word & STATE {
             CLOSED => Admit::Call,
             // Open: the first request after the cool-down probes. Half-open: the probe is out;
-            // one that has had no answer for a whole cool-down is taken as lost (its request's
-            // task panicked, say, with nothing left to settle it) and the next request probes
-            // again, so that no lost probe can keep the circuit from closing.
+            // one that has had no answer for `lost_after` (a cool-down, or twice the timeout if
+            // longer) is taken as lost (its request's task panicked, say, with nothing left to
+            // settle it) and the next request probes again, so that no lost probe can keep the
+            // circuit from closing.
             state => {
                 let since = Timestamp::from_micros(word >> 2);
                 let now = self.clock.now();
-                if now.saturating_since(since) < self.config.cool_down {
+                let wait = if state == OPEN {
+                    self.config.cool_down
+                } else {
+                    self.lost_after
+                };
+                if now.saturating_since(since) < wait {
                     return Admit::Reject;
                 }
                 let probing = self
@@ -239,7 +253,8 @@ impl Breaker {
                 } else {
                     tracing::warn!(
                         policy = %self.policy,
-                        "rate-limit store probe settled by nothing within a cool-down: probing again"
+                        lost_after_ms = self.lost_after.as_millis() as u64,
+                        "rate-limit store probe settled by nothing: probing again"
                     );
                 }
                 Admit::Probe
@@ -487,6 +502,7 @@ mod tests {
     fn breaker(clock: &ManualClock) -> Breaker {
         Breaker::new(
             CircuitBreaker::new(2, Duration::from_secs(5)).unwrap(),
+            Duration::from_millis(50),
             Arc::new(clock.clone()),
             &Metrics::new("p"),
             "p".into(),
@@ -533,6 +549,33 @@ mod tests {
         assert_eq!(b.state(), CircuitState::HalfOpen);
         b.success(true);
         assert_eq!(b.state(), CircuitState::Closed);
+    }
+
+    /// A probe is not taken as lost while it may still be waiting for the store: with a timeout
+    /// longer than the cool-down (5 s against 1 s), not before twice the timeout.
+    #[test]
+    fn a_probe_waiting_out_a_long_timeout_is_not_doubled() {
+        let clock = ManualClock::new();
+        let b = Breaker::new(
+            CircuitBreaker::new(1, Duration::from_secs(1)).unwrap(),
+            Duration::from_secs(5),
+            Arc::new(clock.clone()),
+            &Metrics::new("p"),
+            "p".into(),
+        );
+        b.failure(false);
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(b.admit(), Admit::Probe, "open for one cool-down");
+        for _ in 0..9 {
+            clock.advance(Duration::from_secs(1));
+            assert_eq!(b.admit(), Admit::Reject, "the probe may still be waiting");
+        }
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(b.admit(), Admit::Probe, "lost after twice the timeout");
+        b.failure(true);
+        assert_eq!(b.state(), CircuitState::Open);
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(b.admit(), Admit::Probe, "a failed probe re-opens for one cool-down");
     }
 
     /// However many threads ask at once after the cool-down, exactly one gets the probe.

@@ -226,6 +226,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         let breaker = self.breaker.filter(|_| !always_answers).map(|config| {
             Arc::new(Breaker::new(
                 config,
+                self.timeout,
                 self.clock.clone(),
                 &rt.metrics,
                 rt.name.clone(),
