@@ -910,6 +910,9 @@ pub fn redact_url(url: &str) -> String {
     };
     let mut out = match (base.find("://"), base.rfind('@')) {
         (Some(s), Some(at)) if at > s => format!("{}://***@{}", &base[..s], &base[at + 1..]),
+        // No scheme before the user part (`user:pw@host`, a scheme forgotten): the client refuses
+        // the URL, and its error must not carry the password either.
+        (_, Some(at)) => format!("***@{}", &base[at + 1..]),
         _ => base.to_owned(),
     };
     if let Some(query) = query {
@@ -984,5 +987,9 @@ mod tests {
             redact_url("redis://u:pw@h:1/0?password=pw&protocol=resp3"),
             "redis://***@h:1/0?password=***&protocol=resp3"
         );
+        // Without a scheme before the user part.
+        assert_eq!(redact_url("default:s3cret@redis:6379"), "***@redis:6379");
+        assert_eq!(redact_url("redis:u:pw@h:1"), "***@h:1");
+        assert_eq!(redact_url("u:pw@redis://h:1"), "***@redis://h:1");
     }
 }

@@ -157,6 +157,16 @@ async fn bad_settings_are_typed_errors() {
             other => panic!("{name}: expected a Config error, got {other:?}"),
         }
     }
+    // A URL the client refuses is named in the error without its password, with or without
+    // its scheme.
+    for url in ["redis://default:s3cret@", "default:s3cret@127.0.0.1:1"] {
+        let err = RedisStore::builder(url).build().await.unwrap_err();
+        assert!(
+            matches!(err, RedisStoreError::Config { name: "url", .. }),
+            "{err:?}"
+        );
+        assert!(!format!("{err} {err:?}").contains("s3cret"), "{err:?}");
+    }
     // Nothing listens on port 1: a connection error, within the connect timeout.
     let err = RedisStore::builder("redis://127.0.0.1:1")
         .connect_timeout(Duration::from_millis(200))

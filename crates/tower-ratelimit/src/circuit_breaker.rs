@@ -575,7 +575,11 @@ mod tests {
         b.failure(true);
         assert_eq!(b.state(), CircuitState::Open);
         clock.advance(Duration::from_secs(1));
-        assert_eq!(b.admit(), Admit::Probe, "a failed probe re-opens for one cool-down");
+        assert_eq!(
+            b.admit(),
+            Admit::Probe,
+            "a failed probe re-opens for one cool-down"
+        );
     }
 
     /// However many threads ask at once after the cool-down, exactly one gets the probe.
