@@ -85,13 +85,17 @@ const SHARDS: usize = 16;
 ///
 /// [`lease_size`](LeasingBuilder::lease_size) fixes `L`. By default it adapts per key between 1
 /// and [`max_lease`](LeasingBuilder::max_lease): it starts at 1 (the first check's own cost),
-/// doubles each time a lease is spent before it expires (for a lease of only its fetching check's
-/// cost: when the key is back within the lifetime of a lease twice as large and the store had
-/// units left), and halves when a lease expires half unused or more, or the store cannot grant
-/// one. A key that comes to a gateway now and then, or whose leases would not outlive the round
-/// trip that brings them (`L / r` no longer than it), thus stays at 1 unit there: no saving, and
-/// no unit taken from the store and dropped unused, which across many gateways would deny the key
-/// below its limit.
+/// doubles each time a lease is spent at the limit's rate or faster (its units beyond the
+/// fetching check's cost spent within the time the limit takes to refill them; for a lease of
+/// only its fetching check's cost: when the key is back within that lease's lifetime and the
+/// store had units left), and halves when a lease expires more than a quarter unused, or the
+/// store cannot grant one. A gateway thus leases only for a key it sees at about the limit's rate
+/// or faster. Below it, a lease (which lives the time the limit takes to refill it) would expire
+/// part unused, taking units from the store at about the limit's rate whatever the traffic, and
+/// a key served by other gateways too would be denied below its limit. A key that comes to a
+/// gateway now and then, or whose leases would not outlive the round trip that brings them
+/// (`L / r` no longer than it), stays at 1 unit there: no saving, and no unit taken from the
+/// store and dropped unused.
 ///
 /// A lease of `L` units lives for the time the limit takes to refill `L` units at its fastest
 /// quota's rate (`L × period / limit`), at most [`max_ttl`](LeasingBuilder::max_ttl); for a fixed
@@ -115,11 +119,18 @@ const SHARDS: usize = 16;
 ///   may admit up to twice its limit in a period that straddles its windows
 ///   (see `docs/algorithms.md`).
 /// - **Under-admission:** at any time at most `G × (L − 1)` granted units sit unspent in leases;
-///   each lease that expires drops at most `L − 1`. On a quota that does not refill, the total
-///   admitted reaches at least `quota − G × (L − 1)` when demand exceeds it. A check that costs
-///   more than its gateway's lease holds goes to the store on its own and leaves the lease be.
-///   A check that was fetching a lease and is dropped (a caller's timeout) may lose the whole
-///   lease, `L` units, if the store granted it before the drop.
+///   each lease that expires drops at most `L − 1`. A gateway keeps its lease size only while its
+///   leases expire at most a quarter unused, so in steady traffic it takes from the store at most
+///   4/3 of the units it admits: a key whose demand stays below 3/4 of its limit is not denied for
+///   leasing, however its traffic is spread. When a gateway's traffic for a key falls from the
+///   limit's rate, its leases halve at each expiry, dropping fewer than `2 × L` units in all. On a
+///   quota that does not refill, with demand above it at every gateway that leases, the total
+///   admitted reaches at least `quota − G × (L − 1)`. A check that costs more than its gateway's
+///   lease holds goes to the store on its own and leaves the lease be. A check that was fetching
+///   a lease and is dropped (a caller's timeout) may lose the whole lease, `L` units, if the
+///   store granted it before the drop. A fixed [`lease_size`](LeasingBuilder::lease_size) does
+///   not adapt: leases larger than a gateway spends in their lifetime are dropped part unused at
+///   every expiry.
 ///
 /// These bounds assume the store keeps what it granted: if it loses a key's state (an eviction,
 /// a failover), the key starts from fresh there while leases already granted still answer until
@@ -263,6 +274,16 @@ impl Entry {
         std::mem::take(&mut self.tokens)
     }
 
+    /// Whether the current lease's units beyond its fetching check's cost were all spent by
+    /// `now` at the limit's rate or faster: within the share of the lease's lifetime they take to
+    /// refill (`(granted − fetched_for) / r`, the lifetime being `granted / r` or less).
+    fn at_rate(&self, now: u64) -> bool {
+        let ttl = u128::from(self.expires.saturating_sub(self.sent));
+        let rest = u128::from(self.granted.saturating_sub(self.fetched_for));
+        let spent_in = u128::from(now.saturating_sub(self.sent));
+        spent_in * u128::from(self.granted.max(1)) <= ttl * rest
+    }
+
     fn idle(&self, now: u64) -> bool {
         !self.fetching && self.waiters.is_empty() && (self.tokens == 0 || self.expires <= now)
     }
@@ -302,8 +323,9 @@ impl<S, C> Shared<S, C> {
                 e.tokens -= cost;
                 // A unit of the lease, without asking the store: marked so.
                 let d = e.decision(now).cached();
-                if e.tokens == 0 {
-                    // Spent before it expired: a larger lease would have saved calls.
+                if e.tokens == 0 && e.at_rate(now) {
+                    // Spent at the limit's rate or faster: a larger lease would have been spent
+                    // too, and saved calls.
                     self.grow(e);
                 }
                 self.counters.local.fetch_add(1, Ordering::Relaxed);
@@ -318,11 +340,15 @@ impl<S, C> Shared<S, C> {
         }
         if e.tokens > 0 {
             let left = e.drop_lease();
-            if left * 2 >= e.granted {
-                // Half unused or more when it expired: too large for this key's traffic here. (A
-                // lease of 2 of which the one check that fetched it used 1 is such a lease:
-                // kept at 2, a key that comes to this gateway now and then would waste half
-                // of what the gateway takes from the store, and be denied below its limit.)
+            // Expired with more than an eighth unused: this gateway sees the key below the
+            // limit's rate, and a lease (which lives the time the limit takes to refill it, or
+            // less) takes units from the store at about that rate whatever the traffic, so the
+            // lease is too large for the key here. Kept, the gateway would take about the
+            // limit's rate from the store while serving less, and with any other gateway serving
+            // the key, the key would be denied below its limit. An eighth or less is let be
+            // (the jitter of a key at its rate): a gateway then takes at most 8/7 of what it
+            // admits.
+            if left.saturating_mul(4) > e.granted {
                 self.shrink(e);
             }
             self.counters
@@ -331,13 +357,13 @@ impl<S, C> Shared<S, C> {
         } else if e.granted > 0
             && e.granted == e.fetched_for
             && e.remaining > 0
-            && now.saturating_sub(e.sent) < e.expires.saturating_sub(e.sent).saturating_mul(2)
+            && now.saturating_sub(e.sent) <= e.expires.saturating_sub(e.sent)
         {
             // A lease of only the cost of the check that fetched it (a key's first is one unit),
-            // the store had units left beyond it, and the key is back within the lifetime of a
-            // lease twice as large: that lease's next unit would have been spent here. (A key
-            // below its rate is never back within a one-unit lease's own lifetime, `1 / r`; a
-            // key at its limit, with nothing left, would only have its larger lease denied.)
+            // the store had units left beyond it, and the key is back within that lease's own
+            // lifetime (`cost / r`): at the limit's rate or faster, a larger lease would have been
+            // spent. (A key at its limit, with nothing left, would only have its larger lease
+            // denied.)
             self.grow(e);
         }
         if !may_fetch {

@@ -826,3 +826,35 @@ fn a_flood_of_new_keys_does_not_evict_a_hot_lease() {
         "{before:?} then {after:?}"
     );
 }
+
+/// A key below its rate, at one gateway or spread unevenly over two: 4,000 an hour (a unit every
+/// 0.9 s), one request a second for an hour, all at one gateway, or two of every three at one
+/// and the third at another. A lease lives the time the limit takes to refill it (capped by
+/// `max_ttl`), so a gateway that holds leases takes units from the store at about the limit's
+/// rate whatever its traffic: leases grown for a key below its rate (before, the first gateway
+/// grew them at half the rate, and each expired part unused, at every `max_ttl` or so) took more
+/// than the key spent, and the key ran out of its hour early, denied below its limit. Now a
+/// gateway leases only for a key it sees at the limit's rate or faster.
+#[test]
+fn a_key_below_its_rate_is_never_denied_and_nothing_is_wasted() {
+    for alg in Algorithm::ALL {
+        for spread in [1, 3] {
+            let clock = ManualClock::starting_at(Timestamp::from_secs(3_600));
+            let store = memory(&clock);
+            let a = Leasing::new(Arc::clone(&store), clock.clone());
+            let b = Leasing::new(Arc::clone(&store), clock.clone());
+            let limit = Limit::single(alg, Quota::per_hour(4_000).unwrap()).unwrap();
+            let mut denied = 0;
+            for i in 0..3_600 {
+                let gw = if spread == 3 && i % 3 == 2 { &b } else { &a };
+                if block_on(gw.check(b"user", &limit, 1)).unwrap().is_denied() {
+                    denied += 1;
+                }
+                clock.advance(Duration::from_secs(1));
+            }
+            let (sa, sb) = (a.stats(), b.stats());
+            assert_eq!(denied, 0, "{alg}, spread {spread}: {sa:?} {sb:?}");
+            assert_eq!(sa.wasted_units + sb.wasted_units, 0, "{alg}: {sa:?} {sb:?}");
+        }
+    }
+}
