@@ -509,8 +509,10 @@ impl Inner {
 
     /// Replaces slot `i`'s connection (of `generation`) with a new one, made before the old one
     /// is let go: checks go on over the old one meanwhile, which on a cluster still reaches every
-    /// master that answers. If no new connection can be made, the old one is dropped, and checks
-    /// wait for the slot's next opening as after any broken connection.
+    /// master that answers. If no new connection can be made, a standalone server's is dropped,
+    /// and checks wait for the slot's next opening as after any broken connection; a cluster's is
+    /// kept (it still serves the masters that answer), and probed again after another response
+    /// timeout.
     async fn reopen(&self, i: usize, generation: u64) {
         let slot = &self.slots[i];
         match self.open().await {
@@ -521,6 +523,19 @@ impl Inner {
                     metrics::counter!("ratelimit_redis_connections_replaced_total").increment(1);
                     tracing::warn!(slot = i, "ratelimit-redis: silent connection replaced");
                 }
+            }
+            Err(error) if matches!(self.backend, Backend::Cluster(_)) => {
+                // Kept: a cluster connection still reaches every master that answers, and while
+                // one node is silent no new one can be made (the client connects to every node).
+                // Dropped, it would leave every key, not only the silent master's, without a
+                // connection until the node answers or fails over. Its command stays unanswered:
+                // the next check after another response timeout probes again.
+                tracing::warn!(
+                    slot = i,
+                    %error,
+                    "ratelimit-redis: no new cluster connection; the old one is kept for the \
+                     masters that answer"
+                );
             }
             Err(error) => {
                 tracing::warn!(slot = i, %error, "ratelimit-redis: no new connection for a silent one");
