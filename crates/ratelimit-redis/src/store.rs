@@ -686,7 +686,9 @@ impl RedisStoreBuilder {
     }
 
     /// Trusts `pem` (one or more PEM certificates) as the root for `rediss://` servers, instead of
-    /// the system's roots: for a Redis whose certificate comes from a private CA.
+    /// the system's roots: for a Redis whose certificate comes from a private CA. Standalone
+    /// servers only: [`build`](Self::build) refuses it for a cluster (whose client, on
+    /// native-tls, verifies against the system's roots only).
     #[cfg(feature = "tls")]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.root_cert = Some(pem.into());
@@ -771,6 +773,16 @@ impl RedisStoreBuilder {
     /// Checks the settings, opens the connections and loads the scripts.
     pub async fn build(self) -> Result<RedisStore, RedisStoreError> {
         validate_prefix(&self.prefix)?;
+        // The cluster client makes its own connections from the node addresses, and with
+        // native-tls it takes no root certificate: refused rather than silently unused.
+        #[cfg(feature = "tls")]
+        if self.cluster && self.root_cert.is_some() {
+            return Err(RedisStoreError::config(
+                "tls_root_certificate",
+                "is not supported for Redis Cluster (the cluster client verifies against the \
+                 system's roots only): install the CA in the system's trust store",
+            ));
+        }
         if self.pool_size == 0 || self.pool_size > 1024 {
             return Err(RedisStoreError::config(
                 "pool_size",

@@ -55,3 +55,25 @@ async fn a_plain_url_cannot_reach_a_tls_port() {
         "{err:?}"
     );
 }
+
+/// The cluster client takes no root certificate (on native-tls it verifies against the system's
+/// roots only): a cluster builder given one is refused at `build`, rather than the certificate
+/// being silently unused and every connection failing its handshake.
+#[tokio::test]
+async fn a_root_certificate_is_refused_for_a_cluster() {
+    let err = RedisStore::cluster(["rediss://127.0.0.1:1"])
+        .tls_root_certificate(b"-----BEGIN CERTIFICATE-----\n".to_vec())
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RedisStoreError::Config {
+                name: "tls_root_certificate",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+}
