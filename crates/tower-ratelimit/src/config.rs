@@ -229,6 +229,16 @@ impl QuotaConfig {
 }
 
 fn limit(algorithm: Algorithm, quotas: &[QuotaConfig]) -> Result<Limit, Error> {
+    // The window algorithms count at most `limit` per period and have no burst: a burst given
+    // with them would be silently unused (a `burst = 10` under 1,000 a minute admitting 1,000 at
+    // once).
+    if !algorithm.uses_burst() && quotas.iter().any(|q| q.burst.is_some()) {
+        return Err(Error::InvalidSetting {
+            name: "burst",
+            reason: "is used only by the token bucket and GCRA; the window algorithms admit \
+                     at most `limit` per period",
+        });
+    }
     let quotas = quotas
         .iter()
         .map(QuotaConfig::to_quota)
@@ -252,7 +262,9 @@ impl PolicyConfig {
         let failure = match self.failure {
             FailureConfig::Open {} => FailurePolicy::FailOpen,
             FailureConfig::Closed { retry_after_secs } => {
-                FailurePolicy::fail_closed(Duration::from_secs(retry_after_secs))
+                let policy = FailurePolicy::fail_closed(Duration::from_secs(retry_after_secs));
+                policy.check()?;
+                policy
             }
             FailureConfig::Fallback { gateways } => FailurePolicy::fallback(gateways)?,
         };

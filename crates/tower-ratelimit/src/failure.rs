@@ -76,8 +76,8 @@ pub enum FailurePolicy {
 }
 
 impl FailurePolicy {
-    /// [`FailurePolicy::FailClosed`] with this `Retry-After` (at most a day: a longer one is
-    /// refused when the layer is built).
+    /// [`FailurePolicy::FailClosed`] with this `Retry-After` (more than zero and at most a day:
+    /// another is refused when the layer is built; sent in whole seconds, rounded up).
     #[must_use]
     pub const fn fail_closed(retry_after: Duration) -> Self {
         FailurePolicy::FailClosed { retry_after }
@@ -91,7 +91,7 @@ impl FailurePolicy {
     }
 
     /// Refuses settings that would not mean what they say: 0 gateways (each gateway's share
-    /// would be the whole limit) or a `Retry-After` over a day. Checked again when a layer is
+    /// would be the whole limit), or a `Retry-After` of zero (sent as 1 s) or over a day. Checked again when a layer is
     /// built, for the variants built directly.
     pub(crate) fn check(&self) -> Result<(), Error> {
         match *self {
@@ -103,6 +103,13 @@ impl FailurePolicy {
                 Err(Error::InvalidSetting {
                     name: "retry_after",
                     reason: "must be at most one day",
+                })
+            }
+            FailurePolicy::FailClosed { retry_after } if retry_after.is_zero() => {
+                Err(Error::InvalidSetting {
+                    name: "retry_after",
+                    reason: "must be more than zero (`Retry-After` is sent in whole seconds, \
+                             rounded up)",
                 })
             }
             _ => Ok(()),

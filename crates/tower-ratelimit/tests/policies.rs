@@ -391,6 +391,43 @@ async fn a_policy_from_a_configuration_file() {
         toml::from_str("name = \"x\"\nquotas = [{ limit = 1, per = \"second\", period_ms = 5 }]")
             .unwrap();
     assert!(both.into_policy().is_err());
+    // Settings that would be silently unused or changed are refused, naming the setting: a burst
+    // with a window algorithm (for a tier too), and a fail-closed `Retry-After` of zero.
+    let refused = |toml: &str| -> &'static str {
+        let config: PolicyConfig = toml::from_str(toml).unwrap();
+        match config.into_policy() {
+            Err(tower_ratelimit::Error::InvalidSetting { name, .. }) => name,
+            other => panic!("{toml}: {:?}", other.map(|_| "a policy")),
+        }
+    };
+    assert_eq!(
+        refused(
+            "name = \"x\"\nalgorithm = \"sliding_window\"\n\
+             quotas = [{ limit = 1000, per = \"minute\", burst = 10 }]"
+        ),
+        "burst"
+    );
+    assert_eq!(
+        refused(
+            "name = \"x\"\nquotas = [{ limit = 10, per = \"second\", burst = 20 }]\n\
+             [[tiers]]\nname = \"free\"\nalgorithm = \"fixed_window\"\n\
+             quotas = [{ limit = 5, per = \"second\", burst = 5 }]"
+        ),
+        "burst"
+    );
+    assert_eq!(
+        refused(
+            "name = \"x\"\nquotas = [{ limit = 1, per = \"second\" }]\n\
+             failure = { mode = \"closed\", retry_after_secs = 0 }"
+        ),
+        "retry_after"
+    );
+    // The bucket algorithms take a burst.
+    let bursty: PolicyConfig = toml::from_str(
+        "name = \"x\"\nalgorithm = \"gcra\"\nquotas = [{ limit = 10, per = \"second\", burst = 20 }]",
+    )
+    .unwrap();
+    assert!(bursty.into_policy().is_ok());
 }
 
 #[tokio::test]
@@ -442,6 +479,14 @@ fn settings_built_directly_or_combined_are_checked_at_build() {
             base().failure(FailurePolicy::FailClosed {
                 retry_after: Duration::from_secs(86_401)
             }),
+            ms50,
+            10
+        ),
+        "retry_after"
+    );
+    assert_eq!(
+        refused(
+            base().failure(FailurePolicy::fail_closed(Duration::ZERO)),
             ms50,
             10
         ),
