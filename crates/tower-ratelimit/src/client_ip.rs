@@ -75,7 +75,9 @@
 //! `/64`, which would put every IPv4 client in one group. A translator with a
 //! network-specific prefix needs its own setting: group by `/128` there
 //! ([`ClientIp::ipv6_prefix`]). Trust is not translated: a proxy seen
-//! through the translator is trusted only if its `64:ff9b::` address is listed.
+//! through the translator is trusted only if its `64:ff9b::` address is listed
+//! (the whole prefix, which would trust every client of the translator, is
+//! refused).
 //!
 //! # Examples
 //!
@@ -198,9 +200,10 @@ pub enum ClientIpError {
         input: String,
     },
     /// A trusted-proxy entry of prefix length 0 (`0.0.0.0/0`, `::/0`), or an IPv6 block that
-    /// holds every IPv4-mapped address (`::ffff:0:0/96`, `::/64`): every address (every IPv4
-    /// address) would be a proxy, and any client could choose its own address with a forwarding
-    /// header.
+    /// holds every IPv4-mapped address (`::ffff:0:0/96`, `::/64`) or every address of the NAT64
+    /// well-known prefix (`64:ff9b::/96`): every address (every IPv4 address, every client of a
+    /// translator) would be a proxy, and any client could choose its own address with a
+    /// forwarding header.
     #[error(
         "{input:?} trusts every address as a proxy: any client could then choose its own \
          address with a forwarding header; list the proxies' own addresses"
@@ -268,7 +271,8 @@ impl ClientIp {
     /// [`ClientIpError::InvalidProxy`] naming the first entry that does not
     /// parse; [`ClientIpError::TrustsEveryAddress`] for `0.0.0.0/0`, `::/0`,
     /// or an IPv6 block holding all of `::ffff:0:0/96` (which would trust
-    /// every IPv4 address).
+    /// every IPv4 address) or all of `64:ff9b::/96` (every client of a NAT64
+    /// translator).
     pub fn behind_proxies(
         trusted: impl IntoIterator<Item = impl AsRef<str>>,
     ) -> Result<Self, ClientIpError> {
@@ -470,7 +474,11 @@ fn parse_trusted(input: &str) -> Result<IpNet, ClientIpError> {
         None => Err(ClientIpError::InvalidProxy {
             input: input.to_owned(),
         }),
-        Some(net) if net.prefix_len() == 0 || holds_every_ipv4_mapped(&net) => {
+        Some(net)
+            if net.prefix_len() == 0
+                || holds_every_ipv4_mapped(&net)
+                || holds_every_nat64_address(&net) =>
+        {
             Err(ClientIpError::TrustsEveryAddress {
                 input: input.to_owned(),
             })
@@ -488,6 +496,19 @@ fn holds_every_ipv4_mapped(net: &IpNet) -> bool {
     match net {
         IpNet::V6(v6) => {
             v6.prefix_len() <= 96 && v6.contains(&Ipv4Addr::UNSPECIFIED.to_ipv6_mapped())
+        }
+        IpNet::V4(_) => false,
+    }
+}
+
+/// Whether `net` is an IPv6 block holding all of the NAT64 well-known prefix `64:ff9b::/96`: every
+/// IPv4 client of a translator in front of the service would be a proxy, free to choose its
+/// address with a forwarding header (a translator keeps each client's own IPv4 address in the
+/// low bits: it is not a proxy). A proxy seen through a translator is listed by its address.
+fn holds_every_nat64_address(net: &IpNet) -> bool {
+    match net {
+        IpNet::V6(v6) => {
+            v6.prefix_len() <= 96 && v6.contains(&Ipv6Addr::from(NAT64_WELL_KNOWN << 32))
         }
         IpNet::V4(_) => false,
     }
@@ -1529,6 +1550,10 @@ mod tests {
             "::ffff:10.0.0.0/96",
             "::/64",
             "::/1",
+            // Every client of a NAT64 translator.
+            "64:ff9b::/96",
+            "64:ff9b::/64",
+            "64::/16",
         ] {
             let err = ClientIp::behind_proxies(["127.0.0.1", every]).unwrap_err();
             assert_eq!(
