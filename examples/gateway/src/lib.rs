@@ -364,7 +364,7 @@ fn policy(config: &Config, i: usize) -> Result<Policy, ConfigError> {
     let policy = if route.cost_by_method.is_empty() && route.cost == 1 {
         policy
     } else {
-        let by_method: Vec<(Method, u64)> = route
+        let mut by_method: Vec<(Method, u64)> = route
             .cost_by_method
             .iter()
             .map(|(m, c)| {
@@ -373,6 +373,13 @@ fn policy(config: &Config, i: usize) -> Result<Policy, ConfigError> {
                     .map_err(|e| ConfigError::new(format!("{at}.cost_by_method.{m}"), e))
             })
             .collect::<Result<_, _>>()?;
+        // A HEAD request runs the GET handler (axum answers it so): it costs what a GET does,
+        // unless HEAD has a cost of its own.
+        if let Some(&(_, get)) = by_method.iter().find(|(m, _)| *m == Method::GET)
+            && !by_method.iter().any(|(m, _)| *m == Method::HEAD)
+        {
+            by_method.push((Method::HEAD, get));
+        }
         let default = route.cost;
         policy.cost(move |parts| {
             by_method

@@ -164,6 +164,42 @@ async fn api_is_per_key_with_tiers_and_writes_cost_5() {
     assert!(res.headers().get("ratelimit").is_none());
 }
 
+/// A HEAD request runs the GET handler, so it costs what a GET does unless it has a cost of its
+/// own: a client cannot get ten times the GET handler's runs by sending HEAD.
+#[tokio::test]
+async fn head_costs_what_get_does() {
+    let text = |costs: &str| {
+        format!(
+            "[[routes]]\npath = \"/api\"\ncost_by_method = {costs}\n\
+             key = {{ source = \"header\", name = \"x-api-key\" }}\n\
+             [routes.policy]\nname = \"api\"\nquotas = [{{ limit = 30, per = \"hour\" }}]\n"
+        )
+    };
+    let get_only = app(&Config::from_toml(&text("{ GET = 10 }")).unwrap())
+        .await
+        .unwrap();
+    let peer = "198.51.100.9:4000";
+    let sent = |method| status(&get_only, method, "/api/items", peer, Some("k"));
+    assert_eq!(sent("HEAD").await, 200);
+    assert_eq!(sent("GET").await, 200);
+    assert_eq!(sent("HEAD").await, 200);
+    assert_eq!(sent("HEAD").await, 429, "30 spent by three checks of 10");
+    // HEAD given its own cost keeps it.
+    let own = app(&Config::from_toml(&text("{ GET = 10, HEAD = 1 }")).unwrap())
+        .await
+        .unwrap();
+    for _ in 0..30 {
+        assert_eq!(
+            status(&own, "HEAD", "/api/items", peer, Some("k")).await,
+            200
+        );
+    }
+    assert_eq!(
+        status(&own, "HEAD", "/api/items", peer, Some("k")).await,
+        429
+    );
+}
+
 /// `/health` and `/metrics` are never limited, even by a route covering every endpoint: a load
 /// balancer's health check answered 429 (or 503 while the store is down) would take the gateway
 /// out of service.
