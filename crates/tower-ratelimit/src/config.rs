@@ -13,7 +13,7 @@
 //!     algorithm = "gcra"
 //!     quotas = [{ limit = 10, per = "second", burst = 20 }, { limit = 1000, per = "hour" }]
 //!     failure = { mode = "fallback", gateways = 4 }
-//!     missing_key = { reject = 401 }
+//!     missing_key = { unauthorized = 'ApiKey header="x-api-key"' }
 //!     headers = { legacy = true, on_allowed = false }
 //!     body = "problem_json"
 //!
@@ -192,13 +192,16 @@ impl Default for FailureConfig {
     }
 }
 
-/// The missing-key answer: `{ reject = 400 }` or `{ shared_key = "anonymous" }`.
+/// The missing-key answer: `{ reject = 400 }`, `{ unauthorized = 'Bearer realm="api"' }` (401
+/// with this `WWW-Authenticate` challenge) or `{ shared_key = "anonymous" }`.
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 #[non_exhaustive]
 pub enum MissingKeyConfig {
-    /// Reject with this status.
+    /// Reject with this status (not 401, 405 or 407).
     Reject(u16),
+    /// Reject with 401 and this `WWW-Authenticate` challenge.
+    Unauthorized(String),
     /// Use this shared key.
     SharedKey(String),
 }
@@ -270,6 +273,7 @@ impl PolicyConfig {
         };
         let missing = match self.missing_key {
             MissingKeyConfig::Reject(status) => MissingKey::reject(status)?,
+            MissingKeyConfig::Unauthorized(challenge) => MissingKey::unauthorized(&challenge)?,
             MissingKeyConfig::SharedKey(key) => MissingKey::shared_key(key),
         };
         let h = self.headers;

@@ -77,15 +77,22 @@ pub(crate) type TierFn = Arc<dyn Fn(&Parts) -> Option<&'static str> + Send + Syn
 #[non_exhaustive]
 pub enum MissingKey {
     /// Reject the request with this status (400 by default) and a plain-text body;
-    /// counted as `outcome="no_key"`.
+    /// counted as `outcome="no_key"`. Not 401, 405 or 407, which HTTP requires to carry a header
+    /// of their own (for 401 see [`Unauthorized`](MissingKey::Unauthorized)).
     Reject(StatusCode),
+    /// Reject the request with `401 Unauthorized`, which HTTP requires to carry a
+    /// `WWW-Authenticate` challenge: this value (`Bearer realm="api"`, `ApiKey
+    /// header="x-api-key"`). Counted as `outcome="no_key"`.
+    Unauthorized(http::HeaderValue),
     /// Count every keyless request against this one shared key (kept apart from every extracted
     /// key, even an equal one).
     SharedKey(bytes::Bytes),
 }
 
 impl MissingKey {
-    /// Rejects keyless requests with `status`, which must be a client or server error.
+    /// Rejects keyless requests with `status`, which must be a client or server error, and not
+    /// 401, 405 or 407 (each needs a header of its own; for 401 use
+    /// [`unauthorized`](MissingKey::unauthorized)).
     pub fn reject(status: u16) -> Result<Self, Error> {
         let s = StatusCode::from_u16(status).map_err(|_| Error::InvalidStatus { status })?;
         let answer = MissingKey::Reject(s);
@@ -101,8 +108,39 @@ impl MissingKey {
             MissingKey::Reject(s) if !(s.is_client_error() || s.is_server_error()) => {
                 Err(Error::InvalidStatus { status: s.as_u16() })
             }
+            MissingKey::Reject(s) if *s == StatusCode::UNAUTHORIZED => Err(Error::InvalidSetting {
+                name: "missing_key",
+                reason: "a 401 must carry a WWW-Authenticate challenge: use \
+                         `MissingKey::unauthorized` (`{ unauthorized = \"...\" }` in a \
+                         configuration)",
+            }),
+            MissingKey::Reject(s)
+                if *s == StatusCode::METHOD_NOT_ALLOWED
+                    || *s == StatusCode::PROXY_AUTHENTICATION_REQUIRED =>
+            {
+                Err(Error::InvalidSetting {
+                    name: "missing_key",
+                    reason: "405 and 407 must carry a header of their own (Allow, \
+                             Proxy-Authenticate) and do not mean a missing key: use 400 or 403",
+                })
+            }
             _ => Ok(()),
         }
+    }
+
+    /// Rejects keyless requests with `401 Unauthorized` and `WWW-Authenticate: challenge`
+    /// (`Bearer realm="api"`, say), which HTTP requires of a 401. The challenge must be a valid,
+    /// non-empty header value.
+    pub fn unauthorized(challenge: &str) -> Result<Self, Error> {
+        let bad = Error::InvalidSetting {
+            name: "missing_key",
+            reason: "a WWW-Authenticate challenge must be a non-empty, visible-ASCII header value",
+        };
+        if challenge.trim().is_empty() {
+            return Err(bad);
+        }
+        let value = http::HeaderValue::from_str(challenge).map_err(|_| bad)?;
+        Ok(MissingKey::Unauthorized(value))
     }
 
     /// Counts keyless requests against one shared key named `key`.
@@ -333,9 +371,29 @@ mod tests {
             MissingKey::reject(200),
             Err(Error::InvalidStatus { status: 200 })
         );
+        for status in [401, 405, 407] {
+            assert!(
+                matches!(
+                    MissingKey::reject(status),
+                    Err(Error::InvalidSetting {
+                        name: "missing_key",
+                        ..
+                    })
+                ),
+                "{status}"
+            );
+        }
         assert_eq!(
-            MissingKey::reject(401),
-            Ok(MissingKey::Reject(StatusCode::UNAUTHORIZED))
+            MissingKey::reject(403),
+            Ok(MissingKey::Reject(StatusCode::FORBIDDEN))
         );
+        assert_eq!(
+            MissingKey::unauthorized("Bearer realm=\"api\""),
+            Ok(MissingKey::Unauthorized(http::HeaderValue::from_static(
+                "Bearer realm=\"api\""
+            )))
+        );
+        assert!(MissingKey::unauthorized(" ").is_err());
+        assert!(MissingKey::unauthorized("Bearer\nrealm").is_err());
     }
 }

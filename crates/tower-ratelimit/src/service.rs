@@ -387,12 +387,24 @@ impl<St: Store> Shared<St> {
     fn missing_key<W>(&self, tier: usize, key: &mut KeyBuf) -> Option<Step<W>> {
         let rt = &self.rt;
         match &rt.policy.missing_key {
-            MissingKey::Reject(_) if rt.policy.dry_run => {
+            MissingKey::Reject(_) | MissingKey::Unauthorized(_) if rt.policy.dry_run => {
                 Some(self.forward(VerdictKind::ShadowDenied, None, tier))
             }
             MissingKey::Reject(status) => {
                 tracing::debug!(policy = %rt.name, "no rate-limit key in request");
                 let response = response::plain(*status, "No rate-limit key in the request\n", None);
+                Some(self.respond(VerdictKind::NoKey, None, response))
+            }
+            MissingKey::Unauthorized(challenge) => {
+                tracing::debug!(policy = %rt.name, "no rate-limit key in request");
+                let mut response = response::plain(
+                    StatusCode::UNAUTHORIZED,
+                    "No rate-limit key in the request\n",
+                    None,
+                );
+                response
+                    .headers_mut()
+                    .insert(http::header::WWW_AUTHENTICATE, challenge.clone());
                 Some(self.respond(VerdictKind::NoKey, None, response))
             }
             MissingKey::SharedKey(shared_key) => {

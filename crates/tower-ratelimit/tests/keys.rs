@@ -102,9 +102,46 @@ async fn a_missing_key_can_get_a_chosen_status() {
     let policy = Policy::new("api", two_a_minute())
         .unwrap()
         .key(ApiKeyHeader::new("x-api-key").unwrap())
-        .missing_key(MissingKey::reject(401).unwrap());
+        .missing_key(MissingKey::reject(403).unwrap());
     let res = send(&app(store, policy), request("/")).await;
+    assert_eq!(res.status(), StatusCode::FORBIDDEN);
+    assert!(res.headers().get("www-authenticate").is_none());
+}
+
+/// A 401 carries the `WWW-Authenticate` challenge HTTP requires of it; a bare 401 (and a 405 or
+/// 407, which need headers of their own) is refused, even built directly.
+#[tokio::test]
+async fn a_missing_key_can_get_a_401_with_its_challenge() {
+    let (_clock, store) = store();
+    let policy = Policy::new("api", two_a_minute())
+        .unwrap()
+        .key(ApiKeyHeader::new("x-api-key").unwrap())
+        .missing_key(MissingKey::unauthorized("ApiKey header=\"x-api-key\"").unwrap());
+    let res = send(&app(store.clone(), policy), request("/")).await;
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        res.headers()["www-authenticate"],
+        "ApiKey header=\"x-api-key\""
+    );
+    for status in [
+        StatusCode::UNAUTHORIZED,
+        StatusCode::METHOD_NOT_ALLOWED,
+        StatusCode::PROXY_AUTHENTICATION_REQUIRED,
+    ] {
+        let policy = Policy::new("api", two_a_minute())
+            .unwrap()
+            .missing_key(MissingKey::Reject(status));
+        assert!(
+            matches!(
+                RateLimitLayer::new(store.clone(), policy),
+                Err(tower_ratelimit::Error::InvalidSetting {
+                    name: "missing_key",
+                    ..
+                })
+            ),
+            "{status}"
+        );
+    }
 }
 
 #[test]

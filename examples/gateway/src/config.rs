@@ -630,12 +630,36 @@ impl RouteConfig {
                 "must be at least 1",
             ));
         }
-        if let MissingKeyConfig::Reject(status) = policy.missing_key
-            && !(400..=599).contains(&status)
+        if let MissingKeyConfig::Reject(status) = policy.missing_key {
+            let field = format!("{at}.policy.missing_key.reject");
+            if !(400..=599).contains(&status) {
+                return Err(ConfigError::new(
+                    field,
+                    format!("{status} is not an error status (400 to 599)"),
+                ));
+            }
+            if status == 401 {
+                return Err(ConfigError::new(
+                    field,
+                    "a 401 must carry a WWW-Authenticate challenge: write \
+                     `missing_key = { unauthorized = 'ApiKey header=\"x-api-key\"' }`",
+                ));
+            }
+            if status == 405 || status == 407 {
+                return Err(ConfigError::new(
+                    field,
+                    format!(
+                        "{status} needs a header of its own and does not mean a missing key: use 400 or 403"
+                    ),
+                ));
+            }
+        }
+        if let MissingKeyConfig::Unauthorized(challenge) = &policy.missing_key
+            && let Err(e) = tower_ratelimit::MissingKey::unauthorized(challenge)
         {
             return Err(ConfigError::new(
-                format!("{at}.policy.missing_key.reject"),
-                format!("{status} is not an error status (400 to 599)"),
+                format!("{at}.policy.missing_key.unauthorized"),
+                e.to_string(),
             ));
         }
         for (k, tier) in policy.tiers.iter().enumerate() {

@@ -102,9 +102,13 @@ async fn login_allows_5_a_minute_per_ip_then_answers_problem_json() {
 async fn api_is_per_key_with_tiers_and_writes_cost_5() {
     let app = memory_app().await;
     let peer = "198.51.100.1:4000";
-    // No key: 401, not counted against anyone.
+    // No key: 401 with its challenge, not counted against anyone.
     let res = send(&app, request("GET", "/api/items", peer, None)).await;
     assert_eq!(res.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        res.headers()["www-authenticate"],
+        "ApiKey header=\"x-api-key\""
+    );
 
     // A free key: bursts of 20.
     for left in (0..20).rev() {
@@ -300,6 +304,14 @@ async fn bad_configurations_fail_naming_the_field() {
         (
             with_policy("quotas = [{ limit = 5, per = \"minute\" }]\nmissing_key = { reject = 200 }"),
             "routes[0].policy.missing_key.reject: 200 is not an error status",
+        ),
+        (
+            with_policy("quotas = [{ limit = 5, per = \"minute\" }]\nmissing_key = { reject = 401 }"),
+            "routes[0].policy.missing_key.reject: a 401 must carry a WWW-Authenticate challenge",
+        ),
+        (
+            with_policy("quotas = [{ limit = 5, per = \"minute\" }]\nmissing_key = { unauthorized = \"\" }"),
+            "routes[0].policy.missing_key.unauthorized: ",
         ),
         (
             with_policy("quotas = [{ limit = 5, per = \"minute\" }]")
