@@ -89,8 +89,8 @@ const MAX_SHARDS: usize = 16;
 /// fewer units than its cost says when that cost passes again, for three algorithms: the fixed
 /// window denies it until the window ends (`reset_after`); the token bucket and GCRA until
 /// `reset_after − (burst − cost) × period / limit`, when that is a whole number of microseconds
-/// (as for 10 or 100 per second, or 100 per minute; not for 3 per second, where nothing is
-/// implied).
+/// (always for 10 or 100 per second, or 100 per minute; for 7 per second only when `burst − cost`
+/// is a multiple of 7).
 /// The cache records that denial too, so a client hammering an exhausted key costs the store one
 /// call per admission and nothing for its denials.
 ///

@@ -32,9 +32,12 @@ pub enum ConfigError {
     /// Stores compute in integers no larger than 2^52 (Redis runs its scripts on doubles, exact to
     /// 2^53, and the remaining bit is headroom). This bounds `burst × period / gcd(limit, period)`
     /// for the bucket algorithms and `limit × period` (in microseconds) for the sliding window.
+    /// The sliding log keeps one entry per admission, and takes a limit of at most
+    /// [`MAX_SLIDING_LOG_LIMIT`](crate::MAX_SLIDING_LOG_LIMIT). The message says which bound,
+    /// and what to change.
     #[error(
-        "the quota {limit} per {period_micros} us (burst {burst}) is too large to compute exactly with {algorithm:?}; \
-         use a shorter period, a smaller burst, or a limit that divides the period more evenly"
+        "the quota {limit} per {period_micros} us (burst {burst}) is too large for {algorithm:?}: {}",
+        too_large_hint(*algorithm)
     )]
     TooLarge {
         /// The algorithm the quota was checked for.
@@ -65,4 +68,22 @@ pub enum ConfigError {
         /// How many were given.
         got: usize,
     },
+}
+
+/// What bounds a quota under `algorithm`, and what to change, for [`ConfigError::TooLarge`].
+fn too_large_hint(algorithm: Algorithm) -> &'static str {
+    match algorithm {
+        Algorithm::TokenBucket | Algorithm::Gcra => {
+            "burst × period (µs) / gcd(limit, period) must be at most 2^52; use a shorter period, \
+             a smaller burst, or a limit that divides the period more evenly"
+        }
+        Algorithm::SlidingWindow => {
+            "limit × period (µs) must be at most 2^52; use a shorter period or a smaller limit"
+        }
+        Algorithm::SlidingLog => {
+            "a sliding log keeps one entry per admission and takes a limit of at most 100,000; \
+             use the sliding window for larger limits"
+        }
+        Algorithm::FixedWindow => "the limit must be at most 2^52",
+    }
 }

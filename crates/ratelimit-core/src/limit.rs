@@ -134,8 +134,9 @@ impl Limit {
 
     /// Each gateway's local share of this limit when `n` gateways each count alone (the local
     /// fallback when the shared store is down): every limit and burst divided by `n`, rounded down
-    /// but at least 1, so that `n` gateways together admit no more than the limit (unless the limit
-    /// is below `n`).
+    /// but at least 1, so that `n` gateways together admit no more than the limit, except where
+    /// the rounding up to 1 adds: a limit below `n`, or a burst below `n` (a burst of 5 over 10
+    /// gateways is a burst of 1 each, 10 together).
     ///
     /// A share's limit may have fewer factors in common with the period than the limit had (a
     /// day's 10,000,000 divided by 3), which can take the share's refill past what a quota holds
@@ -286,6 +287,21 @@ mod tests {
         .unwrap();
         assert_eq!(one.fingerprint(), 0x495f_6cbd_1921_65b7);
         assert_eq!(two.fingerprint(), 0xbec0_b417_41a4_37e2);
+    }
+
+    /// A quota too large for its algorithm is refused with that algorithm's bound and remedy,
+    /// not the bucket's (a smaller burst does nothing for a sliding log).
+    #[test]
+    fn too_large_says_what_bounds_each_algorithm() {
+        let log = Limit::single(Algorithm::SlidingLog, Quota::per_second(200_000).unwrap());
+        let msg = log.unwrap_err().to_string();
+        assert_eq!(MAX_SLIDING_LOG_LIMIT, 100_000, "the message spells it out");
+        assert!(msg.contains("at most 100,000"), "{msg}");
+        assert!(!msg.contains("burst ×"), "{msg}");
+        let window = Limit::single(Algorithm::SlidingWindow, Quota::per_day(100_000).unwrap());
+        let msg = window.unwrap_err().to_string();
+        assert!(msg.contains("limit × period"), "{msg}");
+        assert!(msg.contains("smaller limit"), "{msg}");
     }
 
     #[test]
