@@ -340,14 +340,14 @@ impl<S, C> Shared<S, C> {
         }
         if e.tokens > 0 {
             let left = e.drop_lease();
-            // Expired with more than an eighth unused: this gateway sees the key below the
+            // Expired with more than a quarter unused: this gateway sees the key below the
             // limit's rate, and a lease (which lives the time the limit takes to refill it, or
             // less) takes units from the store at about that rate whatever the traffic, so the
             // lease is too large for the key here. Kept, the gateway would take about the
             // limit's rate from the store while serving less, and with any other gateway serving
-            // the key, the key would be denied below its limit. An eighth or less is let be
-            // (the jitter of a key at its rate): a gateway then takes at most 8/7 of what it
-            // admits.
+            // the key, the key would be denied below its limit. A quarter or less is let be
+            // (the jitter of a key at its rate, whose bursts do not line up with its leases): a
+            // gateway then takes at most 4/3 of what it admits.
             if left.saturating_mul(4) > e.granted {
                 self.shrink(e);
             }

@@ -58,7 +58,8 @@
 //! or (standalone) that answers `READONLY`, is replaced by a task of its slot, which a check that
 //! stops waiting does not cancel. One that has left a command unanswered for the response timeout
 //! is probed (a `PING`, sent when the next check finds the silence) and replaced if the probe
-//! fails or stays unanswered for another response timeout.
+//! fails or stays unanswered for another response timeout (a cluster connection is kept when no
+//! new one can be made, since it still serves the masters that answer).
 //!
 //! Fewer round trips: [`Coalescing`] merges the concurrent checks of one key on one gateway into
 //! one script call ([`RedisStore::check_many`]); with `ratelimit-core`'s `DenialCache` and

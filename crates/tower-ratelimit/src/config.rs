@@ -83,7 +83,8 @@ pub struct QuotaConfig {
     /// The period in milliseconds. Give this or `per`.
     #[serde(default)]
     pub period_ms: Option<u64>,
-    /// The bucket capacity (default: `limit`).
+    /// The bucket capacity (default: `limit`). Token bucket and GCRA only: refused with a window
+    /// algorithm, which has none.
     #[serde(default)]
     pub burst: Option<u64>,
 }
@@ -176,7 +177,7 @@ pub enum FailureConfig {
     Open {},
     /// [`FailurePolicy::FailClosed`].
     Closed {
-        /// `Retry-After` in seconds.
+        /// `Retry-After` in seconds, 1 to 86,400 (0 is refused).
         retry_after_secs: u64,
     },
     /// [`FailurePolicy::Fallback`].

@@ -37,7 +37,8 @@
 //! For each request the layer
 //! 1. lets allow-listed requests through ([`Policy::allow`]);
 //! 2. extracts a key ([`key`]) and namespaces it with the policy name; with no key it answers
-//!    as the policy's [`MissingKey`] says (400 by default, or a shared fallback key);
+//!    as the policy's [`MissingKey`] says (400 by default, another error status, 401 with a
+//!    `WWW-Authenticate` challenge, or a shared fallback key);
 //! 3. checks the request's cost against the policy's limit (or the tier chosen for the request)
 //!    in the store, under a timeout and a [`CircuitBreaker`];
 //! 4. forwards the request, or answers `429` with `Retry-After` and the IETF `RateLimit` /

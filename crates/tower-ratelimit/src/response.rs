@@ -243,7 +243,8 @@ pub enum VerdictKind {
     FallbackDenied,
     /// Dry run: it would have been denied, and went through.
     ShadowDenied,
-    /// No key could be extracted; rejected by [`MissingKey::Reject`](crate::MissingKey::Reject).
+    /// No key could be extracted; rejected by [`MissingKey::Reject`](crate::MissingKey::Reject)
+    /// or [`MissingKey::Unauthorized`](crate::MissingKey::Unauthorized).
     NoKey,
     /// The allow-list let it through unchecked.
     AllowListed,

@@ -179,7 +179,8 @@ pub struct RouteConfig {
     /// What a request costs (default 1).
     #[serde(default = "default_cost")]
     pub cost: u64,
-    /// What a request costs by HTTP method, overriding `cost` (`{ POST = 5 }`).
+    /// What a request costs by HTTP method, overriding `cost` (`{ POST = 5 }`). `HEAD` costs what
+    /// `GET` does unless given its own.
     #[serde(default)]
     pub cost_by_method: BTreeMap<String, u64>,
     /// The policy: name, algorithm, quotas, tiers, headers, body, failure policy, dry run.
