@@ -528,8 +528,12 @@ impl Inner {
                 // Kept: a cluster connection still reaches every master that answers, and while
                 // one node is silent no new one can be made (the client connects to every node).
                 // Dropped, it would leave every key, not only the silent master's, without a
-                // connection until the node answers or fails over. Its command stays unanswered:
-                // the next check after another response timeout probes again.
+                // connection until the node answers or fails over. Its silence is counted again
+                // from now, so that the next probe (and attempt) comes a response timeout later,
+                // not at the next check.
+                self.slots[i]
+                    .unanswered_since
+                    .store(self.micros() + 1, Ordering::Relaxed);
                 tracing::warn!(
                     slot = i,
                     %error,

@@ -345,7 +345,8 @@ impl Breaker {
 ///
 /// Dropped before the store answered (the client went away, or a caller's timeout shorter than
 /// the layer's fired), it does not guess: the check (its command already sent by the poll in
-/// `call`) runs on in a task of its own, under the same timeout, and the store's answer settles
+/// `call`) runs on in a task of its own, under the same timeout (counted from when the probe was
+/// sent, not started again), and the store's answer settles
 /// the probe as it would have settled the request's. So a client that cancels its requests, one
 /// after another, cannot decide the circuit's state: only the store can. Where no tokio runtime is
 /// current at the drop, or the task is dropped unrun (a runtime shutting down), the probe is handed
@@ -356,7 +357,10 @@ where
     E: Send + 'static,
 {
     breaker: Arc<Breaker>,
-    timeout: Duration,
+    /// The layer's timeout, counted from the probe's making (so from about when the circuit
+    /// stamped it): neither the first poll nor a drop starts it again, and the probe is settled
+    /// within a timeout of being sent, well inside the breaker's `lost_after`.
+    deadline: tokio::time::Instant,
     state: Option<Checking<F>>,
 }
 
@@ -375,7 +379,7 @@ where
     pub(crate) fn new(breaker: Arc<Breaker>, check: F, timeout: Duration) -> Self {
         ProbeCheck {
             breaker,
-            timeout,
+            deadline: tokio::time::Instant::now() + timeout,
             state: Some(Checking::Sent(check)),
         }
     }
@@ -395,7 +399,7 @@ where
         // being left half-open with nothing to settle it.
         let _on_panic = FailOnPanic(&this.breaker);
         let mut timed = match this.state.take() {
-            Some(Checking::Sent(check)) => Box::pin(tokio::time::timeout(this.timeout, check)),
+            Some(Checking::Sent(check)) => Box::pin(tokio::time::timeout_at(this.deadline, check)),
             Some(Checking::Timed(timed)) => timed,
             None => panic!("ProbeCheck polled after completion"),
         };
@@ -424,11 +428,11 @@ where
             // No runtime to finish the check on: `unsettled` hands the probe on as it drops.
             return;
         };
-        let timeout = self.timeout;
+        let deadline = self.deadline;
         // The timeout is made in the task (a runtime without timers panics there, not in a drop).
         runtime.spawn(async move {
             let answer = match state {
-                Checking::Sent(check) => tokio::time::timeout(timeout, check).await,
+                Checking::Sent(check) => tokio::time::timeout_at(deadline, check).await,
                 Checking::Timed(timed) => timed.await,
             };
             unsettled.settle(answer);

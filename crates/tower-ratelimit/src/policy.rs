@@ -114,6 +114,14 @@ impl MissingKey {
                          `MissingKey::unauthorized` (`{ unauthorized = \"...\" }` in a \
                          configuration)",
             }),
+            MissingKey::Unauthorized(challenge)
+                if challenge.as_bytes().iter().all(u8::is_ascii_whitespace) =>
+            {
+                Err(Error::InvalidSetting {
+                    name: "missing_key",
+                    reason: "a WWW-Authenticate challenge must not be empty",
+                })
+            }
             MissingKey::Reject(s)
                 if *s == StatusCode::METHOD_NOT_ALLOWED
                     || *s == StatusCode::PROXY_AUTHENTICATION_REQUIRED =>
