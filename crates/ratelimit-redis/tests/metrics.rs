@@ -9,7 +9,6 @@ use std::sync::{Mutex, OnceLock};
 use std::time::Duration;
 
 use common::unique_prefix;
-use futures::future::join_all;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use ratelimit_core::{Algorithm, Limit, Quota};
 use ratelimit_redis::{Coalescing, RedisStore};
@@ -48,14 +47,10 @@ async fn coalesced_checks_are_counted() {
     let coalescing = Coalescing::new(store);
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100).unwrap()).unwrap();
     let before = counter(NAME);
-    let tasks = (0..500).map(|_| {
-        let (c, limit) = (coalescing.clone(), limit.clone());
-        tokio::spawn(async move { c.check(b"hot", &limit, 1).await.unwrap() })
-    });
-    let admitted = join_all(tasks)
+    let admitted = common::concurrent_hot_checks(&coalescing, &limit, 500)
         .await
-        .into_iter()
-        .filter(|r| r.as_ref().unwrap().is_allowed())
+        .iter()
+        .filter(|d| d.is_allowed())
         .count();
     assert_eq!(admitted, 100);
     let stats = coalescing.stats();

@@ -259,15 +259,7 @@ async fn coalescing_thousand_concurrent_checks() {
         // 100 a day: nothing refills during the test.
         let limit = Limit::single(alg, Quota::per_day(100).unwrap()).unwrap();
         reset_stats(&server);
-        let tasks = (0..1_000).map(|_| {
-            let (c, limit) = (coalescing.clone(), limit.clone());
-            tokio::spawn(async move { c.check(b"hot", &limit, 1).await.unwrap() })
-        });
-        let decisions: Vec<_> = join_all(tasks)
-            .await
-            .into_iter()
-            .map(|r| r.unwrap())
-            .collect();
+        let decisions = common::concurrent_hot_checks(&coalescing, &limit, 1_000).await;
         let admitted = decisions.iter().filter(|d| d.is_allowed()).count();
         let calls = server.script_calls();
         let stats = coalescing.stats();
@@ -304,14 +296,10 @@ async fn coalescing_thousand_concurrent_checks() {
         .unwrap();
     let coalescing = Coalescing::new(store).max_batch(10);
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100).unwrap()).unwrap();
-    let tasks = (0..1_000).map(|_| {
-        let (c, limit) = (coalescing.clone(), limit.clone());
-        tokio::spawn(async move { c.check(b"hot", &limit, 1).await.unwrap() })
-    });
-    let admitted = join_all(tasks)
+    let admitted = common::concurrent_hot_checks(&coalescing, &limit, 1_000)
         .await
-        .into_iter()
-        .filter(|r| r.as_ref().unwrap().is_allowed())
+        .iter()
+        .filter(|d| d.is_allowed())
         .count();
     let stats = coalescing.stats();
     assert_eq!(admitted, 100);

@@ -348,3 +348,21 @@ impl NowMicros for ManualClock {
         ratelimit_core::Clock::now(self).as_micros()
     }
 }
+
+/// `n` checks of the key `hot` at once, each in a task of its own, through `coalescing`: the
+/// decisions, in the order the tasks were made.
+pub async fn concurrent_hot_checks(
+    coalescing: &ratelimit_redis::Coalescing,
+    limit: &Limit,
+    n: usize,
+) -> Vec<Decision> {
+    let tasks = (0..n).map(|_| {
+        let (c, limit) = (coalescing.clone(), limit.clone());
+        tokio::spawn(async move { c.check(b"hot", &limit, 1).await.unwrap() })
+    });
+    futures::future::join_all(tasks)
+        .await
+        .into_iter()
+        .map(|r| r.unwrap())
+        .collect()
+}
