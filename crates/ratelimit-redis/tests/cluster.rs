@@ -469,7 +469,10 @@ async fn scripts_are_reloaded_on_the_master_that_lost_them_while_another_is_down
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_silent_master_gets_a_new_connection_tried_while_the_others_stay_served() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = RedisCluster::start(3);
+    // A node timeout far above the 4 s pause: the other masters must not mark the paused one as
+    // failed (a failure mark lifts only after twice the node timeout, and its checks would not
+    // come back within the test's 10 s).
+    let cluster = RedisCluster::start_with_replicas(3, 0, &["cluster-node-timeout 30000"]);
     let store = RedisStore::cluster(cluster.urls())
         .prefix(unique_prefix("silent-master"))
         .pool_size(1)
