@@ -91,14 +91,14 @@ const SHARDS: usize = 16;
 /// store had units left) while the key's recent leases dropped at most a quarter of what they
 /// took, and halves when a lease expires more than a quarter unused, or the store cannot grant
 /// one. While the recent leases dropped more than a quarter, a check takes only its own cost. A
-/// gateway thus leases only for a key it sees at about the limit's rate or faster, and a bursty
-/// key (a burst spends a lease at once, and the lease its last request fetches may expire before
-/// the next burst) does not have lease after lease dropped. Below it, a lease (which lives the time the limit takes to refill it) would expire
-/// part unused, taking units from the store at about the limit's rate whatever the traffic, and
-/// a key served by other gateways too would be denied below its limit. A key that comes to a
-/// gateway now and then, or whose leases would not outlive the round trip that brings them
-/// (`L / r` no longer than it), stays at 1 unit there: no saving, and no unit taken from the
-/// store and dropped unused.
+/// gateway thus leases only for a key it sees at about the limit's rate or faster: below that
+/// rate a lease (which lives the time the limit takes to refill it) would expire part unused,
+/// taking units from the store at about the limit's rate whatever the traffic, and a key served
+/// by other gateways too would be denied below its limit. A bursty key (a burst spends a lease at
+/// once, and the lease its last request fetches may expire before the next burst) does not have
+/// lease after lease dropped either. A key that comes to a gateway now and then, or whose leases
+/// would not outlive the round trip that brings them (`L / r` no longer than it), stays at 1 unit
+/// there: no saving, and no unit taken from the store and dropped unused.
 ///
 /// A lease of `L` units lives for the time the limit takes to refill `L` units at its fastest
 /// quota's rate (`L × period / limit`), at most [`max_ttl`](LeasingBuilder::max_ttl); for a fixed
@@ -128,10 +128,10 @@ const SHARDS: usize = 16;
 ///   `bursts_below_the_limit_are_never_denied_and_waste_is_bounded` (bursts of 5 every 7 s
 ///   against 100 a minute), 1.07 for a hot key turned bursty
 ///   (`a_hot_key_turned_bursty_does_not_keep_dropping_large_leases`), 1.0 for steady traffic
-///   below the limit's rate (no lease). A key below
-///   its limit was denied for leasing in none of the tests' traffic (steady at 90 %, spread
-///   unevenly over two gateways, bursty with a second gateway's traffic). On a
-///   quota that does not refill, with demand above it at every gateway that leases, the total
+///   below the limit's rate (no lease). A key below its limit was denied for leasing in none of
+///   the tests' traffic (steady at 90 %, spread unevenly over two gateways, bursty with a second
+///   gateway's traffic). On a quota that does not refill, with demand above it at every gateway
+///   that leases, the total
 ///   admitted reaches at least `quota − G × (L − 1)`. A check that costs more than its gateway's
 ///   lease holds goes to the store on its own and leaves the lease be. A check that was fetching
 ///   a lease and is dropped (a caller's timeout) may lose the whole lease, `L` units, if the
@@ -386,8 +386,8 @@ impl<S, C> Shared<S, C> {
             // lease is too large for the key here. Kept, the gateway would take about the
             // limit's rate from the store while serving less, and with any other gateway serving
             // the key, the key would be denied below its limit. A quarter or less is let be
-            // (the jitter of a key at its rate, whose bursts do not line up with its leases): a
-            // gateway then takes at most 4/3 of what it admits.
+            // (the jitter of a key at its rate, whose bursts do not line up with its leases); with
+            // the gate on growth (`thrifty`) a gateway then takes about 4/3 of what it admits.
             if left.saturating_mul(4) > e.granted {
                 self.shrink(e);
             }

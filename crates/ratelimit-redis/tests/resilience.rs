@@ -358,11 +358,7 @@ async fn a_reconnect_is_not_cancelled_by_a_check_that_gives_up() {
 /// after it, on another runtime, open the connection again and are answered.
 #[test]
 fn a_reconnect_ended_with_its_runtime_does_not_leave_the_slot_stuck() {
-    let main = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let main = common::runtime();
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
     let store = main.block_on(broken_behind_a_slow_proxy(&proxy, "reopen-shutdown"));

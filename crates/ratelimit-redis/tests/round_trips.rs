@@ -431,11 +431,7 @@ fn abandoned_then_answered(
     window: Duration,
     abandon: impl FnOnce(&Coalescing, &Limit),
 ) {
-    let main = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let main = common::runtime();
     let server = RedisServer::start();
     let store = main.block_on(async {
         RedisStore::builder(server.url())

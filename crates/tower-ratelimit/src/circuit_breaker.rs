@@ -458,30 +458,26 @@ struct Unsettled(Option<Arc<Breaker>>);
 impl Unsettled {
     fn settle<E>(&mut self, answer: Result<Result<Decision, E>, Elapsed>) {
         let Some(b) = self.0.take() else { return };
-        let failed = match answer {
+        let kind = match answer {
             Ok(Ok(d)) => {
                 b.answered(&d, true);
-                None
-            }
-            Ok(Err(_)) => Some(FailureKind::Error),
-            Err(_) => Some(FailureKind::Timeout),
-        };
-        match failed {
-            Some(kind) => {
-                b.errors[kind as usize].increment(1);
-                b.failure(true);
-                tracing::warn!(
+                tracing::debug!(
                     policy = %b.policy,
-                    kind = kind.as_str(),
-                    "rate-limit store probe failed (its request was dropped before the answer)"
+                    state = ?b.state(),
+                    "rate-limit store probe settled after its request was dropped"
                 );
+                return;
             }
-            None => tracing::debug!(
-                policy = %b.policy,
-                state = ?b.state(),
-                "rate-limit store probe settled after its request was dropped"
-            ),
-        }
+            Ok(Err(_)) => FailureKind::Error,
+            Err(_) => FailureKind::Timeout,
+        };
+        b.errors[kind as usize].increment(1);
+        b.failure(true);
+        tracing::warn!(
+            policy = %b.policy,
+            kind = kind.as_str(),
+            "rate-limit store probe failed (its request was dropped before the answer)"
+        );
     }
 }
 

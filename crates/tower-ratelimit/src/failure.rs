@@ -91,8 +91,8 @@ impl FailurePolicy {
     }
 
     /// Refuses settings that would not mean what they say: 0 gateways (each gateway's share
-    /// would be the whole limit), or a `Retry-After` of zero (sent as 1 s) or over a day. Checked again when a layer is
-    /// built, for the variants built directly.
+    /// would be the whole limit), or a `Retry-After` of zero (sent as 1 s) or over a day. Checked
+    /// again when a layer is built, for the variants built directly.
     pub(crate) fn check(&self) -> Result<(), Error> {
         match *self {
             FailurePolicy::Fallback { gateways: 0 } => Err(Error::InvalidSetting {

@@ -140,15 +140,13 @@ impl MissingKey {
     /// (`Bearer realm="api"`, say), which HTTP requires of a 401. The challenge must be a valid,
     /// non-empty header value.
     pub fn unauthorized(challenge: &str) -> Result<Self, Error> {
-        let bad = Error::InvalidSetting {
+        let value = http::HeaderValue::from_str(challenge).map_err(|_| Error::InvalidSetting {
             name: "missing_key",
-            reason: "a WWW-Authenticate challenge must be a non-empty, visible-ASCII header value",
-        };
-        if challenge.trim().is_empty() {
-            return Err(bad);
-        }
-        let value = http::HeaderValue::from_str(challenge).map_err(|_| bad)?;
-        Ok(MissingKey::Unauthorized(value))
+            reason: "a WWW-Authenticate challenge must be a visible-ASCII header value",
+        })?;
+        let answer = MissingKey::Unauthorized(value);
+        answer.check()?;
+        Ok(answer)
     }
 
     /// Counts keyless requests against one shared key named `key`.

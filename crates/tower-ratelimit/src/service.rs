@@ -386,34 +386,27 @@ impl<St: Store> Shared<St> {
     #[inline(never)]
     fn missing_key<W>(&self, tier: usize, key: &mut KeyBuf) -> Option<Step<W>> {
         let rt = &self.rt;
-        match &rt.policy.missing_key {
-            MissingKey::Reject(_) | MissingKey::Unauthorized(_) if rt.policy.dry_run => {
-                Some(self.forward(VerdictKind::ShadowDenied, None, tier))
-            }
-            MissingKey::Reject(status) => {
-                tracing::debug!(policy = %rt.name, "no rate-limit key in request");
-                let response = response::plain(*status, "No rate-limit key in the request\n", None);
-                Some(self.respond(VerdictKind::NoKey, None, response))
-            }
-            MissingKey::Unauthorized(challenge) => {
-                tracing::debug!(policy = %rt.name, "no rate-limit key in request");
-                let mut response = response::plain(
-                    StatusCode::UNAUTHORIZED,
-                    "No rate-limit key in the request\n",
-                    None,
-                );
-                response
-                    .headers_mut()
-                    .insert(http::header::WWW_AUTHENTICATE, challenge.clone());
-                Some(self.respond(VerdictKind::NoKey, None, response))
-            }
+        let (status, challenge) = match &rt.policy.missing_key {
             MissingKey::SharedKey(shared_key) => {
                 key.truncate(0);
                 key.push(&rt.shared_prefix);
                 key.push(shared_key);
-                None
+                return None;
             }
+            _ if rt.policy.dry_run => {
+                return Some(self.forward(VerdictKind::ShadowDenied, None, tier));
+            }
+            MissingKey::Reject(status) => (*status, None),
+            MissingKey::Unauthorized(challenge) => (StatusCode::UNAUTHORIZED, Some(challenge)),
+        };
+        tracing::debug!(policy = %rt.name, "no rate-limit key in request");
+        let mut response = response::plain(status, "No rate-limit key in the request\n", None);
+        if let Some(challenge) = challenge {
+            response
+                .headers_mut()
+                .insert(http::header::WWW_AUTHENTICATE, challenge.clone());
         }
+        Some(self.respond(VerdictKind::NoKey, None, response))
     }
 
     /// The store could not answer.

@@ -631,36 +631,33 @@ impl RouteConfig {
                 "must be at least 1",
             ));
         }
-        if let MissingKeyConfig::Reject(status) = policy.missing_key {
-            let field = format!("{at}.policy.missing_key.reject");
-            if !(400..=599).contains(&status) {
+        // The library's own rules (an error status, and not 401, 405 or 407; a valid challenge),
+        // named by the field.
+        let refused = match &policy.missing_key {
+            MissingKeyConfig::Reject(status) if !(400..=599).contains(status) => {
                 return Err(ConfigError::new(
-                    field,
+                    format!("{at}.policy.missing_key.reject"),
                     format!("{status} is not an error status (400 to 599)"),
                 ));
             }
-            if status == 401 {
-                return Err(ConfigError::new(
-                    field,
-                    "a 401 must carry a WWW-Authenticate challenge: write \
-                     `missing_key = { unauthorized = 'ApiKey header=\"x-api-key\"' }`",
-                ));
+            MissingKeyConfig::Reject(status) => tower_ratelimit::MissingKey::reject(*status)
+                .err()
+                .map(|e| ("reject", e)),
+            MissingKeyConfig::Unauthorized(challenge) => {
+                tower_ratelimit::MissingKey::unauthorized(challenge)
+                    .err()
+                    .map(|e| ("unauthorized", e))
             }
-            if status == 405 || status == 407 {
-                return Err(ConfigError::new(
-                    field,
-                    format!(
-                        "{status} needs a header of its own and does not mean a missing key: use 400 or 403"
-                    ),
-                ));
-            }
-        }
-        if let MissingKeyConfig::Unauthorized(challenge) = &policy.missing_key
-            && let Err(e) = tower_ratelimit::MissingKey::unauthorized(challenge)
-        {
+            _ => None,
+        };
+        if let Some((form, e)) = refused {
+            let reason = match e {
+                tower_ratelimit::Error::InvalidSetting { reason, .. } => reason.to_owned(),
+                e => e.to_string(),
+            };
             return Err(ConfigError::new(
-                format!("{at}.policy.missing_key.unauthorized"),
-                e.to_string(),
+                format!("{at}.policy.missing_key.{form}"),
+                reason,
             ));
         }
         for (k, tier) in policy.tiers.iter().enumerate() {

@@ -366,3 +366,12 @@ pub async fn concurrent_hot_checks(
         .map(|r| r.unwrap())
         .collect()
 }
+
+/// A runtime of two worker threads, for the tests that run checks on more than one runtime.
+pub fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
