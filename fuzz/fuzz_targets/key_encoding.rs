@@ -29,7 +29,8 @@ fuzz_target!(|data: &[u8]| {
         assert_ne!(key_bytes(v4), key_bytes(v6));
     }
 
-    // Grouping by any valid prefix is idempotent and keeps the family.
+    // Grouping by any valid prefix is idempotent and keeps the family, except that an address
+    // of the NAT64 well-known prefix (64:ff9b::/96) is grouped as the IPv4 address it carries.
     let v4_len = data.get(16).map_or(32, |b| b % 33);
     let v6_len = data.get(17).map_or(64, |b| b % 129);
     let c = ClientIp::peer()
@@ -39,6 +40,21 @@ fuzz_target!(|data: &[u8]| {
     for ip in [v4, v6] {
         let masked = c.mask(ip);
         assert_eq!(c.mask(masked), masked);
-        assert_eq!(masked.is_ipv4(), ip.to_canonical().is_ipv4());
+        let nat64 = match ip {
+            IpAddr::V6(a) => u128::from(a) >> 32 == 0x0064_ff9b_0000_0000_0000_0000,
+            IpAddr::V4(_) => false,
+        };
+        assert_eq!(masked.is_ipv4(), ip.to_canonical().is_ipv4() || nat64);
+        if nat64 {
+            let carried = Ipv4Addr::from(u128::from(octets_of(ip)) as u32);
+            assert_eq!(masked, c.mask(IpAddr::V4(carried)));
+        }
     }
 });
+
+fn octets_of(ip: IpAddr) -> Ipv6Addr {
+    match ip {
+        IpAddr::V6(a) => a,
+        IpAddr::V4(a) => a.to_ipv6_mapped(),
+    }
+}

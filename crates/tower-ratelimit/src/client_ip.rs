@@ -79,6 +79,14 @@
 //! (the whole prefix, which would trust every client of the translator, is
 //! refused).
 //!
+//! Two deprecated transition mechanisms are grouped like any other IPv6
+//! address, by their `/64`: Teredo (`2001::/32`), where every client of one
+//! Teredo server shares a `/64` and so one group, and 6to4 (`2002::/16`, RFC
+//! 7526 deprecated its anycast relays), where each IPv4 host holds a whole
+//! `/48`, 65,536 groups. Both are rare today; where 6to4 clients are common,
+//! a `/48` prefix ([`ClientIp::ipv6_prefix`]) makes each such host one group,
+//! at the cost of grouping native IPv6 clients by their site.
+//!
 //! # Examples
 //!
 //! A spoof attempt from a client that connects directly is ignored:
@@ -416,7 +424,9 @@ impl ClientIp {
         key_bytes(self.resolve(peer, headers))
     }
 
-    /// `ip` with the bits beyond the configured prefix cleared.
+    /// `ip` with the bits beyond the configured prefix cleared, after turning an IPv4-mapped
+    /// address into IPv4. An address of the NAT64 well-known prefix `64:ff9b::/96` becomes the
+    /// IPv4 address it carries, masked by the IPv4 prefix (see the module docs).
     #[must_use]
     #[inline]
     pub fn mask(&self, ip: IpAddr) -> IpAddr {
@@ -1846,6 +1856,34 @@ mod tests {
                 let c = c.ipv4_prefix(v4_prefix).unwrap().ipv6_prefix(v6_prefix).unwrap();
                 prop_assert_eq!(c.key(peer, &h).to_vec(), key_bytes(c.resolve(peer, &h)).to_vec());
                 prop_assert_eq!(c.key(peer, &h).to_vec(), key_bytes(c.mask(peer)).to_vec());
+            }
+        }
+
+        /// Grouping is idempotent and keeps the family, except for the NAT64 well-known prefix,
+        /// whose addresses are grouped as the IPv4 address they carry (the invariant the
+        /// `key_encoding` fuzz target checks, here where CI runs it).
+        #[test]
+        fn prop_masking_is_idempotent_and_keeps_the_family_but_for_nat64(
+            v6 in any::<[u8; 16]>(),
+            v4 in any::<[u8; 4]>(),
+            form in 0u8..4,
+            v4_prefix in 0u8..=32,
+            v6_prefix in 0u8..=128,
+        ) {
+            let carried = Ipv4Addr::from(v4);
+            let addr = match form {
+                0 => IpAddr::V4(carried),
+                1 => IpAddr::V6(Ipv6Addr::from(v6)),
+                2 => IpAddr::V6(carried.to_ipv6_mapped()),
+                _ => IpAddr::V6(Ipv6Addr::from((NAT64_WELL_KNOWN << 32) | u128::from(carried.to_bits()))),
+            };
+            let c = ClientIp::peer().ipv4_prefix(v4_prefix).unwrap().ipv6_prefix(v6_prefix).unwrap();
+            let masked = c.mask(addr);
+            prop_assert_eq!(c.mask(masked), masked);
+            if form == 3 {
+                prop_assert_eq!(masked, c.mask(IpAddr::V4(carried)));
+            } else {
+                prop_assert_eq!(masked.is_ipv4(), addr.to_canonical().is_ipv4());
             }
         }
 

@@ -149,7 +149,9 @@ impl MissingKey {
         Ok(answer)
     }
 
-    /// Counts keyless requests against one shared key named `key`.
+    /// Counts keyless requests against one shared key named `key`, under the policy's own limit
+    /// whatever tier [`Policy::resolve_tier`] picks for them: the tier comes from the same
+    /// request that carries no usable key, so it is not trusted to choose a larger shared bucket.
     pub fn shared_key(key: impl Into<bytes::Bytes>) -> Self {
         MissingKey::SharedKey(key.into())
     }
@@ -259,7 +261,8 @@ impl Policy {
     }
 
     /// Chooses the tier of each request (a plan found in the extensions, say). `None`, or a name
-    /// that is not a tier, means the policy's own limit.
+    /// that is not a tier, means the policy's own limit. A request without a key that is counted
+    /// against [`MissingKey::shared_key`] is always under the policy's own limit.
     pub fn resolve_tier(
         mut self,
         resolve: impl Fn(&Parts) -> Option<&'static str> + Send + Sync + 'static,

@@ -622,12 +622,16 @@ where
             return self.forward(VerdictKind::AllowListed, None, 0);
         }
 
-        let tier = rt.tier_for(parts);
+        let mut tier = rt.tier_for(parts);
         let mut key = rt.key_start.clone();
-        if rt.policy.key.extract(parts, &mut key).is_err()
-            && let Some(step) = self.missing_key(tier, &mut key)
-        {
-            return step;
+        if rt.policy.key.extract(parts, &mut key).is_err() {
+            if let Some(step) = self.missing_key(tier, &mut key) {
+                return step;
+            }
+            // The shared key is counted under the policy's own limit: the tier was read from the
+            // same request that carries no usable key, so a client could otherwise pick the
+            // shared bucket of a higher tier.
+            tier = 0;
         }
         let cost = rt.policy.cost.as_ref().map_or(1, |cost| cost(parts));
 

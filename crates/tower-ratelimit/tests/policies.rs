@@ -307,6 +307,57 @@ async fn tiers_chosen_per_request() {
     assert_eq!(statuses(&app, || request("/"), 2).await, [200, 429]);
 }
 
+/// A request without a key is counted against the shared key under the policy's own limit,
+/// whatever tier the resolver picks for it: the tier is read from the same request that carries
+/// no usable key, so a client could otherwise claim a higher tier's shared bucket (an API key
+/// sent twice, say, which `ApiKeyHeader` takes as no key, while a resolver reads the first).
+#[tokio::test]
+async fn a_keyless_request_shares_the_base_tier_whatever_tier_it_claims() {
+    use tower_ratelimit::MissingKey;
+    let (_clock, store) = store();
+    let policy = Policy::new("tiered", per_minute(1))
+        .unwrap()
+        .key(ApiKeyHeader::new("x-api-key").unwrap())
+        .missing_key(MissingKey::shared_key("anon"))
+        .tier("gold", per_minute(5))
+        .unwrap()
+        .resolve_tier(|parts| {
+            let key = parts.headers.get("x-api-key")?;
+            (key == "k-gold").then_some("gold")
+        });
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(store, policy).unwrap());
+    let twice = || {
+        let mut r = request("/");
+        r.headers_mut()
+            .append("x-api-key", "k-gold".parse().unwrap());
+        r.headers_mut()
+            .append("x-api-key", "k-gold".parse().unwrap());
+        r
+    };
+    let res = send(&app, twice()).await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some("\"tiered\";q=1;w=60")
+    );
+    assert_eq!(statuses(&app, twice, 2).await, [429, 429]);
+    // The same bucket as a request with no key at all.
+    assert_eq!(statuses(&app, || request("/"), 1).await, [429]);
+    // The gold key itself, sent once, has its own bucket at its tier.
+    let gold = || {
+        let mut r = request("/");
+        r.headers_mut()
+            .insert("x-api-key", "k-gold".parse().unwrap());
+        r
+    };
+    assert_eq!(
+        statuses(&app, gold, 6).await,
+        [200, 200, 200, 200, 200, 429]
+    );
+}
+
 #[tokio::test]
 async fn the_allow_list_is_never_limited() {
     let (_clock, store) = store();
