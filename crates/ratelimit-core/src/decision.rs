@@ -192,6 +192,12 @@ impl Decision {
         self
     }
 
+    /// The same decision with `remaining` replaced.
+    pub(crate) const fn with_remaining(mut self, remaining: u64) -> Self {
+        self.remaining = remaining;
+        self
+    }
+
     /// The same decision, marked as answered from a cache in front of the store (a
     /// [`DenialCache`](crate::DenialCache) hit, a unit of a [`Leasing`](crate::Leasing) lease)
     /// rather than by the store itself. A store wrapper that answers some checks without asking
@@ -305,8 +311,11 @@ impl Decision {
     ///
     /// Denied if any is denied; then the binding quota is the one that can never pass, or else
     /// the one with the longest wait (waiting that long lets every quota pass, since waiting only
-    /// ever helps). Allowed otherwise; the binding quota is the one with the fewest left. Ties go
-    /// to the quota with the longer time to full, then to the earlier quota.
+    /// ever helps). Allowed otherwise; the binding quota is the one with the fewest left. Ties
+    /// (same outcome and wait) go to the quota with fewer left, then to the one with the longer
+    /// time to full, then to the earlier quota. The result is the binding quota's decision as it
+    /// is; [`Limit::check`](crate::Limit::check) then reports, on a denial, the fewest units left
+    /// in any quota as `remaining`.
     #[must_use]
     pub fn combine(decisions: &[Decision]) -> Option<Decision> {
         let mut best: Option<Decision> = None;

@@ -97,10 +97,11 @@ const MAX_SHARDS: usize = 16;
 /// What a cached decision reports: the outcome and `retry_after` (deadline − now) are what the
 /// store would say on one gateway; `reset_after` is recomputed from the stored deadline the same
 /// way; `remaining` is the value the store reported with its denial, below the cost (it may have
-/// changed since, by refill or by other requests). With one cost per key on one gateway, a cached
-/// decision is identical to the store's, field by field (a denied cost of 1 has 0 remaining); when
-/// other requests consume meanwhile, the cached `retry_after` may be earlier than the store's,
-/// never later.
+/// changed since, by refill or by other requests). With a cost of 1 per key on one gateway, a
+/// cached decision is identical to the store's, field by field (a denied cost of 1 has 0
+/// remaining, until it passes); with a larger cost, every field but `remaining` is (a cost of 5
+/// denied with 0 left reports 0 while the bucket refills to 3); when other requests consume
+/// meanwhile, the cached `retry_after` may be earlier than the store's, never later.
 ///
 /// Caveat: the deadline is counted on this wrapper's clock. If the store reads another clock (a
 /// Redis store on server time), the two must advance at the same rate; a clock running fast on the
@@ -626,6 +627,31 @@ mod tests {
             let s = cached.stats();
             assert!(s.hits > 500, "{limit:?}: {s:?}");
             assert_eq!(s.hits + s.store_calls, 4_000);
+        }
+    }
+
+    /// With one larger cost per key, every field but `remaining` is the store's; `remaining` is
+    /// the one reported with the denial, never more than the store's now (refill only adds).
+    #[test]
+    fn one_larger_cost_same_decisions_but_remaining() {
+        for limit in limits() {
+            let clock = ManualClock::new();
+            let (plain, cached) = stores(&clock);
+            let mut rng = Rng(0x5851_f42d_4c95_7f2d);
+            for step in 0..4_000 {
+                let r = rng.next();
+                if r.is_multiple_of(4) {
+                    clock.advance(Duration::from_micros(r % 150_000));
+                }
+                let key = [b'k', (r >> 20) as u8 % 3];
+                let want = plain.check_now(&key, &limit, 3);
+                let got = now(cached.check(&key, &limit, 3)).unwrap();
+                let fields =
+                    |d: &Decision| (d.outcome(), d.limit(), d.reset_after(), d.quota_index());
+                assert_eq!(fields(&got), fields(&want), "{limit:?} step {step}");
+                assert!(got.remaining() <= want.remaining(), "{limit:?} step {step}");
+            }
+            assert!(cached.stats().hits > 500, "{limit:?}: {:?}", cached.stats());
         }
     }
 

@@ -190,14 +190,31 @@ impl Limit {
             decisions[i] = d.with_quota_index(i);
             next[i] = n;
         }
-        let decision = Decision::combine(&decisions[..self.quotas.len()])
-            .expect("a limit has at least one quota");
+        let decisions = &decisions[..self.quotas.len()];
+        let decision = Decision::combine(decisions).expect("a limit has at least one quota");
         if decision.is_allowed() {
             for ((quota, state), next) in self.quotas.iter().zip(states.iter_mut()).zip(next) {
                 self.algorithm.commit(quota, state, next, now, cost);
             }
+            // The binding quota has the fewest left.
+            return decision;
         }
-        decision
+        // Denied: nothing is taken, and what can be taken now is the fewest left in any quota,
+        // which need not be the binding quota's (a large cost denied by the longer wait of a
+        // quota that has a few left, while another has none). A quota that would have admitted
+        // the cost reports what it would have left after it.
+        let least = decisions
+            .iter()
+            .map(|d| {
+                if d.is_allowed() {
+                    d.remaining().saturating_add(cost)
+                } else {
+                    d.remaining()
+                }
+            })
+            .min()
+            .unwrap_or(0);
+        decision.with_remaining(least)
     }
 
     /// When every state is fresh again (the latest of their fresh times).
@@ -287,6 +304,34 @@ mod tests {
         .unwrap();
         assert_eq!(one.fingerprint(), 0x495f_6cbd_1921_65b7);
         assert_eq!(two.fingerprint(), 0xbec0_b417_41a4_37e2);
+    }
+
+    /// A denial's `remaining` is what can be taken now: the fewest left of any quota, not the
+    /// binding quota's. Here the per-minute quota binds (the longer wait) with 2 left, but the
+    /// per-second quota has none, so not even a cost of 1 passes.
+    #[test]
+    fn a_multi_quota_denial_reports_the_fewest_remaining() {
+        for algorithm in [
+            Algorithm::TokenBucket,
+            Algorithm::Gcra,
+            Algorithm::FixedWindow,
+        ] {
+            let l = Limit::new(
+                algorithm,
+                [
+                    Quota::per_second(10).unwrap(),
+                    Quota::per_minute(12).unwrap(),
+                ],
+            )
+            .unwrap();
+            let mut s = l.fresh_states(Timestamp::ZERO);
+            assert!(l.check(&mut s, Timestamp::ZERO, 10).is_allowed());
+            let d = l.check(&mut s, Timestamp::ZERO, 5);
+            assert!(d.is_denied(), "{algorithm:?}");
+            assert_eq!(d.quota_index(), 1, "{algorithm:?}: the longer wait binds");
+            assert!(l.check(&mut s.clone(), Timestamp::ZERO, 1).is_denied());
+            assert_eq!(d.remaining(), 0, "{algorithm:?}");
+        }
     }
 
     /// A quota too large for its algorithm is refused with that algorithm's bound and remedy,

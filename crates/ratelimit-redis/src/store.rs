@@ -746,7 +746,8 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How long a check may take in all, connection included (default 500 ms). Past it the check
+    /// How long a check may take in all, connection included (default 500 ms; more than zero and at most an hour, as are
+    /// the other timeouts). Past it the check
     /// fails with [`RedisStoreError::Timeout`].
     pub fn response_timeout(mut self, d: Duration) -> Self {
         self.response_timeout = d;
@@ -800,6 +801,11 @@ impl RedisStoreBuilder {
         ] {
             if d.is_zero() {
                 return Err(RedisStoreError::config(name, "must be longer than zero"));
+            }
+            // A deadline is counted as now + timeout, which overflows for an absurd duration
+            // (`Duration::MAX` meant as "no timeout"); an hour is far beyond any useful one.
+            if d > MAX_TIMEOUT {
+                return Err(RedisStoreError::config(name, "must be at most an hour"));
             }
         }
         if self.urls.is_empty() {
@@ -927,19 +933,41 @@ fn validate_prefix(prefix: &str) -> Result<(), RedisStoreError> {
     Ok(())
 }
 
+/// The longest `connect_timeout`, `wait_timeout` and `response_timeout` accepted.
+const MAX_TIMEOUT: Duration = Duration::from_secs(3_600);
+
 /// `url` with its user and password replaced by `***`, for logs and error messages:
 /// `redis://user:secret@host:6379/0` becomes `redis://***@host:6379/0`, and the `user`, `pass`
 /// and `password` parameters of a query (`redis+unix:///run/redis.sock?pass=secret`, a form the
-/// client accepts) become `pass=***`.
+/// client accepts; their names matched percent-decoded, as the client reads them) become
+/// `pass=***`.
+///
+/// An `@` after a `?` has two readings: a password holding a raw `?` (`redis://u:ab?cd@host`)
+/// or a query value holding a raw `@` (`?user=svc@team&pass=secret`, which the client reads as
+/// such). Both are hidden: everything from the scheme to the next `&` after the last `@`, and
+/// the credentials among the parameters after it.
 #[must_use]
 pub fn redact_url(url: &str) -> String {
-    // The query starts after the user part, whose password may hold a raw `?`.
-    let host_at = url.rfind('@').map_or(0, |at| at + 1);
+    let first_query = url.find('?');
+    let last_at = url.rfind('@');
+    if let (Some(q), Some(at)) = (first_query, last_at)
+        && q < at
+    {
+        let scheme = url[..q].find("://").map_or("", |s| &url[..s + 3]);
+        let rest = &url[at + 1..];
+        let mut out = format!("{scheme}***");
+        if let Some(amp) = rest.find('&') {
+            out.push('&');
+            out.push_str(&redact_params(&rest[amp + 1..]));
+        }
+        return out;
+    }
+    let host_at = last_at.map_or(0, |at| at + 1);
     let (base, query) = match url[host_at..].find('?') {
         Some(q) => (&url[..host_at + q], Some(&url[host_at + q + 1..])),
         None => (url, None),
     };
-    let mut out = match (base.find("://"), base.rfind('@')) {
+    let mut out = match (base.find("://"), last_at) {
         (Some(s), Some(at)) if at > s => format!("{}://***@{}", &base[..s], &base[at + 1..]),
         // No scheme before the user part (`user:pw@host`, a scheme forgotten): the client refuses
         // the URL, and its error must not carry the password either.
@@ -948,16 +976,26 @@ pub fn redact_url(url: &str) -> String {
     };
     if let Some(query) = query {
         out.push('?');
-        let params: Vec<String> = query
-            .split('&')
-            .map(|param| match param.split_once('=') {
-                Some((k, _)) if ["user", "pass", "password"].contains(&k) => format!("{k}=***"),
-                _ => param.to_owned(),
-            })
-            .collect();
-        out.push_str(&params.join("&"));
+        out.push_str(&redact_params(query));
     }
     out
+}
+
+/// `query`'s parameters, with the values of `user`, `pass` and `password` replaced by `***`.
+fn redact_params(query: &str) -> String {
+    let params: Vec<String> = query
+        .split('&')
+        .map(|param| match param.split_once('=') {
+            Some((k, _))
+                if ["user", "pass", "password"]
+                    .contains(&&*percent_encoding::percent_decode_str(k).decode_utf8_lossy()) =>
+            {
+                format!("{k}=***")
+            }
+            _ => param.to_owned(),
+        })
+        .collect();
+    params.join("&")
 }
 
 #[cfg(test)]
@@ -1010,9 +1048,30 @@ mod tests {
             redact_url("redis+unix:///run/redis.sock?db=2&pass=secret&user=me"),
             "redis+unix:///run/redis.sock?db=2&pass=***&user=***"
         );
+        // An `@` after a `?`: a password holding a raw `?`, or a query value holding a raw `@`
+        // (the client reads the latter); both readings are hidden.
         assert_eq!(
             redact_url("redis://default:ab?cd@redis:6379"),
-            "redis://***@redis:6379"
+            "redis://***"
+        );
+        for url in [
+            "redis+unix:///run/redis.sock?user=svc@team&pass=s3cret",
+            "redis+unix:///run/redis.sock?pass=hunter2@tail",
+            "redis+unix:///run/redis.sock?db=1&pass=a@b&user=c@d",
+        ] {
+            let r = redact_url(url);
+            for secret in ["s3cret", "svc", "hunter2", "tail", "a@b", "c@d"] {
+                assert!(!r.contains(secret), "{url} -> {r}");
+            }
+        }
+        assert_eq!(
+            redact_url("redis+unix:///run/redis.sock?user=svc@team&pass=s3cret&db=2"),
+            "redis+unix://***&pass=***&db=2"
+        );
+        // Keys are matched as the client reads them, percent-decoded.
+        assert_eq!(
+            redact_url("redis+unix:///s?%70ass=secret&%75ser=me"),
+            "redis+unix:///s?%70ass=***&%75ser=***"
         );
         assert_eq!(
             redact_url("redis://u:pw@h:1/0?password=pw&protocol=resp3"),

@@ -109,6 +109,25 @@ async fn passwords_and_acl_users() {
     );
 }
 
+/// The longest timeouts accepted (an hour) work: a check's deadline is counted without
+/// overflow. Longer ones are refused (`bad_settings_are_typed_errors`); before, a
+/// `response_timeout` of `Duration::MAX` built a store whose every check panicked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_longest_timeouts_accepted_work() {
+    let server = RedisServer::start();
+    let hour = Duration::from_secs(3_600);
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("long-timeouts"))
+        .response_timeout(hour)
+        .connect_timeout(hour)
+        .wait_timeout(hour)
+        .build()
+        .await
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(5).unwrap()).unwrap();
+    assert!(store.check(b"k", &limit, 1).await.unwrap().is_allowed());
+}
+
 #[tokio::test]
 async fn bad_settings_are_typed_errors() {
     let cases: Vec<(&str, RedisStoreError)> = vec![
@@ -137,6 +156,22 @@ async fn bad_settings_are_typed_errors() {
                 .unwrap_err(),
         ),
         (
+            "response_timeout",
+            RedisStore::builder("redis://127.0.0.1:1")
+                .response_timeout(Duration::MAX)
+                .build()
+                .await
+                .unwrap_err(),
+        ),
+        (
+            "connect_timeout",
+            RedisStore::builder("redis://127.0.0.1:1")
+                .connect_timeout(Duration::from_secs(u64::MAX))
+                .build()
+                .await
+                .unwrap_err(),
+        ),
+        (
             "url",
             RedisStore::builder("http://nope")
                 .build()
@@ -158,8 +193,12 @@ async fn bad_settings_are_typed_errors() {
         }
     }
     // A URL the client refuses is named in the error without its password, with or without
-    // its scheme.
-    for url in ["redis://default:s3cret@", "default:s3cret@127.0.0.1:1"] {
+    // its scheme, or in a query whose values hold an `@`.
+    for url in [
+        "redis://default:s3cret@",
+        "default:s3cret@127.0.0.1:1",
+        "redis+unix:///tmp/x.sock?user=a@b&pass=s3cret&db=x",
+    ] {
         let err = RedisStore::builder(url).build().await.unwrap_err();
         assert!(
             matches!(err, RedisStoreError::Config { name: "url", .. }),

@@ -105,7 +105,8 @@ pub fn decide(quota: &Quota, log: &SlidingLogState, now: Timestamp, cost: u64) -
 
     let (outcome, total, newest) = if cost > limit {
         (Verdict::Exceeds, total, live_newest)
-    } else if total.saturating_add(cost) <= limit {
+    } else if cost == 0 || total.saturating_add(cost) <= limit {
+        // A peek is always allowed, even on a log over the limit.
         let newest = if cost > 0 { Some(now) } else { live_newest };
         (Verdict::Allowed, total + cost, newest)
     } else {
@@ -150,6 +151,21 @@ pub fn commit(quota: &Quota, log: &mut SlidingLogState, now: Timestamp, cost: u6
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    /// A peek is always allowed, as under every other algorithm, even on a log that holds more
+    /// than this quota's limit (a state kept under a larger one, or built by hand).
+    #[test]
+    fn a_peek_is_allowed_on_a_log_over_the_limit() {
+        let log = SlidingLogState {
+            entries: [(0, 60), (500_000, 40)].into(),
+            total: 100,
+        };
+        let quota = Quota::per_second(10).unwrap();
+        let d = decide(&quota, &log, Timestamp::from_micros(600_000), 0);
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), 0);
+        assert!(decide(&quota, &log, Timestamp::from_micros(600_000), 1).is_denied());
+    }
 
     /// A burst's memory is given back once its entries have slid out.
     #[test]

@@ -97,7 +97,8 @@ for i = 1, N do
   local merge, push = false, false
   if COST > limit then
     code = 2
-  elseif total + COST <= limit then
+  elseif COST == 0 or total + COST <= limit then
+    -- A peek is always allowed, as in ratelimit-core.
     if COST > 0 then
       if newest == now then merge = true else push = true end
       total = total + COST
@@ -133,7 +134,7 @@ for i = 1, N do
   if merge or push then back = now end
   local reset = 0
   if back then reset = back + p - now end
-  consider(i, code, retry, limit, limit - total, reset)
+  consider(i, code, retry, limit, math.max(limit - total, 0), reset)
   plan[i] = { lkey = lkey, pruned = pruned, merge = merge, push = push, now = now,
               cost = newest_cost + COST, total = total }
   if back and back + p > fresh_after then fresh_after = back + p end
