@@ -192,12 +192,6 @@ impl Decision {
         self
     }
 
-    /// The same decision with `remaining` replaced.
-    pub(crate) const fn with_remaining(mut self, remaining: u64) -> Self {
-        self.remaining = remaining;
-        self
-    }
-
     /// The same decision, marked as answered from a cache in front of the store (a
     /// [`DenialCache`](crate::DenialCache) hit, a unit of a [`Leasing`](crate::Leasing) lease)
     /// rather than by the store itself. A store wrapper that answers some checks without asking
@@ -283,7 +277,11 @@ impl Decision {
         self.limit
     }
 
-    /// Requests (units of cost) still available right now, after this check.
+    /// Requests (units of cost) still available right now in the quota this decision describes,
+    /// after this check. With several quotas that is the binding one
+    /// ([`quota_index`](Self::quota_index)): when allowed, the one with the fewest left; when
+    /// denied, the one with the longest wait, which may have a few left (fewer than the cost)
+    /// while another has none.
     #[must_use]
     pub const fn remaining(&self) -> u64 {
         self.remaining
@@ -314,8 +312,7 @@ impl Decision {
     /// ever helps). Allowed otherwise; the binding quota is the one with the fewest left. Ties
     /// (same outcome and wait) go to the quota with fewer left, then to the one with the longer
     /// time to full, then to the earlier quota. The result is the binding quota's decision as it
-    /// is; [`Limit::check`](crate::Limit::check) then reports, on a denial, the fewest units left
-    /// in any quota as `remaining`.
+    /// is: on a denial, another quota may have fewer left than its `remaining`.
     #[must_use]
     pub fn combine(decisions: &[Decision]) -> Option<Decision> {
         let mut best: Option<Decision> = None;

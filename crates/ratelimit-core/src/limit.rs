@@ -190,31 +190,14 @@ impl Limit {
             decisions[i] = d.with_quota_index(i);
             next[i] = n;
         }
-        let decisions = &decisions[..self.quotas.len()];
-        let decision = Decision::combine(decisions).expect("a limit has at least one quota");
+        let decision = Decision::combine(&decisions[..self.quotas.len()])
+            .expect("a limit has at least one quota");
         if decision.is_allowed() {
             for ((quota, state), next) in self.quotas.iter().zip(states.iter_mut()).zip(next) {
                 self.algorithm.commit(quota, state, next, now, cost);
             }
-            // The binding quota has the fewest left.
-            return decision;
         }
-        // Denied: nothing is taken, and what can be taken now is the fewest left in any quota,
-        // which need not be the binding quota's (a large cost denied by the longer wait of a
-        // quota that has a few left, while another has none). A quota that would have admitted
-        // the cost reports what it would have left after it.
-        let least = decisions
-            .iter()
-            .map(|d| {
-                if d.is_allowed() {
-                    d.remaining().saturating_add(cost)
-                } else {
-                    d.remaining()
-                }
-            })
-            .min()
-            .unwrap_or(0);
-        decision.with_remaining(least)
+        decision
     }
 
     /// When every state is fresh again (the latest of their fresh times).
@@ -306,31 +289,33 @@ mod tests {
         assert_eq!(two.fingerprint(), 0xbec0_b417_41a4_37e2);
     }
 
-    /// A denial's `remaining` is what can be taken now: the fewest left of any quota, not the
-    /// binding quota's. Here the per-minute quota binds (the longer wait) with 2 left, but the
-    /// per-second quota has none, so not even a cost of 1 passes.
+    /// A multi-quota decision describes its binding quota as a whole: its limit, its reset and
+    /// what is left in it (as the `RateLimit` field names it), even when another quota has
+    /// fewer left. Here the per-minute quota binds a denied cost of 5 (the longer wait) with 2
+    /// left, while the per-second quota has none, so a cost of 1 is denied too.
     #[test]
-    fn a_multi_quota_denial_reports_the_fewest_remaining() {
+    fn a_multi_quota_denial_describes_its_binding_quota() {
         for algorithm in [
             Algorithm::TokenBucket,
             Algorithm::Gcra,
             Algorithm::FixedWindow,
         ] {
-            let l = Limit::new(
-                algorithm,
-                [
-                    Quota::per_second(10).unwrap(),
-                    Quota::per_minute(12).unwrap(),
-                ],
-            )
-            .unwrap();
+            let minute = Quota::per_minute(12).unwrap();
+            let l = Limit::new(algorithm, [Quota::per_second(10).unwrap(), minute]).unwrap();
             let mut s = l.fresh_states(Timestamp::ZERO);
             assert!(l.check(&mut s, Timestamp::ZERO, 10).is_allowed());
             let d = l.check(&mut s, Timestamp::ZERO, 5);
             assert!(d.is_denied(), "{algorithm:?}");
             assert_eq!(d.quota_index(), 1, "{algorithm:?}: the longer wait binds");
+            assert_eq!((d.limit(), d.remaining()), (12, 2), "{algorithm:?}");
+            let alone = Limit::single(algorithm, minute).unwrap();
+            let mut m = alone.fresh_states(Timestamp::ZERO);
+            assert!(alone.check(&mut m, Timestamp::ZERO, 10).is_allowed());
+            assert_eq!(
+                alone.check(&mut m, Timestamp::ZERO, 5).reset_after(),
+                d.reset_after()
+            );
             assert!(l.check(&mut s.clone(), Timestamp::ZERO, 1).is_denied());
-            assert_eq!(d.remaining(), 0, "{algorithm:?}");
         }
     }
 

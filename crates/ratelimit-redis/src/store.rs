@@ -953,7 +953,16 @@ pub fn redact_url(url: &str) -> String {
     if let (Some(q), Some(at)) = (first_query, last_at)
         && q < at
     {
-        let scheme = url[..q].find("://").map_or("", |s| &url[..s + 3]);
+        // Kept only if it is a scheme: a user part may come before it (`u:pw@redis://h`), and a
+        // password may hold `://`.
+        let scheme = url[..q]
+            .find("://")
+            .filter(|&s| {
+                url[..s]
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"+-.".contains(&b))
+            })
+            .map_or("", |s| &url[..s + 3]);
         let rest = &url[at + 1..];
         let mut out = format!("{scheme}***");
         if let Some(amp) = rest.find('&') {
@@ -1058,6 +1067,8 @@ mod tests {
             "redis+unix:///run/redis.sock?user=svc@team&pass=s3cret",
             "redis+unix:///run/redis.sock?pass=hunter2@tail",
             "redis+unix:///run/redis.sock?db=1&pass=a@b&user=c@d",
+            "u:s3cret@redis://h:1?x=a@b",
+            "u:s3cret://x?y@h",
         ] {
             let r = redact_url(url);
             for secret in ["s3cret", "svc", "hunter2", "tail", "a@b", "c@d"] {

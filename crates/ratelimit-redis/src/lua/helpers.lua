@@ -15,12 +15,8 @@ local function helpers()
 
   -- The binding quota, exactly as ratelimit-core's Decision::combine: outcome code first
   -- (exceeds > denied > allowed), then the longer retry_after among denials, then fewer
-  -- remaining, then the longer reset_after; ties keep the earlier quota. The reply's remaining
-  -- is then as ratelimit-core's Limit::check gives it: the binding quota's when allowed (the
-  -- fewest), else the fewest left in any quota now, counting a quota that would have admitted
-  -- the cost at what it had before it (brem is the binding quota's own, for the comparisons).
+  -- remaining, then the longer reset_after; ties keep the earlier quota.
   local b = {}
-  local brem, least
   local function consider(i, code, retry, limit, rem, reset)
     local tighter
     if b[1] == nil then
@@ -29,19 +25,14 @@ local function helpers()
       tighter = code > b[1]
     elseif code == 1 and retry ~= b[2] then
       tighter = retry > b[2]
-    elseif rem ~= brem then
-      tighter = rem < brem
+    elseif rem ~= b[4] then
+      tighter = rem < b[4]
     else
       tighter = reset > b[5]
     end
     if tighter then
-      b[1], b[2], b[3], b[5], b[6] = code, retry, limit, reset, i - 1
-      brem = rem
+      b[1], b[2], b[3], b[4], b[5], b[6] = code, retry, limit, rem, reset, i - 1
     end
-    local now_left = rem
-    if code == 0 then now_left = rem + COST end
-    if least == nil or now_left < least then least = now_left end
-    if b[1] == 0 then b[4] = brem else b[4] = least end
   end
 
   -- The state of the fixed-size algorithms: one string key holding every quota's numbers,
