@@ -121,12 +121,13 @@ impl Headers {
         }
     }
 
-    /// No rate-limit fields (429s still carry `Retry-After`).
+    /// No rate-limit fields (429s still carry `Retry-After`). A group turned on from here
+    /// (`none().legacy(true)`) goes on every response, as from [`ietf`](Self::ietf).
     pub const fn none() -> Self {
         Headers {
             ietf: false,
             legacy: false,
-            on_allowed: false,
+            on_allowed: true,
         }
     }
 
@@ -203,8 +204,8 @@ pub enum DenialBody {
     /// `application/problem+json` with the draft's `quota-exceeded` problem type and the
     /// quota-policy item that denied (as `RateLimit-Policy` names it) in `violated-policies`.
     ProblemJson,
-    /// A response built by a closure. Its status and headers are kept; `Retry-After` and the
-    /// rate-limit fields are added where absent.
+    /// A response built by a closure. Its status (if 4xx or 5xx; any other becomes 429) and
+    /// headers are kept; `Retry-After` and the rate-limit fields are added where absent.
     Custom(CustomBody),
 }
 
@@ -631,8 +632,10 @@ impl Bodies {
                     decision: d,
                 };
                 let mut r = f(&denial);
-                if r.status().is_success() {
-                    // A 2xx for a denial would tell clients the request was served.
+                if !(r.status().is_client_error() || r.status().is_server_error()) {
+                    // A denial is an error: a 2xx would tell clients the request was served, a
+                    // 304 to use their cached copy, a 3xx to go elsewhere, and a 1xx is not a
+                    // final answer.
                     *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
                 }
                 r

@@ -202,6 +202,33 @@ async fn no_fields_mode_keeps_retry_after() {
     assert!(res.headers().get("ratelimit-policy").is_none());
 }
 
+/// A group turned on from `none()` goes on every response, as from `ietf()`: `none()` chooses
+/// which fields, not where (before, `none().legacy(true)` sent them on 429s only).
+#[tokio::test]
+async fn a_group_turned_on_from_none_goes_on_every_response() {
+    for headers in [
+        Headers::none().legacy(true),
+        Headers::ietf().with_ietf(false).legacy(true),
+    ] {
+        let (_clock, store) = store();
+        let policy = Policy::new("api", five_a_minute())
+            .unwrap()
+            .headers(headers);
+        let res = send(&app(store, policy), request("/")).await;
+        assert_eq!(res.status(), 200);
+        assert_eq!(
+            header(&res, "x-ratelimit-remaining"),
+            Some("4"),
+            "{headers:?}"
+        );
+        assert!(res.headers().get("ratelimit").is_none());
+    }
+    assert_eq!(
+        Headers::none().legacy(true),
+        Headers::ietf().with_ietf(false).legacy(true)
+    );
+}
+
 #[tokio::test]
 async fn the_verdict_can_be_left_out_of_the_extensions() {
     let (_clock, memory) = store();
@@ -328,6 +355,37 @@ async fn custom_body_keeps_its_headers_and_gets_ours() {
     assert_eq!(header(&res, "retry-after"), Some("999"), "not overwritten");
     assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=0;t=12"));
     assert_eq!(body_text(res).await, "{\"policy\":\"api\",\"wait\":12}");
+}
+
+/// A custom body's status is kept only if it is an error (4xx or 5xx): a 2xx would tell the
+/// client it was served, a 304 to use its cached copy, and a 1xx is not a final answer.
+#[tokio::test]
+async fn a_custom_body_that_is_not_an_error_becomes_a_429() {
+    for (status, want) in [
+        (200, 429),
+        (204, 429),
+        (304, 429),
+        (302, 429),
+        (103, 429),
+        (503, 503),
+    ] {
+        let (_clock, store) = store();
+        let body = DenialBody::custom(move |_| {
+            let mut r = http::Response::new(bytes::Bytes::new());
+            *r.status_mut() = http::StatusCode::from_u16(status).unwrap();
+            r
+        });
+        let app = app(
+            store,
+            Policy::new("api", five_a_minute()).unwrap().body(body),
+        );
+        for _ in 0..5 {
+            send(&app, request("/")).await;
+        }
+        let res = send(&app, request("/")).await;
+        assert_eq!(res.status(), want, "a custom {status}");
+        assert_eq!(header(&res, "retry-after"), Some("12"));
+    }
 }
 
 #[tokio::test]
