@@ -131,13 +131,18 @@ const SHARDS: usize = 16;
 ///   below the limit's rate (no lease). A key below its limit was denied for leasing in none of
 ///   the tests' traffic (steady at 90 %, spread unevenly over two gateways, bursty with a second
 ///   gateway's traffic). On a quota that does not refill, with demand above it at every gateway
-///   that leases, the total
-///   admitted reaches at least `quota − G × (L − 1)`. A check that costs more than its gateway's
-///   lease holds goes to the store on its own and leaves the lease be. A check that was fetching
-///   a lease and is dropped (a caller's timeout) may lose the whole lease, `L` units, if the
-///   store granted it before the drop. A fixed [`lease_size`](LeasingBuilder::lease_size) does
+///   that leases, the total admitted reaches at least `quota − G × (L − 1)`. A check that costs
+///   more than its gateway's lease holds goes to the store on its own and leaves the lease be. A
+///   check that was fetching a lease and is dropped (a caller's timeout) may lose the whole
+///   lease, `L` units, if the store granted it before the drop; its units beyond the check's cost
+///   are counted as wasted and the key's leases start again from one unit, so repeated drops
+///   lose about one lease, not one each. A fixed [`lease_size`](LeasingBuilder::lease_size) does
 ///   not adapt: leases larger than a gateway spends in their lifetime are dropped part unused at
 ///   every expiry.
+/// - **Clock:** lifetimes are counted on the wrapper's clock. The shipped `SystemClock` never
+///   goes backwards; a clock set back by `X` makes live leases (and the time a key is sent
+///   straight to the store) last `X` longer, which loosens the burst bound to
+///   `r × (T + ttl + X)`.
 ///
 /// These bounds assume the store keeps what it granted: if it loses a key's state (an eviction,
 /// a failover), the key starts from fresh there while leases already granted still answer until
@@ -199,7 +204,8 @@ pub struct LeasingStats {
     pub lease_denials: u64,
     /// Granted units dropped unspent (expired leases, leases replaced or evicted).
     pub wasted_units: u64,
-    /// Checks that found another check of the same key bringing a lease, and waited for it.
+    /// Checks that found another check of the same key bringing a lease with units to spare for
+    /// them, and waited for it.
     pub waited: u64,
 }
 
@@ -254,6 +260,17 @@ struct Entry {
     size: u64,
     /// A lease is being asked for.
     fetching: bool,
+    /// Units of the lease being asked for beyond its fetching check's cost that no waiting check
+    /// has counted on yet: a check waits for it only if this covers its cost.
+    spare: u64,
+    /// Lease requests begun for this key: a waiting check counted on the `spare` of this one.
+    fetch_seq: u64,
+    /// When the lease being asked for was asked for, and the time the limit takes to refill it
+    /// (its lifetime, but for `max_ttl` and a fixed window's end), µs.
+    fetch_sent: u64,
+    fetch_refill: u64,
+    /// The lease size grew for the lease being asked for (once per request).
+    grew_in_flight: bool,
     waiters: Vec<Waker>,
     /// Checks go straight to the store until then (µs).
     starved_until: u64,
@@ -286,6 +303,15 @@ impl Entry {
     /// Drops what is left of the current lease; returns how many units that was.
     fn drop_lease(&mut self) -> u64 {
         std::mem::take(&mut self.tokens)
+    }
+
+    /// Counts a lease request of `want` units dropped before its answer (the store may have
+    /// granted it) in the recent leases, as a lease of which only the check's `cost` was spent;
+    /// the lease before it ends here, spent, as when an answer comes.
+    fn settle_dropped(&mut self, want: u64, cost: u64) {
+        let _ = self.settle(0);
+        self.taken = self.taken - self.taken / 8 + u128::from(want) * 1024;
+        self.spent = self.spent - self.spent / 8 + u128::from(cost) * 1024;
     }
 
     /// Counts the current lease, ended with `left` units unspent, in the recent leases, once:
@@ -328,8 +354,9 @@ enum Action {
     Local(Decision),
     Fetch(u64),
     Direct,
-    /// Another check is bringing a lease; with the key's failed lease requests so far.
-    Wait(u64),
+    /// Another check is bringing a lease with units to spare for this one; with the key's
+    /// failed lease requests so far, and the lease request counted on (`fetch_seq`).
+    Wait(u64, u64),
 }
 
 impl<S, C> Shared<S, C> {
@@ -346,8 +373,19 @@ impl<S, C> Shared<S, C> {
     }
 
     /// What a check of `cost` at `now` does with this entry; `may_fetch` false: straight to the
-    /// store where it would ask for a lease.
-    fn try_acquire(&self, e: &mut Entry, now: u64, cost: u64, cap: u64, may_fetch: bool) -> Action {
+    /// store where it would ask for a lease. `counted_on`: the lease request a waiting check has
+    /// counted on units of (`fetch_seq`), if any.
+    #[allow(clippy::too_many_arguments)]
+    fn try_acquire(
+        &self,
+        e: &mut Entry,
+        now: u64,
+        limit: &Limit,
+        cost: u64,
+        cap: u64,
+        may_fetch: bool,
+        counted_on: Option<u64>,
+    ) -> Action {
         if now < e.starved_until || cost > cap {
             // Starved, or a cost no lease can cover (the store says it never passes): straight to
             // the store, and the lease, if any, stays for the checks it can serve.
@@ -375,7 +413,29 @@ impl<S, C> Shared<S, C> {
             return Action::Direct;
         }
         if e.fetching {
-            return Action::Wait(e.failed_fetches);
+            if counted_on == Some(e.fetch_seq) {
+                return Action::Wait(e.failed_fetches, e.fetch_seq);
+            }
+            // Wait only for units the lease on its way can spare; else to the store side by side
+            // with it, as without leasing (checks waiting in line behind leases of one unit would
+            // allow one store call in flight per key).
+            if e.spare >= cost {
+                e.spare -= cost;
+                return Action::Wait(e.failed_fetches, e.fetch_seq);
+            }
+            // The lease on its way is all counted on, and more checks come within its lifetime:
+            // a larger one would have been spent too (as a key back within a one-unit lease's
+            // lifetime, below), so the next is larger, if the key's recent leases were thrifty
+            // and the store had units left at its last answer (or has not answered yet).
+            if !e.grew_in_flight
+                && (e.remaining > 0 || e.granted == 0)
+                && now.saturating_sub(e.fetch_sent) <= e.fetch_refill
+                && e.thrifty()
+            {
+                e.grew_in_flight = true;
+                self.grow(e);
+            }
+            return Action::Direct;
         }
         if e.tokens > 0 {
             let left = e.drop_lease();
@@ -422,13 +482,19 @@ impl<S, C> Shared<S, C> {
             Size::Adaptive(_) if !e.thrifty() => 1,
             _ => e.size,
         };
-        Action::Fetch(size.max(cost).min(cap))
+        let want = size.max(cost).min(cap);
+        e.fetch_seq = e.fetch_seq.wrapping_add(1);
+        e.spare = want - cost;
+        e.fetch_sent = now;
+        e.fetch_refill = self.refill(limit, want);
+        e.grew_in_flight = false;
+        Action::Fetch(want)
     }
 
-    /// The lifetime of a lease of `units` granted with decision `d`, in µs.
-    fn ttl(&self, limit: &Limit, units: u64, d: &Decision) -> u64 {
-        // The time the fastest-refilling quota takes to refill `units`.
-        let refill = limit
+    /// The time the limit's fastest-refilling quota takes to refill `units`, at most `max_ttl`,
+    /// in µs: the lifetime of a lease of `units` (a fixed window's ends it earlier).
+    fn refill(&self, limit: &Limit, units: u64) -> u64 {
+        limit
             .quotas()
             .iter()
             .map(|q| {
@@ -436,8 +502,13 @@ impl<S, C> Shared<S, C> {
                 u64::try_from(t).unwrap_or(u64::MAX)
             })
             .min()
-            .unwrap_or(0);
-        let mut ttl = refill.min(self.max_ttl_us);
+            .unwrap_or(0)
+            .min(self.max_ttl_us)
+    }
+
+    /// The lifetime of a lease of `units` granted with decision `d`, in µs.
+    fn ttl(&self, limit: &Limit, units: u64, d: &Decision) -> u64 {
+        let mut ttl = self.refill(limit, units);
         if limit.algorithm() == Algorithm::FixedWindow {
             // The grant's reset is the end of its window (it holds a count > 0).
             ttl = ttl.min(micros(d.reset_after()));
@@ -679,7 +750,7 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
         };
         // The most the limit can ever admit at once: a larger lease would be `Exceeds`.
         let cap = limit.max_cost();
-        let action = sh.try_acquire(&mut entry.lock(), now, cost, cap, true);
+        let action = sh.try_acquire(&mut entry.lock(), now, limit, cost, cap, true, None);
         let ctx = |entry| {
             Some(Ctx {
                 shared: Arc::clone(sh),
@@ -719,10 +790,13 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
                     ctx: ctx(entry),
                 }
             }
-            Action::Wait(failures) => {
+            Action::Wait(failures, counted_on) => {
                 sh.counters.waited.fetch_add(1, Ordering::Relaxed);
                 LeaseFuture {
-                    state: St::Wait { failures },
+                    state: St::Wait {
+                        failures,
+                        counted_on,
+                    },
                     ctx: ctx(entry),
                 }
             }
@@ -747,8 +821,9 @@ pin_project! {
         // Straight to the store, answer passed on.
         Direct { #[pin] fut: F },
         // Waiting for another check of this key to bring a lease; `failures`: the key's failed
-        // lease requests when it began.
-        Wait { failures: u64 },
+        // lease requests when it began; `counted_on`: the lease request whose spare units it
+        // counted on.
+        Wait { failures: u64, counted_on: u64 },
         // Asking the store for a lease of `want`.
         // `second`: a smaller lease, asked for after a denial said how many units were left.
         Lease { #[pin] fut: F, want: u64, sent: u64, second: bool },
@@ -774,12 +849,29 @@ pin_project! {
     {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            // A check dropped while it was bringing a lease must let the waiting checks go on.
-            if let (StProj::Lease { .. }, Some(ctx)) =
+            // A check dropped while it was bringing a lease must let the waiting checks go on,
+            // to the store: the lease may never come (a store slower than the callers' timeout).
+            // The store may have granted it, so it counts as a lease dropped unspent but for the
+            // check's own cost, and the key's leases start again from one unit (they grow back
+            // as they are spent): repeated drops do not take a whole lease from the store each
+            // time.
+            if let (StProj::Lease { want, .. }, Some(ctx)) =
                 (this.state.project(), this.ctx.as_ref())
             {
+                let sh = &ctx.shared;
                 let mut e = ctx.entry.lock();
                 e.fetching = false;
+                e.failed_fetches += 1;
+                let unspent = want.saturating_sub(ctx.cost);
+                if unspent > 0 {
+                    e.settle_dropped(*want, ctx.cost);
+                    if let Size::Adaptive(_) = sh.size {
+                        e.size = 1;
+                    }
+                    sh.counters
+                        .wasted_units
+                        .fetch_add(unspent, Ordering::Relaxed);
+                }
                 e.wake_all();
             }
         }
@@ -815,7 +907,10 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                 }
                 StProj::Direct { fut } => return fut.poll(cx),
                 StProj::Done => panic!("LeaseFuture polled after completion"),
-                StProj::Wait { failures } => {
+                StProj::Wait {
+                    failures,
+                    counted_on,
+                } => {
                     let ctx = ctx.expect("a waiting check has its context");
                     let sh = &ctx.shared;
                     let now = sh.clock.now().as_micros();
@@ -823,13 +918,24 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                     // A lease request failed while this check waited: it asks the store for
                     // itself (a live lease brought since still serves it).
                     let may_fetch = e.failed_fetches == *failures;
-                    match sh.try_acquire(&mut e, now, ctx.cost, ctx.cap, may_fetch) {
+                    match sh.try_acquire(
+                        &mut e,
+                        now,
+                        &ctx.limit,
+                        ctx.cost,
+                        ctx.cap,
+                        may_fetch,
+                        Some(*counted_on),
+                    ) {
                         Action::Local(d) => {
                             drop(e);
                             self.as_mut().project().state.set(St::Done);
                             return Poll::Ready(Ok(d));
                         }
-                        Action::Wait(_) => {
+                        Action::Wait(_, seq) => {
+                            // Counted on the lease request now on its way (a new one, if the one
+                            // it waited for came without units for it).
+                            *counted_on = seq;
                             if !e.waiters.iter().any(|w| w.will_wake(cx.waker())) {
                                 e.waiters.push(cx.waker().clone());
                             }

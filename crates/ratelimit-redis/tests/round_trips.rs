@@ -141,10 +141,14 @@ async fn leasing_twenty_gateways_never_exceed_the_limit() {
             CAPACITY - admitted
         );
         assert_eq!(server.script_calls(), calls, "{alg}");
-        assert!(
-            calls < demand / 2,
-            "{alg}: {calls} calls for {demand} checks"
-        );
+        // All at once: at each gateway the checks that the first lease's spare units cover wait
+        // for it, and the others go to the store side by side, as without leasing (waiting in
+        // line for lease after lease would make the last wait many round trips), so the saving
+        // here is about a lease's worth per gateway; the hot-key test below counts the saving of
+        // a key asked again and again.
+        let waited: u64 = gateways.iter().map(|g| g.stats().waited).sum();
+        assert!(waited > 0, "{alg}");
+        assert!(calls < demand, "{alg}: {calls} calls for {demand} checks");
         println!(
             "{alg}: {demand} checks on {GATEWAYS} gateways: admitted {admitted} of {CAPACITY} \
              (shortfall {}, bound {}), Redis calls {calls}",
