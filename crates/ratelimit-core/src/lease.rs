@@ -69,8 +69,10 @@ const SHARDS: usize = 16;
 /// - The key has a live lease with enough units: they are taken, and the check is answered at
 ///   once, locally.
 /// - Otherwise one check per key at a time (on this gateway) asks the store for a lease of the
-///   current size `L` (at least the request's cost, at most what the limit can ever hold); others
-///   for the same key wait for it rather than each taking a lease. If the lease is granted, the
+///   current size `L` (at least the request's cost, at most what the limit can ever hold). Other
+///   checks of the key wait for it as long as its units beyond the fetching check's cost cover
+///   theirs; the rest go straight to the store, side by side, as without leasing (waiting in line
+///   for lease after lease would allow one store call in flight per key). If the lease is granted, the
 ///   request takes its cost from it. If it is denied but the store says it has `r` units left
 ///   (more than the cost), a lease of exactly `r` is asked for at once (once). If that fails too,
 ///   or fewer units are left, the key's checks go straight to the store
@@ -89,8 +91,11 @@ const SHARDS: usize = 16;
 /// fetching check's cost spent within the time the limit takes to refill them; for a lease of
 /// only its fetching check's cost: when the key is back within that lease's lifetime and the
 /// store had units left) while the key's recent leases dropped at most a quarter of what they
-/// took, and halves when a lease expires more than a quarter unused, or the store cannot grant
-/// one. While the recent leases dropped more than a quarter, a check takes only its own cost. A
+/// took, and also while a lease is on its way when its units are all counted on and more checks
+/// of the key come within its lifetime (once per lease request). It halves when a lease expires
+/// more than a quarter unused, or the store cannot grant one, and starts again from 1 when the
+/// check bringing a lease is dropped after sending it (the store may have granted it). While the
+/// recent leases dropped more than a quarter, a check takes only its own cost. A
 /// gateway thus leases only for a key it sees at about the limit's rate or faster: below that
 /// rate a lease (which lives the time the limit takes to refill it) would expire part unused,
 /// taking units from the store at about the limit's rate whatever the traffic, and a key served
@@ -151,8 +156,11 @@ const SHARDS: usize = 16;
 /// # Polling
 ///
 /// A check that must fetch a lease decides so when it is made, and the key's other checks on this
-/// gateway wait for its answer. Poll a check once it is made (as the tower layer does, within its
-/// timeout): a check made and left unpolled holds those checks up.
+/// gateway that its lease can spare units for wait for its answer. Poll a check once it is made
+/// (as the tower layer does, within its timeout): a check made and left unpolled holds those
+/// checks up. A check dropped before its first poll sent nothing (a store's future does nothing
+/// until polled) and only hands its lease request on; one dropped after it counts the lease as
+/// granted and wasted (see the error bounds).
 ///
 /// # What a local decision reports
 ///
@@ -202,7 +210,9 @@ pub struct LeasingStats {
     pub leased_units: u64,
     /// Lease requests the store denied (each followed by a check of the request's own cost).
     pub lease_denials: u64,
-    /// Granted units dropped unspent (expired leases, leases replaced or evicted).
+    /// Granted units dropped unspent (expired leases, leases replaced or evicted), and the units
+    /// beyond their own cost of lease requests dropped after they were sent, which the store may
+    /// have granted.
     pub wasted_units: u64,
     /// Checks that found another check of the same key bringing a lease with units to spare for
     /// them, and waited for it.
@@ -786,6 +796,7 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
                         want,
                         sent: now,
                         second: false,
+                        polled: false,
                     },
                     ctx: ctx(entry),
                 }
@@ -826,7 +837,8 @@ pin_project! {
         Wait { failures: u64, counted_on: u64 },
         // Asking the store for a lease of `want`.
         // `second`: a smaller lease, asked for after a denial said how many units were left.
-        Lease { #[pin] fut: F, want: u64, sent: u64, second: bool },
+        // `polled`: the store's future was polled (the request may have reached the store).
+        Lease { #[pin] fut: F, want: u64, sent: u64, second: bool, polled: bool },
         Done,
     }
 }
@@ -849,32 +861,52 @@ pin_project! {
     {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
-            // A check dropped while it was bringing a lease must let the waiting checks go on,
-            // to the store: the lease may never come (a store slower than the callers' timeout).
-            // The store may have granted it, so it counts as a lease dropped unspent but for the
-            // check's own cost, and the key's leases start again from one unit (they grow back
-            // as they are spent): repeated drops do not take a whole lease from the store each
-            // time.
-            if let (StProj::Lease { want, .. }, Some(ctx)) =
-                (this.state.project(), this.ctx.as_ref())
-            {
-                let sh = &ctx.shared;
-                let mut e = ctx.entry.lock();
-                e.fetching = false;
-                e.failed_fetches += 1;
-                let unspent = want.saturating_sub(ctx.cost);
-                if unspent > 0 {
-                    e.settle_dropped(*want, ctx.cost);
-                    if let Size::Adaptive(_) = sh.size {
-                        e.size = 1;
+            let Some(ctx) = this.ctx.as_ref() else {
+                return;
+            };
+            match this.state.project() {
+                // A check dropped while it was bringing a lease must let the waiting checks go
+                // on. Before its first poll nothing was sent (a future does nothing until
+                // polled): the next check brings the lease. After it, the lease may never come
+                // (a store slower than the callers' timeout), so the waiting checks go to the
+                // store; and the store may have granted it, so it counts as a lease dropped
+                // unspent but for the check's own cost, and the key's leases start again from
+                // one unit (they grow back as they are spent): repeated drops do not take a whole
+                // lease from the store each time.
+                StProj::Lease { want, polled, .. } => {
+                    let mut e = ctx.entry.lock();
+                    e.fetching = false;
+                    if *polled {
+                        e.failed_fetches += 1;
+                        dropped_after_sending(&ctx.shared, &mut e, *want, ctx.cost);
                     }
-                    sh.counters
-                        .wasted_units
-                        .fetch_add(unspent, Ordering::Relaxed);
+                    e.wake_all();
                 }
-                e.wake_all();
+                // A waiting check dropped gives back the units it counted on.
+                StProj::Wait { counted_on, .. } => {
+                    let mut e = ctx.entry.lock();
+                    if e.fetching && e.fetch_seq == *counted_on {
+                        e.spare = e.spare.saturating_add(ctx.cost);
+                    }
+                }
+                _ => {}
             }
         }
+    }
+}
+
+/// A lease request of `want` units for a check of `cost`, dropped after it was sent: counted as
+/// granted and wasted but for the cost, and an adaptive key's leases start again from one unit.
+fn dropped_after_sending<S, C>(sh: &Shared<S, C>, e: &mut Entry, want: u64, cost: u64) {
+    let unspent = want.saturating_sub(cost);
+    if unspent > 0 {
+        e.settle_dropped(want, cost);
+        if let Size::Adaptive(_) = sh.size {
+            e.size = 1;
+        }
+        sh.counters
+            .wasted_units
+            .fetch_add(unspent, Ordering::Relaxed);
     }
 }
 
@@ -958,6 +990,7 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                                 want,
                                 sent: now,
                                 second: false,
+                                polled: false,
                             });
                         }
                     }
@@ -967,7 +1000,9 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                     want,
                     sent,
                     second,
+                    polled,
                 } => {
+                    *polled = true;
                     let out = std::task::ready!(fut.poll(cx));
                     let (want, sent, second) = (*want, *sent, *second);
                     let ctx = ctx.expect("a lease request has its context");
@@ -1022,18 +1057,30 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                     let left = d.remaining();
                     if !second && left > cost && left < want {
                         // The store said how many units it has left: ask for exactly those, once
-                        // (this check stays the key's one lease request in flight).
-                        if let Size::Adaptive(_) = sh.size {
-                            ctx.entry.lock().size = left;
+                        // (this check stays the key's one lease request in flight). A new
+                        // request, with fewer units to spare: the checks waiting count on its
+                        // units again (or go to the store).
+                        let now = sh.clock.now().as_micros();
+                        {
+                            let mut e = ctx.entry.lock();
+                            if let Size::Adaptive(_) = sh.size {
+                                e.size = left;
+                            }
+                            e.fetch_seq = e.fetch_seq.wrapping_add(1);
+                            e.spare = left - cost;
+                            e.fetch_sent = now;
+                            e.fetch_refill = sh.refill(&ctx.limit, left);
+                            e.grew_in_flight = false;
+                            e.wake_all();
                         }
                         sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
-                        let now = sh.clock.now().as_micros();
                         let fut = sh.inner.check(&ctx.key, &ctx.limit, left);
                         self.as_mut().project().state.set(St::Lease {
                             fut,
                             want: left,
                             sent: now,
                             second: true,
+                            polled: false,
                         });
                         continue;
                     }
