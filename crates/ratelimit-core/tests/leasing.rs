@@ -1211,3 +1211,80 @@ fn overlapping_checks_of_a_hot_key_are_mostly_answered_from_leases() {
     assert_eq!(s.store_calls, calls.load(Ordering::Relaxed) as u64);
     assert!(s.store_calls <= 200, "{s:?}");
 }
+
+/// Runs `n` checks of `key` at once (made together, then polled in turn until all have answered)
+/// and returns how many were denied.
+fn overlapping<S: Store, C: ratelimit_core::Clock + 'static>(
+    gw: &Leasing<S, C>,
+    key: &[u8],
+    limit: &Limit,
+    n: usize,
+) -> usize
+where
+    S::Error: std::fmt::Debug,
+{
+    let cx = &mut Context::from_waker(Waker::noop());
+    let mut checks: Vec<_> = (0..n)
+        .map(|_| Some(Box::pin(gw.check(key, limit, 1))))
+        .collect();
+    let mut denied = 0;
+    while checks.iter().any(Option::is_some) {
+        for slot in &mut checks {
+            if let Some(c) = slot
+                && let Poll::Ready(d) = c.as_mut().poll(cx)
+            {
+                denied += usize::from(d.unwrap().is_denied());
+                *slot = None;
+            }
+        }
+    }
+    denied
+}
+
+/// Bursts that arrive together (8 at once every 7 s at one gateway, through a store that answers
+/// after a few polls, so that the burst's checks overlap the lease requests) and one request every
+/// 3 s at another: 89 a minute against 100. Under the bucket algorithms the key is never denied.
+/// Under the sliding log it is, a little: the bursty gateway's leases grow (a burst overflowing
+/// the lease on its way looks like the limit's rate), and units held in a live lease count in the
+/// log until they slide out, so the other gateway finds the log full (within the documented
+/// under-admission bound, `G × (L − 1)` units held at any time). Measured on 2026-12-01: 91 of
+/// 5,320 requests denied in the hour (23 before checks stopped waiting in line for leases, when
+/// the token bucket and GCRA were denied 2); the assertion holds it below 2 %.
+#[test]
+fn overlapping_bursts_below_the_limit() {
+    for alg in [
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::SlidingLog,
+    ] {
+        let clock = ManualClock::starting_at(Timestamp::from_secs(3_600));
+        let store = memory(&clock);
+        let a = Leasing::new(slow(&store, 2), clock.clone());
+        let b = Leasing::new(Arc::clone(&store), clock.clone());
+        let limit = Limit::single(alg, Quota::per_minute(100).unwrap()).unwrap();
+        let (mut denied, mut requests) = (0, 0);
+        for s in 0..3_600u64 {
+            if s % 7 == 0 {
+                denied += overlapping(&a, b"user", &limit, 8);
+                requests += 8;
+            }
+            if s % 3 == 1 {
+                requests += 1;
+                if block_on(b.check(b"user", &limit, 1)).unwrap().is_denied() {
+                    denied += 1;
+                }
+            }
+            clock.advance(Duration::from_secs(1));
+        }
+        let sa = a.stats();
+        println!("{alg}: denied {denied} of {requests}, {sa:?}");
+        if alg == Algorithm::SlidingLog {
+            assert!(
+                denied * 50 < requests,
+                "{alg}: {denied} of {requests}: {sa:?}"
+            );
+        } else {
+            assert_eq!(denied, 0, "{alg}: {sa:?}");
+        }
+    }
+}
