@@ -159,7 +159,11 @@ async fn open_redis(store: &config::StoreConfig) -> Result<RedisStore, StartErro
         // polls the check once in `call`, its own timer at the response future's first poll),
         // and the layer's must fire first for a stall to be counted and logged as a timeout
         // (`kind="timeout"`), not as a store error.
-        .response_timeout(Duration::from_millis(store.timeout_ms) + STORE_TIMEOUT_MARGIN)
+        // Held to the store's longest, an hour, which the longest `timeout_ms` would pass.
+        .response_timeout(
+            (Duration::from_millis(store.timeout_ms) + STORE_TIMEOUT_MARGIN)
+                .min(Duration::from_secs(3_600)),
+        )
         .build()
         .await
         .map_err(|e| match e {

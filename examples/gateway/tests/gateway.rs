@@ -551,6 +551,23 @@ async fn redis_config_shares_limits_between_gateways_and_falls_back_when_redis_d
     );
 }
 
+/// The longest `timeout_ms` the configuration accepts (an hour) starts a Redis gateway: the
+/// store's own timeout (the layer's plus 10 ms) is held to the store's longest, an hour, instead
+/// of refusing the file with an error about a field it does not have.
+#[tokio::test]
+async fn the_longest_timeout_starts_a_redis_gateway() {
+    let server = redis_harness::RedisServer::start();
+    let text = redis_text()
+        .replace("redis://127.0.0.1:6379", &server.url())
+        .replace("timeout_ms = 2000\n", "timeout_ms = 3600000\n");
+    let config = Config::from_toml(&text).unwrap();
+    let app = app(&config).await.unwrap();
+    assert_eq!(
+        status(&app, "POST", "/login", "192.0.2.80:1", None).await,
+        200
+    );
+}
+
 #[tokio::test]
 async fn redis_cluster_config_shares_limits_between_gateways() {
     let cluster = redis_harness::RedisCluster::start(3);
