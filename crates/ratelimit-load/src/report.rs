@@ -122,6 +122,10 @@ pub struct Report {
     pub abusive_admitted: u64,
     /// EVAL/EVALSHA calls Redis answered during the run (Redis store only).
     pub redis_calls: Option<u64>,
+    /// How much faster the Redis server's clock ran than the tool's over the run, at most (parts
+    /// per million, the readings' uncertainty included; 0 if slower): the bounds of the
+    /// exactness checks are taken over spans that much longer (Redis store only).
+    pub server_clock_faster_ppm: Option<f64>,
     /// Checks the wrappers answered without a store call of their own (denial-cache, leasing and
     /// coalesce modes; for coalesce, the checks that shared another check's script call).
     pub local_answers: Option<u64>,
@@ -195,6 +199,7 @@ impl Report {
             },
             "redis_calls": self.redis_calls,
             "redis_calls_per_request": self.redis_calls_per_request(),
+            "server_clock_faster_ppm": self.server_clock_faster_ppm,
             "local_answers": self.local_answers,
             "store_calls": self.store_calls,
             "per_second": self.per_second.iter().map(|s| json!({
@@ -323,6 +328,12 @@ impl Report {
         }
         if let (Some(c), Some(per)) = (self.redis_calls, self.redis_calls_per_request()) {
             let _ = writeln!(o, "redis      {c} EVAL/EVALSHA calls, {per:.3} per request");
+        }
+        if let Some(ppm) = self.server_clock_faster_ppm {
+            let _ = writeln!(
+                o,
+                "clocks     the server's ran at most {ppm:.0} ppm faster than the tool's (allowed for)"
+            );
         }
         if let (Some(h), Some(s)) = (self.local_answers, self.store_calls) {
             let what = if self.mode == Mode::Coalesce {
