@@ -328,6 +328,18 @@ async fn a_problem_body_names_the_quota_that_denied() {
     );
 }
 
+/// The answer to the sixth request in a minute under five a minute, with a custom denial body.
+async fn sixth_with(store: TestStore, body: DenialBody) -> http::Response<axum::body::Body> {
+    let app = app(
+        store,
+        Policy::new("api", five_a_minute()).unwrap().body(body),
+    );
+    for _ in 0..5 {
+        send(&app, request("/")).await;
+    }
+    send(&app, request("/")).await
+}
+
 #[tokio::test]
 async fn custom_body_keeps_its_headers_and_gets_ours() {
     let (_clock, store) = store();
@@ -343,14 +355,7 @@ async fn custom_body_keeps_its_headers_and_gets_ours() {
             )))
             .unwrap()
     });
-    let app = app(
-        store,
-        Policy::new("api", five_a_minute()).unwrap().body(body),
-    );
-    for _ in 0..5 {
-        send(&app, request("/")).await;
-    }
-    let res = send(&app, request("/")).await;
+    let res = sixth_with(store, body).await;
     assert_eq!(res.status(), 429);
     assert_eq!(header(&res, "retry-after"), Some("999"), "not overwritten");
     assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=0;t=12"));
@@ -375,14 +380,7 @@ async fn a_custom_body_that_is_not_an_error_becomes_a_429() {
             *r.status_mut() = http::StatusCode::from_u16(status).unwrap();
             r
         });
-        let app = app(
-            store,
-            Policy::new("api", five_a_minute()).unwrap().body(body),
-        );
-        for _ in 0..5 {
-            send(&app, request("/")).await;
-        }
-        let res = send(&app, request("/")).await;
+        let res = sixth_with(store, body).await;
         assert_eq!(res.status(), want, "a custom {status}");
         assert_eq!(header(&res, "retry-after"), Some("12"));
     }
