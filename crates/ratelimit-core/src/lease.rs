@@ -161,9 +161,9 @@ const SHARDS: usize = 16;
 /// A check that must fetch a lease decides so when it is made, and the key's other checks on this
 /// gateway that its lease can spare units for wait for its answer. Poll a check once it is made
 /// (as the tower layer does, within its timeout): a check made and left unpolled holds those
-/// checks up. A check dropped before its first poll sent nothing (a store's future does nothing
-/// until polled) and only hands its lease request on; one dropped after it counts the lease as
-/// granted and wasted (see the error bounds).
+/// checks up. A check dropped while it brings a lease counts the lease as granted and wasted (see
+/// the error bounds), even before its first poll: a store may decide when its `check` is called
+/// (the in-memory store does), not only when its future is polled.
 ///
 /// # What a local decision reports
 ///
@@ -214,7 +214,7 @@ pub struct LeasingStats {
     /// Lease requests the store denied (each followed by a check of the request's own cost).
     pub lease_denials: u64,
     /// Granted units dropped unspent (expired leases, leases replaced or evicted), and the units
-    /// beyond their own cost of lease requests dropped after they were sent, which the store may
+    /// beyond their own cost of lease requests dropped before their answer, which the store may
     /// have granted.
     pub wasted_units: u64,
     /// Checks that found another check of the same key bringing a lease with units to spare for
@@ -799,7 +799,6 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
                         want,
                         sent: now,
                         second: false,
-                        polled: false,
                     },
                     ctx: ctx(entry),
                 }
@@ -840,8 +839,7 @@ pin_project! {
         Wait { failures: u64, counted_on: u64 },
         // Asking the store for a lease of `want`.
         // `second`: a smaller lease, asked for after a denial said how many units were left.
-        // `polled`: the store's future was polled (the request may have reached the store).
-        Lease { #[pin] fut: F, want: u64, sent: u64, second: bool, polled: bool },
+        Lease { #[pin] fut: F, want: u64, sent: u64, second: bool },
         Done,
     }
 }
@@ -869,20 +867,17 @@ pin_project! {
             };
             match this.state.project() {
                 // A check dropped while it was bringing a lease must let the waiting checks go
-                // on. Before its first poll nothing was sent (a future does nothing until
-                // polled): the next check brings the lease. After it, the lease may never come
-                // (a store slower than the callers' timeout), so the waiting checks go to the
-                // store; and the store may have granted it, so it counts as a lease dropped
-                // unspent but for the check's own cost, and the key's leases start again from
-                // one unit (they grow back as they are spent): repeated drops do not take a whole
-                // lease from the store each time.
-                StProj::Lease { want, polled, .. } => {
+                // on, to the store: the lease may never come (a store slower than the callers'
+                // timeout). The store may have granted it (a store may decide when its `check`
+                // is called, before any poll, as the in-memory store does), so it counts as a
+                // lease dropped unspent but for the check's own cost, and the key's leases start
+                // again from one unit (they grow back as they are spent): repeated drops do not
+                // take a whole lease from the store each time.
+                StProj::Lease { want, .. } => {
                     let mut e = ctx.entry.lock();
                     e.fetching = false;
-                    if *polled {
-                        e.failed_fetches += 1;
-                        dropped_after_sending(&ctx.shared, &mut e, *want, ctx.cost);
-                    }
+                    e.failed_fetches += 1;
+                    dropped_after_sending(&ctx.shared, &mut e, *want, ctx.cost);
                     e.wake_all();
                 }
                 // A waiting check dropped gives back the units it counted on.
@@ -898,7 +893,7 @@ pin_project! {
     }
 }
 
-/// A lease request of `want` units for a check of `cost`, dropped after it was sent: counted as
+/// A lease request of `want` units for a check of `cost`, dropped before its answer: counted as
 /// granted and wasted but for the cost, and an adaptive key's leases start again from one unit.
 fn dropped_after_sending<S, C>(sh: &Shared<S, C>, e: &mut Entry, want: u64, cost: u64) {
     let unspent = want.saturating_sub(cost);
@@ -993,7 +988,6 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                                 want,
                                 sent: now,
                                 second: false,
-                                polled: false,
                             });
                         }
                     }
@@ -1003,9 +997,7 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                     want,
                     sent,
                     second,
-                    polled,
                 } => {
-                    *polled = true;
                     let out = std::task::ready!(fut.poll(cx));
                     let (want, sent, second) = (*want, *sent, *second);
                     let ctx = ctx.expect("a lease request has its context");
@@ -1083,7 +1075,6 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                             want: left,
                             sent: now,
                             second: true,
-                            polled: false,
                         });
                         continue;
                     }

@@ -124,7 +124,7 @@ pub struct Report {
     pub redis_calls: Option<u64>,
     /// How much faster the Redis server's clock ran than the tool's over the run, at most (parts
     /// per million, the readings' uncertainty included; 0 if slower): the bounds of the
-    /// exactness checks are taken over spans that much longer (Redis store only).
+    /// exactness checks are taken over spans that much longer, and 1 ms more (Redis store only).
     pub server_clock_faster_ppm: Option<f64>,
     /// Checks the wrappers answered without a store call of their own (denial-cache, leasing and
     /// coalesce modes; for coalesce, the checks that shared another check's script call).
@@ -332,7 +332,7 @@ impl Report {
         if let Some(ppm) = self.server_clock_faster_ppm {
             let _ = writeln!(
                 o,
-                "clocks     the server's ran at most {ppm:.0} ppm faster than the tool's (allowed for)"
+                "clocks     the server's ran at most {ppm:.0} ppm faster than the tool's (allowed for, with 1 ms more in any span)"
             );
         }
         if let (Some(h), Some(s)) = (self.local_answers, self.store_calls) {
