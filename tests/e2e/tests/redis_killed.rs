@@ -83,8 +83,11 @@ async fn policies_hold_while_redis_is_killed_and_recover_after_restart() {
         })
     };
     tokio::time::sleep_until((origin + KILL_AT).into()).await;
-    let killed_at = origin.elapsed();
+    // Read on both sides of the kill: a thread paused between the reading and the kill would
+    // otherwise put answers Redis still gave inside the outage window.
+    let kill_began = origin.elapsed();
     redis.kill();
+    let killed_at = origin.elapsed();
     tokio::time::sleep_until((origin + RESTART_AT).into()).await;
     // Redis may answer from inside `restart` on (it waits for PING): the outage window ends here.
     let restart_began = origin.elapsed();
@@ -125,7 +128,7 @@ async fn policies_hold_while_redis_is_killed_and_recover_after_restart() {
 
     // Before the kill: Redis decides. (On a loaded machine a check may exceed the 50 ms timeout
     // and be answered by the policy: at most 2% of them.)
-    let before = samples.answered_before(killed_at);
+    let before = samples.answered_before(kill_began);
     assert_eq!(before.route("open").statuses(), [200]);
     assert!(
         before.route("closed").share(200) >= 0.98,
