@@ -72,14 +72,14 @@ const SHARDS: usize = 16;
 ///   current size `L` (at least the request's cost, at most what the limit can ever hold). Other
 ///   checks of the key wait for it as long as its units beyond the fetching check's cost cover
 ///   theirs; the rest go straight to the store, side by side, as without leasing (waiting in line
-///   for lease after lease would allow one store call in flight per key). If the lease is granted, the
-///   request takes its cost from it. If it is denied but the store says it has `r` units left
-///   (more than the cost), a lease of exactly `r` is asked for at once (once). If that fails too,
-///   or fewer units are left, the key's checks go straight to the store
-///   until that lease would fit (the denial's retry-after; before it, the store would deny it
-///   again): the request's own cost at once, so a nearly exhausted key still admits exactly what
-///   is left, and the waiting checks side by side (a coalescing store below merges them). A denial
-///   of a request's own cost does the same until that cost may pass.
+///   for lease after lease would allow one store call in flight per key). If the lease is
+///   granted, the request takes its cost from it. If it is denied but the store says it has `r`
+///   units left (more than the cost), a lease of exactly `r` is asked for at once (once). If that
+///   fails too, or fewer units are left, the key's checks go straight to the store until that
+///   lease would fit (the denial's retry-after; before it, the store would deny it again): the
+///   request's own cost at once, so a nearly exhausted key still admits exactly what is left, and
+///   the waiting checks side by side (a coalescing store below merges them). A denial of a
+///   request's own cost does the same until that cost may pass.
 /// - A cost of 0 (a peek), a cost larger than the largest lease, and limits of several fixed-window
 ///   quotas go straight to the store.
 ///
@@ -94,7 +94,7 @@ const SHARDS: usize = 16;
 /// took, and also while a lease is on its way when its units are all counted on and more checks
 /// of the key come within its lifetime (once per lease request). It halves when a lease expires
 /// more than a quarter unused, or the store cannot grant one, and starts again from 1 when the
-/// check bringing a lease is dropped after sending it (the store may have granted it). While the
+/// check bringing a lease is dropped before its answer (the store may have granted it). While the
 /// recent leases dropped more than a quarter, a check takes only its own cost. A
 /// gateway thus leases only for a key it sees at about the limit's rate or faster: below that
 /// rate a lease (which lives the time the limit takes to refill it) would expire part unused,
@@ -138,8 +138,9 @@ const SHARDS: usize = 16;
 ///   gateway's traffic) but one: bursts of 8 arriving together every 7 s at one gateway and a
 ///   request every 3 s at another (89 a minute against 100) are never denied under the token
 ///   bucket and GCRA, but 1.7 % of them are under the sliding log, whose log counts the units a
-///   live lease holds until they slide out (`overlapping_bursts_below_the_limit`). On a quota that does not refill, with demand above it at every gateway
-///   that leases, the total admitted reaches at least `quota − G × (L − 1)`. A check that costs
+///   live lease holds until they slide out (`overlapping_bursts_below_the_limit`). On a quota
+///   that does not refill, with demand above it at every gateway that leases, the total
+///   admitted reaches at least `quota − G × (L − 1)`. A check that costs
 ///   more than its gateway's lease holds goes to the store on its own and leaves the lease be. A
 ///   check that was fetching a lease and is dropped (a caller's timeout) may lose the whole
 ///   lease, `L` units, if the store granted it before the drop; its units beyond the check's cost
@@ -323,8 +324,24 @@ impl Entry {
     /// the lease before it ends here, spent, as when an answer comes.
     fn settle_dropped(&mut self, want: u64, cost: u64) {
         let _ = self.settle(0);
-        self.taken = self.taken - self.taken / 8 + u128::from(want) * 1024;
-        self.spent = self.spent - self.spent / 8 + u128::from(cost) * 1024;
+        self.count_lease(want, cost);
+    }
+
+    /// Adds a lease that took `taken` units and of them spent `spent` to the recent leases' sums,
+    /// after making them 1/8 smaller.
+    fn count_lease(&mut self, taken: u64, spent: u64) {
+        self.taken = self.taken - self.taken / 8 + u128::from(taken) * 1024;
+        self.spent = self.spent - self.spent / 8 + u128::from(spent) * 1024;
+    }
+
+    /// Starts a lease request of `want` units for a check of `cost` at `now`, whose lease would
+    /// live `refill` µs: its units beyond the cost are spare for waiting checks.
+    fn begin_fetch(&mut self, want: u64, cost: u64, now: u64, refill: u64) {
+        self.fetch_seq = self.fetch_seq.wrapping_add(1);
+        self.spare = want - cost;
+        self.fetch_sent = now;
+        self.fetch_refill = refill;
+        self.grew_in_flight = false;
     }
 
     /// Counts the current lease, ended with `left` units unspent, in the recent leases, once:
@@ -334,9 +351,7 @@ impl Entry {
             return false;
         }
         self.settled = true;
-        let spent = self.granted.saturating_sub(left);
-        self.taken = self.taken - self.taken / 8 + u128::from(self.granted) * 1024;
-        self.spent = self.spent - self.spent / 8 + u128::from(spent) * 1024;
+        self.count_lease(self.granted, self.granted.saturating_sub(left));
         true
     }
 
@@ -388,17 +403,17 @@ impl<S, C> Shared<S, C> {
     /// What a check of `cost` at `now` does with this entry; `may_fetch` false: straight to the
     /// store where it would ask for a lease. `counted_on`: the lease request a waiting check has
     /// counted on units of (`fetch_seq`), if any.
-    #[allow(clippy::too_many_arguments)]
     fn try_acquire(
         &self,
         e: &mut Entry,
         now: u64,
         limit: &Limit,
         cost: u64,
-        cap: u64,
         may_fetch: bool,
         counted_on: Option<u64>,
     ) -> Action {
+        // The most the limit can ever admit at once: a larger lease would be `Exceeds`.
+        let cap = limit.max_cost();
         if now < e.starved_until || cost > cap {
             // Starved, or a cost no lease can cover (the store says it never passes): straight to
             // the store, and the lease, if any, stays for the checks it can serve.
@@ -496,11 +511,7 @@ impl<S, C> Shared<S, C> {
             _ => e.size,
         };
         let want = size.max(cost).min(cap);
-        e.fetch_seq = e.fetch_seq.wrapping_add(1);
-        e.spare = want - cost;
-        e.fetch_sent = now;
-        e.fetch_refill = self.refill(limit, want);
-        e.grew_in_flight = false;
+        e.begin_fetch(want, cost, now, self.refill(limit, want));
         Action::Fetch(want)
     }
 
@@ -761,16 +772,13 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
                 ctx: None,
             };
         };
-        // The most the limit can ever admit at once: a larger lease would be `Exceeds`.
-        let cap = limit.max_cost();
-        let action = sh.try_acquire(&mut entry.lock(), now, limit, cost, cap, true, None);
+        let action = sh.try_acquire(&mut entry.lock(), now, limit, cost, true, None);
         let ctx = |entry| {
             Some(Ctx {
                 shared: Arc::clone(sh),
                 key: key.into(),
                 limit: limit.clone(),
                 cost,
-                cap,
                 entry,
             })
         };
@@ -822,7 +830,6 @@ struct Ctx<S, C> {
     key: Box<[u8]>,
     limit: Limit,
     cost: u64,
-    cap: u64,
     entry: EntryRef,
 }
 
@@ -877,7 +884,7 @@ pin_project! {
                     let mut e = ctx.entry.lock();
                     e.fetching = false;
                     e.failed_fetches += 1;
-                    dropped_after_sending(&ctx.shared, &mut e, *want, ctx.cost);
+                    dropped_before_answer(&ctx.shared, &mut e, *want, ctx.cost);
                     e.wake_all();
                 }
                 // A waiting check dropped gives back the units it counted on.
@@ -895,7 +902,7 @@ pin_project! {
 
 /// A lease request of `want` units for a check of `cost`, dropped before its answer: counted as
 /// granted and wasted but for the cost, and an adaptive key's leases start again from one unit.
-fn dropped_after_sending<S, C>(sh: &Shared<S, C>, e: &mut Entry, want: u64, cost: u64) {
+fn dropped_before_answer<S, C>(sh: &Shared<S, C>, e: &mut Entry, want: u64, cost: u64) {
     let unspent = want.saturating_sub(cost);
     if unspent > 0 {
         e.settle_dropped(want, cost);
@@ -953,7 +960,6 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                         now,
                         &ctx.limit,
                         ctx.cost,
-                        ctx.cap,
                         may_fetch,
                         Some(*counted_on),
                     ) {
@@ -1061,11 +1067,7 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                             if let Size::Adaptive(_) = sh.size {
                                 e.size = left;
                             }
-                            e.fetch_seq = e.fetch_seq.wrapping_add(1);
-                            e.spare = left - cost;
-                            e.fetch_sent = now;
-                            e.fetch_refill = sh.refill(&ctx.limit, left);
-                            e.grew_in_flight = false;
+                            e.begin_fetch(left, cost, now, sh.refill(&ctx.limit, left));
                             e.wake_all();
                         }
                         sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);

@@ -13,6 +13,7 @@ use ratelimit_core::{
     SystemClock,
 };
 use ratelimit_redis::{Coalescing, RedisStore};
+use redis::aio::MultiplexedConnection;
 use redis_harness::RedisServer;
 use tokio::sync::Notify;
 
@@ -280,18 +281,16 @@ fn scheduler(shared: Arc<Shared>, wake_limit: usize, tick: Duration) {
 
 /// The Redis server's clock (`TIME`, µs) against `clock`, read around it: (the midpoint of the two
 /// readings of `clock`, the server's time, half the round trip).
-async fn server_time(url: &str, clock: &SystemClock) -> Result<(u64, u64, u64), Error> {
-    let client = redis::Client::open(url).map_err(|e| Error::Redis(e.to_string()))?;
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .map_err(|e| Error::Redis(e.to_string()))?;
+async fn server_time(
+    conn: &mut MultiplexedConnection,
+    clock: &SystemClock,
+) -> Result<(u64, u64, u64), Error> {
     let mut best: Option<(u64, u64, u64)> = None;
     // The reading with the shortest round trip of a few.
     for _ in 0..5 {
         let before = clock.now().as_micros();
         let (secs, micros): (u64, u64) = redis::cmd("TIME")
-            .query_async(&mut conn)
+            .query_async(conn)
             .await
             .map_err(|e| Error::Redis(e.to_string()))?;
         let after = clock.now().as_micros();
@@ -319,16 +318,20 @@ fn server_faster(before: (u64, u64, u64), after: (u64, u64, u64)) -> f64 {
     ((server + uncertainty) / tool as f64 - 1.0).max(0.0)
 }
 
-/// Calls of EVAL and EVALSHA the server has answered, from `INFO commandstats`.
-async fn eval_calls(url: &str) -> Result<u64, Error> {
+/// A connection of the tool's own to the Redis server, for the measurements around a run.
+async fn connect(url: &str) -> Result<MultiplexedConnection, Error> {
     let client = redis::Client::open(url).map_err(|e| Error::Redis(e.to_string()))?;
-    let mut conn = client
+    client
         .get_multiplexed_async_connection()
         .await
-        .map_err(|e| Error::Redis(e.to_string()))?;
+        .map_err(|e| Error::Redis(e.to_string()))
+}
+
+/// Calls of EVAL and EVALSHA the server has answered, from `INFO commandstats`.
+async fn eval_calls(conn: &mut MultiplexedConnection) -> Result<u64, Error> {
     let info: String = redis::cmd("INFO")
         .arg("commandstats")
-        .query_async(&mut conn)
+        .query_async(conn)
         .await
         .map_err(|e| Error::Redis(e.to_string()))?;
     Ok(redis_harness::script_calls(&info))
@@ -752,16 +755,16 @@ async fn drive<F>(config: &Config, setup: Setup, workers: usize, spawn: F) -> Re
 where
     F: Fn(Arc<Shared>, usize) -> tokio::task::JoinHandle<()>,
 {
-    let calls_before = match (&config.redis_url, config.store) {
-        (Some(url), StoreKind::Redis) => Some(eval_calls(url).await?),
+    let mut probe = match (&config.redis_url, config.store) {
+        (Some(url), StoreKind::Redis) => Some(connect(url).await?),
         _ => None,
     };
     // Every `SystemClock` of the process reads quanta's one calibration: this one runs at the rate
     // of the one the admissions are timed on.
     let clock = SystemClock::new();
-    let time_before = match (&config.redis_url, config.store) {
-        (Some(url), StoreKind::Redis) => Some(server_time(url, &clock).await?),
-        _ => None,
+    let before = match &mut probe {
+        Some(conn) => Some((eval_calls(conn).await?, server_time(conn, &clock).await?)),
+        None => None,
     };
     let cache_before = setup.cache_stats.as_ref().map(|f| f());
 
@@ -820,12 +823,11 @@ where
         bar.finish_and_clear();
     }
 
-    let calls_after = match (&config.redis_url, config.store) {
-        (Some(url), StoreKind::Redis) => Some(eval_calls(url).await?),
-        _ => None,
-    };
-    let server_faster = match (&config.redis_url, time_before) {
-        (Some(url), Some(before)) => Some(server_faster(before, server_time(url, &clock).await?)),
+    let redis_after = match (&mut probe, before) {
+        (Some(conn), Some((calls, time))) => Some((
+            eval_calls(conn).await? - calls,
+            server_faster(time, server_time(conn, &clock).await?),
+        )),
         _ => None,
     };
     let cache_after = setup.cache_stats.as_ref().map(|f| f());
@@ -834,8 +836,8 @@ where
         &shared,
         setup.tolerance,
         timed_out,
-        server_faster,
-        calls_before.zip(calls_after).map(|(b, a)| a - b),
+        redis_after.map(|(_, faster)| faster),
+        redis_after.map(|(calls, _)| calls),
         cache_before
             .zip(cache_after)
             .map(|(b, a)| (a.0 - b.0, a.1 - b.1)),

@@ -82,5 +82,6 @@ pub use key::MAX_VERBATIM_KEY;
 pub use scripts::{script_sha, script_source};
 pub use store::{
     CheckFuture, CheckManyFuture, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, DEFAULT_PREFIX,
-    DEFAULT_RESPONSE_TIMEOUT, DEFAULT_WAIT_TIMEOUT, RedisStore, RedisStoreBuilder, redact_url,
+    DEFAULT_RESPONSE_TIMEOUT, DEFAULT_WAIT_TIMEOUT, MAX_TIMEOUT, RedisStore, RedisStoreBuilder,
+    redact_url,
 };

@@ -32,6 +32,9 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(500);
 /// The default time a check waits for Redis to answer, connection included.
 pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
+/// The longest `connect_timeout`, `wait_timeout` and `response_timeout` accepted: an hour. A
+/// deadline is counted as now + timeout, which would overflow for `Duration::MAX`.
+pub const MAX_TIMEOUT: Duration = Duration::from_secs(3_600);
 
 /// The future of [`RedisStore::check_many`]: one decision per cost, in order.
 pub type CheckManyFuture =
@@ -746,9 +749,9 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How long a check may take in all, connection included (default 500 ms; more than zero and at most an hour, as are
-    /// the other timeouts). Past it the check
-    /// fails with [`RedisStoreError::Timeout`].
+    /// How long a check may take in all, connection included (default 500 ms; more than zero and
+    /// at most [`MAX_TIMEOUT`], an hour, as are the other timeouts). Past it the check fails with
+    /// [`RedisStoreError::Timeout`].
     pub fn response_timeout(mut self, d: Duration) -> Self {
         self.response_timeout = d;
         self
@@ -802,8 +805,6 @@ impl RedisStoreBuilder {
             if d.is_zero() {
                 return Err(RedisStoreError::config(name, "must be longer than zero"));
             }
-            // A deadline is counted as now + timeout, which overflows for an absurd duration
-            // (`Duration::MAX` meant as "no timeout"); an hour is far beyond any useful one.
             if d > MAX_TIMEOUT {
                 return Err(RedisStoreError::config(name, "must be at most an hour"));
             }
@@ -932,9 +933,6 @@ fn validate_prefix(prefix: &str) -> Result<(), RedisStoreError> {
     }
     Ok(())
 }
-
-/// The longest `connect_timeout`, `wait_timeout` and `response_timeout` accepted.
-const MAX_TIMEOUT: Duration = Duration::from_secs(3_600);
 
 /// `url` with its user and password replaced by `***`, for logs and error messages:
 /// `redis://user:secret@host:6379/0` becomes `redis://***@host:6379/0`, and the `user`, `pass`

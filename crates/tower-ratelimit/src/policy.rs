@@ -114,14 +114,6 @@ impl MissingKey {
                          `MissingKey::unauthorized` (`{ unauthorized = \"...\" }` in a \
                          configuration)",
             }),
-            MissingKey::Unauthorized(challenge)
-                if challenge.as_bytes().iter().all(u8::is_ascii_whitespace) =>
-            {
-                Err(Error::InvalidSetting {
-                    name: "missing_key",
-                    reason: "a WWW-Authenticate challenge must not be empty",
-                })
-            }
             MissingKey::Reject(s)
                 if *s == StatusCode::METHOD_NOT_ALLOWED
                     || *s == StatusCode::PROXY_AUTHENTICATION_REQUIRED =>
@@ -130,6 +122,14 @@ impl MissingKey {
                     name: "missing_key",
                     reason: "405 and 407 must carry a header of their own (Allow, \
                              Proxy-Authenticate) and do not mean a missing key: use 400 or 403",
+                })
+            }
+            MissingKey::Unauthorized(challenge)
+                if challenge.as_bytes().iter().all(u8::is_ascii_whitespace) =>
+            {
+                Err(Error::InvalidSetting {
+                    name: "missing_key",
+                    reason: "a WWW-Authenticate challenge must not be empty",
                 })
             }
             _ => Ok(()),

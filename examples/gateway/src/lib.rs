@@ -159,10 +159,10 @@ async fn open_redis(store: &config::StoreConfig) -> Result<RedisStore, StartErro
         // polls the check once in `call`, its own timer at the response future's first poll),
         // and the layer's must fire first for a stall to be counted and logged as a timeout
         // (`kind="timeout"`), not as a store error.
-        // Held to the store's longest, an hour, which the longest `timeout_ms` would pass.
+        // Held to the store's longest, which the longest `timeout_ms` would pass.
         .response_timeout(
             (Duration::from_millis(store.timeout_ms) + STORE_TIMEOUT_MARGIN)
-                .min(Duration::from_secs(3_600)),
+                .min(ratelimit_redis::MAX_TIMEOUT),
         )
         .build()
         .await
