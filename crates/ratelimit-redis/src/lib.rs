@@ -74,6 +74,7 @@ mod error;
 mod key;
 mod reply;
 mod scripts;
+mod silence;
 mod store;
 
 pub use coalesce::{CoalesceFuture, Coalescing, CoalescingStats, DEFAULT_MAX_BATCH};

@@ -17,6 +17,7 @@ use crate::error::RedisStoreError;
 use crate::key::{each_state_key, key_count, state_keys};
 use crate::reply::{self, Shape};
 use crate::scripts;
+use crate::silence::Silence;
 
 /// The default key prefix.
 pub const DEFAULT_PREFIX: &str = "rl";
@@ -68,7 +69,7 @@ struct Inner {
     response_timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
     expiry_slack_ms: u64,
-    /// The origin of the slots' `unanswered_since` times.
+    /// The origin of the slots' [`Silence`] times.
     epoch: tokio::time::Instant,
 }
 
@@ -87,15 +88,12 @@ struct Slot {
     opened: tokio::sync::Notify,
     /// How many openings have failed, and the last one's error.
     failed: Mutex<(u64, Option<RedisStoreError>)>,
-    /// When the oldest command sent on the current connection that may still be unanswered was
-    /// sent (µs since the store's epoch, plus 1; 0 for none). Set by the first command sent with
-    /// none outstanding; cleared by the answer to a command sent at or after it on a standalone
-    /// connection (which answers in order), and by an answered probe. It holds whether the
-    /// command's check timed out in the store or was dropped first by its caller (whose timeout,
-    /// such as the tower layer's, may be the shorter), so it may also stand for an answer that
-    /// came after its caller left.
+    /// How long the current connection has left a command unanswered: whether the check timed
+    /// out in the store or was dropped first by its caller (whose timeout, such as the tower
+    /// layer's, may be the shorter), so it may also stand for an answer that came after its
+    /// caller left.
     ///
-    /// A check that finds it older than the response timeout starts a probe (see
+    /// A check that finds it silent for the response timeout starts a probe (see
     /// [`Inner::probe`]): a `PING` on the connection, in a task of its own, which clears it if
     /// answered within the response timeout and replaces the connection if not. A peer that
     /// vanished without closing the connection (power loss, a partition) would otherwise keep it
@@ -104,7 +102,7 @@ struct Slot {
     /// On a cluster connection (one connection per master, whose answers are not ordered with
     /// each other's) an answer from one master says nothing of another, so only probes clear it:
     /// the probe's `PING` goes to every master.
-    unanswered_since: AtomicU64,
+    silence: Silence,
     /// Set while a probe of this slot's connection runs.
     probing: AtomicBool,
 }
@@ -426,13 +424,8 @@ impl Inner {
             };
         // One clock read per check: the silence test and this command's mark.
         let sent = self.micros() + 1;
-        let unanswered = &self.slots[slot].unanswered_since;
-        let since = unanswered.load(Ordering::Relaxed);
-        if since == 0 {
-            // Only the first command with none outstanding writes the mark (a shared line the
-            // checks would otherwise all write).
-            let _ = unanswered.compare_exchange(0, sent, Ordering::Relaxed, Ordering::Relaxed);
-        } else if Duration::from_micros(sent.saturating_sub(since)) >= self.response_timeout
+        if let Some(since) = self.slots[slot].silence.sent(generation, sent)
+            && Duration::from_micros(sent.saturating_sub(since)) >= self.response_timeout
             && !self.slots[slot].probing.swap(true, Ordering::AcqRel)
         {
             // Silent for the response timeout: a probe, in a task of its own so that this
@@ -454,7 +447,7 @@ impl Inner {
         } else if matches!(conn, Conn::Single(_)) {
             // An answer, even an error reply: the connection works, and has answered every
             // command sent before this one.
-            self.answered(slot, sent);
+            self.slots[slot].silence.answered(generation, sent);
         }
         reply.map_err(|e| {
             if e.is_timeout() {
@@ -463,17 +456,6 @@ impl Inner {
                 RedisStoreError::Redis(e)
             }
         })
-    }
-
-    /// Clears slot `i`'s unanswered mark if it is not later than `sent`: every command sent on
-    /// the connection up to `sent` has been answered. (A look first: most answers find no mark to
-    /// clear, and need not write.)
-    fn answered(&self, i: usize, sent: u64) {
-        let mark = &self.slots[i].unanswered_since;
-        let m = mark.load(Ordering::Relaxed);
-        if m != 0 && m <= sent {
-            let _ = mark.compare_exchange(m, 0, Ordering::Relaxed, Ordering::Relaxed);
-        }
     }
 
     /// Asks slot `i`'s connection (of `generation`), which has left a command unanswered for the
@@ -493,8 +475,10 @@ impl Inner {
         let sent = self.micros() + 1;
         let answer = tokio::time::timeout(self.response_timeout, conn.ping()).await;
         match answer {
-            Ok(Ok(())) => self.answered(i, sent),
-            Ok(Err(e)) if !is_broken(&e) && !e.is_timeout() => self.answered(i, sent),
+            Ok(Ok(())) => self.slots[i].silence.answered(generation, sent),
+            Ok(Err(e)) if !is_broken(&e) && !e.is_timeout() => {
+                self.slots[i].silence.answered(generation, sent)
+            }
             Ok(Err(error)) => {
                 tracing::warn!(slot = i, %error, "ratelimit-redis: a silent connection's probe failed");
                 self.reopen(i, generation).await;
@@ -534,9 +518,7 @@ impl Inner {
                 // connection until the node answers or fails over. Its silence is counted again
                 // from now, so that the next probe (and attempt) comes a response timeout later,
                 // not at the next check.
-                self.slots[i]
-                    .unanswered_since
-                    .store(self.micros() + 1, Ordering::Relaxed);
+                self.slots[i].silence.restart(generation, self.micros() + 1);
                 tracing::warn!(
                     slot = i,
                     %error,
@@ -555,7 +537,7 @@ impl Inner {
     /// nothing outstanding on it.
     fn install(&self, slot: &Slot, held: &mut Option<(u64, Conn)>, conn: Conn) {
         let g = self.generation.fetch_add(1, Ordering::Relaxed);
-        slot.unanswered_since.store(0, Ordering::Relaxed);
+        slot.silence.reset(g);
         *held = Some((g, conn));
     }
 
@@ -874,7 +856,7 @@ impl RedisStoreBuilder {
                     opening: AtomicBool::new(false),
                     opened: tokio::sync::Notify::new(),
                     failed: Mutex::new((0, None)),
-                    unanswered_since: AtomicU64::new(0),
+                    silence: Silence::new(),
                     probing: AtomicBool::new(false),
                 })
                 .collect(),
