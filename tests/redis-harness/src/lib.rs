@@ -122,8 +122,17 @@ impl RedisServerBuilder {
     }
 
     /// Starts the server; panics (with the reason) if it cannot.
+    ///
+    /// The port is free when chosen, but another process may bind it before `redis-server` does
+    /// (any program that asks the kernel for a free port may be given it): a server that exits
+    /// because its address is in use is started again on another port, up to five times.
     pub fn start(self) -> RedisServer {
         let port = free_port(self.cluster);
+        self.start_on(port)
+    }
+
+    /// [`start`](Self::start), trying `port` first.
+    fn start_on(self, port: u16) -> RedisServer {
         let dir = tempfile::Builder::new()
             .prefix("redis-harness-")
             .tempdir()
@@ -135,9 +144,29 @@ impl RedisServerBuilder {
             cluster: self.cluster,
             child: None,
         };
+        for _ in 1..5 {
+            match server.try_spawn() {
+                Ok(()) => return server,
+                Err(Exit::AddressInUse) => {
+                    for file in ["redis.log", "nodes.conf"] {
+                        let _ = std::fs::remove_file(server.dir.path().join(file));
+                    }
+                    server.port = free_port(server.cluster);
+                }
+                Err(Exit::Other(why)) => panic!("{why}"),
+            }
+        }
         server.spawn();
         server
     }
+}
+
+/// Why a server did not start.
+enum Exit {
+    /// It exited because its port was taken in the meantime.
+    AddressInUse,
+    /// Anything else, described with its log.
+    Other(String),
 }
 
 /// A `redis-server` process on a free loopback port, in its own temporary directory, without
@@ -186,7 +215,8 @@ impl RedisServer {
         self.dir.path()
     }
 
-    fn spawn(&mut self) {
+    /// Starts the process on `self.port` and waits until it answers.
+    fn try_spawn(&mut self) -> Result<(), Exit> {
         let bin = binary("redis-server");
         let conf = self.dir.path().join("redis.conf");
         let mut text = format!(
@@ -214,33 +244,48 @@ impl RedisServer {
             .spawn()
             .expect("spawn redis-server");
         self.child = Some(child);
-        self.wait_ready();
+        self.wait_ready()
     }
 
-    fn wait_ready(&mut self) {
+    /// Starts the process on `self.port`; panics (with the reason) if it does not answer.
+    fn spawn(&mut self) {
+        match self.try_spawn() {
+            Ok(()) => {}
+            Err(Exit::AddressInUse) => panic!(
+                "redis-server could not bind port {} (in use); log:\n{}",
+                self.port,
+                self.log()
+            ),
+            Err(Exit::Other(why)) => panic!("{why}"),
+        }
+    }
+
+    fn wait_ready(&mut self) -> Result<(), Exit> {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
+            if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
+                self.child = None;
+                let log = self.log();
+                if log.contains("Address already in use") {
+                    return Err(Exit::AddressInUse);
+                }
+                return Err(Exit::Other(format!(
+                    "redis-server on port {} exited ({status}); log:\n{log}",
+                    self.port
+                )));
+            }
             // Any reply to PING (PONG, or NOAUTH when a password is set) means it is serving.
             if let Ok(reply) = raw_command(self.port, &["PING"])
                 && (reply.starts_with("+PONG") || reply.starts_with("-NOAUTH"))
             {
-                return;
-            }
-            if let Some(child) = self.child.as_mut()
-                && let Ok(Some(status)) = child.try_wait()
-            {
-                panic!(
-                    "redis-server on port {} exited ({status}); log:\n{}",
-                    self.port,
-                    self.log()
-                );
+                return Ok(());
             }
             if Instant::now() > deadline {
-                panic!(
+                return Err(Exit::Other(format!(
                     "redis-server on port {} did not answer PING within {START_TIMEOUT:?}; log:\n{}",
                     self.port,
                     self.log()
-                );
+                )));
             }
             std::thread::sleep(Duration::from_millis(20));
         }
@@ -647,5 +692,15 @@ mod tests {
             .map(|i| c.node_for(&format!("key{i}")).port())
             .collect();
         assert_eq!(owners.len(), 3, "50 keys land on all three masters");
+    }
+
+    #[test]
+    fn a_port_taken_before_the_server_binds_it_is_replaced() {
+        let holder = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap();
+        let taken = holder.local_addr().unwrap().port();
+        let s = RedisServer::builder().start_on(taken);
+        assert_ne!(s.port(), taken);
+        assert_eq!(s.cli(&["ping"]), "PONG");
+        drop(holder);
     }
 }
