@@ -27,14 +27,25 @@ pub enum ConfigError {
         /// The period that was given, in microseconds (saturated).
         micros: u64,
     },
-    /// The quota's numbers are too large to be computed exactly by every store.
+    /// A quota's limit or burst is above 2^52, the largest count every store computes exactly
+    /// (Redis runs its scripts on doubles, exact to 2^53, and the remaining bit is headroom).
+    #[error("a quota's {what} must be at most 2^52 (got {value})")]
+    AboveExact {
+        /// `"limit"` or `"burst"`.
+        what: &'static str,
+        /// The number given.
+        value: u64,
+    },
+    /// The quota's numbers are too large for its algorithm to be computed exactly by every
+    /// store, which compute in integers no larger than 2^52.
     ///
-    /// Stores compute in integers no larger than 2^52 (Redis runs its scripts on doubles, exact to
-    /// 2^53, and the remaining bit is headroom). This bounds `burst × period / gcd(limit, period)`
-    /// for the bucket algorithms and `limit × period` (in microseconds) for the sliding window.
-    /// The sliding log keeps one entry per admission, and takes a limit of at most
-    /// [`MAX_SLIDING_LOG_LIMIT`](crate::MAX_SLIDING_LOG_LIMIT). The message says which bound,
-    /// and what to change.
+    /// This bounds `burst × period / gcd(limit, period)` for the bucket algorithms (token bucket
+    /// and GCRA) and `limit × period` (in microseconds) for the sliding window. The sliding log
+    /// keeps one entry per admission, and takes a limit of at most
+    /// [`MAX_SLIDING_LOG_LIMIT`](crate::MAX_SLIDING_LOG_LIMIT). The fixed window needs nothing
+    /// more than [`AboveExact`](ConfigError::AboveExact). Checked by
+    /// [`Limit::new`](crate::Limit::new), which knows the algorithm; the message says which
+    /// bound, and what to change.
     #[error(
         "the quota {limit} per {period_micros} us (burst {burst}) is too large for {algorithm:?}: {}",
         too_large_hint(*algorithm)

@@ -56,11 +56,12 @@ impl Limit {
         }
         for q in quotas.iter() {
             let fits = match algorithm {
+                Algorithm::TokenBucket | Algorithm::Gcra => q.fits_bucket(),
                 Algorithm::SlidingWindow => {
                     u128::from(q.limit()) * u128::from(q.period_micros()) <= u128::from(MAX_EXACT)
                 }
                 Algorithm::SlidingLog => q.limit() <= MAX_SLIDING_LOG_LIMIT,
-                _ => true,
+                Algorithm::FixedWindow => true,
             };
             if !fits {
                 return Err(q.too_large(algorithm));
@@ -139,8 +140,8 @@ impl Limit {
     /// gateways is a burst of 1 each, 10 together).
     ///
     /// A share's limit may have fewer factors in common with the period than the limit had (a
-    /// day's 10,000,000 divided by 3), which can take the share's refill past what a quota holds
-    /// exactly ([`ConfigError::TooLarge`]); the share's limit is then rounded down further, to a
+    /// day's 10,000,000 divided by 3), which can take a token bucket's or GCRA's share past what
+    /// it counts exactly ([`ConfigError::TooLarge`]); the share's limit is then rounded down further, to a
     /// multiple of the smallest divisor of the period that makes it fit (3,333,312 for that
     /// example: 21 fewer a day). It fails only if that multiple would be 0, which takes a burst
     /// far above the limit.
@@ -149,7 +150,7 @@ impl Limit {
         let quotas = self
             .quotas
             .iter()
-            .map(|q| local_share(q, n))
+            .map(|q| local_share(q, n, self.algorithm.uses_burst()))
             .collect::<Result<Vec<_>, _>>()?;
         Limit::new(self.algorithm, quotas)
     }
@@ -226,21 +227,23 @@ fn fingerprint(algorithm: Algorithm, quotas: &[Quota]) -> u64 {
     h.finish()
 }
 
-/// `q`'s share for one of `n` gateways (see [`Limit::divided`]).
-fn local_share(q: &Quota, n: u64) -> Result<Quota, ConfigError> {
+/// `q`'s share for one of `n` gateways (see [`Limit::divided`]), rounded to fit a bucket if the
+/// algorithm counts in one.
+fn local_share(q: &Quota, n: u64, bucket: bool) -> Result<Quota, ConfigError> {
     let limit = (q.limit() / n).max(1);
     let burst = (q.burst() / n).max(1);
-    let share = Quota::per_period_with_burst(limit, q.period(), burst);
-    let Err(ConfigError::TooLarge { .. }) = share else {
-        return share;
-    };
+    let share = Quota::per_period_with_burst(limit, q.period(), burst)?;
+    if !bucket || share.fits_bucket() {
+        return Ok(share);
+    }
     // `burst * period / gcd(limit, period)` must be at most MAX_EXACT: a limit that is a multiple
     // of a divisor `d` of the period with `d >= burst * period / MAX_EXACT` makes it so.
     let period = q.period_micros();
     let need = (u128::from(burst) * u128::from(period)).div_ceil(u128::from(MAX_EXACT));
     let d = smallest_divisor_at_least(period, u64::try_from(need).unwrap_or(u64::MAX));
     match limit / d * d {
-        0 => share,
+        // Refused by `Limit::new`, with the bucket's bound.
+        0 => Ok(share),
         rounded => Quota::per_period_with_burst(rounded, q.period(), burst),
     }
 }
@@ -334,6 +337,34 @@ mod tests {
         assert!(msg.contains("smaller limit"), "{msg}");
     }
 
+    /// The bucket's bound (`burst × period / gcd(limit, period)` within 2^52) holds only the
+    /// algorithms that count in a bucket: 52,127 a day (prime to a day's microseconds) is refused
+    /// to them, with their bound, and taken by the window algorithms, whose shares are not
+    /// rounded for it.
+    #[test]
+    fn only_the_bucket_algorithms_are_held_to_the_buckets_bound() {
+        let q = Quota::per_day(52_127).unwrap();
+        for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
+            let err = Limit::single(algorithm, q).unwrap_err();
+            assert!(
+                matches!(err, ConfigError::TooLarge { algorithm: a, .. } if a == algorithm),
+                "{err}"
+            );
+            assert!(err.to_string().contains("burst ×"), "{err}");
+            // A smaller burst fits.
+            assert!(Limit::single(algorithm, q.with_burst(1_000).unwrap()).is_ok());
+        }
+        for algorithm in [Algorithm::FixedWindow, Algorithm::SlidingLog] {
+            let l = Limit::single(algorithm, q).unwrap();
+            let mut s = l.fresh_states(Timestamp::ZERO);
+            assert!(l.check(&mut s, Timestamp::ZERO, 52_127).is_allowed());
+            assert!(l.check(&mut s, Timestamp::ZERO, 1).is_denied());
+            assert_eq!(l.divided(2).unwrap().quotas()[0].limit(), 26_063);
+        }
+        let window = Limit::single(Algorithm::SlidingWindow, q).unwrap_err();
+        assert!(window.to_string().contains("limit × period"), "{window}");
+    }
+
     #[test]
     fn a_share_whose_refill_would_not_fit_is_rounded_down_to_fit() {
         for (limit, n) in [
@@ -367,7 +398,7 @@ mod tests {
         let whole =
             Limit::single(Algorithm::TokenBucket, Quota::per_day(10_000_000).unwrap()).unwrap();
         assert!(
-            Quota::per_day(3_333_333).is_err(),
+            Limit::single(Algorithm::TokenBucket, Quota::per_day(3_333_333).unwrap()).is_err(),
             "the plain share does not fit"
         );
         assert_eq!(whole.divided(3).unwrap().quotas()[0].limit(), 3_333_312);

@@ -74,9 +74,7 @@ impl Quota {
     }
 
     /// `limit` requests per `period` with a bucket of `burst` (see [`with_burst`](Self::with_burst)),
-    /// checked as one: a rate whose bucket of `limit` would not fit exactly
-    /// ([`ConfigError::TooLarge`]) may still fit with a smaller burst, which
-    /// `per_period(limit, period)?.with_burst(burst)` never gets to.
+    /// in one call.
     pub fn per_period_with_burst(
         limit: u64,
         period: Duration,
@@ -118,21 +116,26 @@ impl Quota {
         Quota { burst, ..self }.validated()
     }
 
+    /// Every count, the limit and the burst included, stays within 2^52 (the Redis scripts
+    /// count in doubles). What each algorithm forms from them (the bucket's `burst × scale`, the
+    /// sliding window's `limit × period`) is checked by [`Limit::new`](crate::Limit::new), which
+    /// knows the algorithm: a fixed window of 100,001 a day needs no bucket that fits.
     fn validated(mut self) -> Result<Quota, ConfigError> {
         let g = gcd(self.limit, self.period_micros);
         self.scale = self.period_micros / g;
         self.refill_per_micro = self.limit / g;
-        // The bucket algorithms keep `burst * scale` in one integer; every count, the limit
-        // included, stays within 2^52 (the Redis scripts count in doubles). A quota built with
-        // its burst (`per_period_with_burst`) is not held to `limit * scale`, so the limit is
-        // checked on its own.
-        let fits = u128::from(self.burst) * u128::from(self.scale) <= u128::from(MAX_EXACT)
-            && self.limit <= MAX_EXACT;
-        if fits {
-            Ok(self)
-        } else {
-            Err(self.too_large(crate::Algorithm::TokenBucket))
+        for (what, value) in [("limit", self.limit), ("burst", self.burst)] {
+            if value > MAX_EXACT {
+                return Err(ConfigError::AboveExact { what, value });
+            }
         }
+        Ok(self)
+    }
+
+    /// Whether the bucket algorithms can count this quota exactly: `burst × scale`, the bucket
+    /// in level units, is at most 2^52.
+    pub(crate) fn fits_bucket(&self) -> bool {
+        u128::from(self.burst) * u128::from(self.scale) <= u128::from(MAX_EXACT)
     }
 
     pub(crate) fn too_large(&self, algorithm: crate::Algorithm) -> ConfigError {
@@ -184,10 +187,12 @@ impl Quota {
         self.refill_per_micro
     }
 
-    /// The bucket capacity in level units: `burst × scale` (at most 2^52).
+    /// The bucket capacity in level units: `burst × scale`, at most 2^52 in a token-bucket or GCRA
+    /// [`Limit`](crate::Limit) (a quota that only a window algorithm can count exactly saturates
+    /// at `u64::MAX`).
     #[must_use]
     pub const fn capacity_units(&self) -> u64 {
-        self.burst * self.scale
+        self.burst.saturating_mul(self.scale)
     }
 }
 
@@ -242,15 +247,27 @@ mod tests {
             Quota::per_second(1).unwrap().with_burst(0),
             Err(ConfigError::ZeroBurst)
         );
-        assert!(matches!(
+        assert_eq!(
             Quota::per_second(u64::MAX),
-            Err(ConfigError::TooLarge { .. })
-        ));
-        // 7 per day with a burst of a million cannot be counted exactly in 2^52 units.
-        assert!(matches!(
-            Quota::per_day(7).unwrap().with_burst(1_000_000),
-            Err(ConfigError::TooLarge { .. })
-        ));
+            Err(ConfigError::AboveExact {
+                what: "limit",
+                value: u64::MAX
+            })
+        );
+        assert_eq!(
+            Quota::per_second(1).unwrap().with_burst(MAX_EXACT + 1),
+            Err(ConfigError::AboveExact {
+                what: "burst",
+                value: MAX_EXACT + 1
+            })
+        );
+        // 7 per day with a burst of a million cannot be counted exactly in 2^52 units by a
+        // bucket; a window does not count in them.
+        let q = Quota::per_day(7).unwrap().with_burst(1_000_000).unwrap();
+        assert!(!q.fits_bucket());
+        assert!(q.capacity_units() > MAX_EXACT);
+        let q = Quota::per_period(1, Duration::from_micros(MAX_EXACT - 1)).unwrap();
+        assert_eq!(q.with_burst(MAX_EXACT).unwrap().capacity_units(), u64::MAX);
     }
 
     #[test]

@@ -245,3 +245,33 @@ async fn a_sliding_log_whose_total_was_lost_recounts_it() {
     assert!(!store.check(b"u", &limit, 1).await.unwrap().is_allowed());
     assert_eq!(server.cli(&["HGET", hash, "n1"]), "10");
 }
+
+/// A log whose hash counts more than its list holds (damaged by hand) finds no entry to wait
+/// for: the denial still says to wait at least 1 µs, as `ratelimit-core` does, never 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sliding_log_short_of_its_total_never_answers_a_zero_wait() {
+    let server = RedisServer::start();
+    let clock = ManualClock::starting_at(Timestamp::from_micros(T0));
+    let store = common::manual(
+        RedisStore::builder(server.url()).prefix(unique_prefix("short-log")),
+        &clock,
+    )
+    .build()
+    .await
+    .unwrap();
+    let limit = Limit::single(Algorithm::SlidingLog, Quota::per_minute(2).unwrap()).unwrap();
+    for _ in 0..2 {
+        assert!(store.check(b"u", &limit, 1).await.unwrap().is_allowed());
+        clock.advance(Duration::from_secs(1));
+    }
+    let keys = store.state_keys(b"u", &limit);
+    assert_eq!(server.cli(&["TYPE", &keys[1]]), "list");
+    assert_eq!(server.cli(&["HGET", &keys[0], "n1"]), "2");
+    assert_eq!(server.cli(&["HSET", &keys[0], "n1", "5"]), "0");
+    let d = store.check(b"u", &limit, 1).await.unwrap();
+    assert!(d.is_denied(), "{d:?}");
+    assert!(
+        d.retry_after().is_some_and(|r| r >= Duration::from_micros(1)),
+        "{d:?}"
+    );
+}

@@ -14,7 +14,8 @@
 //!   handed on: the circuit stays open, cooled down, and the next request probes.) A probe that
 //!   nothing settles within a cool-down, or twice the layer's timeout if that is longer (its
 //!   store panicked before there was a check to wait for), is taken as lost, and the next
-//!   request probes again; a probe still waiting for the store is never doubled.
+//!   request probes again; a probe still waiting for the store is never doubled. A probe taken as
+//!   lost that answers after all closes the circuit only if it is still half-open.
 //!
 //! Only answers that asked the store are evidence of its health. An answer from a cache in front
 //! of the store (a [`DenialCache`](ratelimit_core::DenialCache) hit, a unit of a
@@ -264,10 +265,20 @@ impl Breaker {
 
     pub(crate) fn success(&self, probe: bool) {
         if probe {
-            self.failures.store(0, Ordering::Release);
-            self.word.store(CLOSED, Ordering::Release);
-            self.publish();
-            tracing::info!(policy = %self.policy, "rate-limit store circuit closed");
+            // Only a half-open circuit closes: a probe taken as lost that answers after the one
+            // sent after it failed (its future polled late) would close a circuit opened on
+            // newer evidence.
+            let closed = self
+                .word
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
+                    (w & STATE == HALF_OPEN).then_some(CLOSED)
+                })
+                .is_ok();
+            if closed {
+                self.failures.store(0, Ordering::Release);
+                self.publish();
+                tracing::info!(policy = %self.policy, "rate-limit store circuit closed");
+            }
         } else if self.failures.load(Ordering::Relaxed) != 0 {
             self.failures.store(0, Ordering::Release);
         }
@@ -547,6 +558,25 @@ mod tests {
         assert_eq!(b.admit(), Admit::Probe);
         assert_eq!(b.admit(), Admit::Reject);
         assert_eq!(b.state(), CircuitState::HalfOpen);
+        b.success(true);
+        assert_eq!(b.state(), CircuitState::Closed);
+    }
+
+    /// A probe taken as lost that answers after all (its future polled late) closes nothing once
+    /// the probe sent after it has failed: the circuit stays open for its cool-down.
+    #[test]
+    fn a_lost_probes_late_success_does_not_close_a_reopened_circuit() {
+        let clock = ManualClock::new();
+        let b = probing(&clock);
+        clock.advance(Duration::from_secs(5));
+        assert_eq!(b.admit(), Admit::Probe, "the first probe is taken as lost");
+        b.failure(true);
+        assert_eq!(b.state(), CircuitState::Open);
+        b.success(true);
+        assert_eq!(b.state(), CircuitState::Open, "a stale probe closed it");
+        assert_eq!(b.admit(), Admit::Reject);
+        clock.advance(Duration::from_secs(5));
+        assert_eq!(b.admit(), Admit::Probe);
         b.success(true);
         assert_eq!(b.state(), CircuitState::Closed);
     }

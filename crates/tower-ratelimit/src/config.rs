@@ -225,8 +225,6 @@ impl QuotaConfig {
                 });
             }
         };
-        // Checked with its burst as one: a rate that fits only with a burst below its limit is
-        // accepted (`Quota::per_period_with_burst`).
         let burst = self.burst.unwrap_or(self.limit);
         Ok(Quota::per_period_with_burst(self.limit, period, burst)?)
     }

@@ -734,21 +734,31 @@ fn check_limit(
                 ),
             ));
         }
-        // Checked with its burst as one: a rate that fits only with a burst below its limit is
-        // accepted.
         let quota = Quota::per_period_with_burst(q.limit, period, q.burst.unwrap_or(q.limit))
             .map_err(|e| {
                 let part = match e {
                     ratelimit_core::ConfigError::ZeroLimit => ".limit",
                     ratelimit_core::ConfigError::ZeroBurst => ".burst",
-                    ratelimit_core::ConfigError::TooLarge { .. } if q.burst.is_some() => ".burst",
+                    ratelimit_core::ConfigError::AboveExact { what: "burst", .. }
+                        if q.burst.is_some() =>
+                    {
+                        ".burst"
+                    }
+                    ratelimit_core::ConfigError::AboveExact { .. } => ".limit",
                     _ if q.period_ms.is_some() => ".period_ms",
                     _ => "",
                 };
                 ConfigError::new(format!("{field}{part}"), e)
             })?;
-        // Each quota alone first, so that a quota too large for the algorithm is named.
-        Limit::single(algorithm, quota).map_err(|e| ConfigError::new(field, e))?;
+        // Each quota alone first, so that a quota too large for the algorithm is named (its
+        // burst, if one was given: a smaller one makes a bucket fit).
+        Limit::single(algorithm, quota).map_err(|e| {
+            let part = match e {
+                ratelimit_core::ConfigError::TooLarge { .. } if q.burst.is_some() => ".burst",
+                _ => "",
+            };
+            ConfigError::new(format!("{field}{part}"), e)
+        })?;
         built.push(quota);
     }
     Limit::new(algorithm, built).map_err(|e| ConfigError::new(format!("{at}.quotas"), e))

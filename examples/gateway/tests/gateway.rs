@@ -450,6 +450,20 @@ async fn bad_configurations_fail_naming_the_field() {
                 + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
             "store.timeout_ms: must be between 1 and 3600000",
         ),
+        // A rate a bucket cannot count exactly (52,127 a day, prime to a day's microseconds),
+        // named by its burst where one was given (a smaller one fits).
+        (
+            with_policy("quotas = [{ limit = 52127, per = \"day\" }]"),
+            "routes[0].policy.quotas[0]: the quota 52127 per 86400000000 us (burst 52127) is too large for TokenBucket",
+        ),
+        (
+            with_policy("quotas = [{ limit = 7, per = \"day\", burst = 1000000 }]"),
+            "routes[0].policy.quotas[0].burst: the quota 7 per",
+        ),
+        (
+            with_policy("quotas = [{ limit = 5000000000000000, per = \"day\" }]"),
+            "routes[0].policy.quotas[0].limit: a quota's limit must be at most 2^52",
+        ),
         ("listen = \"localhost\"\nroutes = []\n".to_owned(), "listen: "),
         ("routes = []\n".to_owned(), "routes: at least one route is needed"),
     ];
@@ -482,6 +496,12 @@ async fn bad_configurations_fail_naming_the_field() {
         "quotas = [{ limit = 10000000, per = \"day\" }]\nfailure = { mode = \"fallback\", gateways = 3 }",
     ))
     .expect("a fallback share that is rounded down to fit");
+    // A window algorithm takes it, with no bucket to fit.
+    Config::from_toml(&with_policy(
+        "algorithm = \"fixed_window\"\nquotas = [{ limit = 52127, per = \"day\" }]\n\
+         failure = { mode = \"fallback\", gateways = 2 }",
+    ))
+    .expect("a fixed window of 52,127 a day");
     // The unknown unit is spelled out with the allowed ones.
     let err = Config::from_toml(&with_policy("quotas = [{ limit = 5, per = \"minutes\" }]"))
         .unwrap_err()

@@ -128,7 +128,9 @@ for i = 1, N do
       end
       idx = idx + 2
     end
-    retry = at - now
+    -- At least 1 us, as in core: a hash whose total exceeds its lists (damaged by hand) finds
+    -- no entry to wait for.
+    retry = math.max(at - now, 1)
   end
   local back = newest
   if merge or push then back = now end
