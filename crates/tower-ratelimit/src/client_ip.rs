@@ -48,6 +48,15 @@
 //! network that also has clients in it (such as `10.0.0.0/8` in an office)
 //! lets those clients choose their key.
 //!
+//! Trust every address your proxies *write*, too, not only those they connect
+//! from. Most append one entry, the address they received the request from.
+//! Some append more: Google Cloud's global external Application Load Balancer
+//! documents `X-Forwarded-For: <client>, <load balancer's own address>`, the
+//! last being the forwarding rule's external IP, so list that address among the
+//! trusted ones as well. Otherwise the walk stops at it and every client is
+//! keyed by the load balancer's one address, sharing one limit. Check what
+//! yours writes by logging the header once before relying on it.
+//!
 //! Work is bounded: at most `max_hops` hops are parsed and checked against the
 //! trusted list, each header line is scanned from the right in linear time
 //! and no further than those hops, and nothing is allocated.
@@ -178,7 +187,8 @@ const MAX_NODE_LEN: usize = 64;
 #[non_exhaustive]
 pub enum ForwardedHeader {
     /// `X-Forwarded-For: client, proxy1, proxy2`. The default: it is what
-    /// nginx, HAProxy, AWS and GCP load balancers and most others write.
+    /// nginx, HAProxy, AWS and GCP load balancers and most others write (see
+    /// the [module docs](self) on proxies that append more than one entry).
     #[default]
     XForwardedFor,
     /// `Forwarded: for=client, for=proxy1` (RFC 7239). Use it only if every
@@ -1093,6 +1103,19 @@ mod tests {
         // Even a fake "trusted" entry to the left of the real client.
         let h = xff(&["10.9.9.9, 198.51.100.7"]);
         assert_eq!(proxies().resolve(ip(PROXY), &h), ip("198.51.100.7"));
+    }
+
+    /// A load balancer that appends the client and then its own public address (Google Cloud's
+    /// global external Application Load Balancer): trusting only the ranges it connects from
+    /// keys every client by that address; trusting the address too finds the client.
+    #[test]
+    fn a_proxy_appending_its_own_address_must_have_it_trusted() {
+        let h = xff(&["6.6.6.6, 198.51.100.7, 203.0.113.80"]);
+        let peer = ip("35.191.1.2");
+        let frontends = ClientIp::behind_proxies(["35.191.0.0/16"]).unwrap();
+        assert_eq!(frontends.resolve(peer, &h), ip("203.0.113.80"));
+        let with_rule = ClientIp::behind_proxies(["35.191.0.0/16", "203.0.113.80"]).unwrap();
+        assert_eq!(with_rule.resolve(peer, &h), ip("198.51.100.7"));
     }
 
     #[test]
