@@ -271,7 +271,8 @@ async fn a_sliding_log_short_of_its_total_never_answers_a_zero_wait() {
     let d = store.check(b"u", &limit, 1).await.unwrap();
     assert!(d.is_denied(), "{d:?}");
     assert!(
-        d.retry_after().is_some_and(|r| r >= Duration::from_micros(1)),
+        d.retry_after()
+            .is_some_and(|r| r >= Duration::from_micros(1)),
         "{d:?}"
     );
 }

@@ -199,7 +199,7 @@ impl Default for FailureConfig {
 #[serde(rename_all = "snake_case", deny_unknown_fields)]
 #[non_exhaustive]
 pub enum MissingKeyConfig {
-    /// Reject with this status (not 401, 405 or 407).
+    /// Reject with this status (not 401, 405, 407 or 426).
     Reject(u16),
     /// Reject with 401 and this `WWW-Authenticate` challenge.
     Unauthorized(String),

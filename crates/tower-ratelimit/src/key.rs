@@ -1,8 +1,11 @@
 //! Key extraction: which client a request counts against.
 //!
 //! A [`KeyExtractor`] reads the request's head ([`Parts`]) and appends the client's key to a
-//! [`KeyBuf`]. The layer prefixes every key with its policy's name, so two policies never share
-//! state even when they key on the same thing.
+//! [`KeyBuf`]. The layer prefixes every key with its policy's name (and a store keeps state per
+//! limit), so two differently named policies never share state even when they key on the same
+//! thing. Two policies of the *same* name and limit on one store do share it: give each layer of
+//! an app, and each app on a shared Redis, its own name (nested layers of one name would count a
+//! request twice against one bucket).
 //!
 //! When no key can be found (no API-key header, no user in the extensions, no peer address), the
 //! answer is the policy's [`MissingKey`](crate::MissingKey) setting: reject with a chosen status

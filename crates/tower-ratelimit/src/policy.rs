@@ -77,8 +77,8 @@ pub(crate) type TierFn = Arc<dyn Fn(&Parts) -> Option<&'static str> + Send + Syn
 #[non_exhaustive]
 pub enum MissingKey {
     /// Reject the request with this status (400 by default) and a plain-text body;
-    /// counted as `outcome="no_key"`. Not 401, 405 or 407, which HTTP requires to carry a header
-    /// of their own (for 401 see [`Unauthorized`](MissingKey::Unauthorized)).
+    /// counted as `outcome="no_key"`. Not 401, 405, 407 or 426, which HTTP requires to carry a
+    /// header of their own (for 401 see [`Unauthorized`](MissingKey::Unauthorized)).
     Reject(StatusCode),
     /// Reject the request with `401 Unauthorized`, which HTTP requires to carry a
     /// `WWW-Authenticate` challenge: this value (`Bearer realm="api"`, `ApiKey
@@ -91,7 +91,7 @@ pub enum MissingKey {
 
 impl MissingKey {
     /// Rejects keyless requests with `status`, which must be a client or server error, and not
-    /// 401, 405 or 407 (each needs a header of its own; for 401 use
+    /// 401, 405, 407 or 426 (each needs a header of its own; for 401 use
     /// [`unauthorized`](MissingKey::unauthorized)).
     pub fn reject(status: u16) -> Result<Self, Error> {
         let s = StatusCode::from_u16(status).map_err(|_| Error::InvalidStatus { status })?;
@@ -116,12 +116,14 @@ impl MissingKey {
             }),
             MissingKey::Reject(s)
                 if *s == StatusCode::METHOD_NOT_ALLOWED
-                    || *s == StatusCode::PROXY_AUTHENTICATION_REQUIRED =>
+                    || *s == StatusCode::PROXY_AUTHENTICATION_REQUIRED
+                    || *s == StatusCode::UPGRADE_REQUIRED =>
             {
                 Err(Error::InvalidSetting {
                     name: "missing_key",
-                    reason: "405 and 407 must carry a header of their own (Allow, \
-                             Proxy-Authenticate) and do not mean a missing key: use 400 or 403",
+                    reason: "405, 407 and 426 must carry a header of their own (Allow, \
+                             Proxy-Authenticate, Upgrade) and do not mean a missing key: use \
+                             400 or 403",
                 })
             }
             MissingKey::Unauthorized(challenge)
@@ -132,13 +134,22 @@ impl MissingKey {
                     reason: "a WWW-Authenticate challenge must not be empty",
                 })
             }
+            MissingKey::Unauthorized(challenge)
+                if !starts_with_auth_scheme(challenge.as_bytes()) =>
+            {
+                Err(Error::InvalidSetting {
+                    name: "missing_key",
+                    reason: "a WWW-Authenticate challenge must start with its scheme (a token, \
+                             then a space or nothing): `Bearer realm=\"api\"`, `ApiKey`",
+                })
+            }
             _ => Ok(()),
         }
     }
 
     /// Rejects keyless requests with `401 Unauthorized` and `WWW-Authenticate: challenge`
-    /// (`Bearer realm="api"`, say), which HTTP requires of a 401. The challenge must be a valid,
-    /// non-empty header value.
+    /// (`Bearer realm="api"`, say), which HTTP requires of a 401. The challenge must be a valid
+    /// header value that starts with its scheme: a token, then a space or nothing.
     pub fn unauthorized(challenge: &str) -> Result<Self, Error> {
         let value = http::HeaderValue::from_str(challenge).map_err(|_| Error::InvalidSetting {
             name: "missing_key",
@@ -155,6 +166,18 @@ impl MissingKey {
     pub fn shared_key(key: impl Into<bytes::Bytes>) -> Self {
         MissingKey::SharedKey(key.into())
     }
+}
+
+/// Whether `challenge` starts as RFC 9110's `challenge = auth-scheme [ 1*SP ( token68 /
+/// #auth-param ) ]` does: a token, then a space or the end.
+fn starts_with_auth_scheme(challenge: &[u8]) -> bool {
+    let scheme = challenge.iter().take_while(|b| is_tchar(**b)).count();
+    scheme > 0 && matches!(challenge.get(scheme), None | Some(b' '))
+}
+
+/// RFC 9110's `tchar`.
+fn is_tchar(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~".contains(&b)
 }
 
 impl Default for MissingKey {
@@ -380,7 +403,7 @@ mod tests {
             MissingKey::reject(200),
             Err(Error::InvalidStatus { status: 200 })
         );
-        for status in [401, 405, 407] {
+        for status in [401, 405, 407, 426] {
             assert!(
                 matches!(
                     MissingKey::reject(status),
@@ -404,5 +427,22 @@ mod tests {
         );
         assert!(MissingKey::unauthorized(" ").is_err());
         assert!(MissingKey::unauthorized("Bearer\nrealm").is_err());
+        // A challenge starts with its scheme, a token.
+        for ok in [
+            "ApiKey",
+            "Bearer realm=\"api\"",
+            "Basic realm=\"a\", charset=\"UTF-8\"",
+        ] {
+            assert!(MissingKey::unauthorized(ok).is_ok(), "{ok}");
+        }
+        for bad in [
+            "\"x\"",
+            "realm=api",
+            " Bearer",
+            "Bearer,realm=\"a\"",
+            "Be(arer",
+        ] {
+            assert!(MissingKey::unauthorized(bad).is_err(), "{bad}");
+        }
     }
 }

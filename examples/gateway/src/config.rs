@@ -631,7 +631,7 @@ impl RouteConfig {
                 "must be at least 1",
             ));
         }
-        // The library's own rules (an error status, and not 401, 405 or 407; a valid challenge),
+        // The library's own rules (an error status, and not 401, 405, 407 or 426; a valid challenge),
         // named by the field.
         let refused = match &policy.missing_key {
             MissingKeyConfig::Reject(status) if !(400..=599).contains(status) => {
