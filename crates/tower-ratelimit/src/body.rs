@@ -1,7 +1,8 @@
 //! The response body: the inner service's, or one the layer wrote (a 429, a 503, a 400).
 //!
 //! A [`BodyMode`] says how the layer's responses carry it. [`WrapBody`], the default, works with
-//! any inner body: responses carry a [`ResponseBody`] that is either the inner body or the
+//! any inner body whose data chunks can be made from [`Bytes`] (nearly every body: axum's, hyper's,
+//! `Full<Bytes>`; not `Full<&str>`): responses carry a [`ResponseBody`] that is either the inner body or the
 //! layer's own. [`SameBody`] ([`RateLimitLayer::same_body`](crate::RateLimitLayer::same_body))
 //! keeps the inner body type, for bodies that can be made from [`Bytes`] such as axum's `Body`:
 //! axum then has no second box to make, and a stack typed on `Response<axum::body::Body>` needs
@@ -30,7 +31,7 @@ use http_body::{Body, Frame, SizeHint};
 use pin_project_lite::pin_project;
 
 /// How the responses of [`RateLimit`](crate::RateLimit) carry their body: [`WrapBody`] (the
-/// default, any body) or [`SameBody`] (the inner body type, for bodies made from [`Bytes`]). See
+/// default, any body whose chunks can be made from [`Bytes`]) or [`SameBody`] (the inner body type, for bodies made from [`Bytes`]). See
 /// the [module docs](self).
 ///
 /// Sealed: the two modes are the crate's. With [`SameBody`], a body that cannot be made from

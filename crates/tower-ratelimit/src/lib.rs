@@ -57,7 +57,7 @@
 //! # Response bodies
 //!
 //! By default a response's body is a [`ResponseBody`]: the inner service's body, or the layer's
-//! own (a 429, a 503), for any inner body type. With [`RateLimitLayer::same_body`] responses keep
+//! own (a 429, a 503), for any inner body whose data chunks can be made from `Bytes`. With [`RateLimitLayer::same_body`] responses keep
 //! the inner body type instead, for bodies that can be made from `Bytes` (axum's `Body` among
 //! them): axum then does not box the body a second time, and a stack typed on
 //! `Response<axum::body::Body>` stays as it is. See [`body`].

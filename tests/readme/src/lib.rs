@@ -1,4 +1,86 @@
-//! The README's code blocks, compiled and run as doc tests (`cargo test -p readme-check --doc`),
-//! so that what a new user copies works.
+//! The code blocks of the README and of the docs that show Rust, compiled (and those without
+//! `no_run` run) as doc tests (`cargo test -p readme-check --doc`), so that what a new user
+//! copies works.
+//!
+//! The blocks hide no lines (GitHub would show them), so what they do is checked here: the first
+//! two blocks are also files of this crate, which the tests below check the README holds word
+//! for word, and run.
 #![doc = include_str!("../../../README.md")]
 #![forbid(unsafe_code)]
+
+/// The Rust blocks of `docs/redis.md`, compiled as doc tests.
+#[doc = include_str!("../../../docs/redis.md")]
+pub mod redis_doc {}
+
+/// The Rust blocks of `docs/round-trips.md`, compiled as doc tests.
+#[doc = include_str!("../../../docs/round-trips.md")]
+pub mod round_trips_doc {}
+
+#[cfg(test)]
+const README: &str = include_str!("../../../README.md");
+
+/// The README's first block: `app()`, and a `main` that serves it.
+#[cfg(test)]
+#[allow(dead_code)]
+mod first_layer {
+    include!("first_layer.rs");
+
+    /// The 101st request of a minute gets what the README shows.
+    #[tokio::test]
+    async fn answers_as_the_readme_says() -> Result<(), Box<dyn std::error::Error>> {
+        use tower::ServiceExt;
+        let app = app()?;
+        let req = || {
+            axum::http::Request::get("/")
+                .header("x-api-key", "k")
+                .body(axum::body::Body::empty())
+        };
+        for _ in 0..100 {
+            assert_eq!(app.clone().oneshot(req()?).await?.status(), 200);
+        }
+        let denied = app.oneshot(req()?).await?;
+        let shown = super::README
+            .split("The 101st request in a minute gets:\n\n```text\n")
+            .nth(1)
+            .and_then(|rest| rest.split("```").next())
+            .expect("the README shows the 101st answer");
+        let mut lines = shown.lines();
+        assert_eq!(lines.next(), Some("HTTP/1.1 429 Too Many Requests"));
+        assert_eq!(denied.status(), 429);
+        let mut names = 0;
+        for line in lines {
+            let (name, value) = line.split_once(": ").expect("a header line");
+            assert_eq!(denied.headers()[name], value, "{name}");
+            names += 1;
+        }
+        // Every header but the body's length is shown.
+        let others = denied.headers().keys().filter(|n| *n != "content-length");
+        assert_eq!(names, others.count(), "{:?}", denied.headers());
+        Ok(())
+    }
+}
+
+/// The README's per-route block.
+#[cfg(test)]
+mod per_route {
+    include!("per_route.rs");
+
+    #[test]
+    fn builds() {
+        let _router = app().expect("the README's per-route app");
+    }
+}
+
+#[cfg(test)]
+#[test]
+fn the_readme_shows_the_code_tested_here() {
+    for (fence, code) in [
+        ("```rust,no_run\n", include_str!("first_layer.rs")),
+        ("```rust\n", include_str!("per_route.rs")),
+    ] {
+        assert!(
+            README.contains(&format!("{fence}{code}```\n")),
+            "README.md no longer holds this block word for word:\n{code}"
+        );
+    }
+}

@@ -1,0 +1,31 @@
+use std::time::Duration;
+use axum::{Router, routing::{get, post}};
+use ratelimit_core::{Algorithm, Limit, MemoryStore, Quota};
+use tower_ratelimit::{ClientIp, FailurePolicy, Policy, RateLimitLayer, key::{ApiKeyHeader, ClientIpKey}};
+
+fn app() -> Result<Router, Box<dyn std::error::Error>> {
+    // One store for both policies (an `Arc<S>` is a store too).
+    let store = std::sync::Arc::new(MemoryStore::new());
+    // Login: 5 a minute per client IP, behind our load balancer at 10.0.0.0/8; if the store is
+    // down, refuse (503) rather than let a password-guessing run through.
+    let client_ip = ClientIp::behind_proxies(["10.0.0.0/8"])?;
+    let login = Policy::new("login", Limit::single(Algorithm::Gcra, Quota::per_minute(5)?)?)?
+        .key(ClientIpKey::new(client_ip))
+        .failure(FailurePolicy::fail_closed(Duration::from_secs(30)));
+    // API: 10 a second with bursts of 20, and 1,000 an hour, per API key; fail open.
+    let api_limit = Limit::new(
+        Algorithm::TokenBucket,
+        [Quota::per_second(10)?.with_burst(20)?, Quota::per_hour(1_000)?],
+    )?;
+    let api = Policy::new("api", api_limit)?
+        .key(ApiKeyHeader::new("x-api-key")?)
+        .failure(FailurePolicy::FailOpen);
+    Ok(Router::new()
+        .route("/login", post(|| async { "welcome" }))
+        .route_layer(RateLimitLayer::new(store.clone(), login)?)
+        .merge(
+            Router::new()
+                .route("/api/items", get(|| async { "[]" }))
+                .route_layer(RateLimitLayer::new(store, api)?),
+        ))
+}
