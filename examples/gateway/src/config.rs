@@ -61,6 +61,11 @@ pub struct Config {
     /// Where to listen (default `127.0.0.1:8080`); the `--listen` flag overrides it.
     #[serde(default = "default_listen")]
     pub listen: SocketAddr,
+    /// How long Ctrl-C or SIGTERM waits for the requests in flight before the gateway exits
+    /// anyway (default 30,000 ms; at most an hour): a client that stalls mid-request cannot hold
+    /// a shutdown for ever.
+    #[serde(default = "default_shutdown_timeout_ms")]
+    pub shutdown_timeout_ms: u64,
     /// Where the counters live (default: in this process's memory).
     #[serde(default)]
     pub store: StoreConfig,
@@ -246,6 +251,9 @@ const MAX_MS: u64 = 3_600_000;
 fn default_timeout_ms() -> u64 {
     50
 }
+fn default_shutdown_timeout_ms() -> u64 {
+    30_000
+}
 fn default_cost() -> u64 {
     1
 }
@@ -290,6 +298,12 @@ impl Config {
 
     /// Checks what the types cannot: ranges, combinations, references between fields.
     pub fn validate(&self) -> Result<(), ConfigError> {
+        if self.shutdown_timeout_ms == 0 || self.shutdown_timeout_ms > MAX_MS {
+            return Err(ConfigError::new(
+                "shutdown_timeout_ms",
+                "must be between 1 and 3600000 (one hour)",
+            ));
+        }
         self.store.validate()?;
         if self.routes.is_empty() {
             return Err(ConfigError::new("routes", "at least one route is needed"));

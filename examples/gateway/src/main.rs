@@ -9,7 +9,8 @@
 //! - `--check`: check the configuration (and connect to Redis if configured), then exit.
 //!
 //! A bad configuration stops the gateway at start with a message naming the field. Ctrl-C or
-//! SIGTERM stops it gracefully (no new connections; the requests in flight finish). The rate
+//! SIGTERM stops it gracefully (no new connections; the requests in flight get
+//! `shutdown_timeout_ms`, 30 s by default, to finish). The rate
 //! limiter's events go to stderr, filtered by `RUST_LOG` (default `info`).
 
 use std::net::SocketAddr;
@@ -61,29 +62,45 @@ fn parse_args() -> Result<Args, String> {
 }
 
 /// Ctrl-C or SIGTERM (what an orchestrator sends before it stops a container): the server stops
-/// accepting connections and lets the requests in flight finish.
-async fn shutdown_signal() {
-    let ctrl_c = async {
+/// accepting connections and lets the requests in flight finish, within `shutdown_timeout_ms`.
+///
+/// The handlers are installed when this is called, not when the future is first polled: called
+/// before the gateway says where it listens, a signal sent as soon as it has said so is a
+/// graceful shutdown, not the default action's abrupt exit.
+fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+    #[cfg(unix)]
+    let (mut terminate, mut interrupt) = {
+        use tokio::signal::unix::{SignalKind, signal};
+        (
+            signal(SignalKind::terminate()).ok(),
+            signal(SignalKind::interrupt()).ok(),
+        )
+    };
+    async move {
+        #[cfg(unix)]
+        {
+            tokio::select! {
+                () = received(terminate.as_mut()) => {}
+                () = received(interrupt.as_mut()) => {}
+            }
+        }
+        #[cfg(not(unix))]
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut sigterm) => {
-                sigterm.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let terminate = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = terminate => {}
+        tracing::info!("shutting down: finishing the requests in flight");
     }
-    tracing::info!("shutting down: finishing the requests in flight");
+}
+
+/// Waits for `signal` (for ever if its handler could not be installed).
+#[cfg(unix)]
+async fn received(signal: Option<&mut tokio::signal::unix::Signal>) {
+    match signal {
+        Some(s) => {
+            s.recv().await;
+        }
+        None => std::future::pending::<()>().await,
+    }
 }
 
 /// A one-line description of the configured store.
@@ -161,6 +178,13 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // Before the address is printed: see `shutdown_signal`.
+    let (stop, stopping) = tokio::sync::watch::channel(false);
+    let signal = shutdown_signal();
+    tokio::spawn(async move {
+        signal.await;
+        let _ = stop.send(true);
+    });
     let addr = listener.local_addr().unwrap_or(config.listen);
     println!("gateway listening on http://{addr}/");
     println!("  config: {}", args.config.display());
@@ -210,17 +234,43 @@ async fn main() -> ExitCode {
         }
     });
 
+    // The signal starts the graceful shutdown and its deadline: requests in flight get
+    // `shutdown_timeout_ms` to finish, then the process exits with whatever is still open (a
+    // client stalled mid-request would otherwise hold it until the orchestrator's SIGKILL).
+
+    let signalled = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
+        // An error means the sender is gone without a signal: never.
+        if rx.wait_for(|s| *s).await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    let drain = Duration::from_millis(config.shutdown_timeout_ms);
+    let deadline = {
+        let signal = signalled(stopping.clone());
+        async move {
+            signal.await;
+            tokio::time::sleep(drain).await;
+        }
+    };
     let served = axum::serve(
         listener,
         router.into_make_service_with_connect_info::<SocketAddr>(),
     )
-    .with_graceful_shutdown(shutdown_signal())
-    .await;
-    match served {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("error: {e}");
-            ExitCode::FAILURE
+    .with_graceful_shutdown(signalled(stopping));
+    tokio::select! {
+        served = std::future::IntoFuture::into_future(served) => match served {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("error: {e}");
+                ExitCode::FAILURE
+            }
+        },
+        () = deadline => {
+            tracing::warn!(
+                after_ms = config.shutdown_timeout_ms,
+                "shutting down: requests still in flight after shutdown_timeout_ms; exiting"
+            );
+            ExitCode::SUCCESS
         }
     }
 }

@@ -1,0 +1,101 @@
+//! The gateway process: SIGTERM stops it, even with a client stalled in the middle of a request,
+//! within `shutdown_timeout_ms` (a graceful shutdown waits for requests in flight, and a request
+//! whose head never ends would otherwise hold it until the orchestrator's SIGKILL).
+#![cfg(unix)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long the test waits for the process to exit: far more than the configured 300 ms, far
+/// less than the 30 s default or forever.
+const EXIT_WITHIN: Duration = Duration::from_secs(15);
+
+fn start(config: &std::path::Path) -> (Child, String) {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_example-gateway"))
+        .args(["--config"])
+        .arg(config)
+        .args(["--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "warn")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("start the gateway");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let addr = lines
+        .find_map(|l| {
+            l.ok()?
+                .strip_prefix("gateway listening on http://")
+                .map(|a| a.trim_end_matches('/').to_owned())
+        })
+        .expect("the gateway prints its address");
+    // Keep reading its output, so that it never blocks on a full pipe.
+    std::thread::spawn(move || lines.for_each(drop));
+    (child, addr)
+}
+
+fn wait_exit(child: &mut Child) -> Option<std::process::ExitStatus> {
+    let deadline = Instant::now() + EXIT_WITHIN;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+fn sigterm(child: &Child) {
+    let status = Command::new("sh")
+        .args(["-c", "kill -TERM \"$1\"", "sh"])
+        .arg(child.id().to_string())
+        .status()
+        .expect("run kill");
+    assert!(status.success());
+}
+
+#[test]
+fn sigterm_stops_the_gateway_despite_a_stalled_request() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gateway.toml");
+    let text = include_str!("../gateway.toml");
+    std::fs::write(&config, format!("shutdown_timeout_ms = 300\n{text}")).unwrap();
+    let (mut child, addr) = start(&config);
+
+    // A served request first: the gateway is up and answering.
+    let mut ok = TcpStream::connect(&addr).unwrap();
+    ok.write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    ok.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+
+    // A client that sends half a request head and stalls.
+    let mut stalled = TcpStream::connect(&addr).unwrap();
+    stalled
+        .write_all(b"GET /api/items HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+
+    sigterm(&child);
+    let status = wait_exit(&mut child);
+    if status.is_none() {
+        let _ = child.kill();
+        let _ = child.wait();
+    }
+    let status = status.expect("the gateway did not exit after SIGTERM with a request stalled");
+    assert!(status.success(), "{status}");
+    drop(stalled);
+}
+
+#[test]
+fn sigterm_stops_an_idle_gateway_at_once() {
+    let (mut child, _addr) = start(std::path::Path::new(concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/gateway.toml"
+    )));
+    sigterm(&child);
+    let status = wait_exit(&mut child).expect("the gateway exits after SIGTERM");
+    assert!(status.success(), "{status}");
+}
