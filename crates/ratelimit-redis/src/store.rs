@@ -437,11 +437,16 @@ impl Inner {
             // The command stays unanswered: the next check on this slot finds it so.
             Err(_) => return Err(timeout()),
         };
-        // READONLY from a standalone server: it was demoted to a replica behind the same address
-        // (a failover behind a DNS name or a virtual IP); a new connection finds the new primary.
-        let replace = matches!(&reply, Err(e) if is_broken(e)
-            || (matches!(conn, Conn::Single(_))
-                && e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)));
+        // A standalone connection that broke is replaced, and so is one to a server that answers
+        // READONLY: it was demoted to a replica behind the same address (a failover behind a DNS
+        // name or a virtual IP); a new connection finds the new primary. A cluster connection is
+        // kept whatever one node did: the client mends its link to that node by itself, the
+        // other masters' keys go on being served over it, and a new one could only be made from
+        // the seed list, which may be the dead node alone. A cluster connection that stops
+        // answering is probed and replaced as a silent one is (see `probe`).
+        let replace = matches!(conn, Conn::Single(_))
+            && matches!(&reply, Err(e) if is_broken(e)
+                || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly));
         if replace {
             self.discard(slot, generation);
         } else if matches!(conn, Conn::Single(_)) {

@@ -422,6 +422,93 @@ async fn checks_recover_after_a_master_fails_over_to_its_replica() {
     }
 }
 
+/// A store given one seed node whose master then dies: the other masters' keys stay served
+/// throughout (the cluster client mends its link to the dead node by itself), and the dead
+/// master's keys come back once its replica takes over. Replacing the whole connection on the
+/// first I/O error would make a new one from the seed list alone, all dead, and leave every key
+/// of every master without a connection until the seed came back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_seed_master_leaves_the_other_masters_served() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut cluster = RedisCluster::start_with_replicas(3, 1, &["cluster-node-timeout 1000"]);
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(1_000).unwrap()).unwrap();
+    // The seed: a master, found through a store that knows every node.
+    let probe = RedisStore::cluster(cluster.urls())
+        .prefix(unique_prefix("seed-probe"))
+        .response_timeout(PATIENT)
+        .build()
+        .await
+        .unwrap();
+    let seed = master_of(&cluster, &probe, &limit, "victim");
+    let seed_url = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.port() == seed)
+        .unwrap()
+        .url();
+    let store = RedisStore::cluster([seed_url])
+        .prefix(unique_prefix("one-seed"))
+        .response_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    let owner = |cluster: &RedisCluster, user: &str| master_of(cluster, &store, &limit, user);
+    assert_eq!(owner(&cluster, "victim"), seed);
+    let bystanders: Vec<String> = (0..)
+        .map(|i| format!("bystander-{i}"))
+        .filter(|u| owner(&cluster, u) != seed)
+        .take(4)
+        .collect();
+    for _ in 0..5 {
+        store.check(b"victim", &limit, 1).await.unwrap();
+        for b in &bystanders {
+            store.check(b.as_bytes(), &limit, 1).await.unwrap();
+        }
+    }
+    let master = cluster.nodes().iter().find(|n| n.port() == seed).unwrap();
+    master.wait_replicated();
+
+    cluster.kill_node(seed);
+    let killed = std::time::Instant::now();
+    let (mut victim_failed, mut bystander_failed, mut bystander_checks) = (0, 0, 0);
+    loop {
+        assert!(
+            killed.elapsed() < Duration::from_secs(30),
+            "the dead master's keys come back after the failover"
+        );
+        let victim = store.check(b"victim", &limit, 1).await;
+        for b in &bystanders {
+            bystander_checks += 1;
+            if let Err(e) = store.check(b.as_bytes(), &limit, 1).await {
+                bystander_failed += 1;
+                println!("bystander {b}: {e}");
+            }
+        }
+        match victim {
+            Ok(_) => break,
+            Err(_) => victim_failed += 1,
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    println!(
+        "recovered {:?} after the kill; {victim_failed} of the dead master's checks failed, \
+         {bystander_failed} of {bystander_checks} of the other masters'",
+        killed.elapsed()
+    );
+    assert!(victim_failed > 0, "the master's death is visible");
+    assert_eq!(
+        bystander_failed, 0,
+        "the other masters' keys were not served throughout"
+    );
+    // Served after the failover too, by the connection made from one dead seed.
+    for b in &bystanders {
+        store.check(b.as_bytes(), &limit, 1).await.unwrap();
+    }
+    for _ in 0..3 {
+        store.check(b"victim", &limit, 1).await.unwrap();
+    }
+}
+
 /// A master that lost its scripts (restarted, failed over) answers `NOSCRIPT`; the script is
 /// loaded on that master alone, not on every node, so one shard being down (a cluster serving
 /// without full coverage) does not keep the healthy master from answering.
