@@ -78,6 +78,46 @@ enum Backend {
     Cluster(deadpool::managed::Pool<cluster::Manager>),
 }
 
+/// A slot's failed openings.
+#[derive(Default)]
+struct Failed {
+    count: u64,
+    last: Option<RedisStoreError>,
+    at: Option<tokio::time::Instant>,
+}
+
+impl Failed {
+    /// An opening failed with `e`: the server's answer, which the next opening waits a gap for.
+    fn record(&mut self, e: RedisStoreError) {
+        self.count += 1;
+        self.last = Some(e);
+        self.at = Some(tokio::time::Instant::now());
+    }
+
+    /// An opening ended before it finished (its task panicked, or its runtime shut down): the
+    /// checks waiting for it get `e`, and the next check opens again at once (nothing was heard
+    /// from the server).
+    fn record_unfinished(&mut self, e: RedisStoreError) {
+        self.count += 1;
+        self.last = Some(e);
+        self.at = None;
+    }
+
+    /// The last failure's error if it is less than [`RECONNECT_GAP`] old: the next opening waits
+    /// that long, and checks meanwhile fail at once with it.
+    fn recent(&self) -> Option<RedisStoreError> {
+        let at = self.at?;
+        (at.elapsed() < RECONNECT_GAP)
+            .then(|| self.last.clone())
+            .flatten()
+    }
+}
+
+/// The least time between a failed opening of a slot's connection and the next. A server that
+/// refuses connections (restarting, its port closed) refuses in microseconds: without a gap, every
+/// check would open one, thousands a second per gateway, against a server coming back up.
+const RECONNECT_GAP: Duration = Duration::from_millis(100);
+
 /// One long-lived multiplexed connection. Checks share it (it pipelines their commands); it is
 /// replaced, through the pool, when it breaks or stops answering.
 struct Slot {
@@ -86,8 +126,8 @@ struct Slot {
     opening: AtomicBool,
     /// Woken when an opening ends.
     opened: tokio::sync::Notify,
-    /// How many openings have failed, and the last one's error.
-    failed: Mutex<(u64, Option<RedisStoreError>)>,
+    /// How many openings have failed, the last one's error, and when it failed.
+    failed: Mutex<Failed>,
     /// How long the current connection has left a command unanswered: whether the check timed
     /// out in the store or was dropped first by its caller (whose timeout, such as the tower
     /// layer's, may be the shorter), so it may also stand for an answer that came after its
@@ -391,9 +431,7 @@ impl Drop for Opening {
     fn drop(&mut self) {
         let slot = &self.inner.slots[self.slot];
         if !self.done {
-            let mut failed = lock(&slot.failed);
-            failed.0 += 1;
-            failed.1 = Some(RedisStoreError::Connection {
+            lock(&slot.failed).record_unfinished(RedisStoreError::Connection {
                 message: "the connection's opening ended before it finished (its task \
                           panicked, or its runtime shut down)"
                     .into(),
@@ -567,7 +605,13 @@ impl Inner {
             if let Some((g, c)) = lock(&slot.conn).as_ref() {
                 return Ok((i, *g, c.clone()));
             }
-            let failures = lock(&slot.failed).0;
+            let failures = {
+                let failed = lock(&slot.failed);
+                if let Some(e) = failed.recent() {
+                    return Err(e);
+                }
+                failed.count
+            };
             if !slot.opening.swap(true, Ordering::AcqRel) {
                 // An opening may have ended between the look above and the swap: then its
                 // connection is there, and a second one would replace it.
@@ -591,8 +635,8 @@ impl Inner {
             }
             opened.await;
             let failed = lock(&slot.failed);
-            if failed.0 != failures
-                && let Some(e) = &failed.1
+            if failed.count != failures
+                && let Some(e) = &failed.last
             {
                 return Err(e.clone());
             }
@@ -608,11 +652,7 @@ impl Inner {
                 self.install(slot, &mut lock(&slot.conn), conn);
                 tracing::debug!(slot = i, "ratelimit-redis: connection (re)opened");
             }
-            Err(e) => {
-                let mut failed = lock(&slot.failed);
-                failed.0 += 1;
-                failed.1 = Some(e);
-            }
+            Err(e) => lock(&slot.failed).record(e),
         }
     }
 
@@ -860,7 +900,7 @@ impl RedisStoreBuilder {
                     conn: Mutex::new(None),
                     opening: AtomicBool::new(false),
                     opened: tokio::sync::Notify::new(),
-                    failed: Mutex::new((0, None)),
+                    failed: Mutex::new(Failed::default()),
                     silence: Silence::new(),
                     probing: AtomicBool::new(false),
                 })

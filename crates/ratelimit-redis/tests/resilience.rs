@@ -467,3 +467,49 @@ async fn a_connection_to_a_demoted_primary_is_replaced() {
         );
     }
 }
+
+/// A server that refuses connections (restarting, its port closed) refuses them in microseconds:
+/// the store waits a moment between failed openings, and the checks meanwhile fail at once with
+/// the last opening's error, instead of every check opening a connection of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connections_are_retried_with_a_gap() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let store = RedisStore::builder(proxy.url())
+        .prefix(unique_prefix("gap"))
+        .build()
+        .await
+        .unwrap();
+    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    proxy.set_refuse(true);
+    proxy.drop_connections();
+    let before = proxy.accepted();
+    let start = std::time::Instant::now();
+    let (mut checks, mut failed) = (0u64, 0u64);
+    while start.elapsed() < Duration::from_secs(1) {
+        checks += 1;
+        if let Err(e) = store.check(b"k", &limit(), 1).await {
+            assert!(e.is_unavailable(), "{e:?}");
+            failed += 1;
+        }
+    }
+    let opened = proxy.accepted() - before;
+    println!("{checks} checks in 1 s, {failed} failed, {opened} connections tried");
+    assert_eq!(failed, checks, "nothing to answer them");
+    assert!(
+        checks > 100,
+        "failures are answered at once, not after a wait"
+    );
+    // One attempt per 100 ms gap at most (the first at once), and some slack for the timer.
+    assert!(opened <= 15, "{opened} connections tried in 1 s");
+    proxy.set_refuse(false);
+    let back = std::time::Instant::now();
+    while store.check(b"k", &limit(), 1).await.is_err() {
+        assert!(back.elapsed() < Duration::from_secs(5), "no recovery");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    println!(
+        "recovered {:?} after connections were accepted again",
+        back.elapsed()
+    );
+}
