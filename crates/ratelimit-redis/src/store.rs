@@ -78,6 +78,21 @@ enum Backend {
     Cluster(deadpool::managed::Pool<cluster::Manager>),
 }
 
+/// A slot's probe in progress: ended (the slot's `probing` flag cleared) when this drops, however
+/// the probe's task ends (done, panicked, or dropped with its runtime, even unrun).
+struct Probing {
+    inner: Arc<Inner>,
+    slot: usize,
+}
+
+impl Drop for Probing {
+    fn drop(&mut self) {
+        self.inner.slots[self.slot]
+            .probing
+            .store(false, Ordering::Release);
+    }
+}
+
 /// A slot's failed openings.
 #[derive(Default)]
 struct Failed {
@@ -468,7 +483,13 @@ impl Inner {
         {
             // Silent for the response timeout: a probe, in a task of its own so that this
             // check's caller giving up does not cancel it.
-            tokio::spawn(Arc::clone(self).probe(slot, generation, conn.clone()));
+            // The guard is made before the task, so that a task dropped unrun (its runtime
+            // shutting down) lets the next probe start too.
+            let probing = Probing {
+                inner: Arc::clone(self),
+                slot,
+            };
+            tokio::spawn(Arc::clone(self).probe(slot, generation, conn.clone(), probing));
         }
         let reply = match tokio::time::timeout_at(deadline, conn.eval(script, &cmd)).await {
             Ok(reply) => reply,
@@ -505,16 +526,10 @@ impl Inner {
     /// response timeout, whether it still answers: a `PING` (on a cluster, to every master),
     /// given the response timeout. Answered, the connection is kept: the command's answer came
     /// after its caller had given up, or came late. Not answered, or broken, it is replaced.
-    async fn probe(self: Arc<Self>, i: usize, generation: u64, mut conn: Conn) {
+    async fn probe(self: Arc<Self>, i: usize, generation: u64, mut conn: Conn, probing: Probing) {
         // Lets the next probe start however this one ends: done, panicked, or dropped with its
-        // runtime.
-        struct Probing<'a>(&'a AtomicBool);
-        impl Drop for Probing<'_> {
-            fn drop(&mut self) {
-                self.0.store(false, Ordering::Release);
-            }
-        }
-        let _probing = Probing(&self.slots[i].probing);
+        // runtime, run or not.
+        let _probing = probing;
         let sent = self.micros() + 1;
         let answer = tokio::time::timeout(self.response_timeout, conn.ping()).await;
         match answer {
