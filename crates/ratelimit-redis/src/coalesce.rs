@@ -118,6 +118,10 @@ impl fmt::Debug for Coalescing {
     }
 }
 
+/// The longest [`Coalescing::batch_window`]: one second. A window is meant in microseconds; one
+/// of `Duration::MAX` would hold every idle key's first check for good.
+pub const MAX_BATCH_WINDOW: Duration = Duration::from_secs(1);
+
 impl Coalescing {
     /// Coalesces the checks of `store`, with no batch window and at most [`DEFAULT_MAX_BATCH`]
     /// checks per call.
@@ -130,14 +134,15 @@ impl Coalescing {
 
     /// The first check of an idle key waits `window` before going to Redis, so that the checks
     /// of that key arriving meanwhile share its call (default zero: only checks arriving while a
-    /// call is in flight are merged). A few hundred microseconds suit a hot key. Set before the
-    /// first check.
+    /// call is in flight are merged). A few hundred microseconds suit a hot key. At most
+    /// [`MAX_BATCH_WINDOW`] (a longer window is taken as that: every idle key's first check waits
+    /// it). Set before the first check.
     #[must_use]
     pub fn batch_window(self, window: Duration) -> Self {
         let max = self.shared.max_batch;
         Coalescing {
             store: self.store,
-            shared: Arc::new(Shared::new(window, max)),
+            shared: Arc::new(Shared::new(window.min(MAX_BATCH_WINDOW), max)),
         }
     }
 

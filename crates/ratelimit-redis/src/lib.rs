@@ -77,7 +77,9 @@ mod scripts;
 mod silence;
 mod store;
 
-pub use coalesce::{CoalesceFuture, Coalescing, CoalescingStats, DEFAULT_MAX_BATCH};
+pub use coalesce::{
+    CoalesceFuture, Coalescing, CoalescingStats, DEFAULT_MAX_BATCH, MAX_BATCH_WINDOW,
+};
 pub use error::RedisStoreError;
 pub use key::MAX_VERBATIM_KEY;
 pub use scripts::{script_sha, script_source};

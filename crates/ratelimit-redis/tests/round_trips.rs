@@ -349,6 +349,28 @@ async fn coalescing_failed_batch_fails_each_check_then_recovers() {
     assert_eq!(admitted, 100);
 }
 
+/// A batch window is capped at `MAX_BATCH_WINDOW` (1 s): `Duration::MAX` would have held every
+/// idle key's first check for good.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalescing_windows_are_capped() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("coalesce-cap"))
+        .build()
+        .await
+        .unwrap();
+    let coalescing = Coalescing::new(store).batch_window(Duration::MAX);
+    assert!(
+        format!("{coalescing:?}").contains("batch_window: 1s"),
+        "{coalescing:?}"
+    );
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
+    let d = tokio::time::timeout(Duration::from_secs(10), coalescing.check(b"k", &limit, 1))
+        .await
+        .expect("the first check waits the capped window, not for ever");
+    assert!(d.unwrap().is_allowed());
+}
+
 /// Checks whose callers gave up while queued behind a call in flight are not sent: they spend
 /// nothing, as checks never sent would not.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
