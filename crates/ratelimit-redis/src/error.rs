@@ -58,14 +58,17 @@ pub enum RedisStoreError {
 }
 
 impl RedisStoreError {
-    /// `true` if the store could not be reached (connection or timeout), as opposed to Redis
-    /// answering with an error.
+    /// `true` if the store could not be reached (connection or timeout; on a cluster, no
+    /// connection to the node that holds the key), as opposed to Redis answering with an error.
     #[must_use]
     pub fn is_unavailable(&self) -> bool {
         matches!(
             self,
             RedisStoreError::Connection { .. } | RedisStoreError::Timeout { .. }
-        ) || matches!(self, RedisStoreError::Redis(e) if e.is_io_error() || e.is_connection_dropped() || e.is_timeout())
+        ) || matches!(self, RedisStoreError::Redis(e) if e.is_io_error()
+            || e.is_connection_dropped()
+            || e.is_timeout()
+            || e.kind() == redis::ErrorKind::ClusterConnectionNotFound)
     }
 
     pub(crate) fn config(name: &'static str, reason: impl Into<String>) -> Self {
