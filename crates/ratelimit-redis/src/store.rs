@@ -606,9 +606,21 @@ impl Inner {
 
     /// A connection, round-robin over the slots. A slot without one is re-opened by a task of its
     /// own, which a check that stops waiting (its timeout, a dropped request) does not cancel:
-    /// however long opening takes, the next checks find the connection.
+    /// however long opening takes, the next checks find the connection. Meanwhile (and while a
+    /// failed opening's gap lasts) the check is served by another slot's connection if one is
+    /// open: one broken connection of several does not fail the checks it would have carried.
     async fn connection(self: &Arc<Self>) -> Result<(usize, u64, Conn), RedisStoreError> {
         let i = self.next.fetch_add(1, Ordering::Relaxed) % self.slots.len();
+        self.slot_connection(i, true).await
+    }
+
+    /// Slot `i`'s connection, opened if it has none; or, if `lend` and it has none yet, another
+    /// slot's.
+    async fn slot_connection(
+        self: &Arc<Self>,
+        i: usize,
+        lend: bool,
+    ) -> Result<(usize, u64, Conn), RedisStoreError> {
         let slot = &self.slots[i];
         loop {
             if let Some((g, c)) = lock(&slot.conn).as_ref() {
@@ -620,14 +632,11 @@ impl Inner {
             if let Some((g, c)) = lock(&slot.conn).as_ref() {
                 return Ok((i, *g, c.clone()));
             }
-            let failures = {
+            let (failures, recent) = {
                 let failed = lock(&slot.failed);
-                if let Some(e) = failed.recent() {
-                    return Err(e);
-                }
-                failed.count
+                (failed.count, failed.recent())
             };
-            if !slot.opening.swap(true, Ordering::AcqRel) {
+            if recent.is_none() && !slot.opening.swap(true, Ordering::AcqRel) {
                 // An opening may have ended between the look above and the swap: then its
                 // connection is there, and a second one would replace it.
                 if lock(&slot.conn).is_some() {
@@ -648,6 +657,12 @@ impl Inner {
                     opening.finished();
                 });
             }
+            if lend && let Some(other) = self.open_connection_besides(i) {
+                return Ok(other);
+            }
+            if let Some(e) = recent {
+                return Err(e);
+            }
             opened.await;
             let failed = lock(&slot.failed);
             if failed.count != failures
@@ -656,6 +671,16 @@ impl Inner {
                 return Err(e.clone());
             }
         }
+    }
+
+    /// The first open connection of the slots after `i` (round the ring), if any.
+    fn open_connection_besides(&self, i: usize) -> Option<(usize, u64, Conn)> {
+        let n = self.slots.len();
+        (1..n).map(|k| (i + k) % n).find_map(|j| {
+            lock(&self.slots[j].conn)
+                .as_ref()
+                .map(|(g, c)| (j, *g, c.clone()))
+        })
     }
 
     /// Opens slot `i`'s connection and records the outcome; its [`Opening`] then wakes the checks
@@ -931,8 +956,8 @@ impl RedisStoreBuilder {
         // Open every connection now, so a wrong address or password fails here, and load the
         // scripts (on every primary of a cluster) so the first checks need no NOSCRIPT round trip.
         let mut first = None;
-        for _ in 0..inner.slots.len() {
-            let (_, _, conn) = inner.connection().await?;
+        for i in 0..inner.slots.len() {
+            let (_, _, conn) = inner.slot_connection(i, false).await?;
             first.get_or_insert(conn);
         }
         if let Some(mut conn) = first {

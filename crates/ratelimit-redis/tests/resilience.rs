@@ -513,3 +513,43 @@ async fn refused_connections_are_retried_with_a_gap() {
         back.elapsed()
     );
 }
+
+/// One connection of two breaks while new connections are refused: the checks its slot would
+/// have carried go over the other connection, instead of failing at once for as long as its
+/// openings are refused. Only the check that found it broken fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slot_without_a_connection_lends_its_checks_to_another() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let store = RedisStore::builder(proxy.url())
+        .prefix(unique_prefix("lend"))
+        .pool_size(2)
+        .build()
+        .await
+        .unwrap();
+    for _ in 0..4 {
+        assert!(store.check(b"k", &limit(), 1).await.is_ok());
+    }
+    proxy.set_refuse(true);
+    // Cut one of the store's two connections, server side (the proxy's upstream of it).
+    let clients = server.cli(&["client", "list"]);
+    let victim = clients
+        .lines()
+        .filter(|l| !l.contains("cmd=client|list"))
+        .find_map(|l| l.split_whitespace().find_map(|f| f.strip_prefix("id=")))
+        .expect("the store's connections are listed")
+        .to_owned();
+    assert_eq!(server.cli(&["client", "kill", "id", &victim]), "1");
+    let mut failed = 0;
+    for _ in 0..200 {
+        if let Err(e) = store.check(b"k", &limit(), 1).await {
+            assert!(e.is_unavailable(), "{e:?}");
+            failed += 1;
+        }
+    }
+    assert!(
+        failed <= 1,
+        "{failed} of 200 checks failed with one connection left"
+    );
+    proxy.set_refuse(false);
+}
