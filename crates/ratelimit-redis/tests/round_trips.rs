@@ -96,10 +96,12 @@ async fn leasing_twenty_gateways_never_exceed_the_limit() {
         let prefix = unique_prefix("lease");
         let mut gateways = Vec::new();
         for _ in 0..GATEWAYS {
-            // Server time, as real gateways; the lease clock is this process's.
+            // Server time, as real gateways; the lease clock is this process's. A patient
+            // response timeout: the test counts admissions, not latency.
             let store = RedisStore::builder(server.url())
                 .prefix(prefix.clone())
                 .pool_size(1)
+                .response_timeout(Duration::from_secs(5))
                 .build()
                 .await
                 .unwrap();
@@ -256,6 +258,7 @@ async fn coalescing_thousand_concurrent_checks() {
     for alg in Algorithm::ALL {
         let store = RedisStore::builder(server.url())
             .prefix(unique_prefix("coalesce"))
+            .response_timeout(Duration::from_secs(5))
             .build()
             .await
             .unwrap();

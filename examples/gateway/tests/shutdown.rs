@@ -12,17 +12,30 @@ use std::time::{Duration, Instant};
 /// less than the 30 s default or forever.
 const EXIT_WITHIN: Duration = Duration::from_secs(15);
 
-fn start(config: &std::path::Path) -> (Child, String) {
+/// The gateway's process, killed when the test ends however it ends.
+struct Gateway(Child);
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+fn start(config: &std::path::Path) -> (Gateway, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_example-gateway"))
         .args(["--config"])
         .arg(config)
         .args(["--listen", "127.0.0.1:0"])
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
-        .stderr(Stdio::null())
+        .stderr(Stdio::piped())
         .spawn()
         .expect("start the gateway");
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    // (A gateway that never prints its address ends the output, and this, when it exits.)
     let addr = lines
         .find_map(|l| {
             l.ok()?
@@ -32,7 +45,7 @@ fn start(config: &std::path::Path) -> (Child, String) {
         .expect("the gateway prints its address");
     // Keep reading its output, so that it never blocks on a full pipe.
     std::thread::spawn(move || lines.for_each(drop));
-    (child, addr)
+    (Gateway(child), addr)
 }
 
 fn wait_exit(child: &mut Child) -> Option<std::process::ExitStatus> {
@@ -78,14 +91,15 @@ fn sigterm_stops_the_gateway_despite_a_stalled_request() {
         .unwrap();
     std::thread::sleep(Duration::from_millis(100));
 
-    sigterm(&child);
-    let status = wait_exit(&mut child);
-    if status.is_none() {
-        let _ = child.kill();
-        let _ = child.wait();
-    }
+    sigterm(&child.0);
+    let status = wait_exit(&mut child.0);
     let status = status.expect("the gateway did not exit after SIGTERM with a request stalled");
     assert!(status.success(), "{status}");
+    // It exited by the deadline, with the stalled request in flight, not before accepting it.
+    assert!(
+        stderr(&mut child.0).contains("still in flight"),
+        "the drain's deadline ended the shutdown"
+    );
     drop(stalled);
 }
 
@@ -95,7 +109,20 @@ fn sigterm_stops_an_idle_gateway_at_once() {
         env!("CARGO_MANIFEST_DIR"),
         "/gateway.toml"
     )));
-    sigterm(&child);
-    let status = wait_exit(&mut child).expect("the gateway exits after SIGTERM");
+    sigterm(&child.0);
+    let status = wait_exit(&mut child.0).expect("the gateway exits after SIGTERM");
     assert!(status.success(), "{status}");
+    assert!(
+        !stderr(&mut child.0).contains("still in flight"),
+        "nothing was in flight"
+    );
+}
+
+/// What an exited process wrote to stderr.
+fn stderr(child: &mut Child) -> String {
+    let mut text = String::new();
+    if let Some(mut err) = child.stderr.take() {
+        let _ = err.read_to_string(&mut text);
+    }
+    text
 }
