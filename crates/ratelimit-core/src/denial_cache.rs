@@ -117,7 +117,8 @@ const MAX_SHARDS: usize = 16;
 /// # Memory
 ///
 /// At most [`max_entries`](DenialCache::max_entries) denials are held (default
-/// [`DEFAULT_MAX_DENIALS`]), each a 16-byte digest and a 48-byte entry. Expired entries are dropped
+/// [`DEFAULT_MAX_DENIALS`]), each a 16-byte digest and a 40-byte entry (a 64-byte table slot, with
+/// the digest's alignment). Expired entries are dropped
 /// as the table fills; when a shard is full of live entries, the eighth of it expiring soonest is
 /// dropped. A denial not held only means one more store call: no decision changes.
 pub struct DenialCache<S, C> {
@@ -507,6 +508,13 @@ fn implied_wait(algorithm: Algorithm, q: &Quota, cost: u64, d: &Decision) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn an_entry_is_as_large_as_the_docs_say() {
+        assert_eq!(std::mem::size_of::<Entry>(), 40);
+        assert_eq!(std::mem::size_of::<(u128, Entry)>(), 64);
+    }
     use crate::{Algorithm, ManualClock, MemoryStore, Quota};
     use std::pin::pin;
     use std::task::Waker;

@@ -8,11 +8,18 @@
 use std::hash::{BuildHasherDefault, Hasher};
 
 /// A secret SipHash key, drawn from the operating system's randomness (through std's
-/// `RandomState`). Unknown to clients, so they cannot aim collisions at a table.
-#[derive(Debug, Clone, Copy)]
+/// `RandomState`). Unknown to clients, so they cannot aim collisions at a table. Its `Debug`
+/// prints no part of it: a store's `{:?}` in a log line must not give it away.
+#[derive(Clone, Copy)]
 pub(crate) struct KeyDigest {
     k0: u64,
     k1: u64,
+}
+
+impl std::fmt::Debug for KeyDigest {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("KeyDigest(<secret>)")
+    }
 }
 
 impl KeyDigest {
@@ -176,7 +183,7 @@ fn short_tail(rest: &[u8]) -> u64 {
 
 #[cfg(test)]
 mod tests {
-    use super::{siphash13_64, siphash13_128};
+    use super::{KeyDigest, siphash13_64, siphash13_128};
     use siphasher::sip::SipHasher13 as SipHasher13x64;
     use siphasher::sip128::{Hasher128, SipHasher13};
     use std::hash::Hasher;
@@ -202,6 +209,17 @@ mod tests {
                 reference.write(&data);
                 assert_eq!(siphash13_64(k0, k1, &data), reference.finish(), "len {len}");
             }
+        }
+    }
+
+    #[test]
+    fn debug_hides_the_secret() {
+        let d = KeyDigest::random();
+        let shown = format!("{d:?}");
+        assert_eq!(shown, "KeyDigest(<secret>)");
+        for part in [d.k0, d.k1] {
+            assert!(!shown.contains(&part.to_string()));
+            assert!(!shown.contains(&format!("{part:x}")));
         }
     }
 }

@@ -308,10 +308,12 @@ impl Entry {
         )
     }
 
-    fn wake_all(&mut self) {
-        for w in self.waiters.drain(..) {
-            w.wake();
-        }
+    /// The waiting checks' wakers, taken out to be woken once the key's lock is let go: a waker
+    /// may drop its task's future on the spot (as an executor may when the task's last reference
+    /// goes), and a waiting check of this key, dropped, takes the key's lock.
+    #[must_use = "wake them, after the lock is let go"]
+    fn take_waiters(&mut self) -> Vec<Waker> {
+        std::mem::take(&mut self.waiters)
     }
 
     /// Drops what is left of the current lease; returns how many units that was.
@@ -881,11 +883,14 @@ pin_project! {
                 // again from one unit (they grow back as they are spent): repeated drops do not
                 // take a whole lease from the store each time.
                 StProj::Lease { want, .. } => {
-                    let mut e = ctx.entry.lock();
-                    e.fetching = false;
-                    e.failed_fetches += 1;
-                    dropped_before_answer(&ctx.shared, &mut e, *want, ctx.cost);
-                    e.wake_all();
+                    let waiters = {
+                        let mut e = ctx.entry.lock();
+                        e.fetching = false;
+                        e.failed_fetches += 1;
+                        dropped_before_answer(&ctx.shared, &mut e, *want, ctx.cost);
+                        e.take_waiters()
+                    };
+                    wake(waiters);
                 }
                 // A waiting check dropped gives back the units it counted on.
                 StProj::Wait { counted_on, .. } => {
@@ -1062,14 +1067,15 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                         // request, with fewer units to spare: the checks waiting count on its
                         // units again (or go to the store).
                         let now = sh.clock.now().as_micros();
-                        {
+                        let waiters = {
                             let mut e = ctx.entry.lock();
                             if let Size::Adaptive(_) = sh.size {
                                 e.size = left;
                             }
                             e.begin_fetch(left, cost, now, sh.refill(&ctx.limit, left));
-                            e.wake_all();
-                        }
+                            e.take_waiters()
+                        };
+                        wake(waiters);
                         sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
                         let fut = sh.inner.check(&ctx.key, &ctx.limit, left);
                         self.as_mut().project().state.set(St::Lease {
@@ -1105,18 +1111,31 @@ struct FetchStarting<'a>(&'a EntryRef);
 
 impl Drop for FetchStarting<'_> {
     fn drop(&mut self) {
-        let mut e = self.0.lock();
-        e.fetching = false;
-        e.wake_all();
+        let waiters = {
+            let mut e = self.0.lock();
+            e.fetching = false;
+            e.take_waiters()
+        };
+        wake(waiters);
     }
 }
 
 fn finish<T>(entry: &EntryRef, f: impl FnOnce(&mut Entry) -> T) -> T {
-    let mut e = entry.lock();
-    let out = f(&mut e);
-    e.fetching = false;
-    e.wake_all();
+    let (out, waiters) = {
+        let mut e = entry.lock();
+        let out = f(&mut e);
+        e.fetching = false;
+        (out, e.take_waiters())
+    };
+    wake(waiters);
     out
+}
+
+/// Wakes `waiters`, taken out of an entry whose lock is no longer held.
+fn wake(waiters: Vec<Waker>) {
+    for w in waiters {
+        w.wake();
+    }
 }
 
 /// After a denial (of a lease, or of a request's own cost): straight to the store until it may

@@ -1139,6 +1139,73 @@ fn a_dropped_waiting_check_gives_back_its_units() {
     assert_eq!(gw.outstanding_units(), 0);
 }
 
+/// Waiters are woken after the key's lock is let go: a waker that drops its task's future when
+/// woken (as an executor may when the task's last reference goes), a future holding a waiting
+/// check of the same key, whose drop takes the key's lock, would otherwise deadlock the thread
+/// that ended the lease request.
+#[test]
+fn a_waker_that_drops_its_waiting_check_does_not_deadlock() {
+    type Held = std::sync::Mutex<Option<Pin<Box<dyn Future<Output = ()> + Send>>>>;
+    struct DropsOnWake(Held);
+    impl Wake for DropsOnWake {
+        fn wake(self: Arc<Self>) {
+            let held = self.0.lock().unwrap().take();
+            drop(held);
+        }
+    }
+    let clock = ManualClock::new();
+    let store = memory(&clock);
+    let slow = slow(&store, 0);
+    let gate = Arc::clone(&slow.gate);
+    gate.store(false, Ordering::Release);
+    let gw = Arc::new(
+        Leasing::builder(slow, clock.clone())
+            .lease_size(4)
+            .build()
+            .unwrap(),
+    );
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(100).unwrap()).unwrap();
+    let mut first = Box::pin(gw.check(b"hot", &limit, 1));
+    assert!(
+        first
+            .as_mut()
+            .poll(&mut Context::from_waker(Waker::noop()))
+            .is_pending()
+    );
+    let waiting = gw.check(b"hot", &limit, 1);
+    let task = Arc::new(DropsOnWake(std::sync::Mutex::new(Some(Box::pin(
+        async move {
+            let _ = waiting.await;
+        },
+    )))));
+    let waker = Waker::from(Arc::clone(&task));
+    {
+        let mut held = task.0.lock().unwrap();
+        let fut = held.as_mut().unwrap();
+        assert!(
+            fut.as_mut()
+                .poll(&mut Context::from_waker(&waker))
+                .is_pending()
+        );
+    }
+    drop(waker);
+    assert_eq!(gw.stats().waited, 1, "the second check waits for the lease");
+    gate.store(true, Ordering::Release);
+    let (done, finished) = std::sync::mpsc::channel();
+    thread::spawn(move || {
+        let d = block_on(first);
+        let _ = done.send(d.map(|d| d.is_allowed()));
+    });
+    let answer = finished
+        .recv_timeout(Duration::from_secs(10))
+        .expect("the lease request's end deadlocked waking its waiter");
+    assert_eq!(answer, Ok(true));
+    assert!(
+        task.0.lock().unwrap().is_none(),
+        "the waiting check was dropped"
+    );
+}
+
 /// Eight checks of a hot key at a time, polled in turn from one thread through a store that
 /// answers after a few polls: the lease grows while checks overflow it, and most answers soon
 /// come from leases (deterministic, unlike the threaded test above).
