@@ -118,6 +118,11 @@ impl Failed {
         self.at = None;
     }
 
+    /// The last failure's error if there has been one since the count was `count`.
+    fn last_if_newer(&self, count: u64) -> Option<RedisStoreError> {
+        (self.count != count).then(|| self.last.clone()).flatten()
+    }
+
     /// The last failure's error if it is less than [`RECONNECT_GAP`] old: the next opening waits
     /// that long, and checks meanwhile fail at once with it.
     fn recent(&self) -> Option<RedisStoreError> {
@@ -664,11 +669,13 @@ impl Inner {
                 return Err(e);
             }
             opened.await;
-            let failed = lock(&slot.failed);
-            if failed.count != failures
-                && let Some(e) = &failed.last
-            {
-                return Err(e.clone());
+            let failed = lock(&slot.failed).last_if_newer(failures);
+            if let Some(e) = failed {
+                // Another slot's connection may have opened meanwhile.
+                if lend && let Some(other) = self.open_connection_besides(i) {
+                    return Ok(other);
+                }
+                return Err(e);
             }
         }
     }

@@ -278,6 +278,12 @@ impl Breaker {
                 self.failures.store(0, Ordering::Release);
                 self.publish();
                 tracing::info!(policy = %self.policy, "rate-limit store circuit closed");
+            } else if self.state() == CircuitState::Closed
+                && self.failures.load(Ordering::Relaxed) != 0
+            {
+                // Closed already (by the probe sent before it, answering late): a success
+                // like any other.
+                self.failures.store(0, Ordering::Release);
             }
         } else if self.failures.load(Ordering::Relaxed) != 0 {
             self.failures.store(0, Ordering::Release);
@@ -579,6 +585,26 @@ mod tests {
         assert_eq!(b.admit(), Admit::Probe);
         b.success(true);
         assert_eq!(b.state(), CircuitState::Closed);
+    }
+
+    /// The other way round: the probe taken as lost answers first and closes the circuit; the
+    /// later probe's success then counts as any success does, forgetting the failures since.
+    #[test]
+    fn a_second_probes_success_on_a_closed_circuit_resets_its_failures() {
+        let clock = ManualClock::new();
+        let b = probing(&clock);
+        clock.advance(Duration::from_secs(5));
+        assert_eq!(b.admit(), Admit::Probe, "the first probe is taken as lost");
+        b.success(true);
+        assert_eq!(b.state(), CircuitState::Closed);
+        b.failure(false);
+        b.success(true);
+        b.failure(false);
+        assert_eq!(
+            b.state(),
+            CircuitState::Closed,
+            "one failure since the last success"
+        );
     }
 
     /// A probe is not taken as lost while it may still be waiting for the store: with a timeout

@@ -140,7 +140,7 @@ impl MissingKey {
                 Err(Error::InvalidSetting {
                     name: "missing_key",
                     reason: "a WWW-Authenticate challenge must start with its scheme (a token, \
-                             then a space or nothing): `Bearer realm=\"api\"`, `ApiKey`",
+                             then a space, a comma or nothing): `Bearer realm=\"api\"`, `ApiKey`",
                 })
             }
             _ => Ok(()),
@@ -149,7 +149,8 @@ impl MissingKey {
 
     /// Rejects keyless requests with `401 Unauthorized` and `WWW-Authenticate: challenge`
     /// (`Bearer realm="api"`, say), which HTTP requires of a 401. The challenge must be a valid
-    /// header value that starts with its scheme: a token, then a space or nothing.
+    /// header value that starts with its scheme: a token, then a space, a comma (a list of
+    /// challenges) or nothing.
     pub fn unauthorized(challenge: &str) -> Result<Self, Error> {
         let value = http::HeaderValue::from_str(challenge).map_err(|_| Error::InvalidSetting {
             name: "missing_key",
@@ -169,10 +170,11 @@ impl MissingKey {
 }
 
 /// Whether `challenge` starts as RFC 9110's `challenge = auth-scheme [ 1*SP ( token68 /
-/// #auth-param ) ]` does: a token, then a space or the end.
+/// #auth-param ) ]` does: a token, then a space, the end, or the comma of a list of challenges
+/// (`Negotiate, NTLM`).
 fn starts_with_auth_scheme(challenge: &[u8]) -> bool {
     let scheme = challenge.iter().take_while(|b| is_tchar(**b)).count();
-    scheme > 0 && matches!(challenge.get(scheme), None | Some(b' '))
+    scheme > 0 && matches!(challenge.get(scheme), None | Some(b' ' | b','))
 }
 
 /// RFC 9110's `tchar`.
@@ -432,16 +434,12 @@ mod tests {
             "ApiKey",
             "Bearer realm=\"api\"",
             "Basic realm=\"a\", charset=\"UTF-8\"",
+            "Negotiate, NTLM",
+            "Bearer, Basic realm=\"api\"",
         ] {
             assert!(MissingKey::unauthorized(ok).is_ok(), "{ok}");
         }
-        for bad in [
-            "\"x\"",
-            "realm=api",
-            " Bearer",
-            "Bearer,realm=\"a\"",
-            "Be(arer",
-        ] {
+        for bad in ["\"x\"", "realm=api", " Bearer", ",Bearer", "Be(arer"] {
             assert!(MissingKey::unauthorized(bad).is_err(), "{bad}");
         }
     }

@@ -274,11 +274,25 @@ impl RedisServer {
                     self.port
                 )));
             }
-            // Any reply to PING (PONG, or NOAUTH when a password is set) means it is serving.
+            // Any reply to PING (PONG, or NOAUTH when a password is set) means a server is
+            // serving; its process id says whether it is this one, not another that took the
+            // port first (a proxy or a server of another test, given it by the kernel).
             if let Ok(reply) = raw_command(self.port, &["PING"])
                 && (reply.starts_with("+PONG") || reply.starts_with("-NOAUTH"))
             {
-                return Ok(());
+                let ours = self.child.as_ref().map(Child::id);
+                match self.process_id() {
+                    Some(pid) if Some(pid) == ours => return Ok(()),
+                    Some(_) => {
+                        if let Some(mut child) = self.child.take() {
+                            let _ = child.kill();
+                            let _ = child.wait();
+                        }
+                        return Err(Exit::AddressInUse);
+                    }
+                    // Not readable yet (still loading): ask again.
+                    None => {}
+                }
             }
             if Instant::now() > deadline {
                 return Err(Exit::Other(format!(
@@ -289,6 +303,21 @@ impl RedisServer {
             }
             std::thread::sleep(Duration::from_millis(20));
         }
+    }
+
+    /// The `process_id` of the server answering on this port, from `INFO server`.
+    fn process_id(&self) -> Option<u32> {
+        let out = Command::new(binary("redis-cli"))
+            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
+            .args(self.auth_args())
+            .args(["info", "server"])
+            .stdin(Stdio::null())
+            .output()
+            .ok()?;
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .find_map(|l| l.strip_prefix("process_id:"))
+            .and_then(|v| v.trim().parse().ok())
     }
 
     fn log(&self) -> String {
@@ -692,6 +721,15 @@ mod tests {
             .map(|i| c.node_for(&format!("key{i}")).port())
             .collect();
         assert_eq!(owners.len(), 3, "50 keys land on all three masters");
+    }
+
+    #[test]
+    fn a_port_another_server_answers_on_is_replaced() {
+        let other = RedisServer::start();
+        let s = RedisServer::builder().start_on(other.port());
+        assert_ne!(s.port(), other.port());
+        assert_eq!(s.process_id(), s.child.as_ref().map(Child::id));
+        assert_ne!(other.process_id(), s.process_id());
     }
 
     #[test]

@@ -4,6 +4,14 @@
 //! stored state and the time, and returns a [`Decision`] and the state to store
 //! if the decision is committed. All arithmetic is in integers; see `docs/algorithms.md` for each
 //! algorithm's exact admission bound.
+//!
+//! Each function counts exactly only for a quota that [`Limit::new`](crate::Limit::new) accepts
+//! for its algorithm: a [`Quota`] checks its own numbers, the limit checks what the algorithm
+//! forms from them (the token bucket's and GCRA's `burst × period / gcd(limit, period)` within
+//! 2^52, the sliding window's `limit × period`). [`Limit::check`](crate::Limit::check) is the
+//! entry point that has checked; calling a function here with a quota that no limit of its
+//! algorithm would take gives unspecified decisions, or an overflow panic in a debug build
+//! (never undefined behaviour).
 
 use crate::{Decision, Quota, Timestamp};
 
