@@ -148,6 +148,8 @@ struct Slot {
     opened: tokio::sync::Notify,
     /// How many openings have failed, the last one's error, and when it failed.
     failed: Mutex<Failed>,
+    /// When the current connection was installed.
+    installed: Mutex<Option<tokio::time::Instant>>,
     /// How long the current connection has left a command unanswered: whether the check timed
     /// out in the store or was dropped first by its caller (whose timeout, such as the tower
     /// layer's, may be the shorter), so it may also stand for an answer that came after its
@@ -508,11 +510,24 @@ impl Inner {
         // other masters' keys go on being served over it, and a new one could only be made from
         // the seed list, which may be the dead node alone. A cluster connection that stops
         // answering is probed and replaced as a silent one is (see `probe`).
+        let readonly =
+            matches!(&reply, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly));
         let replace = matches!(conn, Conn::Single(_))
-            && matches!(&reply, Err(e) if is_broken(e)
-                || e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly));
+            && (readonly || matches!(&reply, Err(e) if is_broken(e)));
         if replace {
-            self.discard(slot, generation);
+            let young =
+                lock(&self.slots[slot].installed).is_some_and(|at| at.elapsed() < RECONNECT_GAP);
+            if self.discard(slot, generation)
+                && readonly
+                && young
+                && let Err(e) = &reply
+            {
+                // A connection just made answered READONLY too: the address still leads to a
+                // replica (a DNS name or virtual IP not yet moved after a failover). The next
+                // opening waits the reconnect gap, as after a failed one, rather than every
+                // check making a connection to the same replica.
+                lock(&self.slots[slot].failed).record(RedisStoreError::Redis(e.clone()));
+            }
         } else if matches!(conn, Conn::Single(_)) {
             // An answer, even an error reply: the connection works, and has answered every
             // command sent before this one.
@@ -591,7 +606,7 @@ impl Inner {
             }
             Err(error) => {
                 tracing::warn!(slot = i, %error, "ratelimit-redis: no new connection for a silent one");
-                self.discard(i, generation);
+                let _ = self.discard(i, generation);
             }
         }
     }
@@ -601,6 +616,7 @@ impl Inner {
     fn install(&self, slot: &Slot, held: &mut Option<(u64, Conn)>, conn: Conn) {
         let g = self.generation.fetch_add(1, Ordering::Relaxed);
         slot.silence.reset(g);
+        *lock(&slot.installed) = Some(tokio::time::Instant::now());
         *held = Some((g, conn));
     }
 
@@ -703,7 +719,8 @@ impl Inner {
         }
     }
 
-    fn discard(&self, slot: usize, generation: u64) {
+    /// Drops slot `slot`'s connection if it is still of `generation`; `true` if it was.
+    fn discard(&self, slot: usize, generation: u64) -> bool {
         let mut guard = lock(&self.slots[slot].conn);
         if matches!(guard.as_ref(), Some((g, _)) if *g == generation) {
             *guard = None;
@@ -712,7 +729,9 @@ impl Inner {
                 slot,
                 "ratelimit-redis: connection broken; it will be re-opened"
             );
+            return true;
         }
+        false
     }
 
     /// A new connection from the pool, detached from it: the pool makes connections (with its
@@ -948,6 +967,7 @@ impl RedisStoreBuilder {
                     opening: AtomicBool::new(false),
                     opened: tokio::sync::Notify::new(),
                     failed: Mutex::new(Failed::default()),
+                    installed: Mutex::new(None),
                     silence: Silence::new(),
                     probing: AtomicBool::new(false),
                 })

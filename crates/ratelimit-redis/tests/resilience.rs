@@ -553,3 +553,45 @@ async fn a_slot_without_a_connection_lends_its_checks_to_another() {
     );
     proxy.set_refuse(false);
 }
+
+/// An address that still leads to the demoted primary after a failover (a DNS name not yet
+/// moved): every new connection answers `READONLY` too. The store does not make one per check:
+/// a connection that answers `READONLY` as soon as it is made holds the next opening for the
+/// reconnect gap. Once the address moves, checks reach the new primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_address_left_at_a_demoted_primary_is_not_reconnected_at_every_check() {
+    let old = RedisServer::start();
+    let new = RedisServer::start();
+    let proxy = Proxy::start(old.port());
+    let store = RedisStore::builder(proxy.url())
+        .prefix(unique_prefix("demoted-stays"))
+        .pool_size(1)
+        .build()
+        .await
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(100).unwrap()).unwrap();
+    assert!(store.check(b"k", &limit, 1).await.is_ok());
+    // The old primary becomes a replica of the new; the address stays on it.
+    old.cli(&["REPLICAOF", "127.0.0.1", &new.port().to_string()]);
+    let before = proxy.accepted();
+    let start = Instant::now();
+    let (mut checks, mut readonly) = (0u64, 0u64);
+    while start.elapsed() < Duration::from_secs(1) {
+        checks += 1;
+        match store.check(b"k", &limit, 1).await {
+            Err(e) if e.to_string().contains("ReadOnly") => readonly += 1,
+            Err(e) => assert!(e.to_string().contains("ReadOnly"), "{e}"),
+            Ok(d) => panic!("a replica admitted a check: {d:?}"),
+        }
+    }
+    let opened = proxy.accepted() - before;
+    println!("{checks} checks in 1 s, {readonly} answered READONLY, {opened} connections made");
+    assert!(checks > 50, "failures are answered at once");
+    assert!(opened <= 15, "{opened} connections made in 1 s");
+    proxy.set_upstream(new.port());
+    let moved = Instant::now();
+    while store.check(b"k", &limit, 1).await.is_err() {
+        assert!(moved.elapsed() < Duration::from_secs(5), "no recovery");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
