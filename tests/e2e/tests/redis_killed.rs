@@ -167,6 +167,11 @@ async fn policies_hold_while_redis_is_killed_and_recover_after_restart() {
         restarted_at + recovered + Duration::from_millis(300),
         LOAD_FOR,
     );
+    assert!(
+        after.route("closed").len() >= 50,
+        "recovered too late to measure after it: {}",
+        after.route("closed")
+    );
     assert_eq!(after.route("open").statuses(), [200]);
     assert!(
         after.route("closed").share(200) >= 0.98,

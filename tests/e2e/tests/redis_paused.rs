@@ -23,7 +23,8 @@ const MARGIN: Duration = Duration::from_millis(750);
 const COOL_DOWN: Duration = Duration::from_millis(200);
 const PAUSE_AT: Duration = Duration::from_millis(500);
 const RESUME_AT: Duration = Duration::from_millis(2_500);
-const LOAD_FOR: Duration = Duration::from_millis(4_000);
+/// Long enough after the resume (at 2.5 s) for a slow recovery to leave a window to measure.
+const LOAD_FOR: Duration = Duration::from_millis(5_000);
 
 fn layer(store: &RedisStore, name: &str, failure: FailurePolicy) -> RateLimitLayer<RedisStore> {
     RateLimitLayer::builder(
@@ -174,6 +175,11 @@ async fn a_stalled_redis_costs_at_most_the_timeout_and_the_breaker_recovers() {
     let after = samples.sent_between(
         resumed_at + closed_again + Duration::from_millis(100),
         LOAD_FOR,
+    );
+    assert!(
+        after.route("closed").len() >= 50,
+        "recovered too late to measure after it: {}",
+        after.route("closed")
     );
     // (On a loaded machine a check may exceed the 50 ms timeout: at most 2% of them.)
     assert!(
