@@ -209,7 +209,7 @@ USAGE: ratelimit-load [OPTIONS]
                              achieved and under 0.1% errors [10]
   --tick-us US               the scheduler releases due requests at most every US µs [250]
   --seed N                   seed of the request-to-user schedule [1]
-  --threads N                tokio worker threads [2]
+  --threads N                tokio worker threads, 1 to 1024 [2]
   --json                     print the report as JSON
   --svg PATH                 write p50/p99 latency per second as an SVG plot
   --quiet                    no progress bar
@@ -393,6 +393,9 @@ impl Config {
         }
         if self.pool_size == 0 || self.threads == 0 {
             return fail("--pool-size and --threads must be at least 1");
+        }
+        if self.threads > 1024 {
+            return fail("--threads must be at most 1024");
         }
         if !(self.abuse_factor.is_finite() && (1.0..=1e6).contains(&self.abuse_factor)) {
             return fail("--abuse-factor must be between 1 and 1000000");
@@ -662,6 +665,7 @@ mod tests {
             "--p99-target-ms 1e30",
             "--abuse-factor inf",
             "--rate 1000000 --duration 600",
+            "--threads 1000000",
         ] {
             assert!(
                 Config::from_args(args.split_whitespace()).is_err(),

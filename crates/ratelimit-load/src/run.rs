@@ -144,7 +144,10 @@ struct Recorder {
 }
 
 impl Shared {
-    fn new(config: &Config, start: Instant) -> Shared {
+    /// The run's state, its schedule starting `lead` after the tables are built: a Zipf table of
+    /// millions of users takes a noticeable time to make, and the requests due meanwhile would
+    /// all start late, measured as the limiter's latency.
+    fn new(config: &Config, lead: Duration) -> Shared {
         let total = ((config.duration.as_secs_f64() * config.rate).round() as u64).max(1);
         let secs = config.duration.as_secs() as usize + 2;
         let hist = |max: u64, sig| {
@@ -153,8 +156,22 @@ impl Shared {
         };
         // A request scheduled at the start may be answered at the end of the grace period.
         let max_latency_us = (config.duration + GRACE + Duration::from_secs(1)).as_micros() as u64;
+        let sampler = Sampler::new(config);
+        let sent = (0..config.users).map(|_| AtomicU32::new(0)).collect();
+        let rec = Mutex::new(Recorder {
+            latency: hist(max_latency_us, 3),
+            seconds: (0..secs).map(|_| hist(MAX_SECOND_LATENCY_US, 2)).collect(),
+            denied: 0,
+            errors: 0,
+            late_starts: 0,
+            max_start_lateness: Duration::ZERO,
+            last_end: None,
+            // At most one per request: never grown (and copied) under the lock mid-run.
+            admissions: Vec::with_capacity(total as usize),
+        });
+        let clock = SystemClock::new();
         Shared {
-            start,
+            start: Instant::now() + lead,
             rate: config.rate,
             total,
             released: AtomicU64::new(0),
@@ -162,20 +179,10 @@ impl Shared {
             notify: Notify::new(),
             abort: AtomicBool::new(false),
             completed: AtomicU64::new(0),
-            sampler: Sampler::new(config),
-            sent: (0..config.users).map(|_| AtomicU32::new(0)).collect(),
-            rec: Mutex::new(Recorder {
-                latency: hist(max_latency_us, 3),
-                seconds: (0..secs).map(|_| hist(MAX_SECOND_LATENCY_US, 2)).collect(),
-                denied: 0,
-                errors: 0,
-                late_starts: 0,
-                max_start_lateness: Duration::ZERO,
-                last_end: None,
-                // At most one per request: never grown (and copied) under the lock mid-run.
-                admissions: Vec::with_capacity(total as usize),
-            }),
-            clock: SystemClock::new(),
+            sampler,
+            sent,
+            rec,
+            clock,
         }
     }
 
@@ -768,10 +775,7 @@ where
     };
     let cache_before = setup.cache_stats.as_ref().map(|f| f());
 
-    let shared = Arc::new(Shared::new(
-        config,
-        Instant::now() + Duration::from_millis(20),
-    ));
+    let shared = Arc::new(Shared::new(config, Duration::from_millis(20)));
     let handles: Vec<_> = (0..workers).map(|w| spawn(shared.clone(), w)).collect();
     let sched = {
         let shared = shared.clone();

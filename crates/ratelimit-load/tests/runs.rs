@@ -136,6 +136,11 @@ async fn http_gateways_bare_and_layered() {
     assert_eq!(bare.completed, bare.scheduled);
     assert_eq!(bare.admitted, bare.completed, "no limiter: all 200");
     assert!(bare.p99_us > 0);
+    let text = bare.text();
+    assert!(
+        text.contains("exactness  not measured: no limiter") && !text.contains("users above bound"),
+        "{text}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
