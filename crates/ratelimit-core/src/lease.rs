@@ -882,16 +882,10 @@ pin_project! {
                 // lease dropped unspent but for the check's own cost, and the key's leases start
                 // again from one unit (they grow back as they are spent): repeated drops do not
                 // take a whole lease from the store each time.
-                StProj::Lease { want, .. } => {
-                    let waiters = {
-                        let mut e = ctx.entry.lock();
-                        e.fetching = false;
-                        e.failed_fetches += 1;
-                        dropped_before_answer(&ctx.shared, &mut e, *want, ctx.cost);
-                        e.take_waiters()
-                    };
-                    wake(waiters);
-                }
+                StProj::Lease { want, .. } => finish(&ctx.entry, |e| {
+                    e.failed_fetches += 1;
+                    dropped_before_answer(&ctx.shared, e, *want, ctx.cost);
+                }),
                 // A waiting check dropped gives back the units it counted on.
                 StProj::Wait { counted_on, .. } => {
                     let mut e = ctx.entry.lock();
@@ -1111,15 +1105,12 @@ struct FetchStarting<'a>(&'a EntryRef);
 
 impl Drop for FetchStarting<'_> {
     fn drop(&mut self) {
-        let waiters = {
-            let mut e = self.0.lock();
-            e.fetching = false;
-            e.take_waiters()
-        };
-        wake(waiters);
+        finish(self.0, |_| ());
     }
 }
 
+/// Ends the key's lease request: `f` on the entry, then no request in flight, and the waiting
+/// checks woken once the key's lock is let go.
 fn finish<T>(entry: &EntryRef, f: impl FnOnce(&mut Entry) -> T) -> T {
     let (out, waiters) = {
         let mut e = entry.lock();

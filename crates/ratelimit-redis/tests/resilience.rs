@@ -483,19 +483,8 @@ async fn refused_connections_are_retried_with_a_gap() {
     assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
     proxy.set_refuse(true);
     proxy.drop_connections();
-    let before = proxy.accepted();
-    let start = std::time::Instant::now();
-    let (mut checks, mut failed) = (0u64, 0u64);
-    while start.elapsed() < Duration::from_secs(1) {
-        checks += 1;
-        if let Err(e) = store.check(b"k", &limit(), 1).await {
-            assert!(e.is_unavailable(), "{e:?}");
-            failed += 1;
-        }
-    }
-    let opened = proxy.accepted() - before;
-    println!("{checks} checks in 1 s, {failed} failed, {opened} connections tried");
-    assert_eq!(failed, checks, "nothing to answer them");
+    let (checks, opened) =
+        failing_for_a_second(&store, &limit(), &proxy, RedisStoreError::is_unavailable).await;
     assert!(
         checks > 100,
         "failures are answered at once, not after a wait"
@@ -503,15 +492,41 @@ async fn refused_connections_are_retried_with_a_gap() {
     // One attempt per 100 ms gap at most (the first at once), and some slack for the timer.
     assert!(opened <= 15, "{opened} connections tried in 1 s");
     proxy.set_refuse(false);
-    let back = std::time::Instant::now();
-    while store.check(b"k", &limit(), 1).await.is_err() {
-        assert!(back.elapsed() < Duration::from_secs(5), "no recovery");
+    let back = recovers(&store, &limit()).await;
+    println!("recovered {back:?} after connections were accepted again");
+}
+
+/// Checks `k` for one second, each of which must fail with an error `expected` accepts; returns
+/// how many were made and how many connections the proxy accepted meanwhile.
+async fn failing_for_a_second(
+    store: &RedisStore,
+    limit: &Limit,
+    proxy: &Proxy,
+    expected: impl Fn(&RedisStoreError) -> bool,
+) -> (u64, u64) {
+    let before = proxy.accepted();
+    let start = Instant::now();
+    let mut checks = 0u64;
+    while start.elapsed() < Duration::from_secs(1) {
+        checks += 1;
+        match store.check(b"k", limit, 1).await {
+            Err(e) => assert!(expected(&e), "{e:?}"),
+            Ok(d) => panic!("nothing should answer: {d:?}"),
+        }
+    }
+    let opened = proxy.accepted() - before;
+    println!("{checks} checks in 1 s, all failed, {opened} connections made");
+    (checks, opened)
+}
+
+/// How long until a check of `k` is answered again (at most 5 s).
+async fn recovers(store: &RedisStore, limit: &Limit) -> Duration {
+    let start = Instant::now();
+    while store.check(b"k", limit, 1).await.is_err() {
+        assert!(start.elapsed() < Duration::from_secs(5), "no recovery");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    println!(
-        "recovered {:?} after connections were accepted again",
-        back.elapsed()
-    );
+    start.elapsed()
 }
 
 /// One connection of two breaks while new connections are refused: the checks its slot would
@@ -573,25 +588,12 @@ async fn an_address_left_at_a_demoted_primary_is_not_reconnected_at_every_check(
     assert!(store.check(b"k", &limit, 1).await.is_ok());
     // The old primary becomes a replica of the new; the address stays on it.
     old.cli(&["REPLICAOF", "127.0.0.1", &new.port().to_string()]);
-    let before = proxy.accepted();
-    let start = Instant::now();
-    let (mut checks, mut readonly) = (0u64, 0u64);
-    while start.elapsed() < Duration::from_secs(1) {
-        checks += 1;
-        match store.check(b"k", &limit, 1).await {
-            Err(e) if e.to_string().contains("ReadOnly") => readonly += 1,
-            Err(e) => assert!(e.to_string().contains("ReadOnly"), "{e}"),
-            Ok(d) => panic!("a replica admitted a check: {d:?}"),
-        }
-    }
-    let opened = proxy.accepted() - before;
-    println!("{checks} checks in 1 s, {readonly} answered READONLY, {opened} connections made");
+    let (checks, opened) = failing_for_a_second(&store, &limit, &proxy, |e| {
+        e.to_string().contains("ReadOnly")
+    })
+    .await;
     assert!(checks > 50, "failures are answered at once");
     assert!(opened <= 15, "{opened} connections made in 1 s");
     proxy.set_upstream(new.port());
-    let moved = Instant::now();
-    while store.check(b"k", &limit, 1).await.is_err() {
-        assert!(moved.elapsed() < Duration::from_secs(5), "no recovery");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    recovers(&store, &limit).await;
 }

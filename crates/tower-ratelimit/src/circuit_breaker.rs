@@ -278,14 +278,15 @@ impl Breaker {
                 self.failures.store(0, Ordering::Release);
                 self.publish();
                 tracing::info!(policy = %self.policy, "rate-limit store circuit closed");
-            } else if self.state() == CircuitState::Closed
-                && self.failures.load(Ordering::Relaxed) != 0
-            {
-                // Closed already (by the probe sent before it, answering late): a success
-                // like any other.
-                self.failures.store(0, Ordering::Release);
+                return;
             }
-        } else if self.failures.load(Ordering::Relaxed) != 0 {
+            if self.state() != CircuitState::Closed {
+                return;
+            }
+            // Closed already (by the probe sent before it, answering late): a success like any
+            // other.
+        }
+        if self.failures.load(Ordering::Relaxed) != 0 {
             self.failures.store(0, Ordering::Release);
         }
     }

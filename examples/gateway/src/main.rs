@@ -237,7 +237,6 @@ async fn main() -> ExitCode {
     // The signal starts the graceful shutdown and its deadline: requests in flight get
     // `shutdown_timeout_ms` to finish, then the process exits with whatever is still open (a
     // client stalled mid-request would otherwise hold it until the orchestrator's SIGKILL).
-
     let signalled = |mut rx: tokio::sync::watch::Receiver<bool>| async move {
         // An error means the sender is gone without a signal: never.
         if rx.wait_for(|s| *s).await.is_err() {
@@ -245,12 +244,10 @@ async fn main() -> ExitCode {
         }
     };
     let drain = Duration::from_millis(config.shutdown_timeout_ms);
-    let deadline = {
-        let signal = signalled(stopping.clone());
-        async move {
-            signal.await;
-            tokio::time::sleep(drain).await;
-        }
+    let signal = signalled(stopping.clone());
+    let deadline = async move {
+        signal.await;
+        tokio::time::sleep(drain).await;
     };
     let served = axum::serve(
         listener,

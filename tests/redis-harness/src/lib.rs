@@ -307,14 +307,8 @@ impl RedisServer {
 
     /// The `process_id` of the server answering on this port, from `INFO server`.
     fn process_id(&self) -> Option<u32> {
-        let out = Command::new(binary("redis-cli"))
-            .args(["-h", "127.0.0.1", "-p", &self.port.to_string()])
-            .args(self.auth_args())
-            .args(["info", "server"])
-            .stdin(Stdio::null())
-            .output()
-            .ok()?;
-        String::from_utf8_lossy(&out.stdout)
+        try_cli(self.port, &self.auth_args(), &["info", "server"])
+            .ok()?
             .lines()
             .find_map(|l| l.strip_prefix("process_id:"))
             .and_then(|v| v.trim().parse().ok())
@@ -462,6 +456,11 @@ pub fn script_calls(commandstats: &str) -> u64 {
 
 /// Runs `redis-cli -p <port> <args>` and returns stdout, trimmed.
 fn cli(port: u16, auth: &[String], args: &[&str]) -> String {
+    try_cli(port, auth, args).unwrap_or_else(|e| panic!("redis-cli {args:?} failed: {e}"))
+}
+
+/// [`cli`], or why `redis-cli` could not run or failed (its stderr).
+fn try_cli(port: u16, auth: &[String], args: &[&str]) -> Result<String, String> {
     let out = Command::new(binary("redis-cli"))
         .arg("-h")
         .arg("127.0.0.1")
@@ -471,13 +470,11 @@ fn cli(port: u16, auth: &[String], args: &[&str]) -> String {
         .args(args)
         .stdin(Stdio::null())
         .output()
-        .expect("run redis-cli");
-    assert!(
-        out.status.success(),
-        "redis-cli {args:?} failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+    }
+    Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }
 
 /// Sends one inline command over a fresh TCP connection and returns the first reply line.
