@@ -138,8 +138,9 @@ impl<St> fmt::Debug for RateLimitLayerBuilder<St> {
 impl<St: Store> RateLimitLayerBuilder<St> {
     /// How long a store call may take before it counts as failed (default 50 ms; at least 1 ms).
     /// A store that answers at once (the in-memory store) never arms a timer. The time counts from
-    /// the first poll of the response future (a server polls it at once); the store's `check` and
-    /// that poll run in `call`, so a store must not block in them. Arming the timer needs a Tokio
+    /// `call`, where the store's `check` is made and first polled (so a store must not block in
+    /// them), not from the first poll of the response future: a caller that polls it late does
+    /// not extend it. Arming the timer needs a Tokio
     /// runtime with its time driver (`#[tokio::main]` has it; a hand-built runtime needs
     /// `enable_time`).
     pub fn timeout(mut self, timeout: Duration) -> Self {

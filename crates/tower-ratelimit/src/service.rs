@@ -532,16 +532,22 @@ where
                 // a future dropped before its first poll is cancelled too, and a probe's check has
                 // to settle the circuit all the same.
                 let mut cancelled = Cancelled(Some(shared.rt.metrics.cancelled.clone()));
+                // The store's time counts from here, where the check was sent, like a probe's:
+                // a caller that polls the response late (a busy executor, a queue between call
+                // and poll) does not extend it.
                 let check = match (probe, &shared.breaker) {
                     (true, Some(b)) => {
                         Check::Probe(ProbeCheck::new(b.clone(), check, shared.timeout))
                     }
-                    _ => Check::Plain(check),
+                    _ => Check::Plain(tokio::time::timeout_at(
+                        tokio::time::Instant::now() + shared.timeout,
+                        check,
+                    )),
                 };
                 // The key moves into the future as it is (inline up to its buffer size): no copy.
                 ResponseFuture::waiting(Box::pin(async move {
                     let result = match check {
-                        Check::Plain(check) => tokio::time::timeout(shared.timeout, check).await,
+                        Check::Plain(check) => check.await,
                         Check::Probe(mut check) => (&mut check).await,
                     };
                     cancelled.answered();
@@ -564,13 +570,14 @@ where
     }
 }
 
-/// A store check that has to wait: a probe's settles the circuit even if its request is dropped.
+/// A store check that has to wait, cut at its deadline: a probe's settles the circuit even if its
+/// request is dropped.
 enum Check<F, E>
 where
     F: Future<Output = Result<Decision, E>> + Send + Unpin + 'static,
     E: Send + 'static,
 {
-    Plain(F),
+    Plain(tokio::time::Timeout<F>),
     Probe(ProbeCheck<F, E>),
 }
 

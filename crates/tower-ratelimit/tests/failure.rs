@@ -165,6 +165,43 @@ async fn a_hanging_store_is_cut_at_the_timeout() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn the_timeout_counts_from_the_call_not_from_the_first_poll() {
+    use tower::{Service, ServiceExt};
+    // A caller that polls the response future late (a busy executor, a queue between the call
+    // and the poll) does not extend the store's time: the check was sent in `call`.
+    let layer = RateLimitLayer::builder(
+        Arc::new(HangingStore::default()),
+        Policy::new("late", per_minute(5))
+            .unwrap()
+            .failure(FailurePolicy::fail_closed(Duration::from_secs(1))),
+    )
+    .timeout(Duration::from_millis(80))
+    .no_circuit_breaker()
+    .build()
+    .unwrap();
+    // The layer on a service of its own: axum's router would call it at the first poll only.
+    let mut svc = tower::Layer::layer(
+        &layer,
+        tower::service_fn(|_req: http::Request<axum::body::Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
+        }),
+    );
+    let fut = ServiceExt::<http::Request<axum::body::Body>>::ready(&mut svc)
+        .await
+        .unwrap()
+        .call(request("/"));
+    tokio::time::advance(Duration::from_millis(100)).await;
+    let start = tokio::time::Instant::now();
+    let res = fut.await.unwrap();
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(res.status(), 503);
+    assert_eq!(
+        res.extensions().get::<Verdict>().unwrap().kind(),
+        VerdictKind::FailedClosed
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_slow_store_that_answers_in_time_decides() {
     let (_clock, memory) = store();
     let store = Arc::new(SwitchStore::new(memory));
