@@ -648,6 +648,26 @@ fn peer_addr(parts: &Parts) -> Option<&std::net::SocketAddr> {
     }
 }
 
+/// A request without the peer's address: the app is served without connect info, a mistake of
+/// the server's setup rather than the client's, which every request then meets. Said once per
+/// process at `warn` level, with the fix; each request is still answered as the policy's
+/// [`MissingKey`](crate::MissingKey) says.
+#[cfg(feature = "axum")]
+#[cold]
+#[inline(never)]
+fn no_connect_info() -> NoKey {
+    static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+    if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+        tracing::warn!(
+            "rate-limit key: the request has no ConnectInfo<SocketAddr>, so PeerIp and ClientIpKey \
+             find no client address and every request gets the policy's missing-key answer (400 \
+             by default); serve the app with \
+             `into_make_service_with_connect_info::<SocketAddr>()` (said once per process)"
+        );
+    }
+    NoKey
+}
+
 #[cfg(feature = "axum")]
 impl KeyExtractor for PeerIp {
     fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
@@ -719,7 +739,7 @@ impl ClientIpKey {
 impl KeyExtractor for ClientIpKey {
     #[inline]
     fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
-        let peer = peer_addr(parts).ok_or(NoKey)?;
+        let peer = peer_addr(parts).ok_or_else(no_connect_info)?;
         let client_ip = &self.client_ip;
         match peer {
             // The peer-IP key's IPv4 client, written from the address's 4 bytes: going through
