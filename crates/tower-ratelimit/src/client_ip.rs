@@ -102,7 +102,7 @@
 //!
 //! ```
 //! use std::net::IpAddr;
-//! use http::HeaderMap;
+//! use tower_ratelimit::http::HeaderMap;
 //! use tower_ratelimit::client_ip::ClientIp;
 //!
 //! let client_ip = ClientIp::behind_proxies(["10.0.0.0/8"])?;
@@ -121,7 +121,7 @@
 //!
 //! ```
 //! use std::net::IpAddr;
-//! use http::HeaderMap;
+//! use tower_ratelimit::http::HeaderMap;
 //! use tower_ratelimit::client_ip::ClientIp;
 //!
 //! let client_ip = ClientIp::behind_proxies(["10.0.0.0/8"])?;
@@ -140,7 +140,7 @@
 //!
 //! ```
 //! use std::net::IpAddr;
-//! use http::HeaderMap;
+//! use tower_ratelimit::http::HeaderMap;
 //! use tower_ratelimit::client_ip::{key_bytes, ClientIp};
 //!
 //! let headers = HeaderMap::new();

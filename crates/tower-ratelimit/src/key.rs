@@ -27,6 +27,7 @@
 //! ## An API-key header
 //!
 //! ```
+//! use tower_ratelimit::http;
 //! use tower_ratelimit::key::{ApiKeyHeader, KeyBuf, KeyExtractor};
 //!
 //! let key = ApiKeyHeader::new("x-api-key")?;
@@ -41,6 +42,7 @@
 //! ## A user id set by an authentication layer
 //!
 //! ```
+//! use tower_ratelimit::http;
 //! use tower_ratelimit::key::{ExtensionKey, KeyBuf, KeyExtractor, KeyPart};
 //!
 //! #[derive(Clone)]
@@ -64,7 +66,7 @@
 //! ## A closure, and a combination (route and user)
 //!
 //! ```
-//! use http::request::Parts;
+//! use tower_ratelimit::http::{self, request::Parts};
 //! use tower_ratelimit::key::{KeyBuf, KeyExtractor, RouteKey};
 //!
 //! let tenant = |parts: &Parts| parts.headers.get("x-tenant").cloned();
@@ -85,6 +87,7 @@
 //! ```
 //! use std::net::SocketAddr;
 //! use axum::extract::ConnectInfo;
+//! use tower_ratelimit::http;
 //! use tower_ratelimit::key::{KeyBuf, KeyExtractor, NoKey, PeerIp};
 //!
 //! let key = PeerIp::new();
@@ -687,6 +690,7 @@ impl KeyExtractor for PeerIp {
 /// use std::net::SocketAddr;
 /// use axum::extract::ConnectInfo;
 /// use tower_ratelimit::client_ip::ClientIp;
+/// use tower_ratelimit::http;
 /// use tower_ratelimit::key::{ClientIpKey, KeyBuf, KeyExtractor, KeyPart};
 ///
 /// let key = ClientIpKey::new(ClientIp::behind_proxies(["10.0.0.0/8"])?);

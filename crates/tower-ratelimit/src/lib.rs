@@ -2,8 +2,9 @@
 //!
 //! ```
 //! use axum::{Router, routing::get};
-//! use ratelimit_core::{Algorithm, Limit, ManualClock, MemoryStore, Quota};
 //! use tower::ServiceExt;
+//! use tower_ratelimit::ratelimit_core::ManualClock;
+//! use tower_ratelimit::{Algorithm, Limit, MemoryStore, Quota, http};
 //! use tower_ratelimit::{FailurePolicy, Policy, RateLimitLayer, key::ApiKeyHeader};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
@@ -68,6 +69,13 @@
 //! `.layer(auth)`: the last added runs first). With `route_layer`, each route can have its own
 //! policy: a strict one for `/login`, a looser one for the API.
 //!
+//! # Re-exports
+//!
+//! The core's everyday types ([`Algorithm`], [`Limit`], [`Quota`], [`MemoryStore`], [`Store`],
+//! [`Decision`]) are re-exported, and the whole core as [`ratelimit_core`], as are the `http`
+//! and `bytes` crates that this crate's API names (`Parts`, `StatusCode`, `Response<Bytes>`): an
+//! app with the in-memory store needs this crate alone, at versions that match.
+//!
 //! # Features
 //! - `axum` (default): [`key::PeerIp`], [`key::ClientIpKey`] and the matched route in
 //!   [`key::RouteKey`].
@@ -100,3 +108,8 @@ pub use layer::{DEFAULT_TIMEOUT, RateLimitLayer, RateLimitLayerBuilder};
 pub use policy::{MissingKey, Policy};
 pub use response::{DenialBody, Headers, Verdict, VerdictKind};
 pub use service::RateLimit;
+
+pub use bytes;
+pub use http;
+pub use ratelimit_core;
+pub use ratelimit_core::{Algorithm, Decision, Limit, MemoryStore, Quota, Store};

@@ -8,8 +8,7 @@
 //! ## Several quotas, a cost per request
 //!
 //! ```
-//! use ratelimit_core::{Algorithm, Limit, Quota};
-//! use tower_ratelimit::Policy;
+//! use tower_ratelimit::{Algorithm, Limit, Policy, Quota, http};
 //!
 //! // 10 a second with bursts of 20, and 1,000 an hour; uploads cost 5.
 //! let limit = Limit::new(

@@ -46,11 +46,14 @@
 //! ## A custom body
 //!
 //! ```
-//! use tower_ratelimit::{DenialBody, Policy};
-//! use ratelimit_core::{Algorithm, Limit, Quota};
+//! use tower_ratelimit::{Algorithm, DenialBody, Limit, Policy, Quota, bytes, http};
 //!
 //! let body = DenialBody::custom(|denial| {
-//!     let text = format!("slow down ({}s)", denial.retry_after_secs().unwrap_or(0));
+//!     // No wait when retrying can never help (a cost above the burst).
+//!     let text = match denial.retry_after_secs() {
+//!         Some(secs) => format!("slow down: retry in {secs} s"),
+//!         None => "this request costs more than the limit allows".to_owned(),
+//!     };
 //!     http::Response::builder()
 //!         .status(429)
 //!         .header("content-type", "text/plain")

@@ -1,6 +1,6 @@
 use axum::{Router, routing::get};
-use ratelimit_core::{Algorithm, Limit, MemoryStore, Quota};
-use tower_ratelimit::{Policy, RateLimitLayer, key::ApiKeyHeader};
+use tower_ratelimit::{Algorithm, Limit, MemoryStore, Policy, Quota, RateLimitLayer};
+use tower_ratelimit::key::ApiKeyHeader;
 
 fn app() -> Result<Router, Box<dyn std::error::Error>> {
     // 100 requests a minute per API key, in this process's memory.

@@ -25,7 +25,7 @@ const README: &str = include_str!("../../../README.md");
 mod first_layer {
     include!("first_layer.rs");
 
-    /// The 101st request of a minute gets what the README shows.
+    /// A 101st request right after the first hundred gets what the README shows.
     #[tokio::test]
     async fn answers_as_the_readme_says() -> Result<(), Box<dyn std::error::Error>> {
         use tower::ServiceExt;
@@ -40,7 +40,7 @@ mod first_layer {
         }
         let denied = app.oneshot(req()?).await?;
         let shown = super::README
-            .split("The 101st request in a minute gets:\n\n```text\n")
+            .split("A 101st request sent right after the first hundred gets:\n\n```text\n")
             .nth(1)
             .and_then(|rest| rest.split("```").next())
             .expect("the README shows the 101st answer");

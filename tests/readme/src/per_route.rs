@@ -1,7 +1,7 @@
 use std::time::Duration;
 use axum::{Router, routing::{get, post}};
-use ratelimit_core::{Algorithm, Limit, MemoryStore, Quota};
-use tower_ratelimit::{ClientIp, FailurePolicy, Policy, RateLimitLayer, key::{ApiKeyHeader, ClientIpKey}};
+use tower_ratelimit::{Algorithm, ClientIp, FailurePolicy, Limit, MemoryStore, Policy, Quota};
+use tower_ratelimit::{RateLimitLayer, key::{ApiKeyHeader, ClientIpKey}};
 
 fn app() -> Result<Router, Box<dyn std::error::Error>> {
     // One store for both policies (an `Arc<S>` is a store too).
