@@ -36,7 +36,8 @@ pub enum Algorithm {
     /// Token bucket with lazy refill: smooth rate, bursts up to the capacity. The default.
     #[default]
     TokenBucket,
-    /// GCRA: the same decisions as the token bucket, kept as one timestamp.
+    /// GCRA: the same decisions as the token bucket, kept as one timestamp (except for a check
+    /// whose time is before the state's, which GCRA charges as debt: see `docs/algorithms.md`).
     Gcra,
     /// Fixed window aligned to the epoch: cheap, but passes up to twice the limit across a
     /// window boundary.
