@@ -28,8 +28,9 @@ pub const DEFAULT_POOL_SIZE: usize = 1;
 /// The default time allowed to open a connection.
 pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 /// The default time the pool may wait for room to make a connection (the store takes each one out
-/// of the pool, so this wait does not happen in practice; a check's wait for a connection being
-/// re-opened is bounded by its response timeout).
+/// of the pool, and the pool has room for every opening the store makes at once, so this wait
+/// does not happen in practice; a check's wait for a connection being re-opened is bounded by
+/// its response timeout).
 pub const DEFAULT_WAIT_TIMEOUT: Duration = Duration::from_millis(500);
 /// The default time a check waits for Redis to answer, connection included.
 pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
@@ -927,12 +928,18 @@ impl RedisStoreBuilder {
             return Err(RedisStoreError::config("expiry_slack", "is too long"));
         }
 
+        // The pool only makes connections (the store takes each one out of it), and each slot
+        // makes at most two at a time: an opening (one per slot, `Slot::opening`) and a silent
+        // connection's replacement (one per slot, `Slot::probing`). Room for both, so that a
+        // slow replacement never makes an opening wait for the pool, fail at its wait timeout
+        // and start a reconnect gap.
+        let pool_max = self.pool_size.saturating_mul(2);
         let backend = if self.cluster {
             let manager = cluster::Manager::new(infos, self.connect_timeout).map_err(|e| {
                 RedisStoreError::config("url", format!("cannot use the cluster URLs: {e}"))
             })?;
             let pool = deadpool::managed::Pool::builder(manager)
-                .max_size(self.pool_size)
+                .max_size(pool_max)
                 .wait_timeout(Some(self.wait_timeout))
                 .create_timeout(Some(self.connect_timeout))
                 .recycle_timeout(Some(self.connect_timeout))
@@ -949,7 +956,7 @@ impl RedisStoreBuilder {
             let manager = deadpool_redis::Manager::new_with_config(info, config)
                 .map_err(|e| RedisStoreError::config("url", format!("cannot use the URL: {e}")))?;
             let pool = deadpool_redis::Pool::builder(manager)
-                .max_size(self.pool_size)
+                .max_size(pool_max)
                 .wait_timeout(Some(self.wait_timeout))
                 .create_timeout(Some(self.connect_timeout))
                 .recycle_timeout(Some(self.connect_timeout))
