@@ -33,11 +33,16 @@ fn counter(name: &str) -> u64 {
     totals.get(name).copied().unwrap_or(0)
 }
 
+/// Held by each test for its whole run: the counters are global, and a test's store could count
+/// in another's (a connection replaced under the other's load), so they run one at a time.
+static ONE_AT_A_TIME: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
 /// `ratelimit_redis_coalesced_checks_total` counts the checks that rode in another's script
 /// call: every check of a batch but the first, so the checks made less the calls sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coalesced_checks_are_counted() {
     const NAME: &str = "ratelimit_redis_coalesced_checks_total";
+    let _one = ONE_AT_A_TIME.lock().await;
     let server = RedisServer::start();
     let store = RedisStore::builder(server.url())
         .prefix(unique_prefix("metrics-coalesce"))
@@ -71,6 +76,7 @@ async fn coalesced_checks_are_counted() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_broken_connection_is_counted_once() {
     const NAME: &str = "ratelimit_redis_connections_replaced_total";
+    let _one = ONE_AT_A_TIME.lock().await;
     let mut server = RedisServer::start();
     let store = RedisStore::builder(server.url())
         .prefix(unique_prefix("metrics-broken"))

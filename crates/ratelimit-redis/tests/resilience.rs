@@ -554,6 +554,7 @@ async fn a_slot_without_a_connection_lends_its_checks_to_another() {
         .find_map(|l| l.split_whitespace().find_map(|f| f.strip_prefix("id=")))
         .expect("the store's connections are listed")
         .to_owned();
+    let attempts_before = proxy.accepted();
     assert_eq!(server.cli(&["client", "kill", "id", &victim]), "1");
     let mut failed = 0;
     for _ in 0..200 {
@@ -565,6 +566,11 @@ async fn a_slot_without_a_connection_lends_its_checks_to_another() {
     assert!(
         failed <= 1,
         "{failed} of 200 checks failed with one connection left"
+    );
+    // The cut slot really was without a connection meanwhile: it tried to open one, refused.
+    assert!(
+        proxy.accepted() > attempts_before,
+        "the cut slot tried to reopen"
     );
     proxy.set_refuse(false);
 }

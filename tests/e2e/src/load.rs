@@ -30,6 +30,10 @@ pub struct Sample {
     pub status: u16,
     /// The `Retry-After` header, if any.
     pub retry_after: Option<String>,
+    /// Whether the answer carried the `RateLimit` field: a decision of the store (or of the
+    /// local fallback), which a request let through by fail-open, or refused by fail-closed,
+    /// does not carry. On a fail-open route a 200 with it was decided, one without it was not.
+    pub decided: bool,
 }
 
 /// The samples of one load.
@@ -93,6 +97,20 @@ impl Samples {
     /// How many answered `status`.
     pub fn count(&self, status: u16) -> usize {
         self.0.iter().filter(|s| s.status == status).count()
+    }
+
+    /// How many carried the `RateLimit` field (see [`Sample::decided`]).
+    pub fn decided(&self) -> usize {
+        self.0.iter().filter(|s| s.decided).count()
+    }
+
+    /// The share (0 to 1) of samples that carried the `RateLimit` field; 0 if there are none
+    /// (see [`share`](Self::share)).
+    pub fn decided_share(&self) -> f64 {
+        if self.0.is_empty() {
+            return 0.0;
+        }
+        self.decided() as f64 / self.0.len() as f64
     }
 
     /// The statuses that were answered, each once, sorted.
@@ -162,7 +180,7 @@ pub async fn get(
     let start = Instant::now();
     let res = client.get(url).send().await;
     let latency = start.elapsed();
-    let (status, retry_after) = match res {
+    let (status, retry_after, decided) = match res {
         Ok(r) => {
             let status = r.status().as_u16();
             let ra = r
@@ -170,11 +188,15 @@ pub async fn get(
                 .get("retry-after")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned);
-            // Read the body so the connection goes back to the pool.
-            let _ = r.bytes().await;
-            (status, ra)
+            let decided = r.headers().contains_key("ratelimit");
+            // Read the body, so that the connection goes back to the pool; a body that breaks
+            // off is no answer.
+            match r.bytes().await {
+                Ok(_) => (status, ra, decided),
+                Err(_) => (0, None, false),
+            }
         }
-        Err(_) => (0, None),
+        Err(_) => (0, None, false),
     };
     Sample {
         route,
@@ -182,6 +204,7 @@ pub async fn get(
         latency,
         status,
         retry_after,
+        decided,
     }
 }
 

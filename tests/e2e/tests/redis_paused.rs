@@ -153,6 +153,11 @@ async fn a_stalled_redis_costs_at_most_the_timeout_and_the_breaker_recovers() {
     );
     assert_eq!(settled.route("open").statuses(), [200]);
     assert_eq!(settled.route("closed").statuses(), [503]);
+    assert_eq!(
+        settled.route("open").decided(),
+        0,
+        "while Redis is paused, the open route's 200s are let through undecided"
+    );
 
     // The breaker opened during the stall and closed after it.
     let opened = states
@@ -186,6 +191,12 @@ async fn a_stalled_redis_costs_at_most_the_timeout_and_the_breaker_recovers() {
         after.route("closed").share(200) >= 0.98,
         "{}",
         after.route("closed")
+    );
+    assert!(
+        after.route("open").decided_share() >= 0.98,
+        "the open route is decided again: {} of {}",
+        after.route("open").decided(),
+        after.route("open").len()
     );
     let res = client.get(app.url("/closed")).send().await.unwrap();
     assert_eq!(res.status(), 200);

@@ -108,6 +108,7 @@ async fn latency_cuts_and_refusals_between_app_and_redis() {
     let errors_before = metrics.store_errors("net-closed", "timeout");
     let stalled = phase(&client, &app, "300 ms each way", 1_000).await;
     assert_eq!(stalled.route("open").statuses(), [200]);
+    assert_eq!(stalled.route("open").decided(), 0, "let through undecided");
     assert_eq!(stalled.route("closed").statuses(), [503]);
     assert!(metrics.store_errors("net-closed", "timeout") > errors_before);
     assert!(metrics.store_errors("net-closed", "circuit_open") > 0);
@@ -118,22 +119,37 @@ async fn latency_cuts_and_refusals_between_app_and_redis() {
 
     // Back to normal, and every connection is cut: the store reconnects by itself.
     proxy.set_latency(Duration::ZERO);
+    let accepted_before_cut = proxy.accepted();
     proxy.drop_connections();
     let cut = phase(&client, &app, "connections cut", 300).await;
     assert_eq!(cut.route("open").statuses(), [200]);
     recovers(&client, &app, "after the cut").await;
+    assert!(
+        proxy.accepted() > accepted_before_cut,
+        "the store made new connections after the cut"
+    );
 
     // New connections refused, open ones cut: failures, then recovery once accepted again.
+    let errors_before_refusals = metrics.store_errors("net-closed", "error");
     proxy.set_refuse(true);
     proxy.drop_connections();
     let refused = phase(&client, &app, "connections refused", 800).await;
     assert_eq!(refused.route("open").statuses(), [200]);
     assert!(refused.route("closed").count(503) > 0);
-    assert!(metrics.store_errors("net-closed", "error") > 0);
+    assert!(
+        metrics.store_errors("net-closed", "error") > errors_before_refusals,
+        "the refusals were counted as store errors"
+    );
+    // From here on the proxy accepts again: what it accepts is the store reconnecting.
+    let accepted_before_healing = proxy.accepted();
     proxy.set_refuse(false);
     recovers(&client, &app, "after refusals end").await;
 
     let healed = phase(&client, &app, "healed", 500).await;
     assert!(healed.share(200) >= 0.98, "{healed}");
-    assert!(proxy.accepted() > 2, "the store opened new connections");
+    assert!(healed.route("open").decided_share() >= 0.98, "{healed}");
+    assert!(
+        proxy.accepted() > accepted_before_healing,
+        "the store opened new connections once they were accepted"
+    );
 }

@@ -99,6 +99,11 @@ async fn the_app_starts_without_redis_and_recovers_when_it_comes_up() {
     assert_eq!(down.count(0), 0);
     assert!(down.max() <= TIMEOUT + MARGIN, "worst {:?}", down.max());
     assert_eq!(down.route("open").statuses(), [200]);
+    assert_eq!(
+        down.route("open").decided(),
+        0,
+        "let through undecided: {down}"
+    );
     assert_eq!(down.route("closed").statuses(), [503]);
     assert!(
         down.route("closed")
@@ -141,6 +146,10 @@ async fn the_app_starts_without_redis_and_recovers_when_it_comes_up() {
     println!("after recovery: {after}");
     assert_eq!(after.route("open").statuses(), [200]);
     // (On a loaded machine a check may exceed the 50 ms timeout: at most 2% of them.)
+    assert!(
+        after.route("open").decided_share() >= 0.98,
+        "decided by Redis again: {after}"
+    );
     assert!(after.route("closed").share(200) >= 0.98, "{after}");
     let fb = after.route("fallback");
     // Redis's limit of 10 applies again (one check that timed out may have been counted by

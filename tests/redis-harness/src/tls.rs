@@ -22,6 +22,8 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How many ports a start tries before it gives up.
+const PORT_ATTEMPTS: usize = 5;
 
 /// A TLS-only `redis-server` on a free loopback port, with its own CA. Dropping it kills the
 /// process.
@@ -109,51 +111,69 @@ fn make_certificates(dir: &Path) {
 
 impl TlsRedisServer {
     /// Makes a CA and a server certificate, then starts the server; panics (with the reason) if
-    /// it cannot.
+    /// it cannot. A port taken by another process between its choice and the server's bind
+    /// (tests start servers and proxies in parallel) is given up for another.
     pub fn start() -> TlsRedisServer {
-        let port = crate::free_port(false);
         let dir = tempfile::Builder::new()
             .prefix("redis-harness-tls-")
             .tempdir()
             .expect("create a temporary directory");
+        // The certificates first: `openssl` takes a while, and a port chosen before it would
+        // stay free but unbound all that time.
         make_certificates(dir.path());
-        let d = dir.path().display();
-        let conf = format!(
-            "port 0\ntls-port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {d}\nsave \"\"\n\
-             appendonly no\ndaemonize no\nlogfile {d}/redis.log\ntls-cert-file {d}/server.crt\n\
-             tls-key-file {d}/server.key\ntls-ca-cert-file {d}/ca.crt\ntls-auth-clients no\n"
-        );
-        let conf_path = dir.path().join("redis.conf");
-        std::fs::write(&conf_path, conf).expect("write redis.conf");
-        let child = Command::new(crate::binary("redis-server"))
-            .arg(&conf_path)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn redis-server");
         let mut server = TlsRedisServer {
-            port,
+            port: 0,
             dir,
-            child: Some(child),
+            child: None,
         };
-        server.wait_ready();
-        server
+        for _ in 0..PORT_ATTEMPTS {
+            server.port = crate::free_port(false);
+            let d = server.dir.path().display();
+            let conf = format!(
+                "port 0\ntls-port {}\nbind 127.0.0.1\nprotected-mode no\ndir {d}\nsave \"\"\n\
+                 appendonly no\ndaemonize no\nlogfile {d}/redis.log\ntls-cert-file {d}/server.crt\n\
+                 tls-key-file {d}/server.key\ntls-ca-cert-file {d}/ca.crt\ntls-auth-clients no\n",
+                server.port
+            );
+            let conf_path = server.dir.path().join("redis.conf");
+            std::fs::write(&conf_path, conf).expect("write redis.conf");
+            // A fresh log for each attempt, so that an earlier attempt's bind error is not read
+            // as this one's.
+            let _ = std::fs::remove_file(server.dir.path().join("redis.log"));
+            let child = Command::new(crate::binary("redis-server"))
+                .arg(&conf_path)
+                .stdin(Stdio::null())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("spawn redis-server");
+            server.child = Some(child);
+            if server.wait_ready() {
+                return server;
+            }
+        }
+        panic!("TLS redis-server: every port tried ({PORT_ATTEMPTS}) was taken");
     }
 
-    fn wait_ready(&mut self) {
+    /// Waits for the server to answer `PING`: `true` once it does, `false` if it exited because
+    /// its port was taken; panics on any other failure.
+    fn wait_ready(&mut self) -> bool {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if self.try_cli(&["ping"]).as_deref() == Some("PONG") {
-                return;
+                return true;
             }
             if let Some(child) = self.child.as_mut()
                 && let Ok(Some(status)) = child.try_wait()
             {
+                let log = self.log();
+                if log.contains("Address already in use") {
+                    self.child = None;
+                    return false;
+                }
                 panic!(
-                    "TLS redis-server on port {} exited ({status}); log:\n{}",
-                    self.port,
-                    self.log()
+                    "TLS redis-server on port {} exited ({status}); log:\n{log}",
+                    self.port
                 );
             }
             assert!(
