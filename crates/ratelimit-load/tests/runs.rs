@@ -5,6 +5,11 @@ use std::time::Duration;
 
 use ratelimit_load::{Config, Mode, Report, StoreKind, Target};
 
+/// The tests that judge a run by its timing (an achieved rate) hold this for writing, and run
+/// alone; the others hold it for reading, and run side by side. On a 2-core machine another run's
+/// load would otherwise delay their last answers past what they allow.
+static TIMING: tokio::sync::RwLock<()> = tokio::sync::RwLock::const_new(());
+
 fn small(target: Target, store: StoreKind) -> Config {
     Config {
         target,
@@ -70,6 +75,7 @@ fn check_common(r: &Report) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_store_exact() {
+    let _side_by_side = TIMING.read().await;
     let r = ratelimit_load::run(&small(Target::Store, StoreKind::Memory))
         .await
         .unwrap();
@@ -85,6 +91,7 @@ async fn memory_store_exact() {
 /// at 10 a second over one second.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_achieved_rate_of_a_kept_schedule_is_the_target_rate() {
+    let _alone = TIMING.write().await;
     let mut c = small(Target::Store, StoreKind::Memory);
     c.rate = 10.0;
     c.users = 10;
@@ -101,6 +108,7 @@ async fn the_achieved_rate_of_a_kept_schedule_is_the_target_rate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn memory_store_denial_cache_saves_store_calls() {
+    let _side_by_side = TIMING.read().await;
     let mut c = small(Target::Store, StoreKind::Memory);
     c.mode = Mode::DenialCache;
     c.gateways = 4;
@@ -113,6 +121,7 @@ async fn memory_store_denial_cache_saves_store_calls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn redis_store_on_a_real_server() {
+    let _side_by_side = TIMING.read().await;
     // No URL: the tool starts its own redis-server (redis-harness).
     let mut c = small(Target::Store, StoreKind::Redis);
     c.gateways = 3;
@@ -125,6 +134,7 @@ async fn redis_store_on_a_real_server() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http_gateways_bare_and_layered() {
+    let _side_by_side = TIMING.read().await;
     let mut c = small(Target::Http, StoreKind::Memory);
     c.gateways = 2;
     c.concurrency = 16;
@@ -145,6 +155,7 @@ async fn http_gateways_bare_and_layered() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sweep_stops_at_the_first_unsustained_step() {
+    let _alone = TIMING.write().await;
     let mut c = small(Target::Store, StoreKind::Memory);
     // Two seconds a step: a step is sustained if 95% of its rate was achieved up to its last
     // answer, which a short step misses on a loaded machine (a 300 ms step, by 17 ms).
@@ -164,6 +175,7 @@ async fn sweep_stops_at_the_first_unsustained_step() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leasing_on_redis_stays_within_its_tolerance() {
+    let _side_by_side = TIMING.read().await;
     let mut c = small(Target::Store, StoreKind::Redis);
     c.mode = Mode::Leasing;
     c.gateways = 2;
@@ -182,6 +194,7 @@ async fn leasing_on_redis_stays_within_its_tolerance() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_check_catches_unshared_state() {
+    let _side_by_side = TIMING.read().await;
     // Four gateways each with its own store: an abusive user spread over them gets up to four
     // times the limit, and the exactness check must report it.
     let mut c = small(Target::Store, StoreKind::MemoryPerGateway);
@@ -199,6 +212,7 @@ async fn the_check_catches_unshared_state() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coalescing_on_redis_is_exact() {
+    let _side_by_side = TIMING.read().await;
     let mut c = small(Target::Store, StoreKind::Redis);
     c.mode = Mode::Coalesce;
     c.gateways = 2;
