@@ -131,6 +131,14 @@ fn refused_credentials(e: &RedisStoreError) -> bool {
     let refused = |r: &redis::RedisError| {
         r.kind() == redis::ErrorKind::AuthenticationFailed
             || matches!(r.code(), Some("WRONGPASS" | "NOPERM" | "NOAUTH"))
+            // The cluster client reports the nodes it could not connect to as one I/O error
+            // ("Failed to create initial connections") whose text alone names the cause.
+            || {
+                let text = r.to_string();
+                ["WRONGPASS", "NOPERM", "NOAUTH", "AuthenticationFailed"]
+                    .iter()
+                    .any(|refusal| text.contains(refusal))
+            }
     };
     match e {
         RedisStoreError::Connection {

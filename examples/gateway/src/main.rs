@@ -61,34 +61,48 @@ fn parse_args() -> Result<Args, String> {
     Ok(parsed)
 }
 
-/// Ctrl-C or SIGTERM (what an orchestrator sends before it stops a container): the server stops
-/// accepting connections and lets the requests in flight finish, within `shutdown_timeout_ms`.
+/// Ctrl-C or SIGTERM (what an orchestrator sends before it stops a container): the first starts a
+/// graceful shutdown (the server stops accepting connections and lets the requests in flight
+/// finish, within `shutdown_timeout_ms`); a second ends it at once, with status 130, for an
+/// operator who will not wait for the drain.
 ///
-/// The handlers are installed when this is called, not when the future is first polled: called
-/// before the gateway says where it listens, a signal sent as soon as it has said so is a
-/// graceful shutdown, not the default action's abrupt exit.
-fn shutdown_signal() -> impl std::future::Future<Output = ()> {
+/// The handlers are installed when this is made, not when it is first awaited: made before the
+/// gateway says where it listens, a signal sent as soon as it has said so is a graceful
+/// shutdown, not the default action's abrupt exit.
+struct Signals {
     #[cfg(unix)]
-    let (mut terminate, mut interrupt) = {
-        use tokio::signal::unix::{SignalKind, signal};
-        (
-            signal(SignalKind::terminate()).ok(),
-            signal(SignalKind::interrupt()).ok(),
-        )
-    };
-    async move {
+    terminate: Option<tokio::signal::unix::Signal>,
+    #[cfg(unix)]
+    interrupt: Option<tokio::signal::unix::Signal>,
+}
+
+impl Signals {
+    fn install() -> Signals {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{SignalKind, signal};
+            Signals {
+                terminate: signal(SignalKind::terminate()).ok(),
+                interrupt: signal(SignalKind::interrupt()).ok(),
+            }
+        }
+        #[cfg(not(unix))]
+        Signals {}
+    }
+
+    /// The next Ctrl-C or SIGTERM (never, if no handler could be installed).
+    async fn next(&mut self) {
         #[cfg(unix)]
         {
             tokio::select! {
-                () = received(terminate.as_mut()) => {}
-                () = received(interrupt.as_mut()) => {}
+                () = received(self.terminate.as_mut()) => {}
+                () = received(self.interrupt.as_mut()) => {}
             }
         }
         #[cfg(not(unix))]
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-        tracing::info!("shutting down: finishing the requests in flight");
     }
 }
 
@@ -178,12 +192,18 @@ async fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // Before the address is printed: see `shutdown_signal`.
+    // Before the address is printed: see `Signals`.
     let (stop, stopping) = tokio::sync::watch::channel(false);
-    let signal = shutdown_signal();
+    let mut signals = Signals::install();
     tokio::spawn(async move {
-        signal.await;
+        signals.next().await;
+        tracing::info!("shutting down: finishing the requests in flight");
         let _ = stop.send(true);
+        signals.next().await;
+        tracing::warn!(
+            "shutting down: a second signal; exiting without waiting for the requests in flight"
+        );
+        std::process::exit(130);
     });
     let addr = listener.local_addr().unwrap_or(config.listen);
     println!("gateway listening on http://{addr}/");

@@ -627,6 +627,34 @@ async fn start_without_redis_still_refuses_a_wrong_password() {
     assert!(!err.contains("wrong"), "the password is not echoed: {err}");
 }
 
+/// The same on a cluster, whose client reports a node that refused the password as an I/O error
+/// ("Failed to create initial connections") that names the refusal only in its text.
+#[tokio::test]
+async fn start_without_redis_still_refuses_a_wrong_password_on_a_cluster() {
+    let cluster = redis_harness::RedisCluster::start(3);
+    // Set once the cluster is formed: its bus does not use the password.
+    for node in cluster.nodes() {
+        assert_eq!(node.cli(&["config", "set", "requirepass", "right"]), "OK");
+    }
+    let urls: Vec<String> = cluster
+        .nodes()
+        .iter()
+        .map(|n| format!("\"redis://:wrong@127.0.0.1:{}\"", n.port()))
+        .collect();
+    let text = redis_text().replace(
+        "kind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"",
+        &format!(
+            "kind = \"redis_cluster\"\nurls = [{}]\nstart_without_redis = true",
+            urls.join(", ")
+        ),
+    );
+    let config = Config::from_toml(&text).unwrap();
+    assert!(config.store.start_without_redis);
+    let err = app(&config).await.unwrap_err().to_string();
+    assert!(err.starts_with("store: "), "{err}");
+    assert!(!err.contains("wrong"), "the password is not echoed: {err}");
+}
+
 #[tokio::test]
 async fn start_without_redis_follows_the_failure_policies_until_redis_comes_up() {
     let mut server = redis_harness::RedisServer::start();

@@ -103,6 +103,37 @@ fn sigterm_stops_the_gateway_despite_a_stalled_request() {
     drop(stalled);
 }
 
+/// An operator who does not want to wait for the drain sends the signal again: the gateway exits
+/// at once (status 130), however long `shutdown_timeout_ms` is.
+#[test]
+fn a_second_signal_ends_the_drain_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gateway.toml");
+    let text = include_str!("../gateway.toml");
+    std::fs::write(&config, format!("shutdown_timeout_ms = 600000\n{text}")).unwrap();
+    let (mut child, addr) = start(&config);
+    let mut stalled = TcpStream::connect(&addr).unwrap();
+    stalled
+        .write_all(b"GET /api/items HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+
+    sigterm(&child.0);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        child.0.try_wait().unwrap().is_none(),
+        "the first signal drains: the stalled request holds it"
+    );
+    sigterm(&child.0);
+    let status = wait_exit(&mut child.0).expect("the second signal ends the drain");
+    assert_eq!(status.code(), Some(130), "{status}");
+    assert!(
+        stderr(&mut child.0).contains("a second signal"),
+        "it says why it did not finish the drain"
+    );
+    drop(stalled);
+}
+
 #[test]
 fn sigterm_stops_an_idle_gateway_at_once() {
     let (mut child, _addr) = start(std::path::Path::new(concat!(
