@@ -318,18 +318,46 @@ impl Config {
                 ));
             }
         }
+        let mut tiers: Vec<&str> = self
+            .routes
+            .iter()
+            .flat_map(|r| r.policy.tiers.iter().map(|t| t.name.as_str()))
+            .collect();
+        tiers.sort_unstable();
+        tiers.dedup();
         for (key, tier) in &self.api_keys {
             if key.is_empty() {
                 return Err(ConfigError::new("api_keys", "an API key cannot be empty"));
             }
-            let defined = self
-                .routes
-                .iter()
-                .any(|r| r.policy.tiers.iter().any(|t| t.name == *tier));
-            if !defined {
+            // A header value never starts or ends with whitespace (the server trims it) and holds
+            // no control characters: such a key could never match, and its tier never apply.
+            if key.starts_with([' ', '\t'])
+                || key.ends_with([' ', '\t'])
+                || key.contains(char::is_control)
+            {
                 return Err(ConfigError::new(
                     format!("api_keys.{}", redact_key(key)),
-                    format!("{tier:?} is not a tier of any route"),
+                    "an API key cannot start or end with whitespace or hold control characters \
+                     (no request's header could carry it)",
+                ));
+            }
+            if !tiers.contains(&tier.as_str()) {
+                // The value is not echoed: a table written the wrong way round (`"pro" =
+                // "sk_live_…"`) has the secret there.
+                return Err(ConfigError::new(
+                    format!("api_keys.{}", redact_key(key)),
+                    format!(
+                        "names a tier that no route defines (the tiers are: {})",
+                        if tiers.is_empty() {
+                            "none".to_owned()
+                        } else {
+                            tiers
+                                .iter()
+                                .map(|t| format!("{t:?}"))
+                                .collect::<Vec<_>>()
+                                .join(", ")
+                        }
+                    ),
                 ));
             }
         }

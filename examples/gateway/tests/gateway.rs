@@ -321,13 +321,26 @@ async fn bad_configurations_fail_naming_the_field() {
         (
             with_policy("quotas = [{ limit = 5, per = \"minute\" }]")
                 + "[api_keys]\n\"k\" = \"gold\"\n",
-            "api_keys.\"…\": \"gold\" is not a tier of any route",
+            "api_keys.\"…\": names a tier that no route defines (the tiers are: none)",
         ),
         // A key is a secret: only its first characters are shown.
         (
             with_policy("quotas = [{ limit = 5, per = \"minute\" }]")
                 + "[api_keys]\n\"sk_live_0123456789\" = \"gold\"\n",
-            "api_keys.\"sk_l…\": \"gold\" is not a tier of any route",
+            "api_keys.\"sk_l…\": names a tier that no route defines (the tiers are: none)",
+        ),
+        // A table written the wrong way round: the secret, in the tier's place, is not echoed.
+        (
+            with_policy("quotas = [{ limit = 5, per = \"minute\" }]")
+                + "[[routes.policy.tiers]]\nname = \"pro\"\nquotas = [{ limit = 50, per = \"minute\" }]\n\
+                   [api_keys]\n\"pro\" = \"sk_live_0123456789\"\n",
+            "api_keys.\"p…\": names a tier that no route defines (the tiers are: \"pro\")",
+        ),
+        // A key a header could never carry.
+        (
+            with_policy("quotas = [{ limit = 5, per = \"minute\" }]")
+                + "[api_keys]\n\"sk_live_0123 \" = \"gold\"\n",
+            "api_keys.\"sk_l…\": an API key cannot start or end with whitespace",
         ),
         // A cost no quota can hold would deny every such request, for good.
         (
