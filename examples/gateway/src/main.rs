@@ -37,14 +37,16 @@ fn parse_args() -> Result<Args, String> {
         listen: None,
         check: false,
     };
-    let mut args = std::env::args().skip(1);
+    // `args_os`: a path need not be UTF-8, and `args` would panic on one that is not.
+    let mut args = std::env::args_os().skip(1);
     while let Some(arg) = args.next() {
-        match arg.as_str() {
+        match arg.to_string_lossy().as_ref() {
             "--config" => {
                 parsed.config = args.next().ok_or("--config needs a path")?.into();
             }
             "--listen" => {
                 let addr = args.next().ok_or("--listen needs an address")?;
+                let addr = addr.to_string_lossy();
                 parsed.listen = Some(
                     addr.parse()
                         .map_err(|e| format!("--listen {addr:?}: {e} (expected IP:PORT)"))?,
