@@ -436,7 +436,8 @@ impl ClientIp {
 
     /// `ip` with the bits beyond the configured prefix cleared, after turning an IPv4-mapped
     /// address into IPv4. An address of the NAT64 well-known prefix `64:ff9b::/96` becomes the
-    /// IPv4 address it carries, masked by the IPv4 prefix (see the module docs).
+    /// IPv4 address it carries, masked by the IPv4 prefix (see the module docs), and so does one
+    /// that the IPv6 prefix groups into it: masking is idempotent.
     #[must_use]
     #[inline]
     pub fn mask(&self, ip: IpAddr) -> IpAddr {
@@ -449,7 +450,15 @@ impl ClientIp {
                 let mask = u128::MAX
                     .checked_shl(128 - u32::from(self.ipv6_prefix))
                     .unwrap_or(0);
-                IpAddr::V6(Ipv6Addr::from(u128::from(v6) & mask))
+                let grouped = u128::from(v6) & mask;
+                // An address of `64:ff9b::/64` outside the `/96` (no translator's: RFC 6052 keeps
+                // bits 64 to 71 zero) can be grouped into the `/96`: it is then what grouping
+                // that address again gives, the IPv4 address it carries, so that grouping a
+                // group changes nothing.
+                if grouped >> 32 == NAT64_WELL_KNOWN {
+                    return IpAddr::V4(self.mask_v4(Ipv4Addr::from(grouped as u32)));
+                }
+                IpAddr::V6(Ipv6Addr::from(grouped))
             }
         }
     }
@@ -1193,6 +1202,13 @@ mod tests {
         );
         let by_24 = ClientIp::peer().ipv4_prefix(24).unwrap();
         assert_eq!(by_24.resolve(ip("64:ff9b::c000:2ff"), &h), ip("192.0.2.0"));
+        // An address of `64:ff9b::/64` outside the `/96`, whose `/64` is in it: grouped as what
+        // the group is, so that grouping is idempotent (the fuzz targets' invariant).
+        for addr in ["64:ff9b::1:0:0:0", "64:ff9b::1:0:0", "64:ff9b::ff00:0:0"] {
+            let once = c.mask(ip(addr));
+            assert_eq!(once, ip("0.0.0.0"), "{addr}");
+            assert_eq!(c.mask(once), once, "{addr}");
+        }
         // Trust is not widened by the translation: a proxy seen through it is trusted only by
         // its `64:ff9b::` form, as listed.
         let mut h = HeaderMap::new();
