@@ -14,6 +14,11 @@ fn pttl(server: &RedisServer, key: &str) -> i64 {
     server.cli(&["pttl", key]).parse().unwrap()
 }
 
+/// The key's expiry as a Unix time in milliseconds (-1: none, -2: no key).
+fn pexpiretime(server: &RedisServer, key: &str) -> i64 {
+    server.cli(&["pexpiretime", key]).parse().unwrap()
+}
+
 /// `PTTL` counts down in real time from the moment of the write; allow for the time the test
 /// itself takes between the write and the `PTTL`.
 fn assert_ttl_close(got: i64, expected_ms: i64, what: &str) {
@@ -170,13 +175,19 @@ async fn a_denial_by_a_gateway_ahead_leaves_the_expiry_alone() {
                 .unwrap()
                 .is_allowed()
         );
+        // The expiry A set, as an absolute time (`PEXPIRETIME`, which does not count down while
+        // the test runs, as `PTTL` does).
+        let keys = a.state_keys(key_name.as_bytes(), &limit);
+        let set_by_a: Vec<i64> = keys.iter().map(|k| pexpiretime(&server, k)).collect();
+        assert!(set_by_a.iter().all(|&t| t > 0), "{alg}: {set_by_a:?}");
         // B, 900 ms ahead, is denied (a fixed window: B is in the next window, and admitted).
         let d = b.check(key_name.as_bytes(), &limit, 1).await.unwrap();
         assert_eq!(d.is_allowed(), alg == Algorithm::FixedWindow, "{alg}");
-        for key in a.state_keys(key_name.as_bytes(), &limit) {
-            let ttl = pttl(&server, &key);
-            // The denial left A's expiry of about 1 s (B would have cut it to about 100 ms).
-            assert!(ttl > 500, "{alg}: {key} PTTL {ttl}");
+        for (key, by_a) in keys.iter().zip(set_by_a) {
+            let now = pexpiretime(&server, key);
+            // The denial left A's expiry of about 1 s (B would have cut it to about 100 ms; B's
+            // admission in the next window sets a later one).
+            assert!(now >= by_a, "{alg}: {key} expires at {now}, A set {by_a}");
         }
     }
 }
