@@ -134,7 +134,8 @@ impl Limit {
     }
 
     /// Each gateway's local share of this limit when `n` gateways each count alone (the local
-    /// fallback when the shared store is down): every limit and burst divided by `n`, rounded down
+    /// fallback when the shared store is down; `n` = 0 is taken as 1, the whole limit): every
+    /// limit and burst divided by `n`, rounded down
     /// but at least 1, so that `n` gateways together admit no more than the limit, except where
     /// the rounding up to 1 adds: a limit below `n`, or a burst below `n` (a burst of 5 over 10
     /// gateways is a burst of 1 each, 10 together).
@@ -156,6 +157,10 @@ impl Limit {
     }
 
     /// The state of quota `index` for a key never seen.
+    ///
+    /// # Panics
+    ///
+    /// If `index` is not below the number of quotas ([`quotas`](Self::quotas)`().len()`).
     #[must_use]
     pub fn fresh_state(&self, index: usize, now: Timestamp) -> State {
         self.algorithm.fresh_state(&self.quotas[index], now)

@@ -63,8 +63,9 @@ pub struct CircuitBreaker {
 }
 
 impl CircuitBreaker {
-    /// Opens after `failure_threshold` consecutive failures (at least 1), for `cool_down` (at
-    /// least 1 ms) before a probe.
+    /// Opens after `failure_threshold` consecutive failures (at least 1), for `cool_down`
+    /// (between 1 ms and one hour: a longer one would leave a tripped circuit open, and its
+    /// requests answered by the failure policy, for as good as ever) before a probe.
     pub fn new(failure_threshold: u32, cool_down: Duration) -> Result<Self, Error> {
         if failure_threshold == 0 {
             return Err(Error::InvalidSetting {
@@ -72,10 +73,10 @@ impl CircuitBreaker {
                 reason: "must be at least 1",
             });
         }
-        if cool_down < Duration::from_millis(1) {
+        if cool_down < Duration::from_millis(1) || cool_down > Duration::from_secs(3_600) {
             return Err(Error::InvalidSetting {
                 name: "cool_down",
-                reason: "must be at least 1 ms",
+                reason: "must be between 1 ms and one hour",
             });
         }
         Ok(CircuitBreaker {

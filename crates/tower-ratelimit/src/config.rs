@@ -265,7 +265,17 @@ impl PolicyConfig {
             FailureConfig::Open {} => FailurePolicy::FailOpen,
             FailureConfig::Closed { retry_after_secs } => {
                 let policy = FailurePolicy::fail_closed(Duration::from_secs(retry_after_secs));
-                policy.check()?;
+                // Named as the configuration names it.
+                policy.check().map_err(|e| match e {
+                    Error::InvalidSetting {
+                        name: "retry_after",
+                        reason,
+                    } => Error::InvalidSetting {
+                        name: "retry_after_secs",
+                        reason,
+                    },
+                    other => other,
+                })?;
                 policy
             }
             FailureConfig::Fallback { gateways } => FailurePolicy::fallback(gateways)?,

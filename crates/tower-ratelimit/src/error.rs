@@ -43,6 +43,21 @@ pub enum Error {
     /// A client-address setting (trusted proxies, prefix lengths) was refused.
     #[error("invalid client address setting: {0}")]
     ClientIp(#[from] crate::client_ip::ClientIpError),
+    /// The local share of a limit for the fallback (`FailurePolicy::Fallback`) could not be
+    /// made: the limit divided by the gateways does not fit what its algorithm counts exactly
+    /// (see `Limit::divided`).
+    #[error(
+        "the fallback's local share of {} for {gateways} gateways is refused: {source}",
+        tier.as_deref().map_or_else(|| "the policy's limit".to_owned(), |t| format!("tier `{t}`"))
+    )]
+    FallbackShare {
+        /// The gateways the limit is divided by.
+        gateways: u64,
+        /// The tier whose limit it is (`None`: the policy's own).
+        tier: Option<String>,
+        /// Why the share was refused.
+        source: ConfigError,
+    },
     /// A numeric or duration setting was out of range.
     #[error("invalid setting `{name}`: {reason}")]
     InvalidSetting {

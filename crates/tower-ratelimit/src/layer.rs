@@ -136,7 +136,8 @@ impl<St> fmt::Debug for RateLimitLayerBuilder<St> {
 }
 
 impl<St: Store> RateLimitLayerBuilder<St> {
-    /// How long a store call may take before it counts as failed (default 50 ms; at least 1 ms).
+    /// How long a store call may take before it counts as failed (default 50 ms; between 1 ms
+    /// and one hour, or `build` refuses it).
     /// A store that answers at once (the in-memory store) never arms a timer. The time counts from
     /// `call`, where the store's `check` is made and first polled (so a store must not block in
     /// them), not from the first poll of the response future: a caller that polls it late does

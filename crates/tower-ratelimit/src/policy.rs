@@ -125,6 +125,13 @@ impl MissingKey {
                              400 or 403",
                 })
             }
+            // Checked again here for a variant made directly, not by `unauthorized`.
+            MissingKey::Unauthorized(challenge) if challenge.to_str().is_err() => {
+                Err(Error::InvalidSetting {
+                    name: "missing_key",
+                    reason: "a WWW-Authenticate challenge must be a visible-ASCII header value",
+                })
+            }
             MissingKey::Unauthorized(challenge)
                 if challenge.as_bytes().iter().all(u8::is_ascii_whitespace) =>
             {

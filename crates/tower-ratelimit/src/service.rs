@@ -175,7 +175,13 @@ impl Rt {
         for (tier_name, limit) in all {
             let fallback = match gateways {
                 Some(n) => {
-                    let local = limit.divided(n)?;
+                    let local = limit
+                        .divided(n)
+                        .map_err(|source| crate::Error::FallbackShare {
+                            gateways: n,
+                            tier: tier_name.as_deref().map(str::to_owned),
+                            source,
+                        })?;
                     let prepared = Prepared::new(&name, &local);
                     Some((local, prepared))
                 }

@@ -471,7 +471,8 @@ async fn a_policy_from_a_configuration_file() {
             "name = \"x\"\nquotas = [{ limit = 1, per = \"second\" }]\n\
              failure = { mode = \"closed\", retry_after_secs = 0 }"
         ),
-        "retry_after"
+        "retry_after_secs",
+        "named as the configuration names it"
     );
     // The bucket algorithms take a burst.
     let bursty: PolicyConfig = toml::from_str(
@@ -550,4 +551,74 @@ fn settings_built_directly_or_combined_are_checked_at_build() {
     );
     assert_eq!(refused(base(), Duration::from_secs(3_601), 10), "timeout");
     assert_eq!(refused(base(), ms50, 0), "fallback_max_keys");
+    // A challenge made directly that `MissingKey::unauthorized` would refuse: not visible ASCII.
+    assert_eq!(
+        refused(
+            base().missing_key(tower_ratelimit::MissingKey::Unauthorized(
+                http::HeaderValue::from_bytes(b"Bearer realm=\"\xe9\"").unwrap()
+            )),
+            ms50,
+            10
+        ),
+        "missing_key"
+    );
+}
+
+/// A fallback share that does not fit its algorithm's exact range is refused naming the fallback,
+/// the gateways and the tier, not only the numbers of a quota the user never wrote.
+#[test]
+fn a_fallback_share_that_does_not_fit_names_the_fallback() {
+    use ratelimit_core::{Algorithm, Limit, Quota};
+    use tower_ratelimit::{Error, FailurePolicy};
+    let huge = Limit::single(
+        Algorithm::TokenBucket,
+        Quota::per_second(1_000_000)
+            .unwrap()
+            .with_burst(1 << 52)
+            .unwrap(),
+    )
+    .unwrap();
+    let policy = Policy::new("p", per_minute(10))
+        .unwrap()
+        .tier("pro", huge)
+        .unwrap()
+        .resolve_tier(|_| Some("pro"))
+        .failure(FailurePolicy::fallback(3).unwrap());
+    let err = RateLimitLayer::new(store().1, policy).unwrap_err();
+    assert!(
+        matches!(&err, Error::FallbackShare { gateways: 3, tier: Some(t), .. } if t == "pro"),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.starts_with("the fallback's local share of tier `pro` for 3 gateways is refused: "),
+        "{text}"
+    );
+}
+
+/// A circuit breaker's cool-down is at most an hour: a longer one (`Duration::MAX`) would leave a
+/// tripped circuit open for good, every request answered by the failure policy.
+#[test]
+fn a_cool_down_is_between_a_millisecond_and_an_hour() {
+    use tower_ratelimit::{CircuitBreaker, Error};
+    for bad in [
+        Duration::ZERO,
+        Duration::from_micros(999),
+        Duration::from_secs(3_601),
+        Duration::MAX,
+    ] {
+        assert!(
+            matches!(
+                CircuitBreaker::new(5, bad),
+                Err(Error::InvalidSetting {
+                    name: "cool_down",
+                    ..
+                })
+            ),
+            "{bad:?}"
+        );
+    }
+    for good in [Duration::from_millis(1), Duration::from_secs(3_600)] {
+        assert_eq!(CircuitBreaker::new(5, good).unwrap().cool_down(), good);
+    }
 }
