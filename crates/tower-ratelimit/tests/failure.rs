@@ -33,6 +33,21 @@ where
         .layer(layer)
 }
 
+/// A layer over a store that never answers, failing closed (`Retry-After: 2`) after `timeout`,
+/// with no circuit breaker.
+fn hanging_fail_closed(name: &str, timeout: Duration) -> RateLimitLayer<Arc<HangingStore>> {
+    RateLimitLayer::builder(
+        Arc::new(HangingStore::default()),
+        Policy::new(name, per_minute(1))
+            .unwrap()
+            .failure(FailurePolicy::fail_closed(Duration::from_secs(2))),
+    )
+    .timeout(timeout)
+    .no_circuit_breaker()
+    .build()
+    .unwrap()
+}
+
 fn verdict(res: &http::Response<axum::body::Body>) -> VerdictKind {
     res.extensions().get::<Verdict>().unwrap().kind()
 }
@@ -169,16 +184,7 @@ async fn the_timeout_counts_from_the_call_not_from_the_first_poll() {
     use tower::{Service, ServiceExt};
     // A caller that polls the response future late (a busy executor, a queue between the call
     // and the poll) does not extend the store's time: the check was sent in `call`.
-    let layer = RateLimitLayer::builder(
-        Arc::new(HangingStore::default()),
-        Policy::new("late", per_minute(5))
-            .unwrap()
-            .failure(FailurePolicy::fail_closed(Duration::from_secs(1))),
-    )
-    .timeout(Duration::from_millis(80))
-    .no_circuit_breaker()
-    .build()
-    .unwrap();
+    let layer = hanging_fail_closed("late", Duration::from_millis(80));
     // The layer on a service of its own: axum's router would call it at the first poll only.
     let mut svc = tower::Layer::layer(
         &layer,
@@ -244,17 +250,7 @@ async fn a_store_that_has_to_wait_answers_in_the_inner_body_type_with_same_body(
 
     // A store that hangs, cut at the timeout inside the boxed future: the fail-closed 503 is
     // written in the inner body type too.
-    let layer = RateLimitLayer::builder(
-        Arc::new(HangingStore::default()),
-        Policy::new("closed", per_minute(1))
-            .unwrap()
-            .failure(FailurePolicy::fail_closed(Duration::from_secs(2))),
-    )
-    .timeout(Duration::from_millis(20))
-    .no_circuit_breaker()
-    .build()
-    .unwrap()
-    .same_body();
+    let layer = hanging_fail_closed("closed", Duration::from_millis(20)).same_body();
     let router = app(layer);
     let res = send(&router, request("/")).await;
     assert_eq!(res.status(), 503);

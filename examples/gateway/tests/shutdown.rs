@@ -59,6 +59,27 @@ fn wait_exit(child: &mut Child) -> Option<std::process::ExitStatus> {
     None
 }
 
+/// The gateway with the example configuration and a drain of `ms`, its configuration in a
+/// temporary directory (kept while the test runs).
+fn start_draining_for(ms: u64) -> (tempfile::TempDir, Gateway, String) {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gateway.toml");
+    let text = include_str!("../gateway.toml");
+    std::fs::write(&config, format!("shutdown_timeout_ms = {ms}\n{text}")).unwrap();
+    let (child, addr) = start(&config);
+    (dir, child, addr)
+}
+
+/// A client that sends half a request head and stalls: a request in flight for good.
+fn stall(addr: &str) -> TcpStream {
+    let mut stalled = TcpStream::connect(addr).unwrap();
+    stalled
+        .write_all(b"GET /api/items HTTP/1.1\r\nHost: x\r\n")
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(100));
+    stalled
+}
+
 fn sigterm(child: &Child) {
     let status = Command::new("sh")
         .args(["-c", "kill -TERM \"$1\"", "sh"])
@@ -70,11 +91,7 @@ fn sigterm(child: &Child) {
 
 #[test]
 fn sigterm_stops_the_gateway_despite_a_stalled_request() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("gateway.toml");
-    let text = include_str!("../gateway.toml");
-    std::fs::write(&config, format!("shutdown_timeout_ms = 300\n{text}")).unwrap();
-    let (mut child, addr) = start(&config);
+    let (_dir, mut child, addr) = start_draining_for(300);
 
     // A served request first: the gateway is up and answering.
     let mut ok = TcpStream::connect(&addr).unwrap();
@@ -84,12 +101,7 @@ fn sigterm_stops_the_gateway_despite_a_stalled_request() {
     ok.read_to_string(&mut answer).unwrap();
     assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
 
-    // A client that sends half a request head and stalls.
-    let mut stalled = TcpStream::connect(&addr).unwrap();
-    stalled
-        .write_all(b"GET /api/items HTTP/1.1\r\nHost: x\r\n")
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    let stalled = stall(&addr);
 
     sigterm(&child.0);
     let status = wait_exit(&mut child.0);
@@ -107,16 +119,8 @@ fn sigterm_stops_the_gateway_despite_a_stalled_request() {
 /// at once (status 130), however long `shutdown_timeout_ms` is.
 #[test]
 fn a_second_signal_ends_the_drain_at_once() {
-    let dir = tempfile::tempdir().unwrap();
-    let config = dir.path().join("gateway.toml");
-    let text = include_str!("../gateway.toml");
-    std::fs::write(&config, format!("shutdown_timeout_ms = 600000\n{text}")).unwrap();
-    let (mut child, addr) = start(&config);
-    let mut stalled = TcpStream::connect(&addr).unwrap();
-    stalled
-        .write_all(b"GET /api/items HTTP/1.1\r\nHost: x\r\n")
-        .unwrap();
-    std::thread::sleep(Duration::from_millis(100));
+    let (_dir, mut child, addr) = start_draining_for(600_000);
+    let stalled = stall(&addr);
 
     sigterm(&child.0);
     std::thread::sleep(Duration::from_millis(300));
