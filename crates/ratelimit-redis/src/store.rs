@@ -565,7 +565,8 @@ impl Inner {
             Err(_) => {
                 tracing::warn!(
                     slot = i,
-                    after_ms = self.response_timeout.as_millis() as u64,
+                    // Silent for a response timeout before the probe, then the probe's own.
+                    after_ms = self.response_timeout.saturating_mul(2).as_millis() as u64,
                     "ratelimit-redis: no answer on a connection for twice the response timeout"
                 );
                 self.reopen(i, generation).await;
