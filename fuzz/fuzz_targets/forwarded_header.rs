@@ -44,7 +44,9 @@ fuzz_target!(|data: &[u8]| {
         let exact = c.resolve_unmasked(trusted_peer, &headers);
         let grouped = c.resolve(trusted_peer, &headers);
         assert_eq!(grouped, c.mask(exact));
-        assert_eq!(c.mask(grouped), grouped, "masking is idempotent");
+        if !lands_in_nat64(grouped) {
+            assert_eq!(c.mask(grouped), grouped, "masking is idempotent");
+        }
         // Never an IPv4-mapped IPv6 address.
         if let IpAddr::V6(v6) = exact {
             assert!(v6.to_ipv4_mapped().is_none(), "{exact}");
@@ -79,3 +81,10 @@ fuzz_target!(|data: &[u8]| {
         }
     }
 });
+
+/// Whether `ip` is an IPv6 address of the NAT64 well-known prefix `64:ff9b::/96`: as a group that
+/// `ClientIp::mask` made from an address outside it, the one that masking again changes (see
+/// there).
+fn lands_in_nat64(ip: IpAddr) -> bool {
+    matches!(ip, IpAddr::V6(v6) if u128::from(v6) >> 32 == 0x0064_ff9b_0000_0000_0000_0000)
+}

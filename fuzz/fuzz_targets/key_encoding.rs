@@ -39,7 +39,11 @@ fuzz_target!(|data: &[u8]| {
         .expect("prefixes in range");
     for ip in [v4, v6] {
         let masked = c.mask(ip);
-        assert_eq!(c.mask(masked), masked);
+        // Idempotent, but for a group that falls in the NAT64 `/96` from outside it (see
+        // `ClientIp::mask`).
+        if !lands_in_nat64(masked) {
+            assert_eq!(c.mask(masked), masked);
+        }
         let nat64 = match ip {
             IpAddr::V6(a) => u128::from(a) >> 32 == 0x0064_ff9b_0000_0000_0000_0000,
             IpAddr::V4(_) => false,
@@ -57,4 +61,11 @@ fn octets_of(ip: IpAddr) -> Ipv6Addr {
         IpAddr::V6(a) => a,
         IpAddr::V4(a) => a.to_ipv6_mapped(),
     }
+}
+
+/// Whether `ip` is an IPv6 address of the NAT64 well-known prefix `64:ff9b::/96`: as a group that
+/// `ClientIp::mask` made from an address outside it, the one that masking again changes (see
+/// there).
+fn lands_in_nat64(ip: IpAddr) -> bool {
+    matches!(ip, IpAddr::V6(v6) if u128::from(v6) >> 32 == 0x0064_ff9b_0000_0000_0000_0000)
 }

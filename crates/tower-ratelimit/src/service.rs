@@ -540,20 +540,24 @@ where
                 let mut cancelled = Cancelled(Some(shared.rt.metrics.cancelled.clone()));
                 // The store's time counts from here, where the check was sent, like a probe's:
                 // a caller that polls the response late (a busy executor, a queue between call
-                // and poll) does not extend it.
+                // and poll) does not extend it. Only the deadline is taken here; the timer is
+                // made at the first poll, so that `call` needs no Tokio runtime (reading Tokio's
+                // clock does not).
                 let check = match (probe, &shared.breaker) {
                     (true, Some(b)) => {
                         Check::Probe(ProbeCheck::new(b.clone(), check, shared.timeout))
                     }
-                    _ => Check::Plain(tokio::time::timeout_at(
-                        tokio::time::Instant::now() + shared.timeout,
+                    _ => Check::Plain {
                         check,
-                    )),
+                        deadline: tokio::time::Instant::now() + shared.timeout,
+                    },
                 };
                 // The key moves into the future as it is (inline up to its buffer size): no copy.
                 ResponseFuture::waiting(Box::pin(async move {
                     let result = match check {
-                        Check::Plain(check) => check.await,
+                        Check::Plain { check, deadline } => {
+                            tokio::time::timeout_at(deadline, check).await
+                        }
                         Check::Probe(mut check) => (&mut check).await,
                     };
                     cancelled.answered();
@@ -583,7 +587,10 @@ where
     F: Future<Output = Result<Decision, E>> + Send + Unpin + 'static,
     E: Send + 'static,
 {
-    Plain(tokio::time::Timeout<F>),
+    Plain {
+        check: F,
+        deadline: tokio::time::Instant,
+    },
     Probe(ProbeCheck<F, E>),
 }
 

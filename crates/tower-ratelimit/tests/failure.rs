@@ -207,6 +207,35 @@ async fn the_timeout_counts_from_the_call_not_from_the_first_poll() {
     );
 }
 
+/// `call` needs no Tokio runtime, only the response future's polls do (a store that has to wait
+/// gets its timer there): a caller may make the call on a thread of its own.
+#[test]
+fn call_needs_no_runtime_only_the_poll_does() {
+    use std::task::{Context, Poll, Waker};
+    use tower::Service;
+    let layer = hanging_fail_closed("outside", Duration::from_millis(20));
+    let mut svc = tower::Layer::layer(
+        &layer,
+        tower::service_fn(|_req: http::Request<axum::body::Body>| async {
+            Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
+        }),
+    );
+    let fut = std::thread::spawn(move || {
+        let ready = svc.poll_ready(&mut Context::from_waker(Waker::noop()));
+        assert!(matches!(ready, Poll::Ready(Ok(()))));
+        svc.call(request("/"))
+    })
+    .join()
+    .expect("call made outside a runtime");
+    let res = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap()
+        .block_on(fut)
+        .unwrap();
+    assert_eq!(res.status(), 503);
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_slow_store_that_answers_in_time_decides() {
     let (_clock, memory) = store();

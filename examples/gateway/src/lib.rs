@@ -164,8 +164,8 @@ async fn open_redis(store: &config::StoreConfig) -> Result<RedisStore, StartErro
         .connect_timeout(Duration::from_millis(store.connect_timeout_ms()))
         // The store's own timer on the layer's budget, so that a longer `timeout_ms` is not cut
         // by the store's default 500 ms, plus 10 ms: the store's timer starts first (the layer
-        // polls the check once in `call`, its own timer at the response future's first poll),
-        // and the layer's must fire first for a stall to be counted and logged as a timeout
+        // polls the check once in `call`, and takes its own deadline just after), and the
+        // layer's must fire first for a stall to be counted and logged as a timeout
         // (`kind="timeout"`), not as a store error.
         // Held to the store's longest, which the longest `timeout_ms` would pass.
         .response_timeout(
