@@ -45,15 +45,24 @@ async fn phase(client: &reqwest::Client, app: &TestApp, what: &str, ms_: u64) ->
     s
 }
 
-/// Waits until `/closed` is answered by the store again, then 150 ms more: a connection whose
-/// opening failed just before waits out its 100 ms gap (`RECONNECT_GAP`) before opening again,
-/// and the next phase measures the store once every connection can be open.
+/// Waits until `/closed` is answered by the store again, and `/open` too (each route's circuit
+/// closes by its own probe), then 150 ms more: a connection whose opening failed just before
+/// waits out its 100 ms gap (`RECONNECT_GAP`) before opening again, and the next phase measures
+/// the store once every connection can be open.
 async fn recovers(client: &reqwest::Client, app: &TestApp, what: &str) {
     let took = wait_until(Duration::from_secs(5), || {
         answers_ok(client, app.url("/closed"))
     })
     .await
     .unwrap_or_else(|| panic!("{what}: no recovery within 5 s"));
+    let open = app.url("/open");
+    wait_until(Duration::from_secs(5), || async {
+        load::get(client, "open", &open, Instant::now())
+            .await
+            .decided
+    })
+    .await
+    .unwrap_or_else(|| panic!("{what}: the open route not decided again within 5 s"));
     println!("{what}: recovered in {:.0} ms", ms(took));
     tokio::time::sleep(Duration::from_millis(150)).await;
 }

@@ -133,6 +133,16 @@ async fn the_app_starts_without_redis_and_recovers_when_it_comes_up() {
         ms(up_at.elapsed())
     );
     assert!(store.is_connected());
+    // Each route's circuit closes by its own probe, up to a cool-down (200 ms) after Redis
+    // answers: the open route's too, before its answers are held to being decided.
+    let open_url = app.url("/open");
+    wait_until(Duration::from_secs(5), || async {
+        load::get(&client, "open", &open_url, Instant::now())
+            .await
+            .decided
+    })
+    .await
+    .expect("the open route is decided by Redis within 5 s of it coming up");
 
     let after = load::run(
         &client,
