@@ -24,6 +24,18 @@ use tower_ratelimit::config::{FailureConfig, MissingKeyConfig, PolicyConfig, Quo
 /// service, and a scrape would leave a gap in the figures.
 pub const ENDPOINTS: [&str; 3] = ["/login", "/api/items", "/api/items/{id}"];
 
+/// The methods each endpoint of [`ENDPOINTS`] serves (`HEAD` with `GET`); any other is answered
+/// `405` before a route's layer, and never counted.
+#[must_use]
+pub fn methods(endpoint: &str) -> &'static [&'static str] {
+    match endpoint {
+        "/login" => &["POST"],
+        "/api/items" => &["GET", "HEAD", "POST"],
+        "/api/items/{id}" => &["GET", "HEAD"],
+        _ => &[],
+    }
+}
+
 /// A configuration that cannot be used: the field (`routes[1].policy.quotas[0].per`) and why.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ConfigError {
@@ -594,6 +606,22 @@ impl RouteConfig {
                     format!("{at}.cost_by_method.{method}"),
                     "must be at least 1 (a cost of 0 counts nothing: the method would be \
                      unlimited)",
+                ));
+            }
+        }
+        // A method no endpoint under the route serves is answered 405 and never counted: its
+        // cost can never apply (loaded, with a warning, as the configuration may be shared with
+        // a gateway that serves more).
+        for method in self.cost_by_method.keys() {
+            let served = ENDPOINTS
+                .iter()
+                .filter(|e| covers(&self.path, e))
+                .any(|e| methods(e).contains(&method.as_str()));
+            if !served {
+                warnings.push(format!(
+                    "{at}.cost_by_method.{method}: no endpoint under {:?} serves {method} (it is \
+                     answered 405, never counted): this cost never applies",
+                    self.path
                 ));
             }
         }

@@ -503,6 +503,19 @@ async fn bad_configurations_fail_naming_the_field() {
         ]
     );
     assert!(Config::from_toml(MEMORY).unwrap().warnings().is_empty());
+    // A cost for a method that no endpoint under the route serves never applies.
+    let config = Config::from_toml(
+        "[[routes]]\npath = \"/api\"\ncost_by_method = { POST = 5, DELETE = 10 }\n\
+         [routes.policy]\nname = \"a\"\nquotas = [{ limit = 600, per = \"minute\" }]\n",
+    )
+    .unwrap();
+    assert_eq!(
+        config.warnings(),
+        [
+            "routes[0].cost_by_method.DELETE: no endpoint under \"/api\" serves DELETE (it is \
+             answered 405, never counted): this cost never applies"
+        ]
+    );
     // A local share whose plain division would not fit a quota exactly (10,000,000 a day over 3
     // gateways) is rounded down until it does (`Limit::divided`), not refused.
     Config::from_toml(&with_policy(
@@ -707,4 +720,27 @@ async fn start_without_redis_follows_the_failure_policies_until_redis_comes_up()
     }
     let keys = server.cli(&["--scan", "--pattern", "gateway:*"]);
     assert!(!keys.is_empty());
+}
+
+/// `config::methods` says what the router serves: each listed method reaches the endpoint's
+/// handler, any other is answered 405.
+#[tokio::test]
+async fn the_methods_table_matches_the_router() {
+    let config = Config::from_toml(MEMORY).unwrap();
+    let app = app(&config).await.unwrap();
+    for endpoint in example_gateway::config::ENDPOINTS {
+        let uri = endpoint.replace("{id}", "1");
+        for method in ["GET", "HEAD", "POST", "PUT", "DELETE", "PATCH"] {
+            // A limit reached is a 429, which is not a 405 either: one client will do.
+            let req = request(method, &uri, "198.51.100.1:1", Some("demo-free"));
+            let res = app.clone().oneshot(req).await.unwrap();
+            let listed = example_gateway::config::methods(endpoint).contains(&method);
+            assert_eq!(
+                res.status() != 405,
+                listed,
+                "{method} {uri}: {} (listed: {listed})",
+                res.status()
+            );
+        }
+    }
 }
