@@ -149,8 +149,8 @@ struct Slot {
     opened: tokio::sync::Notify,
     /// How many openings have failed, the last one's error, and when it failed.
     failed: Mutex<Failed>,
-    /// When the current connection was installed.
-    installed: Mutex<Option<tokio::time::Instant>>,
+    /// When the current connection was installed, in the store's microseconds (`Inner::micros`).
+    installed: AtomicU64,
     /// How long the current connection has left a command unanswered: whether the check timed
     /// out in the store or was dropped first by its caller (whose timeout, such as the tower
     /// layer's, may be the shorter), so it may also stand for an answer that came after its
@@ -516,11 +516,15 @@ impl Inner {
         let replace = matches!(conn, Conn::Single(_))
             && (readonly || matches!(&reply, Err(e) if is_broken(e)));
         if replace {
-            let young =
-                lock(&self.slots[slot].installed).is_some_and(|at| at.elapsed() < RECONNECT_GAP);
+            // Sent on a connection made less than the gap before: judged by when the command
+            // went, not by when the answer came, so that a long round trip does not hide it.
+            let young = || {
+                let installed = self.slots[slot].installed.load(Ordering::Relaxed);
+                Duration::from_micros(sent.saturating_sub(installed)) < RECONNECT_GAP
+            };
             if self.discard(slot, generation)
                 && readonly
-                && young
+                && young()
                 && let Err(e) = &reply
             {
                 // A connection just made answered READONLY too: the address still leads to a
@@ -618,7 +622,7 @@ impl Inner {
     fn install(&self, slot: &Slot, held: &mut Option<(u64, Conn)>, conn: Conn) {
         let g = self.generation.fetch_add(1, Ordering::Relaxed);
         slot.silence.reset(g);
-        *lock(&slot.installed) = Some(tokio::time::Instant::now());
+        slot.installed.store(self.micros(), Ordering::Relaxed);
         *held = Some((g, conn));
     }
 
@@ -975,7 +979,7 @@ impl RedisStoreBuilder {
                     opening: AtomicBool::new(false),
                     opened: tokio::sync::Notify::new(),
                     failed: Mutex::new(Failed::default()),
-                    installed: Mutex::new(None),
+                    installed: AtomicU64::new(0),
                     silence: Silence::new(),
                     probing: AtomicBool::new(false),
                 })

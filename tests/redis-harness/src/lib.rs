@@ -33,6 +33,27 @@ pub mod tls;
 
 /// How long a server may take to answer PING after starting.
 const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How many ports a start tries before it gives up (another process may take one between its
+/// choice and the server's bind).
+const PORT_ATTEMPTS: usize = 5;
+
+/// Writes `text` as the configuration file `conf` and starts `redis-server` on it, its output
+/// discarded (it logs to the file the configuration names).
+fn spawn_server(conf: &Path, text: &str) -> Child {
+    std::fs::write(conf, text).expect("write redis.conf");
+    Command::new(binary("redis-server"))
+        .arg(conf)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .expect("spawn redis-server")
+}
+
+/// Whether a server's log says it exited because its port was taken.
+fn port_was_taken(log: &str) -> bool {
+    log.contains("Address already in use")
+}
 /// How long a cluster may take to agree that it is up.
 const CLUSTER_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -144,7 +165,7 @@ impl RedisServerBuilder {
             cluster: self.cluster,
             child: None,
         };
-        for _ in 1..5 {
+        for _ in 1..PORT_ATTEMPTS {
             match server.try_spawn() {
                 Ok(()) => return server,
                 Err(Exit::AddressInUse) => {
@@ -217,7 +238,6 @@ impl RedisServer {
 
     /// Starts the process on `self.port` and waits until it answers.
     fn try_spawn(&mut self) -> Result<(), Exit> {
-        let bin = binary("redis-server");
         let conf = self.dir.path().join("redis.conf");
         let mut text = format!(
             "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {dir}\nsave \"\"\nappendonly no\n\
@@ -235,15 +255,7 @@ impl RedisServer {
             text.push_str(line);
             text.push('\n');
         }
-        std::fs::write(&conf, text).expect("write redis.conf");
-        let child = Command::new(bin)
-            .arg(&conf)
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::null())
-            .spawn()
-            .expect("spawn redis-server");
-        self.child = Some(child);
+        self.child = Some(spawn_server(&conf, &text));
         self.wait_ready()
     }
 
@@ -266,7 +278,7 @@ impl RedisServer {
             if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
                 self.child = None;
                 let log = self.log();
-                if log.contains("Address already in use") {
+                if port_was_taken(&log) {
                     return Err(Exit::AddressInUse);
                 }
                 return Err(Exit::Other(format!(

@@ -22,8 +22,6 @@ use std::time::{Duration, Instant};
 use tempfile::TempDir;
 
 const START_TIMEOUT: Duration = Duration::from_secs(10);
-/// How many ports a start tries before it gives up.
-const PORT_ATTEMPTS: usize = 5;
 
 /// A TLS-only `redis-server` on a free loopback port, with its own CA. Dropping it kills the
 /// process.
@@ -126,7 +124,7 @@ impl TlsRedisServer {
             dir,
             child: None,
         };
-        for _ in 0..PORT_ATTEMPTS {
+        for _ in 0..crate::PORT_ATTEMPTS {
             server.port = crate::free_port(false);
             let d = server.dir.path().display();
             let conf = format!(
@@ -135,24 +133,21 @@ impl TlsRedisServer {
                  tls-key-file {d}/server.key\ntls-ca-cert-file {d}/ca.crt\ntls-auth-clients no\n",
                 server.port
             );
-            let conf_path = server.dir.path().join("redis.conf");
-            std::fs::write(&conf_path, conf).expect("write redis.conf");
             // A fresh log for each attempt, so that an earlier attempt's bind error is not read
             // as this one's.
             let _ = std::fs::remove_file(server.dir.path().join("redis.log"));
-            let child = Command::new(crate::binary("redis-server"))
-                .arg(&conf_path)
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("spawn redis-server");
-            server.child = Some(child);
+            server.child = Some(crate::spawn_server(
+                &server.dir.path().join("redis.conf"),
+                &conf,
+            ));
             if server.wait_ready() {
                 return server;
             }
         }
-        panic!("TLS redis-server: every port tried ({PORT_ATTEMPTS}) was taken");
+        panic!(
+            "TLS redis-server: every port tried ({}) was taken",
+            crate::PORT_ATTEMPTS
+        );
     }
 
     /// Waits for the server to answer `PING`: `true` once it does, `false` if it exited because
@@ -167,7 +162,7 @@ impl TlsRedisServer {
                 && let Ok(Some(status)) = child.try_wait()
             {
                 let log = self.log();
-                if log.contains("Address already in use") {
+                if crate::port_was_taken(&log) {
                     self.child = None;
                     return false;
                 }
