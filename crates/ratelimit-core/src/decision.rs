@@ -1,5 +1,6 @@
 //! The answer to a check.
 
+use crate::QuotaSet;
 use crate::time::duration_to_micros as micros;
 use std::time::Duration;
 
@@ -30,7 +31,8 @@ pub(crate) enum Verdict {
 /// The result of checking one cost against a [`Limit`](crate::Limit) at one instant.
 ///
 /// When a limit combines several quotas, the decision describes the binding one: the quota that
-/// denied with the longest wait, or, when all allowed, the one with the fewest requests left.
+/// denied with the longest wait, or, when all allowed, the one with the fewest requests left. A
+/// denial also says which quotas did not admit the cost ([`violated_quotas`](Self::violated_quotas)).
 ///
 /// A decision may be marked as answered from a cache in front of the store ([`cached`](Self::cached)):
 /// it is then no evidence of the store's health, for a circuit breaker. The mark is not part of
@@ -42,15 +44,23 @@ pub struct Decision {
     reset_after_us: u64,
     limit: u64,
     remaining: u64,
-    /// The kind in the low byte, the quota index in the 32 bits above it, and [`CACHED`] at the
-    /// top: one word, so that a decision is written with whole-word stores and read back without
-    /// a store-forwarding stall (a `u32` and a `u8` written apart and then copied as one word
-    /// stalled every check, about 2 ns here).
+    /// The kind in the low byte, the quota index in the 32 bits above it, the violated quotas in
+    /// the byte above that (see [`VIOLATED_SHIFT`]), and [`CACHED`] at the top: one word, so
+    /// that a decision is written with whole-word stores and read back without a store-forwarding
+    /// stall (a `u32` and a `u8` written apart and then copied as one word stalled every check,
+    /// about 2 ns here).
     tag: u64,
 }
 
 /// The bit of a decision's tag that marks it as answered from a cache in front of the store.
 const CACHED: u64 = 1 << 63;
+
+/// Where a decision's tag keeps the violated quotas (a [`QuotaSet`]'s bits), when they are not
+/// just the binding quota: zero there means "the binding quota alone" on a denial, so that a
+/// single-quota decision is built with no more work than before, and one set is written one way
+/// only (two equal decisions have equal tags).
+const VIOLATED_SHIFT: u32 = 40;
+const VIOLATED: u64 = 0xff << VIOLATED_SHIFT;
 
 impl Decision {
     /// The fields that make the decision's value (the cache mark left out).
@@ -104,6 +114,7 @@ impl std::fmt::Debug for Decision {
             .field("remaining", &self.remaining)
             .field("reset_after", &self.reset_after())
             .field("quota_index", &self.quota_index())
+            .field("violated_quotas", &self.violated_quotas())
             .field("cached", &self.is_cached())
             .finish()
     }
@@ -186,9 +197,69 @@ impl Decision {
         self.retry_after_us
     }
 
+    /// The same decision, describing quota `index` (for a denial, the one quota that denied).
     #[inline]
     pub(crate) const fn with_quota_index(mut self, index: usize) -> Self {
         self.tag = (self.tag & (0xff | CACHED)) | (quota_index_bits(index) << 8);
+        self
+    }
+
+    /// The quotas of the limit that did not admit the cost: empty when allowed; on a denial, the
+    /// binding quota ([`quota_index`](Self::quota_index)) and every other quota that would have
+    /// denied the same cost at that instant (each needs waiting for; the binding one longest).
+    /// What the draft's `violated-policies` lists.
+    ///
+    /// ```
+    /// use ratelimit_core::{Algorithm, Limit, MemoryStore, Quota, QuotaSet, Store};
+    ///
+    /// let limit = Limit::new(
+    ///     Algorithm::TokenBucket,
+    ///     vec![Quota::per_second(2)?, Quota::per_minute(2)?, Quota::per_hour(100)?],
+    /// )?;
+    /// let store = MemoryStore::new();
+    /// assert!(store.check_now(b"k", &limit, 2).violated_quotas().is_empty());
+    /// let d = store.check_now(b"k", &limit, 1);
+    /// assert_eq!(d.quota_index(), 1); // the minute binds: its wait is the longest
+    /// assert_eq!(d.violated_quotas(), QuotaSet::EMPTY.with(0).with(1));
+    /// # Ok::<(), ratelimit_core::ConfigError>(())
+    /// ```
+    #[must_use]
+    pub const fn violated_quotas(&self) -> QuotaSet {
+        if self.is_allowed() {
+            return QuotaSet::EMPTY;
+        }
+        match ((self.tag & VIOLATED) >> VIOLATED_SHIFT) as u8 {
+            0 => QuotaSet::EMPTY.with(self.quota_index()),
+            bits => QuotaSet::from_bits(bits),
+        }
+    }
+
+    /// The same decision, with `quotas` as the quotas that did not admit the cost, for a store
+    /// that combines a limit's quotas itself and reports them (the binding quota is always
+    /// counted in; an allowed decision keeps none).
+    ///
+    /// ```
+    /// use ratelimit_core::{Decision, Outcome, QuotaSet};
+    /// use std::time::Duration;
+    ///
+    /// let wait = Outcome::Denied { retry_after: Duration::from_secs(3) };
+    /// let d = Decision::new(wait, 10, 0, Duration::from_secs(6), 1);
+    /// assert_eq!(d.violated_quotas(), QuotaSet::from_bits(0b10));
+    /// let d = d.with_violated_quotas(QuotaSet::from_bits(0b100));
+    /// assert_eq!(d.violated_quotas(), QuotaSet::from_bits(0b110));
+    /// ```
+    #[must_use]
+    pub const fn with_violated_quotas(mut self, quotas: QuotaSet) -> Self {
+        self.tag &= !VIOLATED;
+        if self.is_allowed() {
+            return self;
+        }
+        let index = self.quota_index();
+        let all = quotas.with(index);
+        // The binding quota alone is written as zero (see `VIOLATED_SHIFT`).
+        if all.bits() != QuotaSet::EMPTY.with(index).bits() {
+            self.tag |= (all.bits() as u64) << VIOLATED_SHIFT;
+        }
         self
     }
 
@@ -312,11 +383,14 @@ impl Decision {
     /// ever helps). Allowed otherwise; the binding quota is the one with the fewest left. Ties
     /// (same outcome and wait) go to the quota with fewer left, then to the one with the longer
     /// time to full, then to the earlier quota. The result is the binding quota's decision as it
-    /// is: on a denial, another quota may have fewer left than its `remaining`.
+    /// is: on a denial, another quota may have fewer left than its `remaining`. A denial's
+    /// [`violated_quotas`](Self::violated_quotas) are those of every decision combined.
     #[must_use]
     pub fn combine(decisions: &[Decision]) -> Option<Decision> {
         let mut best: Option<Decision> = None;
+        let mut violated = QuotaSet::EMPTY;
         for d in decisions {
+            violated = violated.union(d.violated_quotas());
             best = Some(match best {
                 None => *d,
                 Some(b) => {
@@ -328,7 +402,7 @@ impl Decision {
                 }
             });
         }
-        best
+        best.map(|b| b.with_violated_quotas(violated))
     }
 
     fn binds_tighter_than(&self, other: &Decision) -> bool {
@@ -391,10 +465,43 @@ mod tests {
         let c = Decision::combine(&[ok, short, long, ok2]).unwrap();
         assert_eq!(c.quota_index(), 3);
         assert_eq!(c.retry_after(), Some(Duration::from_secs(9)));
+        assert_eq!(c.violated_quotas(), QuotaSet::from_bits(0b1100));
         let never = d(Outcome::Exceeds, 0, 4);
         let c = Decision::combine(&[long, never]).unwrap();
         assert!(!c.can_ever_pass());
         assert_eq!(c.retry_after(), None);
+        assert_eq!(c.violated_quotas(), QuotaSet::from_bits(0b1_1000));
         assert!(Decision::combine(&[]).is_none());
+        let ok = Decision::combine(&[ok, ok2]).unwrap();
+        assert!(ok.violated_quotas().is_empty());
+    }
+
+    /// A set is written one way only: the binding quota alone, given or implied, makes equal
+    /// decisions; an allowed decision keeps no set; the binding quota is always in it.
+    #[test]
+    fn violated_quotas_have_one_form() {
+        let wait = Outcome::Denied {
+            retry_after: Duration::from_secs(1),
+        };
+        let denied = d(wait, 0, 2);
+        assert_eq!(denied.violated_quotas(), QuotaSet::from_bits(0b100));
+        assert_eq!(
+            denied.with_violated_quotas(QuotaSet::from_bits(0b100)),
+            denied
+        );
+        assert_eq!(denied.with_violated_quotas(QuotaSet::EMPTY), denied);
+        let both = denied.with_violated_quotas(QuotaSet::from_bits(0b1));
+        assert_eq!(both.violated_quotas(), QuotaSet::from_bits(0b101));
+        assert_ne!(both, denied);
+        assert_eq!(both.with_quota_index(2), denied, "re-indexed: one quota");
+        assert_eq!(both.cached().violated_quotas(), both.violated_quotas());
+        let allowed = d(Outcome::Allowed, 3, 2);
+        assert_eq!(
+            allowed.with_violated_quotas(QuotaSet::from_bits(0b11)),
+            allowed
+        );
+        assert!(allowed.violated_quotas().is_empty());
+        // An index no limit has: no quota to name.
+        assert!(d(wait, 0, 9).violated_quotas().is_empty());
     }
 }

@@ -101,7 +101,10 @@ const MAX_SHARDS: usize = 16;
 /// cached decision is identical to the store's, field by field (a denied cost of 1 has 0
 /// remaining, until it passes); with a larger cost, every field but `remaining` is (a cost of 5
 /// denied with 0 left reports 0 while the bucket refills to 3); when other requests consume
-/// meanwhile, the cached `retry_after` may be earlier than the store's, never later.
+/// meanwhile, the cached `retry_after` may be earlier than the store's, never later. Of a limit
+/// of several quotas, a cached denial names the binding quota alone in
+/// [`violated_quotas`](Decision::violated_quotas): it still denies until the deadline, while the
+/// other quotas the store named may have refilled since.
 ///
 /// Caveat: the deadline is counted on this wrapper's clock. If the store reads another clock (a
 /// Redis store on server time), the two must advance at the same rate; a clock running fast on the
@@ -508,6 +511,7 @@ fn implied_wait(algorithm: Algorithm, q: &Quota, cost: u64, d: &Decision) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::QuotaSet;
 
     #[test]
     #[cfg(target_arch = "x86_64")]
@@ -627,7 +631,23 @@ mod tests {
                 let hits = cached.stats().hits;
                 let want = plain.check_now(&key, &limit, 1);
                 let got = now(cached.check(&key, &limit, 1)).unwrap();
-                assert_eq!(got, want, "{limit:?} step {step}");
+                // A hit names the binding quota alone: the others the store named may have
+                // recovered since.
+                if got.is_cached() {
+                    assert_eq!(
+                        got.violated_quotas(),
+                        QuotaSet::EMPTY.with(got.quota_index())
+                    );
+                    assert_eq!(
+                        got.violated_quotas().union(want.violated_quotas()),
+                        want.violated_quotas(),
+                        "{limit:?} step {step}"
+                    );
+                    assert_eq!(got.with_quota_index(0), want.with_quota_index(0));
+                    assert_eq!(got.quota_index(), want.quota_index());
+                } else {
+                    assert_eq!(got, want, "{limit:?} step {step}");
+                }
                 // A hit is marked as answered from the cache; the store's answers are not.
                 assert!(!want.is_cached());
                 assert_eq!(got.is_cached(), cached.stats().hits > hits, "step {step}");

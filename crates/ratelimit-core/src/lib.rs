@@ -48,6 +48,7 @@ mod limit;
 mod memory_store;
 mod prefetch;
 mod quota;
+mod quota_set;
 mod store;
 mod time;
 
@@ -63,5 +64,6 @@ pub use lease::{
 pub use limit::{Limit, MAX_QUOTAS, MAX_SLIDING_LOG_LIMIT};
 pub use memory_store::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder};
 pub use quota::{MAX_EXACT, Quota};
+pub use quota_set::{QuotaSet, QuotaSetIter};
 pub use store::{NoError, Store};
 pub use time::Timestamp;

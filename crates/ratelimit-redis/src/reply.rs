@@ -10,7 +10,7 @@
 
 use std::time::Duration;
 
-use ratelimit_core::{Algorithm, Decision, Limit, Outcome, Quota};
+use ratelimit_core::{Algorithm, Decision, Limit, Outcome, Quota, QuotaSet};
 use redis::Value;
 
 use crate::error::RedisStoreError;
@@ -110,8 +110,10 @@ fn from_items(
     }
 }
 
-/// A six-integer reply: outcome, retry-after µs, limit, remaining, reset-after µs, quota index
-/// (below `quotas`, the limit's number of quotas, or the reply is refused).
+/// A six-integer reply: outcome, retry-after µs, limit, remaining, reset-after µs, and the quota
+/// index (below `quotas`, the limit's number of quotas) plus 256 times the bits of the violated
+/// quotas (none but quotas of the limit, none when allowed; zero from the single-quota paths,
+/// whose denial names the one quota), or the reply is refused.
 pub(crate) fn from_six(reply: &[i64], quotas: usize) -> Result<Decision, RedisStoreError> {
     let bad = || RedisStoreError::UnexpectedReply(format!("{reply:?}"));
     let &[code, retry, limit, remaining, reset, index] = reply else {
@@ -126,16 +128,24 @@ pub(crate) fn from_six(reply: &[i64], quotas: usize) -> Result<Decision, RedisSt
         2 => Outcome::Exceeds,
         _ => return Err(bad()),
     };
+    let index = nonneg(index)?;
+    let (violated, index) = (index >> 8, (index & 0xff) as usize);
+    // Bits of quotas of this limit only (at most 8, so the set's byte holds them).
+    let violated = u8::try_from(violated)
+        .ok()
+        .filter(|&v| index < quotas && u32::from(v) >> quotas.min(8) == 0)
+        .ok_or_else(bad)?;
+    if violated != 0 && (outcome == Outcome::Allowed || violated & (1 << index) == 0) {
+        return Err(bad());
+    }
     Ok(Decision::new(
         outcome,
         nonneg(limit)?,
         nonneg(remaining)?,
         Duration::from_micros(nonneg(reset)?),
-        usize::try_from(index)
-            .ok()
-            .filter(|&i| i < quotas)
-            .ok_or_else(bad)?,
-    ))
+        index,
+    )
+    .with_violated_quotas(QuotaSet::from_bits(violated)))
 }
 
 /// A level reply: `None` if it cannot come from the script for this quota and cost.
@@ -247,6 +257,36 @@ mod tests {
         // A quota the limit does not have: refused, not passed on to index the caller's quotas.
         assert!(from_six(&[1, 600_000, 100, 0, 60_000_000, 2], 2).is_err());
         assert!(from_six(&[0, 0, 100, 99, 600_000, -1], 2).is_err());
+    }
+
+    /// The last integer carries the violated quotas above the index: quota 1 binds, quotas 0
+    /// and 1 denied. Sets that cannot come from the script are refused.
+    #[test]
+    fn six_integer_replies_carry_the_violated_quotas() {
+        let d = from_six(&[1, 600_000, 100, 0, 60_000_000, 1 + 256 * 0b11], 3).unwrap();
+        assert_eq!(
+            (d.quota_index(), d.violated_quotas()),
+            (1, QuotaSet::from_bits(0b11))
+        );
+        // Zero: the binding quota alone (the single-quota paths).
+        let d = from_six(&[1, 600_000, 100, 0, 60_000_000, 2], 3).unwrap();
+        assert_eq!(d.violated_quotas(), QuotaSet::from_bits(0b100));
+        let d = from_six(&[1, 600_000, 100, 0, 60_000_000, 2 + 256 * 0b100], 3).unwrap();
+        assert_eq!(d.violated_quotas(), QuotaSet::from_bits(0b100));
+        // A quota the limit does not have, a set without the binding quota, an allowed reply
+        // with a set, a set beyond a byte.
+        assert!(from_six(&[1, 600_000, 100, 0, 60_000_000, 1 + 256 * 0b1010], 3).is_err());
+        assert!(from_six(&[1, 600_000, 100, 0, 60_000_000, 1 + 256], 3).is_err());
+        assert!(from_six(&[0, 0, 100, 5, 60_000_000, 1 + 256 * 0b10], 3).is_err());
+        assert!(
+            from_six(
+                &[1, 600_000, 100, 0, 60_000_000, 1 + 256 * 0b1_0000_0010],
+                8
+            )
+            .is_err()
+        );
+        let d = from_six(&[2, 0, 100, 0, 0, 7 + 256 * 0b1000_0001], 8).unwrap();
+        assert_eq!(d.violated_quotas(), QuotaSet::from_bits(0b1000_0001));
     }
 
     #[test]

@@ -32,6 +32,8 @@ async fn redis_decides_exactly_as_memory_store() {
     }
     assert!(compared.with_algorithms > 10_000, "{compared:?}");
     assert!(compared.with_memory_store > 7_000, "{compared:?}");
+    // Denials by several quotas at once, whose violated quotas must agree too.
+    assert!(compared.several_violated > 100, "{compared:?}");
 }
 
 /// The seed scenarios, asserted on Redis directly (not only "same as memory").

@@ -72,9 +72,10 @@
 //! # Re-exports
 //!
 //! The core's everyday types ([`Algorithm`], [`Limit`], [`Quota`], [`MemoryStore`], [`Store`],
-//! [`Decision`]) are re-exported, and the whole core as [`ratelimit_core`], as are the `http`
-//! and `bytes` crates that this crate's API names (`Parts`, `StatusCode`, `Response<Bytes>`): an
-//! app with the in-memory store needs this crate alone, at versions that match.
+//! [`Decision`], [`QuotaSet`]) are re-exported, and the whole core as [`ratelimit_core`], as are
+//! the `http` and `bytes` crates that this crate's API names (`Parts`, `StatusCode`,
+//! `Response<Bytes>`): an app with the in-memory store needs this crate alone, at versions that
+//! match.
 //!
 //! # Features
 //! - `axum` (default): [`key::PeerIp`], [`key::ClientIpKey`] and the matched route in
@@ -112,4 +113,4 @@ pub use service::RateLimit;
 pub use bytes;
 pub use http;
 pub use ratelimit_core;
-pub use ratelimit_core::{Algorithm, Decision, Limit, MemoryStore, Quota, Store};
+pub use ratelimit_core::{Algorithm, Decision, Limit, MemoryStore, Quota, QuotaSet, Store};

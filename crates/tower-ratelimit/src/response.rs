@@ -205,7 +205,9 @@ pub enum DenialBody {
     #[default]
     PlainText,
     /// `application/problem+json` with the draft's `quota-exceeded` problem type and the
-    /// quota-policy item that denied (as `RateLimit-Policy` names it) in `violated-policies`.
+    /// quota-policy items that denied (as `RateLimit-Policy` names them) in `violated-policies`:
+    /// of a policy of several quotas, every quota that did not admit the request
+    /// ([`Decision::violated_quotas`](ratelimit_core::Decision::violated_quotas)).
     ProblemJson,
     /// A response built by a closure. Its status (if 4xx or 5xx; any other becomes 429) and
     /// headers are kept; `Retry-After` and the rate-limit fields are added where absent.
@@ -474,9 +476,11 @@ pub(crate) struct Prepared {
     policy_value: HeaderValue,
     /// `"name";r=` for each quota.
     items: Box<[Box<[u8]>]>,
-    /// The `application/problem+json` body of a denial by each quota: its `violated-policies`
-    /// names the quota's item, as `RateLimit-Policy` and `RateLimit` do.
+    /// The `application/problem+json` body of a denial by each quota alone: its
+    /// `violated-policies` names the quota's item, as `RateLimit-Policy` and `RateLimit` do.
     problems: Box<[Bytes]>,
+    /// Each quota's item name, for the body of a denial by several quotas (made when it comes).
+    names: Box<[String]>,
 }
 
 impl Prepared {
@@ -492,9 +496,10 @@ impl Prepared {
         let mut policy = Vec::new();
         let mut items = Vec::with_capacity(quotas.len());
         let mut problems = Vec::with_capacity(quotas.len());
+        let mut names = Vec::with_capacity(quotas.len());
         for (i, q) in quotas.iter().enumerate() {
             let n = item_name(i);
-            problems.push(problem_body(&n));
+            problems.push(problem_body([n.as_str()]));
             if i > 0 {
                 policy.extend_from_slice(b", ");
             }
@@ -508,6 +513,7 @@ impl Prepared {
             push_sf_string(&mut item, &n);
             item.extend_from_slice(b";r=");
             items.push(item.into_boxed_slice());
+            names.push(n);
         }
         // Names are printable ASCII (checked by `Policy::new`), so the value is always valid.
         let policy_value = HeaderValue::from_maybe_shared(Bytes::from(policy))
@@ -516,11 +522,23 @@ impl Prepared {
             policy_value,
             items: items.into_boxed_slice(),
             problems: problems.into_boxed_slice(),
+            names: names.into_boxed_slice(),
         }
     }
 
-    /// The problem body of `d`'s denial, naming the quota that denied.
+    /// The problem body of `d`'s denial, naming the quotas that denied: the one made in advance
+    /// for a denial by one quota, or one made now for several.
     fn problem(&self, d: &Decision) -> Bytes {
+        let violated = d.violated_quotas();
+        if violated.len() > 1 {
+            let names: Vec<&str> = violated
+                .iter()
+                .filter_map(|i| self.names.get(i).map(String::as_str))
+                .collect();
+            if !names.is_empty() {
+                return problem_body(names);
+            }
+        }
         self.problems
             .get(d.quota_index())
             .or_else(|| self.problems.first())
@@ -586,17 +604,22 @@ pub(crate) struct Bodies {
     kind: DenialBody,
 }
 
-/// The draft's quota-exceeded problem, naming the quota-policy item `item` (as in
+/// The draft's quota-exceeded problem, naming the quota-policy items `items` (as in
 /// `RateLimit-Policy`) in `violated-policies`.
-fn problem_body(item: &str) -> Bytes {
+fn problem_body<'a>(items: impl IntoIterator<Item = &'a str>) -> Bytes {
     let mut json = Vec::new();
     json.extend_from_slice(b"{\"type\":\"");
     json.extend_from_slice(QUOTA_EXCEEDED_TYPE.as_bytes());
     json.extend_from_slice(
         b"\",\"title\":\"Too Many Requests: a rate-limit quota is exhausted\",\"status\":429,\"violated-policies\":[",
     );
-    // A policy name is printable ASCII: escaping `"` and `\` makes it a JSON string.
-    push_sf_string(&mut json, item);
+    for (i, item) in items.into_iter().enumerate() {
+        if i > 0 {
+            json.push(b',');
+        }
+        // A policy name is printable ASCII: escaping `"` and `\` makes it a JSON string.
+        push_sf_string(&mut json, item);
+    }
     json.extend_from_slice(b"]}");
     Bytes::from(json)
 }

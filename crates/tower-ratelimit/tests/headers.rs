@@ -328,6 +328,42 @@ async fn a_problem_body_names_the_quota_that_denied() {
     );
 }
 
+/// A request that several quotas deny names each of them in `violated-policies`, in the order of
+/// `RateLimit-Policy`; `RateLimit` describes the binding one (the longest wait).
+#[tokio::test]
+async fn a_denial_by_several_quotas_names_each() {
+    let (clock, store) = store();
+    let limit = Limit::new(
+        Algorithm::TokenBucket,
+        [
+            Quota::per_second(1).unwrap(),
+            Quota::per_hour(50).unwrap(),
+            Quota::per_minute(2).unwrap(),
+        ],
+    )
+    .unwrap();
+    let policy = Policy::new("api", limit)
+        .unwrap()
+        .key(GlobalKey)
+        .body(DenialBody::ProblemJson);
+    let app = app(store, policy);
+    assert_eq!(send(&app, request("/")).await.status(), 200);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(send(&app, request("/")).await.status(), 200);
+    // The third at once: the second is spent (wait 1 s), and the minute too (1/30 of a request
+    // came back in that second: wait 29 s). The hour has 48 left.
+    let res = send(&app, request("/")).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(header(&res, "retry-after"), Some("29"));
+    let rate_limit = header(&res, "ratelimit").unwrap().to_owned();
+    assert!(rate_limit.starts_with("\"api.2\";r=0;"), "{rate_limit}");
+    let body = body_text(res).await;
+    assert!(
+        body.ends_with("\"violated-policies\":[\"api.0\",\"api.2\"]}"),
+        "{body}"
+    );
+}
+
 /// The answer to the sixth request in a minute under five a minute, with a custom denial body.
 async fn sixth_with(store: TestStore, body: DenialBody) -> http::Response<axum::body::Body> {
     let app = app(

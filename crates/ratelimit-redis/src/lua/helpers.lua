@@ -15,9 +15,14 @@ local function helpers()
 
   -- The binding quota, exactly as ratelimit-core's Decision::combine: outcome code first
   -- (exceeds > denied > allowed), then the longer retry_after among denials, then fewer
-  -- remaining, then the longer reset_after; ties keep the earlier quota.
+  -- remaining, then the longer reset_after; ties keep the earlier quota. b[6] is the binding
+  -- quota's index plus 256 times the bits of the quotas that did not admit the cost (bit i - 1
+  -- for quota i), which the client reads as the decision's violated quotas.
   local b = {}
+  local index, violated = 0, 0
+  local BITS = {1, 2, 4, 8, 16, 32, 64, 128}
   local function consider(i, code, retry, limit, rem, reset)
+    if code ~= 0 then violated = violated + BITS[i] end
     local tighter
     if b[1] == nil then
       tighter = true
@@ -31,8 +36,10 @@ local function helpers()
       tighter = reset > b[5]
     end
     if tighter then
-      b[1], b[2], b[3], b[4], b[5], b[6] = code, retry, limit, rem, reset, i - 1
+      b[1], b[2], b[3], b[4], b[5] = code, retry, limit, rem, reset
+      index = i - 1
     end
+    b[6] = index + 256 * violated
   end
 
   -- The state of the fixed-size algorithms: one string key holding every quota's numbers,

@@ -292,6 +292,8 @@ pub struct Compared {
     pub with_algorithms: usize,
     /// Decisions compared with `MemoryStore` too (scenarios whose time never goes backwards).
     pub with_memory_store: usize,
+    /// Of the decisions compared, denials by more than one quota of their limit.
+    pub several_violated: usize,
 }
 
 /// Runs every scenario through the pure algorithms, a fresh `MemoryStore` (when time never goes
@@ -333,6 +335,9 @@ pub async fn run_conformance(
                 sc.name, step.t, step.key, step.cost
             );
             compared.with_algorithms += 1;
+            if expected.violated_quotas().len() > 1 {
+                compared.several_violated += 1;
+            }
         }
     }
     compared
