@@ -18,6 +18,10 @@ use crate::{RedisStore, RedisStoreError};
 /// The default most checks sent in one script call: 256.
 pub const DEFAULT_MAX_BATCH: usize = 256;
 
+/// The default most checks of one key waiting for a call: 4,096 (16 calls of
+/// [`DEFAULT_MAX_BATCH`]).
+pub const DEFAULT_MAX_QUEUE: usize = 4_096;
+
 /// A [`RedisStore`] wrapper that merges concurrent checks of the same key into one script call.
 ///
 /// Single flight per (key, limit): the first check of a key goes to Redis at once. While it is in
@@ -64,6 +68,13 @@ pub const DEFAULT_MAX_BATCH: usize = 256;
 /// ends without answering (its runtime shut down), its waiting checks fail at once and the next
 /// check of the key starts a new one.
 ///
+/// Load: at most [`max_queue`](Coalescing::max_queue) checks of one key wait (default
+/// [`DEFAULT_MAX_QUEUE`]); a check that finds its key's queue full, once the checks whose callers
+/// gave up are let go, fails at once with [`RedisStoreError::QueueFull`] and spends nothing, as
+/// a check never sent would not. A key whose checks come faster than Redis answers them (a
+/// stalled server, callers without a timeout) thus sheds load instead of queueing without bound,
+/// each waiting check longer than the last.
+///
 /// Needs a Tokio runtime: each busy key is served by a spawned task.
 ///
 /// Metrics: `ratelimit_redis_coalesced_checks_total` counts the checks that rode in another's
@@ -78,9 +89,11 @@ struct Shared {
     queues: Mutex<HashMap<QueueKey, Queue>>,
     window: Duration,
     max_batch: usize,
+    max_queue: usize,
     checks: AtomicU64,
     calls: AtomicU64,
     largest: AtomicU64,
+    refused: AtomicU64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -105,6 +118,8 @@ pub struct CoalescingStats {
     pub store_calls: u64,
     /// The most checks sent in one call.
     pub largest_batch: u64,
+    /// Checks refused because their key's queue was full ([`RedisStoreError::QueueFull`]).
+    pub refused: u64,
 }
 
 impl fmt::Debug for Coalescing {
@@ -113,6 +128,7 @@ impl fmt::Debug for Coalescing {
             .field("store", &self.store)
             .field("batch_window", &self.shared.window)
             .field("max_batch", &self.shared.max_batch)
+            .field("max_queue", &self.shared.max_queue)
             .field("stats", &self.stats())
             .finish()
     }
@@ -128,7 +144,11 @@ impl Coalescing {
     pub fn new(store: RedisStore) -> Self {
         Coalescing {
             store,
-            shared: Arc::new(Shared::new(Duration::ZERO, DEFAULT_MAX_BATCH)),
+            shared: Arc::new(Shared::new(
+                Duration::ZERO,
+                DEFAULT_MAX_BATCH,
+                DEFAULT_MAX_QUEUE,
+            )),
         }
     }
 
@@ -139,10 +159,11 @@ impl Coalescing {
     /// it). Set before the first check.
     #[must_use]
     pub fn batch_window(self, window: Duration) -> Self {
-        let max = self.shared.max_batch;
+        let s = &self.shared;
+        let shared = Shared::new(window.min(MAX_BATCH_WINDOW), s.max_batch, s.max_queue);
         Coalescing {
             store: self.store,
-            shared: Arc::new(Shared::new(window.min(MAX_BATCH_WINDOW), max)),
+            shared: Arc::new(shared),
         }
     }
 
@@ -151,10 +172,24 @@ impl Coalescing {
     /// server. Set before the first check.
     #[must_use]
     pub fn max_batch(self, n: usize) -> Self {
-        let window = self.shared.window;
+        let s = &self.shared;
+        let shared = Shared::new(s.window, n.max(1), s.max_queue);
         Coalescing {
             store: self.store,
-            shared: Arc::new(Shared::new(window, n.max(1))),
+            shared: Arc::new(shared),
+        }
+    }
+
+    /// At most `n` checks (at least 1) of one key wait for a call, besides those in the call in
+    /// flight (default [`DEFAULT_MAX_QUEUE`]); one more fails at once with
+    /// [`RedisStoreError::QueueFull`]. Set before the first check.
+    #[must_use]
+    pub fn max_queue(self, n: usize) -> Self {
+        let s = &self.shared;
+        let shared = Shared::new(s.window, s.max_batch, n.max(1));
+        Coalescing {
+            store: self.store,
+            shared: Arc::new(shared),
         }
     }
 
@@ -170,6 +205,7 @@ impl Coalescing {
             checks: s.checks.load(Ordering::Relaxed),
             store_calls: s.calls.load(Ordering::Relaxed),
             largest_batch: s.largest.load(Ordering::Relaxed),
+            refused: s.refused.load(Ordering::Relaxed),
         }
     }
 
@@ -184,6 +220,19 @@ impl Coalescing {
         };
         let mut queues = lock(&self.shared.queues);
         if let Some(q) = queues.get_mut(&qk) {
+            let max = self.shared.max_queue;
+            if q.waiting.len() >= max {
+                // Full: the places of the checks whose callers gave up are free first.
+                q.waiting.retain(|(_, tx)| !tx.is_closed());
+                if q.waiting.len() >= max {
+                    drop(queues);
+                    self.shared.refused.fetch_add(1, Ordering::Relaxed);
+                    metrics::counter!("ratelimit_redis_coalescing_refused_total").increment(1);
+                    return CoalesceFuture {
+                        state: Answer::Now(Some(RedisStoreError::QueueFull { max })),
+                    };
+                }
+            }
             q.waiting.push((cost, tx));
         } else {
             queues.insert(
@@ -204,7 +253,9 @@ impl Coalescing {
             };
             tokio::spawn(drive(guard, self.store.clone()));
         }
-        CoalesceFuture { rx }
+        CoalesceFuture {
+            state: Answer::Later(rx),
+        }
     }
 }
 
@@ -218,11 +269,13 @@ impl Store for Coalescing {
 }
 
 impl Shared {
-    fn new(window: Duration, max_batch: usize) -> Self {
+    fn new(window: Duration, max_batch: usize, max_queue: usize) -> Self {
         Shared {
             queues: Mutex::new(HashMap::new()),
             window,
             max_batch,
+            max_queue,
+            refused: AtomicU64::new(0),
             checks: AtomicU64::new(0),
             calls: AtomicU64::new(0),
             largest: AtomicU64::new(0),
@@ -304,24 +357,39 @@ async fn drive(mut guard: QueueGuard, store: RedisStore) {
     }
 }
 
-/// The future of a [`Coalescing`] check: the answer of the call it rode in.
+/// The future of a [`Coalescing`] check: the answer of the call it rode in, or the refusal of a
+/// full queue.
 #[derive(Debug)]
 pub struct CoalesceFuture {
-    rx: oneshot::Receiver<Result<Decision, RedisStoreError>>,
+    state: Answer,
+}
+
+#[derive(Debug)]
+enum Answer {
+    Later(oneshot::Receiver<Result<Decision, RedisStoreError>>),
+    /// Refused before it was queued (taken by the first poll).
+    Now(Option<RedisStoreError>),
 }
 
 impl Future for CoalesceFuture {
     type Output = Result<Decision, RedisStoreError>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match Pin::new(&mut self.rx).poll(cx) {
-            Poll::Ready(Ok(r)) => Poll::Ready(r),
-            // The key's task ended without answering: only if the runtime is shutting down.
-            Poll::Ready(Err(_)) => Poll::Ready(Err(RedisStoreError::Connection {
-                message: "the coalescing task stopped before answering".to_owned(),
-                source: None,
-            })),
-            Poll::Pending => Poll::Pending,
+        match &mut self.state {
+            Answer::Later(rx) => match Pin::new(rx).poll(cx) {
+                Poll::Ready(Ok(r)) => Poll::Ready(r),
+                // The key's task ended without answering: only if the runtime is shutting down.
+                Poll::Ready(Err(_)) => Poll::Ready(Err(RedisStoreError::Connection {
+                    message: "the coalescing task stopped before answering".to_owned(),
+                    source: None,
+                })),
+                Poll::Pending => Poll::Pending,
+            },
+            Answer::Now(error) => Poll::Ready(Err(error.take().unwrap_or_else(|| {
+                RedisStoreError::UnexpectedReply(
+                    "a coalescing check polled after its answer".into(),
+                )
+            }))),
         }
     }
 }

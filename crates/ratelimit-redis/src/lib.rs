@@ -78,7 +78,8 @@ mod silence;
 mod store;
 
 pub use coalesce::{
-    CoalesceFuture, Coalescing, CoalescingStats, DEFAULT_MAX_BATCH, MAX_BATCH_WINDOW,
+    CoalesceFuture, Coalescing, CoalescingStats, DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE,
+    MAX_BATCH_WINDOW,
 };
 pub use error::RedisStoreError;
 pub use key::MAX_VERBATIM_KEY;

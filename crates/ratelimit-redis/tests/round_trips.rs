@@ -12,7 +12,7 @@ use futures::future::join_all;
 use ratelimit_core::{
     Algorithm, DenialCache, Leasing, Limit, ManualClock, Quota, Store, SystemClock, Timestamp,
 };
-use ratelimit_redis::{Coalescing, RedisStore};
+use ratelimit_redis::{Coalescing, RedisStore, RedisStoreError};
 use redis_harness::RedisServer;
 
 fn reset_stats(server: &RedisServer) {
@@ -409,6 +409,54 @@ async fn coalescing_does_not_send_checks_whose_callers_gave_up() {
         server.script_calls(),
         calls + 2,
         "the first check and the peek"
+    );
+}
+
+/// A key's queue holds at most `max_queue` checks: one more fails at once with `QueueFull` and
+/// spends nothing; the places of checks whose callers gave up are free again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalescing_sheds_checks_beyond_a_full_queue() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("coalesce-full"))
+        .response_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let coalescing = Coalescing::new(store).max_queue(4);
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
+    server.pause();
+    // One check goes out and waits on the frozen server; four queue behind it.
+    let first = tokio::spawn(coalescing.check(b"k", &limit, 1));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let mut queued: Vec<_> = (0..4).map(|_| coalescing.check(b"k", &limit, 1)).collect();
+    let refused = |r: Result<_, RedisStoreError>| {
+        matches!(r, Err(RedisStoreError::QueueFull { max: 4 })) && r.unwrap_err().is_unavailable()
+    };
+    // Answered at once, frozen server or not.
+    let fifth = tokio::time::timeout(Duration::from_secs(1), coalescing.check(b"k", &limit, 1));
+    assert!(refused(fifth.await.expect("refused at once")));
+    // Two callers give up: their places go to the next two checks; the one after is refused.
+    queued.truncate(2);
+    queued.push(coalescing.check(b"k", &limit, 1));
+    queued.push(coalescing.check(b"k", &limit, 1));
+    assert!(refused(coalescing.check(b"k", &limit, 1).await));
+    assert_eq!(coalescing.stats().refused, 2);
+    server.resume();
+    assert!(first.await.unwrap().unwrap().is_allowed());
+    for r in join_all(queued).await {
+        assert!(r.unwrap().is_allowed());
+    }
+    // Spent: the first and the four queued; neither the refused checks nor the dropped ones.
+    let peek = coalescing.check(b"k", &limit, 0).await.unwrap();
+    assert_eq!(peek.remaining(), 995);
+    // The queue is free again.
+    assert!(
+        coalescing
+            .check(b"k", &limit, 1)
+            .await
+            .unwrap()
+            .is_allowed()
     );
 }
 
