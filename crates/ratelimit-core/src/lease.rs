@@ -375,8 +375,9 @@ impl Entry {
         spent_in * u128::from(self.granted.max(1)) <= ttl * rest
     }
 
-    fn idle(&self, now: u64) -> bool {
-        !self.fetching && self.waiters.is_empty() && (self.tokens == 0 || self.expires <= now)
+    /// No lease is being asked for, no check waits, and the last lease's lifetime has passed.
+    fn expired(&self, now: u64) -> bool {
+        !self.fetching && self.waiters.is_empty() && self.expires <= now
     }
 }
 
@@ -554,15 +555,17 @@ impl<S, C> Shared<S, C> {
         }
         let cap = self.per_shard_cap.max(1);
         if shard.len() >= cap {
-            // Entries no check holds and with no live lease first, then any no check holds
-            // (their unspent units are dropped).
+            // Entries no check holds and whose last lease has expired first (a key that spent
+            // its lease to the end within the lease's lifetime is not one of them: it may be a
+            // hot key between two leases), then any no check holds (their unspent units are
+            // dropped).
             let wasted = &self.counters.wasted_units;
             shard.retain(|_, e| {
                 if Arc::strong_count(e) > 1 {
                     return true;
                 }
                 let e = e.lock();
-                if e.idle(now) {
+                if e.expired(now) {
                     // An expired lease's units are dropped with it.
                     wasted.fetch_add(e.tokens, Ordering::Relaxed);
                     return false;
@@ -570,19 +573,24 @@ impl<S, C> Shared<S, C> {
                 true
             });
             if shard.len() >= cap {
-                // Then the eighth of the shard with the fewest units left (among those no check
-                // holds): a flood of new keys, each holding a lease of a unit or two, must not
-                // cost a hot key its lease (up to `max_lease − 1` units it would waste at the
-                // store, again and again).
-                let mut free: Vec<(u64, u128)> = shard
+                // Then the eighth of the shard (among those no check holds) with the smallest
+                // lease size, then the fewest units left: a flood of new keys, each holding a
+                // lease of a unit or two, must not cost a hot key its lease (up to
+                // `max_lease − 1` units it would waste at the store, again and again), nor, between
+                // two of its leases, its lease size (a store call for each of its next checks
+                // while it grows back).
+                let mut free: Vec<(u64, u64, u128)> = shard
                     .iter()
                     .filter(|(_, e)| Arc::strong_count(e) == 1)
-                    .map(|(id, e)| (e.lock().tokens, *id))
+                    .map(|(id, e)| {
+                        let e = e.lock();
+                        (e.size, e.tokens, *id)
+                    })
                     .collect();
                 let n = (cap / 8).max(1).min(free.len());
                 if n > 0 {
                     free.select_nth_unstable(n - 1);
-                    for &(_, id) in &free[..n] {
+                    for &(_, _, id) in &free[..n] {
                         if let Some(e) = shard.remove(&id) {
                             wasted.fetch_add(e.lock().tokens, Ordering::Relaxed);
                         }
@@ -650,8 +658,10 @@ impl<S, C> LeasingBuilder<S, C> {
     }
 
     /// The most keys with lease state held at once (default [`DEFAULT_MAX_LEASED_KEYS`]). When
-    /// full, keys without a live lease are dropped first; a key that finds no room is checked at
-    /// the store directly.
+    /// full, keys whose last lease has expired are dropped first, then the eighth of the rest
+    /// with the smallest lease size and fewest units left (a hot key keeps its place and its
+    /// lease size, even between two leases); a key that finds no room is checked at the store
+    /// directly.
     pub fn max_keys(mut self, n: usize) -> Self {
         self.max_keys = n;
         self

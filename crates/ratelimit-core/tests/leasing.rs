@@ -12,8 +12,8 @@ use std::thread;
 use std::time::Duration;
 
 use ratelimit_core::{
-    Algorithm, ConfigError, DenialCache, Leasing, Limit, ManualClock, MemoryStore, NoError, Quota,
-    Store, Timestamp,
+    Algorithm, ConfigError, DEFAULT_MAX_LEASE, DenialCache, Leasing, Limit, ManualClock,
+    MemoryStore, NoError, Quota, Store, Timestamp,
 };
 
 /// Polls a future on this thread until it is ready (parking between polls, bounded).
@@ -848,6 +848,47 @@ fn a_flood_of_new_keys_does_not_evict_a_hot_lease() {
         after.local - before.local > 9_500,
         "{before:?} then {after:?}"
     );
+}
+
+/// A hot key caught between two leases (its last one spent, the next not yet asked for) when a
+/// flood of new keys fills the table keeps its place and its lease size: evicted, it would start
+/// again from a lease of one unit and take a store call for each of its next few checks.
+#[test]
+fn a_hot_key_between_leases_is_not_evicted() {
+    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+    let store = memory(&clock);
+    let gw = Leasing::builder(Arc::clone(&store), clock.clone())
+        .max_keys(16 * 8)
+        .build()
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100_000).unwrap()).unwrap();
+    // The hot key's leases grow to the largest; then it spends the last one to the end.
+    for _ in 0..200 {
+        assert!(block_on(gw.check(b"hot", &limit, 1)).unwrap().is_allowed());
+    }
+    while gw.outstanding_units() > 0 {
+        assert!(block_on(gw.check(b"hot", &limit, 1)).unwrap().is_allowed());
+    }
+    // A flood of new keys, each seen once (a lease of one unit, spent at once), fills the table
+    // many times over. The clock stands still.
+    for i in 0..2_000u64 {
+        assert!(
+            block_on(gw.check(&i.to_le_bytes(), &limit, 1))
+                .unwrap()
+                .is_allowed()
+        );
+    }
+    assert_eq!(gw.outstanding_units(), 0);
+    // Back: its next lease is as large as before (63 units left after this check's one).
+    let before = gw.stats();
+    assert!(block_on(gw.check(b"hot", &limit, 1)).unwrap().is_allowed());
+    assert_eq!(
+        gw.outstanding_units(),
+        DEFAULT_MAX_LEASE - 1,
+        "{:?}",
+        gw.stats()
+    );
+    assert_eq!(gw.stats().store_calls - before.store_calls, 1);
 }
 
 /// A key below its rate, at one gateway or spread unevenly over two: 4,000 an hour (a unit every
