@@ -513,8 +513,16 @@ impl<S, C> Shared<S, C> {
             Size::Adaptive(_) if !e.thrifty() => 1,
             _ => e.size,
         };
-        let want = size.max(cost).min(cap);
-        e.begin_fetch(want, cost, now, self.refill(limit, want));
+        let mut want = size.max(cost).min(cap);
+        let mut refill = self.refill(limit, want);
+        if refill == 0 && want > cost {
+            // A lease that would live less than a microsecond (a fixed size at more than one
+            // unit a microsecond per unit) expires as it arrives: its units beyond the check's
+            // own would all be dropped. The check takes its cost only.
+            want = cost;
+            refill = self.refill(limit, want);
+        }
+        e.begin_fetch(want, cost, now, refill);
         Action::Fetch(want)
     }
 
@@ -638,7 +646,9 @@ impl<S: Store, C: Clock> Leasing<S, C> {
 }
 
 impl<S, C> LeasingBuilder<S, C> {
-    /// Every lease is `n` units (at least 1): no adaptation.
+    /// Every lease is `n` units (at least 1): no adaptation. A lease that would live less than a
+    /// microsecond (a limit that refills `n` units faster) is not taken: the check asks the store
+    /// for its own cost only.
     pub fn lease_size(mut self, n: u64) -> Self {
         self.size = Size::Fixed(n);
         self

@@ -850,6 +850,45 @@ fn a_flood_of_new_keys_does_not_evict_a_hot_lease() {
     );
 }
 
+/// A fixed lease size whose lease would live less than a microsecond (10 units a microsecond, a
+/// lease of 4): such a lease expired as it arrived, and each check took 4 units from the store
+/// to use one. The check now takes its own cost only.
+#[test]
+fn fixed_leases_shorter_than_a_microsecond_are_not_taken() {
+    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+    let store = memory(&clock);
+    let gw = Leasing::builder(Arc::clone(&store), clock.clone())
+        .lease_size(4)
+        .build()
+        .unwrap();
+    let limit = Limit::single(
+        Algorithm::TokenBucket,
+        Quota::per_second(10_000_000).unwrap(),
+    )
+    .unwrap();
+    for _ in 0..100 {
+        assert!(block_on(gw.check(b"hot", &limit, 1)).unwrap().is_allowed());
+    }
+    let stats = gw.stats();
+    assert_eq!(
+        (stats.leased_units, stats.wasted_units),
+        (0, 0),
+        "{stats:?}"
+    );
+    assert_eq!(stats.store_calls, 100, "{stats:?}");
+    // Ten units a microsecond: a lease of 10 lives one, and is taken.
+    let gw = Leasing::builder(Arc::clone(&store), clock.clone())
+        .lease_size(10)
+        .build()
+        .unwrap();
+    assert!(
+        block_on(gw.check(b"other", &limit, 1))
+            .unwrap()
+            .is_allowed()
+    );
+    assert_eq!(gw.outstanding_units(), 9);
+}
+
 /// A hot key caught between two leases (its last one spent, the next not yet asked for) when a
 /// flood of new keys fills the table keeps its place and its lease size: evicted, it would start
 /// again from a lease of one unit and take a store call for each of its next few checks.
