@@ -204,6 +204,13 @@ impl Decision {
         self
     }
 
+    /// `true` unless a denial names quotas besides the binding one (see
+    /// [`violated_quotas`](Self::violated_quotas)).
+    #[inline]
+    pub(crate) const fn denied_by_binding_quota_alone(&self) -> bool {
+        self.tag & VIOLATED == 0
+    }
+
     /// The quotas of the limit that did not admit the cost: empty when allowed; on a denial, the
     /// binding quota ([`quota_index`](Self::quota_index)) and every other quota that would have
     /// denied the same cost at that instant (each needs waiting for; the binding one longest).

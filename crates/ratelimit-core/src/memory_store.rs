@@ -899,6 +899,37 @@ mod tests {
         assert_eq!(memo_answers() - before, 3);
     }
 
+    /// A denial by several quotas is not memoized: the others would recover before the binding
+    /// one, and the memo would go on naming them. The lock's answer, every time.
+    #[test]
+    fn a_denial_by_several_quotas_is_not_memoized() {
+        let clock = ManualClock::new();
+        let store = MemoryStore::builder()
+            .shards(1)
+            .with_clock(clock.clone())
+            .build()
+            .unwrap();
+        let limit = Limit::new(
+            Algorithm::TokenBucket,
+            [Quota::per_second(2).unwrap(), Quota::per_minute(2).unwrap()],
+        )
+        .unwrap();
+        assert!(store.check_now(b"hot", &limit, 2).is_allowed());
+        let both = store.check_now(b"hot", &limit, 1);
+        assert_eq!(both.violated_quotas(), crate::QuotaSet::from_bits(0b11));
+        // The second is full again; the minute still denies.
+        clock.advance(std::time::Duration::from_millis(600));
+        let minute = crate::QuotaSet::from_bits(0b10);
+        for _ in 0..3 {
+            let d = store.check_now(b"hot", &limit, 1);
+            assert_eq!((d.quota_index(), d.violated_quotas()), (1, minute), "{d:?}");
+        }
+        // With the minute alone denying, the memo answers again.
+        let before = memo_answers();
+        assert_eq!(store.check_now(b"hot", &limit, 1).violated_quotas(), minute);
+        assert_eq!(memo_answers() - before, 1);
+    }
+
     /// A clock set back (or a core whose clock is behind) counts at the shard's latest time, from
     /// the memo as under the lock: here the key was admitted again at that time.
     #[test]

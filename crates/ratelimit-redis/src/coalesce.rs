@@ -69,9 +69,10 @@ pub const DEFAULT_MAX_QUEUE: usize = 4_096;
 /// check of the key starts a new one.
 ///
 /// Load: at most [`max_queue`](Coalescing::max_queue) checks of one key wait (default
-/// [`DEFAULT_MAX_QUEUE`]); a check that finds its key's queue full, once the checks whose callers
-/// gave up are let go, fails at once with [`RedisStoreError::QueueFull`] and spends nothing, as
-/// a check never sent would not. A key whose checks come faster than Redis answers them (a
+/// [`DEFAULT_MAX_QUEUE`]); a check that finds its key's queue full fails at once with
+/// [`RedisStoreError::QueueFull`] and spends nothing, as a check never sent would not. The places
+/// of queued checks whose callers gave up are freed when the queue is full, looked for at most
+/// once per eighth of `max_queue` refusals (and at every call, as above). A key whose checks come faster than Redis answers them (a
 /// stalled server, callers without a timeout) thus sheds load instead of queueing without bound,
 /// each waiting check longer than the last.
 ///
@@ -106,13 +107,17 @@ struct QueueKey {
 struct Queue {
     limit: Limit,
     waiting: Vec<(u64, oneshot::Sender<Result<Decision, RedisStoreError>>)>,
+    /// Checks refused since the full queue was last cleared of checks whose callers gave up:
+    /// it is looked through (all `max_queue` of it, under the lock every key shares) at most once
+    /// per eighth of `max_queue` refusals, not at every one.
+    refused: usize,
 }
 
 /// Counters of a [`Coalescing`] store, since it was made.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CoalescingStats {
-    /// Checks made.
+    /// Checks made, but for those refused.
     pub checks: u64,
     /// Script calls sent to Redis for them.
     pub store_calls: u64,
@@ -213,7 +218,6 @@ impl Coalescing {
     /// of the same key; the same as [`Store::check`].
     pub fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> CoalesceFuture {
         let (tx, rx) = oneshot::channel();
-        self.shared.checks.fetch_add(1, Ordering::Relaxed);
         let qk = QueueKey {
             key: key.into(),
             fingerprint: limit.fingerprint(),
@@ -222,9 +226,14 @@ impl Coalescing {
         if let Some(q) = queues.get_mut(&qk) {
             let max = self.shared.max_queue;
             if q.waiting.len() >= max {
-                // Full: the places of the checks whose callers gave up are free first.
-                q.waiting.retain(|(_, tx)| !tx.is_closed());
+                // Full: the places of the checks whose callers gave up are freed first, looked
+                // for once per eighth of the bound's refusals (a look goes through the whole
+                // queue, under the lock every key shares).
+                if q.refused == 0 {
+                    q.waiting.retain(|(_, tx)| !tx.is_closed());
+                }
                 if q.waiting.len() >= max {
+                    q.refused = (q.refused + 1) % (max / 8).max(1);
                     drop(queues);
                     self.shared.refused.fetch_add(1, Ordering::Relaxed);
                     metrics::counter!("ratelimit_redis_coalescing_refused_total").increment(1);
@@ -240,6 +249,7 @@ impl Coalescing {
                 Queue {
                     limit: limit.clone(),
                     waiting: vec![(cost, tx)],
+                    refused: 0,
                 },
             );
             drop(queues);
@@ -253,6 +263,9 @@ impl Coalescing {
             };
             tokio::spawn(drive(guard, self.store.clone()));
         }
+        // Counted once queued (a refused check is in `refused`, not here): the load tool reads
+        // `checks - store_calls` as the checks that rode in another's call.
+        self.shared.checks.fetch_add(1, Ordering::Relaxed);
         CoalesceFuture {
             state: Answer::Later(rx),
         }

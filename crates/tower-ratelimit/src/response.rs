@@ -72,7 +72,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{CONTENT_TYPE, Entry, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
-use ratelimit_core::{Decision, Limit};
+use ratelimit_core::{Decision, Limit, QuotaSet};
 
 use crate::service::Rt;
 
@@ -207,7 +207,8 @@ pub enum DenialBody {
     /// `application/problem+json` with the draft's `quota-exceeded` problem type and the
     /// quota-policy items that denied (as `RateLimit-Policy` names them) in `violated-policies`:
     /// of a policy of several quotas, every quota that did not admit the request
-    /// ([`Decision::violated_quotas`](ratelimit_core::Decision::violated_quotas)).
+    /// ([`Decision::violated_quotas`](ratelimit_core::Decision::violated_quotas); a store behind
+    /// a `DenialCache` names the binding quota alone in a denial answered from the cache).
     ProblemJson,
     /// A response built by a closure. Its status (if 4xx or 5xx; any other becomes 429) and
     /// headers are kept; `Retry-After` and the rate-limit fields are added where absent.
@@ -476,11 +477,11 @@ pub(crate) struct Prepared {
     policy_value: HeaderValue,
     /// `"name";r=` for each quota.
     items: Box<[Box<[u8]>]>,
-    /// The `application/problem+json` body of a denial by each quota alone: its
-    /// `violated-policies` names the quota's item, as `RateLimit-Policy` and `RateLimit` do.
+    /// The `application/problem+json` body of a denial by each set of quotas, at the set's bits
+    /// less one: its `violated-policies` names the quotas' items, as `RateLimit-Policy` and
+    /// `RateLimit` do. Made in advance, for the 2ⁿ − 1 sets of a limit of n quotas (at most 255,
+    /// a few kilobytes: a limit has at most 8), so that a 429 only clones one.
     problems: Box<[Bytes]>,
-    /// Each quota's item name, for the body of a denial by several quotas (made when it comes).
-    names: Box<[String]>,
 }
 
 impl Prepared {
@@ -495,11 +496,9 @@ impl Prepared {
         };
         let mut policy = Vec::new();
         let mut items = Vec::with_capacity(quotas.len());
-        let mut problems = Vec::with_capacity(quotas.len());
         let mut names = Vec::with_capacity(quotas.len());
         for (i, q) in quotas.iter().enumerate() {
             let n = item_name(i);
-            problems.push(problem_body([n.as_str()]));
             if i > 0 {
                 policy.extend_from_slice(b", ");
             }
@@ -515,32 +514,29 @@ impl Prepared {
             items.push(item.into_boxed_slice());
             names.push(n);
         }
+        // The sets of quotas a decision names (`QuotaSet` bits), below 2^n.
+        let problems = (1..1u16 << names.len().min(8))
+            .map(|bits| {
+                let set = QuotaSet::from_bits(bits as u8);
+                problem_body(set.iter().map(|i| names[i].as_str()))
+            })
+            .collect();
         // Names are printable ASCII (checked by `Policy::new`), so the value is always valid.
         let policy_value = HeaderValue::from_maybe_shared(Bytes::from(policy))
             .unwrap_or_else(|_| HeaderValue::from_static(""));
         Prepared {
             policy_value,
             items: items.into_boxed_slice(),
-            problems: problems.into_boxed_slice(),
-            names: names.into_boxed_slice(),
+            problems,
         }
     }
 
-    /// The problem body of `d`'s denial, naming the quotas that denied: the one made in advance
-    /// for a denial by one quota, or one made now for several.
+    /// The problem body of `d`'s denial, naming the quotas that denied.
     fn problem(&self, d: &Decision) -> Bytes {
-        let violated = d.violated_quotas();
-        if violated.len() > 1 {
-            let names: Vec<&str> = violated
-                .iter()
-                .filter_map(|i| self.names.get(i).map(String::as_str))
-                .collect();
-            if !names.is_empty() {
-                return problem_body(names);
-            }
-        }
+        // A decision not of this limit (a custom store's) may name no quota of it: the first.
+        let bits = usize::from(d.violated_quotas().bits());
         self.problems
-            .get(d.quota_index())
+            .get(bits.wrapping_sub(1))
             .or_else(|| self.problems.first())
             .cloned()
             .unwrap_or_default()
@@ -713,6 +709,43 @@ mod tests {
         assert_eq!(p.rate_limit_value(&d), "\"x\";r=999999999999999;t=0");
         assert_eq!(secs_ceil(Duration::MAX), u64::MAX);
         assert_eq!(retry_after_secs(Duration::MAX), u64::MAX);
+    }
+
+    /// Every set of quotas has its body, made in advance; a decision naming no quota of the
+    /// limit gets the first quota's.
+    #[test]
+    fn each_set_of_violated_quotas_has_its_problem_body() {
+        let quotas = (1..=8).map(|n| Quota::per_second(n).unwrap());
+        let limit = Limit::new(Algorithm::TokenBucket, quotas).unwrap();
+        let p = Prepared::new("x", &limit);
+        assert_eq!(p.problems.len(), 255);
+        let wait = Outcome::Denied {
+            retry_after: Duration::from_secs(1),
+        };
+        let body = |d: &Decision| String::from_utf8(p.problem(d).to_vec()).unwrap();
+        let d = Decision::new(wait, 8, 0, Duration::ZERO, 7)
+            .with_violated_quotas(QuotaSet::EMPTY.with(0).with(3));
+        assert!(
+            body(&d).ends_with("\"violated-policies\":[\"x.0\",\"x.3\",\"x.7\"]}"),
+            "{}",
+            body(&d)
+        );
+        let alone = Decision::new(wait, 8, 0, Duration::ZERO, 5);
+        assert!(body(&alone).ends_with("[\"x.5\"]}"), "{}", body(&alone));
+        let stranger = Decision::new(wait, 8, 0, Duration::ZERO, 9);
+        assert!(
+            body(&stranger).ends_with("[\"x.0\"]}"),
+            "{}",
+            body(&stranger)
+        );
+        let single = Limit::single(Algorithm::Gcra, Quota::per_second(1).unwrap()).unwrap();
+        let p = Prepared::new("y", &single);
+        assert_eq!(p.problems.len(), 1);
+        assert!(
+            String::from_utf8(p.problem(&alone).to_vec())
+                .unwrap()
+                .ends_with("[\"y\"]}")
+        );
     }
 
     #[test]

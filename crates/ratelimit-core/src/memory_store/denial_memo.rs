@@ -15,8 +15,9 @@
 //! least that can be admitted, so no admission of the key comes before the denial ends), so its
 //! decision at a later time is the memo's with the waits shortened by the time passed since. Only
 //! a cost of exactly 1 is answered, and only from a denial of cost 1 that left no unit (so that
-//! "remaining" is 0 all along): another cost may have a different wait and binding quota, and
-//! takes the lock as before. The memo answers only a check whose clock reading is not past the
+//! "remaining" is 0 all along) and that one quota alone made (another quota denying too would
+//! recover before the binding one, and drop out of the decision's violated quotas): another cost
+//! may have a different wait and binding quota, and takes the lock as before. The memo answers only a check whose clock reading is not past the
 //! shard's latest time (a copy of which the lock's holder publishes in the memo while it names a
 //! key), and counts at that time, as the lock would; a check that would move the latest time on
 //! takes the lock (the memo writes nothing shared), which is one check per microsecond of the
@@ -104,8 +105,8 @@ impl DenialMemo {
     }
 
     /// Keeps the memo in step with a decision for `id` made under the shard's lock at `now` (the
-    /// time it counted at): a denial of cost 1 that left no unit is written into an empty or
-    /// expired memo, unless the store has been checked at an explicit time. An admission needs
+    /// time it counted at): a denial of cost 1 that left no unit, by one quota alone, is written
+    /// into an empty or expired memo, unless the store has been checked at an explicit time. An admission needs
     /// nothing: by the store's clock, an admission of the memo's key comes at or after the end of
     /// its denial, when the memo no longer answers (and `check_at`, whose admission may come from
     /// the future, empties every memo and stops their writing first). The caller holds the lock.
@@ -122,7 +123,10 @@ impl DenialMemo {
         if d.is_allowed() {
             return;
         }
-        if cost == 1 && d.remaining() == 0 && d.can_ever_pass() {
+        // A denial by several quotas is not written: the others recover before the binding one,
+        // and the memo would go on naming them among its violated quotas.
+        if cost == 1 && d.remaining() == 0 && d.can_ever_pass() && d.denied_by_binding_quota_alone()
+        {
             self.record(hint, id, now.as_micros(), d, explicit_times);
         }
     }

@@ -13,7 +13,9 @@
 -- ARGV[5..] per-quota parameters, in quota order (see each algorithm)
 --
 -- Reply: { outcome (0 allowed, 1 denied, 2 exceeds), retry_after_us, limit, remaining,
---          reset_after_us, quota_index (0-based) } for the binding quota; except the level reply
+--          reset_after_us, quota_index (0-based) + 256 * violated } for the binding quota, where
+-- violated (several quotas only; 0 means the binding quota alone) has bit i - 1 set for each
+-- quota i that did not admit the cost (see helpers.lua); except the level reply
 -- of the single-quota token bucket and GCRA: one integer, the bucket level (GCRA: the debt) in
 -- level units after an admission, or -1 - level when the cost is not admitted. Every field of
 -- the decision follows from it, the cost and the quota, and ratelimit-redis derives them as
