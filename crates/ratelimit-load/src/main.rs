@@ -28,12 +28,46 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(main_async(&config)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
+    // Ctrl-C or SIGTERM drops the run, and with it the `redis-server` it started (the harness
+    // kills it when dropped), before the tool exits: killed by a signal's default action, the
+    // tool would leave the server running.
+    let outcome = runtime.block_on(async {
+        tokio::select! {
+            result = main_async(&config) => Some(result),
+            () = interrupted() => None,
+        }
+    });
+    match outcome {
+        Some(Ok(())) => ExitCode::SUCCESS,
+        Some(Err(e)) => {
             eprintln!("ratelimit-load: {e}");
             ExitCode::FAILURE
         }
+        None => {
+            eprintln!("ratelimit-load: interrupted");
+            ExitCode::from(130)
+        }
+    }
+}
+
+/// Resolves at the first Ctrl-C (SIGINT) or SIGTERM; never if neither can be listened for.
+async fn interrupted() {
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    tokio::select! {
+        () = terminate => {}
+        () = ctrl_c => {}
     }
 }
 
