@@ -625,7 +625,9 @@ fn coalescing(stores: Vec<RedisStore>) -> (Vec<Arc<Coalescing>>, Setup) {
         &gws,
         |g| {
             let s = g.stats();
-            (s.checks - s.store_calls.min(s.checks), s.store_calls)
+            // The checks sent are the checks made but those whose callers gave up first.
+            let sent = s.checks.saturating_sub(s.abandoned);
+            (sent.saturating_sub(s.store_calls), s.store_calls)
         },
         Tolerance::Exact,
     );

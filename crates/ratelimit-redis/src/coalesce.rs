@@ -12,15 +12,15 @@ use std::time::Duration;
 use ratelimit_core::{Decision, Limit, Store};
 use tokio::sync::oneshot;
 
-use crate::store::lock;
+use crate::store::{CheckFuture, lock};
 use crate::{RedisStore, RedisStoreError};
 
 /// The default most checks sent in one script call: 256.
 pub const DEFAULT_MAX_BATCH: usize = 256;
 
-/// The default most checks of one key waiting for a call: 4,096 (16 calls of
-/// [`DEFAULT_MAX_BATCH`]).
-pub const DEFAULT_MAX_QUEUE: usize = 4_096;
+/// How many calls' worth of checks (of [`max_batch`](Coalescing::max_batch) each) one key's queue
+/// holds by default: 16.
+pub const DEFAULT_QUEUE_CALLS: usize = 16;
 
 /// A [`RedisStore`] wrapper that merges concurrent checks of the same key into one script call.
 ///
@@ -68,18 +68,19 @@ pub const DEFAULT_MAX_QUEUE: usize = 4_096;
 /// ends without answering (its runtime shut down), its waiting checks fail at once and the next
 /// check of the key starts a new one.
 ///
-/// Load: at most [`max_queue`](Coalescing::max_queue) checks of one key wait (default
-/// [`DEFAULT_MAX_QUEUE`]); a check that finds its key's queue full fails at once with
-/// [`RedisStoreError::QueueFull`] and spends nothing, as a check never sent would not. The places
-/// of queued checks whose callers gave up are freed when the queue is full, looked for at most
-/// once per eighth of `max_queue` refusals (and at every call, as above). A key whose checks come faster than Redis answers them (a
-/// stalled server, callers without a timeout) thus sheds load instead of queueing without bound,
-/// each waiting check longer than the last.
+/// Load: at most [`max_queue`](Coalescing::max_queue) checks of one key wait (by default
+/// [`DEFAULT_QUEUE_CALLS`] calls' worth: 16 × `max_batch`, 4,096). A check that finds its key's
+/// queue full is sent on its own, as without this wrapper (and so is every check made outside a
+/// Tokio runtime, where the key's task cannot be spawned): a key whose checks come faster than
+/// one call per round trip can carry gets the plain store's behaviour for the rest, instead of a
+/// queue that grows without bound, each check waiting longer than the last. Nothing is refused:
+/// a full queue is this gateway's business, not a failure of Redis for a circuit breaker to count.
 ///
-/// Needs a Tokio runtime: each busy key is served by a spawned task.
+/// Needs a Tokio runtime to coalesce: each busy key is served by a spawned task.
 ///
 /// Metrics: `ratelimit_redis_coalesced_checks_total` counts the checks that rode in another's
-/// call (store calls saved); [`stats`](Coalescing::stats) gives the same counts.
+/// call (store calls saved), `ratelimit_redis_coalescing_overflow_total` the checks sent on their
+/// own past a full queue; [`stats`](Coalescing::stats) gives the same counts.
 #[derive(Clone)]
 pub struct Coalescing {
     store: RedisStore,
@@ -90,11 +91,13 @@ struct Shared {
     queues: Mutex<HashMap<QueueKey, Queue>>,
     window: Duration,
     max_batch: usize,
-    max_queue: usize,
+    /// Set by [`Coalescing::max_queue`]; else [`DEFAULT_QUEUE_CALLS`] × `max_batch`.
+    max_queue: Option<usize>,
     checks: AtomicU64,
     calls: AtomicU64,
     largest: AtomicU64,
-    refused: AtomicU64,
+    overflowed: AtomicU64,
+    abandoned: AtomicU64,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -107,24 +110,24 @@ struct QueueKey {
 struct Queue {
     limit: Limit,
     waiting: Vec<(u64, oneshot::Sender<Result<Decision, RedisStoreError>>)>,
-    /// Checks refused since the full queue was last cleared of checks whose callers gave up:
-    /// it is looked through (all `max_queue` of it, under the lock every key shares) at most once
-    /// per eighth of `max_queue` refusals, not at every one.
-    refused: usize,
 }
 
-/// Counters of a [`Coalescing`] store, since it was made.
+/// Counters of a [`Coalescing`] store, since it was made. The checks that rode in another's call
+/// (what `ratelimit_redis_coalesced_checks_total` counts) are `checks − abandoned − store_calls`.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct CoalescingStats {
-    /// Checks made, but for those refused.
+    /// Checks made.
     pub checks: u64,
-    /// Script calls sent to Redis for them.
+    /// Script calls sent to Redis for them (batches, and the checks sent on their own).
     pub store_calls: u64,
     /// The most checks sent in one call.
     pub largest_batch: u64,
-    /// Checks refused because their key's queue was full ([`RedisStoreError::QueueFull`]).
-    pub refused: u64,
+    /// Checks sent on their own because their key's queue was full, or because they were made
+    /// outside a Tokio runtime.
+    pub overflowed: u64,
+    /// Queued checks whose callers gave up before their call (not sent).
+    pub abandoned: u64,
 }
 
 impl fmt::Debug for Coalescing {
@@ -133,7 +136,7 @@ impl fmt::Debug for Coalescing {
             .field("store", &self.store)
             .field("batch_window", &self.shared.window)
             .field("max_batch", &self.shared.max_batch)
-            .field("max_queue", &self.shared.max_queue)
+            .field("max_queue", &self.shared.max_queue())
             .field("stats", &self.stats())
             .finish()
     }
@@ -149,11 +152,7 @@ impl Coalescing {
     pub fn new(store: RedisStore) -> Self {
         Coalescing {
             store,
-            shared: Arc::new(Shared::new(
-                Duration::ZERO,
-                DEFAULT_MAX_BATCH,
-                DEFAULT_MAX_QUEUE,
-            )),
+            shared: Arc::new(Shared::new(Duration::ZERO, DEFAULT_MAX_BATCH, None)),
         }
     }
 
@@ -174,7 +173,9 @@ impl Coalescing {
 
     /// At most `n` checks (at least 1) per script call; a longer queue is sent in several calls,
     /// one after another (default [`DEFAULT_MAX_BATCH`]). Bounds how long one script runs on the
-    /// server. Set before the first check.
+    /// server. One key is served by one call at a time, so its checks get at most `n` per round
+    /// trip through the queue; the rest go on their own past a full queue (see
+    /// [`max_queue`](Self::max_queue)). Set before the first check.
     #[must_use]
     pub fn max_batch(self, n: usize) -> Self {
         let s = &self.shared;
@@ -185,13 +186,14 @@ impl Coalescing {
         }
     }
 
-    /// At most `n` checks (at least 1) of one key wait for a call, besides those in the call in
-    /// flight (default [`DEFAULT_MAX_QUEUE`]); one more fails at once with
-    /// [`RedisStoreError::QueueFull`]. Set before the first check.
+    /// At most `n` checks of one key wait for a call, besides those in the call in flight
+    /// (default [`DEFAULT_QUEUE_CALLS`] × [`max_batch`](Self::max_batch)); a check that finds
+    /// the queue full is sent on its own. Zero sends every check on its own. Set before the first
+    /// check.
     #[must_use]
     pub fn max_queue(self, n: usize) -> Self {
         let s = &self.shared;
-        let shared = Shared::new(s.window, s.max_batch, n.max(1));
+        let shared = Shared::new(s.window, s.max_batch, Some(n));
         Coalescing {
             store: self.store,
             shared: Arc::new(shared),
@@ -210,64 +212,68 @@ impl Coalescing {
             checks: s.checks.load(Ordering::Relaxed),
             store_calls: s.calls.load(Ordering::Relaxed),
             largest_batch: s.largest.load(Ordering::Relaxed),
-            refused: s.refused.load(Ordering::Relaxed),
+            overflowed: s.overflowed.load(Ordering::Relaxed),
+            abandoned: s.abandoned.load(Ordering::Relaxed),
         }
     }
 
     /// Checks `cost` for `key` against `limit`, sharing a script call with the concurrent checks
     /// of the same key; the same as [`Store::check`].
     pub fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> CoalesceFuture {
-        let (tx, rx) = oneshot::channel();
+        let shared = &self.shared;
+        shared.checks.fetch_add(1, Ordering::Relaxed);
+        // The key's task needs a runtime; a check made outside one (to be polled in one later,
+        // as the tower layer's `call` allows) goes on its own, as without this wrapper.
+        if shared.max_queue() == 0 || tokio::runtime::Handle::try_current().is_err() {
+            return self.alone(key, limit, cost);
+        }
         let qk = QueueKey {
             key: key.into(),
             fingerprint: limit.fingerprint(),
         };
-        let mut queues = lock(&self.shared.queues);
+        let mut queues = lock(&shared.queues);
         if let Some(q) = queues.get_mut(&qk) {
-            let max = self.shared.max_queue;
-            if q.waiting.len() >= max {
-                // Full: the places of the checks whose callers gave up are freed first, looked
-                // for once per eighth of the bound's refusals (a look goes through the whole
-                // queue, under the lock every key shares).
-                if q.refused == 0 {
-                    q.waiting.retain(|(_, tx)| !tx.is_closed());
-                }
-                if q.waiting.len() >= max {
-                    q.refused = (q.refused + 1) % (max / 8).max(1);
-                    drop(queues);
-                    self.shared.refused.fetch_add(1, Ordering::Relaxed);
-                    metrics::counter!("ratelimit_redis_coalescing_refused_total").increment(1);
-                    return CoalesceFuture {
-                        state: Answer::Now(Some(RedisStoreError::QueueFull { max })),
-                    };
-                }
+            if q.waiting.len() >= shared.max_queue() {
+                drop(queues);
+                metrics::counter!("ratelimit_redis_coalescing_overflow_total").increment(1);
+                return self.alone(key, limit, cost);
             }
+            let (tx, rx) = oneshot::channel();
             q.waiting.push((cost, tx));
-        } else {
-            queues.insert(
-                qk.clone(),
-                Queue {
-                    limit: limit.clone(),
-                    waiting: vec![(cost, tx)],
-                    refused: 0,
-                },
-            );
-            drop(queues);
-            // Made before the task is spawned and moved into it, so that the queue is removed
-            // even if the task is dropped before its first poll (spawned as its runtime shuts
-            // down, or the runtime dropped with it unpolled), or if spawning panics.
-            let guard = QueueGuard {
-                shared: Arc::clone(&self.shared),
-                qk,
-                armed: true,
+            return CoalesceFuture {
+                state: Answer::Later(rx),
             };
-            tokio::spawn(drive(guard, self.store.clone()));
         }
-        // Counted once queued (a refused check is in `refused`, not here): the load tool reads
-        // `checks - store_calls` as the checks that rode in another's call.
-        self.shared.checks.fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = oneshot::channel();
+        queues.insert(
+            qk.clone(),
+            Queue {
+                limit: limit.clone(),
+                waiting: vec![(cost, tx)],
+            },
+        );
+        drop(queues);
+        // Made before the task is spawned and moved into it, so that the queue is removed
+        // even if the task is dropped before its first poll (spawned as its runtime shuts
+        // down, or the runtime dropped with it unpolled), or if spawning panics.
+        let guard = QueueGuard {
+            shared: Arc::clone(shared),
+            qk,
+            armed: true,
+        };
+        tokio::spawn(drive(guard, self.store.clone()));
         CoalesceFuture {
             state: Answer::Later(rx),
+        }
+    }
+
+    /// `key`'s check sent on its own (a full queue, or no runtime).
+    fn alone(&self, key: &[u8], limit: &Limit, cost: u64) -> CoalesceFuture {
+        self.shared.overflowed.fetch_add(1, Ordering::Relaxed);
+        self.shared.calls.fetch_add(1, Ordering::Relaxed);
+        self.shared.largest.fetch_max(1, Ordering::Relaxed);
+        CoalesceFuture {
+            state: Answer::Alone(self.store.check(key, limit, cost)),
         }
     }
 }
@@ -282,17 +288,23 @@ impl Store for Coalescing {
 }
 
 impl Shared {
-    fn new(window: Duration, max_batch: usize, max_queue: usize) -> Self {
+    fn new(window: Duration, max_batch: usize, max_queue: Option<usize>) -> Self {
         Shared {
             queues: Mutex::new(HashMap::new()),
             window,
             max_batch,
             max_queue,
-            refused: AtomicU64::new(0),
             checks: AtomicU64::new(0),
             calls: AtomicU64::new(0),
             largest: AtomicU64::new(0),
+            overflowed: AtomicU64::new(0),
+            abandoned: AtomicU64::new(0),
         }
+    }
+
+    fn max_queue(&self) -> usize {
+        self.max_queue
+            .unwrap_or_else(|| self.max_batch.saturating_mul(DEFAULT_QUEUE_CALLS))
     }
 }
 
@@ -331,7 +343,10 @@ async fn drive(mut guard: QueueGuard, store: RedisStore) {
             };
             // A check whose caller gave up while it waited (a timeout, a dropped request) is not
             // sent: it spends nothing, as a check never sent would not.
+            let before = q.waiting.len();
             q.waiting.retain(|(_, tx)| !tx.is_closed());
+            let gone = (before - q.waiting.len()) as u64;
+            shared.abandoned.fetch_add(gone, Ordering::Relaxed);
             if q.waiting.is_empty() {
                 queues.remove(&qk);
                 guard.armed = false;
@@ -370,18 +385,27 @@ async fn drive(mut guard: QueueGuard, store: RedisStore) {
     }
 }
 
-/// The future of a [`Coalescing`] check: the answer of the call it rode in, or the refusal of a
-/// full queue.
-#[derive(Debug)]
+/// The future of a [`Coalescing`] check: the answer of the call it rode in, or of its own call.
 pub struct CoalesceFuture {
     state: Answer,
 }
 
-#[derive(Debug)]
 enum Answer {
     Later(oneshot::Receiver<Result<Decision, RedisStoreError>>),
-    /// Refused before it was queued (taken by the first poll).
-    Now(Option<RedisStoreError>),
+    /// Sent on its own (a full queue, or no runtime).
+    Alone(CheckFuture),
+}
+
+impl fmt::Debug for CoalesceFuture {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            Answer::Later(_) => "queued",
+            Answer::Alone(_) => "alone",
+        };
+        f.debug_struct("CoalesceFuture")
+            .field("state", &state)
+            .finish()
+    }
 }
 
 impl Future for CoalesceFuture {
@@ -398,11 +422,7 @@ impl Future for CoalesceFuture {
                 })),
                 Poll::Pending => Poll::Pending,
             },
-            Answer::Now(error) => Poll::Ready(Err(error.take().unwrap_or_else(|| {
-                RedisStoreError::UnexpectedReply(
-                    "a coalescing check polled after its answer".into(),
-                )
-            }))),
+            Answer::Alone(check) => check.as_mut().poll(cx),
         }
     }
 }

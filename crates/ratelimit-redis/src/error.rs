@@ -48,13 +48,6 @@ pub enum RedisStoreError {
     /// under the same SHA would be one cause).
     #[error("unexpected reply from the rate-limit script: {0}")]
     UnexpectedReply(String),
-    /// A [`Coalescing`](crate::Coalescing) check found its key's queue full: checks of that key
-    /// come faster than Redis answers them. Not sent, so nothing was spent.
-    #[error("{max} checks of this key are already waiting for Redis")]
-    QueueFull {
-        /// The queue's bound ([`Coalescing::max_queue`](crate::Coalescing::max_queue)).
-        max: usize,
-    },
     /// The client clock gave a time this store cannot compute with exactly (after 2^52 µs since
     /// its epoch, about the year 2112 for Unix time).
     #[error("the client clock's time {micros} us is beyond 2^52 us")]
@@ -66,15 +59,12 @@ pub enum RedisStoreError {
 
 impl RedisStoreError {
     /// `true` if the store could not be reached (connection or timeout; on a cluster, no
-    /// connection to the node that holds the key) or could not keep up (a full
-    /// [`Coalescing`](crate::Coalescing) queue), as opposed to Redis answering with an error.
+    /// connection to the node that holds the key), as opposed to Redis answering with an error.
     #[must_use]
     pub fn is_unavailable(&self) -> bool {
         matches!(
             self,
-            RedisStoreError::Connection { .. }
-                | RedisStoreError::Timeout { .. }
-                | RedisStoreError::QueueFull { .. }
+            RedisStoreError::Connection { .. } | RedisStoreError::Timeout { .. }
         ) || matches!(self, RedisStoreError::Redis(e) if e.is_io_error()
             || e.is_connection_dropped()
             || e.is_timeout()

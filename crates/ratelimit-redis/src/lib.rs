@@ -78,7 +78,7 @@ mod silence;
 mod store;
 
 pub use coalesce::{
-    CoalesceFuture, Coalescing, CoalescingStats, DEFAULT_MAX_BATCH, DEFAULT_MAX_QUEUE,
+    CoalesceFuture, Coalescing, CoalescingStats, DEFAULT_MAX_BATCH, DEFAULT_QUEUE_CALLS,
     MAX_BATCH_WINDOW,
 };
 pub use error::RedisStoreError;

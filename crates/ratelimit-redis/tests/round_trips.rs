@@ -12,7 +12,7 @@ use futures::future::join_all;
 use ratelimit_core::{
     Algorithm, DenialCache, Leasing, Limit, ManualClock, Quota, Store, SystemClock, Timestamp,
 };
-use ratelimit_redis::{Coalescing, RedisStore, RedisStoreError};
+use ratelimit_redis::{Coalescing, RedisStore};
 use redis_harness::RedisServer;
 
 fn reset_stats(server: &RedisServer) {
@@ -412,10 +412,11 @@ async fn coalescing_does_not_send_checks_whose_callers_gave_up() {
     );
 }
 
-/// A key's queue holds at most `max_queue` checks: one more fails at once with `QueueFull` and
-/// spends nothing; the places of checks whose callers gave up are free again.
+/// A key's queue holds at most `max_queue` checks: one more is sent on its own, as without the
+/// wrapper (not refused: a full queue is no failure of Redis); checks whose callers gave up are
+/// not sent, and counted as abandoned.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn coalescing_sheds_checks_beyond_a_full_queue() {
+async fn coalescing_sends_checks_past_a_full_queue_on_their_own() {
     let server = RedisServer::start();
     let store = RedisStore::builder(server.url())
         .prefix(unique_prefix("coalesce-full"))
@@ -425,41 +426,105 @@ async fn coalescing_sheds_checks_beyond_a_full_queue() {
         .unwrap();
     let coalescing = Coalescing::new(store).max_queue(4);
     let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
+    reset_stats(&server);
     server.pause();
-    // One check goes out and waits on the frozen server; four queue behind it.
+    // One check goes out and waits on the frozen server; four queue behind it, two of which
+    // are dropped by their callers; the sixth finds the queue full.
     let first = tokio::spawn(coalescing.check(b"k", &limit, 1));
     tokio::time::sleep(Duration::from_millis(50)).await;
     let mut queued: Vec<_> = (0..4).map(|_| coalescing.check(b"k", &limit, 1)).collect();
-    let refused = |r: Result<_, RedisStoreError>| {
-        matches!(r, Err(RedisStoreError::QueueFull { max: 4 })) && r.unwrap_err().is_unavailable()
-    };
-    // Answered at once, frozen server or not.
-    let fifth = tokio::time::timeout(Duration::from_secs(1), coalescing.check(b"k", &limit, 1));
-    assert!(refused(fifth.await.expect("refused at once")));
-    // Two callers give up: their places go to the next two checks; the one after is refused.
     queued.truncate(2);
-    queued.push(coalescing.check(b"k", &limit, 1));
-    queued.push(coalescing.check(b"k", &limit, 1));
-    assert!(refused(coalescing.check(b"k", &limit, 1).await));
-    // Refused checks are not counted as made (the load tool reads checks − calls as coalesced).
-    let stats = coalescing.stats();
-    assert_eq!((stats.checks, stats.refused), (7, 2), "{stats:?}");
+    let alone = tokio::spawn(coalescing.check(b"k", &limit, 1));
+    assert_eq!(coalescing.stats().overflowed, 1);
     server.resume();
     assert!(first.await.unwrap().unwrap().is_allowed());
+    assert!(alone.await.unwrap().unwrap().is_allowed());
     for r in join_all(queued).await {
         assert!(r.unwrap().is_allowed());
     }
-    // Spent: the first and the four queued; neither the refused checks nor the dropped ones.
+    // Spent: the first, the two queued checks still awaited, and the one sent alone.
     let peek = coalescing.check(b"k", &limit, 0).await.unwrap();
-    assert_eq!(peek.remaining(), 995);
-    // The queue is free again.
-    assert!(
-        coalescing
-            .check(b"k", &limit, 1)
-            .await
-            .unwrap()
-            .is_allowed()
+    assert_eq!(peek.remaining(), 996);
+    let stats = coalescing.stats();
+    assert_eq!(
+        (stats.checks, stats.abandoned, stats.overflowed),
+        (7, 2, 1),
+        "{stats:?}"
     );
+    // The first, the one alone, the batch of two, the peek: what Redis ran.
+    assert_eq!(stats.store_calls, 4, "{stats:?}");
+    assert_eq!(server.script_calls(), 4);
+    // Rode in another's call: one (the second of the batch of two).
+    assert_eq!(stats.checks - stats.abandoned - stats.store_calls, 1);
+}
+
+/// A queue of checks of distinct costs gets each its own decision, in queue order: an answer
+/// handed to the wrong waiter would show here (all-equal costs would hide it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalescing_answers_each_check_of_a_batch_with_its_own_decision() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("coalesce-order"))
+        .response_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let coalescing = Coalescing::new(store);
+    // 100 a day, a burst of 100: nothing refills during the test.
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100).unwrap()).unwrap();
+    server.pause();
+    let first = tokio::spawn(coalescing.check(b"k", &limit, 1));
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let costs = [3, 0, 200, 2, 95, 1];
+    let batch: Vec<_> = costs
+        .iter()
+        .map(|&c| coalescing.check(b"k", &limit, c))
+        .collect();
+    server.resume();
+    assert_eq!(first.await.unwrap().unwrap().remaining(), 99);
+    let got: Vec<_> = join_all(batch)
+        .await
+        .into_iter()
+        .map(|r| {
+            let d = r.unwrap();
+            (d.is_allowed(), d.can_ever_pass(), d.remaining())
+        })
+        .collect();
+    assert_eq!(
+        got,
+        [
+            (true, true, 96),   // 3
+            (true, true, 96),   // a peek
+            (false, false, 96), // above the burst: never
+            (true, true, 94),   // 2
+            (false, true, 94),  // 95 of 94 left
+            (true, true, 93),   // 1
+        ]
+    );
+    assert_eq!(coalescing.stats().largest_batch, 6);
+}
+
+/// A check made outside a Tokio runtime (the tower layer's `call` needs none; only the poll
+/// does) is sent on its own instead of spawning the key's task, which would panic there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalescing_outside_a_runtime_sends_the_check_on_its_own() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("coalesce-nort"))
+        .build()
+        .await
+        .unwrap();
+    let coalescing = Coalescing::new(store);
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
+    let made = {
+        let coalescing = coalescing.clone();
+        let limit = limit.clone();
+        std::thread::spawn(move || coalescing.check(b"k", &limit, 1))
+            .join()
+            .expect("made without a runtime, without a panic")
+    };
+    assert_eq!(made.await.unwrap().remaining(), 999);
+    assert_eq!(coalescing.stats().overflowed, 1);
 }
 
 /// A key's queue whose task ends before emptying it (here: the task's runtime shuts down during
