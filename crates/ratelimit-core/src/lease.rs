@@ -142,10 +142,11 @@ const SHARDS: usize = 16;
 ///   that does not refill, with demand above it at every gateway that leases, the total
 ///   admitted reaches at least `quota − G × (L − 1)`. A check that costs
 ///   more than its gateway's lease holds goes to the store on its own and leaves the lease be. A
-///   check that was fetching a lease and is dropped (a caller's timeout) may lose the whole
-///   lease, `L` units, if the store granted it before the drop; its units beyond the check's cost
-///   are counted as wasted and the key's leases start again from one unit, so repeated drops
-///   lose about one lease, not one each. A fixed [`lease_size`](LeasingBuilder::lease_size) does
+///   check that was fetching a lease and is dropped (a caller's timeout), or whose lease request
+///   fails (a store timeout, after which the store may have granted it), may lose the whole
+///   lease, `L` units; its units beyond the check's cost are counted as wasted and the key's
+///   leases start again from one unit, so repeated drops or failures lose about one lease, not
+///   one each. A fixed [`lease_size`](LeasingBuilder::lease_size) does
 ///   not adapt: leases larger than a gateway spends in their lifetime are dropped part unused at
 ///   every expiry.
 /// - **Clock:** lifetimes are counted on the wrapper's clock. The shipped `SystemClock` never
@@ -375,9 +376,15 @@ impl Entry {
         spent_in * u128::from(self.granted.max(1)) <= ttl * rest
     }
 
-    /// No lease is being asked for, no check waits, and the last lease's lifetime has passed.
-    fn expired(&self, now: u64) -> bool {
-        !self.fetching && self.waiters.is_empty() && self.expires <= now
+    /// Nothing lost if dropped but what it holds: no lease is being asked for, no check waits,
+    /// the key is not being sent straight to the store, and either its last lease's lifetime has
+    /// passed or it holds no unit and its lease size is the first one (`initial`): a key seen
+    /// once, not a hot key between two leases, whose grown size would be lost.
+    fn disposable(&self, now: u64, initial: u64) -> bool {
+        !self.fetching
+            && self.waiters.is_empty()
+            && self.starved_until <= now
+            && (self.expires <= now || (self.tokens == 0 && self.size <= initial))
     }
 }
 
@@ -562,18 +569,24 @@ impl<S, C> Shared<S, C> {
             return Some(Arc::clone(e));
         }
         let cap = self.per_shard_cap.max(1);
+        let initial = match self.size {
+            Size::Fixed(n) => n,
+            // One unit: a key's first check here takes no more than it needs, so keys that
+            // come to this gateway once waste nothing.
+            Size::Adaptive(_) => 1,
+        };
         if shard.len() >= cap {
-            // Entries no check holds and whose last lease has expired first (a key that spent
-            // its lease to the end within the lease's lifetime is not one of them: it may be a
-            // hot key between two leases), then any no check holds (their unspent units are
-            // dropped).
+            // Entries no check holds and with nothing to keep first (see `disposable`: a key
+            // that spent a grown lease to the end within its lifetime is not one of them, being
+            // maybe a hot key between two leases), then any no check holds (their unspent units
+            // are dropped).
             let wasted = &self.counters.wasted_units;
             shard.retain(|_, e| {
                 if Arc::strong_count(e) > 1 {
                     return true;
                 }
                 let e = e.lock();
-                if e.expired(now) {
+                if e.disposable(now, initial) {
                     // An expired lease's units are dropped with it.
                     wasted.fetch_add(e.tokens, Ordering::Relaxed);
                     return false;
@@ -609,12 +622,6 @@ impl<S, C> Shared<S, C> {
                 return None;
             }
         }
-        let initial = match self.size {
-            Size::Fixed(n) => n,
-            // One unit: a key's first check here takes no more than it needs, so keys that
-            // come to this gateway once waste nothing.
-            Size::Adaptive(_) => 1,
-        };
         let e = Arc::new(Mutex::new(Entry {
             size: initial,
             ..Entry::default()
@@ -668,10 +675,11 @@ impl<S, C> LeasingBuilder<S, C> {
     }
 
     /// The most keys with lease state held at once (default [`DEFAULT_MAX_LEASED_KEYS`]). When
-    /// full, keys whose last lease has expired are dropped first, then the eighth of the rest
-    /// with the smallest lease size and fewest units left (a hot key keeps its place and its
-    /// lease size, even between two leases); a key that finds no room is checked at the store
-    /// directly.
+    /// full, keys with nothing to keep are dropped first (their last lease expired, or none of its
+    /// units left and their lease size not grown, unless being sent straight to the store), then
+    /// the eighth of the rest with the smallest lease size and fewest units left (a hot key keeps
+    /// its place and its lease size, even between two leases); a key that finds no room is
+    /// checked at the store directly.
     pub fn max_keys(mut self, n: usize) -> Self {
         self.max_keys = n;
         self
@@ -1031,7 +1039,12 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                     let d = match out {
                         Ok(d) => d,
                         Err(err) => {
-                            finish(&ctx.entry, |e| e.failed_fetches += 1);
+                            // The store may have granted it all the same (a Redis timeout: the
+                            // script may have run): counted as a lease dropped before its answer.
+                            finish(&ctx.entry, |e| {
+                                e.failed_fetches += 1;
+                                dropped_before_answer(sh, e, want, cost);
+                            });
                             self.as_mut().project().state.set(St::Done);
                             return Poll::Ready(Err(err));
                         }

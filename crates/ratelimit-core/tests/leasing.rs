@@ -850,6 +850,62 @@ fn a_flood_of_new_keys_does_not_evict_a_hot_lease() {
     );
 }
 
+/// A store whose answer is lost once armed: it counts the check (as a Redis script that ran
+/// before its reply timed out) and answers an error.
+struct LosesAnswer {
+    store: Arc<MemoryStore<ManualClock>>,
+    armed: AtomicBool,
+}
+
+impl Store for LosesAnswer {
+    type Error = StoreDown;
+    type Future = std::future::Ready<Result<ratelimit_core::Decision, StoreDown>>;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        let d = self.store.check_now(key, limit, cost);
+        if self.armed.swap(false, Ordering::Relaxed) {
+            return std::future::ready(Err(StoreDown));
+        }
+        std::future::ready(Ok(d))
+    }
+}
+
+/// A lease request that fails may have been granted (a Redis timeout says the script may have
+/// run): its units are counted as wasted, and the key's leases start again from one unit, as
+/// for a lease request dropped before its answer, so that repeated failures do not take a whole
+/// lease from the store each time unseen.
+#[test]
+fn a_failed_lease_request_counts_as_a_lease_lost() {
+    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+    let store = memory(&clock);
+    let losing = LosesAnswer {
+        store: Arc::clone(&store),
+        armed: AtomicBool::new(false),
+    };
+    let gw = Leasing::new(losing, clock.clone());
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100_000).unwrap()).unwrap();
+    // The hot key's leases grow to the largest; it spends the last one to the end.
+    for _ in 0..200 {
+        assert!(block_on(gw.check(b"hot", &limit, 1)).unwrap().is_allowed());
+    }
+    while gw.outstanding_units() > 0 {
+        assert!(block_on(gw.check(b"hot", &limit, 1)).unwrap().is_allowed());
+    }
+    let before = gw.stats();
+    gw.get_ref().armed.store(true, Ordering::Relaxed);
+    assert!(block_on(gw.check(b"hot", &limit, 1)).is_err());
+    let after = gw.stats();
+    // The store counted the lease; the gateway says so.
+    assert_eq!(
+        after.wasted_units - before.wasted_units,
+        DEFAULT_MAX_LEASE - 1,
+        "{after:?}"
+    );
+    // And asks for one unit next, not another whole lease.
+    assert!(block_on(gw.check(b"hot", &limit, 1)).unwrap().is_allowed());
+    assert_eq!(gw.outstanding_units(), 0);
+}
+
 /// A fixed lease size whose lease would live less than a microsecond (10 units a microsecond, a
 /// lease of 4): such a lease expired as it arrived, and each check took 4 units from the store
 /// to use one. The check now takes its own cost only.
@@ -909,13 +965,15 @@ fn a_hot_key_between_leases_is_not_evicted() {
         assert!(block_on(gw.check(b"hot", &limit, 1)).unwrap().is_allowed());
     }
     // A flood of new keys, each seen once (a lease of one unit, spent at once), fills the table
-    // many times over. The clock stands still.
+    // many times over, over 2 s: the flood's first leases (0.864 s) expire meanwhile, the hot
+    // key's (10 s) does not.
     for i in 0..2_000u64 {
         assert!(
             block_on(gw.check(&i.to_le_bytes(), &limit, 1))
                 .unwrap()
                 .is_allowed()
         );
+        clock.advance(Duration::from_millis(1));
     }
     assert_eq!(gw.outstanding_units(), 0);
     // Back: its next lease is as large as before (63 units left after this check's one).
