@@ -258,6 +258,9 @@ struct Entry {
     /// the store rather than ask for the next lease (its fellow waiters would otherwise take
     /// turns, each after the last one's failure).
     failed_fetches: u64,
+    /// The round trip of the key's last lease that came (µs, from its request to its answer): a
+    /// lease that would live no longer is not asked for.
+    rtt: u64,
     /// End of the lease (exclusive), µs.
     expires: u64,
     /// Units the current lease was granted with.
@@ -522,10 +525,11 @@ impl<S, C> Shared<S, C> {
         };
         let mut want = size.max(cost).min(cap);
         let mut refill = self.refill(limit, want);
-        if refill == 0 && want > cost {
-            // A lease that would live less than a microsecond (a fixed size at more than one
-            // unit a microsecond per unit) expires as it arrives: its units beyond the check's
-            // own would all be dropped. The check takes its cost only.
+        if refill <= e.rtt && want > cost {
+            // A lease that would live no longer than the key's last lease took to come (or less
+            // than a microsecond) expires as it arrives: its units beyond the check's own would
+            // all be dropped, and the checks waiting for them would wait a round trip for
+            // nothing. The check takes its cost only.
             want = cost;
             refill = self.refill(limit, want);
         }
@@ -653,9 +657,9 @@ impl<S: Store, C: Clock> Leasing<S, C> {
 }
 
 impl<S, C> LeasingBuilder<S, C> {
-    /// Every lease is `n` units (at least 1): no adaptation. A lease that would live less than a
-    /// microsecond (a limit that refills `n` units faster) is not taken: the check asks the store
-    /// for its own cost only.
+    /// Every lease is `n` units (at least 1): no adaptation. A lease that would live no longer
+    /// than the key's last lease took to come (the store's round trip; or less than a
+    /// microsecond) is not taken: the check asks the store for its own cost only.
     pub fn lease_size(mut self, n: u64) -> Self {
         self.size = Size::Fixed(n);
         self
@@ -1051,7 +1055,15 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                     };
                     if d.is_allowed() {
                         let ttl = sh.ttl(&ctx.limit, want, &d);
+                        let answered = sh.clock.now().as_micros();
                         let local = finish(&ctx.entry, |e| {
+                            e.rtt = answered.saturating_sub(sent);
+                            if want > cost && sent.saturating_add(ttl) <= answered {
+                                // Expired on its way: the checks that waited for its units go to
+                                // the store side by side, as after a failed lease request,
+                                // rather than wait in turn for the next lease.
+                                e.failed_fetches += 1;
+                            }
                             // The lease before it, if spent whole by its own check, ends here.
                             let _ = e.settle(0);
                             e.tokens = want - cost;

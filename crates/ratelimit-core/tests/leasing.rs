@@ -945,6 +945,33 @@ fn fixed_leases_shorter_than_a_microsecond_are_not_taken() {
     assert_eq!(gw.outstanding_units(), 9);
 }
 
+/// A fixed lease size whose leases live shorter than the round trip that brings them (10 units
+/// at 100,000 a second live 100 µs; the store is 400 µs away): the first arrives expired, and
+/// from then on the key's checks ask for their own cost. Before, every lease came dead: 9 of its
+/// 10 units dropped at each, and its waiting checks waited in turn, a round trip each.
+#[test]
+fn fixed_leases_shorter_than_the_round_trip_are_not_taken() {
+    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+    let store = memory(&clock);
+    let distant = Distant {
+        store: Arc::clone(&store),
+        clock: clock.clone(),
+        rtt: Duration::from_micros(400),
+    };
+    let gw = Leasing::builder(distant, clock.clone())
+        .lease_size(10)
+        .build()
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(100_000).unwrap()).unwrap();
+    for _ in 0..1_000 {
+        assert!(block_on(gw.check(b"hot", &limit, 1)).unwrap().is_allowed());
+        clock.advance(Duration::from_micros(10));
+    }
+    let stats = gw.stats();
+    assert_eq!(stats.wasted_units, 9, "{stats:?}");
+    assert_eq!(stats.leases, 1, "{stats:?}");
+}
+
 /// A hot key caught between two leases (its last one spent, the next not yet asked for) when a
 /// flood of new keys fills the table keeps its place and its lease size: evicted, it would start
 /// again from a lease of one unit and take a store call for each of its next few checks.
