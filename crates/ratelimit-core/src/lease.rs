@@ -216,8 +216,9 @@ pub struct LeasingStats {
     /// Lease requests the store denied (each followed by a check of the request's own cost).
     pub lease_denials: u64,
     /// Granted units dropped unspent (expired leases, leases replaced or evicted), and the units
-    /// beyond their own cost of lease requests dropped before their answer, which the store may
-    /// have granted.
+    /// beyond their own cost of lease requests dropped before their answer or failed, which the
+    /// store may have granted (counted for every failure: the store's error does not say whether
+    /// the request reached it, so one that never did, a pool's wait timeout say, is counted too).
     pub wasted_units: u64,
     /// Checks that found another check of the same key bringing a lease with units to spare for
     /// them, and waited for it.
@@ -244,6 +245,10 @@ struct Shared<S, C> {
     per_shard_cap: usize,
     digest: KeyDigest,
     counters: Counters,
+    /// The round trip of this gateway's last lease request answered (µs), any key's: a key new
+    /// to the table (or back after an eviction) starts with it, so that its first lease is not
+    /// one that would expire on its way.
+    round_trip: AtomicU64,
 }
 
 type EntryRef = Arc<Mutex<Entry>>;
@@ -562,6 +567,11 @@ impl<S, C> Shared<S, C> {
         ttl
     }
 
+    /// Records a lease request's round trip, for the keys new to the table.
+    fn saw_round_trip(&self, rtt: u64) {
+        self.round_trip.store(rtt, Ordering::Relaxed);
+    }
+
     fn id(&self, key: &[u8], fingerprint: u64) -> u128 {
         self.digest.digest_u128(key, fingerprint, 0)
     }
@@ -628,6 +638,7 @@ impl<S, C> Shared<S, C> {
         }
         let e = Arc::new(Mutex::new(Entry {
             size: initial,
+            rtt: self.round_trip.load(Ordering::Relaxed),
             ..Entry::default()
         }));
         shard.insert(id, Arc::clone(&e));
@@ -723,6 +734,7 @@ impl<S, C> LeasingBuilder<S, C> {
                 per_shard_cap: self.max_keys / shards,
                 digest: KeyDigest::random(),
                 counters: Counters::default(),
+                round_trip: AtomicU64::new(0),
             }),
         })
     }
@@ -1056,6 +1068,7 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                     if d.is_allowed() {
                         let ttl = sh.ttl(&ctx.limit, want, &d);
                         let answered = sh.clock.now().as_micros();
+                        sh.saw_round_trip(answered.saturating_sub(sent));
                         let local = finish(&ctx.entry, |e| {
                             e.rtt = answered.saturating_sub(sent);
                             if want > cost && sent.saturating_add(ttl) <= answered {
@@ -1100,12 +1113,21 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                     }
                     sh.counters.lease_denials.fetch_add(1, Ordering::Relaxed);
                     let left = d.remaining();
-                    if !second && left > cost && left < want {
+                    let now = sh.clock.now().as_micros();
+                    // The denial's round trip is a sample too: a second request for the units
+                    // left that would expire on its way is not sent.
+                    let rtt = now.saturating_sub(sent);
+                    sh.saw_round_trip(rtt);
+                    let rtt = {
+                        let mut e = ctx.entry.lock();
+                        e.rtt = rtt;
+                        rtt
+                    };
+                    if !second && left > cost && left < want && sh.refill(&ctx.limit, left) > rtt {
                         // The store said how many units it has left: ask for exactly those, once
                         // (this check stays the key's one lease request in flight). A new
                         // request, with fewer units to spare: the checks waiting count on its
                         // units again (or go to the store).
-                        let now = sh.clock.now().as_micros();
                         let waiters = {
                             let mut e = ctx.entry.lock();
                             if let Size::Adaptive(_) = sh.size {

@@ -970,6 +970,39 @@ fn fixed_leases_shorter_than_the_round_trip_are_not_taken() {
     let stats = gw.stats();
     assert_eq!(stats.wasted_units, 9, "{stats:?}");
     assert_eq!(stats.leases, 1, "{stats:?}");
+    // A key new to the table starts with the gateway's last round trip: no dead first lease.
+    for _ in 0..3 {
+        assert!(block_on(gw.check(b"new", &limit, 1)).unwrap().is_allowed());
+    }
+    assert_eq!(gw.stats().wasted_units, 9, "{:?}", gw.stats());
+}
+
+/// A lease denied with fewer units left than asked for is asked for again with those, unless
+/// that smaller lease would expire on its way: here 40 units left (refilled during the 400 µs
+/// round trip of the denied 64) would live 400 µs. Asked for, it came dead and its 39 units
+/// beyond the check's own were dropped; now the check goes to the store for its own cost.
+#[test]
+fn a_second_lease_that_would_expire_on_its_way_is_not_asked_for() {
+    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+    let store = memory(&clock);
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(100_000).unwrap()).unwrap();
+    // Another gateway took every unit.
+    assert!(store.check_now(b"hot", &limit, 100_000).is_allowed());
+    let distant = Distant {
+        store: Arc::clone(&store),
+        clock: clock.clone(),
+        rtt: Duration::from_micros(400),
+    };
+    let gw = Leasing::builder(distant, clock.clone())
+        .lease_size(64)
+        .build()
+        .unwrap();
+    assert!(block_on(gw.check(b"hot", &limit, 1)).unwrap().is_allowed());
+    // The next check would find (and drop) what came dead.
+    assert!(block_on(gw.check(b"hot", &limit, 1)).unwrap().is_allowed());
+    let stats = gw.stats();
+    assert_eq!(stats.wasted_units, 0, "{stats:?}");
+    assert!(stats.lease_denials >= 1, "{stats:?}");
 }
 
 /// A hot key caught between two leases (its last one spent, the next not yet asked for) when a

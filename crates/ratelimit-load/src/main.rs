@@ -32,9 +32,14 @@ fn main() -> ExitCode {
     // kills it when dropped), before the tool exits: killed by a signal's default action, the
     // tool would leave the server running.
     let outcome = runtime.block_on(async {
+        // Listened for before the run starts: starting `redis-server` blocks the thread until it
+        // answers, and a signal then must find its handler in place (a handler made at the first
+        // poll of a `select!` branch polled second would not be).
+        let interrupted = interrupted();
         tokio::select! {
+            biased;
+            () = interrupted => None,
             result = main_async(&config) => Some(result),
-            () = interrupted() => None,
         }
     });
     match outcome {
@@ -50,24 +55,33 @@ fn main() -> ExitCode {
     }
 }
 
-/// Resolves at the first Ctrl-C (SIGINT) or SIGTERM; never if neither can be listened for.
-async fn interrupted() {
-    let terminate = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
+/// Listens for Ctrl-C (SIGINT) and SIGTERM from now on (the handlers are in place when this
+/// returns); the future resolves at the first of them, never if neither could be listened for.
+fn interrupted() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut terminate = signal(SignalKind::terminate()).ok();
+    let mut interrupt = signal(SignalKind::interrupt()).ok();
+    async move {
+        let term = async {
+            match terminate.as_mut() {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
             }
-            Err(_) => std::future::pending::<()>().await,
+        };
+        let int = async {
+            match interrupt.as_mut() {
+                Some(s) => {
+                    s.recv().await;
+                }
+                None => std::future::pending::<()>().await,
+            }
+        };
+        tokio::select! {
+            () = term => {}
+            () = int => {}
         }
-    };
-    let ctrl_c = async {
-        if tokio::signal::ctrl_c().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    };
-    tokio::select! {
-        () = terminate => {}
-        () = ctrl_c => {}
     }
 }
 

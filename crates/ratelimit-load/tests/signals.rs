@@ -40,7 +40,11 @@ fn sigterm_stops_the_redis_server_the_tool_started() {
     if !redis_harness::redis_server_installed() {
         panic!("redis-server is needed (Debian: apt-get install redis-server)");
     }
-    for signal in ["-TERM", "-INT"] {
+    // Once the run has begun (`settled`), and three times each at once.
+    let runs = [true, false, false, false]
+        .into_iter()
+        .flat_map(|s| [("-TERM", s), ("-INT", s)]);
+    for (signal, settled) in runs {
         let mut tool = Command::new(env!("CARGO_BIN_EXE_ratelimit-load"))
             .args([
                 "--store",
@@ -63,8 +67,11 @@ fn sigterm_stops_the_redis_server_the_tool_started() {
             assert!(Instant::now() < deadline, "no redis-server started");
             std::thread::sleep(Duration::from_millis(20));
         };
-        // Let the run begin (the server answering, the load under way).
-        std::thread::sleep(Duration::from_millis(500));
+        // At once, while the tool may still be waiting for the server to answer (its handlers
+        // must be in place before), or once the run has begun.
+        if settled {
+            std::thread::sleep(Duration::from_millis(500));
+        }
         let sent = Command::new("kill")
             .args([signal, &tool.id().to_string()])
             .status()
@@ -76,7 +83,11 @@ fn sigterm_stops_the_redis_server_the_tool_started() {
             use std::io::Read;
             let _ = e.read_to_string(&mut stderr);
         }
-        assert_eq!(status.code(), Some(130), "{signal}: {status:?} {stderr}");
+        assert_eq!(
+            status.code(),
+            Some(130),
+            "{signal} (settled: {settled}): {status:?} {stderr}"
+        );
         assert!(stderr.contains("interrupted"), "{stderr}");
         assert!(
             !running(server),

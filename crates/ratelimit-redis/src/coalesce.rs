@@ -19,8 +19,8 @@ use crate::{RedisStore, RedisStoreError};
 pub const DEFAULT_MAX_BATCH: usize = 256;
 
 /// How many calls' worth of checks (of [`max_batch`](Coalescing::max_batch) each) one key's queue
-/// holds by default: 16.
-pub const DEFAULT_QUEUE_CALLS: usize = 16;
+/// holds by default: 4, so 1,024 with the default `max_batch`.
+pub const DEFAULT_QUEUE_CALLS: usize = 4;
 
 /// A [`RedisStore`] wrapper that merges concurrent checks of the same key into one script call.
 ///
@@ -54,8 +54,9 @@ pub const DEFAULT_QUEUE_CALLS: usize = 16;
 /// runs (the same code runs for each cost; the conformance test compares them). So a batch admits
 /// exactly the checks that the same checks, sent alone in that order at that instant, would have
 /// admitted; never more than the limit. The only difference from sending each alone is timing: a
-/// check that queued is decided when the batch runs, up to one round trip (plus the batch window)
-/// later than it would have reached Redis alone, as if the network had delayed it that much. For a
+/// check that queued is decided when its batch runs, one round trip (plus the batch window) later
+/// than it would have reached Redis alone, or a few more behind a queue longer than one batch, as
+/// if the network had delayed it that much. For a
 /// limit that does not refill meanwhile, the admitted count is identical.
 ///
 /// Errors: if a batch call fails, every check in it gets the error (the script may or may not have
@@ -69,18 +70,24 @@ pub const DEFAULT_QUEUE_CALLS: usize = 16;
 /// check of the key starts a new one.
 ///
 /// Load: at most [`max_queue`](Coalescing::max_queue) checks of one key wait (by default
-/// [`DEFAULT_QUEUE_CALLS`] calls' worth: 16 × `max_batch`, 4,096). A check that finds its key's
-/// queue full is sent on its own, as without this wrapper (and so is every check made outside a
-/// Tokio runtime, where the key's task cannot be spawned): a key whose checks come faster than
-/// one call per round trip can carry gets the plain store's behaviour for the rest, instead of a
-/// queue that grows without bound, each check waiting longer than the last. Nothing is refused:
-/// a full queue is this gateway's business, not a failure of Redis for a circuit breaker to count.
+/// [`DEFAULT_QUEUE_CALLS`] calls' worth: 4 × [`max_batch`](Coalescing::max_batch), 1,024), so
+/// that a burst of that many rides in a few calls, and a queued check waits at most five calls:
+/// 25 ms if Redis takes 5 ms a call, within the tower layer's default timeout of 50 ms (with 16
+/// calls' worth it would not be). A check that finds its key's queue full is sent on its own, as without
+/// this wrapper (and so is every check made outside a Tokio runtime, where the key's task cannot
+/// be spawned): a key whose checks come faster than one call per round trip can carry gets the
+/// plain store's behaviour for the rest, instead of a queue that grows without bound, each check
+/// waiting longer than the last. Nothing is refused: a full queue is this gateway's business, not
+/// a failure of Redis for a circuit breaker to count. (A full queue is first cleared of the checks
+/// whose callers gave up, at most once per eighth of its length in checks sent on their own.)
 ///
 /// Needs a Tokio runtime to coalesce: each busy key is served by a spawned task.
 ///
 /// Metrics: `ratelimit_redis_coalesced_checks_total` counts the checks that rode in another's
 /// call (store calls saved), `ratelimit_redis_coalescing_overflow_total` the checks sent on their
-/// own past a full queue; [`stats`](Coalescing::stats) gives the same counts.
+/// own (past a full queue, or made outside a runtime); [`stats`](Coalescing::stats) gives the
+/// same counts (once the calls in flight have ended: a check whose caller gave up is counted as
+/// abandoned when its turn comes).
 #[derive(Clone)]
 pub struct Coalescing {
     store: RedisStore,
@@ -110,6 +117,10 @@ struct QueueKey {
 struct Queue {
     limit: Limit,
     waiting: Vec<(u64, oneshot::Sender<Result<Decision, RedisStoreError>>)>,
+    /// Checks sent on their own since the full queue was last cleared of checks whose callers
+    /// gave up: it is looked through (under the lock every key shares) once per eighth of
+    /// `max_queue` of them, not at every one.
+    overflowed: usize,
 }
 
 /// Counters of a [`Coalescing`] store, since it was made. The checks that rode in another's call
@@ -126,7 +137,8 @@ pub struct CoalescingStats {
     /// Checks sent on their own because their key's queue was full, or because they were made
     /// outside a Tokio runtime.
     pub overflowed: u64,
-    /// Queued checks whose callers gave up before their call (not sent).
+    /// Queued checks never sent: their callers gave up before their call, or the key's task
+    /// ended without answering (its runtime shut down).
     pub abandoned: u64,
 }
 
@@ -187,9 +199,11 @@ impl Coalescing {
     }
 
     /// At most `n` checks of one key wait for a call, besides those in the call in flight
-    /// (default [`DEFAULT_QUEUE_CALLS`] × [`max_batch`](Self::max_batch)); a check that finds
-    /// the queue full is sent on its own. Zero sends every check on its own. Set before the first
-    /// check.
+    /// (default [`DEFAULT_QUEUE_CALLS`] × [`max_batch`](Self::max_batch)); a check that finds the
+    /// queue full is sent on its own. A deeper queue lets a larger burst ride in batches, but
+    /// under steady overload saves no call (each carries `max_batch` whatever waits) and makes
+    /// its checks wait longer: up to `n / max_batch + 1` calls. Zero sends every check on its
+    /// own. Set before the first check.
     #[must_use]
     pub fn max_queue(self, n: usize) -> Self {
         let s = &self.shared;
@@ -233,9 +247,16 @@ impl Coalescing {
         };
         let mut queues = lock(&shared.queues);
         if let Some(q) = queues.get_mut(&qk) {
-            if q.waiting.len() >= shared.max_queue() {
+            let max = shared.max_queue();
+            if q.waiting.len() >= max && q.overflowed == 0 {
+                let before = q.waiting.len();
+                q.waiting.retain(|(_, tx)| !tx.is_closed());
+                let gone = (before - q.waiting.len()) as u64;
+                shared.abandoned.fetch_add(gone, Ordering::Relaxed);
+            }
+            if q.waiting.len() >= max {
+                q.overflowed = (q.overflowed + 1) % (max / 8).max(1);
                 drop(queues);
-                metrics::counter!("ratelimit_redis_coalescing_overflow_total").increment(1);
                 return self.alone(key, limit, cost);
             }
             let (tx, rx) = oneshot::channel();
@@ -250,6 +271,7 @@ impl Coalescing {
             Queue {
                 limit: limit.clone(),
                 waiting: vec![(cost, tx)],
+                overflowed: 0,
             },
         );
         drop(queues);
@@ -269,6 +291,7 @@ impl Coalescing {
 
     /// `key`'s check sent on its own (a full queue, or no runtime).
     fn alone(&self, key: &[u8], limit: &Limit, cost: u64) -> CoalesceFuture {
+        metrics::counter!("ratelimit_redis_coalescing_overflow_total").increment(1);
         self.shared.overflowed.fetch_add(1, Ordering::Relaxed);
         self.shared.calls.fetch_add(1, Ordering::Relaxed);
         self.shared.largest.fetch_max(1, Ordering::Relaxed);
@@ -321,8 +344,12 @@ struct QueueGuard {
 
 impl Drop for QueueGuard {
     fn drop(&mut self) {
-        if self.armed {
-            lock(&self.shared.queues).remove(&self.qk);
+        if self.armed
+            && let Some(q) = lock(&self.shared.queues).remove(&self.qk)
+        {
+            // Never sent: counted with the checks whose callers gave up.
+            let unsent = q.waiting.len() as u64;
+            self.shared.abandoned.fetch_add(unsent, Ordering::Relaxed);
         }
     }
 }
@@ -354,6 +381,7 @@ async fn drive(mut guard: QueueGuard, store: RedisStore) {
             }
             let n = q.waiting.len().min(shared.max_batch);
             let batch: Vec<_> = q.waiting.drain(..n).collect();
+            q.overflowed = 0;
             (q.limit.clone(), batch)
         };
         let n = batch.len() as u64;

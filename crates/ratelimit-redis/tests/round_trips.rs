@@ -413,8 +413,8 @@ async fn coalescing_does_not_send_checks_whose_callers_gave_up() {
 }
 
 /// A key's queue holds at most `max_queue` checks: one more is sent on its own, as without the
-/// wrapper (not refused: a full queue is no failure of Redis); checks whose callers gave up are
-/// not sent, and counted as abandoned.
+/// wrapper (not refused: a full queue is no failure of Redis), once the queue has been cleared
+/// of checks whose callers gave up (not sent; counted as abandoned).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn coalescing_sends_checks_past_a_full_queue_on_their_own() {
     let server = RedisServer::start();
@@ -428,34 +428,38 @@ async fn coalescing_sends_checks_past_a_full_queue_on_their_own() {
     let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
     reset_stats(&server);
     server.pause();
-    // One check goes out and waits on the frozen server; four queue behind it, two of which
-    // are dropped by their callers; the sixth finds the queue full.
+    // One check goes out and waits on the frozen server; four queue behind it; the sixth finds
+    // the queue full and goes on its own.
     let first = tokio::spawn(coalescing.check(b"k", &limit, 1));
     tokio::time::sleep(Duration::from_millis(50)).await;
     let mut queued: Vec<_> = (0..4).map(|_| coalescing.check(b"k", &limit, 1)).collect();
-    queued.truncate(2);
     let alone = tokio::spawn(coalescing.check(b"k", &limit, 1));
     assert_eq!(coalescing.stats().overflowed, 1);
+    // Two queued callers give up: the next check takes a place they leave.
+    queued.truncate(2);
+    queued.push(coalescing.check(b"k", &limit, 1));
+    assert_eq!(coalescing.stats().overflowed, 1);
+    assert_eq!(coalescing.stats().abandoned, 2);
     server.resume();
     assert!(first.await.unwrap().unwrap().is_allowed());
     assert!(alone.await.unwrap().unwrap().is_allowed());
     for r in join_all(queued).await {
         assert!(r.unwrap().is_allowed());
     }
-    // Spent: the first, the two queued checks still awaited, and the one sent alone.
+    // Spent: the first, the one alone, the three queued checks still awaited.
     let peek = coalescing.check(b"k", &limit, 0).await.unwrap();
-    assert_eq!(peek.remaining(), 996);
+    assert_eq!(peek.remaining(), 995);
     let stats = coalescing.stats();
     assert_eq!(
         (stats.checks, stats.abandoned, stats.overflowed),
-        (7, 2, 1),
+        (8, 2, 1),
         "{stats:?}"
     );
-    // The first, the one alone, the batch of two, the peek: what Redis ran.
+    // The first, the one alone, the batch of three, the peek: what Redis ran.
     assert_eq!(stats.store_calls, 4, "{stats:?}");
     assert_eq!(server.script_calls(), 4);
-    // Rode in another's call: one (the second of the batch of two).
-    assert_eq!(stats.checks - stats.abandoned - stats.store_calls, 1);
+    // Rode in another's call: two (of the batch of three).
+    assert_eq!(stats.checks - stats.abandoned - stats.store_calls, 2);
 }
 
 /// A queue of checks of distinct costs gets each its own decision, in queue order: an answer
@@ -602,4 +606,8 @@ fn abandoned_then_answered(
         999,
         "the abandoned check was never sent"
     );
+    // Counted as never sent: the stats' coalesced checks (checks − abandoned − calls) are none.
+    let stats = coalescing.stats();
+    assert_eq!((stats.checks, stats.abandoned), (2, 1), "{stats:?}");
+    assert_eq!(stats.checks - stats.abandoned - stats.store_calls, 0);
 }
