@@ -803,6 +803,13 @@ fn leases_that_would_expire_on_the_way_are_not_taken() {
     }
 }
 
+/// Checks `hot` 200 times at one instant: its leases grow to the largest (64 units).
+fn grow_hot_key<S: Store>(gw: &Leasing<S, ManualClock>, limit: &Limit) {
+    for _ in 0..200 {
+        assert!(block_on(gw.check(b"hot", limit, 1)).unwrap().is_allowed());
+    }
+}
+
 /// A flood of keys seen twice each, through a gateway whose lease table is full of live leases:
 /// the hot key's lease (many units) is not the one evicted; the flood's leases of one unit are.
 #[test]
@@ -815,9 +822,7 @@ fn a_flood_of_new_keys_does_not_evict_a_hot_lease() {
         .unwrap();
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100_000).unwrap()).unwrap();
     // The hot key: its leases grow to the largest.
-    for _ in 0..200 {
-        assert!(block_on(gw.check(b"hot", &limit, 1)).unwrap().is_allowed());
-    }
+    grow_hot_key(&gw, &limit);
     let before = gw.stats();
     assert!(gw.outstanding_units() > 1, "{before:?}");
     // Ten thousand keys seen twice each, back to back (so that each keeps a live lease of one
@@ -885,9 +890,7 @@ fn a_failed_lease_request_counts_as_a_lease_lost() {
     let gw = Leasing::new(losing, clock.clone());
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100_000).unwrap()).unwrap();
     // The hot key's leases grow to the largest; it spends the last one to the end.
-    for _ in 0..200 {
-        assert!(block_on(gw.check(b"hot", &limit, 1)).unwrap().is_allowed());
-    }
+    grow_hot_key(&gw, &limit);
     while gw.outstanding_units() > 0 {
         assert!(block_on(gw.check(b"hot", &limit, 1)).unwrap().is_allowed());
     }
@@ -1018,9 +1021,7 @@ fn a_hot_key_between_leases_is_not_evicted() {
         .unwrap();
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100_000).unwrap()).unwrap();
     // The hot key's leases grow to the largest; then it spends the last one to the end.
-    for _ in 0..200 {
-        assert!(block_on(gw.check(b"hot", &limit, 1)).unwrap().is_allowed());
-    }
+    grow_hot_key(&gw, &limit);
     while gw.outstanding_units() > 0 {
         assert!(block_on(gw.check(b"hot", &limit, 1)).unwrap().is_allowed());
     }
