@@ -803,6 +803,22 @@ fn leases_that_would_expire_on_the_way_are_not_taken() {
     }
 }
 
+/// A gateway whose lease table holds 128 keys (16 shards of 8), over a memory store, and a limit
+/// of 100,000 a day.
+fn small_table() -> (
+    ManualClock,
+    Leasing<Arc<MemoryStore<ManualClock>>, ManualClock>,
+    Limit,
+) {
+    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+    let gw = Leasing::builder(memory(&clock), clock.clone())
+        .max_keys(16 * 8)
+        .build()
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100_000).unwrap()).unwrap();
+    (clock, gw, limit)
+}
+
 /// Checks `hot` 200 times at one instant: its leases grow to the largest (64 units).
 fn grow_hot_key<S: Store>(gw: &Leasing<S, ManualClock>, limit: &Limit) {
     for _ in 0..200 {
@@ -814,13 +830,7 @@ fn grow_hot_key<S: Store>(gw: &Leasing<S, ManualClock>, limit: &Limit) {
 /// the hot key's lease (many units) is not the one evicted; the flood's leases of one unit are.
 #[test]
 fn a_flood_of_new_keys_does_not_evict_a_hot_lease() {
-    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
-    let store = memory(&clock);
-    let gw = Leasing::builder(Arc::clone(&store), clock.clone())
-        .max_keys(16 * 8)
-        .build()
-        .unwrap();
-    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100_000).unwrap()).unwrap();
+    let (_clock, gw, limit) = small_table();
     // The hot key: its leases grow to the largest.
     grow_hot_key(&gw, &limit);
     let before = gw.stats();
@@ -1013,13 +1023,7 @@ fn a_second_lease_that_would_expire_on_its_way_is_not_asked_for() {
 /// again from a lease of one unit and take a store call for each of its next few checks.
 #[test]
 fn a_hot_key_between_leases_is_not_evicted() {
-    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
-    let store = memory(&clock);
-    let gw = Leasing::builder(Arc::clone(&store), clock.clone())
-        .max_keys(16 * 8)
-        .build()
-        .unwrap();
-    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100_000).unwrap()).unwrap();
+    let (clock, gw, limit) = small_table();
     // The hot key's leases grow to the largest; then it spends the last one to the end.
     grow_hot_key(&gw, &limit);
     while gw.outstanding_units() > 0 {
