@@ -831,6 +831,17 @@ mod tests {
         assert_eq!(std::mem::size_of::<DenialMemo>(), 64);
     }
 
+    /// A store of one shard on a manual clock.
+    fn one_shard() -> (ManualClock, MemoryStore<ManualClock>) {
+        let clock = ManualClock::new();
+        let store = MemoryStore::builder()
+            .shards(1)
+            .with_clock(clock.clone())
+            .build()
+            .unwrap();
+        (clock, store)
+    }
+
     /// A shard of 16 keys whose key `hot` is denied at cost 1 (so named by the shard's memo) for
     /// an hour, by a limit of 1 an hour.
     fn denied_hot_key() -> (ManualClock, MemoryStore<ManualClock>, Limit) {
@@ -903,12 +914,7 @@ mod tests {
     /// one, and the memo would go on naming them. The lock's answer, every time.
     #[test]
     fn a_denial_by_several_quotas_is_not_memoized() {
-        let clock = ManualClock::new();
-        let store = MemoryStore::builder()
-            .shards(1)
-            .with_clock(clock.clone())
-            .build()
-            .unwrap();
+        let (clock, store) = one_shard();
         let limit = Limit::new(
             Algorithm::TokenBucket,
             [Quota::per_second(2).unwrap(), Quota::per_minute(2).unwrap()],
@@ -940,12 +946,7 @@ mod tests {
         )
         .unwrap();
         for other_key in [false, true] {
-            let clock = ManualClock::new();
-            let store = MemoryStore::builder()
-                .shards(1)
-                .with_clock(clock.clone())
-                .build()
-                .unwrap();
+            let (clock, store) = one_shard();
             for _ in 0..5 {
                 assert!(store.check_now(b"hot", &limit, 1).is_allowed());
             }

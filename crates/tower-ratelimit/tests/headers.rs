@@ -266,14 +266,20 @@ async fn the_verdict_can_be_left_out_of_the_extensions() {
     assert_eq!(body_text(res).await, "ok");
 }
 
-#[tokio::test]
-async fn problem_json_body() {
-    let (_clock, store) = store();
-    let policy = Policy::new("api", five_a_minute())
+/// An app whose one policy, "api", counts every request against `limit` and answers its 429s
+/// with a problem+json body.
+fn problem_app(store: TestStore, limit: Limit) -> Router {
+    let policy = Policy::new("api", limit)
         .unwrap()
         .key(GlobalKey)
         .body(DenialBody::ProblemJson);
-    let app = app(store, policy);
+    app(store, policy)
+}
+
+#[tokio::test]
+async fn problem_json_body() {
+    let (_clock, store) = store();
+    let app = problem_app(store, five_a_minute());
     for _ in 0..5 {
         send(&app, request("/")).await;
     }
@@ -298,11 +304,7 @@ async fn a_problem_body_names_the_quota_that_denied() {
         [Quota::per_second(2).unwrap(), Quota::per_minute(3).unwrap()],
     )
     .unwrap();
-    let policy = Policy::new("api", limit)
-        .unwrap()
-        .key(GlobalKey)
-        .body(DenialBody::ProblemJson);
-    let app = app(store, policy);
+    let app = problem_app(store, limit);
     let denied_by = |res: http::Response<axum::body::Body>| async move {
         assert_eq!(res.status(), 429);
         let rate_limit = header(&res, "ratelimit").unwrap().to_owned();
@@ -342,11 +344,7 @@ async fn a_denial_by_several_quotas_names_each() {
         ],
     )
     .unwrap();
-    let policy = Policy::new("api", limit)
-        .unwrap()
-        .key(GlobalKey)
-        .body(DenialBody::ProblemJson);
-    let app = app(store, policy);
+    let app = problem_app(store, limit);
     assert_eq!(send(&app, request("/")).await.status(), 200);
     clock.advance(Duration::from_secs(1));
     assert_eq!(send(&app, request("/")).await.status(), 200);
