@@ -263,8 +263,9 @@ struct Entry {
     /// the store rather than ask for the next lease (its fellow waiters would otherwise take
     /// turns, each after the last one's failure).
     failed_fetches: u64,
-    /// The round trip of the key's last lease that came (µs, from its request to its answer): a
-    /// lease that would live no longer is not asked for.
+    /// The round trip of the key's last lease request answered, granted or denied (µs, from its
+    /// request to its answer), or, for a key new to the table, the gateway's last: a lease that
+    /// would live no longer is not asked for.
     rtt: u64,
     /// End of the lease (exclusive), µs.
     expires: u64,
@@ -531,7 +532,7 @@ impl<S, C> Shared<S, C> {
         let mut want = size.max(cost).min(cap);
         let mut refill = self.refill(limit, want);
         if refill <= e.rtt && want > cost {
-            // A lease that would live no longer than the key's last lease took to come (or less
+            // A lease that would live no longer than the key's last lease request took (or less
             // than a microsecond) expires as it arrives: its units beyond the check's own would
             // all be dropped, and the checks waiting for them would wait a round trip for
             // nothing. The check takes its cost only.
@@ -669,8 +670,9 @@ impl<S: Store, C: Clock> Leasing<S, C> {
 
 impl<S, C> LeasingBuilder<S, C> {
     /// Every lease is `n` units (at least 1): no adaptation. A lease that would live no longer
-    /// than the key's last lease took to come (the store's round trip; or less than a
-    /// microsecond) is not taken: the check asks the store for its own cost only.
+    /// than the store's round trip (the key's last lease request's, or the gateway's last for a
+    /// key new to the table; or less than a microsecond) is not taken: the check asks the store
+    /// for its own cost only.
     pub fn lease_size(mut self, n: u64) -> Self {
         self.size = Size::Fixed(n);
         self

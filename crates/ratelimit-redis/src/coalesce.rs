@@ -78,8 +78,9 @@ pub const DEFAULT_QUEUE_CALLS: usize = 4;
 /// be spawned): a key whose checks come faster than one call per round trip can carry gets the
 /// plain store's behaviour for the rest, instead of a queue that grows without bound, each check
 /// waiting longer than the last. Nothing is refused: a full queue is this gateway's business, not
-/// a failure of Redis for a circuit breaker to count. (A full queue is first cleared of the checks
-/// whose callers gave up, at most once per eighth of its length in checks sent on their own.)
+/// a failure of Redis for a circuit breaker to count. (The places of queued checks whose callers
+/// gave up are freed when their turn comes, not for new checks: those would join the back of a
+/// queue whose front is already waiting too long.)
 ///
 /// Needs a Tokio runtime to coalesce: each busy key is served by a spawned task.
 ///
@@ -117,10 +118,6 @@ struct QueueKey {
 struct Queue {
     limit: Limit,
     waiting: Vec<(u64, oneshot::Sender<Result<Decision, RedisStoreError>>)>,
-    /// Checks sent on their own since the full queue was last cleared of checks whose callers
-    /// gave up: it is looked through (under the lock every key shares) once per eighth of
-    /// `max_queue` of them, not at every one.
-    overflowed: usize,
 }
 
 /// Counters of a [`Coalescing`] store, since it was made. The checks that rode in another's call
@@ -202,8 +199,8 @@ impl Coalescing {
     /// (default [`DEFAULT_QUEUE_CALLS`] × [`max_batch`](Self::max_batch)); a check that finds the
     /// queue full is sent on its own. A deeper queue lets a larger burst ride in batches, but
     /// under steady overload saves no call (each carries `max_batch` whatever waits) and makes
-    /// its checks wait longer: up to `n / max_batch + 1` calls. Zero sends every check on its
-    /// own. Set before the first check.
+    /// its checks wait longer: up to the call in flight and `n.div_ceil(max_batch)` more. Zero
+    /// sends every check on its own. Set before the first check.
     #[must_use]
     pub fn max_queue(self, n: usize) -> Self {
         let s = &self.shared;
@@ -247,15 +244,10 @@ impl Coalescing {
         };
         let mut queues = lock(&shared.queues);
         if let Some(q) = queues.get_mut(&qk) {
-            let max = shared.max_queue();
-            if q.waiting.len() >= max && q.overflowed == 0 {
-                let before = q.waiting.len();
-                q.waiting.retain(|(_, tx)| !tx.is_closed());
-                let gone = (before - q.waiting.len()) as u64;
-                shared.abandoned.fetch_add(gone, Ordering::Relaxed);
-            }
-            if q.waiting.len() >= max {
-                q.overflowed = (q.overflowed + 1) % (max / 8).max(1);
+            // Full: on its own. Not into a place a caller that gave up left: the queue is first
+            // in, first out, so those are the oldest, and a check put at its back would wait
+            // longer than they did (they are cleared when their turn comes).
+            if q.waiting.len() >= shared.max_queue() {
                 drop(queues);
                 return self.alone(key, limit, cost);
             }
@@ -271,7 +263,6 @@ impl Coalescing {
             Queue {
                 limit: limit.clone(),
                 waiting: vec![(cost, tx)],
-                overflowed: 0,
             },
         );
         drop(queues);
@@ -381,7 +372,6 @@ async fn drive(mut guard: QueueGuard, store: RedisStore) {
             }
             let n = q.waiting.len().min(shared.max_batch);
             let batch: Vec<_> = q.waiting.drain(..n).collect();
-            q.overflowed = 0;
             (q.limit.clone(), batch)
         };
         let n = batch.len() as u64;
