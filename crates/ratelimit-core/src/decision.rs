@@ -32,7 +32,8 @@ pub(crate) enum Verdict {
 ///
 /// When a limit combines several quotas, the decision describes the binding one: the quota that
 /// denied with the longest wait, or, when all allowed, the one with the fewest requests left. A
-/// denial also says which quotas did not admit the cost ([`violated_quotas`](Self::violated_quotas)).
+/// denial also says which quotas did not admit the cost
+/// ([`violated_quotas`](Self::violated_quotas)).
 ///
 /// A decision may be marked as answered from a cache in front of the store ([`cached`](Self::cached)):
 /// it is then no evidence of the store's health, for a circuit breaker. The mark is not part of

@@ -612,9 +612,9 @@ impl<S, C> Shared<S, C> {
                 // Then the eighth of the shard (among those no check holds) with the smallest
                 // lease size, then the fewest units left: a flood of new keys, each holding a
                 // lease of a unit or two, must not cost a hot key its lease (up to
-                // `max_lease − 1` units it would waste at the store, again and again), nor, between
-                // two of its leases, its lease size (a store call for each of its next checks
-                // while it grows back).
+                // `max_lease − 1` units it would waste at the store, again and again), nor,
+                // between two of its leases, its lease size (a store call for each of its next
+                // checks while it grows back).
                 let mut free: Vec<(u64, u64, u128)> = shard
                     .iter()
                     .filter(|(_, e)| Arc::strong_count(e) == 1)
@@ -1116,15 +1116,11 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                     sh.counters.lease_denials.fetch_add(1, Ordering::Relaxed);
                     let left = d.remaining();
                     let now = sh.clock.now().as_micros();
-                    // The denial's round trip is a sample too: a second request for the units
-                    // left that would expire on its way is not sent.
+                    // The denial's round trip is a sample too (recorded in the key's entry under
+                    // the lock each branch below takes): a second request for the units left
+                    // that would expire on its way is not sent.
                     let rtt = now.saturating_sub(sent);
                     sh.saw_round_trip(rtt);
-                    let rtt = {
-                        let mut e = ctx.entry.lock();
-                        e.rtt = rtt;
-                        rtt
-                    };
                     if !second && left > cost && left < want && sh.refill(&ctx.limit, left) > rtt {
                         // The store said how many units it has left: ask for exactly those, once
                         // (this check stays the key's one lease request in flight). A new
@@ -1132,6 +1128,7 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                         // units again (or go to the store).
                         let waiters = {
                             let mut e = ctx.entry.lock();
+                            e.rtt = rtt;
                             if let Size::Adaptive(_) = sh.size {
                                 e.size = left;
                             }
@@ -1154,6 +1151,7 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                     // exhausted key still admits exactly what is left), and the waiting ones at
                     // once, side by side (a coalescing store below merges them).
                     finish(&ctx.entry, |e| {
+                        e.rtt = rtt;
                         sh.shrink(e);
                         starve(e, sent, &d);
                     });

@@ -138,9 +138,9 @@ impl Quota {
     }
 
     /// Whether the bucket algorithms can count this quota exactly: `burst × scale`, the bucket
-    /// in level units, is at most 2^52.
+    /// in level units, is at most 2^52 (the capacity saturates well above it).
     pub(crate) fn fits_bucket(&self) -> bool {
-        u128::from(self.burst) * u128::from(self.scale) <= u128::from(MAX_EXACT)
+        self.capacity <= MAX_EXACT
     }
 
     pub(crate) fn too_large(&self, algorithm: crate::Algorithm) -> ConfigError {

@@ -58,29 +58,22 @@ fn main() -> ExitCode {
 /// Listens for Ctrl-C (SIGINT) and SIGTERM from now on (the handlers are in place when this
 /// returns); the future resolves at the first of them, never if neither could be listened for.
 fn interrupted() -> impl std::future::Future<Output = ()> {
-    use tokio::signal::unix::{SignalKind, signal};
-    let mut terminate = signal(SignalKind::terminate()).ok();
-    let mut interrupt = signal(SignalKind::interrupt()).ok();
+    use tokio::signal::unix::{Signal, SignalKind, signal};
+    /// The next `kind` signal; pending for good if it could not be listened for.
+    async fn next(listening: Option<Signal>) {
+        match listening {
+            Some(mut s) => {
+                s.recv().await;
+            }
+            None => std::future::pending().await,
+        }
+    }
+    let terminate = next(signal(SignalKind::terminate()).ok());
+    let interrupt = next(signal(SignalKind::interrupt()).ok());
     async move {
-        let term = async {
-            match terminate.as_mut() {
-                Some(s) => {
-                    s.recv().await;
-                }
-                None => std::future::pending::<()>().await,
-            }
-        };
-        let int = async {
-            match interrupt.as_mut() {
-                Some(s) => {
-                    s.recv().await;
-                }
-                None => std::future::pending::<()>().await,
-            }
-        };
         tokio::select! {
-            () = term => {}
-            () = int => {}
+            () = terminate => {}
+            () = interrupt => {}
         }
     }
 }

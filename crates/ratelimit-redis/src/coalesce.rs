@@ -56,8 +56,8 @@ pub const DEFAULT_QUEUE_CALLS: usize = 4;
 /// admitted; never more than the limit. The only difference from sending each alone is timing: a
 /// check that queued is decided when its batch runs, one round trip (plus the batch window) later
 /// than it would have reached Redis alone, or a few more behind a queue longer than one batch, as
-/// if the network had delayed it that much. For a
-/// limit that does not refill meanwhile, the admitted count is identical.
+/// if the network had delayed it that much. For a limit that does not refill meanwhile, the
+/// admitted count is identical.
 ///
 /// Errors: if a batch call fails, every check in it gets the error (the script may or may not have
 /// run, as for any failed check; none is retried).
@@ -70,17 +70,17 @@ pub const DEFAULT_QUEUE_CALLS: usize = 4;
 /// check of the key starts a new one.
 ///
 /// Load: at most [`max_queue`](Coalescing::max_queue) checks of one key wait (by default
-/// [`DEFAULT_QUEUE_CALLS`] calls' worth: 4 × [`max_batch`](Coalescing::max_batch), 1,024), so
-/// that a burst of that many rides in a few calls, and a queued check waits at most five calls:
-/// 25 ms if Redis takes 5 ms a call, within the tower layer's default timeout of 50 ms (with 16
-/// calls' worth it would not be). A check that finds its key's queue full is sent on its own, as without
-/// this wrapper (and so is every check made outside a Tokio runtime, where the key's task cannot
-/// be spawned): a key whose checks come faster than one call per round trip can carry gets the
-/// plain store's behaviour for the rest, instead of a queue that grows without bound, each check
-/// waiting longer than the last. Nothing is refused: a full queue is this gateway's business, not
-/// a failure of Redis for a circuit breaker to count. (The places of queued checks whose callers
-/// gave up are freed when their turn comes, not for new checks: those would join the back of a
-/// queue whose front is already waiting too long.)
+/// [`DEFAULT_QUEUE_CALLS`] calls' worth: 4 × [`max_batch`](Coalescing::max_batch), 1,024), so that
+/// a burst of that many rides in a few calls, and a queued check waits at most five calls: 25 ms if
+/// Redis takes 5 ms a call, within the tower layer's default timeout of 50 ms (with 16 calls' worth
+/// it would not be). A check that finds its key's queue full is sent on its own, as without this
+/// wrapper (and so is every check made outside a Tokio runtime, where the key's task cannot be
+/// spawned): a key whose checks come faster than one call per round trip can carry gets the plain
+/// store's behaviour for the rest, instead of a queue that grows without bound, each check waiting
+/// longer than the last. Nothing is refused: a full queue is this gateway's business, not a failure
+/// of Redis for a circuit breaker to count. (The places of queued checks whose callers gave up are
+/// freed when their turn comes, not for new checks: those would join the back of a queue whose
+/// front is already waiting too long.)
 ///
 /// Needs a Tokio runtime to coalesce: each busy key is served by a spawned task.
 ///

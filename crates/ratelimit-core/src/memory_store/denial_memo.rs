@@ -10,22 +10,22 @@
 //! key there answers from it with plain loads: the cache line is shared by the cores that read it
 //! and written only when the memo changes.
 //!
-//! The answer is exactly the one the lock would give: while a key is denied for a request of
-//! cost 1, nothing but time changes its state (a denial stores nothing, and a cost of 1 is the
-//! least that can be admitted, so no admission of the key comes before the denial ends), so its
-//! decision at a later time is the memo's with the waits shortened by the time passed since. Only
-//! a cost of exactly 1 is answered, and only from a denial of cost 1 that left no unit (so that
-//! "remaining" is 0 all along) and that one quota alone made (another quota denying too would
-//! recover before the binding one, and drop out of the decision's violated quotas): another cost
-//! may have a different wait and binding quota, and takes the lock as before. The memo answers only a check whose clock reading is not past the
-//! shard's latest time (a copy of which the lock's holder publishes in the memo while it names a
-//! key), and counts at that time, as the lock would; a check that would move the latest time on
-//! takes the lock (the memo writes nothing shared), which is one check per microsecond of the
-//! clock at most. A clock that goes back, or a core whose clock is behind another's, so gets the
-//! lock's answer too. The memo is written only while both of its instants are within the
-//! algorithms' time range (past `MAX_TIME` they hold time still, and the memo's waits would
-//! shrink), and never once the store has been checked at an explicit time (a key's state may then
-//! be ahead of the clock, its waits not shortening as the clock moves).
+//! The answer is exactly the one the lock would give: while a key is denied for a request of cost
+//! 1, nothing but time changes its state (a denial stores nothing, and a cost of 1 is the least
+//! that can be admitted, so no admission of the key comes before the denial ends), so its decision
+//! at a later time is the memo's with the waits shortened by the time passed since. Only a cost of
+//! exactly 1 is answered, and only from a denial of cost 1 that left no unit (so that "remaining"
+//! is 0 all along) and that one quota alone made (another quota denying too would recover before
+//! the binding one, and drop out of the decision's violated quotas): another cost may have a
+//! different wait and binding quota, and takes the lock as before. The memo answers only a check
+//! whose clock reading is not past the shard's latest time (a copy of which the lock's holder
+//! publishes in the memo while it names a key), and counts at that time, as the lock would; a check
+//! that would move the latest time on takes the lock (the memo writes nothing shared), which is one
+//! check per microsecond of the clock at most. A clock that goes back, or a core whose clock is
+//! behind another's, so gets the lock's answer too. The memo is written only while both of its
+//! instants are within the algorithms' time range (past `MAX_TIME` they hold time still, and the
+//! memo's waits would shrink), and never once the store has been checked at an explicit time (a
+//! key's state may then be ahead of the clock, its waits not shortening as the clock moves).
 //!
 //! The memo's key is also kept in the shard itself (the `hint`), on the cache line that a check
 //! reads anyway (for the prefetch), and the memo's own line is read only when the hint names the
@@ -106,10 +106,11 @@ impl DenialMemo {
 
     /// Keeps the memo in step with a decision for `id` made under the shard's lock at `now` (the
     /// time it counted at): a denial of cost 1 that left no unit, by one quota alone, is written
-    /// into an empty or expired memo, unless the store has been checked at an explicit time. An admission needs
-    /// nothing: by the store's clock, an admission of the memo's key comes at or after the end of
-    /// its denial, when the memo no longer answers (and `check_at`, whose admission may come from
-    /// the future, empties every memo and stops their writing first). The caller holds the lock.
+    /// into an empty or expired memo, unless the store has been checked at an explicit time. An
+    /// admission needs nothing: by the store's clock, an admission of the memo's key comes at or
+    /// after the end of its denial, when the memo no longer answers (and `check_at`, whose
+    /// admission may come from the future, empties every memo and stops their writing first). The
+    /// caller holds the lock.
     #[inline]
     pub(super) fn after_check(
         &self,
