@@ -135,9 +135,15 @@ const STATE: u64 = 0b11;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Admit {
     Call,
-    Probe,
+    Probe(Probe),
     Reject,
 }
+
+/// A probe: the breaker's word when it went out (half-open, stamped with its sending). Its
+/// failure re-opens the circuit only while the word is still its own, so that a probe taken as
+/// lost and settled late cannot re-open the circuit under the probe sent after it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Probe(std::num::NonZeroU64);
 
 pub(crate) struct Breaker {
     config: CircuitBreaker,
@@ -237,18 +243,15 @@ impl Breaker {
                 if now.saturating_since(since) < wait {
                     return Admit::Reject;
                 }
+                let probe = stamp(now) | HALF_OPEN;
                 let probing = self
                     .word
-                    .compare_exchange(
-                        word,
-                        stamp(now) | HALF_OPEN,
-                        Ordering::AcqRel,
-                        Ordering::Acquire,
-                    )
+                    .compare_exchange(word, probe, Ordering::AcqRel, Ordering::Acquire)
                     .is_ok();
-                if !probing {
+                let Some(probe) = probing.then_some(probe).and_then(std::num::NonZeroU64::new)
+                else {
                     return Admit::Reject;
-                }
+                };
                 if state == OPEN {
                     self.publish();
                     tracing::info!(policy = %self.policy, "rate-limit store circuit half-open: probing");
@@ -259,16 +262,16 @@ impl Breaker {
                         "rate-limit store probe settled by nothing: probing again"
                     );
                 }
-                Admit::Probe
+                Admit::Probe(Probe(probe))
             }
         }
     }
 
-    pub(crate) fn success(&self, probe: bool) {
-        if probe {
+    pub(crate) fn success(&self, probe: Option<Probe>) {
+        if probe.is_some() {
             // Only a half-open circuit closes: a probe taken as lost that answers after the one
             // sent after it failed (its future polled late) would close a circuit opened on
-            // newer evidence.
+            // newer evidence. Any probe's success closes it: the store answered.
             let closed = self
                 .word
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
@@ -294,17 +297,21 @@ impl Breaker {
 
     /// The store answered `d`: evidence of its health unless it came from a cache in front of
     /// it (then a probe is handed on).
-    pub(crate) fn answered(&self, d: &Decision, probe: bool) {
+    pub(crate) fn answered(&self, d: &Decision, probe: Option<Probe>) {
         if !d.is_cached() {
             self.success(probe);
-        } else if probe {
-            self.probe_not_asked();
+        } else if let Some(probe) = probe {
+            self.probe_not_asked(probe);
         }
     }
 
-    pub(crate) fn failure(&self, probe: bool) {
-        if probe {
-            self.open(HALF_OPEN);
+    pub(crate) fn failure(&self, probe: Option<Probe>) {
+        if let Some(probe) = probe {
+            // Only this probe's circuit re-opens: one taken as lost and failing late (its future
+            // polled after the timeout) would otherwise re-open it under the probe sent after it,
+            // whose success would then find it open and be lost, leaving a healthy store's
+            // circuit open for another cool-down.
+            self.open(probe.0.get());
             return;
         }
         let n = self
@@ -317,8 +324,8 @@ impl Breaker {
     }
 
     /// The probe was answered without asking the store: the circuit stays open, cooled down, so
-    /// that the next request probes.
-    pub(crate) fn probe_not_asked(&self) {
+    /// that the next request probes (unless another probe went out since).
+    pub(crate) fn probe_not_asked(&self, probe: Probe) {
         // Stamped a cool-down ago: cooled down already, so that the next request probes.
         let cool_down = u64::try_from(self.config.cool_down.as_micros()).unwrap_or(u64::MAX);
         let cooled = stamp(Timestamp::from_micros(
@@ -327,7 +334,7 @@ impl Breaker {
         let reopened = self
             .word
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-                (w & STATE == HALF_OPEN).then_some(cooled | OPEN)
+                (w == probe.0.get()).then_some(cooled | OPEN)
             })
             .is_ok();
         if reopened {
@@ -335,14 +342,19 @@ impl Breaker {
         }
     }
 
-    /// Opens the circuit if it is still in state `from` (a thread that saw it closed long ago
-    /// must not re-open a circuit whose probe is out).
+    /// Opens the circuit if it is still `from`: closed (`CLOSED`, a thread that saw it closed long
+    /// ago must not re-open a circuit whose probe is out), or a probe's own word.
     fn open(&self, from: u64) {
         let stamped = stamp(self.clock.now()) | OPEN;
         let opened = self
             .word
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-                (w & STATE == from).then_some(stamped)
+                let still = if from == CLOSED {
+                    w & STATE == CLOSED
+                } else {
+                    w == from
+                };
+                still.then_some(stamped)
             })
             .is_ok();
         if !opened {
@@ -376,6 +388,7 @@ where
     E: Send + 'static,
 {
     breaker: Arc<Breaker>,
+    probe: Probe,
     /// The layer's timeout, counted from the probe's making (so from about when the circuit
     /// stamped it): neither the first poll nor a drop starts it again, and the probe is settled
     /// within a timeout of being sent, well inside the breaker's `lost_after`.
@@ -395,9 +408,10 @@ where
     F: Future<Output = Result<Decision, E>> + Send + Unpin + 'static,
     E: Send + 'static,
 {
-    pub(crate) fn new(breaker: Arc<Breaker>, check: F, timeout: Duration) -> Self {
+    pub(crate) fn new(breaker: Arc<Breaker>, probe: Probe, check: F, timeout: Duration) -> Self {
         ProbeCheck {
             breaker,
+            probe,
             deadline: tokio::time::Instant::now() + timeout,
             state: Some(Checking::Sent(check)),
         }
@@ -416,7 +430,7 @@ where
         // The state is out of `this` while it is polled: should the store's future (or making
         // the timeout) panic, the probe is settled as failed as the panic unwinds, instead of
         // being left half-open with nothing to settle it.
-        let _on_panic = FailOnPanic(&this.breaker);
+        let _on_panic = FailOnPanic(&this.breaker, this.probe);
         let mut timed = match this.state.take() {
             Some(Checking::Sent(check)) => Box::pin(tokio::time::timeout_at(this.deadline, check)),
             Some(Checking::Timed(timed)) => timed,
@@ -442,7 +456,7 @@ where
         let Some(state) = self.state.take() else {
             return;
         };
-        let mut unsettled = Unsettled(Some(self.breaker.clone()));
+        let mut unsettled = Unsettled(Some((self.breaker.clone(), self.probe)));
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // No runtime to finish the check on: `unsettled` hands the probe on as it drops.
             return;
@@ -461,25 +475,27 @@ where
 
 /// Counts the probe as failed if dropped while its thread panics (a poll of its store's future
 /// panicked).
-struct FailOnPanic<'a>(&'a Breaker);
+struct FailOnPanic<'a>(&'a Breaker, Probe);
 
 impl Drop for FailOnPanic<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            self.0.failure(true);
+            self.0.failure(Some(self.1));
         }
     }
 }
 
 /// A probe whose answer is still to come: settled by it, or handed on if dropped without one.
-struct Unsettled(Option<Arc<Breaker>>);
+struct Unsettled(Option<(Arc<Breaker>, Probe)>);
 
 impl Unsettled {
     fn settle<E>(&mut self, answer: Result<Result<Decision, E>, Elapsed>) {
-        let Some(b) = self.0.take() else { return };
+        let Some((b, probe)) = self.0.take() else {
+            return;
+        };
         let kind = match answer {
             Ok(Ok(d)) => {
-                b.answered(&d, true);
+                b.answered(&d, Some(probe));
                 tracing::debug!(
                     policy = %b.policy,
                     state = ?b.state(),
@@ -491,7 +507,7 @@ impl Unsettled {
             Err(_) => FailureKind::Timeout,
         };
         b.errors[kind as usize].increment(1);
-        b.failure(true);
+        b.failure(Some(probe));
         tracing::warn!(
             policy = %b.policy,
             kind = kind.as_str(),
@@ -502,12 +518,12 @@ impl Unsettled {
 
 impl Drop for Unsettled {
     fn drop(&mut self) {
-        if let Some(b) = self.0.take() {
+        if let Some((b, probe)) = self.0.take() {
             if std::thread::panicking() {
                 // The check panicked in its task: a failure, as in the request's own future.
-                b.failure(true);
+                b.failure(Some(probe));
             } else {
-                b.probe_not_asked();
+                b.probe_not_asked(probe);
             }
         }
     }
@@ -532,24 +548,24 @@ mod tests {
     fn opens_half_opens_and_closes() {
         let clock = ManualClock::new();
         let b = breaker(&clock);
-        b.failure(false);
+        b.failure(None);
         assert_eq!(b.admit(), Admit::Call);
-        b.success(false);
-        b.failure(false);
+        b.success(None);
+        b.failure(None);
         assert_eq!(b.state(), CircuitState::Closed, "success reset the count");
-        b.failure(false);
+        b.failure(None);
         assert_eq!(b.state(), CircuitState::Open);
         assert_eq!(b.admit(), Admit::Reject);
         clock.advance(Duration::from_secs(5));
-        assert_eq!(b.admit(), Admit::Probe);
+        let p = probe(&b);
         assert_eq!(b.admit(), Admit::Reject, "one probe at a time");
-        b.failure(true);
+        b.failure(Some(p));
         assert_eq!(b.state(), CircuitState::Open);
         clock.advance(Duration::from_secs(4));
         assert_eq!(b.admit(), Admit::Reject);
         clock.advance(Duration::from_secs(1));
-        assert_eq!(b.admit(), Admit::Probe);
-        b.success(true);
+        let p = probe(&b);
+        b.success(Some(p));
         assert_eq!(b.state(), CircuitState::Closed);
         assert_eq!(b.admit(), Admit::Call);
     }
@@ -559,14 +575,14 @@ mod tests {
     #[test]
     fn a_probe_lost_for_a_cool_down_is_sent_again() {
         let clock = ManualClock::new();
-        let b = probing(&clock);
+        let (b, _lost) = probing(&clock);
         clock.advance(Duration::from_millis(4_999));
         assert_eq!(b.admit(), Admit::Reject, "the probe may still answer");
         clock.advance(Duration::from_millis(1));
-        assert_eq!(b.admit(), Admit::Probe);
+        let p = probe(&b);
         assert_eq!(b.admit(), Admit::Reject);
         assert_eq!(b.state(), CircuitState::HalfOpen);
-        b.success(true);
+        b.success(Some(p));
         assert_eq!(b.state(), CircuitState::Closed);
     }
 
@@ -575,18 +591,48 @@ mod tests {
     #[test]
     fn a_lost_probes_late_success_does_not_close_a_reopened_circuit() {
         let clock = ManualClock::new();
-        let b = probing(&clock);
+        let (b, lost) = probing(&clock);
         clock.advance(Duration::from_secs(5));
-        assert_eq!(b.admit(), Admit::Probe, "the first probe is taken as lost");
-        b.failure(true);
+        let second = probe(&b);
+        b.failure(Some(second));
         assert_eq!(b.state(), CircuitState::Open);
-        b.success(true);
+        b.success(Some(lost));
         assert_eq!(b.state(), CircuitState::Open, "a stale probe closed it");
         assert_eq!(b.admit(), Admit::Reject);
         clock.advance(Duration::from_secs(5));
-        assert_eq!(b.admit(), Admit::Probe);
-        b.success(true);
+        let p = probe(&b);
+        b.success(Some(p));
         assert_eq!(b.state(), CircuitState::Closed);
+    }
+
+    /// A probe taken as lost that fails late (its future polled after its timeout) re-opens
+    /// nothing while the probe sent after it is out: that probe's success closes the circuit
+    /// instead of finding it open for another cool-down.
+    #[test]
+    fn a_lost_probes_late_failure_does_not_reopen_the_circuit_under_the_next_probe() {
+        let clock = ManualClock::new();
+        let (b, lost) = probing(&clock);
+        clock.advance(Duration::from_secs(5));
+        let second = probe(&b);
+        b.failure(Some(lost));
+        assert_eq!(
+            b.state(),
+            CircuitState::HalfOpen,
+            "the stale probe re-opened it"
+        );
+        assert_eq!(b.admit(), Admit::Reject, "still one probe at a time");
+        b.success(Some(second));
+        assert_eq!(b.state(), CircuitState::Closed);
+
+        // Nor does its answer from a cache hand the second probe's turn to a third.
+        let (b, lost) = probing(&clock);
+        clock.advance(Duration::from_secs(5));
+        let second = probe(&b);
+        b.probe_not_asked(lost);
+        assert_eq!(b.state(), CircuitState::HalfOpen);
+        assert_eq!(b.admit(), Admit::Reject);
+        b.failure(Some(second));
+        assert_eq!(b.state(), CircuitState::Open);
     }
 
     /// The other way round: the probe taken as lost answers first and closes the circuit; the
@@ -594,14 +640,14 @@ mod tests {
     #[test]
     fn a_second_probes_success_on_a_closed_circuit_resets_its_failures() {
         let clock = ManualClock::new();
-        let b = probing(&clock);
+        let (b, lost) = probing(&clock);
         clock.advance(Duration::from_secs(5));
-        assert_eq!(b.admit(), Admit::Probe, "the first probe is taken as lost");
-        b.success(true);
+        let second = probe(&b);
+        b.success(Some(lost));
         assert_eq!(b.state(), CircuitState::Closed);
-        b.failure(false);
-        b.success(true);
-        b.failure(false);
+        b.failure(None);
+        b.success(Some(second));
+        b.failure(None);
         assert_eq!(
             b.state(),
             CircuitState::Closed,
@@ -621,21 +667,23 @@ mod tests {
             &Metrics::new("p"),
             "p".into(),
         );
-        b.failure(false);
+        b.failure(None);
         clock.advance(Duration::from_secs(1));
-        assert_eq!(b.admit(), Admit::Probe, "open for one cool-down");
+        assert!(
+            matches!(b.admit(), Admit::Probe(_)),
+            "open for one cool-down"
+        );
         for _ in 0..9 {
             clock.advance(Duration::from_secs(1));
             assert_eq!(b.admit(), Admit::Reject, "the probe may still be waiting");
         }
         clock.advance(Duration::from_secs(1));
-        assert_eq!(b.admit(), Admit::Probe, "lost after twice the timeout");
-        b.failure(true);
+        let p = probe(&b);
+        b.failure(Some(p));
         assert_eq!(b.state(), CircuitState::Open);
         clock.advance(Duration::from_secs(1));
-        assert_eq!(
-            b.admit(),
-            Admit::Probe,
+        assert!(
+            matches!(b.admit(), Admit::Probe(_)),
             "a failed probe re-opens for one cool-down"
         );
     }
@@ -646,8 +694,8 @@ mod tests {
         for _ in 0..50 {
             let clock = ManualClock::new();
             let b = Arc::new(breaker(&clock));
-            b.failure(false);
-            b.failure(false);
+            b.failure(None);
+            b.failure(None);
             clock.advance(Duration::from_secs(5));
             let start = Arc::new(std::sync::Barrier::new(4));
             let probes: usize = (0..4)
@@ -655,7 +703,9 @@ mod tests {
                     let (b, start) = (b.clone(), start.clone());
                     std::thread::spawn(move || {
                         start.wait();
-                        (0..200).filter(|_| b.admit() == Admit::Probe).count()
+                        (0..200)
+                            .filter(|_| matches!(b.admit(), Admit::Probe(_)))
+                            .count()
                     })
                 })
                 .collect::<Vec<_>>()
@@ -668,13 +718,21 @@ mod tests {
     }
 
     /// A circuit opened by two failures and cooled down, its probe out.
-    fn probing(clock: &ManualClock) -> Arc<Breaker> {
+    fn probing(clock: &ManualClock) -> (Arc<Breaker>, Probe) {
         let b = Arc::new(breaker(clock));
-        b.failure(false);
-        b.failure(false);
+        b.failure(None);
+        b.failure(None);
         clock.advance(Duration::from_secs(5));
-        assert_eq!(b.admit(), Admit::Probe);
-        b
+        let p = probe(&b);
+        (b, p)
+    }
+
+    /// The probe `b` admits next (it must admit one).
+    fn probe(b: &Breaker) -> Probe {
+        match b.admit() {
+            Admit::Probe(p) => p,
+            other => panic!("expected a probe, admitted {other:?}"),
+        }
     }
 
     type Answer = Result<Decision, std::io::Error>;
@@ -714,18 +772,18 @@ mod tests {
     async fn a_dropped_probe_is_settled_by_the_stores_answer() {
         let clock = ManualClock::new();
         // Dropped before it was polled.
-        let b = probing(&clock);
+        let (b, p) = probing(&clock);
         let (tx, fut) = check();
-        drop(ProbeCheck::new(b.clone(), fut, Duration::from_secs(1)));
+        drop(ProbeCheck::new(b.clone(), p, fut, Duration::from_secs(1)));
         assert_eq!(b.state(), CircuitState::HalfOpen);
         tx.send(Ok(allowed())).unwrap();
         settle().await;
         assert_eq!(b.state(), CircuitState::Closed);
 
         // Dropped while it waited; the store then fails: another cool-down.
-        let b = probing(&clock);
+        let (b, p) = probing(&clock);
         let (tx, fut) = check();
-        let mut probe = ProbeCheck::new(b.clone(), fut, Duration::from_secs(1));
+        let mut probe = ProbeCheck::new(b.clone(), p, fut, Duration::from_secs(1));
         assert!(futures_poll(&mut probe).is_pending());
         drop(probe);
         settle().await;
@@ -736,9 +794,9 @@ mod tests {
         assert_eq!(b.admit(), Admit::Reject);
 
         // Dropped while it waited; the store never answers: the layer's timeout settles it.
-        let b = probing(&clock);
+        let (b, p) = probing(&clock);
         let (tx, fut) = check();
-        let mut probe = ProbeCheck::new(b.clone(), fut, Duration::from_secs(1));
+        let mut probe = ProbeCheck::new(b.clone(), p, fut, Duration::from_secs(1));
         assert!(futures_poll(&mut probe).is_pending());
         drop(probe);
         tokio::time::sleep(Duration::from_millis(999)).await;
@@ -753,13 +811,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_dropped_probe_answered_from_a_cache_is_handed_on() {
         let clock = ManualClock::new();
-        let b = probing(&clock);
+        let (b, p) = probing(&clock);
         let (tx, fut) = check();
-        drop(ProbeCheck::new(b.clone(), fut, Duration::from_secs(1)));
+        drop(ProbeCheck::new(b.clone(), p, fut, Duration::from_secs(1)));
         tx.send(Ok(allowed().cached())).unwrap();
         settle().await;
         assert_eq!(b.state(), CircuitState::Open);
-        assert_eq!(b.admit(), Admit::Probe, "still cooled down");
+        assert!(matches!(b.admit(), Admit::Probe(_)), "still cooled down");
     }
 
     /// With no runtime to finish the check on, or a task that never runs, the probe is handed on
@@ -767,11 +825,11 @@ mod tests {
     #[test]
     fn a_dropped_probe_without_a_runtime_is_handed_on() {
         let clock = ManualClock::new();
-        let b = probing(&clock);
+        let (b, p) = probing(&clock);
         let (_tx, fut) = check();
-        drop(ProbeCheck::new(b.clone(), fut, Duration::from_secs(1)));
+        drop(ProbeCheck::new(b.clone(), p, fut, Duration::from_secs(1)));
         assert_eq!(b.state(), CircuitState::Open);
-        assert_eq!(b.admit(), Admit::Probe);
+        let p = probe(&b);
 
         let rt = tokio::runtime::Builder::new_current_thread()
             .enable_time()
@@ -780,12 +838,12 @@ mod tests {
         let (_tx, fut) = check();
         {
             let _in_rt = rt.enter();
-            drop(ProbeCheck::new(b.clone(), fut, Duration::from_secs(1)));
+            drop(ProbeCheck::new(b.clone(), p, fut, Duration::from_secs(1)));
         }
         assert_eq!(b.state(), CircuitState::HalfOpen, "its task is spawned");
         drop(rt);
         assert_eq!(b.state(), CircuitState::Open, "and dropped unrun");
-        assert_eq!(b.admit(), Admit::Probe);
+        assert!(matches!(b.admit(), Admit::Probe(_)));
     }
 
     /// A store future that panics while the probe polls it fails the probe as it unwinds: the
@@ -793,9 +851,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_probe_whose_check_panics_fails() {
         let clock = ManualClock::new();
-        let b = probing(&clock);
+        let (b, p) = probing(&clock);
         let fut: Sent = Box::pin(async { panic!("a store bug") });
-        let mut probe = ProbeCheck::new(b.clone(), fut, Duration::from_secs(1));
+        let mut probe = ProbeCheck::new(b.clone(), p, fut, Duration::from_secs(1));
         let polled =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| futures_poll(&mut probe)));
         assert!(polled.is_err());
@@ -810,9 +868,9 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_finished_probe_check_settles_nothing_itself() {
         let clock = ManualClock::new();
-        let b = probing(&clock);
+        let (b, p) = probing(&clock);
         let (tx, fut) = check();
-        let mut probe = ProbeCheck::new(b.clone(), fut, Duration::from_secs(1));
+        let mut probe = ProbeCheck::new(b.clone(), p, fut, Duration::from_secs(1));
         tx.send(Ok(allowed())).unwrap();
         assert!(matches!((&mut probe).await, Ok(Ok(_))));
         drop(probe);
@@ -828,23 +886,23 @@ mod tests {
     /// other requests can open it, the cool-down pass and a probe go out. The late half of that
     /// failure must not re-open the circuit under the probe (the probe's success would be lost).
     /// A circuit opened, cooled down and probing, then the delayed second half of
-    /// `failure(false)` from a request that saw it `CLOSED`.
-    fn probing_then_a_late_failure(clock: &ManualClock) -> Breaker {
+    /// `failure(None)` from a request that saw it `CLOSED`.
+    fn probing_then_a_late_failure(clock: &ManualClock) -> (Breaker, Probe) {
         let b = breaker(clock);
-        b.failure(false);
-        b.failure(false);
+        b.failure(None);
+        b.failure(None);
         clock.advance(Duration::from_secs(5));
-        assert_eq!(b.admit(), Admit::Probe);
+        let p = probe(&b);
         b.open(CLOSED);
-        b
+        (b, p)
     }
 
     #[test]
     fn a_failure_that_saw_the_circuit_closed_does_not_reopen_it_under_a_probe() {
         let clock = ManualClock::new();
-        let b = probing_then_a_late_failure(&clock);
+        let (b, p) = probing_then_a_late_failure(&clock);
         assert_eq!(b.state(), CircuitState::HalfOpen);
-        b.success(true);
+        b.success(Some(p));
         assert_eq!(b.state(), CircuitState::Closed);
     }
 
@@ -853,10 +911,10 @@ mod tests {
     #[test]
     fn a_late_failure_does_not_restart_the_cool_down() {
         let clock = ManualClock::new();
-        let b = probing_then_a_late_failure(&clock);
-        b.probe_not_asked();
+        let (b, p) = probing_then_a_late_failure(&clock);
+        b.probe_not_asked(p);
         assert_eq!(b.state(), CircuitState::Open);
-        assert_eq!(b.admit(), Admit::Probe, "still cooled down");
+        assert!(matches!(b.admit(), Admit::Probe(_)), "still cooled down");
     }
 
     #[test]

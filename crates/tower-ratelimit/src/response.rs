@@ -23,7 +23,9 @@
 //! of several quotas lists one `RateLimit-Policy` item per quota (`"api.0"`, `"api.1"`, ...), and
 //! `RateLimit` names the quota that binds.
 //!
-//! Every response that passed through the layer carries a [`Verdict`] in its extensions.
+//! Every response that passed through the layer carries a [`Verdict`] in its extensions, unless
+//! the policy turned it off ([`Policy::verdict(false)`](crate::Policy::verdict)): read it with
+//! `get::<Verdict>()`, which is `None` then.
 //!
 //! ## Header modes
 //!

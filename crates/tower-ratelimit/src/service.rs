@@ -19,7 +19,7 @@ use ratelimit_core::{Clock, Decision, Limit, MemoryStore, Store};
 use tower_service::Service;
 
 use crate::body::{BodyMode, WrapBody};
-use crate::circuit_breaker::{Admit, Breaker, CircuitState, ProbeCheck};
+use crate::circuit_breaker::{Admit, Breaker, CircuitState, Probe, ProbeCheck};
 use crate::future::ResponseFuture;
 use crate::key::KeyBuf;
 use crate::metrics::{FailureKind, Metrics};
@@ -452,7 +452,7 @@ impl<St: Store> Shared<St> {
     fn after_check<W>(
         &self,
         result: Result<Decision, St::Error>,
-        probe: bool,
+        probe: Option<Probe>,
         tier: usize,
         key: &[u8],
         cost: u64,
@@ -474,7 +474,7 @@ impl<St: Store> Shared<St> {
         }
     }
 
-    fn after_timeout(&self, probe: bool, tier: usize, key: &[u8], cost: u64) -> Step {
+    fn after_timeout(&self, probe: Option<Probe>, tier: usize, key: &[u8], cost: u64) -> Step {
         if let Some(b) = &self.breaker {
             b.failure(probe);
         }
@@ -544,8 +544,8 @@ where
                 // made at the first poll, so that `call` needs no Tokio runtime (reading Tokio's
                 // clock does not).
                 let check = match (probe, &shared.breaker) {
-                    (true, Some(b)) => {
-                        Check::Probe(ProbeCheck::new(b.clone(), check, shared.timeout))
+                    (Some(p), Some(b)) => {
+                        Check::Probe(ProbeCheck::new(b.clone(), p, check, shared.timeout))
                     }
                     _ => Check::Plain {
                         check,
@@ -617,7 +617,7 @@ struct Pending<F> {
     check: F,
     /// When the check was sent, for the store latency histogram.
     start: Instant,
-    probe: bool,
+    probe: Option<Probe>,
     tier: usize,
     key: KeyBuf,
     cost: u64,
@@ -659,7 +659,10 @@ where
         if admit == Admit::Reject {
             return self.on_failure(FailureKind::CircuitOpen, tier, key.as_bytes(), cost);
         }
-        let probe = admit == Admit::Probe;
+        let probe = match admit {
+            Admit::Probe(probe) => Some(probe),
+            _ => None,
+        };
 
         // Store latency: an answer that comes at once (the in-memory store, a cached denial) is
         // timed about one call in TIMING_SAMPLE, since reading the clock twice cost about 20 ns a

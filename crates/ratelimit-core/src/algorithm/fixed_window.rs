@@ -56,8 +56,10 @@ pub fn check(
     if let Some(s) = state
         && s.start >= start
     {
-        // Same window, or the clock went back: keep counting in the stored window.
-        start = s.start;
+        // Same window, or the clock went back: keep counting in the stored window. Clamped like
+        // every time here: a state built by hand may start past the latest time (a stored one
+        // never does), and its end must not saturate into a wait of 0.
+        start = s.start.min(MAX_TIME);
         now = now.max(start);
         count = s.count.min(limit);
     }
@@ -73,4 +75,35 @@ pub fn check(
     let reset = if count == 0 { 0 } else { end - now };
     let decision = Decision::from_parts(outcome, limit, limit - count, reset);
     (decision, FixedWindowState { start, count })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A state built by hand with a start past the latest time the algorithms count with (or
+    /// near `u64::MAX`) is decided as any other: a denial names a wait of at least a microsecond
+    /// (a wait of 0 would send the client straight back, to be denied again), and the state to
+    /// store starts within the counted time.
+    #[test]
+    fn a_state_from_the_far_future_never_answers_a_zero_wait() {
+        let quota = Quota::per_second(10).unwrap();
+        for start in [u64::MAX - 3, u64::MAX, MAX_TIME + 1, MAX_TIME] {
+            for count in [1, 10, u64::MAX] {
+                let state = FixedWindowState { start, count };
+                for now in [0, 1_000_000, MAX_TIME] {
+                    for cost in [0, 1, 10, 11] {
+                        let (d, next) =
+                            check(&quota, Some(&state), Timestamp::from_micros(now), cost);
+                        assert!(d.remaining() <= 10);
+                        assert!(next.start <= MAX_TIME, "start {start}: {next:?}");
+                        if d.is_denied() && cost <= 10 {
+                            let wait = d.retry_after().expect("a cost within the limit passes");
+                            assert!(!wait.is_zero(), "start {start}, now {now}: {d:?}");
+                        }
+                    }
+                }
+            }
+        }
+    }
 }
