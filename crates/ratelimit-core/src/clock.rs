@@ -27,13 +27,23 @@ impl<C: Clock + ?Sized> Clock for &C {
     }
 }
 
-/// Wall-clock time since the Unix epoch that never goes backwards.
+/// Wall-clock time since the Unix epoch that never goes backwards, for limits kept in one process.
 ///
 /// It reads the system time once, when created, and then advances with a monotonic clock, so
 /// fixed windows line up with real minutes and hours while a wall-clock step (NTP, a VM resume)
 /// cannot move decisions backwards. The monotonic clock is [`quanta`]'s: it reads the CPU's
 /// invariant time-stamp counter where there is one (a few nanoseconds, against tens for
 /// `Instant::now`), and the operating system's monotonic clock where there is not.
+///
+/// **Drift.** The counter's rate is calibrated once, over a fraction of a second at the first
+/// use, and never again, so the clock drifts from the system's wall clock (which NTP keeps in step
+/// with other machines) by the calibration's error, for as long as the process runs:
+/// `cargo run --release -p ratelimit-core --example clock_drift` measures it. On the machine of
+/// `docs/benchmarks.md` it was between −1.1 and +32.5 parts per million, depending on the
+/// process (up to 2.8 s a day, so fixed windows start seconds away from the wall clock's minutes
+/// after a few days). Within one process that is a rate off by a few hundred thousandths, which
+/// no limit notices. A time compared with other machines' (a client clock for the Redis store)
+/// must follow the system clock: use [`WallClock`].
 #[derive(Debug, Clone)]
 pub struct SystemClock {
     anchor_unix_micros: u64,
@@ -95,6 +105,58 @@ impl Clock for SystemClock {
 fn micros_per_tick(clock: &quanta::Clock) -> Option<u64> {
     let nanos = u128::from(clock.delta_as_nanos(0, 1 << 44));
     u64::try_from((nanos << 20) / 1_000).ok()
+}
+
+/// The operating system's wall clock (`SystemTime`), read at every call: the clock to compare
+/// with other machines' (a client clock for the Redis store, `RedisStoreBuilder::client_clock`),
+/// since NTP keeps it in step with theirs, where [`SystemClock`] drifts from it.
+///
+/// It never goes backwards: a read earlier than the latest this clock or a clone of it returned
+/// (NTP stepped the clock back, say) returns that latest time instead, so time stands still until
+/// the wall clock catches up. A read costs a `clock_gettime` (about 25 ns where Linux serves it
+/// without a system call; [`SystemClock`] takes a few) and, when the time moved on, a write to an
+/// atomic its clones share, a cache line that moves between the cores that read it.
+///
+/// ```
+/// use ratelimit_core::{Clock, WallClock};
+///
+/// let clock = WallClock::new();
+/// let (a, b) = (clock.now(), clock.clone().now());
+/// assert!(b >= a);
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct WallClock {
+    latest: Arc<AtomicU64>,
+}
+
+impl WallClock {
+    /// The system's wall clock.
+    #[must_use]
+    pub fn new() -> Self {
+        WallClock::default()
+    }
+}
+
+impl Clock for WallClock {
+    fn now(&self) -> Timestamp {
+        let unix = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map_or(0, duration_to_micros);
+        Timestamp::from_micros(never_back(&self.latest, unix))
+    }
+}
+
+/// `reading`, or the latest time `latest` holds if that is later; `latest` keeps the later of
+/// the two. A read that finds the time unchanged writes nothing (many reads fall in one
+/// microsecond when checks come fast), so that the shared line is written at most once a
+/// microsecond. Relaxed is enough: every read and write of one atomic is in one order, so a
+/// thread never reads it earlier than it has before.
+fn never_back(latest: &AtomicU64, reading: u64) -> u64 {
+    let seen = latest.load(Ordering::Relaxed);
+    if reading <= seen {
+        return seen;
+    }
+    latest.fetch_max(reading, Ordering::Relaxed).max(reading)
 }
 
 /// A clock that moves only when told to. Clones share one time.
@@ -195,6 +257,50 @@ mod tests {
             assert!(ours >= previous);
             previous = ours;
         }
+    }
+
+    #[test]
+    fn wall_clock_follows_the_system_time() {
+        let c = WallClock::new();
+        let before = duration_to_micros(SystemTime::now().duration_since(UNIX_EPOCH).unwrap());
+        let t = c.now().as_micros();
+        let after = duration_to_micros(SystemTime::now().duration_since(UNIX_EPOCH).unwrap());
+        assert!(before <= t && t <= after, "{before} <= {t} <= {after}");
+        assert!(c.clone().now().as_micros() >= t);
+    }
+
+    /// A wall clock stepped back (NTP) leaves the time where it was until the clock catches up;
+    /// every thread then reads times that never go back, and the latest is kept.
+    #[test]
+    fn a_wall_clock_stepped_back_stands_still() {
+        let latest = AtomicU64::new(0);
+        let reads: Vec<u64> = [10, 20, 15, 5, 20, 21, 30]
+            .into_iter()
+            .map(|r| never_back(&latest, r))
+            .collect();
+        assert_eq!(reads, [10, 20, 20, 20, 20, 21, 30]);
+
+        let latest = Arc::new(AtomicU64::new(0));
+        let threads: Vec<_> = (0..4u64)
+            .map(|t| {
+                let latest = latest.clone();
+                std::thread::spawn(move || {
+                    let mut last = 0;
+                    for i in 0..100_000u64 {
+                        // Each thread's readings go up and down by up to 7 around a rising line.
+                        let reading = i + (i * (t + 3)) % 8;
+                        let now = never_back(&latest, reading);
+                        assert!(now >= last && now >= reading);
+                        last = now;
+                    }
+                    last
+                })
+            })
+            .collect();
+        let lasts: Vec<u64> = threads.into_iter().map(|t| t.join().unwrap()).collect();
+        let max = latest.load(Ordering::Relaxed);
+        assert!(lasts.iter().all(|&l| l <= max));
+        assert!(max >= 99_999);
     }
 
     #[test]

@@ -29,7 +29,8 @@
 //!   sliding log, each a pure function in [`algorithm`] of (quota, state, now, cost).
 //! - [`Limit`]: an algorithm over one or more quotas, checked all-or-nothing.
 //! - [`Decision`]: allowed or denied, with what to tell the client (remaining, reset, retry-after).
-//! - [`Clock`]: [`SystemClock`] and [`ManualClock`]. Algorithms never read a clock; stores do.
+//! - [`Clock`]: [`SystemClock`], [`WallClock`] and [`ManualClock`]. Algorithms never read a clock;
+//!   stores do.
 //! - [`Store`]: where state lives; [`MemoryStore`] here, a Redis store in `ratelimit-redis`.
 //!
 //! This crate depends on no async runtime, no HTTP crate and no Redis client.
@@ -53,7 +54,7 @@ mod store;
 mod time;
 
 pub use algorithm::{Algorithm, State};
-pub use clock::{Clock, ManualClock, SystemClock};
+pub use clock::{Clock, ManualClock, SystemClock, WallClock};
 pub use decision::{Decision, Outcome};
 pub use denial_cache::{DEFAULT_MAX_DENIALS, DenialCache, DenialCacheFuture, DenialCacheStats};
 pub use error::ConfigError;

@@ -860,7 +860,10 @@ impl RedisStoreBuilder {
     ///
     /// By default the scripts read the server's clock, so clock skew between gateways cannot
     /// change a decision. A client clock is for tests (a [`ManualClock`](ratelimit_core::ManualClock))
-    /// and for deployments that want it; then every gateway's clock must agree.
+    /// and for deployments that want it; then every gateway's clock must agree: use a
+    /// [`WallClock`](ratelimit_core::WallClock), which reads the system clock that NTP keeps in
+    /// step, not a [`SystemClock`](ratelimit_core::SystemClock), which drifts from it by up to
+    /// seconds a day.
     pub fn client_clock(mut self, clock: impl Clock + 'static) -> Self {
         self.clock = Some(Arc::new(clock));
         self
