@@ -7,10 +7,11 @@
 //! re-sends only after an answer that proves the script did not run:
 //!
 //! - `MOVED slot host:port`: the node does not serve the slot; the script is sent to the named
-//!   node (the client refreshes its slot map meanwhile);
+//!   node over a side connection of the store's own (the client refreshes its slot map
+//!   meanwhile);
 //! - `ASK slot host:port`: the slot is being migrated and the key is not on this node; `ASKING`
-//!   and the script are sent to the named node in one write, so no other command on the shared
-//!   connection can come between them;
+//!   and the script are sent to the named node over a side connection in one write, so no other
+//!   command on the shared connection can come between them;
 //! - `TRYAGAIN`, `CLUSTERDOWN`, `MASTERDOWN`, `LOADING`, `READONLY`, or no connection to the
 //!   slot's node: refused before anything ran (a script on a read-only replica fails at its first
 //!   write); sent again after a short pause, within the check's response timeout;
@@ -63,6 +64,7 @@ impl Manager {
         let client = ClusterClientBuilder::new(infos)
             .retries(0)
             .connection_timeout(connect_timeout)
+            .tcp_settings(tcp_settings())
             .build()?;
         Ok(Manager {
             client,
@@ -73,6 +75,13 @@ impl Manager {
             }),
         })
     }
+}
+
+/// The cluster client's socket settings (it takes them from its builder, not from the nodes'
+/// connection infos): `TCP_NODELAY` on, as on every connection the store makes
+/// ([`no_delay`](crate::store::no_delay)).
+pub(crate) fn tcp_settings() -> redis::io::tcp::TcpSettings {
+    redis::io::tcp::TcpSettings::default().set_nodelay(true)
 }
 
 impl managed::Manager for Manager {
@@ -104,8 +113,8 @@ pub(crate) struct Connection {
     nodes: Arc<Nodes>,
 }
 
-/// Connections to nodes that the cluster client has none to: a node that owns no slot yet is the
-/// target of the first slot moved to it. Shared by the store's connections.
+/// The store's own connections to nodes that redirections name (`MOVED`, `ASK`), made from the
+/// first node's settings, kept per node and shared by the store's connections.
 struct Nodes {
     /// The first node's settings (credentials, TLS), for connecting to other nodes.
     template: Option<ConnectionInfo>,
@@ -147,26 +156,18 @@ impl Connection {
         script.load_async(&mut self.conn).await.map(drop)
     }
 
-    /// `SCRIPT LOAD` on the node that answered `NOSCRIPT` to `cmd` sent by `route`: the master of
-    /// the key's slot, or the node named. Not on every node, as [`load`](Self::load) does, which
-    /// fails if any node is down: one shard's outage (a cluster serving without full coverage)
-    /// must not keep a healthy master that lost its scripts (a restart, a failover) from
-    /// answering.
-    async fn load_for(
-        &mut self,
-        route: &Route,
-        script: &redis::Script,
-        cmd: &Cmd,
-    ) -> Result<(), RedisError> {
-        let to = match route {
-            Route::Slot => first_key(cmd).map(|key| {
-                SingleNodeRoutingInfo::SpecificNode(cluster_routing::Route::with_key(
-                    key,
-                    cluster_routing::SlotAddr::Master,
-                ))
-            }),
-            Route::Node(host, port) | Route::Asking(host, port) => Some(node(host, *port)),
-        };
+    /// `SCRIPT LOAD` on the node that answered `NOSCRIPT` to `cmd` sent by the slot map: the
+    /// master of the key's slot (a redirected check's side connection loads it itself). Not on
+    /// every node, as [`load`](Self::load) does, which fails if any node is down: one shard's
+    /// outage (a cluster serving without full coverage) must not keep a healthy master that lost
+    /// its scripts (a restart, a failover) from answering.
+    async fn load_for(&mut self, script: &redis::Script, cmd: &Cmd) -> Result<(), RedisError> {
+        let to = first_key(cmd).map(|key| {
+            SingleNodeRoutingInfo::SpecificNode(cluster_routing::Route::with_key(
+                key,
+                cluster_routing::SlotAddr::Master,
+            ))
+        });
         match (to, scripts::source_of(script)) {
             (Some(to), Some(source)) => {
                 let mut load = redis::cmd("SCRIPT");
@@ -213,9 +214,12 @@ impl Connection {
                     pause = (pause * 2).min(MAX_PAUSE);
                     route = to;
                 }
+                // A side connection loads the script itself (`eval_on`): still missing, it
+                // cannot be loaded there.
+                Next::Load if route != Route::Slot => return Err(error),
                 Next::Load if !loaded => {
                     loaded = true;
-                    self.load_for(&route, script, cmd).await?;
+                    self.load_for(script, cmd).await?;
                 }
                 Next::Load => return Err(error),
             }
@@ -230,24 +234,13 @@ impl Connection {
     ) -> Result<Value, RedisError> {
         match route {
             Route::Slot => cmd.query_async(&mut self.conn).await,
-            Route::Node(host, port) => {
-                let to = RoutingInfo::SingleNode(node(host, *port));
-                match self.conn.route_command(cmd.clone(), to).await {
-                    Err(e) if e.kind() == ErrorKind::ClusterConnectionNotFound => {
-                        self.side_send(host, *port, false, script, cmd).await
-                    }
-                    other => other.and_then(Value::extract_error),
-                }
-            }
-            Route::Asking(host, port) => {
-                let to = node(host, *port);
-                match self.conn.route_pipeline(asking(cmd), 1, 1, to).await {
-                    Err(e) if e.kind() == ErrorKind::ClusterConnectionNotFound => {
-                        self.side_send(host, *port, true, script, cmd).await
-                    }
-                    other => other.and_then(one_reply),
-                }
-            }
+            // A redirection goes over a side connection, never through the cluster client by
+            // address: asked for a node it has no connection to (a dead master, whose keys the
+            // other nodes redirect to it until it fails over; a new master), the client rebuilds
+            // every connection from its seed list, stalling every key, and did so at every such
+            // check (`a_dead_masters_checks_do_not_reconnect_the_whole_cluster`).
+            Route::Node(host, port) => self.side_send(host, *port, false, script, cmd).await,
+            Route::Asking(host, port) => self.side_send(host, *port, true, script, cmd).await,
         }
     }
 
@@ -372,13 +365,6 @@ fn first_key(cmd: &Cmd) -> Option<&[u8]> {
     match cmd.args_iter().nth(3)? {
         redis::Arg::Simple(key) => Some(key),
         _ => None,
-    }
-}
-
-fn node(host: &str, port: u16) -> SingleNodeRoutingInfo {
-    SingleNodeRoutingInfo::ByAddress {
-        host: host.to_owned(),
-        port,
     }
 }
 

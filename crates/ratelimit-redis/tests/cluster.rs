@@ -644,3 +644,70 @@ async fn a_silent_master_gets_a_new_connection_tried_while_the_others_stay_serve
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// Connections a node has accepted so far (`redis-cli` counts one for each call).
+fn connections_received(node: &redis_harness::RedisServer) -> u64 {
+    node.cli(&["info", "stats"])
+        .lines()
+        .find_map(|l| l.strip_prefix("total_connections_received:"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap()
+}
+
+/// A dead master, not failed over: its keys' checks fail, at once, and cost the other masters
+/// nothing. A check of its keys reaches another node (the client has no connection to the dead
+/// one), which redirects it (`MOVED`) to the dead master. Following that redirection through
+/// the cluster client, which has no connection to the node, made the client rebuild every
+/// connection from its seed list, at every such check: a storm of new connections to every
+/// healthy node, and every key of the gateway stalled while each rebuild ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_masters_checks_do_not_reconnect_the_whole_cluster() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut cluster =
+        RedisCluster::start_with_replicas(3, 0, &["cluster-require-full-coverage no"]);
+    let store = RedisStore::cluster(cluster.urls())
+        .prefix(unique_prefix("dead-master-storm"))
+        .response_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100_000).unwrap()).unwrap();
+    let owner = |user: &str| master_of(&cluster, &store, &limit, user);
+    let victim = owner("victim");
+    let bystander = (0..)
+        .map(|i| format!("bystander-{i}"))
+        .find(|u| owner(u) != victim)
+        .unwrap();
+    let other = owner(&bystander);
+    store.check(b"victim", &limit, 1).await.unwrap();
+    store.check(bystander.as_bytes(), &limit, 1).await.unwrap();
+
+    cluster.kill_node(victim);
+    let other = cluster.nodes().iter().find(|n| n.port() == other).unwrap();
+    let before = connections_received(other);
+    let (mut victim_failed, mut bystander_answered) = (0, 0);
+    let mut slowest = Duration::ZERO;
+    for _ in 0..200 {
+        if store.check(b"victim", &limit, 1).await.is_err() {
+            victim_failed += 1;
+        }
+        let started = std::time::Instant::now();
+        store.check(bystander.as_bytes(), &limit, 1).await.unwrap();
+        slowest = slowest.max(started.elapsed());
+        bystander_answered += 1;
+    }
+    // Less one for the `redis-cli` call that reads the count.
+    let made = connections_received(other) - before - 1;
+    println!(
+        "{victim_failed} of 200 checks of the dead master's key failed; {bystander_answered} of \
+         the other master's answered, the slowest in {slowest:?}; {made} new connections to it"
+    );
+    assert_eq!(victim_failed, 200, "the dead master's checks fail");
+    assert!(
+        made <= 4,
+        "{made} new connections to a healthy master while another was dead: the cluster \
+         connection was rebuilt from its seeds"
+    );
+}
