@@ -59,11 +59,18 @@ impl Manager {
     pub(crate) fn new(
         infos: Vec<ConnectionInfo>,
         connect_timeout: Duration,
+        response_timeout: Duration,
     ) -> Result<Self, RedisError> {
         let template = infos.first().cloned();
+        // Each node's answers are bounded by the response timeout, those the client waits for
+        // itself included: the `PING` to every node that making a connection and refreshing the
+        // slot map send, and `CLUSTER SLOTS`. Without one, a node that stops answering without
+        // closing its connection (a frozen process, a partition) held a refresh, and with it
+        // every key, until it answered again, and no new connection could ever be made.
         let client = ClusterClientBuilder::new(infos)
             .retries(0)
             .connection_timeout(connect_timeout)
+            .response_timeout(response_timeout)
             .tcp_settings(tcp_settings())
             .build()?;
         Ok(Manager {
@@ -75,6 +82,17 @@ impl Manager {
             }),
         })
     }
+}
+
+/// How long making a cluster connection may take: the client connects to every seed (each within
+/// the connect timeout, then a `PING` within the response timeout), asks one for the slot map,
+/// then connects to every node the map names, the same way. A node that does not answer takes its
+/// whole timeouts in each round; the pool's limit leaves room for that, so that such a node
+/// fails alone instead of failing every new connection.
+pub(crate) fn create_timeout(connect_timeout: Duration, response_timeout: Duration) -> Duration {
+    connect_timeout
+        .saturating_mul(2)
+        .saturating_add(response_timeout.saturating_mul(3))
 }
 
 /// The cluster client's socket settings (it takes them from its builder, not from the nodes'
@@ -149,6 +167,28 @@ impl Connection {
     /// `ping` (a `PING`), which the client sends to every primary.
     pub(crate) async fn ping(&mut self, ping: &Cmd) -> Result<(), RedisError> {
         ping.query_async(&mut self.conn).await
+    }
+
+    /// Whether this connection reaches every master that the cluster names now (`CLUSTER SLOTS`,
+    /// answered by a node this connection reaches): a `PING` to each, by address. Not a `PING`
+    /// to every primary, which the client sends only to the nodes it has a connection to, and
+    /// which a connection made while a master was silent (the client goes on without the nodes
+    /// it cannot connect to) passes without reaching that master.
+    pub(crate) async fn reaches_every_master(&mut self) -> Result<(), RedisError> {
+        let slots: Value = redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async(&mut self.conn)
+            .await?;
+        for (host, port) in masters_of(&slots) {
+            // `ByAddress` is safe here, where it is not for a check: asked for a node it has no
+            // connection to, the client rebuilds its connections, and this one is let go.
+            let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
+            self.conn
+                .route_command(redis::cmd("PING"), to)
+                .await
+                .and_then(Value::extract_error)?;
+        }
+        Ok(())
     }
 
     /// `SCRIPT LOAD` on every primary.
@@ -360,6 +400,38 @@ impl Nodes {
     }
 }
 
+/// The masters that a `CLUSTER SLOTS` reply names (each slot range's first node), by the address
+/// the cluster client connects to. Ranges whose master has no usable address (an empty or
+/// wildcard host, which the client replaces with the answering node's; `?`, an unknown
+/// endpoint, which it skips) are left out: the client's own map is what they are checked against,
+/// and it cannot be matched without the answering node.
+fn masters_of(slots: &Value) -> std::collections::BTreeSet<(String, u16)> {
+    let mut masters = std::collections::BTreeSet::new();
+    let Value::Array(ranges) = slots else {
+        return masters;
+    };
+    for range in ranges {
+        let Value::Array(range) = range else { continue };
+        let Some(Value::Array(master)) = range.get(2) else {
+            continue;
+        };
+        let host = match master.first() {
+            Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+            Some(Value::SimpleString(s)) => s.clone(),
+            _ => continue,
+        };
+        let port = match master.get(1) {
+            Some(Value::Int(p)) => u16::try_from(*p).ok(),
+            _ => None,
+        };
+        let unusable = host.is_empty() || host == "?" || host == "0.0.0.0" || host == "::";
+        if let (false, Some(port)) = (unusable, port) {
+            masters.insert((host, port));
+        }
+    }
+    masters
+}
+
 /// The first key of `cmd`, an `EVALSHA sha numkeys key ...`.
 fn first_key(cmd: &Cmd) -> Option<&[u8]> {
     match cmd.args_iter().nth(3)? {
@@ -402,6 +474,44 @@ fn next(error: &RedisError, route: &Route) -> Next {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The masters of a `CLUSTER SLOTS` reply, once each, without replicas or unusable hosts.
+    #[test]
+    fn masters_are_read_from_cluster_slots() {
+        let node = |host: &str, port: i64| {
+            Value::Array(vec![
+                Value::BulkString(host.as_bytes().to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let range = |start: i64, end: i64, nodes: Vec<Value>| {
+            let mut v = vec![Value::Int(start), Value::Int(end)];
+            v.extend(nodes);
+            Value::Array(v)
+        };
+        let reply = Value::Array(vec![
+            range(
+                0,
+                5460,
+                vec![node("10.0.0.1", 7000), node("10.0.0.4", 7003)],
+            ),
+            range(5461, 10922, vec![node("10.0.0.2", 7001)]),
+            range(10923, 12000, vec![node("10.0.0.1", 7000)]),
+            range(12001, 13000, vec![node("", 7005)]),
+            range(13001, 14000, vec![node("?", 7006)]),
+            range(14001, 15000, vec![node("0.0.0.0", 7007)]),
+            range(15001, 16383, vec![node("10.0.0.3", 70_000)]),
+            Value::Array(vec![Value::Int(1)]),
+            Value::Nil,
+        ]);
+        let masters: Vec<_> = masters_of(&reply).into_iter().collect();
+        assert_eq!(
+            masters,
+            [("10.0.0.1".to_owned(), 7000), ("10.0.0.2".to_owned(), 7001)]
+        );
+        assert!(masters_of(&Value::Nil).is_empty());
+    }
 
     fn server_error(text: &str) -> RedisError {
         let parsed = redis::parse_redis_value(format!("-{text}\r\n").as_bytes()).unwrap();

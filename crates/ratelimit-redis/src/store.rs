@@ -586,7 +586,11 @@ impl Inner {
     /// timeout.
     async fn reopen(&self, i: usize, generation: u64) {
         let slot = &self.slots[i];
-        match self.open().await {
+        let opened = match self.open().await {
+            Ok(conn) => self.reaches_every_master(conn).await,
+            Err(e) => Err(e),
+        };
+        match opened {
             Ok(conn) => {
                 let mut guard = lock(&slot.conn);
                 if matches!(guard.as_ref(), Some((g, _)) if *g == generation) {
@@ -597,7 +601,7 @@ impl Inner {
             }
             Err(error) if matches!(self.backend, Backend::Cluster(_)) => {
                 // Kept: a cluster connection still reaches every master that answers, and while
-                // one node is silent no new one can be made (the client connects to every node).
+                // one master is silent a new one cannot reach it (`reaches_every_master`).
                 // Dropped, it would leave every key, not only the silent master's, without a
                 // connection until the node answers or fails over. Its silence is counted again
                 // from now, so that the next probe (and attempt) comes a response timeout later,
@@ -614,6 +618,36 @@ impl Inner {
                 tracing::warn!(slot = i, %error, "ratelimit-redis: no new connection for a silent one");
                 let _ = self.discard(i, generation);
             }
+        }
+    }
+
+    /// `conn`, if it is a standalone server's or a cluster connection that reaches every master
+    /// (a `PING` to each, by address, answered within the response timeout: see
+    /// [`cluster::Connection::reaches_every_master`]). A new cluster connection made
+    /// while a master is silent, before its replica takes over, has no link to it (the client
+    /// connects to each node within its timeouts and goes on without those that fail): the other
+    /// nodes would redirect that master's keys to it, and each redirection makes the client
+    /// refresh its slot map, which waits for the silent node and holds every key meanwhile. The
+    /// old connection, still linked to the silent master, serves the others without that; it is
+    /// kept until a new one reaches every master (the replica has taken over, or the master
+    /// answers again).
+    async fn reaches_every_master(&self, conn: Conn) -> Result<Conn, RedisStoreError> {
+        let Conn::Cluster(mut probe) = conn.clone() else {
+            return Ok(conn);
+        };
+        match tokio::time::timeout(self.response_timeout, probe.reaches_every_master()).await {
+            Ok(Ok(())) => Ok(conn),
+            Ok(Err(e)) => Err(RedisStoreError::Connection {
+                message: format!("a new cluster connection does not reach every master: {e}"),
+                source: Some(e),
+            }),
+            Err(_) => Err(RedisStoreError::Connection {
+                message: format!(
+                    "a master did not answer a new cluster connection within {:?}",
+                    self.response_timeout
+                ),
+                source: None,
+            }),
         }
     }
 
@@ -836,7 +870,11 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// How long opening a connection may take (default 1 s).
+    /// How long opening a connection may take (default 1 s). On a cluster, opening a connection
+    /// to one node: a cluster connection, made in two rounds of connections (the seeds, then the
+    /// nodes their slot map names) with a `PING` to each and the slot map asked in between, may
+    /// take twice this plus three response timeouts, so that a node that does not answer fails
+    /// alone.
     pub fn connect_timeout(mut self, d: Duration) -> Self {
         self.connect_timeout = d;
         self
@@ -945,13 +983,17 @@ impl RedisStoreBuilder {
         // and start a reconnect gap.
         let pool_max = self.pool_size.saturating_mul(2);
         let backend = if self.cluster {
-            let manager = cluster::Manager::new(infos, self.connect_timeout).map_err(|e| {
-                RedisStoreError::config("url", format!("cannot use the cluster URLs: {e}"))
-            })?;
+            let manager = cluster::Manager::new(infos, self.connect_timeout, self.response_timeout)
+                .map_err(|e| {
+                    RedisStoreError::config("url", format!("cannot use the cluster URLs: {e}"))
+                })?;
             let pool = deadpool::managed::Pool::builder(manager)
                 .max_size(pool_max)
                 .wait_timeout(Some(self.wait_timeout))
-                .create_timeout(Some(self.connect_timeout))
+                .create_timeout(Some(cluster::create_timeout(
+                    self.connect_timeout,
+                    self.response_timeout,
+                )))
                 .recycle_timeout(Some(self.connect_timeout))
                 .runtime(Runtime::Tokio1)
                 .build()
