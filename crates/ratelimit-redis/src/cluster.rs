@@ -170,25 +170,30 @@ impl Connection {
     }
 
     /// Whether this connection reaches every master that the cluster names now (`CLUSTER SLOTS`,
-    /// answered by a node this connection reaches): a `PING` to each, by address. Not a `PING`
-    /// to every primary, which the client sends only to the nodes it has a connection to, and
-    /// which a connection made while a master was silent (the client goes on without the nodes
-    /// it cannot connect to) passes without reaching that master.
+    /// answered by a node this connection reaches): a `PING` to every primary, each answer
+    /// kept apart, must come from each of them. The client sends such a `PING` only to the
+    /// primaries it has a connection to, and answers `PONG` if those do: a connection made while
+    /// a master was silent (the client goes on without the nodes it cannot connect to) would pass
+    /// without reaching that master. Nor by address, one `PING` per master: asked for a node it
+    /// has no connection to, the client rebuilds every connection from its seeds.
     pub(crate) async fn reaches_every_master(&mut self) -> Result<(), RedisError> {
         let slots: Value = redis::cmd("CLUSTER")
             .arg("SLOTS")
             .query_async(&mut self.conn)
             .await?;
-        for (host, port) in masters_of(&slots) {
-            // `ByAddress` is safe here, where it is not for a check: asked for a node it has no
-            // connection to, the client rebuilds its connections, and this one is let go.
-            let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::ByAddress { host, port });
-            self.conn
-                .route_command(redis::cmd("PING"), to)
-                .await
-                .and_then(Value::extract_error)?;
+        // No response policy: one answer per primary, keyed by its address.
+        let to =
+            RoutingInfo::MultiNode((cluster_routing::MultipleNodeRoutingInfo::AllMasters, None));
+        let answers = self.conn.route_command(redis::cmd("PING"), to).await?;
+        let reached = answered_by(&answers);
+        match masters_of(&slots).difference(&reached).next() {
+            None => Ok(()),
+            Some((host, port)) => Err(RedisError::from((
+                ErrorKind::ClusterConnectionNotFound,
+                "no link to a master",
+                format!("{host}:{port}"),
+            ))),
         }
-        Ok(())
     }
 
     /// `SCRIPT LOAD` on every primary.
@@ -432,6 +437,27 @@ fn masters_of(slots: &Value) -> std::collections::BTreeSet<(String, u16)> {
     masters
 }
 
+/// The nodes that answered a `PING` sent to every primary with no response policy (a map of
+/// each node's `host:port` to its answer), errors left out.
+fn answered_by(answers: &Value) -> std::collections::BTreeSet<(String, u16)> {
+    let Value::Map(answers) = answers else {
+        return std::collections::BTreeSet::new();
+    };
+    answers
+        .iter()
+        .filter(|(_, answer)| !matches!(answer, Value::ServerError(_)))
+        .filter_map(|(addr, _)| {
+            let addr = match addr {
+                Value::BulkString(b) => std::str::from_utf8(b).ok()?,
+                Value::SimpleString(s) => s.as_str(),
+                _ => return None,
+            };
+            let (host, port) = addr.rsplit_once(':')?;
+            Some((host.to_owned(), port.parse().ok()?))
+        })
+        .collect()
+}
+
 /// The first key of `cmd`, an `EVALSHA sha numkeys key ...`.
 fn first_key(cmd: &Cmd) -> Option<&[u8]> {
     match cmd.args_iter().nth(3)? {
@@ -511,6 +537,24 @@ mod tests {
             [("10.0.0.1".to_owned(), 7000), ("10.0.0.2".to_owned(), 7001)]
         );
         assert!(masters_of(&Value::Nil).is_empty());
+
+        let pong =
+            |addr: &str, answer: Value| (Value::BulkString(addr.as_bytes().to_vec()), answer);
+        let answers = Value::Map(vec![
+            pong("10.0.0.1:7000", Value::Okay),
+            pong("::1:7001", Value::SimpleString("PONG".into())),
+            pong(
+                "10.0.0.3:7002",
+                Value::ServerError(server_error("LOADING").try_into().unwrap()),
+            ),
+            pong("no-port", Value::Okay),
+        ]);
+        let reached: Vec<_> = answered_by(&answers).into_iter().collect();
+        assert_eq!(
+            reached,
+            [("10.0.0.1".to_owned(), 7000), ("::1".to_owned(), 7001)]
+        );
+        assert!(answered_by(&Value::Okay).is_empty());
     }
 
     fn server_error(text: &str) -> RedisError {

@@ -622,7 +622,7 @@ impl Inner {
     }
 
     /// `conn`, if it is a standalone server's or a cluster connection that reaches every master
-    /// (a `PING` to each, by address, answered within the response timeout: see
+    /// (a `PING` to each answered within the response timeout: see
     /// [`cluster::Connection::reaches_every_master`]). A new cluster connection made
     /// while a master is silent, before its replica takes over, has no link to it (the client
     /// connects to each node within its timeouts and goes on without those that fail): the other
