@@ -44,7 +44,7 @@ const MAX_SENDS: u32 = 16;
 /// The first pause after a refusal; each further refusal doubles it, up to [`MAX_PAUSE`].
 const FIRST_PAUSE: Duration = Duration::from_millis(5);
 const MAX_PAUSE: Duration = Duration::from_millis(200);
-/// How many side connections (to nodes the cluster client has no connection to) are kept.
+/// How many side connections (to nodes that redirections named) are kept.
 const MAX_SIDE_CONNECTIONS: usize = 64;
 
 /// Makes cluster connections for the store's pool: a deadpool manager around a redis-rs

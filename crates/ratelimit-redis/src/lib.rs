@@ -59,7 +59,8 @@
 //! stops waiting does not cancel. One that has left a command unanswered for the response timeout
 //! is probed (a `PING`, sent when the next check finds the silence) and replaced if the probe
 //! fails or stays unanswered for another response timeout (a cluster connection is kept when no
-//! new one can be made, since it still serves the masters that answer).
+//! new one can be made that reaches every master, since it still serves the masters that answer;
+//! the attempts are then spaced out, up to 8 s apart).
 //!
 //! Fewer round trips: [`Coalescing`] merges the concurrent checks of one key on one gateway into
 //! one script call ([`RedisStore::check_many`]); with `ratelimit-core`'s `DenialCache` and

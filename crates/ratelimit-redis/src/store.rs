@@ -3,7 +3,7 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -168,6 +168,9 @@ struct Slot {
     silence: Silence,
     /// Set while a probe of this slot's connection runs.
     probing: AtomicBool,
+    /// Replacements of this slot's cluster connection tried in a row since it last answered a
+    /// probe, each of which kept it (see [`Inner::reopen`]): they space out the next.
+    kept: AtomicU32,
 }
 
 #[derive(Clone)]
@@ -558,8 +561,12 @@ impl Inner {
         let sent = self.micros() + 1;
         let answer = tokio::time::timeout(self.response_timeout, conn.ping()).await;
         match answer {
-            Ok(Ok(())) => self.slots[i].silence.answered(generation, sent),
+            Ok(Ok(())) => {
+                self.slots[i].kept.store(0, Ordering::Relaxed);
+                self.slots[i].silence.answered(generation, sent)
+            }
             Ok(Err(e)) if !is_broken(&e) && !e.is_timeout() => {
+                self.slots[i].kept.store(0, Ordering::Relaxed);
                 self.slots[i].silence.answered(generation, sent)
             }
             Ok(Err(error)) => {
@@ -594,6 +601,7 @@ impl Inner {
             Ok(conn) => {
                 let mut guard = lock(&slot.conn);
                 if matches!(guard.as_ref(), Some((g, _)) if *g == generation) {
+                    slot.kept.store(0, Ordering::Relaxed);
                     self.install(slot, &mut guard, conn);
                     metrics::counter!("ratelimit_redis_connections_replaced_total").increment(1);
                     tracing::warn!(slot = i, "ratelimit-redis: silent connection replaced");
@@ -605,8 +613,17 @@ impl Inner {
                 // Dropped, it would leave every key, not only the silent master's, without a
                 // connection until the node answers or fails over. Its silence is counted again
                 // from now, so that the next probe (and attempt) comes a response timeout later,
-                // not at the next check.
-                self.slots[i].silence.restart(generation, self.micros() + 1);
+                // not at the next check; and later still after each further attempt in a row
+                // (`reopen_backoff`): a master that stays out of this gateway's reach while the
+                // cluster keeps it (a partition on this side only) would otherwise have a whole
+                // cluster connection made, and let go, every few seconds for as long as it lasts.
+                let kept = slot.kept.fetch_add(1, Ordering::Relaxed).saturating_add(1);
+                let wait = reopen_backoff(kept, self.response_timeout);
+                let wait_us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
+                slot.silence.restart(
+                    generation,
+                    self.micros().saturating_add(1).saturating_add(wait_us),
+                );
                 tracing::warn!(
                     slot = i,
                     %error,
@@ -874,7 +891,8 @@ impl RedisStoreBuilder {
     /// to one node: a cluster connection, made in two rounds of connections (the seeds, then the
     /// nodes their slot map names) with a `PING` to each and the slot map asked in between, may
     /// take twice this plus three response timeouts, so that a node that does not answer fails
-    /// alone.
+    /// alone. [`build`](Self::build) opens the pool's connections one after another, so with a
+    /// node silent at startup it may take [`pool_size`](Self::pool_size) times that.
     pub fn connect_timeout(mut self, d: Duration) -> Self {
         self.connect_timeout = d;
         self
@@ -1029,6 +1047,7 @@ impl RedisStoreBuilder {
                     installed: AtomicU64::new(0),
                     silence: Silence::new(),
                     probing: AtomicBool::new(false),
+                    kept: AtomicU32::new(0),
                 })
                 .collect(),
             next: AtomicUsize::new(0),
@@ -1086,6 +1105,21 @@ fn validate_prefix(prefix: &str) -> Result<(), RedisStoreError> {
     }
     Ok(())
 }
+
+/// How long after the silence's usual response timeout a cluster connection is probed again
+/// (and a replacement tried) once `kept` replacements in a row have failed to reach every master:
+/// none after the first, then one response timeout, three, seven... (the attempts' spacing
+/// doubling), at most [`MAX_REOPEN_BACKOFF`]. Bounded, since the cluster's failover (after its
+/// node timeout, 15 s by default) is what a replacement waits for.
+fn reopen_backoff(kept: u32, response_timeout: Duration) -> Duration {
+    let steps = (1u32 << kept.saturating_sub(1).min(16)) - 1;
+    response_timeout
+        .saturating_mul(steps)
+        .min(MAX_REOPEN_BACKOFF)
+}
+
+/// The longest [`reopen_backoff`].
+const MAX_REOPEN_BACKOFF: Duration = Duration::from_secs(8);
 
 /// `info` with `TCP_NODELAY` on. redis-rs leaves Nagle's algorithm on by default: a command
 /// longer than one segment (a check of many quotas with long keys, a coalesced batch) would have
@@ -1171,6 +1205,17 @@ fn redact_params(query: &str) -> String {
 mod tests {
     use super::*;
     use ratelimit_core::Quota;
+
+    #[test]
+    fn replacements_that_keep_the_old_connection_space_out() {
+        let rt = Duration::from_millis(500);
+        let waits: Vec<u128> = (1..=7)
+            .map(|kept| reopen_backoff(kept, rt).as_millis())
+            .collect();
+        assert_eq!(waits, [0, 500, 1_500, 3_500, 7_500, 8_000, 8_000]);
+        assert_eq!(reopen_backoff(u32::MAX, rt), MAX_REOPEN_BACKOFF);
+        assert_eq!(reopen_backoff(40, Duration::MAX), MAX_REOPEN_BACKOFF);
+    }
 
     /// Every connection the store makes has Nagle's algorithm off: the standalone server's, and
     /// the cluster nodes' side connections (made from the first node's settings).
