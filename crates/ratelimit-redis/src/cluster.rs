@@ -137,8 +137,13 @@ struct Nodes {
     /// The first node's settings (credentials, TLS), for connecting to other nodes.
     template: Option<ConnectionInfo>,
     connect_timeout: Duration,
-    side: Mutex<HashMap<(String, u16), MultiplexedConnection>>,
+    /// Per node, its connection once made (by the first check that needs it; see `side_send`).
+    side: Mutex<HashMap<(String, u16), Arc<SideConnection>>>,
 }
+
+/// A node's side connection: made once, by the first check redirected to the node, while the
+/// others wait for it.
+type SideConnection = tokio::sync::OnceCell<MultiplexedConnection>;
 
 /// Where a check is sent.
 #[derive(Clone, Debug, PartialEq)]
@@ -301,24 +306,31 @@ impl Connection {
         cmd: &Cmd,
     ) -> Result<Value, RedisError> {
         let key = (host.to_owned(), port);
-        let existing = lock(&self.nodes.side).get(&key).cloned();
-        let mut conn = match existing {
-            Some(c) => c,
-            None => {
-                let c = self.nodes.connect(host, port).await?;
-                let mut side = lock(&self.nodes.side);
-                if side.len() >= MAX_SIDE_CONNECTIONS {
-                    side.clear();
-                }
-                side.insert(key.clone(), c.clone());
-                c
+        let cell = {
+            let mut side = lock(&self.nodes.side);
+            if side.len() >= MAX_SIDE_CONNECTIONS && !side.contains_key(&key) {
+                // Connections in use stay with their checks; later ones make new ones.
+                side.clear();
             }
+            Arc::clone(side.entry(key.clone()).or_default())
         };
+        // One connection made at a time per node, whatever the number of checks redirected to
+        // it at once (a slot's move, a failover: every check of the slot in flight is
+        // redirected): the others wait for it instead of each making its own. If the check
+        // making it gives up (its deadline), a waiting one takes over.
+        let mut conn = cell
+            .get_or_try_init(|| self.nodes.connect(host, port))
+            .await?
+            .clone();
         let reply = eval_on(&mut conn, script, cmd, asking).await;
         if let Err(e) = &reply
             && is_broken(e)
         {
-            lock(&self.nodes.side).remove(&key);
+            // This connection's cell only: another check may have put a new one in its place.
+            let mut side = lock(&self.nodes.side);
+            if side.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
+                side.remove(&key);
+            }
         }
         reply
     }

@@ -828,3 +828,52 @@ async fn replacements_that_cannot_reach_a_dead_master_are_spaced_out() {
     assert!(made >= 1, "a replacement was tried");
     assert_eq!(failed, 0, "the other masters' keys were served throughout");
 }
+
+/// A slot moves to another master while many checks of it are in flight: every one is
+/// redirected (`MOVED`) before the client's slot map catches up, and each goes over the store's
+/// side connection to the new owner. One connection is made for them all, not one each.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_redirected_at_once_share_one_new_connection() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = RedisCluster::start(3);
+    let store = RedisStore::cluster(cluster.urls())
+        .prefix(unique_prefix("redirect-burst"))
+        .response_timeout(PATIENT)
+        .build()
+        .await
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(1_000).unwrap()).unwrap();
+    let key = &store.state_keys(b"mover", &limit)[0];
+    let slot = cluster.nodes()[0].cli(&["cluster", "keyslot", key]);
+    let source = cluster.node_for(key);
+    let target = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.port() != source.port())
+        .unwrap();
+    // The slot holds no key yet: it can be given to the target at once.
+    let target_id = target.cli(&["cluster", "myid"]);
+    for node in cluster.nodes() {
+        assert_eq!(
+            node.cli(&["cluster", "setslot", &slot, "node", &target_id]),
+            "OK"
+        );
+    }
+    let before = connections_received(target);
+    let checks = (0..64).map(|_| store.check(b"mover", &limit, 1));
+    let decisions = join_all(checks).await;
+    let made = connections_received(target) - before - 1;
+    let mut remaining: Vec<u64> = decisions
+        .into_iter()
+        .map(|d| d.unwrap().remaining())
+        .collect();
+    remaining.sort_unstable();
+    println!("{made} new connections to the slot's new owner for 64 redirected checks");
+    assert_eq!(
+        remaining,
+        (936..1_000).collect::<Vec<u64>>(),
+        "each counted once"
+    );
+    assert_eq!(target.cli(&["exists", key]), "1");
+    assert_eq!(made, 1, "connections made for the redirected checks");
+}
