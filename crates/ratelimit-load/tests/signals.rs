@@ -72,10 +72,12 @@ fn sigterm_stops_the_redis_server_the_tool_started() {
         if settled {
             std::thread::sleep(Duration::from_millis(500));
         }
-        let sent = Command::new("kill")
-            .args([signal, &tool.id().to_string()])
+        // Through `sh`, whose `kill` is a builtin: minimal images have `sh` but not always
+        // `/bin/kill` (Debian's `procps`), as the Redis harness does.
+        let sent = Command::new("sh")
+            .args(["-c", "kill \"$0\" \"$1\"", signal, &tool.id().to_string()])
             .status()
-            .expect("kill runs");
+            .expect("sh runs");
         assert!(sent.success());
         let status = tool.wait().expect("the tool exits");
         let mut stderr = String::new();
