@@ -75,6 +75,12 @@ impl Silence {
         }
     }
 
+    /// The mark on connection `generation`, if it has one (and is the current connection).
+    pub(crate) fn mark(&self, generation: u64) -> Option<u64> {
+        let since = self.since.load(Ordering::Acquire);
+        (since != 0 && self.generation.load(Ordering::Acquire) == generation).then_some(since)
+    }
+
     /// Connection `generation` is kept although it has been silent: its silence is counted again
     /// from `now`, so that it is probed again a response timeout later.
     pub(crate) fn restart(&self, generation: u64, now: u64) {

@@ -94,6 +94,39 @@ impl Drop for Probing {
     }
 }
 
+/// A slot's watch in progress (see [`Inner::watch`]): ended when this drops, however its task
+/// ends.
+struct Watching {
+    inner: Arc<Inner>,
+    slot: usize,
+}
+
+impl Drop for Watching {
+    fn drop(&mut self) {
+        self.inner.slots[self.slot]
+            .watching
+            .store(false, Ordering::Release);
+    }
+}
+
+/// A check's command on its way: if the check ends without the answer (its caller gave up, or
+/// its deadline passed), the slot's connection is watched, so that its silence is probed even if
+/// no other check comes (see [`Inner::watch`]).
+struct Unanswered<'a> {
+    inner: &'a Arc<Inner>,
+    slot: usize,
+    generation: u64,
+    answered: bool,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.inner.watch(self.slot, self.generation);
+        }
+    }
+}
+
 /// A slot's failed openings.
 #[derive(Default)]
 struct Failed {
@@ -168,6 +201,8 @@ struct Slot {
     silence: Silence,
     /// Set while a probe of this slot's connection runs.
     probing: AtomicBool,
+    /// Set while a task watches this slot's connection for silence (see [`Inner::watch`]).
+    watching: AtomicBool,
     /// Replacements of this slot's cluster connection tried in a row since it last answered a
     /// probe, each of which kept it (see [`Inner::reopen`]): they space out the next.
     kept: AtomicU32,
@@ -502,11 +537,19 @@ impl Inner {
             };
             tokio::spawn(Arc::clone(self).probe(slot, generation, conn.clone(), probing));
         }
+        let mut unanswered = Unanswered {
+            inner: self,
+            slot,
+            generation,
+            answered: false,
+        };
         let reply = match tokio::time::timeout_at(deadline, conn.eval(script, &cmd)).await {
             Ok(reply) => reply,
-            // The command stays unanswered: the next check on this slot finds it so.
+            // The command stays unanswered: the next check on this slot finds it so, and the
+            // watch that `unanswered` starts as it drops does if none comes.
             Err(_) => return Err(timeout()),
         };
+        unanswered.answered = true;
         // A standalone connection that broke is replaced, and so is one to a server that answers
         // READONLY: it was demoted to a replica behind the same address (a failover behind a DNS
         // name or a virtual IP); a new connection finds the new primary. A cluster connection is
@@ -548,6 +591,63 @@ impl Inner {
                 RedisStoreError::Redis(e)
             }
         })
+    }
+
+    /// Watches slot `i`'s connection (of `generation`), on which a check ended without its answer:
+    /// once its oldest unanswered command is a response timeout old, it is probed as a check
+    /// would probe it (see [`probe`](Self::probe)), unless answered, replaced or probed by then.
+    /// A check that finds the silence starts the probe too, but checks may stop coming: behind
+    /// the tower layer, those given up after its 50 ms timeout open the circuit breaker, and no
+    /// check reaches the store until the cool-down ends. Without the watch, that first check found
+    /// the connection silent, was sent on it all the same and failed, and the circuit opened for
+    /// another cool-down. One watch per slot at a time, in a task of its own, made only when a
+    /// check is left unanswered.
+    fn watch(self: &Arc<Self>, i: usize, generation: u64) {
+        let slot = &self.slots[i];
+        if slot.silence.mark(generation).is_none() || slot.watching.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        // Made before the task, so that a task dropped unrun lets the next watch start.
+        let watching = Watching {
+            inner: Arc::clone(self),
+            slot: i,
+        };
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            // No runtime (a check dropped outside one): the next check probes, as before.
+            return;
+        };
+        runtime.spawn(async move {
+            let inner = &watching.inner;
+            let slot = &inner.slots[i];
+            let rt_us = u64::try_from(inner.response_timeout.as_micros()).unwrap_or(u64::MAX);
+            loop {
+                // The mark may be answered, or restarted (a kept cluster connection), meanwhile.
+                let Some(since) = slot.silence.mark(generation) else {
+                    return;
+                };
+                let due = since.saturating_add(rt_us);
+                let now = inner.micros() + 1;
+                if now >= due {
+                    break;
+                }
+                tokio::time::sleep(Duration::from_micros(due - now)).await;
+            }
+            let conn = match lock(&slot.conn).as_ref() {
+                Some((g, c)) if *g == generation => c.clone(),
+                _ => return,
+            };
+            if slot.probing.swap(true, Ordering::AcqRel) {
+                return;
+            }
+            let probing = Probing {
+                inner: Arc::clone(inner),
+                slot: i,
+            };
+            // The watch ends as the probe starts: a later unanswered check may watch again.
+            let inner = Arc::clone(inner);
+            drop(watching);
+            inner.probe(i, generation, conn, probing).await;
+        });
     }
 
     /// Asks slot `i`'s connection (of `generation`), which has left a command unanswered for the
@@ -1047,6 +1147,7 @@ impl RedisStoreBuilder {
                     installed: AtomicU64::new(0),
                     silence: Silence::new(),
                     probing: AtomicBool::new(false),
+                    watching: AtomicBool::new(false),
                     kept: AtomicU32::new(0),
                 })
                 .collect(),

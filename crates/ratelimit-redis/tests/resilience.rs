@@ -609,3 +609,44 @@ async fn an_address_left_at_a_demoted_primary_is_not_reconnected_at_every_check(
     proxy.set_upstream(new.port());
     recovers(&store, &limit).await;
 }
+
+/// A connection goes silent and its callers stop asking: behind the tower layer, a few checks
+/// given up after 50 ms open the circuit breaker, and no check reaches the store until its
+/// cool-down ends. The connection must be probed and replaced meanwhile, not when that first
+/// check after the cool-down finds it silent and is sent on it all the same (it would fail, and
+/// the circuit would open for another cool-down).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_connection_is_replaced_without_further_checks() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let store = RedisStore::builder(proxy.url())
+        .prefix(unique_prefix("silent-idle"))
+        .pool_size(1)
+        .response_timeout(Duration::from_millis(200))
+        .build()
+        .await
+        .unwrap();
+    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    let accepted = proxy.accepted();
+    proxy.set_latency(Duration::from_secs(3_600));
+    for _ in 0..3 {
+        assert!(
+            caller(&store).await.is_err(),
+            "a silent connection answered"
+        );
+    }
+    // New connections are served at once; the old one holds its chunks for an hour.
+    proxy.set_latency(Duration::ZERO);
+    // Nothing asks for a second: a probe (200 ms of silence, then 200 ms for its PING) and a
+    // new connection fit well within it.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        proxy.accepted() > accepted,
+        "a new connection was made without a check"
+    );
+    let first = caller(&store).await;
+    assert!(
+        matches!(first, Ok(Ok(ref d)) if d.is_allowed()),
+        "the first check after the quiet spell: {first:?}"
+    );
+}
