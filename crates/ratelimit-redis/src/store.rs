@@ -699,10 +699,17 @@ impl Inner {
         };
         match opened {
             Ok(conn) => {
-                let mut guard = lock(&slot.conn);
-                if matches!(guard.as_ref(), Some((g, _)) if *g == generation) {
-                    slot.kept.store(0, Ordering::Relaxed);
-                    self.install(slot, &mut guard, conn);
+                let replaced = {
+                    let mut guard = lock(&slot.conn);
+                    let current = matches!(guard.as_ref(), Some((g, _)) if *g == generation);
+                    if current {
+                        slot.kept.store(0, Ordering::Relaxed);
+                        self.install(slot, &mut guard, conn);
+                    }
+                    current
+                };
+                // Counted and logged once the slot's lock is let go (see `discard`).
+                if replaced {
                     metrics::counter!("ratelimit_redis_connections_replaced_total").increment(1);
                     tracing::warn!(slot = i, "ratelimit-redis: silent connection replaced");
                 }
@@ -878,17 +885,25 @@ impl Inner {
 
     /// Drops slot `slot`'s connection if it is still of `generation`; `true` if it was.
     fn discard(&self, slot: usize, generation: u64) -> bool {
-        let mut guard = lock(&self.slots[slot].conn);
-        if matches!(guard.as_ref(), Some((g, _)) if *g == generation) {
-            *guard = None;
-            metrics::counter!("ratelimit_redis_connections_replaced_total").increment(1);
-            tracing::warn!(
-                slot,
-                "ratelimit-redis: connection broken; it will be re-opened"
-            );
-            return true;
+        // The connection goes out under the slot's lock, and is dropped, counted and logged after
+        // it: every check takes that lock, and a log writer that blocks must not hold them.
+        let dropped = {
+            let mut guard = lock(&self.slots[slot].conn);
+            match guard.as_ref() {
+                Some((g, _)) if *g == generation => guard.take(),
+                _ => None,
+            }
+        };
+        if dropped.is_none() {
+            return false;
         }
-        false
+        drop(dropped);
+        metrics::counter!("ratelimit_redis_connections_replaced_total").increment(1);
+        tracing::warn!(
+            slot,
+            "ratelimit-redis: connection broken; it will be re-opened"
+        );
+        true
     }
 
     /// A new connection from the pool, detached from it: the pool makes connections (with its
