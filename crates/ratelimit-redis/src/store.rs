@@ -693,6 +693,10 @@ impl Inner {
     /// timeout.
     async fn reopen(&self, i: usize, generation: u64) {
         let slot = &self.slots[i];
+        // Replaced or dropped already (a check found it broken meanwhile): nothing to replace.
+        if !matches!(lock(&slot.conn).as_ref(), Some((g, _)) if *g == generation) {
+            return;
+        }
         let opened = match self.open().await {
             Ok(conn) => self.reaches_every_master(conn).await,
             Err(e) => Err(e),
