@@ -26,6 +26,31 @@ fn master_of(cluster: &RedisCluster, store: &RedisStore, limit: &Limit, user: &s
         .port()
 }
 
+/// A store on every node of `cluster`, its keys under a prefix made from `name`.
+async fn store_on(cluster: &RedisCluster, name: &str, response_timeout: Duration) -> RedisStore {
+    RedisStore::cluster(cluster.urls())
+        .prefix(unique_prefix(name))
+        .response_timeout(response_timeout)
+        .build()
+        .await
+        .unwrap()
+}
+
+/// The port of the master of the user `victim`, and a user (a bystander) whose master is another.
+fn victim_and_bystander(
+    cluster: &RedisCluster,
+    store: &RedisStore,
+    limit: &Limit,
+) -> (u16, String) {
+    let owner = |user: &str| master_of(cluster, store, limit, user);
+    let victim = owner("victim");
+    let bystander = (0..)
+        .map(|i| format!("bystander-{i}"))
+        .find(|u| owner(u) != victim)
+        .unwrap();
+    (victim, bystander)
+}
+
 fn dbsize(node: &redis_harness::RedisServer) -> u64 {
     node.cli(&["dbsize"]).parse().unwrap()
 }
@@ -133,12 +158,7 @@ async fn conformance_race_and_noscript_on_a_three_master_cluster() {
 async fn checks_follow_a_slot_migration_with_ask_and_moved() {
     let _one = ONE_AT_A_TIME.lock().await;
     let cluster = RedisCluster::start(3);
-    let store = RedisStore::cluster(cluster.urls())
-        .prefix(unique_prefix("migrate"))
-        .response_timeout(PATIENT)
-        .build()
-        .await
-        .unwrap();
+    let store = store_on(&cluster, "migrate", PATIENT).await;
     migrate_while_checking(&cluster, &store, None).await;
 }
 
@@ -148,12 +168,7 @@ async fn checks_follow_a_slot_migration_with_ask_and_moved() {
 async fn checks_follow_a_slot_migration_to_a_new_master() {
     let _one = ONE_AT_A_TIME.lock().await;
     let mut cluster = RedisCluster::start(3);
-    let store = RedisStore::cluster(cluster.urls())
-        .prefix(unique_prefix("grow"))
-        .response_timeout(PATIENT)
-        .build()
-        .await
-        .unwrap();
+    let store = store_on(&cluster, "grow", PATIENT).await;
     let added = cluster.add_empty_master().port();
     migrate_while_checking(&cluster, &store, Some(added)).await;
 }
@@ -356,12 +371,7 @@ async fn a_check_whose_reply_is_lost_fails_and_counts_once() {
 async fn checks_recover_after_a_master_fails_over_to_its_replica() {
     let _one = ONE_AT_A_TIME.lock().await;
     let mut cluster = RedisCluster::start_with_replicas(3, 1, &["cluster-node-timeout 1000"]);
-    let store = RedisStore::cluster(cluster.urls())
-        .prefix(unique_prefix("failover"))
-        .response_timeout(Duration::from_secs(2))
-        .build()
-        .await
-        .unwrap();
+    let store = store_on(&cluster, "failover", Duration::from_secs(2)).await;
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100).unwrap()).unwrap();
     let owner = |cluster: &RedisCluster, user: &str| master_of(cluster, &store, &limit, user);
     let victim = owner(&cluster, "victim");
@@ -433,12 +443,7 @@ async fn a_dead_seed_master_leaves_the_other_masters_served() {
     let mut cluster = RedisCluster::start_with_replicas(3, 1, &["cluster-node-timeout 1000"]);
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(1_000).unwrap()).unwrap();
     // The seed: a master, found through a store that knows every node.
-    let probe = RedisStore::cluster(cluster.urls())
-        .prefix(unique_prefix("seed-probe"))
-        .response_timeout(PATIENT)
-        .build()
-        .await
-        .unwrap();
+    let probe = store_on(&cluster, "seed-probe", PATIENT).await;
     let seed = master_of(&cluster, &probe, &limit, "victim");
     let seed_url = cluster
         .nodes()
@@ -517,12 +522,7 @@ async fn scripts_are_reloaded_on_the_master_that_lost_them_while_another_is_down
     let _one = ONE_AT_A_TIME.lock().await;
     let mut cluster =
         RedisCluster::start_with_replicas(3, 0, &["cluster-require-full-coverage no"]);
-    let store = RedisStore::cluster(cluster.urls())
-        .prefix(unique_prefix("noscript-partial"))
-        .response_timeout(PATIENT)
-        .build()
-        .await
-        .unwrap();
+    let store = store_on(&cluster, "noscript-partial", PATIENT).await;
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(10).unwrap()).unwrap();
     let owner = |cluster: &RedisCluster, user: &str| master_of(cluster, &store, &limit, user);
     let alive = owner(&cluster, "alive");
@@ -568,27 +568,13 @@ async fn a_silent_master_gets_a_new_connection_tried_while_the_others_stay_serve
         .await
         .unwrap();
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(1_000).unwrap()).unwrap();
-    let owner = |user: &str| master_of(&cluster, &store, &limit, user);
-    let victim = owner("victim");
-    let bystander = (0..)
-        .map(|i| format!("bystander-{i}"))
-        .find(|u| owner(u) != victim)
-        .unwrap();
+    let (victim, bystander) = victim_and_bystander(&cluster, &store, &limit);
     let other = cluster
         .nodes()
         .iter()
-        .find(|n| n.port() == owner(&bystander))
+        .find(|n| n.port() == master_of(&cluster, &store, &limit, &bystander))
         .unwrap();
-    let received = || -> u64 {
-        let stats = other.cli(&["info", "stats"]);
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix("total_connections_received:"))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
-    };
+    let received = || connections_received(other);
     store.check(b"victim", &limit, 1).await.unwrap();
     store.check(bystander.as_bytes(), &limit, 1).await.unwrap();
     let before = received();
@@ -667,20 +653,10 @@ async fn a_dead_masters_checks_do_not_reconnect_the_whole_cluster() {
     let _one = ONE_AT_A_TIME.lock().await;
     let mut cluster =
         RedisCluster::start_with_replicas(3, 0, &["cluster-require-full-coverage no"]);
-    let store = RedisStore::cluster(cluster.urls())
-        .prefix(unique_prefix("dead-master-storm"))
-        .response_timeout(Duration::from_secs(2))
-        .build()
-        .await
-        .unwrap();
+    let store = store_on(&cluster, "dead-master-storm", Duration::from_secs(2)).await;
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100_000).unwrap()).unwrap();
-    let owner = |user: &str| master_of(&cluster, &store, &limit, user);
-    let victim = owner("victim");
-    let bystander = (0..)
-        .map(|i| format!("bystander-{i}"))
-        .find(|u| owner(u) != victim)
-        .unwrap();
-    let other = owner(&bystander);
+    let (victim, bystander) = victim_and_bystander(&cluster, &store, &limit);
+    let other = master_of(&cluster, &store, &limit, &bystander);
     store.check(b"victim", &limit, 1).await.unwrap();
     store.check(bystander.as_bytes(), &limit, 1).await.unwrap();
 
@@ -721,19 +697,9 @@ async fn a_dead_masters_checks_do_not_reconnect_the_whole_cluster() {
 async fn a_silent_masters_keys_come_back_once_its_replica_takes_over() {
     let _one = ONE_AT_A_TIME.lock().await;
     let cluster = RedisCluster::start_with_replicas(3, 1, &["cluster-node-timeout 1000"]);
-    let store = RedisStore::cluster(cluster.urls())
-        .prefix(unique_prefix("silent-failover"))
-        .response_timeout(Duration::from_millis(300))
-        .build()
-        .await
-        .unwrap();
+    let store = store_on(&cluster, "silent-failover", Duration::from_millis(300)).await;
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(1_000).unwrap()).unwrap();
-    let owner = |user: &str| master_of(&cluster, &store, &limit, user);
-    let victim = owner("victim");
-    let bystander = (0..)
-        .map(|i| format!("bystander-{i}"))
-        .find(|u| owner(u) != victim)
-        .unwrap();
+    let (victim, bystander) = victim_and_bystander(&cluster, &store, &limit);
     store.check(b"victim", &limit, 1).await.unwrap();
     store.check(bystander.as_bytes(), &limit, 1).await.unwrap();
     let master = cluster.nodes().iter().find(|n| n.port() == victim).unwrap();
@@ -791,20 +757,10 @@ async fn replacements_that_cannot_reach_a_dead_master_are_spaced_out() {
     let _one = ONE_AT_A_TIME.lock().await;
     let mut cluster =
         RedisCluster::start_with_replicas(3, 0, &["cluster-require-full-coverage no"]);
-    let store = RedisStore::cluster(cluster.urls())
-        .prefix(unique_prefix("dead-master-backoff"))
-        .response_timeout(Duration::from_millis(200))
-        .build()
-        .await
-        .unwrap();
+    let store = store_on(&cluster, "dead-master-backoff", Duration::from_millis(200)).await;
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100_000).unwrap()).unwrap();
-    let owner = |user: &str| master_of(&cluster, &store, &limit, user);
-    let victim = owner("victim");
-    let bystander = (0..)
-        .map(|i| format!("bystander-{i}"))
-        .find(|u| owner(u) != victim)
-        .unwrap();
-    let other = owner(&bystander);
+    let (victim, bystander) = victim_and_bystander(&cluster, &store, &limit);
+    let other = master_of(&cluster, &store, &limit, &bystander);
     store.check(bystander.as_bytes(), &limit, 1).await.unwrap();
     cluster.kill_node(victim);
     let other = cluster.nodes().iter().find(|n| n.port() == other).unwrap();
@@ -836,12 +792,7 @@ async fn replacements_that_cannot_reach_a_dead_master_are_spaced_out() {
 async fn checks_redirected_at_once_share_one_new_connection() {
     let _one = ONE_AT_A_TIME.lock().await;
     let cluster = RedisCluster::start(3);
-    let store = RedisStore::cluster(cluster.urls())
-        .prefix(unique_prefix("redirect-burst"))
-        .response_timeout(PATIENT)
-        .build()
-        .await
-        .unwrap();
+    let store = store_on(&cluster, "redirect-burst", PATIENT).await;
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(1_000).unwrap()).unwrap();
     let key = &store.state_keys(b"mover", &limit)[0];
     let slot = cluster.nodes()[0].cli(&["cluster", "keyslot", key]);

@@ -288,14 +288,7 @@ async fn a_silent_connection_is_replaced_when_callers_give_up_first() {
 async fn a_connection_answering_after_its_caller_gave_up_is_kept() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
-    let store = RedisStore::builder(proxy.url())
-        .prefix(unique_prefix("late"))
-        .pool_size(1)
-        .response_timeout(Duration::from_millis(2_000))
-        .build()
-        .await
-        .unwrap();
-    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    let store = one_connection_through(&proxy, "late", Duration::from_millis(2_000)).await;
     let accepted = proxy.accepted();
     proxy.set_latency(Duration::from_millis(100));
     assert!(caller(&store).await.is_err(), "given up before the answer");
@@ -306,6 +299,24 @@ async fn a_connection_answering_after_its_caller_gave_up_is_kept() {
     }
     // The probe's PING had its answer long before the checks were done.
     assert_eq!(proxy.accepted(), accepted, "the connection was kept");
+}
+
+/// A store of one connection through `proxy` (keys under a prefix made from `name`), checked
+/// once.
+async fn one_connection_through(
+    proxy: &Proxy,
+    name: &str,
+    response_timeout: Duration,
+) -> RedisStore {
+    let store = RedisStore::builder(proxy.url())
+        .prefix(unique_prefix(name))
+        .pool_size(1)
+        .response_timeout(response_timeout)
+        .build()
+        .await
+        .unwrap();
+    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    store
 }
 
 /// A check of `k` that its caller gives up after 50 ms, as the tower layer does by default.
@@ -619,14 +630,7 @@ async fn an_address_left_at_a_demoted_primary_is_not_reconnected_at_every_check(
 async fn a_silent_connection_is_replaced_without_further_checks() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
-    let store = RedisStore::builder(proxy.url())
-        .prefix(unique_prefix("silent-idle"))
-        .pool_size(1)
-        .response_timeout(Duration::from_millis(200))
-        .build()
-        .await
-        .unwrap();
-    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    let store = one_connection_through(&proxy, "silent-idle", Duration::from_millis(200)).await;
     let accepted = proxy.accepted();
     proxy.set_latency(Duration::from_secs(3_600));
     for _ in 0..3 {
