@@ -568,17 +568,16 @@ impl Inner {
                 let installed = self.slots[slot].installed.load(Ordering::Relaxed);
                 Duration::from_micros(sent.saturating_sub(installed)) < RECONNECT_GAP
             };
-            if self.discard(slot, generation)
-                && readonly
-                && young()
-                && let Err(e) = &reply
-            {
-                // A connection just made answered READONLY too: the address still leads to a
-                // replica (a DNS name or virtual IP not yet moved after a failover). The next
-                // opening waits the reconnect gap, as after a failed one, rather than every
-                // check making a connection to the same replica.
-                lock(&self.slots[slot].failed).record(RedisStoreError::Redis(e.clone()));
-            }
+            // A connection just made answered READONLY too: the address still leads to a replica
+            // (a DNS name or virtual IP not yet moved after a failover). The next opening waits
+            // the reconnect gap, as after a failed one, rather than every check making a
+            // connection to the same replica. Recorded as the slot is emptied, under its lock: a
+            // check that found it empty before the record would open at once, skipping the gap.
+            let failure = match &reply {
+                Err(e) if readonly && young() => Some(RedisStoreError::Redis(e.clone())),
+                _ => None,
+            };
+            self.discard_with(slot, generation, failure);
         } else if matches!(conn, Conn::Single(_)) {
             // An answer, even an error reply: the connection works, and has answered every
             // command sent before this one.
@@ -750,7 +749,7 @@ impl Inner {
     }
 
     /// `conn`, if it is a standalone server's or a cluster connection that reaches every master
-    /// (a `PING` to each answered within the response timeout: see
+    /// (`CLUSTER SLOTS` and a `PING` to each answered within a response timeout each: see
     /// [`cluster::Connection::reaches_every_master`]). A new cluster connection made
     /// while a master is silent, before its replica takes over, has no link to it (the client
     /// connects to each node within its timeouts and goes on without those that fail): the other
@@ -763,7 +762,9 @@ impl Inner {
         let Conn::Cluster(mut probe) = conn.clone() else {
             return Ok(conn);
         };
-        match tokio::time::timeout(self.response_timeout, probe.reaches_every_master()).await {
+        // Two round trips (`CLUSTER SLOTS`, then the `PING`s), a response timeout each.
+        let within = self.response_timeout.saturating_mul(2);
+        match tokio::time::timeout(within, probe.reaches_every_master()).await {
             Ok(Ok(())) => Ok(conn),
             Ok(Err(e)) => Err(RedisStoreError::Connection {
                 message: format!("a new cluster connection does not reach every master: {e}"),
@@ -771,8 +772,7 @@ impl Inner {
             }),
             Err(_) => Err(RedisStoreError::Connection {
                 message: format!(
-                    "a master did not answer a new cluster connection within {:?}",
-                    self.response_timeout
+                    "a master did not answer a new cluster connection within {within:?}"
                 ),
                 source: None,
             }),
@@ -889,12 +889,24 @@ impl Inner {
 
     /// Drops slot `slot`'s connection if it is still of `generation`; `true` if it was.
     fn discard(&self, slot: usize, generation: u64) -> bool {
+        self.discard_with(slot, generation, None)
+    }
+
+    /// [`discard`](Self::discard), recording `failure` as the slot's last failed opening (which
+    /// holds its next opening for the reconnect gap) before its lock is let go, if it was
+    /// dropped.
+    fn discard_with(&self, slot: usize, generation: u64, failure: Option<RedisStoreError>) -> bool {
         // The connection goes out under the slot's lock, and is dropped, counted and logged after
         // it: every check takes that lock, and a log writer that blocks must not hold them.
         let dropped = {
             let mut guard = lock(&self.slots[slot].conn);
             match guard.as_ref() {
-                Some((g, _)) if *g == generation => guard.take(),
+                Some((g, _)) if *g == generation => {
+                    if let Some(failure) = failure {
+                        lock(&self.slots[slot].failed).record(failure);
+                    }
+                    guard.take()
+                }
                 _ => None,
             }
         };
