@@ -1070,9 +1070,10 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                     if d.is_allowed() {
                         let ttl = sh.ttl(&ctx.limit, want, &d);
                         let answered = sh.clock.now().as_micros();
-                        sh.saw_round_trip(answered.saturating_sub(sent));
+                        let rtt = answered.saturating_sub(sent);
+                        sh.saw_round_trip(rtt);
                         let local = finish(&ctx.entry, |e| {
-                            e.rtt = answered.saturating_sub(sent);
+                            e.rtt = rtt;
                             if want > cost && sent.saturating_add(ttl) <= answered {
                                 // Expired on its way: the checks that waited for its units go to
                                 // the store side by side, as after a failed lease request,

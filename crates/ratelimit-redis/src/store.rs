@@ -79,34 +79,39 @@ enum Backend {
     Cluster(deadpool::managed::Pool<cluster::Manager>),
 }
 
-/// A slot's probe in progress: ended (the slot's `probing` flag cleared) when this drops, however
-/// the probe's task ends (done, panicked, or dropped with its runtime, even unrun).
-struct Probing {
+/// One of a slot's flags (`probing`, `watching`), claimed: a task of that kind runs for the slot,
+/// and no other starts. Cleared when this drops, however the task ends (done, panicked, or
+/// dropped with its runtime, even unrun), so it is made before the task is spawned.
+struct Claimed {
     inner: Arc<Inner>,
     slot: usize,
+    flag: fn(&Slot) -> &AtomicBool,
 }
 
-impl Drop for Probing {
-    fn drop(&mut self) {
-        self.inner.slots[self.slot]
-            .probing
-            .store(false, Ordering::Release);
+impl Claimed {
+    /// Slot `slot`'s `flag`, if no one holds it.
+    fn claim(inner: &Arc<Inner>, slot: usize, flag: fn(&Slot) -> &AtomicBool) -> Option<Claimed> {
+        let taken = flag(&inner.slots[slot]).swap(true, Ordering::AcqRel);
+        (!taken).then(|| Claimed {
+            inner: Arc::clone(inner),
+            slot,
+            flag,
+        })
     }
 }
 
-/// A slot's watch in progress (see [`Inner::watch`]): ended when this drops, however its task
-/// ends.
-struct Watching {
-    inner: Arc<Inner>,
-    slot: usize,
+impl Drop for Claimed {
+    fn drop(&mut self) {
+        (self.flag)(&self.inner.slots[self.slot]).store(false, Ordering::Release);
+    }
 }
 
-impl Drop for Watching {
-    fn drop(&mut self) {
-        self.inner.slots[self.slot]
-            .watching
-            .store(false, Ordering::Release);
-    }
+fn probing(slot: &Slot) -> &AtomicBool {
+    &slot.probing
+}
+
+fn watching(slot: &Slot) -> &AtomicBool {
+    &slot.watching
 }
 
 /// A check's command on its way: if the check ends without the answer (its caller gave up, or
@@ -525,16 +530,10 @@ impl Inner {
         let sent = self.micros() + 1;
         if let Some(since) = self.slots[slot].silence.sent(generation, sent)
             && Duration::from_micros(sent.saturating_sub(since)) >= self.response_timeout
-            && !self.slots[slot].probing.swap(true, Ordering::AcqRel)
+            && let Some(probing) = Claimed::claim(self, slot, probing)
         {
             // Silent for the response timeout: a probe, in a task of its own so that this
             // check's caller giving up does not cancel it.
-            // The guard is made before the task, so that a task dropped unrun (its runtime
-            // shutting down) lets the next probe start too.
-            let probing = Probing {
-                inner: Arc::clone(self),
-                slot,
-            };
             tokio::spawn(Arc::clone(self).probe(slot, generation, conn.clone(), probing));
         }
         let mut unanswered = Unanswered {
@@ -602,14 +601,11 @@ impl Inner {
     /// another cool-down. One watch per slot at a time, in a task of its own, made only when a
     /// check is left unanswered.
     fn watch(self: &Arc<Self>, i: usize, generation: u64) {
-        let slot = &self.slots[i];
-        if slot.silence.mark(generation).is_none() || slot.watching.swap(true, Ordering::AcqRel) {
+        if self.slots[i].silence.mark(generation).is_none() {
             return;
         }
-        // Made before the task, so that a task dropped unrun lets the next watch start.
-        let watching = Watching {
-            inner: Arc::clone(self),
-            slot: i,
+        let Some(watching) = Claimed::claim(self, i, watching) else {
+            return;
         };
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             // No runtime (a check dropped outside one): the next check probes, as before.
@@ -635,12 +631,8 @@ impl Inner {
                 Some((g, c)) if *g == generation => c.clone(),
                 _ => return,
             };
-            if slot.probing.swap(true, Ordering::AcqRel) {
+            let Some(probing) = Claimed::claim(inner, i, probing) else {
                 return;
-            }
-            let probing = Probing {
-                inner: Arc::clone(inner),
-                slot: i,
             };
             // The watch ends as the probe starts: a later unanswered check may watch again.
             let inner = Arc::clone(inner);
@@ -653,24 +645,19 @@ impl Inner {
     /// response timeout, whether it still answers: a `PING` (on a cluster, to every master),
     /// given the response timeout. Answered, the connection is kept: the command's answer came
     /// after its caller had given up, or came late. Not answered, or broken, it is replaced.
-    async fn probe(self: Arc<Self>, i: usize, generation: u64, mut conn: Conn, probing: Probing) {
+    async fn probe(self: Arc<Self>, i: usize, generation: u64, mut conn: Conn, probing: Claimed) {
         // Lets the next probe start however this one ends: done, panicked, or dropped with its
         // runtime, run or not.
         let _probing = probing;
         let sent = self.micros() + 1;
         let answer = tokio::time::timeout(self.response_timeout, conn.ping()).await;
         match answer {
-            Ok(Ok(())) => {
-                self.slots[i].kept.store(0, Ordering::Relaxed);
-                self.slots[i].silence.answered(generation, sent)
-            }
-            Ok(Err(e)) if !is_broken(&e) && !e.is_timeout() => {
-                self.slots[i].kept.store(0, Ordering::Relaxed);
-                self.slots[i].silence.answered(generation, sent)
-            }
+            // An answer, even an error reply: the connection works, and is kept.
+            Ok(Ok(())) => {}
+            Ok(Err(e)) if !is_broken(&e) && !e.is_timeout() => {}
             Ok(Err(error)) => {
                 tracing::warn!(slot = i, %error, "ratelimit-redis: a silent connection's probe failed");
-                self.reopen(i, generation).await;
+                return self.reopen(i, generation).await;
             }
             Err(_) => {
                 tracing::warn!(
@@ -679,9 +666,11 @@ impl Inner {
                     after_ms = self.response_timeout.saturating_mul(2).as_millis() as u64,
                     "ratelimit-redis: no answer on a connection for twice the response timeout"
                 );
-                self.reopen(i, generation).await;
+                return self.reopen(i, generation).await;
             }
         }
+        self.slots[i].kept.store(0, Ordering::Relaxed);
+        self.slots[i].silence.answered(generation, sent);
     }
 
     /// Replaces slot `i`'s connection (of `generation`) with a new one, made before the old one
