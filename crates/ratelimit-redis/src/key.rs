@@ -38,10 +38,16 @@ pub(crate) fn push_encoded(out: &mut String, key: &[u8]) {
 /// The algorithm's short name in Redis keys. Short on purpose: the key is hashed, copied and
 /// compared by every command of every check, and each 10 bytes measured about 0.1 us of the
 /// script's server time (`usec_per_call`). The fingerprint already tells the algorithms apart.
+///
+/// The code also names the format of the state stored under the key: a script that stores its
+/// state differently takes a new code, so that it never reads a state written by an older
+/// version as its own (a changed layout would be read shifted, without an error). The two
+/// versions' keys then live side by side, and the old ones expire by themselves. (GCRA's code
+/// became `gc` when the state moved from a hash to a string, and from its first name.)
 pub(crate) fn algorithm_code(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::TokenBucket => "tb",
-        Algorithm::Gcra => "gcra",
+        Algorithm::Gcra => "gc",
         Algorithm::FixedWindow => "fw",
         Algorithm::SlidingWindow => "sw",
         Algorithm::SlidingLog => "sl",

@@ -57,9 +57,20 @@
 //! keyed by the load balancer's one address, sharing one limit. Check what
 //! yours writes by logging the header once before relying on it.
 //!
+//! An IPv6 address written with a port must be in brackets
+//! (`[2001:db8::1]:4711`), as common proxies write it. Without them the port
+//! cannot be told from the address's groups. `2001:db8::5:4711` is read as
+//! the address `2001:db8::5:4711`: a client in a group of its own for each
+//! source port under a `/128` prefix, or in the wrong `/64` when the `::`
+//! stands in its first half. A full address with a port
+//! (`2001:db8:1:2:3:4:5:6:4711`) does not parse at all, which stops the walk
+//! there: every such client is keyed by that proxy's address.
+//!
 //! Work is bounded: at most `max_hops` hops are parsed and checked against the
-//! trusted list, each header line is scanned from the right in linear time
-//! and no further than those hops, and nothing is allocated.
+//! trusted list, each header line is scanned from the right in time linear in
+//! its length (empty elements, which are not hops, are skipped, so a line of
+//! commas is read to its end: the server's limit on header size bounds it),
+//! and nothing is allocated.
 //!
 //! # Which header
 //!
@@ -689,7 +700,10 @@ fn xff_line_rtl(line: &[u8]) -> impl Iterator<Item = Hop> + '_ {
 }
 
 /// One `X-Forwarded-For` element: `192.0.2.1`, `192.0.2.1:8080`,
-/// `2001:db8::1`, `[2001:db8::1]` or `[2001:db8::1]:8080`.
+/// `2001:db8::1`, `[2001:db8::1]` or `[2001:db8::1]:8080`. An IPv6 address
+/// with a port but no brackets cannot be told apart from an address: a proxy
+/// that writes `2001:db8::5:4711` has it read as the address `2001:db8::5:4711`
+/// (see the module docs).
 fn parse_xff_element(element: &[u8]) -> Hop {
     let Ok(s) = std::str::from_utf8(element) else {
         return Hop::Opaque;
@@ -1407,6 +1421,22 @@ mod tests {
         );
         let c = proxies().header(ForwardedHeader::Forwarded);
         assert_eq!(c.resolve(ip(PROXY), &h), ip("10.0.0.5"));
+    }
+
+    /// What the module docs say of an IPv6 address written with a port but no
+    /// brackets: read as an address when it parses as one, else the walk stops
+    /// at the proxy that wrote it.
+    #[test]
+    fn unbracketed_ipv6_with_a_port_is_read_as_documented() {
+        assert_eq!(
+            parse_xff_element(b"2001:db8::5:4711"),
+            Hop::Addr(ip("2001:db8::5:4711"))
+        );
+        let h = xff(&["2001:db8:1:2:3:4:5:6:4711"]);
+        assert_eq!(proxies().resolve(ip(PROXY), &h), ip(PROXY));
+        // Bracketed, the port is told apart (and the address grouped by its /64).
+        let h = xff(&["[2001:db8:1:2:3:4:5:6]:4711"]);
+        assert_eq!(proxies().resolve(ip(PROXY), &h), ip("2001:db8:1:2::"));
     }
 
     #[test]

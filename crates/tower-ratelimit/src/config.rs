@@ -254,7 +254,10 @@ fn yes() -> bool {
 
 impl PolicyConfig {
     /// Builds the policy, or says which setting is wrong. Set the key extractor (and any cost
-    /// function, tier resolver or allow-list) on the result.
+    /// function, tier resolver or allow-list) on the result. Two settings are checked later, by
+    /// [`RateLimitLayer::new`](crate::RateLimitLayer::new), which sees the whole policy: that
+    /// `[[tiers]]` come with a tier resolver, and that a fallback's share of each quota
+    /// (`gateways`) can be counted.
     pub fn into_policy(self) -> Result<Policy, Error> {
         let mut policy = Policy::new(&self.name, limit(self.algorithm, &self.quotas)?)?;
         for tier in self.tiers {

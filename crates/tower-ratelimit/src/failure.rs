@@ -36,7 +36,10 @@
 //! gateways (rounded down, but at least 1), so that together they grant no more than the shared
 //! limit would have, unless the limit (or its burst) is smaller than the number of gateways: then
 //! each still grants 1, and together up to one per gateway (5 a minute over 10 gateways becomes
-//! up to 10). A request whose cost fits the shared limit but not the local share is denied as one
+//! up to 10). A limit whose share a token bucket or GCRA cannot count exactly is rounded down a
+//! little further (10,000,000 a day over 3 gateways gives 3,333,312 each; see
+//! [`Limit::divided`](ratelimit_core::Limit::divided)), never up. A request whose cost fits the
+//! shared limit but not the local share is denied as one
 //! that can never pass (no `Retry-After`) until the store is back. Meanwhile the
 //! `RateLimit-Policy` and `RateLimit` fields describe that local share (`q=25` below), the quota
 //! the answer was made against, as the legacy `X-RateLimit-Limit` does.

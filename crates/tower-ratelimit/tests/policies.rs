@@ -480,6 +480,25 @@ async fn a_policy_from_a_configuration_file() {
     )
     .unwrap();
     assert!(bursty.into_policy().is_ok());
+    // A setting of another failure mode next to `mode = "open"` is refused by the parser, not
+    // silently dropped (the author meant some other mode).
+    let parse = |failure: &str| {
+        toml::from_str::<PolicyConfig>(&format!(
+            "name = \"x\"\nquotas = [{{ limit = 1, per = \"second\" }}]\nfailure = {failure}"
+        ))
+    };
+    for stray in [
+        "{ mode = \"open\", retry_after_secs = 2 }",
+        "{ mode = \"open\", gateways = 4 }",
+        "{ mode = \"closed\", retry_after_secs = 2, gateways = 4 }",
+    ] {
+        let err = parse(stray).expect_err(stray).to_string();
+        assert!(err.contains("unknown field"), "{stray}: {err}");
+    }
+    assert_eq!(
+        parse("{ mode = \"open\" }").unwrap().failure,
+        tower_ratelimit::config::FailureConfig::Open {}
+    );
 }
 
 #[tokio::test]
