@@ -5,6 +5,7 @@ use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::task::Poll;
 use std::time::Duration;
 
 use deadpool_redis::Runtime;
@@ -72,6 +73,9 @@ struct Inner {
     expiry_slack_ms: u64,
     /// The origin of the slots' [`Silence`] times.
     epoch: tokio::time::Instant,
+    /// Woken whenever a slot's connection is installed: a check waiting for its own slot's
+    /// opening takes the new one instead (see [`Inner::slot_connection`]).
+    installed_any: tokio::sync::Notify,
 }
 
 enum Backend {
@@ -775,6 +779,7 @@ impl Inner {
         slot.silence.reset(g);
         slot.installed.store(self.micros(), Ordering::Relaxed);
         *held = Some((g, conn));
+        self.installed_any.notify_waiters();
     }
 
     /// Microseconds since the store's epoch.
@@ -807,6 +812,14 @@ impl Inner {
             let opened = slot.opened.notified();
             let mut opened = std::pin::pin!(opened);
             opened.as_mut().enable();
+            // Another slot's new connection, which a check that may borrow one takes instead of
+            // waiting for this slot's opening: that opening may be slow (a lost SYN is resent
+            // after a second), and the check would wait for it until its deadline and fail while
+            // a connection is open. Enabled before the other slots are looked at, so that a
+            // connection installed after that look wakes it.
+            let installed = self.installed_any.notified();
+            let mut installed = std::pin::pin!(installed);
+            installed.as_mut().enable();
             if let Some((g, c)) = lock(&slot.conn).as_ref() {
                 return Ok((i, *g, c.clone()));
             }
@@ -841,7 +854,21 @@ impl Inner {
             if let Some(e) = recent {
                 return Err(e);
             }
-            opened.await;
+            let another = std::future::poll_fn(|cx| {
+                if opened.as_mut().poll(cx).is_ready() {
+                    Poll::Ready(false)
+                } else if lend && installed.as_mut().poll(cx).is_ready() {
+                    Poll::Ready(true)
+                } else {
+                    Poll::Pending
+                }
+            })
+            .await;
+            if another {
+                // Looked at again from the top: this slot's connection, if it opened meanwhile,
+                // else the new one (this slot's opening goes on, for the checks after).
+                continue;
+            }
             let failed = lock(&slot.failed).last_if_newer(failures);
             if let Some(e) = failed {
                 // Another slot's connection may have opened meanwhile.
@@ -1176,6 +1203,7 @@ impl RedisStoreBuilder {
             prefix: self.prefix,
             response_timeout: self.response_timeout,
             epoch: tokio::time::Instant::now(),
+            installed_any: tokio::sync::Notify::new(),
             clock: self.clock,
             expiry_slack_ms: slack_ms,
         });

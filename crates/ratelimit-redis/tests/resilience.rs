@@ -654,3 +654,51 @@ async fn a_silent_connection_is_replaced_without_further_checks() {
         "the first check after the quiet spell: {first:?}"
     );
 }
+
+/// A check waiting for its slot's connection, whose opening is slow (its first chunk takes 3 s
+/// through the proxy), takes another slot's connection as soon as that one opens: it does not
+/// wait for its own slot's opening until its response timeout (1.5 s), and fail, while a
+/// connection is there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_waiting_for_a_slow_opening_takes_a_connection_opened_meanwhile() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let store = RedisStore::builder(proxy.url())
+        .prefix(unique_prefix("lend-late"))
+        .pool_size(2)
+        .response_timeout(Duration::from_millis(1_500))
+        .connect_timeout(Duration::from_secs(10))
+        .build()
+        .await
+        .unwrap();
+    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    // Both connections cut: each of the next two checks (round robin) finds its slot's broken,
+    // fails, and leaves the slot empty.
+    proxy.drop_connections();
+    for _ in 0..2 {
+        let broken = store.check(b"k", &limit(), 1).await.unwrap_err();
+        assert!(broken.is_unavailable(), "{broken:?}");
+    }
+    // The next check opens its slot's connection, slowly, and waits for it.
+    proxy.set_latency(Duration::from_secs(3));
+    let accepted = proxy.accepted();
+    let waiting = tokio::spawn({
+        let store = store.clone();
+        async move { store.check(b"k", &limit(), 1).await }
+    });
+    let started = Instant::now();
+    while proxy.accepted() == accepted {
+        assert!(started.elapsed() < Duration::from_secs(5), "no opening");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Its first chunk is read by the proxy, and held for 3 s.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    // The other slot opens at once, for the next check.
+    proxy.set_latency(Duration::ZERO);
+    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    let waited = waiting.await.unwrap();
+    assert!(
+        waited.is_ok(),
+        "the waiting check failed with a connection open: {waited:?}"
+    );
+}
