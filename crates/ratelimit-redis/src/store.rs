@@ -829,8 +829,10 @@ impl Inner {
             };
             if recent.is_none() && !slot.opening.swap(true, Ordering::AcqRel) {
                 // An opening may have ended between the look above and the swap: then its
-                // connection is there, and a second one would replace it.
-                if lock(&slot.conn).is_some() {
+                // connection is there, and a second one would replace it; or it failed, and the
+                // next waits out the reconnect gap (its failure is recorded before the flag is
+                // let go, so the swap that took the flag sees it).
+                if lock(&slot.conn).is_some() || lock(&slot.failed).recent().is_some() {
                     slot.opening.store(false, Ordering::Release);
                     slot.opened.notify_waiters();
                     continue;

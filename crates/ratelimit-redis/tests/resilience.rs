@@ -702,3 +702,45 @@ async fn a_check_waiting_for_a_slow_opening_takes_a_connection_opened_meanwhile(
         "the waiting check failed with a connection open: {waited:?}"
     );
 }
+
+/// The reconnect gap holds under concurrent checks too: a check that read the slot's failures
+/// just before an opening failed, and took the opening flag just after, waits out the gap
+/// instead of opening again at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_connections_are_retried_with_a_gap_under_concurrent_checks() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let store = RedisStore::builder(proxy.url())
+        .prefix(unique_prefix("gap-concurrent"))
+        .build()
+        .await
+        .unwrap();
+    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    proxy.set_refuse(true);
+    proxy.drop_connections();
+    let before = proxy.accepted();
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..32)
+        .map(|_| {
+            let store = store.clone();
+            tokio::spawn(async move {
+                let mut checks = 0u64;
+                while start.elapsed() < Duration::from_secs(1) {
+                    checks += 1;
+                    let e = store.check(b"k", &limit(), 1).await.unwrap_err();
+                    assert!(e.is_unavailable(), "{e:?}");
+                    tokio::task::yield_now().await;
+                }
+                checks
+            })
+        })
+        .collect();
+    let mut checks = 0;
+    for t in tasks {
+        checks += t.await.unwrap();
+    }
+    let opened = proxy.accepted() - before;
+    println!("{checks} checks in 1 s from 32 tasks, {opened} connections tried");
+    assert!(opened <= 15, "{opened} connections tried in 1 s");
+    proxy.set_refuse(false);
+}
