@@ -117,6 +117,12 @@ const MAX_SHARDS: usize = 16;
 /// (the limit's longest period for a cost that can never pass). To let a client back in at once
 /// after deleting its state, [`clear`](DenialCache::clear) the cache as well.
 ///
+/// Caveat: it also assumes the wrapped store never gives units back. Over
+/// [`Leasing`](crate::Leasing) the cache is exact against the shared store, but a unit returned to
+/// a lease (by a check that waited for the lease and was cancelled) is not seen by a denial cached
+/// meanwhile: that unit stays unspent, as part of leasing's under-admission bound, until the
+/// lease expires (see `docs/round-trips.md`).
+///
 /// # Memory
 ///
 /// At most [`max_entries`](DenialCache::max_entries) denials are held (default

@@ -140,7 +140,8 @@ const SHARDS: usize = 16;
 ///   bucket and GCRA, but 1.7 % of them are under the sliding log, whose log counts the units a
 ///   live lease holds until they slide out (`overlapping_bursts_below_the_limit`). On a quota
 ///   that does not refill, with demand above it at every gateway that leases, the total
-///   admitted reaches at least `quota − G × (L − 1)`. A check that costs
+///   admitted reaches at least `quota − G × (L − 1)`, less up to `L` for each live lease dropped
+///   with its key when the lease table is full, or lost with its request (below). A check that costs
 ///   more than its gateway's lease holds goes to the store on its own and leaves the lease be. A
 ///   check that was fetching a lease and is dropped (a caller's timeout), or whose lease request
 ///   fails (a store timeout, after which the store may have granted it), may lose the whole

@@ -60,7 +60,9 @@ pub const DEFAULT_QUEUE_CALLS: usize = 4;
 /// admitted count is identical.
 ///
 /// Errors: if a batch call fails, every check in it gets the error (the script may or may not have
-/// run, as for any failed check; none is retried).
+/// run, as for any failed check; none is retried). Each is one failed request to the tower layer,
+/// so one failed call for a hot key's batch of 5 counts 5 failures toward its circuit breaker, as
+/// 5 checks pipelined on one connection that breaks would.
 ///
 /// Time: a queued check waits for the call in flight, then rides in the next one, so it can take
 /// up to about two response timeouts (plus the batch window, and one more call per `max_batch`
