@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use common::unique_prefix;
 use ratelimit_core::{Algorithm, Limit, Quota};
-use ratelimit_redis::{RedisStore, RedisStoreError};
+use ratelimit_redis::{RedisStore, RedisStoreBuilder, RedisStoreError};
 use redis_harness::RedisServer;
 use redis_harness::proxy::Proxy;
 
@@ -17,13 +17,12 @@ fn limit() -> Limit {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_frozen_server_is_a_timeout_not_a_hang() {
     let server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .prefix(unique_prefix("pause"))
-        .response_timeout(Duration::from_millis(200))
-        .build()
-        .await
-        .unwrap();
-    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    let store = checked(
+        RedisStore::builder(server.url())
+            .prefix(unique_prefix("pause"))
+            .response_timeout(Duration::from_millis(200)),
+    )
+    .await;
     server.pause();
     let started = Instant::now();
     let err = store.check(b"k", &limit(), 1).await.unwrap_err();
@@ -46,13 +45,12 @@ async fn a_frozen_server_is_a_timeout_not_a_hang() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_are_reopened_after_a_restart() {
     let mut server = RedisServer::start();
-    let store = RedisStore::builder(server.url())
-        .prefix(unique_prefix("restart"))
-        .pool_size(3)
-        .build()
-        .await
-        .unwrap();
-    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    let store = checked(
+        RedisStore::builder(server.url())
+            .prefix(unique_prefix("restart"))
+            .pool_size(3),
+    )
+    .await;
     server.kill();
     let err = store.check(b"k", &limit(), 1).await.unwrap_err();
     assert!(err.is_unavailable(), "{err:?}");
@@ -308,13 +306,18 @@ async fn one_connection_through(
     name: &str,
     response_timeout: Duration,
 ) -> RedisStore {
-    let store = RedisStore::builder(proxy.url())
-        .prefix(unique_prefix(name))
-        .pool_size(1)
-        .response_timeout(response_timeout)
-        .build()
-        .await
-        .unwrap();
+    checked(
+        RedisStore::builder(proxy.url())
+            .prefix(unique_prefix(name))
+            .pool_size(1)
+            .response_timeout(response_timeout),
+    )
+    .await
+}
+
+/// `builder`'s store, once a first check of `k` is allowed.
+async fn checked(builder: RedisStoreBuilder) -> RedisStore {
+    let store = builder.build().await.unwrap();
     assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
     store
 }
@@ -331,13 +334,12 @@ fn caller(store: &RedisStore) -> tokio::time::Timeout<ratelimit_redis::CheckFutu
 async fn silent_then_back(name: &str, silent: impl AsyncFnOnce(&RedisStore)) {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
-    let store = RedisStore::builder(proxy.url())
-        .prefix(unique_prefix(name))
-        .response_timeout(Duration::from_millis(200))
-        .build()
-        .await
-        .unwrap();
-    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    let store = checked(
+        RedisStore::builder(proxy.url())
+            .prefix(unique_prefix(name))
+            .response_timeout(Duration::from_millis(200)),
+    )
+    .await;
     let accepted = proxy.accepted();
     proxy.set_latency(Duration::from_secs(3_600));
     silent(&store).await;
@@ -358,15 +360,14 @@ async fn silent_then_back(name: &str, silent: impl AsyncFnOnce(&RedisStore)) {
 /// connection and then checking on it takes two), and the connection is cut: a check fails, and
 /// the next one has to open a connection again.
 async fn broken_behind_a_slow_proxy(proxy: &Proxy, name: &str) -> RedisStore {
-    let store = RedisStore::builder(proxy.url())
-        .prefix(unique_prefix(name))
-        .pool_size(1)
-        .response_timeout(Duration::from_millis(1_500))
-        .connect_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
-    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    let store = checked(
+        RedisStore::builder(proxy.url())
+            .prefix(unique_prefix(name))
+            .pool_size(1)
+            .response_timeout(Duration::from_millis(1_500))
+            .connect_timeout(Duration::from_secs(5)),
+    )
+    .await;
     proxy.set_latency(Duration::from_millis(500));
     proxy.drop_connections();
     let broken = store.check(b"k", &limit(), 1).await.unwrap_err();
@@ -486,12 +487,7 @@ async fn a_connection_to_a_demoted_primary_is_replaced() {
 async fn refused_connections_are_retried_with_a_gap() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
-    let store = RedisStore::builder(proxy.url())
-        .prefix(unique_prefix("gap"))
-        .build()
-        .await
-        .unwrap();
-    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    let store = checked(RedisStore::builder(proxy.url()).prefix(unique_prefix("gap"))).await;
     proxy.set_refuse(true);
     proxy.drop_connections();
     let (checks, opened) =
@@ -663,15 +659,14 @@ async fn a_silent_connection_is_replaced_without_further_checks() {
 async fn a_check_waiting_for_a_slow_opening_takes_a_connection_opened_meanwhile() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
-    let store = RedisStore::builder(proxy.url())
-        .prefix(unique_prefix("lend-late"))
-        .pool_size(2)
-        .response_timeout(Duration::from_millis(1_500))
-        .connect_timeout(Duration::from_secs(10))
-        .build()
-        .await
-        .unwrap();
-    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    let store = checked(
+        RedisStore::builder(proxy.url())
+            .prefix(unique_prefix("lend-late"))
+            .pool_size(2)
+            .response_timeout(Duration::from_millis(1_500))
+            .connect_timeout(Duration::from_secs(10)),
+    )
+    .await;
     // Both connections cut: each of the next two checks (round robin) finds its slot's broken,
     // fails, and leaves the slot empty.
     proxy.drop_connections();
@@ -710,12 +705,8 @@ async fn a_check_waiting_for_a_slow_opening_takes_a_connection_opened_meanwhile(
 async fn refused_connections_are_retried_with_a_gap_under_concurrent_checks() {
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
-    let store = RedisStore::builder(proxy.url())
-        .prefix(unique_prefix("gap-concurrent"))
-        .build()
-        .await
-        .unwrap();
-    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    let store =
+        checked(RedisStore::builder(proxy.url()).prefix(unique_prefix("gap-concurrent"))).await;
     proxy.set_refuse(true);
     proxy.drop_connections();
     let before = proxy.accepted();
