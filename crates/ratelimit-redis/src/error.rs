@@ -71,6 +71,33 @@ impl RedisStoreError {
             || e.kind() == redis::ErrorKind::ClusterConnectionNotFound)
     }
 
+    /// `true` if Redis refused this client's credentials: a wrong password or user
+    /// (`WRONGPASS`), none given (`NOAUTH`), or an ACL user without the rights a check needs
+    /// (`NOPERM`). Waiting will not help; a corrected setting, or the server's, will.
+    ///
+    /// The cluster client reports the nodes it could not connect to as one error whose text alone
+    /// names the cause, so the text is read too.
+    #[must_use]
+    pub fn is_refused_credentials(&self) -> bool {
+        let refused = |r: &redis::RedisError| {
+            r.kind() == redis::ErrorKind::AuthenticationFailed
+                || matches!(r.code(), Some("WRONGPASS" | "NOPERM" | "NOAUTH"))
+                || {
+                    let text = r.to_string();
+                    ["WRONGPASS", "NOPERM", "NOAUTH", "AuthenticationFailed"]
+                        .iter()
+                        .any(|refusal| text.contains(refusal))
+                }
+        };
+        match self {
+            RedisStoreError::Connection {
+                source: Some(r), ..
+            }
+            | RedisStoreError::Redis(r) => refused(r),
+            _ => false,
+        }
+    }
+
     pub(crate) fn config(name: &'static str, reason: impl Into<String>) -> Self {
         RedisStoreError::Config {
             name,

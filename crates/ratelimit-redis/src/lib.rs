@@ -62,6 +62,11 @@
 //! new one can be made that reaches every master, since it still serves the masters that answer;
 //! the attempts are then spaced out, up to 8 s apart).
 //!
+//! Starting while Redis is down: [`build`](RedisStoreBuilder::build) fails when it cannot
+//! connect, so that a wrong address is found at start-up;
+//! [`build_lazy`](RedisStoreBuilder::build_lazy) gives a [`LazyRedisStore`] instead, whose checks
+//! fail at once (the caller's failure policy answers) while it connects in the background.
+//!
 //! Fewer round trips: [`Coalescing`] merges the concurrent checks of one key on one gateway into
 //! one script call ([`RedisStore::check_many`]); with `ratelimit-core`'s `DenialCache` and
 //! `Leasing` wrappers, see `docs/round-trips.md` for what each saves and its exact error bounds.
@@ -73,6 +78,7 @@ mod cluster;
 mod coalesce;
 mod error;
 mod key;
+mod lazy;
 mod reply;
 mod scripts;
 mod silence;
@@ -84,6 +90,7 @@ pub use coalesce::{
 };
 pub use error::RedisStoreError;
 pub use key::MAX_VERBATIM_KEY;
+pub use lazy::LazyRedisStore;
 pub use scripts::{script_sha, script_source};
 pub use store::{
     CheckFuture, CheckManyFuture, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, DEFAULT_PREFIX,

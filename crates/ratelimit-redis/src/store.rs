@@ -16,6 +16,7 @@ use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, ServerErrorKind, 
 use crate::cluster;
 use crate::error::RedisStoreError;
 use crate::key::{each_state_key, key_count, state_keys};
+use crate::lazy::LazyRedisStore;
 use crate::reply::{self, Shape};
 use crate::scripts;
 use crate::silence::Silence;
@@ -274,6 +275,7 @@ impl fmt::Debug for RedisStore {
 
 /// Settings for a [`RedisStore`]; see [`RedisStore::builder`] and [`RedisStore::cluster`].
 #[must_use]
+#[derive(Clone)]
 pub struct RedisStoreBuilder {
     urls: Vec<String>,
     cluster: bool,
@@ -1085,6 +1087,18 @@ impl RedisStoreBuilder {
     pub fn expiry_slack(mut self, d: Duration) -> Self {
         self.expiry_slack = d;
         self
+    }
+
+    /// A store that is built in the background while Redis cannot be reached, for an application
+    /// that must start during a Redis outage: see [`LazyRedisStore`]. The first attempt is made
+    /// at once; an invalid setting is returned as [`build`](Self::build) returns it, any other
+    /// failure is retried, at most once per `retry_every`, while checks fail at once with its
+    /// error.
+    pub async fn build_lazy(
+        self,
+        retry_every: Duration,
+    ) -> Result<LazyRedisStore, RedisStoreError> {
+        LazyRedisStore::build(self, retry_every).await
     }
 
     /// Checks the settings, opens the connections and loads the scripts.

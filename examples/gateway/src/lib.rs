@@ -24,7 +24,7 @@ use axum::response::IntoResponse;
 use axum::routing::{MethodRouter, get, post};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use ratelimit_core::{MemoryStore, Store};
-use ratelimit_redis::{RedisStore, RedisStoreError};
+use ratelimit_redis::{LazyRedisStore, RedisStore, RedisStoreBuilder, RedisStoreError};
 use tower_ratelimit::client_ip::ClientIp;
 use tower_ratelimit::key::{ApiKeyHeader, ClientIpKey, GlobalKey};
 use tower_ratelimit::{CircuitBreaker, ForwardedHeader, Policy, RateLimitLayer};
@@ -108,52 +108,34 @@ pub async fn app(config: &Config) -> Result<Router, StartError> {
             Ok(router(config, Arc::new(memory), policies, metrics)?)
         }
         config::StoreKind::Redis | config::StoreKind::RedisCluster => {
-            let redis = match open_redis(store).await {
-                Ok(redis) => LazyRedis::ready(redis),
-                // A refused password is a wrong setting, not Redis being down: it still stops
-                // the gateway, as a wrong URL does.
-                Err(StartError::Store(e))
-                    if store.start_without_redis && !refused_credentials(&e) =>
-                {
-                    eprintln!("warning: {e}; starting anyway, retrying every second");
-                    LazyRedis::connect_in_background(store.clone())
+            let builder = redis_builder(store);
+            let redis = if store.start_without_redis {
+                // Retried once a second until Redis can be reached; until then each route's
+                // failure policy answers. A wrong setting, refused credentials included, still
+                // stops the gateway, as a wrong URL does.
+                let lazy = builder
+                    .build_lazy(Duration::from_secs(1))
+                    .await
+                    .map_err(|e| start_error(store, e))?;
+                if !lazy.is_connected() {
+                    eprintln!(
+                        "warning: Redis cannot be reached; starting anyway, retrying every second"
+                    );
                 }
-                Err(e) => return Err(e),
+                lazy
+            } else {
+                LazyRedisStore::from(builder.build().await.map_err(|e| start_error(store, e))?)
             };
             Ok(router(config, redis, policies, metrics)?)
         }
     }
 }
 
-/// Redis refused the credentials (a wrong password or user, or a user without the needed
-/// permissions): retrying will not help.
-fn refused_credentials(e: &RedisStoreError) -> bool {
-    let refused = |r: &redis::RedisError| {
-        r.kind() == redis::ErrorKind::AuthenticationFailed
-            || matches!(r.code(), Some("WRONGPASS" | "NOPERM" | "NOAUTH"))
-            // The cluster client reports the nodes it could not connect to as one I/O error
-            // ("Failed to create initial connections") whose text alone names the cause.
-            || {
-                let text = r.to_string();
-                ["WRONGPASS", "NOPERM", "NOAUTH", "AuthenticationFailed"]
-                    .iter()
-                    .any(|refusal| text.contains(refusal))
-            }
-    };
-    match e {
-        RedisStoreError::Connection {
-            source: Some(r), ..
-        }
-        | RedisStoreError::Redis(r) => refused(r),
-        _ => false,
-    }
-}
-
 /// How much longer the Redis store's own timeout is than the layer's.
 const STORE_TIMEOUT_MARGIN: Duration = Duration::from_millis(10);
 
-/// Opens the Redis store described by `store`.
-async fn open_redis(store: &config::StoreConfig) -> Result<RedisStore, StartError> {
+/// The settings of the Redis store described by `store`.
+fn redis_builder(store: &config::StoreConfig) -> RedisStoreBuilder {
     let builder = match &store.url {
         Some(url) => RedisStore::builder(url.clone()),
         None => RedisStore::cluster(store.urls.iter().cloned()),
@@ -172,74 +154,21 @@ async fn open_redis(store: &config::StoreConfig) -> Result<RedisStore, StartErro
             (Duration::from_millis(store.timeout_ms) + STORE_TIMEOUT_MARGIN)
                 .min(ratelimit_redis::MAX_TIMEOUT),
         )
-        .build()
-        .await
-        .map_err(|e| match e {
-            RedisStoreError::Config { name, reason } => {
-                let field = match name {
-                    "url" if store.url.is_none() => "urls",
-                    "connect_timeout" => "connect_timeout_ms",
-                    other => other,
-                };
-                StartError::Config(ConfigError::new(format!("store.{field}"), reason))
-            }
-            other => StartError::Store(other),
-        })
 }
 
-/// A Redis store that may not be connected yet (`start_without_redis`): until it is, every
-/// check fails at once with a connection error, and the route's failure policy answers.
-#[derive(Debug, Clone)]
-struct LazyRedis {
-    store: Arc<OnceLock<RedisStore>>,
-}
-
-impl LazyRedis {
-    fn ready(store: RedisStore) -> Self {
-        let cell = OnceLock::new();
-        let _ = cell.set(store);
-        LazyRedis {
-            store: Arc::new(cell),
+/// The start-up error for the store's error `e`: an invalid setting names the configuration's
+/// field.
+fn start_error(store: &config::StoreConfig, e: RedisStoreError) -> StartError {
+    match e {
+        RedisStoreError::Config { name, reason } => {
+            let field = match name {
+                "url" if store.url.is_none() => "urls",
+                "connect_timeout" => "connect_timeout_ms",
+                other => other,
+            };
+            StartError::Config(ConfigError::new(format!("store.{field}"), reason))
         }
-    }
-
-    /// Tries to connect once a second, in a background task, until it succeeds.
-    fn connect_in_background(config: config::StoreConfig) -> Self {
-        let lazy = LazyRedis {
-            store: Arc::new(OnceLock::new()),
-        };
-        let cell = lazy.store.clone();
-        tokio::spawn(async move {
-            loop {
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                match open_redis(&config).await {
-                    Ok(store) => {
-                        let _ = cell.set(store);
-                        tracing::info!("connected to Redis");
-                        return;
-                    }
-                    Err(e) => {
-                        tracing::warn!(error = %e, "cannot connect to Redis yet; retrying in 1 s")
-                    }
-                }
-            }
-        });
-        lazy
-    }
-}
-
-impl Store for LazyRedis {
-    type Error = RedisStoreError;
-    type Future = ratelimit_redis::CheckFuture;
-
-    fn check(&self, key: &[u8], limit: &ratelimit_core::Limit, cost: u64) -> Self::Future {
-        match self.store.get() {
-            Some(store) => store.check(key, limit, cost),
-            None => Box::pin(std::future::ready(Err(RedisStoreError::Connection {
-                message: "not connected yet (start_without_redis)".to_owned(),
-                source: None,
-            }))),
-        }
+        other => StartError::Store(other),
     }
 }
 

@@ -10,9 +10,7 @@
 //! - [`load`]: a bounded load (a fixed number of workers for a fixed time) that records every
 //!   response's status, latency and time of sending;
 //! - [`observe`]: metrics (a debugging recorder), log lines (a small `tracing` subscriber) and the
-//!   resident memory of this process;
-//! - [`reconnecting::ReconnectingStore`]: a `RedisStore` that can be created while Redis is down
-//!   and connects in the background once it is up.
+//!   resident memory of this process.
 //!
 //! Run the suite with `cargo test -p ratelimit-e2e`; the 10,000,000-identity key floods with
 //! `cargo test --release -p ratelimit-e2e -- --ignored`. `docs/operations.md` lists the scenarios
@@ -22,7 +20,6 @@
 pub mod app;
 pub mod load;
 pub mod observe;
-pub mod reconnecting;
 
 use std::time::Duration;
 

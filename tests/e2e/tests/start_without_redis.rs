@@ -2,8 +2,8 @@
 //!
 //! `RedisStoreBuilder::build` refuses to build a store it cannot connect (a typed
 //! `RedisStoreError::Connection`, quickly, never a panic): that is the answer for a wrong address
-//! at start-up. An app that must start during an outage wraps the builder in
-//! `ratelimit_e2e::reconnecting::ReconnectingStore`, which retries in the background.
+//! at start-up. An app that must start during an outage builds with
+//! `RedisStoreBuilder::build_lazy`, which retries in the background.
 
 use std::time::{Duration, Instant};
 
@@ -12,7 +12,6 @@ use axum::routing::get;
 use ratelimit_e2e::app::TestApp;
 use ratelimit_e2e::load::{self, ms};
 use ratelimit_e2e::observe::{Logs, Metrics};
-use ratelimit_e2e::reconnecting::ReconnectingStore;
 use ratelimit_e2e::{answers_ok, fault_layer, store_builder, wait_until};
 use ratelimit_redis::RedisStoreError;
 use redis_harness::RedisServer;
@@ -48,10 +47,10 @@ async fn the_app_starts_without_redis_and_recovers_when_it_comes_up() {
     );
 
     // The app starts anyway, on a store that connects in the background.
-    let store = {
-        let url = url.clone();
-        ReconnectingStore::connect(move || store_builder(&url), Duration::from_millis(100)).await
-    };
+    let store = store_builder(&url)
+        .build_lazy(Duration::from_millis(100))
+        .await
+        .expect("only an invalid setting fails a lazy build");
     assert!(!store.is_connected());
     let metrics = Metrics::new();
     let (open, closed, fallback) = metrics.register(|| {
@@ -169,10 +168,10 @@ async fn the_app_starts_without_redis_and_recovers_when_it_comes_up() {
 
     assert!(metrics.decisions("closed", "failed_closed") > 0);
     assert!(metrics.decisions("closed", "allowed") > 0);
-    assert!(!logs.matching(&["cannot reach Redis yet"]).is_empty());
+    assert!(!logs.matching(&["Redis cannot be reached yet"]).is_empty());
     assert!(
         !logs
-            .matching(&["rate-limit store connected to Redis"])
+            .matching(&["ratelimit-redis: connected to Redis"])
             .is_empty()
     );
 }

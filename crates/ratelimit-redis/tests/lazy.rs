@@ -1,0 +1,140 @@
+//! `RedisStoreBuilder::build_lazy`: a store made while Redis cannot be reached, against a real
+//! `redis-server` behind a proxy that refuses connections, then accepts them.
+
+mod common;
+
+use std::time::{Duration, Instant};
+
+use common::unique_prefix;
+use ratelimit_core::{Algorithm, Limit, Quota, Store};
+use ratelimit_redis::{RedisStore, RedisStoreError};
+use redis_harness::RedisServer;
+use redis_harness::proxy::Proxy;
+
+fn limit() -> Limit {
+    Limit::single(Algorithm::TokenBucket, Quota::per_minute(100).unwrap()).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_store_answers_at_once_while_down_and_connects_once_redis_is_reachable() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    proxy.set_refuse(true);
+    let retry_every = Duration::from_millis(200);
+    let before = proxy.accepted();
+    let store = RedisStore::builder(proxy.url())
+        .prefix(unique_prefix("lazy"))
+        .build_lazy(retry_every)
+        .await
+        .expect("an unreachable server is not an invalid setting");
+    assert!(!store.is_connected());
+    assert!(store.get().is_none());
+
+    // While Redis refuses: every check fails at once, with the attempt's error, and attempts are
+    // made one per `retry_every` at most, however many checks come.
+    let start = Instant::now();
+    let mut checks = 0u64;
+    while start.elapsed() < Duration::from_secs(1) {
+        checks += 1;
+        let e = store.check(b"k", &limit(), 1).await.unwrap_err();
+        assert!(e.is_unavailable(), "{e:?}");
+        assert!(matches!(e, RedisStoreError::Connection { .. }), "{e:?}");
+        tokio::task::yield_now().await;
+    }
+    let attempts = proxy.accepted() - before;
+    println!("{checks} checks in 1 s while down, {attempts} attempts to connect");
+    assert!(checks > 100, "failures are answered at once");
+    // The first at once, then at most one per 200 ms (and some slack for a slow attempt).
+    assert!((2..=7).contains(&attempts), "{attempts} attempts in 1 s");
+
+    // Reachable again: the next attempt builds the store, and checks reach Redis.
+    proxy.set_refuse(false);
+    let back = Instant::now();
+    loop {
+        match store.check(b"k", &limit(), 1).await {
+            Ok(d) => {
+                assert!(d.is_allowed());
+                break;
+            }
+            Err(e) => assert!(e.is_unavailable(), "{e:?}"),
+        }
+        assert!(back.elapsed() < Duration::from_secs(5), "never connected");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    println!(
+        "connected {:?} after Redis accepted connections",
+        back.elapsed()
+    );
+    assert!(store.is_connected());
+    let redis = store.get().expect("the built store");
+    let keys = redis.state_keys(b"k", &limit());
+    assert_eq!(
+        server.cli(&["exists", &keys[0]]),
+        "1",
+        "the state is in Redis"
+    );
+    // Later checks count on the same state.
+    let d = store.check(b"k", &limit(), 1).await.unwrap();
+    assert!(d.remaining() < 99, "{d:?}");
+}
+
+#[tokio::test]
+async fn an_invalid_setting_fails_a_lazy_build_at_once() {
+    // No server at all: the setting is refused before any connection is tried.
+    let err = RedisStore::builder("redis://127.0.0.1:1")
+        .prefix("a{b}")
+        .build_lazy(Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, RedisStoreError::Config { name: "prefix", .. }),
+        "{err:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_store_built_while_redis_is_up_is_connected_at_once() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("lazy-up"))
+        .build_lazy(Duration::from_secs(3_600))
+        .await
+        .unwrap();
+    assert!(store.is_connected());
+    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+}
+
+/// Refused credentials are a wrong setting, not Redis being down: a lazy build returns them, as
+/// `build` does, instead of retrying them for ever.
+#[tokio::test]
+async fn refused_credentials_fail_a_lazy_build_at_once() {
+    let server = RedisServer::builder().password("right").start();
+    let url = format!("redis://:wrong@127.0.0.1:{}", server.port());
+    let err = RedisStore::builder(url)
+        .prefix(unique_prefix("lazy-auth"))
+        .build_lazy(Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    assert!(err.is_refused_credentials(), "{err:?}");
+    assert!(!err.to_string().contains("wrong"), "not echoed: {err}");
+    // Unreachable is not refused.
+    let mut down = RedisServer::start();
+    down.kill();
+    let unreachable = RedisStore::builder(down.url()).build().await.unwrap_err();
+    assert!(!unreachable.is_refused_credentials(), "{unreachable:?}");
+}
+
+/// A store built by `build` serves through the lazy type as it is: connected, and never
+/// attempting anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_built_store_is_a_connected_lazy_store() {
+    let server = RedisServer::start();
+    let built = RedisStore::builder(server.url())
+        .prefix(unique_prefix("lazy-from"))
+        .build()
+        .await
+        .unwrap();
+    let store = ratelimit_redis::LazyRedisStore::from(built);
+    assert!(store.is_connected());
+    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+}
