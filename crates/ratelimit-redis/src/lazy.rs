@@ -122,8 +122,10 @@ impl LazyRedisStore {
             && !inner.attempting.swap(true, Ordering::AcqRel)
         {
             last.0 = Instant::now();
-            let inner = Arc::clone(inner);
-            tokio::spawn(async move { inner.attempt().await });
+            // Made before the task: the flag is let go however the task ends (done, panicked,
+            // or dropped with its runtime, even unrun), or no attempt would ever be made again.
+            let attempt = Attempt(Arc::clone(inner));
+            tokio::spawn(async move { attempt.0.attempt().await });
         }
         last.1
             .clone()
@@ -151,6 +153,15 @@ impl From<RedisStore> for LazyRedisStore {
     }
 }
 
+/// An attempt in progress: its flag is let go when this drops.
+struct Attempt(Arc<Inner>);
+
+impl Drop for Attempt {
+    fn drop(&mut self) {
+        self.0.attempting.store(false, Ordering::Release);
+    }
+}
+
 impl Inner {
     async fn attempt(&self) {
         let built = match &self.builder {
@@ -167,7 +178,6 @@ impl Inner {
                 self.last.lock().unwrap_or_else(PoisonError::into_inner).1 = Some(error);
             }
         }
-        self.attempting.store(false, Ordering::Release);
     }
 }
 

@@ -138,3 +138,47 @@ async fn a_built_store_is_a_connected_lazy_store() {
     assert!(store.is_connected());
     assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
 }
+
+/// An attempt whose task ends with its runtime (a store shared by several runtimes, one of which
+/// shuts down while it attempts) does not stop the attempts: checks on another runtime make them,
+/// and the store connects.
+#[test]
+fn an_attempt_ended_with_its_runtime_does_not_stop_the_attempts() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    proxy.set_refuse(true);
+    let retry_every = Duration::from_millis(50);
+    let first = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let store = first.block_on(async {
+        let store = RedisStore::builder(proxy.url())
+            .prefix(unique_prefix("lazy-runtime"))
+            .build_lazy(retry_every)
+            .await
+            .unwrap();
+        tokio::time::sleep(retry_every).await;
+        // Starts an attempt, in a task this runtime drops unrun as it shuts down.
+        assert!(store.check(b"k", &limit(), 1).await.is_err());
+        store
+    });
+    drop(first);
+    proxy.set_refuse(false);
+    let second = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    second.block_on(async {
+        let start = Instant::now();
+        while store.check(b"k", &limit(), 1).await.is_err() {
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "no attempt after the first runtime's"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert!(store.is_connected());
+    });
+}
