@@ -2,13 +2,13 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
 use ratelimit_core::{Limit, Store};
 
 use crate::error::RedisStoreError;
-use crate::store::{CheckFuture, RedisStore, RedisStoreBuilder};
+use crate::store::{CheckFuture, MAX_TIMEOUT, RedisStore, RedisStoreBuilder};
 
 /// A [`RedisStore`] that is built in the background if Redis cannot be reached when the
 /// application starts; made by [`RedisStoreBuilder::build_lazy`].
@@ -22,16 +22,17 @@ use crate::store::{CheckFuture, RedisStore, RedisStoreBuilder};
 ///   `build` returns it, and so are refused credentials
 ///   ([`is_refused_credentials`](RedisStoreError::is_refused_credentials): a wrong password is a
 ///   wrong setting, not Redis being down), and neither is retried;
-/// - until an attempt succeeds, every check fails at once with the last attempt's error (a
+/// - otherwise a task tries again every `retry_every` (1 ms to an hour), whether checks come or
+///   not, each attempt bounded by the builder's timeouts and each failure logged (`WARN`), until
+///   one succeeds or the store is dropped;
+/// - meanwhile every check fails at once with the last attempt's error (a
 ///   [`RedisStoreError::Connection`] when the server cannot be reached), so the layer's failure
-///   policy answers (fail open, fail closed, or the local fallback), and starts an attempt in
-///   the background: one at a time, at most one per `retry_every`, each bounded by the builder's
-///   timeouts, and each failure logged (`WARN`);
+///   policy answers (fail open, fail closed, or the local fallback);
 /// - once an attempt succeeds, every check goes to the [`RedisStore`] it built, which mends its
 ///   own connections from then on.
 ///
-/// A check made outside a Tokio runtime before the store is built fails without starting an
-/// attempt; the next check made inside one starts it.
+/// The task runs on the runtime that made the store. If that runtime shuts down first (a store
+/// shared by several runtimes), the next check made on another runtime starts the task again.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -56,8 +57,8 @@ struct Inner {
     builder: Option<RedisStoreBuilder>,
     retry_every: Duration,
     store: OnceLock<RedisStore>,
-    /// Set while an attempt runs.
-    attempting: AtomicBool,
+    /// Set while the task that retries runs.
+    retrying: AtomicBool,
     /// When the last attempt started, and its error (none if the first one succeeded).
     last: Mutex<(Instant, Option<RedisStoreError>)>,
 }
@@ -77,25 +78,35 @@ impl LazyRedisStore {
         builder: RedisStoreBuilder,
         retry_every: Duration,
     ) -> Result<Self, RedisStoreError> {
+        if retry_every < Duration::from_millis(1) || retry_every > MAX_TIMEOUT {
+            return Err(RedisStoreError::config(
+                "retry_every",
+                "must be from 1 ms to an hour",
+            ));
+        }
         let started = Instant::now();
         let (store, error) = match builder.clone().build().await {
             Ok(store) => (OnceLock::from(store), None),
             Err(e @ RedisStoreError::Config { .. }) => return Err(e),
             Err(e) if e.is_refused_credentials() => return Err(e),
             Err(e) => {
-                tracing::warn!(error = %e, "ratelimit-redis: Redis cannot be reached yet; retrying in the background");
+                log_failure(&e);
                 (OnceLock::new(), Some(e))
             }
         };
-        Ok(LazyRedisStore {
+        let store = LazyRedisStore {
             inner: Arc::new(Inner {
                 builder: Some(builder),
                 retry_every,
                 store,
-                attempting: AtomicBool::new(false),
+                retrying: AtomicBool::new(false),
                 last: Mutex::new((started, error)),
             }),
-        })
+        };
+        if !store.is_connected() {
+            store.retry();
+        }
+        Ok(store)
     }
 
     /// Whether the store has been built (an attempt reached Redis).
@@ -111,22 +122,29 @@ impl LazyRedisStore {
         self.inner.store.get()
     }
 
-    /// The last attempt's error; and a new attempt, in the background, if none runs and the last
-    /// started `retry_every` ago or more.
-    fn not_yet(&self) -> RedisStoreError {
-        let inner = &self.inner;
-        let mut last = inner.last.lock().unwrap_or_else(PoisonError::into_inner);
-        let due = last.0.elapsed() >= inner.retry_every;
-        if due
-            && tokio::runtime::Handle::try_current().is_ok()
-            && !inner.attempting.swap(true, Ordering::AcqRel)
-        {
-            last.0 = Instant::now();
-            // Made before the task: the flag is let go however the task ends (done, panicked,
-            // or dropped with its runtime, even unrun), or no attempt would ever be made again.
-            let attempt = Attempt(Arc::clone(inner));
-            tokio::spawn(async move { attempt.0.attempt().await });
+    /// Starts the task that retries, unless it runs (or there is no runtime to run it on).
+    fn retry(&self) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        if self.inner.retrying.swap(true, Ordering::AcqRel) {
+            return;
         }
+        // Made before the task: the flag is let go however the task ends (connected, the store
+        // dropped, or the task dropped with its runtime, even unrun), so that a later check can
+        // start it again.
+        let retrying = Retrying(Arc::downgrade(&self.inner));
+        runtime.spawn(retrying.run());
+    }
+
+    /// The last attempt's error (and the task that retries started again, if it no longer runs).
+    fn not_yet(&self) -> RedisStoreError {
+        self.retry();
+        let last = self
+            .inner
+            .last
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
         last.1
             .clone()
             .unwrap_or_else(|| RedisStoreError::Connection {
@@ -144,40 +162,69 @@ impl From<RedisStore> for LazyRedisStore {
         LazyRedisStore {
             inner: Arc::new(Inner {
                 builder: None,
-                retry_every: Duration::MAX,
+                retry_every: MAX_TIMEOUT,
                 store: OnceLock::from(store),
-                attempting: AtomicBool::new(false),
+                retrying: AtomicBool::new(false),
                 last: Mutex::new((Instant::now(), None)),
             }),
         }
     }
 }
 
-/// An attempt in progress: its flag is let go when this drops.
-struct Attempt(Arc<Inner>);
+/// The task that retries, holding the store weakly (a store dropped ends it); its flag is let go
+/// when this drops.
+struct Retrying(Weak<Inner>);
 
-impl Drop for Attempt {
-    fn drop(&mut self) {
-        self.0.attempting.store(false, Ordering::Release);
+impl Retrying {
+    async fn run(self) {
+        loop {
+            // One attempt per `retry_every` at most, counted from the last one's start.
+            let wait = match self.0.upgrade() {
+                Some(inner) => {
+                    let last = inner.last.lock().unwrap_or_else(PoisonError::into_inner).0;
+                    inner.retry_every.saturating_sub(last.elapsed())
+                }
+                None => return,
+            };
+            tokio::time::sleep(wait).await;
+            let Some(inner) = self.0.upgrade() else {
+                return;
+            };
+            let Some(builder) = &inner.builder else {
+                return;
+            };
+            if inner.store.get().is_some() {
+                return;
+            }
+            inner.last.lock().unwrap_or_else(PoisonError::into_inner).0 = Instant::now();
+            match builder.clone().build().await {
+                Ok(store) => {
+                    let _ = inner.store.set(store);
+                    tracing::info!("ratelimit-redis: connected to Redis");
+                    return;
+                }
+                Err(error) => {
+                    log_failure(&error);
+                    inner.last.lock().unwrap_or_else(PoisonError::into_inner).1 = Some(error);
+                }
+            }
+        }
     }
 }
 
-impl Inner {
-    async fn attempt(&self) {
-        let built = match &self.builder {
-            Some(builder) => builder.clone().build().await,
-            None => Err(RedisStoreError::config("builder", "none to build from")),
-        };
-        match built {
-            Ok(store) => {
-                let _ = self.store.set(store);
-                tracing::info!("ratelimit-redis: connected to Redis");
-            }
-            Err(error) => {
-                tracing::warn!(%error, "ratelimit-redis: Redis cannot be reached yet; retrying in the background");
-                self.last.lock().unwrap_or_else(PoisonError::into_inner).1 = Some(error);
-            }
+impl Drop for Retrying {
+    fn drop(&mut self) {
+        if let Some(inner) = self.0.upgrade() {
+            inner.retrying.store(false, Ordering::Release);
         }
+    }
+}
+
+fn log_failure(error: &RedisStoreError) {
+    if error.is_refused_credentials() {
+        tracing::warn!(%error, "ratelimit-redis: Redis refused the credentials; retrying in the background");
+    } else {
+        tracing::warn!(%error, "ratelimit-redis: Redis cannot be reached yet; retrying in the background");
     }
 }
 

@@ -78,6 +78,33 @@ async fn a_lazy_store_answers_at_once_while_down_and_connects_once_redis_is_reac
     assert!(d.remaining() < 99, "{d:?}");
 }
 
+/// The store connects once Redis can be reached whether checks come or not: a gateway started
+/// during an outage and left idle, or whose routes' circuits are open (their checks held back for
+/// a cool-down), is connected when its next check comes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_store_connects_without_checks() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    proxy.set_refuse(true);
+    let store = RedisStore::builder(proxy.url())
+        .prefix(unique_prefix("lazy-idle"))
+        .build_lazy(Duration::from_millis(100))
+        .await
+        .unwrap();
+    assert!(!store.is_connected());
+    proxy.set_refuse(false);
+    let start = Instant::now();
+    while !store.is_connected() {
+        assert!(start.elapsed() < Duration::from_secs(5), "never connected");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    println!(
+        "connected {:?} after Redis accepted connections, no check made",
+        start.elapsed()
+    );
+    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+}
+
 #[tokio::test]
 async fn an_invalid_setting_fails_a_lazy_build_at_once() {
     // No server at all: the setting is refused before any connection is tried.
@@ -90,6 +117,23 @@ async fn an_invalid_setting_fails_a_lazy_build_at_once() {
         matches!(err, RedisStoreError::Config { name: "prefix", .. }),
         "{err:?}"
     );
+    // A retry interval of zero would retry without pause; of more than an hour, hardly ever.
+    for every in [Duration::ZERO, Duration::from_secs(3_601), Duration::MAX] {
+        let err = RedisStore::builder("redis://127.0.0.1:1")
+            .build_lazy(every)
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                RedisStoreError::Config {
+                    name: "retry_every",
+                    ..
+                }
+            ),
+            "{every:?}: {err:?}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
