@@ -154,7 +154,8 @@ impl Default for HeadersConfig {
     }
 }
 
-/// The body of a 429: `"plain_text"` or `"problem_json"`.
+/// The body of a 429: `"plain_text"`, `"problem_json"`, or `"grpc"` (a gRPC
+/// `RESOURCE_EXHAUSTED` status instead of a 429: see [`DenialBody::Grpc`]).
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
@@ -164,6 +165,8 @@ pub enum BodyConfig {
     PlainText,
     /// `application/problem+json`.
     ProblemJson,
+    /// A gRPC `RESOURCE_EXHAUSTED` status ([`DenialBody::Grpc`]).
+    Grpc,
 }
 
 /// The failure policy: `{ mode = "open" }`, `{ mode = "closed", retry_after_secs = 2 }` or
@@ -301,6 +304,7 @@ impl PolicyConfig {
             .body(match self.body {
                 BodyConfig::PlainText => DenialBody::PlainText,
                 BodyConfig::ProblemJson => DenialBody::ProblemJson,
+                BodyConfig::Grpc => DenialBody::Grpc,
             })
             .failure(failure)
             .missing_key(missing))

@@ -7,7 +7,8 @@
 //!   `RateLimit: "api";r=0;t=17` (`r` left now, `t` seconds until the client may send again);
 //! - optionally the legacy `X-RateLimit-Limit`, `X-RateLimit-Remaining`, `X-RateLimit-Reset`;
 //! - a body: plain text by default, `application/problem+json` (the draft's `quota-exceeded`
-//!   problem type), or whatever a closure returns.
+//!   problem type), or whatever a closure returns; or, for a gRPC service, no 429 at all but the
+//!   gRPC status `RESOURCE_EXHAUSTED` ([`DenialBody::Grpc`]), which gRPC clients understand.
 //!
 //! On allowed responses `RateLimit` says how many are left and `t` when the quota is full again.
 //! A quota whose period is not whole seconds is advertised over the period rounded up, with `q`
@@ -212,6 +213,19 @@ pub enum DenialBody {
     /// ([`Decision::violated_quotas`](ratelimit_core::Decision::violated_quotas); a store behind
     /// a `DenialCache` names the binding quota alone in a denial answered from the cache).
     ProblemJson,
+    /// For a gRPC service (such as tonic's, behind this layer): the denial as gRPC says it, a
+    /// trailers-only response with HTTP status 200, `content-type: application/grpc`,
+    /// `grpc-status: 8` (`RESOURCE_EXHAUSTED`, the code for a quota exhausted) and
+    /// `grpc-message: Too Many Requests`, and no body. A gRPC client does not read an HTTP 429
+    /// as a rate limit: tonic's reads the plain-text body as a gRPC message and fails with
+    /// `INTERNAL`, and the gRPC spec maps a 429 without a gRPC status to `UNAVAILABLE`, the code
+    /// of a server that is down (`tests/grpc.rs` shows both answers to tonic's client). The wait
+    /// goes in `grpc-retry-pushback-ms` (the pushback a gRPC client's retry policy waits for)
+    /// as well as in `Retry-After`, and the rate-limit fields go in as they would on a 429; all
+    /// three reach the client as the status's metadata. The layer's other answers (a missing
+    /// key, fail closed) stay plain HTTP errors, which a gRPC client maps by their status (a
+    /// fail-closed 503 to `UNAVAILABLE`).
+    Grpc,
     /// A response built by a closure. Its status (if 4xx or 5xx; any other becomes 429) and
     /// headers are kept; `Retry-After` and the rate-limit fields are added where absent.
     Custom(CustomBody),
@@ -229,6 +243,7 @@ impl fmt::Debug for DenialBody {
         match self {
             DenialBody::PlainText => f.write_str("PlainText"),
             DenialBody::ProblemJson => f.write_str("ProblemJson"),
+            DenialBody::Grpc => f.write_str("Grpc"),
             DenialBody::Custom(_) => f.write_str("Custom(..)"),
         }
     }
@@ -625,6 +640,13 @@ fn problem_body<'a>(items: impl IntoIterator<Item = &'a str>) -> Bytes {
 const PLAIN_429: &str = "Too Many Requests\n";
 const TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
+const APPLICATION_GRPC: HeaderValue = HeaderValue::from_static("application/grpc");
+const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
+const GRPC_MESSAGE: http::HeaderName = http::HeaderName::from_static("grpc-message");
+const GRPC_RETRY_PUSHBACK_MS: http::HeaderName =
+    http::HeaderName::from_static("grpc-retry-pushback-ms");
+/// gRPC's `RESOURCE_EXHAUSTED`.
+const RESOURCE_EXHAUSTED: HeaderValue = HeaderValue::from_static("8");
 
 impl Bodies {
     pub(crate) fn new(kind: DenialBody) -> Bodies {
@@ -650,6 +672,20 @@ impl Bodies {
                 r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
                 r
             }
+            DenialBody::Grpc => {
+                let mut r = Response::new(Bytes::new());
+                let headers = r.headers_mut();
+                headers.insert(CONTENT_TYPE, APPLICATION_GRPC);
+                headers.insert(GRPC_STATUS, RESOURCE_EXHAUSTED);
+                headers.insert(GRPC_MESSAGE, HeaderValue::from_static("Too Many Requests"));
+                if let Some(wait) = d.retry_after() {
+                    // Rounded up, as `Retry-After` is: never sooner than the wait.
+                    let ms =
+                        u64::try_from(wait.as_micros().div_ceil(1_000).max(1)).unwrap_or(u64::MAX);
+                    headers.insert(GRPC_RETRY_PUSHBACK_MS, number(ms));
+                }
+                r
+            }
             DenialBody::Custom(f) => {
                 let denial = Denial {
                     policy: name,
@@ -665,8 +701,12 @@ impl Bodies {
                 r
             }
         };
-        if !matches!(self.kind, DenialBody::Custom(_)) {
-            *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        match self.kind {
+            // The gRPC status is in the headers; HTTP's is 200, as gRPC requires.
+            DenialBody::Custom(_) | DenialBody::Grpc => {}
+            DenialBody::PlainText | DenialBody::ProblemJson => {
+                *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+            }
         }
         let headers = res.headers_mut();
         if let Some(wait) = d.retry_after()

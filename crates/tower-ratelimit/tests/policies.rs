@@ -499,6 +499,18 @@ async fn a_policy_from_a_configuration_file() {
         parse("{ mode = \"open\" }").unwrap().failure,
         tower_ratelimit::config::FailureConfig::Open {}
     );
+    // A gRPC service's denials: the gRPC status instead of a 429.
+    let grpc: PolicyConfig =
+        toml::from_str("name = \"x\"\nquotas = [{ limit = 1, per = \"hour\" }]\nbody = \"grpc\"")
+            .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(common::store().1, grpc.into_policy().unwrap()).unwrap());
+    assert_eq!(send(&app, request("/")).await.status(), 200);
+    let res = send(&app, request("/")).await;
+    assert_eq!(res.status(), 200, "gRPC's status is in its headers");
+    assert_eq!(header(&res, "grpc-status"), Some("8"));
+    assert_eq!(header(&res, "content-type"), Some("application/grpc"));
 }
 
 #[tokio::test]

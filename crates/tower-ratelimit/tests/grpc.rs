@@ -1,0 +1,145 @@
+//! `DenialBody::Grpc` end to end: a real server on 127.0.0.1 speaking HTTP/2, and tonic's own
+//! client, which reads a denial as the gRPC status `RESOURCE_EXHAUSTED` with the wait in its
+//! metadata.
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::http::{HeaderValue, Response, StatusCode};
+use axum::routing::post;
+use bytes::{Buf, BufMut, Bytes};
+use http::uri::PathAndQuery;
+use ratelimit_core::{Algorithm, Limit, MemoryStore, Quota};
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::{Code, Status};
+use tower_ratelimit::key::GlobalKey;
+use tower_ratelimit::{DenialBody, Policy, RateLimitLayer};
+
+/// Messages as the bytes they are: no schema needed to call a method.
+#[derive(Debug, Default, Clone, Copy)]
+struct Raw;
+
+impl Codec for Raw {
+    type Encode = Bytes;
+    type Decode = Bytes;
+    type Encoder = Raw;
+    type Decoder = Raw;
+
+    fn encoder(&mut self) -> Raw {
+        Raw
+    }
+
+    fn decoder(&mut self) -> Raw {
+        Raw
+    }
+}
+
+impl Encoder for Raw {
+    type Item = Bytes;
+    type Error = Status;
+
+    fn encode(&mut self, item: Bytes, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        dst.put(item);
+        Ok(())
+    }
+}
+
+impl Decoder for Raw {
+    type Item = Bytes;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<Bytes>, Status> {
+        Ok(Some(src.copy_to_bytes(src.remaining())))
+    }
+}
+
+/// The service behind the layer: every call is answered with the gRPC status `UNIMPLEMENTED`
+/// (a trailers-only response), which tells a call that reached it from one the layer denied.
+async fn unimplemented() -> Response<axum::body::Body> {
+    let mut res = Response::new(axum::body::Body::empty());
+    *res.status_mut() = StatusCode::OK;
+    let h = res.headers_mut();
+    h.insert("content-type", HeaderValue::from_static("application/grpc"));
+    h.insert("grpc-status", HeaderValue::from_static("12"));
+    h.insert(
+        "grpc-message",
+        HeaderValue::from_static("reached the service"),
+    );
+    res
+}
+
+async fn serve(app: Router) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    addr
+}
+
+/// Two calls through a layer allowing one an hour, answering denials with `body`, by tonic's
+/// client over HTTP/2: the first call's status and the second's.
+async fn two_calls(body: DenialBody) -> (Status, Status) {
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(1).unwrap()).unwrap();
+    let policy = Policy::new("grpc", limit)
+        .unwrap()
+        .key(GlobalKey)
+        .body(body);
+    let app = Router::new()
+        .route("/test.Echo/Call", post(unimplemented))
+        .layer(RateLimitLayer::new(MemoryStore::new(), policy).unwrap());
+    let addr = serve(app).await;
+
+    let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = tonic::client::Grpc::new(channel);
+    let mut call = async || {
+        client.ready().await.unwrap();
+        client
+            .unary(
+                tonic::Request::new(Bytes::from_static(b"hello")),
+                PathAndQuery::from_static("/test.Echo/Call"),
+                Raw,
+            )
+            .await
+            .unwrap_err()
+    };
+    (call().await, call().await)
+}
+
+#[tokio::test]
+async fn a_grpc_client_reads_a_denial_as_resource_exhausted_with_its_wait() {
+    let (first, denied) = two_calls(DenialBody::Grpc).await;
+    assert_eq!(first.code(), Code::Unimplemented, "{first:?}");
+    assert_eq!(first.message(), "reached the service");
+    assert_eq!(denied.code(), Code::ResourceExhausted, "{denied:?}");
+    assert_eq!(denied.message(), "Too Many Requests");
+    let meta = denied.metadata();
+    let text = |name: &str| meta.get(name).map(|v| v.to_str().unwrap().to_owned());
+    // The wait is just under an hour (the time since the first call): in whole seconds rounded
+    // up, an hour; in milliseconds rounded up, a few short of 3,600,000.
+    assert_eq!(text("retry-after").as_deref(), Some("3600"));
+    let pushback: u64 = text("grpc-retry-pushback-ms").unwrap().parse().unwrap();
+    assert!(
+        (3_590_000..=3_600_000).contains(&pushback),
+        "{pushback} ms: {meta:?}"
+    );
+    assert_eq!(
+        text("ratelimit-policy").as_deref(),
+        Some("\"grpc\";q=1;w=3600")
+    );
+    assert_eq!(text("ratelimit").as_deref(), Some("\"grpc\";r=0;t=3600"));
+}
+
+/// Why the mode is there: a plain 429 does not reach a gRPC client as a rate limit. tonic reads
+/// its text body as a gRPC message and fails with `INTERNAL` ("protocol error: ... invalid
+/// compression flag"); the gRPC spec maps a 429 without a gRPC status to `UNAVAILABLE`, the code
+/// of a server that is down.
+#[tokio::test]
+async fn a_grpc_client_reads_a_plain_429_as_an_internal_error() {
+    let (first, denied) = two_calls(DenialBody::PlainText).await;
+    assert_eq!(first.code(), Code::Unimplemented, "{first:?}");
+    assert_eq!(denied.code(), Code::Internal, "{denied:?}");
+    assert!(denied.message().contains("429"), "{denied:?}");
+}
