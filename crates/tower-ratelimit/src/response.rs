@@ -222,9 +222,10 @@ pub enum DenialBody {
     /// of a server that is down (`tests/grpc.rs` shows both answers to tonic's client). The wait
     /// goes in `grpc-retry-pushback-ms` (the pushback a gRPC client's retry policy waits for)
     /// as well as in `Retry-After`, and the rate-limit fields go in as they would on a 429; all
-    /// three reach the client as the status's metadata. The layer's other answers (a missing
-    /// key, fail closed) stay plain HTTP errors, which a gRPC client maps by their status (a
-    /// fail-closed 503 to `UNAVAILABLE`).
+    /// three reach the client as the status's metadata. The layer's other answers become gRPC
+    /// statuses too, by the inverse of `google.rpc.Code`'s HTTP mapping: failing closed is
+    /// `UNAVAILABLE` (with its wait as above), a missing key rejected with 400 is
+    /// `INVALID_ARGUMENT`, with 401 `UNAUTHENTICATED`, with 403 `PERMISSION_DENIED`.
     Grpc,
     /// A response built by a closure. Its status (if 4xx or 5xx; any other becomes 429) and
     /// headers are kept; `Retry-After` and the rate-limit fields are added where absent.
@@ -645,8 +646,6 @@ const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status
 const GRPC_MESSAGE: http::HeaderName = http::HeaderName::from_static("grpc-message");
 const GRPC_RETRY_PUSHBACK_MS: http::HeaderName =
     http::HeaderName::from_static("grpc-retry-pushback-ms");
-/// gRPC's `RESOURCE_EXHAUSTED`.
-const RESOURCE_EXHAUSTED: HeaderValue = HeaderValue::from_static("8");
 
 impl Bodies {
     pub(crate) fn new(kind: DenialBody) -> Bodies {
@@ -672,20 +671,11 @@ impl Bodies {
                 r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
                 r
             }
-            DenialBody::Grpc => {
-                let mut r = Response::new(Bytes::new());
-                let headers = r.headers_mut();
-                headers.insert(CONTENT_TYPE, APPLICATION_GRPC);
-                headers.insert(GRPC_STATUS, RESOURCE_EXHAUSTED);
-                headers.insert(GRPC_MESSAGE, HeaderValue::from_static("Too Many Requests"));
-                if let Some(wait) = d.retry_after() {
-                    // Rounded up, as `Retry-After` is: never sooner than the wait.
-                    let ms =
-                        u64::try_from(wait.as_micros().div_ceil(1_000).max(1)).unwrap_or(u64::MAX);
-                    headers.insert(GRPC_RETRY_PUSHBACK_MS, number(ms));
-                }
-                r
-            }
+            DenialBody::Grpc => grpc_status(
+                StatusCode::TOO_MANY_REQUESTS,
+                "Too Many Requests",
+                d.retry_after(),
+            ),
             DenialBody::Custom(f) => {
                 let denial = Denial {
                     policy: name,
@@ -718,6 +708,70 @@ impl Bodies {
             prepared.write(headers, mode, d);
         }
         res
+    }
+}
+
+impl Bodies {
+    /// An error answer of the layer's own (missing key, fail closed): plain text with `status`,
+    /// or, under [`DenialBody::Grpc`], the gRPC status that stands for it.
+    pub(crate) fn error(
+        &self,
+        status: StatusCode,
+        text: &'static str,
+        retry_after: Option<Duration>,
+    ) -> Response<Bytes> {
+        match self.kind {
+            DenialBody::Grpc => {
+                let mut r = grpc_status(status, text.trim_end(), retry_after);
+                if let Some(wait) = retry_after {
+                    r.headers_mut()
+                        .insert(RETRY_AFTER, number(retry_after_secs(wait)));
+                }
+                r
+            }
+            _ => plain(status, text, retry_after.map(retry_after_secs)),
+        }
+    }
+}
+
+/// A gRPC trailers-only response (HTTP 200, no body) whose status stands for the HTTP `status`,
+/// with `message` (ASCII text, sent as it is) and, if there is a wait, `grpc-retry-pushback-ms`.
+fn grpc_status(
+    status: StatusCode,
+    message: &'static str,
+    wait: Option<Duration>,
+) -> Response<Bytes> {
+    let mut r = Response::new(Bytes::new());
+    let headers = r.headers_mut();
+    headers.insert(CONTENT_TYPE, APPLICATION_GRPC);
+    headers.insert(GRPC_STATUS, HeaderValue::from_static(grpc_code(status)));
+    headers.insert(GRPC_MESSAGE, HeaderValue::from_static(message));
+    if let Some(wait) = wait {
+        // Rounded up, as `Retry-After` is: never sooner than the wait.
+        let ms = u64::try_from(wait.as_micros().div_ceil(1_000).max(1)).unwrap_or(u64::MAX);
+        headers.insert(GRPC_RETRY_PUSHBACK_MS, number(ms));
+    }
+    r
+}
+
+/// The gRPC status code for an HTTP status: the inverse of `google.rpc.Code`'s HTTP mapping
+/// (`INVALID_ARGUMENT` 400, `UNAUTHENTICATED` 401, `PERMISSION_DENIED` 403, `NOT_FOUND` 404,
+/// `ABORTED` 409, `RESOURCE_EXHAUSTED` 429, `CANCELLED` 499, `INTERNAL` 500, `UNIMPLEMENTED` 501,
+/// `UNAVAILABLE` 503, `DEADLINE_EXCEEDED` 504); `UNKNOWN` for any other.
+fn grpc_code(status: StatusCode) -> &'static str {
+    match status.as_u16() {
+        400 => "3",
+        401 => "16",
+        403 => "7",
+        404 => "5",
+        409 => "10",
+        429 => "8",
+        499 => "1",
+        500 => "13",
+        501 => "12",
+        503 => "14",
+        504 => "4",
+        _ => "2",
     }
 }
 

@@ -24,7 +24,7 @@ use crate::future::ResponseFuture;
 use crate::key::KeyBuf;
 use crate::metrics::{FailureKind, Metrics};
 use crate::policy::{MissingKey, Policy};
-use crate::response::{self, Bodies, Prepared, Verdict, VerdictKind};
+use crate::response::{Bodies, Prepared, Verdict, VerdictKind};
 use crate::{FailurePolicy, RateLimitLayer};
 
 /// Middleware that limits requests by a [`Policy`] over a [`Store`].
@@ -406,7 +406,9 @@ impl<St: Store> Shared<St> {
             MissingKey::Unauthorized(challenge) => (StatusCode::UNAUTHORIZED, Some(challenge)),
         };
         tracing::debug!(policy = %rt.name, "no rate-limit key in request");
-        let mut response = response::plain(status, "No rate-limit key in the request\n", None);
+        let mut response = rt
+            .bodies
+            .error(status, "No rate-limit key in the request\n", None);
         if let Some(challenge) = challenge {
             response
                 .headers_mut()
@@ -425,10 +427,10 @@ impl<St: Store> Shared<St> {
                 self.forward(VerdictKind::ShadowDenied, None, tier)
             }
             FailurePolicy::FailClosed { retry_after } => {
-                let response = response::plain(
+                let response = rt.bodies.error(
                     StatusCode::SERVICE_UNAVAILABLE,
                     "Service Unavailable: the rate limiter cannot decide\n",
-                    Some(response::retry_after_secs(retry_after)),
+                    Some(retry_after),
                 );
                 self.respond(VerdictKind::FailedClosed, None, response)
             }

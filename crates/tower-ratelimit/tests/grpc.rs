@@ -2,7 +2,11 @@
 //! client, which reads a denial as the gRPC status `RESOURCE_EXHAUSTED` with the wait in its
 //! metadata.
 
+mod common;
+
 use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::http::{HeaderValue, Response, StatusCode};
@@ -12,8 +16,8 @@ use http::uri::PathAndQuery;
 use ratelimit_core::{Algorithm, Limit, MemoryStore, Quota};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::{Code, Status};
-use tower_ratelimit::key::GlobalKey;
-use tower_ratelimit::{DenialBody, Policy, RateLimitLayer};
+use tower_ratelimit::key::{ApiKeyHeader, GlobalKey};
+use tower_ratelimit::{DenialBody, FailurePolicy, MissingKey, Policy, RateLimitLayer};
 
 /// Messages as the bytes they are: no schema needed to call a method.
 #[derive(Debug, Default, Clone, Copy)]
@@ -75,37 +79,46 @@ async fn serve(app: Router) -> SocketAddr {
     addr
 }
 
-/// Two calls through a layer allowing one an hour, answering denials with `body`, by tonic's
-/// client over HTTP/2: the first call's status and the second's.
-async fn two_calls(body: DenialBody) -> (Status, Status) {
-    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(1).unwrap()).unwrap();
-    let policy = Policy::new("grpc", limit)
-        .unwrap()
-        .key(GlobalKey)
-        .body(body);
-    let app = Router::new()
-        .route("/test.Echo/Call", post(unimplemented))
-        .layer(RateLimitLayer::new(MemoryStore::new(), policy).unwrap());
-    let addr = serve(app).await;
+/// The service at `/test.Echo/Call`, to put a layer on.
+fn echo() -> Router {
+    Router::new().route("/test.Echo/Call", post(unimplemented))
+}
 
+/// `n` calls of `/test.Echo/Call` at `addr` by tonic's client over HTTP/2: their statuses.
+async fn calls(addr: SocketAddr, n: usize) -> Vec<Status> {
     let channel = tonic::transport::Channel::from_shared(format!("http://{addr}"))
         .unwrap()
         .connect()
         .await
         .unwrap();
     let mut client = tonic::client::Grpc::new(channel);
-    let mut call = async || {
+    let mut statuses = Vec::new();
+    for _ in 0..n {
         client.ready().await.unwrap();
-        client
+        let status = client
             .unary(
                 tonic::Request::new(Bytes::from_static(b"hello")),
                 PathAndQuery::from_static("/test.Echo/Call"),
                 Raw,
             )
             .await
-            .unwrap_err()
-    };
-    (call().await, call().await)
+            .unwrap_err();
+        statuses.push(status);
+    }
+    statuses
+}
+
+/// Two calls through a layer allowing one an hour, answering denials with `body`: the first
+/// call's status and the second's.
+async fn two_calls(body: DenialBody) -> (Status, Status) {
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(1).unwrap()).unwrap();
+    let policy = Policy::new("grpc", limit)
+        .unwrap()
+        .key(GlobalKey)
+        .body(body);
+    let addr = serve(echo().layer(RateLimitLayer::new(MemoryStore::new(), policy).unwrap())).await;
+    let mut statuses = calls(addr, 2).await.into_iter();
+    (statuses.next().unwrap(), statuses.next().unwrap())
 }
 
 #[tokio::test]
@@ -142,4 +155,47 @@ async fn a_grpc_client_reads_a_plain_429_as_an_internal_error() {
     assert_eq!(first.code(), Code::Unimplemented, "{first:?}");
     assert_eq!(denied.code(), Code::Internal, "{denied:?}");
     assert!(denied.message().contains("429"), "{denied:?}");
+}
+
+/// The layer's other answers are gRPC statuses too under `DenialBody::Grpc`: failing closed is
+/// `UNAVAILABLE` with its wait, and a request without a key is `INVALID_ARGUMENT` (a rejection
+/// with 400), or `UNAUTHENTICATED` (with 401).
+#[tokio::test]
+async fn failing_closed_and_missing_keys_are_grpc_statuses_too() {
+    let limit = || Limit::single(Algorithm::TokenBucket, Quota::per_hour(1).unwrap()).unwrap();
+    let closed = Policy::new("closed", limit())
+        .unwrap()
+        .key(GlobalKey)
+        .body(DenialBody::Grpc)
+        .failure(FailurePolicy::fail_closed(Duration::from_secs(7)));
+    let store = Arc::new(common::FailingStore::default());
+    let addr = serve(echo().layer(RateLimitLayer::new(store, closed).unwrap())).await;
+    let status = calls(addr, 1).await.remove(0);
+    assert_eq!(status.code(), Code::Unavailable, "{status:?}");
+    assert_eq!(
+        status.message(),
+        "Service Unavailable: the rate limiter cannot decide"
+    );
+    let meta = status.metadata();
+    assert_eq!(meta.get("retry-after").unwrap(), "7");
+    assert_eq!(meta.get("grpc-retry-pushback-ms").unwrap(), "7000");
+
+    for (answer, code) in [
+        (MissingKey::reject(400).unwrap(), Code::InvalidArgument),
+        (
+            MissingKey::unauthorized("Bearer").unwrap(),
+            Code::Unauthenticated,
+        ),
+    ] {
+        let keyed = Policy::new("keyed", limit())
+            .unwrap()
+            .key(ApiKeyHeader::new("x-api-key").unwrap())
+            .missing_key(answer)
+            .body(DenialBody::Grpc);
+        let addr =
+            serve(echo().layer(RateLimitLayer::new(MemoryStore::new(), keyed).unwrap())).await;
+        let status = calls(addr, 1).await.remove(0);
+        assert_eq!(status.code(), code, "{status:?}");
+        assert_eq!(status.message(), "No rate-limit key in the request");
+    }
 }
