@@ -104,9 +104,12 @@ where
 /// Responses keep the inner service's body type `B`, and the layer's own bodies are made with
 /// `B::from(Bytes)`. Chosen with [`RateLimitLayer::same_body`](crate::RateLimitLayer::same_body).
 ///
-/// The layer's own bodies are never empty, except a custom denial body that is: it becomes
+/// The layer's own bodies are never empty, except a custom denial body that is, and the gRPC
+/// answers of [`DenialBody::Grpc`](crate::DenialBody::Grpc): those become
 /// `B::from(Bytes::new())`, and whether that reports the end of the stream at once is up to `B`
-/// (axum's `Body` and `Full` do).
+/// (axum's `Body` and `Full` do). A gRPC answer needs it: a trailers-only response ends its
+/// stream with its headers, and a client such as grpc-go fails the call if an empty data frame
+/// follows them.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct SameBody;
 

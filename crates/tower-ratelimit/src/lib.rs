@@ -43,8 +43,9 @@
 //! 3. checks the request's cost against the policy's limit (or the tier chosen for the request)
 //!    in the store, under a timeout and a [`CircuitBreaker`];
 //! 4. forwards the request, or answers `429` with `Retry-After` and the IETF `RateLimit` /
-//!    `RateLimit-Policy` fields ([`response`]); if the store fails, the [`FailurePolicy`]
-//!    decides ([`failure`]);
+//!    `RateLimit-Policy` fields ([`response`]; a gRPC call can get the gRPC status
+//!    `RESOURCE_EXHAUSTED` instead, [`DenialBody::Grpc`]); if the store fails, the
+//!    [`FailurePolicy`] decides ([`failure`]);
 //! 5. counts the outcome ([`metrics`](mod@crate::metrics)) and puts a [`Verdict`] in the
 //!    response extensions (unless [`Policy::verdict`] turns that off).
 //!

@@ -73,7 +73,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::header::{CONTENT_TYPE, Entry, RETRY_AFTER};
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, Entry, RETRY_AFTER};
+use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use ratelimit_core::{Decision, Limit, QuotaSet};
 
@@ -213,19 +214,29 @@ pub enum DenialBody {
     /// ([`Decision::violated_quotas`](ratelimit_core::Decision::violated_quotas); a store behind
     /// a `DenialCache` names the binding quota alone in a denial answered from the cache).
     ProblemJson,
-    /// For a gRPC service (such as tonic's, behind this layer): the denial as gRPC says it, a
-    /// trailers-only response with HTTP status 200, `content-type: application/grpc`,
+    /// For gRPC calls (such as to tonic's services, behind this layer): the denial as gRPC says
+    /// it, a trailers-only response with HTTP status 200, `content-type: application/grpc`,
     /// `grpc-status: 8` (`RESOURCE_EXHAUSTED`, the code for a quota exhausted) and
     /// `grpc-message: Too Many Requests`, and no body. A gRPC client does not read an HTTP 429
     /// as a rate limit: tonic's reads the plain-text body as a gRPC message and fails with
     /// `INTERNAL`, and the gRPC spec maps a 429 without a gRPC status to `UNAVAILABLE`, the code
-    /// of a server that is down (`tests/grpc.rs` shows both answers to tonic's client). The wait
-    /// goes in `grpc-retry-pushback-ms` (the pushback a gRPC client's retry policy waits for)
-    /// as well as in `Retry-After`, and the rate-limit fields go in as they would on a 429; all
-    /// three reach the client as the status's metadata. The layer's other answers become gRPC
-    /// statuses too, by the inverse of `google.rpc.Code`'s HTTP mapping: failing closed is
-    /// `UNAVAILABLE` (with its wait as above), a missing key rejected with 400 is
-    /// `INVALID_ARGUMENT`, with 401 `UNAUTHENTICATED`, with 403 `PERMISSION_DENIED`.
+    /// of a server that is down (`tests/grpc.rs` shows both answers to tonic's client).
+    ///
+    /// Only a request whose `content-type` starts with `application/grpc` is answered so; any
+    /// other (a REST route under the same layer, a browser) gets the plain-text 429, never a 200.
+    ///
+    /// The wait goes in `Retry-After` and in `grpc-retry-pushback-ms`, the pushback a gRPC
+    /// client's retry policy waits for before its next attempt (grpc-java waits for it even for
+    /// a status its policy does not retry, bounded by the call's deadline; a wait longer than
+    /// 2^31 − 1 ms, which it cannot parse, is left out). A cost that can never pass sends `-1`,
+    /// "do not retry" (unless the fallback's local share denied it: that lasts only until the
+    /// store is back). The rate-limit fields go in as they would on a 429; all of these reach
+    /// the client as the status's metadata.
+    ///
+    /// The layer's other answers to a gRPC call become gRPC statuses too, by the inverse of
+    /// `google.rpc.Code`'s HTTP mapping: failing closed is `UNAVAILABLE` (with its wait), a
+    /// missing key rejected with 400 is `INVALID_ARGUMENT`, with 401 `UNAUTHENTICATED`, with 403
+    /// `PERMISSION_DENIED` (with a pushback of `-1`: the same call would meet the same answer).
     Grpc,
     /// A response built by a closure. Its status (if 4xx or 5xx; any other becomes 429) and
     /// headers are kept; `Retry-After` and the rate-limit fields are added where absent.
@@ -256,11 +267,12 @@ impl fmt::Debug for DenialBody {
 pub enum VerdictKind {
     /// The store allowed it.
     Allowed,
-    /// The store denied it: 429.
+    /// The store denied it: 429 (a gRPC call under [`DenialBody::Grpc`]: `RESOURCE_EXHAUSTED`).
     Denied,
     /// The store could not answer; let through by [`FailurePolicy::FailOpen`](crate::FailurePolicy::FailOpen).
     FailedOpen,
-    /// The store could not answer; 503 by [`FailurePolicy::FailClosed`](crate::FailurePolicy::FailClosed).
+    /// The store could not answer; 503 by [`FailurePolicy::FailClosed`](crate::FailurePolicy::FailClosed)
+    /// (a gRPC call under [`DenialBody::Grpc`]: `UNAVAILABLE`).
     FailedClosed,
     /// The store could not answer; the local fallback allowed it.
     FallbackAllowed,
@@ -652,16 +664,19 @@ impl Bodies {
         Bodies { kind }
     }
 
-    /// The 429 for `d`, with `Retry-After` and the fields of `mode`.
+    /// The 429 for `d` (a denial by the fallback's local share if `fallback`), with
+    /// `Retry-After` and the fields of `mode`; under [`DenialBody::Grpc`], with the gRPC status
+    /// that [`for_request`](Self::for_request) gives a gRPC call instead.
     pub(crate) fn denied(
         &self,
         name: &str,
         prepared: &Prepared,
         mode: Headers,
         d: &Decision,
+        fallback: bool,
     ) -> Response<Bytes> {
         let mut res = match &self.kind {
-            DenialBody::PlainText => {
+            DenialBody::PlainText | DenialBody::Grpc => {
                 let mut r = Response::new(Bytes::from_static(PLAIN_429.as_bytes()));
                 r.headers_mut().insert(CONTENT_TYPE, TEXT_PLAIN);
                 r
@@ -671,11 +686,6 @@ impl Bodies {
                 r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
                 r
             }
-            DenialBody::Grpc => grpc_status(
-                StatusCode::TOO_MANY_REQUESTS,
-                "Too Many Requests",
-                d.retry_after(),
-            ),
             DenialBody::Custom(f) => {
                 let denial = Denial {
                     policy: name,
@@ -691,12 +701,21 @@ impl Bodies {
                 r
             }
         };
-        match self.kind {
-            // The gRPC status is in the headers; HTTP's is 200, as gRPC requires.
-            DenialBody::Custom(_) | DenialBody::Grpc => {}
-            DenialBody::PlainText | DenialBody::ProblemJson => {
-                *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-            }
+        if !matches!(self.kind, DenialBody::Custom(_)) {
+            *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        }
+        if matches!(self.kind, DenialBody::Grpc) {
+            // A cost that can never pass is never worth a retry, unless it was denied by the
+            // fallback's share, which lasts only until the store is back.
+            let pushback = match d.retry_after() {
+                Some(wait) => Pushback::After(wait),
+                None if fallback => Pushback::Unsaid,
+                None => Pushback::Never,
+            };
+            res.extensions_mut().insert(GrpcForm {
+                message: "Too Many Requests",
+                pushback,
+            });
         }
         let headers = res.headers_mut();
         if let Some(wait) = d.retry_after()
@@ -720,38 +739,81 @@ impl Bodies {
         text: &'static str,
         retry_after: Option<Duration>,
     ) -> Response<Bytes> {
-        match self.kind {
-            DenialBody::Grpc => {
-                let mut r = grpc_status(status, text.trim_end(), retry_after);
-                if let Some(wait) = retry_after {
-                    r.headers_mut()
-                        .insert(RETRY_AFTER, number(retry_after_secs(wait)));
-                }
-                r
-            }
-            _ => plain(status, text, retry_after.map(retry_after_secs)),
+        let mut res = plain(status, text, retry_after.map(retry_after_secs));
+        if matches!(self.kind, DenialBody::Grpc) {
+            res.extensions_mut().insert(GrpcForm {
+                message: text.trim_end(),
+                // Without a wait (a missing key), a retry would meet the same answer.
+                pushback: retry_after.map_or(Pushback::Never, Pushback::After),
+            });
         }
+        res
+    }
+
+    /// `res`, an answer of the layer's own, for the request `req`: under [`DenialBody::Grpc`],
+    /// for a gRPC call, the gRPC status that stands for it. Made here, once the answer is known,
+    /// so that the request's `content-type` is read on that path only.
+    pub(crate) fn for_request(&self, mut res: Response<Bytes>, req: &Parts) -> Response<Bytes> {
+        if !matches!(self.kind, DenialBody::Grpc) {
+            return res;
+        }
+        let Some(form) = res.extensions_mut().remove::<GrpcForm>() else {
+            return res;
+        };
+        if !is_grpc(&req.headers) {
+            return res;
+        }
+        let code = grpc_code(res.status());
+        *res.status_mut() = StatusCode::OK;
+        *res.body_mut() = Bytes::new();
+        let headers = res.headers_mut();
+        headers.insert(CONTENT_TYPE, APPLICATION_GRPC);
+        headers.remove(CONTENT_LENGTH);
+        headers.insert(GRPC_STATUS, HeaderValue::from_static(code));
+        headers.insert(GRPC_MESSAGE, HeaderValue::from_static(form.message));
+        match form.pushback {
+            Pushback::After(wait) => {
+                let ms = wait.as_micros().div_ceil(1_000).max(1);
+                if let Ok(ms) = u32::try_from(ms)
+                    && ms <= i32::MAX as u32
+                {
+                    headers.insert(GRPC_RETRY_PUSHBACK_MS, number(u64::from(ms)));
+                }
+            }
+            Pushback::Never => {
+                headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"));
+            }
+            Pushback::Unsaid => {}
+        }
+        res
     }
 }
 
-/// A gRPC trailers-only response (HTTP 200, no body) whose status stands for the HTTP `status`,
-/// with `message` (ASCII text, sent as it is) and, if there is a wait, `grpc-retry-pushback-ms`.
-fn grpc_status(
-    status: StatusCode,
+/// How an answer of the layer's own is said to a gRPC call (see [`Bodies::for_request`]).
+#[derive(Clone)]
+struct GrpcForm {
+    /// `grpc-message`: ASCII text without `%`, sent as it is.
     message: &'static str,
-    wait: Option<Duration>,
-) -> Response<Bytes> {
-    let mut r = Response::new(Bytes::new());
-    let headers = r.headers_mut();
-    headers.insert(CONTENT_TYPE, APPLICATION_GRPC);
-    headers.insert(GRPC_STATUS, HeaderValue::from_static(grpc_code(status)));
-    headers.insert(GRPC_MESSAGE, HeaderValue::from_static(message));
-    if let Some(wait) = wait {
-        // Rounded up, as `Retry-After` is: never sooner than the wait.
-        let ms = u64::try_from(wait.as_micros().div_ceil(1_000).max(1)).unwrap_or(u64::MAX);
-        headers.insert(GRPC_RETRY_PUSHBACK_MS, number(ms));
-    }
-    r
+    pushback: Pushback,
+}
+
+/// Whether a request is a gRPC call (`content-type: application/grpc`, `application/grpc+proto`,
+/// `application/grpc-web`...): only those are answered with a gRPC status.
+fn is_grpc(req: &HeaderMap) -> bool {
+    req.get(CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+}
+
+/// What `grpc-retry-pushback-ms` tells a client's retry policy. A wait beyond what grpc-java
+/// parses (2^31 − 1 ms, about 24.8 days) is left unsaid.
+#[derive(Clone, Copy)]
+enum Pushback {
+    /// Retry after this wait (rounded up to whole milliseconds, as `Retry-After` is to seconds).
+    After(Duration),
+    /// Do not retry (`-1`): the same request would meet the same answer.
+    Never,
+    /// Nothing: the client's own backoff applies.
+    Unsaid,
 }
 
 /// The gRPC status code for an HTTP status: the inverse of `google.rpc.Code`'s HTTP mapping

@@ -382,6 +382,7 @@ impl<St: Store> Shared<St> {
             rt.tiers[tier].prepared(fallback),
             rt.policy.headers,
             &d,
+            fallback,
         );
         self.respond(kind, Some(d), response)
     }
@@ -522,7 +523,10 @@ where
             Step::Forward(post) => {
                 ResponseFuture::inner(self.inner.call(Request::from_parts(parts, body)), post)
             }
-            Step::Respond(response) => ResponseFuture::ready(response.map(M::full)),
+            Step::Respond(response) => {
+                let response = self.shared.rt.bodies.for_request(response, &parts);
+                ResponseFuture::ready(response.map(M::full))
+            }
             // The store has to wait: move the check, its timeout and a ready inner service into
             // a boxed future.
             Step::Wait(Pending {
@@ -573,7 +577,10 @@ where
                             let response = inner.call(Request::from_parts(parts, body)).await?;
                             Ok(Post::apply_some::<M, ResB>(post, response))
                         }
-                        Step::Respond(response) => Ok(response.map(M::full)),
+                        Step::Respond(response) => {
+                            let response = shared.rt.bodies.for_request(response, &parts);
+                            Ok(response.map(M::full))
+                        }
                         Step::Wait(never) => match never {},
                     }
                 }))

@@ -199,3 +199,88 @@ async fn failing_closed_and_missing_keys_are_grpc_statuses_too() {
         assert_eq!(status.message(), "No rate-limit key in the request");
     }
 }
+
+/// A gRPC policy answers only gRPC calls with a gRPC status: any other request under the same
+/// layer (a REST route, a browser) gets the plain 429, never a 200 that reads as success.
+#[tokio::test]
+async fn other_requests_under_a_grpc_policy_get_a_plain_429() {
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(1).unwrap()).unwrap();
+    let policy = Policy::new("mixed", limit)
+        .unwrap()
+        .key(GlobalKey)
+        .body(DenialBody::Grpc);
+    let app = Router::new()
+        .route("/", axum::routing::get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(MemoryStore::new(), policy).unwrap());
+    assert_eq!(common::send(&app, common::request("/")).await.status(), 200);
+    let res = common::send(&app, common::request("/")).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(common::header(&res, "grpc-status"), None);
+    assert_eq!(common::header(&res, "retry-after"), Some("3600"));
+    assert_eq!(common::body_text(res).await, "Too Many Requests\n");
+}
+
+/// `grpc-retry-pushback-ms: -1` ("do not retry") where a retry would meet the same answer: a
+/// cost the limit can never admit, a call without a key. A cost that only the fallback's local
+/// share cannot admit says nothing: the store may be back for the retry.
+#[tokio::test]
+async fn calls_that_a_retry_cannot_mend_are_told_not_to_retry() {
+    let grpc_call = |cost: &'static str| {
+        let mut req = common::request("/");
+        let h = req.headers_mut();
+        h.insert("content-type", HeaderValue::from_static("application/grpc"));
+        h.insert("x-cost", HeaderValue::from_static(cost));
+        req
+    };
+    let cost = |parts: &http::request::Parts| {
+        parts
+            .headers
+            .get("x-cost")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(1)
+    };
+    let pushback = |res: &Response<axum::body::Body>| {
+        common::header(res, "grpc-retry-pushback-ms").map(str::to_owned)
+    };
+    // 3 an hour: a cost of 4 can never pass.
+    let limit = || Limit::single(Algorithm::TokenBucket, Quota::per_hour(3).unwrap()).unwrap();
+    let policy = Policy::new("costly", limit())
+        .unwrap()
+        .key(GlobalKey)
+        .cost(cost)
+        .body(DenialBody::Grpc);
+    let app = Router::new()
+        .route("/", post(unimplemented))
+        .layer(RateLimitLayer::new(MemoryStore::new(), policy).unwrap());
+    let res = common::send(&app, grpc_call("4")).await;
+    assert_eq!(common::header(&res, "grpc-status"), Some("8"));
+    assert_eq!(pushback(&res).as_deref(), Some("-1"));
+    assert_eq!(common::header(&res, "retry-after"), None);
+
+    let keyed = Policy::new("keyed", limit())
+        .unwrap()
+        .key(ApiKeyHeader::new("x-api-key").unwrap())
+        .body(DenialBody::Grpc);
+    let app = Router::new()
+        .route("/", post(unimplemented))
+        .layer(RateLimitLayer::new(MemoryStore::new(), keyed).unwrap());
+    let res = common::send(&app, grpc_call("1")).await;
+    assert_eq!(common::header(&res, "grpc-status"), Some("3"));
+    assert_eq!(pushback(&res).as_deref(), Some("-1"));
+
+    // The store is down; each of 3 gateways counts 1 an hour alone: a cost of 2 fits the
+    // shared limit, not the local share.
+    let fallback = Policy::new("fallback", limit())
+        .unwrap()
+        .key(GlobalKey)
+        .cost(cost)
+        .failure(FailurePolicy::fallback(3).unwrap())
+        .body(DenialBody::Grpc);
+    let store = Arc::new(common::FailingStore::default());
+    let app = Router::new()
+        .route("/", post(unimplemented))
+        .layer(RateLimitLayer::new(store, fallback).unwrap());
+    let res = common::send(&app, grpc_call("2")).await;
+    assert_eq!(common::header(&res, "grpc-status"), Some("8"));
+    assert_eq!(pushback(&res), None);
+}

@@ -506,8 +506,16 @@ async fn a_policy_from_a_configuration_file() {
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(RateLimitLayer::new(common::store().1, grpc.into_policy().unwrap()).unwrap());
-    assert_eq!(send(&app, request("/")).await.status(), 200);
-    let res = send(&app, request("/")).await;
+    let grpc_call = || {
+        let mut req = request("/");
+        req.headers_mut().insert(
+            "content-type",
+            http::HeaderValue::from_static("application/grpc"),
+        );
+        req
+    };
+    assert_eq!(send(&app, grpc_call()).await.status(), 200);
+    let res = send(&app, grpc_call()).await;
     assert_eq!(res.status(), 200, "gRPC's status is in its headers");
     assert_eq!(header(&res, "grpc-status"), Some("8"));
     assert_eq!(header(&res, "content-type"), Some("application/grpc"));
