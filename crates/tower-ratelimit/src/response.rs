@@ -653,7 +653,6 @@ fn problem_body<'a>(items: impl IntoIterator<Item = &'a str>) -> Bytes {
 const PLAIN_429: &str = "Too Many Requests\n";
 const TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
-const APPLICATION_GRPC: HeaderValue = HeaderValue::from_static("application/grpc");
 const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
 const GRPC_MESSAGE: http::HeaderName = http::HeaderName::from_static("grpc-message");
 const GRPC_RETRY_PUSHBACK_MS: http::HeaderName =
@@ -760,14 +759,15 @@ impl Bodies {
         let Some(form) = res.extensions_mut().remove::<GrpcForm>() else {
             return res;
         };
-        if !is_grpc(&req.headers) {
+        let Some(content_type) = req.headers.get(CONTENT_TYPE).filter(|v| is_grpc(v)) else {
             return res;
-        }
+        };
         let code = grpc_code(res.status());
         *res.status_mut() = StatusCode::OK;
         *res.body_mut() = Bytes::new();
         let headers = res.headers_mut();
-        headers.insert(CONTENT_TYPE, APPLICATION_GRPC);
+        // The call's own (`application/grpc+proto`, `application/grpc-web`...).
+        headers.insert(CONTENT_TYPE, content_type.clone());
         headers.remove(CONTENT_LENGTH);
         headers.insert(GRPC_STATUS, HeaderValue::from_static(code));
         headers.insert(GRPC_MESSAGE, HeaderValue::from_static(form.message));
@@ -799,9 +799,12 @@ struct GrpcForm {
 
 /// Whether a request is a gRPC call (`content-type: application/grpc`, `application/grpc+proto`,
 /// `application/grpc-web`...): only those are answered with a gRPC status.
-fn is_grpc(req: &HeaderMap) -> bool {
-    req.get(CONTENT_TYPE)
-        .is_some_and(|v| v.as_bytes().starts_with(b"application/grpc"))
+fn is_grpc(content_type: &HeaderValue) -> bool {
+    const GRPC: &[u8] = b"application/grpc";
+    content_type
+        .as_bytes()
+        .get(..GRPC.len())
+        .is_some_and(|start| start.eq_ignore_ascii_case(GRPC))
 }
 
 /// What `grpc-retry-pushback-ms` tells a client's retry policy. A wait beyond what grpc-java

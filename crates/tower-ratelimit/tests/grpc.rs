@@ -284,3 +284,35 @@ async fn calls_that_a_retry_cannot_mend_are_told_not_to_retry() {
     assert_eq!(common::header(&res, "grpc-status"), Some("8"));
     assert_eq!(pushback(&res), None);
 }
+
+/// The answer made after waiting for the store (here its timeout, failing closed) is a gRPC
+/// status too, in the call's own content-type.
+#[tokio::test]
+async fn an_answer_made_after_waiting_for_the_store_is_a_grpc_status() {
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(1).unwrap()).unwrap();
+    let policy = Policy::new("waits", limit)
+        .unwrap()
+        .key(GlobalKey)
+        .failure(FailurePolicy::fail_closed(Duration::from_secs(3)))
+        .body(DenialBody::Grpc);
+    let layer = RateLimitLayer::builder(Arc::new(common::HangingStore::default()), policy)
+        .timeout(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let app = Router::new().route("/", post(unimplemented)).layer(layer);
+    let mut req = common::request("/");
+    req.headers_mut().insert(
+        "content-type",
+        HeaderValue::from_static("application/grpc+proto"),
+    );
+    let res = common::send(&app, req).await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(common::header(&res, "grpc-status"), Some("14"));
+    assert_eq!(
+        common::header(&res, "content-type"),
+        Some("application/grpc+proto")
+    );
+    assert_eq!(common::header(&res, "grpc-retry-pushback-ms"), Some("3000"));
+    assert_eq!(common::header(&res, "retry-after"), Some("3"));
+    assert!(common::body_text(res).await.is_empty());
+}
