@@ -1091,9 +1091,9 @@ impl RedisStoreBuilder {
 
     /// A store that is built in the background while Redis cannot be reached, for an application
     /// that must start during a Redis outage: see [`LazyRedisStore`]. The first attempt is made
-    /// at once; an invalid setting is returned as [`build`](Self::build) returns it, any other
-    /// failure is retried, at most once per `retry_every`, while checks fail at once with its
-    /// error.
+    /// at once; an invalid setting, or credentials Redis refuses, is returned as
+    /// [`build`](Self::build) returns it; any other failure is retried by a task every
+    /// `retry_every` (1 ms to an hour), while checks fail at once with the last attempt's error.
     pub async fn build_lazy(
         self,
         retry_every: Duration,

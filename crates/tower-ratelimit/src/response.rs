@@ -774,10 +774,8 @@ impl Bodies {
         match form.pushback {
             Pushback::After(wait) => {
                 let ms = wait.as_micros().div_ceil(1_000).max(1);
-                if let Ok(ms) = u32::try_from(ms)
-                    && ms <= i32::MAX as u32
-                {
-                    headers.insert(GRPC_RETRY_PUSHBACK_MS, number(u64::from(ms)));
+                if let Ok(ms) = i32::try_from(ms) {
+                    headers.insert(GRPC_RETRY_PUSHBACK_MS, number(ms.unsigned_abs().into()));
                 }
             }
             Pushback::Never => {
