@@ -46,6 +46,9 @@ const FIRST_PAUSE: Duration = Duration::from_millis(5);
 const MAX_PAUSE: Duration = Duration::from_millis(200);
 /// How many side connections (to nodes that redirections named) are kept.
 const MAX_SIDE_CONNECTIONS: usize = 64;
+/// The most commands one cluster connection has in its client at once; more wait their turn (see
+/// [`Connection::client_turn`]).
+const MAX_IN_FLIGHT: usize = 16;
 
 /// Makes cluster connections for the store's pool: a deadpool manager around a redis-rs
 /// [`ClusterClient`] built with no retries (deadpool-redis's own cluster manager keeps the
@@ -110,6 +113,7 @@ impl managed::Manager for Manager {
         Ok(Connection {
             conn: self.client.get_async_connection().await?,
             nodes: Arc::clone(&self.nodes),
+            turns: Arc::new(tokio::sync::Semaphore::new(MAX_IN_FLIGHT)),
         })
     }
 
@@ -129,6 +133,8 @@ impl managed::Manager for Manager {
 pub(crate) struct Connection {
     conn: ClusterConnection,
     nodes: Arc<Nodes>,
+    /// [`MAX_IN_FLIGHT`] turns, shared by the clones of this connection.
+    turns: Arc<tokio::sync::Semaphore>,
 }
 
 /// The store's own connections to nodes that redirections name (`MOVED`, `ASK`), made from the
@@ -169,8 +175,30 @@ enum Next {
 }
 
 impl Connection {
+    /// Waits for a turn to send a command through the cluster client, held until the command's
+    /// answer (or its caller giving up); never while waiting for another turn.
+    ///
+    /// Without a limit the client could stall for good, a fault of tokio 1.54 and redis-rs 1.8
+    /// together. A `MOVED` answer makes the client refresh its slot map: the refresh takes the
+    /// write lock of the client's connection table, and until it ends the client polls none of
+    /// the commands it holds. Polling a burst of new commands spends the client task's
+    /// cooperative budget (in the failing runs, 32 of 64 commands queued at once were polled
+    /// before it ran out), and a command whose read lock was granted as the budget ran out
+    /// returns pending *holding* it (tokio 1.54 takes the permits before its budget check). The
+    /// refresh then waits for that lock, and that command waits for the refresh: every command
+    /// on the connection times out until the silence probe replaces it. Seen with 256 checks
+    /// sent at once as their slot moved (all but about 20 timed out, in every run:
+    /// `a_burst_of_redirected_checks_does_not_stall_the_cluster_client`), and with 64 on two
+    /// loaded cores (1 run in 10). With at most [`MAX_IN_FLIGHT`] commands in the client, one
+    /// poll of its task spends at most half its budget on them.
+    async fn client_turn(&self) -> Option<tokio::sync::OwnedSemaphorePermit> {
+        // `None` only if the semaphore were closed, which it never is.
+        Arc::clone(&self.turns).acquire_owned().await.ok()
+    }
+
     /// `ping` (a `PING`), which the client sends to every primary.
     pub(crate) async fn ping(&mut self, ping: &Cmd) -> Result<(), RedisError> {
+        let _turn = self.client_turn().await;
         ping.query_async(&mut self.conn).await
     }
 
@@ -182,10 +210,13 @@ impl Connection {
     /// without reaching that master. Nor by address, one `PING` per master: asked for a node it
     /// has no connection to, the client rebuilds every connection from its seeds.
     pub(crate) async fn reaches_every_master(&mut self) -> Result<(), RedisError> {
+        let turn = self.client_turn().await;
         let slots: Value = redis::cmd("CLUSTER")
             .arg("SLOTS")
             .query_async(&mut self.conn)
             .await?;
+        drop(turn);
+        let _turn = self.client_turn().await;
         // No response policy: one answer per primary, keyed by its address.
         let to =
             RoutingInfo::MultiNode((cluster_routing::MultipleNodeRoutingInfo::AllMasters, None));
@@ -203,6 +234,7 @@ impl Connection {
 
     /// `SCRIPT LOAD` on every primary.
     pub(crate) async fn load(&mut self, script: &redis::Script) -> Result<(), RedisError> {
+        let _turn = self.client_turn().await;
         script.load_async(&mut self.conn).await.map(drop)
     }
 
@@ -222,6 +254,7 @@ impl Connection {
             (Some(to), Some(source)) => {
                 let mut load = redis::cmd("SCRIPT");
                 load.arg("LOAD").arg(source);
+                let _turn = self.client_turn().await;
                 self.conn
                     .route_command(load, RoutingInfo::SingleNode(to))
                     .await
@@ -283,7 +316,10 @@ impl Connection {
         cmd: &Cmd,
     ) -> Result<Value, RedisError> {
         match route {
-            Route::Slot => cmd.query_async(&mut self.conn).await,
+            Route::Slot => {
+                let _turn = self.client_turn().await;
+                cmd.query_async(&mut self.conn).await
+            }
             // A redirection goes over a side connection, never through the cluster client by
             // address: asked for a node it has no connection to (a dead master, whose keys the
             // other nodes redirect to it until it fails over; a new master), the client rebuilds

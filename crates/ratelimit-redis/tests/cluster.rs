@@ -828,3 +828,58 @@ async fn checks_redirected_at_once_share_one_new_connection() {
     assert_eq!(target.cli(&["exists", key]), "1");
     assert_eq!(made, 1, "connections made for the redirected checks");
 }
+
+/// A burst of checks larger than the cluster client's task can poll in one go (its cooperative
+/// budget), sent as a slot has just moved: every check is answered. Without the store's limit on
+/// the commands in the client at once, the `MOVED` answers started a slot-map refresh that waited
+/// for a lock held by commands the client would not poll until the refresh ended; all but about
+/// 20 of the 256 checks timed out, in every run (see `Connection::client_turn`). On a
+/// current-thread runtime every check is queued before the client's task runs, which makes the
+/// burst arrive at once every time.
+#[tokio::test(flavor = "current_thread")]
+async fn a_burst_of_redirected_checks_does_not_stall_the_cluster_client() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = RedisCluster::start(3);
+    let store = store_on(&cluster, "redirect-stall", PATIENT).await;
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(10_000).unwrap()).unwrap();
+    let key = &store.state_keys(b"mover", &limit)[0];
+    let slot = cluster.nodes()[0].cli(&["cluster", "keyslot", key]);
+    let source = cluster.node_for(key);
+    let target = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.port() != source.port())
+        .unwrap();
+    let target_id = target.cli(&["cluster", "myid"]);
+    for node in cluster.nodes() {
+        assert_eq!(
+            node.cli(&["cluster", "setslot", &slot, "node", &target_id]),
+            "OK"
+        );
+    }
+    let checks = (0..256).map(|_| store.check(b"mover", &limit, 1));
+    let decisions = join_all(checks).await;
+    let failed: Vec<String> = decisions
+        .iter()
+        .filter_map(|d| d.as_ref().err().map(ToString::to_string))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of 256 checks failed, the first with {:?}",
+        failed.len(),
+        failed.first()
+    );
+    let mut remaining: Vec<u64> = decisions
+        .into_iter()
+        .map(|d| d.unwrap().remaining())
+        .collect();
+    remaining.sort_unstable();
+    assert_eq!(
+        remaining,
+        (10_000 - 256..10_000).collect::<Vec<u64>>(),
+        "each counted once"
+    );
+    // And the connection serves the next check over the refreshed slot map.
+    let next = store.check(b"mover", &limit, 1).await.unwrap();
+    assert_eq!(next.remaining(), 10_000 - 257);
+}
