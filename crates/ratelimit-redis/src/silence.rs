@@ -81,6 +81,12 @@ impl Silence {
         (since != 0 && self.generation.load(Ordering::Acquire) == generation).then_some(since)
     }
 
+    /// The current connection's generation and its mark, if it has one.
+    pub(crate) fn current_mark(&self) -> Option<(u64, u64)> {
+        let generation = self.generation.load(Ordering::Acquire);
+        self.mark(generation).map(|since| (generation, since))
+    }
+
     /// Connection `generation` is kept although it has been silent: its silence is counted again
     /// from `now`, so that it is probed again a response timeout later.
     pub(crate) fn restart(&self, generation: u64, now: u64) {

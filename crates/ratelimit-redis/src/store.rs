@@ -235,12 +235,16 @@ impl Conn {
         }
     }
 
-    /// `PING` (on a cluster, every primary).
-    async fn ping(&mut self) -> Result<(), RedisError> {
+    /// `PING` (on a cluster, every primary), answered `within` (on a cluster, from when it has
+    /// its turn into the client).
+    async fn ping(
+        &mut self,
+        within: Duration,
+    ) -> Result<Result<(), RedisError>, tokio::time::error::Elapsed> {
         let ping = redis::cmd("PING");
         match self {
-            Conn::Single(c) => ping.query_async(c).await,
-            Conn::Cluster(c) => c.ping(&ping).await,
+            Conn::Single(c) => tokio::time::timeout(within, ping.query_async(c)).await,
+            Conn::Cluster(c) => c.ping(&ping, within).await,
         }
     }
 
@@ -605,7 +609,9 @@ impl Inner {
     /// check reaches the store until the cool-down ends. Without the watch, that first check found
     /// the connection silent, was sent on it all the same and failed, and the circuit opened for
     /// another cool-down. One watch per slot at a time, in a task of its own, made only when a
-    /// check is left unanswered.
+    /// check is left unanswered. It watches whichever connection the slot has: a connection
+    /// installed while it ran and left unanswered found the watch taken (before, it went
+    /// unwatched when the watch ended with its own connection's mark gone).
     fn watch(self: &Arc<Self>, i: usize, generation: u64) {
         if self.slots[i].silence.mark(generation).is_none() {
             return;
@@ -618,32 +624,53 @@ impl Inner {
             return;
         };
         runtime.spawn(async move {
-            let inner = &watching.inner;
-            let slot = &inner.slots[i];
-            let rt_us = u64::try_from(inner.response_timeout.as_micros()).unwrap_or(u64::MAX);
+            let mut watching = watching;
             loop {
-                // The mark may be answered, or restarted (a kept cluster connection), meanwhile.
-                let Some(since) = slot.silence.mark(generation) else {
+                let inner = Arc::clone(&watching.inner);
+                let slot = &inner.slots[i];
+                let rt_us = u64::try_from(inner.response_timeout.as_micros()).unwrap_or(u64::MAX);
+                // The slot's current connection, whichever it is: one installed while this watch
+                // ran and left unanswered found the watch taken.
+                let due = loop {
+                    // The mark may be answered, or restarted (a kept cluster connection),
+                    // meanwhile.
+                    let Some((generation, since)) = slot.silence.current_mark() else {
+                        break None;
+                    };
+                    let due = since.saturating_add(rt_us);
+                    let now = inner.micros() + 1;
+                    if now >= due {
+                        break Some(generation);
+                    }
+                    tokio::time::sleep(Duration::from_micros(due - now)).await;
+                };
+                let Some(generation) = due else {
+                    // Nothing left to watch. A check left unanswered just before the watch is let
+                    // go found it taken: look once more after letting it go.
+                    drop(watching);
+                    if slot.silence.current_mark().is_none() {
+                        return;
+                    }
+                    match Claimed::claim(&inner, i, self::watching) {
+                        Some(again) => {
+                            watching = again;
+                            continue;
+                        }
+                        None => return,
+                    }
+                };
+                let conn = match lock(&slot.conn).as_ref() {
+                    Some((g, c)) if *g == generation => c.clone(),
+                    _ => return,
+                };
+                let Some(probing) = Claimed::claim(&inner, i, probing) else {
                     return;
                 };
-                let due = since.saturating_add(rt_us);
-                let now = inner.micros() + 1;
-                if now >= due {
-                    break;
-                }
-                tokio::time::sleep(Duration::from_micros(due - now)).await;
-            }
-            let conn = match lock(&slot.conn).as_ref() {
-                Some((g, c)) if *g == generation => c.clone(),
-                _ => return,
-            };
-            let Some(probing) = Claimed::claim(inner, i, probing) else {
+                // The watch ends as the probe starts: a later unanswered check may watch again.
+                drop(watching);
+                inner.probe(i, generation, conn, probing).await;
                 return;
-            };
-            // The watch ends as the probe starts: a later unanswered check may watch again.
-            let inner = Arc::clone(inner);
-            drop(watching);
-            inner.probe(i, generation, conn, probing).await;
+            }
         });
     }
 
@@ -656,7 +683,7 @@ impl Inner {
         // runtime, run or not.
         let _probing = probing;
         let sent = self.micros() + 1;
-        let answer = tokio::time::timeout(self.response_timeout, conn.ping()).await;
+        let answer = conn.ping(self.response_timeout).await;
         match answer {
             // An answer, even an error reply: the connection works, and is kept.
             Ok(Ok(())) => {}

@@ -547,6 +547,59 @@ async fn scripts_are_reloaded_on_the_master_that_lost_them_while_another_is_down
     );
 }
 
+/// Many checks of a silent master's keys waiting at once, each for up to its response timeout,
+/// do not keep the other masters' checks out of the cluster client: of the 16 turns into the
+/// client, a command without an answer holds its own for 2 ms at most. (With each turn held until
+/// the answer, the bystander's first check waited behind 16 of the victim's until their timeout.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_waiting_on_a_silent_master_leave_the_others_served() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = RedisCluster::start_with_replicas(3, 0, &["cluster-node-timeout 30000"]);
+    let store = RedisStore::cluster(cluster.urls())
+        .prefix(unique_prefix("silent-many"))
+        .pool_size(1)
+        .response_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(1_000).unwrap()).unwrap();
+    let (victim, bystander) = victim_and_bystander(&cluster, &store, &limit);
+    store.check(b"victim", &limit, 1).await.unwrap();
+    store.check(bystander.as_bytes(), &limit, 1).await.unwrap();
+    let master = cluster.nodes().iter().find(|n| n.port() == victim).unwrap();
+    master.pause();
+    let waiting: Vec<_> = (0..64)
+        .map(|_| {
+            let (store, limit) = (store.clone(), limit.clone());
+            tokio::spawn(async move { store.check(b"victim", &limit, 1).await })
+        })
+        .collect();
+    // Time for the victim's checks to be sent (about 2 ms a turn, 4 rounds), well within their
+    // response timeout.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    for i in 0..20 {
+        let answer = tokio::time::timeout(
+            Duration::from_millis(500),
+            store.check(bystander.as_bytes(), &limit, 1),
+        )
+        .await;
+        assert!(
+            matches!(answer, Ok(Ok(_))),
+            "bystander check {i}, with 64 of the silent master's in flight: {answer:?}"
+        );
+    }
+    let still_waiting = waiting.iter().filter(|w| !w.is_finished()).count();
+    master.resume();
+    assert_eq!(
+        still_waiting, 64,
+        "the victim's checks waited for the paused master"
+    );
+    for w in waiting {
+        let answer = w.await.unwrap();
+        assert!(answer.is_ok(), "once the master answered again: {answer:?}");
+    }
+}
+
 /// A master that goes silent without closing its connections (SIGSTOP here; power loss or a
 /// partition in production) while the other masters answer: the answers from the others must not
 /// hide it. A new cluster connection is tried (the `PING` probe, to every master, gets no answer),
@@ -785,6 +838,26 @@ async fn replacements_that_cannot_reach_a_dead_master_are_spaced_out() {
     assert_eq!(failed, 0, "the other masters' keys were served throughout");
 }
 
+/// Gives `slot`, which holds no key, to `target`: its config epoch made the cluster's highest
+/// first, so that no node takes the slot back on a late message from its old owner (with the
+/// epochs left as they were, a check was once redirected back and forth between the two until it
+/// gave up, under CPU load).
+fn give_slot(cluster: &RedisCluster, slot: &str, target: &redis_harness::RedisServer) {
+    let bumped = target.cli(&["cluster", "bumpepoch"]);
+    assert!(
+        bumped.starts_with("BUMPED") || bumped.starts_with("STILL"),
+        "{bumped}"
+    );
+    let target_id = target.cli(&["cluster", "myid"]);
+    let others = cluster.nodes().iter().filter(|n| n.port() != target.port());
+    for node in std::iter::once(target).chain(others) {
+        assert_eq!(
+            node.cli(&["cluster", "setslot", slot, "node", &target_id]),
+            "OK"
+        );
+    }
+}
+
 /// A slot moves to another master while many checks of it are in flight: every one is
 /// redirected (`MOVED`) before the client's slot map catches up, and each goes over the store's
 /// side connection to the new owner. One connection is made for them all, not one each.
@@ -803,13 +876,7 @@ async fn checks_redirected_at_once_share_one_new_connection() {
         .find(|n| n.port() != source.port())
         .unwrap();
     // The slot holds no key yet: it can be given to the target at once.
-    let target_id = target.cli(&["cluster", "myid"]);
-    for node in cluster.nodes() {
-        assert_eq!(
-            node.cli(&["cluster", "setslot", &slot, "node", &target_id]),
-            "OK"
-        );
-    }
+    give_slot(&cluster, &slot, target);
     let before = connections_received(target);
     let checks = (0..64).map(|_| store.check(b"mover", &limit, 1));
     let decisions = join_all(checks).await;
@@ -850,13 +917,7 @@ async fn a_burst_of_redirected_checks_does_not_stall_the_cluster_client() {
         .iter()
         .find(|n| n.port() != source.port())
         .unwrap();
-    let target_id = target.cli(&["cluster", "myid"]);
-    for node in cluster.nodes() {
-        assert_eq!(
-            node.cli(&["cluster", "setslot", &slot, "node", &target_id]),
-            "OK"
-        );
-    }
+    give_slot(&cluster, &slot, target);
     let checks = (0..256).map(|_| store.check(b"mover", &limit, 1));
     let decisions = join_all(checks).await;
     let failed: Vec<String> = decisions
@@ -879,7 +940,16 @@ async fn a_burst_of_redirected_checks_does_not_stall_the_cluster_client() {
         (10_000 - 256..10_000).collect::<Vec<u64>>(),
         "each counted once"
     );
-    // And the connection serves the next check over the refreshed slot map.
+    // And the connection serves the next check over the refreshed slot map: straight to the new
+    // owner, not redirected by the old one (whose `MOVED` counts as a rejected call).
+    let evalsha = |node: &redis_harness::RedisServer| {
+        let stats = node.cli(&["info", "commandstats"]);
+        let line = stats.lines().find(|l| l.starts_with("cmdstat_evalsha:"));
+        line.unwrap_or_default().to_owned()
+    };
+    let (at_source, at_target) = (evalsha(source), evalsha(target));
     let next = store.check(b"mover", &limit, 1).await.unwrap();
     assert_eq!(next.remaining(), 10_000 - 257);
+    assert_eq!(evalsha(source), at_source, "the old owner was asked");
+    assert_ne!(evalsha(target), at_target, "the new owner was not asked");
 }
