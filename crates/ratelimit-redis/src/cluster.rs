@@ -22,13 +22,8 @@
 //! policy decides what the request gets.
 
 use std::collections::HashMap;
-use std::future::{Future, poll_fn};
-use std::pin::pin;
 use std::sync::{Arc, Mutex};
-use std::task::Poll;
 use std::time::Duration;
-
-use tokio::sync::OwnedSemaphorePermit;
 
 use deadpool::managed::{self, Metrics, RecycleResult};
 use redis::aio::{ConnectionLike, MultiplexedConnection};
@@ -42,6 +37,7 @@ use redis::{
 
 use crate::scripts;
 use crate::store::{is_broken, lock};
+use crate::turns::Turns;
 
 /// How many times one check may be sent (the first time included) while it is redirected or
 /// refused. The check's response timeout bounds the time spent as well.
@@ -51,12 +47,6 @@ const FIRST_PAUSE: Duration = Duration::from_millis(5);
 const MAX_PAUSE: Duration = Duration::from_millis(200);
 /// How many side connections (to nodes that redirections named) are kept.
 const MAX_SIDE_CONNECTIONS: usize = 64;
-/// The most commands one cluster connection lets into its client at once; more wait their turn
-/// (see [`Connection::client_turn`]).
-const TURNS: usize = 16;
-/// How long a command holds its turn without an answer (a silent master's), unless the runtime was
-/// kept from running meanwhile (see [`Connection::client_turn`]).
-const TURN_HOLD: Duration = Duration::from_millis(5);
 
 /// Makes cluster connections for the store's pool: a deadpool manager around a redis-rs
 /// [`ClusterClient`] built with no retries (deadpool-redis's own cluster manager keeps the
@@ -121,7 +111,7 @@ impl managed::Manager for Manager {
         Ok(Connection {
             conn: self.client.get_async_connection().await?,
             nodes: Arc::clone(&self.nodes),
-            turns: Arc::new(tokio::sync::Semaphore::new(TURNS)),
+            turns: Arc::new(Turns::new()),
         })
     }
 
@@ -141,34 +131,8 @@ impl managed::Manager for Manager {
 pub(crate) struct Connection {
     conn: ClusterConnection,
     nodes: Arc<Nodes>,
-    /// [`TURNS`] turns, shared by the clones of this connection.
-    turns: Arc<tokio::sync::Semaphore>,
-}
-
-/// Awaits `answer` (a command sent through the cluster client), holding `turn` until it comes or
-/// for [`TURN_HOLD`] (longer if the runtime was late to wake it), whichever is first (see
-/// [`Connection::client_turn`]).
-async fn held<F: Future>(turn: Option<OwnedSemaphorePermit>, answer: F) -> F::Output {
-    let mut turn = turn;
-    let mut answer = pin!(answer);
-    let mut hold = pin!(tokio::time::sleep(TURN_HOLD));
-    poll_fn(|cx| {
-        if let Poll::Ready(out) = answer.as_mut().poll(cx) {
-            return Poll::Ready(out);
-        }
-        while turn.is_some() && hold.as_mut().poll(cx).is_ready() {
-            // Woken late, the runtime was kept from running (a starved process): its client task
-            // may not have run since this command was sent either. Wait another hold.
-            let now = tokio::time::Instant::now();
-            if now.saturating_duration_since(hold.deadline()) < TURN_HOLD / 2 {
-                turn = None;
-            } else {
-                hold.as_mut().reset(now + TURN_HOLD);
-            }
-        }
-        Poll::Pending
-    })
-    .await
+    /// Its turns into the client (see [`crate::turns`]), shared by its clones.
+    turns: Arc<Turns>,
 }
 
 /// The store's own connections to nodes that redirections name (`MOVED`, `ASK`), made from the
@@ -209,46 +173,17 @@ enum Next {
 }
 
 impl Connection {
-    /// A turn to send a command through the cluster client, to be held by [`held`] until the
-    /// command's answer or for [`TURN_HOLD`], whichever comes first; never while waiting for
-    /// another turn.
-    ///
-    /// Without turns the client could stall for good, a fault of tokio 1.54 and redis-rs 1.8
-    /// together. A `MOVED` answer (or a broken link) makes the client refresh its slot map: the
-    /// refresh takes the write lock of the client's connection table, and until it ends the client
-    /// polls none of the commands it holds. Taking in a burst of new commands at once spends the
-    /// client task's cooperative budget (in the failing runs, 32 of 64 commands queued together
-    /// got through before it ran out), and a command whose read lock was granted as the budget ran
-    /// out returns pending *holding* it (tokio 1.54 takes the permits before its budget check).
-    /// The refresh then waits for that lock, and that command waits for the refresh: every
-    /// command on the connection times out until the silence probe replaces it. Seen with 256
-    /// checks sent at once as their slot moved (all but about 20 timed out, in every run:
-    /// `a_burst_of_redirected_checks_does_not_stall_the_cluster_client`), and with 64 on two
-    /// loaded cores (1 run in 10).
-    ///
-    /// What has to be bounded is how many new commands the client takes in at once, not how many
-    /// wait for answers: a turn is let go after [`TURN_HOLD`] (5 ms) even without an answer, so
-    /// that a silent master's checks, which wait up to their response timeout, do not take every
-    /// turn from the other masters' (16 turns of 5 ms: 3,200 such checks a second). Not if that
-    /// wake came 2.5 ms late or more, though: the runtime was kept from running, and the client's
-    /// task, which takes commands in, may not have run since this one was sent either; the turn is
-    /// held another 5 ms. The bound is not a proof: under CPU load the 256-check test stalled in
-    /// 2 runs of 40 with a plain 2 ms hold, and in none of 40 with this rule.
-    async fn client_turn(&self) -> Option<OwnedSemaphorePermit> {
-        // `None` only if the semaphore were closed, which it never is.
-        Arc::clone(&self.turns).acquire_owned().await.ok()
-    }
-
     /// `ping` (a `PING`), which the client sends to every primary, answered `within` from when
     /// it has its turn: a probe of a busy connection is not failed by the checks queued for
-    /// turns ahead of it (each holds its turn 2 ms at most).
+    /// turns ahead of it.
     pub(crate) async fn ping(
         &mut self,
         ping: &Cmd,
         within: Duration,
     ) -> Result<Result<(), RedisError>, tokio::time::error::Elapsed> {
-        let turn = self.client_turn().await;
-        tokio::time::timeout(within, held(turn, ping.query_async(&mut self.conn))).await
+        let turn = self.turns.turn().await;
+        let answer = self.turns.hold(turn, ping.query_async(&mut self.conn));
+        tokio::time::timeout(within, answer).await
     }
 
     /// Whether this connection reaches every master that the cluster names now (`CLUSTER SLOTS`,
@@ -259,19 +194,21 @@ impl Connection {
     /// without reaching that master. Nor by address, one `PING` per master: asked for a node it
     /// has no connection to, the client rebuilds every connection from its seeds.
     pub(crate) async fn reaches_every_master(&mut self) -> Result<(), RedisError> {
-        let turn = self.client_turn().await;
-        let slots: Value = held(
-            turn,
-            redis::cmd("CLUSTER")
-                .arg("SLOTS")
-                .query_async(&mut self.conn),
-        )
-        .await?;
+        let slots: Value = self
+            .turns
+            .send(
+                redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async(&mut self.conn),
+            )
+            .await?;
         // No response policy: one answer per primary, keyed by its address.
         let to =
             RoutingInfo::MultiNode((cluster_routing::MultipleNodeRoutingInfo::AllMasters, None));
-        let turn = self.client_turn().await;
-        let answers = held(turn, self.conn.route_command(redis::cmd("PING"), to)).await?;
+        let answers = self
+            .turns
+            .send(self.conn.route_command(redis::cmd("PING"), to))
+            .await?;
         let reached = answered_by(&answers);
         match masters_of(&slots).difference(&reached).next() {
             None => Ok(()),
@@ -285,8 +222,8 @@ impl Connection {
 
     /// `SCRIPT LOAD` on every primary.
     pub(crate) async fn load(&mut self, script: &redis::Script) -> Result<(), RedisError> {
-        let turn = self.client_turn().await;
-        held(turn, script.load_async(&mut self.conn))
+        self.turns
+            .send(script.load_async(&mut self.conn))
             .await
             .map(drop)
     }
@@ -307,14 +244,11 @@ impl Connection {
             (Some(to), Some(source)) => {
                 let mut load = redis::cmd("SCRIPT");
                 load.arg("LOAD").arg(source);
-                let turn = self.client_turn().await;
-                held(
-                    turn,
-                    self.conn.route_command(load, RoutingInfo::SingleNode(to)),
-                )
-                .await
-                .and_then(Value::extract_error)
-                .map(drop)
+                self.turns
+                    .send(self.conn.route_command(load, RoutingInfo::SingleNode(to)))
+                    .await
+                    .and_then(Value::extract_error)
+                    .map(drop)
             }
             _ => self.load(script).await,
         }
@@ -371,10 +305,7 @@ impl Connection {
         cmd: &Cmd,
     ) -> Result<Value, RedisError> {
         match route {
-            Route::Slot => {
-                let turn = self.client_turn().await;
-                held(turn, cmd.query_async(&mut self.conn)).await
-            }
+            Route::Slot => self.turns.send(cmd.query_async(&mut self.conn)).await,
             // A redirection goes over a side connection, never through the cluster client by
             // address: asked for a node it has no connection to (a dead master, whose keys the
             // other nodes redirect to it until it fails over; a new master), the client rebuilds

@@ -83,6 +83,7 @@ mod reply;
 mod scripts;
 mod silence;
 mod store;
+mod turns;
 
 pub use coalesce::{
     CoalesceFuture, Coalescing, CoalescingStats, DEFAULT_MAX_BATCH, DEFAULT_QUEUE_CALLS,

@@ -96,7 +96,9 @@ struct Claimed {
 impl Claimed {
     /// Slot `slot`'s `flag`, if no one holds it.
     fn claim(inner: &Arc<Inner>, slot: usize, flag: fn(&Slot) -> &AtomicBool) -> Option<Claimed> {
-        let taken = flag(&inner.slots[slot]).swap(true, Ordering::AcqRel);
+        // SeqCst: a watch letting its flag go then reading the marks, and a check writing a mark
+        // then taking the flag, must not both miss the other's write (see `watch`).
+        let taken = flag(&inner.slots[slot]).swap(true, Ordering::SeqCst);
         (!taken).then(|| Claimed {
             inner: Arc::clone(inner),
             slot,
@@ -648,6 +650,7 @@ impl Inner {
                     // Nothing left to watch. A check left unanswered just before the watch is let
                     // go found it taken: look once more after letting it go.
                     drop(watching);
+                    std::sync::atomic::fence(Ordering::SeqCst);
                     if slot.silence.current_mark().is_none() {
                         return;
                     }
