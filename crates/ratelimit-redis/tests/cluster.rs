@@ -839,6 +839,30 @@ async fn replacements_that_cannot_reach_a_dead_master_are_spaced_out() {
     assert_eq!(failed, 0, "the other masters' keys were served throughout");
 }
 
+/// A 3-master cluster, a store on it, a token bucket of `per_day`, and the state key of the user
+/// `mover` under it (which holds no key yet).
+async fn mover(name: &str, per_day: u64) -> (RedisCluster, RedisStore, Limit, String) {
+    let cluster = RedisCluster::start(3);
+    let store = store_on(&cluster, name, PATIENT).await;
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(per_day).unwrap()).unwrap();
+    let key = store.state_keys(b"mover", &limit)[0].clone();
+    (cluster, store, limit, key)
+}
+
+/// Gives the slot of `key` (which holds no key) to a master other than its own, and returns that
+/// master.
+fn give_mover_away<'a>(cluster: &'a RedisCluster, key: &str) -> &'a redis_harness::RedisServer {
+    let slot = cluster.nodes()[0].cli(&["cluster", "keyslot", key]);
+    let source = cluster.node_for(key);
+    let target = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.port() != source.port())
+        .unwrap();
+    give_slot(cluster, &slot, target);
+    target
+}
+
 /// Gives `slot`, which holds no key, to `target`: its config epoch made the cluster's highest
 /// first, so that no node takes the slot back on a late message from its old owner (with the
 /// epochs left as they were, a check was once redirected back and forth between the two until it
@@ -865,19 +889,10 @@ fn give_slot(cluster: &RedisCluster, slot: &str, target: &redis_harness::RedisSe
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn checks_redirected_at_once_share_one_new_connection() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = RedisCluster::start(3);
-    let store = store_on(&cluster, "redirect-burst", PATIENT).await;
-    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(1_000).unwrap()).unwrap();
-    let key = &store.state_keys(b"mover", &limit)[0];
-    let slot = cluster.nodes()[0].cli(&["cluster", "keyslot", key]);
-    let source = cluster.node_for(key);
-    let target = cluster
-        .nodes()
-        .iter()
-        .find(|n| n.port() != source.port())
-        .unwrap();
+    let (cluster, store, limit, key) = mover("redirect-burst", 1_000).await;
+    let key = &key;
     // The slot holds no key yet: it can be given to the target at once.
-    give_slot(&cluster, &slot, target);
+    let target = give_mover_away(&cluster, key);
     let before = connections_received(target);
     let checks = (0..64).map(|_| store.check(b"mover", &limit, 1));
     let decisions = join_all(checks).await;
@@ -907,18 +922,9 @@ async fn checks_redirected_at_once_share_one_new_connection() {
 #[tokio::test(flavor = "current_thread")]
 async fn a_burst_of_redirected_checks_does_not_stall_the_cluster_client() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = RedisCluster::start(3);
-    let store = store_on(&cluster, "redirect-stall", PATIENT).await;
-    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(10_000).unwrap()).unwrap();
-    let key = &store.state_keys(b"mover", &limit)[0];
-    let slot = cluster.nodes()[0].cli(&["cluster", "keyslot", key]);
-    let source = cluster.node_for(key);
-    let target = cluster
-        .nodes()
-        .iter()
-        .find(|n| n.port() != source.port())
-        .unwrap();
-    give_slot(&cluster, &slot, target);
+    let (cluster, store, limit, key) = mover("redirect-stall", 10_000).await;
+    let source = cluster.node_for(&key);
+    let target = give_mover_away(&cluster, &key);
     let checks = (0..256).map(|_| store.check(b"mover", &limit, 1));
     let decisions = join_all(checks).await;
     let failed: Vec<String> = decisions
