@@ -80,6 +80,11 @@ async fn serve(app: Router) -> SocketAddr {
 }
 
 /// The service at `/test.Echo/Call`, to put a layer on.
+/// A router whose `/` answers as an unimplemented gRPC method.
+fn root() -> Router {
+    Router::new().route("/", post(unimplemented))
+}
+
 fn echo() -> Router {
     Router::new().route("/test.Echo/Call", post(unimplemented))
 }
@@ -226,10 +231,9 @@ async fn other_requests_under_a_grpc_policy_get_a_plain_429() {
 #[tokio::test]
 async fn calls_that_a_retry_cannot_mend_are_told_not_to_retry() {
     let grpc_call = |cost: &'static str| {
-        let mut req = common::request("/");
-        let h = req.headers_mut();
-        h.insert("content-type", HeaderValue::from_static("application/grpc"));
-        h.insert("x-cost", HeaderValue::from_static(cost));
+        let mut req = common::grpc_request("/", "application/grpc");
+        req.headers_mut()
+            .insert("x-cost", HeaderValue::from_static(cost));
         req
     };
     let cost = |parts: &http::request::Parts| {
@@ -249,9 +253,7 @@ async fn calls_that_a_retry_cannot_mend_are_told_not_to_retry() {
         .key(GlobalKey)
         .cost(cost)
         .body(DenialBody::Grpc);
-    let app = Router::new()
-        .route("/", post(unimplemented))
-        .layer(RateLimitLayer::new(MemoryStore::new(), policy).unwrap());
+    let app = root().layer(RateLimitLayer::new(MemoryStore::new(), policy).unwrap());
     let res = common::send(&app, grpc_call("4")).await;
     assert_eq!(common::header(&res, "grpc-status"), Some("8"));
     assert_eq!(pushback(&res).as_deref(), Some("-1"));
@@ -261,9 +263,7 @@ async fn calls_that_a_retry_cannot_mend_are_told_not_to_retry() {
         .unwrap()
         .key(ApiKeyHeader::new("x-api-key").unwrap())
         .body(DenialBody::Grpc);
-    let app = Router::new()
-        .route("/", post(unimplemented))
-        .layer(RateLimitLayer::new(MemoryStore::new(), keyed).unwrap());
+    let app = root().layer(RateLimitLayer::new(MemoryStore::new(), keyed).unwrap());
     let res = common::send(&app, grpc_call("1")).await;
     assert_eq!(common::header(&res, "grpc-status"), Some("3"));
     assert_eq!(pushback(&res).as_deref(), Some("-1"));
@@ -277,9 +277,7 @@ async fn calls_that_a_retry_cannot_mend_are_told_not_to_retry() {
         .failure(FailurePolicy::fallback(3).unwrap())
         .body(DenialBody::Grpc);
     let store = Arc::new(common::FailingStore::default());
-    let app = Router::new()
-        .route("/", post(unimplemented))
-        .layer(RateLimitLayer::new(store, fallback).unwrap());
+    let app = root().layer(RateLimitLayer::new(store, fallback).unwrap());
     let res = common::send(&app, grpc_call("2")).await;
     assert_eq!(common::header(&res, "grpc-status"), Some("8"));
     assert_eq!(pushback(&res), None);
@@ -299,12 +297,8 @@ async fn an_answer_made_after_waiting_for_the_store_is_a_grpc_status() {
         .timeout(Duration::from_millis(20))
         .build()
         .unwrap();
-    let app = Router::new().route("/", post(unimplemented)).layer(layer);
-    let mut req = common::request("/");
-    req.headers_mut().insert(
-        "content-type",
-        HeaderValue::from_static("application/grpc+proto"),
-    );
+    let app = root().layer(layer);
+    let req = common::grpc_request("/", "application/grpc+proto");
     let res = common::send(&app, req).await;
     assert_eq!(res.status(), 200);
     assert_eq!(common::header(&res, "grpc-status"), Some("14"));

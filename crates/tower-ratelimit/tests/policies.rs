@@ -506,14 +506,7 @@ async fn a_policy_from_a_configuration_file() {
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(RateLimitLayer::new(common::store().1, grpc.into_policy().unwrap()).unwrap());
-    let grpc_call = || {
-        let mut req = request("/");
-        req.headers_mut().insert(
-            "content-type",
-            http::HeaderValue::from_static("application/grpc"),
-        );
-        req
-    };
+    let grpc_call = || common::grpc_request("/", "application/grpc");
     assert_eq!(send(&app, grpc_call()).await.status(), 200);
     let res = send(&app, grpc_call()).await;
     assert_eq!(res.status(), 200, "gRPC's status is in its headers");

@@ -40,6 +40,18 @@ pub fn request(path: &str) -> Request<Body> {
     request_from(path, "192.0.2.1:5000")
 }
 
+/// A gRPC call to `path` (a request with `content-type` `content_type`, such as
+/// `application/grpc`).
+#[allow(dead_code)]
+pub fn grpc_request(path: &str, content_type: &'static str) -> Request<Body> {
+    let mut req = request(path);
+    req.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        http::HeaderValue::from_static(content_type),
+    );
+    req
+}
+
 pub async fn send(app: &Router, req: Request<Body>) -> Response<Body> {
     app.clone().oneshot(req).await.unwrap()
 }
