@@ -1,6 +1,6 @@
 //! Key extraction: which client a request counts against.
 //!
-//! A [`KeyExtractor`] reads the request's head ([`Parts`]) and appends the client's key to a
+//! A [`KeyExtractor`] reads the request's head ([`RequestHead`], borrowed in place) and appends the client's key to a
 //! [`KeyBuf`]. The layer prefixes every key with its policy's name (and a store keeps state per
 //! limit), so two differently named policies never share state even when they key on the same
 //! thing. Two policies of the *same* name and limit on one store do share it: give each layer of
@@ -21,20 +21,19 @@
 //! | [`ClientIpKey`] | the client's address behind trusted proxies (`Forwarded`, `X-Forwarded-For`) |
 //! | [`RouteKey`] | the method and matched route of the request |
 //! | [`GlobalKey`] | one key for every request |
-//! | a closure `Fn(&Parts) -> Option<impl KeyPart>` | whatever it returns |
+//! | a closure `Fn(&RequestHead<'_>) -> Option<impl KeyPart>` | whatever it returns |
 //! | a tuple `(A, B)` or `(A, B, C)` | every part, in order (route + user) |
 //!
 //! ## An API-key header
 //!
 //! ```
-//! use tower_ratelimit::http;
+//! use tower_ratelimit::{RequestHead, http};
 //! use tower_ratelimit::key::{ApiKeyHeader, KeyBuf, KeyExtractor};
 //!
 //! let key = ApiKeyHeader::new("x-api-key")?;
 //! let req = http::Request::get("/").header("x-api-key", "k-123").body(())?;
-//! let (parts, _) = req.into_parts();
 //! let mut buf = KeyBuf::new();
-//! key.extract(&parts, &mut buf)?;
+//! key.extract(&RequestHead::of(&req), &mut buf)?;
 //! assert_eq!(buf.as_bytes(), b"k-123");
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
@@ -42,7 +41,7 @@
 //! ## A user id set by an authentication layer
 //!
 //! ```
-//! use tower_ratelimit::http;
+//! use tower_ratelimit::{RequestHead, http};
 //! use tower_ratelimit::key::{ExtensionKey, KeyBuf, KeyExtractor, KeyPart};
 //!
 //! #[derive(Clone)]
@@ -56,9 +55,8 @@
 //! let key = ExtensionKey::<UserId>::new();
 //! let mut req = http::Request::new(());
 //! req.extensions_mut().insert(UserId(42));
-//! let (parts, _) = req.into_parts();
 //! let mut buf = KeyBuf::new();
-//! key.extract(&parts, &mut buf)?;
+//! key.extract(&RequestHead::of(&req), &mut buf)?;
 //! assert_eq!(buf.as_bytes(), 42u64.to_be_bytes());
 //! # Ok::<(), tower_ratelimit::key::NoKey>(())
 //! ```
@@ -66,15 +64,14 @@
 //! ## A closure, and a combination (route and user)
 //!
 //! ```
-//! use tower_ratelimit::http::{self, request::Parts};
+//! use tower_ratelimit::{RequestHead, http};
 //! use tower_ratelimit::key::{KeyBuf, KeyExtractor, RouteKey};
 //!
-//! let tenant = |parts: &Parts| parts.headers.get("x-tenant").cloned();
+//! let tenant = |req: &RequestHead<'_>| req.headers.get("x-tenant").cloned();
 //! let key = (RouteKey::new(), tenant);
 //! let req = http::Request::post("/upload").header("x-tenant", "acme").body(())?;
-//! let (parts, _) = req.into_parts();
 //! let mut buf = KeyBuf::new();
-//! key.extract(&parts, &mut buf)?;
+//! key.extract(&RequestHead::of(&req), &mut buf)?;
 //! // Outside a router there is no matched route: the route part is the method and the
 //! // `<unmatched>` marker, never the raw path (whose cardinality the client controls). Each part
 //! // after the first is followed by its length, so no two combinations give the same key.
@@ -87,25 +84,24 @@
 //! ```
 //! use std::net::SocketAddr;
 //! use axum::extract::ConnectInfo;
-//! use tower_ratelimit::http;
+//! use tower_ratelimit::{RequestHead, http};
 //! use tower_ratelimit::key::{KeyBuf, KeyExtractor, NoKey, PeerIp};
 //!
 //! let key = PeerIp::new();
 //! let mut req = http::Request::new(());
 //! req.extensions_mut().insert(ConnectInfo("[2001:db8:1:2:3:4:5:6]:443".parse::<SocketAddr>()?));
-//! let (parts, _) = req.into_parts();
 //! let mut buf = KeyBuf::new();
-//! key.extract(&parts, &mut buf)?;
+//! key.extract(&RequestHead::of(&req), &mut buf)?;
 //! // IPv6 clients are grouped by their /64.
 //! let mut other = KeyBuf::new();
 //! let mut req = http::Request::new(());
 //! req.extensions_mut().insert(ConnectInfo("[2001:db8:1:2:ffff::1]:80".parse::<SocketAddr>()?));
-//! key.extract(&req.into_parts().0, &mut other)?;
+//! key.extract(&RequestHead::of(&req), &mut other)?;
 //! assert_eq!(buf.as_bytes(), other.as_bytes());
 //!
 //! // Without `into_make_service_with_connect_info` there is no peer address: no key.
-//! let (parts, _) = http::Request::new(()).into_parts();
-//! assert_eq!(key.extract(&parts, &mut KeyBuf::new()), Err(NoKey));
+//! let req = http::Request::new(());
+//! assert_eq!(key.extract(&RequestHead::of(&req), &mut KeyBuf::new()), Err(NoKey));
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -117,10 +113,9 @@ use std::marker::PhantomData;
 use std::net::IpAddr;
 
 use bytes::Bytes;
-use http::request::Parts;
 use http::{HeaderName, HeaderValue};
 
-use crate::Error;
+use crate::{Error, RequestHead};
 
 const INLINE: usize = 64;
 
@@ -314,22 +309,22 @@ impl std::error::Error for NoKey {}
 /// Finds the key a request counts against.
 ///
 /// Implemented by the built-in extractors, by tuples of extractors and by closures
-/// `Fn(&Parts) -> Option<R>` where `R:` [`KeyPart`]. A tuple writes its parts in order, each after
+/// `Fn(&RequestHead<'_>) -> Option<R>` where `R:` [`KeyPart`]. A tuple writes its parts in order, each after
 /// the first followed by its length, so that no two tuples of values give the same key (with a
 /// separator between them instead, `("a,b", "c")` and `("a", "b,c")` would, for any separator a
 /// value may contain).
 pub trait KeyExtractor: Send + Sync + 'static {
     /// Appends the request's key to `key`, or says there is none.
-    fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey>;
+    fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey>;
 }
 
 impl<F, R> KeyExtractor for F
 where
-    F: Fn(&Parts) -> Option<R> + Send + Sync + 'static,
+    F: Fn(&RequestHead<'_>) -> Option<R> + Send + Sync + 'static,
     R: KeyPart,
 {
-    fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
-        match self(parts) {
+    fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
+        match self(req) {
             Some(part) => {
                 part.write_to(key);
                 Ok(())
@@ -342,25 +337,29 @@ where
 /// Appends `part`'s key followed by its length: read from the end, the length says where the part
 /// starts, and the key before it is the parts before it.
 #[inline]
-fn extract_counted(part: &impl KeyExtractor, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
+fn extract_counted(
+    part: &impl KeyExtractor,
+    req: &RequestHead<'_>,
+    key: &mut KeyBuf,
+) -> Result<(), NoKey> {
     let start = key.len();
-    part.extract(parts, key)?;
+    part.extract(req, key)?;
     key.push_part_len(key.len() - start);
     Ok(())
 }
 
 impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for (A, B) {
-    fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
-        self.0.extract(parts, key)?;
-        extract_counted(&self.1, parts, key)
+    fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
+        self.0.extract(req, key)?;
+        extract_counted(&self.1, req, key)
     }
 }
 
 impl<A: KeyExtractor, B: KeyExtractor, C: KeyExtractor> KeyExtractor for (A, B, C) {
-    fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
-        self.0.extract(parts, key)?;
-        extract_counted(&self.1, parts, key)?;
-        extract_counted(&self.2, parts, key)
+    fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
+        self.0.extract(req, key)?;
+        extract_counted(&self.1, req, key)?;
+        extract_counted(&self.2, req, key)
     }
 }
 
@@ -468,8 +467,8 @@ impl ApiKeyHeader {
 }
 
 impl KeyExtractor for ApiKeyHeader {
-    fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
-        let mut values = parts.headers.get_all(&self.name).iter();
+    fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
+        let mut values = req.headers.get_all(&self.name).iter();
         match (values.next(), values.next()) {
             (Some(v), None) if !v.is_empty() => {
                 key.push(v.as_bytes());
@@ -483,7 +482,7 @@ impl KeyExtractor for ApiKeyHeader {
 /// A value of type `T` that an earlier layer (authentication, say) put in the request extensions.
 ///
 /// A request without one has no key. Implement [`KeyPart`] for your type, or use a closure
-/// `|parts: &Parts| parts.extensions.get::<User>().map(|u| u.id)` instead.
+/// `|req: &RequestHead<'_>| req.extensions.get::<User>().map(|u| u.id)` instead.
 pub struct ExtensionKey<T> {
     _t: PhantomData<fn() -> T>,
 }
@@ -520,8 +519,8 @@ impl<T> KeyExtractor for ExtensionKey<T>
 where
     T: KeyPart + Send + Sync + 'static,
 {
-    fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
-        let value = parts.extensions.get::<T>().ok_or(NoKey)?;
+    fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
+        let value = req.extensions.get::<T>().ok_or(NoKey)?;
         value.write_to(key);
         Ok(())
     }
@@ -532,7 +531,7 @@ where
 pub struct GlobalKey;
 
 impl KeyExtractor for GlobalKey {
-    fn extract(&self, _parts: &Parts, _key: &mut KeyBuf) -> Result<(), NoKey> {
+    fn extract(&self, _req: &RequestHead<'_>, _key: &mut KeyBuf) -> Result<(), NoKey> {
         Ok(())
     }
 }
@@ -562,11 +561,11 @@ impl RouteKey {
 }
 
 impl KeyExtractor for RouteKey {
-    fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
-        key.push(method_name(&parts.method).as_bytes());
+    fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
+        key.push(method_name(req.method).as_bytes());
         key.push_byte(b' ');
         #[cfg(feature = "axum")]
-        if let Some(path) = parts.extensions.get::<axum::extract::MatchedPath>() {
+        if let Some(path) = req.extensions.get::<axum::extract::MatchedPath>() {
             key.push(path.as_str().as_bytes());
             return Ok(());
         }
@@ -635,16 +634,16 @@ impl Default for PeerIp {
 /// in tests the address set with axum's `MockConnectInfo` layer.
 #[cfg(feature = "axum")]
 #[inline]
-fn peer_addr(parts: &Parts) -> Option<&std::net::SocketAddr> {
+fn peer_addr<'a>(req: &RequestHead<'a>) -> Option<&'a std::net::SocketAddr> {
     use axum::extract::ConnectInfo;
     use axum::extract::connect_info::MockConnectInfo;
     use std::net::SocketAddr;
     // A reference, read in place by the caller: copying the `SocketAddr` out first made rustc
     // move its 14 unaligned bytes of a V6 through two overlapping stack words, and reading them
     // back stalled on store forwarding (half of this function's time, per `perf annotate`).
-    match parts.extensions.get::<ConnectInfo<SocketAddr>>() {
+    match req.extensions.get::<ConnectInfo<SocketAddr>>() {
         Some(c) => Some(&c.0),
-        None => parts
+        None => req
             .extensions
             .get::<MockConnectInfo<SocketAddr>>()
             .map(|m| &m.0),
@@ -673,8 +672,8 @@ fn no_connect_info() -> NoKey {
 
 #[cfg(feature = "axum")]
 impl KeyExtractor for PeerIp {
-    fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
-        self.inner.extract(parts, key)
+    fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
+        self.inner.extract(req, key)
     }
 }
 
@@ -690,7 +689,7 @@ impl KeyExtractor for PeerIp {
 /// use std::net::SocketAddr;
 /// use axum::extract::ConnectInfo;
 /// use tower_ratelimit::client_ip::ClientIp;
-/// use tower_ratelimit::http;
+/// use tower_ratelimit::{RequestHead, http};
 /// use tower_ratelimit::key::{ClientIpKey, KeyBuf, KeyExtractor, KeyPart};
 ///
 /// let key = ClientIpKey::new(ClientIp::behind_proxies(["10.0.0.0/8"])?);
@@ -699,7 +698,7 @@ impl KeyExtractor for PeerIp {
 ///         .header("x-forwarded-for", "6.6.6.6, 198.51.100.7")
 ///         .body(())?;
 ///     req.extensions_mut().insert(ConnectInfo(peer.parse::<SocketAddr>()?));
-///     Ok(req.into_parts().0)
+///     Ok(req)
 /// };
 /// let ip = |s: &str| -> Result<Vec<u8>, Box<dyn std::error::Error>> {
 ///     let mut buf = KeyBuf::new();
@@ -709,12 +708,12 @@ impl KeyExtractor for PeerIp {
 ///
 /// // Through our proxy: the entry it appended.
 /// let mut buf = KeyBuf::new();
-/// key.extract(&request("10.0.0.2:4000")?, &mut buf)?;
+/// key.extract(&RequestHead::of(&request("10.0.0.2:4000")?), &mut buf)?;
 /// assert_eq!(buf.as_bytes(), ip("198.51.100.7")?);
 ///
 /// // Straight from the internet: the header is ignored, the peer is the key.
 /// let mut buf = KeyBuf::new();
-/// key.extract(&request("203.0.113.9:4000")?, &mut buf)?;
+/// key.extract(&RequestHead::of(&request("203.0.113.9:4000")?), &mut buf)?;
 /// assert_eq!(buf.as_bytes(), ip("203.0.113.9")?);
 /// # Ok::<(), Box<dyn std::error::Error>>(())
 /// ```
@@ -742,8 +741,8 @@ impl ClientIpKey {
 #[cfg(feature = "axum")]
 impl KeyExtractor for ClientIpKey {
     #[inline]
-    fn extract(&self, parts: &Parts, key: &mut KeyBuf) -> Result<(), NoKey> {
-        let peer = peer_addr(parts).ok_or_else(no_connect_info)?;
+    fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
+        let peer = peer_addr(req).ok_or_else(no_connect_info)?;
         let client_ip = &self.client_ip;
         match peer {
             // The peer-IP key's IPv4 client, written from the address's 4 bytes: going through
@@ -752,7 +751,7 @@ impl KeyExtractor for ClientIpKey {
                 let [a, b, c, d] = client_ip.mask_v4(*v4.ip()).octets();
                 key.push(&[crate::client_ip::IpKey::V4_TAG, a, b, c, d]);
             }
-            _ => client_ip.resolve(peer.ip(), &parts.headers).write_to(key),
+            _ => client_ip.resolve(peer.ip(), req.headers).write_to(key),
         }
         Ok(())
     }
@@ -795,14 +794,14 @@ mod tests {
 
     /// A closure extractor that answers a fixed value (`None`: no key).
     fn fixed(v: Option<Vec<u8>>) -> impl KeyExtractor {
-        move |_: &Parts| v.clone()
+        move |_: &RequestHead<'_>| v.clone()
     }
 
     fn key_of(extractor: &impl KeyExtractor) -> Option<Vec<u8>> {
-        let (parts, ()) = http::Request::new(()).into_parts();
+        let req = http::Request::new(());
         let mut key = KeyBuf::new();
         extractor
-            .extract(&parts, &mut key)
+            .extract(&RequestHead::of(&req), &mut key)
             .ok()
             .map(|()| key.as_bytes().to_vec())
     }
@@ -901,12 +900,11 @@ mod tests {
                     .body(())
                     .unwrap();
                 req.extensions_mut().insert(ConnectInfo(peer));
-                let (parts, ()) = req.into_parts();
                 let mut key = KeyBuf::new();
                 key.push(b"prefix:");
-                extractor.extract(&parts, &mut key).unwrap();
+                extractor.extract(&RequestHead::of(&req), &mut key).unwrap();
                 let mut want = b"prefix:".to_vec();
-                want.extend_from_slice(&key_bytes(config.resolve(peer.ip(), &parts.headers)));
+                want.extend_from_slice(&key_bytes(config.resolve(peer.ip(), req.headers())));
                 assert_eq!(key.as_bytes(), &want[..], "{config:?} {peer}");
             }
         }

@@ -74,7 +74,7 @@
 //!
 //! The core's everyday types ([`Algorithm`], [`Limit`], [`Quota`], [`MemoryStore`], [`Store`],
 //! [`Decision`], [`QuotaSet`]) are re-exported, and the whole core as [`ratelimit_core`], as are
-//! the `http` and `bytes` crates that this crate's API names (`Parts`, `StatusCode`,
+//! the `http` and `bytes` crates that this crate's API names (`HeaderMap`, `StatusCode`,
 //! `Response<Bytes>`): an app with the in-memory store needs this crate alone, at versions that
 //! match.
 //!
@@ -97,6 +97,7 @@ pub mod key;
 mod layer;
 pub mod metrics;
 pub mod policy;
+mod request_head;
 pub mod response;
 mod service;
 
@@ -108,6 +109,7 @@ pub use failure::FailurePolicy;
 pub use future::ResponseFuture;
 pub use layer::{DEFAULT_TIMEOUT, RateLimitLayer, RateLimitLayerBuilder};
 pub use policy::{MissingKey, Policy};
+pub use request_head::RequestHead;
 pub use response::{DenialBody, Headers, Verdict, VerdictKind};
 pub use service::RateLimit;
 

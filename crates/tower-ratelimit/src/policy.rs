@@ -16,7 +16,7 @@
 //!     [Quota::per_second(10)?.with_burst(20)?, Quota::per_hour(1_000)?],
 //! )?;
 //! let policy = Policy::new("api", limit)?
-//!     .cost(|parts| if parts.method == http::Method::POST { 5 } else { 1 });
+//!     .cost(|req| if req.method == http::Method::POST { 5 } else { 1 });
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -31,7 +31,7 @@
 //!
 //! let policy = Policy::new("api", Limit::single(Algorithm::Gcra, Quota::per_minute(60)?)?)?
 //!     .tier("pro", Limit::single(Algorithm::Gcra, Quota::per_minute(6_000)?)?)?
-//!     .resolve_tier(|parts| match parts.extensions.get::<Plan>() {
+//!     .resolve_tier(|req| match req.extensions.get::<Plan>() {
 //!         Some(Plan::Pro) => Some("pro"),
 //!         _ => None, // the policy's own limit
 //!     });
@@ -46,7 +46,7 @@
 //!
 //! let policy = Policy::new("api", Limit::single(Algorithm::TokenBucket, Quota::per_second(50)?)?)?
 //!     // Health checks are never limited.
-//!     .allow(|parts| parts.uri.path() == "/health")
+//!     .allow(|req| req.uri.path() == "/health")
 //!     // Count would-be denials (`outcome="shadow_denied"`) but let everything through.
 //!     .dry_run(true);
 //! # Ok::<(), Box<dyn std::error::Error>>(())
@@ -57,19 +57,18 @@ use std::fmt;
 use std::sync::Arc;
 
 use http::StatusCode;
-use http::request::Parts;
 use ratelimit_core::Limit;
 
 use crate::key::KeyExtractor;
 use crate::response::{DenialBody, Headers};
-use crate::{Error, FailurePolicy};
+use crate::{Error, FailurePolicy, RequestHead};
 
 /// The longest policy name, in characters.
 pub const MAX_NAME_LEN: usize = 64;
 
-pub(crate) type CostFn = Arc<dyn Fn(&Parts) -> u64 + Send + Sync>;
-pub(crate) type AllowFn = Arc<dyn Fn(&Parts) -> bool + Send + Sync>;
-pub(crate) type TierFn = Arc<dyn Fn(&Parts) -> Option<&'static str> + Send + Sync>;
+pub(crate) type CostFn = Arc<dyn Fn(&RequestHead<'_>) -> u64 + Send + Sync>;
+pub(crate) type AllowFn = Arc<dyn Fn(&RequestHead<'_>) -> bool + Send + Sync>;
+pub(crate) type TierFn = Arc<dyn Fn(&RequestHead<'_>) -> Option<&'static str> + Send + Sync>;
 
 /// What to answer when the key extractor finds no key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -273,7 +272,7 @@ impl Policy {
     /// least 1 (`(len / 1024).max(1)`) unless small requests are meant to be free. A cost larger
     /// than the limit can ever hold is denied with no `Retry-After` (it would never pass); its
     /// `RateLimit` field reports the quota as it stands (`t=0` when it is full).
-    pub fn cost(mut self, cost: impl Fn(&Parts) -> u64 + Send + Sync + 'static) -> Self {
+    pub fn cost(mut self, cost: impl Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static) -> Self {
         self.cost = Some(Arc::new(cost));
         self
     }
@@ -296,14 +295,17 @@ impl Policy {
     /// against [`MissingKey::shared_key`] is always under the policy's own limit.
     pub fn resolve_tier(
         mut self,
-        resolve: impl Fn(&Parts) -> Option<&'static str> + Send + Sync + 'static,
+        resolve: impl Fn(&RequestHead<'_>) -> Option<&'static str> + Send + Sync + 'static,
     ) -> Self {
         self.resolve_tier = Some(Arc::new(resolve));
         self
     }
 
     /// Requests for which `allow` returns `true` are never limited (`outcome="allow_listed"`).
-    pub fn allow(mut self, allow: impl Fn(&Parts) -> bool + Send + Sync + 'static) -> Self {
+    pub fn allow(
+        mut self,
+        allow: impl Fn(&RequestHead<'_>) -> bool + Send + Sync + 'static,
+    ) -> Self {
         self.allow = Some(Arc::new(allow));
         self
     }

@@ -74,7 +74,6 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, Entry, RETRY_AFTER};
-use http::request::Parts;
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
 use ratelimit_core::{Decision, Limit, QuotaSet};
 
@@ -749,17 +748,17 @@ impl Bodies {
         res
     }
 
-    /// `res`, an answer of the layer's own, for the request `req`: under [`DenialBody::Grpc`],
-    /// for a gRPC call, the gRPC status that stands for it. Made here, once the answer is known,
-    /// so that the request's `content-type` is read on that path only.
-    pub(crate) fn for_request(&self, mut res: Response<Bytes>, req: &Parts) -> Response<Bytes> {
+    /// `res`, an answer of the layer's own, for the request whose headers are `req`: under
+    /// [`DenialBody::Grpc`], for a gRPC call, the gRPC status that stands for it. Made here, once
+    /// the answer is known, so that the request's `content-type` is read on that path only.
+    pub(crate) fn for_request(&self, mut res: Response<Bytes>, req: &HeaderMap) -> Response<Bytes> {
         if !matches!(self.kind, DenialBody::Grpc) {
             return res;
         }
         let Some(form) = res.extensions_mut().remove::<GrpcForm>() else {
             return res;
         };
-        let Some(content_type) = req.headers.get(CONTENT_TYPE).filter(|v| is_grpc(v)) else {
+        let Some(content_type) = req.get(CONTENT_TYPE).filter(|v| is_grpc(v)) else {
             return res;
         };
         let code = grpc_code(res.status());

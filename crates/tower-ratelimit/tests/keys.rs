@@ -290,16 +290,14 @@ async fn a_client_choosing_methods_does_not_multiply_a_route_quota() {
 #[tokio::test]
 async fn a_closure_key() {
     let (_clock, store) = store();
-    let policy =
-        Policy::new("tenant", two_a_minute())
-            .unwrap()
-            .key(|parts: &http::request::Parts| {
-                parts
-                    .headers
-                    .get("x-tenant")
-                    .and_then(|v| v.to_str().ok())
-                    .map(str::to_ascii_lowercase)
-            });
+    let policy = Policy::new("tenant", two_a_minute()).unwrap().key(
+        |req: &tower_ratelimit::RequestHead<'_>| {
+            req.headers
+                .get("x-tenant")
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_ascii_lowercase)
+        },
+    );
     let app = app(store, policy);
     let upper = || with_header(request("/"), "x-tenant", "ACME");
     let lower = || with_header(request("/"), "x-tenant", "acme");

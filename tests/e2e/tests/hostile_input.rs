@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 use axum::Router;
 use axum::routing::get;
 use http::HeaderValue;
-use http::request::Parts;
 use ratelimit_core::{Algorithm, ConfigError, Limit, MemoryStore, Quota};
 use ratelimit_e2e::app::TestApp;
 use ratelimit_e2e::load::{self, ms};
@@ -20,7 +19,9 @@ use ratelimit_redis::{RedisStore, RedisStoreError};
 use redis_harness::RedisServer;
 use tower_ratelimit::client_ip::{ClientIp, ClientIpError, ForwardedHeader};
 use tower_ratelimit::key::{ApiKeyHeader, ClientIpKey};
-use tower_ratelimit::{CircuitBreaker, Error, FailurePolicy, MissingKey, Policy, RateLimitLayer};
+use tower_ratelimit::{
+    CircuitBreaker, Error, FailurePolicy, MissingKey, Policy, RateLimitLayer, RequestHead,
+};
 
 /// Every answer to a hostile request must come within this (a hang would not; a loaded machine
 /// may well take a few hundred milliseconds).
@@ -38,9 +39,8 @@ fn layer(store: &RedisStore, policy: Policy) -> RateLimitLayer<RedisStore> {
     .expect("layer")
 }
 
-fn cost_of(parts: &Parts) -> u64 {
-    parts
-        .headers
+fn cost_of(req: &RequestHead<'_>) -> u64 {
+    req.headers
         .get("x-cost")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())

@@ -17,14 +17,14 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
 use http::Request;
-use http::request::Parts;
 use ratelimit_core::DEFAULT_MAX_KEYS;
 use ratelimit_e2e::observe::rss_bytes;
 use ratelimit_e2e::{per_minute, store_builder};
 use redis_harness::RedisServer;
 use tower::ServiceExt;
 use tower_ratelimit::{
-    CircuitBreaker, CircuitState, FailurePolicy, Policy, RateLimitLayer, Verdict, VerdictKind,
+    CircuitBreaker, CircuitState, FailurePolicy, Policy, RateLimitLayer, RequestHead, Verdict,
+    VerdictKind,
 };
 
 static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
@@ -59,7 +59,7 @@ async fn fallback_flood_on_runtime(identities: u64) {
         store,
         Policy::new("flood", per_minute(100))
             .unwrap()
-            .key(|parts: &Parts| parts.extensions.get::<IpAddr>().copied())
+            .key(|req: &RequestHead<'_>| req.extensions.get::<IpAddr>().copied())
             .failure(FailurePolicy::fallback(1).unwrap()),
     )
     .circuit_breaker(CircuitBreaker::new(1, Duration::from_secs(60)).unwrap())
