@@ -67,7 +67,7 @@
 //! use tower_ratelimit::{RequestHead, http};
 //! use tower_ratelimit::key::{KeyBuf, KeyExtractor, RouteKey};
 //!
-//! let tenant = |req: &RequestHead<'_>| req.headers.get("x-tenant").cloned();
+//! let tenant = |req: &RequestHead<'_>| req.headers().get("x-tenant").cloned();
 //! let key = (RouteKey::new(), tenant);
 //! let req = http::Request::post("/upload").header("x-tenant", "acme").body(())?;
 //! let mut buf = KeyBuf::new();
@@ -468,7 +468,7 @@ impl ApiKeyHeader {
 
 impl KeyExtractor for ApiKeyHeader {
     fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
-        let mut values = req.headers.get_all(&self.name).iter();
+        let mut values = req.headers().get_all(&self.name).iter();
         match (values.next(), values.next()) {
             (Some(v), None) if !v.is_empty() => {
                 key.push(v.as_bytes());
@@ -482,7 +482,7 @@ impl KeyExtractor for ApiKeyHeader {
 /// A value of type `T` that an earlier layer (authentication, say) put in the request extensions.
 ///
 /// A request without one has no key. Implement [`KeyPart`] for your type, or use a closure
-/// `|req: &RequestHead<'_>| req.extensions.get::<User>().map(|u| u.id)` instead.
+/// `|req: &RequestHead<'_>| req.extensions().get::<User>().map(|u| u.id)` instead.
 pub struct ExtensionKey<T> {
     _t: PhantomData<fn() -> T>,
 }
@@ -520,7 +520,7 @@ where
     T: KeyPart + Send + Sync + 'static,
 {
     fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
-        let value = req.extensions.get::<T>().ok_or(NoKey)?;
+        let value = req.extensions().get::<T>().ok_or(NoKey)?;
         value.write_to(key);
         Ok(())
     }
@@ -562,10 +562,10 @@ impl RouteKey {
 
 impl KeyExtractor for RouteKey {
     fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
-        key.push(method_name(req.method).as_bytes());
+        key.push(method_name(req.method()).as_bytes());
         key.push_byte(b' ');
         #[cfg(feature = "axum")]
-        if let Some(path) = req.extensions.get::<axum::extract::MatchedPath>() {
+        if let Some(path) = req.extensions().get::<axum::extract::MatchedPath>() {
             key.push(path.as_str().as_bytes());
             return Ok(());
         }
@@ -641,10 +641,10 @@ fn peer_addr<'a>(req: &RequestHead<'a>) -> Option<&'a std::net::SocketAddr> {
     // A reference, read in place by the caller: copying the `SocketAddr` out first made rustc
     // move its 14 unaligned bytes of a V6 through two overlapping stack words, and reading them
     // back stalled on store forwarding (half of this function's time, per `perf annotate`).
-    match req.extensions.get::<ConnectInfo<SocketAddr>>() {
+    match req.extensions().get::<ConnectInfo<SocketAddr>>() {
         Some(c) => Some(&c.0),
         None => req
-            .extensions
+            .extensions()
             .get::<MockConnectInfo<SocketAddr>>()
             .map(|m| &m.0),
     }
@@ -751,7 +751,7 @@ impl KeyExtractor for ClientIpKey {
                 let [a, b, c, d] = client_ip.mask_v4(*v4.ip()).octets();
                 key.push(&[crate::client_ip::IpKey::V4_TAG, a, b, c, d]);
             }
-            _ => client_ip.resolve(peer.ip(), req.headers).write_to(key),
+            _ => client_ip.resolve(peer.ip(), req.headers()).write_to(key),
         }
         Ok(())
     }

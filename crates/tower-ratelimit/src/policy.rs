@@ -16,7 +16,7 @@
 //!     [Quota::per_second(10)?.with_burst(20)?, Quota::per_hour(1_000)?],
 //! )?;
 //! let policy = Policy::new("api", limit)?
-//!     .cost(|req| if req.method == http::Method::POST { 5 } else { 1 });
+//!     .cost(|req| if req.method() == http::Method::POST { 5 } else { 1 });
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -31,7 +31,7 @@
 //!
 //! let policy = Policy::new("api", Limit::single(Algorithm::Gcra, Quota::per_minute(60)?)?)?
 //!     .tier("pro", Limit::single(Algorithm::Gcra, Quota::per_minute(6_000)?)?)?
-//!     .resolve_tier(|req| match req.extensions.get::<Plan>() {
+//!     .resolve_tier(|req| match req.extensions().get::<Plan>() {
 //!         Some(Plan::Pro) => Some("pro"),
 //!         _ => None, // the policy's own limit
 //!     });
@@ -46,7 +46,7 @@
 //!
 //! let policy = Policy::new("api", Limit::single(Algorithm::TokenBucket, Quota::per_second(50)?)?)?
 //!     // Health checks are never limited.
-//!     .allow(|req| req.uri.path() == "/health")
+//!     .allow(|req| req.uri().path() == "/health")
 //!     // Count would-be denials (`outcome="shadow_denied"`) but let everything through.
 //!     .dry_run(true);
 //! # Ok::<(), Box<dyn std::error::Error>>(())

@@ -3,14 +3,14 @@
 //!
 //! It borrows the request in place. Reading a request's head as `http::request::Parts` would mean
 //! taking the request apart (`into_parts`) and joining it again (`from_parts`) on every request,
-//! two copies of a head of about 220 bytes, since a `Request` does not lend its `Parts`. The
-//! fields have the names of `Parts`' fields, so a closure written for `&Parts` that does not name
-//! the type reads a `&RequestHead` unchanged:
+//! two copies of a head of about 220 bytes, since a `Request` does not lend its `Parts`. Its
+//! getters are those of `http::Request`, so code written for a `&Request<B>` reads a
+//! `&RequestHead` unchanged:
 //!
 //! ```
 //! use tower_ratelimit::{RequestHead, http};
 //!
-//! let tenant = |req: &RequestHead<'_>| req.headers.get("x-tenant").cloned();
+//! let tenant = |req: &RequestHead<'_>| req.headers().get("x-tenant").cloned();
 //!
 //! let req = http::Request::builder()
 //!     .header("x-tenant", "acme")
@@ -22,27 +22,42 @@
 //! # Ok::<(), http::Error>(())
 //! ```
 
+use std::fmt;
+
 use http::request::Parts;
 use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 
 /// A request's head, borrowed: its method, URI, version, headers and extensions.
 ///
 /// Made with [`RequestHead::of`] from a `&Request<B>` of any body type, or with `From` from a
-/// `&Parts`. It is `Copy` (five words).
-#[derive(Debug, Clone, Copy)]
-#[non_exhaustive]
+/// `&Parts`; read with the getters of `http::Request`. Making one reads nothing from the request:
+/// it only takes the addresses of its parts (the layer makes one for every request, and a read
+/// of a request that its caller has only just moved into place can wait for that move's stores).
+#[derive(Clone, Copy)]
 pub struct RequestHead<'a> {
-    /// The request's method.
-    pub method: &'a Method,
-    /// The request's URI.
-    pub uri: &'a Uri,
-    /// The request's HTTP version.
-    pub version: Version,
-    /// The request's headers.
-    pub headers: &'a HeaderMap,
-    /// The request's extensions (what earlier layers put there: `ConnectInfo`, an authenticated
-    /// user, a plan, `MatchedPath`).
-    pub extensions: &'a Extensions,
+    method: &'a Method,
+    uri: &'a Uri,
+    headers: &'a HeaderMap,
+    extensions: &'a Extensions,
+    // Read through the request when asked for: `http::Request` lends its version only by value.
+    version: &'a dyn VersionOf,
+}
+
+/// Where a head's version is read from.
+trait VersionOf {
+    fn version(&self) -> Version;
+}
+
+impl<B> VersionOf for Request<B> {
+    fn version(&self) -> Version {
+        Request::version(self)
+    }
+}
+
+impl VersionOf for Parts {
+    fn version(&self) -> Version {
+        self.version
+    }
 }
 
 impl<'a> RequestHead<'a> {
@@ -52,10 +67,41 @@ impl<'a> RequestHead<'a> {
         RequestHead {
             method: req.method(),
             uri: req.uri(),
-            version: req.version(),
             headers: req.headers(),
             extensions: req.extensions(),
+            version: req,
         }
+    }
+
+    /// The request's method.
+    #[inline]
+    pub fn method(&self) -> &'a Method {
+        self.method
+    }
+
+    /// The request's URI.
+    #[inline]
+    pub fn uri(&self) -> &'a Uri {
+        self.uri
+    }
+
+    /// The request's HTTP version.
+    #[inline]
+    pub fn version(&self) -> Version {
+        self.version.version()
+    }
+
+    /// The request's headers.
+    #[inline]
+    pub fn headers(&self) -> &'a HeaderMap {
+        self.headers
+    }
+
+    /// The request's extensions: what earlier layers put there (`ConnectInfo`, an authenticated
+    /// user, a plan, `MatchedPath`).
+    #[inline]
+    pub fn extensions(&self) -> &'a Extensions {
+        self.extensions
     }
 }
 
@@ -65,10 +111,21 @@ impl<'a> From<&'a Parts> for RequestHead<'a> {
         RequestHead {
             method: &parts.method,
             uri: &parts.uri,
-            version: parts.version,
             headers: &parts.headers,
             extensions: &parts.extensions,
+            version: parts,
         }
+    }
+}
+
+impl fmt::Debug for RequestHead<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RequestHead")
+            .field("method", self.method)
+            .field("uri", self.uri)
+            .field("version", &self.version())
+            .field("headers", self.headers)
+            .finish_non_exhaustive()
     }
 }
 
@@ -88,18 +145,22 @@ mod tests {
             .unwrap();
         req.extensions_mut().insert(7u32);
         let head = RequestHead::of(&req);
-        let (method, uri, version) = (head.method.clone(), head.uri.clone(), head.version);
-        assert_eq!(method, Method::POST);
-        assert_eq!(uri, "https://example.com/a?b=c");
-        assert_eq!(version, Version::HTTP_2);
-        assert_eq!(head.headers["x-key"], "k1");
-        assert_eq!(head.extensions.get::<u32>(), Some(&7));
+        assert_eq!(head.method(), Method::POST);
+        assert_eq!(head.uri(), "https://example.com/a?b=c");
+        assert_eq!(head.version(), Version::HTTP_2);
+        assert_eq!(head.headers()["x-key"], "k1");
+        assert_eq!(head.extensions().get::<u32>(), Some(&7));
+        let debug = format!("{head:?}");
+        assert!(
+            debug.contains("POST") && debug.contains("HTTP/2.0"),
+            "{debug}"
+        );
         let (parts, ()) = req.into_parts();
         let head = RequestHead::from(&parts);
-        assert_eq!(*head.method, method);
-        assert_eq!(*head.uri, uri);
-        assert_eq!(head.version, version);
-        assert_eq!(head.headers["x-key"], "k1");
-        assert_eq!(head.extensions.get::<u32>(), Some(&7));
+        assert_eq!(head.method(), Method::POST);
+        assert_eq!(head.uri(), "https://example.com/a?b=c");
+        assert_eq!(head.version(), Version::HTTP_2);
+        assert_eq!(head.headers()["x-key"], "k1");
+        assert_eq!(head.extensions().get::<u32>(), Some(&7));
     }
 }

@@ -237,7 +237,7 @@ async fn calls_that_a_retry_cannot_mend_are_told_not_to_retry() {
         req
     };
     let cost = |req: &tower_ratelimit::RequestHead<'_>| {
-        req.headers
+        req.headers()
             .get("x-cost")
             .and_then(|v| v.to_str().ok()?.parse().ok())
             .unwrap_or(1)

@@ -292,7 +292,7 @@ async fn a_closure_key() {
     let (_clock, store) = store();
     let policy = Policy::new("tenant", two_a_minute()).unwrap().key(
         |req: &tower_ratelimit::RequestHead<'_>| {
-            req.headers
+            req.headers()
                 .get("x-tenant")
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_ascii_lowercase)

@@ -226,7 +226,7 @@ async fn metrics_by_policy_and_outcome() {
             Policy::new("m", per_minute(2))
                 .unwrap()
                 .key(ApiKeyHeader::new("x-api-key").unwrap())
-                .allow(|parts| parts.uri.path() == "/health"),
+                .allow(|req| req.uri().path() == "/health"),
         )
         .unwrap()
     });
@@ -259,8 +259,8 @@ async fn metrics_by_policy_and_outcome() {
 #[tokio::test]
 async fn cost_per_request() {
     let (_clock, store) = store();
-    let policy = Policy::new("cost", per_minute(10)).unwrap().cost(|parts| {
-        if parts.method == http::Method::POST {
+    let policy = Policy::new("cost", per_minute(10)).unwrap().cost(|req| {
+        if req.method() == http::Method::POST {
             4
         } else {
             1
@@ -288,7 +288,7 @@ async fn tiers_chosen_per_request() {
         .key(GlobalKey)
         .tier("pro", per_minute(3))
         .unwrap()
-        .resolve_tier(|parts| parts.extensions.get::<Plan>().map(|_| "pro"));
+        .resolve_tier(|req| req.extensions().get::<Plan>().map(|_| "pro"));
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(RateLimitLayer::new(store, policy).unwrap());
@@ -321,8 +321,8 @@ async fn a_keyless_request_shares_the_base_tier_whatever_tier_it_claims() {
         .missing_key(MissingKey::shared_key("anon"))
         .tier("gold", per_minute(5))
         .unwrap()
-        .resolve_tier(|parts| {
-            let key = parts.headers.get("x-api-key")?;
+        .resolve_tier(|req| {
+            let key = req.headers().get("x-api-key")?;
             (key == "k-gold").then_some("gold")
         });
     let app = Router::new()
@@ -363,7 +363,7 @@ async fn the_allow_list_is_never_limited() {
     let (_clock, store) = store();
     let policy = Policy::new("api", per_minute(1))
         .unwrap()
-        .allow(|parts| parts.headers.contains_key("x-internal"));
+        .allow(|req| req.headers().contains_key("x-internal"));
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(RateLimitLayer::new(store, policy).unwrap());

@@ -322,10 +322,10 @@ fn policy(config: &Config, i: usize) -> Result<Policy, ConfigError> {
             by_method.push((Method::HEAD, get));
         }
         let default = route.cost;
-        policy.cost(move |parts| {
+        policy.cost(move |req| {
             by_method
                 .iter()
-                .find(|(m, _)| *m == parts.method)
+                .find(|(m, _)| *m == req.method())
                 .map_or(default, |(_, c)| *c)
         })
     };
@@ -348,8 +348,8 @@ fn policy(config: &Config, i: usize) -> Result<Policy, ConfigError> {
         .collect();
     let header = axum::http::HeaderName::from_bytes(name.as_bytes())
         .map_err(|e| ConfigError::new(format!("{at}.key.name"), e))?;
-    Ok(policy.resolve_tier(move |parts| {
-        let key = parts.headers.get(&header)?;
+    Ok(policy.resolve_tier(move |req| {
+        let key = req.headers().get(&header)?;
         tiers.get(key.as_bytes()).copied()
     }))
 }

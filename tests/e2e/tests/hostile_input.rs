@@ -40,7 +40,7 @@ fn layer(store: &RedisStore, policy: Policy) -> RateLimitLayer<RedisStore> {
 }
 
 fn cost_of(req: &RequestHead<'_>) -> u64 {
-    req.headers
+    req.headers()
         .get("x-cost")
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse().ok())

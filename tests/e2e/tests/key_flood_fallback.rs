@@ -59,7 +59,7 @@ async fn fallback_flood_on_runtime(identities: u64) {
         store,
         Policy::new("flood", per_minute(100))
             .unwrap()
-            .key(|req: &RequestHead<'_>| req.extensions.get::<IpAddr>().copied())
+            .key(|req: &RequestHead<'_>| req.extensions().get::<IpAddr>().copied())
             .failure(FailurePolicy::fallback(1).unwrap()),
     )
     .circuit_breaker(CircuitBreaker::new(1, Duration::from_secs(60)).unwrap())
