@@ -10,8 +10,14 @@ use crate::{Decision, Limit};
 /// fleet of gateways (the Redis store of the `ratelimit-redis` crate).
 ///
 /// A check is one atomic read-modify-write of the key's state: two concurrent checks never spend
-/// the same token. The trait is runtime-agnostic: `check` returns a future that needs no particular
-/// executor to be polled (the in-memory store's is already complete).
+/// the same token. The trait is runtime-agnostic: `check` returns a future, which the in-memory
+/// store's is already complete, and which a network store's may drive on a runtime of its choice.
+///
+/// A caller may poll the future once where the check is made, on a thread that may have no async
+/// runtime at all (the tower layer's `call` does, so that an answer ready at once needs no timer
+/// and no allocation). A store whose future needs a runtime there (for a timer or a connection)
+/// should then wake its task and return `Pending` rather than panic, and go on at its next poll
+/// (the Redis store's does).
 ///
 /// State is kept per (key, limit): the same key under two different limits is two states.
 pub trait Store: Send + Sync + 'static {

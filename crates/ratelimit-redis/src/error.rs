@@ -48,6 +48,11 @@ pub enum RedisStoreError {
     /// under the same SHA would be one cause).
     #[error("unexpected reply from the rate-limit script: {0}")]
     UnexpectedReply(String),
+    /// The check was polled outside a Tokio runtime after yielding once there: its timers and
+    /// connections need one (a runtime with its time driver, as `#[tokio::main]` makes). A check
+    /// made outside a runtime and awaited inside one is answered as any other.
+    #[error("a Redis check was polled outside a Tokio runtime")]
+    NoRuntime,
     /// The client clock gave a time this store cannot compute with exactly (after 2^52 µs since
     /// its epoch, about the year 2112 for Unix time).
     #[error("the client clock's time {micros} us is beyond 2^52 us")]

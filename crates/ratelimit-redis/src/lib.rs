@@ -77,6 +77,7 @@
 mod cluster;
 mod coalesce;
 mod error;
+mod in_runtime;
 mod key;
 mod lazy;
 mod reply;

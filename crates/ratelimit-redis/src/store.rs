@@ -15,6 +15,7 @@ use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, ServerErrorKind, 
 
 use crate::cluster;
 use crate::error::RedisStoreError;
+use crate::in_runtime::in_runtime;
 use crate::key::{each_state_key, key_count, state_keys};
 use crate::lazy::LazyRedisStore;
 use crate::reply::{self, Shape};
@@ -402,6 +403,9 @@ impl RedisStore {
         };
         let shape = Shape::of(limit);
         Box::pin(async move {
+            // Polled first outside a runtime (a check made in the tower layer's `call` on a
+            // thread without one), it yields there, and its time counts from the next poll.
+            in_runtime().await?;
             let deadline = tokio::time::Instant::now() + inner.response_timeout;
             decode(&inner.eval_value(script, cmd, deadline).await?, shape)
         })

@@ -30,34 +30,14 @@ use http::{Extensions, HeaderMap, Method, Request, Uri, Version};
 /// A request's head, borrowed: its method, URI, version, headers and extensions.
 ///
 /// Made with [`RequestHead::of`] from a `&Request<B>` of any body type, or with `From` from a
-/// `&Parts`; read with the getters of `http::Request`. Making one reads nothing from the request:
-/// it only takes the addresses of its parts (the layer makes one for every request, and a read
-/// of a request that its caller has only just moved into place can wait for that move's stores).
+/// `&Parts`; read with the getters of `http::Request`. `Copy`, `Send` and `Sync`.
 #[derive(Clone, Copy)]
 pub struct RequestHead<'a> {
     method: &'a Method,
     uri: &'a Uri,
     headers: &'a HeaderMap,
     extensions: &'a Extensions,
-    // Read through the request when asked for: `http::Request` lends its version only by value.
-    version: &'a dyn VersionOf,
-}
-
-/// Where a head's version is read from.
-trait VersionOf {
-    fn version(&self) -> Version;
-}
-
-impl<B> VersionOf for Request<B> {
-    fn version(&self) -> Version {
-        Request::version(self)
-    }
-}
-
-impl VersionOf for Parts {
-    fn version(&self) -> Version {
-        self.version
-    }
+    version: Version,
 }
 
 impl<'a> RequestHead<'a> {
@@ -69,7 +49,7 @@ impl<'a> RequestHead<'a> {
             uri: req.uri(),
             headers: req.headers(),
             extensions: req.extensions(),
-            version: req,
+            version: req.version(),
         }
     }
 
@@ -88,7 +68,7 @@ impl<'a> RequestHead<'a> {
     /// The request's HTTP version.
     #[inline]
     pub fn version(&self) -> Version {
-        self.version.version()
+        self.version
     }
 
     /// The request's headers.
@@ -113,7 +93,7 @@ impl<'a> From<&'a Parts> for RequestHead<'a> {
             uri: &parts.uri,
             headers: &parts.headers,
             extensions: &parts.extensions,
-            version: parts,
+            version: parts.version,
         }
     }
 }
@@ -133,6 +113,8 @@ impl fmt::Debug for RequestHead<'_> {
 mod tests {
     use super::*;
 
+    fn send_and_sync<T: Send + Sync>(_: &T) {}
+
     /// Both ways of making a head read the same request.
     #[test]
     fn a_request_and_its_parts_give_the_same_head() {
@@ -145,6 +127,7 @@ mod tests {
             .unwrap();
         req.extensions_mut().insert(7u32);
         let head = RequestHead::of(&req);
+        send_and_sync(&head);
         assert_eq!(head.method(), Method::POST);
         assert_eq!(head.uri(), "https://example.com/a?b=c");
         assert_eq!(head.version(), Version::HTTP_2);

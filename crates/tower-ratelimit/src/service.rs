@@ -21,7 +21,6 @@ use crate::body::{BodyMode, WrapBody};
 use crate::circuit_breaker::{Admit, Breaker, CircuitState, Probe, ProbeCheck};
 use crate::future::ResponseFuture;
 use crate::key::KeyBuf;
-use crate::layer::always_answers;
 use crate::metrics::{FailureKind, Metrics};
 use crate::policy::{MissingKey, Policy};
 use crate::response::{Bodies, Prepared, Verdict, VerdictKind};
@@ -679,13 +678,11 @@ where
             .store
             .check(key.as_bytes(), &rt.tiers[tier].limit, cost);
         // The in-memory store's future is already complete: poll it once here, so that an
-        // immediate answer needs no timer, no allocation and no waker. Any other store's is polled
-        // here only inside a Tokio runtime: its first poll may start a timer or a connection,
-        // which panics outside one, and `call` needs none (the response future's polls do).
+        // immediate answer needs no timer, no allocation and no waker. This poll may be outside
+        // any runtime (`call` needs none): a store that needs one yields there (the Redis
+        // store's does; see `Store`).
         let mut cx = Context::from_waker(Waker::noop());
-        if (always_answers::<St>() || tokio::runtime::Handle::try_current().is_ok())
-            && let Poll::Ready(result) = Pin::new(&mut check).poll(&mut cx)
-        {
+        if let Poll::Ready(result) = Pin::new(&mut check).poll(&mut cx) {
             if let Some(start) = sampled {
                 rt.metrics.store_duration(start.elapsed());
             }

@@ -1,7 +1,7 @@
 //! The layer's `call` needs no Tokio runtime, over the Redis store too: only the response
-//! future's polls do. `call` polls the store's check once in place, which for a store that has to
-//! wait starts a timer and takes a connection; outside a runtime it leaves that to the first poll
-//! instead of panicking.
+//! future's polls do. `call` polls the store's check once in place; the Redis store's check,
+//! polled there outside a runtime, yields instead of starting its timer (which panicked), and
+//! goes on at the response future's first poll, inside the runtime that awaits it.
 
 use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
@@ -12,7 +12,7 @@ use axum::extract::ConnectInfo;
 use http::{Request, Response};
 use ratelimit_core::{DenialCache, Store, SystemClock};
 use ratelimit_e2e::{fault_layer, store_builder};
-use ratelimit_redis::Coalescing;
+use ratelimit_redis::{Coalescing, RedisStoreError};
 use redis_harness::RedisServer;
 use tower::{Layer, Service};
 use tower_ratelimit::{FailurePolicy, Verdict, VerdictKind};
@@ -78,4 +78,32 @@ async fn requests_called_outside_a_runtime_are_decided_by_redis() {
     assert_eq!(called_outside(&cached, "cached", 2).await, [99, 98]);
     let coalescing = Coalescing::new(store.clone());
     assert_eq!(called_outside(&coalescing, "coalesced", 2).await, [99, 98]);
+}
+
+/// A check polled only outside a runtime (an executor other than Tokio's) is a typed error, not a
+/// panic: it yields once, then says why it cannot go on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_polled_only_outside_a_runtime_is_a_typed_error() {
+    let redis = RedisServer::start();
+    let store = store_builder(&redis.url()).build().await.unwrap();
+    let limit = ratelimit_core::Limit::single(
+        ratelimit_core::Algorithm::TokenBucket,
+        ratelimit_core::Quota::per_minute(10).unwrap(),
+    )
+    .unwrap();
+    let polls = std::thread::spawn(move || {
+        let mut check = store.check(b"k", &limit, 1);
+        let mut cx = Context::from_waker(Waker::noop());
+        let first = check.as_mut().poll(&mut cx);
+        let second = check.as_mut().poll(&mut cx);
+        (first.is_pending(), second)
+    })
+    .join()
+    .expect("no panic outside a runtime");
+    assert!(polls.0, "the first poll yields");
+    assert!(
+        matches!(polls.1, Poll::Ready(Err(RedisStoreError::NoRuntime))),
+        "{:?}",
+        polls.1
+    );
 }
