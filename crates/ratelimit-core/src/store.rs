@@ -10,8 +10,8 @@ use crate::{Decision, Limit};
 /// fleet of gateways (the Redis store of the `ratelimit-redis` crate).
 ///
 /// A check is one atomic read-modify-write of the key's state: two concurrent checks never spend
-/// the same token. The trait is runtime-agnostic: `check` returns a future, which the in-memory
-/// store's is already complete, and which a network store's may drive on a runtime of its choice.
+/// the same token. The trait is runtime-agnostic: the in-memory store's future is complete when
+/// `check` returns, and a network store's may need a runtime of its choice to make progress.
 ///
 /// A caller may poll the future once where the check is made, on a thread that may have no async
 /// runtime at all (the tower layer's `call` does, so that an answer ready at once needs no timer

@@ -16,15 +16,6 @@ use crate::circuit_breaker::{Breaker, CircuitBreaker, CircuitState};
 use crate::service::{RateLimit, Rt, Shared};
 use crate::{Error, FailurePolicy, Policy};
 
-/// Whether `St`'s answer is always ready at once and never an error: its future is
-/// `std::future::Ready` with an `Infallible` error (the in-memory store's). A constant once
-/// monomorphised.
-#[inline(always)]
-pub(crate) fn always_answers<St: Store>() -> bool {
-    TypeId::of::<St::Future>() == TypeId::of::<Ready<Result<Decision, St::Error>>>()
-        && TypeId::of::<St::Error>() == TypeId::of::<Infallible>()
-}
-
 /// The default store timeout: 50 ms.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 
@@ -231,18 +222,18 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         // future, `Ready` with an `Infallible` error) can neither fail nor time out: it needs no
         // breaker, and its requests skip the breaker's check. A store with an `Infallible` error
         // whose future can wait keeps its breaker, since its timeouts count as failures.
-        let breaker = self
-            .breaker
-            .filter(|_| !always_answers::<St>())
-            .map(|config| {
-                Arc::new(Breaker::new(
-                    config,
-                    self.timeout,
-                    self.clock.clone(),
-                    &rt.metrics,
-                    rt.name.clone(),
-                ))
-            });
+        let always_answers = TypeId::of::<St::Future>()
+            == TypeId::of::<Ready<Result<Decision, St::Error>>>()
+            && TypeId::of::<St::Error>() == TypeId::of::<Infallible>();
+        let breaker = self.breaker.filter(|_| !always_answers).map(|config| {
+            Arc::new(Breaker::new(
+                config,
+                self.timeout,
+                self.clock.clone(),
+                &rt.metrics,
+                rt.name.clone(),
+            ))
+        });
         Ok(RateLimitLayer {
             shared: Arc::new(Shared {
                 store: self.store,

@@ -544,7 +544,9 @@ where
                 // a caller that polls the response late (a busy executor, a queue between call
                 // and poll) does not extend it. Only the deadline is taken here; the timer is
                 // made at the first poll, so that `call` needs no Tokio runtime (reading Tokio's
-                // clock does not).
+                // clock does not). (A check made outside any runtime is sent at that first
+                // poll instead, the Redis store's yielding here: its time still counts from
+                // here.)
                 let check = match (probe, &shared.breaker) {
                     (Some(p), Some(b)) => {
                         Check::Probe(ProbeCheck::new(b.clone(), p, check, shared.timeout))
