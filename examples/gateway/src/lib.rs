@@ -325,7 +325,7 @@ fn policy(config: &Config, i: usize) -> Result<Policy, ConfigError> {
         policy.cost(move |req| {
             by_method
                 .iter()
-                .find(|(m, _)| *m == req.method())
+                .find(|(m, _)| m == req.method())
                 .map_or(default, |(_, c)| *c)
         })
     };
