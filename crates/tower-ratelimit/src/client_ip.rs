@@ -41,7 +41,11 @@
 //! quoted strings as read from the right end, so that a quoted string the
 //! client leaves open cannot swallow, or be closed by, an element a proxy
 //! appends to the same line. Broken input never lets a client pick the
-//! answer, nor choose between its own address and its proxy's.
+//! answer, nor choose between its own address and its proxy's, as long as
+//! the header read is the one the proxies append to: with
+//! [`ForwardedHeader::Both`], a client's own `Forwarded` header (even an
+//! empty one) is read in place of the `X-Forwarded-For` a proxy wrote, unless
+//! every proxy appends to both or strips `Forwarded` (see there).
 //!
 //! Trust only the addresses of your proxies. A client whose own address is
 //! trusted is treated as a proxy, so its header is believed: trusting a whole
@@ -87,7 +91,12 @@
 //! every hop. The result of [`ClientIp::resolve`] is then masked to a prefix:
 //! `/32` for IPv4 and `/64` for IPv6 by default. An IPv6 client is usually
 //! handed a whole `/64`, and without grouping it could use a fresh address,
-//! and so a fresh rate-limit bucket, for every request.
+//! and so a fresh rate-limit bucket, for every request. Many providers
+//! delegate a `/56` or a `/48` to each customer (RIPE-690 recommends those
+//! sizes), which such a customer can spread over 256 or 65,536 groups of
+//! `/64`: where that matters, a shorter prefix ([`ClientIp::ipv6_prefix`])
+//! groups each delegation as one client, at the cost of grouping the
+//! customers of a provider that hands out `/64`s more coarsely.
 //!
 //! An address of the NAT64 well-known prefix `64:ff9b::/96` (RFC 6052: an
 //! IPv4 client seen through a translator, such as SIIT-DC in front of an
@@ -98,6 +107,13 @@
 //! through the translator is trusted only if its `64:ff9b::` address is listed
 //! (the whole prefix, which would trust every client of the translator, is
 //! refused).
+//!
+//! The deprecated IPv4-compatible form (`::192.0.2.1`) and SIIT's
+//! `::ffff:0:a.b.c.d` are not turned into IPv4: they are grouped by their
+//! `/64`, which is `::/64` for all of them, one group. Clients cannot choose
+//! these forms; only a proxy or translator that writes them would produce
+//! them. Link-local peers (`fe80::/10`) are grouped by their `/64` too,
+//! whatever interface they come from (the scope id is not part of the key).
 //!
 //! Two deprecated transition mechanisms are grouped like any other IPv6
 //! address, by their `/64`: Teredo (`2001::/32`), where every client of one

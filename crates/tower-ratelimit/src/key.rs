@@ -594,8 +594,9 @@ fn method_name(method: &http::Method) -> &'static str {
 /// The TCP peer's address, from axum's `ConnectInfo<SocketAddr>` (serve the app with
 /// `into_make_service_with_connect_info::<SocketAddr>()`).
 ///
-/// IPv6 peers are grouped by their first 64 bits by default (one client usually holds a whole
-/// /64). A request without `ConnectInfo` has no key.
+/// IPv6 peers are grouped by their first 64 bits by default (one client holds at least a whole
+/// /64; see [`ClientIp`](crate::client_ip::ClientIp) on shorter delegations and on link-local
+/// peers). A request without `ConnectInfo` has no key.
 ///
 /// Behind a reverse proxy every request comes from the proxy: use [`ClientIpKey`] there.
 #[cfg(feature = "axum")]
