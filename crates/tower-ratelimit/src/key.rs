@@ -1,11 +1,11 @@
 //! Key extraction: which client a request counts against.
 //!
-//! A [`KeyExtractor`] reads the request's head ([`RequestHead`], borrowed in place) and appends the client's key to a
-//! [`KeyBuf`]. The layer prefixes every key with its policy's name (and a store keeps state per
-//! limit), so two differently named policies never share state even when they key on the same
-//! thing. Two policies of the *same* name and limit on one store do share it: give each layer of
-//! an app, and each app on a shared Redis, its own name (nested layers of one name would count a
-//! request twice against one bucket).
+//! A [`KeyExtractor`] reads the request's head ([`RequestHead`], borrowed in place) and appends
+//! the client's key to a [`KeyBuf`]. The layer prefixes every key with its policy's name (and a
+//! store keeps state per limit), so two differently named policies never share state even when
+//! they key on the same thing. Two policies of the *same* name and limit on one store do share
+//! it: give each layer of an app, and each app on a shared Redis, its own name (nested layers of
+//! one name would count a request twice against one bucket).
 //!
 //! When no key can be found (no API-key header, no user in the extensions, no peer address), the
 //! answer is the policy's [`MissingKey`](crate::MissingKey) setting: reject with a chosen status
@@ -309,10 +309,10 @@ impl std::error::Error for NoKey {}
 /// Finds the key a request counts against.
 ///
 /// Implemented by the built-in extractors, by tuples of extractors and by closures
-/// `Fn(&RequestHead<'_>) -> Option<R>` where `R:` [`KeyPart`]. A tuple writes its parts in order, each after
-/// the first followed by its length, so that no two tuples of values give the same key (with a
-/// separator between them instead, `("a,b", "c")` and `("a", "b,c")` would, for any separator a
-/// value may contain).
+/// `Fn(&RequestHead<'_>) -> Option<R>` where `R:` [`KeyPart`]. A tuple writes its parts in order,
+/// each after the first followed by its length, so that no two tuples of values give the same
+/// key (with a separator between them instead, `("a,b", "c")` and `("a", "b,c")` would, for any
+/// separator a value may contain).
 pub trait KeyExtractor: Send + Sync + 'static {
     /// Appends the request's key to `key`, or says there is none.
     fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey>;
