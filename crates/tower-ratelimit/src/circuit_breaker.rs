@@ -25,7 +25,13 @@
 //! Every other answer counts, whether it had to wait or was ready at once: a store wrapper of
 //! your own that answers some checks without asking the store marks those answers with
 //! [`Decision::cached`](ratelimit_core::Decision::cached).
-//! Failures always count.
+//! Failures count, and so do those of checks whose requests were dropped: in any state, a check
+//! dropped before the store answered runs on to the layer's timeout in a task of its own, and its
+//! answer or timeout counts as it would have for the request. So callers that give up sooner than
+//! the layer's timeout (a gRPC deadline, an outer timeout) still open the circuit over a hanging
+//! store, instead of each waiting on it until it gives up while the failure policy never acts.
+//! The one failure left uncounted is a lost probe's that arrives after the probe sent after it
+//! settled the circuit: it is older evidence than that probe's.
 //!
 //! Time is read from the layer's [`ratelimit_core::Clock`], so tests drive it with a
 //! `ManualClock` instead of sleeping.
@@ -371,27 +377,32 @@ impl Breaker {
     }
 }
 
-/// The probe's store check with the layer's timeout: the future the waiting request awaits, and
-/// the one thing that settles the probe if that request is dropped first.
+/// A store check with the layer's timeout, whose answer settles the breaker even if its request is
+/// dropped first: the future a waiting request awaits, when the layer has a breaker.
 ///
 /// Dropped before the store answered (the client went away, or a caller's timeout shorter than
 /// the layer's fired), it does not guess: the check (its command already sent by the poll in
-/// `call`) runs on in a task of its own, under the same timeout (counted from when the probe was
-/// sent, not started again), and the store's answer settles
-/// the probe as it would have settled the request's. So a client that cancels its requests, one
-/// after another, cannot decide the circuit's state: only the store can. Where no tokio runtime is
-/// current at the drop, or the task is dropped unrun (a runtime shutting down), the probe is handed
-/// on: the circuit stays open, cooled down, and the next request probes.
-pub(crate) struct ProbeCheck<F, E>
+/// `call`) runs on in a task of its own, under the same timeout (counted from when the check was
+/// sent, not started again), and the store's answer or timeout counts as it would have for the
+/// request. So clients cannot decide the circuit's state by cancelling: a probe they cancel is
+/// still settled by the store, and checks they cancel over a hanging store still time out and
+/// open the circuit (callers with deadlines shorter than the layer's timeout, a gRPC deadline or
+/// an outer timeout, would otherwise wait on a hung store for ever, the failure policy never
+/// acting). Where no tokio runtime is current at the drop, or the task is dropped unrun (a
+/// runtime shutting down), a probe is handed on (the circuit stays open, cooled down, and the
+/// next request probes) and any other check counts for nothing.
+pub(crate) struct BreakerCheck<F, E>
 where
     F: Future<Output = Result<Decision, E>> + Send + Unpin + 'static,
     E: Send + 'static,
 {
     breaker: Arc<Breaker>,
-    probe: Probe,
-    /// The layer's timeout, counted from the probe's making (so from about when the circuit
-    /// stamped it): neither the first poll nor a drop starts it again, and the probe is settled
-    /// within a timeout of being sent, well inside the breaker's `lost_after`.
+    /// The probe this check is, if the circuit sent it half-open.
+    probe: Option<Probe>,
+    /// The layer's timeout, counted from the check's making (so from about when it was sent, and
+    /// for a probe when the circuit stamped it): neither the first poll nor a drop starts it
+    /// again, and a probe is settled within a timeout of being sent, well inside the breaker's
+    /// `lost_after`.
     deadline: tokio::time::Instant,
     state: Option<Checking<F>>,
 }
@@ -403,13 +414,18 @@ enum Checking<F> {
     Timed(Pin<Box<Timeout<F>>>),
 }
 
-impl<F, E> ProbeCheck<F, E>
+impl<F, E> BreakerCheck<F, E>
 where
     F: Future<Output = Result<Decision, E>> + Send + Unpin + 'static,
     E: Send + 'static,
 {
-    pub(crate) fn new(breaker: Arc<Breaker>, probe: Probe, check: F, timeout: Duration) -> Self {
-        ProbeCheck {
+    pub(crate) fn new(
+        breaker: Arc<Breaker>,
+        probe: Option<Probe>,
+        check: F,
+        timeout: Duration,
+    ) -> Self {
+        BreakerCheck {
             breaker,
             probe,
             deadline: tokio::time::Instant::now() + timeout,
@@ -418,7 +434,7 @@ where
     }
 }
 
-impl<F, E> Future for ProbeCheck<F, E>
+impl<F, E> Future for BreakerCheck<F, E>
 where
     F: Future<Output = Result<Decision, E>> + Send + Unpin + 'static,
     E: Send + 'static,
@@ -428,16 +444,16 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         // The state is out of `this` while it is polled: should the store's future (or making
-        // the timeout) panic, the probe is settled as failed as the panic unwinds, instead of
-        // being left half-open with nothing to settle it.
+        // the timeout) panic, the check counts as failed as the panic unwinds (a probe is not
+        // left half-open with nothing to settle it).
         let _on_panic = FailOnPanic(&this.breaker, this.probe);
         let mut timed = match this.state.take() {
             Some(Checking::Sent(check)) => Box::pin(tokio::time::timeout_at(this.deadline, check)),
             Some(Checking::Timed(timed)) => timed,
-            None => panic!("ProbeCheck polled after completion"),
+            None => panic!("BreakerCheck polled after completion"),
         };
         match timed.as_mut().poll(cx) {
-            // The caller settles the probe with the answer (`after_check`, `after_timeout`).
+            // The caller settles the check with the answer (`after_check`, `after_timeout`).
             Poll::Ready(out) => Poll::Ready(out),
             Poll::Pending => {
                 this.state = Some(Checking::Timed(timed));
@@ -447,7 +463,7 @@ where
     }
 }
 
-impl<F, E> Drop for ProbeCheck<F, E>
+impl<F, E> Drop for BreakerCheck<F, E>
 where
     F: Future<Output = Result<Decision, E>> + Send + Unpin + 'static,
     E: Send + 'static,
@@ -458,7 +474,7 @@ where
         };
         let mut unsettled = Unsettled(Some((self.breaker.clone(), self.probe)));
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            // No runtime to finish the check on: `unsettled` hands the probe on as it drops.
+            // No runtime to finish the check on: `unsettled` hands a probe on as it drops.
             return;
         };
         let deadline = self.deadline;
@@ -473,20 +489,22 @@ where
     }
 }
 
-/// Counts the probe as failed if dropped while its thread panics (a poll of its store's future
-/// panicked).
-struct FailOnPanic<'a>(&'a Breaker, Probe);
+/// Counts the check as failed if dropped while its thread panics (a poll of its store's future
+/// panicked): the request's future unwinds without reaching the layer's own count.
+struct FailOnPanic<'a>(&'a Breaker, Option<Probe>);
 
 impl Drop for FailOnPanic<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            self.0.failure(Some(self.1));
+            self.0.errors[FailureKind::Error as usize].increment(1);
+            self.0.failure(self.1);
         }
     }
 }
 
-/// A probe whose answer is still to come: settled by it, or handed on if dropped without one.
-struct Unsettled(Option<(Arc<Breaker>, Probe)>);
+/// A check (a probe, or not) whose answer is still to come: settled by it, or, if dropped without
+/// one, a probe is handed on.
+struct Unsettled(Option<(Arc<Breaker>, Option<Probe>)>);
 
 impl Unsettled {
     fn settle<E>(&mut self, answer: Result<Result<Decision, E>, Elapsed>) {
@@ -495,11 +513,12 @@ impl Unsettled {
         };
         let kind = match answer {
             Ok(Ok(d)) => {
-                b.answered(&d, Some(probe));
+                b.answered(&d, probe);
                 tracing::debug!(
                     policy = %b.policy,
+                    probe = probe.is_some(),
                     state = ?b.state(),
-                    "rate-limit store probe settled after its request was dropped"
+                    "rate-limit store check settled after its request was dropped"
                 );
                 return;
             }
@@ -507,11 +526,12 @@ impl Unsettled {
             Err(_) => FailureKind::Timeout,
         };
         b.errors[kind as usize].increment(1);
-        b.failure(Some(probe));
+        b.failure(probe);
         tracing::warn!(
             policy = %b.policy,
+            probe = probe.is_some(),
             kind = kind.as_str(),
-            "rate-limit store probe failed (its request was dropped before the answer)"
+            "rate-limit store check failed (its request was dropped before the answer)"
         );
     }
 }
@@ -521,8 +541,9 @@ impl Drop for Unsettled {
         if let Some((b, probe)) = self.0.take() {
             if std::thread::panicking() {
                 // The check panicked in its task: a failure, as in the request's own future.
-                b.failure(Some(probe));
-            } else {
+                b.errors[FailureKind::Error as usize].increment(1);
+                b.failure(probe);
+            } else if let Some(probe) = probe {
                 b.probe_not_asked(probe);
             }
         }
@@ -774,7 +795,12 @@ mod tests {
         // Dropped before it was polled.
         let (b, p) = probing(&clock);
         let (tx, fut) = check();
-        drop(ProbeCheck::new(b.clone(), p, fut, Duration::from_secs(1)));
+        drop(BreakerCheck::new(
+            b.clone(),
+            Some(p),
+            fut,
+            Duration::from_secs(1),
+        ));
         assert_eq!(b.state(), CircuitState::HalfOpen);
         tx.send(Ok(allowed())).unwrap();
         settle().await;
@@ -783,7 +809,7 @@ mod tests {
         // Dropped while it waited; the store then fails: another cool-down.
         let (b, p) = probing(&clock);
         let (tx, fut) = check();
-        let mut probe = ProbeCheck::new(b.clone(), p, fut, Duration::from_secs(1));
+        let mut probe = BreakerCheck::new(b.clone(), Some(p), fut, Duration::from_secs(1));
         assert!(futures_poll(&mut probe).is_pending());
         drop(probe);
         settle().await;
@@ -796,7 +822,7 @@ mod tests {
         // Dropped while it waited; the store never answers: the layer's timeout settles it.
         let (b, p) = probing(&clock);
         let (tx, fut) = check();
-        let mut probe = ProbeCheck::new(b.clone(), p, fut, Duration::from_secs(1));
+        let mut probe = BreakerCheck::new(b.clone(), Some(p), fut, Duration::from_secs(1));
         assert!(futures_poll(&mut probe).is_pending());
         drop(probe);
         tokio::time::sleep(Duration::from_millis(999)).await;
@@ -813,7 +839,12 @@ mod tests {
         let clock = ManualClock::new();
         let (b, p) = probing(&clock);
         let (tx, fut) = check();
-        drop(ProbeCheck::new(b.clone(), p, fut, Duration::from_secs(1)));
+        drop(BreakerCheck::new(
+            b.clone(),
+            Some(p),
+            fut,
+            Duration::from_secs(1),
+        ));
         tx.send(Ok(allowed().cached())).unwrap();
         settle().await;
         assert_eq!(b.state(), CircuitState::Open);
@@ -827,7 +858,12 @@ mod tests {
         let clock = ManualClock::new();
         let (b, p) = probing(&clock);
         let (_tx, fut) = check();
-        drop(ProbeCheck::new(b.clone(), p, fut, Duration::from_secs(1)));
+        drop(BreakerCheck::new(
+            b.clone(),
+            Some(p),
+            fut,
+            Duration::from_secs(1),
+        ));
         assert_eq!(b.state(), CircuitState::Open);
         let p = probe(&b);
 
@@ -838,7 +874,12 @@ mod tests {
         let (_tx, fut) = check();
         {
             let _in_rt = rt.enter();
-            drop(ProbeCheck::new(b.clone(), p, fut, Duration::from_secs(1)));
+            drop(BreakerCheck::new(
+                b.clone(),
+                Some(p),
+                fut,
+                Duration::from_secs(1),
+            ));
         }
         assert_eq!(b.state(), CircuitState::HalfOpen, "its task is spawned");
         drop(rt);
@@ -853,7 +894,7 @@ mod tests {
         let clock = ManualClock::new();
         let (b, p) = probing(&clock);
         let fut: Sent = Box::pin(async { panic!("a store bug") });
-        let mut probe = ProbeCheck::new(b.clone(), p, fut, Duration::from_secs(1));
+        let mut probe = BreakerCheck::new(b.clone(), Some(p), fut, Duration::from_secs(1));
         let polled =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| futures_poll(&mut probe)));
         assert!(polled.is_err());
@@ -870,7 +911,7 @@ mod tests {
         let clock = ManualClock::new();
         let (b, p) = probing(&clock);
         let (tx, fut) = check();
-        let mut probe = ProbeCheck::new(b.clone(), p, fut, Duration::from_secs(1));
+        let mut probe = BreakerCheck::new(b.clone(), Some(p), fut, Duration::from_secs(1));
         tx.send(Ok(allowed())).unwrap();
         assert!(matches!((&mut probe).await, Ok(Ok(_))));
         drop(probe);

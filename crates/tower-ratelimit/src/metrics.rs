@@ -11,11 +11,13 @@
 //! `ratelimit_checks_cancelled_total` counts the store checks whose request was dropped before the
 //! store answered (its client went away, or a timeout of the caller's fired): they have no
 //! decision and are not in `ratelimit_decisions_total`, but the store may have counted them (the
-//! command was sent). A probe of the circuit breaker cancelled that way is still settled by the
-//! store's answer (see [`crate::circuit_breaker`]).
+//! command was sent). With a circuit breaker, such a check runs on to the layer's timeout and its
+//! answer still counts for the breaker (see [`crate::circuit_breaker`]); a failure or timeout of it
+//! is then counted in `ratelimit_store_errors_total` too.
 //!
 //! `ratelimit_store_duration_seconds` times every store answer that has to wait (the Redis store's,
-//! from the poll that sends the command to the reply). Answers that come at once (the in-memory
+//! from the poll that sends the command to the reply; except in sampled calls, from the end of
+//! that poll, which leaves out the microseconds it took to hand the command over). Answers that come at once (the in-memory
 //! store, a denial cache hit) take about 100 ns, and timing each added about 20 ns to a request
 //! (measured on 2026-11-29; docs/benchmarks.md), so about one in 64 of them, drawn at random, is
 //! timed: the histogram's count is then not the number of checks; `ratelimit_decisions_total` is.

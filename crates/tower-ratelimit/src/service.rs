@@ -18,7 +18,7 @@ use ratelimit_core::{Clock, Decision, Limit, MemoryStore, Store};
 use tower_service::Service;
 
 use crate::body::{BodyMode, WrapBody};
-use crate::circuit_breaker::{Admit, Breaker, CircuitState, Probe, ProbeCheck};
+use crate::circuit_breaker::{Admit, Breaker, BreakerCheck, CircuitState, Probe};
 use crate::future::ResponseFuture;
 use crate::key::KeyBuf;
 use crate::metrics::{FailureKind, Metrics};
@@ -547,11 +547,13 @@ where
                 // clock does not). (A check made outside any runtime is sent at that first
                 // poll instead, the Redis store's yielding here: its time still counts from
                 // here.)
-                let check = match (probe, &shared.breaker) {
-                    (Some(p), Some(b)) => {
-                        Check::Probe(ProbeCheck::new(b.clone(), p, check, shared.timeout))
+                // With a breaker, a check whose request is dropped before the answer runs on
+                // in a task of its own, and its answer or timeout counts (see `BreakerCheck`).
+                let check = match &shared.breaker {
+                    Some(b) => {
+                        Check::Breaker(BreakerCheck::new(b.clone(), probe, check, shared.timeout))
                     }
-                    _ => Check::Plain {
+                    None => Check::Plain {
                         check,
                         deadline: tokio::time::Instant::now() + shared.timeout,
                     },
@@ -562,7 +564,7 @@ where
                         Check::Plain { check, deadline } => {
                             tokio::time::timeout_at(deadline, check).await
                         }
-                        Check::Probe(mut check) => (&mut check).await,
+                        Check::Breaker(mut check) => (&mut check).await,
                     };
                     cancelled.answered();
                     shared.rt.metrics.store_duration(start.elapsed());
@@ -587,18 +589,19 @@ where
     }
 }
 
-/// A store check that has to wait, cut at its deadline: a probe's settles the circuit even if its
-/// request is dropped.
+/// A store check that has to wait, cut at its deadline: with a breaker, it settles the circuit
+/// even if its request is dropped.
 enum Check<F, E>
 where
     F: Future<Output = Result<Decision, E>> + Send + Unpin + 'static,
     E: Send + 'static,
 {
+    /// No breaker to settle.
     Plain {
         check: F,
         deadline: tokio::time::Instant,
     },
-    Probe(ProbeCheck<F, E>),
+    Breaker(BreakerCheck<F, E>),
 }
 
 /// Counts a check whose request was dropped before the store answered (the client went away, or
@@ -673,8 +676,10 @@ where
 
         // Store latency: an answer that comes at once (the in-memory store, a cached denial) is
         // timed about one call in TIMING_SAMPLE, since reading the clock twice cost about 20 ns a
-        // request (docs/benchmarks.md); an answer that has to wait is always timed, from its first poll
-        // (which sends the command) to its answer.
+        // request (docs/benchmarks.md); an answer that has to wait is always timed, to its answer
+        // from its first poll (which sends the command): from the poll's start if this call is
+        // sampled, else from its end, which leaves out the time the poll took to hand the
+        // command over (not the round trip).
         let sampled = sample_timing().then(Instant::now);
         let mut check = self
             .store

@@ -445,6 +445,58 @@ async fn only_one_probe_while_half_open() {
     assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
 }
 
+/// Callers that give up sooner than the layer's timeout (a gRPC deadline, an outer timeout, clients
+/// that disconnect) still open the circuit over a hanging store: a check whose request is dropped
+/// before the store answered runs on to its own deadline, and its timeout counts as a failure.
+/// Without that, every request would wait for the hung store until its caller gave up, and the
+/// failure policy would never act.
+#[tokio::test(start_paused = true)]
+async fn checks_dropped_before_the_timeout_still_open_the_circuit() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let store = Arc::new(HangingStore::default());
+    let layer = metrics::with_local_recorder(&recorder, || {
+        RateLimitLayer::builder(store.clone(), Policy::new("gone", per_minute(5)).unwrap())
+            .timeout(Duration::from_millis(80))
+            .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(30)).unwrap())
+            .build()
+            .unwrap()
+    });
+    let app = app(layer.clone());
+    for _ in 0..3 {
+        // The caller's deadline (20 ms) comes before the layer's timeout (80 ms).
+        let gave_up = tokio::time::timeout(Duration::from_millis(20), send(&app, request("/")));
+        assert!(gave_up.await.is_err());
+    }
+    assert_eq!(store.calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+    // The dropped checks reach their deadline in the background.
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    for _ in 0..10 {
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    // Open: the next request gets the failure policy at once, without asking the store.
+    let start = tokio::time::Instant::now();
+    let res = send(&app, request("/")).await;
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(res.status(), 200);
+    assert_eq!(verdict(&res), VerdictKind::FailedOpen);
+    assert_eq!(store.calls.load(std::sync::atomic::Ordering::SeqCst), 3);
+    let m = Recorded::take(&snapshotter);
+    assert_eq!(
+        m.counter("ratelimit_checks_cancelled_total", &[("policy", "gone")]),
+        3
+    );
+    assert_eq!(
+        m.counter(
+            "ratelimit_store_errors_total",
+            &[("policy", "gone"), ("kind", "timeout")]
+        ),
+        3
+    );
+    assert_eq!(m.outcome("gone", "failed_open"), 1);
+}
+
 /// A probe whose request is dropped (before its future ran, or while it waited) is settled by the
 /// store's answer all the same: a client that cancels every request it sends cannot keep the
 /// circuit open over a healthy store. The cancelled checks are counted.
@@ -532,6 +584,61 @@ async fn a_dropped_probe_is_settled_by_the_store_not_by_the_client() {
     assert_eq!(
         m.gauge("ratelimit_circuit_state", &[("policy", "drop")]),
         Some(0.0)
+    );
+}
+
+/// A store whose check panics while the request waits for it (its future's second poll): the
+/// request's task unwinds without the layer's own count, and the check still counts as a store
+/// error, towards opening the circuit as any failure does.
+#[tokio::test(start_paused = true)]
+async fn a_check_that_panics_while_waited_for_counts_as_a_failure() {
+    struct PanicsWhenWaited;
+    struct SecondPoll(bool);
+    impl std::future::Future for SecondPoll {
+        type Output = Result<ratelimit_core::Decision, StoreDown>;
+        fn poll(
+            mut self: std::pin::Pin<&mut Self>,
+            cx: &mut std::task::Context<'_>,
+        ) -> std::task::Poll<Self::Output> {
+            assert!(!self.0, "the store's check panicked");
+            self.0 = true;
+            cx.waker().wake_by_ref();
+            std::task::Poll::Pending
+        }
+    }
+    impl Store for PanicsWhenWaited {
+        type Error = StoreDown;
+        type Future = SecondPoll;
+        fn check(&self, _key: &[u8], _limit: &Limit, _cost: u64) -> Self::Future {
+            SecondPoll(false)
+        }
+    }
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let layer = metrics::with_local_recorder(&recorder, || {
+        RateLimitLayer::builder(
+            PanicsWhenWaited,
+            Policy::new("boom", per_minute(5)).unwrap(),
+        )
+        .circuit_breaker(CircuitBreaker::new(2, Duration::from_secs(30)).unwrap())
+        .build()
+        .unwrap()
+    });
+    let app = app(layer.clone());
+    for _ in 0..2 {
+        assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
+        let app = app.clone();
+        let task = tokio::spawn(async move { send(&app, request("/")).await });
+        assert!(task.await.unwrap_err().is_panic());
+    }
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    let m = Recorded::take(&snapshotter);
+    assert_eq!(
+        m.counter(
+            "ratelimit_store_errors_total",
+            &[("policy", "boom"), ("kind", "error")]
+        ),
+        2
     );
 }
 
