@@ -1,4 +1,5 @@
-//! Redis frozen (SIGSTOP) for two seconds in the middle of a load, then thawed (SIGCONT).
+//! Redis frozen (SIGSTOP) for two seconds in the middle of a load, then thawed (SIGCONT); and
+//! frozen under callers that give up before the layer does.
 //!
 //! The TCP connections stay open and nothing is answered: the worst case for latency. Every
 //! request must still be answered within the layer's store timeout (50 ms) plus a margin, the
@@ -212,4 +213,68 @@ async fn a_stalled_redis_costs_at_most_the_timeout_and_the_breaker_recovers() {
             .is_empty()
     );
     assert!(!logs.matching(&["circuit half-open"]).is_empty());
+}
+
+/// Callers whose deadline is shorter than the layer's timeout (a gRPC deadline, an outer timeout)
+/// drop every request before the layer gives up on a frozen Redis. Their checks still run on to
+/// the layer's timeout and count as failures, so the breaker opens and the failure policy answers
+/// at once, instead of every request waiting on the frozen server until its caller gives up.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn callers_that_give_up_first_still_open_the_breaker() {
+    use tower::ServiceExt;
+    use tower_ratelimit::{Verdict, VerdictKind};
+    let redis = RedisServer::start();
+    let store = store_builder(&redis.url()).build().await.expect("store");
+    let layer = RateLimitLayer::builder(
+        store,
+        Policy::new("impatient", per_minute(100)).expect("policy"),
+    )
+    .timeout(Duration::from_millis(300))
+    .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(60)).expect("breaker"))
+    .build()
+    .expect("layer");
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer.clone());
+    let request = || {
+        let mut req = http::Request::get("/")
+            .body(axum::body::Body::empty())
+            .unwrap();
+        req.extensions_mut().insert(axum::extract::ConnectInfo(
+            "192.0.2.7:4000".parse::<std::net::SocketAddr>().unwrap(),
+        ));
+        req
+    };
+    // Healthy first: the store decides.
+    let res = app.clone().oneshot(request()).await.unwrap();
+    assert_eq!(
+        res.extensions().get::<Verdict>().unwrap().kind(),
+        VerdictKind::Allowed
+    );
+
+    redis.pause();
+    for _ in 0..3 {
+        let gave_up =
+            tokio::time::timeout(Duration::from_millis(30), app.clone().oneshot(request())).await;
+        assert!(gave_up.is_err(), "a frozen Redis answered");
+    }
+    let opened = wait_until(Duration::from_secs(5), || async {
+        layer.circuit_state() == Some(CircuitState::Open)
+    })
+    .await;
+    redis.resume();
+    let opened = opened.expect("the breaker opens once the dropped checks time out");
+    println!(
+        "breaker open {:.0} ms after the last caller gave up",
+        ms(opened)
+    );
+    // Open: answered at once by the failure policy (fail open), without waiting on the store.
+    let start = Instant::now();
+    let res = app.clone().oneshot(request()).await.unwrap();
+    assert!(start.elapsed() < Duration::from_millis(300));
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        res.extensions().get::<Verdict>().unwrap().kind(),
+        VerdictKind::FailedOpen
+    );
 }
