@@ -790,7 +790,12 @@ impl<S, C> Leasing<S, C> {
         self.shared.shards.iter().map(|s| s.lock().len()).sum()
     }
 
-    /// Units held in live leases now, over every key (locks each entry in turn).
+    /// Units held in leases now, over every key (locks each entry in turn): granted, not yet
+    /// spent, and not yet dropped. A lease that has expired still counts here until the key's
+    /// next check or an eviction drops it, when its units move to
+    /// [`wasted_units`](LeasingStats::wasted_units); so `admitted + wasted + outstanding` accounts
+    /// for every unit taken from the store, and the units a gateway can still spend are at most
+    /// this.
     pub fn outstanding_units(&self) -> u64 {
         self.shared
             .shards
