@@ -107,6 +107,64 @@ async fn passwords_and_acl_users() {
     );
 }
 
+/// The least a Redis user needs (docs/redis.md, "Access control"): the store's own commands, the
+/// commands its scripts call (ACLs apply to those too), and its prefix's keys. Every algorithm,
+/// admitted and denied, single and several quotas, works under that user; a key outside the
+/// prefix is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_least_privilege_acl_user_is_enough() {
+    let server = RedisServer::builder()
+        .config(format!(
+            "user limiter on >l1miter resetkeys ~acl-rl:* -@all {LEAST_PRIVILEGE}"
+        ))
+        .start();
+    let url = format!("redis://limiter:l1miter@127.0.0.1:{}", server.port());
+    let store = RedisStore::builder(url.as_str())
+        .prefix("acl-rl")
+        .build()
+        .await
+        .unwrap();
+    for alg in Algorithm::ALL {
+        for limit in [
+            Limit::single(alg, Quota::per_minute(2).unwrap()).unwrap(),
+            Limit::new(
+                alg,
+                [Quota::per_minute(2).unwrap(), Quota::per_hour(5).unwrap()],
+            )
+            .unwrap(),
+        ] {
+            for expected in [true, true, false] {
+                let d = store.check(b"user-1", &limit, 1).await.unwrap();
+                assert_eq!(d.is_allowed(), expected, "{alg} {limit:?}");
+            }
+            // A peek, and a cost that never fits.
+            assert!(
+                store
+                    .check(b"user-1", &limit, 0)
+                    .await
+                    .unwrap()
+                    .is_allowed()
+            );
+            assert!(store.check(b"user-1", &limit, 9).await.unwrap().is_denied());
+        }
+    }
+    // The same user with another prefix: its keys are outside the pattern.
+    let other = RedisStore::builder(url.as_str())
+        .prefix("elsewhere")
+        .build()
+        .await
+        .unwrap();
+    let err = other.check(b"user-1", &limit(), 1).await.unwrap_err();
+    assert!(
+        matches!(&err, RedisStoreError::Redis(e) if e.code() == Some("NOPERM")),
+        "{err:?}"
+    );
+}
+
+/// The commands of the least-privilege user of docs/redis.md ("Access control").
+const LEAST_PRIVILEGE: &str = "+evalsha +script|load +ping +time +get +set +hmget +hset \
+    +lindex +llen +lrange +lset +ltrim +rpush +pexpire";
+
 /// The longest timeouts accepted (an hour) work: a check's deadline is counted without
 /// overflow. Longer ones are refused (`bad_settings_are_typed_errors`); before, a
 /// `response_timeout` of `Duration::MAX` built a store whose every check panicked.

@@ -80,7 +80,9 @@
 //!
 //! # Features
 //! - `axum` (default): [`key::PeerIp`], [`key::ClientIpKey`] and the matched route in
-//!   [`key::RouteKey`].
+//!   [`key::RouteKey`]. [`Policy::new`]'s default key is [`key::PeerIp`] with it, and
+//!   [`key::GlobalKey`] (one limit for every client together) without it: with
+//!   `default-features = false`, give every policy its key.
 //! - `serde`: policies from configuration files (the `config` module).
 #![forbid(unsafe_code)]
 #![cfg_attr(docsrs, feature(doc_cfg))]

@@ -6,9 +6,10 @@ use tower_ratelimit::{RateLimitLayer, key::{ApiKeyHeader, ClientIpKey}};
 fn app() -> Result<Router, Box<dyn std::error::Error>> {
     // One store for both policies (an `Arc<S>` is a store too).
     let store = std::sync::Arc::new(MemoryStore::new());
-    // Login: 5 a minute per client IP, behind our load balancer at 10.0.0.0/8; if the store is
-    // down, refuse (503) rather than let a password-guessing run through.
-    let client_ip = ClientIp::behind_proxies(["10.0.0.0/8"])?;
+    // Login: 5 a minute per client IP, behind our two load balancers; if the store is down,
+    // refuse (503) rather than let a password-guessing run through. List the balancers' own
+    // addresses, not a network with clients in it: a trusted address may name its own key.
+    let client_ip = ClientIp::behind_proxies(["10.0.0.10/32", "10.0.0.11/32"])?;
     let login = Policy::new("login", Limit::single(Algorithm::Gcra, Quota::per_minute(5)?)?)?
         .key(ClientIpKey::new(client_ip))
         .failure(FailurePolicy::fail_closed(Duration::from_secs(30)));
