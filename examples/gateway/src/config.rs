@@ -388,7 +388,13 @@ fn redact_key(key: &str) -> String {
 fn toml_error(field: &str, e: &toml::de::Error, text: &str) -> ConfigError {
     let mut message = e.message().trim_end().to_owned();
     if let Some(span) = e.span() {
-        let before = &text[..span.start.min(text.len())];
+        // The text before the error, cut at a character boundary (a span inside a character
+        // would make the slice panic).
+        let mut at = span.start.min(text.len());
+        while !text.is_char_boundary(at) {
+            at -= 1;
+        }
+        let before = &text[..at];
         let line = before.matches('\n').count() + 1;
         let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
         message.push_str(&format!(" (line {line}, column {column})"));

@@ -744,3 +744,22 @@ async fn the_methods_table_matches_the_router() {
         }
     }
 }
+
+/// A syntax error is placed by line and by column in characters, not bytes, on lines with
+/// non-ASCII text; and a file cut anywhere (each prefix of one full of multi-byte characters) is
+/// an error message or a config, never a panic.
+#[test]
+fn syntax_errors_are_placed_in_characters_and_never_panic() {
+    let text = "# Réglages — 🙂\nlisten = \"ключ\" x\n";
+    let err = Config::from_toml(text).expect_err(text).to_string();
+    assert!(err.contains("(line 2, column 17)"), "{err}");
+    let full = format!("# Réglages — 🙂 ключ\n{MEMORY}# fin: ✓ 🙂\nlisten = \"é🙂\"\n");
+    let mut errors = 0;
+    for (at, _) in full.char_indices() {
+        if let Err(e) = Config::from_toml(&full[..at]) {
+            assert!(!e.to_string().is_empty());
+            errors += 1;
+        }
+    }
+    assert!(errors > 0, "some prefixes are not valid configurations");
+}
