@@ -311,50 +311,33 @@ impl Connection {
             // other nodes redirect to it until it fails over; a new master), the client rebuilds
             // every connection from its seed list, stalling every key, and did so at every such
             // check (`a_dead_masters_checks_do_not_reconnect_the_whole_cluster`).
-            Route::Node(host, port) => self.side_send(host, *port, false, script, cmd).await,
-            Route::Asking(host, port) => self.side_send(host, *port, true, script, cmd).await,
+            Route::Node(host, port) => self.nodes.side_send(host, *port, false, script, cmd).await,
+            Route::Asking(host, port) => self.nodes.side_send(host, *port, true, script, cmd).await,
         }
     }
+}
 
-    /// Sends `cmd` (after `ASKING` if `asking`) over a side connection to `host:port`. The node
-    /// is not one the cluster client loads scripts on, so `NOSCRIPT` is answered here: the script
-    /// is loaded on that node and sent once more.
-    async fn side_send(
-        &self,
-        host: &str,
-        port: u16,
-        asking: bool,
-        script: &redis::Script,
-        cmd: &Cmd,
-    ) -> Result<Value, RedisError> {
-        let key = (host.to_owned(), port);
-        let cell = {
+/// A side connection's check, until its reply: if dropped without one, or with a broken
+/// connection's error, the connection leaves the node's cell (unless another has taken its place)
+/// and the next check redirected there makes a new one.
+struct Unanswered<'a> {
+    nodes: &'a Nodes,
+    key: &'a (String, u16),
+    cell: &'a Arc<SideConnection>,
+    armed: bool,
+}
+
+impl Drop for Unanswered<'_> {
+    fn drop(&mut self) {
+        if self.armed {
             let mut side = lock(&self.nodes.side);
-            if side.len() >= MAX_SIDE_CONNECTIONS && !side.contains_key(&key) {
-                // Connections in use stay with their checks; later ones make new ones.
-                side.clear();
-            }
-            Arc::clone(side.entry(key.clone()).or_default())
-        };
-        // One connection made at a time per node, whatever the number of checks redirected to
-        // it at once (a slot's move, a failover: every check of the slot in flight is
-        // redirected): the others wait for it instead of each making its own. If the check
-        // making it gives up (its deadline), a waiting one takes over.
-        let mut conn = cell
-            .get_or_try_init(|| self.nodes.connect(host, port))
-            .await?
-            .clone();
-        let reply = eval_on(&mut conn, script, cmd, asking).await;
-        if let Err(e) = &reply
-            && is_broken(e)
-        {
-            // This connection's cell only: another check may have put a new one in its place.
-            let mut side = lock(&self.nodes.side);
-            if side.get(&key).is_some_and(|c| Arc::ptr_eq(c, &cell)) {
-                side.remove(&key);
+            if side
+                .get(self.key)
+                .is_some_and(|c| Arc::ptr_eq(c, self.cell))
+            {
+                side.remove(self.key);
             }
         }
-        reply
     }
 }
 
@@ -403,6 +386,49 @@ fn one_reply(mut replies: Vec<Value>) -> Result<Value, RedisError> {
 }
 
 impl Nodes {
+    /// Sends `cmd` (after `ASKING` if `asking`) over a side connection to `host:port`. The node
+    /// is not one the cluster client loads scripts on, so `NOSCRIPT` is answered here: the script
+    /// is loaded on that node and sent once more.
+    pub(crate) async fn side_send(
+        &self,
+        host: &str,
+        port: u16,
+        asking: bool,
+        script: &redis::Script,
+        cmd: &Cmd,
+    ) -> Result<Value, RedisError> {
+        let key = (host.to_owned(), port);
+        let cell = {
+            let mut side = lock(&self.side);
+            if side.len() >= MAX_SIDE_CONNECTIONS && !side.contains_key(&key) {
+                // Connections in use stay with their checks; later ones make new ones.
+                side.clear();
+            }
+            Arc::clone(side.entry(key.clone()).or_default())
+        };
+        // One connection made at a time per node, whatever the number of checks redirected to
+        // it at once (a slot's move, a failover: every check of the slot in flight is
+        // redirected): the others wait for it instead of each making its own. If the check
+        // making it gives up (its deadline), a waiting one takes over.
+        let mut conn = cell
+            .get_or_try_init(|| self.connect(host, port))
+            .await?
+            .clone();
+        // Dropped before the reply (the check's deadline), the connection goes too: side
+        // connections sit idle between redirections, and one that a firewall or a NAT has
+        // silently dropped meanwhile would otherwise hold every check redirected to its node
+        // until its deadline, for as long as the kernel keeps the dead socket (minutes).
+        let mut unanswered = Unanswered {
+            nodes: self,
+            key: &key,
+            cell: &cell,
+            armed: true,
+        };
+        let reply = eval_on(&mut conn, script, cmd, asking).await;
+        unanswered.armed = matches!(&reply, Err(e) if is_broken(e));
+        reply
+    }
+
     async fn connect(&self, host: &str, port: u16) -> Result<MultiplexedConnection, RedisError> {
         let Some(template) = &self.template else {
             return Err(RedisError::from((
@@ -534,6 +560,41 @@ fn next(error: &RedisError, route: &Route) -> Next {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A side connection that goes silent (a firewall or a NAT dropped it while it sat idle
+    /// between redirections) is dropped by the first check it leaves unanswered: the next check
+    /// redirected to the node makes a new connection and is answered, instead of waiting on the
+    /// dead one until its own deadline, check after check.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_side_connection_left_unanswered_is_replaced() {
+        use redis::IntoConnectionInfo;
+        use redis_harness::{RedisServer, proxy::Proxy};
+        let server = RedisServer::start();
+        let proxy = Proxy::start(server.port());
+        let nodes = Nodes {
+            template: Some(proxy.url().into_connection_info().unwrap()),
+            connect_timeout: Duration::from_secs(1),
+            side: Mutex::new(HashMap::new()),
+        };
+        let script = redis::Script::new("return 7");
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(0);
+        let send = || nodes.side_send("127.0.0.1", proxy.port(), false, &script, &cmd);
+        assert_eq!(send().await.unwrap(), Value::Int(7));
+        let accepted = proxy.accepted();
+        // Silent from here on (its next chunk is held for an hour); new connections are served at
+        // once.
+        proxy.set_latency(Duration::from_secs(3_600));
+        let gave_up = tokio::time::timeout(Duration::from_millis(200), send()).await;
+        assert!(gave_up.is_err(), "a silent connection answered");
+        proxy.set_latency(Duration::ZERO);
+        let next = tokio::time::timeout(Duration::from_secs(2), send()).await;
+        assert_eq!(
+            next.expect("answered on a new connection").unwrap(),
+            Value::Int(7)
+        );
+        assert_eq!(proxy.accepted(), accepted + 1, "one new connection");
+    }
 
     /// The masters of a `CLUSTER SLOTS` reply, once each, without replicas or unusable hosts.
     #[test]
