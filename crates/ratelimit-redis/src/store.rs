@@ -1078,6 +1078,12 @@ impl RedisStoreBuilder {
     /// take twice this plus three response timeouts, so that a node that does not answer fails
     /// alone. [`build`](Self::build) opens the pool's connections one after another, so with a
     /// node silent at startup it may take [`pool_size`](Self::pool_size) times that.
+    ///
+    /// The cluster client's own connections (to the seeds, and to every node at each refresh of
+    /// its slot map) take at most half the [`response_timeout`](Self::response_timeout) instead,
+    /// if that is shorter: each refresh holds every key's command while it connects, and a master
+    /// gone from the network (packets dropped, not refused) would otherwise hold them past their
+    /// deadline at every redirection of its keys, until its replica took over.
     pub fn connect_timeout(mut self, d: Duration) -> Self {
         self.connect_timeout = d;
         self

@@ -960,3 +960,75 @@ async fn a_burst_of_redirected_checks_does_not_stall_the_cluster_client() {
     assert_eq!(evalsha(source), at_source, "the old owner was asked");
     assert_ne!(evalsha(target), at_target, "the new owner was not asked");
 }
+
+/// A master gone from the network (its host down: connection attempts get no answer, where a
+/// killed process on a live host refuses them at once). Until its replica takes over, every check
+/// of its keys is redirected to it, and each redirection makes the cluster client refresh its
+/// slot map, holding every other command while it tries to connect to that master. The other
+/// masters' checks must still be answered: the client's connect timeout is kept under half the
+/// response timeout (with the default 1 s, above the 500 ms here, 6 of 11 of them failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_gone_from_the_network_leaves_the_other_masters_answering() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let mut cluster =
+        RedisCluster::start_with_replicas(3, 0, &["cluster-require-full-coverage no"]);
+    // The default connect timeout (1 s), longer than the response timeout.
+    let store = store_on(&cluster, "unreachable-master", Duration::from_millis(500)).await;
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100_000).unwrap()).unwrap();
+    let (victim, bystander) = victim_and_bystander(&cluster, &store, &limit);
+    store.check(b"victim", &limit, 1).await.unwrap();
+    store.check(bystander.as_bytes(), &limit, 1).await.unwrap();
+    cluster.kill_node(victim);
+    // The master's port swallows connection attempts: a listener whose accept queue is full
+    // drops the SYNs it gets, as a host gone from the network does.
+    let hole = std::net::TcpListener::bind(("127.0.0.1", victim)).unwrap();
+    let address: std::net::SocketAddr = ([127, 0, 0, 1], victim).into();
+    let mut queued = Vec::new();
+    while let Ok(s) = std::net::TcpStream::connect_timeout(&address, Duration::from_millis(100)) {
+        queued.push(s);
+        assert!(queued.len() < 10_000, "the accept queue never filled");
+    }
+    let start = std::time::Instant::now();
+    let during = Duration::from_secs(3);
+    let victims = {
+        let store = store.clone();
+        let limit = limit.clone();
+        tokio::spawn(async move {
+            let mut failed = 0;
+            while start.elapsed() < during {
+                failed += usize::from(store.check(b"victim", &limit, 1).await.is_err());
+            }
+            failed
+        })
+    };
+    let mut answered = Vec::new();
+    let mut failed = Vec::new();
+    while start.elapsed() < during {
+        let sent = std::time::Instant::now();
+        match store.check(bystander.as_bytes(), &limit, 1).await {
+            Ok(_) => answered.push(sent.elapsed()),
+            Err(e) => failed.push(e.to_string()),
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    let victims_failed = victims.await.unwrap();
+    answered.sort_unstable();
+    println!(
+        "other master: {} answered (median {:?}, slowest {:?}), {} failed; dead master: {} \
+         checks failed",
+        answered.len(),
+        answered.get(answered.len() / 2),
+        answered.last(),
+        failed.len(),
+        victims_failed
+    );
+    assert!(victims_failed > 0, "the dead master's checks fail");
+    assert!(
+        failed.is_empty(),
+        "{} of the other master's checks failed, the first with {:?}",
+        failed.len(),
+        failed.first()
+    );
+    assert!(answered.len() > 10);
+    drop(hole);
+}
