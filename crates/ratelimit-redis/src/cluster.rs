@@ -92,7 +92,7 @@ impl Manager {
 /// connect timeout, and with it every key of every master. Every check of that master's keys is
 /// redirected to it and starts another refresh, so with the default connect timeout (1 s) longer
 /// than the response timeout (500 ms) the other masters' checks failed too, until the failover
-/// (`a_master_gone_from_the_network_leaves_the_other_masters_answering`: 6 of 11 failed).
+/// (`a_master_gone_from_the_network_leaves_the_other_masters_answering`: 3 of 7 failed).
 pub(crate) fn client_connect_timeout(
     connect_timeout: Duration,
     response_timeout: Duration,
@@ -404,7 +404,7 @@ impl Nodes {
     /// Sends `cmd` (after `ASKING` if `asking`) over a side connection to `host:port`. The node
     /// is not one the cluster client loads scripts on, so `NOSCRIPT` is answered here: the script
     /// is loaded on that node and sent once more.
-    pub(crate) async fn side_send(
+    async fn side_send(
         &self,
         host: &str,
         port: u16,

@@ -17,10 +17,11 @@
 //!
 //! `ratelimit_store_duration_seconds` times every store answer that has to wait (the Redis store's,
 //! from the poll that sends the command to the reply; except in sampled calls, from the end of
-//! that poll, which leaves out the microseconds it took to hand the command over). Answers that come at once (the in-memory
-//! store, a denial cache hit) take about 100 ns, and timing each added about 20 ns to a request
-//! (measured on 2026-11-29; docs/benchmarks.md), so about one in 64 of them, drawn at random, is
-//! timed: the histogram's count is then not the number of checks; `ratelimit_decisions_total` is.
+//! that poll, which leaves out the microseconds it took to hand the command over). Answers that
+//! come at once (the in-memory store, a denial cache hit) take about 100 ns, and timing each
+//! added about 20 ns to a request (measured on 2026-11-29; docs/benchmarks.md), so about one in
+//! 64 of them, drawn at random, is timed: the histogram's count is then not the number of checks;
+//! `ratelimit_decisions_total` is.
 //!
 //! The policy's name is the `policy` label: layers that share a name share these series (their
 //! counters add up, and their circuits write one gauge), so give each layer of an app its own.
