@@ -57,9 +57,12 @@ pub(crate) struct Manager {
 }
 
 impl Manager {
+    /// `client_connect_timeout` is the cluster client's (see [`client_connect_timeout`]);
+    /// `connect_timeout` the side connections'.
     pub(crate) fn new(
         infos: Vec<ConnectionInfo>,
         connect_timeout: Duration,
+        client_connect_timeout: Duration,
         response_timeout: Duration,
     ) -> Result<Self, RedisError> {
         let template = infos.first().cloned();
@@ -70,7 +73,7 @@ impl Manager {
         // every key, until it answered again, and no new connection could ever be made.
         let client = ClusterClientBuilder::new(infos)
             .retries(0)
-            .connection_timeout(client_connect_timeout(connect_timeout, response_timeout))
+            .connection_timeout(client_connect_timeout)
             .response_timeout(response_timeout)
             .tcp_settings(tcp_settings())
             .build()?;
@@ -85,7 +88,8 @@ impl Manager {
     }
 }
 
-/// The cluster client's connect timeout: the store's, but at most half the response timeout.
+/// The cluster client's connect timeout when the store's is left at its default: that, but at
+/// most half the response timeout.
 /// The client refreshes its slot map after every `MOVED` (retries or not), holding the write lock
 /// of its connection table while it connects to every node the map names; a master gone from the
 /// network (its host down, its packets dropped, not refused) holds each refresh for the whole

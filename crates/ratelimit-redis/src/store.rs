@@ -289,6 +289,8 @@ pub struct RedisStoreBuilder {
     prefix: String,
     pool_size: usize,
     connect_timeout: Duration,
+    /// Whether `connect_timeout` was set (the cluster client's is capped only when it was not).
+    connect_timeout_set: bool,
     wait_timeout: Duration,
     response_timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
@@ -1018,6 +1020,7 @@ impl RedisStoreBuilder {
             prefix: DEFAULT_PREFIX.to_owned(),
             pool_size: DEFAULT_POOL_SIZE,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            connect_timeout_set: false,
             wait_timeout: DEFAULT_WAIT_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             clock: None,
@@ -1079,13 +1082,16 @@ impl RedisStoreBuilder {
     /// alone. [`build`](Self::build) opens the pool's connections one after another, so with a
     /// node silent at startup it may take [`pool_size`](Self::pool_size) times that.
     ///
-    /// The cluster client's own connections (to the seeds, and to every node at each refresh of
-    /// its slot map) take at most half the [`response_timeout`](Self::response_timeout) instead,
-    /// if that is shorter: each refresh holds every key's command while it connects, and a master
-    /// gone from the network (packets dropped, not refused) would otherwise hold them past their
-    /// deadline at every redirection of its keys, until its replica took over.
+    /// Left at its default on a cluster, the cluster client's own connections (to the seeds, and
+    /// to every node at each refresh of its slot map) take at most half the
+    /// [`response_timeout`](Self::response_timeout) instead, if that is shorter: each refresh
+    /// holds every key's command while it connects, and a master gone from the network (packets
+    /// dropped, not refused) would otherwise hold them past their deadline at every redirection
+    /// of its keys, until its replica took over. Set, it is used as set: above half the response
+    /// timeout, such a master then costs the other masters' checks that long at each refresh.
     pub fn connect_timeout(mut self, d: Duration) -> Self {
         self.connect_timeout = d;
+        self.connect_timeout_set = true;
         self
     }
 
@@ -1204,10 +1210,20 @@ impl RedisStoreBuilder {
         // and start a reconnect gap.
         let pool_max = self.pool_size.saturating_mul(2);
         let backend = if self.cluster {
-            let manager = cluster::Manager::new(infos, self.connect_timeout, self.response_timeout)
-                .map_err(|e| {
-                    RedisStoreError::config("url", format!("cannot use the cluster URLs: {e}"))
-                })?;
+            let client_connect_timeout = if self.connect_timeout_set {
+                self.connect_timeout
+            } else {
+                cluster::client_connect_timeout(self.connect_timeout, self.response_timeout)
+            };
+            let manager = cluster::Manager::new(
+                infos,
+                self.connect_timeout,
+                client_connect_timeout,
+                self.response_timeout,
+            )
+            .map_err(|e| {
+                RedisStoreError::config("url", format!("cannot use the cluster URLs: {e}"))
+            })?;
             let pool = deadpool::managed::Pool::builder(manager)
                 .max_size(pool_max)
                 .wait_timeout(Some(self.wait_timeout))

@@ -30,8 +30,9 @@
 //! answer or timeout counts as it would have for the request. So callers that give up sooner than
 //! the layer's timeout (a gRPC deadline, an outer timeout) still open the circuit over a hanging
 //! store, instead of each waiting on it until it gives up while the failure policy never acts.
-//! The one failure left uncounted is a lost probe's that arrives after the probe sent after it
-//! settled the circuit: it is older evidence than that probe's.
+//! Left uncounted: a lost probe's failure that arrives after the probe sent after it settled the
+//! circuit (older evidence than that probe's), and a dropped check with no tokio runtime current
+//! to finish it on.
 //!
 //! Time is read from the layer's [`ratelimit_core::Clock`], so tests drive it with a
 //! `ManualClock` instead of sleeping.
@@ -153,9 +154,9 @@ pub(crate) struct Probe(std::num::NonZeroU64);
 
 pub(crate) struct Breaker {
     config: CircuitBreaker,
-    /// Failures of probes settled in the background (their requests dropped), by
-    /// [`FailureKind`] (`Error`, `Timeout`): counted here, as the layer counts those of the
-    /// requests it answers.
+    /// Failures of checks settled in the background (their requests dropped) and of store
+    /// futures that panicked while waited for, by [`FailureKind`] (`Error`, `Timeout`): counted
+    /// here, as the layer counts those of the requests it answers.
     errors: [metrics::Counter; 2],
     /// The state and when it began (opened; or half-open, when the probe went out), in one word
     /// (`since_µs << 2 | state`), so that the two always change together.

@@ -216,9 +216,10 @@ async fn a_stalled_redis_costs_at_most_the_timeout_and_the_breaker_recovers() {
 }
 
 /// Callers whose deadline is shorter than the layer's timeout (a gRPC deadline, an outer timeout)
-/// drop every request before the layer gives up on a frozen Redis. Their checks still run on to
-/// the layer's timeout and count as failures, so the breaker opens and the failure policy answers
-/// at once, instead of every request waiting on the frozen server until its caller gives up.
+/// drop every request before the layer gives up on a frozen Redis. Their checks still run on in
+/// the background (here until the store's own 200 ms response timeout, under the layer's 300 ms)
+/// and count as failures, so the breaker opens and the failure policy answers at once, instead
+/// of every request waiting on the frozen server until its caller gives up.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn callers_that_give_up_first_still_open_the_breaker() {
     use tower::ServiceExt;
