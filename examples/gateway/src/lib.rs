@@ -140,10 +140,16 @@ fn redis_builder(store: &config::StoreConfig) -> RedisStoreBuilder {
         Some(url) => RedisStore::builder(url.clone()),
         None => RedisStore::cluster(store.urls.iter().cloned()),
     };
-    builder
+    let builder = builder
         .prefix(store.prefix().to_owned())
-        .pool_size(store.pool_size())
-        .connect_timeout(Duration::from_millis(store.connect_timeout_ms()))
+        .pool_size(store.pool_size());
+    // Only when set: left at the store's default, a cluster client's connect timeout is held
+    // under half the response timeout (see `RedisStoreBuilder::connect_timeout`).
+    let builder = match store.connect_timeout_ms {
+        Some(ms) => builder.connect_timeout(Duration::from_millis(ms)),
+        None => builder,
+    };
+    builder
         // The store's own timer on the layer's budget, so that a longer `timeout_ms` is not cut
         // by the store's default 500 ms, plus 10 ms: the store's timer starts first (the layer
         // polls the check once in `call`, and takes its own deadline just after), and the
