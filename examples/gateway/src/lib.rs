@@ -41,6 +41,18 @@ pub enum StartError {
     Store(RedisStoreError),
 }
 
+impl StartError {
+    /// The process's exit status for this error: 3 when the store could not be reached (Redis
+    /// down or restarting: starting again later may succeed, so a supervisor should retry), 2
+    /// for everything a restart cannot mend (the file, a setting, credentials Redis refused).
+    pub fn exit_status(&self) -> u8 {
+        match self {
+            StartError::Store(e) if !e.is_refused_credentials() => 3,
+            _ => 2,
+        }
+    }
+}
+
 impl std::fmt::Display for StartError {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {

@@ -179,7 +179,7 @@ async fn main() -> ExitCode {
         Ok(r) => r,
         Err(e) => {
             eprintln!("error in {}: {e}", args.config.display());
-            return ExitCode::from(2);
+            return ExitCode::from(e.exit_status());
         }
     };
     if args.check {

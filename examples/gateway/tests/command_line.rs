@@ -33,3 +33,45 @@ fn arguments_that_are_not_utf8_are_usage_errors() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("expected IP:PORT"), "{err}");
 }
+
+/// Redis unreachable at start is exit status 3, which a supervisor may retry (Redis may be
+/// restarting); credentials Redis refuses are status 2, as a wrong file is: no retry mends them.
+#[test]
+fn redis_unreachable_at_start_is_status_3_and_refused_credentials_status_2() {
+    let redis = include_str!("../gateway-redis.toml");
+    let with_url = |url: &str| {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gateway.toml");
+        std::fs::write(
+            &path,
+            redis.replace(
+                "url = \"redis://127.0.0.1:6379\"",
+                &format!("url = \"{url}\""),
+            ),
+        )
+        .unwrap();
+        let out = gateway(&[
+            OsStr::new("--config"),
+            path.as_os_str(),
+            OsStr::new("--check"),
+        ]);
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    // A port with nothing listening: refused at once.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let (status, err) = with_url(&format!("redis://127.0.0.1:{port}"));
+    assert_eq!(status, Some(3), "{err}");
+    assert!(err.contains("store: "), "{err}");
+
+    let server = redis_harness::RedisServer::builder()
+        .password("right")
+        .start();
+    let (status, err) = with_url(&format!("redis://:wrong@127.0.0.1:{}", server.port()));
+    assert_eq!(status, Some(2), "{err}");
+    assert!(!err.contains("wrong"), "the password is not echoed: {err}");
+}
