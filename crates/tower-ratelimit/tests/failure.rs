@@ -10,7 +10,6 @@ use std::time::Duration;
 use axum::Router;
 use axum::routing::get;
 use common::*;
-use metrics_util::debugging::DebuggingRecorder;
 use ratelimit_core::{Algorithm, Limit, ManualClock, Quota, Store};
 use tower_ratelimit::{
     BodyMode, CircuitBreaker, CircuitState, FailurePolicy, Policy, RateLimitLayer, Verdict,
@@ -54,9 +53,7 @@ fn verdict(res: &http::Response<axum::body::Body>) -> VerdictKind {
 
 #[tokio::test]
 async fn fail_open_lets_requests_through_and_records_them() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let layer = metrics::with_local_recorder(&recorder, || {
+    let (layer, snapshotter) = recorded(|| {
         RateLimitLayer::builder(
             FailingStore::default(),
             Policy::new("open", per_minute(1))
@@ -103,10 +100,8 @@ async fn fail_closed_answers_503_with_retry_after() {
 #[tokio::test]
 async fn fallback_counts_locally_against_a_share_of_the_limit() {
     let clock = ManualClock::new();
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
     // 6 a minute shared by 3 gateways: 2 a minute each while the store is down.
-    let layer = metrics::with_local_recorder(&recorder, || {
+    let (layer, snapshotter) = recorded(|| {
         RateLimitLayer::builder(
             FailingStore::default(),
             Policy::new("fb", per_minute(6))
@@ -148,10 +143,8 @@ async fn fallback_counts_locally_against_a_share_of_the_limit() {
 
 #[tokio::test(start_paused = true)]
 async fn a_hanging_store_is_cut_at_the_timeout() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
     let store = Arc::new(HangingStore::default());
-    let layer = metrics::with_local_recorder(&recorder, || {
+    let (layer, snapshotter) = recorded(|| {
         RateLimitLayer::builder(
             store.clone(),
             Policy::new("hang", per_minute(5))
@@ -296,10 +289,8 @@ async fn a_store_that_has_to_wait_answers_in_the_inner_body_type_with_same_body(
 #[test]
 fn waiting_answers_are_all_timed_immediate_ones_sampled() {
     let counts = std::thread::spawn(|| {
-        let recorder = DebuggingRecorder::new();
-        let snapshotter = recorder.snapshotter();
         let (_clock, memory) = store();
-        let (waiting, immediate) = metrics::with_local_recorder(&recorder, || {
+        let ((waiting, immediate), snapshotter) = recorded(|| {
             let waiting = RateLimitLayer::new(
                 Arc::new(SwitchStore::new(memory.clone())),
                 Policy::new("waiting", per_minute(10_000)).unwrap(),
@@ -342,12 +333,10 @@ fn waiting_answers_are_all_timed_immediate_ones_sampled() {
 #[tokio::test(start_paused = true)]
 async fn the_breaker_opens_after_the_configured_failures_and_half_opens_later() {
     let clock = ManualClock::new();
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
     let (_store_clock, memory) = store();
     let store = Arc::new(SwitchStore::new(memory));
     store.set_down(true);
-    let layer = metrics::with_local_recorder(&recorder, || {
+    let (layer, snapshotter) = recorded(|| {
         RateLimitLayer::builder(
             store.clone(),
             Policy::new("cb", per_minute(100))
@@ -452,10 +441,8 @@ async fn only_one_probe_while_half_open() {
 /// failure policy would never act.
 #[tokio::test(start_paused = true)]
 async fn checks_dropped_before_the_timeout_still_open_the_circuit() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
     let store = Arc::new(HangingStore::default());
-    let layer = metrics::with_local_recorder(&recorder, || {
+    let (layer, snapshotter) = recorded(|| {
         RateLimitLayer::builder(store.clone(), Policy::new("gone", per_minute(5)).unwrap())
             .timeout(Duration::from_millis(80))
             .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(30)).unwrap())
@@ -503,13 +490,11 @@ async fn checks_dropped_before_the_timeout_still_open_the_circuit() {
 #[tokio::test(start_paused = true)]
 async fn a_dropped_probe_is_settled_by_the_store_not_by_the_client() {
     use tower::{Service, ServiceExt};
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
     let clock = ManualClock::new();
     let (_store_clock, memory) = store();
     let store = Arc::new(SwitchStore::new(memory));
     store.set_down(true);
-    let layer = metrics::with_local_recorder(&recorder, || {
+    let (layer, snapshotter) = recorded(|| {
         RateLimitLayer::builder(store.clone(), Policy::new("drop", per_minute(9)).unwrap())
             .circuit_breaker(CircuitBreaker::new(1, Duration::from_secs(5)).unwrap())
             .clock(clock.clone())
@@ -613,9 +598,7 @@ async fn a_check_that_panics_while_waited_for_counts_as_a_failure() {
             SecondPoll(false)
         }
     }
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    let layer = metrics::with_local_recorder(&recorder, || {
+    let (layer, snapshotter) = recorded(|| {
         RateLimitLayer::builder(
             PanicsWhenWaited,
             Policy::new("boom", per_minute(5)).unwrap(),

@@ -9,7 +9,6 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::{get, post};
 use common::*;
-use metrics_util::debugging::DebuggingRecorder;
 use ratelimit_core::{Algorithm, Limit, Quota};
 use tower::Service;
 use tower::ServiceExt;
@@ -183,10 +182,8 @@ async fn a_multi_quota_policy_never_half_consumes() {
 
 #[tokio::test]
 async fn dry_run_never_denies_but_counts() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
     let (_clock, store) = store();
-    let layer = metrics::with_local_recorder(&recorder, || {
+    let (layer, snapshotter) = recorded(|| {
         RateLimitLayer::new(
             store,
             Policy::new("shadow", per_minute(2)).unwrap().dry_run(true),
@@ -217,10 +214,8 @@ async fn dry_run_never_denies_but_counts() {
 
 #[tokio::test]
 async fn metrics_by_policy_and_outcome() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
     let (_clock, store) = store();
-    let layer = metrics::with_local_recorder(&recorder, || {
+    let (layer, snapshotter) = recorded(|| {
         RateLimitLayer::new(
             store,
             Policy::new("m", per_minute(2))

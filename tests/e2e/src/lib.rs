@@ -27,6 +27,17 @@ use ratelimit_core::{Algorithm, Limit, Quota, Store};
 use ratelimit_redis::{RedisStore, RedisStoreBuilder};
 use tower_ratelimit::{CircuitBreaker, FailurePolicy, Policy, RateLimitLayer};
 
+/// A `GET /` from `peer`, as a router served with `into_make_service_with_connect_info` gets it:
+/// for calling a layer in process, without a server.
+pub fn request_from(peer: std::net::SocketAddr) -> http::Request<axum::body::Body> {
+    let mut req = http::Request::get("/")
+        .body(axum::body::Body::empty())
+        .expect("a valid request");
+    req.extensions_mut()
+        .insert(axum::extract::ConnectInfo(peer));
+    req
+}
+
 /// A token bucket of `n` per minute (bursts of `n`).
 pub fn per_minute(n: u64) -> Limit {
     Limit::single(

@@ -8,7 +8,6 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use axum::body::Body;
-use axum::extract::ConnectInfo;
 use http::{Request, Response};
 use ratelimit_core::{DenialCache, Store, SystemClock};
 use ratelimit_e2e::{fault_layer, store_builder};
@@ -40,10 +39,7 @@ where
             .map(|_| {
                 let ready = svc.poll_ready(&mut Context::from_waker(Waker::noop()));
                 assert!(matches!(ready, Poll::Ready(Ok(()))));
-                let mut req = Request::new(Body::empty());
-                req.extensions_mut()
-                    .insert(ConnectInfo(std::net::SocketAddr::from(([10, 0, 0, 1], 1))));
-                svc.call(req)
+                svc.call(ratelimit_e2e::request_from(([10, 0, 0, 1], 1).into()))
             })
             .collect::<Vec<_>>()
     })

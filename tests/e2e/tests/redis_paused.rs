@@ -237,15 +237,7 @@ async fn callers_that_give_up_first_still_open_the_breaker() {
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(layer.clone());
-    let request = || {
-        let mut req = http::Request::get("/")
-            .body(axum::body::Body::empty())
-            .unwrap();
-        req.extensions_mut().insert(axum::extract::ConnectInfo(
-            "192.0.2.7:4000".parse::<std::net::SocketAddr>().unwrap(),
-        ));
-        req
-    };
+    let request = || ratelimit_e2e::request_from(([192, 0, 2, 7], 4000).into());
     // Healthy first: the store decides.
     let res = app.clone().oneshot(request()).await.unwrap();
     assert_eq!(

@@ -165,6 +165,15 @@ impl Store for SwitchStore {
     }
 }
 
+/// What `build` makes (a layer, whose metric handles are registered as it is built), with the
+/// handles recorded by a recorder of their own, and the snapshotter that reads them.
+#[allow(dead_code)]
+pub fn recorded<T>(build: impl FnOnce() -> T) -> (T, metrics_util::debugging::Snapshotter) {
+    let recorder = metrics_util::debugging::DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    (metrics::with_local_recorder(&recorder, build), snapshotter)
+}
+
 /// Metrics recorded by a `DebuggingRecorder`, looked up by name and labels.
 pub type Entry = (
     String,
