@@ -56,8 +56,6 @@ use std::time::Duration;
 use ratelimit_core::{Clock, Decision, Timestamp};
 
 use crate::metrics::{FailureKind, Metrics};
-use tokio::time::Timeout;
-use tokio::time::error::Elapsed;
 
 use crate::Error;
 
@@ -378,42 +376,81 @@ impl Breaker {
     }
 }
 
-/// A store check with the layer's timeout, whose answer settles the breaker even if its request is
-/// dropped first: the future a waiting request awaits, when the layer has a breaker.
-///
-/// Dropped before the store answered (the client went away, or a caller's timeout shorter than
-/// the layer's fired), it does not guess: the check (its command already sent by the poll in
-/// `call`) runs on in a task of its own, under the same timeout (counted from when the check was
-/// sent, not started again), and the store's answer or timeout counts as it would have for the
-/// request. So clients cannot decide the circuit's state by cancelling: a probe they cancel is
-/// still settled by the store, and checks they cancel over a hanging store still time out and
-/// open the circuit (callers with deadlines shorter than the layer's timeout, a gRPC deadline or
-/// an outer timeout, would otherwise wait on a hung store for ever, the failure policy never
-/// acting). Where no tokio runtime is current at the drop, or the task is dropped unrun (a
-/// runtime shutting down), a probe is handed on (the circuit stays open, cooled down, and the
-/// next request probes) and any other check counts for nothing.
-pub(crate) struct BreakerCheck<F, E>
-where
-    F: Future<Output = Result<Decision, E>> + Send + Unpin + 'static,
-    E: Send + 'static,
-{
-    breaker: Arc<Breaker>,
-    /// The probe this check is, if the circuit sent it half-open.
-    probe: Option<Probe>,
-    /// The layer's timeout, counted from the check's making (so from about when it was sent, and
-    /// for a probe when the circuit stamped it): neither the first poll nor a drop starts it
-    /// again, and a probe is settled within a timeout of being sent, well inside the breaker's
-    /// `lost_after`.
-    deadline: tokio::time::Instant,
-    state: Option<Checking<F>>,
+pin_project_lite::pin_project! {
+    /// A store check with the layer's timeout, whose answer settles the breaker even if its request is
+    /// dropped first: the future a waiting request awaits, when the layer has a breaker.
+    ///
+    /// Dropped before the store answered (the client went away, or a caller's timeout shorter than
+    /// the layer's fired), it does not guess: the check (its command already sent by the poll in
+    /// `call`) runs on in a task of its own, under the same timeout (counted from when the check was
+    /// sent, not started again), and the store's answer or timeout counts as it would have for the
+    /// request. So clients cannot decide the circuit's state by cancelling: a probe they cancel is
+    /// still settled by the store, and checks they cancel over a hanging store still time out and
+    /// open the circuit (callers with deadlines shorter than the layer's timeout, a gRPC deadline or
+    /// an outer timeout, would otherwise wait on a hung store for ever, the failure policy never
+    /// acting). Where no tokio runtime is current at the drop, or the task is dropped unrun (a
+    /// runtime shutting down), a probe is handed on (the circuit stays open, cooled down, and the
+    /// next request probes) and any other check counts for nothing.
+    pub(crate) struct BreakerCheck<F, E>
+    where
+        F: Future<Output = Result<Decision, E>>,
+        F: Send,
+        F: Unpin,
+        F: 'static,
+        E: Send,
+        E: 'static,
+    {
+        breaker: Arc<Breaker>,
+        // The probe this check is, if the circuit sent it half-open.
+        probe: Option<Probe>,
+        // The layer's timeout, counted from the check's making (so from about when it was sent,
+        // and for a probe when the circuit stamped it): neither the first poll nor a drop starts
+        // it again, and a probe is settled within a timeout of being sent, well inside the
+        // breaker's `lost_after`.
+        deadline: tokio::time::Instant,
+        // The store's check until it is answered or cut; taken out while it is polled, so that
+        // a check whose poll panics is not run on by the drop.
+        check: Option<F>,
+        // The timer, made at the first poll (making the check needs no runtime). In place, not
+        // boxed: a drop moves only the check into its task, with a timer of its own at the same
+        // deadline.
+        #[pin]
+        timer: Option<tokio::time::Sleep>,
+    }
+
+    impl<F, E> PinnedDrop for BreakerCheck<F, E>
+    where
+        F: Future<Output = Result<Decision, E>>,
+        F: Send,
+        F: Unpin,
+        F: 'static,
+        E: Send,
+        E: 'static,
+    {
+        fn drop(this: Pin<&mut Self>) {
+            let this = this.project();
+            let Some(check) = this.check.take() else {
+                return;
+            };
+            let mut unsettled = Unsettled(Some((this.breaker.clone(), *this.probe)));
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                // No runtime to finish the check on: `unsettled` hands a probe on as it drops.
+                return;
+            };
+            let deadline = *this.deadline;
+            // The timeout is made in the task (a runtime without timers panics there, not in a
+            // drop).
+            runtime.spawn(async move {
+                let answer = tokio::time::timeout_at(deadline, check).await;
+                unsettled.settle(answer.map_err(|_| TimedOut));
+            });
+        }
+    }
 }
 
-enum Checking<F> {
-    /// Not polled yet by the waiting future (`call` polled the store's future once).
-    Sent(F),
-    /// Polled: the timeout runs, boxed so that a drop can move it into a task.
-    Timed(Pin<Box<Timeout<F>>>),
-}
+/// A check cut at its deadline.
+#[derive(Debug)]
+pub(crate) struct TimedOut;
 
 impl<F, E> BreakerCheck<F, E>
 where
@@ -430,7 +467,8 @@ where
             breaker,
             probe,
             deadline: tokio::time::Instant::now() + timeout,
-            state: Some(Checking::Sent(check)),
+            check: Some(check),
+            timer: None,
         }
     }
 }
@@ -440,53 +478,33 @@ where
     F: Future<Output = Result<Decision, E>> + Send + Unpin + 'static,
     E: Send + 'static,
 {
-    type Output = Result<Result<Decision, E>, Elapsed>;
+    type Output = Result<Result<Decision, E>, TimedOut>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
-        // The state is out of `this` while it is polled: should the store's future (or making
-        // the timeout) panic, the check counts as failed as the panic unwinds (a probe is not
-        // left half-open with nothing to settle it).
-        let _on_panic = FailOnPanic(&this.breaker, this.probe);
-        let mut timed = match this.state.take() {
-            Some(Checking::Sent(check)) => Box::pin(tokio::time::timeout_at(this.deadline, check)),
-            Some(Checking::Timed(timed)) => timed,
-            None => panic!("BreakerCheck polled after completion"),
-        };
-        match timed.as_mut().poll(cx) {
-            // The caller settles the check with the answer (`after_check`, `after_timeout`).
-            Poll::Ready(out) => Poll::Ready(out),
-            Poll::Pending => {
-                this.state = Some(Checking::Timed(timed));
+        let mut this = self.project();
+        // Should the store's future (or making the timer) panic, the check counts as failed as
+        // the panic unwinds (a probe is not left half-open with nothing to settle it).
+        let _on_panic = FailOnPanic(this.breaker, *this.probe);
+        let mut check = this
+            .check
+            .take()
+            .expect("BreakerCheck polled after completion");
+        // The check first, as `timeout_at` does: an answer that came before a late poll wins.
+        // (The caller settles the check with the answer: `after_check`, `after_timeout`.)
+        if let Poll::Ready(answer) = Pin::new(&mut check).poll(cx) {
+            return Poll::Ready(Ok(answer));
+        }
+        if this.timer.is_none() {
+            this.timer
+                .set(Some(tokio::time::sleep_until(*this.deadline)));
+        }
+        match this.timer.as_pin_mut().map(|t| t.poll(cx)) {
+            Some(Poll::Pending) => {
+                *this.check = Some(check);
                 Poll::Pending
             }
+            _ => Poll::Ready(Err(TimedOut)),
         }
-    }
-}
-
-impl<F, E> Drop for BreakerCheck<F, E>
-where
-    F: Future<Output = Result<Decision, E>> + Send + Unpin + 'static,
-    E: Send + 'static,
-{
-    fn drop(&mut self) {
-        let Some(state) = self.state.take() else {
-            return;
-        };
-        let mut unsettled = Unsettled(Some((self.breaker.clone(), self.probe)));
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            // No runtime to finish the check on: `unsettled` hands a probe on as it drops.
-            return;
-        };
-        let deadline = self.deadline;
-        // The timeout is made in the task (a runtime without timers panics there, not in a drop).
-        runtime.spawn(async move {
-            let answer = match state {
-                Checking::Sent(check) => tokio::time::timeout_at(deadline, check).await,
-                Checking::Timed(timed) => timed.await,
-            };
-            unsettled.settle(answer);
-        });
     }
 }
 
@@ -508,7 +526,7 @@ impl Drop for FailOnPanic<'_> {
 struct Unsettled(Option<(Arc<Breaker>, Option<Probe>)>);
 
 impl Unsettled {
-    fn settle<E>(&mut self, answer: Result<Result<Decision, E>, Elapsed>) {
+    fn settle<E>(&mut self, answer: Result<Result<Decision, E>, TimedOut>) {
         let Some((b, probe)) = self.0.take() else {
             return;
         };
@@ -810,7 +828,12 @@ mod tests {
         // Dropped while it waited; the store then fails: another cool-down.
         let (b, p) = probing(&clock);
         let (tx, fut) = check();
-        let mut probe = BreakerCheck::new(b.clone(), Some(p), fut, Duration::from_secs(1));
+        let mut probe = Box::pin(BreakerCheck::new(
+            b.clone(),
+            Some(p),
+            fut,
+            Duration::from_secs(1),
+        ));
         assert!(futures_poll(&mut probe).is_pending());
         drop(probe);
         settle().await;
@@ -823,7 +846,12 @@ mod tests {
         // Dropped while it waited; the store never answers: the layer's timeout settles it.
         let (b, p) = probing(&clock);
         let (tx, fut) = check();
-        let mut probe = BreakerCheck::new(b.clone(), Some(p), fut, Duration::from_secs(1));
+        let mut probe = Box::pin(BreakerCheck::new(
+            b.clone(),
+            Some(p),
+            fut,
+            Duration::from_secs(1),
+        ));
         assert!(futures_poll(&mut probe).is_pending());
         drop(probe);
         tokio::time::sleep(Duration::from_millis(999)).await;
@@ -895,7 +923,12 @@ mod tests {
         let clock = ManualClock::new();
         let (b, p) = probing(&clock);
         let fut: Sent = Box::pin(async { panic!("a store bug") });
-        let mut probe = BreakerCheck::new(b.clone(), Some(p), fut, Duration::from_secs(1));
+        let mut probe = Box::pin(BreakerCheck::new(
+            b.clone(),
+            Some(p),
+            fut,
+            Duration::from_secs(1),
+        ));
         let polled =
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| futures_poll(&mut probe)));
         assert!(polled.is_err());
@@ -912,7 +945,12 @@ mod tests {
         let clock = ManualClock::new();
         let (b, p) = probing(&clock);
         let (tx, fut) = check();
-        let mut probe = BreakerCheck::new(b.clone(), Some(p), fut, Duration::from_secs(1));
+        let mut probe = Box::pin(BreakerCheck::new(
+            b.clone(),
+            Some(p),
+            fut,
+            Duration::from_secs(1),
+        ));
         tx.send(Ok(allowed())).unwrap();
         assert!(matches!((&mut probe).await, Ok(Ok(_))));
         drop(probe);

@@ -18,7 +18,7 @@ use ratelimit_core::{Clock, Decision, Limit, MemoryStore, Store};
 use tower_service::Service;
 
 use crate::body::{BodyMode, WrapBody};
-use crate::circuit_breaker::{Admit, Breaker, BreakerCheck, CircuitState, Probe};
+use crate::circuit_breaker::{Admit, Breaker, BreakerCheck, CircuitState, Probe, TimedOut};
 use crate::future::ResponseFuture;
 use crate::key::KeyBuf;
 use crate::metrics::{FailureKind, Metrics};
@@ -562,9 +562,11 @@ where
                 ResponseFuture::waiting(Box::pin(async move {
                     let result = match check {
                         Check::Plain { check, deadline } => {
-                            tokio::time::timeout_at(deadline, check).await
+                            tokio::time::timeout_at(deadline, check)
+                                .await
+                                .map_err(|_| TimedOut)
                         }
-                        Check::Breaker(mut check) => (&mut check).await,
+                        Check::Breaker(check) => check.await,
                     };
                     cancelled.answered();
                     shared.rt.metrics.store_duration(start.elapsed());
