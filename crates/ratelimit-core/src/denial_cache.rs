@@ -232,6 +232,14 @@ impl<S: Store, C: Clock + 'static> Store for DenialCache<S, C> {
     type Error = S::Error;
     type Future = DenialCacheFuture<S::Future>;
 
+    fn failure_domains(&self) -> usize {
+        self.inner.failure_domains()
+    }
+
+    fn failure_domain(&self, key: &[u8]) -> usize {
+        self.inner.failure_domain(key)
+    }
+
     fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
         if cost == 0 {
             // A peek is never denied: nothing to cache.

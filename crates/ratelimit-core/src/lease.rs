@@ -809,6 +809,14 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
     type Error = S::Error;
     type Future = LeaseFuture<S, C>;
 
+    fn failure_domains(&self) -> usize {
+        self.shared.inner.failure_domains()
+    }
+
+    fn failure_domain(&self, key: &[u8]) -> usize {
+        self.shared.inner.failure_domain(key)
+    }
+
     fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
         let sh = &self.shared;
         let direct = cost == 0

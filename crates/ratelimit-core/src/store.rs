@@ -33,6 +33,24 @@ pub trait Store: Send + Sync + 'static {
     /// A cost of 0 is a peek: it reports the state and consumes nothing. A cost larger than the
     /// limit can ever hold is a denial that says so ([`Outcome::Exceeds`](crate::Outcome::Exceeds)).
     fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future;
+
+    /// How many parts of this store can fail apart from one another (at least 1; 1 by default).
+    ///
+    /// A store whose keys live on several servers (Redis Cluster: each master serves its own
+    /// ranges of hash slots) can lose one server while the others answer. A caller that keeps
+    /// the store's health, as the tower layer's circuit breaker does, keeps it per part: the
+    /// failures of one server's keys then stop the checks of that part only, and the other
+    /// servers' keys go on being checked.
+    fn failure_domains(&self) -> usize {
+        1
+    }
+
+    /// Which part of this store answers for `key` (below [`failure_domains`](Store::failure_domains);
+    /// 0 by default). The same key always maps to the same part.
+    fn failure_domain(&self, key: &[u8]) -> usize {
+        let _ = key;
+        0
+    }
 }
 
 impl<S: Store + ?Sized> Store for Arc<S> {
@@ -41,6 +59,14 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
         (**self).check(key, limit, cost)
+    }
+
+    fn failure_domains(&self) -> usize {
+        (**self).failure_domains()
+    }
+
+    fn failure_domain(&self, key: &[u8]) -> usize {
+        (**self).failure_domain(key)
     }
 }
 

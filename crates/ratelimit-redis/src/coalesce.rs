@@ -301,6 +301,14 @@ impl Store for Coalescing {
     fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
         Coalescing::check(self, key, limit, cost)
     }
+
+    fn failure_domains(&self) -> usize {
+        self.store.failure_domains()
+    }
+
+    fn failure_domain(&self, key: &[u8]) -> usize {
+        self.store.failure_domain(key)
+    }
 }
 
 impl Shared {

@@ -16,23 +16,46 @@ fn is_safe(b: u8) -> bool {
     b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'@' | b'/' | b'-')
 }
 
-/// Appends the hash-tag body for `key`: the key itself if it is short, non-empty and made only of
+/// The hash-tag body for `key`: the key itself if it is short, non-empty and made only of
 /// `[A-Za-z0-9._:@/-]` (and does not start with `h:`), else `h:` and the 32 hex digits of its
 /// 128-bit SipHash-1-3 under fixed keys. Braces never appear, so the tag cannot be escaped.
-pub(crate) fn push_encoded(out: &mut String, key: &[u8]) {
+/// Passed to `f` from a buffer of its own (no allocation).
+fn with_tag<R>(key: &[u8], f: impl FnOnce(&[u8]) -> R) -> R {
     let verbatim = !key.is_empty()
         && key.len() <= MAX_VERBATIM_KEY
         && !key.starts_with(b"h:")
         && key.iter().copied().all(is_safe);
     if verbatim {
-        // All bytes are ASCII.
-        out.extend(key.iter().map(|&b| char::from(b)));
-    } else {
-        let mut h = SipHasher13::new_with_keys(HASH_KEYS.0, HASH_KEYS.1);
-        h.write(key);
-        let d = h.finish128();
-        let _ = write!(out, "h:{:016x}{:016x}", d.h1, d.h2);
+        return f(key);
     }
+    let mut h = SipHasher13::new_with_keys(HASH_KEYS.0, HASH_KEYS.1);
+    h.write(key);
+    let d = h.finish128();
+    let mut tag = [0u8; 34];
+    tag[..2].copy_from_slice(b"h:");
+    for (i, nibble) in (0..32).map(|i| {
+        let word = if i < 16 { d.h1 } else { d.h2 };
+        (i, (word >> (4 * (15 - i % 16))) & 0xf)
+    }) {
+        tag[2 + i] = b"0123456789abcdef"[nibble as usize];
+    }
+    f(&tag)
+}
+
+/// Appends the hash-tag body for `key` (see [`with_tag`]).
+pub(crate) fn push_encoded(out: &mut String, key: &[u8]) {
+    // Every byte of a tag is ASCII.
+    with_tag(key, |tag| out.extend(tag.iter().map(|&b| char::from(b))));
+}
+
+/// The Redis Cluster hash slot of every Redis key of `key`'s checks, whatever the prefix or the
+/// limit: CRC16 (XMODEM) of the hash tag, modulo 16384, as the cluster computes it.
+pub(crate) fn hash_slot(key: &[u8]) -> u16 {
+    with_tag(key, |tag| {
+        let mut crc = crc16::State::<crc16::XMODEM>::new();
+        crc.update(tag);
+        crc.get() % 16384
+    })
 }
 
 /// The algorithm's short name in Redis keys. Short on purpose: the key is hashed, copied and
@@ -129,8 +152,23 @@ mod tests {
             assert!(!e.contains('{') && !e.contains('}'));
         }
         assert_ne!(enc(b"{a}"), enc(b"{b}"));
+        // The digest's 128 bits in hex, high word first (the layout keys have always had).
+        let mut h = SipHasher13::new_with_keys(HASH_KEYS.0, HASH_KEYS.1);
+        h.write(b"with space");
+        let d = h.finish128();
+        assert_eq!(enc(b"with space"), format!("h:{:016x}{:016x}", d.h1, d.h2));
         // Stable across processes: fixed keys.
         assert_eq!(enc(b""), enc(b""));
+    }
+
+    #[test]
+    fn hash_slots_are_crc16_xmodem_of_the_tag() {
+        // CRC-16/XMODEM's check value, and the slots Redis's cluster specification gives.
+        assert_eq!(hash_slot(b"123456789"), 0x31c3);
+        let mut crc = crc16::State::<crc16::XMODEM>::new();
+        crc.update(enc(b"{evil}").as_bytes());
+        assert_eq!(hash_slot(b"{evil}"), crc.get() % 16384);
+        assert!((0..2000u32).all(|i| hash_slot(format!("k{i}").as_bytes()) < 16384));
     }
 
     #[test]

@@ -55,6 +55,9 @@ pub struct LazyRedisStore {
 struct Inner {
     /// What each attempt builds (none for a store made from a built one: never attempted).
     builder: Option<RedisStoreBuilder>,
+    /// Whether the store is (to be) on a Redis Cluster: its failure domains are known before it
+    /// is built.
+    cluster: bool,
     retry_every: Duration,
     store: OnceLock<RedisStore>,
     /// Set while the task that retries runs.
@@ -96,6 +99,7 @@ impl LazyRedisStore {
         };
         let store = LazyRedisStore {
             inner: Arc::new(Inner {
+                cluster: builder.cluster,
                 builder: Some(builder),
                 retry_every,
                 store,
@@ -161,6 +165,7 @@ impl From<RedisStore> for LazyRedisStore {
     fn from(store: RedisStore) -> Self {
         LazyRedisStore {
             inner: Arc::new(Inner {
+                cluster: store.is_cluster(),
                 builder: None,
                 retry_every: MAX_TIMEOUT,
                 store: OnceLock::from(store),
@@ -237,5 +242,14 @@ impl Store for LazyRedisStore {
             Some(store) => store.check(key, limit, cost),
             None => Box::pin(std::future::ready(Err(self.not_yet()))),
         }
+    }
+
+    /// As the built store's, known before it is built (see [`RedisStore`]'s).
+    fn failure_domains(&self) -> usize {
+        crate::store::failure_domains(self.inner.cluster)
+    }
+
+    fn failure_domain(&self, key: &[u8]) -> usize {
+        crate::store::failure_domain(self.inner.cluster, key)
     }
 }

@@ -95,7 +95,7 @@ pub use key::MAX_VERBATIM_KEY;
 pub use lazy::LazyRedisStore;
 pub use scripts::{script_sha, script_source};
 pub use store::{
-    CheckFuture, CheckManyFuture, DEFAULT_CONNECT_TIMEOUT, DEFAULT_POOL_SIZE, DEFAULT_PREFIX,
-    DEFAULT_RESPONSE_TIMEOUT, DEFAULT_WAIT_TIMEOUT, MAX_TIMEOUT, RedisStore, RedisStoreBuilder,
-    redact_url,
+    CLUSTER_FAILURE_DOMAINS, CheckFuture, CheckManyFuture, DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_POOL_SIZE, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_WAIT_TIMEOUT, MAX_TIMEOUT,
+    RedisStore, RedisStoreBuilder, redact_url,
 };

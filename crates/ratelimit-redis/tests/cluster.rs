@@ -1044,3 +1044,67 @@ async fn a_master_gone_from_the_network_leaves_the_other_masters_answering() {
     assert!(answered.len() > 10);
     drop(hole);
 }
+
+/// A cluster store's failure domains are ranges of 256 hash slots, computed from the key as the
+/// cluster computes the slot of every Redis key of its checks (`CLUSTER KEYSLOT`); a lazy store
+/// knows them before it is built. A standalone store has one.
+#[tokio::test]
+async fn failure_domains_are_ranges_of_the_keys_hash_slots() {
+    use ratelimit_core::Store;
+    use ratelimit_redis::CLUSTER_FAILURE_DOMAINS;
+
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = RedisCluster::start(3);
+    let store = store_on(&cluster, "domains", PATIENT).await;
+    let lazy = RedisStore::cluster(cluster.urls())
+        .build_lazy(Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(store.failure_domains(), CLUSTER_FAILURE_DOMAINS);
+    assert_eq!(lazy.failure_domains(), CLUSTER_FAILURE_DOMAINS);
+    let log = Limit::new(
+        Algorithm::SlidingLog,
+        [
+            Quota::per_second(5).unwrap(),
+            Quota::per_minute(50).unwrap(),
+        ],
+    )
+    .unwrap();
+    let mut keys: Vec<Vec<u8>> = [
+        &b"user:1"[..],
+        b"10.0.0.1",
+        b"",
+        b"{braces}",
+        b"api\x00client-7",
+        "clé".as_bytes(),
+        &[b'x'; 500],
+    ]
+    .iter()
+    .map(|k| k.to_vec())
+    .collect();
+    keys.extend((0..200).map(|i| format!("k{i}").into_bytes()));
+    let mut seen = std::collections::HashSet::new();
+    for key in &keys {
+        let key = key.as_slice();
+        let domain = store.failure_domain(key);
+        assert_eq!(lazy.failure_domain(key), domain, "{key:?}");
+        for state_key in store.state_keys(key, &log) {
+            let slot: usize = cluster.nodes()[0]
+                .cli(&["cluster", "keyslot", &state_key])
+                .parse()
+                .unwrap();
+            assert_eq!(domain, slot / 256, "{key:?}: {state_key}");
+        }
+        seen.insert(domain);
+    }
+    assert!(
+        seen.len() > 40,
+        "keys spread over the domains: {}",
+        seen.len()
+    );
+
+    let standalone = redis_harness::RedisServer::start();
+    let single = RedisStore::builder(standalone.url()).build().await.unwrap();
+    assert_eq!(single.failure_domains(), 1);
+    assert_eq!(single.failure_domain(b"user:1"), 0);
+}

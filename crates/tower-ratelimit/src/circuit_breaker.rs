@@ -124,6 +124,19 @@ pub enum CircuitState {
     HalfOpen,
 }
 
+/// The most circuits a breaker keeps (one per failure domain of its store); a store that names
+/// more shares them out (domain modulo this).
+pub(crate) const MAX_FAILURE_DOMAINS: usize = 4096;
+
+/// The state a word (or state bits) holds.
+fn state_of(word: u64) -> CircuitState {
+    match word & STATE {
+        CLOSED => CircuitState::Closed,
+        OPEN => CircuitState::Open,
+        _ => CircuitState::HalfOpen,
+    }
+}
+
 /// `t` in the breaker's word, above the state's bits.
 fn stamp(t: Timestamp) -> u64 {
     t.as_micros().min(u64::MAX >> 2) << 2
@@ -156,10 +169,8 @@ pub(crate) struct Breaker {
     /// futures that panicked while waited for, by [`FailureKind`] (`Error`, `Timeout`): counted
     /// here, as the layer counts those of the requests it answers.
     errors: [metrics::Counter; 2],
-    /// The state and when it began (opened; or half-open, when the probe went out), in one word
-    /// (`since_µs << 2 | state`), so that the two always change together.
-    word: AtomicU64,
-    failures: AtomicU32,
+    /// One circuit per failure domain of the store ([`Store::failure_domains`]).
+    parts: Box<[Part]>,
     /// How long a probe may stay unsettled before it is taken as lost: a cool-down, and never
     /// less than twice the layer's timeout (a probe waits for the store at most one timeout; the
     /// second allows for a timer that fires late on a loaded machine), so that a probe still
@@ -170,11 +181,21 @@ pub(crate) struct Breaker {
     policy: Arc<str>,
 }
 
+/// The circuit of one failure domain.
+#[derive(Default)]
+struct Part {
+    /// The state and when it began (opened; or half-open, when the probe went out), in one word
+    /// (`since_µs << 2 | state`), so that the two always change together.
+    word: AtomicU64,
+    failures: AtomicU32,
+}
+
 impl std::fmt::Debug for Breaker {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Breaker")
             .field("config", &self.config)
             .field("state", &self.state())
+            .field("parts", &self.parts.len())
             .finish_non_exhaustive()
     }
 }
@@ -186,6 +207,7 @@ impl Breaker {
         clock: Arc<dyn Clock>,
         metrics: &Metrics,
         policy: Arc<str>,
+        parts: usize,
     ) -> Breaker {
         let gauge = Metrics::circuit_gauge(&policy);
         gauge.set(CLOSED as f64);
@@ -195,13 +217,37 @@ impl Breaker {
                 metrics.failure_counter(FailureKind::Error),
                 metrics.failure_counter(FailureKind::Timeout),
             ],
-            word: AtomicU64::new(CLOSED),
-            failures: AtomicU32::new(0),
+            parts: (0..parts.max(1)).map(|_| Part::default()).collect(),
             lost_after: config.cool_down.max(timeout.saturating_mul(2)),
             clock,
             gauge,
             policy,
         }
+    }
+
+    /// How many circuits: one per failure domain of the store.
+    pub(crate) fn parts(&self) -> usize {
+        self.parts.len()
+    }
+
+    /// Part `part`'s circuit (`part` is taken modulo the number of parts: a store that names a
+    /// domain out of its own range gets a circuit all the same, not a panic).
+    fn part(&self, part: usize) -> &Part {
+        &self.parts[part % self.parts.len()]
+    }
+
+    /// The state of the whole, as the gauge shows it: open if any part is open, else half-open if
+    /// any is, else closed.
+    fn state_bits(&self) -> u64 {
+        let mut half_open = false;
+        for p in &*self.parts {
+            match p.word.load(Ordering::Acquire) & STATE {
+                OPEN => return OPEN,
+                HALF_OPEN => half_open = true,
+                _ => {}
+            }
+        }
+        if half_open { HALF_OPEN } else { CLOSED }
     }
 
     /// Sets the gauge to the state, after a transition. Transitions and gauge writes of two
@@ -210,26 +256,38 @@ impl Breaker {
     /// follows the last transition and the gauge ends on the state.
     fn publish(&self) {
         loop {
-            let state = self.word.load(Ordering::Acquire) & STATE;
+            let state = self.state_bits();
             self.gauge.set(state as f64);
             // The re-read must not move before the gauge's write.
             std::sync::atomic::fence(Ordering::SeqCst);
-            if self.word.load(Ordering::Acquire) & STATE == state {
+            if self.state_bits() == state {
                 return;
             }
         }
     }
 
+    /// The state of the whole: open if any part is open, else half-open if any is, else closed.
     pub(crate) fn state(&self) -> CircuitState {
-        match self.word.load(Ordering::Acquire) & STATE {
-            CLOSED => CircuitState::Closed,
-            OPEN => CircuitState::Open,
-            _ => CircuitState::HalfOpen,
-        }
+        state_of(self.state_bits())
     }
 
-    pub(crate) fn admit(&self) -> Admit {
-        let word = self.word.load(Ordering::Acquire);
+    /// The state of part `part`'s circuit.
+    pub(crate) fn part_state(&self, part: usize) -> CircuitState {
+        state_of(self.part(part).word.load(Ordering::Acquire))
+    }
+
+    /// How many parts' circuits are not closed.
+    pub(crate) fn parts_not_closed(&self) -> usize {
+        self.parts
+            .iter()
+            .filter(|p| p.word.load(Ordering::Acquire) & STATE != CLOSED)
+            .count()
+    }
+
+    pub(crate) fn admit(&self, part: usize) -> Admit {
+        let index = part % self.parts.len();
+        let part = self.part(index);
+        let word = part.word.load(Ordering::Acquire);
         match word & STATE {
             CLOSED => Admit::Call,
             // Open: the first request after the cool-down probes. Half-open: the probe is out;
@@ -249,7 +307,7 @@ impl Breaker {
                     return Admit::Reject;
                 }
                 let probe = stamp(now) | HALF_OPEN;
-                let probing = self
+                let probing = part
                     .word
                     .compare_exchange(word, probe, Ordering::AcqRel, Ordering::Acquire)
                     .is_ok();
@@ -259,10 +317,15 @@ impl Breaker {
                 };
                 if state == OPEN {
                     self.publish();
-                    tracing::info!(policy = %self.policy, "rate-limit store circuit half-open: probing");
+                    tracing::info!(
+                        policy = %self.policy,
+                        part = index,
+                        "rate-limit store circuit half-open: probing"
+                    );
                 } else {
                     tracing::warn!(
                         policy = %self.policy,
+                        part = index,
                         lost_after_ms = self.lost_after.as_millis() as u64,
                         "rate-limit store probe settled by nothing: probing again"
                     );
@@ -272,71 +335,81 @@ impl Breaker {
         }
     }
 
-    pub(crate) fn success(&self, probe: Option<Probe>) {
+    pub(crate) fn success(&self, part: usize, probe: Option<Probe>) {
+        let index = part % self.parts.len();
+        let part = self.part(index);
         if probe.is_some() {
             // Only a half-open circuit closes: a probe taken as lost that answers after the one
             // sent after it failed (its future polled late) would close a circuit opened on
             // newer evidence. Any probe's success closes it: the store answered.
-            let closed = self
+            let closed = part
                 .word
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
                     (w & STATE == HALF_OPEN).then_some(CLOSED)
                 })
                 .is_ok();
             if closed {
-                self.failures.store(0, Ordering::Release);
+                part.failures.store(0, Ordering::Release);
                 self.publish();
-                tracing::info!(policy = %self.policy, "rate-limit store circuit closed");
+                tracing::info!(
+                    policy = %self.policy,
+                    part = index,
+                    "rate-limit store circuit closed"
+                );
                 return;
             }
-            if self.state() != CircuitState::Closed {
+            if part.word.load(Ordering::Acquire) & STATE != CLOSED {
                 return;
             }
             // Closed already (by the probe sent before it, answering late): a success like any
             // other.
         }
-        if self.failures.load(Ordering::Relaxed) != 0 {
-            self.failures.store(0, Ordering::Release);
+        if part.failures.load(Ordering::Relaxed) != 0 {
+            part.failures.store(0, Ordering::Release);
         }
     }
 
     /// The store answered `d`: evidence of its health unless it came from a cache in front of
     /// it (then a probe is handed on).
-    pub(crate) fn answered(&self, d: &Decision, probe: Option<Probe>) {
+    pub(crate) fn answered(&self, part: usize, d: &Decision, probe: Option<Probe>) {
         if !d.is_cached() {
-            self.success(probe);
+            self.success(part, probe);
         } else if let Some(probe) = probe {
-            self.probe_not_asked(probe);
+            self.probe_not_asked(part, probe);
         }
     }
 
-    pub(crate) fn failure(&self, probe: Option<Probe>) {
+    pub(crate) fn failure(&self, part: usize, probe: Option<Probe>) {
         if let Some(probe) = probe {
             // Only this probe's circuit re-opens: one taken as lost and failing late (its future
             // polled after the timeout) would otherwise re-open it under the probe sent after it,
             // whose success would then find it open and be lost, leaving a healthy store's
             // circuit open for another cool-down.
-            self.open(probe.0.get());
+            self.open(part, probe.0.get());
             return;
         }
-        let n = self
+        let circuit = self.part(part);
+        let n = circuit
             .failures
             .fetch_add(1, Ordering::AcqRel)
             .saturating_add(1);
-        if n >= self.config.failure_threshold && self.state() == CircuitState::Closed {
-            self.open(CLOSED);
+        if n >= self.config.failure_threshold
+            && circuit.word.load(Ordering::Acquire) & STATE == CLOSED
+        {
+            self.open(part, CLOSED);
         }
     }
 
     /// The probe was answered without asking the store: the circuit stays open, cooled down, so
     /// that the next request probes (unless another probe went out since).
-    pub(crate) fn probe_not_asked(&self, probe: Probe) {
+    pub(crate) fn probe_not_asked(&self, part: usize, probe: Probe) {
         // Stamped a cool-down ago: cooled down already, so that the next request probes.
         let cool_down = u64::try_from(self.config.cool_down.as_micros()).unwrap_or(u64::MAX);
         let cooled = stamp(Timestamp::from_micros(
             self.clock.now().as_micros().saturating_sub(cool_down),
         ));
         let reopened = self
+            .part(part)
             .word
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
                 (w == probe.0.get()).then_some(cooled | OPEN)
@@ -349,9 +422,11 @@ impl Breaker {
 
     /// Opens the circuit if it is still `from`: closed (`CLOSED`, a thread that saw it closed long
     /// ago must not re-open a circuit whose probe is out), or a probe's own word.
-    fn open(&self, from: u64) {
+    fn open(&self, part: usize, from: u64) {
+        let index = part % self.parts.len();
+        let part = self.part(index);
         let stamped = stamp(self.clock.now()) | OPEN;
-        let opened = self
+        let opened = part
             .word
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
                 let still = if from == CLOSED {
@@ -366,10 +441,13 @@ impl Breaker {
             // Someone else moved it: a late failure must not restart the cool-down either.
             return;
         }
-        self.failures.store(0, Ordering::Release);
+        part.failures.store(0, Ordering::Release);
         self.publish();
         tracing::warn!(
             policy = %self.policy,
+            part = index,
+            parts_not_closed = self.parts_not_closed(),
+            parts = self.parts.len(),
             cool_down_ms = self.config.cool_down.as_millis() as u64,
             "rate-limit store circuit open"
         );
@@ -401,6 +479,8 @@ pin_project_lite::pin_project! {
         E: 'static,
     {
         breaker: Arc<Breaker>,
+        // The circuit it goes through: its key's failure domain.
+        part: usize,
         // The probe this check is, if the circuit sent it half-open.
         probe: Option<Probe>,
         // The layer's timeout, counted from the check's making (so from about when it was sent,
@@ -432,7 +512,7 @@ pin_project_lite::pin_project! {
             let Some(check) = this.check.take() else {
                 return;
             };
-            let mut unsettled = Unsettled(Some((this.breaker.clone(), *this.probe)));
+            let mut unsettled = Unsettled(Some((this.breaker.clone(), *this.part, *this.probe)));
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                 // No runtime to finish the check on: `unsettled` hands a probe on as it drops.
                 return;
@@ -459,12 +539,14 @@ where
 {
     pub(crate) fn new(
         breaker: Arc<Breaker>,
+        part: usize,
         probe: Option<Probe>,
         check: F,
         timeout: Duration,
     ) -> Self {
         BreakerCheck {
             breaker,
+            part,
             probe,
             deadline: tokio::time::Instant::now() + timeout,
             check: Some(check),
@@ -484,7 +566,7 @@ where
         let mut this = self.project();
         // Should the store's future (or making the timer) panic, the check counts as failed as
         // the panic unwinds (a probe is not left half-open with nothing to settle it).
-        let _on_panic = FailOnPanic(this.breaker, *this.probe);
+        let _on_panic = FailOnPanic(this.breaker, *this.part, *this.probe);
         let mut check = this
             .check
             .take()
@@ -510,33 +592,34 @@ where
 
 /// Counts the check as failed if dropped while its thread panics (a poll of its store's future
 /// panicked): the request's future unwinds without reaching the layer's own count.
-struct FailOnPanic<'a>(&'a Breaker, Option<Probe>);
+struct FailOnPanic<'a>(&'a Breaker, usize, Option<Probe>);
 
 impl Drop for FailOnPanic<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
             self.0.errors[FailureKind::Error as usize].increment(1);
-            self.0.failure(self.1);
+            self.0.failure(self.1, self.2);
         }
     }
 }
 
 /// A check (a probe, or not) whose answer is still to come: settled by it, or, if dropped without
 /// one, a probe is handed on.
-struct Unsettled(Option<(Arc<Breaker>, Option<Probe>)>);
+struct Unsettled(Option<(Arc<Breaker>, usize, Option<Probe>)>);
 
 impl Unsettled {
     fn settle<E>(&mut self, answer: Result<Result<Decision, E>, TimedOut>) {
-        let Some((b, probe)) = self.0.take() else {
+        let Some((b, part, probe)) = self.0.take() else {
             return;
         };
         let kind = match answer {
             Ok(Ok(d)) => {
-                b.answered(&d, probe);
+                b.answered(part, &d, probe);
                 tracing::debug!(
                     policy = %b.policy,
                     probe = probe.is_some(),
-                    state = ?b.state(),
+                    part,
+                    state = ?b.part_state(part),
                     "rate-limit store check settled after its request was dropped"
                 );
                 return;
@@ -545,10 +628,11 @@ impl Unsettled {
             Err(_) => FailureKind::Timeout,
         };
         b.errors[kind as usize].increment(1);
-        b.failure(probe);
+        b.failure(part, probe);
         tracing::warn!(
             policy = %b.policy,
             probe = probe.is_some(),
+            part,
             kind = kind.as_str(),
             "rate-limit store check failed (its request was dropped before the answer)"
         );
@@ -557,13 +641,13 @@ impl Unsettled {
 
 impl Drop for Unsettled {
     fn drop(&mut self) {
-        if let Some((b, probe)) = self.0.take() {
+        if let Some((b, part, probe)) = self.0.take() {
             if std::thread::panicking() {
                 // The check panicked in its task: a failure, as in the request's own future.
                 b.errors[FailureKind::Error as usize].increment(1);
-                b.failure(probe);
+                b.failure(part, probe);
             } else if let Some(probe) = probe {
-                b.probe_not_asked(probe);
+                b.probe_not_asked(part, probe);
             }
         }
     }
@@ -581,33 +665,81 @@ mod tests {
             Arc::new(clock.clone()),
             &Metrics::new("p"),
             "p".into(),
+            1,
         )
+    }
+
+    #[test]
+    fn each_part_has_a_circuit_of_its_own() {
+        let clock = ManualClock::new();
+        let b = Breaker::new(
+            CircuitBreaker::new(2, Duration::from_secs(5)).unwrap(),
+            Duration::from_millis(50),
+            Arc::new(clock.clone()),
+            &Metrics::new("p"),
+            "p".into(),
+            4,
+        );
+        assert_eq!(b.parts(), 4);
+        // Failures of parts 1 and 2 interleaved: neither has two in a row of its own... until
+        // part 1 has.
+        b.failure(1, None);
+        b.failure(2, None);
+        b.success(2, None);
+        assert_eq!(b.state(), CircuitState::Closed);
+        b.failure(1, None);
+        assert_eq!(b.part_state(1), CircuitState::Open);
+        assert_eq!(b.admit(1), Admit::Reject);
+        for part in [0, 2, 3] {
+            assert_eq!(b.part_state(part), CircuitState::Closed, "part {part}");
+            assert_eq!(b.admit(part), Admit::Call, "part {part}");
+        }
+        // The whole reads as its worst part; a domain out of range wraps instead of panicking.
+        assert_eq!(b.state(), CircuitState::Open);
+        assert_eq!(b.parts_not_closed(), 1);
+        assert_eq!(b.admit(5), Admit::Reject, "5 is part 1");
+        // Part 1 probes and closes alone; the others' counts are their own.
+        clock.advance(Duration::from_secs(5));
+        let Admit::Probe(p) = b.admit(1) else {
+            panic!("part 1 cooled down")
+        };
+        assert_eq!(b.state(), CircuitState::HalfOpen);
+        b.failure(3, None);
+        b.success(1, Some(p));
+        assert_eq!(b.state(), CircuitState::Closed);
+        b.failure(3, None);
+        assert_eq!(
+            b.part_state(3),
+            CircuitState::Open,
+            "two in a row on part 3"
+        );
+        assert_eq!(b.parts_not_closed(), 1);
     }
 
     #[test]
     fn opens_half_opens_and_closes() {
         let clock = ManualClock::new();
         let b = breaker(&clock);
-        b.failure(None);
-        assert_eq!(b.admit(), Admit::Call);
-        b.success(None);
-        b.failure(None);
+        b.failure(0, None);
+        assert_eq!(b.admit(0), Admit::Call);
+        b.success(0, None);
+        b.failure(0, None);
         assert_eq!(b.state(), CircuitState::Closed, "success reset the count");
-        b.failure(None);
+        b.failure(0, None);
         assert_eq!(b.state(), CircuitState::Open);
-        assert_eq!(b.admit(), Admit::Reject);
+        assert_eq!(b.admit(0), Admit::Reject);
         clock.advance(Duration::from_secs(5));
         let p = probe(&b);
-        assert_eq!(b.admit(), Admit::Reject, "one probe at a time");
-        b.failure(Some(p));
+        assert_eq!(b.admit(0), Admit::Reject, "one probe at a time");
+        b.failure(0, Some(p));
         assert_eq!(b.state(), CircuitState::Open);
         clock.advance(Duration::from_secs(4));
-        assert_eq!(b.admit(), Admit::Reject);
+        assert_eq!(b.admit(0), Admit::Reject);
         clock.advance(Duration::from_secs(1));
         let p = probe(&b);
-        b.success(Some(p));
+        b.success(0, Some(p));
         assert_eq!(b.state(), CircuitState::Closed);
-        assert_eq!(b.admit(), Admit::Call);
+        assert_eq!(b.admit(0), Admit::Call);
     }
 
     /// A probe that nothing settles (its request's task panicked before its check was made) is
@@ -617,12 +749,12 @@ mod tests {
         let clock = ManualClock::new();
         let (b, _lost) = probing(&clock);
         clock.advance(Duration::from_millis(4_999));
-        assert_eq!(b.admit(), Admit::Reject, "the probe may still answer");
+        assert_eq!(b.admit(0), Admit::Reject, "the probe may still answer");
         clock.advance(Duration::from_millis(1));
         let p = probe(&b);
-        assert_eq!(b.admit(), Admit::Reject);
+        assert_eq!(b.admit(0), Admit::Reject);
         assert_eq!(b.state(), CircuitState::HalfOpen);
-        b.success(Some(p));
+        b.success(0, Some(p));
         assert_eq!(b.state(), CircuitState::Closed);
     }
 
@@ -634,14 +766,14 @@ mod tests {
         let (b, lost) = probing(&clock);
         clock.advance(Duration::from_secs(5));
         let second = probe(&b);
-        b.failure(Some(second));
+        b.failure(0, Some(second));
         assert_eq!(b.state(), CircuitState::Open);
-        b.success(Some(lost));
+        b.success(0, Some(lost));
         assert_eq!(b.state(), CircuitState::Open, "a stale probe closed it");
-        assert_eq!(b.admit(), Admit::Reject);
+        assert_eq!(b.admit(0), Admit::Reject);
         clock.advance(Duration::from_secs(5));
         let p = probe(&b);
-        b.success(Some(p));
+        b.success(0, Some(p));
         assert_eq!(b.state(), CircuitState::Closed);
     }
 
@@ -654,24 +786,24 @@ mod tests {
         let (b, lost) = probing(&clock);
         clock.advance(Duration::from_secs(5));
         let second = probe(&b);
-        b.failure(Some(lost));
+        b.failure(0, Some(lost));
         assert_eq!(
             b.state(),
             CircuitState::HalfOpen,
             "the stale probe re-opened it"
         );
-        assert_eq!(b.admit(), Admit::Reject, "still one probe at a time");
-        b.success(Some(second));
+        assert_eq!(b.admit(0), Admit::Reject, "still one probe at a time");
+        b.success(0, Some(second));
         assert_eq!(b.state(), CircuitState::Closed);
 
         // Nor does its answer from a cache hand the second probe's turn to a third.
         let (b, lost) = probing(&clock);
         clock.advance(Duration::from_secs(5));
         let second = probe(&b);
-        b.probe_not_asked(lost);
+        b.probe_not_asked(0, lost);
         assert_eq!(b.state(), CircuitState::HalfOpen);
-        assert_eq!(b.admit(), Admit::Reject);
-        b.failure(Some(second));
+        assert_eq!(b.admit(0), Admit::Reject);
+        b.failure(0, Some(second));
         assert_eq!(b.state(), CircuitState::Open);
     }
 
@@ -683,11 +815,11 @@ mod tests {
         let (b, lost) = probing(&clock);
         clock.advance(Duration::from_secs(5));
         let second = probe(&b);
-        b.success(Some(lost));
+        b.success(0, Some(lost));
         assert_eq!(b.state(), CircuitState::Closed);
-        b.failure(None);
-        b.success(Some(second));
-        b.failure(None);
+        b.failure(0, None);
+        b.success(0, Some(second));
+        b.failure(0, None);
         assert_eq!(
             b.state(),
             CircuitState::Closed,
@@ -706,24 +838,25 @@ mod tests {
             Arc::new(clock.clone()),
             &Metrics::new("p"),
             "p".into(),
+            1,
         );
-        b.failure(None);
+        b.failure(0, None);
         clock.advance(Duration::from_secs(1));
         assert!(
-            matches!(b.admit(), Admit::Probe(_)),
+            matches!(b.admit(0), Admit::Probe(_)),
             "open for one cool-down"
         );
         for _ in 0..9 {
             clock.advance(Duration::from_secs(1));
-            assert_eq!(b.admit(), Admit::Reject, "the probe may still be waiting");
+            assert_eq!(b.admit(0), Admit::Reject, "the probe may still be waiting");
         }
         clock.advance(Duration::from_secs(1));
         let p = probe(&b);
-        b.failure(Some(p));
+        b.failure(0, Some(p));
         assert_eq!(b.state(), CircuitState::Open);
         clock.advance(Duration::from_secs(1));
         assert!(
-            matches!(b.admit(), Admit::Probe(_)),
+            matches!(b.admit(0), Admit::Probe(_)),
             "a failed probe re-opens for one cool-down"
         );
     }
@@ -734,8 +867,8 @@ mod tests {
         for _ in 0..50 {
             let clock = ManualClock::new();
             let b = Arc::new(breaker(&clock));
-            b.failure(None);
-            b.failure(None);
+            b.failure(0, None);
+            b.failure(0, None);
             clock.advance(Duration::from_secs(5));
             let start = Arc::new(std::sync::Barrier::new(4));
             let probes: usize = (0..4)
@@ -744,7 +877,7 @@ mod tests {
                     std::thread::spawn(move || {
                         start.wait();
                         (0..200)
-                            .filter(|_| matches!(b.admit(), Admit::Probe(_)))
+                            .filter(|_| matches!(b.admit(0), Admit::Probe(_)))
                             .count()
                     })
                 })
@@ -760,8 +893,8 @@ mod tests {
     /// A circuit opened by two failures and cooled down, its probe out.
     fn probing(clock: &ManualClock) -> (Arc<Breaker>, Probe) {
         let b = Arc::new(breaker(clock));
-        b.failure(None);
-        b.failure(None);
+        b.failure(0, None);
+        b.failure(0, None);
         clock.advance(Duration::from_secs(5));
         let p = probe(&b);
         (b, p)
@@ -769,7 +902,7 @@ mod tests {
 
     /// The probe `b` admits next (it must admit one).
     fn probe(b: &Breaker) -> Probe {
-        match b.admit() {
+        match b.admit(0) {
             Admit::Probe(p) => p,
             other => panic!("expected a probe, admitted {other:?}"),
         }
@@ -816,6 +949,7 @@ mod tests {
         let (tx, fut) = check();
         drop(BreakerCheck::new(
             b.clone(),
+            0,
             Some(p),
             fut,
             Duration::from_secs(1),
@@ -830,6 +964,7 @@ mod tests {
         let (tx, fut) = check();
         let mut probe = Box::pin(BreakerCheck::new(
             b.clone(),
+            0,
             Some(p),
             fut,
             Duration::from_secs(1),
@@ -841,13 +976,14 @@ mod tests {
         tx.send(Err(std::io::Error::other("down"))).unwrap();
         settle().await;
         assert_eq!(b.state(), CircuitState::Open);
-        assert_eq!(b.admit(), Admit::Reject);
+        assert_eq!(b.admit(0), Admit::Reject);
 
         // Dropped while it waited; the store never answers: the layer's timeout settles it.
         let (b, p) = probing(&clock);
         let (tx, fut) = check();
         let mut probe = Box::pin(BreakerCheck::new(
             b.clone(),
+            0,
             Some(p),
             fut,
             Duration::from_secs(1),
@@ -870,6 +1006,7 @@ mod tests {
         let (tx, fut) = check();
         drop(BreakerCheck::new(
             b.clone(),
+            0,
             Some(p),
             fut,
             Duration::from_secs(1),
@@ -877,7 +1014,7 @@ mod tests {
         tx.send(Ok(allowed().cached())).unwrap();
         settle().await;
         assert_eq!(b.state(), CircuitState::Open);
-        assert!(matches!(b.admit(), Admit::Probe(_)), "still cooled down");
+        assert!(matches!(b.admit(0), Admit::Probe(_)), "still cooled down");
     }
 
     /// With no runtime to finish the check on, or a task that never runs, the probe is handed on
@@ -889,6 +1026,7 @@ mod tests {
         let (_tx, fut) = check();
         drop(BreakerCheck::new(
             b.clone(),
+            0,
             Some(p),
             fut,
             Duration::from_secs(1),
@@ -905,6 +1043,7 @@ mod tests {
             let _in_rt = rt.enter();
             drop(BreakerCheck::new(
                 b.clone(),
+                0,
                 Some(p),
                 fut,
                 Duration::from_secs(1),
@@ -913,7 +1052,7 @@ mod tests {
         assert_eq!(b.state(), CircuitState::HalfOpen, "its task is spawned");
         drop(rt);
         assert_eq!(b.state(), CircuitState::Open, "and dropped unrun");
-        assert!(matches!(b.admit(), Admit::Probe(_)));
+        assert!(matches!(b.admit(0), Admit::Probe(_)));
     }
 
     /// A store future that panics while the probe polls it fails the probe as it unwinds: the
@@ -925,6 +1064,7 @@ mod tests {
         let fut: Sent = Box::pin(async { panic!("a store bug") });
         let mut probe = Box::pin(BreakerCheck::new(
             b.clone(),
+            0,
             Some(p),
             fut,
             Duration::from_secs(1),
@@ -933,7 +1073,7 @@ mod tests {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| futures_poll(&mut probe)));
         assert!(polled.is_err());
         assert_eq!(b.state(), CircuitState::Open);
-        assert_eq!(b.admit(), Admit::Reject, "a new cool-down");
+        assert_eq!(b.admit(0), Admit::Reject, "a new cool-down");
         drop(probe);
         settle().await;
         assert_eq!(b.state(), CircuitState::Open);
@@ -947,6 +1087,7 @@ mod tests {
         let (tx, fut) = check();
         let mut probe = Box::pin(BreakerCheck::new(
             b.clone(),
+            0,
             Some(p),
             fut,
             Duration::from_secs(1),
@@ -969,11 +1110,11 @@ mod tests {
     /// `failure(None)` from a request that saw it `CLOSED`.
     fn probing_then_a_late_failure(clock: &ManualClock) -> (Breaker, Probe) {
         let b = breaker(clock);
-        b.failure(None);
-        b.failure(None);
+        b.failure(0, None);
+        b.failure(0, None);
         clock.advance(Duration::from_secs(5));
         let p = probe(&b);
-        b.open(CLOSED);
+        b.open(0, CLOSED);
         (b, p)
     }
 
@@ -982,7 +1123,7 @@ mod tests {
         let clock = ManualClock::new();
         let (b, p) = probing_then_a_late_failure(&clock);
         assert_eq!(b.state(), CircuitState::HalfOpen);
-        b.success(Some(p));
+        b.success(0, Some(p));
         assert_eq!(b.state(), CircuitState::Closed);
     }
 
@@ -992,9 +1133,9 @@ mod tests {
     fn a_late_failure_does_not_restart_the_cool_down() {
         let clock = ManualClock::new();
         let (b, p) = probing_then_a_late_failure(&clock);
-        b.probe_not_asked(p);
+        b.probe_not_asked(0, p);
         assert_eq!(b.state(), CircuitState::Open);
-        assert!(matches!(b.admit(), Admit::Probe(_)), "still cooled down");
+        assert!(matches!(b.admit(0), Admit::Probe(_)), "still cooled down");
     }
 
     #[test]

@@ -12,7 +12,7 @@ use ratelimit_core::{Clock, Decision, MemoryStore, Store, SystemClock};
 use tower_layer::Layer;
 
 use crate::body::{SameBody, WrapBody};
-use crate::circuit_breaker::{Breaker, CircuitBreaker, CircuitState};
+use crate::circuit_breaker::{Breaker, CircuitBreaker, CircuitState, MAX_FAILURE_DOMAINS};
 use crate::service::{RateLimit, Rt, Shared};
 use crate::{Error, FailurePolicy, Policy};
 
@@ -80,7 +80,9 @@ impl<St, M> RateLimitLayer<St, M> {
     }
 
     /// The state of the store's circuit breaker (`None` if the layer has none: it was turned off,
-    /// or the store always answers at once and cannot fail).
+    /// or the store always answers at once and cannot fail). With a store of several failure
+    /// domains ([`Store::failure_domains`]), which has a circuit per domain: `Open` if any
+    /// domain's circuit is open, else `HalfOpen` if any is probing, else `Closed`.
     pub fn circuit_state(&self) -> Option<CircuitState> {
         self.shared.breaker.as_ref().map(|b| b.state())
     }
@@ -232,6 +234,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 self.clock.clone(),
                 &rt.metrics,
                 rt.name.clone(),
+                self.store.failure_domains().clamp(1, MAX_FAILURE_DOMAINS),
             ))
         });
         Ok(RateLimitLayer {

@@ -78,7 +78,9 @@ impl<S, St, M> RateLimit<S, St, M> {
     }
 
     /// The state of the store's circuit breaker (`None` if the layer has none: it was turned off,
-    /// or the store always answers at once and cannot fail).
+    /// or the store always answers at once and cannot fail). With a store of several failure
+    /// domains ([`Store::failure_domains`]), which has a circuit per domain: `Open` if any
+    /// domain's circuit is open, else `HalfOpen` if any is probing, else `Closed`.
     pub fn circuit_state(&self) -> Option<CircuitState> {
         self.shared.breaker.as_ref().map(|b| b.state())
     }
@@ -454,6 +456,7 @@ impl<St: Store> Shared<St> {
     fn after_check<W>(
         &self,
         result: Result<Decision, St::Error>,
+        part: usize,
         probe: Option<Probe>,
         tier: usize,
         key: &[u8],
@@ -462,13 +465,13 @@ impl<St: Store> Shared<St> {
         match result {
             Ok(d) => {
                 if let Some(b) = &self.breaker {
-                    b.answered(&d, probe);
+                    b.answered(part, &d, probe);
                 }
                 self.decide(d, tier, false)
             }
             Err(error) => {
                 if let Some(b) = &self.breaker {
-                    b.failure(probe);
+                    b.failure(part, probe);
                 }
                 tracing::warn!(policy = %self.rt.name, %error, "rate-limit store failed");
                 self.on_failure(FailureKind::Error, tier, key, cost)
@@ -476,9 +479,16 @@ impl<St: Store> Shared<St> {
         }
     }
 
-    fn after_timeout(&self, probe: Option<Probe>, tier: usize, key: &[u8], cost: u64) -> Step {
+    fn after_timeout(
+        &self,
+        part: usize,
+        probe: Option<Probe>,
+        tier: usize,
+        key: &[u8],
+        cost: u64,
+    ) -> Step {
         if let Some(b) = &self.breaker {
-            b.failure(probe);
+            b.failure(part, probe);
         }
         tracing::warn!(
             policy = %self.rt.name,
@@ -528,6 +538,7 @@ where
             Step::Wait(Pending {
                 check,
                 start,
+                part,
                 probe,
                 tier,
                 key,
@@ -550,9 +561,13 @@ where
                 // With a breaker, a check whose request is dropped before the answer runs on
                 // in a task of its own, and its answer or timeout counts (see `BreakerCheck`).
                 let check = match &shared.breaker {
-                    Some(b) => {
-                        Check::Breaker(BreakerCheck::new(b.clone(), probe, check, shared.timeout))
-                    }
+                    Some(b) => Check::Breaker(BreakerCheck::new(
+                        b.clone(),
+                        part,
+                        probe,
+                        check,
+                        shared.timeout,
+                    )),
                     None => Check::Plain {
                         check,
                         deadline: tokio::time::Instant::now() + shared.timeout,
@@ -571,8 +586,12 @@ where
                     cancelled.answered();
                     shared.rt.metrics.store_duration(start.elapsed());
                     let step = match result {
-                        Ok(result) => shared.after_check(result, probe, tier, key.as_bytes(), cost),
-                        Err(_elapsed) => shared.after_timeout(probe, tier, key.as_bytes(), cost),
+                        Ok(result) => {
+                            shared.after_check(result, part, probe, tier, key.as_bytes(), cost)
+                        }
+                        Err(_elapsed) => {
+                            shared.after_timeout(part, probe, tier, key.as_bytes(), cost)
+                        }
                     };
                     match step {
                         Step::Forward(post) => {
@@ -629,6 +648,8 @@ struct Pending<F> {
     check: F,
     /// When the check was sent, for the store latency histogram.
     start: Instant,
+    /// The circuit the check goes through: its key's failure domain (0 without a breaker).
+    part: usize,
     probe: Option<Probe>,
     tier: usize,
     key: KeyBuf,
@@ -667,7 +688,16 @@ where
         }
         let cost = rt.policy.cost.as_ref().map_or(1, |cost| cost(req));
 
-        let admit = self.breaker.as_ref().map_or(Admit::Call, |b| b.admit());
+        // With a breaker, the key's circuit: one per failure domain of the store (a Redis
+        // Cluster's keys fail by master), so that one part's failures stop only its own checks.
+        let (part, admit) = match &self.breaker {
+            None => (0, Admit::Call),
+            Some(b) if b.parts() == 1 => (0, b.admit(0)),
+            Some(b) => {
+                let part = self.store.failure_domain(key.as_bytes());
+                (part, b.admit(part))
+            }
+        };
         if admit == Admit::Reject {
             return self.on_failure(FailureKind::CircuitOpen, tier, key.as_bytes(), cost);
         }
@@ -695,11 +725,12 @@ where
             if let Some(start) = sampled {
                 rt.metrics.store_duration(start.elapsed());
             }
-            return self.after_check(result, probe, tier, key.as_bytes(), cost);
+            return self.after_check(result, part, probe, tier, key.as_bytes(), cost);
         }
         Step::Wait(Pending {
             check,
             start: sampled.unwrap_or_else(Instant::now),
+            part,
             probe,
             tier,
             key,

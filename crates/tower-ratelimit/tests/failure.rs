@@ -952,3 +952,112 @@ impl Store for HangingInfallibleStore {
         std::future::pending()
     }
 }
+
+/// A store of two failure domains (a key's last byte, even or odd), the odd one down: a cluster
+/// store with one master lost, say.
+struct HalfDown {
+    store: SwitchStore,
+    odd_down: std::sync::atomic::AtomicBool,
+    odd_calls: AtomicU64,
+}
+
+impl Store for HalfDown {
+    type Error = StoreDown;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<ratelimit_core::Decision, StoreDown>> + Send>,
+    >;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        if self.failure_domain(key) == 1 {
+            self.odd_calls
+                .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            if self.odd_down.load(std::sync::atomic::Ordering::SeqCst) {
+                return Box::pin(async { Err(StoreDown) });
+            }
+        }
+        self.store.check(key, limit, cost)
+    }
+
+    fn failure_domains(&self) -> usize {
+        2
+    }
+
+    fn failure_domain(&self, key: &[u8]) -> usize {
+        usize::from(key.last().is_some_and(|b| b % 2 == 1))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_failure_domain_down_leaves_the_others_circuits_closed() {
+    let clock = ManualClock::new();
+    let (_store_clock, memory) = store();
+    let store = Arc::new(HalfDown {
+        store: SwitchStore::new(memory),
+        odd_down: true.into(),
+        odd_calls: AtomicU64::new(0),
+    });
+    let odd_calls = || store.odd_calls.load(std::sync::atomic::Ordering::SeqCst);
+    let (layer, snapshotter) = recorded(|| {
+        RateLimitLayer::builder(
+            store.clone(),
+            Policy::new("parts", per_minute(100))
+                .unwrap()
+                .key(tower_ratelimit::key::ApiKeyHeader::new("x-api-key").unwrap())
+                .failure(FailurePolicy::fail_closed(Duration::from_secs(1))),
+        )
+        .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(10)).unwrap())
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+    });
+    let app = app(layer.clone());
+    let with_key = |key: &'static str| {
+        let mut req = request("/");
+        req.headers_mut()
+            .insert("x-api-key", http::HeaderValue::from_static(key));
+        req
+    };
+
+    // The odd domain's failures, each followed by an even key's success: three in a row of its
+    // own open its circuit (a success elsewhere says nothing of it).
+    for _ in 0..3 {
+        assert_eq!(send(&app, with_key("k1")).await.status(), 503);
+        assert_eq!(send(&app, with_key("k0")).await.status(), 200);
+    }
+    assert_eq!(odd_calls(), 3);
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    // The odd keys get the failure policy without asking the store; the even ones are checked.
+    let calls = store.store.calls();
+    for _ in 0..4 {
+        assert_eq!(send(&app, with_key("k3")).await.status(), 503);
+        assert_eq!(send(&app, with_key("k2")).await.status(), 200);
+    }
+    assert_eq!(odd_calls(), 3);
+    assert_eq!(store.store.calls(), calls + 4);
+    let m = Recorded::take(&snapshotter);
+    assert_eq!(
+        m.gauge("ratelimit_circuit_state", &[("policy", "parts")]),
+        Some(1.0)
+    );
+    assert_eq!(
+        m.counter(
+            "ratelimit_store_errors_total",
+            &[("policy", "parts"), ("kind", "circuit_open")]
+        ),
+        4
+    );
+
+    // The odd domain recovers: after the cool-down its probe closes its circuit.
+    store
+        .odd_down
+        .store(false, std::sync::atomic::Ordering::SeqCst);
+    clock.advance(Duration::from_secs(10));
+    assert_eq!(send(&app, with_key("k1")).await.status(), 200);
+    assert_eq!(odd_calls(), 4);
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
+    let m = Recorded::take(&snapshotter);
+    assert_eq!(
+        m.gauge("ratelimit_circuit_state", &[("policy", "parts")]),
+        Some(0.0)
+    );
+}

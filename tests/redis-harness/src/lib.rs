@@ -641,25 +641,29 @@ impl RedisCluster {
             .cli(&["cluster", "keyslot", key])
             .parse()
             .expect("CLUSTER KEYSLOT answers a number");
-        for node in &self.nodes {
-            let nodes = node.cli(&["cluster", "nodes"]);
-            let me = nodes
-                .lines()
-                .find(|l| l.contains("myself"))
-                .expect("CLUSTER NODES lists myself");
-            for range in me.split_whitespace().skip(8) {
+        self.nodes
+            .iter()
+            .find(|node| self.slots_of(node).iter().any(|r| r.contains(&slot)))
+            .unwrap_or_else(|| panic!("no node owns slot {slot}"))
+    }
+
+    /// The ranges of hash slots `node` serves, as it says itself (`CLUSTER NODES`).
+    pub fn slots_of(&self, node: &RedisServer) -> Vec<std::ops::RangeInclusive<u16>> {
+        let nodes = node.cli(&["cluster", "nodes"]);
+        let me = nodes
+            .lines()
+            .find(|l| l.contains("myself"))
+            .expect("CLUSTER NODES lists myself");
+        me.split_whitespace()
+            .skip(8)
+            .filter_map(|range| {
                 let (lo, hi) = match range.split_once('-') {
                     Some((a, b)) => (a.parse::<u16>(), b.parse::<u16>()),
                     None => (range.parse::<u16>(), range.parse::<u16>()),
                 };
-                if let (Ok(lo), Ok(hi)) = (lo, hi)
-                    && (lo..=hi).contains(&slot)
-                {
-                    return node;
-                }
-            }
-        }
-        panic!("no node owns slot {slot}");
+                Some(lo.ok()?..=hi.ok()?)
+            })
+            .collect()
     }
 }
 
