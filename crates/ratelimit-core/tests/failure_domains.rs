@@ -46,7 +46,10 @@ fn wrappers_pass_on_their_stores_failure_domains() {
     let clock = ManualClock::new();
     assert_forwards(&parted(&clock), "the store");
     assert_forwards(&Arc::new(parted(&clock)), "Arc");
-    assert_forwards(&DenialCache::new(parted(&clock), clock.clone()), "DenialCache");
+    assert_forwards(
+        &DenialCache::new(parted(&clock), clock.clone()),
+        "DenialCache",
+    );
     assert_forwards(&Leasing::new(parted(&clock), clock.clone()), "Leasing");
     assert_forwards(
         &DenialCache::new(Leasing::new(parted(&clock), clock.clone()), clock.clone()),

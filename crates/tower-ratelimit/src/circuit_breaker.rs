@@ -178,6 +178,7 @@ pub(crate) struct Breaker {
     lost_after: Duration,
     clock: Arc<dyn Clock>,
     gauge: metrics::Gauge,
+    not_closed: metrics::Gauge,
     policy: Arc<str>,
 }
 
@@ -211,6 +212,8 @@ impl Breaker {
     ) -> Breaker {
         let gauge = Metrics::circuit_gauge(&policy);
         gauge.set(CLOSED as f64);
+        let not_closed = Metrics::circuits_not_closed_gauge(&policy);
+        not_closed.set(0.0);
         Breaker {
             config,
             errors: [
@@ -221,6 +224,7 @@ impl Breaker {
             lost_after: config.cool_down.max(timeout.saturating_mul(2)),
             clock,
             gauge,
+            not_closed,
             policy,
         }
     }
@@ -250,17 +254,19 @@ impl Breaker {
         if half_open { HALF_OPEN } else { CLOSED }
     }
 
-    /// Sets the gauge to the state, after a transition. Transitions and gauge writes of two
+    /// Sets the gauges to the state, after a transition. Transitions and gauge writes of two
     /// threads can interleave (one closes, another opens, and the closer's write lands last): each
     /// writer reads the state again after writing and writes again if it moved, so the last write
-    /// follows the last transition and the gauge ends on the state.
+    /// follows the last transition and the gauges end on the state.
     fn publish(&self) {
         loop {
             let state = self.state_bits();
+            let not_closed = self.parts_not_closed();
             self.gauge.set(state as f64);
-            // The re-read must not move before the gauge's write.
+            self.not_closed.set(not_closed as f64);
+            // The re-read must not move before the gauges' writes.
             std::sync::atomic::fence(Ordering::SeqCst);
-            if self.state_bits() == state {
+            if self.state_bits() == state && self.parts_not_closed() == not_closed {
                 return;
             }
         }

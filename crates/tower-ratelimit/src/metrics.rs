@@ -7,6 +7,14 @@
 //! | `ratelimit_store_errors_total` | counter | `policy`, `kind` (`error`, `timeout`, `circuit_open`) |
 //! | `ratelimit_checks_cancelled_total` | counter | `policy` |
 //! | `ratelimit_circuit_state` | gauge | `policy` (0 closed, 1 open, 2 half-open) |
+//! | `ratelimit_circuits_not_closed` | gauge | `policy` |
+//!
+//! A layer keeps a circuit per failure domain of its store
+//! ([`Store::failure_domains`](ratelimit_core::Store::failure_domains): one for a single Redis
+//! server, 64 ranges of hash slots for a Redis Cluster). `ratelimit_circuit_state` is the worst of
+//! them (open if any is open, else half-open if any is probing), and
+//! `ratelimit_circuits_not_closed` how many are open or half-open: with a cluster, a master lost
+//! shows as the share of the 64 that its slots cover.
 //!
 //! `ratelimit_checks_cancelled_total` counts the store checks whose request was dropped before the
 //! store answered (its client went away, or a timeout of the caller's fired): they have no
@@ -42,8 +50,10 @@ pub const STORE_DURATION_SECONDS: &str = "ratelimit_store_duration_seconds";
 pub const STORE_ERRORS_TOTAL: &str = "ratelimit_store_errors_total";
 /// Store checks whose request was dropped before the store answered, by policy.
 pub const CHECKS_CANCELLED_TOTAL: &str = "ratelimit_checks_cancelled_total";
-/// Circuit-breaker state by policy: 0 closed, 1 open, 2 half-open.
+/// Circuit-breaker state by policy: 0 closed, 1 open, 2 half-open (of the worst of its circuits).
 pub const CIRCUIT_STATE: &str = "ratelimit_circuit_state";
+/// How many of a layer's circuits (one per failure domain of its store) are open or half-open.
+pub const CIRCUITS_NOT_CLOSED: &str = "ratelimit_circuits_not_closed";
 
 /// Why a store call failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -118,5 +128,10 @@ impl Metrics {
     /// "closed" one.
     pub(crate) fn circuit_gauge(policy: &str) -> Gauge {
         gauge!(CIRCUIT_STATE, "policy" => policy.to_owned())
+    }
+
+    /// The gauge of `policy`'s circuits not closed (registered with the circuit-state gauge).
+    pub(crate) fn circuits_not_closed_gauge(policy: &str) -> Gauge {
+        gauge!(CIRCUITS_NOT_CLOSED, "policy" => policy.to_owned())
     }
 }

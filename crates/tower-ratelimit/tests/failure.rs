@@ -1040,6 +1040,10 @@ async fn one_failure_domain_down_leaves_the_others_circuits_closed() {
         Some(1.0)
     );
     assert_eq!(
+        m.gauge("ratelimit_circuits_not_closed", &[("policy", "parts")]),
+        Some(1.0)
+    );
+    assert_eq!(
         m.counter(
             "ratelimit_store_errors_total",
             &[("policy", "parts"), ("kind", "circuit_open")]
@@ -1058,6 +1062,10 @@ async fn one_failure_domain_down_leaves_the_others_circuits_closed() {
     let m = Recorded::take(&snapshotter);
     assert_eq!(
         m.gauge("ratelimit_circuit_state", &[("policy", "parts")]),
+        Some(0.0)
+    );
+    assert_eq!(
+        m.gauge("ratelimit_circuits_not_closed", &[("policy", "parts")]),
         Some(0.0)
     );
 }

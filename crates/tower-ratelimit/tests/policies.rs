@@ -249,6 +249,10 @@ async fn metrics_by_policy_and_outcome() {
     assert!(m.histogram_len("ratelimit_store_duration_seconds", &[("policy", "m")]) <= 3);
     // The in-memory store never fails: its layer has no breaker, and no circuit series.
     assert_eq!(m.gauge("ratelimit_circuit_state", &[("policy", "m")]), None);
+    assert_eq!(
+        m.gauge("ratelimit_circuits_not_closed", &[("policy", "m")]),
+        None
+    );
 }
 
 #[tokio::test]
