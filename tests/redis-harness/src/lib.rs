@@ -28,6 +28,7 @@ use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
+pub mod blackhole;
 pub mod proxy;
 pub mod tls;
 
