@@ -439,11 +439,12 @@ impl Store for RedisStore {
 }
 
 /// The failure domains of a cluster store: its 16,384 hash slots in ranges of 256. A master
-/// serves whole ranges of slots, so that a master lost takes down the domains of its ranges;
+/// serves contiguous ranges of slots, so a master lost takes down the domains inside its ranges;
 /// behind the tower layer, whose circuit breaker keeps a circuit per domain, the other masters'
-/// keys go on being checked (a domain at the edge of the lost master's ranges, shared with
-/// another master, is stopped with it: with three masters, under 2 % of the keys). Finer ranges
-/// would share less and take longer to open: each circuit opens on its own keys' failures.
+/// keys go on being checked. A domain at the edge of the lost master's ranges, shared with another
+/// master (with three masters, about 1 % of the keys), fails with it when its failures come in a
+/// row. Finer ranges would share less, but each circuit opens on its own keys' failures, so they
+/// would take longer to open.
 pub const CLUSTER_FAILURE_DOMAINS: usize = 64;
 
 pub(crate) fn failure_domains(cluster: bool) -> usize {

@@ -1,5 +1,11 @@
 //! A circuit breaker per layer: stop calling a failing store, and recover by itself.
 //!
+//! The breaker keeps a circuit per failure domain of its store
+//! ([`Store::failure_domains`](ratelimit_core::Store::failure_domains)): one for a single Redis
+//! server, 64 ranges of hash slots for a Redis Cluster, whose masters fail apart. Each circuit
+//! counts the failures of its own keys and opens, probes and closes by itself, as below, so that a
+//! master lost stops the checks of its own keys only.
+//!
 //! - **Closed**: every request asks the store. After `failure_threshold` consecutive failures
 //!   (errors or timeouts) the circuit opens.
 //! - **Open**: no request asks the store; each gets the policy's
@@ -68,7 +74,7 @@ pub struct CircuitBreaker {
 }
 
 impl CircuitBreaker {
-    /// Opens after `failure_threshold` consecutive failures (at least 1), for `cool_down`
+    /// A circuit opens after `failure_threshold` consecutive failures of its keys (at least 1), for `cool_down`
     /// (between 1 ms and one hour: a longer one would leave a tripped circuit open, and its
     /// requests answered by the failure policy, for as good as ever) before a probe.
     pub fn new(failure_threshold: u32, cool_down: Duration) -> Result<Self, Error> {
@@ -292,7 +298,7 @@ impl Breaker {
 
     pub(crate) fn admit(&self, part: usize) -> Admit {
         let index = part % self.parts.len();
-        let part = self.part(index);
+        let part = &self.parts[index];
         let word = part.word.load(Ordering::Acquire);
         match word & STATE {
             CLOSED => Admit::Call,
@@ -343,7 +349,7 @@ impl Breaker {
 
     pub(crate) fn success(&self, part: usize, probe: Option<Probe>) {
         let index = part % self.parts.len();
-        let part = self.part(index);
+        let part = &self.parts[index];
         if probe.is_some() {
             // Only a half-open circuit closes: a probe taken as lost that answers after the one
             // sent after it failed (its future polled late) would close a circuit opened on
@@ -430,7 +436,7 @@ impl Breaker {
     /// ago must not re-open a circuit whose probe is out), or a probe's own word.
     fn open(&self, part: usize, from: u64) {
         let index = part % self.parts.len();
-        let part = self.part(index);
+        let part = &self.parts[index];
         let stamped = stamp(self.clock.now()) | OPEN;
         let opened = part
             .word

@@ -2,9 +2,10 @@
 //!
 //! The layer's circuit breaker keeps a circuit per failure domain of the store (a cluster store's
 //! domains are ranges of 256 hash slots, which masters own whole). A single circuit for the whole
-//! store opens on the lost master's failures and then answers every client with the failure
-//! policy, though the other masters answer: on a fail-closed route, a 503 for every client for the
-//! whole cool-down, over and over for as long as the master is gone.
+//! store either opens on the lost master's failures, and then answers every client with the
+//! failure policy though the other masters answer (on a fail-closed route, a 503 for every client
+//! for the whole cool-down), or is kept closed by the other masters' successes, and then every
+//! check of the lost master's keys waits out the layer's timeout.
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
