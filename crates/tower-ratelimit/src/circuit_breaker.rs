@@ -670,28 +670,27 @@ mod tests {
     use super::*;
     use ratelimit_core::ManualClock;
 
-    fn breaker(clock: &ManualClock) -> Breaker {
+    /// A breaker of 2 failures and a 5 s cool-down, for a layer timeout of 50 ms, of `parts`
+    /// circuits.
+    fn breaker_of(clock: &ManualClock, parts: usize) -> Breaker {
         Breaker::new(
             CircuitBreaker::new(2, Duration::from_secs(5)).unwrap(),
             Duration::from_millis(50),
             Arc::new(clock.clone()),
             &Metrics::new("p"),
             "p".into(),
-            1,
+            parts,
         )
+    }
+
+    fn breaker(clock: &ManualClock) -> Breaker {
+        breaker_of(clock, 1)
     }
 
     #[test]
     fn each_part_has_a_circuit_of_its_own() {
         let clock = ManualClock::new();
-        let b = Breaker::new(
-            CircuitBreaker::new(2, Duration::from_secs(5)).unwrap(),
-            Duration::from_millis(50),
-            Arc::new(clock.clone()),
-            &Metrics::new("p"),
-            "p".into(),
-            4,
-        );
+        let b = breaker_of(&clock, 4);
         assert_eq!(b.parts(), 4);
         // Failures of parts 1 and 2 interleaved: neither has two in a row of its own... until
         // part 1 has.

@@ -47,6 +47,15 @@ fn hanging_fail_closed(name: &str, timeout: Duration) -> RateLimitLayer<Arc<Hang
     .unwrap()
 }
 
+/// [`closed_with_breaker`], with the recorder of its metrics.
+fn breaker_layer<St: Store>(
+    store: St,
+    policy: Policy,
+    clock: &ManualClock,
+) -> (RateLimitLayer<St>, metrics_util::debugging::Snapshotter) {
+    recorded(|| closed_with_breaker(store, policy, clock))
+}
+
 fn verdict(res: &http::Response<axum::body::Body>) -> VerdictKind {
     res.extensions().get::<Verdict>().unwrap().kind()
 }
@@ -336,18 +345,11 @@ async fn the_breaker_opens_after_the_configured_failures_and_half_opens_later() 
     let (_store_clock, memory) = store();
     let store = Arc::new(SwitchStore::new(memory));
     store.set_down(true);
-    let (layer, snapshotter) = recorded(|| {
-        RateLimitLayer::builder(
-            store.clone(),
-            Policy::new("cb", per_minute(100))
-                .unwrap()
-                .failure(FailurePolicy::fail_closed(Duration::from_secs(1))),
-        )
-        .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(10)).unwrap())
-        .clock(clock.clone())
-        .build()
-        .unwrap()
-    });
+    let (layer, snapshotter) = breaker_layer(
+        store.clone(),
+        Policy::new("cb", per_minute(100)).unwrap(),
+        &clock,
+    );
     let app = app(layer.clone());
 
     // Three failures reach the store, then the circuit opens.
@@ -989,6 +991,8 @@ impl Store for HalfDown {
 
 #[tokio::test(start_paused = true)]
 async fn one_failure_domain_down_leaves_the_others_circuits_closed() {
+    use tower_ratelimit::metrics::{CIRCUIT_STATE, CIRCUITS_NOT_CLOSED};
+
     let clock = ManualClock::new();
     let (_store_clock, memory) = store();
     let store = Arc::new(HalfDown {
@@ -997,19 +1001,13 @@ async fn one_failure_domain_down_leaves_the_others_circuits_closed() {
         odd_calls: AtomicU64::new(0),
     });
     let odd_calls = || store.odd_calls.load(std::sync::atomic::Ordering::SeqCst);
-    let (layer, snapshotter) = recorded(|| {
-        RateLimitLayer::builder(
-            store.clone(),
-            Policy::new("parts", per_minute(100))
-                .unwrap()
-                .key(tower_ratelimit::key::ApiKeyHeader::new("x-api-key").unwrap())
-                .failure(FailurePolicy::fail_closed(Duration::from_secs(1))),
-        )
-        .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(10)).unwrap())
-        .clock(clock.clone())
-        .build()
-        .unwrap()
-    });
+    let (layer, snapshotter) = breaker_layer(
+        store.clone(),
+        Policy::new("parts", per_minute(100))
+            .unwrap()
+            .key(tower_ratelimit::key::ApiKeyHeader::new("x-api-key").unwrap()),
+        &clock,
+    );
     let app = app(layer.clone());
     let with_key = |key: &'static str| {
         let mut req = request("/");
@@ -1035,13 +1033,13 @@ async fn one_failure_domain_down_leaves_the_others_circuits_closed() {
     assert_eq!(odd_calls(), 3);
     assert_eq!(store.store.calls(), calls + 4);
     let m = Recorded::take(&snapshotter);
+    let gauges = |m: &Recorded| {
+        [CIRCUIT_STATE, CIRCUITS_NOT_CLOSED].map(|name| m.gauge(name, &[("policy", "parts")]))
+    };
     assert_eq!(
-        m.gauge("ratelimit_circuit_state", &[("policy", "parts")]),
-        Some(1.0)
-    );
-    assert_eq!(
-        m.gauge("ratelimit_circuits_not_closed", &[("policy", "parts")]),
-        Some(1.0)
+        gauges(&m),
+        [Some(1.0), Some(1.0)],
+        "open; one circuit of two"
     );
     assert_eq!(
         m.counter(
@@ -1059,13 +1057,8 @@ async fn one_failure_domain_down_leaves_the_others_circuits_closed() {
     assert_eq!(send(&app, with_key("k1")).await.status(), 200);
     assert_eq!(odd_calls(), 4);
     assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
-    let m = Recorded::take(&snapshotter);
     assert_eq!(
-        m.gauge("ratelimit_circuit_state", &[("policy", "parts")]),
-        Some(0.0)
-    );
-    assert_eq!(
-        m.gauge("ratelimit_circuits_not_closed", &[("policy", "parts")]),
-        Some(0.0)
+        gauges(&Recorded::take(&snapshotter)),
+        [Some(0.0), Some(0.0)]
     );
 }

@@ -71,6 +71,28 @@ impl<S: Store> Store for Domains<S> {
     }
 }
 
+/// Checks `clients` in turn, pausing `pause` after each, for `during` from `start`: the time
+/// (from `start`) each request was sent, its status and its latency.
+async fn load(
+    app: Router,
+    clients: Vec<String>,
+    (start, during): (Instant, Duration),
+    pause: Duration,
+) -> Vec<(Duration, u16, Duration)> {
+    let mut answers = Vec::new();
+    loop {
+        for client in &clients {
+            if start.elapsed() >= during {
+                return answers;
+            }
+            let sent = start.elapsed();
+            let status = status(&app, client).await;
+            answers.push((sent, status, start.elapsed() - sent));
+            tokio::time::sleep(pause).await;
+        }
+    }
+}
+
 async fn status(app: &Router, client: &str) -> u16 {
     let req = http::Request::get("/")
         .header("x-api-key", client)
@@ -234,40 +256,21 @@ async fn a_master_gone_from_the_network_stops_only_its_own_keys() {
 
     let start = Instant::now();
     let during = Duration::from_secs(4);
-    let victims = {
-        let app = lost.app.clone();
-        tokio::spawn(async move {
-            // (sent at, status, latency)
-            let mut answers = Vec::new();
-            'load: loop {
-                for client in &dead {
-                    if start.elapsed() >= during {
-                        break 'load;
-                    }
-                    let sent = start.elapsed();
-                    let status = status(&app, client).await;
-                    answers.push((sent, status, start.elapsed() - sent));
-                    // An open circuit answers at once: without a pause this loop would never
-                    // yield, and hold one of the two workers.
-                    tokio::time::sleep(Duration::from_millis(1)).await;
-                }
-            }
-            answers
-        })
-    };
-    // (sent at, status, latency)
-    let mut answers = Vec::new();
-    'load: loop {
-        for client in &healthy {
-            if start.elapsed() >= during {
-                break 'load;
-            }
-            let sent = start.elapsed();
-            let status = status(&lost.app, client).await;
-            answers.push((sent, status, start.elapsed() - sent));
-            tokio::time::sleep(Duration::from_millis(2)).await;
-        }
-    }
+    // An open circuit answers at once: without a pause the victims' loop would never yield, and
+    // hold one of the two workers.
+    let victims = tokio::spawn(load(
+        lost.app.clone(),
+        dead,
+        (start, during),
+        Duration::from_millis(1),
+    ));
+    let answers = load(
+        lost.app.clone(),
+        healthy,
+        (start, during),
+        Duration::from_millis(2),
+    )
+    .await;
     let victims = victims.await.expect("the victims' load");
     assert!(!victims.is_empty() && victims.iter().all(|(_, s, _)| *s == 503));
     let settled = Duration::from_secs(1);
