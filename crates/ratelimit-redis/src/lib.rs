@@ -80,6 +80,7 @@ mod error;
 mod in_runtime;
 mod key;
 mod lazy;
+mod owners;
 mod reply;
 mod scripts;
 mod silence;
