@@ -2,7 +2,7 @@
 //!
 //! The breaker keeps a circuit per failure domain of its store
 //! ([`Store::failure_domains`](ratelimit_core::Store::failure_domains)): one for a single Redis
-//! server, one per master for a Redis Cluster, whose masters fail apart. Each circuit
+//! server, 64 ranges of hash slots for a Redis Cluster, whose masters fail apart. Each circuit
 //! counts the failures of its own keys and opens, probes and closes by itself, as below, so that a
 //! master lost stops the checks of its own keys only.
 //!

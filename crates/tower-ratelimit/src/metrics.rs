@@ -11,9 +11,10 @@
 //!
 //! A layer keeps a circuit per failure domain of its store
 //! ([`Store::failure_domains`](ratelimit_core::Store::failure_domains): one for a single Redis
-//! server, one per master for a Redis Cluster). `ratelimit_circuit_state` is the worst of them
-//! (open if any is open, else half-open if any is probing), and `ratelimit_circuits_not_closed`
-//! how many are open or half-open: with a cluster, how many masters are failing.
+//! server, 64 ranges of hash slots for a Redis Cluster). `ratelimit_circuit_state` is the worst of
+//! them (open if any is open, else half-open if any is probing), and
+//! `ratelimit_circuits_not_closed` how many are open or half-open: with a cluster, a master lost
+//! shows as the share of the 64 that its slots cover.
 //!
 //! `ratelimit_checks_cancelled_total` counts the store checks whose request was dropped before the
 //! store answered (its client went away, or a timeout of the caller's fired): they have no

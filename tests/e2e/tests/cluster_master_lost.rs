@@ -1,8 +1,7 @@
-//! A Redis Cluster master lost under a fail-closed route (killed, or gone from the network): its
-//! keys fail, and only its keys.
+//! A Redis Cluster master killed under a fail-closed route: its keys fail, and only its keys.
 //!
 //! The layer's circuit breaker keeps a circuit per failure domain of the store (a cluster store's
-//! domains are its masters). A single circuit for the whole
+//! domains are ranges of 256 hash slots, which masters own whole). A single circuit for the whole
 //! store either opens on the lost master's failures, and then answers every client with the
 //! failure policy though the other masters answer (on a fail-closed route, a 503 for every client
 //! for the whole cool-down), or is kept closed by the other masters' successes, and then every
@@ -232,14 +231,14 @@ async fn a_lost_master_fails_its_own_keys_and_no_other() {
             "{client} (served by a master that answers): {got:?}"
         );
     }
-    // The lost master's circuit opened (the layer's state is the worst of its circuits').
+    // The lost master's circuits opened (the layer's state is the worst of its parts').
     assert_eq!(lost.layer.circuit_state(), Some(CircuitState::Open));
 }
 
 /// A master gone from the network (its port swallowing connection attempts): every check of its
 /// keys makes the cluster client refresh its slot map, holding every other master's checks while
-/// it tries to connect to it. Once the lost master's circuit is open, only its probe (one per
-/// cool-down) reaches the store; with the store's response timeout a little above
+/// it tries to connect to it. Once the lost master's circuits are open, only their probes (one
+/// per domain per cool-down) reach the store; with the store's response timeout a little above
 /// the layer's (README's setting), the cluster client's connect timeout is capped at 30 ms, under
 /// the layer's 50 ms, and the other masters' clients are answered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -310,7 +309,7 @@ async fn a_master_gone_from_the_network_stops_only_its_own_keys() {
         latencies[latencies.len() * 99 / 100],
         latencies[latencies.len() - 1],
     );
-    // The lost master's keys are answered by its open circuit, without waiting for the
+    // The lost master's keys are answered by their open circuits, without waiting for the
     // layer's timeout (50 ms) as they would behind a circuit that the other masters' successes
     // keep closed.
     assert!(
@@ -325,6 +324,6 @@ async fn a_master_gone_from_the_network_stops_only_its_own_keys() {
     assert!(
         then_failed * 100 <= then,
         "{then_failed} of {then} of the other masters' clients failed once the lost master's \
-         circuit was open"
+         circuits were open"
     );
 }
