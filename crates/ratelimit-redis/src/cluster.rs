@@ -35,7 +35,6 @@ use redis::{
     ServerErrorKind, Value,
 };
 
-use crate::owners::SlotOwners;
 use crate::scripts;
 use crate::store::{is_broken, lock};
 use crate::turns::Turns;
@@ -84,14 +83,8 @@ impl Manager {
                 template,
                 connect_timeout,
                 side: Mutex::new(HashMap::new()),
-                owners: Arc::new(SlotOwners::new()),
             }),
         })
-    }
-
-    /// Which master serves each slot, as the store's connections last saw it.
-    pub(crate) fn owners(&self) -> &Arc<SlotOwners> {
-        &self.nodes.owners
     }
 }
 
@@ -169,8 +162,6 @@ struct Nodes {
     connect_timeout: Duration,
     /// Per node, its connection once made (by the first check that needs it; see `side_send`).
     side: Mutex<HashMap<(String, u16), Arc<SideConnection>>>,
-    /// Which master serves each slot: read from `CLUSTER SLOTS` and `MOVED` answers.
-    owners: Arc<SlotOwners>,
 }
 
 /// A node's side connection: made once, by the first check redirected to the node, while the
@@ -222,7 +213,14 @@ impl Connection {
     /// without reaching that master. Nor by address, one `PING` per master: asked for a node it
     /// has no connection to, the client rebuilds every connection from its seeds.
     pub(crate) async fn reaches_every_master(&mut self) -> Result<(), RedisError> {
-        let slots = self.cluster_slots().await?;
+        let slots: Value = self
+            .turns
+            .send(
+                redis::cmd("CLUSTER")
+                    .arg("SLOTS")
+                    .query_async(&mut self.conn),
+            )
+            .await?;
         // No response policy: one answer per primary, keyed by its address.
         let to =
             RoutingInfo::MultiNode((cluster_routing::MultipleNodeRoutingInfo::AllMasters, None));
@@ -239,26 +237,6 @@ impl Connection {
                 format!("{host}:{port}"),
             ))),
         }
-    }
-
-    /// `CLUSTER SLOTS`, answered by a node this connection reaches; the store's map of the
-    /// slots' masters takes it in.
-    async fn cluster_slots(&mut self) -> Result<Value, RedisError> {
-        let slots: Value = self
-            .turns
-            .send(
-                redis::cmd("CLUSTER")
-                    .arg("SLOTS")
-                    .query_async(&mut self.conn),
-            )
-            .await?;
-        self.nodes.owners.read(&slots);
-        Ok(slots)
-    }
-
-    /// Reads which master serves each slot again (`CLUSTER SLOTS`).
-    pub(crate) async fn read_owners(&mut self) -> Result<(), RedisError> {
-        self.cluster_slots().await.map(drop)
     }
 
     /// `SCRIPT LOAD` on every primary.
@@ -316,12 +294,6 @@ impl Connection {
                 return Err(error);
             }
             let next = next(&error, &route);
-            if let (Next::Resend(Route::Node(host, port)), Some((_, slot))) =
-                (&next, error.redirect_node())
-            {
-                // `MOVED`: the slot is that master's now.
-                self.nodes.owners.moved(slot, host, *port);
-            }
             if !matches!(next, Next::Fail) {
                 tracing::debug!(%error, "ratelimit-redis: cluster check sent again");
             }
@@ -622,7 +594,6 @@ mod tests {
             template: Some(proxy.url().into_connection_info().unwrap()),
             connect_timeout: Duration::from_secs(1),
             side: Mutex::new(HashMap::new()),
-            owners: Arc::new(SlotOwners::new()),
         };
         let script = redis::Script::new("return 7");
         let mut cmd = redis::cmd("EVALSHA");

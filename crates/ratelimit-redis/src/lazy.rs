@@ -250,11 +250,6 @@ impl Store for LazyRedisStore {
     }
 
     fn failure_domain(&self, key: &[u8]) -> usize {
-        match self.inner.store.get() {
-            Some(store) => store.failure_domain(key),
-            // Not built: every check fails alike.
-            None if self.inner.cluster => crate::owners::UNKNOWN,
-            None => 0,
-        }
+        crate::store::failure_domain(self.inner.cluster, key)
     }
 }

@@ -80,7 +80,6 @@ mod error;
 mod in_runtime;
 mod key;
 mod lazy;
-mod owners;
 mod reply;
 mod scripts;
 mod silence;

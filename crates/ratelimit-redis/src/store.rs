@@ -258,15 +258,6 @@ impl Conn {
             Conn::Cluster(c) => c.load(script).await,
         }
     }
-
-    /// On a cluster, reads which master serves each slot (`CLUSTER SLOTS`); nothing to read on a
-    /// standalone server.
-    async fn read_owners(&mut self) -> Result<(), RedisError> {
-        match self {
-            Conn::Single(_) => Ok(()),
-            Conn::Cluster(c) => c.read_owners().await,
-        }
-    }
 }
 
 impl fmt::Debug for RedisStore {
@@ -441,43 +432,31 @@ impl Store for RedisStore {
         failure_domains(self.is_cluster())
     }
 
-    /// On a cluster, the master that serves the key's hash slot, as the store last saw it (see
-    /// [`CLUSTER_FAILURE_DOMAINS`]).
+    /// On a cluster, the key's range of 256 hash slots (see [`CLUSTER_FAILURE_DOMAINS`]).
     fn failure_domain(&self, key: &[u8]) -> usize {
-        let Backend::Cluster(pool) = &self.inner.backend else {
-            return 0;
-        };
-        let owners = pool.manager().owners();
-        // Read the map again now and then, in a task of its own (none without a runtime: the
-        // next check in one reads it).
-        if let Some(reading) = owners.due()
-            && let Ok(runtime) = tokio::runtime::Handle::try_current()
-        {
-            let inner = Arc::clone(&self.inner);
-            runtime.spawn(async move {
-                let _reading = reading;
-                let within = inner.response_timeout;
-                if let Ok((_, _, mut conn)) = inner.connection().await {
-                    let _ = tokio::time::timeout(within, conn.read_owners()).await;
-                }
-            });
-        }
-        owners.domain(key::hash_slot(key))
+        failure_domain(self.is_cluster(), key)
     }
 }
 
-/// The failure domains of a cluster store: one per master. A master serves its hash slots alone,
-/// so a master lost takes down its own keys only; behind the tower layer, whose circuit breaker
-/// keeps a circuit per domain, the other masters' keys go on being checked. A key's domain is the
-/// master of its slot as the store last saw it: from `CLUSTER SLOTS` (read when the store is
-/// built, at every new cluster connection, and every 10 s while checks come) and from each
-/// `MOVED` it follows. Each master takes a domain at its first sight, in turn (a replica that
-/// takes over is a master of its own); slots of no known master share the last domain; a
-/// cluster of more masters than `CLUSTER_FAILURE_DOMAINS - 1` shares domains among them.
+/// The failure domains of a cluster store: its 16,384 hash slots in ranges of 256. A master
+/// serves contiguous ranges of slots, so a master lost takes down the domains inside its ranges;
+/// behind the tower layer, whose circuit breaker keeps a circuit per domain, the other masters'
+/// keys go on being checked. A domain at the edge of the lost master's ranges, shared with another
+/// master (with three masters, about 1 % of the keys), fails with it when its failures come in a
+/// row. Finer ranges would share less, but each circuit opens on its own keys' failures, so they
+/// would take longer to open.
 pub const CLUSTER_FAILURE_DOMAINS: usize = 64;
 
 pub(crate) fn failure_domains(cluster: bool) -> usize {
     if cluster { CLUSTER_FAILURE_DOMAINS } else { 1 }
+}
+
+pub(crate) fn failure_domain(cluster: bool, key: &[u8]) -> usize {
+    if cluster {
+        usize::from(key::hash_slot(key)) / (16_384 / CLUSTER_FAILURE_DOMAINS)
+    } else {
+        0
+    }
 }
 
 /// The `EVALSHA` of `script` on `key`'s state under `limit`: the keys, the time (the server's, or
@@ -1348,8 +1327,6 @@ impl RedisStoreBuilder {
                 for s in scripts::all() {
                     conn.load(s).await?;
                 }
-                // On a cluster, which master serves each slot: the failure domains.
-                conn.read_owners().await?;
                 Ok::<(), RedisError>(())
             };
             match tokio::time::timeout(self.connect_timeout.max(self.response_timeout), load).await
