@@ -55,7 +55,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -185,6 +185,13 @@ pub(crate) struct Breaker {
     clock: Arc<dyn Clock>,
     gauge: metrics::Gauge,
     not_closed: metrics::Gauge,
+    /// How many parts are not closed, and how many count failures: while both are 0 (a healthy
+    /// store), a check need not find its key's part (a store's `failure_domain` may hash the
+    /// key), unless it fails. Each transition is counted once (they are compare-and-swaps); a
+    /// reader may see a count a moment late, which lets one check through to a circuit just
+    /// opened, or leaves one success's reset of a count undone.
+    open_parts: AtomicI64,
+    failing_parts: AtomicI64,
     policy: Arc<str>,
 }
 
@@ -231,6 +238,8 @@ impl Breaker {
             clock,
             gauge,
             not_closed,
+            open_parts: AtomicI64::new(0),
+            failing_parts: AtomicI64::new(0),
             policy,
         }
     }
@@ -238,6 +247,22 @@ impl Breaker {
     /// How many circuits: one per failure domain of the store.
     pub(crate) fn parts(&self) -> usize {
         self.parts.len()
+    }
+
+    /// Whether every circuit is closed and counts no failure: a check's part then matters only
+    /// if it fails.
+    pub(crate) fn is_clean(&self) -> bool {
+        self.open_parts.load(Ordering::Relaxed) == 0
+            && self.failing_parts.load(Ordering::Relaxed) == 0
+    }
+
+    /// Clears part `part`'s failure count.
+    fn clear_failures(&self, part: &Part) {
+        if part.failures.load(Ordering::Relaxed) != 0
+            && part.failures.swap(0, Ordering::AcqRel) != 0
+        {
+            self.failing_parts.fetch_sub(1, Ordering::AcqRel);
+        }
     }
 
     /// Part `part`'s circuit (`part` is taken modulo the number of parts: a store that names a
@@ -361,7 +386,8 @@ impl Breaker {
                 })
                 .is_ok();
             if closed {
-                part.failures.store(0, Ordering::Release);
+                self.open_parts.fetch_sub(1, Ordering::AcqRel);
+                self.clear_failures(part);
                 self.publish();
                 tracing::info!(
                     policy = %self.policy,
@@ -376,9 +402,7 @@ impl Breaker {
             // Closed already (by the probe sent before it, answering late): a success like any
             // other.
         }
-        if part.failures.load(Ordering::Relaxed) != 0 {
-            part.failures.store(0, Ordering::Release);
-        }
+        self.clear_failures(part);
     }
 
     /// The store answered `d`: evidence of its health unless it came from a cache in front of
@@ -401,10 +425,11 @@ impl Breaker {
             return;
         }
         let circuit = self.part(part);
-        let n = circuit
-            .failures
-            .fetch_add(1, Ordering::AcqRel)
-            .saturating_add(1);
+        let before = circuit.failures.fetch_add(1, Ordering::AcqRel);
+        if before == 0 {
+            self.failing_parts.fetch_add(1, Ordering::AcqRel);
+        }
+        let n = before.saturating_add(1);
         if n >= self.config.failure_threshold
             && circuit.word.load(Ordering::Acquire) & STATE == CLOSED
         {
@@ -453,7 +478,10 @@ impl Breaker {
             // Someone else moved it: a late failure must not restart the cool-down either.
             return;
         }
-        part.failures.store(0, Ordering::Release);
+        if from == CLOSED {
+            self.open_parts.fetch_add(1, Ordering::AcqRel);
+        }
+        self.clear_failures(part);
         self.publish();
         tracing::warn!(
             policy = %self.policy,
@@ -725,6 +753,62 @@ mod tests {
             "two in a row on part 3"
         );
         assert_eq!(b.parts_not_closed(), 1);
+    }
+
+    /// `is_clean` follows every transition: a failure, a success that clears it, an opening
+    /// (which clears its count), a probe's success; and the counts come back to nothing after
+    /// threads fail and succeed on every part at once.
+    #[test]
+    fn clean_while_every_circuit_is_closed_and_counts_no_failure() {
+        let clock = ManualClock::new();
+        let b = breaker_of(&clock, 4);
+        assert!(b.is_clean());
+        b.failure(1, None);
+        assert!(!b.is_clean());
+        b.success(1, None);
+        assert!(b.is_clean());
+        b.failure(2, None);
+        b.failure(2, None);
+        assert_eq!(b.part_state(2), CircuitState::Open);
+        assert!(!b.is_clean(), "open");
+        clock.advance(Duration::from_secs(5));
+        let Admit::Probe(p) = b.admit(2) else {
+            panic!("cooled down")
+        };
+        b.failure(2, Some(p));
+        assert!(!b.is_clean(), "open again");
+        clock.advance(Duration::from_secs(5));
+        let Admit::Probe(p) = b.admit(2) else {
+            panic!("cooled down")
+        };
+        b.success(2, Some(p));
+        assert!(b.is_clean(), "closed");
+
+        let b = Arc::new(breaker_of(&clock, 4));
+        std::thread::scope(|s| {
+            for t in 0..4 {
+                let b = &b;
+                s.spawn(move || {
+                    for i in 0..10_000usize {
+                        if (i + t) % 3 == 0 {
+                            b.success(i % 4, None);
+                        } else {
+                            b.failure(i % 4, None);
+                        }
+                    }
+                });
+            }
+        });
+        // Close every circuit: probes after the cool-down, then a success on each part.
+        clock.advance(Duration::from_secs(5));
+        for part in 0..4 {
+            if let Admit::Probe(p) = b.admit(part) {
+                b.success(part, Some(p));
+            }
+            b.success(part, None);
+        }
+        assert_eq!(b.parts_not_closed(), 0);
+        assert!(b.is_clean(), "the counts came back to nothing");
     }
 
     #[test]

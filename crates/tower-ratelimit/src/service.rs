@@ -456,7 +456,7 @@ impl<St: Store> Shared<St> {
     fn after_check<W>(
         &self,
         result: Result<Decision, St::Error>,
-        part: usize,
+        part: Option<usize>,
         probe: Option<Probe>,
         tier: usize,
         key: &[u8],
@@ -464,13 +464,17 @@ impl<St: Store> Shared<St> {
     ) -> Step<W> {
         match result {
             Ok(d) => {
-                if let Some(b) = &self.breaker {
+                if let Some(b) = &self.breaker
+                    && (part.is_some() || !b.is_clean())
+                {
+                    let part = part.unwrap_or_else(|| self.store.failure_domain(key));
                     b.answered(part, &d, probe);
                 }
                 self.decide(d, tier, false)
             }
             Err(error) => {
                 if let Some(b) = &self.breaker {
+                    let part = part.unwrap_or_else(|| self.store.failure_domain(key));
                     b.failure(part, probe);
                 }
                 tracing::warn!(policy = %self.rt.name, %error, "rate-limit store failed");
@@ -586,9 +590,14 @@ where
                     cancelled.answered();
                     shared.rt.metrics.store_duration(start.elapsed());
                     let step = match result {
-                        Ok(result) => {
-                            shared.after_check(result, part, probe, tier, key.as_bytes(), cost)
-                        }
+                        Ok(result) => shared.after_check(
+                            result,
+                            Some(part),
+                            probe,
+                            tier,
+                            key.as_bytes(),
+                            cost,
+                        ),
                         Err(_elapsed) => {
                             shared.after_timeout(part, probe, tier, key.as_bytes(), cost)
                         }
@@ -690,12 +699,15 @@ where
 
         // With a breaker, the key's circuit: one per failure domain of the store (a Redis
         // Cluster's keys fail by master), so that one part's failures stop only its own checks.
+        // While every circuit is closed and counts no failure, the part is found only when it
+        // matters (the check fails, or has to wait): a denial-cache hit does not pay for it.
         let (part, admit) = match &self.breaker {
-            None => (0, Admit::Call),
-            Some(b) if b.parts() == 1 => (0, b.admit(0)),
+            None => (Some(0), Admit::Call),
+            Some(b) if b.parts() == 1 => (Some(0), b.admit(0)),
+            Some(b) if b.is_clean() => (None, Admit::Call),
             Some(b) => {
                 let part = self.store.failure_domain(key.as_bytes());
-                (part, b.admit(part))
+                (Some(part), b.admit(part))
             }
         };
         if admit == Admit::Reject {
@@ -730,7 +742,7 @@ where
         Step::Wait(Pending {
             check,
             start: sampled.unwrap_or_else(Instant::now),
-            part,
+            part: part.unwrap_or_else(|| self.store.failure_domain(key.as_bytes())),
             probe,
             tier,
             key,

@@ -1062,3 +1062,70 @@ async fn one_failure_domain_down_leaves_the_others_circuits_closed() {
         [Some(0.0), Some(0.0)]
     );
 }
+
+/// A store of two failure domains (a key's last byte, even or odd) that answers at once, from
+/// memory or with an error while down, and counts how often it is asked for a key's domain.
+struct ReadyParted {
+    memory: TestStore,
+    down: std::sync::atomic::AtomicBool,
+    domain_calls: AtomicU64,
+}
+
+impl Store for ReadyParted {
+    type Error = StoreDown;
+    type Future = std::future::Ready<Result<ratelimit_core::Decision, StoreDown>>;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        std::future::ready(if self.down.load(std::sync::atomic::Ordering::SeqCst) {
+            Err(StoreDown)
+        } else {
+            Ok(self.memory.check_now(key, limit, cost))
+        })
+    }
+
+    fn failure_domains(&self) -> usize {
+        2
+    }
+
+    fn failure_domain(&self, key: &[u8]) -> usize {
+        self.domain_calls
+            .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        usize::from(key.last().is_some_and(|b| b % 2 == 1))
+    }
+}
+
+/// While every circuit is closed and counts no failure, a check answered at once does not ask
+/// the store for its key's domain (a cluster store hashes the key for it); a failure does, and
+/// so do the checks after it until its count is cleared.
+#[tokio::test]
+async fn a_healthy_stores_answers_need_no_failure_domain() {
+    let clock = ManualClock::new();
+    let (_store_clock, memory) = store();
+    let store = Arc::new(ReadyParted {
+        memory,
+        down: false.into(),
+        domain_calls: AtomicU64::new(0),
+    });
+    let calls = || store.domain_calls.load(std::sync::atomic::Ordering::SeqCst);
+    let (layer, _snapshotter) = breaker_layer(
+        store.clone(),
+        Policy::new("clean", per_minute(100)).unwrap(),
+        &clock,
+    );
+    let app = app(layer);
+    for _ in 0..5 {
+        assert_eq!(send(&app, request("/")).await.status(), 200);
+    }
+    assert_eq!(calls(), 0, "a healthy store is not asked");
+
+    store.down.store(true, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(send(&app, request("/")).await.status(), 503);
+    assert_eq!(calls(), 1, "a failure is counted in its key's circuit");
+    store.down.store(false, std::sync::atomic::Ordering::SeqCst);
+    assert_eq!(send(&app, request("/")).await.status(), 200);
+    assert_eq!(calls(), 2, "a success clears its circuit's count");
+    for _ in 0..5 {
+        assert_eq!(send(&app, request("/")).await.status(), 200);
+    }
+    assert_eq!(calls(), 2, "clean again");
+}
