@@ -71,6 +71,7 @@ use crate::Error;
 pub struct CircuitBreaker {
     failure_threshold: u32,
     cool_down: Duration,
+    per_failure_domain: bool,
 }
 
 impl CircuitBreaker {
@@ -93,7 +94,27 @@ impl CircuitBreaker {
         Ok(CircuitBreaker {
             failure_threshold,
             cool_down,
+            per_failure_domain: true,
         })
+    }
+
+    /// One circuit for the whole store, whatever its failure domains. By default a layer keeps
+    /// a circuit per failure domain of its store (a Redis Cluster's 64 ranges of hash slots), so
+    /// that one master lost stops its own keys only; but while the whole store is down, each of
+    /// those circuits probes with the first of its keys' requests after every cool-down. A
+    /// gateway with little traffic then probes with a large share of its requests (at R requests
+    /// a second and a cool-down of C seconds, about 64 / (R × C) of them), each waiting the
+    /// timeout; with one circuit, one request per cool-down does. See docs/operations.md.
+    pub fn single_circuit(mut self) -> Self {
+        self.per_failure_domain = false;
+        self
+    }
+
+    /// Whether the layer keeps a circuit per failure domain of its store (the default; see
+    /// [`single_circuit`](CircuitBreaker::single_circuit)).
+    #[must_use]
+    pub const fn per_failure_domain(&self) -> bool {
+        self.per_failure_domain
     }
 
     /// Consecutive failures that open the circuit.
@@ -110,11 +131,12 @@ impl CircuitBreaker {
 }
 
 impl Default for CircuitBreaker {
-    /// 5 consecutive failures, 10 s cool-down.
+    /// 5 consecutive failures, 10 s cool-down, a circuit per failure domain of the store.
     fn default() -> Self {
         CircuitBreaker {
             failure_threshold: 5,
             cool_down: Duration::from_secs(10),
+            per_failure_domain: true,
         }
     }
 }

@@ -234,7 +234,11 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 self.clock.clone(),
                 &rt.metrics,
                 rt.name.clone(),
-                self.store.failure_domains().clamp(1, MAX_FAILURE_DOMAINS),
+                if config.per_failure_domain() {
+                    self.store.failure_domains().clamp(1, MAX_FAILURE_DOMAINS)
+                } else {
+                    1
+                },
             ))
         });
         Ok(RateLimitLayer {

@@ -1129,3 +1129,49 @@ async fn a_healthy_stores_answers_need_no_failure_domain() {
     }
     assert_eq!(calls(), 2, "clean again");
 }
+
+/// `single_circuit`: one circuit whatever the store's domains, as before there were any: the
+/// failing domain's failures, each followed by another domain's success, never come in a row.
+#[tokio::test(start_paused = true)]
+async fn a_single_circuit_ignores_the_failure_domains() {
+    let clock = ManualClock::new();
+    let (_store_clock, memory) = store();
+    let store = Arc::new(HalfDown {
+        store: SwitchStore::new(memory),
+        odd_down: true.into(),
+        odd_calls: AtomicU64::new(0),
+    });
+    let layer = RateLimitLayer::builder(
+        store.clone(),
+        Policy::new("one", per_minute(100))
+            .unwrap()
+            .key(tower_ratelimit::key::ApiKeyHeader::new("x-api-key").unwrap())
+            .failure(FailurePolicy::fail_closed(Duration::from_secs(1))),
+    )
+    .circuit_breaker(
+        CircuitBreaker::new(3, Duration::from_secs(10))
+            .unwrap()
+            .single_circuit(),
+    )
+    .clock(clock.clone())
+    .build()
+    .unwrap();
+    let app = app(layer.clone());
+    let with_key = |key: &'static str| {
+        let mut req = request("/");
+        req.headers_mut()
+            .insert("x-api-key", http::HeaderValue::from_static(key));
+        req
+    };
+    for _ in 0..4 {
+        assert_eq!(send(&app, with_key("k1")).await.status(), 503);
+        assert_eq!(send(&app, with_key("k0")).await.status(), 200);
+    }
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
+    // Three in a row, whatever their keys, open it for every key.
+    for key in ["k1", "k3", "k5"] {
+        assert_eq!(send(&app, with_key(key)).await.status(), 503);
+    }
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    assert_eq!(send(&app, with_key("k0")).await.status(), 503);
+}

@@ -170,6 +170,9 @@ pub struct BreakerConfig {
     pub failures: u32,
     /// How long it stays open, in milliseconds (default 10000).
     pub cool_down_ms: u64,
+    /// A circuit per failure domain of the store (a Redis Cluster's ranges of hash slots), or
+    /// one for the whole store (default true).
+    pub per_failure_domain: bool,
 }
 
 impl Default for BreakerConfig {
@@ -178,6 +181,7 @@ impl Default for BreakerConfig {
             enabled: true,
             failures: 5,
             cool_down_ms: 10_000,
+            per_failure_domain: true,
         }
     }
 }

@@ -211,6 +211,11 @@ where
                 Duration::from_millis(s.circuit_breaker.cool_down_ms),
             )
             .map_err(|e| ConfigError::new("store.circuit_breaker", e))?;
+            let breaker = if s.circuit_breaker.per_failure_domain {
+                breaker
+            } else {
+                breaker.single_circuit()
+            };
             builder.circuit_breaker(breaker)
         } else {
             builder.no_circuit_breaker()

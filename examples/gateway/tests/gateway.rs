@@ -763,3 +763,21 @@ fn syntax_errors_are_placed_in_characters_and_never_panic() {
     }
     assert!(errors > 0, "some prefixes are not valid configurations");
 }
+
+/// `[store.circuit_breaker] per_failure_domain`: a circuit per failure domain of the store by
+/// default, one for the whole store when false.
+#[test]
+fn the_breaker_keeps_a_circuit_per_failure_domain_unless_told_otherwise() {
+    let policy = with_policy("quotas = [{ limit = 5, per = \"minute\" }]");
+    let default = Config::from_toml(&policy).unwrap();
+    assert!(default.store.circuit_breaker.per_failure_domain);
+    let one = Config::from_toml(
+        &("[store]\ncircuit_breaker = { per_failure_domain = false }\n".to_owned() + &policy),
+    )
+    .unwrap();
+    assert!(!one.store.circuit_breaker.per_failure_domain);
+    assert_eq!(
+        one.store.circuit_breaker.failures, 5,
+        "the rest as by default"
+    );
+}
