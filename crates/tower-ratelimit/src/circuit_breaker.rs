@@ -207,13 +207,14 @@ pub(crate) struct Breaker {
     clock: Arc<dyn Clock>,
     gauge: metrics::Gauge,
     not_closed: metrics::Gauge,
-    /// How many parts are not closed, and how many count failures: while both are 0 (a healthy
+    /// How many parts are not closed, plus how many count failures: while it is 0 (a healthy
     /// store), a check need not find its key's part (a store's `failure_domain` may hash the
-    /// key), unless it fails. Each transition is counted once (they are compare-and-swaps); a
-    /// reader may see a count a moment late, which lets one check through to a circuit just
-    /// opened, or leaves one success's reset of a count undone.
-    open_parts: AtomicI64,
-    failing_parts: AtomicI64,
+    /// key), unless it fails. Each change of a part is counted once, by the atomic operation that
+    /// makes it; a part's count is raised *before* the change that makes it dirty (opening, its
+    /// first failure) and lowered *after* the one that makes it clean (closing, its failures
+    /// cleared), so that a reader that finds 0 found every part closed and counting nothing at
+    /// that moment. (Transiently it may be above the truth, never below for long: the safe side.)
+    dirty: AtomicI64,
     policy: Arc<str>,
 }
 
@@ -260,8 +261,7 @@ impl Breaker {
             clock,
             gauge,
             not_closed,
-            open_parts: AtomicI64::new(0),
-            failing_parts: AtomicI64::new(0),
+            dirty: AtomicI64::new(0),
             policy,
         }
     }
@@ -274,8 +274,7 @@ impl Breaker {
     /// Whether every circuit is closed and counts no failure: a check's part then matters only
     /// if it fails.
     pub(crate) fn is_clean(&self) -> bool {
-        self.open_parts.load(Ordering::Relaxed) == 0
-            && self.failing_parts.load(Ordering::Relaxed) == 0
+        self.dirty.load(Ordering::Acquire) == 0
     }
 
     /// Clears part `part`'s failure count.
@@ -283,7 +282,7 @@ impl Breaker {
         if part.failures.load(Ordering::Relaxed) != 0
             && part.failures.swap(0, Ordering::AcqRel) != 0
         {
-            self.failing_parts.fetch_sub(1, Ordering::AcqRel);
+            self.dirty.fetch_sub(1, Ordering::AcqRel);
         }
     }
 
@@ -408,7 +407,7 @@ impl Breaker {
                 })
                 .is_ok();
             if closed {
-                self.open_parts.fetch_sub(1, Ordering::AcqRel);
+                self.dirty.fetch_sub(1, Ordering::AcqRel);
                 self.clear_failures(part);
                 self.publish();
                 tracing::info!(
@@ -447,9 +446,16 @@ impl Breaker {
             return;
         }
         let circuit = self.part(part);
-        let before = circuit.failures.fetch_add(1, Ordering::AcqRel);
-        if before == 0 {
-            self.failing_parts.fetch_add(1, Ordering::AcqRel);
+        // Raised first (see `dirty`), and lowered again unless this was the part's first.
+        self.dirty.fetch_add(1, Ordering::AcqRel);
+        let before = circuit
+            .failures
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| {
+                Some(f.saturating_add(1))
+            })
+            .unwrap_or_else(|f| f);
+        if before != 0 {
+            self.dirty.fetch_sub(1, Ordering::AcqRel);
         }
         let n = before.saturating_add(1);
         if n >= self.config.failure_threshold
@@ -485,6 +491,10 @@ impl Breaker {
         let index = part % self.parts.len();
         let part = &self.parts[index];
         let stamped = stamp(self.clock.now()) | OPEN;
+        // An opening from closed makes the part dirty: counted first (see `dirty`).
+        if from == CLOSED {
+            self.dirty.fetch_add(1, Ordering::AcqRel);
+        }
         let opened = part
             .word
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
@@ -497,11 +507,11 @@ impl Breaker {
             })
             .is_ok();
         if !opened {
+            if from == CLOSED {
+                self.dirty.fetch_sub(1, Ordering::AcqRel);
+            }
             // Someone else moved it: a late failure must not restart the cool-down either.
             return;
-        }
-        if from == CLOSED {
-            self.open_parts.fetch_add(1, Ordering::AcqRel);
         }
         self.clear_failures(part);
         self.publish();
