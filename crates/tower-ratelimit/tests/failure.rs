@@ -963,6 +963,25 @@ struct HalfDown {
     odd_calls: AtomicU64,
 }
 
+impl HalfDown {
+    /// Over `memory`, the odd domain down.
+    fn odd_down(memory: TestStore) -> Arc<HalfDown> {
+        Arc::new(HalfDown {
+            store: SwitchStore::new(memory),
+            odd_down: true.into(),
+            odd_calls: AtomicU64::new(0),
+        })
+    }
+}
+
+/// A request from the default peer with `x-api-key: key`.
+fn with_key(key: &'static str) -> http::Request<axum::body::Body> {
+    let mut req = request("/");
+    req.headers_mut()
+        .insert("x-api-key", http::HeaderValue::from_static(key));
+    req
+}
+
 impl Store for HalfDown {
     type Error = StoreDown;
     type Future = std::pin::Pin<
@@ -995,11 +1014,7 @@ async fn one_failure_domain_down_leaves_the_others_circuits_closed() {
 
     let clock = ManualClock::new();
     let (_store_clock, memory) = store();
-    let store = Arc::new(HalfDown {
-        store: SwitchStore::new(memory),
-        odd_down: true.into(),
-        odd_calls: AtomicU64::new(0),
-    });
+    let store = HalfDown::odd_down(memory);
     let odd_calls = || store.odd_calls.load(std::sync::atomic::Ordering::SeqCst);
     let (layer, snapshotter) = breaker_layer(
         store.clone(),
@@ -1009,12 +1024,6 @@ async fn one_failure_domain_down_leaves_the_others_circuits_closed() {
         &clock,
     );
     let app = app(layer.clone());
-    let with_key = |key: &'static str| {
-        let mut req = request("/");
-        req.headers_mut()
-            .insert("x-api-key", http::HeaderValue::from_static(key));
-        req
-    };
 
     // The odd domain's failures, each followed by an even key's success: three in a row of its
     // own open its circuit (a success elsewhere says nothing of it).
@@ -1136,11 +1145,7 @@ async fn a_healthy_stores_answers_need_no_failure_domain() {
 async fn a_single_circuit_ignores_the_failure_domains() {
     let clock = ManualClock::new();
     let (_store_clock, memory) = store();
-    let store = Arc::new(HalfDown {
-        store: SwitchStore::new(memory),
-        odd_down: true.into(),
-        odd_calls: AtomicU64::new(0),
-    });
+    let store = HalfDown::odd_down(memory);
     let layer = RateLimitLayer::builder(
         store.clone(),
         Policy::new("one", per_minute(100))
@@ -1157,12 +1162,6 @@ async fn a_single_circuit_ignores_the_failure_domains() {
     .build()
     .unwrap();
     let app = app(layer.clone());
-    let with_key = |key: &'static str| {
-        let mut req = request("/");
-        req.headers_mut()
-            .insert("x-api-key", http::HeaderValue::from_static(key));
-        req
-    };
     for _ in 0..4 {
         assert_eq!(send(&app, with_key("k1")).await.status(), 503);
         assert_eq!(send(&app, with_key("k0")).await.status(), 200);
