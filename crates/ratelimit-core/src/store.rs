@@ -41,12 +41,21 @@ pub trait Store: Send + Sync + 'static {
     /// the store's health, as the tower layer's circuit breaker does, keeps it per part: the
     /// failures of one server's keys then stop the checks of that part only, and the other
     /// servers' keys go on being checked.
+    ///
+    /// The tower layer reads it once, when it is built, and keeps at most 4,096 circuits (a
+    /// larger domain is taken modulo the circuits it keeps).
     fn failure_domains(&self) -> usize {
         1
     }
 
     /// Which part of this store answers for `key` (below [`failure_domains`](Store::failure_domains);
-    /// 0 by default). The same key always maps to the same part.
+    /// 0 by default).
+    ///
+    /// The same key must always map to the same part, whatever happens to the store: a caller's
+    /// circuit for a part is probed only by that part's keys, so a part that loses its keys
+    /// while its circuit is open stays open for good. (A Redis Cluster store's parts are ranges
+    /// of hash slots, not its masters, which change.) It is called on the request path, when a
+    /// caller needs the part: make it cheap.
     fn failure_domain(&self, key: &[u8]) -> usize {
         let _ = key;
         0

@@ -377,13 +377,13 @@ impl Breaker {
                     self.publish();
                     tracing::info!(
                         policy = %self.policy,
-                        part = index,
+                        domain = index,
                         "rate-limit store circuit half-open: probing"
                     );
                 } else {
                     tracing::warn!(
                         policy = %self.policy,
-                        part = index,
+                        domain = index,
                         lost_after_ms = self.lost_after.as_millis() as u64,
                         "rate-limit store probe settled by nothing: probing again"
                     );
@@ -412,7 +412,7 @@ impl Breaker {
                 self.publish();
                 tracing::info!(
                     policy = %self.policy,
-                    part = index,
+                    domain = index,
                     "rate-limit store circuit closed"
                 );
                 return;
@@ -517,9 +517,9 @@ impl Breaker {
         self.publish();
         tracing::warn!(
             policy = %self.policy,
-            part = index,
-            parts_not_closed = self.parts_not_closed(),
-            parts = self.parts.len(),
+            domain = index,
+            circuits_not_closed = self.parts_not_closed(),
+            circuits = self.parts.len(),
             cool_down_ms = self.config.cool_down.as_millis() as u64,
             "rate-limit store circuit open"
         );
@@ -690,7 +690,7 @@ impl Unsettled {
                 tracing::debug!(
                     policy = %b.policy,
                     probe = probe.is_some(),
-                    part,
+                    domain = part,
                     state = ?b.part_state(part),
                     "rate-limit store check settled after its request was dropped"
                 );
@@ -704,7 +704,7 @@ impl Unsettled {
         tracing::warn!(
             policy = %b.policy,
             probe = probe.is_some(),
-            part,
+            domain = part,
             kind = kind.as_str(),
             "rate-limit store check failed (its request was dropped before the answer)"
         );
