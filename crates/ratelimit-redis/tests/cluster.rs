@@ -1034,7 +1034,7 @@ async fn a_master_gone_from_the_network_leaves_the_other_masters_answering() {
 
 /// A cluster store's failure domains are ranges of 256 hash slots, computed from the key as the
 /// cluster computes the slot of every Redis key of its checks (`CLUSTER KEYSLOT`); a lazy store
-/// knows them before it is built. A standalone store has one.
+/// knows them before it is built, and `Coalescing` passes them on. A standalone store has one.
 #[tokio::test]
 async fn failure_domains_are_ranges_of_the_keys_hash_slots() {
     use ratelimit_core::Store;
@@ -1089,6 +1089,22 @@ async fn failure_domains_are_ranges_of_the_keys_hash_slots() {
         "keys spread over the domains: {}",
         seen.len()
     );
+
+    // A lazy store not built yet (nothing listens on its seed) already has the cluster's
+    // domains, and gives each key the built store's; so does `Coalescing`, over the store.
+    let unbuilt = RedisStore::cluster(["redis://127.0.0.1:1"])
+        .build_lazy(Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(!unbuilt.is_connected());
+    let coalescing = ratelimit_redis::Coalescing::new(store.clone());
+    assert_eq!(unbuilt.failure_domains(), CLUSTER_FAILURE_DOMAINS);
+    assert_eq!(coalescing.failure_domains(), CLUSTER_FAILURE_DOMAINS);
+    for key in &keys {
+        let domain = store.failure_domain(key);
+        assert_eq!(unbuilt.failure_domain(key), domain);
+        assert_eq!(coalescing.failure_domain(key), domain);
+    }
 
     let standalone = redis_harness::RedisServer::start();
     let single = RedisStore::builder(standalone.url()).build().await.unwrap();

@@ -289,7 +289,13 @@ impl Breaker {
     /// Part `part`'s circuit (`part` is taken modulo the number of parts: a store that names a
     /// domain out of its own range gets a circuit all the same, not a panic).
     fn part(&self, part: usize) -> &Part {
-        &self.parts[part % self.parts.len()]
+        self.indexed(part).1
+    }
+
+    /// Part `part`'s index (modulo the number of parts, as [`part`](Breaker::part)) and circuit.
+    fn indexed(&self, part: usize) -> (usize, &Part) {
+        let index = part % self.parts.len();
+        (index, &self.parts[index])
     }
 
     /// The state of the whole, as the gauge shows it: open if any part is open, else half-open if
@@ -343,8 +349,7 @@ impl Breaker {
     }
 
     pub(crate) fn admit(&self, part: usize) -> Admit {
-        let index = part % self.parts.len();
-        let part = &self.parts[index];
+        let (index, part) = self.indexed(part);
         let word = part.word.load(Ordering::Acquire);
         match word & STATE {
             CLOSED => Admit::Call,
@@ -394,8 +399,7 @@ impl Breaker {
     }
 
     pub(crate) fn success(&self, part: usize, probe: Option<Probe>) {
-        let index = part % self.parts.len();
-        let part = &self.parts[index];
+        let (index, part) = self.indexed(part);
         if probe.is_some() {
             // Only a half-open circuit closes: a probe taken as lost that answers after the one
             // sent after it failed (its future polled late) would close a circuit opened on
@@ -488,8 +492,7 @@ impl Breaker {
     /// Opens the circuit if it is still `from`: closed (`CLOSED`, a thread that saw it closed long
     /// ago must not re-open a circuit whose probe is out), or a probe's own word.
     fn open(&self, part: usize, from: u64) {
-        let index = part % self.parts.len();
-        let part = &self.parts[index];
+        let (index, part) = self.indexed(part);
         let stamped = stamp(self.clock.now()) | OPEN;
         // An opening from closed makes the part dirty: counted first (see `dirty`).
         if from == CLOSED {

@@ -489,7 +489,7 @@ impl<St: Store> Shared<St> {
         } else if b.is_clean() {
             (PART_UNKNOWN, Admit::Call)
         } else {
-            let part = self.store.failure_domain(key) % b.parts();
+            let part = self.part(PART_UNKNOWN, key);
             (part, b.admit(part))
         }
     }

@@ -974,6 +974,11 @@ impl HalfDown {
     }
 }
 
+/// The failure domain of the test stores of two: 1 for a key whose last byte is odd, else 0.
+fn odd_or_even(key: &[u8]) -> usize {
+    usize::from(key.last().is_some_and(|b| b % 2 == 1))
+}
+
 /// A request from the default peer with `x-api-key: key`.
 fn with_key(key: &'static str) -> http::Request<axum::body::Body> {
     let mut req = request("/");
@@ -1004,7 +1009,7 @@ impl Store for HalfDown {
     }
 
     fn failure_domain(&self, key: &[u8]) -> usize {
-        usize::from(key.last().is_some_and(|b| b % 2 == 1))
+        odd_or_even(key)
     }
 }
 
@@ -1099,7 +1104,7 @@ impl Store for ReadyParted {
     fn failure_domain(&self, key: &[u8]) -> usize {
         self.domain_calls
             .fetch_add(1, std::sync::atomic::Ordering::SeqCst);
-        usize::from(key.last().is_some_and(|b| b % 2 == 1))
+        odd_or_even(key)
     }
 }
 
