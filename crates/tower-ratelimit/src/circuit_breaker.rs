@@ -154,7 +154,7 @@ pub enum CircuitState {
 
 /// The most circuits a breaker keeps (one per failure domain of its store); a store that names
 /// more shares them out (domain modulo this).
-pub(crate) const MAX_FAILURE_DOMAINS: usize = 4096;
+const MAX_FAILURE_DOMAINS: usize = 4096;
 
 /// The state a word (or state bits) holds.
 fn state_of(word: u64) -> CircuitState {
@@ -256,7 +256,9 @@ impl Breaker {
                 metrics.failure_counter(FailureKind::Error),
                 metrics.failure_counter(FailureKind::Timeout),
             ],
-            parts: (0..parts.max(1)).map(|_| Part::default()).collect(),
+            parts: (0..parts.clamp(1, MAX_FAILURE_DOMAINS))
+                .map(|_| Part::default())
+                .collect(),
             lost_after: config.cool_down.max(timeout.saturating_mul(2)),
             clock,
             gauge,
@@ -298,18 +300,23 @@ impl Breaker {
         (index, &self.parts[index])
     }
 
-    /// The state of the whole, as the gauge shows it: open if any part is open, else half-open if
-    /// any is, else closed.
-    fn state_bits(&self) -> u64 {
-        let mut half_open = false;
+    /// The state of the whole, as the gauge shows it (open if any part is open, else half-open if
+    /// any is, else closed), and how many parts are not closed: one pass over the parts.
+    fn summary(&self) -> (u64, usize) {
+        let (mut open, mut half_open) = (0, 0);
         for p in &*self.parts {
             match p.word.load(Ordering::Acquire) & STATE {
-                OPEN => return OPEN,
-                HALF_OPEN => half_open = true,
+                OPEN => open += 1,
+                HALF_OPEN => half_open += 1,
                 _ => {}
             }
         }
-        if half_open { HALF_OPEN } else { CLOSED }
+        let state = match (open, half_open) {
+            (0, 0) => CLOSED,
+            (0, _) => HALF_OPEN,
+            _ => OPEN,
+        };
+        (state, open + half_open)
     }
 
     /// Sets the gauges to the state, after a transition. Transitions and gauge writes of two
@@ -318,13 +325,12 @@ impl Breaker {
     /// follows the last transition and the gauges end on the state.
     fn publish(&self) {
         loop {
-            let state = self.state_bits();
-            let not_closed = self.parts_not_closed();
-            self.gauge.set(state as f64);
-            self.not_closed.set(not_closed as f64);
+            let summary = self.summary();
+            self.gauge.set(summary.0 as f64);
+            self.not_closed.set(summary.1 as f64);
             // The re-read must not move before the gauges' writes.
             std::sync::atomic::fence(Ordering::SeqCst);
-            if self.state_bits() == state && self.parts_not_closed() == not_closed {
+            if self.summary() == summary {
                 return;
             }
         }
@@ -332,7 +338,7 @@ impl Breaker {
 
     /// The state of the whole: open if any part is open, else half-open if any is, else closed.
     pub(crate) fn state(&self) -> CircuitState {
-        state_of(self.state_bits())
+        state_of(self.summary().0)
     }
 
     /// The state of part `part`'s circuit.
@@ -342,10 +348,7 @@ impl Breaker {
 
     /// How many parts' circuits are not closed.
     pub(crate) fn parts_not_closed(&self) -> usize {
-        self.parts
-            .iter()
-            .filter(|p| p.word.load(Ordering::Acquire) & STATE != CLOSED)
-            .count()
+        self.summary().1
     }
 
     pub(crate) fn admit(&self, part: usize) -> Admit {
@@ -469,6 +472,13 @@ impl Breaker {
         }
     }
 
+    /// A failure that no request's answer counts (a check settled in a task after its request
+    /// was dropped, or a store future that panicked): counted here, in `errors` and the circuit.
+    fn failure_unseen(&self, kind: FailureKind, part: usize, probe: Option<Probe>) {
+        self.errors[kind as usize].increment(1);
+        self.failure(part, probe);
+    }
+
     /// The probe was answered without asking the store: the circuit stays open, cooled down, so
     /// that the next request probes (unless another probe went out since).
     pub(crate) fn probe_not_asked(&self, part: usize, probe: Probe) {
@@ -529,6 +539,23 @@ impl Breaker {
     }
 }
 
+/// A store's check as a waiting request holds it: one name for the bounds that `BreakerCheck`
+/// and the layer's waiting future would each write out (pin-project-lite takes no `+` in them).
+pub(crate) trait StoreCheck:
+    Future<Output = Result<Decision, Self::Error>> + Send + Unpin + 'static
+{
+    /// The store's error.
+    type Error: Send + 'static;
+}
+
+impl<F, E> StoreCheck for F
+where
+    F: Future<Output = Result<Decision, E>> + Send + Unpin + 'static,
+    E: Send + 'static,
+{
+    type Error = E;
+}
+
 pin_project_lite::pin_project! {
     /// A store check with the layer's timeout, whose answer settles the breaker even if its request is
     /// dropped first: the future a waiting request awaits, when the layer has a breaker.
@@ -544,14 +571,9 @@ pin_project_lite::pin_project! {
     /// acting). Where no tokio runtime is current at the drop, or the task is dropped unrun (a
     /// runtime shutting down), a probe is handed on (the circuit stays open, cooled down, and the
     /// next request probes) and any other check counts for nothing.
-    pub(crate) struct BreakerCheck<F, E>
+    pub(crate) struct BreakerCheck<F>
     where
-        F: Future<Output = Result<Decision, E>>,
-        F: Send,
-        F: Unpin,
-        F: 'static,
-        E: Send,
-        E: 'static,
+        F: StoreCheck,
     {
         breaker: Arc<Breaker>,
         // The circuit it goes through: its key's failure domain.
@@ -573,14 +595,9 @@ pin_project_lite::pin_project! {
         timer: Option<tokio::time::Sleep>,
     }
 
-    impl<F, E> PinnedDrop for BreakerCheck<F, E>
+    impl<F> PinnedDrop for BreakerCheck<F>
     where
-        F: Future<Output = Result<Decision, E>>,
-        F: Send,
-        F: Unpin,
-        F: 'static,
-        E: Send,
-        E: 'static,
+        F: StoreCheck,
     {
         fn drop(this: Pin<&mut Self>) {
             let this = this.project();
@@ -607,10 +624,9 @@ pin_project_lite::pin_project! {
 #[derive(Debug)]
 pub(crate) struct TimedOut;
 
-impl<F, E> BreakerCheck<F, E>
+impl<F> BreakerCheck<F>
 where
-    F: Future<Output = Result<Decision, E>> + Send + Unpin + 'static,
-    E: Send + 'static,
+    F: StoreCheck,
 {
     pub(crate) fn new(
         breaker: Arc<Breaker>,
@@ -630,12 +646,11 @@ where
     }
 }
 
-impl<F, E> Future for BreakerCheck<F, E>
+impl<F> Future for BreakerCheck<F>
 where
-    F: Future<Output = Result<Decision, E>> + Send + Unpin + 'static,
-    E: Send + 'static,
+    F: StoreCheck,
 {
-    type Output = Result<Result<Decision, E>, TimedOut>;
+    type Output = Result<Result<Decision, F::Error>, TimedOut>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
@@ -672,8 +687,7 @@ struct FailOnPanic<'a>(&'a Breaker, usize, Option<Probe>);
 impl Drop for FailOnPanic<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            self.0.errors[FailureKind::Error as usize].increment(1);
-            self.0.failure(self.1, self.2);
+            self.0.failure_unseen(FailureKind::Error, self.1, self.2);
         }
     }
 }
@@ -702,8 +716,7 @@ impl Unsettled {
             Ok(Err(_)) => FailureKind::Error,
             Err(_) => FailureKind::Timeout,
         };
-        b.errors[kind as usize].increment(1);
-        b.failure(part, probe);
+        b.failure_unseen(kind, part, probe);
         tracing::warn!(
             policy = %b.policy,
             probe = probe.is_some(),
@@ -719,8 +732,7 @@ impl Drop for Unsettled {
         if let Some((b, part, probe)) = self.0.take() {
             if std::thread::panicking() {
                 // The check panicked in its task: a failure, as in the request's own future.
-                b.errors[FailureKind::Error as usize].increment(1);
-                b.failure(part, probe);
+                b.failure_unseen(FailureKind::Error, part, probe);
             } else if let Some(probe) = probe {
                 b.probe_not_asked(part, probe);
             }

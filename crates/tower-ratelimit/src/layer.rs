@@ -12,7 +12,7 @@ use ratelimit_core::{Clock, Decision, MemoryStore, Store, SystemClock};
 use tower_layer::Layer;
 
 use crate::body::{SameBody, WrapBody};
-use crate::circuit_breaker::{Breaker, CircuitBreaker, CircuitState, MAX_FAILURE_DOMAINS};
+use crate::circuit_breaker::{Breaker, CircuitBreaker, CircuitState};
 use crate::service::{RateLimit, Rt, Shared};
 use crate::{Error, FailurePolicy, Policy};
 
@@ -235,7 +235,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 &rt.metrics,
                 rt.name.clone(),
                 if config.per_failure_domain() {
-                    self.store.failure_domains().clamp(1, MAX_FAILURE_DOMAINS)
+                    self.store.failure_domains()
                 } else {
                     1
                 },

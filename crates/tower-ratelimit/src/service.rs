@@ -18,7 +18,9 @@ use ratelimit_core::{Clock, Decision, Limit, MemoryStore, Store};
 use tower_service::Service;
 
 use crate::body::{BodyMode, WrapBody};
-use crate::circuit_breaker::{Admit, Breaker, BreakerCheck, CircuitState, Probe, TimedOut};
+use crate::circuit_breaker::{
+    Admit, Breaker, BreakerCheck, CircuitState, Probe, StoreCheck, TimedOut,
+};
 use crate::future::ResponseFuture;
 use crate::key::KeyBuf;
 use crate::metrics::{FailureKind, Metrics};
@@ -592,13 +594,13 @@ where
                 // poll instead, the Redis store's yielding here: its time still counts from
                 // here.)
                 // With a breaker, a check whose request is dropped before the answer runs on
-                // in a task of its own, and its answer or timeout counts (see `BreakerCheck`).
-                // The key's circuit is looked up here if the breaker was clean: a check that
-                // waits may be dropped and settled in a task of its own.
+                // in a task of its own, and its answer or timeout counts (see `BreakerCheck`):
+                // so its circuit is looked up now if the breaker was clean, once for both.
+                let part = shared.part(part, key.as_bytes());
                 let check = match &shared.breaker {
                     Some(b) => Check::Breaker(BreakerCheck::new(
                         b.clone(),
-                        shared.part(part, key.as_bytes()),
+                        part,
                         probe,
                         check,
                         shared.timeout,
@@ -647,17 +649,16 @@ where
 
 /// A store check that has to wait, cut at its deadline: with a breaker, it settles the circuit
 /// even if its request is dropped.
-enum Check<F, E>
+enum Check<F>
 where
-    F: Future<Output = Result<Decision, E>> + Send + Unpin + 'static,
-    E: Send + 'static,
+    F: StoreCheck,
 {
     /// No breaker to settle.
     Plain {
         check: F,
         deadline: tokio::time::Instant,
     },
-    Breaker(BreakerCheck<F, E>),
+    Breaker(BreakerCheck<F>),
 }
 
 /// Counts a check whose request was dropped before the store answered (the client went away, or

@@ -93,6 +93,19 @@ async fn load(
     }
 }
 
+/// The latencies of the requests of `answers` (as [`load`] gives them) sent from `from` on,
+/// sorted; there must be some.
+fn latencies_from(answers: &[(Duration, u16, Duration)], from: Duration) -> Vec<Duration> {
+    let mut latencies: Vec<Duration> = answers
+        .iter()
+        .filter(|(sent, _, _)| *sent >= from)
+        .map(|(_, _, l)| *l)
+        .collect();
+    assert!(!latencies.is_empty(), "no request sent after {from:?}");
+    latencies.sort_unstable();
+    latencies
+}
+
 async fn status(app: &Router, client: &str) -> u16 {
     let req = http::Request::get("/")
         .header("x-api-key", client)
@@ -324,16 +337,7 @@ async fn gone(circuits: Circuits) -> Gone {
     let victims = victims.await.expect("the victims' load");
     assert!(!victims.is_empty() && victims.iter().all(|(_, s, _)| *s == 503));
     let settled = Duration::from_secs(1);
-    let mut victims_settled: Vec<Duration> = victims
-        .iter()
-        .filter(|(sent, _, _)| *sent >= settled)
-        .map(|(_, _, l)| *l)
-        .collect();
-    assert!(
-        !victims_settled.is_empty(),
-        "the lost master's clients were checked"
-    );
-    victims_settled.sort_unstable();
+    let victims_settled = latencies_from(&victims, settled);
     let victims_median = victims_settled[victims_settled.len() / 2];
     let failed = |from: Duration, to: Duration| {
         let window: Vec<_> = answers
@@ -345,16 +349,7 @@ async fn gone(circuits: Circuits) -> Gone {
     };
     let (first, first_failed) = failed(Duration::ZERO, settled);
     let (then, then_failed) = failed(settled, during);
-    let mut latencies: Vec<Duration> = answers
-        .iter()
-        .filter(|(sent, _, _)| *sent >= settled)
-        .map(|(_, _, l)| *l)
-        .collect();
-    assert!(
-        !latencies.is_empty(),
-        "the other masters' clients were checked"
-    );
-    latencies.sort_unstable();
+    let latencies = latencies_from(&answers, settled);
     println!(
         "{circuits:?}, store timeout {response_timeout:?}, cool-down {cool_down:?}: the lost \
          master's clients: {} checks, all 503 (median {victims_median:?} after {settled:?}); \
