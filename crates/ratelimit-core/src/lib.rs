@@ -34,6 +34,10 @@
 //! - [`Store`]: where state lives; [`MemoryStore`] here, a Redis store in `ratelimit-redis`.
 //!
 //! This crate depends on no async runtime, no HTTP crate and no Redis client.
+//!
+//! # Features
+//! - `serde`: `Serialize` and `Deserialize` for [`Algorithm`] (its configuration name, such as
+//!   `"token_bucket"`); `tower-ratelimit`'s `serde` feature turns it on.
 // `unsafe` is denied everywhere but in `prefetch`, which holds the crate's one `unsafe` call (a
 // cache prefetch hint; see its docs for why and what it is worth).
 #![deny(unsafe_code)]

@@ -72,6 +72,12 @@
 //! `Leasing` wrappers, see `docs/round-trips.md` for what each saves and its exact error bounds.
 //!
 //! See `docs/redis.md` for the key layout, the scripts, expiry and the cluster rules.
+//!
+//! # Features
+//! - `tls`: `rediss://` URLs (TLS, as managed Redis services use), through the system's OpenSSL
+//!   (native-tls; building needs `libssl-dev` and `pkg-config`). Without it, a `rediss://` URL is
+//!   refused by [`build`](RedisStoreBuilder::build) with a
+//!   [`RedisStoreError::Config`] that says so.
 #![forbid(unsafe_code)]
 
 mod cluster;

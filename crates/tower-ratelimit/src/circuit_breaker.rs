@@ -238,6 +238,11 @@ impl std::fmt::Debug for Breaker {
 }
 
 impl Breaker {
+    /// How long a circuit stays open before its next probe.
+    pub(crate) fn cool_down(&self) -> Duration {
+        self.config.cool_down
+    }
+
     pub(crate) fn new(
         config: CircuitBreaker,
         timeout: Duration,

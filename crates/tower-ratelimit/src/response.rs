@@ -175,6 +175,7 @@ impl Default for Headers {
 pub struct Denial<'a> {
     policy: &'a str,
     decision: &'a Decision,
+    until_store: Option<Duration>,
 }
 
 impl Denial<'_> {
@@ -191,10 +192,15 @@ impl Denial<'_> {
     }
 
     /// What `Retry-After` says: whole seconds rounded up, at least 1; `None` when the request's
-    /// cost can never pass.
+    /// cost can never pass. A denial by the fallback's local share (the store down) of a cost
+    /// above that share which the shared limit can admit says when the layer asks the store
+    /// again: the circuit breaker's cool-down if its circuit is open, else 1 s.
     #[must_use]
     pub fn retry_after_secs(&self) -> Option<u64> {
-        self.decision.retry_after().map(retry_after_secs)
+        self.decision
+            .retry_after()
+            .or(self.until_store)
+            .map(retry_after_secs)
     }
 }
 
@@ -228,8 +234,8 @@ pub enum DenialBody {
     /// client's retry policy waits for before its next attempt (grpc-java waits for it even for
     /// a status its policy does not retry, bounded by the call's deadline; a wait longer than
     /// 2^31 − 1 ms, which it cannot parse, is left out). A cost that can never pass sends `-1`,
-    /// "do not retry" (unless the fallback's local share denied it: that lasts only until the
-    /// store is back). The rate-limit fields go in as they would on a 429; all of these reach
+    /// "do not retry" (one that only the fallback's local share cannot admit, while the store is
+    /// down, gets the wait of [`Denial::retry_after_secs`] instead). The rate-limit fields go in as they would on a 429; all of these reach
     /// the client as the status's metadata.
     ///
     /// The layer's other answers to a gRPC call become gRPC statuses too, by the inverse of
@@ -662,17 +668,19 @@ impl Bodies {
         Bodies { kind }
     }
 
-    /// The 429 for `d` (a denial by the fallback's local share if `fallback`), with
-    /// `Retry-After` and the fields of `mode`; under [`DenialBody::Grpc`], with the gRPC status
-    /// that [`for_request`](Self::for_request) gives a gRPC call instead.
+    /// The 429 for `d`, with `Retry-After` and the fields of `mode`; under [`DenialBody::Grpc`],
+    /// with the gRPC status that [`for_request`](Self::for_request) gives a gRPC call instead.
+    /// `until_store`: the wait to say for a cost that the fallback's local share (`d`) can never
+    /// admit but the store can (see [`Denial::retry_after_secs`]).
     pub(crate) fn denied(
         &self,
         name: &str,
         prepared: &Prepared,
         mode: Headers,
         d: &Decision,
-        fallback: bool,
+        until_store: Option<Duration>,
     ) -> Response<Bytes> {
+        let retry_after = d.retry_after().or(until_store);
         let mut res = match &self.kind {
             DenialBody::PlainText | DenialBody::Grpc => {
                 let mut r = Response::new(Bytes::from_static(PLAIN_429.as_bytes()));
@@ -688,6 +696,7 @@ impl Bodies {
                 let denial = Denial {
                     policy: name,
                     decision: d,
+                    until_store,
                 };
                 let mut r = f(&denial);
                 if !(r.status().is_client_error() || r.status().is_server_error()) {
@@ -703,11 +712,10 @@ impl Bodies {
             *res.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         }
         if matches!(self.kind, DenialBody::Grpc) {
-            // A cost that can never pass is never worth a retry, unless it was denied by the
-            // fallback's share, which lasts only until the store is back.
-            let pushback = match d.retry_after() {
+            // A cost that can never pass is never worth a retry (one above the fallback's share
+            // only, which the store can admit, has its wait in `until_store`).
+            let pushback = match retry_after {
                 Some(wait) => Pushback::After(wait),
-                None if fallback => Pushback::Unsaid,
                 None => Pushback::Never,
             };
             res.extensions_mut().insert(GrpcForm {
@@ -716,7 +724,7 @@ impl Bodies {
             });
         }
         let headers = res.headers_mut();
-        if let Some(wait) = d.retry_after()
+        if let Some(wait) = retry_after
             && !headers.contains_key(RETRY_AFTER)
         {
             headers.insert(RETRY_AFTER, number(retry_after_secs(wait)));
@@ -780,7 +788,6 @@ impl Bodies {
             Pushback::Never => {
                 headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"));
             }
-            Pushback::Unsaid => {}
         }
         res
     }
@@ -812,8 +819,6 @@ enum Pushback {
     After(Duration),
     /// Do not retry (`-1`): the same request would meet the same answer.
     Never,
-    /// Nothing: the client's own backoff applies.
-    Unsaid,
 }
 
 /// The gRPC status code for an HTTP status: the inverse of `google.rpc.Code`'s HTTP mapping

@@ -356,14 +356,22 @@ impl<St: Store> Shared<St> {
             };
             self.forward(kind, Some(d), tier)
         } else {
-            self.deny(d, tier, fallback)
+            self.deny(d, tier, fallback, None)
         }
     }
 
     /// A denial from the store (or the fallback): a 429, or in a dry run the request forwarded.
-    /// Out of line, so that the allowed path stays small.
+    /// `until_store`: for a cost the fallback's share can never admit but the shared limit can,
+    /// when the store will be asked again (see `on_failure`). Out of line, so that the allowed
+    /// path stays small.
     #[inline(never)]
-    fn deny<W>(&self, d: Decision, tier: usize, fallback: bool) -> Step<W> {
+    fn deny<W>(
+        &self,
+        d: Decision,
+        tier: usize,
+        fallback: bool,
+        until_store: Option<Duration>,
+    ) -> Step<W> {
         let rt = &self.rt;
         if rt.policy.dry_run {
             tracing::debug!(policy = %rt.name, fallback, "rate limit would deny (dry run)");
@@ -377,7 +385,7 @@ impl<St: Store> Shared<St> {
         tracing::debug!(
             policy = %rt.name,
             fallback,
-            retry_after_ms = d.retry_after().map(|w| w.as_millis() as u64),
+            retry_after_ms = d.retry_after().or(until_store).map(|w| w.as_millis() as u64),
             "rate limit denied request"
         );
         let response = rt.bodies.denied(
@@ -385,7 +393,7 @@ impl<St: Store> Shared<St> {
             rt.tiers[tier].prepared(fallback),
             rt.policy.headers,
             &d,
-            fallback,
+            until_store,
         );
         self.respond(kind, Some(d), response)
     }
@@ -443,7 +451,20 @@ impl<St: Store> Shared<St> {
                 match (&self.fallback, &t.fallback) {
                     (Some(store), Some((limit, _))) => {
                         let d = store.check_now(key, limit, cost);
-                        self.decide(d, tier, true)
+                        if d.is_allowed() || d.can_ever_pass() || cost > t.limit.max_cost() {
+                            return self.decide(d, tier, true);
+                        }
+                        // A cost above the local share that the shared limit can admit: denied
+                        // only until the store is back, so the client is told when the layer
+                        // asks the store again (an open circuit's next probe is at most a
+                        // cool-down away; a failure with the circuit closed, or without a
+                        // breaker, leaves the next request to ask it) instead of nothing, which
+                        // says the cost will never pass.
+                        let until_store = match (kind, &self.breaker) {
+                            (FailureKind::CircuitOpen, Some(b)) => b.cool_down(),
+                            _ => Duration::from_secs(1),
+                        };
+                        self.deny(d, tier, true, Some(until_store))
                     }
                     // Built together by `Rt::new` and the layer builder; never apart.
                     _ => self.forward(VerdictKind::FailedOpen, None, tier),

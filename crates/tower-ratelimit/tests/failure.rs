@@ -150,6 +150,61 @@ async fn fallback_counts_locally_against_a_share_of_the_limit() {
     assert_eq!(m.outcome("fb", "fallback_denied"), 1);
 }
 
+/// A cost above each gateway's share of the limit, which the shared limit admits, is denied by the
+/// fallback only until the store is back: the 429 says when the layer asks the store again (1 s
+/// while the circuit is closed, its cool-down once open), where before it said nothing, as for a
+/// cost that can never pass. A cost above the shared limit itself still gets no `Retry-After`.
+#[tokio::test]
+async fn a_cost_above_the_fallback_share_is_told_when_the_store_is_asked_again() {
+    let clock = ManualClock::new();
+    let cost = |req: &tower_ratelimit::RequestHead<'_>| -> u64 {
+        req.headers()
+            .get("x-cost")
+            .and_then(|v| v.to_str().ok()?.parse().ok())
+            .unwrap_or(1)
+    };
+    // A burst of 6 shared by 3 gateways: 2 each while the store is down.
+    let layer = RateLimitLayer::builder(
+        FailingStore::default(),
+        Policy::new("fb", per_minute(6))
+            .unwrap()
+            .cost(cost)
+            .failure(FailurePolicy::fallback(3).unwrap()),
+    )
+    .circuit_breaker(CircuitBreaker::new(2, Duration::from_secs(7)).unwrap())
+    .clock(clock.clone())
+    .build()
+    .unwrap();
+    let app = app(layer);
+    let costing = |n: u64| {
+        let mut req = request("/");
+        req.headers_mut()
+            .insert("x-cost", http::HeaderValue::from(n));
+        req
+    };
+    // Two failures with the circuit closed: the next request asks the store again.
+    for _ in 0..2 {
+        let res = send(&app, costing(4)).await;
+        assert_eq!(res.status(), 429);
+        assert_eq!(verdict(&res), VerdictKind::FallbackDenied);
+        assert_eq!(header(&res, "retry-after"), Some("1"));
+    }
+    // Now open: the next probe is a cool-down away.
+    let res = send(&app, costing(4)).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(verdict(&res), VerdictKind::FallbackDenied);
+    assert_eq!(header(&res, "retry-after"), Some("7"));
+    // Above the shared limit too: no wait would help.
+    let res = send(&app, costing(7)).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(header(&res, "retry-after"), None);
+    // Within the share: the local bucket's own wait, as before.
+    assert_eq!(send(&app, costing(2)).await.status(), 200);
+    let res = send(&app, costing(1)).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(header(&res, "retry-after"), Some("30"));
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_hanging_store_is_cut_at_the_timeout() {
     let store = Arc::new(HangingStore::default());

@@ -227,7 +227,7 @@ async fn other_requests_under_a_grpc_policy_get_a_plain_429() {
 
 /// `grpc-retry-pushback-ms: -1` ("do not retry") where a retry would meet the same answer: a
 /// cost the limit can never admit, a call without a key. A cost that only the fallback's local
-/// share cannot admit says nothing: the store may be back for the retry.
+/// share cannot admit is told when the store is asked again: it may be back for the retry.
 #[tokio::test]
 async fn calls_that_a_retry_cannot_mend_are_told_not_to_retry() {
     let grpc_call = |cost: &'static str| {
@@ -268,7 +268,8 @@ async fn calls_that_a_retry_cannot_mend_are_told_not_to_retry() {
     assert_eq!(pushback(&res).as_deref(), Some("-1"));
 
     // The store is down; each of 3 gateways counts 1 an hour alone: a cost of 2 fits the
-    // shared limit, not the local share.
+    // shared limit, not the local share, so it is told when the store is asked again (the next
+    // request, the circuit being closed: 1 s), not `-1`.
     let fallback = Policy::new("fallback", limit())
         .unwrap()
         .key(GlobalKey)
@@ -279,7 +280,11 @@ async fn calls_that_a_retry_cannot_mend_are_told_not_to_retry() {
     let app = root().layer(RateLimitLayer::new(store, fallback).unwrap());
     let res = common::send(&app, grpc_call("2")).await;
     assert_eq!(common::header(&res, "grpc-status"), Some("8"));
-    assert_eq!(pushback(&res), None);
+    assert_eq!(pushback(&res).as_deref(), Some("1000"));
+    assert_eq!(common::header(&res, "retry-after"), Some("1"));
+    // A cost of 4 fits neither.
+    let res = common::send(&app, grpc_call("4")).await;
+    assert_eq!(pushback(&res).as_deref(), Some("-1"));
 }
 
 /// The answer made after waiting for the store (here its timeout, failing closed) is a gRPC

@@ -689,7 +689,7 @@ impl RouteConfig {
                 warnings.push(format!(
                     "{at}.{field}: {cost} is more than each gateway's fallback share of the limit \
                      can admit at once ({}): while the store is down, every such request is \
-                     denied",
+                     denied (429, with Retry-After saying when the store is asked again)",
                     share.max_cost()
                 ));
             }

@@ -499,7 +499,8 @@ async fn bad_configurations_fail_naming_the_field() {
         config.warnings(),
         [
             "routes[0].cost_by_method.POST: 5 is more than each gateway's fallback share of the \
-          limit can admit at once (4): while the store is down, every such request is denied"
+          limit can admit at once (4): while the store is down, every such request is denied \
+          (429, with Retry-After saying when the store is asked again)"
         ]
     );
     assert!(Config::from_toml(MEMORY).unwrap().warnings().is_empty());

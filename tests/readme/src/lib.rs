@@ -58,6 +58,29 @@ mod first_layer {
         assert_eq!(names, others.count(), "{:?}", denied.headers());
         Ok(())
     }
+
+    /// "A request without the header (or with it empty, or twice) gets `400 Bad Request`".
+    #[tokio::test]
+    async fn a_request_without_a_usable_key_gets_400_as_the_readme_says()
+    -> Result<(), Box<dyn std::error::Error>> {
+        use tower::ServiceExt;
+        assert!(super::README.contains(
+            "A request without the header (or with it empty, or twice) gets `400 Bad Request`"
+        ));
+        let app = app()?;
+        let without = axum::http::Request::get("/").body(axum::body::Body::empty())?;
+        let empty = axum::http::Request::get("/")
+            .header("x-api-key", "")
+            .body(axum::body::Body::empty())?;
+        let twice = axum::http::Request::get("/")
+            .header("x-api-key", "a")
+            .header("x-api-key", "b")
+            .body(axum::body::Body::empty())?;
+        for req in [without, empty, twice] {
+            assert_eq!(app.clone().oneshot(req).await?.status(), 400);
+        }
+        Ok(())
+    }
 }
 
 /// The README's per-route block.
