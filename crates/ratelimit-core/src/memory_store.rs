@@ -370,8 +370,10 @@ impl<C> MemoryStore<C> {
         self.per_shard_cap * self.shards.len()
     }
 
-    /// How many live (not yet fresh) states were dropped because the store was full. Each may have
-    /// let its key pass up to its quota's capacity more than an unbounded store would have.
+    /// How many states a sweep could not show fresh were dropped because the store was full. Each
+    /// may have let its key pass up to its quota's capacity more than an unbounded store would
+    /// have. (A window state's fresh time is kept rounded up, by less than its period: one fresh
+    /// already within that rounding counts too; see `docs/memory-store.md`.)
     pub fn evictions(&self) -> u64 {
         self.evictions.load(Ordering::Relaxed)
     }
