@@ -81,7 +81,8 @@ impl RedisStoreError {
     /// (`NOPERM`). Waiting will not help; a corrected setting, or the server's, will.
     ///
     /// The cluster client reports the nodes it could not connect to as one error whose text alone
-    /// names the cause, so the text is read too.
+    /// names the cause, so the text is read too (`tests/cluster.rs`,
+    /// `refused_credentials_on_a_cluster_are_told_apart`, pins it on a real cluster).
     #[must_use]
     pub fn is_refused_credentials(&self) -> bool {
         let refused = |r: &redis::RedisError| {

@@ -1111,3 +1111,51 @@ async fn failure_domains_are_ranges_of_the_keys_hash_slots() {
     assert_eq!(single.failure_domains(), 1);
     assert_eq!(single.failure_domain(b"user:1"), 0);
 }
+
+/// Credentials a cluster refuses are a wrong setting, told apart from a cluster that cannot be
+/// reached (`is_refused_credentials`, which the gateway turns into exit status 2 and a lazy store
+/// into an error at once instead of retries). The cluster client reports a wrong password in its
+/// own words (redis-rs 1.8: "Failed to create initial connections - Io: Password authentication
+/// failed - AuthenticationFailed", of kind `Io`), which only the error's text tells apart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_credentials_on_a_cluster_are_told_apart() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = RedisCluster::start_with_replicas(3, 0, &["requirepass right"]);
+    let with_password = |password: &str| -> Vec<String> {
+        cluster
+            .nodes()
+            .iter()
+            .map(|n| format!("redis://:{password}@127.0.0.1:{}", n.port()))
+            .collect()
+    };
+    let err = RedisStore::cluster(with_password("wrong"))
+        .prefix(unique_prefix("cluster-auth"))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(err.is_refused_credentials(), "{err:?}");
+    assert!(!err.to_string().contains("wrong"), "not echoed: {err}");
+    let lazy = RedisStore::cluster(with_password("wrong"))
+        .prefix(unique_prefix("cluster-auth"))
+        .build_lazy(Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    assert!(lazy.is_refused_credentials(), "{lazy:?}");
+    // No password at all: refused too (`NOAUTH`).
+    let none = RedisStore::cluster(cluster.urls())
+        .prefix(unique_prefix("cluster-auth"))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(none.is_refused_credentials(), "{none:?}");
+    // The right one serves.
+    let store = RedisStore::cluster(with_password("right"))
+        .prefix(unique_prefix("cluster-auth"))
+        .response_timeout(PATIENT)
+        .build()
+        .await
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(1).unwrap()).unwrap();
+    assert!(store.check(b"k", &limit, 1).await.unwrap().is_allowed());
+    assert!(!store.check(b"k", &limit, 1).await.unwrap().is_allowed());
+}

@@ -550,7 +550,8 @@ impl RedisCluster {
         args.extend(addrs.iter().map(String::as_str));
         let replicas_arg = replicas.to_string();
         args.extend(["--cluster-replicas", &replicas_arg, "--cluster-yes"]);
-        cli(nodes[0].port, &[], &args);
+        // With `requirepass` among `lines` (and `masterauth`, for replicas), redis-cli needs it.
+        cli(nodes[0].port, &nodes[0].auth_args(), &args);
         let cluster = RedisCluster {
             nodes,
             masters,
