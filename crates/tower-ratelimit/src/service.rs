@@ -456,12 +456,17 @@ impl<St: Store> Shared<St> {
                         }
                         // A cost above the local share that the shared limit can admit: denied
                         // only until the store is back, so the client is told when the layer
-                        // asks the store again (an open circuit's next probe is at most a
-                        // cool-down away; a failure with the circuit closed, or without a
-                        // breaker, leaves the next request to ask it) instead of nothing, which
+                        // asks the store again (the key's circuit open, this failure having
+                        // opened it or not: its next probe is at most a cool-down away; closed,
+                        // or without a breaker: the next request asks) instead of nothing, which
                         // says the cost will never pass.
-                        let until_store = match (kind, &self.breaker) {
-                            (FailureKind::CircuitOpen, Some(b)) => b.cool_down(),
+                        let until_store = match &self.breaker {
+                            Some(b)
+                                if b.part_state(self.part(PART_UNKNOWN, key))
+                                    != CircuitState::Closed =>
+                            {
+                                b.cool_down()
+                            }
                             _ => Duration::from_secs(1),
                         };
                         self.deny(d, tier, true, Some(until_store))

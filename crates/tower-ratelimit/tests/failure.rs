@@ -152,8 +152,8 @@ async fn fallback_counts_locally_against_a_share_of_the_limit() {
 
 /// A cost above each gateway's share of the limit, which the shared limit admits, is denied by the
 /// fallback only until the store is back: the 429 says when the layer asks the store again (1 s
-/// while the circuit is closed, its cool-down once open), where before it said nothing, as for a
-/// cost that can never pass. A cost above the shared limit itself still gets no `Retry-After`.
+/// while the key's circuit is closed, its cool-down once open, including by this very failure),
+/// where before it said nothing, as for a cost that can never pass. A cost above the shared limit itself still gets no `Retry-After`.
 #[tokio::test]
 async fn a_cost_above_the_fallback_share_is_told_when_the_store_is_asked_again() {
     let clock = ManualClock::new();
@@ -182,17 +182,22 @@ async fn a_cost_above_the_fallback_share_is_told_when_the_store_is_asked_again()
             .insert("x-cost", http::HeaderValue::from(n));
         req
     };
-    // Two failures with the circuit closed: the next request asks the store again.
+    // A failure that leaves the circuit closed: the next request asks the store again.
+    let res = send(&app, costing(4)).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(verdict(&res), VerdictKind::FallbackDenied);
+    assert_eq!(header(&res, "retry-after"), Some("1"));
+    // The failure that opens it, and a request it then turns away: the next probe is a
+    // cool-down away.
     for _ in 0..2 {
         let res = send(&app, costing(4)).await;
         assert_eq!(res.status(), 429);
         assert_eq!(verdict(&res), VerdictKind::FallbackDenied);
-        assert_eq!(header(&res, "retry-after"), Some("1"));
+        assert_eq!(header(&res, "retry-after"), Some("7"));
     }
-    // Now open: the next probe is a cool-down away.
+    // The probe, a cool-down later, fails and opens the circuit again.
+    clock.advance(Duration::from_secs(7));
     let res = send(&app, costing(4)).await;
-    assert_eq!(res.status(), 429);
-    assert_eq!(verdict(&res), VerdictKind::FallbackDenied);
     assert_eq!(header(&res, "retry-after"), Some("7"));
     // Above the shared limit too: no wait would help.
     let res = send(&app, costing(7)).await;
