@@ -238,9 +238,21 @@ impl std::fmt::Debug for Breaker {
 }
 
 impl Breaker {
-    /// How long a circuit stays open before its next probe.
-    pub(crate) fn cool_down(&self) -> Duration {
-        self.config.cool_down
+    /// How long until part `part`'s circuit lets the store be asked again: `None` while it is
+    /// closed (the next request asks), what is left of the cool-down while it is open, and zero
+    /// while half-open (the probe out is answered within the layer's timeout, or, lost, is sent
+    /// again after `lost_after`).
+    pub(crate) fn next_probe_in(&self, part: usize) -> Option<Duration> {
+        let word = self.part(part).word.load(Ordering::Acquire);
+        match word & STATE {
+            CLOSED => None,
+            OPEN => {
+                let since = Timestamp::from_micros(word >> 2);
+                let open_for = self.clock.now().saturating_since(since);
+                Some(self.config.cool_down.saturating_sub(open_for))
+            }
+            _ => Some(Duration::ZERO),
+        }
     }
 
     pub(crate) fn new(

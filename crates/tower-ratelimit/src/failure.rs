@@ -40,8 +40,8 @@
 //! little further (10,000,000 a day over 3 gateways gives 3,333,312 each; see
 //! [`Limit::divided`](ratelimit_core::Limit::divided)), never up. A request whose cost fits the
 //! shared limit but not the local share is denied until the store is back, its `Retry-After`
-//! saying when the layer asks the store again: the circuit breaker's cool-down while the key's
-//! circuit is open, else 1 s (the next request asks it). Meanwhile the
+//! saying when the layer asks the store again: what is left of the cool-down of the key's
+//! circuit while it is open, else 1 s (the next request asks it). Meanwhile the
 //! `RateLimit-Policy` and `RateLimit` fields describe that local share (`q=25` below), the quota
 //! the answer was made against, as the legacy `X-RateLimit-Limit` does.
 //!

@@ -194,7 +194,9 @@ impl Denial<'_> {
     /// What `Retry-After` says: whole seconds rounded up, at least 1; `None` when the request's
     /// cost can never pass. A denial by the fallback's local share (the store down) of a cost
     /// above that share which the shared limit can admit says when the layer asks the store
-    /// again: the circuit breaker's cool-down if its circuit is open, else 1 s.
+    /// again: what is left of the cool-down of the key's circuit if it is open, else 1 s. (Its
+    /// [`decision`](Self::decision) is the local share's, which can never admit the cost:
+    /// `Exceeds`, with no `retry_after`; the `RateLimit` fields describe that share too.)
     #[must_use]
     pub fn retry_after_secs(&self) -> Option<u64> {
         self.decision
@@ -235,7 +237,8 @@ pub enum DenialBody {
     /// a status its policy does not retry, bounded by the call's deadline; a wait longer than
     /// 2^31 − 1 ms, which it cannot parse, is left out). A cost that can never pass sends `-1`,
     /// "do not retry" (one that only the fallback's local share cannot admit, while the store is
-    /// down, gets the wait of [`Denial::retry_after_secs`] instead). The rate-limit fields go in as they would on a 429; all of these reach
+    /// down, is told when the store is asked again, as [`Denial::retry_after_secs`] says, in
+    /// milliseconds). The rate-limit fields go in as they would on a 429; all of these reach
     /// the client as the status's metadata.
     ///
     /// The layer's other answers to a gRPC call become gRPC statuses too, by the inverse of

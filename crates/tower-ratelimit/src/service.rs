@@ -456,19 +456,16 @@ impl<St: Store> Shared<St> {
                         }
                         // A cost above the local share that the shared limit can admit: denied
                         // only until the store is back, so the client is told when the layer
-                        // asks the store again (the key's circuit open, this failure having
-                        // opened it or not: its next probe is at most a cool-down away; closed,
-                        // or without a breaker: the next request asks) instead of nothing, which
-                        // says the cost will never pass.
-                        let until_store = match &self.breaker {
-                            Some(b)
-                                if b.part_state(self.part(PART_UNKNOWN, key))
-                                    != CircuitState::Closed =>
-                            {
-                                b.cool_down()
-                            }
-                            _ => Duration::from_secs(1),
-                        };
+                        // asks the store again (what is left of the cool-down of the key's
+                        // circuit, if open, this failure having opened it or not; at least 1 s,
+                        // the next request asking it when the circuit is closed or its probe is
+                        // out) instead of nothing, which says the cost will never pass.
+                        let next_probe = self
+                            .breaker
+                            .as_ref()
+                            .and_then(|b| b.next_probe_in(self.part(PART_UNKNOWN, key)));
+                        let until_store =
+                            next_probe.map_or(MIN_UNTIL_STORE, |d| d.max(MIN_UNTIL_STORE));
                         self.deny(d, tier, true, Some(until_store))
                     }
                     // Built together by `Rt::new` and the layer builder; never apart.
@@ -801,6 +798,10 @@ where
 
 /// A check's circuit not looked up yet (the breaker was clean: see `Shared::next`).
 const PART_UNKNOWN: usize = usize::MAX;
+
+/// The shortest wait said to a request denied by the fallback's share only until the store is
+/// back (see `Shared::on_failure`): `Retry-After`'s smallest.
+const MIN_UNTIL_STORE: Duration = Duration::from_secs(1);
 
 /// About one in this many store answers that come at once is timed (see [`crate::metrics`]).
 pub(crate) const TIMING_SAMPLE: u32 = 64;

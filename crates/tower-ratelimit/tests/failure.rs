@@ -150,25 +150,35 @@ async fn fallback_counts_locally_against_a_share_of_the_limit() {
     assert_eq!(m.outcome("fb", "fallback_denied"), 1);
 }
 
-/// A cost above each gateway's share of the limit, which the shared limit admits, is denied by the
-/// fallback only until the store is back: the 429 says when the layer asks the store again (1 s
-/// while the key's circuit is closed, its cool-down once open, including by this very failure),
-/// where before it said nothing, as for a cost that can never pass. A cost above the shared limit itself still gets no `Retry-After`.
+/// The cost of a request, from its `x-cost` header (1 without).
+fn cost_header(req: &tower_ratelimit::RequestHead<'_>) -> u64 {
+    req.headers()
+        .get("x-cost")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .unwrap_or(1)
+}
+
+/// `req` with `x-cost: n`.
+fn costing(mut req: http::Request<axum::body::Body>, n: u64) -> http::Request<axum::body::Body> {
+    req.headers_mut()
+        .insert("x-cost", http::HeaderValue::from(n));
+    req
+}
+
+/// A cost above each gateway's share of the limit, which the shared limit admits, is denied by
+/// the fallback only until the store is back: the 429 says when the layer asks the store again
+/// (what is left of the cool-down of the key's circuit while it is open, including when this
+/// very failure opened it; 1 s while it is closed), where before it said nothing, as for a cost
+/// that can never pass. A cost above the shared limit itself still gets no `Retry-After`.
 #[tokio::test]
 async fn a_cost_above_the_fallback_share_is_told_when_the_store_is_asked_again() {
     let clock = ManualClock::new();
-    let cost = |req: &tower_ratelimit::RequestHead<'_>| -> u64 {
-        req.headers()
-            .get("x-cost")
-            .and_then(|v| v.to_str().ok()?.parse().ok())
-            .unwrap_or(1)
-    };
     // A burst of 6 shared by 3 gateways: 2 each while the store is down.
     let layer = RateLimitLayer::builder(
         FailingStore::default(),
         Policy::new("fb", per_minute(6))
             .unwrap()
-            .cost(cost)
+            .cost(cost_header)
             .failure(FailurePolicy::fallback(3).unwrap()),
     )
     .circuit_breaker(CircuitBreaker::new(2, Duration::from_secs(7)).unwrap())
@@ -176,38 +186,84 @@ async fn a_cost_above_the_fallback_share_is_told_when_the_store_is_asked_again()
     .build()
     .unwrap();
     let app = app(layer);
-    let costing = |n: u64| {
-        let mut req = request("/");
-        req.headers_mut()
-            .insert("x-cost", http::HeaderValue::from(n));
-        req
+    let wait_for = |res: &http::Response<axum::body::Body>| {
+        assert_eq!(res.status(), 429);
+        assert_eq!(verdict(res), VerdictKind::FallbackDenied);
+        header(res, "retry-after").map(str::to_owned)
     };
     // A failure that leaves the circuit closed: the next request asks the store again.
-    let res = send(&app, costing(4)).await;
-    assert_eq!(res.status(), 429);
-    assert_eq!(verdict(&res), VerdictKind::FallbackDenied);
-    assert_eq!(header(&res, "retry-after"), Some("1"));
+    let res = send(&app, costing(request("/"), 4)).await;
+    assert_eq!(wait_for(&res).as_deref(), Some("1"));
     // The failure that opens it, and a request it then turns away: the next probe is a
     // cool-down away.
     for _ in 0..2 {
-        let res = send(&app, costing(4)).await;
-        assert_eq!(res.status(), 429);
-        assert_eq!(verdict(&res), VerdictKind::FallbackDenied);
-        assert_eq!(header(&res, "retry-after"), Some("7"));
+        let res = send(&app, costing(request("/"), 4)).await;
+        assert_eq!(wait_for(&res).as_deref(), Some("7"));
     }
-    // The probe, a cool-down later, fails and opens the circuit again.
-    clock.advance(Duration::from_secs(7));
-    let res = send(&app, costing(4)).await;
-    assert_eq!(header(&res, "retry-after"), Some("7"));
+    // What is left of it, 3 s on.
+    clock.advance(Duration::from_secs(3));
+    let res = send(&app, costing(request("/"), 4)).await;
+    assert_eq!(wait_for(&res).as_deref(), Some("4"));
+    // The probe, when the cool-down is over, fails and opens the circuit again.
+    clock.advance(Duration::from_secs(4));
+    let res = send(&app, costing(request("/"), 4)).await;
+    assert_eq!(wait_for(&res).as_deref(), Some("7"));
     // Above the shared limit too: no wait would help.
-    let res = send(&app, costing(7)).await;
-    assert_eq!(res.status(), 429);
-    assert_eq!(header(&res, "retry-after"), None);
+    let res = send(&app, costing(request("/"), 7)).await;
+    assert_eq!(wait_for(&res), None);
     // Within the share: the local bucket's own wait, as before.
-    assert_eq!(send(&app, costing(2)).await.status(), 200);
-    let res = send(&app, costing(1)).await;
+    assert_eq!(send(&app, costing(request("/"), 2)).await.status(), 200);
+    let res = send(&app, costing(request("/"), 1)).await;
+    assert_eq!(wait_for(&res).as_deref(), Some("30"));
+}
+
+/// With a circuit per failure domain, the wait follows the key's own circuit: another domain's
+/// open circuit does not make a key whose circuit is closed wait a cool-down. A custom body is
+/// given the same wait.
+#[tokio::test]
+async fn the_fallbacks_wait_follows_the_keys_own_circuit() {
+    let (clock, memory) = store();
+    let store = HalfDown::odd_down(memory);
+    let body = tower_ratelimit::DenialBody::custom(|denial| {
+        let wait = denial
+            .retry_after_secs()
+            .map_or("none".into(), |s| s.to_string());
+        http::Response::new(bytes::Bytes::from(wait))
+    });
+    let layer = RateLimitLayer::builder(
+        store.clone(),
+        Policy::new("fb", per_minute(6))
+            .unwrap()
+            .key(tower_ratelimit::key::ApiKeyHeader::new("x-api-key").unwrap())
+            .cost(cost_header)
+            .body(body)
+            .failure(FailurePolicy::fallback(3).unwrap()),
+    )
+    .circuit_breaker(CircuitBreaker::new(2, Duration::from_secs(7)).unwrap())
+    .clock(clock.clone())
+    .build()
+    .unwrap();
+    let app = app(layer);
+    // The odd domain's circuit: closed after one failure, open after two.
+    let res = send(&app, costing(with_key("k1"), 4)).await;
+    assert_eq!(header(&res, "retry-after"), Some("1"));
+    let res = send(&app, costing(with_key("k1"), 4)).await;
+    assert_eq!(header(&res, "retry-after"), Some("7"));
+    let res = send(&app, costing(with_key("k1"), 4)).await;
     assert_eq!(res.status(), 429);
-    assert_eq!(header(&res, "retry-after"), Some("30"));
+    assert_eq!(header(&res, "retry-after"), Some("7"));
+    assert_eq!(body_text(res).await, "7");
+    // Now the even domain fails too: its circuit is closed, so 1 s.
+    store.store.set_down(true);
+    let res = send(&app, costing(with_key("k0"), 4)).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(verdict(&res), VerdictKind::FallbackDenied);
+    assert_eq!(header(&res, "retry-after"), Some("1"));
+    assert_eq!(body_text(res).await, "1");
+    // Above the shared limit: the custom body is told there is no wait.
+    let res = send(&app, costing(with_key("k0"), 7)).await;
+    assert_eq!(header(&res, "retry-after"), None);
+    assert_eq!(body_text(res).await, "none");
 }
 
 #[tokio::test(start_paused = true)]
