@@ -42,6 +42,9 @@ fn main() -> ExitCode {
             result = main_async(&config) => Some(result),
         }
     });
+    // Without waiting for a report still being made on a blocking thread (the interval check of
+    // a heavy user can take long): the run it reports on is over, and its server stopped.
+    runtime.shutdown_background();
     match outcome {
         Some(Ok(())) => ExitCode::SUCCESS,
         Some(Err(e)) => {

@@ -182,20 +182,26 @@ impl Report {
                 "max": self.max_us,
                 "mean": self.mean_us,
             },
-            "exactness": {
-                "users_seen": self.users_seen,
-                "max_admitted": self.max_admitted,
-                "bound": self.admission_bound,
-                "users_tested": self.users_tested,
-                "users_above_bound": self.users_above_bound,
-                "users_above_in_some_interval": self.users_above_in_some_interval,
-                "tolerance": self.tolerance,
-                "tolerance_per_period": self.tolerance_per_period,
-                "users_above_tolerance": self.users_above_tolerance,
-                "users_tested_tolerance": self.users_tested_tolerance,
-                "memory_evictions": self.memory_evictions,
-                "abusive_sent": self.abusive_sent,
-                "abusive_admitted": self.abusive_admitted,
+            // A bare server (`--store none`) has no limiter: every 200 would read as an admission,
+            // and its "users above bound" as a limiter's failure.
+            "exactness": if self.store == StoreKind::None {
+                serde_json::Value::Null
+            } else {
+                json!({
+                    "users_seen": self.users_seen,
+                    "max_admitted": self.max_admitted,
+                    "bound": self.admission_bound,
+                    "users_tested": self.users_tested,
+                    "users_above_bound": self.users_above_bound,
+                    "users_above_in_some_interval": self.users_above_in_some_interval,
+                    "tolerance": self.tolerance,
+                    "tolerance_per_period": self.tolerance_per_period,
+                    "users_above_tolerance": self.users_above_tolerance,
+                    "users_tested_tolerance": self.users_tested_tolerance,
+                    "memory_evictions": self.memory_evictions,
+                    "abusive_sent": self.abusive_sent,
+                    "abusive_admitted": self.abusive_admitted,
+                })
             },
             "redis_calls": self.redis_calls,
             "redis_calls_per_request": self.redis_calls_per_request(),

@@ -151,6 +151,10 @@ async fn http_gateways_bare_and_layered() {
         text.contains("exactness  not measured: no limiter") && !text.contains("users above bound"),
         "{text}"
     );
+    // Nor in the JSON: no figure a script could read as a limiter's failure.
+    let json = bare.to_json();
+    assert!(json["exactness"].is_null(), "{json}");
+    assert!(layered.to_json()["exactness"]["users_above_bound"].is_u64());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
