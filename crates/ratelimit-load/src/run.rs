@@ -103,6 +103,8 @@ fn start_redis_if_needed(config: &mut Config) -> Result<Option<RedisServer>, Err
 /// Shared by the scheduler thread and the workers of one run.
 struct Shared {
     start: Instant,
+    /// `start` on [`clock`](Self::clock), in µs.
+    start_us: u64,
     rate: f64,
     total: u64,
     /// Requests `0..released` are due.
@@ -138,6 +140,8 @@ struct Recorder {
     late_starts: u64,
     max_start_lateness: Duration,
     last_end: Option<Instant>,
+    /// The latest answer on `Shared::clock` (µs).
+    last_end_us: u64,
     /// Every admission: user, when its request was sent and when its answer came (µs on
     /// `Shared::clock`), for the check over every interval.
     admissions: Vec<(u32, u64, u64)>,
@@ -166,12 +170,15 @@ impl Shared {
             late_starts: 0,
             max_start_lateness: Duration::ZERO,
             last_end: None,
+            last_end_us: 0,
             // At most one per request: never grown (and copied) under the lock mid-run.
             admissions: Vec::with_capacity(total as usize),
         });
         let clock = SystemClock::new();
+        let start_us = clock.now().as_micros() + lead.as_micros() as u64;
         Shared {
             start: Instant::now() + lead,
+            start_us,
             rate: config.rate,
             total,
             released: AtomicU64::new(0),
@@ -257,6 +264,7 @@ impl Shared {
             if r.last_end.is_none_or(|t| t < end) {
                 r.last_end = Some(end);
             }
+            r.last_end_us = r.last_end_us.max(end_us);
         }
         self.completed.fetch_add(1, Ordering::Relaxed);
     }
@@ -893,8 +901,17 @@ fn build_report(
     let elapsed = rec
         .last_end
         .map_or_else(|| shared.start.elapsed(), |t| t - shared.start);
-    let bound = config.admission_bound(clocks.span(elapsed));
-    let bound_tolerated = bound_with(config, tolerance, elapsed, clocks);
+    // The whole run's bound over its span on the clock the admissions (and the in-memory stores,
+    // and the server clock's allowance) are measured on, not std's `Instant`, whose rate may be
+    // some parts per million apart: over a long run of a heavy user, enough for a refill.
+    let end_us = if rec.last_end.is_some() {
+        rec.last_end_us
+    } else {
+        shared.micros()
+    };
+    let span = Duration::from_micros(end_us.saturating_sub(shared.start_us));
+    let bound = config.admission_bound(clocks.span(span));
+    let bound_tolerated = bound_with(config, tolerance, span, clocks);
     let mut users_seen = 0;
     let mut max_admitted = 0;
     let mut users_above = 0;
