@@ -170,9 +170,10 @@ pub enum BodyConfig {
 }
 
 /// The failure policy: `{ mode = "open" }`, `{ mode = "closed", retry_after_secs = 2 }` or
-/// `{ mode = "fallback", gateways = 4 }`.
+/// `{ mode = "fallback", gateways = 4 }`. A setting of another mode is refused (`unknown field`),
+/// and a value of the wrong type is reported at its own field (`failure.gateways`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(tag = "mode", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(try_from = "FailureTable")]
 #[non_exhaustive]
 pub enum FailureConfig {
     /// [`FailurePolicy::FailOpen`]. (A struct variant, so that a stray setting next to it, such
@@ -193,6 +194,65 @@ pub enum FailureConfig {
 impl Default for FailureConfig {
     fn default() -> Self {
         FailureConfig::Open {}
+    }
+}
+
+/// A failure table as written: every mode's settings, matched to the `mode` by `TryFrom`. (Read
+/// as an internally tagged enum, the table would be buffered before its fields are read, and a
+/// deserializer that tracks where it is, such as `serde_path_to_error`, would name the table
+/// only, not the field whose value is wrong.)
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct FailureTable {
+    mode: FailureMode,
+    retry_after_secs: Option<u64>,
+    gateways: Option<u64>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum FailureMode {
+    Open,
+    Closed,
+    Fallback,
+}
+
+impl TryFrom<FailureTable> for FailureConfig {
+    type Error = String;
+
+    fn try_from(t: FailureTable) -> Result<Self, String> {
+        let (mode, allowed) = match t.mode {
+            FailureMode::Open => ("open", ""),
+            FailureMode::Closed => ("closed", "retry_after_secs"),
+            FailureMode::Fallback => ("fallback", "gateways"),
+        };
+        for (field, set) in [
+            ("retry_after_secs", t.retry_after_secs.is_some()),
+            ("gateways", t.gateways.is_some()),
+        ] {
+            if set && field != allowed {
+                return Err(format!(
+                    "unknown field `{field}`: mode \"{mode}\" takes {}",
+                    if allowed.is_empty() {
+                        "no setting".to_owned()
+                    } else {
+                        format!("`{allowed}` only")
+                    }
+                ));
+            }
+        }
+        let missing = |field: &str| format!("missing field `{field}` (mode \"{mode}\")");
+        Ok(match t.mode {
+            FailureMode::Open => FailureConfig::Open {},
+            FailureMode::Closed => FailureConfig::Closed {
+                retry_after_secs: t
+                    .retry_after_secs
+                    .ok_or_else(|| missing("retry_after_secs"))?,
+            },
+            FailureMode::Fallback => FailureConfig::Fallback {
+                gateways: t.gateways.ok_or_else(|| missing("gateways"))?,
+            },
+        })
     }
 }
 

@@ -210,9 +210,10 @@ pub struct RouteConfig {
     pub policy: PolicyConfig,
 }
 
-/// Who a request counts against.
+/// Who a request counts against. A setting of another source is refused (`unknown field`), and a
+/// value of the wrong type is reported at its own field (`key.ipv6_prefix`).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(tag = "source", rename_all = "snake_case", deny_unknown_fields)]
+#[serde(try_from = "KeyTable")]
 pub enum KeyConfig {
     /// The client's IP address: the TCP peer, or behind trusted proxies the address they saw.
     Ip {
@@ -235,6 +236,71 @@ pub enum KeyConfig {
     /// One key for every request: the route is limited as a whole. (A struct variant, so that a
     /// stray setting next to it, such as `name`, is refused instead of silently ignored.)
     Global {},
+}
+
+/// A key table as written: every source's settings, matched to the `source` by `TryFrom`. (Read as
+/// an internally tagged enum, the table would be buffered before its fields are read, and
+/// `serde_path_to_error` would name the table only, not the field whose value is wrong.)
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct KeyTable {
+    source: KeySource,
+    trusted_proxies: Option<Vec<String>>,
+    forwarded_header: Option<ForwardedHeaderConfig>,
+    ipv6_prefix: Option<u8>,
+    name: Option<String>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "snake_case")]
+enum KeySource {
+    Ip,
+    Header,
+    Global,
+}
+
+impl TryFrom<KeyTable> for KeyConfig {
+    type Error = String;
+
+    fn try_from(t: KeyTable) -> Result<Self, String> {
+        let (source, allowed): (&str, &[&str]) = match t.source {
+            KeySource::Ip => (
+                "ip",
+                &["trusted_proxies", "forwarded_header", "ipv6_prefix"],
+            ),
+            KeySource::Header => ("header", &["name"]),
+            KeySource::Global => ("global", &[]),
+        };
+        for (field, set) in [
+            ("trusted_proxies", t.trusted_proxies.is_some()),
+            ("forwarded_header", t.forwarded_header.is_some()),
+            ("ipv6_prefix", t.ipv6_prefix.is_some()),
+            ("name", t.name.is_some()),
+        ] {
+            if set && !allowed.contains(&field) {
+                let takes = if allowed.is_empty() {
+                    "no setting".to_owned()
+                } else {
+                    let names: Vec<String> = allowed.iter().map(|a| format!("`{a}`")).collect();
+                    names.join(", ")
+                };
+                return Err(format!(
+                    "unknown field `{field}`: source \"{source}\" takes {takes}"
+                ));
+            }
+        }
+        Ok(match t.source {
+            KeySource::Ip => KeyConfig::Ip {
+                trusted_proxies: t.trusted_proxies.unwrap_or_default(),
+                forwarded_header: t.forwarded_header,
+                ipv6_prefix: t.ipv6_prefix.unwrap_or_else(default_ipv6_prefix),
+            },
+            KeySource::Header => KeyConfig::Header {
+                name: t.name.ok_or("missing field `name` (source \"header\")")?,
+            },
+            KeySource::Global => KeyConfig::Global {},
+        })
+    }
 }
 
 impl Default for KeyConfig {

@@ -479,6 +479,33 @@ async fn bad_configurations_fail_naming_the_field() {
         ),
         ("listen = \"localhost\"\nroutes = []\n".to_owned(), "listen: "),
         ("routes = []\n".to_owned(), "routes: at least one route is needed"),
+        // A wrong value inside the key or failure table is named at its own field, not at the
+        // table (as an internally tagged enum would have it); a setting missing for the chosen
+        // source or mode names the table and the setting.
+        (
+            "[[routes]]\npath = \"/api\"\nkey = { source = \"ip\", ipv6_prefix = 300 }\n\
+             [routes.policy]\nname = \"a\"\nquotas = [{ limit = 1, per = \"second\" }]\n"
+                .to_owned(),
+            "routes[0].key.ipv6_prefix: invalid value: integer `300`, expected u8",
+        ),
+        (
+            "[[routes]]\npath = \"/api\"\nkey = { source = \"header\" }\n\
+             [routes.policy]\nname = \"a\"\nquotas = [{ limit = 1, per = \"second\" }]\n"
+                .to_owned(),
+            "routes[0].key: missing field `name` (source \"header\")",
+        ),
+        (
+            with_policy(
+                "quotas = [{ limit = 5, per = \"minute\" }]\nfailure = { mode = \"closed\", retry_after_secs = \"5\" }",
+            ),
+            "routes[0].policy.failure.retry_after_secs: invalid type: string \"5\", expected u64",
+        ),
+        (
+            with_policy(
+                "quotas = [{ limit = 5, per = \"minute\" }]\nfailure = { mode = \"fallback\" }",
+            ),
+            "routes[0].policy.failure: missing field `gateways` (mode \"fallback\")",
+        ),
     ];
     for (text, expected) in cases {
         let err = Config::from_toml(&text).expect_err(&text).to_string();
