@@ -176,8 +176,8 @@ pub enum BodyConfig {
 #[serde(try_from = "FailureTable")]
 #[non_exhaustive]
 pub enum FailureConfig {
-    /// [`FailurePolicy::FailOpen`]. (A struct variant, so that a stray setting next to it, such
-    /// as `retry_after_secs`, is refused instead of silently ignored.)
+    /// [`FailurePolicy::FailOpen`] (a stray setting next to it, such as `retry_after_secs`, is
+    /// refused instead of silently ignored).
     Open {},
     /// [`FailurePolicy::FailClosed`].
     Closed {

@@ -218,14 +218,11 @@ pub enum KeyConfig {
     /// The client's IP address: the TCP peer, or behind trusted proxies the address they saw.
     Ip {
         /// Proxies whose forwarding header is believed (CIDR blocks or addresses; default none).
-        #[serde(default)]
         trusted_proxies: Vec<String>,
         /// Which header the trusted proxies append to (default `x_forwarded_for`). Only with
         /// `trusted_proxies`: the header is read from no one else.
-        #[serde(default)]
         forwarded_header: Option<ForwardedHeaderConfig>,
         /// IPv6 clients are grouped by this prefix length (default 64).
-        #[serde(default = "default_ipv6_prefix")]
         ipv6_prefix: u8,
     },
     /// The value of a request header, such as an API key.
@@ -233,8 +230,8 @@ pub enum KeyConfig {
         /// The header name (`x-api-key`).
         name: String,
     },
-    /// One key for every request: the route is limited as a whole. (A struct variant, so that a
-    /// stray setting next to it, such as `name`, is refused instead of silently ignored.)
+    /// One key for every request: the route is limited as a whole (a stray setting next to it,
+    /// such as `name`, is refused instead of silently ignored).
     Global {},
 }
 
