@@ -158,6 +158,25 @@ fn cost_header(req: &tower_ratelimit::RequestHead<'_>) -> u64 {
         .unwrap_or(1)
 }
 
+/// `policy` (6 a minute, costs from `x-cost`) falling back to a third of its limit on `store`,
+/// behind a breaker that opens after 2 failures for 7 s.
+fn fallback_behind_breaker<St: Store>(
+    store: St,
+    policy: Policy,
+    clock: &ManualClock,
+) -> RateLimitLayer<St> {
+    RateLimitLayer::builder(
+        store,
+        policy
+            .cost(cost_header)
+            .failure(FailurePolicy::fallback(3).unwrap()),
+    )
+    .circuit_breaker(CircuitBreaker::new(2, Duration::from_secs(7)).unwrap())
+    .clock(clock.clone())
+    .build()
+    .unwrap()
+}
+
 /// `req` with `x-cost: n`.
 fn costing(mut req: http::Request<axum::body::Body>, n: u64) -> http::Request<axum::body::Body> {
     req.headers_mut()
@@ -174,18 +193,12 @@ fn costing(mut req: http::Request<axum::body::Body>, n: u64) -> http::Request<ax
 async fn a_cost_above_the_fallback_share_is_told_when_the_store_is_asked_again() {
     let clock = ManualClock::new();
     // A burst of 6 shared by 3 gateways: 2 each while the store is down.
-    let layer = RateLimitLayer::builder(
+    let policy = Policy::new("fb", per_minute(6)).unwrap();
+    let app = app(fallback_behind_breaker(
         FailingStore::default(),
-        Policy::new("fb", per_minute(6))
-            .unwrap()
-            .cost(cost_header)
-            .failure(FailurePolicy::fallback(3).unwrap()),
-    )
-    .circuit_breaker(CircuitBreaker::new(2, Duration::from_secs(7)).unwrap())
-    .clock(clock.clone())
-    .build()
-    .unwrap();
-    let app = app(layer);
+        policy,
+        &clock,
+    ));
     let wait_for = |res: &http::Response<axum::body::Body>| {
         assert_eq!(res.status(), 429);
         assert_eq!(verdict(res), VerdictKind::FallbackDenied);
@@ -230,20 +243,11 @@ async fn the_fallbacks_wait_follows_the_keys_own_circuit() {
             .map_or("none".into(), |s| s.to_string());
         http::Response::new(bytes::Bytes::from(wait))
     });
-    let layer = RateLimitLayer::builder(
-        store.clone(),
-        Policy::new("fb", per_minute(6))
-            .unwrap()
-            .key(tower_ratelimit::key::ApiKeyHeader::new("x-api-key").unwrap())
-            .cost(cost_header)
-            .body(body)
-            .failure(FailurePolicy::fallback(3).unwrap()),
-    )
-    .circuit_breaker(CircuitBreaker::new(2, Duration::from_secs(7)).unwrap())
-    .clock(clock.clone())
-    .build()
-    .unwrap();
-    let app = app(layer);
+    let policy = Policy::new("fb", per_minute(6))
+        .unwrap()
+        .key(tower_ratelimit::key::ApiKeyHeader::new("x-api-key").unwrap())
+        .body(body);
+    let app = app(fallback_behind_breaker(store.clone(), policy, &clock));
     // The odd domain's circuit: closed after one failure, open after two.
     let res = send(&app, costing(with_key("k1"), 4)).await;
     assert_eq!(header(&res, "retry-after"), Some("1"));
