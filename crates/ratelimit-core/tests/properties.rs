@@ -143,9 +143,19 @@ proptest! {
         for (gap, cost) in s {
             now += gap;
             let before = states.clone();
-            let d = limit.check(&mut states, Timestamp::from_micros(now), cost);
+            let t = Timestamp::from_micros(now);
+            let d = limit.check(&mut states, t, cost);
             if d.is_denied() {
                 prop_assert_eq!(&before, &states);
+            } else {
+                // Each quota's state is what that quota alone would have made of it: every one
+                // consumed the cost, none was left as it was.
+                for (i, q) in [q1, q2].into_iter().enumerate() {
+                    let mut alone = vec![before[i].clone()];
+                    let a = Limit::single(algorithm, q).unwrap().check(&mut alone, t, cost);
+                    prop_assert!(a.is_allowed());
+                    prop_assert_eq!(&alone[0], &states[i]);
+                }
             }
         }
     }
@@ -176,17 +186,26 @@ proptest! {
     }
 }
 
+/// A log checked over many periods keeps at most `limit` entries, because the entries that slid
+/// out are dropped (an admission drops them): a check every 0.7 ms for 7 s of 50 a second.
 #[test]
 fn sliding_log_memory_is_bounded_by_the_limit() {
     let q = Quota::per_second(50).unwrap();
     let mut state: Option<ratelimit_core::algorithm::SlidingLogState> = None;
+    let mut admitted = 0;
     for i in 0..10_000u64 {
-        let (d, s) = sliding_log::check(&q, state.as_ref(), Timestamp::from_micros(i * 7), 1);
+        let now = i * 700;
+        let (d, s) = sliding_log::check(&q, state.as_ref(), Timestamp::from_micros(now), 1);
         if d.is_allowed() {
+            admitted += 1;
+            // Only what is still in the window: nothing that slid out is kept.
+            assert!(s.entries.iter().all(|&(t, _)| t + q.period_micros() > now));
             state = Some(s);
         }
         assert!(state.as_ref().map_or(0, |s| s.entries.len()) <= 50);
     }
+    // Seven periods: about 50 each, so entries did slide out and were dropped.
+    assert!((340..=350).contains(&admitted), "{admitted}");
 }
 
 proptest! {

@@ -205,11 +205,20 @@ fn far_future_times_saturate_instead_of_overflowing() {
         .unwrap();
         let single = Limit::single(algorithm, Quota::per_day(5).unwrap()).unwrap();
         let store = MemoryStore::new();
-        for t in [u64::MAX, u64::MAX - 1, 1 << 60, 1 << 52] {
-            for l in [&limit, &single] {
-                let d = store.check_at(b"k", l, 1, Timestamp::from_micros(t));
-                assert!(d.limit() > 0, "{algorithm}");
-            }
+        // Every time from 2^52 µs on is the algorithms' last instant: the four checks count at
+        // one instant, as four at 2^52 would, with nothing wrapped around to an early time (which
+        // would refill) or overflowed.
+        for (i, t) in [u64::MAX, u64::MAX - 1, 1 << 60, 1 << 52]
+            .into_iter()
+            .enumerate()
+        {
+            let at = Timestamp::from_micros(t);
+            let d = store.check_at(b"k", &limit, 1, at);
+            // 3 a second binds: the fourth at one instant is denied.
+            assert_eq!(d.is_allowed(), i < 3, "{algorithm} at {t}: {d:?}");
+            let d = store.check_at(b"k", &single, 1, at);
+            assert!(d.is_allowed(), "{algorithm} at {t}: {d:?}");
+            assert_eq!(d.remaining(), 4 - i as u64, "{algorithm} at {t}: {d:?}");
         }
     }
 }

@@ -121,6 +121,11 @@ async fn denied_only_keys_do_not_live_forever() {
         for _ in 0..10 {
             assert!(store.check(b"busy", &limit, 1).await.unwrap().is_allowed());
         }
+        // The expiry the last admission set, as an absolute time (`PEXPIRETIME` does not count
+        // down): the denials below must leave it exactly as it is.
+        let busy_keys = store.state_keys(b"busy", &limit);
+        let set_by_admission: Vec<i64> =
+            busy_keys.iter().map(|k| pexpiretime(&server, k)).collect();
         for _ in 0..50 {
             clock.advance(Duration::from_millis(100));
             assert!(
@@ -136,6 +141,11 @@ async fn denied_only_keys_do_not_live_forever() {
             // did not touch it.
             assert!(ttl <= 120_001, "{alg}: {key} PTTL {ttl}");
         }
+        let after_denials: Vec<i64> = busy_keys.iter().map(|k| pexpiretime(&server, k)).collect();
+        assert_eq!(
+            after_denials, set_by_admission,
+            "{alg}: a denial moved an expiry"
+        );
     }
     // Every key the store wrote has an expiry.
     let keys = server.cli(&["--scan", "--pattern", &format!("{}:*", store.prefix())]);

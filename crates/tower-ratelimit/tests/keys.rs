@@ -433,10 +433,24 @@ async fn peer_ip_reads_axums_mock_connect_info_in_tests() {
     use tower_ratelimit::key::PeerIp;
 
     let (_clock, store) = store();
-    let policy = Policy::new("ip", two_a_minute())
-        .unwrap()
-        .key(PeerIp::new());
-    let peer: SocketAddr = "192.0.2.7:5555".parse().unwrap();
-    let app = app(store, policy).layer(MockConnectInfo(peer));
-    assert_eq!(statuses(&app, || request("/"), 3).await, [200, 200, 429]);
+    let policy = || {
+        Policy::new("ip", two_a_minute())
+            .unwrap()
+            .key(PeerIp::new())
+    };
+    // Requests without `ConnectInfo` (as `oneshot` sends them): the mock's address is the key.
+    let bare = || http::Request::get("/").body(Body::empty()).unwrap();
+    let mocked = |peer: &str| {
+        let peer: SocketAddr = peer.parse().unwrap();
+        app(store.clone(), policy()).layer(MockConnectInfo(peer))
+    };
+    let seven = mocked("192.0.2.7:5555");
+    assert_eq!(statuses(&seven, bare, 3).await, [200, 200, 429]);
+    // Another mocked peer has a bucket of its own (the same store and policy name).
+    let eight = mocked("192.0.2.8:5555");
+    assert_eq!(statuses(&eight, bare, 3).await, [200, 200, 429]);
+    // The same peer's port does not matter.
+    assert_eq!(statuses(&mocked("192.0.2.7:1"), bare, 1).await, [429]);
+    // Without the mock, no address: the missing-key answer.
+    assert_eq!(statuses(&app(store, policy()), bare, 1).await, [400]);
 }

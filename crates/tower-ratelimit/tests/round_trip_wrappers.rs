@@ -79,7 +79,7 @@ async fn leasing_admits_the_same_requests_with_fewer_store_calls() {
     // 10 a second against 10 a second: a busy key at its limit's rate, which leasing is for; then
     // about 6.7 a second, below it, where a lease would expire part unused (taking units from
     // the store at the limit's rate while the key spends less), so none is taken.
-    for (step_ms, most_calls) in [(100, 40), (150, 200)] {
+    for (step_ms, most_calls, leases) in [(100, 40, None), (150, 200, Some(0))] {
         let step = Duration::from_millis(step_ms);
         let clock = ManualClock::new();
         let plain = responses(&app(memory(&clock), limit.clone()), &clock, 200, step).await;
@@ -98,5 +98,13 @@ async fn leasing_admits_the_same_requests_with_fewer_store_calls() {
         println!("every {step_ms} ms: {s:?}");
         assert!(s.store_calls <= most_calls, "every {step_ms} ms: {s:?}");
         assert_eq!(s.wasted_units, 0, "every {step_ms} ms: {s:?}");
+        match leases {
+            // Below the limit's rate no lease is taken: every request asks the store.
+            Some(n) => {
+                assert_eq!(s.leases, n, "every {step_ms} ms: {s:?}");
+                assert_eq!(s.store_calls, 200, "every {step_ms} ms: {s:?}");
+            }
+            None => assert!(s.leases > 0, "every {step_ms} ms: {s:?}"),
+        }
     }
 }
