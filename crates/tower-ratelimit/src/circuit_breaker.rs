@@ -170,6 +170,11 @@ fn stamp(t: Timestamp) -> u64 {
     t.as_micros().min(u64::MAX >> 2) << 2
 }
 
+/// When the state in `word` began (what [`stamp`] put there).
+fn stamped_at(word: u64) -> Timestamp {
+    Timestamp::from_micros(word >> 2)
+}
+
 const CLOSED: u64 = 0;
 const OPEN: u64 = 1;
 const HALF_OPEN: u64 = 2;
@@ -247,7 +252,7 @@ impl Breaker {
         match word & STATE {
             CLOSED => None,
             OPEN => {
-                let since = Timestamp::from_micros(word >> 2);
+                let since = stamped_at(word);
                 let open_for = self.clock.now().saturating_since(since);
                 Some(self.config.cool_down.saturating_sub(open_for))
             }
@@ -379,7 +384,7 @@ impl Breaker {
             // settle it) and the next request probes again, so that no lost probe can keep the
             // circuit from closing.
             state => {
-                let since = Timestamp::from_micros(word >> 2);
+                let since = stamped_at(word);
                 let now = self.clock.now();
                 let wait = if state == OPEN {
                     self.config.cool_down

@@ -429,8 +429,16 @@ impl<St: Store> Shared<St> {
         Some(self.respond(VerdictKind::NoKey, None, response))
     }
 
-    /// The store could not answer.
-    fn on_failure<W>(&self, kind: FailureKind, tier: usize, key: &[u8], cost: u64) -> Step<W> {
+    /// The store could not answer. `part`: the key's circuit, or `PART_UNKNOWN` for this to look
+    /// up if it needs it.
+    fn on_failure<W>(
+        &self,
+        kind: FailureKind,
+        part: usize,
+        tier: usize,
+        key: &[u8],
+        cost: u64,
+    ) -> Step<W> {
         let rt = &self.rt;
         rt.metrics.failure(kind);
         match rt.policy.failure {
@@ -463,7 +471,7 @@ impl<St: Store> Shared<St> {
                         let next_probe = self
                             .breaker
                             .as_ref()
-                            .and_then(|b| b.next_probe_in(self.part(PART_UNKNOWN, key)));
+                            .and_then(|b| b.next_probe_in(self.part(part, key)));
                         let until_store =
                             next_probe.map_or(MIN_UNTIL_STORE, |d| d.max(MIN_UNTIL_STORE));
                         self.deny(d, tier, true, Some(until_store))
@@ -495,11 +503,12 @@ impl<St: Store> Shared<St> {
                 self.decide(d, tier, false)
             }
             Err(error) => {
+                let part = self.part(part, key);
                 if let Some(b) = &self.breaker {
-                    b.failure(self.part(part, key), probe);
+                    b.failure(part, probe);
                 }
                 tracing::warn!(policy = %self.rt.name, %error, "rate-limit store failed");
-                self.on_failure(FailureKind::Error, tier, key, cost)
+                self.on_failure(FailureKind::Error, part, tier, key, cost)
             }
         }
     }
@@ -545,15 +554,16 @@ impl<St: Store> Shared<St> {
         key: &[u8],
         cost: u64,
     ) -> Step {
+        let part = self.part(part, key);
         if let Some(b) = &self.breaker {
-            b.failure(self.part(part, key), probe);
+            b.failure(part, probe);
         }
         tracing::warn!(
             policy = %self.rt.name,
             timeout_ms = self.timeout.as_millis() as u64,
             "rate-limit store timed out"
         );
-        self.on_failure(FailureKind::Timeout, tier, key, cost)
+        self.on_failure(FailureKind::Timeout, part, tier, key, cost)
     }
 }
 
@@ -755,8 +765,17 @@ where
         let (part, probe) = match &self.breaker {
             None => (0, None),
             Some(b) => match self.admit(b, key.as_bytes()) {
+                // The circuit is left to `on_failure` to find again if it needs it (rarely):
+                // carried out of this arm, it cost the allowed path 2 instructions.
                 (_, Admit::Reject) => {
-                    return self.on_failure(FailureKind::CircuitOpen, tier, key.as_bytes(), cost);
+                    let key = key.as_bytes();
+                    return self.on_failure(
+                        FailureKind::CircuitOpen,
+                        PART_UNKNOWN,
+                        tier,
+                        key,
+                        cost,
+                    );
                 }
                 (part, Admit::Probe(probe)) => (part, Some(probe)),
                 (part, Admit::Call) => (part, None),
