@@ -60,7 +60,11 @@ impl SystemClock {
     pub fn new() -> Self {
         // The counter first: its first use may calibrate for up to 200 ms, which must not pass
         // between the two readings of the anchor.
-        let clock = quanta::Clock::new();
+        SystemClock::on(quanta::Clock::new())
+    }
+
+    /// Anchored to the system time now, advancing with `clock` (a mocked one in tests).
+    fn on(clock: quanta::Clock) -> Self {
         let anchor = clock.raw();
         let unix = SystemTime::now()
             .duration_since(UNIX_EPOCH)
@@ -102,9 +106,12 @@ impl Clock for SystemClock {
 /// the nanoseconds quanta gives for 2^44 ticks, times 2^20 / 1,000 (`None` if a tick is a
 /// microsecond or longer). quanta scales by a factor over the power of two just above the ticks it
 /// calibrated over (at most 200 ms' worth, about 2^30, far below 2^44), so the product is exact.
+/// Rounded up: rounded down, a whole number of microseconds of nanosecond ticks (the operating
+/// system's clock, where there is no invariant counter) would read one microsecond short; rounded
+/// up, the excess stays below a microsecond for 2^64 / 384 ticks (over a year of nanoseconds).
 fn micros_per_tick(clock: &quanta::Clock) -> Option<u64> {
     let nanos = u128::from(clock.delta_as_nanos(0, 1 << 44));
-    u64::try_from((nanos << 20) / 1_000).ok()
+    u64::try_from((nanos << 20).div_ceil(1_000)).ok()
 }
 
 /// The operating system's wall clock (`SystemTime`), read at every call: the clock to compare
@@ -234,9 +241,8 @@ mod tests {
     #[test]
     fn ticks_scale_to_microseconds_as_quanta_does() {
         let c = SystemClock::new();
-        let Some(per_tick) = c.micros_per_tick else {
-            return;
-        };
+        // quanta's counter ticks at GHz rates, its fallback (the OS's clock) in nanoseconds.
+        let per_tick = c.micros_per_tick.expect("a tick shorter than a microsecond");
         let mut previous = 0;
         for ticks in [
             0u64,
@@ -256,6 +262,38 @@ mod tests {
             );
             assert!(ours >= previous);
             previous = ours;
+        }
+    }
+
+    /// The whole of `now` on a counter whose ticks are nanoseconds (quanta's mock, as its
+    /// fallback to the OS's clock): exact microseconds, scaled by one multiplication and, for a
+    /// counter slower than 1 MHz, by quanta.
+    #[test]
+    fn a_nanosecond_counter_reads_exact_microseconds() {
+        let (counter, mock) = quanta::Clock::mock();
+        mock.increment(123_456_789);
+        let scaled = SystemClock::on(counter.clone());
+        assert_eq!(scaled.micros_per_tick, Some(u64::MAX / 1_000 + 1));
+        let by_quanta = SystemClock {
+            micros_per_tick: None,
+            ..scaled.clone()
+        };
+        let start = scaled.now();
+        assert_eq!(by_quanta.now(), start);
+        let mut elapsed = 0;
+        for (step, micros) in [
+            (999, 0),
+            (1, 1),
+            (1_500_000 - 1_000, 1_500),
+            (86_400_000_000_000, 86_400_001_500),
+            (365 * 86_400_000_000_000, 366 * 86_400_000_000 + 1_500),
+        ] {
+            mock.increment(step);
+            elapsed += step;
+            for c in [&scaled, &by_quanta] {
+                let t = c.now().as_micros() - start.as_micros();
+                assert_eq!(t, micros, "{elapsed} ns");
+            }
         }
     }
 
