@@ -86,6 +86,15 @@ impl<St, M> RateLimitLayer<St, M> {
     pub fn circuit_state(&self) -> Option<CircuitState> {
         self.shared.breaker.as_ref().map(|b| b.state())
     }
+
+    /// The local store that counts while the shared one cannot answer (`None` unless the policy
+    /// is [`FailurePolicy::Fallback`]), for what it holds: its [`len`](MemoryStore::len), its
+    /// [`max_keys`](MemoryStore::max_keys) (see
+    /// [`fallback_max_keys`](RateLimitLayerBuilder::fallback_max_keys)) and its
+    /// [`evictions`](MemoryStore::evictions).
+    pub fn fallback_store(&self) -> Option<&MemoryStore<Arc<dyn Clock>>> {
+        self.shared.fallback.as_ref()
+    }
 }
 
 impl<St, M> Clone for RateLimitLayer<St, M> {
