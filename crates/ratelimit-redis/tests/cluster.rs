@@ -656,13 +656,13 @@ async fn a_silent_master_gets_a_new_connection_tried_while_the_others_stay_serve
     // and a new connection tried (which cannot be made while a node is silent, within the
     // connect timeout of 1 s).
     let started = std::time::Instant::now();
-    let mut answered = 0;
-    let mut answered_late = 0;
+    let (mut asked, mut answered, mut answered_late) = (0, 0, 0);
     while started.elapsed() < Duration::from_secs(4) {
         let gave_up =
             tokio::time::timeout(Duration::from_millis(50), store.check(b"victim", &limit, 1))
                 .await;
         assert!(!matches!(gave_up, Ok(Ok(_))), "a paused master answered");
+        asked += 1;
         if let Ok(Ok(_)) = tokio::time::timeout(
             Duration::from_millis(300),
             store.check(bystander.as_bytes(), &limit, 1),
@@ -677,10 +677,16 @@ async fn a_silent_master_gets_a_new_connection_tried_while_the_others_stay_serve
     }
     master.resume();
     println!(
-        "{answered} bystander checks answered while the master was paused, {answered_late} in \
-         the last 1.5 s"
+        "{answered} of {asked} bystander checks answered within 300 ms while the master was \
+         paused, {answered_late} in the last 1.5 s"
     );
-    assert!(answered > 0, "the other masters were served");
+    // All answered within 300 ms in every run here (77 of 77, in about 2 ms each): one miss is
+    // allowed for a loaded machine, not the three or more a second's stall (the connect timeout
+    // of a new connection) would cost.
+    assert!(
+        answered + 1 >= asked,
+        "the other masters were served all along: {answered} of {asked} within 300 ms"
+    );
     assert!(
         answered_late > 0,
         "the other masters were still served once a new connection could not be made"
@@ -729,11 +735,13 @@ async fn a_dead_masters_checks_do_not_reconnect_the_whole_cluster() {
     let other = cluster.nodes().iter().find(|n| n.port() == other).unwrap();
     let before = connections_received(other);
     let (mut victim_failed, mut bystander_answered) = (0, 0);
-    let mut slowest = Duration::ZERO;
+    let (mut slowest, mut slowest_failure) = (Duration::ZERO, Duration::ZERO);
     for _ in 0..200 {
+        let started = std::time::Instant::now();
         if store.check(b"victim", &limit, 1).await.is_err() {
             victim_failed += 1;
         }
+        slowest_failure = slowest_failure.max(started.elapsed());
         let started = std::time::Instant::now();
         store.check(bystander.as_bytes(), &limit, 1).await.unwrap();
         slowest = slowest.max(started.elapsed());
@@ -742,8 +750,9 @@ async fn a_dead_masters_checks_do_not_reconnect_the_whole_cluster() {
     // Less one for the `redis-cli` call that reads the count.
     let made = connections_received(other) - before - 1;
     println!(
-        "{victim_failed} of 200 checks of the dead master's key failed; {bystander_answered} of \
-         the other master's answered, the slowest in {slowest:?}; {made} new connections to it"
+        "{victim_failed} of 200 checks of the dead master's key failed, the slowest in \
+         {slowest_failure:?}; {bystander_answered} of the other master's answered, the slowest \
+         in {slowest:?}; {made} new connections to it"
     );
     assert_eq!(victim_failed, 200, "the dead master's checks fail");
     assert!(
@@ -751,6 +760,14 @@ async fn a_dead_masters_checks_do_not_reconnect_the_whole_cluster() {
         "{made} new connections to a healthy master while another was dead: the cluster \
          connection was rebuilt from its seeds"
     );
+    // At once, not at the 2 s response timeout (a few milliseconds here; the bound leaves room
+    // for a loaded machine): neither the dead master's checks nor the others' waited on it.
+    let at_once = Duration::from_millis(500);
+    assert!(
+        slowest_failure < at_once,
+        "a dead master's check failed in {slowest_failure:?}"
+    );
+    assert!(slowest < at_once, "a bystander's check took {slowest:?}");
 }
 
 /// A master that goes silent (SIGSTOP here; a partition or a frozen VM in production) and stays

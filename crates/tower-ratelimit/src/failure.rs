@@ -43,7 +43,11 @@
 //! saying when the layer asks the store again: what is left of the cool-down of the key's
 //! circuit while it is open, else 1 s (the next request asks it). Meanwhile the
 //! `RateLimit-Policy` and `RateLimit` fields describe that local share (`q=25` below), the quota
-//! the answer was made against, as the legacy `X-RateLimit-Limit` does.
+//! the answer was made against, as the legacy `X-RateLimit-Limit` does. The local store holds
+//! at most 1,000,000 keys by default
+//! ([`fallback_max_keys`](crate::RateLimitLayerBuilder::fallback_max_keys)), dropping those nearest
+//! to full again at the cap; [`RateLimitLayer::fallback_store`](crate::RateLimitLayer::fallback_store)
+//! gives what it holds and has dropped.
 //!
 //! ```
 //! use tower_ratelimit::{FailurePolicy, Policy};
