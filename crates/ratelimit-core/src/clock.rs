@@ -242,7 +242,9 @@ mod tests {
     fn ticks_scale_to_microseconds_as_quanta_does() {
         let c = SystemClock::new();
         // quanta's counter ticks at GHz rates, its fallback (the OS's clock) in nanoseconds.
-        let per_tick = c.micros_per_tick.expect("a tick shorter than a microsecond");
+        let per_tick = c
+            .micros_per_tick
+            .expect("a tick shorter than a microsecond");
         let mut previous = 0;
         for ticks in [
             0u64,

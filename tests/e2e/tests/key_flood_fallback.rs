@@ -20,8 +20,8 @@ use axum::body::Body;
 use axum::routing::get;
 use http::Request;
 use ratelimit_core::DEFAULT_MAX_KEYS;
-use ratelimit_e2e::observe::rss_bytes;
 use ratelimit_core::{Algorithm, Limit, Quota};
+use ratelimit_e2e::observe::rss_bytes;
 use ratelimit_e2e::store_builder;
 use redis_harness::RedisServer;
 use tower::ServiceExt;
@@ -82,7 +82,10 @@ async fn fallback_flood_on_runtime(identities: u64, max_keys: usize) {
     let fallback = layer.fallback_store().expect("a fallback store");
     // The cap is split evenly over the store's shards: rounded down to a multiple of them.
     let cap = fallback.max_keys();
-    assert!(cap <= max_keys && cap > max_keys * 99 / 100, "{cap} of {max_keys}");
+    assert!(
+        cap <= max_keys && cap > max_keys * 99 / 100,
+        "{cap} of {max_keys}"
+    );
     let before = rss_bytes();
     let mut peak = before;
     let mut most_held = 0;
@@ -116,7 +119,10 @@ async fn fallback_flood_on_runtime(identities: u64, max_keys: usize) {
     // Every identity's state was kept until evicted: the store filled to its cap, and each of its
     // shards, once full, dropped an eighth of its keys to make room (those nearest to fresh), so
     // that it holds between 7/8 of the cap and the cap; no state was dropped otherwise.
-    assert!(cap * 7 / 8 <= held && held <= cap, "{held} keys held, cap {cap}");
+    assert!(
+        cap * 7 / 8 <= held && held <= cap,
+        "{held} keys held, cap {cap}"
+    );
     assert_eq!(held as u64 + evicted, identities);
     assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
     // Every identity is new, so every one is admitted by its own local bucket: by the fallback
