@@ -91,7 +91,7 @@ async fn server_time_ttl_is_the_refill_time() {
     assert_eq!(d.reset_after(), Duration::from_secs(10));
     let key = &store.state_keys(b"u", &limit)[0];
     assert_ttl_close(pttl(&server, key), 10_000, "token bucket");
-    // Five more: 5 allowed of 6 would need... the bucket had 4 left.
+    // The burst of 5 less the one spent: 4 more pass, the fifth is denied.
     for _ in 0..4 {
         assert!(store.check(b"u", &limit, 1).await.unwrap().is_allowed());
     }
