@@ -58,9 +58,10 @@
 //! or (standalone) that answers `READONLY`, is replaced by a task of its slot, which a check that
 //! stops waiting does not cancel. One that has left a command unanswered for the response timeout
 //! is probed (a `PING`, sent when the next check finds the silence, or by a task that watches
-//! the connection once a check has ended without its answer, even if no other check comes) and replaced if the probe
-//! fails or stays unanswered for another response timeout (a cluster connection is kept when no
-//! new one can be made that reaches every master, since it still serves the masters that answer;
+//! the connection once a check has ended without its answer, even if no other check comes) and
+//! replaced if the probe fails or stays unanswered for another response timeout (a cluster
+//! connection is kept when no new one can be made that reaches every master, since it still
+//! serves the masters that answer;
 //! the attempts are then spaced out, up to 8 s apart).
 //!
 //! Starting while Redis is down: [`build`](RedisStoreBuilder::build) fails when it cannot
