@@ -61,8 +61,7 @@
 //! the connection once a check has ended without its answer, even if no other check comes) and
 //! replaced if the probe fails or stays unanswered for another response timeout (a cluster
 //! connection is kept when no new one can be made that reaches every master, since it still
-//! serves the masters that answer;
-//! the attempts are then spaced out, up to 8 s apart).
+//! serves the masters that answer; the attempts are then spaced out, up to 8 s apart).
 //!
 //! Starting while Redis is down: [`build`](RedisStoreBuilder::build) fails when it cannot
 //! connect, so that a wrong address is found at start-up;
