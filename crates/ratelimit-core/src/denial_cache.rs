@@ -240,6 +240,10 @@ impl<S: Store, C: Clock + 'static> Store for DenialCache<S, C> {
         self.inner.failure_domain(key)
     }
 
+    fn response_timeout(&self) -> Option<std::time::Duration> {
+        self.inner.response_timeout()
+    }
+
     fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
         if cost == 0 {
             // A peek is never denied: nothing to cache.

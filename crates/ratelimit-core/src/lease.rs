@@ -817,6 +817,10 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
         self.shared.inner.failure_domain(key)
     }
 
+    fn response_timeout(&self) -> Option<std::time::Duration> {
+        self.shared.inner.response_timeout()
+    }
+
     fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
         let sh = &self.shared;
         let direct = cost == 0

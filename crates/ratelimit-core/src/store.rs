@@ -3,6 +3,7 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::sync::Arc;
+use std::time::Duration;
 
 use crate::{Decision, Limit};
 
@@ -60,6 +61,18 @@ pub trait Store: Send + Sync + 'static {
         let _ = key;
         0
     }
+
+    /// How long one check may wait for the store before the store itself gives up on it (`None`,
+    /// the default: it never waits, as the in-memory store, or sets no bound of its own).
+    ///
+    /// A caller that gives up sooner (the tower layer, after its timeout) leaves the check
+    /// running in the store until then: a store whose connections are judged silent, or
+    /// reopened, after this long then reacts that much later to a server that stops answering.
+    /// The tower layer reads it once, when it is built, and warns when it is more than twice its
+    /// own timeout and more than 50 ms above it.
+    fn response_timeout(&self) -> Option<Duration> {
+        None
+    }
 }
 
 impl<S: Store + ?Sized> Store for Arc<S> {
@@ -76,6 +89,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn failure_domain(&self, key: &[u8]) -> usize {
         (**self).failure_domain(key)
+    }
+
+    fn response_timeout(&self) -> Option<Duration> {
+        (**self).response_timeout()
     }
 }
 

@@ -309,6 +309,12 @@ impl Store for Coalescing {
     fn failure_domain(&self, key: &[u8]) -> usize {
         self.store.failure_domain(key)
     }
+
+    /// The store's: each call it sends is bounded by it (a queued check can wait for the call in
+    /// flight and then its own, see [`Coalescing`]).
+    fn response_timeout(&self) -> Option<Duration> {
+        self.store.response_timeout()
+    }
 }
 
 impl Shared {

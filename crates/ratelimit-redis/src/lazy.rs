@@ -58,6 +58,8 @@ struct Inner {
     /// Whether the store is (to be) on a Redis Cluster: its failure domains are known before it
     /// is built.
     cluster: bool,
+    /// The store's response timeout, known before it is built.
+    response_timeout: Duration,
     retry_every: Duration,
     store: OnceLock<RedisStore>,
     /// Set while the task that retries runs.
@@ -100,6 +102,7 @@ impl LazyRedisStore {
         let store = LazyRedisStore {
             inner: Arc::new(Inner {
                 cluster: builder.cluster,
+                response_timeout: builder.response_timeout,
                 builder: Some(builder),
                 retry_every,
                 store,
@@ -166,6 +169,7 @@ impl From<RedisStore> for LazyRedisStore {
         LazyRedisStore {
             inner: Arc::new(Inner {
                 cluster: store.is_cluster(),
+                response_timeout: Store::response_timeout(&store).unwrap_or(MAX_TIMEOUT),
                 builder: None,
                 retry_every: MAX_TIMEOUT,
                 store: OnceLock::from(store),
@@ -251,5 +255,10 @@ impl Store for LazyRedisStore {
 
     fn failure_domain(&self, key: &[u8]) -> usize {
         crate::store::failure_domain(self.inner.cluster, key)
+    }
+
+    /// The builder's, known before the store is built.
+    fn response_timeout(&self) -> Option<Duration> {
+        Some(self.inner.response_timeout)
     }
 }

@@ -292,7 +292,7 @@ pub struct RedisStoreBuilder {
     /// Whether `connect_timeout` was set (the cluster client's is capped only when it was not).
     connect_timeout_set: bool,
     wait_timeout: Duration,
-    response_timeout: Duration,
+    pub(crate) response_timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
     expiry_slack: Duration,
     #[cfg(feature = "tls")]
@@ -435,6 +435,12 @@ impl Store for RedisStore {
     /// On a cluster, the key's range of 256 hash slots (see [`CLUSTER_FAILURE_DOMAINS`]).
     fn failure_domain(&self, key: &[u8]) -> usize {
         failure_domain(self.is_cluster(), key)
+    }
+
+    /// The builder's [`response_timeout`](RedisStoreBuilder::response_timeout) (500 ms by
+    /// default): behind the tower layer, set it a little above the layer's timeout.
+    fn response_timeout(&self) -> Option<Duration> {
+        Some(self.inner.response_timeout)
     }
 }
 

@@ -226,3 +226,33 @@ fn an_attempt_ended_with_its_runtime_does_not_stop_the_attempts() {
         assert!(store.is_connected());
     });
 }
+
+/// The store's response timeout, as the tower layer reads it when it is built: the builder's, or
+/// the 500 ms default, known before a lazy store has reached Redis, and the same through the
+/// wrappers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_response_timeout_is_told_before_and_after_connecting() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    proxy.set_refuse(true);
+    let builder = RedisStore::builder(proxy.url()).prefix(unique_prefix("lazy-timeout"));
+    let unbuilt = builder
+        .clone()
+        .response_timeout(Duration::from_millis(60))
+        .build_lazy(Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert!(!unbuilt.is_connected());
+    assert_eq!(unbuilt.response_timeout(), Some(Duration::from_millis(60)));
+
+    proxy.set_refuse(false);
+    let built = builder.build().await.unwrap();
+    assert_eq!(built.response_timeout(), Some(Duration::from_millis(500)));
+    let lazy = ratelimit_redis::LazyRedisStore::from(built.clone());
+    assert_eq!(lazy.response_timeout(), Some(Duration::from_millis(500)));
+    let coalescing = ratelimit_redis::Coalescing::new(built);
+    assert_eq!(
+        coalescing.response_timeout(),
+        Some(Duration::from_millis(500))
+    );
+}

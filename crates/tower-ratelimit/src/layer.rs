@@ -19,6 +19,10 @@ use crate::{Error, FailurePolicy, Policy};
 /// The default store timeout: 50 ms.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 
+/// How far above the layer's timeout a store's own response timeout must be, at least, besides
+/// twice it, for `build` to warn of it.
+const FAR_ABOVE_AT_LEAST: Duration = Duration::from_millis(50);
+
 /// Applies [`RateLimit`] to a service. Clones share one limiter.
 ///
 /// Use it with `Router::layer` (every route, one limit per key across them) or
@@ -155,6 +159,11 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// not extend it. Arming the timer needs a Tokio
     /// runtime with its time driver (`#[tokio::main]` has it; a hand-built runtime needs
     /// `enable_time`).
+    ///
+    /// A store with a response timeout of its own ([`Store::response_timeout`]; the Redis
+    /// store's is 500 ms by default) should have it a little above this one (60 ms for the
+    /// default 50 ms): `build` logs a warning when it is more than twice this and more than
+    /// 50 ms above it.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -217,6 +226,21 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 timeout_ms = self.timeout.as_millis() as u64,
                 "circuit breaker cool-down not longer than the store timeout: late timeouts may \
                  re-open a circuit a probe just closed"
+            );
+        }
+        // Twice, and at least 50 ms above: a store a few milliseconds above a layer of a few
+        // milliseconds (the gateway example sets the layer's plus 10 ms) is as meant.
+        let far_above = (self.timeout.saturating_mul(2)).max(self.timeout + FAR_ABOVE_AT_LEAST);
+        if let Some(store_timeout) = self.store.response_timeout()
+            && store_timeout > far_above
+        {
+            tracing::warn!(
+                policy = %self.policy.name,
+                store_timeout_ms = store_timeout.as_millis() as u64,
+                timeout_ms = self.timeout.as_millis() as u64,
+                "the store's own response timeout is more than twice the layer's: checks the \
+                 layer gave up on wait in the store that long, and a server that stops answering \
+                 is found out that much later; set the store's a little above the layer's"
             );
         }
         let fallback = match self.policy.failure {

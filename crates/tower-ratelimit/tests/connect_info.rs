@@ -4,9 +4,6 @@
 
 mod common;
 
-use std::io::Write;
-use std::sync::{Arc, Mutex};
-
 use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
@@ -14,30 +11,9 @@ use common::*;
 use ratelimit_core::{Algorithm, Limit, Quota};
 use tower_ratelimit::{Policy, RateLimitLayer};
 
-/// Log lines written by the subscriber, shared with the test.
-#[derive(Clone, Default)]
-struct Lines(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Lines {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
 #[tokio::test]
 async fn a_missing_connect_info_is_logged_once_as_the_servers_mistake() {
-    let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (lines, _guard) = Lines::capture();
 
     let store = store().1;
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(10).unwrap()).unwrap();
@@ -54,7 +30,7 @@ async fn a_missing_connect_info_is_logged_once_as_the_servers_mistake() {
     // A request with the address is served and logs nothing more.
     assert_eq!(send(&app, request("/")).await.status(), 200);
 
-    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let text = lines.text();
     assert_eq!(text.matches("WARN").count(), 1, "{text}");
     assert!(
         text.contains("into_make_service_with_connect_info::<SocketAddr>()"),

@@ -1299,3 +1299,44 @@ async fn a_single_circuit_ignores_the_failure_domains() {
     assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
     assert_eq!(send(&app, with_key("k0")).await.status(), 503);
 }
+
+/// A store whose own response timeout is more than twice the layer's and more than 50 ms above
+/// it (the Redis store's default 500 ms under the layer's 50 ms) is named in a warning when the
+/// layer is built: checks the layer gave up on would wait in the store that long. Otherwise (the
+/// gateway example's layer plus 10 ms on a layer of 5 ms, say), or for a store without one,
+/// nothing is said.
+#[test]
+fn a_store_timeout_far_above_the_layers_is_warned_of_when_built() {
+    let timed = |ms| TimedStore {
+        inner: store().1,
+        response_timeout: Duration::from_millis(ms),
+    };
+    let build = |store: TimedStore, layer_ms: u64| {
+        let (lines, _guard) = Lines::capture();
+        RateLimitLayer::builder(store, Policy::new("api", per_minute(10)).unwrap())
+            .timeout(Duration::from_millis(layer_ms))
+            .build()
+            .unwrap();
+        lines.text()
+    };
+
+    let text = build(timed(500), 50);
+    assert_eq!(text.matches("WARN").count(), 1, "{text}");
+    assert!(
+        text.contains("store_timeout_ms=500") && text.contains("timeout_ms=50"),
+        "{text}"
+    );
+    assert!(text.contains("policy=api"), "{text}");
+    assert!(text.contains("a little above the layer's"), "{text}");
+    assert_eq!(build(timed(56), 5).matches("WARN").count(), 1);
+    for (store_ms, layer_ms) in [(60, 50), (100, 50), (500, 250), (10, 50), (15, 5), (55, 5)] {
+        let text = build(timed(store_ms), layer_ms);
+        assert_eq!(text, "", "store {store_ms} ms, layer {layer_ms} ms");
+    }
+    let (lines, _guard) = Lines::capture();
+    RateLimitLayer::builder(store().1, Policy::new("api", per_minute(10)).unwrap())
+        .timeout(Duration::from_millis(1))
+        .build()
+        .unwrap();
+    assert_eq!(lines.text(), "", "a store without a response timeout");
+}

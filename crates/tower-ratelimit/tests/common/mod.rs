@@ -246,3 +246,56 @@ impl Recorded {
         )
     }
 }
+
+/// Log lines written by a test's subscriber, shared with the test.
+#[derive(Clone, Default)]
+pub struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Lines {
+    /// Collects the warnings (and errors) logged on this thread while the guard lives.
+    pub fn capture() -> (Lines, tracing::subscriber::DefaultGuard) {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .finish();
+        (lines, tracing::subscriber::set_default(subscriber))
+    }
+
+    /// What has been written so far.
+    pub fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
+/// A memory store that says it has a response timeout of its own, as a network store does.
+#[derive(Clone)]
+pub struct TimedStore {
+    pub inner: TestStore,
+    pub response_timeout: std::time::Duration,
+}
+
+impl Store for TimedStore {
+    type Error = std::convert::Infallible;
+    type Future = Ready<Result<Decision, std::convert::Infallible>>;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        self.inner.check(key, limit, cost)
+    }
+
+    fn response_timeout(&self) -> Option<std::time::Duration> {
+        Some(self.response_timeout)
+    }
+}
