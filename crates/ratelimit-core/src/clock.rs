@@ -108,7 +108,9 @@ impl Clock for SystemClock {
 /// calibrated over (at most 200 ms' worth, about 2^30, far below 2^44), so the product is exact.
 /// Rounded up: rounded down, a whole number of microseconds of nanosecond ticks (the operating
 /// system's clock, where there is no invariant counter) would read one microsecond short; rounded
-/// up, the excess stays below a microsecond for 2^64 / 384 ticks (over a year of nanoseconds).
+/// up, the excess for nanosecond ticks (0.384 × 2^-64 µs a tick) stays below a nanosecond, and
+/// the readings exact, for 2^64 / 384 ticks (about a year and a half), and below a microsecond
+/// for a thousand times longer.
 fn micros_per_tick(clock: &quanta::Clock) -> Option<u64> {
     let nanos = u128::from(clock.delta_as_nanos(0, 1 << 44));
     u64::try_from((nanos << 20).div_ceil(1_000)).ok()

@@ -69,7 +69,9 @@ pub trait Store: Send + Sync + 'static {
     /// running in the store until then: a store whose connections are judged silent, or
     /// reopened, after this long then reacts that much later to a server that stops answering.
     /// The tower layer reads it once, when it is built, and warns when it is more than twice its
-    /// own timeout and more than 50 ms above it.
+    /// own timeout and more than 50 ms above it. A wrapper of another store passes on the
+    /// wrapped store's (as it does [`failure_domains`](Store::failure_domains)); the default
+    /// would hide it.
     fn response_timeout(&self) -> Option<Duration> {
         None
     }

@@ -657,6 +657,9 @@ async fn a_silent_master_gets_a_new_connection_tried_while_the_others_stay_serve
     // connect timeout of 1 s).
     let started = std::time::Instant::now();
     let (mut asked, mut answered, mut answered_late) = (0, 0, 0);
+    // Misses in a row, and the most of them: a stall of a second (a new connection's connect
+    // timeout) would cost two or more in a row; a passing hiccup of a loaded machine, one.
+    let (mut missed_in_a_row, mut most_in_a_row) = (0, 0);
     while started.elapsed() < Duration::from_secs(4) {
         let gave_up =
             tokio::time::timeout(Duration::from_millis(50), store.check(b"victim", &limit, 1))
@@ -670,9 +673,13 @@ async fn a_silent_master_gets_a_new_connection_tried_while_the_others_stay_serve
         .await
         {
             answered += 1;
+            missed_in_a_row = 0;
             if started.elapsed() > Duration::from_millis(2_500) {
                 answered_late += 1;
             }
+        } else {
+            missed_in_a_row += 1;
+            most_in_a_row = most_in_a_row.max(missed_in_a_row);
         }
     }
     master.resume();
@@ -680,12 +687,11 @@ async fn a_silent_master_gets_a_new_connection_tried_while_the_others_stay_serve
         "{answered} of {asked} bystander checks answered within 300 ms while the master was \
          paused, {answered_late} in the last 1.5 s"
     );
-    // All answered within 300 ms in every run here (77 of 77, in about 2 ms each): one miss is
-    // allowed for a loaded machine, not the three or more a second's stall (the connect timeout
-    // of a new connection) would cost.
+    // All answered within 300 ms in every run here (77 of 77, in about 2 ms each).
     assert!(
-        answered + 1 >= asked,
-        "the other masters were served all along: {answered} of {asked} within 300 ms"
+        most_in_a_row <= 1,
+        "the other masters were served all along: {answered} of {asked} within 300 ms, \
+         {most_in_a_row} missed in a row"
     );
     assert!(
         answered_late > 0,

@@ -227,32 +227,45 @@ fn an_attempt_ended_with_its_runtime_does_not_stop_the_attempts() {
     });
 }
 
-/// The store's response timeout, as the tower layer reads it when it is built: the builder's, or
-/// the 500 ms default, known before a lazy store has reached Redis, and the same through the
-/// wrappers.
+/// The store's response timeout, as the tower layer reads it when it is built: the builder's (or
+/// the 500 ms default), known before a lazy store has reached Redis, and the same through every
+/// wrapper.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_response_timeout_is_told_before_and_after_connecting() {
+    use ratelimit_core::{DenialCache, Leasing, SystemClock};
+    use std::sync::Arc;
+
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
     proxy.set_refuse(true);
-    let builder = RedisStore::builder(proxy.url()).prefix(unique_prefix("lazy-timeout"));
+    let builder = RedisStore::builder(proxy.url())
+        .prefix(unique_prefix("lazy-timeout"))
+        .response_timeout(Duration::from_millis(60));
     let unbuilt = builder
         .clone()
-        .response_timeout(Duration::from_millis(60))
         .build_lazy(Duration::from_secs(60))
         .await
         .unwrap();
     assert!(!unbuilt.is_connected());
-    assert_eq!(unbuilt.response_timeout(), Some(Duration::from_millis(60)));
+    let told = Some(Duration::from_millis(60));
+    assert_eq!(unbuilt.response_timeout(), told);
 
     proxy.set_refuse(false);
     let built = builder.build().await.unwrap();
-    assert_eq!(built.response_timeout(), Some(Duration::from_millis(500)));
-    let lazy = ratelimit_redis::LazyRedisStore::from(built.clone());
-    assert_eq!(lazy.response_timeout(), Some(Duration::from_millis(500)));
-    let coalescing = ratelimit_redis::Coalescing::new(built);
+    assert_eq!(built.response_timeout(), told);
     assert_eq!(
-        coalescing.response_timeout(),
+        ratelimit_redis::LazyRedisStore::from(built.clone()).response_timeout(),
+        told
+    );
+    assert_eq!(Arc::new(built.clone()).response_timeout(), told);
+    let wrapped = DenialCache::new(
+        Leasing::new(ratelimit_redis::Coalescing::new(built), SystemClock::new()),
+        SystemClock::new(),
+    );
+    assert_eq!(wrapped.response_timeout(), told);
+    let default = RedisStore::builder(server.url()).build_lazy(Duration::from_secs(60));
+    assert_eq!(
+        default.await.unwrap().response_timeout(),
         Some(Duration::from_millis(500))
     );
 }

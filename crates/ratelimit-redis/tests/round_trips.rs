@@ -339,9 +339,10 @@ async fn coalescing_failed_batch_fails_each_check_then_recovers() {
             .all(|r| matches!(r, Err(e) if e.is_unavailable())),
         "{results:?}"
     );
-    // Every check was queued in the one poll of `join_all`: the first call carried those queued
-    // by the end of the batch window (all 50, unless this thread was held up for longer than
-    // it), a second call the rest. A failed call's checks sent again would add calls.
+    // Every check was made, and queued, as `join_all` collected them: the first call carried
+    // those queued by the end of the batch window (all 50, unless this thread was held up for
+    // longer than it), a second call, after the first failed, the rest. A failed call's checks
+    // sent again would add calls.
     let stats = coalescing.stats();
     assert_eq!(
         (stats.checks, stats.overflowed, stats.abandoned),

@@ -46,8 +46,8 @@
 //! the answer was made against, as the legacy `X-RateLimit-Limit` does. The local store holds
 //! at most 1,000,000 keys by default
 //! ([`fallback_max_keys`](crate::RateLimitLayerBuilder::fallback_max_keys)), dropping those nearest
-//! to full again at the cap; [`RateLimitLayer::fallback_store`](crate::RateLimitLayer::fallback_store)
-//! gives what it holds and has dropped.
+//! to full again at the cap; [`RateLimitLayer::fallback_stats`](crate::RateLimitLayer::fallback_stats)
+//! says what it holds and has dropped.
 //!
 //! ```
 //! use tower_ratelimit::{FailurePolicy, Policy};

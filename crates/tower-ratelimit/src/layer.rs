@@ -91,14 +91,33 @@ impl<St, M> RateLimitLayer<St, M> {
         self.shared.breaker.as_ref().map(|b| b.state())
     }
 
-    /// The local store that counts while the shared one cannot answer (`None` unless the policy
-    /// is [`FailurePolicy::Fallback`]), for what it holds: its [`len`](MemoryStore::len), its
-    /// [`max_keys`](MemoryStore::max_keys) (see
-    /// [`fallback_max_keys`](RateLimitLayerBuilder::fallback_max_keys)) and its
-    /// [`evictions`](MemoryStore::evictions).
-    pub fn fallback_store(&self) -> Option<&MemoryStore<Arc<dyn Clock>>> {
-        self.shared.fallback.as_ref()
+    /// What the local store that counts while the shared one cannot answer holds now (`None`
+    /// unless the policy is [`FailurePolicy::Fallback`]). Each call locks the store's shards in
+    /// turn, as a check of one key locks one: for a metrics exporter, not for every request.
+    pub fn fallback_stats(&self) -> Option<FallbackStats> {
+        self.shared.fallback.as_ref().map(|store| FallbackStats {
+            keys: store.len(),
+            max_keys: store.max_keys(),
+            evictions: store.evictions(),
+            memory_bytes: store.memory_bytes(),
+        })
     }
+}
+
+/// What a layer's local fallback store holds ([`RateLimitLayer::fallback_stats`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct FallbackStats {
+    /// Keys held now.
+    pub keys: usize,
+    /// The most it holds: [`fallback_max_keys`](RateLimitLayerBuilder::fallback_max_keys),
+    /// rounded down to a multiple of the store's shards.
+    pub max_keys: usize,
+    /// Keys dropped to make room at the cap, since the layer was built: each may have let its
+    /// client pass up to its local share again (see [`MemoryStore::evictions`]).
+    pub evictions: u64,
+    /// Bytes held by the store's tables ([`MemoryStore::memory_bytes`]).
+    pub memory_bytes: usize,
 }
 
 impl<St, M> Clone for RateLimitLayer<St, M> {

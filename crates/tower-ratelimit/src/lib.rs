@@ -109,7 +109,7 @@ pub use client_ip::{ClientIp, ClientIpError, ForwardedHeader};
 pub use error::Error;
 pub use failure::FailurePolicy;
 pub use future::ResponseFuture;
-pub use layer::{DEFAULT_TIMEOUT, RateLimitLayer, RateLimitLayerBuilder};
+pub use layer::{DEFAULT_TIMEOUT, FallbackStats, RateLimitLayer, RateLimitLayerBuilder};
 pub use policy::{MissingKey, Policy};
 pub use request_head::RequestHead;
 pub use response::{DenialBody, Headers, Verdict, VerdictKind};

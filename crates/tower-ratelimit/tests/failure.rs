@@ -824,7 +824,8 @@ async fn the_fallback_store_size_is_configurable_and_validated() {
         if let Some(n) = max_keys {
             builder = builder.fallback_max_keys(n);
         }
-        let app = app(builder.build().unwrap());
+        let layer = builder.build().unwrap();
+        let app = app(layer.clone());
         let a = "192.0.2.200:1";
         assert_eq!(send(&app, request_from("/", a)).await.status(), 200);
         clock.advance(Duration::from_secs(20));
@@ -839,7 +840,27 @@ async fn the_fallback_store_size_is_configurable_and_validated() {
             assert!(admitted <= 2, "a share of 2");
         }
         assert_eq!(admitted, a_admitted, "fallback_max_keys {max_keys:?}");
+        // What the fallback holds: 1,001 clients in a store of the default size; in one of 64,
+        // at most 64, having dropped the rest.
+        let stats = layer.fallback_stats().expect("a fallback store");
+        match max_keys {
+            Some(cap) => {
+                assert_eq!(stats.max_keys, cap);
+                assert!(stats.keys <= cap, "{stats:?}");
+                assert!(stats.evictions >= 1_001 - cap as u64, "{stats:?}");
+            }
+            None => {
+                assert_eq!(stats.max_keys, ratelimit_core::DEFAULT_MAX_KEYS);
+                assert_eq!((stats.keys, stats.evictions), (1_001, 0));
+            }
+        }
+        assert!(stats.memory_bytes >= stats.keys * 16, "{stats:?}");
     }
+    let without = RateLimitLayer::new(
+        FailingStore::default(),
+        policy().failure(FailurePolicy::FailOpen),
+    );
+    assert_eq!(without.unwrap().fallback_stats(), None);
 }
 
 /// A layer over `store` that fails closed (503, `Retry-After: 1`) with a breaker of 3 failures and

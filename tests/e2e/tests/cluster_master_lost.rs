@@ -66,6 +66,10 @@ impl<S: Store> Store for Domains<S> {
         self.inner.failure_domains()
     }
 
+    fn response_timeout(&self) -> Option<std::time::Duration> {
+        self.inner.response_timeout()
+    }
+
     fn failure_domain(&self, key: &[u8]) -> usize {
         self.note(key)
     }

@@ -79,9 +79,9 @@ async fn fallback_flood_on_runtime(identities: u64, max_keys: usize) {
     // counted by the local fallback.
     redis.kill();
 
-    let fallback = layer.fallback_store().expect("a fallback store");
+    let stats = || layer.fallback_stats().expect("a fallback store");
     // The cap is split evenly over the store's shards: rounded down to a multiple of them.
-    let cap = fallback.max_keys();
+    let cap = stats().max_keys;
     assert!(
         cap <= max_keys && cap > max_keys * 99 / 100,
         "{cap} of {max_keys}"
@@ -100,14 +100,15 @@ async fn fallback_flood_on_runtime(identities: u64, max_keys: usize) {
         by_fallback += u64::from(kind == Some(VerdictKind::FallbackAllowed));
         if n % SAMPLE_EVERY == 0 {
             peak = peak.max(rss_bytes());
-            let held = fallback.len();
+            let held = stats().keys;
             assert!(held <= cap, "{held} keys held after {n} identities");
             most_held = most_held.max(held);
         }
     }
     peak = peak.max(rss_bytes());
     let growth = peak.saturating_sub(before);
-    let (held, evicted) = (fallback.len(), fallback.evictions());
+    let end = stats();
+    let (held, evicted) = (end.keys, end.evictions);
     // The fallback store holds at most its cap of keys (and never more than were sent).
     let bound = (cap as u64).min(identities) * BYTES_PER_KEY + SLACK;
     println!(
