@@ -27,7 +27,9 @@
 //! of the store (a [`DenialCache`](ratelimit_core::DenialCache) hit, a unit of a
 //! [`Leasing`](ratelimit_core::Leasing) lease) comes marked
 //! ([`Decision::is_cached`](ratelimit_core::Decision::is_cached)): it neither resets the failure
-//! count nor closes the circuit (a probe answered that way hands the probe to the next request).
+//! count nor closes the circuit (a probe answered that way hands the probe to the next request,
+//! which takes it without logging or publishing the circuit half-open again: a key answered from
+//! a cache would otherwise do so at every request).
 //! Every other answer counts, whether it had to wait or was ready at once: a store wrapper of
 //! your own that answers some checks without asking the store marks those answers with
 //! [`Decision::cached`](ratelimit_core::Decision::cached).
@@ -36,9 +38,11 @@
 //! answer or timeout counts as it would have for the request. So callers that give up sooner than
 //! the layer's timeout (a gRPC deadline, an outer timeout) still open the circuit over a hanging
 //! store, instead of each waiting on it until it gives up while the failure policy never acts.
-//! Left uncounted: a lost probe's failure that arrives after the probe sent after it settled the
-//! circuit (older evidence than that probe's), and a dropped check with no tokio runtime current
-//! to finish it on.
+//! Left uncounted: a lost probe's failure that arrives after another probe was sent (older
+//! evidence than that probe's), and a dropped check with no tokio runtime current to finish it
+//! on. Counted, though older than the probe that closed the circuit: the failures of checks sent
+//! before it opened that time out after that probe closed it, which can open it again; a
+//! cool-down well over the timeout (the layer warns at twice it or less) keeps them out.
 //!
 //! Time is read from the layer's [`ratelimit_core::Clock`], so tests drive it with a
 //! `ManualClock` instead of sleeping.
@@ -165,22 +169,27 @@ fn state_of(word: u64) -> CircuitState {
     }
 }
 
-/// `t` in the breaker's word, above the state's bits.
+/// `t` in the breaker's word, above the state's bits and [`QUIET`].
 fn stamp(t: Timestamp) -> u64 {
-    t.as_micros().min(u64::MAX >> 2) << 2
+    t.as_micros().min(u64::MAX >> 3) << 3
 }
 
 /// When the state in `word` began (what [`stamp`] put there).
 fn stamped_at(word: u64) -> Timestamp {
-    Timestamp::from_micros(word >> 2)
+    Timestamp::from_micros(word >> 3)
 }
 
 const CLOSED: u64 = 0;
 const OPEN: u64 = 1;
 const HALF_OPEN: u64 = 2;
 /// The state's bits in the breaker's word; when the state began (µs: opened, or the probe sent)
-/// is above them.
+/// is above them and [`QUIET`].
 const STATE: u64 = 0b11;
+/// Set on an open circuit whose probe was handed on (answered from a cache in front of the
+/// store: see [`Breaker::probe_not_asked`]), and on the probe taken from it: taking that probe
+/// is not news (not logged, not published), so that a key answered from a cache cannot log and
+/// publish a half-open circuit at every request. An opening clears it.
+const QUIET: u64 = 0b100;
 
 /// Whether a request may ask the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -227,7 +236,7 @@ pub(crate) struct Breaker {
 #[derive(Default)]
 struct Part {
     /// The state and when it began (opened; or half-open, when the probe went out), in one word
-    /// (`since_µs << 2 | state`), so that the two always change together.
+    /// (`since_µs << 3 | quiet | state`), so that the two always change together.
     word: AtomicU64,
     failures: AtomicU32,
 }
@@ -394,7 +403,7 @@ impl Breaker {
                 if now.saturating_since(since) < wait {
                     return Admit::Reject;
                 }
-                let probe = stamp(now) | HALF_OPEN;
+                let probe = stamp(now) | (word & QUIET) | HALF_OPEN;
                 let probing = part
                     .word
                     .compare_exchange(word, probe, Ordering::AcqRel, Ordering::Acquire)
@@ -403,7 +412,10 @@ impl Breaker {
                 else {
                     return Admit::Reject;
                 };
-                if state == OPEN {
+                if state == OPEN && word & QUIET != 0 {
+                    // A probe handed on: the circuit was logged and published half-open when
+                    // its first probe went out, and open again when that one was handed on.
+                } else if state == OPEN {
                     self.publish();
                     tracing::info!(
                         policy = %self.policy,
@@ -502,7 +514,7 @@ impl Breaker {
     }
 
     /// The probe was answered without asking the store: the circuit stays open, cooled down, so
-    /// that the next request probes (unless another probe went out since).
+    /// that the next request probes (unless another probe went out since), quietly ([`QUIET`]).
     pub(crate) fn probe_not_asked(&self, part: usize, probe: Probe) {
         // Stamped a cool-down ago: cooled down already, so that the next request probes.
         let cool_down = u64::try_from(self.config.cool_down.as_micros()).unwrap_or(u64::MAX);
@@ -513,10 +525,11 @@ impl Breaker {
             .part(part)
             .word
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
-                (w == probe.0.get()).then_some(cooled | OPEN)
+                (w == probe.0.get()).then_some(cooled | QUIET | OPEN)
             })
             .is_ok();
-        if reopened {
+        // A quiet probe's taking was not published: the published state is still open.
+        if reopened && probe.0.get() & QUIET == 0 {
             self.publish();
         }
     }

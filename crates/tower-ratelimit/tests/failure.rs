@@ -1361,3 +1361,108 @@ fn a_store_timeout_far_above_the_layers_is_warned_of_when_built() {
         .unwrap();
     assert_eq!(lines.text(), "", "a store without a response timeout");
 }
+
+/// A store that fails while `down`, and otherwise answers as a cache in front of a store would
+/// (`Decision::cached`: answers that say nothing of the store's health) while `cache`, or as the
+/// store itself.
+struct CachedWhenUp {
+    down: std::sync::atomic::AtomicBool,
+    cache: std::sync::atomic::AtomicBool,
+    inner: TestStore,
+}
+
+impl Store for CachedWhenUp {
+    type Error = StoreDown;
+    type Future = std::future::Ready<Result<ratelimit_core::Decision, StoreDown>>;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        use std::sync::atomic::Ordering::SeqCst;
+        let d = self.inner.check_now(key, limit, cost);
+        std::future::ready(match (self.down.load(SeqCst), self.cache.load(SeqCst)) {
+            (true, _) => Err(StoreDown),
+            (false, true) => Ok(d.cached()),
+            (false, false) => Ok(d),
+        })
+    }
+}
+
+/// An open circuit whose probes are answered from a cache hands each probe on to the next
+/// request: the circuit is logged half-open once, when its first probe goes out, not again for
+/// every request that takes a handed-on probe (a hot key answered from a denial cache while
+/// Redis is down took one per request), and it stays open, as published, until a probe asks the
+/// store; that one closes it.
+#[tokio::test]
+async fn probes_handed_on_by_a_cache_are_logged_once() {
+    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    let (clock, inner) = store();
+    let store = Arc::new(CachedWhenUp {
+        down: AtomicBool::new(true),
+        cache: AtomicBool::new(true),
+        inner,
+    });
+    let (layer, snapshotter) = recorded(|| {
+        RateLimitLayer::builder(
+            store.clone(),
+            Policy::new("cached", per_minute(1_000))
+                .unwrap()
+                .failure(FailurePolicy::fail_closed(Duration::from_secs(1))),
+        )
+        .circuit_breaker(CircuitBreaker::new(1, Duration::from_secs(10)).unwrap())
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+    });
+    let gauge =
+        || Recorded::take(&snapshotter).gauge("ratelimit_circuit_state", &[("policy", "cached")]);
+    let app = app(layer.clone());
+    assert_eq!(send(&app, request("/")).await.status(), 503);
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    assert_eq!(gauge(), Some(1.0), "published open");
+
+    let (lines, _guard) = Lines::capture_from(tracing::Level::INFO);
+    clock.advance(Duration::from_secs(10));
+    store.down.store(false, SeqCst);
+    for _ in 0..50 {
+        assert_eq!(send(&app, request("/")).await.status(), 200);
+        assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    }
+    // The gauge's last value (a snapshot takes it and leaves 0): the first probe's handing on
+    // published open, and nothing after it published another state.
+    assert_eq!(gauge(), Some(1.0), "published open");
+    let text = lines.text();
+    assert_eq!(text.matches("half-open").count(), 1, "{text}");
+    assert_eq!(text.lines().count(), 1, "nothing else logged: {text}");
+
+    store.cache.store(false, SeqCst);
+    assert_eq!(send(&app, request("/")).await.status(), 200);
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
+    let text = lines.text();
+    assert_eq!(text.lines().count(), 2, "{text}");
+    assert!(text.contains("circuit closed"), "{text}");
+}
+
+/// A cool-down of twice the layer's timeout or less is warned of when the layer is built: calls
+/// sent before the circuit opened may time out (their timers late on a loaded machine) after a
+/// probe closed it, and open it again.
+#[test]
+fn a_cool_down_within_twice_the_timeout_is_warned_of_when_built() {
+    let build = |cool_down_ms: u64| {
+        let (lines, _guard) = Lines::capture();
+        RateLimitLayer::builder(
+            FailingStore::default(),
+            Policy::new("cd", per_minute(10)).unwrap(),
+        )
+        .timeout(Duration::from_millis(50))
+        .circuit_breaker(CircuitBreaker::new(3, Duration::from_millis(cool_down_ms)).unwrap())
+        .build()
+        .unwrap();
+        lines.text()
+    };
+    for cool_down_ms in [50, 60, 100] {
+        let text = build(cool_down_ms);
+        assert_eq!(text.matches("WARN").count(), 1, "{cool_down_ms} ms: {text}");
+        assert!(text.contains("cool-down not more than twice"), "{text}");
+    }
+    assert_eq!(build(101), "");
+    assert_eq!(build(10_000), "");
+}

@@ -264,11 +264,16 @@ impl std::io::Write for Lines {
 impl Lines {
     /// Collects the warnings (and errors) logged on this thread while the guard lives.
     pub fn capture() -> (Lines, tracing::subscriber::DefaultGuard) {
+        Lines::capture_from(tracing::Level::WARN)
+    }
+
+    /// Collects what is logged at `level` or above on this thread while the guard lives.
+    pub fn capture_from(level: tracing::Level) -> (Lines, tracing::subscriber::DefaultGuard) {
         let lines = Lines::default();
         let writer = lines.clone();
         let subscriber = tracing_subscriber::fmt()
             .with_writer(move || writer.clone())
-            .with_max_level(tracing::Level::WARN)
+            .with_max_level(level)
             .with_ansi(false)
             .finish();
         (lines, tracing::subscriber::set_default(subscriber))
