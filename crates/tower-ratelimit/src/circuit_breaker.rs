@@ -40,9 +40,10 @@
 //! store, instead of each waiting on it until it gives up while the failure policy never acts.
 //! Left uncounted: a lost probe's failure that arrives after another probe was sent (older
 //! evidence than that probe's), and a dropped check with no tokio runtime current to finish it
-//! on. Counted, though older than the probe that closed the circuit: the failures of checks sent
-//! before it opened that time out after that probe closed it, which can open it again; a
-//! cool-down well over the timeout (the layer warns at twice it or less) keeps them out.
+//! on; and the failure of a check sent before its circuit last closed (one that times out after
+//! the probe that closed it, its timer late on a loaded machine, or sent just before the
+//! opening with a cool-down near the timeout): older evidence than that probe's, it would
+//! otherwise open a circuit over a store that had just answered.
 //!
 //! Time is read from the layer's [`ratelimit_core::Clock`], so tests drive it with a
 //! `ManualClock` instead of sleeping.
@@ -229,6 +230,10 @@ pub(crate) struct Breaker {
     /// cleared), so that a reader that finds 0 found every part closed and counting nothing at
     /// that moment. (Transiently it may be above the truth, never below for long: the safe side.)
     dirty: AtomicI64,
+    /// How many times a probe has closed a circuit (any part's): what a check admitted now has
+    /// seen ([`seen`](Breaker::seen)), so that its failure can be told from one older than its
+    /// part's last close (see [`Part::closed_at`]).
+    closes: AtomicU64,
     policy: Arc<str>,
 }
 
@@ -239,6 +244,11 @@ struct Part {
     /// (`since_µs << 3 | quiet | state`), so that the two always change together.
     word: AtomicU64,
     failures: AtomicU32,
+    /// [`Breaker::closes`] as this part's last close left it: a check admitted before it (its
+    /// `seen` below this) was sent before the circuit opened, and its failure, however late it
+    /// comes (a timer late on a loaded machine), is older evidence than the probe that closed the
+    /// circuit: it counts for nothing.
+    closed_at: AtomicU64,
 }
 
 impl std::fmt::Debug for Breaker {
@@ -295,6 +305,7 @@ impl Breaker {
             gauge,
             not_closed,
             dirty: AtomicI64::new(0),
+            closes: AtomicU64::new(0),
             policy,
         }
     }
@@ -302,6 +313,11 @@ impl Breaker {
     /// How many circuits: one per failure domain of the store.
     pub(crate) fn parts(&self) -> usize {
         self.parts.len()
+    }
+
+    /// The closes so far, as a check admitted now has seen them: passed back with its failure.
+    pub(crate) fn seen(&self) -> u64 {
+        self.closes.load(Ordering::SeqCst)
     }
 
     /// Whether every circuit is closed and counts no failure: a check's part then matters only
@@ -448,6 +464,11 @@ impl Breaker {
                 })
                 .is_ok();
             if closed {
+                // After the close, so that only a close that happened marks the checks sent
+                // before it (a check made in between reads the count before this: its failure,
+                // should it come, is taken for an older one).
+                let closes = self.closes.fetch_add(1, Ordering::SeqCst) + 1;
+                part.closed_at.store(closes, Ordering::SeqCst);
                 self.dirty.fetch_sub(1, Ordering::AcqRel);
                 self.clear_failures(part);
                 self.publish();
@@ -477,7 +498,8 @@ impl Breaker {
         }
     }
 
-    pub(crate) fn failure(&self, part: usize, probe: Option<Probe>) {
+    /// A check failed: `seen` is what it saw when admitted ([`seen`](Breaker::seen)).
+    pub(crate) fn failure(&self, part: usize, probe: Option<Probe>, seen: u64) {
         if let Some(probe) = probe {
             // Only this probe's circuit re-opens: one taken as lost and failing late (its future
             // polled after the timeout) would otherwise re-open it under the probe sent after it,
@@ -487,6 +509,10 @@ impl Breaker {
             return;
         }
         let circuit = self.part(part);
+        if circuit.closed_at.load(Ordering::SeqCst) > seen {
+            // Sent before the circuit last closed: older evidence than the probe that closed it.
+            return;
+        }
         // Raised first (see `dirty`), and lowered again unless this was the part's first.
         self.dirty.fetch_add(1, Ordering::AcqRel);
         let before = circuit
@@ -508,9 +534,9 @@ impl Breaker {
 
     /// A failure that no request's answer counts (a check settled in a task after its request
     /// was dropped, or a store future that panicked): counted here, in `errors` and the circuit.
-    fn failure_unseen(&self, kind: FailureKind, part: usize, probe: Option<Probe>) {
+    fn failure_unseen(&self, kind: FailureKind, part: usize, probe: Option<Probe>, seen: u64) {
         self.errors[kind as usize].increment(1);
-        self.failure(part, probe);
+        self.failure(part, probe, seen);
     }
 
     /// The probe was answered without asking the store: the circuit stays open, cooled down, so
@@ -615,6 +641,8 @@ pin_project_lite::pin_project! {
         part: usize,
         // The probe this check is, if the circuit sent it half-open.
         probe: Option<Probe>,
+        // The closes it saw when admitted (see `Breaker::seen`).
+        seen: u64,
         // The layer's timeout, counted from the check's making (so from about when it was sent,
         // and for a probe when the circuit stamped it): neither the first poll nor a drop starts
         // it again, and a probe is settled within a timeout of being sent, well inside the
@@ -639,7 +667,12 @@ pin_project_lite::pin_project! {
             let Some(check) = this.check.take() else {
                 return;
             };
-            let mut unsettled = Unsettled(Some((this.breaker.clone(), *this.part, *this.probe)));
+            let mut unsettled = Unsettled(Some((
+                this.breaker.clone(),
+                *this.part,
+                *this.probe,
+                *this.seen,
+            )));
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                 // No runtime to finish the check on: `unsettled` hands a probe on as it drops.
                 return;
@@ -667,6 +700,7 @@ where
         breaker: Arc<Breaker>,
         part: usize,
         probe: Option<Probe>,
+        seen: u64,
         check: F,
         timeout: Duration,
     ) -> Self {
@@ -674,6 +708,7 @@ where
             breaker,
             part,
             probe,
+            seen,
             deadline: tokio::time::Instant::now() + timeout,
             check: Some(check),
             timer: None,
@@ -691,7 +726,7 @@ where
         let mut this = self.project();
         // Should the store's future (or making the timer) panic, the check counts as failed as
         // the panic unwinds (a probe is not left half-open with nothing to settle it).
-        let _on_panic = FailOnPanic(this.breaker, *this.part, *this.probe);
+        let _on_panic = FailOnPanic(this.breaker, *this.part, *this.probe, *this.seen);
         let mut check = this
             .check
             .take()
@@ -717,23 +752,24 @@ where
 
 /// Counts the check as failed if dropped while its thread panics (a poll of its store's future
 /// panicked): the request's future unwinds without reaching the layer's own count.
-struct FailOnPanic<'a>(&'a Breaker, usize, Option<Probe>);
+struct FailOnPanic<'a>(&'a Breaker, usize, Option<Probe>, u64);
 
 impl Drop for FailOnPanic<'_> {
     fn drop(&mut self) {
         if std::thread::panicking() {
-            self.0.failure_unseen(FailureKind::Error, self.1, self.2);
+            self.0
+                .failure_unseen(FailureKind::Error, self.1, self.2, self.3);
         }
     }
 }
 
 /// A check (a probe, or not) whose answer is still to come: settled by it, or, if dropped without
 /// one, a probe is handed on.
-struct Unsettled(Option<(Arc<Breaker>, usize, Option<Probe>)>);
+struct Unsettled(Option<(Arc<Breaker>, usize, Option<Probe>, u64)>);
 
 impl Unsettled {
     fn settle<E>(&mut self, answer: Result<Result<Decision, E>, TimedOut>) {
-        let Some((b, part, probe)) = self.0.take() else {
+        let Some((b, part, probe, seen)) = self.0.take() else {
             return;
         };
         let kind = match answer {
@@ -751,7 +787,7 @@ impl Unsettled {
             Ok(Err(_)) => FailureKind::Error,
             Err(_) => FailureKind::Timeout,
         };
-        b.failure_unseen(kind, part, probe);
+        b.failure_unseen(kind, part, probe, seen);
         tracing::warn!(
             policy = %b.policy,
             probe = probe.is_some(),
@@ -764,10 +800,10 @@ impl Unsettled {
 
 impl Drop for Unsettled {
     fn drop(&mut self) {
-        if let Some((b, part, probe)) = self.0.take() {
+        if let Some((b, part, probe, seen)) = self.0.take() {
             if std::thread::panicking() {
                 // The check panicked in its task: a failure, as in the request's own future.
-                b.failure_unseen(FailureKind::Error, part, probe);
+                b.failure_unseen(FailureKind::Error, part, probe, seen);
             } else if let Some(probe) = probe {
                 b.probe_not_asked(part, probe);
             }
@@ -779,6 +815,9 @@ impl Drop for Unsettled {
 mod tests {
     use super::*;
     use ratelimit_core::ManualClock;
+
+    /// What a check admitted after every close so far saw: its failure always counts.
+    const FRESH: u64 = u64::MAX;
 
     /// A breaker of 2 failures and a 5 s cool-down, for a layer timeout of 50 ms, of `parts`
     /// circuits.
@@ -804,11 +843,11 @@ mod tests {
         assert_eq!(b.parts(), 4);
         // Failures of parts 1 and 2 interleaved: neither has two in a row of its own... until
         // part 1 has.
-        b.failure(1, None);
-        b.failure(2, None);
+        b.failure(1, None, FRESH);
+        b.failure(2, None, FRESH);
         b.success(2, None);
         assert_eq!(b.state(), CircuitState::Closed);
-        b.failure(1, None);
+        b.failure(1, None, FRESH);
         assert_eq!(b.part_state(1), CircuitState::Open);
         assert_eq!(b.admit(1), Admit::Reject);
         for part in [0, 2, 3] {
@@ -825,10 +864,10 @@ mod tests {
             panic!("part 1 cooled down")
         };
         assert_eq!(b.state(), CircuitState::HalfOpen);
-        b.failure(3, None);
+        b.failure(3, None, FRESH);
         b.success(1, Some(p));
         assert_eq!(b.state(), CircuitState::Closed);
-        b.failure(3, None);
+        b.failure(3, None, FRESH);
         assert_eq!(
             b.part_state(3),
             CircuitState::Open,
@@ -845,19 +884,19 @@ mod tests {
         let clock = ManualClock::new();
         let b = breaker_of(&clock, 4);
         assert!(b.is_clean());
-        b.failure(1, None);
+        b.failure(1, None, FRESH);
         assert!(!b.is_clean());
         b.success(1, None);
         assert!(b.is_clean());
-        b.failure(2, None);
-        b.failure(2, None);
+        b.failure(2, None, FRESH);
+        b.failure(2, None, FRESH);
         assert_eq!(b.part_state(2), CircuitState::Open);
         assert!(!b.is_clean(), "open");
         clock.advance(Duration::from_secs(5));
         let Admit::Probe(p) = b.admit(2) else {
             panic!("cooled down")
         };
-        b.failure(2, Some(p));
+        b.failure(2, Some(p), FRESH);
         assert!(!b.is_clean(), "open again");
         clock.advance(Duration::from_secs(5));
         let Admit::Probe(p) = b.admit(2) else {
@@ -875,7 +914,7 @@ mod tests {
                         if (i + t) % 3 == 0 {
                             b.success(i % 4, None);
                         } else {
-                            b.failure(i % 4, None);
+                            b.failure(i % 4, None, FRESH);
                         }
                     }
                 });
@@ -897,18 +936,18 @@ mod tests {
     fn opens_half_opens_and_closes() {
         let clock = ManualClock::new();
         let b = breaker(&clock);
-        b.failure(0, None);
+        b.failure(0, None, FRESH);
         assert_eq!(b.admit(0), Admit::Call);
         b.success(0, None);
-        b.failure(0, None);
+        b.failure(0, None, FRESH);
         assert_eq!(b.state(), CircuitState::Closed, "success reset the count");
-        b.failure(0, None);
+        b.failure(0, None, FRESH);
         assert_eq!(b.state(), CircuitState::Open);
         assert_eq!(b.admit(0), Admit::Reject);
         clock.advance(Duration::from_secs(5));
         let p = probe(&b);
         assert_eq!(b.admit(0), Admit::Reject, "one probe at a time");
-        b.failure(0, Some(p));
+        b.failure(0, Some(p), FRESH);
         assert_eq!(b.state(), CircuitState::Open);
         clock.advance(Duration::from_secs(4));
         assert_eq!(b.admit(0), Admit::Reject);
@@ -943,7 +982,7 @@ mod tests {
         let (b, lost) = probing(&clock);
         clock.advance(Duration::from_secs(5));
         let second = probe(&b);
-        b.failure(0, Some(second));
+        b.failure(0, Some(second), FRESH);
         assert_eq!(b.state(), CircuitState::Open);
         b.success(0, Some(lost));
         assert_eq!(b.state(), CircuitState::Open, "a stale probe closed it");
@@ -963,7 +1002,7 @@ mod tests {
         let (b, lost) = probing(&clock);
         clock.advance(Duration::from_secs(5));
         let second = probe(&b);
-        b.failure(0, Some(lost));
+        b.failure(0, Some(lost), FRESH);
         assert_eq!(
             b.state(),
             CircuitState::HalfOpen,
@@ -980,7 +1019,7 @@ mod tests {
         b.probe_not_asked(0, lost);
         assert_eq!(b.state(), CircuitState::HalfOpen);
         assert_eq!(b.admit(0), Admit::Reject);
-        b.failure(0, Some(second));
+        b.failure(0, Some(second), FRESH);
         assert_eq!(b.state(), CircuitState::Open);
     }
 
@@ -994,9 +1033,9 @@ mod tests {
         let second = probe(&b);
         b.success(0, Some(lost));
         assert_eq!(b.state(), CircuitState::Closed);
-        b.failure(0, None);
+        b.failure(0, None, FRESH);
         b.success(0, Some(second));
-        b.failure(0, None);
+        b.failure(0, None, FRESH);
         assert_eq!(
             b.state(),
             CircuitState::Closed,
@@ -1017,7 +1056,7 @@ mod tests {
             "p".into(),
             1,
         );
-        b.failure(0, None);
+        b.failure(0, None, FRESH);
         clock.advance(Duration::from_secs(1));
         assert!(
             matches!(b.admit(0), Admit::Probe(_)),
@@ -1029,7 +1068,7 @@ mod tests {
         }
         clock.advance(Duration::from_secs(1));
         let p = probe(&b);
-        b.failure(0, Some(p));
+        b.failure(0, Some(p), FRESH);
         assert_eq!(b.state(), CircuitState::Open);
         clock.advance(Duration::from_secs(1));
         assert!(
@@ -1038,14 +1077,53 @@ mod tests {
         );
     }
 
+    /// A probe's close makes the failures of checks admitted before it on its own circuit count
+    /// for nothing; another circuit's close leaves them counting.
+    #[test]
+    fn only_a_circuits_own_close_makes_older_failures_stale() {
+        let clock = ManualClock::new();
+        let b = breaker_of(&clock, 2);
+        let before = b.seen();
+        b.failure(1, None, before);
+        b.failure(1, None, before);
+        assert_eq!(b.part_state(1), CircuitState::Open);
+        clock.advance(Duration::from_secs(5));
+        let Admit::Probe(p) = b.admit(1) else {
+            panic!("a probe after the cool-down")
+        };
+        b.success(1, Some(p));
+        assert_eq!(b.part_state(1), CircuitState::Closed);
+        assert!(b.seen() > before);
+
+        b.failure(1, None, before);
+        b.failure(1, None, before);
+        assert_eq!(
+            b.part_state(1),
+            CircuitState::Closed,
+            "older than the close"
+        );
+        assert!(b.is_clean(), "stale failures are not counted");
+        b.failure(0, None, before);
+        b.failure(0, None, before);
+        assert_eq!(
+            b.part_state(0),
+            CircuitState::Open,
+            "another circuit's close"
+        );
+        let after = b.seen();
+        b.failure(1, None, after);
+        b.failure(1, None, after);
+        assert_eq!(b.part_state(1), CircuitState::Open, "newer than the close");
+    }
+
     /// However many threads ask at once after the cool-down, exactly one gets the probe.
     #[test]
     fn one_probe_among_concurrent_requests() {
         for _ in 0..50 {
             let clock = ManualClock::new();
             let b = Arc::new(breaker(&clock));
-            b.failure(0, None);
-            b.failure(0, None);
+            b.failure(0, None, FRESH);
+            b.failure(0, None, FRESH);
             clock.advance(Duration::from_secs(5));
             let start = Arc::new(std::sync::Barrier::new(4));
             let probes: usize = (0..4)
@@ -1070,8 +1148,8 @@ mod tests {
     /// A circuit opened by two failures and cooled down, its probe out.
     fn probing(clock: &ManualClock) -> (Arc<Breaker>, Probe) {
         let b = Arc::new(breaker(clock));
-        b.failure(0, None);
-        b.failure(0, None);
+        b.failure(0, None, FRESH);
+        b.failure(0, None, FRESH);
         clock.advance(Duration::from_secs(5));
         let p = probe(&b);
         (b, p)
@@ -1128,6 +1206,7 @@ mod tests {
             b.clone(),
             0,
             Some(p),
+            FRESH,
             fut,
             Duration::from_secs(1),
         ));
@@ -1143,6 +1222,7 @@ mod tests {
             b.clone(),
             0,
             Some(p),
+            FRESH,
             fut,
             Duration::from_secs(1),
         ));
@@ -1162,6 +1242,7 @@ mod tests {
             b.clone(),
             0,
             Some(p),
+            FRESH,
             fut,
             Duration::from_secs(1),
         ));
@@ -1185,6 +1266,7 @@ mod tests {
             b.clone(),
             0,
             Some(p),
+            FRESH,
             fut,
             Duration::from_secs(1),
         ));
@@ -1205,6 +1287,7 @@ mod tests {
             b.clone(),
             0,
             Some(p),
+            FRESH,
             fut,
             Duration::from_secs(1),
         ));
@@ -1222,6 +1305,7 @@ mod tests {
                 b.clone(),
                 0,
                 Some(p),
+                FRESH,
                 fut,
                 Duration::from_secs(1),
             ));
@@ -1243,6 +1327,7 @@ mod tests {
             b.clone(),
             0,
             Some(p),
+            FRESH,
             fut,
             Duration::from_secs(1),
         ));
@@ -1266,6 +1351,7 @@ mod tests {
             b.clone(),
             0,
             Some(p),
+            FRESH,
             fut,
             Duration::from_secs(1),
         ));
@@ -1287,8 +1373,8 @@ mod tests {
     /// `failure(None)` from a request that saw it `CLOSED`.
     fn probing_then_a_late_failure(clock: &ManualClock) -> (Breaker, Probe) {
         let b = breaker(clock);
-        b.failure(0, None);
-        b.failure(0, None);
+        b.failure(0, None, FRESH);
+        b.failure(0, None, FRESH);
         clock.advance(Duration::from_secs(5));
         let p = probe(&b);
         b.open(0, CLOSED);

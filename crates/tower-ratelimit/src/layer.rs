@@ -192,11 +192,11 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// is `std::future::Ready<Result<Decision, Infallible>>` (the in-memory store, or an `Arc` of
     /// it) gets no breaker: it answers at once and never fails, so it could never trip one.
     ///
-    /// Keep the cool-down well over the [`timeout`](Self::timeout) (the defaults: 10 s and
-    /// 50 ms; `build` logs a warning at twice the timeout or less). With a shorter one, a probe
-    /// may close the circuit while calls sent before it opened are still waiting (their timers
-    /// fire late on a loaded machine); their timeouts then count as new failures and can open it
-    /// again.
+    /// Keep the cool-down longer than the [`timeout`](Self::timeout) (the defaults: 10 s and
+    /// 50 ms; `build` logs a warning otherwise): a shorter one keeps the circuit open for less
+    /// time than one check may wait, and a stalled store is then asked about as often as the
+    /// timeout allows. (Checks sent before a circuit opened that fail after a probe closed it do
+    /// not count: see the breaker's docs.)
     pub fn circuit_breaker(mut self, breaker: CircuitBreaker) -> Self {
         self.breaker = Some(breaker);
         self
@@ -238,14 +238,14 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             });
         }
         if let Some(b) = &self.breaker
-            && b.cool_down() <= self.timeout.saturating_mul(2)
+            && b.cool_down() <= self.timeout
         {
             tracing::warn!(
                 policy = %self.policy.name,
                 cool_down_ms = b.cool_down().as_millis() as u64,
                 timeout_ms = self.timeout.as_millis() as u64,
-                "circuit breaker cool-down not more than twice the store timeout: late timeouts may \
-                 re-open a circuit a probe just closed"
+                "circuit breaker cool-down not longer than the store timeout: an open circuit \
+                 lets the store be asked again before one check may have timed out"
             );
         }
         // Twice, and at least 50 ms above: a store a few milliseconds above a layer of a few

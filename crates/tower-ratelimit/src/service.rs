@@ -486,11 +486,13 @@ impl<St: Store> Shared<St> {
     /// The store's answer. A success is evidence of the store's health unless it was answered
     /// from a cache in front of the store ([`Decision::is_cached`]).
     #[inline(always)]
+    #[allow(clippy::too_many_arguments)]
     fn after_check<W>(
         &self,
         result: Result<Decision, St::Error>,
         part: usize,
         probe: Option<Probe>,
+        seen: u64,
         tier: usize,
         key: &[u8],
         cost: u64,
@@ -505,7 +507,7 @@ impl<St: Store> Shared<St> {
             Err(error) => {
                 let part = self.part(part, key);
                 if let Some(b) = &self.breaker {
-                    b.failure(part, probe);
+                    b.failure(part, probe, seen);
                 }
                 tracing::warn!(policy = %self.rt.name, %error, "rate-limit store failed");
                 self.on_failure(FailureKind::Error, part, tier, key, cost)
@@ -550,13 +552,14 @@ impl<St: Store> Shared<St> {
         &self,
         part: usize,
         probe: Option<Probe>,
+        seen: u64,
         tier: usize,
         key: &[u8],
         cost: u64,
     ) -> Step {
         let part = self.part(part, key);
         if let Some(b) = &self.breaker {
-            b.failure(part, probe);
+            b.failure(part, probe, seen);
         }
         tracing::warn!(
             policy = %self.rt.name,
@@ -608,6 +611,7 @@ where
                 start,
                 part,
                 probe,
+                seen,
                 tier,
                 key,
                 cost,
@@ -635,6 +639,7 @@ where
                         b.clone(),
                         part,
                         probe,
+                        seen,
                         check,
                         shared.timeout,
                     )),
@@ -656,11 +661,17 @@ where
                     cancelled.answered();
                     shared.rt.metrics.store_duration(start.elapsed());
                     let step = match result {
-                        Ok(result) => {
-                            shared.after_check(result, part, probe, tier, key.as_bytes(), cost)
-                        }
+                        Ok(result) => shared.after_check(
+                            result,
+                            part,
+                            probe,
+                            seen,
+                            tier,
+                            key.as_bytes(),
+                            cost,
+                        ),
                         Err(_elapsed) => {
-                            shared.after_timeout(part, probe, tier, key.as_bytes(), cost)
+                            shared.after_timeout(part, probe, seen, tier, key.as_bytes(), cost)
                         }
                     };
                     match step {
@@ -721,6 +732,8 @@ struct Pending<F> {
     /// `PART_UNKNOWN` if a clean breaker did not look it up).
     part: usize,
     probe: Option<Probe>,
+    /// The breaker's closes when the check was admitted (see `Breaker::seen`; 0 without one).
+    seen: u64,
     tier: usize,
     key: KeyBuf,
     cost: u64,
@@ -801,13 +814,18 @@ where
             if let Some(start) = sampled {
                 rt.metrics.store_duration(start.elapsed());
             }
-            return self.after_check(result, part, probe, tier, key.as_bytes(), cost);
+            // Answered at once: a failure as fresh as the check's admission (`FRESH`).
+            return self.after_check(result, part, probe, FRESH, tier, key.as_bytes(), cost);
         }
         Step::Wait(Pending {
             check,
             start: sampled.unwrap_or_else(Instant::now),
             part,
             probe,
+            // Read here rather than at admission, off the path of an answer that comes at once:
+            // a close in between (microseconds) makes this check's failure count, as a failure
+            // of a check admitted after the close.
+            seen: self.breaker.as_ref().map_or(0, |b| b.seen()),
             tier,
             key,
             cost,
@@ -817,6 +835,9 @@ where
 
 /// A check's circuit not looked up yet (the breaker was clean: see `Shared::next`).
 const PART_UNKNOWN: usize = usize::MAX;
+
+/// The breaker's closes as a check answered at once saw them: all of them (its failure counts).
+const FRESH: u64 = u64::MAX;
 
 /// The shortest wait said to a request denied by the fallback's share only until the store is
 /// back (see `Shared::on_failure`): `Retry-After`'s smallest.
