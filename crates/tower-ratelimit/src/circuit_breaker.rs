@@ -187,9 +187,10 @@ const HALF_OPEN: u64 = 2;
 /// is above them and [`QUIET`].
 const STATE: u64 = 0b11;
 /// Set on an open circuit whose probe was handed on (answered from a cache in front of the
-/// store: see [`Breaker::probe_not_asked`]), and on the probe taken from it: taking that probe
-/// is not news (not logged, not published), so that a key answered from a cache cannot log and
-/// publish a half-open circuit at every request. An opening clears it.
+/// store, or dropped with no runtime to finish its check on: see [`Breaker::probe_not_asked`]),
+/// and on the probe taken from it: taking that probe is not news (not logged, not published,
+/// and counted as open by the gauge), so that a key answered from a cache cannot log and publish
+/// a half-open circuit at every request. An opening clears it.
 const QUIET: u64 = 0b100;
 
 /// Whether a request may ask the store.
@@ -348,12 +349,16 @@ impl Breaker {
     }
 
     /// The state of the whole, as the gauge shows it (open if any part is open, else half-open if
-    /// any is, else closed), and how many parts are not closed: one pass over the parts.
+    /// any is, else closed), and how many parts are not closed: one pass over the parts. A part
+    /// whose quiet probe is out ([`QUIET`]) counts as open, as published when its first probe
+    /// was handed on.
     fn summary(&self) -> (u64, usize) {
         let (mut open, mut half_open) = (0, 0);
         for p in &*self.parts {
-            match p.word.load(Ordering::Acquire) & STATE {
+            let word = p.word.load(Ordering::Acquire);
+            match word & STATE {
                 OPEN => open += 1,
+                HALF_OPEN if word & QUIET != 0 => open += 1,
                 HALF_OPEN => half_open += 1,
                 _ => {}
             }
@@ -468,7 +473,8 @@ impl Breaker {
                 // before it (a check made in between reads the count before this: its failure,
                 // should it come, is taken for an older one).
                 let closes = self.closes.fetch_add(1, Ordering::SeqCst) + 1;
-                part.closed_at.store(closes, Ordering::SeqCst);
+                // The largest: a close stalled here must not set back a later one's.
+                part.closed_at.fetch_max(closes, Ordering::SeqCst);
                 self.dirty.fetch_sub(1, Ordering::AcqRel);
                 self.clear_failures(part);
                 self.publish();
@@ -509,8 +515,13 @@ impl Breaker {
             return;
         }
         let circuit = self.part(part);
-        if circuit.closed_at.load(Ordering::SeqCst) > seen {
+        if circuit.closed_at.load(Ordering::SeqCst) > seen
+            || circuit.word.load(Ordering::Acquire) & STATE != CLOSED
+        {
             // Sent before the circuit last closed: older evidence than the probe that closed it.
+            // Or the circuit is open, or its probe out: only the probe's answer counts then
+            // (failures counted meanwhile would all be cleared at the close, and one counted as it
+            // closes could open it again at once).
             return;
         }
         // Raised first (see `dirty`), and lowered again unless this was the part's first.
@@ -1116,6 +1127,48 @@ mod tests {
         assert_eq!(b.part_state(1), CircuitState::Open, "newer than the close");
     }
 
+    /// A probe retaken after one was handed on is quiet: the circuit reads open, as its gauge was
+    /// last published, whichever publish comes next; an opening ends the quiet.
+    #[test]
+    fn a_quiet_probe_reads_as_open_until_an_opening() {
+        let clock = ManualClock::new();
+        let b = breaker(&clock);
+        b.failure(0, None, FRESH);
+        b.failure(0, None, FRESH);
+        clock.advance(Duration::from_secs(5));
+        let p = probe(&b);
+        assert_eq!(b.state(), CircuitState::HalfOpen);
+        b.probe_not_asked(0, p);
+        assert_eq!(b.state(), CircuitState::Open);
+        let quiet = probe(&b);
+        assert_eq!(b.state(), CircuitState::Open, "a quiet probe out");
+        assert_eq!(b.parts_not_closed(), 1);
+        b.failure(0, None, FRESH);
+        b.failure(0, None, FRESH);
+        assert_eq!(
+            b.state(),
+            CircuitState::Open,
+            "only the probe's answer counts"
+        );
+        b.failure(0, Some(quiet), FRESH);
+        assert_eq!(b.state(), CircuitState::Open);
+        clock.advance(Duration::from_secs(5));
+        let loud = probe(&b);
+        assert_eq!(
+            b.state(),
+            CircuitState::HalfOpen,
+            "the opening ended the quiet"
+        );
+        b.success(0, Some(loud));
+        assert_eq!(b.state(), CircuitState::Closed);
+        b.failure(0, None, FRESH);
+        assert_eq!(
+            b.state(),
+            CircuitState::Closed,
+            "no failure kept from while it was open"
+        );
+    }
+
     /// However many threads ask at once after the cool-down, exactly one gets the probe.
     #[test]
     fn one_probe_among_concurrent_requests() {
@@ -1310,7 +1363,14 @@ mod tests {
                 Duration::from_secs(1),
             ));
         }
-        assert_eq!(b.state(), CircuitState::HalfOpen, "its task is spawned");
+        // A quiet probe (the one before it was handed on): the part is half-open, the whole
+        // reads open, as published.
+        assert_eq!(
+            b.part_state(0),
+            CircuitState::HalfOpen,
+            "its task is spawned"
+        );
+        assert_eq!(b.state(), CircuitState::Open);
         drop(rt);
         assert_eq!(b.state(), CircuitState::Open, "and dropped unrun");
         assert!(matches!(b.admit(0), Admit::Probe(_)));

@@ -86,7 +86,9 @@ impl<St, M> RateLimitLayer<St, M> {
     /// The state of the store's circuit breaker (`None` if the layer has none: it was turned off,
     /// or the store always answers at once and cannot fail). With a store of several failure
     /// domains ([`Store::failure_domains`]), which has a circuit per domain: `Open` if any
-    /// domain's circuit is open, else `HalfOpen` if any is probing, else `Closed`.
+    /// domain's circuit is open, else `HalfOpen` if any is probing, else `Closed`. (A probe
+    /// that follows one answered from a cache in front of the store reads as `Open`, as the
+    /// `ratelimit_circuit_state` gauge shows it: see the breaker's docs.)
     pub fn circuit_state(&self) -> Option<CircuitState> {
         self.shared.breaker.as_ref().map(|b| b.state())
     }

@@ -1546,10 +1546,18 @@ async fn timeouts_of_checks_sent_before_a_close_do_not_reopen_it() {
     }
     assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
     assert_eq!(send(&app, request("/")).await.status(), 200);
-    // Failures of checks sent after the close open it.
-    store.mode.store(FAIL, SeqCst);
-    for _ in 0..2 {
-        assert_eq!(send(&app, request("/")).await.status(), 503);
+    // Timeouts of checks sent after the close open it.
+    store.mode.store(HANG, SeqCst);
+    let late: Vec<_> = (0..2)
+        .map(|_| {
+            let app = app.clone();
+            tokio::spawn(async move { send(&app, request("/")).await.status() })
+        })
+        .collect();
+    tokio::task::yield_now().await;
+    tokio::time::advance(Duration::from_millis(60)).await;
+    for check in late {
+        assert_eq!(check.await.unwrap(), 503);
     }
     assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
 }
