@@ -193,6 +193,9 @@ const STATE: u64 = 0b11;
 /// a half-open circuit at every request. An opening clears it.
 const QUIET: u64 = 0b100;
 
+/// The closes as a check answered at once saw them: all of them (its failure counts).
+pub(crate) const FRESH: u64 = u64::MAX;
+
 /// Whether a request may ask the store.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Admit {
@@ -231,7 +234,7 @@ pub(crate) struct Breaker {
     /// cleared), so that a reader that finds 0 found every part closed and counting nothing at
     /// that moment. (Transiently it may be above the truth, never below for long: the safe side.)
     dirty: AtomicI64,
-    /// How many times a probe has closed a circuit (any part's): what a check admitted now has
+    /// How many times a probe has closed a circuit (any part's): what a check made now has
     /// seen ([`seen`](Breaker::seen)), so that its failure can be told from one older than its
     /// part's last close (see [`Part::closed_at`]).
     closes: AtomicU64,
@@ -245,8 +248,8 @@ struct Part {
     /// (`since_µs << 3 | quiet | state`), so that the two always change together.
     word: AtomicU64,
     failures: AtomicU32,
-    /// [`Breaker::closes`] as this part's last close left it: a check admitted before it (its
-    /// `seen` below this) was sent before the circuit opened, and its failure, however late it
+    /// [`Breaker::closes`] as this part's last close left it: a check made before it (its `seen`
+    /// below this) was sent before the circuit opened, and its failure, however late it
     /// comes (a timer late on a loaded machine), is older evidence than the probe that closed the
     /// circuit: it counts for nothing.
     closed_at: AtomicU64,
@@ -316,7 +319,7 @@ impl Breaker {
         self.parts.len()
     }
 
-    /// The closes so far, as a check admitted now has seen them: passed back with its failure.
+    /// The closes so far, as a check made now has seen them: passed back with its failure.
     pub(crate) fn seen(&self) -> u64 {
         self.closes.load(Ordering::SeqCst)
     }
@@ -433,17 +436,17 @@ impl Breaker {
                 else {
                     return Admit::Reject;
                 };
-                if state == OPEN && word & QUIET != 0 {
-                    // A probe handed on: the circuit was logged and published half-open when
-                    // its first probe went out, and open again when that one was handed on.
-                } else if state == OPEN {
+                // A probe handed on (quiet) is not news: the circuit was logged and published
+                // half-open when its first probe went out, and open again when that one was
+                // handed on.
+                if state == OPEN && word & QUIET == 0 {
                     self.publish();
                     tracing::info!(
                         policy = %self.policy,
                         domain = index,
                         "rate-limit store circuit half-open: probing"
                     );
-                } else {
+                } else if state != OPEN {
                     tracing::warn!(
                         policy = %self.policy,
                         domain = index,
@@ -504,7 +507,8 @@ impl Breaker {
         }
     }
 
-    /// A check failed: `seen` is what it saw when admitted ([`seen`](Breaker::seen)).
+    /// A check failed: `seen` is what it saw when it was made ([`seen`](Breaker::seen)), or
+    /// [`FRESH`].
     pub(crate) fn failure(&self, part: usize, probe: Option<Probe>, seen: u64) {
         if let Some(probe) = probe {
             // Only this probe's circuit re-opens: one taken as lost and failing late (its future
@@ -652,7 +656,7 @@ pin_project_lite::pin_project! {
         part: usize,
         // The probe this check is, if the circuit sent it half-open.
         probe: Option<Probe>,
-        // The closes it saw when admitted (see `Breaker::seen`).
+        // The closes it saw when it was made (see `Breaker::seen`).
         seen: u64,
         // The layer's timeout, counted from the check's making (so from about when it was sent,
         // and for a probe when the circuit stamped it): neither the first poll nor a drop starts
@@ -826,9 +830,6 @@ impl Drop for Unsettled {
 mod tests {
     use super::*;
     use ratelimit_core::ManualClock;
-
-    /// What a check admitted after every close so far saw: its failure always counts.
-    const FRESH: u64 = u64::MAX;
 
     /// A breaker of 2 failures and a 5 s cool-down, for a layer timeout of 50 ms, of `parts`
     /// circuits.

@@ -260,8 +260,8 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 policy = %self.policy.name,
                 store_timeout_ms = store_timeout.as_millis() as u64,
                 timeout_ms = self.timeout.as_millis() as u64,
-                "the store's own response timeout is more than twice the layer's: checks the \
-                 layer gave up on wait in the store that long, and a server that stops answering \
+                "the store's own response timeout is more than twice the layer's and 50 ms above \
+                 it: checks the layer gave up on wait in the store that long, and a server that stops answering \
                  is found out that much later; set the store's a little above the layer's"
             );
         }

@@ -19,7 +19,7 @@ use tower_service::Service;
 
 use crate::body::{BodyMode, WrapBody};
 use crate::circuit_breaker::{
-    Admit, Breaker, BreakerCheck, CircuitState, Probe, StoreCheck, TimedOut,
+    Admit, Breaker, BreakerCheck, CircuitState, FRESH, Probe, StoreCheck, TimedOut,
 };
 use crate::future::ResponseFuture;
 use crate::key::KeyBuf;
@@ -732,7 +732,7 @@ struct Pending<F> {
     /// `PART_UNKNOWN` if a clean breaker did not look it up).
     part: usize,
     probe: Option<Probe>,
-    /// The breaker's closes when the check was admitted (see `Breaker::seen`; 0 without one).
+    /// The breaker's closes when the check was made (see `Breaker::seen`; 0 without one).
     seen: u64,
     tier: usize,
     key: KeyBuf,
@@ -814,7 +814,7 @@ where
             if let Some(start) = sampled {
                 rt.metrics.store_duration(start.elapsed());
             }
-            // Answered at once: a failure as fresh as the check's admission (`FRESH`).
+            // Answered at once: a failure as fresh as the check (`FRESH`).
             return self.after_check(result, part, probe, FRESH, tier, key.as_bytes(), cost);
         }
         Step::Wait(Pending {
@@ -824,7 +824,7 @@ where
             probe,
             // Read here rather than at admission, off the path of an answer that comes at once:
             // a close in between (microseconds) makes this check's failure count, as a failure
-            // of a check admitted after the close.
+            // of a check made after the close.
             seen: self.breaker.as_ref().map_or(0, |b| b.seen()),
             tier,
             key,
@@ -835,9 +835,6 @@ where
 
 /// A check's circuit not looked up yet (the breaker was clean: see `Shared::next`).
 const PART_UNKNOWN: usize = usize::MAX;
-
-/// The breaker's closes as a check answered at once saw them: all of them (its failure counts).
-const FRESH: u64 = u64::MAX;
 
 /// The shortest wait said to a request denied by the fallback's share only until the store is
 /// back (see `Shared::on_failure`): `Retry-After`'s smallest.

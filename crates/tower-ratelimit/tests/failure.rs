@@ -1362,30 +1362,6 @@ fn a_store_timeout_far_above_the_layers_is_warned_of_when_built() {
     assert_eq!(lines.text(), "", "a store without a response timeout");
 }
 
-/// A store that fails while `down`, and otherwise answers as a cache in front of a store would
-/// (`Decision::cached`: answers that say nothing of the store's health) while `cache`, or as the
-/// store itself.
-struct CachedWhenUp {
-    down: std::sync::atomic::AtomicBool,
-    cache: std::sync::atomic::AtomicBool,
-    inner: TestStore,
-}
-
-impl Store for CachedWhenUp {
-    type Error = StoreDown;
-    type Future = std::future::Ready<Result<ratelimit_core::Decision, StoreDown>>;
-
-    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
-        use std::sync::atomic::Ordering::SeqCst;
-        let d = self.inner.check_now(key, limit, cost);
-        std::future::ready(match (self.down.load(SeqCst), self.cache.load(SeqCst)) {
-            (true, _) => Err(StoreDown),
-            (false, true) => Ok(d.cached()),
-            (false, false) => Ok(d),
-        })
-    }
-}
-
 /// An open circuit whose probes are answered from a cache hands each probe on to the next
 /// request: the circuit is logged half-open once, when its first probe goes out, not again for
 /// every request that takes a handed-on probe (a hot key answered from a denial cache while
@@ -1393,11 +1369,10 @@ impl Store for CachedWhenUp {
 /// store; that one closes it.
 #[tokio::test]
 async fn probes_handed_on_by_a_cache_are_logged_once() {
-    use std::sync::atomic::{AtomicBool, Ordering::SeqCst};
+    use std::sync::atomic::{AtomicU8, Ordering::SeqCst};
     let (clock, inner) = store();
-    let store = Arc::new(CachedWhenUp {
-        down: AtomicBool::new(true),
-        cache: AtomicBool::new(true),
+    let store = Arc::new(ModeStore {
+        mode: AtomicU8::new(FAIL),
         inner,
     });
     let (layer, snapshotter) = recorded(|| {
@@ -1421,7 +1396,7 @@ async fn probes_handed_on_by_a_cache_are_logged_once() {
 
     let (lines, _guard) = Lines::capture_from(tracing::Level::INFO);
     clock.advance(Duration::from_secs(10));
-    store.down.store(false, SeqCst);
+    store.mode.store(CACHED, SeqCst);
     for _ in 0..50 {
         assert_eq!(send(&app, request("/")).await.status(), 200);
         assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
@@ -1433,7 +1408,7 @@ async fn probes_handed_on_by_a_cache_are_logged_once() {
     assert_eq!(text.matches("half-open").count(), 1, "{text}");
     assert_eq!(text.lines().count(), 1, "nothing else logged: {text}");
 
-    store.cache.store(false, SeqCst);
+    store.mode.store(ANSWER, SeqCst);
     assert_eq!(send(&app, request("/")).await.status(), 200);
     assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
     let text = lines.text();
@@ -1468,7 +1443,9 @@ fn a_cool_down_within_the_timeout_is_warned_of_when_built() {
     assert_eq!(build(10_000), "");
 }
 
-/// A store whose checks hang, fail at once or answer, as `mode` says when each is made.
+/// A store whose checks hang, fail at once, answer as a cache in front of a store would
+/// (`Decision::cached`: answers that say nothing of the store's health) or answer as the store
+/// itself, as `mode` says when each is made.
 struct ModeStore {
     mode: std::sync::atomic::AtomicU8,
     inner: TestStore,
@@ -1476,7 +1453,8 @@ struct ModeStore {
 
 const HANG: u8 = 0;
 const FAIL: u8 = 1;
-const ANSWER: u8 = 2;
+const CACHED: u8 = 2;
+const ANSWER: u8 = 3;
 
 impl Store for ModeStore {
     type Error = StoreDown;
@@ -1488,6 +1466,10 @@ impl Store for ModeStore {
         match self.mode.load(std::sync::atomic::Ordering::SeqCst) {
             HANG => Box::pin(std::future::pending()),
             FAIL => Box::pin(std::future::ready(Err(StoreDown))),
+            CACHED => Box::pin(std::future::ready(Ok(self
+                .inner
+                .check_now(key, limit, cost)
+                .cached()))),
             _ => Box::pin(std::future::ready(Ok(self
                 .inner
                 .check_now(key, limit, cost)))),
