@@ -132,7 +132,8 @@
 //! use tower_ratelimit::http::HeaderMap;
 //! use tower_ratelimit::client_ip::ClientIp;
 //!
-//! let client_ip = ClientIp::behind_proxies(["10.0.0.0/8"])?;
+//! // Our two load balancers: their own addresses, not a network that has clients in it.
+//! let client_ip = ClientIp::behind_proxies(["10.0.0.10/32", "10.0.0.11/32"])?;
 //!
 //! let mut headers = HeaderMap::new();
 //! headers.insert("x-forwarded-for", "1.2.3.4".parse()?);
@@ -151,13 +152,13 @@
 //! use tower_ratelimit::http::HeaderMap;
 //! use tower_ratelimit::client_ip::ClientIp;
 //!
-//! let client_ip = ClientIp::behind_proxies(["10.0.0.0/8"])?;
+//! let client_ip = ClientIp::behind_proxies(["10.0.0.10/32", "10.0.0.11/32"])?;
 //!
-//! // The client sent `X-Forwarded-For: 1.2.3.4`; our proxy at 10.0.0.2
+//! // The client sent `X-Forwarded-For: 1.2.3.4`; our proxy at 10.0.0.10
 //! // appended the address it saw the connection come from.
 //! let mut headers = HeaderMap::new();
 //! headers.insert("x-forwarded-for", "1.2.3.4, 198.51.100.7".parse()?);
-//! let peer: IpAddr = "10.0.0.2".parse()?;
+//! let peer: IpAddr = "10.0.0.10".parse()?;
 //!
 //! assert_eq!(client_ip.resolve(peer, &headers), "198.51.100.7".parse::<IpAddr>()?);
 //! # Ok::<(), Box<dyn std::error::Error>>(())

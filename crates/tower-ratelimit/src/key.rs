@@ -693,7 +693,8 @@ impl KeyExtractor for PeerIp {
 /// use tower_ratelimit::{RequestHead, http};
 /// use tower_ratelimit::key::{ClientIpKey, KeyBuf, KeyExtractor, KeyPart};
 ///
-/// let key = ClientIpKey::new(ClientIp::behind_proxies(["10.0.0.0/8"])?);
+/// // Our load balancers' own addresses (not a network that has clients in it).
+/// let key = ClientIpKey::new(ClientIp::behind_proxies(["10.0.0.10/32", "10.0.0.11/32"])?);
 /// let request = |peer: &str| -> Result<_, Box<dyn std::error::Error>> {
 ///     let mut req = http::Request::get("/")
 ///         .header("x-forwarded-for", "6.6.6.6, 198.51.100.7")
@@ -709,7 +710,7 @@ impl KeyExtractor for PeerIp {
 ///
 /// // Through our proxy: the entry it appended.
 /// let mut buf = KeyBuf::new();
-/// key.extract(&RequestHead::of(&request("10.0.0.2:4000")?), &mut buf)?;
+/// key.extract(&RequestHead::of(&request("10.0.0.10:4000")?), &mut buf)?;
 /// assert_eq!(buf.as_bytes(), ip("198.51.100.7")?);
 ///
 /// // Straight from the internet: the header is ignored, the peer is the key.

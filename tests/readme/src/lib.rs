@@ -85,12 +85,84 @@ mod first_layer {
 
 /// The README's per-route block.
 #[cfg(test)]
+#[allow(dead_code)]
 mod per_route {
     include!("per_route.rs");
 
-    #[test]
-    fn builds() {
-        let _router = app().expect("the README's per-route app");
+    use tower::ServiceExt;
+
+    /// A request from `peer` (as `into_make_service_with_connect_info` gives it), or from no
+    /// known peer.
+    fn request(
+        method: &str,
+        uri: &str,
+        peer: Option<&str>,
+    ) -> Result<axum::http::Request<axum::body::Body>, Box<dyn std::error::Error>> {
+        let mut req = axum::http::Request::builder()
+            .method(method)
+            .uri(uri)
+            .header("x-api-key", "k")
+            .body(axum::body::Body::empty())?;
+        if let Some(peer) = peer {
+            req.extensions_mut()
+                .insert(axum::extract::ConnectInfo(peer.parse::<SocketAddr>()?));
+        }
+        Ok(req)
+    }
+
+    /// The login route allows 5 a minute per client, the API 20 at once per key, and neither
+    /// spends the other's; served without the peer's address, the login route answers 400, as
+    /// the README says.
+    #[tokio::test]
+    async fn the_routes_limit_as_the_readme_says() -> Result<(), Box<dyn std::error::Error>> {
+        let app = app()?;
+        let login = |peer| request("POST", "/login", peer);
+        for _ in 0..5 {
+            let res = app
+                .clone()
+                .oneshot(login(Some("203.0.113.9:4000"))?)
+                .await?;
+            assert_eq!(res.status(), 200);
+        }
+        let denied = app
+            .clone()
+            .oneshot(login(Some("203.0.113.9:4000"))?)
+            .await?;
+        assert_eq!(denied.status(), 429);
+        assert_eq!(denied.headers()["retry-after"], "12");
+        // Through a trusted balancer, the client it names: the same client is still denied,
+        // another has its own count.
+        let via = |client: &str| -> Result<_, Box<dyn std::error::Error>> {
+            let mut req = login(Some("10.0.0.10:4000"))?;
+            req.headers_mut().insert("x-forwarded-for", client.parse()?);
+            Ok(req)
+        };
+        assert_eq!(
+            app.clone().oneshot(via("203.0.113.9")?).await?.status(),
+            429
+        );
+        assert_eq!(
+            app.clone().oneshot(via("198.51.100.7")?).await?.status(),
+            200
+        );
+        for _ in 0..20 {
+            let res = app
+                .clone()
+                .oneshot(request("GET", "/api/items", None)?)
+                .await?;
+            assert_eq!(res.status(), 200);
+        }
+        let res = app
+            .clone()
+            .oneshot(request("GET", "/api/items", None)?)
+            .await?;
+        assert_eq!(res.status(), 429);
+        assert!(
+            super::README
+                .contains("every request to `/login` would get the missing-key answer (`400`)")
+        );
+        assert_eq!(app.oneshot(login(None)?).await?.status(), 400);
+        Ok(())
     }
 }
 
@@ -99,7 +171,7 @@ mod per_route {
 fn the_readme_shows_the_code_tested_here() {
     for (fence, code) in [
         ("```rust,no_run\n", include_str!("first_layer.rs")),
-        ("```rust\n", include_str!("per_route.rs")),
+        ("```rust,no_run\n", include_str!("per_route.rs")),
     ] {
         assert!(
             README.contains(&format!("{fence}{code}```\n")),

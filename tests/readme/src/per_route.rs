@@ -1,3 +1,4 @@
+use std::net::SocketAddr;
 use std::time::Duration;
 use axum::{Router, routing::{get, post}};
 use tower_ratelimit::{Algorithm, ClientIp, FailurePolicy, Limit, MemoryStore, Policy, Quota};
@@ -29,4 +30,13 @@ fn app() -> Result<Router, Box<dyn std::error::Error>> {
                 .route("/api/items", get(|| async { "[]" }))
                 .route_layer(RateLimitLayer::new(store, api)?),
         ))
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:3000").await?;
+    // With the peer's address: without it, `ClientIpKey` finds no client and /login answers 400.
+    let app = app()?.into_make_service_with_connect_info::<SocketAddr>();
+    axum::serve(listener, app).await?;
+    Ok(())
 }
