@@ -104,6 +104,22 @@ impl RedisStoreError {
         }
     }
 
+    /// A connection error of the build, naming the URLs it tried (their passwords redacted), so
+    /// that a wrong address or port is plain in the message: `could not connect to Redis:
+    /// redis://127.0.0.1:6379: Connection refused`. Any other error as it is.
+    pub(crate) fn connecting_to(self, urls: &[String]) -> Self {
+        match self {
+            RedisStoreError::Connection { message, source } => {
+                let urls: Vec<String> = urls.iter().map(|u| crate::redact_url(u)).collect();
+                RedisStoreError::Connection {
+                    message: format!("{}: {message}", urls.join(", ")),
+                    source,
+                }
+            }
+            other => other,
+        }
+    }
+
     pub(crate) fn config(name: &'static str, reason: impl Into<String>) -> Self {
         RedisStoreError::Config {
             name,

@@ -1325,7 +1325,10 @@ impl RedisStoreBuilder {
         // scripts (on every primary of a cluster) so the first checks need no NOSCRIPT round trip.
         let mut first = None;
         for i in 0..inner.slots.len() {
-            let (_, _, conn) = inner.slot_connection(i, false).await?;
+            let (_, _, conn) = inner
+                .slot_connection(i, false)
+                .await
+                .map_err(|e| e.connecting_to(&self.urls))?;
             first.get_or_insert(conn);
         }
         if let Some(mut conn) = first {

@@ -161,11 +161,23 @@ async fn refused_credentials_fail_a_lazy_build_at_once() {
         .unwrap_err();
     assert!(err.is_refused_credentials(), "{err:?}");
     assert!(!err.to_string().contains("wrong"), "not echoed: {err}");
+    // The message names the server it tried, without the password.
+    assert!(
+        err.to_string()
+            .contains(&format!("redis://***@127.0.0.1:{}", server.port())),
+        "{err}"
+    );
     // Unreachable is not refused.
     let mut down = RedisServer::start();
     down.kill();
     let unreachable = RedisStore::builder(down.url()).build().await.unwrap_err();
     assert!(!unreachable.is_refused_credentials(), "{unreachable:?}");
+    assert!(
+        unreachable
+            .to_string()
+            .starts_with(&format!("could not connect to Redis: {}: ", down.url())),
+        "{unreachable}"
+    );
 }
 
 /// A store built by `build` serves through the lazy type as it is: connected, and never

@@ -328,16 +328,29 @@ fn parse_args() -> Result<Options, String> {
 }
 
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let options = parse_args()?;
-    let report = run(options).await?;
+async fn main() -> std::process::ExitCode {
+    // Errors as their messages (`main` returning the error would print its `Debug`).
+    let options = match parse_args() {
+        Ok(options) => options,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let report = match run(options).await {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return std::process::ExitCode::FAILURE;
+        }
+    };
     print!("{}", report.table());
     if report.elapsed > Duration::from_secs(50) {
         println!(
             "note: the run took most of a minute; the limit is per minute, so runs this long can admit more"
         );
     }
-    Ok(())
+    std::process::ExitCode::SUCCESS
 }
 
 #[cfg(test)]

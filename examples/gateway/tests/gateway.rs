@@ -727,7 +727,10 @@ async fn start_without_redis_follows_the_failure_policies_until_redis_comes_up()
         Config::from_toml(&redis_text().replace("redis://127.0.0.1:6379", &server.url())).unwrap();
     let err = app(&strict).await.unwrap_err().to_string();
     assert!(
-        err.starts_with("store: could not connect to Redis"),
+        err.starts_with(&format!(
+            "store: could not connect to Redis: {}: ",
+            server.url()
+        )),
         "{err}"
     );
 
