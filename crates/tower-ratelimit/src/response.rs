@@ -580,7 +580,7 @@ impl Prepared {
             .unwrap_or_default()
     }
 
-    fn rate_limit_value(&self, d: &Decision) -> HeaderValue {
+    fn rate_limit_value(&self, d: &Decision, reset: u64) -> HeaderValue {
         let item = self
             .items
             .get(d.quota_index())
@@ -589,7 +589,7 @@ impl Prepared {
         let mut r = itoa::Buffer::new();
         let r = r.format(d.remaining().min(SF_INTEGER_MAX)).as_bytes();
         let mut t = itoa::Buffer::new();
-        let t = t.format(reset_secs(d).min(SF_INTEGER_MAX)).as_bytes();
+        let t = t.format(reset.min(SF_INTEGER_MAX)).as_bytes();
         // Built at its exact length, so that `Bytes` takes the vector as it is (a copy through a
         // stack buffer measured 46 instructions more).
         let mut v = Vec::with_capacity(item.len() + r.len() + 3 + t.len());
@@ -604,7 +604,14 @@ impl Prepared {
 
     /// Adds the rate-limit fields of `mode` for `d`: each group (the IETF pair, the legacy three)
     /// only if none of its fields is set already.
+    #[inline]
     pub(crate) fn write(&self, headers: &mut HeaderMap, mode: Headers, d: &Decision) {
+        self.write_reset(headers, mode, d, reset_secs(d));
+    }
+
+    /// [`write`](Self::write) with `reset` as the seconds of `t` and `X-RateLimit-Reset`.
+    #[inline]
+    fn write_reset(&self, headers: &mut HeaderMap, mode: Headers, d: &Decision, reset: u64) {
         // Two lookups, as for the fields apart: the rare `RateLimit` without a policy is undone.
         if mode.ietf
             && let Entry::Vacant(v) = headers.entry(names::RATELIMIT_POLICY)
@@ -612,7 +619,7 @@ impl Prepared {
             v.insert(self.policy_value.clone());
             match headers.entry(names::RATELIMIT) {
                 Entry::Vacant(v) => {
-                    v.insert(self.rate_limit_value(d));
+                    v.insert(self.rate_limit_value(d, reset));
                 }
                 Entry::Occupied(_) => {
                     headers.remove(names::RATELIMIT_POLICY);
@@ -626,7 +633,7 @@ impl Prepared {
         {
             headers.insert(names::X_RATELIMIT_LIMIT, number(d.limit()));
             headers.insert(names::X_RATELIMIT_REMAINING, number(d.remaining()));
-            headers.insert(names::X_RATELIMIT_RESET, number(reset_secs(d)));
+            headers.insert(names::X_RATELIMIT_RESET, number(reset));
         }
     }
 }
@@ -733,7 +740,13 @@ impl Bodies {
             headers.insert(RETRY_AFTER, number(retry_after_secs(wait)));
         }
         if mode.any() {
-            prepared.write(headers, mode, d);
+            // `t` says the wait `Retry-After` says, the store's own included: a cost above the
+            // fallback's share waits for the store, not for the local bucket (whole already).
+            let reset = match retry_after {
+                Some(wait) => retry_after_secs(wait),
+                None => reset_secs(d),
+            };
+            prepared.write_reset(headers, mode, d, reset);
         }
         res
     }
@@ -872,7 +885,10 @@ mod tests {
         let p = Prepared::new("x", &limit);
         assert_eq!(p.policy_value, "\"x\";q=999999999999999;w=2");
         let d = Decision::new(Outcome::Allowed, 1 << 52, 1 << 52, Duration::ZERO, 0);
-        assert_eq!(p.rate_limit_value(&d), "\"x\";r=999999999999999;t=0");
+        assert_eq!(
+            p.rate_limit_value(&d, reset_secs(&d)),
+            "\"x\";r=999999999999999;t=0"
+        );
         assert_eq!(secs_ceil(Duration::MAX), u64::MAX);
         assert_eq!(retry_after_secs(Duration::MAX), u64::MAX);
     }
@@ -964,7 +980,10 @@ mod tests {
             Duration::from_secs(7),
             1,
         );
-        assert_eq!(p.rate_limit_value(&d), "\"a\\\"b.1\";r=0;t=3");
+        assert_eq!(
+            p.rate_limit_value(&d, reset_secs(&d)),
+            "\"a\\\"b.1\";r=0;t=3"
+        );
         let mut v = Vec::new();
         push_u64(&mut v, u64::MAX);
         assert_eq!(v, u64::MAX.to_string().as_bytes());

@@ -202,7 +202,13 @@ async fn a_cost_above_the_fallback_share_is_told_when_the_store_is_asked_again()
     let wait_for = |res: &http::Response<axum::body::Body>| {
         assert_eq!(res.status(), 429);
         assert_eq!(verdict(res), VerdictKind::FallbackDenied);
-        header(res, "retry-after").map(str::to_owned)
+        let wait = header(res, "retry-after").map(str::to_owned);
+        // `t` says the same wait (0 when none would help: the local share is whole).
+        let t = header(res, "ratelimit")
+            .and_then(|v| v.rsplit_once(";t="))
+            .map(|(_, t)| t.to_owned());
+        assert_eq!(t.as_deref(), Some(wait.as_deref().unwrap_or("0")));
+        wait
     };
     // A failure that leaves the circuit closed: the next request asks the store again.
     let res = send(&app, costing(request("/"), 4)).await;
