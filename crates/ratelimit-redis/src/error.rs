@@ -104,6 +104,37 @@ impl RedisStoreError {
         }
     }
 
+    /// `true` if the address answered, but not as a Redis server this store can use: its reply
+    /// did not parse (another service listens there: a web server, a database), or the server
+    /// refused the set-up as a setting it can never accept (`RedisStore::cluster` pointed at a
+    /// server without cluster support, a database number it does not have). Like
+    /// [`is_refused_credentials`](Self::is_refused_credentials), waiting will not help; a
+    /// corrected setting will. Errors that may pass (a server loading its data, one at its
+    /// client limit, a cluster that is down) are not this.
+    ///
+    /// The cluster client reports a failed connection as one error whose text alone names the
+    /// cause, so the text is read too (`tests/lazy.rs` pins both on real servers).
+    #[must_use]
+    pub fn is_wrong_server(&self) -> bool {
+        let RedisStoreError::Connection {
+            source: Some(r), ..
+        } = self
+        else {
+            return false;
+        };
+        if r.kind() == redis::ErrorKind::Parse {
+            return true;
+        }
+        let text = r.to_string();
+        [
+            "Parse error",
+            "cluster support disabled",
+            "DB index is out of range",
+        ]
+        .iter()
+        .any(|wrong| text.contains(wrong))
+    }
+
     /// A connection error of the build, naming the URLs it tried (their passwords redacted), so
     /// that a wrong address or port is plain in the message: `could not connect to Redis:
     /// redis://127.0.0.1:6379: Connection refused`. Any other error as it is.
@@ -112,7 +143,7 @@ impl RedisStoreError {
             RedisStoreError::Connection { message, source } => {
                 let urls: Vec<String> = urls.iter().map(|u| crate::redact_url(u)).collect();
                 RedisStoreError::Connection {
-                    message: format!("{}: {message}", urls.join(", ")),
+                    message: format!("{}: {}", urls.join(", "), one_line(&message)),
                     source,
                 }
             }
@@ -126,4 +157,15 @@ impl RedisStoreError {
             reason: reason.into(),
         }
     }
+}
+
+/// `text` on one line, its lines joined with "; " (the client's parse errors span several: a
+/// log line or an operator's terminal should get one).
+pub(crate) fn one_line(text: &str) -> String {
+    let lines: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect();
+    lines.join("; ")
 }

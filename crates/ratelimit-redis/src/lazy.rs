@@ -21,7 +21,8 @@ use crate::store::{CheckFuture, MAX_TIMEOUT, RedisStore, RedisStoreBuilder};
 /// - the first attempt is made at once, by `build_lazy`; an invalid setting is returned as
 ///   `build` returns it, and so are refused credentials
 ///   ([`is_refused_credentials`](RedisStoreError::is_refused_credentials): a wrong password is a
-///   wrong setting, not Redis being down), and neither is retried;
+///   wrong setting, not Redis being down) and an address that answers but not as a Redis the
+///   store can use ([`is_wrong_server`](RedisStoreError::is_wrong_server)), and none is retried;
 /// - otherwise a task tries again every `retry_every` (1 ms to an hour), whether checks come or
 ///   not, each attempt bounded by the builder's timeouts and each failure logged (`WARN`), until
 ///   one succeeds or the store is dropped;
@@ -93,7 +94,7 @@ impl LazyRedisStore {
         let (store, error) = match builder.clone().build().await {
             Ok(store) => (OnceLock::from(store), None),
             Err(e @ RedisStoreError::Config { .. }) => return Err(e),
-            Err(e) if e.is_refused_credentials() => return Err(e),
+            Err(e) if e.is_refused_credentials() || e.is_wrong_server() => return Err(e),
             Err(e) => {
                 log_failure(&e);
                 (OnceLock::new(), Some(e))

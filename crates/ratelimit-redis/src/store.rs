@@ -1039,7 +1039,7 @@ impl Inner {
 fn pool_error(e: deadpool_redis::PoolError) -> RedisStoreError {
     match e {
         deadpool_redis::PoolError::Backend(source) => RedisStoreError::Connection {
-            message: source.to_string(),
+            message: crate::error::one_line(&source.to_string()),
             source: Some(source),
         },
         other => RedisStoreError::Connection {

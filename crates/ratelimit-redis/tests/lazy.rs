@@ -180,6 +180,57 @@ async fn refused_credentials_fail_a_lazy_build_at_once() {
     );
 }
 
+/// An address where something other than a usable Redis answers is a wrong setting too: a lazy
+/// build returns it at once (`is_wrong_server`), on one line; an unreachable one is retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wrong_server_fails_a_lazy_build_at_once() {
+    // A web server where Redis should be.
+    let web = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let web_url = format!("redis://127.0.0.1:{}", web.local_addr().unwrap().port());
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for conn in web.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let _ = conn.read(&mut [0u8; 512]);
+            let _ = conn.write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n");
+        }
+    });
+    let plain = RedisServer::start();
+    let lazily = |builder: ratelimit_redis::RedisStoreBuilder| async move {
+        builder
+            .prefix(unique_prefix("lazy-wrong"))
+            .build_lazy(Duration::from_secs(3_600))
+            .await
+    };
+    for (what, builder) in [
+        ("a web server", RedisStore::builder(web_url.as_str())),
+        (
+            "a web server as a cluster",
+            RedisStore::cluster([web_url.as_str()]),
+        ),
+        ("no cluster support", RedisStore::cluster([plain.url()])),
+        (
+            "no database 99",
+            RedisStore::builder(format!("{}/99", plain.url())),
+        ),
+    ] {
+        let err = lazily(builder)
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{what}: built"));
+        assert!(err.is_wrong_server(), "{what}: {err:?}");
+        assert!(!err.is_refused_credentials(), "{what}: {err:?}");
+        assert!(!err.to_string().contains('\n'), "{what}: one line: {err}");
+    }
+    // Unreachable is not a wrong server: the lazy build starts, and retries.
+    let mut down = RedisServer::start();
+    down.kill();
+    let unreachable = RedisStore::builder(down.url()).build().await.unwrap_err();
+    assert!(!unreachable.is_wrong_server(), "{unreachable:?}");
+    let store = lazily(RedisStore::builder(down.url())).await.unwrap();
+    assert!(!store.is_connected());
+}
+
 /// A store built by `build` serves through the lazy type as it is: connected, and never
 /// attempting anything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -44,10 +44,11 @@ pub enum StartError {
 impl StartError {
     /// The process's exit status for this error: 3 when the store could not be reached (Redis
     /// down or restarting: starting again later may succeed, so a supervisor should retry), 2
-    /// for everything a restart cannot mend (the file, a setting, credentials Redis refused).
+    /// for everything a restart cannot mend (the file, a setting, credentials Redis refused, an
+    /// address where something other than a usable Redis answers).
     pub fn exit_status(&self) -> u8 {
         match self {
-            StartError::Store(e) if !e.is_refused_credentials() => 3,
+            StartError::Store(e) if !e.is_refused_credentials() && !e.is_wrong_server() => 3,
             _ => 2,
         }
     }

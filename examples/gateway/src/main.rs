@@ -9,9 +9,9 @@
 //! - `--check`: check the configuration (and connect to Redis if configured), then exit.
 //!
 //! A bad configuration stops the gateway at start with a message naming the field (exit status
-//! 2; Redis unreachable at start is status 3, which a supervisor may retry). Ctrl-C or
-//! SIGTERM stops it gracefully (no new connections; the requests in flight get
-//! `shutdown_timeout_ms`, 30 s by default, to finish). The rate
+//! 2; Redis unreachable at start is status 3, which a supervisor may retry; see
+//! docs/configuration.md). Ctrl-C or SIGTERM stops it gracefully (no new connections; the
+//! requests in flight get `shutdown_timeout_ms`, 30 s by default, to finish). The rate
 //! limiter's events go to stderr, filtered by `RUST_LOG` (default `info`).
 
 use std::net::SocketAddr;

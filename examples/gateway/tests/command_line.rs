@@ -36,20 +36,15 @@ fn arguments_that_are_not_utf8_are_usage_errors() {
 
 /// Redis unreachable at start is exit status 3, which a supervisor may retry (Redis may be
 /// restarting); credentials Redis refuses are status 2, as a wrong file is: no retry mends them.
+/// So is an address where something other than a usable Redis answers: another service, a
+/// server without cluster support for `redis_cluster`, a database number the server lacks.
 #[test]
 fn redis_unreachable_at_start_is_status_3_and_refused_credentials_status_2() {
     let redis = include_str!("../gateway-redis.toml");
-    let with_url = |url: &str| {
+    let with_store = |text: &str| {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("gateway.toml");
-        std::fs::write(
-            &path,
-            redis.replace(
-                "url = \"redis://127.0.0.1:6379\"",
-                &format!("url = \"{url}\""),
-            ),
-        )
-        .unwrap();
+        std::fs::write(&path, text).unwrap();
         let out = gateway(&[
             OsStr::new("--config"),
             path.as_os_str(),
@@ -59,6 +54,12 @@ fn redis_unreachable_at_start_is_status_3_and_refused_credentials_status_2() {
             out.status.code(),
             String::from_utf8_lossy(&out.stderr).into_owned(),
         )
+    };
+    let with_url = |url: &str| {
+        with_store(&redis.replace(
+            "url = \"redis://127.0.0.1:6379\"",
+            &format!("url = \"{url}\""),
+        ))
     };
     // A port with nothing listening: refused at once.
     let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
@@ -74,4 +75,36 @@ fn redis_unreachable_at_start_is_status_3_and_refused_credentials_status_2() {
     let (status, err) = with_url(&format!("redis://:wrong@127.0.0.1:{}", server.port()));
     assert_eq!(status, Some(2), "{err}");
     assert!(!err.contains("wrong"), "the password is not echoed: {err}");
+
+    // Not Redis: a web server's answer does not parse. One line, not the client's several.
+    let web = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let web_port = web.local_addr().unwrap().port();
+    std::thread::spawn(move || {
+        use std::io::{Read, Write};
+        for conn in web.incoming() {
+            let Ok(mut conn) = conn else { continue };
+            let _ = conn.read(&mut [0u8; 512]);
+            let _ = conn.write_all(b"HTTP/1.1 400 Bad Request\r\ncontent-length: 0\r\n\r\n");
+        }
+    });
+    let (status, err) = with_url(&format!("redis://127.0.0.1:{web_port}"));
+    assert_eq!(status, Some(2), "{err}");
+    assert_eq!(err.trim_end().lines().count(), 1, "{err}");
+    let plain = redis_harness::RedisServer::start();
+    let (status, err) = with_url(&format!("{}/99", plain.url()));
+    assert_eq!(status, Some(2), "{err}");
+    let cluster_of = |url: &str| {
+        redis.replace(
+            "kind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"",
+            &format!("kind = \"redis_cluster\"\nurls = [\"{url}\"]"),
+        )
+    };
+    let (status, err) = with_store(&cluster_of(&plain.url()));
+    assert_eq!(status, Some(2), "{err}");
+    assert!(err.contains("cluster support disabled"), "{err}");
+    let (status, err) = with_store(&cluster_of(&format!("redis://127.0.0.1:{web_port}")));
+    assert_eq!(status, Some(2), "{err}");
+    // Nothing listening, for a cluster too: 3.
+    let (status, err) = with_store(&cluster_of(&format!("redis://127.0.0.1:{port}")));
+    assert_eq!(status, Some(3), "{err}");
 }
