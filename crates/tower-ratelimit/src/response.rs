@@ -17,10 +17,14 @@
 //! bucket of 20 refilled at 10 a second says `q=10;w=1` and, after one request, `r=19`), and in
 //! `X-RateLimit-Limit`, which gives the burst.
 //!
-//! Fields are only added when absent: what the inner service set is never overwritten. The two
-//! IETF fields go together, and so do the three legacy ones: if the inner service (or an inner
-//! rate-limit layer) set any field of a group, the layer adds none of that group, so that a
-//! `RateLimit` never names a policy missing from the `RateLimit-Policy` beside it. A policy
+//! What the inner service set is never overwritten. The IETF fields are lists of items, one per
+//! policy: if the inner service (an upstream with limits of its own, or another rate-limit layer
+//! inside this one) set them, the layer adds its own items as field lines of their own, which a
+//! reader joins into one list (RFC 9651, section 3.1), so that a client sees every policy that
+//! applies and which one binds; the two go together, so a `RateLimit` item of this layer's never
+//! names a policy missing from `RateLimit-Policy`. None are added if an item of the same name is
+//! there already. The three legacy fields hold one value each: the layer adds them only if the
+//! inner service set none of them. A policy
 //! of several quotas lists one `RateLimit-Policy` item per quota (`"api.0"`, `"api.1"`, ...), and
 //! `RateLimit` names the quota that binds.
 //!
@@ -602,8 +606,12 @@ impl Prepared {
             .unwrap_or_else(|_| HeaderValue::from_static(""))
     }
 
-    /// Adds the rate-limit fields of `mode` for `d`: each group (the IETF pair, the legacy three)
-    /// only if none of its fields is set already.
+    /// Adds the rate-limit fields of `mode` for `d`. The IETF fields are lists: if the inner
+    /// service set them (another rate-limit layer inside this one, an upstream's own limit), this
+    /// policy's items are added as field lines of their own, which a reader joins into one list
+    /// (RFC 9651, 3.1), and the inner lines are left as they are; unless an item of this
+    /// policy's name is there already. The legacy fields hold one value each: added only if none
+    /// of the three is set.
     #[inline]
     pub(crate) fn write(&self, headers: &mut HeaderMap, mode: Headers, d: &Decision) {
         self.write_reset(headers, mode, d, reset_secs(d));
@@ -612,18 +620,20 @@ impl Prepared {
     /// [`write`](Self::write) with `reset` as the seconds of `t` and `X-RateLimit-Reset`.
     #[inline]
     fn write_reset(&self, headers: &mut HeaderMap, mode: Headers, d: &Decision, reset: u64) {
-        // Two lookups, as for the fields apart: the rare `RateLimit` without a policy is undone.
-        if mode.ietf
-            && let Entry::Vacant(v) = headers.entry(names::RATELIMIT_POLICY)
-        {
-            v.insert(self.policy_value.clone());
-            match headers.entry(names::RATELIMIT) {
+        if mode.ietf {
+            match headers.entry(names::RATELIMIT_POLICY) {
                 Entry::Vacant(v) => {
-                    v.insert(self.rate_limit_value(d, reset));
+                    v.insert(self.policy_value.clone());
+                    match headers.entry(names::RATELIMIT) {
+                        Entry::Vacant(v) => {
+                            v.insert(self.rate_limit_value(d, reset));
+                        }
+                        // A `RateLimit` of the inner service's without its policy: ours is one
+                        // more item of it.
+                        Entry::Occupied(mut o) => o.append(self.rate_limit_value(d, reset)),
+                    }
                 }
-                Entry::Occupied(_) => {
-                    headers.remove(names::RATELIMIT_POLICY);
-                }
+                Entry::Occupied(_) => self.add_ietf_items(headers, d, reset),
             }
         }
         if mode.legacy
@@ -634,6 +644,42 @@ impl Prepared {
             headers.insert(names::X_RATELIMIT_LIMIT, number(d.limit()));
             headers.insert(names::X_RATELIMIT_REMAINING, number(d.remaining()));
             headers.insert(names::X_RATELIMIT_RESET, number(reset));
+        }
+    }
+}
+
+impl Prepared {
+    /// The IETF fields when the inner service set `RateLimit-Policy`: this policy's items as
+    /// lines of their own beside the inner ones, unless one of its items' names is in them (the
+    /// same policy twice, or a name the inner service uses: a client could not tell the items
+    /// apart). Out of line: only stacked layers, or a service with limits of its own, get here.
+    #[inline(never)]
+    fn add_ietf_items(&self, headers: &mut HeaderMap, d: &Decision, reset: u64) {
+        let named = |value: &HeaderValue| {
+            let value = value.as_bytes();
+            self.items.iter().any(|item| {
+                // `"name";r=` up to and including the `;`: the item's name as a whole.
+                let name = &item[..item.len() - 2];
+                value.windows(name.len()).any(|w| w == name)
+            })
+        };
+        if headers.get_all(names::RATELIMIT_POLICY).iter().any(named)
+            || headers.get_all(names::RATELIMIT).iter().any(named)
+        {
+            return;
+        }
+        // Through `entry`, as `write` looks the fields up: `HeaderMap::append` here made a 429
+        // 28 instructions longer (the map's hashing stopped being inlined into its inserts).
+        for (name, value) in [
+            (names::RATELIMIT_POLICY, self.policy_value.clone()),
+            (names::RATELIMIT, self.rate_limit_value(d, reset)),
+        ] {
+            match headers.entry(name) {
+                Entry::Occupied(mut o) => o.append(value),
+                Entry::Vacant(v) => {
+                    v.insert(value);
+                }
+            }
         }
     }
 }
@@ -734,18 +780,16 @@ impl Bodies {
             });
         }
         let headers = res.headers_mut();
-        if let Some(wait) = retry_after
+        let wait_secs = retry_after.map(retry_after_secs);
+        if let Some(secs) = wait_secs
             && !headers.contains_key(RETRY_AFTER)
         {
-            headers.insert(RETRY_AFTER, number(retry_after_secs(wait)));
+            headers.insert(RETRY_AFTER, number(secs));
         }
         if mode.any() {
             // `t` says the wait `Retry-After` says, the store's own included: a cost above the
             // fallback's share waits for the store, not for the local bucket (whole already).
-            let reset = match retry_after {
-                Some(wait) => retry_after_secs(wait),
-                None => reset_secs(d),
-            };
+            let reset = wait_secs.unwrap_or_else(|| secs_ceil(d.reset_after()));
             prepared.write_reset(headers, mode, d, reset);
         }
         res

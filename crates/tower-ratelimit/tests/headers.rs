@@ -82,9 +82,9 @@ async fn sub_second_waits_round_up_to_one() {
     assert_eq!(header(&res, "ratelimit"), Some("\"fast\";r=0;t=1"));
 }
 
-/// Fields the inner service set are kept, and each group of fields (the IETF pair, the legacy
-/// three) is added whole or not at all: a `RateLimit` of the inner service's is not joined by a
-/// `RateLimit-Policy` of the layer's that does not list its policy.
+/// Fields the inner service set are kept as they are. The IETF fields are lists: the layer's
+/// items are added beside the inner ones, as lines of their own (the pair always together); the
+/// legacy three hold one value each, and are added whole or not at all.
 #[tokio::test]
 async fn headers_set_by_the_inner_service_are_kept() {
     let inner_sets = |fields: &'static [(&'static str, &'static str)]| {
@@ -111,8 +111,11 @@ async fn headers_set_by_the_inner_service_are_kept() {
         request("/"),
     )
     .await;
-    assert_eq!(header(&res, "ratelimit"), Some("\"inner\";r=1;t=1"));
-    assert_eq!(header(&res, "ratelimit-policy"), None);
+    assert_eq!(
+        header_lines(&res, "ratelimit"),
+        ["\"inner\";r=1;t=1", "\"api\";r=4;t=12"]
+    );
+    assert_eq!(header_lines(&res, "ratelimit-policy"), ["\"api\";q=5;w=60"]);
     assert_eq!(header(&res, "x-ratelimit-remaining"), Some("4"));
 
     let res = send(
@@ -120,8 +123,34 @@ async fn headers_set_by_the_inner_service_are_kept() {
         request("/"),
     )
     .await;
-    assert_eq!(header(&res, "ratelimit-policy"), Some("\"inner\";q=9;w=9"));
-    assert_eq!(header(&res, "ratelimit"), None);
+    assert_eq!(
+        header_lines(&res, "ratelimit-policy"),
+        ["\"inner\";q=9;w=9", "\"api\";q=5;w=60"]
+    );
+    assert_eq!(header_lines(&res, "ratelimit"), ["\"api\";r=4;t=12"]);
+
+    // The inner service names an item as this policy does: left as it is, none added (a client
+    // could not tell two "api" items apart).
+    let res = send(
+        &inner_sets(&[
+            ("ratelimit-policy", "\"api\";q=9;w=9"),
+            ("ratelimit", "\"api\";r=8;t=1"),
+        ]),
+        request("/"),
+    )
+    .await;
+    assert_eq!(header_lines(&res, "ratelimit-policy"), ["\"api\";q=9;w=9"]);
+    assert_eq!(header_lines(&res, "ratelimit"), ["\"api\";r=8;t=1"]);
+    // A name that only starts like it is another policy.
+    let res = send(
+        &inner_sets(&[("ratelimit-policy", "\"api2\";q=9;w=9")]),
+        request("/"),
+    )
+    .await;
+    assert_eq!(
+        header_lines(&res, "ratelimit-policy"),
+        ["\"api2\";q=9;w=9", "\"api\";q=5;w=60"]
+    );
 
     let res = send(&inner_sets(&[("x-ratelimit-reset", "7")]), request("/")).await;
     assert_eq!(header(&res, "x-ratelimit-reset"), Some("7"));
@@ -129,6 +158,54 @@ async fn headers_set_by_the_inner_service_are_kept() {
     assert_eq!(header(&res, "x-ratelimit-remaining"), None);
     assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=4;t=12"));
     assert_eq!(header(&res, "ratelimit-policy"), Some("\"api\";q=5;w=60"));
+}
+
+/// Two layers on one route (a strict route layer inside a router-wide one): each says its own
+/// policy, so a client sees the one that binds, whichever it is. The inner layer's 429 carries
+/// the outer layer's items too; a request the outer layer denies never reaches the inner one.
+#[tokio::test]
+async fn stacked_layers_each_add_their_items() {
+    let (_clock, store) = store();
+    let strict = Policy::new("login", five_a_minute())
+        .unwrap()
+        .key(GlobalKey);
+    let loose = Policy::new(
+        "site",
+        Limit::single(Algorithm::TokenBucket, Quota::per_minute(7).unwrap()).unwrap(),
+    )
+    .unwrap()
+    .key(GlobalKey);
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(store.clone(), strict).unwrap())
+        .layer(RateLimitLayer::new(store, loose).unwrap());
+    for i in 0..5u64 {
+        let res = send(&app, request("/")).await;
+        assert_eq!(res.status(), 200);
+        assert_eq!(
+            header_lines(&res, "ratelimit-policy"),
+            ["\"login\";q=5;w=60", "\"site\";q=7;w=60"]
+        );
+        let login = format!("\"login\";r={};t={}", 4 - i, 12 * (i + 1));
+        let site = format!("\"site\";r={};t={}", 6 - i, (60 * (i + 1)).div_ceil(7));
+        assert_eq!(header_lines(&res, "ratelimit"), [login, site]);
+    }
+    let res = send(&app, request("/")).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(header(&res, "retry-after"), Some("12"));
+    assert_eq!(
+        header_lines(&res, "ratelimit"),
+        ["\"login\";r=0;t=12", "\"site\";r=1;t=52"]
+    );
+    // The outer layer's last token; then its own 429, with its items alone.
+    assert_eq!(send(&app, request("/")).await.status(), 429);
+    let res = send(&app, request("/")).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(
+        header_lines(&res, "ratelimit-policy"),
+        ["\"site\";q=7;w=60"]
+    );
+    assert_eq!(header_lines(&res, "ratelimit"), ["\"site\";r=0;t=9"]);
 }
 
 /// A bucket's burst above its rate: `q` and `w` give the sustained rate, `r` what is left of the

@@ -98,6 +98,44 @@ async fn login_allows_5_a_minute_per_ip_then_answers_problem_json() {
     );
 }
 
+/// An endpoint under two enforced routes (`/login`, and `/` per IP) gets the IETF items of both
+/// (the route listed last, the innermost, adds its items first): the allowed logins say what is
+/// left of the strict limit that binds, not only of the loose one.
+#[tokio::test]
+async fn an_endpoint_under_two_routes_says_both_policies() {
+    assert!(MEMORY.contains("dry_run = true\n"));
+    let enforced = MEMORY.replace("dry_run = true\n", "dry_run = false\n");
+    let app = app(&Config::from_toml(&enforced).unwrap()).await.unwrap();
+    let lines = |res: &Response<Body>, name: &str| -> Vec<String> {
+        res.headers()
+            .get_all(name)
+            .iter()
+            .map(|v| v.to_str().unwrap().to_owned())
+            .collect()
+    };
+    for left in (0..5).rev() {
+        let res = send(&app, request("POST", "/login", "192.0.2.9:5000", None)).await;
+        assert_eq!(res.status(), StatusCode::OK);
+        let items = lines(&res, "ratelimit");
+        assert_eq!(items.len(), 2, "{items:?}");
+        assert!(items[0].starts_with("\"per-ip\";r="), "{items:?}");
+        assert!(
+            items[1].starts_with(&format!("\"login.0\";r={left};")),
+            "{items:?}"
+        );
+        let policies = lines(&res, "ratelimit-policy");
+        assert_eq!(policies.len(), 2, "{policies:?}");
+        assert!(policies[0].starts_with("\"per-ip\";q=300;"), "{policies:?}");
+        assert!(policies[1].starts_with("\"login.0\";q=5;"), "{policies:?}");
+    }
+    // The 429 is login's, the route checked first: the per-IP route never saw the request.
+    let res = send(&app, request("POST", "/login", "192.0.2.9:5000", None)).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    let items = lines(&res, "ratelimit");
+    assert_eq!(items.len(), 1, "{items:?}");
+    assert!(items[0].starts_with("\"login.0\";r=0;t=12"), "{items:?}");
+}
+
 #[tokio::test]
 async fn api_is_per_key_with_tiers_and_writes_cost_5() {
     let app = memory_app().await;

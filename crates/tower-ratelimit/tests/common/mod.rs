@@ -60,6 +60,16 @@ pub fn header<'a, B>(res: &'a Response<B>, name: &str) -> Option<&'a str> {
     res.headers().get(name).map(|v| v.to_str().unwrap())
 }
 
+/// Every line of the field `name`, in order.
+#[allow(dead_code)]
+pub fn header_lines<'a, B>(res: &'a Response<B>, name: &str) -> Vec<&'a str> {
+    res.headers()
+        .get_all(name)
+        .iter()
+        .map(|v| v.to_str().unwrap())
+        .collect()
+}
+
 pub async fn body_text(res: Response<Body>) -> String {
     let bytes = http_body_util::BodyExt::collect(res.into_body())
         .await
