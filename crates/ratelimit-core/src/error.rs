@@ -47,7 +47,8 @@ pub enum ConfigError {
     /// [`Limit::new`](crate::Limit::new), which knows the algorithm; the message says which
     /// bound, and what to change.
     #[error(
-        "the quota {limit} per {period_micros} us (burst {burst}) is too large for {algorithm:?}: {}",
+        "the quota {limit} per {period_micros} µs (burst {burst}) is too large for the {} algorithm: {}",
+        algorithm.name(),
         too_large_hint(*algorithm)
     )]
     TooLarge {

@@ -368,11 +368,13 @@ impl Config {
 
     /// What a valid configuration may not mean to do, one line each (printed at start and by
     /// `--check`): a cost that each gateway's fallback share cannot admit, so that every such
-    /// request is denied while the store is down.
+    /// request is denied while the store is down (a shared store's only: the memory store
+    /// cannot be down).
     pub fn warnings(&self) -> Vec<String> {
         let mut warnings = Vec::new();
+        let can_fail = self.store.kind != StoreKind::Memory;
         for (i, route) in self.routes.iter().enumerate() {
-            let _ = route.validate(&format!("routes[{i}]"), &mut warnings);
+            let _ = route.validate(&format!("routes[{i}]"), can_fail, &mut warnings);
         }
         warnings
     }
@@ -390,7 +392,7 @@ impl Config {
             return Err(ConfigError::new("routes", "at least one route is needed"));
         }
         for (i, route) in self.routes.iter().enumerate() {
-            route.validate(&format!("routes[{i}]"), &mut Vec::new())?;
+            route.validate(&format!("routes[{i}]"), true, &mut Vec::new())?;
             let name = &route.policy.name;
             if let Some(j) = self.routes[..i].iter().position(|r| r.policy.name == *name) {
                 return Err(ConfigError::new(
@@ -612,7 +614,13 @@ impl StoreConfig {
 }
 
 impl RouteConfig {
-    fn validate(&self, at: &str, warnings: &mut Vec<String>) -> Result<(), ConfigError> {
+    /// `store_can_fail`: whether to warn of what happens while the store is down.
+    fn validate(
+        &self,
+        at: &str,
+        store_can_fail: bool,
+        warnings: &mut Vec<String>,
+    ) -> Result<(), ConfigError> {
         if !self.path.starts_with('/') {
             return Err(ConfigError::new(
                 format!("{at}.path"),
@@ -748,7 +756,9 @@ impl RouteConfig {
                     ),
                 ));
             }
-            if let Some(share) = shares.iter().find(|l| cost > l.max_cost()) {
+            if let Some(share) = shares.iter().find(|l| cost > l.max_cost())
+                && store_can_fail
+            {
                 warnings.push(format!(
                     "{at}.{field}: {cost} is more than each gateway's fallback share of the limit \
                      can admit at once ({}): while the store is down, every such request is \
@@ -813,11 +823,15 @@ impl RouteConfig {
                 ));
             }
         }
-        // Anything the checks above missed, as the library words it.
-        let _ = policy
-            .clone()
-            .into_policy()
-            .map_err(|e| ConfigError::new(format!("{at}.policy"), e))?;
+        // Anything the checks above missed, as the library words it; at its own field where the
+        // library names one.
+        let _ = policy.clone().into_policy().map_err(|e| match e {
+            tower_ratelimit::Error::InvalidSetting {
+                name: "retry_after_secs",
+                reason,
+            } => ConfigError::new(format!("{at}.policy.failure.retry_after_secs"), reason),
+            e => ConfigError::new(format!("{at}.policy"), e),
+        })?;
         if !policy.tiers.is_empty() && !matches!(self.key, KeyConfig::Header { .. }) {
             return Err(ConfigError::new(
                 format!("{at}.key.source"),
@@ -899,6 +913,11 @@ fn check_limit(
         // burst, if one was given: a smaller one makes a bucket fit).
         Limit::single(algorithm, quota).map_err(|e| {
             let part = match e {
+                // A sliding log's bound is on its limit alone.
+                ratelimit_core::ConfigError::TooLarge {
+                    algorithm: ratelimit_core::Algorithm::SlidingLog,
+                    ..
+                } => ".limit",
                 ratelimit_core::ConfigError::TooLarge { .. } if q.burst.is_some() => ".burst",
                 _ => "",
             };

@@ -505,7 +505,12 @@ async fn bad_configurations_fail_naming_the_field() {
         // named by its burst where one was given (a smaller one fits).
         (
             with_policy("quotas = [{ limit = 52127, per = \"day\" }]"),
-            "routes[0].policy.quotas[0]: the quota 52127 per 86400000000 us (burst 52127) is too large for TokenBucket",
+            "routes[0].policy.quotas[0]: the quota 52127 per 86400000000 µs (burst 52127) is too large for the token_bucket algorithm",
+        ),
+        // A sliding log's bound is on its limit.
+        (
+            with_policy("algorithm = \"sliding_log\"\nquotas = [{ limit = 200000, per = \"minute\" }]"),
+            "routes[0].policy.quotas[0].limit: the quota 200000 per 60000000 µs (burst 200000) is too large for the sliding_log algorithm",
         ),
         (
             with_policy("quotas = [{ limit = 7, per = \"day\", burst = 1000000 }]"),
@@ -540,6 +545,12 @@ async fn bad_configurations_fail_naming_the_field() {
         ),
         (
             with_policy(
+                "quotas = [{ limit = 5, per = \"minute\" }]\nfailure = { mode = \"closed\", retry_after_secs = 0 }",
+            ),
+            "routes[0].policy.failure.retry_after_secs: must be",
+        ),
+        (
+            with_policy(
                 "quotas = [{ limit = 5, per = \"minute\" }]\nfailure = { mode = \"fallback\" }",
             ),
             "routes[0].policy.failure: missing field `gateways` (mode \"fallback\")",
@@ -554,11 +565,14 @@ async fn bad_configurations_fail_naming_the_field() {
     }
     // A cost over each gateway's fallback share (writes refused while Redis is down) may be
     // meant: loaded, with a warning that names it.
-    let config = Config::from_toml(
-        "[[routes]]\npath = \"/api\"\ncost_by_method = { POST = 5 }\n[routes.policy]\nname = \"a\"\n\
-         quotas = [{ limit = 600, per = \"minute\", burst = 20 }]\n\
-         failure = { mode = \"fallback\", gateways = 5 }\n",
-    )
+    let routes = "[[routes]]\npath = \"/api\"\ncost_by_method = { POST = 5 }\n[routes.policy]\n\
+                  name = \"a\"\nquotas = [{ limit = 600, per = \"minute\", burst = 20 }]\n\
+                  failure = { mode = \"fallback\", gateways = 5 }\n";
+    // With the memory store, which is never down, there is nothing to warn of.
+    assert!(Config::from_toml(routes).unwrap().warnings().is_empty());
+    let config = Config::from_toml(&format!(
+        "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\n{routes}"
+    ))
     .unwrap();
     assert_eq!(
         config.warnings(),
