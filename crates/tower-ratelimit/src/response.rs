@@ -223,7 +223,9 @@ pub enum DenialBody {
     /// quota-policy items that denied (as `RateLimit-Policy` names them) in `violated-policies`:
     /// of a policy of several quotas, every quota that did not admit the request
     /// ([`Decision::violated_quotas`](ratelimit_core::Decision::violated_quotas); a store behind
-    /// a `DenialCache` names the binding quota alone in a denial answered from the cache).
+    /// a `DenialCache` names the binding quota alone in a denial answered from the cache). The
+    /// layer's other answers (a missing key, failing closed) are then problem+json too, of type
+    /// `about:blank`, titled with the words of their plain text.
     ProblemJson,
     /// For gRPC calls (such as to tonic's services, behind this layer): the denial as gRPC says
     /// it, a trailers-only response with HTTP status 200, `content-type: application/grpc`,
@@ -799,6 +801,9 @@ impl Bodies {
 impl Bodies {
     /// An error answer of the layer's own (missing key, fail closed): plain text with `status`,
     /// or, under [`DenialBody::Grpc`], the gRPC status that stands for it.
+    ///
+    /// Under [`DenialBody::ProblemJson`], an `application/problem+json` body of type
+    /// `about:blank` with `text` as its title (plain ASCII, no quote or backslash: JSON as it is).
     pub(crate) fn error(
         &self,
         status: StatusCode,
@@ -806,6 +811,17 @@ impl Bodies {
         retry_after: Option<Duration>,
     ) -> Response<Bytes> {
         let mut res = plain(status, text, retry_after.map(retry_after_secs));
+        if matches!(self.kind, DenialBody::ProblemJson) {
+            // The same text as a problem of no more specific type (RFC 9457's `about:blank`), so
+            // that an API that answers problem+json does so for these too.
+            let body = format!(
+                "{{\"type\":\"about:blank\",\"title\":\"{}\",\"status\":{}}}",
+                text.trim_end(),
+                status.as_u16()
+            );
+            *res.body_mut() = Bytes::from(body);
+            res.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
+        }
         if matches!(self.kind, DenialBody::Grpc) {
             res.extensions_mut().insert(GrpcForm {
                 message: text.trim_end(),

@@ -418,6 +418,35 @@ async fn a_store_that_has_to_wait_answers_in_the_inner_body_type_with_same_body(
     );
 }
 
+/// Under a problem+json policy, the fail-closed 503 is a problem+json body too (type
+/// `about:blank`), with its `Retry-After`.
+#[tokio::test(start_paused = true)]
+async fn a_problem_json_policy_fails_closed_in_problem_json() {
+    let layer = RateLimitLayer::builder(
+        Arc::new(HangingStore::default()),
+        Policy::new("closed", per_minute(1))
+            .unwrap()
+            .body(tower_ratelimit::DenialBody::ProblemJson)
+            .failure(FailurePolicy::fail_closed(Duration::from_secs(2))),
+    )
+    .timeout(Duration::from_millis(20))
+    .no_circuit_breaker()
+    .build()
+    .unwrap();
+    let res = send(&app(layer), request("/")).await;
+    assert_eq!(res.status(), 503);
+    assert_eq!(header(&res, "retry-after"), Some("2"));
+    assert_eq!(
+        header(&res, "content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(
+        body_text(res).await,
+        "{\"type\":\"about:blank\",\"title\":\"Service Unavailable: the rate limiter cannot \
+         decide\",\"status\":503}"
+    );
+}
+
 /// Store latency: every answer that has to wait is timed; answers that come at once are sampled
 /// at random, about one in 64, even when two layers' calls interleave on one thread. (The
 /// sampler's sequence is fixed per thread, so the counts are the same on every run.)

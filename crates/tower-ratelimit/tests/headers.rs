@@ -373,6 +373,31 @@ async fn problem_json_body() {
     assert!(body.ends_with("\"status\":429,\"violated-policies\":[\"api\"]}"));
 }
 
+/// The layer's other answers follow a problem+json policy too: a request without a key (400)
+/// gets a problem of type `about:blank` with the plain text's words as its title.
+#[tokio::test]
+async fn a_problem_json_policy_answers_a_missing_key_in_problem_json() {
+    let (_clock, store) = store();
+    // The default key is the peer address, which this request lacks.
+    let policy = Policy::new("api", five_a_minute())
+        .unwrap()
+        .body(DenialBody::ProblemJson);
+    let res = send(
+        &app(store, policy),
+        http::Request::new(axum::body::Body::empty()),
+    )
+    .await;
+    assert_eq!(res.status(), 400);
+    assert_eq!(
+        header(&res, "content-type"),
+        Some("application/problem+json")
+    );
+    assert_eq!(
+        body_text(res).await,
+        "{\"type\":\"about:blank\",\"title\":\"No rate-limit key in the request\",\"status\":400}"
+    );
+}
+
 #[tokio::test]
 async fn a_problem_body_names_the_quota_that_denied() {
     let (clock, store) = store();
