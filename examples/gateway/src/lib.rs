@@ -131,8 +131,9 @@ pub async fn app(config: &Config) -> Result<Router, StartError> {
                     .await
                     .map_err(|e| start_error(store, e))?;
                 if !lazy.is_connected() {
-                    eprintln!(
-                        "warning: Redis cannot be reached; starting anyway, retrying every second"
+                    // An event, as the store's own attempts are logged, so that it reads as they do.
+                    tracing::warn!(
+                        "Redis cannot be reached; starting anyway, retrying every second"
                     );
                 }
                 lazy

@@ -222,10 +222,18 @@ async fn main() -> ExitCode {
         let quotas: Vec<String> = p
             .quotas
             .iter()
-            .map(|q| match (q.per, q.period_ms) {
-                (Some(per), _) => format!("{}/{}", q.limit, format!("{per:?}").to_lowercase()),
-                (None, Some(ms)) => format!("{}/{ms}ms", q.limit),
-                (None, None) => q.limit.to_string(),
+            .map(|q| {
+                let rate = match (q.per, q.period_ms) {
+                    (Some(per), _) => format!("{}/{}", q.limit, format!("{per:?}").to_lowercase()),
+                    (None, Some(ms)) => format!("{}/{ms}ms", q.limit),
+                    (None, None) => q.limit.to_string(),
+                };
+                // The burst a client meets first (what `X-RateLimit-Limit` says), if not the
+                // limit.
+                match q.burst {
+                    Some(burst) if burst != q.limit => format!("{rate} (burst {burst})"),
+                    _ => rate,
+                }
             })
             .collect();
         let tiers: Vec<&str> = p.tiers.iter().map(|t| t.name.as_str()).collect();
