@@ -24,8 +24,11 @@ pub enum RedisStoreError {
         /// What is wrong with it.
         reason: String,
     },
-    /// No connection could be made or taken in time (the server is down, refuses us, or the pool
-    /// could not create a connection within the connect and wait timeouts).
+    /// No connection could be made or taken in time: the server is down or unreachable, the pool
+    /// could not create a connection within the connect and wait timeouts
+    /// ([`is_unavailable`](Self::is_unavailable)); or the server was reached but refused the
+    /// connection's credentials ([`is_refused_credentials`](Self::is_refused_credentials)), or
+    /// is not a Redis the store can use ([`is_wrong_server`](Self::is_wrong_server)).
     #[error("could not connect to Redis: {message}")]
     Connection {
         /// What happened.
@@ -65,15 +68,25 @@ pub enum RedisStoreError {
 impl RedisStoreError {
     /// `true` if the store could not be reached (connection or timeout; on a cluster, no
     /// connection to the node that holds the key), as opposed to Redis answering with an error.
+    /// A connection that Redis refused for its credentials
+    /// ([`is_refused_credentials`](Self::is_refused_credentials)), or an address where something
+    /// other than a usable Redis answered ([`is_wrong_server`](Self::is_wrong_server)), is not
+    /// this: the server was reached, and waiting will not help.
     #[must_use]
     pub fn is_unavailable(&self) -> bool {
-        matches!(
-            self,
-            RedisStoreError::Connection { .. } | RedisStoreError::Timeout { .. }
-        ) || matches!(self, RedisStoreError::Redis(e) if e.is_io_error()
-            || e.is_connection_dropped()
-            || e.is_timeout()
-            || e.kind() == redis::ErrorKind::ClusterConnectionNotFound)
+        match self {
+            RedisStoreError::Connection { .. } => {
+                !self.is_refused_credentials() && !self.is_wrong_server()
+            }
+            RedisStoreError::Timeout { .. } => true,
+            RedisStoreError::Redis(e) => {
+                e.is_io_error()
+                    || e.is_connection_dropped()
+                    || e.is_timeout()
+                    || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
+            }
+            _ => false,
+        }
     }
 
     /// `true` if Redis refused this client's credentials: a wrong password or user
@@ -122,17 +135,11 @@ impl RedisStoreError {
         else {
             return false;
         };
-        if r.kind() == redis::ErrorKind::Parse {
-            return true;
-        }
         let text = r.to_string();
-        [
-            "Parse error",
-            "cluster support disabled",
-            "DB index is out of range",
-        ]
-        .iter()
-        .any(|wrong| text.contains(wrong))
+        not_redis(r)
+            || ["cluster support disabled", "DB index is out of range"]
+                .iter()
+                .any(|wrong| text.contains(wrong))
     }
 
     /// A connection error of the build, naming the URLs it tried (their passwords redacted), so
@@ -142,8 +149,14 @@ impl RedisStoreError {
         match self {
             RedisStoreError::Connection { message, source } => {
                 let urls: Vec<String> = urls.iter().map(|u| crate::redact_url(u)).collect();
+                // What the client's words for a reply that does not parse leave to be guessed.
+                let plainly = if source.as_ref().is_some_and(not_redis) {
+                    "what answers there is not a Redis server (its reply does not parse): "
+                } else {
+                    ""
+                };
                 RedisStoreError::Connection {
-                    message: format!("{}: {}", urls.join(", "), one_line(&message)),
+                    message: format!("{}: {plainly}{}", urls.join(", "), one_line(&message)),
                     source,
                 }
             }
@@ -157,6 +170,12 @@ impl RedisStoreError {
             reason: reason.into(),
         }
     }
+}
+
+/// Whether the client could not parse the reply as Redis's protocol: something else listens
+/// there. (The cluster client reports it as an I/O error whose text alone says so.)
+fn not_redis(r: &redis::RedisError) -> bool {
+    r.kind() == redis::ErrorKind::Parse || r.to_string().contains("Parse error")
 }
 
 /// `text` on one line, its lines joined with "; " (the client's parse errors span several: a

@@ -160,6 +160,7 @@ async fn refused_credentials_fail_a_lazy_build_at_once() {
         .await
         .unwrap_err();
     assert!(err.is_refused_credentials(), "{err:?}");
+    assert!(!err.is_unavailable(), "reached, and refused: {err:?}");
     assert!(!err.to_string().contains("wrong"), "not echoed: {err}");
     // The message names the server it tried, without the password.
     assert!(
@@ -220,6 +221,15 @@ async fn a_wrong_server_fails_a_lazy_build_at_once() {
             .unwrap_or_else(|| panic!("{what}: built"));
         assert!(err.is_wrong_server(), "{what}: {err:?}");
         assert!(!err.is_refused_credentials(), "{what}: {err:?}");
+        // Reached: not an outage to wait out.
+        assert!(!err.is_unavailable(), "{what}: {err:?}");
+        if what.starts_with("a web server") {
+            assert!(
+                err.to_string()
+                    .contains("what answers there is not a Redis server"),
+                "{what}: {err}"
+            );
+        }
         assert!(!err.to_string().contains('\n'), "{what}: one line: {err}");
     }
     // Unreachable is not a wrong server: the lazy build starts, and retries.
@@ -227,6 +237,7 @@ async fn a_wrong_server_fails_a_lazy_build_at_once() {
     down.kill();
     let unreachable = RedisStore::builder(down.url()).build().await.unwrap_err();
     assert!(!unreachable.is_wrong_server(), "{unreachable:?}");
+    assert!(unreachable.is_unavailable(), "{unreachable:?}");
     let store = lazily(RedisStore::builder(down.url())).await.unwrap();
     assert!(!store.is_connected());
 }
