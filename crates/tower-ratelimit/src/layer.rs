@@ -25,8 +25,11 @@ const FAR_ABOVE_AT_LEAST: Duration = Duration::from_millis(50);
 
 /// Applies [`RateLimit`] to a service. Clones share one limiter.
 ///
-/// Use it with `Router::layer` (every route, one limit per key across them) or
-/// `Router::route_layer` (only the routes above it; unmatched paths still get 404, not 429).
+/// Use it with `Router::layer` (every route, one limit per key across them), or per route with
+/// `route_layer` on the route's method router (`post(login).route_layer(layer)`: the methods the
+/// route serves; another method gets axum's 405, not counted). `Router::route_layer` covers
+/// every route above it (unmatched paths still get 404, not 429), but axum runs it on each
+/// route's 405 too: requests with a method the route does not serve are counted.
 ///
 /// `M` is the [`BodyMode`](crate::BodyMode): by default responses carry a
 /// [`ResponseBody`](crate::ResponseBody) around any inner body; [`same_body`](Self::same_body)

@@ -67,8 +67,10 @@
 //! # Layer order
 //!
 //! Put authentication before the rate limit if the key is the user (`.layer(rate_limit)` then
-//! `.layer(auth)`: the last added runs first). With `route_layer`, each route can have its own
-//! policy: a strict one for `/login`, a looser one for the API.
+//! `.layer(auth)`: the last added runs first). With `route_layer` on a route's method router
+//! (`post(login).route_layer(layer)`), each route can have its own policy: a strict one for
+//! `/login`, a looser one for the API. (`Router::route_layer` would also count the 405s of a
+//! method the route does not serve: see [`RateLimitLayer`].)
 //!
 //! # Re-exports
 //!

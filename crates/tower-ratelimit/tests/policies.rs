@@ -528,6 +528,39 @@ async fn router_route_layer_limits_matched_routes_only() {
     assert_eq!(send(&app, request("/missing")).await.status(), 404);
 }
 
+/// A method a route does not serve: axum runs a `Router::route_layer` on the route's 405 too,
+/// so such requests are counted (and denied once the quota is spent); a layer on the route's
+/// method router (`post(h).route_layer(..)`) covers the methods it serves alone.
+#[tokio::test]
+async fn a_method_routers_layer_does_not_count_405s_and_a_routers_does() {
+    let post_to = || {
+        http::Request::post("/login")
+            .extension(axum::extract::ConnectInfo(
+                "192.0.2.1:4000".parse::<std::net::SocketAddr>().unwrap(),
+            ))
+            .body(axum::body::Body::empty())
+            .unwrap()
+    };
+    let layer = || {
+        let (_clock, store) = store();
+        RateLimitLayer::new(store, Policy::new("login", per_minute(2)).unwrap()).unwrap()
+    };
+    let on_methods = Router::new().route("/login", post(|| async { "ok" }).route_layer(layer()));
+    for _ in 0..5 {
+        assert_eq!(send(&on_methods, request("/login")).await.status(), 405);
+    }
+    assert_eq!(send(&on_methods, post_to()).await.status(), 200);
+    assert_eq!(send(&on_methods, post_to()).await.status(), 200);
+
+    let on_router = Router::new()
+        .route("/login", post(|| async { "ok" }))
+        .route_layer(layer());
+    assert_eq!(send(&on_router, request("/login")).await.status(), 405);
+    assert_eq!(send(&on_router, request("/login")).await.status(), 405);
+    // The two GETs spent the quota: the POST is denied.
+    assert_eq!(send(&on_router, post_to()).await.status(), 429);
+}
+
 /// Settings that the constructors check are checked again when the layer is built, for values
 /// built directly (public enum variants) or combined across builders.
 #[test]

@@ -117,6 +117,14 @@ mod per_route {
     async fn the_routes_limit_as_the_readme_says() -> Result<(), Box<dyn std::error::Error>> {
         let app = app()?;
         let login = |peer| request("POST", "/login", peer);
+        // A method /login does not serve gets axum's 405, and spends none of the client's logins.
+        for _ in 0..10 {
+            let res = app
+                .clone()
+                .oneshot(request("GET", "/login", Some("203.0.113.9:4000"))?)
+                .await?;
+            assert_eq!(res.status(), 405);
+        }
         for _ in 0..5 {
             let res = app
                 .clone()
