@@ -225,7 +225,8 @@ pub enum DenialBody {
     /// ([`Decision::violated_quotas`](ratelimit_core::Decision::violated_quotas); a store behind
     /// a `DenialCache` names the binding quota alone in a denial answered from the cache). The
     /// layer's other answers (a missing key, failing closed) are then problem+json too, of type
-    /// `about:blank`, titled with the words of their plain text.
+    /// `about:blank`: titled with the status's phrase, the words of their plain text in
+    /// `detail`.
     ProblemJson,
     /// For gRPC calls (such as to tonic's services, behind this layer): the denial as gRPC says
     /// it, a trailers-only response with HTTP status 200, `content-type: application/grpc`,
@@ -803,7 +804,8 @@ impl Bodies {
     /// or, under [`DenialBody::Grpc`], the gRPC status that stands for it.
     ///
     /// Under [`DenialBody::ProblemJson`], an `application/problem+json` body of type
-    /// `about:blank` with `text` as its title (plain ASCII, no quote or backslash: JSON as it is).
+    /// `about:blank`, titled with the status's phrase, with `text` (less that phrase, if it
+    /// starts with it) as its detail (plain ASCII, no quote or backslash: JSON as it is).
     pub(crate) fn error(
         &self,
         status: StatusCode,
@@ -812,11 +814,17 @@ impl Bodies {
     ) -> Response<Bytes> {
         let mut res = plain(status, text, retry_after.map(retry_after_secs));
         if matches!(self.kind, DenialBody::ProblemJson) {
-            // The same text as a problem of no more specific type (RFC 9457's `about:blank`), so
-            // that an API that answers problem+json does so for these too.
+            // A problem of no more specific type (RFC 9457's `about:blank`), so that an API that
+            // answers problem+json does so for these too: titled with the status's phrase, as
+            // that type asks, the text's own words in `detail`.
+            let title = status.canonical_reason().unwrap_or("Error");
+            let text = text.trim_end();
+            let detail = text
+                .strip_prefix(title)
+                .and_then(|rest| rest.strip_prefix(": "))
+                .unwrap_or(text);
             let body = format!(
-                "{{\"type\":\"about:blank\",\"title\":\"{}\",\"status\":{}}}",
-                text.trim_end(),
+                "{{\"type\":\"about:blank\",\"title\":\"{title}\",\"status\":{},\"detail\":\"{detail}\"}}",
                 status.as_u16()
             );
             *res.body_mut() = Bytes::from(body);

@@ -404,7 +404,7 @@ impl<St: Store> Shared<St> {
     #[inline(never)]
     fn missing_key<W>(&self, tier: usize, key: &mut KeyBuf) -> Option<Step<W>> {
         let rt = &self.rt;
-        let (status, challenge) = match &rt.policy.missing_key {
+        let (status, challenge, text) = match &rt.policy.missing_key {
             MissingKey::SharedKey(shared_key) => {
                 key.truncate(0);
                 key.push(&rt.shared_prefix);
@@ -414,13 +414,16 @@ impl<St: Store> Shared<St> {
             _ if rt.policy.dry_run => {
                 return Some(self.forward(VerdictKind::ShadowDenied, None, tier));
             }
-            MissingKey::Reject(status) => (*status, None),
-            MissingKey::Unauthorized(challenge) => (StatusCode::UNAUTHORIZED, Some(challenge)),
+            MissingKey::Reject(status) => (*status, None, "No rate-limit key in the request\n"),
+            // What the client lacks is credentials: the rate limiter is not its business.
+            MissingKey::Unauthorized(challenge) => (
+                StatusCode::UNAUTHORIZED,
+                Some(challenge),
+                "Unauthorized: this request needs credentials\n",
+            ),
         };
         tracing::debug!(policy = %rt.name, "no rate-limit key in request");
-        let mut response = rt
-            .bodies
-            .error(status, "No rate-limit key in the request\n", None);
+        let mut response = rt.bodies.error(status, text, None);
         if let Some(challenge) = challenge {
             response
                 .headers_mut()

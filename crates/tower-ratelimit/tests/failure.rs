@@ -442,8 +442,8 @@ async fn a_problem_json_policy_fails_closed_in_problem_json() {
     );
     assert_eq!(
         body_text(res).await,
-        "{\"type\":\"about:blank\",\"title\":\"Service Unavailable: the rate limiter cannot \
-         decide\",\"status\":503}"
+        "{\"type\":\"about:blank\",\"title\":\"Service Unavailable\",\"status\":503,\
+         \"detail\":\"the rate limiter cannot decide\"}"
     );
 }
 

@@ -394,7 +394,7 @@ async fn a_problem_json_policy_answers_a_missing_key_in_problem_json() {
     );
     assert_eq!(
         body_text(res).await,
-        "{\"type\":\"about:blank\",\"title\":\"No rate-limit key in the request\",\"status\":400}"
+        "{\"type\":\"about:blank\",\"title\":\"Bad Request\",\"status\":400,\"detail\":\"No rate-limit key in the request\"}"
     );
 }
 

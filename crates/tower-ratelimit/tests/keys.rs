@@ -123,6 +123,11 @@ async fn a_missing_key_can_get_a_401_with_its_challenge() {
         res.headers()["www-authenticate"],
         "ApiKey header=\"x-api-key\""
     );
+    // About the credentials the client lacks, not about the rate limiter.
+    assert_eq!(
+        body_text(res).await,
+        "Unauthorized: this request needs credentials\n"
+    );
     let refused = [
         MissingKey::Reject(StatusCode::UNAUTHORIZED),
         MissingKey::Reject(StatusCode::METHOD_NOT_ALLOWED),
