@@ -24,8 +24,9 @@ use crate::store::{CheckFuture, MAX_TIMEOUT, RedisStore, RedisStoreBuilder};
 ///   wrong setting, not Redis being down) and an address that answers but not as a Redis the
 ///   store can use ([`is_wrong_server`](RedisStoreError::is_wrong_server)), and none is retried;
 /// - otherwise a task tries again every `retry_every` (1 ms to an hour), whether checks come or
-///   not, each attempt bounded by the builder's timeouts and each failure logged (`WARN`), until
-///   one succeeds or the store is dropped;
+///   not, each attempt bounded by the builder's timeouts, until one succeeds or the store is
+///   dropped; a failure is logged as a warning at most once a minute (with how many attempts
+///   failed since the last), the others as `DEBUG` events;
 /// - meanwhile every check fails at once with the last attempt's error (a
 ///   [`RedisStoreError::Connection`] when the server cannot be reached), so the layer's failure
 ///   policy answers (fail open, fail closed, or the local fallback);
@@ -67,6 +68,9 @@ struct Inner {
     retrying: AtomicBool,
     /// When the last attempt started, and its error (none if the first one succeeded).
     last: Mutex<(Instant, Option<RedisStoreError>)>,
+    /// When a failed attempt was last logged as a warning, and the failures since (see
+    /// [`log_failure`]).
+    warned: Mutex<(Option<Instant>, u64)>,
 }
 
 impl fmt::Debug for LazyRedisStore {
@@ -96,10 +100,11 @@ impl LazyRedisStore {
             Err(e @ RedisStoreError::Config { .. }) => return Err(e),
             Err(e) if e.is_refused_credentials() || e.is_wrong_server() => return Err(e),
             Err(e) => {
-                log_failure(&e);
+                log_failure(&Mutex::new((None, 0)), &e);
                 (OnceLock::new(), Some(e))
             }
         };
+        let warned = error.is_some().then_some(started);
         let store = LazyRedisStore {
             inner: Arc::new(Inner {
                 cluster: builder.cluster,
@@ -109,6 +114,7 @@ impl LazyRedisStore {
                 store,
                 retrying: AtomicBool::new(false),
                 last: Mutex::new((started, error)),
+                warned: Mutex::new((warned, 0)),
             }),
         };
         if !store.is_connected() {
@@ -176,6 +182,7 @@ impl From<RedisStore> for LazyRedisStore {
                 store: OnceLock::from(store),
                 retrying: AtomicBool::new(false),
                 last: Mutex::new((Instant::now(), None)),
+                warned: Mutex::new((None, 0)),
             }),
         }
     }
@@ -214,7 +221,7 @@ impl Retrying {
                     return;
                 }
                 Err(error) => {
-                    log_failure(&error);
+                    log_failure(&inner.warned, &error);
                     inner.last.lock().unwrap_or_else(PoisonError::into_inner).1 = Some(error);
                 }
             }
@@ -230,11 +237,28 @@ impl Drop for Retrying {
     }
 }
 
-fn log_failure(error: &RedisStoreError) {
+/// How often a failing attempt is logged as a warning at most: an outage retried every 500 ms
+/// would otherwise write 7,200 warnings an hour. The others are `DEBUG` events.
+const WARN_EVERY: Duration = Duration::from_secs(60);
+
+/// Logs a failed attempt: a warning for the first, and then at most one per [`WARN_EVERY`],
+/// which says how many failed since the last; `DEBUG` for the rest.
+fn log_failure(warned: &Mutex<(Option<Instant>, u64)>, error: &RedisStoreError) {
+    let since = {
+        let mut w = warned.lock().unwrap_or_else(PoisonError::into_inner);
+        w.1 += 1;
+        if w.0.is_some_and(|at| at.elapsed() < WARN_EVERY) {
+            tracing::debug!(%error, "ratelimit-redis: an attempt to reach Redis failed");
+            return;
+        }
+        let since = w.1;
+        *w = (Some(Instant::now()), 0);
+        since
+    };
     if error.is_refused_credentials() {
-        tracing::warn!(%error, "ratelimit-redis: Redis refused the credentials; retrying in the background");
+        tracing::warn!(%error, failed = since, "ratelimit-redis: Redis refused the credentials; retrying in the background");
     } else {
-        tracing::warn!(%error, "ratelimit-redis: Redis cannot be reached yet; retrying in the background");
+        tracing::warn!(%error, failed = since, "ratelimit-redis: Redis cannot be reached yet; retrying in the background");
     }
 }
 

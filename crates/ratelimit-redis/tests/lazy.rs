@@ -242,6 +242,49 @@ async fn a_wrong_server_fails_a_lazy_build_at_once() {
     assert!(!store.is_connected());
 }
 
+/// Log lines written by a test's subscriber.
+#[derive(Clone, Default)]
+struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Lines {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// An outage retried every 20 ms is one warning, not one per attempt: the attempts after the
+/// first are `DEBUG` events until a minute has passed. (A current-thread runtime: the task that
+/// retries logs on the thread whose subscriber this test set.)
+#[tokio::test]
+async fn failed_attempts_are_warned_of_once_a_minute_at_most() {
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let mut down = RedisServer::start();
+    down.kill();
+    let store = RedisStore::builder(down.url())
+        .prefix(unique_prefix("lazy-quiet"))
+        .build_lazy(Duration::from_millis(20))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert!(!store.is_connected());
+    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let warnings = text.lines().filter(|l| l.contains(" WARN ")).count();
+    let attempts = text.matches("an attempt to reach Redis failed").count();
+    assert_eq!(warnings, 1, "{text}");
+    assert!(attempts >= 5, "{attempts} later attempts: {text}");
+}
+
 /// A store built by `build` serves through the lazy type as it is: connected, and never
 /// attempting anything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

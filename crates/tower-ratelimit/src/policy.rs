@@ -291,7 +291,8 @@ impl Policy {
     }
 
     /// Chooses the tier of each request (a plan found in the extensions, say). `None`, or a name
-    /// that is not a tier, means the policy's own limit. A request without a key that is counted
+    /// that is not a tier, means the policy's own limit (a name that is not a tier is logged as
+    /// a warning the first time: a resolver's typo would hold every such client to that limit). A request without a key that is counted
     /// against [`MissingKey::shared_key`] is always under the policy's own limit.
     pub fn resolve_tier(
         mut self,

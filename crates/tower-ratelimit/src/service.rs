@@ -7,6 +7,7 @@ use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
@@ -133,6 +134,8 @@ pub(crate) struct Rt {
     pub(crate) shared_prefix: Box<[u8]>,
     pub(crate) bodies: Bodies,
     pub(crate) metrics: Metrics,
+    /// Whether an unknown tier name has been warned of (see `Rt::unknown_tier`).
+    unknown_tier_warned: AtomicBool,
 }
 
 pub(crate) struct Tier {
@@ -211,6 +214,7 @@ impl Rt {
             headers_on_allowed,
             nothing_on_allowed: !headers_on_allowed && !policy.verdict,
             shared_prefix: shared_prefix.into_boxed_slice(),
+            unknown_tier_warned: AtomicBool::new(false),
             name,
             policy,
         })
@@ -226,12 +230,39 @@ impl Rt {
 
     fn resolved_tier(&self, resolve: &crate::policy::TierFn, req: &RequestHead<'_>) -> usize {
         match resolve(req) {
-            Some(wanted) => self
+            Some(wanted) => match self
                 .tiers
                 .iter()
                 .position(|t| t.name.as_deref() == Some(wanted))
-                .unwrap_or(0),
+            {
+                Some(tier) => tier,
+                None => {
+                    self.unknown_tier(wanted);
+                    0
+                }
+            },
             None => 0,
+        }
+    }
+
+    /// The resolver named a tier the policy does not have (`"Pro"` for `"pro"`, say): the
+    /// policy's own limit applies, as documented, and the first time it happens is a warning,
+    /// since every such client is held to that limit without anything else saying so.
+    #[cold]
+    fn unknown_tier(&self, wanted: &str) {
+        if !self.unknown_tier_warned.swap(true, Ordering::Relaxed) {
+            let tiers: Vec<&str> = self
+                .tiers
+                .iter()
+                .filter_map(|t| t.name.as_deref())
+                .collect();
+            tracing::warn!(
+                policy = %self.name,
+                tier = wanted,
+                known = ?tiers,
+                "the tier resolver named a tier this policy does not have: such requests get the \
+                 policy's own limit (said once)"
+            );
         }
     }
 }

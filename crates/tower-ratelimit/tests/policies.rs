@@ -306,6 +306,33 @@ async fn tiers_chosen_per_request() {
     assert_eq!(statuses(&app, || request("/"), 2).await, [200, 429]);
 }
 
+/// A tier name the policy does not have (a resolver's typo) gets the policy's own limit, as
+/// documented, and a warning the first time, since nothing else would say so.
+#[tokio::test]
+async fn an_unknown_tier_gets_the_base_limit_and_one_warning() {
+    let (lines, _guard) = Lines::capture();
+    let (_clock, store) = store();
+    let policy = Policy::new("tiered", per_minute(1))
+        .unwrap()
+        .key(GlobalKey)
+        .tier("pro", per_minute(3))
+        .unwrap()
+        .resolve_tier(|_| Some("Pro"));
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(store, policy).unwrap());
+    assert_eq!(statuses(&app, || request("/"), 3).await, [200, 429, 429]);
+    let text = lines.text();
+    assert_eq!(
+        text.matches("the tier resolver named a tier this policy does not have")
+            .count(),
+        1,
+        "{text}"
+    );
+    assert!(text.contains("tier=\"Pro\""), "{text}");
+    assert!(text.contains("known=[\"pro\"]"), "{text}");
+}
+
 /// A request without a key is counted against the shared key under the policy's own limit,
 /// whatever tier the resolver picks for it: the tier is read from the same request that carries
 /// no usable key, so a client could otherwise claim a higher tier's shared bucket (an API key
