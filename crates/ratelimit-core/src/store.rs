@@ -26,8 +26,11 @@ pub trait Store: Send + Sync + 'static {
     /// error: it is a [`Decision`].
     type Error: std::error::Error + Send + Sync + 'static;
 
-    /// The future of one check. It owns what it needs (`'static`), so a middleware can hold it.
-    type Future: Future<Output = Result<Decision, Self::Error>> + Send + 'static;
+    /// The future of one check. It owns what it needs (`'static`), so a middleware can hold it,
+    /// and is `Unpin`, so that a caller can poll it in place (the tower layer's `call` does, once,
+    /// so that an answer ready at once needs no allocation): `std::future::Ready` is, and so is
+    /// a boxed future (`Pin<Box<dyn Future ..>>`), which an `async` block needs.
+    type Future: Future<Output = Result<Decision, Self::Error>> + Send + Unpin + 'static;
 
     /// Checks `cost` units for `key` against `limit`, consuming them if allowed.
     ///

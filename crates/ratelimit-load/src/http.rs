@@ -27,11 +27,7 @@ pub(crate) fn bare() -> Router {
 
 /// The same server with the rate-limit layer over `store`, keyed by the `x-api-key` header.
 /// A store failure answers 503 (fail closed), so it shows as an error, never as an admission.
-pub(crate) fn layered<S>(store: S, limit: &Limit) -> Result<Router, Error>
-where
-    S: Store,
-    S::Future: Unpin,
-{
+pub(crate) fn layered<S: Store>(store: S, limit: &Limit) -> Result<Router, Error> {
     let policy = Policy::new("load", limit.clone())?
         .key(ApiKeyHeader::new(KEY_HEADER)?)
         .failure(FailurePolicy::fail_closed(Duration::from_secs(1)));

@@ -667,7 +667,6 @@ async fn layered_http<S>(
 ) -> Result<Report, Error>
 where
     S: Store,
-    S::Future: Unpin,
 {
     let routers = gateways
         .into_iter()

@@ -35,9 +35,6 @@ use crate::{FailurePolicy, RateLimitLayer, RequestHead};
 /// the layer never applies backpressure; it answers denied requests with a 429 response, so an
 /// infallible inner service stays infallible. See the [crate docs](crate).
 ///
-/// The store's future must be `Unpin`, so that `call` can poll it once in place: the in-memory
-/// store's (`std::future::Ready`) is, and so is any boxed future (the Redis store's).
-///
 /// `M` is the [`BodyMode`]: responses carry a [`ResponseBody`](crate::ResponseBody) around any
 /// inner body by default, or keep the inner body type ([`RateLimitLayer::same_body`]).
 pub struct RateLimit<S, St, M = WrapBody> {
@@ -614,7 +611,6 @@ where
     M: BodyMode<ResB>,
     M::Body: Send + 'static,
     St: Store,
-    St::Future: Unpin,
 {
     type Response = Response<M::Body>;
     type Error = S::Error;
@@ -773,10 +769,7 @@ struct Pending<F> {
     cost: u64,
 }
 
-impl<St: Store> Shared<St>
-where
-    St::Future: Unpin,
-{
+impl<St: Store> Shared<St> {
     /// The request's decision, if it can be made at once (allow-listed, no key, an open circuit,
     /// or a store that answers at once), or the store check to wait for.
     ///

@@ -201,7 +201,6 @@ fn router<St>(
 ) -> Result<Router, ConfigError>
 where
     St: Store + Clone,
-    St::Future: Unpin,
 {
     let s = &config.store;
     let mut layers = Vec::with_capacity(policies.len());
