@@ -247,9 +247,11 @@ pub enum ClientIpError {
     },
     /// A trusted-proxy entry of prefix length 0 (`0.0.0.0/0`, `::/0`), or an IPv6 block that
     /// holds every IPv4-mapped address (`::ffff:0:0/96`, `::/64`) or every address of the NAT64
-    /// well-known prefix (`64:ff9b::/96`): every address (every IPv4 address, every client of a
-    /// translator) would be a proxy, and any client could choose its own address with a
-    /// forwarding header.
+    /// well-known prefix (`64:ff9b::/96`); or entries that together hold every IPv4 address
+    /// (`0.0.0.0/1` and `128.0.0.0/1`) or every global unicast IPv6 address (`2000::/3`): every
+    /// address (every IPv4 address, every client of a translator) would be a proxy, and any
+    /// client could choose its own address with a forwarding header. `input` names the entry, or
+    /// every entry when they do it together.
     #[error(
         "{input:?} trusts every address as a proxy: any client could then choose its own \
          address with a forwarding header; list the proxies' own addresses"
@@ -316,16 +318,29 @@ impl ClientIp {
     ///
     /// [`ClientIpError::InvalidProxy`] naming the first entry that does not
     /// parse; [`ClientIpError::TrustsEveryAddress`] for `0.0.0.0/0`, `::/0`,
-    /// or an IPv6 block holding all of `::ffff:0:0/96` (which would trust
+    /// an IPv6 block holding all of `::ffff:0:0/96` (which would trust
     /// every IPv4 address) or all of `64:ff9b::/96` (every client of a NAT64
-    /// translator).
+    /// translator), or entries that together trust every IPv4 address
+    /// (`0.0.0.0/1` and `128.0.0.0/1`) or every global unicast IPv6 address
+    /// (`2000::/3`).
     pub fn behind_proxies(
         trusted: impl IntoIterator<Item = impl AsRef<str>>,
     ) -> Result<Self, ClientIpError> {
+        let mut inputs = Vec::new();
         let nets = trusted
             .into_iter()
-            .map(|entry| parse_trusted(entry.as_ref()))
+            .map(|entry| {
+                inputs.push(entry.as_ref().trim().to_owned());
+                parse_trusted(entry.as_ref())
+            })
             .collect::<Result<Vec<_>, _>>()?;
+        // Blocks that together trust every address, none of them alone (`0.0.0.0/1` and
+        // `128.0.0.0/1`), are refused as one that does would be.
+        if covers_every_ipv4(&nets) || covers_every_global_ipv6(&nets) {
+            return Err(ClientIpError::TrustsEveryAddress {
+                input: inputs.join(", "),
+            });
+        }
         Ok(Self {
             trusted: Arc::from(nets),
             ..Self::peer()
@@ -539,6 +554,58 @@ fn parse_trusted(input: &str) -> Result<IpNet, ClientIpError> {
         }
         Some(net) => Ok(net),
     }
+}
+
+/// Whether `ranges` (first and last of each) cover every value from `lo` to `hi`.
+fn cover(mut ranges: Vec<(u128, u128)>, lo: u128, hi: u128) -> bool {
+    ranges.sort_unstable();
+    let mut next = lo;
+    for (first, last) in ranges {
+        if first > next {
+            return false;
+        }
+        if last >= hi {
+            return true;
+        }
+        next = next.max(last + 1);
+    }
+    false
+}
+
+/// Whether the trusted blocks together hold every IPv4 address, in its own form or mapped into
+/// IPv6 (`::ffff:a.b.c.d`, as [`ClientIp::is_trusted`] checks it).
+fn covers_every_ipv4(nets: &[IpNet]) -> bool {
+    let mapped = u128::from(Ipv4Addr::UNSPECIFIED.to_ipv6_mapped());
+    let ranges = nets
+        .iter()
+        .filter_map(|net| match net {
+            IpNet::V4(v4) => Some((
+                u128::from(u32::from(v4.network())),
+                u128::from(u32::from(v4.broadcast())),
+            )),
+            IpNet::V6(v6) => {
+                let (first, last) = (u128::from(v6.network()), u128::from(v6.broadcast()));
+                // A block inside the mapped range (one holding all of it is refused alone).
+                (first >= mapped && last <= mapped + u128::from(u32::MAX))
+                    .then(|| (first - mapped, last - mapped))
+            }
+        })
+        .collect();
+    cover(ranges, 0, u128::from(u32::MAX))
+}
+
+/// Whether the trusted blocks together hold every global unicast IPv6 address (`2000::/3`, the
+/// whole IPv6 internet), alone (`2000::/3`) or together.
+fn covers_every_global_ipv6(nets: &[IpNet]) -> bool {
+    let ranges = nets
+        .iter()
+        .filter_map(|net| match net {
+            IpNet::V6(v6) => Some((u128::from(v6.network()), u128::from(v6.broadcast()))),
+            IpNet::V4(_) => None,
+        })
+        .collect();
+    let first = 0x2000_u128 << 112;
+    cover(ranges, first, first + (1 << 125) - 1)
 }
 
 /// Whether `net` is an IPv6 block holding all of `::ffff:0:0/96`, the
@@ -1665,6 +1732,37 @@ mod tests {
                 }
             );
         }
+        // Together, none alone: refused, naming them all.
+        for together in [
+            &["0.0.0.0/1", "128.0.0.0/1"][..],
+            &[
+                "0.0.0.0/2",
+                "::ffff:64.0.0.0/98",
+                "128.0.0.0/2",
+                "192.0.0.0/2",
+            ][..],
+            &["2000::/3"][..],
+            &["2000::/4", "3000::/4"][..],
+            &["2000::/3", "2001:db8::1"][..],
+        ] {
+            let err = ClientIp::behind_proxies(together).unwrap_err();
+            assert_eq!(
+                err,
+                ClientIpError::TrustsEveryAddress {
+                    input: together.join(", ")
+                },
+                "{together:?}"
+            );
+        }
+        // Half of each, or all of it but one address: not every address.
+        for fine in [
+            &["0.0.0.0/1"][..],
+            &["0.0.0.0/1", "128.0.0.0/2", "192.0.0.0/3", "224.0.0.0/4"][..],
+            &["2000::/4"][..],
+            &["fd00::/8", "10.0.0.0/8"][..],
+        ] {
+            assert!(ClientIp::behind_proxies(fine).is_ok(), "{fine:?}");
+        }
         let c = ClientIp::behind_proxies([" 10.1.2.3/8 ", "::1", "192.0.2.1"]).unwrap();
         assert!(c.is_trusted(ip("10.200.0.1")));
         assert!(c.is_trusted(ip("::1")));
@@ -1874,10 +1972,17 @@ mod tests {
             lines in prop::collection::vec(prop::collection::vec(any::<u8>(), 0..64), 0..4),
             max_hops in 0usize..40,
         ) {
-            // Every IPv4 address and most IPv6 ones trusted (a /0 entry, or
-            // one holding the IPv4-mapped block, is refused).
+            // Every IPv4 address and most IPv6 ones trusted, so that the
+            // headers are read to their end: built past `behind_proxies`,
+            // which refuses such a list (a /0 entry, or one holding the
+            // IPv4-mapped block, is refused by the parse too).
             let every = ["0.0.0.0/1", "128.0.0.0/1", "2000::/3", "4000::/2", "8000::/1"];
-            let c = ClientIp::behind_proxies(every).unwrap().max_hops(max_hops);
+            let nets: Vec<IpNet> = every.iter().map(|e| parse_trusted(e).unwrap()).collect();
+            let c = ClientIp {
+                trusted: Arc::from(nets),
+                ..ClientIp::peer()
+            }
+            .max_hops(max_hops);
             let mut h = HeaderMap::new();
             for line in &lines {
                 let _ = forwarded_line_rtl(line).take(max_hops).count();
