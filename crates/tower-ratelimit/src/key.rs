@@ -22,6 +22,7 @@
 //! | [`RouteKey`] | the method and matched route of the request |
 //! | [`GlobalKey`] | one key for every request |
 //! | a closure `Fn(&RequestHead<'_>) -> Option<impl KeyPart>` | whatever it returns |
+//! | [`from_fn`]`(\|req, key\| ..)` | what the closure writes (borrowing from the request) |
 //! | a tuple `(A, B)` or `(A, B, C)` | every part, in order (route + user) |
 //!
 //! ## An API-key header
@@ -76,6 +77,27 @@
 //! // `<unmatched>` marker, never the raw path (whose cardinality the client controls). Each part
 //! // after the first is followed by its length, so no two combinations give the same key.
 //! assert_eq!(buf.as_bytes(), b"POST <unmatched>acme\x04");
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! A closure given to `Policy::key` as it is needs its argument's type written out
+//! (`|req: &RequestHead<'_>|`), and what it returns cannot borrow from the request. [`from_fn`]
+//! takes a closure that writes the key itself: its types are inferred, and it can push bytes it
+//! borrows, with no copy:
+//!
+//! ```
+//! use tower_ratelimit::{RequestHead, http};
+//! use tower_ratelimit::key::{self, KeyBuf, KeyExtractor, NoKey};
+//!
+//! let tenant = key::from_fn(|req, key| {
+//!     let tenant = req.headers().get("x-tenant").ok_or(NoKey)?;
+//!     key.push(tenant.as_bytes());
+//!     Ok(())
+//! });
+//! let req = http::Request::get("/").header("x-tenant", "acme").body(())?;
+//! let mut buf = KeyBuf::new();
+//! tenant.extract(&RequestHead::of(&req), &mut buf)?;
+//! assert_eq!(buf.as_bytes(), b"acme");
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
@@ -523,6 +545,38 @@ where
         let value = req.extensions().get::<T>().ok_or(NoKey)?;
         value.write_to(key);
         Ok(())
+    }
+}
+
+/// A key extractor made of a closure that writes the key into the buffer itself (see
+/// [`from_fn`]).
+#[derive(Clone, Copy)]
+pub struct FromFn<F>(F);
+
+impl<F> fmt::Debug for FromFn<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("FromFn(..)")
+    }
+}
+
+/// A key extractor from a closure that appends the request's key to the [`KeyBuf`] it is given
+/// (with [`KeyBuf::push`], or any [`KeyPart`]'s `write_to`), or answers [`NoKey`]. Unlike a
+/// closure that returns its key, its argument types are inferred, and it can write bytes it
+/// borrows from the request without copying them into an owned value first. What it wrote before
+/// answering `NoKey` is not used.
+pub fn from_fn<F>(f: F) -> FromFn<F>
+where
+    F: Fn(&RequestHead<'_>, &mut KeyBuf) -> Result<(), NoKey> + Send + Sync + 'static,
+{
+    FromFn(f)
+}
+
+impl<F> KeyExtractor for FromFn<F>
+where
+    F: Fn(&RequestHead<'_>, &mut KeyBuf) -> Result<(), NoKey> + Send + Sync + 'static,
+{
+    fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
+        (self.0)(req, key)
     }
 }
 

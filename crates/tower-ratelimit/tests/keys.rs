@@ -55,6 +55,30 @@ async fn api_keys_have_separate_limits() {
     assert_eq!(statuses(&app, b, 3).await, [200, 200, 429]);
 }
 
+/// `key::from_fn`: a closure given to `Policy::key` without written types, writing bytes it
+/// borrows from the request; `NoKey` is the missing-key answer.
+#[tokio::test]
+async fn a_key_written_by_a_closure() {
+    let (_clock, store) = store();
+    let policy =
+        Policy::new("tenants", two_a_minute())
+            .unwrap()
+            .key(tower_ratelimit::key::from_fn(|req, key| {
+                let tenant = req
+                    .headers()
+                    .get("x-tenant")
+                    .ok_or(tower_ratelimit::key::NoKey)?;
+                key.push(tenant.as_bytes());
+                Ok(())
+            }));
+    let app = app(store, policy);
+    let acme = || with_header(request("/"), "x-tenant", "acme");
+    let globex = || with_header(request("/"), "x-tenant", "globex");
+    assert_eq!(statuses(&app, acme, 3).await, [200, 200, 429]);
+    assert_eq!(statuses(&app, globex, 3).await, [200, 200, 429]);
+    assert_eq!(statuses(&app, || request("/"), 1).await, [400]);
+}
+
 #[tokio::test]
 async fn a_missing_key_gets_400_by_default_never_500() {
     let (_clock, store) = store();
