@@ -232,13 +232,14 @@ async fn a_wrong_server_fails_a_lazy_build_at_once() {
         }
         assert!(!err.to_string().contains('\n'), "{what}: one line: {err}");
     }
-    // Unreachable is not a wrong server: the lazy build starts, and retries.
-    let mut down = RedisServer::start();
-    down.kill();
-    let unreachable = RedisStore::builder(down.url()).build().await.unwrap_err();
+    // Unreachable is not a wrong server: the lazy build starts, and retries. (A proxy that
+    // refuses holds its port; a killed server's could be taken by another test's meanwhile.)
+    let proxy = Proxy::start(plain.port());
+    proxy.set_refuse(true);
+    let unreachable = RedisStore::builder(proxy.url()).build().await.unwrap_err();
     assert!(!unreachable.is_wrong_server(), "{unreachable:?}");
     assert!(unreachable.is_unavailable(), "{unreachable:?}");
-    let store = lazily(RedisStore::builder(down.url())).await.unwrap();
+    let store = lazily(RedisStore::builder(proxy.url())).await.unwrap();
     assert!(!store.is_connected());
 }
 
@@ -269,9 +270,12 @@ async fn failed_attempts_are_warned_of_once_a_minute_at_most() {
         .with_ansi(false)
         .finish();
     let _guard = tracing::subscriber::set_default(subscriber);
-    let mut down = RedisServer::start();
-    down.kill();
-    let store = RedisStore::builder(down.url())
+    // A proxy that refuses, holding its port (a killed server's port may be taken by another
+    // test's server meanwhile).
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    proxy.set_refuse(true);
+    let store = RedisStore::builder(proxy.url())
         .prefix(unique_prefix("lazy-quiet"))
         .build_lazy(Duration::from_millis(20))
         .await
