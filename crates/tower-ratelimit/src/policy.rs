@@ -271,7 +271,9 @@ impl Policy {
     /// let through: a cost computed from the request (say its body's length in KiB) should be at
     /// least 1 (`(len / 1024).max(1)`) unless small requests are meant to be free. A cost larger
     /// than the limit can ever hold is denied with no `Retry-After` (it would never pass); its
-    /// `RateLimit` field reports the quota as it stands (`t=0` when it is full).
+    /// `RateLimit` field reports the quota as it stands (`t=0` when it is full), and the body (or
+    /// the problem's `detail`, or the gRPC message) says that the request costs more than the
+    /// limit can ever admit at once.
     pub fn cost(mut self, cost: impl Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static) -> Self {
         self.cost = Some(Arc::new(cost));
         self

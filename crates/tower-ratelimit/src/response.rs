@@ -715,6 +715,10 @@ fn problem_body<'a>(items: impl IntoIterator<Item = &'a str>) -> Bytes {
 }
 
 const PLAIN_429: &str = "Too Many Requests\n";
+/// Why a request that can never pass was denied (its cost is above what the limit holds).
+const NEVER_DETAIL: &str = "this request costs more than the limit can ever admit at once";
+const PLAIN_NEVER: &str =
+    "Too Many Requests: this request costs more than the limit can ever admit at once\n";
 const TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
@@ -740,14 +744,26 @@ impl Bodies {
         until_store: Option<Duration>,
     ) -> Response<Bytes> {
         let retry_after = d.retry_after().or(until_store);
+        // No wait would help: the body says why, since no `Retry-After` does (and the fields
+        // say the quota is whole).
+        let never = retry_after.is_none() && !d.can_ever_pass();
         let mut res = match &self.kind {
             DenialBody::PlainText | DenialBody::Grpc => {
-                let mut r = Response::new(Bytes::from_static(PLAIN_429.as_bytes()));
+                let text = if never { PLAIN_NEVER } else { PLAIN_429 };
+                let mut r = Response::new(Bytes::from_static(text.as_bytes()));
                 r.headers_mut().insert(CONTENT_TYPE, TEXT_PLAIN);
                 r
             }
             DenialBody::ProblemJson => {
-                let mut r = Response::new(prepared.problem(d));
+                let mut problem = prepared.problem(d);
+                if never && problem.ends_with(b"}") {
+                    let mut with = problem[..problem.len() - 1].to_vec();
+                    with.extend_from_slice(b",\"detail\":\"");
+                    with.extend_from_slice(NEVER_DETAIL.as_bytes());
+                    with.extend_from_slice(b"\"}");
+                    problem = Bytes::from(with);
+                }
+                let mut r = Response::new(problem);
                 r.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
                 r
             }
@@ -778,7 +794,11 @@ impl Bodies {
                 None => Pushback::Never,
             };
             res.extensions_mut().insert(GrpcForm {
-                message: "Too Many Requests",
+                message: if never {
+                    PLAIN_NEVER.trim_end()
+                } else {
+                    "Too Many Requests"
+                },
                 pushback,
             });
         }

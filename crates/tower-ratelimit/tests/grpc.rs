@@ -261,6 +261,10 @@ async fn calls_that_a_retry_cannot_mend_are_told_not_to_retry() {
     let res = common::send(&app, grpc_call("4")).await;
     assert_eq!(common::header(&res, "grpc-status"), Some("8"));
     assert_eq!(pushback(&res).as_deref(), Some("-1"));
+    assert_eq!(
+        common::header(&res, "grpc-message"),
+        Some("Too Many Requests: this request costs more than the limit can ever admit at once")
+    );
     assert_eq!(common::header(&res, "retry-after"), None);
 
     let keyed = Policy::new("keyed", limit())

@@ -526,10 +526,28 @@ async fn a_custom_body_that_is_not_an_error_becomes_a_429() {
 async fn a_cost_that_can_never_pass_is_denied_without_retry_after() {
     let (_clock, store) = store();
     let policy = Policy::new("api", five_a_minute()).unwrap().cost(|_| 6);
-    let res = send(&app(store, policy), request("/")).await;
+    let res = send(&app(store.clone(), policy), request("/")).await;
     assert_eq!(res.status(), 429);
     assert_eq!(header(&res, "retry-after"), None);
     assert_eq!(header(&res, "ratelimit-policy"), Some("\"api\";q=5;w=60"));
+    // No wait would help, and the fields say the quota is whole: the body says why.
+    assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=5;t=0"));
+    assert_eq!(
+        body_text(res).await,
+        "Too Many Requests: this request costs more than the limit can ever admit at once\n"
+    );
+    let policy = Policy::new("api2", five_a_minute())
+        .unwrap()
+        .cost(|_| 6)
+        .body(DenialBody::ProblemJson);
+    let body = body_text(send(&app(store, policy), request("/")).await).await;
+    assert!(
+        body.ends_with(
+            "\"violated-policies\":[\"api2\"],\"detail\":\"this request costs more than the \
+             limit can ever admit at once\"}"
+        ),
+        "{body}"
+    );
 }
 
 #[tokio::test]
