@@ -98,16 +98,6 @@ impl RedisStoreError {
     /// `refused_credentials_on_a_cluster_are_told_apart`, pins it on a real cluster).
     #[must_use]
     pub fn is_refused_credentials(&self) -> bool {
-        let refused = |r: &redis::RedisError| {
-            r.kind() == redis::ErrorKind::AuthenticationFailed
-                || matches!(r.code(), Some("WRONGPASS" | "NOPERM" | "NOAUTH"))
-                || {
-                    let text = r.to_string();
-                    ["WRONGPASS", "NOPERM", "NOAUTH", "AuthenticationFailed"]
-                        .iter()
-                        .any(|refusal| text.contains(refusal))
-                }
-        };
         match self {
             RedisStoreError::Connection {
                 source: Some(r), ..
@@ -150,10 +140,12 @@ impl RedisStoreError {
             RedisStoreError::Connection { message, source } => {
                 let urls: Vec<String> = urls.iter().map(|u| crate::redact_url(u)).collect();
                 // What the client's words for a reply that does not parse leave to be guessed.
-                let plainly = if source.as_ref().is_some_and(not_redis) {
-                    "what answers there is not a Redis server (its reply does not parse): "
-                } else {
-                    ""
+                let plainly = match &source {
+                    Some(r) if not_redis(r) => {
+                        "what answers there is not a Redis server (its reply does not parse): "
+                    }
+                    Some(r) if refused(r) => "Redis refused the credentials: ",
+                    _ => "",
                 };
                 RedisStoreError::Connection {
                     message: format!("{}: {plainly}{}", urls.join(", "), one_line(&message)),
@@ -170,6 +162,19 @@ impl RedisStoreError {
             reason: reason.into(),
         }
     }
+}
+
+/// Whether Redis refused the connection's credentials or rights (see
+/// [`RedisStoreError::is_refused_credentials`]).
+fn refused(r: &redis::RedisError) -> bool {
+    r.kind() == redis::ErrorKind::AuthenticationFailed
+        || matches!(r.code(), Some("WRONGPASS" | "NOPERM" | "NOAUTH"))
+        || {
+            let text = r.to_string();
+            ["WRONGPASS", "NOPERM", "NOAUTH", "AuthenticationFailed"]
+                .iter()
+                .any(|refusal| text.contains(refusal))
+        }
 }
 
 /// Whether the client could not parse the reply as Redis's protocol: something else listens

@@ -162,7 +162,12 @@ async fn refused_credentials_fail_a_lazy_build_at_once() {
     assert!(err.is_refused_credentials(), "{err:?}");
     assert!(!err.is_unavailable(), "reached, and refused: {err:?}");
     assert!(!err.to_string().contains("wrong"), "not echoed: {err}");
-    // The message names the server it tried, without the password.
+    // The message says what happened plainly, and names the server it tried, without the
+    // password.
+    assert!(
+        err.to_string().contains("Redis refused the credentials: "),
+        "{err}"
+    );
     assert!(
         err.to_string()
             .contains(&format!("redis://***@127.0.0.1:{}", server.port())),
