@@ -632,8 +632,14 @@ impl Prepared {
                             v.insert(self.rate_limit_value(d, reset));
                         }
                         // A `RateLimit` of the inner service's without its policy: ours is one
-                        // more item of it.
-                        Entry::Occupied(mut o) => o.append(self.rate_limit_value(d, reset)),
+                        // more item of it, unless it names this policy already (then none).
+                        Entry::Occupied(mut o) => {
+                            if o.iter().any(|v| self.names_an_item(v)) {
+                                headers.remove(names::RATELIMIT_POLICY);
+                            } else {
+                                o.append(self.rate_limit_value(d, reset));
+                            }
+                        }
                     }
                 }
                 Entry::Occupied(_) => self.add_ietf_items(headers, d, reset),
@@ -652,20 +658,24 @@ impl Prepared {
 }
 
 impl Prepared {
+    /// Whether a field line of the inner service's names an item as this policy does.
+    #[cold]
+    fn names_an_item(&self, value: &HeaderValue) -> bool {
+        let value = value.as_bytes();
+        self.items.iter().any(|item| {
+            // `"name";r=` up to and including the `;`: the item's name as a whole.
+            let name = &item[..item.len() - 2];
+            value.windows(name.len()).any(|w| w == name)
+        })
+    }
+
     /// The IETF fields when the inner service set `RateLimit-Policy`: this policy's items as
     /// lines of their own beside the inner ones, unless one of its items' names is in them (the
     /// same policy twice, or a name the inner service uses: a client could not tell the items
     /// apart). Out of line: only stacked layers, or a service with limits of its own, get here.
     #[inline(never)]
     fn add_ietf_items(&self, headers: &mut HeaderMap, d: &Decision, reset: u64) {
-        let named = |value: &HeaderValue| {
-            let value = value.as_bytes();
-            self.items.iter().any(|item| {
-                // `"name";r=` up to and including the `;`: the item's name as a whole.
-                let name = &item[..item.len() - 2];
-                value.windows(name.len()).any(|w| w == name)
-            })
-        };
+        let named = |value: &HeaderValue| self.names_an_item(value);
         if headers.get_all(names::RATELIMIT_POLICY).iter().any(named)
             || headers.get_all(names::RATELIMIT).iter().any(named)
         {

@@ -141,6 +141,14 @@ async fn headers_set_by_the_inner_service_are_kept() {
     .await;
     assert_eq!(header_lines(&res, "ratelimit-policy"), ["\"api\";q=9;w=9"]);
     assert_eq!(header_lines(&res, "ratelimit"), ["\"api\";r=8;t=1"]);
+    // The same without its policy: none added either.
+    let res = send(
+        &inner_sets(&[("ratelimit", "\"api\";r=8;t=1")]),
+        request("/"),
+    )
+    .await;
+    assert_eq!(header_lines(&res, "ratelimit"), ["\"api\";r=8;t=1"]);
+    assert!(header_lines(&res, "ratelimit-policy").is_empty());
     // A name that only starts like it is another policy.
     let res = send(
         &inner_sets(&[("ratelimit-policy", "\"api2\";q=9;w=9")]),
