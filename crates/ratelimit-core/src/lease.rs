@@ -670,7 +670,8 @@ impl<S: Store, C: Clock> Leasing<S, C> {
 }
 
 impl<S, C> LeasingBuilder<S, C> {
-    /// Every lease is `n` units (at least 1): no adaptation. A lease that would live no longer
+    /// Every lease is `n` units (at least 1): no adaptation. Replaces a [`max_lease`](Self::max_lease)
+    /// given before it (the last of the two wins). A lease that would live no longer
     /// than the store's round trip (the key's last lease request's, or the gateway's last for a
     /// key new to the table; or less than a microsecond) is not taken: the check asks the store
     /// for its own cost only.
@@ -679,7 +680,9 @@ impl<S, C> LeasingBuilder<S, C> {
         self
     }
 
-    /// Adaptive leases of at most `n` units (the default, with [`DEFAULT_MAX_LEASE`]).
+    /// Adaptive leases of at most `n` units (at least 1; the default, with
+    /// [`DEFAULT_MAX_LEASE`]). Replaces a [`lease_size`](Self::lease_size) given before it (the
+    /// last of the two wins).
     pub fn max_lease(mut self, n: u64) -> Self {
         self.size = Size::Adaptive(n);
         self
@@ -707,7 +710,11 @@ impl<S, C> LeasingBuilder<S, C> {
     pub fn build(self) -> Result<Leasing<S, C>, ConfigError> {
         if self.size.max() == 0 {
             return Err(ConfigError::InvalidSetting {
-                name: "lease_size",
+                // Named as the setting that was given.
+                name: match self.size {
+                    Size::Fixed(_) => "lease_size",
+                    Size::Adaptive(_) => "max_lease",
+                },
                 reason: "must be at least 1",
             });
         }

@@ -646,6 +646,14 @@ fn settings_are_checked() {
             ..
         }
     ));
+    // Named as the setting given.
+    assert!(matches!(
+        err(Leasing::builder(Arc::clone(&store), clock.clone()).max_lease(0)),
+        ConfigError::InvalidSetting {
+            name: "max_lease",
+            ..
+        }
+    ));
     assert!(matches!(
         err(Leasing::builder(Arc::clone(&store), clock.clone()).max_ttl(Duration::ZERO)),
         ConfigError::InvalidSetting {
