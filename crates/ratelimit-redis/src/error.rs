@@ -139,7 +139,8 @@ impl RedisStoreError {
         match self {
             RedisStoreError::Connection { message, source } => {
                 let urls: Vec<String> = urls.iter().map(|u| crate::redact_url(u)).collect();
-                // What the client's words for a reply that does not parse leave to be guessed.
+                // Said plainly first where the client's words leave it to be guessed (a reply
+                // that does not parse, refused credentials).
                 let plainly = match &source {
                     Some(r) if not_redis(r) => {
                         "what answers there is not a Redis server (its reply does not parse): "
