@@ -125,11 +125,12 @@ impl RedisStoreError {
         else {
             return false;
         };
-        let text = r.to_string();
-        not_redis(r)
-            || ["cluster support disabled", "DB index is out of range"]
+        not_redis(r) || {
+            let text = r.to_string();
+            ["cluster support disabled", "DB index is out of range"]
                 .iter()
                 .any(|wrong| text.contains(wrong))
+        }
     }
 
     /// A connection error of the build, naming the URLs it tried (their passwords redacted), so

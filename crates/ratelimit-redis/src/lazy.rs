@@ -95,16 +95,16 @@ impl LazyRedisStore {
             ));
         }
         let started = Instant::now();
+        let warned = Mutex::new((None, 0));
         let (store, error) = match builder.clone().build().await {
             Ok(store) => (OnceLock::from(store), None),
             Err(e @ RedisStoreError::Config { .. }) => return Err(e),
             Err(e) if e.is_refused_credentials() || e.is_wrong_server() => return Err(e),
             Err(e) => {
-                log_failure(&Mutex::new((None, 0)), &e);
+                log_failure(&warned, &e);
                 (OnceLock::new(), Some(e))
             }
         };
-        let warned = error.is_some().then_some(started);
         let store = LazyRedisStore {
             inner: Arc::new(Inner {
                 cluster: builder.cluster,
@@ -114,7 +114,7 @@ impl LazyRedisStore {
                 store,
                 retrying: AtomicBool::new(false),
                 last: Mutex::new((started, error)),
-                warned: Mutex::new((warned, 0)),
+                warned,
             }),
         };
         if !store.is_connected() {

@@ -655,9 +655,7 @@ impl Prepared {
             headers.insert(names::X_RATELIMIT_RESET, number(reset));
         }
     }
-}
 
-impl Prepared {
     /// Whether a field line of the inner service's names an item as this policy does.
     #[cold]
     fn names_an_item(&self, value: &HeaderValue) -> bool {
@@ -822,7 +820,7 @@ impl Bodies {
         if mode.any() {
             // `t` says the wait `Retry-After` says, the store's own included: a cost above the
             // fallback's share waits for the store, not for the local bucket (whole already).
-            let reset = wait_secs.unwrap_or_else(|| secs_ceil(d.reset_after()));
+            let reset = wait_secs.unwrap_or_else(|| reset_secs(d));
             prepared.write_reset(headers, mode, d, reset);
         }
         res
