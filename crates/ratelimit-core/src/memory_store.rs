@@ -425,6 +425,7 @@ impl<C: Clock + 'static> Store for MemoryStore<C> {
     type Error = Infallible;
     type Future = Ready<Result<Decision, Infallible>>;
 
+    #[inline]
     fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
         ready(Ok(self.check_now(key, limit, cost)))
     }

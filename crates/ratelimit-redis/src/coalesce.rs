@@ -12,8 +12,8 @@ use std::time::Duration;
 use ratelimit_core::{Decision, Limit, Store};
 use tokio::sync::oneshot;
 
-use crate::store::{CheckFuture, lock};
-use crate::{RedisStore, RedisStoreError};
+use crate::store::{CheckFuture, CheckManyFuture, lock};
+use crate::{LazyRedisStore, RedisStore, RedisStoreError};
 
 /// The default most checks sent in one script call: 256.
 pub const DEFAULT_MAX_BATCH: usize = 256;
@@ -22,7 +22,8 @@ pub const DEFAULT_MAX_BATCH: usize = 256;
 /// holds by default: 4, so 1,024 with the default `max_batch`.
 pub const DEFAULT_QUEUE_CALLS: usize = 4;
 
-/// A [`RedisStore`] wrapper that merges concurrent checks of the same key into one script call.
+/// A [`RedisStore`] (or [`LazyRedisStore`]) wrapper that merges concurrent checks of the same
+/// key into one script call.
 ///
 /// Single flight per (key, limit): the first check of a key goes to Redis at once. While it is in
 /// flight, later checks of that key on this gateway wait in a queue; when it returns, the whole
@@ -91,10 +92,46 @@ pub const DEFAULT_QUEUE_CALLS: usize = 4;
 /// own (past a full queue, or made outside a runtime); [`stats`](Coalescing::stats) gives the
 /// same counts (once the calls in flight have ended: a check whose caller gave up is counted as
 /// abandoned when its turn comes).
+///
+/// Over a [`LazyRedisStore`] (`Coalescing::new(store.build_lazy(..).await?)`), checks fail at
+/// once, as the lazy store's own do, until it has reached Redis; then they coalesce.
 #[derive(Clone)]
-pub struct Coalescing {
-    store: RedisStore,
+pub struct Coalescing<S = RedisStore> {
+    store: S,
     shared: Arc<Shared>,
+}
+
+/// A Redis store that [`Coalescing`] can wrap: [`RedisStore`] and [`LazyRedisStore`]. Sealed:
+/// a batch is one call of the store's multi-cost script, which only these send.
+pub trait ScriptStore:
+    Store<Error = RedisStoreError, Future = CheckFuture>
+    + Clone
+    + Send
+    + Sync
+    + 'static
+    + sealed::Sealed
+{
+    /// Checks several costs for `key` against `limit` in one script call
+    /// ([`RedisStore::check_many`]).
+    fn check_many(&self, key: &[u8], limit: &Limit, costs: &[u64]) -> CheckManyFuture;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for crate::RedisStore {}
+    impl Sealed for crate::LazyRedisStore {}
+}
+
+impl ScriptStore for RedisStore {
+    fn check_many(&self, key: &[u8], limit: &Limit, costs: &[u64]) -> CheckManyFuture {
+        RedisStore::check_many(self, key, limit, costs)
+    }
+}
+
+impl ScriptStore for LazyRedisStore {
+    fn check_many(&self, key: &[u8], limit: &Limit, costs: &[u64]) -> CheckManyFuture {
+        LazyRedisStore::check_many(self, key, limit, costs)
+    }
 }
 
 struct Shared {
@@ -141,7 +178,7 @@ pub struct CoalescingStats {
     pub abandoned: u64,
 }
 
-impl fmt::Debug for Coalescing {
+impl<S: fmt::Debug> fmt::Debug for Coalescing<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Coalescing")
             .field("store", &self.store)
@@ -157,10 +194,29 @@ impl fmt::Debug for Coalescing {
 /// of `Duration::MAX` would hold every idle key's first check for good.
 pub const MAX_BATCH_WINDOW: Duration = Duration::from_secs(1);
 
-impl Coalescing {
+impl<S> Coalescing<S> {
+    /// The wrapped store.
+    pub fn get_ref(&self) -> &S {
+        &self.store
+    }
+
+    /// Counters since the wrapper was made.
+    pub fn stats(&self) -> CoalescingStats {
+        let s = &self.shared;
+        CoalescingStats {
+            checks: s.checks.load(Ordering::Relaxed),
+            store_calls: s.calls.load(Ordering::Relaxed),
+            largest_batch: s.largest.load(Ordering::Relaxed),
+            overflowed: s.overflowed.load(Ordering::Relaxed),
+            abandoned: s.abandoned.load(Ordering::Relaxed),
+        }
+    }
+}
+
+impl<S: ScriptStore> Coalescing<S> {
     /// Coalesces the checks of `store`, with no batch window and at most [`DEFAULT_MAX_BATCH`]
     /// checks per call.
-    pub fn new(store: RedisStore) -> Self {
+    pub fn new(store: S) -> Self {
         Coalescing {
             store,
             shared: Arc::new(Shared::new(Duration::ZERO, DEFAULT_MAX_BATCH, None)),
@@ -210,23 +266,6 @@ impl Coalescing {
         Coalescing {
             store: self.store,
             shared: Arc::new(shared),
-        }
-    }
-
-    /// The wrapped store.
-    pub fn get_ref(&self) -> &RedisStore {
-        &self.store
-    }
-
-    /// Counters since the wrapper was made.
-    pub fn stats(&self) -> CoalescingStats {
-        let s = &self.shared;
-        CoalescingStats {
-            checks: s.checks.load(Ordering::Relaxed),
-            store_calls: s.calls.load(Ordering::Relaxed),
-            largest_batch: s.largest.load(Ordering::Relaxed),
-            overflowed: s.overflowed.load(Ordering::Relaxed),
-            abandoned: s.abandoned.load(Ordering::Relaxed),
         }
     }
 
@@ -294,7 +333,7 @@ impl Coalescing {
     }
 }
 
-impl Store for Coalescing {
+impl<S: ScriptStore> Store for Coalescing<S> {
     type Error = RedisStoreError;
     type Future = CoalesceFuture;
 
@@ -362,7 +401,7 @@ impl Drop for QueueGuard {
 }
 
 /// Serves one key's queue until it is empty, one script call at a time.
-async fn drive(mut guard: QueueGuard, store: RedisStore) {
+async fn drive<S: ScriptStore>(mut guard: QueueGuard, store: S) {
     let shared = Arc::clone(&guard.shared);
     let qk = guard.qk.clone();
     if !shared.window.is_zero() {

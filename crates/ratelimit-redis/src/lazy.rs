@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use ratelimit_core::{Limit, Store};
 
 use crate::error::RedisStoreError;
-use crate::store::{CheckFuture, MAX_TIMEOUT, RedisStore, RedisStoreBuilder};
+use crate::store::{CheckFuture, CheckManyFuture, MAX_TIMEOUT, RedisStore, RedisStoreBuilder};
 
 /// A [`RedisStore`] that is built in the background if Redis cannot be reached when the
 /// application starts; made by [`RedisStoreBuilder::build_lazy`].
@@ -134,6 +134,16 @@ impl LazyRedisStore {
     #[must_use]
     pub fn get(&self) -> Option<&RedisStore> {
         self.inner.store.get()
+    }
+
+    /// Checks several costs for `key` against `limit` in one script call, as
+    /// [`RedisStore::check_many`]; fails at once with the last attempt's error until an attempt
+    /// reached Redis, as [`check`](Store::check) does.
+    pub fn check_many(&self, key: &[u8], limit: &Limit, costs: &[u64]) -> CheckManyFuture {
+        match self.inner.store.get() {
+            Some(store) => store.check_many(key, limit, costs),
+            None => Box::pin(std::future::ready(Err(self.not_yet()))),
+        }
     }
 
     /// Starts the task that retries, unless it runs (or there is no runtime to run it on).

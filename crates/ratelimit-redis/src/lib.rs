@@ -95,7 +95,7 @@ mod turns;
 
 pub use coalesce::{
     CoalesceFuture, Coalescing, CoalescingStats, DEFAULT_MAX_BATCH, DEFAULT_QUEUE_CALLS,
-    MAX_BATCH_WINDOW,
+    MAX_BATCH_WINDOW, ScriptStore,
 };
 pub use error::RedisStoreError;
 pub use key::MAX_VERBATIM_KEY;

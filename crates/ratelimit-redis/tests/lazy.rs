@@ -7,7 +7,7 @@ use std::time::{Duration, Instant};
 
 use common::unique_prefix;
 use ratelimit_core::{Algorithm, Limit, Quota, Store};
-use ratelimit_redis::{RedisStore, RedisStoreError};
+use ratelimit_redis::{Coalescing, RedisStore, RedisStoreError};
 use redis_harness::RedisServer;
 use redis_harness::proxy::Proxy;
 
@@ -103,6 +103,58 @@ async fn a_lazy_store_connects_without_checks() {
         start.elapsed()
     );
     assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+}
+
+/// `Coalescing` wraps a lazy store as it does a built one: while Redis cannot be reached its
+/// checks fail at once (none waits in a key's queue for a call that cannot be made), and once the
+/// store has connected the concurrent checks of a key share script calls, exactly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalescing_over_a_lazy_store_fails_at_once_then_merges_checks() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    proxy.set_refuse(true);
+    let store = RedisStore::builder(proxy.url())
+        .prefix(unique_prefix("lazy-coalesce"))
+        .build_lazy(Duration::from_millis(50))
+        .await
+        .unwrap();
+    let coalescing = Coalescing::new(store).batch_window(Duration::from_millis(2));
+    // 100 a day: nothing refills during the test.
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100).unwrap()).unwrap();
+
+    let checks = (0..20).map(|_| coalescing.check(b"hot", &limit, 1));
+    let results = tokio::time::timeout(Duration::from_secs(2), futures::future::join_all(checks))
+        .await
+        .expect("no check waits while Redis cannot be reached");
+    for r in results {
+        let e = r.unwrap_err();
+        assert!(e.is_unavailable(), "{e:?}");
+    }
+
+    proxy.set_refuse(false);
+    let start = Instant::now();
+    while !coalescing.get_ref().is_connected() {
+        assert!(start.elapsed() < Duration::from_secs(5), "never connected");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let before = coalescing.stats();
+    let decisions = common::concurrent_hot_checks(&coalescing, &limit, 300).await;
+    let admitted = decisions.iter().filter(|d| d.is_allowed()).count();
+    let stats = coalescing.stats();
+    let calls = stats.store_calls - before.store_calls;
+    println!("300 concurrent checks once connected: {calls} script calls; {stats:?}");
+    assert_eq!(admitted, 100, "exactly the limit");
+    assert!(
+        calls < 100,
+        "{calls} script calls for 300 checks: none merged"
+    );
+    let mut remaining: Vec<_> = decisions
+        .iter()
+        .filter(|d| d.is_allowed())
+        .map(|d| d.remaining())
+        .collect();
+    remaining.sort_unstable();
+    assert_eq!(remaining, (0..100).collect::<Vec<_>>());
 }
 
 #[tokio::test]

@@ -356,8 +356,8 @@ impl NowMicros for ManualClock {
 
 /// `n` checks of the key `hot` at once, each in a task of its own, through `coalescing`: the
 /// decisions, in the order the tasks were made.
-pub async fn concurrent_hot_checks(
-    coalescing: &ratelimit_redis::Coalescing,
+pub async fn concurrent_hot_checks<S: ratelimit_redis::ScriptStore>(
+    coalescing: &ratelimit_redis::Coalescing<S>,
     limit: &Limit,
     n: usize,
 ) -> Vec<Decision> {
