@@ -179,6 +179,18 @@ impl<S: Store, C: Clock> DenialCache<S, C> {
     }
 }
 
+/// A clone shares the cache (its denials and counters) and clones the wrapped store and clock:
+/// one cache for several layers, as one `Arc<DenialCache<..>>` would be.
+impl<S: Clone, C: Clone> Clone for DenialCache<S, C> {
+    fn clone(&self) -> Self {
+        DenialCache {
+            inner: self.inner.clone(),
+            clock: self.clock.clone(),
+            table: Arc::clone(&self.table),
+        }
+    }
+}
+
 impl<S, C> DenialCache<S, C> {
     /// The wrapped store.
     pub fn get_ref(&self) -> &S {
@@ -548,6 +560,32 @@ mod tests {
             let cached = DenialCache::new(MemoryStore::new(), clock).max_entries(n);
             assert!((1..=n.max(1)).contains(&cached.capacity()), "{n}");
         }
+    }
+
+    /// Clones share one cache: a denial one of them cached answers the other's check.
+    #[test]
+    fn clones_share_the_cache() {
+        let clock = ManualClock::new();
+        let store = Arc::new(
+            MemoryStore::builder()
+                .with_clock(clock.clone())
+                .build()
+                .unwrap(),
+        );
+        let a = DenialCache::new(Arc::clone(&store), clock.clone());
+        let b = a.clone();
+        let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(1).unwrap()).unwrap();
+        assert!(now(a.check(b"k", &limit, 1)).unwrap().is_allowed());
+        assert!(!now(a.check(b"k", &limit, 1)).unwrap().is_allowed());
+        let calls = a.stats().store_calls;
+        let d = now(b.check(b"k", &limit, 1)).unwrap();
+        assert!(!d.is_allowed());
+        assert_eq!(
+            b.stats().store_calls,
+            calls,
+            "answered from the shared cache"
+        );
+        assert_eq!(a.stats(), b.stats());
     }
 
     /// A held denial outlives a state deleted from the store; `clear` lets the client back in.

@@ -772,6 +772,16 @@ impl<S: fmt::Debug, C> fmt::Debug for Leasing<S, C> {
     }
 }
 
+/// A clone shares the leases, their sizes and the counters: one `Leasing` for several layers
+/// (a gateway's leases of a key are then one pool, not one per layer).
+impl<S, C> Clone for Leasing<S, C> {
+    fn clone(&self) -> Self {
+        Leasing {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
 impl<S, C> Leasing<S, C> {
     /// The wrapped store.
     pub fn get_ref(&self) -> &S {

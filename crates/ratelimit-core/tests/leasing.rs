@@ -156,6 +156,29 @@ fn one_gateway_admits_exactly_the_quota_for_every_algorithm() {
     }
 }
 
+/// Clones of a `Leasing` share its leases: a lease fetched through one serves the other's checks
+/// without a store call, and the counters are one.
+#[test]
+fn clones_share_the_leases() {
+    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+    let store = memory(&clock);
+    let a = Leasing::builder(Arc::clone(&store), clock.clone())
+        .lease_size(10)
+        .build()
+        .unwrap();
+    let b = a.clone();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(1_000).unwrap()).unwrap();
+    assert!(block_on(a.check(b"hot", &limit, 1)).unwrap().is_allowed());
+    assert_eq!(a.outstanding_units(), 9);
+    for _ in 0..9 {
+        let d = block_on(b.check(b"hot", &limit, 1)).unwrap();
+        assert!(d.is_allowed() && d.is_cached(), "{d:?}");
+    }
+    assert_eq!(a.outstanding_units(), 0);
+    assert_eq!(b.stats().store_calls, 1, "one lease for both clones");
+    assert_eq!(a.stats(), b.stats());
+}
+
 #[test]
 fn with_a_denial_cache_an_over_limit_key_costs_almost_nothing() {
     let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
