@@ -1535,3 +1535,348 @@ fn overlapping_bursts_below_the_limit() {
         }
     }
 }
+
+/// A store that counts the units its inner memory store grants (the cost of every allowed
+/// decision it returns), deciding when `check` is called as the memory store does.
+struct Granting {
+    store: Arc<MemoryStore<ManualClock>>,
+    granted: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Store for Granting {
+    type Error = NoError;
+    type Future = std::future::Ready<Result<ratelimit_core::Decision, NoError>>;
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        let d = self.store.check_now(key, limit, cost);
+        if d.is_allowed() {
+            self.granted.fetch_add(cost, Ordering::Relaxed);
+        }
+        std::future::ready(Ok(d))
+    }
+}
+
+/// xorshift64*: a deterministic source of choices.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Spread {
+    RoundRobin,
+    Random,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Arrival {
+    /// Evenly spaced.
+    Even,
+    /// Gaps uniform in [0, 2 × mean).
+    RandomGaps,
+    /// Batches of 5 at one gateway, the futures made together and polled in a random order.
+    Bursts,
+}
+
+struct Outcome {
+    /// The gateways' stats summed (waited, lease denials, leases, wasted).
+    paths: [u64; 4],
+    admitted: u64,
+    granted: u64,
+    baseline: u64,
+    requests: u64,
+}
+
+/// `G` = 4 gateways, each a `Leasing` over its own counting wrapper of one shared memory store.
+/// After every batch of checks (all answered), every gateway's units balance exactly:
+/// granted by the store = admitted + wasted + outstanding. `keys` keys (with `max_keys`, to
+/// evict), `demand` requests a minute in all, `minutes` of traffic; then every lease is let
+/// expire and each gateway checks each key once, and the units balance again.
+#[allow(clippy::too_many_arguments)]
+fn balance(
+    alg: Algorithm,
+    lease: Option<u64>,
+    demand: u64,
+    spread: Spread,
+    arrival: Arrival,
+    keys: u64,
+    max_keys: Option<usize>,
+    max_cost: u64,
+    minutes: u64,
+    seed: u64,
+) -> Outcome {
+    const G: usize = 4;
+    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+    let store = memory(&clock);
+    // The same traffic straight to a store of its own: what the limit admits without leasing.
+    let plain = memory(&clock);
+    let counters: Vec<_> = (0..G)
+        .map(|_| Arc::new(std::sync::atomic::AtomicU64::new(0)))
+        .collect();
+    let gateways: Vec<_> = counters
+        .iter()
+        .map(|granted| {
+            let inner = Granting {
+                store: Arc::clone(&store),
+                granted: Arc::clone(granted),
+            };
+            let mut b = Leasing::builder(inner, clock.clone());
+            if let Some(l) = lease {
+                b = b.lease_size(l);
+            }
+            if let Some(m) = max_keys {
+                b = b.max_keys(m);
+            }
+            b.build().unwrap()
+        })
+        .collect();
+    let limit = Limit::single(alg, Quota::per_minute(100).unwrap()).unwrap();
+    let key_names: Vec<Vec<u8>> = (0..keys).map(|k| format!("key{k}").into_bytes()).collect();
+    let mut rng = Rng(seed | 1);
+    let mut admitted = [0u64; G];
+    let mut baseline = 0u64;
+    let mut requests = 0u64;
+    let cx = &mut Context::from_waker(Waker::noop());
+    let check_balance = |admitted: &[u64; G], when: &str| {
+        for (g, gw) in gateways.iter().enumerate() {
+            let s = gw.stats();
+            let granted = counters[g].load(Ordering::Relaxed);
+            let out = gw.outstanding_units();
+            assert_eq!(
+                granted,
+                admitted[g] + s.wasted_units + out,
+                "{alg} lease {lease:?} demand {demand} {spread:?} {arrival:?} keys {keys} \
+                 max_keys {max_keys:?} {when}: gateway {g} granted {granted}, admitted {}, \
+                 outstanding {out}, {s:?}",
+                admitted[g]
+            );
+        }
+    };
+    let batch = if arrival == Arrival::Bursts { 5 } else { 1 };
+    let total = demand * minutes / batch;
+    let mean_gap_us = 60_000_000 * batch / demand;
+    let mut rr = 0usize;
+    for i in 0..total {
+        let gap = match arrival {
+            Arrival::Even | Arrival::Bursts => mean_gap_us,
+            Arrival::RandomGaps => rng.below(2 * mean_gap_us),
+        };
+        clock.advance(Duration::from_micros(gap));
+        let g = match spread {
+            Spread::RoundRobin => {
+                rr = (rr + 1) % G;
+                rr
+            }
+            Spread::Random => rng.below(G as u64) as usize,
+        };
+        let mut checks: Vec<_> = (0..batch)
+            .map(|_| {
+                let key = &key_names[rng.below(keys) as usize];
+                let cost = 1 + rng.below(max_cost);
+                if plain.check_now(key, &limit, cost).is_allowed() {
+                    baseline += cost;
+                }
+                Some((cost, Box::pin(gateways[g].check(key, &limit, cost))))
+            })
+            .collect();
+        requests += batch;
+        // (Requests are counted in checks; admitted and baseline in units.)
+        // Poll in a random order until every check is answered.
+        for _round in 0..100 {
+            let n = checks.len() as u64;
+            let start = rng.below(n) as usize;
+            for j in 0..checks.len() {
+                let idx = (start + j) % checks.len();
+                let slot = &mut checks[idx];
+                if let Some((cost, c)) = slot
+                    && let Poll::Ready(d) = c.as_mut().poll(cx)
+                {
+                    if d.unwrap().is_allowed() {
+                        admitted[g] += *cost;
+                    }
+                    *slot = None;
+                }
+            }
+            if checks.iter().all(Option::is_none) {
+                break;
+            }
+        }
+        assert!(checks.iter().all(Option::is_none), "batch {i} not answered");
+        check_balance(&admitted, &format!("after batch {i}"));
+        if let Some(l) = lease {
+            // The documented under-admission bound, at every moment: at most G × (L − 1) units
+            // per key held in leases (counting expired ones not yet dropped); and no lease drops
+            // more than L − 1.
+            let held: u64 = gateways.iter().map(Leasing::outstanding_units).sum();
+            assert!(held <= keys * G as u64 * (l - 1), "{alg} {held} held");
+            for gw in &gateways {
+                let s = gw.stats();
+                assert!(s.wasted_units <= s.leases * (l - 1), "{alg} {s:?}");
+            }
+        }
+    }
+    let in_traffic: u64 = admitted.iter().sum();
+    // Let every lease expire, then each gateway checks each key once: the expired leases'
+    // units are dropped, and counted as wasted.
+    clock.advance(Duration::from_secs(11));
+    for (g, gw) in gateways.iter().enumerate() {
+        for key in &key_names {
+            if block_on(gw.check(key, &limit, 1)).unwrap().is_allowed() {
+                admitted[g] += 1;
+            }
+        }
+    }
+    check_balance(&admitted, "after the leases expired");
+    let stats: Vec<_> = gateways.iter().map(Leasing::stats).collect();
+    Outcome {
+        paths: [
+            stats.iter().map(|s| s.waited).sum(),
+            stats.iter().map(|s| s.lease_denials).sum(),
+            stats.iter().map(|s| s.leases).sum(),
+            stats.iter().map(|s| s.wasted_units).sum(),
+        ],
+        admitted: in_traffic,
+        granted: counters.iter().map(|c| c.load(Ordering::Relaxed)).sum(),
+        baseline,
+        requests,
+    }
+}
+
+/// Every unit a gateway takes from the store is admitted, counted as wasted, or still held in a
+/// lease, at every moment: four gateways sharing a store, fixed and adaptive lease sizes, demand
+/// from half to three times the limit, even, random and bursty arrivals, one key and three keys
+/// in a table of one (evictions).
+#[test]
+fn four_gateways_account_for_every_granted_unit() {
+    let mut paths = [0u64; 4];
+    for alg in Algorithm::ALL {
+        for lease in [Some(4), None] {
+            for demand in [50, 90, 150, 300] {
+                for spread in [Spread::RoundRobin, Spread::Random] {
+                    for arrival in [Arrival::Even, Arrival::RandomGaps, Arrival::Bursts] {
+                        for (keys, max_keys, max_cost) in [
+                            (1, None, 1),
+                            (3, Some(1), 1),
+                            (3, Some(2), 1),
+                            (1, None, 3),
+                            (3, Some(2), 3),
+                        ] {
+                            let o = balance(
+                                alg,
+                                lease,
+                                demand,
+                                spread,
+                                arrival,
+                                keys,
+                                max_keys,
+                                max_cost,
+                                10,
+                                demand * 31 + keys + max_cost,
+                            );
+                            for (p, n) in paths.iter_mut().zip(o.paths) {
+                                *p += n;
+                            }
+                            if keys == 1 && max_cost == 1 {
+                                println!(
+                                    "{alg} lease {lease:?} demand {demand}/min {spread:?} \
+                                     {arrival:?}: admitted {} of {} requests ({:.1} % of the \
+                                     limit's 1,000 in 10 min; {:.1} % of the {} the store alone \
+                                     admits), granted {}",
+                                    o.admitted,
+                                    o.requests,
+                                    o.admitted as f64 / 10.0,
+                                    100.0 * o.admitted as f64 / o.baseline as f64,
+                                    o.baseline,
+                                    o.granted
+                                );
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    // The paths the traffic went through: checks that waited for a lease, leases denied, leases
+    // granted, units wasted.
+    println!("waited, lease denials, leases, wasted: {paths:?}");
+    assert!(paths.iter().all(|&n| n > 0), "{paths:?}");
+}
+
+/// Fixed leases of 4 at four gateways sharing a key limited to 100 a minute, demand 150 a minute
+/// (one every 400 ms) spread round-robin or at random over the gateways, for 10 minutes: what is
+/// admitted, against the same traffic sent to a store directly, and where the rest of the granted
+/// units went (printed with `--nocapture`). A lease of 4 lives 2.4 s, in which a gateway sees 1.5
+/// of its checks: under the window and log algorithms about half of every lease expires unspent,
+/// lease after lease (the G × (L − 1) bound is on what is held at once, not on what is dropped
+/// over time), and all of it is in `wasted_units`.
+#[test]
+fn fixed_leases_of_four_at_four_gateways_at_150_percent() {
+    const G: usize = 4;
+    for alg in Algorithm::ALL {
+        for spread in [Spread::RoundRobin, Spread::Random] {
+            let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+            let store = memory(&clock);
+            let plain = memory(&clock);
+            let granted = Arc::new(std::sync::atomic::AtomicU64::new(0));
+            let gateways: Vec<_> = (0..G)
+                .map(|_| {
+                    let inner = Granting {
+                        store: Arc::clone(&store),
+                        granted: Arc::clone(&granted),
+                    };
+                    Leasing::builder(inner, clock.clone())
+                        .lease_size(4)
+                        .build()
+                        .unwrap()
+                })
+                .collect();
+            let limit = Limit::single(alg, Quota::per_minute(100).unwrap()).unwrap();
+            let mut rng = Rng(7);
+            let (mut admitted, mut baseline) = (0u64, 0u64);
+            // 150 a minute: one every 400 ms, 1,500 in 10 minutes.
+            for i in 0..1_500usize {
+                clock.advance(Duration::from_millis(400));
+                let g = match spread {
+                    Spread::RoundRobin => i % G,
+                    Spread::Random => rng.below(G as u64) as usize,
+                };
+                if plain.check_now(b"k", &limit, 1).is_allowed() {
+                    baseline += 1;
+                }
+                if block_on(gateways[g].check(b"k", &limit, 1))
+                    .unwrap()
+                    .is_allowed()
+                {
+                    admitted += 1;
+                }
+            }
+            let stats: Vec<_> = gateways.iter().map(Leasing::stats).collect();
+            let wasted: u64 = stats.iter().map(|s| s.wasted_units).sum();
+            let leases: u64 = stats.iter().map(|s| s.leases).sum();
+            let local: u64 = stats.iter().map(|s| s.local).sum();
+            let denials: u64 = stats.iter().map(|s| s.lease_denials).sum();
+            let calls: u64 = stats.iter().map(|s| s.store_calls).sum();
+            let held: u64 = gateways.iter().map(Leasing::outstanding_units).sum();
+            let granted = granted.load(Ordering::Relaxed);
+            println!(
+                "{alg} {spread:?}: admitted {admitted} of 1500 ({:.1} % of the limit's 1,000 in \
+                 10 min, {:.1} % of the {baseline} a store alone admits); granted {granted} = \
+                 admitted {admitted} + wasted {wasted} + held {held}; {leases} leases of 4, \
+                 {:.2} units spent per lease, {local} local, {denials} lease denials, {calls} \
+                 store calls",
+                admitted as f64 / 10.0,
+                100.0 * admitted as f64 / baseline as f64,
+                (leases * 4 - wasted - held) as f64 / leases as f64,
+            );
+            assert_eq!(granted, admitted + wasted + held, "{alg}");
+        }
+    }
+}
