@@ -7,7 +7,11 @@
 //! master lost stops the checks of its own keys only.
 //!
 //! - **Closed**: every request asks the store. After `failure_threshold` consecutive failures
-//!   (errors or timeouts) the circuit opens.
+//!   (errors or timeouts; no success in between, each within `cool_down` of the one before) the
+//!   circuit opens. A failure more than a cool-down after the last starts a new count: failures
+//!   that come far apart (a route with little traffic, a failure now and then) open nothing,
+//!   while a store that fails for a whole cool-down opens the circuit even for a request every
+//!   few seconds.
 //! - **Open**: no request asks the store; each gets the policy's
 //!   [`FailurePolicy`](crate::FailurePolicy) at once. After `cool_down` the next request is let
 //!   through as the probe, and the circuit is half-open.
@@ -60,7 +64,7 @@
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -79,15 +83,20 @@ pub struct CircuitBreaker {
     per_failure_domain: bool,
 }
 
+/// The largest [`CircuitBreaker::new`] takes: a million failures in a row. (A breaker that
+/// should never open is no breaker: leave it out.)
+pub const MAX_FAILURE_THRESHOLD: u32 = 1_000_000;
+
 impl CircuitBreaker {
-    /// A circuit opens after `failure_threshold` consecutive failures of its keys (at least 1), for `cool_down`
+    /// A circuit opens after `failure_threshold` consecutive failures of its keys (1 to
+    /// [`MAX_FAILURE_THRESHOLD`]), each within `cool_down` of the one before, for `cool_down`
     /// (between 1 ms and one hour: a longer one would leave a tripped circuit open, and its
     /// requests answered by the failure policy, for as good as ever) before a probe.
     pub fn new(failure_threshold: u32, cool_down: Duration) -> Result<Self, Error> {
-        if failure_threshold == 0 {
+        if failure_threshold == 0 || failure_threshold > MAX_FAILURE_THRESHOLD {
             return Err(Error::InvalidSetting {
                 name: "failure_threshold",
-                reason: "must be at least 1",
+                reason: "must be from 1 to 1,000,000",
             });
         }
         if cool_down < Duration::from_millis(1) || cool_down > Duration::from_secs(3_600) {
@@ -122,7 +131,7 @@ impl CircuitBreaker {
         self.per_failure_domain
     }
 
-    /// Consecutive failures that open the circuit.
+    /// Consecutive failures that open the circuit (each within a cool-down of the one before).
     #[must_use]
     pub const fn failure_threshold(&self) -> u32 {
         self.failure_threshold
@@ -171,6 +180,18 @@ fn state_of(word: u64) -> CircuitState {
 }
 
 /// `t` in the breaker's word, above the state's bits and [`QUIET`].
+/// The bits of [`Part::failures`] that count the failures in a row: up to 2²⁰ − 1, more than
+/// [`MAX_FAILURE_THRESHOLD`].
+const COUNT_BITS: u32 = 20;
+const COUNT: u64 = (1 << COUNT_BITS) - 1;
+/// The time of the last failure, in milliseconds modulo 2⁴⁴ (557 years).
+const TIME: u64 = (1 << (64 - COUNT_BITS)) - 1;
+
+/// `t` as [`Part::failures`] keeps it.
+fn failure_time(t: Timestamp) -> u64 {
+    (t.as_micros() / 1_000) & TIME
+}
+
 fn stamp(t: Timestamp) -> u64 {
     t.as_micros().min(u64::MAX >> 3) << 3
 }
@@ -247,7 +268,10 @@ struct Part {
     /// The state and when it began (opened; or half-open, when the probe went out), in one word
     /// (`since_µs << 3 | quiet | state`), so that the two always change together.
     word: AtomicU64,
-    failures: AtomicU32,
+    /// The failures counted in a row (the low [`COUNT_BITS`]) and when the last came (the rest,
+    /// in milliseconds of the clock, modulo 2⁴⁴), in one word, so that a failure reads and
+    /// writes both at once; 0 while none is counted.
+    failures: AtomicU64,
     /// [`Breaker::closes`] as this part's last close left it: a check made before it (its `seen`
     /// below this) was sent before the circuit opened, and its failure, however late it
     /// comes (a timer late on a loaded machine), is older evidence than the probe that closed the
@@ -530,17 +554,27 @@ impl Breaker {
         }
         // Raised first (see `dirty`), and lowered again unless this was the part's first.
         self.dirty.fetch_add(1, Ordering::AcqRel);
+        let now = failure_time(self.clock.now());
+        let window = u64::try_from(self.config.cool_down.as_millis()).unwrap_or(u64::MAX);
+        let mut n = 0;
         let before = circuit
             .failures
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| {
-                Some(f.saturating_add(1))
+                let (count, last) = (f & COUNT, f >> COUNT_BITS);
+                // Another thread's failure, stamped just after this one read the clock, is as
+                // recent as this one: not a gap.
+                let gap = now.wrapping_sub(last) & TIME;
+                let recent = gap <= window || gap > TIME / 2;
+                let streak = if count != 0 && recent { count } else { 0 };
+                n = (streak + 1).min(COUNT);
+                let at = if gap > TIME / 2 { last } else { now };
+                Some((at << COUNT_BITS) | n)
             })
             .unwrap_or_else(|f| f);
         if before != 0 {
             self.dirty.fetch_sub(1, Ordering::AcqRel);
         }
-        let n = before.saturating_add(1);
-        if n >= self.config.failure_threshold
+        if n >= u64::from(self.config.failure_threshold)
             && circuit.word.load(Ordering::Acquire) & STATE == CLOSED
         {
             self.open(part, CLOSED);
@@ -886,6 +920,63 @@ mod tests {
             "two in a row on part 3"
         );
         assert_eq!(b.parts_not_closed(), 1);
+    }
+
+    /// Failures count in a row only while each comes within a cool-down of the one before: two
+    /// far apart (a quiet route, a failure now and then) open nothing; two close together do.
+    #[test]
+    fn failures_a_cool_down_apart_start_a_new_count() {
+        let clock = ManualClock::new();
+        let b = breaker(&clock);
+        b.failure(0, None, FRESH);
+        clock.advance(Duration::from_millis(5_001));
+        b.failure(0, None, FRESH);
+        assert_eq!(
+            b.state(),
+            CircuitState::Closed,
+            "5.001 s apart: a new count"
+        );
+        assert!(!b.is_clean(), "the second failure is counted");
+        // Exactly a cool-down after the last: still in a row.
+        clock.advance(Duration::from_secs(5));
+        b.failure(0, None, FRESH);
+        assert_eq!(b.state(), CircuitState::Open);
+        // Closed again by a probe; then a failure, a long quiet time, a failure, and one more
+        // soon after: the last two open it.
+        clock.advance(Duration::from_secs(5));
+        let Admit::Probe(p) = b.admit(0) else {
+            panic!("cooled down")
+        };
+        b.success(0, Some(p));
+        assert!(b.is_clean());
+        b.failure(0, None, FRESH);
+        clock.advance(Duration::from_secs(3_600));
+        b.failure(0, None, FRESH);
+        assert_eq!(b.state(), CircuitState::Closed);
+        clock.advance(Duration::from_secs(1));
+        b.failure(0, None, FRESH);
+        assert_eq!(b.state(), CircuitState::Open);
+    }
+
+    /// A threshold is counted up to the largest allowed, and one above it is refused.
+    #[test]
+    fn the_largest_threshold_is_counted_to() {
+        assert!(CircuitBreaker::new(MAX_FAILURE_THRESHOLD + 1, Duration::from_secs(1)).is_err());
+        let clock = ManualClock::new();
+        let b = Breaker::new(
+            CircuitBreaker::new(MAX_FAILURE_THRESHOLD, Duration::from_secs(1)).unwrap(),
+            Duration::from_millis(50),
+            Arc::new(clock.clone()),
+            &Metrics::new("p"),
+            "p".into(),
+            1,
+        );
+        for _ in 1..MAX_FAILURE_THRESHOLD {
+            b.failure(0, None, FRESH);
+        }
+        assert_eq!(b.state(), CircuitState::Closed);
+        b.failure(0, None, FRESH);
+        assert_eq!(b.state(), CircuitState::Open);
     }
 
     /// `is_clean` follows every transition: a failure, a success that clears it, an opening

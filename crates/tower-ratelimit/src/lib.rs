@@ -106,7 +106,7 @@ pub mod response;
 mod service;
 
 pub use body::{BodyMode, ResponseBody, SameBody, WrapBody};
-pub use circuit_breaker::{CircuitBreaker, CircuitState};
+pub use circuit_breaker::{CircuitBreaker, CircuitState, MAX_FAILURE_THRESHOLD};
 pub use client_ip::{ClientIp, ClientIpError, ForwardedHeader};
 pub use error::Error;
 pub use failure::FailurePolicy;

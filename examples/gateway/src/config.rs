@@ -592,10 +592,10 @@ impl StoreConfig {
             return Err(ConfigError::new("store.max_keys", "must be at least 1"));
         }
         let cb = self.circuit_breaker;
-        if cb.enabled && cb.failures == 0 {
+        if cb.enabled && !(1..=tower_ratelimit::MAX_FAILURE_THRESHOLD).contains(&cb.failures) {
             return Err(ConfigError::new(
                 "store.circuit_breaker.failures",
-                "must be at least 1 (set enabled = false for no circuit breaker)",
+                "must be from 1 to 1000000 (set enabled = false for no circuit breaker)",
             ));
         }
         if cb.enabled && (cb.cool_down_ms == 0 || cb.cool_down_ms > MAX_MS) {

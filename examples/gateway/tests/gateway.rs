@@ -497,6 +497,11 @@ async fn bad_configurations_fail_naming_the_field() {
             "store.circuit_breaker.cool_down_ms: must be between 1 and 3600000",
         ),
         (
+            "[store]\ncircuit_breaker = { failures = 2000000 }\n".to_owned()
+                + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
+            "store.circuit_breaker.failures: must be from 1 to 1000000",
+        ),
+        (
             "[store]\ntimeout_ms = 86400000\n".to_owned()
                 + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
             "store.timeout_ms: must be between 1 and 3600000",
