@@ -45,7 +45,7 @@ pub enum RedisStoreError {
     },
     /// Redis answered with an error (a script error, `OOM` when `maxmemory` is reached with
     /// `noeviction`, `NOPERM` for an ACL user without the needed rights, a broken connection...).
-    #[error("Redis error: {0}")]
+    #[error("Redis error: {}{}", refusal(.0), .0)]
     Redis(#[source] redis::RedisError),
     /// The script answered something this crate does not understand (a script of another version
     /// under the same SHA would be one cause).
@@ -154,6 +154,13 @@ impl RedisStoreError {
                     source,
                 }
             }
+            // Refused by the server once connected (`NOAUTH` when it asks a password the URL does
+            // not give): said as a refused connection, naming the URL.
+            RedisStoreError::Redis(r) if refused(&r) => RedisStoreError::Connection {
+                message: r.to_string(),
+                source: Some(r),
+            }
+            .connecting_to(urls),
             other => other,
         }
     }
@@ -172,11 +179,31 @@ fn refused(r: &redis::RedisError) -> bool {
     r.kind() == redis::ErrorKind::AuthenticationFailed
         || matches!(r.code(), Some("WRONGPASS" | "NOPERM" | "NOAUTH"))
         || {
+            // `unauthenticated`: a server that asks a password the connection did not give
+            // closes it on a command of more than a few arguments with "Protocol error:
+            // unauthenticated multibulk length" (the scripts' calls have more).
             let text = r.to_string();
-            ["WRONGPASS", "NOPERM", "NOAUTH", "AuthenticationFailed"]
-                .iter()
-                .any(|refusal| text.contains(refusal))
+            [
+                "WRONGPASS",
+                "NOPERM",
+                "NOAUTH",
+                "AuthenticationFailed",
+                "unauthenticated",
+            ]
+            .iter()
+            .any(|refusal| text.contains(refusal))
         }
+}
+
+/// What a Redis error's message says first when it is a refusal of the credentials: the
+/// client's own words (`NOAUTH`, `Protocol error: unauthenticated multibulk length`) leave it
+/// to be guessed.
+fn refusal(r: &redis::RedisError) -> &'static str {
+    if refused(r) {
+        "Redis refused the credentials: "
+    } else {
+        ""
+    }
 }
 
 /// Whether the client could not parse the reply as Redis's protocol: something else listens

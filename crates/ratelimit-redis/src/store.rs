@@ -1341,7 +1341,9 @@ impl RedisStoreBuilder {
             match tokio::time::timeout(self.connect_timeout.max(self.response_timeout), load).await
             {
                 Ok(Ok(())) => {}
-                Ok(Err(e)) => return Err(RedisStoreError::Redis(e)),
+                // A refusal (`NOAUTH`: the server asks a password the URL does not give) is
+                // told as the refused connection it is, naming the URL.
+                Ok(Err(e)) => return Err(RedisStoreError::Redis(e).connecting_to(&self.urls)),
                 Err(_) => {
                     return Err(RedisStoreError::Timeout {
                         after: self.connect_timeout.max(self.response_timeout),

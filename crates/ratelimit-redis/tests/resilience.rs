@@ -96,14 +96,63 @@ async fn passwords_and_acl_users() {
         "no password in messages: {err}"
     );
     // Without a password the connection opens, and the first command (loading the scripts) is
-    // refused: build fails.
+    // refused: build fails, saying so as it does for a wrong password, with the URL.
     let err = RedisStore::builder(format!("redis://127.0.0.1:{port}"))
         .build()
         .await
         .unwrap_err();
     assert!(
-        matches!(&err, RedisStoreError::Redis(e) if e.code() == Some("NOAUTH")),
+        matches!(&err, RedisStoreError::Connection { source: Some(e), .. } if e.code() == Some("NOAUTH")),
         "{err:?}"
+    );
+    assert!(err.is_refused_credentials(), "{err:?}");
+    assert!(
+        err.to_string().starts_with(&format!(
+            "could not connect to Redis: redis://127.0.0.1:{port}: Redis refused the credentials: "
+        )),
+        "{err}"
+    );
+}
+
+/// A password set on the server while the store runs without one (a rotation done in the wrong
+/// order): the checks' errors say the credentials were refused, whatever words Redis used for
+/// it (`NOAUTH`, or closing the connection with "unauthenticated multibulk length").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_set_while_running_is_told_as_refused_credentials() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("requirepass"))
+        .build()
+        .await
+        .unwrap();
+    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    server.cli(&["config", "set", "requirepass", "rotated"]);
+    let killed = std::process::Command::new("redis-cli")
+        .args([
+            "-p",
+            &server.port().to_string(),
+            "--no-auth-warning",
+            "-a",
+            "rotated",
+        ])
+        .args(["client", "kill", "type", "normal"])
+        .output()
+        .unwrap();
+    assert!(killed.status.success(), "{killed:?}");
+    let mut told = None;
+    for _ in 0..20 {
+        if let Err(e) = store.check(b"k", &limit(), 1).await {
+            if e.is_refused_credentials() {
+                told = Some(e);
+                break;
+            }
+        }
+    }
+    let err = told.expect("a check's error tells the credentials were refused");
+    println!("{err}");
+    assert!(
+        err.to_string().contains("Redis refused the credentials: "),
+        "{err}"
     );
 }
 

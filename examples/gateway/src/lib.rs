@@ -22,7 +22,7 @@ use axum::extract::Path;
 use axum::http::{Method, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{MethodRouter, get, post};
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
 use ratelimit_core::{MemoryStore, Store};
 use ratelimit_redis::{LazyRedisStore, RedisStore, RedisStoreBuilder, RedisStoreError};
 use tower_ratelimit::client_ip::ClientIp;
@@ -78,6 +78,12 @@ impl From<ConfigError> for StartError {
     }
 }
 
+/// The buckets of `ratelimit_store_duration_seconds`, in seconds: from 100 µs (a Redis on the
+/// same host) to the longest layer timeouts worth alerting on.
+pub const STORE_DURATION_BUCKETS: [f64; 14] = [
+    0.000_1, 0.000_25, 0.000_5, 0.001, 0.002_5, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5,
+];
+
 /// The Prometheus recorder's handle. The first call installs the recorder as the global
 /// `metrics` recorder; later calls return the same handle. [`app`] calls it before building any
 /// layer, because a layer registers its metrics with the recorder installed at that moment.
@@ -85,7 +91,18 @@ pub fn metrics_handle() -> PrometheusHandle {
     static HANDLE: OnceLock<PrometheusHandle> = OnceLock::new();
     HANDLE
         .get_or_init(|| {
-            let recorder = PrometheusBuilder::new().build_recorder();
+            // The store latency as a histogram (buckets summed across gateways by
+            // `histogram_quantile`), not the recorder's default summary, whose quantiles are
+            // per process and fall to 0 when nothing was recorded for a while: an idle route
+            // would read as answering in no time, and a stall would leave the p99 within a
+            // minute.
+            let recorder = PrometheusBuilder::new()
+                .set_buckets_for_metric(
+                    Matcher::Full(tower_ratelimit::metrics::STORE_DURATION_SECONDS.to_owned()),
+                    &STORE_DURATION_BUCKETS,
+                )
+                .expect("the buckets are not empty")
+                .build_recorder();
             let handle = recorder.handle();
             // Fails only if another recorder was installed first; then /metrics stays empty
             // rather than the gateway refusing to start.

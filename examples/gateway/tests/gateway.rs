@@ -290,6 +290,33 @@ async fn metrics_endpoint_renders_the_decisions() {
     assert!(text.contains("# TYPE ratelimit_decisions_total counter"));
 }
 
+/// The store latency is a histogram with buckets (summed across gateways, and not falling to 0
+/// while a route is idle, as the recorder's default summary's quantiles do).
+#[tokio::test]
+async fn store_latency_is_a_histogram() {
+    let app = memory_app().await;
+    // The in-memory store's answers are timed about one in 64.
+    for i in 0..2_000u32 {
+        let peer = format!("198.51.{}.{}:1", i / 250, i % 250);
+        send(&app, request("GET", "/api/items", &peer, Some("demo-free"))).await;
+    }
+    let res = send(&app, request("GET", "/metrics", "203.0.113.50:1", None)).await;
+    let text = body(res).await;
+    assert!(
+        text.contains("# TYPE ratelimit_store_duration_seconds histogram"),
+        "{text}"
+    );
+    for le in example_gateway::STORE_DURATION_BUCKETS {
+        let bucket =
+            format!("ratelimit_store_duration_seconds_bucket{{policy=\"api\",le=\"{le}\"}}");
+        assert!(text.contains(&bucket), "no {bucket} in\n{text}");
+    }
+    assert!(
+        !text.contains("ratelimit_store_duration_seconds{"),
+        "no summary quantiles"
+    );
+}
+
 #[test]
 fn both_example_files_have_the_same_routes_and_keys() {
     let memory = Config::from_toml(MEMORY).unwrap();
