@@ -141,11 +141,11 @@ async fn a_password_set_while_running_is_told_as_refused_credentials() {
     assert!(killed.status.success(), "{killed:?}");
     let mut told = None;
     for _ in 0..20 {
-        if let Err(e) = store.check(b"k", &limit(), 1).await {
-            if e.is_refused_credentials() {
-                told = Some(e);
-                break;
-            }
+        if let Err(e) = store.check(b"k", &limit(), 1).await
+            && e.is_refused_credentials()
+        {
+            told = Some(e);
+            break;
         }
     }
     let err = told.expect("a check's error tells the credentials were refused");
