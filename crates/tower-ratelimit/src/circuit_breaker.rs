@@ -179,7 +179,6 @@ fn state_of(word: u64) -> CircuitState {
     }
 }
 
-/// `t` in the breaker's word, above the state's bits and [`QUIET`].
 /// The bits of [`Part::failures`] that count the failures in a row: up to 2²⁰ − 1, more than
 /// [`MAX_FAILURE_THRESHOLD`].
 const COUNT_BITS: u32 = 20;
@@ -192,6 +191,7 @@ fn failure_time(t: Timestamp) -> u64 {
     (t.as_micros() / 1_000) & TIME
 }
 
+/// `t` in the breaker's word, above the state's bits and [`QUIET`].
 fn stamp(t: Timestamp) -> u64 {
     t.as_micros().min(u64::MAX >> 3) << 3
 }
