@@ -127,6 +127,17 @@ pub struct StoreConfig {
     /// Stop asking a failing store for a while.
     #[serde(default)]
     pub circuit_breaker: BreakerConfig,
+    /// Answer a client that Redis denied from this gateway's memory until its wait is over,
+    /// instead of asking Redis again at each of its requests (`ratelimit_core::DenialCache`;
+    /// default false). Exact: a denial stands until its `Retry-After`, whatever other gateways
+    /// do meanwhile, since no check gives units back.
+    #[serde(default)]
+    pub denial_cache: bool,
+    /// Merge the checks of one key that arrive while one of them is on its way to Redis into
+    /// one script call (`ratelimit_redis::Coalescing`; default false). Exact: the checks are
+    /// decided in order at the instant the call runs.
+    #[serde(default)]
+    pub coalesce: bool,
 }
 
 impl Default for StoreConfig {
@@ -142,6 +153,8 @@ impl Default for StoreConfig {
             start_without_redis: false,
             max_keys: None,
             circuit_breaker: BreakerConfig::default(),
+            denial_cache: false,
+            coalesce: false,
         }
     }
 }
@@ -551,6 +564,9 @@ impl StoreConfig {
                 "store.connect_timeout_ms",
                 self.connect_timeout_ms.is_some(),
             ),
+            // The in-memory store answers at once, and keeps its own memo of denials.
+            ("store.denial_cache", self.denial_cache),
+            ("store.coalesce", self.coalesce),
         ];
         if !redis && let Some((field, _)) = redis_only.iter().find(|(_, set)| *set) {
             return Err(ConfigError::new(

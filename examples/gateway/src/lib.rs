@@ -23,8 +23,8 @@ use axum::http::{Method, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{MethodRouter, get, post};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use ratelimit_core::{MemoryStore, Store};
-use ratelimit_redis::{LazyRedisStore, RedisStore, RedisStoreBuilder, RedisStoreError};
+use ratelimit_core::{DenialCache, MemoryStore, Store, SystemClock};
+use ratelimit_redis::{Coalescing, LazyRedisStore, RedisStore, RedisStoreBuilder, RedisStoreError};
 use tower_ratelimit::client_ip::ClientIp;
 use tower_ratelimit::key::{ApiKeyHeader, ClientIpKey, GlobalKey};
 use tower_ratelimit::{CircuitBreaker, ForwardedHeader, Policy, RateLimitLayer};
@@ -157,7 +157,21 @@ pub async fn app(config: &Config) -> Result<Router, StartError> {
             } else {
                 LazyRedisStore::from(builder.build().await.map_err(|e| start_error(store, e))?)
             };
-            Ok(router(config, redis, policies, metrics)?)
+            // The denial cache in front (a cached denial needs no call at all), then the
+            // coalescing of the calls that remain. Its clock: the Redis store counts on the
+            // server's, and a denial's wait is a duration, timed here.
+            Ok(match (store.denial_cache, store.coalesce) {
+                (false, false) => router(config, redis, policies, metrics)?,
+                (false, true) => router(config, Coalescing::new(redis), policies, metrics)?,
+                (true, false) => {
+                    let cached = DenialCache::new(redis, SystemClock::new());
+                    router(config, cached, policies, metrics)?
+                }
+                (true, true) => {
+                    let cached = DenialCache::new(Coalescing::new(redis), SystemClock::new());
+                    router(config, cached, policies, metrics)?
+                }
+            })
         }
     }
 }

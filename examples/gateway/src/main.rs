@@ -123,7 +123,16 @@ async fn received(signal: Option<&mut tokio::signal::unix::Signal>) {
 /// A one-line description of the configured store.
 fn describe_store(config: &Config) -> String {
     let s = &config.store;
-    match s.kind {
+    let extras: Vec<&str> = [(s.denial_cache, "denial cache"), (s.coalesce, "coalescing")]
+        .iter()
+        .filter_map(|&(on, name)| on.then_some(name))
+        .collect();
+    let extras = if extras.is_empty() {
+        String::new()
+    } else {
+        format!(" ({})", extras.join(", "))
+    };
+    let store = match s.kind {
         StoreKind::Memory => "in-memory (this process only)".to_owned(),
         StoreKind::Redis => format!(
             "Redis at {}",
@@ -137,7 +146,8 @@ fn describe_store(config: &Config) -> String {
                 .collect();
             format!("Redis Cluster at {}", urls.join(", "))
         }
-    }
+    };
+    store + &extras
 }
 
 #[tokio::main]

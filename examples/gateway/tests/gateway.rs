@@ -709,6 +709,87 @@ async fn redis_config_shares_limits_between_gateways_and_falls_back_when_redis_d
     );
 }
 
+/// `denial_cache` and `coalesce` cut the calls to Redis without changing an answer: a client
+/// Redis denied (or whose admission took its last unit) is answered 429 from the gateway's
+/// memory until its wait is over (each gateway asks at most once), and the concurrent checks of one key share script calls, admitting exactly the
+/// limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_denial_cache_and_coalescing_ask_redis_less_with_the_same_answers() {
+    let server = redis_harness::RedisServer::start();
+    let text = format!(
+        "[store]\nkind = \"redis\"\nurl = \"{}\"\nprefix = \"dc\"\ntimeout_ms = 2000\n\
+         denial_cache = true\ncoalesce = true\n\
+         [[routes]]\npath = \"/login\"\nkey = {{ source = \"ip\" }}\n\
+         [routes.policy]\nname = \"login\"\nquotas = [{{ limit = 5, per = \"minute\" }}]\n\
+         [[routes]]\npath = \"/api\"\nkey = {{ source = \"header\", name = \"x-api-key\" }}\n\
+         [routes.policy]\nname = \"api\"\nquotas = [{{ limit = 20, per = \"minute\" }}]\n",
+        server.url()
+    );
+    let config = Config::from_toml(&text).unwrap();
+    let a = app(&config).await.unwrap();
+    let b = app(&config).await.unwrap();
+
+    let peer = "192.0.2.90:1";
+    for _ in 0..5 {
+        assert_eq!(status(&a, "POST", "/login", peer, None).await, 200);
+    }
+    let before = server.script_calls();
+    let first = send(&a, request("POST", "/login", peer, None)).await;
+    assert_eq!(first.status(), 429);
+    let wait: u64 = first.headers()["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&wait), "{wait}");
+    // The admission that took the last unit said when one comes back: that denial was cached
+    // with it.
+    assert_eq!(
+        server.script_calls(),
+        before,
+        "implied by the last admission"
+    );
+    for _ in 0..20 {
+        let res = send(&a, request("POST", "/login", peer, None)).await;
+        assert_eq!(res.status(), 429);
+        let again: u64 = res.headers()["retry-after"]
+            .to_str()
+            .unwrap()
+            .parse()
+            .unwrap();
+        assert!((1..=wait).contains(&again), "{again} after {wait}");
+        assert!(res.headers().contains_key("ratelimit"));
+    }
+    assert_eq!(server.script_calls(), before, "answered here");
+    // Another gateway asks once, then answers from its own cache.
+    for _ in 0..5 {
+        assert_eq!(status(&b, "POST", "/login", peer, None).await, 429);
+    }
+    assert_eq!(
+        server.script_calls(),
+        before + 1,
+        "another gateway asks once"
+    );
+
+    // 40 requests of one key at once: exactly the 20 of the limit pass, in fewer calls.
+    let before = server.script_calls();
+    let tasks: Vec<_> = (0..40)
+        .map(|_| {
+            let a = a.clone();
+            tokio::spawn(async move { status(&a, "GET", "/api/items", peer, Some("hot")).await })
+        })
+        .collect();
+    let mut statuses = Vec::new();
+    for t in tasks {
+        statuses.push(t.await.unwrap());
+    }
+    let calls = server.script_calls() - before;
+    println!("40 concurrent requests of one key: {calls} script calls");
+    assert_eq!(statuses.iter().filter(|&&s| s == 200).count(), 20);
+    assert_eq!(statuses.iter().filter(|&&s| s == 429).count(), 20);
+    assert!(calls < 40, "{calls} calls for 40 requests");
+}
+
 /// The longest `timeout_ms` the configuration accepts (an hour) starts a Redis gateway: the
 /// store's own timeout (the layer's plus 10 ms) is held to the store's longest, an hour, instead
 /// of refusing the file with an error about a field it does not have.
