@@ -524,6 +524,16 @@ async fn bad_configurations_fail_naming_the_field() {
             "store.circuit_breaker.cool_down_ms: must be between 1 and 3600000",
         ),
         (
+            "[store]\ncoalesce = true\n".to_owned()
+                + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
+            "store.coalesce: only used when kind is \"redis\" or \"redis_cluster\"",
+        ),
+        (
+            "[store]\ndenial_cache = true\n".to_owned()
+                + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
+            "store.denial_cache: only used when kind is \"redis\" or \"redis_cluster\"",
+        ),
+        (
             "[store]\ncircuit_breaker = { failures = 2000000 }\n".to_owned()
                 + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
             "store.circuit_breaker.failures: must be from 1 to 1000000",
