@@ -677,6 +677,17 @@ impl RouteConfig {
                      (without them the key is the TCP peer's address)",
                 ));
             }
+            // Safe only behind proxies that strip or write both headers: a client's own
+            // `Forwarded` (even an empty one) is read in place of the `X-Forwarded-For` a proxy
+            // appended to, and names any key it likes.
+            if *forwarded_header == Some(ForwardedHeaderConfig::Both) {
+                warnings.push(format!(
+                    "{at}.key.forwarded_header: \"both\" reads a client's own Forwarded header \
+                     in place of the X-Forwarded-For your proxies append to, unless every trusted \
+                     proxy strips or appends to Forwarded too: a client could then pick its key \
+                     (name the one header your proxies write)"
+                ));
+            }
             if *ipv6_prefix > 128 {
                 return Err(ConfigError::new(
                     format!("{at}.key.ipv6_prefix"),

@@ -638,6 +638,21 @@ async fn bad_configurations_fail_naming_the_field() {
              answered 405, never counted): this cost never applies"
         ]
     );
+    // "both" forwarding headers let a client behind a proxy that writes only X-Forwarded-For
+    // pick its key with a Forwarded header of its own: loaded (a proxy may write both), with a
+    // warning.
+    let config = Config::from_toml(
+        "[[routes]]\npath = \"/login\"\nkey = { source = \"ip\", trusted_proxies = \
+         [\"10.0.0.10/32\"], forwarded_header = \"both\" }\n[routes.policy]\nname = \"a\"\n\
+         quotas = [{ limit = 5, per = \"minute\" }]\n",
+    )
+    .unwrap();
+    assert_eq!(config.warnings().len(), 1, "{:?}", config.warnings());
+    assert!(
+        config.warnings()[0].starts_with("routes[0].key.forwarded_header: \"both\" reads"),
+        "{:?}",
+        config.warnings()
+    );
     // A local share whose plain division would not fit a quota exactly (10,000,000 a day over 3
     // gateways) is rounded down until it does (`Limit::divided`), not refused.
     Config::from_toml(&with_policy(
