@@ -28,6 +28,24 @@ pub const DEFAULT_MAX_LEASED_KEYS: usize = 100_000;
 
 const SHARDS: usize = 16;
 
+/// `d`, a lease's answer, with the lease's `unspent` units taken out of its reset: the store
+/// counted the whole lease as spent when it granted it. For the token bucket and GCRA, whose
+/// reset is when the bucket is full again, that comes `unspent` units' refill time earlier (at
+/// the rate of the quota the answer names) than the store said; rounded down, so never earlier
+/// than it will. The windows' resets (a window's end; the sliding counters') are left as the
+/// store gave them.
+fn unspent_out(d: Decision, limit: &Limit, unspent: u64) -> Decision {
+    let Some(q) = limit.quotas().get(d.quota_index()) else {
+        return d;
+    };
+    if unspent == 0 || !matches!(limit.algorithm(), Algorithm::TokenBucket | Algorithm::Gcra) {
+        return d;
+    }
+    let refill = u128::from(unspent) * u128::from(q.period_micros()) / u128::from(q.limit());
+    let refill = u64::try_from(refill).unwrap_or(u64::MAX);
+    d.with_reset_after_micros(d.reset_after_micros().saturating_sub(refill))
+}
+
 /// A [`Store`] wrapper that reserves units from the store in a batch (a lease) and admits from
 /// them locally.
 ///
@@ -173,10 +191,14 @@ const SHARDS: usize = 16;
 ///
 /// # What a local decision reports
 ///
-/// An allowed decision answered from a lease has the limit, quota index and reset time of the
-/// store's answer to the lease, and `remaining` = units left in the lease + what the store said
-/// remained after granting it (other gateways may have consumed since). Denials always come from
-/// the store and are exact.
+/// An allowed decision answered from a lease has the limit and quota index of the store's
+/// answer to the lease, and `remaining` = units left in the lease + what the store said remained
+/// after granting it (other gateways may have consumed since, and the refill since is not
+/// counted). Its reset is the store's, less, under the token bucket and GCRA (whose reset is when
+/// the bucket is full again), the refill time of the lease's units still unspent: the store
+/// counted them as spent when it granted the lease, so on one gateway the reset is the one the
+/// store alone would give (`a_leased_answer_resets_when_the_store_alone_would`); under the
+/// windows it is the store's. Denials always come from the store and are exact.
 pub struct Leasing<S, C> {
     shared: Arc<Shared<S, C>>,
 }
@@ -312,14 +334,16 @@ struct Entry {
 }
 
 impl Entry {
-    fn decision(&self, now: u64) -> Decision {
-        Decision::new(
+    /// The answer of a check that took its units from the lease, at `now`, for `limit`.
+    fn decision(&self, now: u64, limit: &Limit) -> Decision {
+        let d = Decision::new(
             Outcome::Allowed,
             self.limit,
             self.tokens.saturating_add(self.remaining),
             Duration::from_micros(self.reset_at.saturating_sub(now)),
             self.quota_index as usize,
-        )
+        );
+        unspent_out(d, limit, self.tokens)
     }
 
     /// The waiting checks' wakers, taken out to be woken once the key's lock is let go: a waker
@@ -446,7 +470,7 @@ impl<S, C> Shared<S, C> {
             if e.tokens >= cost {
                 e.tokens -= cost;
                 // A unit of the lease, without asking the store: marked so.
-                let d = e.decision(now).cached();
+                let d = e.decision(now, limit).cached();
                 if e.tokens == 0 {
                     let _ = e.settle(0);
                     if e.at_rate(now) && e.thrifty() {
@@ -1130,21 +1154,24 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                             e.remaining = d.remaining();
                             e.reset_at = sent.saturating_add(micros(d.reset_after()));
                             e.quota_index = u32::try_from(d.quota_index()).unwrap_or(u32::MAX);
-                            e.decision(sent)
+                            e.decision(sent, &ctx.limit)
                         });
                         if want > cost {
                             sh.counters.leases.fetch_add(1, Ordering::Relaxed);
                             sh.counters.leased_units.fetch_add(want, Ordering::Relaxed);
                         }
-                        self.as_mut().project().state.set(St::Done);
-                        // The store's own answer, with the lease's units counted as remaining.
-                        return Poll::Ready(Ok(Decision::new(
+                        // The store's own answer, with the lease's units counted as remaining (and
+                        // as unspent in its reset).
+                        let answer = Decision::new(
                             Outcome::Allowed,
                             d.limit(),
                             local.remaining(),
                             d.reset_after(),
                             d.quota_index(),
-                        )));
+                        );
+                        let answer = unspent_out(answer, &ctx.limit, want - cost);
+                        self.as_mut().project().state.set(St::Done);
+                        return Poll::Ready(Ok(answer));
                     }
                     if want == cost {
                         // The request's own answer: a denial of its cost.

@@ -179,6 +179,44 @@ fn clones_share_the_leases() {
     assert_eq!(a.stats(), b.stats());
 }
 
+/// An answer from a lease says what the store alone would: its `remaining` counts the lease's
+/// unspent units (as of the lease's grant: not the refill since), and under the token bucket and
+/// GCRA its reset (when the bucket is full again) comes that many units' refill time before the
+/// store's, which counted the whole lease as spent. One gateway, the same checks at the same
+/// instants as a plain store gets.
+#[test]
+fn a_leased_answer_resets_when_the_store_alone_would() {
+    for alg in [Algorithm::TokenBucket, Algorithm::Gcra] {
+        let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+        let leasing = Leasing::builder(memory(&clock), clock.clone())
+            .lease_size(10)
+            .build()
+            .unwrap();
+        let plain = memory(&clock);
+        // 0.6 s a unit; a burst of 30.
+        let limit =
+            Limit::single(alg, Quota::per_minute(100).unwrap().with_burst(30).unwrap()).unwrap();
+        // At one instant: the same remaining and reset, check by check.
+        for i in 0..15 {
+            let leased = block_on(leasing.check(b"k", &limit, 1)).unwrap();
+            let alone = plain.check_now(b"k", &limit, 1);
+            assert!(leased.is_allowed() && alone.is_allowed(), "{alg} {i}");
+            assert_eq!(leased.remaining(), alone.remaining(), "{alg} check {i}");
+            assert_eq!(leased.reset_after(), alone.reset_after(), "{alg} check {i}");
+        }
+        // As time passes: the same answers and the same reset (the bucket is full again at the
+        // same instant), until the bucket runs dry on both.
+        for i in 0..40u64 {
+            clock.advance(Duration::from_millis(250 * (i % 3)));
+            let leased = block_on(leasing.check(b"k", &limit, 1)).unwrap();
+            let alone = plain.check_now(b"k", &limit, 1);
+            assert_eq!(leased.outcome(), alone.outcome(), "{alg} check {i}");
+            assert_eq!(leased.reset_after(), alone.reset_after(), "{alg} check {i}");
+        }
+        assert!(leasing.stats().local > 30, "{alg}: {:?}", leasing.stats());
+    }
+}
+
 #[test]
 fn with_a_denial_cache_an_over_limit_key_costs_almost_nothing() {
     let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
