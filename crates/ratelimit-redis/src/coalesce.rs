@@ -166,7 +166,8 @@ struct Queue {
 pub struct CoalescingStats {
     /// Checks made.
     pub checks: u64,
-    /// Script calls sent to Redis for them (batches, and the checks sent on their own).
+    /// Script calls sent to Redis for them (batches, and the checks sent on their own). Over a
+    /// [`LazyRedisStore`] not connected yet, the calls it failed at once count too.
     pub store_calls: u64,
     /// The most checks sent in one call.
     pub largest_batch: u64,

@@ -174,14 +174,15 @@ pub enum StoreKind {
 
 /// The circuit breaker, a circuit per failure domain of the store (one for a single Redis
 /// server, 64 ranges of hash slots for a cluster): after `failures` failures in a row of its
-/// keys, a circuit does not ask the store for `cool_down_ms` (the failure policy answers at
-/// once), then tries one request.
+/// keys (each within `cool_down_ms` of the one before), a circuit does not ask the store for
+/// `cool_down_ms` (the failure policy answers at once), then tries one request.
 #[derive(Debug, Clone, Copy, Deserialize)]
 #[serde(deny_unknown_fields, default)]
 pub struct BreakerConfig {
     /// Whether to use one (default true).
     pub enabled: bool,
-    /// Failures in a row (of one circuit's keys) that open a circuit (default 5).
+    /// Failures in a row (of one circuit's keys, each within `cool_down_ms` of the one before)
+    /// that open a circuit (default 5).
     pub failures: u32,
     /// How long it stays open, in milliseconds (default 10000).
     pub cool_down_ms: u64,
