@@ -148,13 +148,7 @@ async fn coalescing_over_a_lazy_store_fails_at_once_then_merges_checks() {
         calls < 100,
         "{calls} script calls for 300 checks: none merged"
     );
-    let mut remaining: Vec<_> = decisions
-        .iter()
-        .filter(|d| d.is_allowed())
-        .map(|d| d.remaining())
-        .collect();
-    remaining.sort_unstable();
-    assert_eq!(remaining, (0..100).collect::<Vec<_>>());
+    common::assert_each_remaining_once(&decisions, 100, "once connected");
 }
 
 #[tokio::test]

@@ -275,13 +275,7 @@ async fn coalescing_thousand_concurrent_checks() {
         assert_eq!(stats.checks, 1_000, "{alg}");
         assert!(calls <= 50, "{alg}: {calls} calls for 1,000 checks");
         // Every denial says when to retry; every admission's remaining count is distinct.
-        let mut remaining: Vec<_> = decisions
-            .iter()
-            .filter(|d| d.is_allowed())
-            .map(|d| d.remaining())
-            .collect();
-        remaining.sort_unstable();
-        assert_eq!(remaining, (0..100).collect::<Vec<_>>(), "{alg}");
+        common::assert_each_remaining_once(&decisions, 100, &alg.to_string());
         assert!(
             decisions
                 .iter()

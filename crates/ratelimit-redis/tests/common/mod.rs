@@ -372,6 +372,18 @@ pub async fn concurrent_hot_checks<S: ratelimit_redis::ScriptStore>(
         .collect()
 }
 
+/// The admitted decisions' `remaining` counts are 0 to `n - 1`, each once: no two admissions
+/// took the same unit, and `n` were admitted.
+pub fn assert_each_remaining_once(decisions: &[Decision], n: u64, context: &str) {
+    let mut remaining: Vec<_> = decisions
+        .iter()
+        .filter(|d| d.is_allowed())
+        .map(|d| d.remaining())
+        .collect();
+    remaining.sort_unstable();
+    assert_eq!(remaining, (0..n).collect::<Vec<_>>(), "{context}");
+}
+
 /// A runtime of two worker threads, for the tests that run checks on more than one runtime.
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
