@@ -700,6 +700,10 @@ impl Prepared {
 #[derive(Debug)]
 pub(crate) struct Bodies {
     kind: DenialBody,
+    /// Under [`DenialBody::ProblemJson`], the bodies of the layer's own error answers (status,
+    /// text, problem), made once: a fail-closed route answers every request with one while the
+    /// store is down.
+    problems: Box<[(StatusCode, &'static str, Bytes)]>,
 }
 
 /// The draft's quota-exceeded problem, naming the quota-policy items `items` (as in
@@ -722,6 +726,22 @@ fn problem_body<'a>(items: impl IntoIterator<Item = &'a str>) -> Bytes {
     Bytes::from(json)
 }
 
+/// A problem of no more specific type (RFC 9457's `about:blank`), so that an API that answers
+/// problem+json does so for the layer's error answers too: titled with the status's phrase, as
+/// that type asks, the text's own words in `detail`.
+fn about_blank(status: StatusCode, text: &str) -> Bytes {
+    let title = status.canonical_reason().unwrap_or("Error");
+    let text = text.trim_end();
+    let detail = text
+        .strip_prefix(title)
+        .and_then(|rest| rest.strip_prefix(": "))
+        .unwrap_or(text);
+    Bytes::from(format!(
+        "{{\"type\":\"about:blank\",\"title\":\"{title}\",\"status\":{},\"detail\":\"{detail}\"}}",
+        status.as_u16()
+    ))
+}
+
 const PLAIN_429: &str = "Too Many Requests\n";
 /// Why a request that can never pass was denied (its cost is above what the limit holds).
 const NEVER_DETAIL: &str = "this request costs more than the limit can ever admit at once";
@@ -735,8 +755,17 @@ const GRPC_RETRY_PUSHBACK_MS: http::HeaderName =
     http::HeaderName::from_static("grpc-retry-pushback-ms");
 
 impl Bodies {
-    pub(crate) fn new(kind: DenialBody) -> Bodies {
-        Bodies { kind }
+    /// Bodies of `kind`; `errors`: the (status, text) of the layer's own error answers, whose
+    /// problem bodies are made here under [`DenialBody::ProblemJson`].
+    pub(crate) fn new(kind: DenialBody, errors: &[(StatusCode, &'static str)]) -> Bodies {
+        let problems = match kind {
+            DenialBody::ProblemJson => errors
+                .iter()
+                .map(|&(status, text)| (status, text, about_blank(status, text)))
+                .collect(),
+            _ => Box::default(),
+        };
+        Bodies { kind, problems }
     }
 
     /// The 429 for `d`, with `Retry-After` and the fields of `mode`; under [`DenialBody::Grpc`],
@@ -842,20 +871,8 @@ impl Bodies {
     ) -> Response<Bytes> {
         let mut res = plain(status, text, retry_after.map(retry_after_secs));
         if matches!(self.kind, DenialBody::ProblemJson) {
-            // A problem of no more specific type (RFC 9457's `about:blank`), so that an API that
-            // answers problem+json does so for these too: titled with the status's phrase, as
-            // that type asks, the text's own words in `detail`.
-            let title = status.canonical_reason().unwrap_or("Error");
-            let text = text.trim_end();
-            let detail = text
-                .strip_prefix(title)
-                .and_then(|rest| rest.strip_prefix(": "))
-                .unwrap_or(text);
-            let body = format!(
-                "{{\"type\":\"about:blank\",\"title\":\"{title}\",\"status\":{},\"detail\":\"{detail}\"}}",
-                status.as_u16()
-            );
-            *res.body_mut() = Bytes::from(body);
+            let made = self.problems.iter().find(|p| p.0 == status && p.1 == text);
+            *res.body_mut() = made.map_or_else(|| about_blank(status, text), |p| p.2.clone());
             res.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
         }
         if matches!(self.kind, DenialBody::Grpc) {
@@ -973,6 +990,31 @@ pub(crate) fn plain(
 mod tests {
     use super::*;
     use ratelimit_core::{Algorithm, Outcome, Quota};
+
+    /// The problem bodies of the layer's own error answers are made once: each answer shares
+    /// them (a fail-closed route answers every request so while the store is down), and say what
+    /// a body made for the answer would.
+    #[test]
+    fn error_problems_are_made_once() {
+        const TEXT: &str = "Service Unavailable: the store is away\n";
+        let status = StatusCode::SERVICE_UNAVAILABLE;
+        let bodies = Bodies::new(DenialBody::ProblemJson, &[(status, TEXT)]);
+        let a = bodies.error(status, TEXT, None);
+        let b = bodies.error(status, TEXT, None);
+        assert_eq!(a.body().as_ptr(), b.body().as_ptr(), "one body, shared");
+        assert_eq!(a.body(), &about_blank(status, TEXT));
+        assert_eq!(
+            &a.body()[..],
+            b"{\"type\":\"about:blank\",\"title\":\"Service Unavailable\",\"status\":503,\
+              \"detail\":\"the store is away\"}"
+        );
+        // An answer not listed is made on the spot, the same way.
+        let other = bodies.error(StatusCode::BAD_REQUEST, "Bad Request: no key\n", None);
+        assert_eq!(
+            other.body(),
+            &about_blank(StatusCode::BAD_REQUEST, "no key")
+        );
+    }
 
     #[test]
     fn numbers_fit_a_structured_field_integer_and_never_overflow() {

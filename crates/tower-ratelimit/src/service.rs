@@ -204,7 +204,7 @@ impl Rt {
         let mut shared_prefix = name.as_bytes().to_vec();
         shared_prefix.push(1);
         Ok(Rt {
-            bodies: Bodies::new(policy.body.clone()),
+            bodies: Bodies::new(policy.body.clone(), &error_answers(&policy)),
             metrics: Metrics::new(&name),
             tiers: tiers.into_boxed_slice(),
             key_start,
@@ -442,13 +442,10 @@ impl<St: Store> Shared<St> {
             _ if rt.policy.dry_run => {
                 return Some(self.forward(VerdictKind::ShadowDenied, None, tier));
             }
-            MissingKey::Reject(status) => (*status, None, "No rate-limit key in the request\n"),
-            // What the client lacks is credentials: the rate limiter is not its business.
-            MissingKey::Unauthorized(challenge) => (
-                StatusCode::UNAUTHORIZED,
-                Some(challenge),
-                "Unauthorized: this request needs credentials\n",
-            ),
+            MissingKey::Reject(status) => (*status, None, NO_KEY_TEXT),
+            MissingKey::Unauthorized(challenge) => {
+                (StatusCode::UNAUTHORIZED, Some(challenge), UNAUTHORIZED_TEXT)
+            }
         };
         tracing::debug!(policy = %rt.name, "no rate-limit key in request");
         let mut response = rt.bodies.error(status, text, None);
@@ -480,7 +477,7 @@ impl<St: Store> Shared<St> {
             FailurePolicy::FailClosed { retry_after } => {
                 let response = rt.bodies.error(
                     StatusCode::SERVICE_UNAVAILABLE,
-                    "Service Unavailable: the rate limiter cannot decide\n",
+                    FAIL_CLOSED_TEXT,
                     Some(retry_after),
                 );
                 self.respond(VerdictKind::FailedClosed, None, response)
@@ -858,6 +855,26 @@ impl<St: Store> Shared<St> {
             cost,
         })
     }
+}
+
+/// The text of the layer's answer to a request without a key, under `MissingKey::Reject`.
+const NO_KEY_TEXT: &str = "No rate-limit key in the request\n";
+/// Under `MissingKey::Unauthorized`: what the client lacks is credentials, which are not the rate
+/// limiter's business.
+const UNAUTHORIZED_TEXT: &str = "Unauthorized: this request needs credentials\n";
+/// A fail-closed policy's answer while the store cannot decide.
+const FAIL_CLOSED_TEXT: &str = "Service Unavailable: the rate limiter cannot decide\n";
+
+/// The (status, text) of every error answer of the layer's own that `policy` can give.
+fn error_answers(policy: &Policy) -> Vec<(StatusCode, &'static str)> {
+    let missing = match &policy.missing_key {
+        MissingKey::Reject(status) => Some((*status, NO_KEY_TEXT)),
+        MissingKey::Unauthorized(_) => Some((StatusCode::UNAUTHORIZED, UNAUTHORIZED_TEXT)),
+        MissingKey::SharedKey(_) => None,
+    };
+    let closed = matches!(policy.failure, FailurePolicy::FailClosed { .. })
+        .then_some((StatusCode::SERVICE_UNAVAILABLE, FAIL_CLOSED_TEXT));
+    missing.into_iter().chain(closed).collect()
 }
 
 /// A check's circuit not looked up yet (the breaker was clean: see `Shared::next`).
