@@ -133,9 +133,9 @@ impl RedisStoreError {
         }
     }
 
-    /// A connection error of the build, naming the URLs it tried (their passwords redacted), so
-    /// that a wrong address or port is plain in the message: `could not connect to Redis:
-    /// redis://127.0.0.1:6379: Connection refused`. Any other error as it is.
+    /// A connection error naming the store's URLs (their passwords redacted), so that a wrong
+    /// address or port, or the server that went down, is plain in the message: `could not
+    /// connect to Redis: redis://127.0.0.1:6379: Connection refused`. Any other error as it is.
     pub(crate) fn connecting_to(self, urls: &[String]) -> Self {
         match self {
             RedisStoreError::Connection { message, source } => {

@@ -70,6 +70,9 @@ struct Inner {
     next: AtomicUsize,
     generation: AtomicU64,
     prefix: String,
+    /// The URLs given to the builder, named (their passwords redacted) in the error of every
+    /// connection that cannot be opened, at start-up or later.
+    urls: Box<[String]>,
     response_timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
     expiry_slack_ms: u64,
@@ -1022,17 +1025,20 @@ impl Inner {
 
     /// A new connection from the pool, detached from it: the pool makes connections (with its
     /// connect and wait timeouts); this store keeps them.
+    /// Its error names the URLs, as `build`'s does, so that an operator reading a check's error
+    /// long after start-up sees which server could not be reached.
     async fn open(&self) -> Result<Conn, RedisStoreError> {
-        match &self.backend {
-            Backend::Single(pool) => match pool.get().await {
-                Ok(c) => Ok(Conn::Single(deadpool_redis::Connection::take(c))),
-                Err(e) => Err(pool_error(e)),
-            },
-            Backend::Cluster(pool) => match pool.get().await {
-                Ok(c) => Ok(Conn::Cluster(deadpool::managed::Object::take(c))),
-                Err(e) => Err(pool_error(e)),
-            },
-        }
+        let opened = match &self.backend {
+            Backend::Single(pool) => pool
+                .get()
+                .await
+                .map(|c| Conn::Single(deadpool_redis::Connection::take(c))),
+            Backend::Cluster(pool) => pool
+                .get()
+                .await
+                .map(|c| Conn::Cluster(deadpool::managed::Object::take(c))),
+        };
+        opened.map_err(|e| pool_error(e).connecting_to(&self.urls))
     }
 }
 
@@ -1315,6 +1321,7 @@ impl RedisStoreBuilder {
             next: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
             prefix: self.prefix,
+            urls: self.urls.clone().into_boxed_slice(),
             response_timeout: self.response_timeout,
             epoch: tokio::time::Instant::now(),
             installed_any: tokio::sync::Notify::new(),
@@ -1325,10 +1332,8 @@ impl RedisStoreBuilder {
         // scripts (on every primary of a cluster) so the first checks need no NOSCRIPT round trip.
         let mut first = None;
         for i in 0..inner.slots.len() {
-            let (_, _, conn) = inner
-                .slot_connection(i, false)
-                .await
-                .map_err(|e| e.connecting_to(&self.urls))?;
+            // An opening's error names the URLs already (`Inner::open`).
+            let (_, _, conn) = inner.slot_connection(i, false).await?;
             first.get_or_insert(conn);
         }
         if let Some(mut conn) = first {

@@ -54,6 +54,24 @@ async fn connections_are_reopened_after_a_restart() {
     server.kill();
     let err = store.check(b"k", &limit(), 1).await.unwrap_err();
     assert!(err.is_unavailable(), "{err:?}");
+    // The connections are re-opened while the server is down: their errors name the URL, as the
+    // build's would, on one line.
+    let url = server.url();
+    let mut named = None;
+    for _ in 0..10 {
+        let e = store.check(b"k", &limit(), 1).await.unwrap_err();
+        assert!(e.is_unavailable(), "{e:?}");
+        if matches!(e, RedisStoreError::Connection { .. }) {
+            named = Some(e.to_string());
+            break;
+        }
+    }
+    let named = named.expect("a check fails for want of a connection while the server is down");
+    assert!(
+        named.starts_with(&format!("could not connect to Redis: {url}: ")),
+        "{named}"
+    );
+    assert!(!named.contains('\n'), "{named}");
     server.restart();
     // Each broken connection fails once and is replaced; then every check succeeds (the restarted
     // server is empty and has no scripts: NOSCRIPT loads them).
