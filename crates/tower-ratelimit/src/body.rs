@@ -173,6 +173,15 @@ impl<B> ResponseBody<B> {
     }
 }
 
+/// An empty body, whatever `B` is. Middleware that answers with a body of its inner service's
+/// body type made by `Default` (tower-http's `TimeoutLayer` on a timeout, its `CorsLayer` for a
+/// preflight) can then sit outside the layer in its default body mode.
+impl<B> Default for ResponseBody<B> {
+    fn default() -> Self {
+        ResponseBody::full(Bytes::new())
+    }
+}
+
 impl<B> fmt::Debug for ResponseBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match &self.kind {

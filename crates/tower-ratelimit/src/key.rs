@@ -598,8 +598,11 @@ impl KeyExtractor for GlobalKey {
 /// and `PATCH` shares the marker `OTHER`. The standard methods count apart, so a route that
 /// serves several (`any(..)`) has a quota per method; leave `RouteKey` out of the key, or key
 /// on `MatchedPath` alone with a closure, to count them together. Requests with no matched route
-/// (outside a router, or a fallback) share the marker `<unmatched>`. Combine it with a client key
-/// to limit each client per route:
+/// (outside a router, or a fallback) share the marker `<unmatched>`, and so do the requests of a
+/// service mounted with `Router::nest_service` (axum sets no `MatchedPath` for them): every
+/// `nest_service` mount then shares one key per client with the 404s. Mount a `Router` with
+/// `Router::nest` instead (its routes are matched: `/api/users/{id}`), or key such a mount with a
+/// closure on a fixed prefix. Combine it with a client key to limit each client per route:
 /// `(RouteKey::new(), ApiKeyHeader::new("x-api-key")?)`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RouteKey {

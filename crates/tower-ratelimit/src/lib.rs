@@ -72,6 +72,26 @@
 //! `/login`, a looser one for the API. (`Router::route_layer` would also count the 405s of a
 //! method the route does not serve: see [`RateLimitLayer`].)
 //!
+//! In a [`tower::ServiceBuilder`](https://docs.rs/tower/latest/tower/struct.ServiceBuilder.html)
+//! the order is the other way round: the first layer added is the outermost. With tower-http's
+//! middleware, a stack that works (`tests/tower_http.rs` runs it):
+//!
+//! ```text
+//! ServiceBuilder::new()
+//!     .layer(TraceLayer::new_for_http())      // outermost: sees every answer, 429s included
+//!     .layer(cors)                            // outside the limit (see below)
+//!     .layer(TimeoutLayer::with_status_code(StatusCode::REQUEST_TIMEOUT, timeout))
+//!     .layer(RateLimitLayer::new(store, policy)?)
+//! ```
+//!
+//! Put `CorsLayer` outside the rate limit: a 429 then carries the CORS fields (without them a
+//! browser reports a CORS failure and the page cannot read the answer), and CORS answers the
+//! preflight `OPTIONS` requests itself, which then spend nothing. `Retry-After`, `RateLimit` and
+//! `RateLimit-Policy` are not CORS-safelisted: list them in the CORS layer's `expose_headers` for
+//! a script to read them. Middleware that makes its own answers with a body of `Default` (the
+//! timeout, CORS) fits outside the layer in either body mode ([`ResponseBody`] is `Default`: an
+//! empty body).
+//!
 //! # Re-exports
 //!
 //! The core's everyday types ([`Algorithm`], [`Limit`], [`Quota`], [`MemoryStore`], [`Store`],
