@@ -200,12 +200,6 @@ impl Decision {
 
     /// The same decision, describing quota `index` (for a denial, the one quota that denied).
     #[inline]
-    /// This decision with `reset_after` set to `us` microseconds.
-    pub(crate) const fn with_reset_after_micros(mut self, us: u64) -> Self {
-        self.reset_after_us = us;
-        self
-    }
-
     pub(crate) const fn with_quota_index(mut self, index: usize) -> Self {
         self.tag = (self.tag & (0xff | CACHED)) | (quota_index_bits(index) << 8);
         self

@@ -28,24 +28,6 @@ pub const DEFAULT_MAX_LEASED_KEYS: usize = 100_000;
 
 const SHARDS: usize = 16;
 
-/// `d`, a lease's answer, with the lease's `unspent` units taken out of its reset: the store
-/// counted the whole lease as spent when it granted it. For the token bucket and GCRA, whose
-/// reset is when the bucket is full again, that comes `unspent` units' refill time earlier (at
-/// the rate of the quota the answer names) than the store said; rounded down, so never earlier
-/// than it will. The windows' resets (a window's end; the sliding counters') are left as the
-/// store gave them.
-fn unspent_out(d: Decision, limit: &Limit, unspent: u64) -> Decision {
-    let Some(q) = limit.quotas().get(d.quota_index()) else {
-        return d;
-    };
-    if unspent == 0 || !matches!(limit.algorithm(), Algorithm::TokenBucket | Algorithm::Gcra) {
-        return d;
-    }
-    let refill = u128::from(unspent) * u128::from(q.period_micros()) / u128::from(q.limit());
-    let refill = u64::try_from(refill).unwrap_or(u64::MAX);
-    d.with_reset_after_micros(d.reset_after_micros().saturating_sub(refill))
-}
-
 /// A [`Store`] wrapper that reserves units from the store in a batch (a lease) and admits from
 /// them locally.
 ///
@@ -191,14 +173,16 @@ fn unspent_out(d: Decision, limit: &Limit, unspent: u64) -> Decision {
 ///
 /// # What a local decision reports
 ///
-/// An allowed decision answered from a lease has the limit and quota index of the store's
-/// answer to the lease, and `remaining` = units left in the lease + what the store said remained
-/// after granting it (other gateways may have consumed since, and the refill since is not
-/// counted). Its reset is the store's, less, under the token bucket and GCRA (whose reset is when
-/// the bucket is full again), the refill time of the lease's units still unspent: the store
-/// counted them as spent when it granted the lease, so on one gateway the reset is the one the
-/// store alone would give (`a_leased_answer_resets_when_the_store_alone_would`); under the
-/// windows it is the store's. Denials always come from the store and are exact.
+/// An allowed decision answered from a lease reports the store's last answer for the key that
+/// this gateway saw (to the lease, or to a check of the key that went straight to the store
+/// since: a cost larger than the lease, a peek): its limit, quota index and reset, and as
+/// `remaining` the units left in the lease + what that answer said remained. Other gateways may
+/// have consumed since, and the refill since is not counted. The reset is the store's, never
+/// earlier: the store counted the lease's unspent units as spent, and they serve only checks no
+/// larger than what is left of the lease while it lives, so the whole burst may not pass before
+/// the store's reset. It is at most the refill time of those units later than a store alone
+/// would say (`a_leased_answer_never_resets_before_the_store_does`). A peek (cost 0) counts the
+/// live lease's units as remaining. Denials always come from the store and are exact.
 pub struct Leasing<S, C> {
     shared: Arc<Shared<S, C>>,
 }
@@ -301,11 +285,18 @@ struct Entry {
     fetched_for: u64,
     /// When it was asked for (its lifetime counts from then), µs.
     sent: u64,
-    /// The store's answer to the lease.
+    /// The store's last answer for the key that this gateway saw (to the lease, or to a check
+    /// that went straight to the store since), which the lease's answers report: its limit,
+    /// remaining units and reset time (µs), and when the check it answered was sent (µs; an
+    /// answer to an earlier check, come later, is not taken).
     limit: u64,
     remaining: u64,
     reset_at: u64,
     quota_index: u32,
+    answered_sent: u64,
+    /// The store's remaining units in its answer to the last lease (not refreshed by direct
+    /// checks): whether the store had units left beyond the lease, for the lease size.
+    lease_left: u64,
     /// Current lease size.
     size: u64,
     /// A lease is being asked for.
@@ -335,15 +326,27 @@ struct Entry {
 
 impl Entry {
     /// The answer of a check that took its units from the lease, at `now`, for `limit`.
-    fn decision(&self, now: u64, limit: &Limit) -> Decision {
-        let d = Decision::new(
+    fn decision(&self, now: u64) -> Decision {
+        Decision::new(
             Outcome::Allowed,
             self.limit,
             self.tokens.saturating_add(self.remaining),
             Duration::from_micros(self.reset_at.saturating_sub(now)),
             self.quota_index as usize,
-        );
-        unspent_out(d, limit, self.tokens)
+        )
+    }
+
+    /// Takes the store's answer `d` to a check of this key sent at `sent` as the one the lease's
+    /// answers report, unless it answered a check sent before the last one taken.
+    fn saw_answer(&mut self, sent: u64, d: &Decision) {
+        if sent < self.answered_sent {
+            return;
+        }
+        self.answered_sent = sent;
+        self.limit = d.limit();
+        self.remaining = d.remaining();
+        self.reset_at = sent.saturating_add(micros(d.reset_after()));
+        self.quota_index = u32::try_from(d.quota_index()).unwrap_or(u32::MAX);
     }
 
     /// The waiting checks' wakers, taken out to be woken once the key's lock is let go: a waker
@@ -470,7 +473,7 @@ impl<S, C> Shared<S, C> {
             if e.tokens >= cost {
                 e.tokens -= cost;
                 // A unit of the lease, without asking the store: marked so.
-                let d = e.decision(now, limit).cached();
+                let d = e.decision(now).cached();
                 if e.tokens == 0 {
                     let _ = e.settle(0);
                     if e.at_rate(now) && e.thrifty() {
@@ -503,7 +506,7 @@ impl<S, C> Shared<S, C> {
             // lifetime, below), so the next is larger, if the key's recent leases were thrifty
             // and the store had units left at its last answer (or has not answered yet).
             if !e.grew_in_flight
-                && (e.remaining > 0 || e.granted == 0)
+                && (e.lease_left > 0 || e.granted == 0)
                 && now.saturating_sub(e.fetch_sent) <= e.fetch_refill
                 && e.thrifty()
             {
@@ -531,7 +534,7 @@ impl<S, C> Shared<S, C> {
                 .fetch_add(left, Ordering::Relaxed);
         } else if e.granted > 0
             && e.granted == e.fetched_for
-            && e.remaining > 0
+            && e.lease_left > 0
             && now.saturating_sub(e.sent) <= e.expires.saturating_sub(e.sent)
             && {
                 // Spent whole by its own check; counted (and grown) once, not at every check
@@ -603,6 +606,14 @@ impl<S, C> Shared<S, C> {
 
     fn id(&self, key: &[u8], fingerprint: u64) -> u128 {
         self.digest.digest_u128(key, fingerprint, 0)
+    }
+
+    /// The entry of `id`, if there is one.
+    fn existing(&self, id: u128) -> Option<EntryRef> {
+        self.shards[((id >> 64) as usize) & (self.shards.len() - 1)]
+            .lock()
+            .get(&id)
+            .map(Arc::clone)
     }
 
     /// The entry of `id`, made if needed; `None` if the table is full of busy entries.
@@ -870,17 +881,32 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
         let direct = cost == 0
             || cost > sh.size.max()
             || (limit.algorithm() == Algorithm::FixedWindow && limit.quotas().len() > 1);
-        // The clock is read only for a check that may use a lease.
-        let now = (!direct).then(|| sh.clock.now().as_micros());
-        let entry = now.and_then(|now| sh.entry(sh.id(key, limit.fingerprint()), now));
-        let (Some(entry), Some(now)) = (entry, now) else {
-            sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
-            return LeaseFuture {
-                state: St::Direct {
-                    fut: sh.inner.check(key, limit, cost),
-                },
-                ctx: None,
-            };
+        let id = sh.id(key, limit.fingerprint());
+        let now = sh.clock.now().as_micros();
+        // A check straight to the store still tells a key with a lease what the store has left
+        // (its answer is then the one the lease's answers report), and a peek counts the lease's
+        // units as remaining.
+        let entry = if direct {
+            Err(sh.existing(id))
+        } else {
+            sh.entry(id, now).ok_or(None)
+        };
+        let entry = match entry {
+            Ok(entry) => entry,
+            Err(existing) => {
+                sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
+                return LeaseFuture {
+                    state: St::Direct {
+                        fut: sh.inner.check(key, limit, cost),
+                        seen: existing.map(|entry| Seen {
+                            entry,
+                            sent: now,
+                            peek: cost == 0,
+                        }),
+                    },
+                    ctx: None,
+                };
+            }
         };
         let action = sh.try_acquire(&mut entry.lock(), now, limit, cost, true, None);
         let ctx = |entry| {
@@ -902,6 +928,11 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
                 LeaseFuture {
                     state: St::Direct {
                         fut: sh.inner.check(key, limit, cost),
+                        seen: Some(Seen {
+                            entry,
+                            sent: now,
+                            peek: false,
+                        }),
                     },
                     ctx: None,
                 }
@@ -935,6 +966,31 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
     }
 }
 
+/// A check straight to the store of a key that has an entry: its answer becomes the one the
+/// lease's answers report; a peek's also counts the lease's units still live as remaining.
+struct Seen {
+    entry: EntryRef,
+    /// When the check was sent (µs).
+    sent: u64,
+    peek: bool,
+}
+
+impl Seen {
+    fn answered(self, d: &mut Decision) {
+        let mut e = self.entry.lock();
+        e.saw_answer(self.sent, d);
+        if self.peek && e.tokens > 0 && self.sent < e.expires {
+            *d = Decision::new(
+                d.outcome(),
+                d.limit(),
+                d.remaining().saturating_add(e.tokens),
+                d.reset_after(),
+                d.quota_index(),
+            );
+        }
+    }
+}
+
 struct Ctx<S, C> {
     shared: Arc<Shared<S, C>>,
     key: Box<[u8]>,
@@ -948,8 +1004,8 @@ pin_project! {
     enum St<F> {
         // Answered locally.
         Ready { out: Option<Decision> },
-        // Straight to the store, answer passed on.
-        Direct { #[pin] fut: F },
+        // Straight to the store, answer passed on (and, with `seen`, taken by the key's entry).
+        Direct { #[pin] fut: F, seen: Option<Seen> },
         // Waiting for another check of this key to bring a lease; `failures`: the key's failed
         // lease requests when it began; `counted_on`: the lease request whose spare units it
         // counted on.
@@ -1049,7 +1105,13 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                     let d = out.take().expect("LeaseFuture polled after completion");
                     return Poll::Ready(Ok(d));
                 }
-                StProj::Direct { fut } => return fut.poll(cx),
+                StProj::Direct { fut, seen } => {
+                    let mut out = std::task::ready!(fut.poll(cx));
+                    if let (Ok(d), Some(seen)) = (&mut out, seen.take()) {
+                        seen.answered(d);
+                    }
+                    return Poll::Ready(out);
+                }
                 StProj::Done => panic!("LeaseFuture polled after completion"),
                 StProj::Wait {
                     failures,
@@ -1088,7 +1150,12 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                             drop(e);
                             sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
                             let fut = sh.inner.check(&ctx.key, &ctx.limit, ctx.cost);
-                            self.as_mut().project().state.set(St::Direct { fut });
+                            let seen = Some(Seen {
+                                entry: Arc::clone(&ctx.entry),
+                                sent: now,
+                                peek: false,
+                            });
+                            self.as_mut().project().state.set(St::Direct { fut, seen });
                         }
                         Action::Fetch(want) => {
                             drop(e);
@@ -1150,18 +1217,15 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                             e.fetched_for = cost;
                             e.sent = sent;
                             e.expires = sent.saturating_add(ttl);
-                            e.limit = d.limit();
-                            e.remaining = d.remaining();
-                            e.reset_at = sent.saturating_add(micros(d.reset_after()));
-                            e.quota_index = u32::try_from(d.quota_index()).unwrap_or(u32::MAX);
-                            e.decision(sent, &ctx.limit)
+                            e.lease_left = d.remaining();
+                            e.saw_answer(sent, &d);
+                            e.decision(sent)
                         });
                         if want > cost {
                             sh.counters.leases.fetch_add(1, Ordering::Relaxed);
                             sh.counters.leased_units.fetch_add(want, Ordering::Relaxed);
                         }
-                        // The store's own answer, with the lease's units counted as remaining (and
-                        // as unspent in its reset).
+                        // The store's own answer, with the lease's units counted as remaining.
                         let answer = Decision::new(
                             Outcome::Allowed,
                             d.limit(),
@@ -1169,7 +1233,6 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                             d.reset_after(),
                             d.quota_index(),
                         );
-                        let answer = unspent_out(answer, &ctx.limit, want - cost);
                         self.as_mut().project().state.set(St::Done);
                         return Poll::Ready(Ok(answer));
                     }
@@ -1223,7 +1286,12 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                     });
                     sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
                     let fut = sh.inner.check(&ctx.key, &ctx.limit, cost);
-                    self.as_mut().project().state.set(St::Direct { fut });
+                    let seen = Some(Seen {
+                        entry: Arc::clone(&ctx.entry),
+                        sent: now,
+                        peek: false,
+                    });
+                    self.as_mut().project().state.set(St::Direct { fut, seen });
                 }
             }
         }

@@ -179,41 +179,115 @@ fn clones_share_the_leases() {
     assert_eq!(a.stats(), b.stats());
 }
 
-/// An answer from a lease says what the store alone would: its `remaining` counts the lease's
-/// unspent units (as of the lease's grant: not the refill since), and under the token bucket and
-/// GCRA its reset (when the bucket is full again) comes that many units' refill time before the
-/// store's, which counted the whole lease as spent. One gateway, the same checks at the same
-/// instants as a plain store gets.
+/// An answer from a lease reports the store's reset, never an earlier one: the store counted the
+/// lease's unspent units as spent, and those units serve only checks no larger than what is left
+/// of the lease, while it lives. So at the reported reset the whole burst passes, in one check or
+/// check by check, whether the lease is still there or not. It is at most the refill time of the
+/// lease's unspent units later than a store alone would say. Its `remaining` counts the lease's
+/// units. One gateway, the same checks at the same instants as a plain store gets.
 #[test]
-fn a_leased_answer_resets_when_the_store_alone_would() {
+fn a_leased_answer_never_resets_before_the_store_does() {
     for alg in [Algorithm::TokenBucket, Algorithm::Gcra] {
         let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
-        let leasing = Leasing::builder(memory(&clock), clock.clone())
-            .lease_size(10)
-            .build()
-            .unwrap();
+        let leasing = leases_of(10, &clock);
         let plain = memory(&clock);
         // 0.6 s a unit; a burst of 30.
         let limit =
             Limit::single(alg, Quota::per_minute(100).unwrap().with_burst(30).unwrap()).unwrap();
-        // At one instant: the same remaining and reset, check by check.
+        let unit = Duration::from_millis(600);
         for i in 0..15 {
             let leased = block_on(leasing.check(b"k", &limit, 1)).unwrap();
             let alone = plain.check_now(b"k", &limit, 1);
             assert!(leased.is_allowed() && alone.is_allowed(), "{alg} {i}");
             assert_eq!(leased.remaining(), alone.remaining(), "{alg} check {i}");
-            assert_eq!(leased.reset_after(), alone.reset_after(), "{alg} check {i}");
+            let unspent = u32::try_from(leasing.outstanding_units()).unwrap();
+            assert_eq!(
+                leased.reset_after(),
+                alone.reset_after() + unit * unspent,
+                "{alg} check {i}"
+            );
         }
-        // As time passes: the same answers and the same reset (the bucket is full again at the
-        // same instant), until the bucket runs dry on both.
-        for i in 0..40u64 {
-            clock.advance(Duration::from_millis(250 * (i % 3)));
-            let leased = block_on(leasing.check(b"k", &limit, 1)).unwrap();
-            let alone = plain.check_now(b"k", &limit, 1);
-            assert_eq!(leased.outcome(), alone.outcome(), "{alg} check {i}");
-            assert_eq!(leased.reset_after(), alone.reset_after(), "{alg} check {i}");
-        }
-        assert!(leasing.stats().local > 30, "{alg}: {:?}", leasing.stats());
+        // At the reset the whole burst passes in one check.
+        let d = block_on(leasing.check(b"k", &limit, 1)).unwrap();
+        clock.advance(d.reset_after());
+        let burst = block_on(leasing.check(b"k", &limit, 30)).unwrap();
+        assert!(burst.is_allowed(), "{alg}: {burst:?}");
+    }
+}
+
+/// The reviewer's cases: a lease of 4 at 10 a second. One check, then at its reset a check of the
+/// whole burst (larger than the lease, so it goes to the store): it passes. Nine unit checks,
+/// then at the last one's reset ten unit checks (a lease expired half spent in between): all ten
+/// pass.
+#[test]
+fn at_a_leased_answers_reset_the_whole_burst_passes() {
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(10).unwrap()).unwrap();
+    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+    let leasing = leases_of(4, &clock);
+    let d = block_on(leasing.check(b"k", &limit, 1)).unwrap();
+    clock.advance(d.reset_after());
+    assert!(
+        block_on(leasing.check(b"k", &limit, 10))
+            .unwrap()
+            .is_allowed()
+    );
+
+    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+    let leasing = Leasing::builder(memory(&clock), clock.clone())
+        .max_lease(4)
+        .build()
+        .unwrap();
+    let mut last = None;
+    for _ in 0..9 {
+        last = Some(block_on(leasing.check(b"k", &limit, 1)).unwrap());
+        clock.advance(Duration::from_millis(25));
+    }
+    clock.advance(last.unwrap().reset_after() - Duration::from_millis(25));
+    let passed = (0..10)
+        .filter(|_| {
+            block_on(leasing.check(b"k", &limit, 1))
+                .unwrap()
+                .is_allowed()
+        })
+        .count();
+    assert_eq!(passed, 10, "{:?}", leasing.stats());
+}
+
+/// A check that goes straight to the store (its cost is larger than the lease) tells the key's
+/// entry what the store has left: the lease's next answers report it, so `remaining` stays what
+/// the same instant admits. A peek counts the lease's units as remaining too.
+#[test]
+fn a_leased_answer_reports_what_the_gateways_own_direct_checks_left() {
+    for alg in Algorithm::ALL {
+        let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+        let leasing = leases_of(4, &clock);
+        let limit = Limit::single(alg, Quota::per_minute(100).unwrap()).unwrap();
+        assert!(
+            block_on(leasing.check(b"k", &limit, 1))
+                .unwrap()
+                .is_allowed()
+        );
+        let peek = block_on(leasing.check(b"k", &limit, 0)).unwrap();
+        assert_eq!(
+            peek.remaining(),
+            99,
+            "{alg}: a peek counts the lease's 3 units"
+        );
+        let big = block_on(leasing.check(b"k", &limit, 50)).unwrap();
+        assert!(big.is_allowed(), "{alg}");
+        let d = block_on(leasing.check(b"k", &limit, 1)).unwrap();
+        assert!(d.is_allowed() && d.is_cached(), "{alg}: from the lease");
+        // 100 - 4 (the lease) - 50, and the lease's 2 units left.
+        assert_eq!(d.remaining(), 48, "{alg}");
+        assert!(d.reset_after() >= big.reset_after(), "{alg}: {d:?} {big:?}");
+        let passed = (0..100)
+            .take_while(|_| {
+                block_on(leasing.check(b"k", &limit, 1))
+                    .unwrap()
+                    .is_allowed()
+            })
+            .count();
+        assert_eq!(passed as u64, d.remaining(), "{alg}");
     }
 }
 
