@@ -24,6 +24,7 @@
 //! | a closure `Fn(&RequestHead<'_>) -> Option<impl KeyPart>` | whatever it returns |
 //! | [`from_fn`]`(\|req, key\| ..)` | what the closure writes (borrowing from the request) |
 //! | a tuple `(A, B)` or `(A, B, C)` | every part, in order (route + user) |
+//! | [`or`]`(A, B)` | `A`'s key if the request has one, else `B`'s (user, else IP) |
 //!
 //! ## An API-key header
 //!
@@ -382,6 +383,64 @@ impl<A: KeyExtractor, B: KeyExtractor, C: KeyExtractor> KeyExtractor for (A, B, 
         self.0.extract(req, key)?;
         extract_counted(&self.1, req, key)?;
         extract_counted(&self.2, req, key)
+    }
+}
+
+/// The key of the first of two extractors that finds one: `first`'s if the request has it, else
+/// `second`'s. For a user id when the client is signed in and its address when it is not:
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use axum::extract::ConnectInfo;
+/// use tower_ratelimit::{RequestHead, http};
+/// use tower_ratelimit::key::{self, ExtensionKey, KeyBuf, KeyExtractor, KeyPart, PeerIp};
+///
+/// #[derive(Clone)]
+/// struct UserId(u64);
+/// impl KeyPart for UserId {
+///     fn write_to(&self, key: &mut KeyBuf) {
+///         self.0.write_to(key)
+///     }
+/// }
+///
+/// let key = key::or(ExtensionKey::<UserId>::new(), PeerIp::new());
+/// let mut req = http::Request::new(());
+/// req.extensions_mut().insert(ConnectInfo("192.0.2.7:4000".parse::<SocketAddr>()?));
+/// let mut anonymous = KeyBuf::new();
+/// key.extract(&RequestHead::of(&req), &mut anonymous)?;
+/// req.extensions_mut().insert(UserId(42));
+/// let mut signed_in = KeyBuf::new();
+/// key.extract(&RequestHead::of(&req), &mut signed_in)?;
+/// assert_ne!(anonymous.as_bytes(), signed_in.as_bytes());
+/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// ```
+///
+/// The two are told apart by a last byte (1 after `first`'s key, 2 after `second`'s), so a user
+/// id never shares a key with an address whose bytes happen to be the same. If neither finds a
+/// key, the request has none (the policy's [`MissingKey`](crate::MissingKey) answer).
+pub fn or<A: KeyExtractor, B: KeyExtractor>(first: A, second: B) -> Or<A, B> {
+    Or { first, second }
+}
+
+/// The key of the first of two extractors that finds one: see [`or`].
+#[derive(Debug, Clone)]
+pub struct Or<A, B> {
+    first: A,
+    second: B,
+}
+
+impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
+    fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
+        let start = key.len();
+        if self.first.extract(req, key).is_ok() {
+            key.push_byte(1);
+            return Ok(());
+        }
+        // Whatever `first` wrote before it found no key is not part of `second`'s.
+        key.truncate(start);
+        self.second.extract(req, key)?;
+        key.push_byte(2);
+        Ok(())
     }
 }
 

@@ -11,8 +11,13 @@ use axum::routing::get;
 use common::*;
 use http::StatusCode;
 use ratelimit_core::{Algorithm, Limit, Quota};
-use tower_ratelimit::key::{ApiKeyHeader, ClientIpKey, ExtensionKey, KeyBuf, KeyPart, RouteKey};
-use tower_ratelimit::{ClientIp, MissingKey, Policy, RateLimitLayer, Verdict, VerdictKind};
+use tower_ratelimit::key::{
+    self, ApiKeyHeader, ClientIpKey, ExtensionKey, KeyBuf, KeyExtractor, KeyPart, NoKey, PeerIp,
+    RouteKey,
+};
+use tower_ratelimit::{
+    ClientIp, MissingKey, Policy, RateLimitLayer, RequestHead, Verdict, VerdictKind,
+};
 
 fn two_a_minute() -> Limit {
     Limit::single(Algorithm::TokenBucket, Quota::per_minute(2).unwrap()).unwrap()
@@ -257,6 +262,44 @@ async fn a_user_id_from_an_auth_layer() {
     assert_eq!(statuses(&app, u1, 3).await, [200, 200, 429]);
     assert_eq!(statuses(&app, u2, 1).await, [200]);
     assert_eq!(send(&app, request("/")).await.status(), 400, "anonymous");
+}
+
+/// A signed-in client counts as its user, an anonymous one as its address; the two never share a
+/// key, and a first extractor that wrote part of a key before finding none leaves no trace.
+#[tokio::test]
+async fn the_user_if_signed_in_else_the_address() {
+    let (_clock, store) = store();
+    let policy = Policy::new("users-or-ips", two_a_minute())
+        .unwrap()
+        .key(key::or(ExtensionKey::<UserId>::new(), PeerIp::new()));
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(store, policy).unwrap())
+        .layer(middleware::from_fn(auth));
+    let u1 = || with_header(request("/"), "authorization", "user 1");
+    let anonymous = || request("/");
+    assert_eq!(statuses(&app, u1, 3).await, [200, 200, 429]);
+    // The same address, not signed in: a key of its own.
+    assert_eq!(statuses(&app, anonymous, 3).await, [200, 200, 429]);
+    let elsewhere = || request_from("/", "198.51.100.9:1234");
+    assert_eq!(statuses(&app, elsewhere, 1).await, [200]);
+
+    let partial = key::from_fn(|_req, key| {
+        key.push(b"half-written");
+        Err(NoKey)
+    });
+    let either = key::or(partial, PeerIp::new());
+    let req = request("/");
+    let mut written = KeyBuf::new();
+    either
+        .extract(&RequestHead::of(&req), &mut written)
+        .unwrap();
+    let mut alone = KeyBuf::new();
+    PeerIp::new()
+        .extract(&RequestHead::of(&req), &mut alone)
+        .unwrap();
+    alone.push_byte(2);
+    assert_eq!(written.as_bytes(), alone.as_bytes());
 }
 
 #[tokio::test]
