@@ -14,14 +14,15 @@ pub enum Error {
     #[error("invalid limit: {0}")]
     Limit(#[from] ConfigError),
     /// A header name was not a valid HTTP header name.
-    #[error("invalid header name `{name}`")]
+    #[error("invalid header name {}", Given(name))]
     InvalidHeaderName {
         /// The name that was given.
         name: String,
     },
     /// A policy name was empty, too long, or had a character other than printable ASCII.
     #[error(
-        "invalid policy name `{name}`: it must be 1 to {max} printable ASCII characters",
+        "invalid policy name {}: it must be 1 to {max} printable ASCII characters",
+        Given(name),
         max = crate::policy::MAX_NAME_LEN
     )]
     InvalidPolicyName {
@@ -66,4 +67,57 @@ pub enum Error {
         /// What it must be.
         reason: &'static str,
     },
+}
+
+/// A name as given, in an error's message: quoted, or `(empty)` for the empty string, which
+/// would otherwise print as an easily missed pair of backticks.
+struct Given<'a>(&'a str);
+
+impl std::fmt::Display for Given<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.is_empty() {
+            f.write_str("(empty)")
+        } else {
+            write!(f, "`{}`", self.0)
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn an_empty_name_is_said_to_be_empty() {
+        let policy = crate::Policy::new(
+            "",
+            ratelimit_core::Limit::single(
+                ratelimit_core::Algorithm::Gcra,
+                ratelimit_core::Quota::per_second(1).unwrap(),
+            )
+            .unwrap(),
+        )
+        .unwrap_err();
+        assert_eq!(
+            policy.to_string(),
+            format!(
+                "invalid policy name (empty): it must be 1 to {} printable ASCII characters",
+                crate::policy::MAX_NAME_LEN
+            )
+        );
+        let header = crate::key::ApiKeyHeader::new("").unwrap_err();
+        assert_eq!(header.to_string(), "invalid header name (empty)");
+        // A name that is there is quoted, as before.
+        let header = crate::key::ApiKeyHeader::new("bad header").unwrap_err();
+        assert_eq!(header.to_string(), "invalid header name `bad header`");
+        let policy = Error::InvalidPolicyName {
+            name: "a\nb".into(),
+        };
+        assert!(
+            policy
+                .to_string()
+                .starts_with("invalid policy name `a\nb`: "),
+            "{policy}"
+        );
+    }
 }

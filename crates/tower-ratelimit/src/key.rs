@@ -134,6 +134,7 @@
 use std::fmt;
 use std::marker::PhantomData;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use bytes::Bytes;
 use http::{HeaderName, HeaderValue};
@@ -339,6 +340,13 @@ impl std::error::Error for NoKey {}
 pub trait KeyExtractor: Send + Sync + 'static {
     /// Appends the request's key to `key`, or says there is none.
     fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey>;
+
+    /// [`extract`](Self::extract), for a caller to whom a request without this key is expected
+    /// (the first extractor of [`or`]): an extractor that warns of a missing key as a likely
+    /// mistake of the app's setup ([`ExtensionKey`]) does not. The same as `extract` otherwise.
+    fn extract_if_any(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
+        self.extract(req, key)
+    }
 }
 
 impl<F, R> KeyExtractor for F
@@ -417,7 +425,8 @@ impl<A: KeyExtractor, B: KeyExtractor, C: KeyExtractor> KeyExtractor for (A, B, 
 ///
 /// The two are told apart by a last byte (1 after `first`'s key, 2 after `second`'s), so a user
 /// id never shares a key with an address whose bytes happen to be the same. If neither finds a
-/// key, the request has none (the policy's [`MissingKey`](crate::MissingKey) answer).
+/// key, the request has none (the policy's [`MissingKey`](crate::MissingKey) answer). A request
+/// without `first`'s key is expected here: an [`ExtensionKey`] first does not warn of it.
 pub fn or<A: KeyExtractor, B: KeyExtractor>(first: A, second: B) -> Or<A, B> {
     Or { first, second }
 }
@@ -432,7 +441,7 @@ pub struct Or<A, B> {
 impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
     fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
         let start = key.len();
-        if self.first.extract(req, key).is_ok() {
+        if self.first.extract_if_any(req, key).is_ok() {
             key.push_byte(1);
             return Ok(());
         }
@@ -564,7 +573,20 @@ impl KeyExtractor for ApiKeyHeader {
 ///
 /// A request without one has no key. Implement [`KeyPart`] for your type, or use a closure
 /// `|req: &RequestHead<'_>| req.extensions().get::<User>().map(|u| u.id)` instead.
+///
+/// The layer that inserts `T` must run *before* the rate limit, that is outside it: with axum's
+/// `Router::layer` (each call wraps what is there) add it after the rate-limit layer,
+/// `.layer(rate_limit).layer(auth)`; in a tower `ServiceBuilder` (the first listed runs first)
+/// list it before, `.layer(auth).layer(rate_limit)`. The other way round no request has a `T`
+/// yet when the limiter looks, and every one gets the policy's
+/// [`MissingKey`](crate::MissingKey) answer (400 by default). The first request without a `T`
+/// is therefore logged at `warn` level, once per `ExtensionKey` (a policy's key, shared by every
+/// clone of its layer and services), naming the type and this fix; if some requests carry no
+/// `T` on purpose (anonymous clients under
+/// [`MissingKey::shared_key`](crate::MissingKey::shared_key)), that one line is all.
 pub struct ExtensionKey<T> {
+    /// Whether a request without a `T` has been warned of (see `ExtensionKey::missing`).
+    warned: AtomicBool,
     _t: PhantomData<fn() -> T>,
 }
 
@@ -572,7 +594,32 @@ impl<T> ExtensionKey<T> {
     /// Keys on the extension of type `T`.
     #[must_use]
     pub const fn new() -> Self {
-        ExtensionKey { _t: PhantomData }
+        ExtensionKey {
+            warned: AtomicBool::new(false),
+            _t: PhantomData,
+        }
+    }
+
+    /// A request without a `T`: most likely the layer that inserts it runs after this one, a
+    /// mistake of the app's setup that every request then meets. Said once per extractor at
+    /// `warn` level, with the fix; out of line, so that the path of a request with a key does
+    /// not carry it.
+    #[cold]
+    #[inline(never)]
+    fn missing(&self) -> NoKey {
+        if !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "rate-limit key: no `{}` found in the request extensions, so ExtensionKey finds \
+                 no key and the request gets the policy's missing-key answer (400 by default); \
+                 the layer that inserts it (an authentication layer) must run before the rate \
+                 limit, outside it: with `Router::layer`, add it after the rate-limit layer \
+                 (`.layer(rate_limit).layer(auth)`); with `ServiceBuilder`, list it before \
+                 (`.layer(auth).layer(rate_limit)`) (said once; harmless if some requests carry \
+                 none on purpose)",
+                std::any::type_name::<T>()
+            );
+        }
+        NoKey
     }
 }
 
@@ -601,6 +648,16 @@ where
     T: KeyPart + Send + Sync + 'static,
 {
     fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
+        match req.extensions().get::<T>() {
+            Some(value) => {
+                value.write_to(key);
+                Ok(())
+            }
+            None => Err(self.missing()),
+        }
+    }
+
+    fn extract_if_any(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
         let value = req.extensions().get::<T>().ok_or(NoKey)?;
         value.write_to(key);
         Ok(())

@@ -68,7 +68,9 @@ pub const MAX_NAME_LEN: usize = 64;
 
 pub(crate) type CostFn = Arc<dyn Fn(&RequestHead<'_>) -> u64 + Send + Sync>;
 pub(crate) type AllowFn = Arc<dyn Fn(&RequestHead<'_>) -> bool + Send + Sync>;
-pub(crate) type TierFn = Arc<dyn Fn(&RequestHead<'_>) -> Option<&'static str> + Send + Sync>;
+/// A tier resolver: the name it returns may borrow from the request (a plan's name in an
+/// extension), not only be `'static`.
+pub(crate) type TierFn = Arc<dyn for<'a> Fn(&'a RequestHead<'_>) -> Option<&'a str> + Send + Sync>;
 
 /// What to answer when the key extractor finds no key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -294,11 +296,34 @@ impl Policy {
 
     /// Chooses the tier of each request (a plan found in the extensions, say). `None`, or a name
     /// that is not a tier, means the policy's own limit (a name that is not a tier is logged as
-    /// a warning the first time: a resolver's typo would hold every such client to that limit). A request without a key that is counted
-    /// against [`MissingKey::shared_key`] is always under the policy's own limit.
+    /// a warning the first time: a resolver's typo would hold every such client to that limit).
+    /// A request without a key that is counted against [`MissingKey::shared_key`] is always
+    /// under the policy's own limit.
+    ///
+    /// The name returned may be a literal (`Some("pro")`) or borrowed from the request: a plan
+    /// name known only at run time, kept in an extension by an authentication layer, needs no
+    /// `'static` copy. (It cannot borrow from the closure's own captured state, which a `Fn`
+    /// closure cannot return; look such names up in the request, or return literals.)
+    ///
+    /// ```
+    /// use ratelimit_core::{Algorithm, Limit, Quota};
+    /// use tower_ratelimit::Policy;
+    ///
+    /// // Put in the extensions by an authentication layer that runs before the limiter.
+    /// #[derive(Clone)]
+    /// struct Plan {
+    ///     name: String,
+    /// }
+    ///
+    /// let policy = Policy::new("api", Limit::single(Algorithm::Gcra, Quota::per_minute(60)?)?)?
+    ///     .tier("pro", Limit::single(Algorithm::Gcra, Quota::per_minute(6_000)?)?)?
+    ///     .resolve_tier(|req| req.extensions().get::<Plan>().map(|p| p.name.as_str()));
+    /// # let _ = policy;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn resolve_tier(
         mut self,
-        resolve: impl Fn(&RequestHead<'_>) -> Option<&'static str> + Send + Sync + 'static,
+        resolve: impl for<'a> Fn(&'a RequestHead<'_>) -> Option<&'a str> + Send + Sync + 'static,
     ) -> Self {
         self.resolve_tier = Some(Arc::new(resolve));
         self

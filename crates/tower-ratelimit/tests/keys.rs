@@ -268,6 +268,7 @@ async fn a_user_id_from_an_auth_layer() {
 /// key, and a first extractor that wrote part of a key before finding none leaves no trace.
 #[tokio::test]
 async fn the_user_if_signed_in_else_the_address() {
+    let (lines, _guard) = Lines::capture();
     let (_clock, store) = store();
     let policy = Policy::new("users-or-ips", two_a_minute())
         .unwrap()
@@ -300,6 +301,40 @@ async fn the_user_if_signed_in_else_the_address() {
         .unwrap();
     alone.push_byte(2);
     assert_eq!(written.as_bytes(), alone.as_bytes());
+    // Anonymous clients are expected here: no warning of a missing `UserId`.
+    let text = lines.text();
+    assert!(!text.contains("WARN"), "{text}");
+}
+
+/// The authentication layer put inside the rate limit (so it runs after it): no request has a
+/// `UserId` yet when the limiter looks, and each gets the missing-key answer. The app's setup is
+/// at fault, so the library says so once, at `warn`, naming the type and the order to use.
+#[tokio::test]
+async fn an_auth_layer_inside_the_limit_is_logged_once_with_the_fix() {
+    let (lines, _guard) = Lines::capture();
+    let (_clock, store) = store();
+    let policy = Policy::new("users", two_a_minute())
+        .unwrap()
+        .key(ExtensionKey::<UserId>::new());
+    // The wrong order: the last layer added runs first, so here the rate limit runs first.
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(middleware::from_fn(auth))
+        .layer(RateLimitLayer::new(store, policy).unwrap());
+    let u1 = || with_header(request("/"), "authorization", "user 1");
+    assert_eq!(statuses(&app, u1, 20).await, [400; 20]);
+
+    let text = lines.text();
+    assert_eq!(text.matches("WARN").count(), 1, "{text}");
+    assert!(
+        text.contains(&format!(
+            "no `{}` found in the request extensions",
+            std::any::type_name::<UserId>()
+        )),
+        "{text}"
+    );
+    assert!(text.contains("must run before the rate limit"), "{text}");
+    assert!(text.contains("`.layer(rate_limit).layer(auth)`"), "{text}");
 }
 
 #[tokio::test]

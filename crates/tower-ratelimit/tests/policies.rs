@@ -306,6 +306,37 @@ async fn tiers_chosen_per_request() {
     assert_eq!(statuses(&app, || request("/"), 2).await, [200, 429]);
 }
 
+/// A plan name known only at run time (a `String` an authentication layer put in the
+/// extensions) chooses the tier as it is, borrowed from the request: no `'static` copy.
+#[tokio::test]
+async fn a_tier_name_borrowed_from_an_extension() {
+    #[derive(Clone)]
+    struct PlanName(String);
+    let (_clock, store) = store();
+    let policy = Policy::new("tiered", per_minute(1))
+        .unwrap()
+        .key(GlobalKey)
+        .tier("pro", per_minute(3))
+        .unwrap()
+        .resolve_tier(|req| req.extensions().get::<PlanName>().map(|p| p.0.as_str()));
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(store, policy).unwrap());
+    let pro = || {
+        let mut r = request("/");
+        // Made at run time, as a name read from a database would be.
+        r.extensions_mut().insert(PlanName(["p", "ro"].concat()));
+        r
+    };
+    let res = send(&app, pro()).await;
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some("\"tiered\";q=3;w=60")
+    );
+    assert_eq!(statuses(&app, pro, 3).await, [200, 200, 429]);
+    assert_eq!(statuses(&app, || request("/"), 2).await, [200, 429]);
+}
+
 /// A tier name the policy does not have (a resolver's typo) gets the policy's own limit, as
 /// documented, and a warning the first time, since nothing else would say so.
 #[tokio::test]

@@ -409,9 +409,11 @@ fn policy(config: &Config, i: usize) -> Result<Policy, ConfigError> {
     }))
 }
 
-/// A `'static` copy of a tier name. `Policy::resolve_tier` returns `&'static str`, and these
-/// names come from a file: each distinct name is leaked once and reused, so rebuilding the app
-/// (in tests, in the fleet) does not leak again.
+/// A `'static` copy of a tier name. `Policy::resolve_tier` may return a name borrowed from the
+/// request (a plan's name in an extension), but here the name is found in the resolver's own
+/// map, keyed by the API key, and a `Fn` closure cannot lend out what it captured. These names
+/// come from a file: each distinct name is leaked once and reused, so rebuilding the app (in
+/// tests, in the fleet) does not leak again.
 fn intern(name: &str) -> &'static str {
     static NAMES: OnceLock<Mutex<HashMap<String, &'static str>>> = OnceLock::new();
     let mut names = NAMES
