@@ -20,7 +20,8 @@ use crate::memory_store::prev_power_of_two;
 use crate::time::duration_to_micros as micros;
 use crate::{Algorithm, Clock, Decision, Limit, Outcome, Quota, Store};
 
-/// The default most denials a [`DenialCache`] holds: 100,000.
+/// The default most entries a [`DenialCache`] holds: 100,000 (denials and their keys' records;
+/// 50,000 keys denied at one cost each).
 pub const DEFAULT_MAX_DENIALS: usize = 100_000;
 
 const MAX_SHARDS: usize = 16;
@@ -85,26 +86,44 @@ const MAX_SHARDS: usize = 16;
 /// later. A cost that can never pass ([`Outcome::Exceeds`]) is cached for the limit's longest
 /// period.
 ///
+/// **An admission ends the key's cached denials.** Each (key, limit) with cached denials has a
+/// record of its *generation*. A denial is recorded under the current one and answers only while
+/// it is still current; an admission of any cost of the key that passes through the cache starts
+/// a new generation, so each of that key's denials (of that limit) cached before it goes back to
+/// the store at its next check. Between admissions, a client alternating costs keeps hitting the
+/// cache: each cost has its own entry. A denial is not recorded when the key's generation changed
+/// while it was in flight (an admission of the key, or its first recorded denial, came back
+/// through the cache meanwhile): it may predate that admission, and costs one more store call.
+/// One case is not seen: a denial sent while the key had no record and answered while it has none
+/// (an admission of a key without a record changes nothing; a record can also have expired or
+/// been evicted meanwhile) is recorded even if an admission of the key came back in between. Its
+/// deadline may then be early, as with other gateways' consumption (below), never late.
+///
 /// **Denials implied by an admission.** Under a single-quota limit, an admission that leaves
 /// fewer units than its cost says when that cost passes again, for three algorithms: the fixed
 /// window denies it until the window ends (`reset_after`); the token bucket and GCRA until
 /// `reset_after − (burst − cost) × period / limit`, when that is a whole number of microseconds
 /// (always for 10 or 100 per second, or 100 per minute; for 7 per second only when `burst − cost`
 /// is a multiple of 7).
-/// The cache records that denial too, so a client hammering an exhausted key costs the store one
-/// call per admission and nothing for its denials.
+/// The cache records that denial too, under the generation the admission started, so a client
+/// hammering an exhausted key costs the store one call per admission and nothing for its denials.
 ///
-/// What a cached decision reports: the outcome and `retry_after` (deadline − now) are what the
-/// store would say on one gateway; `reset_after` is recomputed from the stored deadline the same
-/// way; `remaining` is the value the store reported with its denial, below the cost (it may have
-/// changed since, by refill or by other requests). With a cost of 1 per key on one gateway, a
-/// cached decision is identical to the store's, field by field (a denied cost of 1 has 0
-/// remaining, until it passes); with a larger cost, every field but `remaining` is (a cost of 5
-/// denied with 0 left reports 0 while the bucket refills to 3); when other requests consume
-/// meanwhile, the cached `retry_after` may be earlier than the store's, never later. Of a limit
-/// of several quotas, a cached denial names the binding quota alone in
-/// [`violated_quotas`](Decision::violated_quotas): it still denies until the deadline, while the
-/// other quotas the store named may have refilled since.
+/// What a cached decision reports: on one gateway, the outcome and `retry_after` (deadline − now)
+/// are what the store would say, whatever costs the client mixes (no admission of the key came
+/// back through the cache since the denial was recorded, and denials consume nothing);
+/// `reset_after` is recomputed from the stored deadline the same way; `remaining` is the value the
+/// store reported with its denial, below the cost (refill may have raised it since). With a cost
+/// of 1 per key on one gateway, a cached decision is identical to the store's, field by field (a
+/// denied cost of 1 has 0 remaining, until it passes); with larger or mixed costs, every field but
+/// `remaining` is (a cost of 5 denied with 0 left reports 0 while the bucket refills to 3). When
+/// requests the cache does not see consume meanwhile (other gateways sharing the store, or the
+/// case above), the cached `retry_after` may be earlier than the store's, never later: the store
+/// is asked again at that earlier instant. A cached [`Outcome::Exceeds`] keeps the fields the store
+/// reported with it, `reset_after` counting down to 0, until an admission of the key ends it or the
+/// limit's longest period has passed; the store's own report may move on meanwhile as windows end
+/// (of several quotas, it may name another). Of a limit of several quotas, a cached denial names
+/// the binding quota alone in [`violated_quotas`](Decision::violated_quotas): it still denies
+/// until the deadline, while the other quotas the store named may have refilled since.
 ///
 /// Caveat: the deadline is counted on this wrapper's clock. If the store reads another clock (a
 /// Redis store on server time), the two must advance at the same rate; a clock running fast on the
@@ -125,11 +144,14 @@ const MAX_SHARDS: usize = 16;
 ///
 /// # Memory
 ///
-/// At most [`max_entries`](DenialCache::max_entries) denials are held (default
-/// [`DEFAULT_MAX_DENIALS`]), each a 16-byte digest and a 40-byte entry (a 64-byte table slot, with
-/// the digest's alignment). Expired entries are dropped
-/// as the table fills; when a shard is full of live entries, the eighth of it expiring soonest is
-/// dropped. A denial not held only means one more store call: no decision changes.
+/// At most [`max_entries`](DenialCache::max_entries) entries are held (default
+/// [`DEFAULT_MAX_DENIALS`]): one per denial, and one per (key, limit) with denials, its record
+/// (generation and latest deadline), so a key denied at a single cost takes two. Each is a 16-byte
+/// digest and a 48-byte entry: a 64-byte table slot. When a shard fills, the entries that can
+/// answer nothing are dropped first (expired denials, denials an admission ended, records without
+/// a denial); if it is still full, the eighth of it expiring soonest (a record expires with its
+/// last denial, so it goes with or after them). A denial not held only means one more store call:
+/// no decision changes.
 pub struct DenialCache<S, C> {
     inner: S,
     clock: C,
@@ -146,7 +168,8 @@ pub struct DenialCacheStats {
     pub store_calls: u64,
     /// Denials recorded.
     pub inserted: u64,
-    /// Live denials dropped because the cache was full (each costs at most one more store call).
+    /// Denials that could still have answered, dropped because the cache was full (each costs at
+    /// most one more store call).
     pub evicted: u64,
 }
 
@@ -171,7 +194,8 @@ impl<S: Store, C: Clock> DenialCache<S, C> {
         }
     }
 
-    /// Holds at most `n` denials (at least 1). Set before the first check; clears the cache.
+    /// Holds at most `n` entries: denials and their keys' records (at least 2; see
+    /// [Memory](DenialCache#memory)). Set before the first check; clears the cache.
     #[must_use]
     pub fn max_entries(mut self, n: usize) -> Self {
         self.table = Arc::new(Table::new(n.max(1)));
@@ -214,17 +238,18 @@ impl<S, C> DenialCache<S, C> {
         }
     }
 
-    /// How many denials are held now (expired ones included until they are swept).
+    /// How many entries are held now: denials and their keys' records (expired ones, and denials
+    /// an admission ended, included until they are swept).
     pub fn len(&self) -> usize {
         self.table.shards.iter().map(|s| s.0.lock().map.len()).sum()
     }
 
-    /// `true` if no denial is held.
+    /// `true` if nothing is held.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }
 
-    /// Drops every denial held: the next check of every key goes to the store. For after a
+    /// Drops every denial (and key record) held: the next check of every key goes to the store. For after a
     /// key's state was deleted from the store (to let a client back in at once), since a held
     /// denial outlives the state it was read from. A check already waiting for the store may
     /// still record its denial afterwards. The counters are kept.
@@ -234,7 +259,7 @@ impl<S, C> DenialCache<S, C> {
         }
     }
 
-    /// The most denials held at once.
+    /// The most entries (denials and their keys' records) held at once.
     pub fn capacity(&self) -> usize {
         self.table.per_shard_cap * self.table.shards.len()
     }
@@ -268,18 +293,24 @@ impl<S: Store, C: Clock + 'static> Store for DenialCache<S, C> {
             };
         }
         let now = self.clock.now().as_micros();
-        let id = self.table.id(key, limit.fingerprint(), cost);
-        if let Some(d) = self.table.lookup(id, now) {
-            return DenialCacheFuture {
-                state: State::Hit { decision: Some(d) },
-            };
-        }
+        let kid = self.table.kid(key, limit.fingerprint());
+        let id = entry_id(kid, cost);
+        let seen = match self.table.lookup(kid, id, now) {
+            Ok(d) => {
+                return DenialCacheFuture {
+                    state: State::Hit { decision: Some(d) },
+                };
+            }
+            Err(seen) => seen,
+        };
         DenialCacheFuture {
             state: State::Miss {
                 fut: self.inner.check(key, limit, cost),
                 record: Some(Record {
                     table: Arc::clone(&self.table),
+                    kid,
                     id,
+                    seen,
                     sent: now,
                     exceeds_for: limit.longest_period(),
                     cost,
@@ -309,7 +340,12 @@ pin_project! {
 
 struct Record {
     table: Arc<Table>,
+    /// The (key, limit)'s digest, which picks the shard and names its key record.
+    kid: u128,
+    /// The (key, limit, cost)'s entry.
     id: u128,
+    /// The key record's generation when the check was sent (`None`: no record).
+    seen: Option<u64>,
     sent: u64,
     exceeds_for: Duration,
     cost: u64,
@@ -352,22 +388,51 @@ where
     }
 }
 
-/// One cached denial, in microseconds of the cache's clock.
+/// What an [`Entry`] holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    /// A denial with a retry-after.
+    Denied,
+    /// A cost that can never pass.
+    Exceeds,
+    /// The record of a (key, limit): its current generation, and how long its denials last.
+    Key,
+}
+
+/// One cached denial, or the record of a (key, limit) that has some, in microseconds of the
+/// cache's clock.
 #[derive(Debug, Clone, Copy)]
 struct Entry {
-    /// The first instant at which the same cost may pass (exclusive end of the denial).
+    /// Of a denial: the first instant at which the same cost may pass (exclusive end of the
+    /// denial). Of a key record: the latest `until` of the denials recorded under it.
     until: u64,
     /// When the binding quota is full again, as the store reported it.
     reset_at: u64,
     limit: u64,
     remaining: u64,
+    /// Of a denial: its key's generation when it was recorded; it answers only while that is
+    /// still the key's. Of a key record: the current generation. A shard never gives out the same
+    /// generation twice.
+    generation: u64,
     quota_index: u32,
-    exceeds: bool,
+    kind: Kind,
 }
 
 impl Entry {
+    fn key_record(until: u64, generation: u64) -> Self {
+        Entry {
+            until,
+            reset_at: 0,
+            limit: 0,
+            remaining: 0,
+            generation,
+            quota_index: 0,
+            kind: Kind::Key,
+        }
+    }
+
     fn decision(&self, now: u64) -> Decision {
-        let outcome = if self.exceeds {
+        let outcome = if self.kind == Kind::Exceeds {
             Outcome::Exceeds
         } else {
             Outcome::Denied {
@@ -394,9 +459,91 @@ struct Shard(Mutex<ShardData>);
 
 #[derive(Default)]
 struct ShardData {
+    /// Denials, and the records of the (key, limit)s they belong to.
     map: Map,
     hits: u64,
     misses: u64,
+    /// The last generation given out in this shard.
+    generations: u64,
+}
+
+impl ShardData {
+    /// The current generation of the (key, limit) `kid`, if it has a record.
+    fn generation_of(&self, kid: u128) -> Option<u64> {
+        self.map
+            .get(&kid)
+            .filter(|e| e.kind == Kind::Key)
+            .map(|e| e.generation)
+    }
+
+    fn new_generation(&mut self) -> u64 {
+        self.generations += 1;
+        self.generations
+    }
+
+    /// Makes room for the entry `id` and the key record `kid`, which are kept, within `cap`
+    /// entries: first drops the entries that can answer nothing any more (expired denials,
+    /// denials of a past generation, key records without a denial); then, if still too full, the
+    /// eighth of the rest that expires soonest. Returns how many denials that could still have
+    /// answered were dropped.
+    fn make_room(&mut self, kid: u128, id: u128, now: u64, cap: usize) -> u64 {
+        let map = &mut self.map;
+        let needed =
+            |m: &Map| usize::from(!m.contains_key(&kid)) + usize::from(!m.contains_key(&id));
+        if map.len() + needed(map) <= cap {
+            return 0;
+        }
+        let current = |m: &Map| {
+            let mut g: Vec<u64> = m
+                .values()
+                .filter(|e| e.kind == Kind::Key)
+                .map(|e| e.generation)
+                .collect();
+            g.sort_unstable();
+            g
+        };
+        let live = current(map);
+        map.retain(|_, e| {
+            e.kind == Kind::Key || (e.until > now && live.binary_search(&e.generation).is_ok())
+        });
+        let mut referred: Vec<u64> = map
+            .values()
+            .filter(|e| e.kind != Kind::Key)
+            .map(|e| e.generation)
+            .collect();
+        referred.sort_unstable();
+        map.retain(|k, e| {
+            e.kind != Kind::Key || *k == kid || referred.binary_search(&e.generation).is_ok()
+        });
+        let n = needed(map);
+        if map.len() + n <= cap {
+            return 0;
+        }
+        // `cap` is at least 2, so there are at least `drop` entries other than `kid` and `id`.
+        let drop = (cap / 8).max(map.len() + n - cap);
+        // Ranked by deadline, ties broken by digest, so exactly `drop` go. A key record expires
+        // with its last denial, so it goes after its denials (or with the last, on a tie).
+        let mut ranks: Vec<(u64, u128)> = map
+            .iter()
+            .filter(|(k, _)| **k != kid && **k != id)
+            .map(|(k, e)| (e.until, *k))
+            .collect();
+        let (_, &mut threshold, _) = ranks.select_nth_unstable(drop - 1);
+        let mut evicted = 0;
+        map.retain(|k, e| {
+            let keep = *k == kid || *k == id || (e.until, *k) > threshold;
+            evicted += u64::from(!keep && e.kind != Kind::Key);
+            keep
+        });
+        // Denials whose key record went (on a tie) can answer nothing: they go too.
+        let live = current(map);
+        map.retain(|_, e| {
+            let keep = e.kind == Kind::Key || live.binary_search(&e.generation).is_ok();
+            evicted += u64::from(!keep);
+            keep
+        });
+        evicted
+    }
 }
 
 struct Table {
@@ -411,7 +558,9 @@ struct Table {
 
 impl Table {
     fn new(max: usize) -> Self {
-        let shards = MAX_SHARDS.min(prev_power_of_two(max));
+        // A denial takes two entries (with its key record): at least 2 per shard.
+        let max = max.max(2);
+        let shards = MAX_SHARDS.min(prev_power_of_two(max / 2));
         Table {
             shards: (0..shards)
                 .map(|_| Shard(Mutex::new(ShardData::default())))
@@ -424,74 +573,142 @@ impl Table {
         }
     }
 
-    /// A 128-bit SipHash of (limit fingerprint, cost, key) under a per-process random key: fixed
-    /// size whatever the key's length, and HashDoS-resistant.
-    fn id(&self, key: &[u8], fingerprint: u64, cost: u64) -> u128 {
-        self.digest.digest_u128(key, fingerprint, cost)
+    /// The digest of a (key, limit): a 128-bit SipHash of the key under a per-process random
+    /// secret tweaked by the limit's fingerprint: fixed size whatever the key's length, and
+    /// HashDoS-resistant.
+    fn kid(&self, key: &[u8], fingerprint: u64) -> u128 {
+        self.digest.digest_u128(key, fingerprint, KEY_TWEAK)
     }
 
-    fn shard(&self, id: u128) -> &Mutex<ShardData> {
-        // The high bits pick the shard; the map hashes with the low ones.
-        &self.shards[((id >> 64) as usize) & (self.shards.len() - 1)].0
+    fn shard(&self, kid: u128) -> &Mutex<ShardData> {
+        // The high bits of the (key, limit)'s digest pick the shard, so a key's record and its
+        // denials share one; the map hashes with the low bits of each entry's id.
+        &self.shards[((kid >> 64) as usize) & (self.shards.len() - 1)].0
     }
 
-    /// The cached denial of `id` at `now`, counted as a hit or a miss.
-    fn lookup(&self, id: u128, now: u64) -> Option<Decision> {
-        let mut shard = self.shard(id).lock();
+    /// The cached denial of the entry `id` of the (key, limit) `kid` at `now`, counted as a hit;
+    /// else a miss, and the key's generation now (`None`: no record).
+    fn lookup(&self, kid: u128, id: u128, now: u64) -> Result<Decision, Option<u64>> {
+        let mut guard = self.shard(kid).lock();
+        let shard = &mut *guard;
+        let current = shard.generation_of(kid);
         let found = match shard.map.get(&id) {
-            // Answered here, without asking the store: marked so.
-            Some(e) if e.until > now => Some(e.decision(now).cached()),
-            Some(_) => {
-                shard.map.remove(&id);
-                None
+            Some(e) if e.kind != Kind::Key => {
+                if e.until > now && Some(e.generation) == current {
+                    // Answered here, without asking the store: marked so.
+                    Some(e.decision(now).cached())
+                } else {
+                    // Expired, or recorded before an admission of the key: it can never answer
+                    // again (a generation is never given out twice).
+                    shard.map.remove(&id);
+                    None
+                }
             }
-            None => None,
+            _ => None,
         };
         match found {
-            Some(_) => shard.hits += 1,
-            None => shard.misses += 1,
+            Some(d) => {
+                shard.hits += 1;
+                Ok(d)
+            }
+            None => {
+                shard.misses += 1;
+                Err(current)
+            }
         }
-        found
     }
 
+    /// Takes in the store's answer to a check sent at `r.sent`: an admission starts a new
+    /// generation of the key (its cached denials no longer answer); a denial, or one the
+    /// admission implies, is recorded, unless the key's generation changed since the check was
+    /// sent (an admission, or the first denial of the key, came in meanwhile).
     fn record(&self, r: &Record, d: &Decision) {
-        let (id, sent) = (r.id, r.sent);
+        let sent = r.sent;
+        let allowed = d.is_allowed();
         let until = match d.outcome() {
-            Outcome::Allowed => match r.implied.and_then(|(a, q)| implied_wait(a, &q, r.cost, d)) {
-                Some(wait) => sent.saturating_add(wait),
-                None => return,
-            },
-            Outcome::Denied { retry_after } => sent.saturating_add(micros(retry_after)),
-            Outcome::Exceeds => sent.saturating_add(micros(r.exceeds_for).max(1)),
+            Outcome::Allowed => r
+                .implied
+                .and_then(|(a, q)| implied_wait(a, &q, r.cost, d))
+                .map(|wait| sent.saturating_add(wait)),
+            Outcome::Denied { retry_after } => Some(sent.saturating_add(micros(retry_after))),
+            Outcome::Exceeds => Some(sent.saturating_add(micros(r.exceeds_for).max(1))),
         };
-        let entry = Entry {
+        let entry = until.map(|until| Entry {
             until,
             reset_at: sent.saturating_add(micros(d.reset_after())),
             limit: d.limit(),
             remaining: d.remaining(),
+            generation: 0,
             quota_index: u32::try_from(d.quota_index()).unwrap_or(u32::MAX),
-            exceeds: !d.can_ever_pass(),
-        };
-        let cap = self.per_shard_cap.max(1);
-        let mut guard = self.shard(id).lock();
-        let shard = &mut guard.map;
-        if shard.len() >= cap && !shard.contains_key(&id) {
-            // Expired entries first; then the eighth of the live ones that expire soonest.
-            shard.retain(|_, e| e.until > sent);
-            if shard.len() >= cap {
-                let drop = (cap / 8).max(1);
-                // Ranked by deadline, ties broken by digest, so exactly `drop` go.
-                let mut ranks: Vec<(u64, u128)> =
-                    shard.iter().map(|(id, e)| (e.until, *id)).collect();
-                let (_, &mut threshold, _) = ranks.select_nth_unstable(drop - 1);
-                let before = shard.len();
-                shard.retain(|id, e| (e.until, *id) > threshold);
-                self.evicted
-                    .fetch_add((before - shard.len()) as u64, Ordering::Relaxed);
+            kind: if d.can_ever_pass() {
+                Kind::Denied
+            } else {
+                Kind::Exceeds
+            },
+        });
+        let (kid, id) = (r.kid, r.id);
+        let mut guard = self.shard(kid).lock();
+        let shard = &mut *guard;
+        let current = shard.generation_of(kid);
+        if allowed && current.is_some() {
+            let generation = shard.new_generation();
+            if let Some(k) = shard.map.get_mut(&kid) {
+                k.generation = generation;
             }
         }
-        shard.insert(id, entry);
+        let Some(mut entry) = entry else { return };
+        if current != r.seen {
+            // The key's generation moved while the check was in flight: the answer may predate
+            // an admission. Not recorded (one more store call).
+            return;
+        }
+        let evicted = shard.make_room(kid, id, sent, self.per_shard_cap);
+        if evicted > 0 {
+            self.evicted.fetch_add(evicted, Ordering::Relaxed);
+        }
+        entry.generation = match shard.map.get_mut(&kid) {
+            Some(k) => {
+                k.until = k.until.max(entry.until);
+                k.generation
+            }
+            None => {
+                let generation = shard.new_generation();
+                shard
+                    .map
+                    .insert(kid, Entry::key_record(entry.until, generation));
+                generation
+            }
+        };
+        shard.map.insert(id, entry);
         self.inserted.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+/// The second tweak of a (key, limit)'s digest (the first is the limit's fingerprint).
+const KEY_TWEAK: u64 = 0x6b65_795f_7265_636f;
+
+/// An odd constant (the 128-bit golden ratio, made odd), which mixes a cost into an entry id.
+const COST_MIX: u128 = 0x9e37_79b9_7f4a_7c15_f39c_c060_5ced_c835;
+
+/// The id of the entry of `cost` (at least 1) of the (key, limit) `kid`. Multiplying by an odd
+/// constant is a bijection of `u128`, so the costs of one key have distinct ids, none equal to
+/// `kid` itself (the key record's id; the product of a cost ≥ 1 is not 0). Two different keys'
+/// entries collide only when their digests differ by one of these public, easily inverted masks:
+/// the mix alone gives no protection, the digest's secret does (a client cannot pick keys whose
+/// digests differ by a chosen value; by chance, one pair in 2^128).
+fn entry_id(kid: u128, cost: u64) -> u128 {
+    kid ^ u128::from(cost).wrapping_mul(COST_MIX)
+}
+
+/// The algorithm and quota of a limit whose admissions can imply denials: single-quota token
+/// bucket, GCRA and fixed window. With several quotas another one could deny for longer: the
+/// implied denial would be right but not the store's own answer.
+fn implied_by(limit: &Limit) -> Option<(Algorithm, Quota)> {
+    match (limit.algorithm(), limit.quotas()) {
+        (a @ (Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::FixedWindow), [q]) => {
+            Some((a, *q))
+        }
+        _ => None,
     }
 }
 
@@ -507,18 +724,6 @@ impl Table {
 ///
 /// Waiting only helps and others only consume (as for denials), so the store denies that cost
 /// until then; the retry-after it would give is the cached one.
-/// The algorithm and quota of a limit whose admissions can imply denials: single-quota token
-/// bucket, GCRA and fixed window. With several quotas another one could deny for longer: the
-/// implied denial would be right but not the store's own answer.
-fn implied_by(limit: &Limit) -> Option<(Algorithm, Quota)> {
-    match (limit.algorithm(), limit.quotas()) {
-        (a @ (Algorithm::TokenBucket | Algorithm::Gcra | Algorithm::FixedWindow), [q]) => {
-            Some((a, *q))
-        }
-        _ => None,
-    }
-}
-
 fn implied_wait(algorithm: Algorithm, q: &Quota, cost: u64, d: &Decision) -> Option<u64> {
     if cost == 0 || d.remaining() >= cost {
         return None;
@@ -546,7 +751,7 @@ mod tests {
     #[test]
     #[cfg(target_arch = "x86_64")]
     fn an_entry_is_as_large_as_the_docs_say() {
-        assert_eq!(std::mem::size_of::<Entry>(), 40);
+        assert_eq!(std::mem::size_of::<Entry>(), 48);
         assert_eq!(std::mem::size_of::<(u128, Entry)>(), 64);
     }
     use crate::{Algorithm, ManualClock, MemoryStore, Quota};
@@ -558,7 +763,7 @@ mod tests {
         for n in [0, 1, 3, usize::MAX / 2 + 1, usize::MAX] {
             let clock = ManualClock::new();
             let cached = DenialCache::new(MemoryStore::new(), clock).max_entries(n);
-            assert!((1..=n.max(1)).contains(&cached.capacity()), "{n}");
+            assert!((2..=n.max(2)).contains(&cached.capacity()), "{n}");
         }
     }
 
@@ -739,9 +944,8 @@ mod tests {
         }
     }
 
-    /// With several costs per key, a cheaper request may pass while a dearer one is cached as
-    /// denied: the cached denial is still right, and its retry-after can only be earlier than the
-    /// store's (the store is asked again at that earlier instant).
+    /// With several costs per key on one gateway, every admission of the key ends its cached
+    /// denials: every field but `remaining` is the store's, as with one cost.
     #[test]
     fn mixed_costs_same_outcomes() {
         for limit in limits() {
@@ -758,13 +962,19 @@ mod tests {
                 let want = plain.check_now(&key, &limit, cost);
                 let got = now(cached.check(&key, &limit, cost)).unwrap();
                 let what = format!("{limit:?} step {step} cost {cost}");
-                assert_eq!(got.is_allowed(), want.is_allowed(), "{what}");
-                assert_eq!(got.can_ever_pass(), want.can_ever_pass(), "{what}");
+                let fields =
+                    |d: &Decision| (d.outcome(), d.limit(), d.reset_after(), d.quota_index());
+                if got.can_ever_pass() {
+                    assert_eq!(fields(&got), fields(&want), "{what}: {got:?} {want:?}");
+                } else {
+                    // A cost that can never pass: cached for the longest period, while the
+                    // store's windows and binding quota may move on (see the type's docs).
+                    assert_eq!(got.outcome(), want.outcome(), "{what}");
+                }
                 if got.is_allowed() {
                     assert_eq!(got, want, "{what}");
-                } else if let (Some(g), Some(w)) = (got.retry_after(), want.retry_after()) {
-                    assert!(g <= w, "{what}: {got:?} {want:?}");
-                    assert!(got.remaining() < cost, "{what}");
+                } else {
+                    assert!(got.remaining() <= want.remaining(), "{what}");
                 }
             }
             assert!(cached.stats().hits > 100, "{limit:?}");
@@ -843,7 +1053,8 @@ mod tests {
             assert!(now(cached.check(b"k", &limit, 0)).unwrap().is_allowed());
         }
         assert_eq!(cached.stats().store_calls, 6);
-        assert_eq!(cached.len(), 1);
+        // The denial, and its key's record.
+        assert_eq!(cached.len(), 2);
     }
 
     #[test]
@@ -869,5 +1080,202 @@ mod tests {
         assert!(s.hits < 1_000, "{s:?}");
         assert!(s.evicted > 19_000, "{s:?}");
         assert_eq!(s.hits + s.store_calls, 30_000);
+    }
+
+    fn shared(clock: &ManualClock) -> Arc<MemoryStore<ManualClock>> {
+        Arc::new(
+            MemoryStore::builder()
+                .with_clock(clock.clone())
+                .build()
+                .unwrap(),
+        )
+    }
+
+    /// Issue 1: a denial cached for cost 3 must not survive an admission of cost 2 that
+    /// passed through the same cache.
+    #[test]
+    fn an_admission_of_another_cost_invalidates_a_cached_denial() {
+        let clock = ManualClock::new();
+        let store = shared(&clock);
+        let cached = DenialCache::new(Arc::clone(&store), clock.clone());
+        let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(10).unwrap()).unwrap();
+        let a = now(cached.check(b"k", &limit, 8)).unwrap();
+        assert!(a.is_allowed());
+        assert_eq!(a.remaining(), 2);
+        let d = now(cached.check(b"k", &limit, 3)).unwrap();
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(100)));
+        assert!(now(cached.check(b"k", &limit, 2)).unwrap().is_allowed());
+        let got = now(cached.check(b"k", &limit, 3)).unwrap();
+        // A denial consumes nothing: the store's own answer at this moment.
+        let want = store.check_now(b"k", &limit, 3);
+        assert!(got.is_denied() && want.is_denied());
+        assert_eq!(want.retry_after(), Some(Duration::from_millis(300)));
+        assert_eq!(got.retry_after(), want.retry_after(), "{got:?} {want:?}");
+        assert_eq!(got.reset_after(), want.reset_after());
+        // Retrying at the cached retry-after passes (nothing else consumed).
+        clock.advance(got.retry_after().unwrap());
+        assert!(now(cached.check(b"k", &limit, 3)).unwrap().is_allowed());
+    }
+
+    /// Issue 1, with the denial an admission implies: cost 5 empties a burst of 5, so cost 5 is
+    /// implied denied until the bucket is full; an admission of cost 1 pushes that back.
+    #[test]
+    fn an_admission_of_another_cost_invalidates_an_implied_denial() {
+        let clock = ManualClock::new();
+        let store = shared(&clock);
+        let cached = DenialCache::new(Arc::clone(&store), clock.clone());
+        let limit = Limit::single(
+            Algorithm::TokenBucket,
+            Quota::per_second(2).unwrap().with_burst(5).unwrap(),
+        )
+        .unwrap();
+        assert!(now(cached.check(b"k", &limit, 5)).unwrap().is_allowed());
+        clock.advance(Duration::from_millis(661));
+        assert!(now(cached.check(b"k", &limit, 1)).unwrap().is_allowed());
+        let got = now(cached.check(b"k", &limit, 5)).unwrap();
+        let want = store.check_now(b"k", &limit, 5);
+        assert!(got.is_denied() && want.is_denied());
+        assert_eq!(got.retry_after(), want.retry_after(), "{got:?} {want:?}");
+        clock.advance(got.retry_after().unwrap());
+        assert!(now(cached.check(b"k", &limit, 5)).unwrap().is_allowed());
+    }
+
+    /// Issue 2: a cached `Exceeds` is not kept across an admission: its `remaining` and `reset`
+    /// are the store's after it.
+    #[test]
+    fn an_admission_refreshes_a_cached_exceeds() {
+        let clock = ManualClock::new();
+        let store = shared(&clock);
+        let cached = DenialCache::new(Arc::clone(&store), clock.clone());
+        let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(2).unwrap()).unwrap();
+        let e = now(cached.check(b"k", &limit, 3)).unwrap();
+        assert_eq!(e.outcome(), Outcome::Exceeds);
+        assert_eq!((e.remaining(), e.reset_after()), (2, Duration::ZERO));
+        assert!(now(cached.check(b"k", &limit, 2)).unwrap().is_allowed());
+        let got = now(cached.check(b"k", &limit, 3)).unwrap();
+        let want = store.check_now(b"k", &limit, 3);
+        assert_eq!(want.outcome(), Outcome::Exceeds);
+        assert_eq!(
+            (want.remaining(), want.reset_after()),
+            (0, Duration::from_secs(1))
+        );
+        assert_eq!(got.outcome(), Outcome::Exceeds);
+        assert_eq!(
+            (got.remaining(), got.reset_after()),
+            (want.remaining(), want.reset_after())
+        );
+        // Cached again from there: the next one is a hit with the same fields.
+        let again = now(cached.check(b"k", &limit, 3)).unwrap();
+        assert!(again.is_cached());
+        assert_eq!(
+            (again.remaining(), again.reset_after()),
+            (0, Duration::from_secs(1))
+        );
+    }
+
+    /// A denial answered after an admission of the key that went through the cache while it
+    /// was in flight is not recorded: it may predate the admission.
+    #[test]
+    fn a_denial_in_flight_across_an_admission_is_not_recorded() {
+        let clock = ManualClock::new();
+        let store = shared(&clock);
+        let cached = DenialCache::new(Arc::clone(&store), clock.clone());
+        let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(10).unwrap()).unwrap();
+        assert!(now(cached.check(b"k", &limit, 8)).unwrap().is_allowed());
+        // The store decides at the call and answers at the poll: this denial is decided before
+        // the admission below, and answered after it.
+        let late = cached.check(b"k", &limit, 3);
+        assert!(now(cached.check(b"k", &limit, 2)).unwrap().is_allowed());
+        let d = now(late).unwrap();
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(100)));
+        let got = now(cached.check(b"k", &limit, 3)).unwrap();
+        assert!(!got.is_cached(), "{got:?}");
+        assert_eq!(got.retry_after(), Some(Duration::from_millis(300)));
+
+        // Without a key record at send time: another denial of the key recorded meanwhile
+        // (which makes the record) stops this one too.
+        let limit = Limit::single(Algorithm::SlidingLog, Quota::per_second(10).unwrap()).unwrap();
+        assert!(now(cached.check(b"s", &limit, 8)).unwrap().is_allowed());
+        let late = cached.check(b"s", &limit, 3);
+        assert!(now(cached.check(b"s", &limit, 5)).unwrap().is_denied());
+        assert!(now(late).unwrap().is_denied());
+        assert!(now(cached.check(b"s", &limit, 5)).unwrap().is_cached());
+        assert!(!now(cached.check(b"s", &limit, 3)).unwrap().is_cached());
+        assert!(now(cached.check(b"s", &limit, 3)).unwrap().is_cached());
+    }
+
+    /// A client alternating costs 1 and 5 on an exhausted key keeps hitting the cache: each cost
+    /// has its own entry, and no admission comes between them.
+    #[test]
+    fn alternating_costs_keep_their_hits() {
+        let clock = ManualClock::new();
+        let store = shared(&clock);
+        let cached = DenialCache::new(Arc::clone(&store), clock.clone());
+        let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(10).unwrap()).unwrap();
+        for _ in 0..10 {
+            assert!(now(cached.check(b"k", &limit, 1)).unwrap().is_allowed());
+        }
+        let calls = cached.stats().store_calls;
+        for i in 0..1_000 {
+            let cost = if i % 2 == 0 { 1 } else { 5 };
+            let got = now(cached.check(b"k", &limit, cost)).unwrap();
+            assert!(got.is_denied());
+            assert_eq!(
+                got.retry_after(),
+                store.check_now(b"k", &limit, cost).retry_after()
+            );
+        }
+        let s = cached.stats();
+        // The implied denial of cost 1 was recorded with the last admission; cost 5 asks once.
+        assert_eq!(s.store_calls, calls + 1, "{s:?}");
+        assert_eq!(s.hits, 999, "{s:?}");
+    }
+
+    /// The key records are held, expired and evicted like denials: the table stays within its
+    /// bound; a record whose denials an admission ended, or which expired, gives its slot (and its
+    /// ended denials theirs) before any denial that could still answer is evicted.
+    #[test]
+    fn key_records_stay_within_the_bound() {
+        let clock = ManualClock::new();
+        let cached = DenialCache::new(shared(&clock), clock.clone()).max_entries(100);
+        let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(10).unwrap()).unwrap();
+        for k in 0..2_000u32 {
+            let key = k.to_le_bytes();
+            // Cost 8 leaves 2 (its own implied denial, for 36 s, and the key's record), cost 3
+            // is denied (for 6 s), then cost 1 passes: all three entries are ended, long before
+            // they expire.
+            assert!(now(cached.check(&key, &limit, 8)).unwrap().is_allowed());
+            assert!(now(cached.check(&key, &limit, 3)).unwrap().is_denied());
+            clock.advance(Duration::from_millis(1));
+            assert!(now(cached.check(&key, &limit, 1)).unwrap().is_allowed());
+            assert!(cached.len() <= cached.capacity());
+        }
+        let s = cached.stats();
+        assert_eq!(s.inserted, 4_000, "{s:?}");
+        assert_eq!(s.evicted, 0, "{s:?}");
+
+        // Denials that expire: their records expire with them.
+        let limit = Limit::single(Algorithm::FixedWindow, Quota::per_second(1).unwrap()).unwrap();
+        for _ in 0..3 {
+            for k in 0..2_000u32 {
+                for cost in [1, 2, 3] {
+                    let _ = now(cached.check(&k.to_le_bytes(), &limit, cost));
+                    assert!(cached.len() <= cached.capacity(), "{}", cached.len());
+                }
+            }
+            clock.advance(Duration::from_secs(1));
+        }
+        // Every shard is full of expired denials and records: a new denial takes their slots,
+        // evicting nothing.
+        clock.advance(Duration::from_secs(10));
+        let evicted = cached.stats().evicted;
+        assert!(cached.len() > cached.capacity() / 2, "{}", cached.len());
+        for k in 0..2_000u32 {
+            let key = k.to_le_bytes();
+            assert!(now(cached.check(&key, &limit, 1)).unwrap().is_allowed());
+            assert!(now(cached.check(&key, &limit, 1)).unwrap().is_cached());
+            assert_eq!(cached.stats().evicted, evicted, "key {k}");
+            clock.advance(Duration::from_secs(1));
+        }
     }
 }
