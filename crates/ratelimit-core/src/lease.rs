@@ -177,7 +177,9 @@ const SHARDS: usize = 16;
 /// this gateway saw (to the lease, or to a check of the key that went straight to the store
 /// since: a cost larger than the lease, a peek): its limit, quota index and reset, and as
 /// `remaining` the units left in the lease + what that answer said remained. Other gateways may
-/// have consumed since, and the refill since is not counted. The reset is the store's, never
+/// have consumed since, and so may this gateway's checks of the key still in flight (answers are
+/// taken in the order their checks were sent, which need not be the order the store ran them);
+/// the refill since is not counted. The reset is the store's, never
 /// earlier: the store counted the lease's unspent units as spent, and they serve only checks no
 /// larger than what is left of the lease while it lives, so the whole burst may not pass before
 /// the store's reset. It is at most the refill time of those units later than a store alone
