@@ -109,21 +109,27 @@ const MAX_SHARDS: usize = 16;
 /// hammering an exhausted key costs the store one call per admission and nothing for its denials.
 ///
 /// What a cached decision reports: on one gateway, the outcome and `retry_after` (deadline − now)
-/// are what the store would say, whatever costs the client mixes (no admission of the key came
-/// back through the cache since the denial was recorded, and denials consume nothing);
-/// `reset_after` is recomputed from the stored deadline the same way; `remaining` is the value the
-/// store reported with its denial, below the cost (refill may have raised it since). With a cost
-/// of 1 per key on one gateway, a cached decision is identical to the store's, field by field (a
-/// denied cost of 1 has 0 remaining, until it passes); with larger or mixed costs, every field but
-/// `remaining` is (a cost of 5 denied with 0 left reports 0 while the bucket refills to 3). When
-/// requests the cache does not see consume meanwhile (other gateways sharing the store, or the
-/// case above), the cached `retry_after` may be earlier than the store's, never later: the store
-/// is asked again at that earlier instant. A cached [`Outcome::Exceeds`] keeps the fields the store
-/// reported with it, `reset_after` counting down to 0, until an admission of the key ends it or the
-/// limit's longest period has passed; the store's own report may move on meanwhile as windows end
-/// (of several quotas, it may name another). Of a limit of several quotas, a cached denial names
-/// the binding quota alone in [`violated_quotas`](Decision::violated_quotas): it still denies
-/// until the deadline, while the other quotas the store named may have refilled since.
+/// are what the store would say, whatever costs the client mixes (no admission of the key came back
+/// through the cache since the denial was recorded, and denials consume nothing); `reset_after` is
+/// recomputed from the stored deadline the same way; `remaining` is the value the store reported
+/// with its denial, below the cost (refill may have raised it since). With a cost of 1 per key on
+/// one gateway, a cached decision is identical to the store's, field by field (a denied cost of 1
+/// has 0 remaining, until it passes); with larger or mixed costs, every field but `remaining` is,
+/// under a single quota (a cost of 5 denied with 0 left reports 0 while the bucket refills to 3).
+/// When requests the cache does not see consume meanwhile (other gateways sharing the store, or the
+/// case above), the cached `retry_after` may be earlier than the store's, never later: the store is
+/// asked again at that earlier instant. A check that went to the store and whose answer never came
+/// back through the cache (dropped by a caller's timeout, or failed) may have been admitted: it
+/// ends the key's cached denials, as an admission does. A cached [`Outcome::Exceeds`] keeps the
+/// fields the store reported with it, `reset_after` counting down to 0, until an admission of the
+/// key ends it or the limit's longest period has passed; the store's own report may move on
+/// meanwhile as windows end (of several quotas, it may name another). Of a limit of several quotas,
+/// a cached denial names the binding quota alone in [`violated_quotas`](Decision::violated_quotas):
+/// it still denies until the deadline, while the other quotas the store named may have refilled
+/// since; and when two quotas would have the client wait as long, the store names the one with
+/// fewer units left (then the later reset), which refill may change while the denial is cached: the
+/// cached answer's `limit`, `reset_after` and quota index are then the other quota's (its outcome
+/// and `retry_after` are still the store's).
 ///
 /// Caveat: the deadline is counted on this wrapper's clock. If the store reads another clock (a
 /// Redis store on server time), the two must advance at the same rate; a clock running fast on the
@@ -315,6 +321,7 @@ impl<S: Store, C: Clock + 'static> Store for DenialCache<S, C> {
                     exceeds_for: limit.longest_period(),
                     cost,
                     implied: implied_by(limit),
+                    answered: false,
                 }),
             },
         }
@@ -352,6 +359,21 @@ struct Record {
     /// The limit, for the algorithms whose admissions can imply a denial (see
     /// [`implied_wait`]).
     implied: Option<(Algorithm, Quota)>,
+    /// The store's answer was taken in ([`Table::record`]).
+    answered: bool,
+}
+
+/// A check that went to the store and never brought its answer back here (its future dropped
+/// first, as a caller's timeout drops it, or the store failed) may have been admitted all the
+/// same: a store may decide when its `check` is called (the in-memory store does), and a Redis
+/// timeout may come after the script ran. So it ends the key's cached denials, as an admission
+/// would (one more store call for each, never a stale deadline).
+impl Drop for Record {
+    fn drop(&mut self) {
+        if !self.answered {
+            self.table.unanswered(self.kid);
+        }
+    }
 }
 
 impl<F> fmt::Debug for DenialCacheFuture<F> {
@@ -379,9 +401,11 @@ where
                 .expect("DenialCacheFuture polled after completion"))),
             StateProj::Miss { fut, record } => {
                 let out = std::task::ready!(fut.poll(cx));
-                if let (Ok(d), Some(r)) = (&out, record.take()) {
+                if let (Ok(d), Some(mut r)) = (&out, record.take()) {
                     r.table.record(&r, d);
+                    r.answered = true;
                 }
+                // An error drops the record unanswered (see `Record`'s drop).
                 Poll::Ready(out)
             }
         }
@@ -622,6 +646,19 @@ impl Table {
     /// generation of the key (its cached denials no longer answer); a denial, or one the
     /// admission implies, is recorded, unless the key's generation changed since the check was
     /// sent (an admission, or the first denial of the key, came in meanwhile).
+    /// A check of the key `kid` that may have been admitted without its answer coming back: the
+    /// key's cached denials end, as at an admission.
+    fn unanswered(&self, kid: u128) {
+        let mut guard = self.shard(kid).lock();
+        let shard = &mut *guard;
+        if shard.generation_of(kid).is_some() {
+            let generation = shard.new_generation();
+            if let Some(k) = shard.map.get_mut(&kid) {
+                k.generation = generation;
+            }
+        }
+    }
+
     fn record(&self, r: &Record, d: &Decision) {
         let sent = r.sent;
         let allowed = d.is_allowed();
@@ -1115,6 +1152,29 @@ mod tests {
         // Retrying at the cached retry-after passes (nothing else consumed).
         clock.advance(got.retry_after().unwrap());
         assert!(now(cached.check(b"k", &limit, 3)).unwrap().is_allowed());
+    }
+
+    /// A check dropped before its answer came back (a caller's timeout) may have been admitted:
+    /// the memory store decides when `check` is called. Its key's cached denials end, as at an
+    /// admission, so the next check of the denied cost gets the store's own (later) deadline.
+    #[test]
+    fn a_check_dropped_before_its_answer_ends_the_keys_cached_denials() {
+        let clock = ManualClock::new();
+        let store = shared(&clock);
+        let cached = DenialCache::new(Arc::clone(&store), clock.clone());
+        let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(10).unwrap()).unwrap();
+        assert!(now(cached.check(b"k", &limit, 8)).unwrap().is_allowed());
+        let d = now(cached.check(b"k", &limit, 3)).unwrap();
+        assert_eq!(d.retry_after(), Some(Duration::from_millis(100)));
+        // Decided (and admitted) at the call; dropped unpolled.
+        drop(cached.check(b"k", &limit, 2));
+        let got = now(cached.check(b"k", &limit, 3)).unwrap();
+        assert!(!got.is_cached(), "{got:?}");
+        assert_eq!(got.retry_after(), Some(Duration::from_millis(300)));
+        assert_eq!(got.remaining(), 0);
+        // A denial of another key, or of this key while nothing was dropped, is still cached.
+        let again = now(cached.check(b"k", &limit, 3)).unwrap();
+        assert!(again.is_cached() && again.retry_after() == got.retry_after());
     }
 
     /// Issue 1, with the denial an admission implies: cost 5 empties a burst of 5, so cost 5 is

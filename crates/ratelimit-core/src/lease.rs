@@ -173,18 +173,19 @@ const SHARDS: usize = 16;
 ///
 /// # What a local decision reports
 ///
-/// An allowed decision answered from a lease reports the store's last answer for the key that
-/// this gateway saw (to the lease, or to a check of the key that went straight to the store
-/// since: a cost larger than the lease, a peek): its limit, quota index and reset, and as
-/// `remaining` the units left in the lease + what that answer said remained. Other gateways may
-/// have consumed since, and so may this gateway's checks of the key still in flight (answers are
-/// taken in the order their checks were sent, which need not be the order the store ran them);
-/// the refill since is not counted. The reset is the store's, never
-/// earlier: the store counted the lease's unspent units as spent, and they serve only checks no
-/// larger than what is left of the lease while it lives, so the whole burst may not pass before
-/// the store's reset. It is at most the refill time of those units later than a store alone
-/// would say (`a_leased_answer_never_resets_before_the_store_does`). A peek (cost 0) counts the
-/// live lease's units as remaining. Denials always come from the store and are exact.
+/// An allowed decision answered from a lease reports the store's last answer for the key that this
+/// gateway saw (to the lease, or to a check of the key that went straight to the store since: a
+/// cost larger than the lease, a peek): its limit, quota index and reset, and as `remaining` the
+/// units left in the lease + what that answer said remained. Answers are taken in the order their
+/// checks were sent (`answers_taken_in_the_order_their_checks_were_sent`), which is the order the
+/// store ran them when they share a connection; other gateways may have consumed since, and the
+/// refill since is not counted. The reset is the store's, never earlier: the store counted the
+/// lease's unspent units as spent, and they serve only checks no larger than what is left of the
+/// lease while it lives, so the whole burst may not pass before the store's reset. It is at most
+/// the refill time of those units later than a store alone would say
+/// (`a_leased_answer_never_resets_before_the_store_does`). A peek (cost 0) counts the live lease's
+/// units as remaining if the lease was asked for before the peek. Denials always come from the
+/// store and are exact.
 pub struct Leasing<S, C> {
     shared: Arc<Shared<S, C>>,
 }
@@ -289,13 +290,19 @@ struct Entry {
     sent: u64,
     /// The store's last answer for the key that this gateway saw (to the lease, or to a check
     /// that went straight to the store since), which the lease's answers report: its limit,
-    /// remaining units and reset time (µs), and when the check it answered was sent (µs; an
-    /// answer to an earlier check, come later, is not taken).
+    /// remaining units and reset time (µs), and the order its check was sent in (see
+    /// `report_seq`; an answer to a check sent earlier, come later, is not taken).
     limit: u64,
     remaining: u64,
     reset_at: u64,
     quota_index: u32,
-    answered_sent: u64,
+    answered_seq: u64,
+    /// The checks of the key sent to the store (lease requests, and checks straight to the store
+    /// while the key has an entry), numbered in the order they were sent: the last number given.
+    report_seq: u64,
+    /// The number of the lease request on its way, and of the one that brought the current lease.
+    fetch_report_seq: u64,
+    lease_seq: u64,
     /// The store's remaining units in its answer to the last lease (not refreshed by direct
     /// checks): whether the store had units left beyond the lease, for the lease size.
     lease_left: u64,
@@ -338,13 +345,14 @@ impl Entry {
         )
     }
 
-    /// Takes the store's answer `d` to a check of this key sent at `sent` as the one the lease's
-    /// answers report, unless it answered a check sent before the last one taken.
-    fn saw_answer(&mut self, sent: u64, d: &Decision) {
-        if sent < self.answered_sent {
+    /// Takes the store's answer `d` to the check of this key numbered `seq` (see `report_seq`),
+    /// sent at `sent`, as the one the lease's answers report, unless it answered a check sent
+    /// before the last one taken.
+    fn saw_answer(&mut self, seq: u64, sent: u64, d: &Decision) {
+        if seq <= self.answered_seq {
             return;
         }
-        self.answered_sent = sent;
+        self.answered_seq = seq;
         self.limit = d.limit();
         self.remaining = d.remaining();
         self.reset_at = sent.saturating_add(micros(d.reset_after()));
@@ -383,10 +391,17 @@ impl Entry {
     /// live `refill` µs: its units beyond the cost are spare for waiting checks.
     fn begin_fetch(&mut self, want: u64, cost: u64, now: u64, refill: u64) {
         self.fetch_seq = self.fetch_seq.wrapping_add(1);
+        self.fetch_report_seq = self.next_report_seq();
         self.spare = want - cost;
         self.fetch_sent = now;
         self.fetch_refill = refill;
         self.grew_in_flight = false;
+    }
+
+    /// The number of a check of the key sent to the store now (see `report_seq`).
+    fn next_report_seq(&mut self) -> u64 {
+        self.report_seq += 1;
+        self.report_seq
     }
 
     /// Counts the current lease, ended with `left` units unspent, in the recent leases, once:
@@ -897,14 +912,12 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
             Ok(entry) => entry,
             Err(existing) => {
                 sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
+                // Numbered before it is sent (see `Entry::report_seq`).
+                let seen = existing.map(|entry| Seen::new(entry, now, cost == 0));
                 return LeaseFuture {
                     state: St::Direct {
                         fut: sh.inner.check(key, limit, cost),
-                        seen: existing.map(|entry| Seen {
-                            entry,
-                            sent: now,
-                            peek: cost == 0,
-                        }),
+                        seen,
                     },
                     ctx: None,
                 };
@@ -927,14 +940,11 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
             },
             Action::Direct => {
                 sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
+                let seen = Some(Seen::new(entry, now, false));
                 LeaseFuture {
                     state: St::Direct {
                         fut: sh.inner.check(key, limit, cost),
-                        seen: Some(Seen {
-                            entry,
-                            sent: now,
-                            peek: false,
-                        }),
+                        seen,
                     },
                     ctx: None,
                 }
@@ -972,16 +982,31 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
 /// lease's answers report; a peek's also counts the lease's units still live as remaining.
 struct Seen {
     entry: EntryRef,
+    /// Its number among the key's checks sent to the store (see `Entry::report_seq`).
+    seq: u64,
     /// When the check was sent (µs).
     sent: u64,
     peek: bool,
 }
 
 impl Seen {
+    /// A check of `entry`'s key sent to the store now.
+    fn new(entry: EntryRef, sent: u64, peek: bool) -> Self {
+        let seq = entry.lock().next_report_seq();
+        Seen {
+            entry,
+            seq,
+            sent,
+            peek,
+        }
+    }
+
     fn answered(self, d: &mut Decision) {
         let mut e = self.entry.lock();
-        e.saw_answer(self.sent, d);
-        if self.peek && e.tokens > 0 && self.sent < e.expires {
+        e.saw_answer(self.seq, self.sent, d);
+        // The live lease's units, if it was asked for before the peek was sent (else the store
+        // counted them as remaining in the peek's answer).
+        if self.peek && e.tokens > 0 && self.sent < e.expires && e.lease_seq < self.seq {
             *d = Decision::new(
                 d.outcome(),
                 d.limit(),
@@ -1151,12 +1176,8 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                         Action::Direct => {
                             drop(e);
                             sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
+                            let seen = Some(Seen::new(Arc::clone(&ctx.entry), now, false));
                             let fut = sh.inner.check(&ctx.key, &ctx.limit, ctx.cost);
-                            let seen = Some(Seen {
-                                entry: Arc::clone(&ctx.entry),
-                                sent: now,
-                                peek: false,
-                            });
                             self.as_mut().project().state.set(St::Direct { fut, seen });
                         }
                         Action::Fetch(want) => {
@@ -1220,7 +1241,8 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                             e.sent = sent;
                             e.expires = sent.saturating_add(ttl);
                             e.lease_left = d.remaining();
-                            e.saw_answer(sent, &d);
+                            e.lease_seq = e.fetch_report_seq;
+                            e.saw_answer(e.fetch_report_seq, sent, &d);
                             e.decision(sent)
                         });
                         if want > cost {
@@ -1287,12 +1309,8 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                         starve(e, sent, &d);
                     });
                     sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
+                    let seen = Some(Seen::new(Arc::clone(&ctx.entry), now, false));
                     let fut = sh.inner.check(&ctx.key, &ctx.limit, cost);
-                    let seen = Some(Seen {
-                        entry: Arc::clone(&ctx.entry),
-                        sent: now,
-                        peek: false,
-                    });
                     self.as_mut().project().state.set(St::Direct { fut, seen });
                 }
             }

@@ -291,6 +291,50 @@ fn a_leased_answer_reports_what_the_gateways_own_direct_checks_left() {
     }
 }
 
+/// Answers that come back out of the order their checks were sent in: a peek, then a check that
+/// fetches the next lease, both decided by the store when made, then answered lease first. The
+/// lease's answers keep reporting the later-sent check's answer (a tie on the clock included), and
+/// the peek counts the lease's units only if the lease was asked for before it.
+#[test]
+fn answers_taken_in_the_order_their_checks_were_sent() {
+    for gap in [Duration::ZERO, Duration::from_micros(1)] {
+        let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+        let store = memory(&clock);
+        let leasing = Leasing::builder(Arc::clone(&store), clock.clone())
+            .lease_size(4)
+            .build()
+            .unwrap();
+        let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(100).unwrap()).unwrap();
+        for _ in 0..4 {
+            assert!(
+                block_on(leasing.check(b"k", &limit, 1))
+                    .unwrap()
+                    .is_allowed()
+            );
+        }
+        // The store has 96 left; the peek is decided at once, then a lease of 4 is taken.
+        let peek = leasing.check(b"k", &limit, 0);
+        clock.advance(gap);
+        let fetch = block_on(leasing.check(b"k", &limit, 1)).unwrap();
+        let peek = block_on(peek).unwrap();
+        assert_eq!(
+            peek.remaining(),
+            96,
+            "{gap:?}: the lease came after the peek"
+        );
+        assert_eq!(fetch.remaining(), 92 + 3, "{gap:?}");
+        let local = block_on(leasing.check(b"k", &limit, 1)).unwrap();
+        assert!(local.is_cached());
+        // What this instant admits: the lease's 2 units and the store's 92.
+        assert_eq!(local.remaining(), 94, "{gap:?}");
+        assert_eq!(
+            local.reset_after(),
+            store.check_now(b"k", &limit, 0).reset_after(),
+            "{gap:?}: the store's reset"
+        );
+    }
+}
+
 #[test]
 fn with_a_denial_cache_an_over_limit_key_costs_almost_nothing() {
     let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
