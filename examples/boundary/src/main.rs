@@ -296,6 +296,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--svg" => path = args.next().ok_or("--svg needs a path")?,
+            "--help" | "-h" => {
+                println!(
+                    "example-boundary: each algorithm at a window's boundary, as a table and a \
+                     chart\n\nUsage: example-boundary [--svg PATH]\n\n  \
+                     --svg PATH  where to write the chart (default boundary.svg)"
+                );
+                return Ok(());
+            }
             other => return Err(format!("unknown argument `{other}` (try --svg PATH)").into()),
         }
     }

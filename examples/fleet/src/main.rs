@@ -311,6 +311,17 @@ fn parse_args() -> Result<Options, String> {
             "--users" => o.users = number("--users", args.next())?,
             "--redis" => o.redis = Some(args.next().ok_or("--redis needs a URL")?),
             "--alone" => o.alone = true,
+            "--help" | "-h" => {
+                println!(
+                    "example-fleet: gateways sharing one limit through a store\n\n\
+                     Usage: example-fleet [--gateways N] [--users N] [--redis URL | --alone]\n\n  \
+                     --gateways N  how many gateways (default 20)\n  \
+                     --users N     how many users spread over them (default 50)\n  \
+                     --redis URL   share the limit through this Redis (default: one memory store)\n  \
+                     --alone       each gateway counts in its own memory"
+                );
+                std::process::exit(0);
+            }
             other => {
                 return Err(format!(
                     "unknown argument `{other}` (expected --gateways N, --users N, --redis URL, --alone)"

@@ -54,6 +54,17 @@ fn parse_args() -> Result<Args, String> {
                 );
             }
             "--check" => parsed.check = true,
+            "--help" | "-h" => {
+                println!(
+                    "example-gateway: an HTTP gateway whose rate limits come from a TOML file\n\n\
+                     Usage: example-gateway [--config PATH] [--listen ADDR] [--check]\n\n  \
+                     --config PATH  the configuration (default {DEFAULT_CONFIG}; \
+                     docs/configuration.md)\n  \
+                     --listen ADDR  the address to serve on (IP:PORT), instead of the file's\n  \
+                     --check        check the configuration, print `ok` and exit"
+                );
+                std::process::exit(0);
+            }
             other => {
                 return Err(format!(
                     "unknown argument `{other}` (expected --config PATH, --listen ADDR, --check)"

@@ -117,6 +117,15 @@ async fn main() -> Result<(), Box<dyn Error>> {
         match arg.as_str() {
             "--demo" => run_demo = true,
             "--listen" => listen = args.next().ok_or("--listen needs an address")?,
+            "--help" | "-h" => {
+                println!(
+                    "example-quickstart: an axum app with a rate limit in memory\n\n\
+                     Usage: example-quickstart [--demo] [--listen ADDR]\n\n  \
+                     --demo         send a few requests to itself and print the answers\n  \
+                     --listen ADDR  serve on ADDR (default {DEFAULT_LISTEN})"
+                );
+                return Ok(());
+            }
             other => {
                 return Err(
                     format!("unknown argument `{other}` (try --demo or --listen ADDR)").into(),
