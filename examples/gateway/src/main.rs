@@ -29,6 +29,8 @@ const DEFAULT_CONFIG: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.toml"
 struct Args {
     config: PathBuf,
     listen: Option<SocketAddr>,
+    /// The Redis server instead of the file's `[store] url` (a `kind = "redis"` store only).
+    redis: Option<String>,
     check: bool,
 }
 
@@ -36,6 +38,7 @@ fn parse_args() -> Result<Args, String> {
     let mut parsed = Args {
         config: PathBuf::from(DEFAULT_CONFIG),
         listen: None,
+        redis: None,
         check: false,
     };
     // `args_os`: a path need not be UTF-8, and `args` would panic on one that is not.
@@ -53,21 +56,32 @@ fn parse_args() -> Result<Args, String> {
                         .map_err(|e| format!("--listen {addr:?}: {e} (expected IP:PORT)"))?,
                 );
             }
+            "--redis" => {
+                let url = args.next().ok_or("--redis needs a URL")?;
+                parsed.redis = Some(
+                    url.into_string()
+                        .map_err(|_| "--redis: the URL is not UTF-8".to_owned())?,
+                );
+            }
             "--check" => parsed.check = true,
             "--help" | "-h" => {
                 println!(
                     "example-gateway: an HTTP gateway whose rate limits come from a TOML file\n\n\
-                     Usage: example-gateway [--config PATH] [--listen ADDR] [--check]\n\n  \
+                     Usage: example-gateway [--config PATH] [--listen ADDR] [--redis URL] \
+                     [--check]\n\n  \
                      --config PATH  the configuration (default {DEFAULT_CONFIG}; \
                      docs/configuration.md)\n  \
                      --listen ADDR  the address to serve on (IP:PORT), instead of the file's\n  \
+                     --redis URL    the Redis server, instead of the file's [store] url \
+                     (a kind = \"redis\" store)\n  \
                      --check        check the configuration, print `ok` and exit"
                 );
                 std::process::exit(0);
             }
             other => {
                 return Err(format!(
-                    "unknown argument `{other}` (expected --config PATH, --listen ADDR, --check)"
+                    "unknown argument `{other}` (expected --config PATH, --listen ADDR, \
+                     --redis URL, --check)"
                 ));
             }
         }
@@ -192,6 +206,17 @@ async fn main() -> ExitCode {
     }
     if let Some(listen) = args.listen {
         config.listen = listen;
+    }
+    if let Some(url) = args.redis {
+        if config.store.kind != StoreKind::Redis {
+            eprintln!(
+                "error: --redis replaces the url of a `kind = \"redis\"` store; the [store] of \
+                 {} is not one (try examples/gateway/gateway-redis.toml)",
+                args.config.display()
+            );
+            return ExitCode::from(2);
+        }
+        config.store.url = Some(url);
     }
     if args.check {
         // A check of the configuration also checks that Redis can be reached.

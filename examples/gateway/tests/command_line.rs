@@ -108,3 +108,47 @@ fn redis_unreachable_at_start_is_status_3_and_refused_credentials_status_2() {
     let (status, err) = with_store(&cluster_of(&format!("redis://127.0.0.1:{port}")));
     assert_eq!(status, Some(3), "{err}");
 }
+
+/// `--redis URL` points a `kind = "redis"` configuration at another server; with any other store
+/// it is a usage error that says so.
+#[test]
+fn redis_from_the_command_line() {
+    let redis_toml = concat!(env!("CARGO_MANIFEST_DIR"), "/gateway-redis.toml");
+    let server = redis_harness::RedisServer::start();
+    let out = gateway(&[
+        OsStr::new("--config"),
+        OsStr::new(redis_toml),
+        OsStr::new("--redis"),
+        OsStr::new(&server.url()),
+        OsStr::new("--check"),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("ok"),
+        "{out:?}"
+    );
+
+    // Nothing listening there: the address named, and status 3, as for the file's own.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = closed.local_addr().unwrap().port();
+    drop(closed);
+    let url = format!("redis://127.0.0.1:{port}");
+    let out = gateway(&[
+        OsStr::new("--config"),
+        OsStr::new(redis_toml),
+        OsStr::new("--redis"),
+        OsStr::new(&url),
+        OsStr::new("--check"),
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains(&url),
+        "{out:?}"
+    );
+
+    // The default configuration keeps its counters in memory.
+    let out = gateway(&[OsStr::new("--redis"), OsStr::new(&server.url())]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--redis replaces the url"), "{err}");
+}
