@@ -505,6 +505,14 @@ impl ShardData {
         self.generations
     }
 
+    /// Starts a new generation of `kid` if it has a record: its cached denials answer no more.
+    fn renew(&mut self, kid: u128) {
+        let generation = self.new_generation();
+        if let Some(k) = self.map.get_mut(&kid).filter(|e| e.kind == Kind::Key) {
+            k.generation = generation;
+        }
+    }
+
     /// Makes room for the entry `id` and the key record `kid`, which are kept, within `cap`
     /// entries: first drops the entries that can answer nothing any more (expired denials,
     /// denials of a past generation, key records without a denial); then, if still too full, the
@@ -649,14 +657,7 @@ impl Table {
     /// A check of the key `kid` that may have been admitted without its answer coming back: the
     /// key's cached denials end, as at an admission.
     fn unanswered(&self, kid: u128) {
-        let mut guard = self.shard(kid).lock();
-        let shard = &mut *guard;
-        if shard.generation_of(kid).is_some() {
-            let generation = shard.new_generation();
-            if let Some(k) = shard.map.get_mut(&kid) {
-                k.generation = generation;
-            }
-        }
+        self.shard(kid).lock().renew(kid);
     }
 
     fn record(&self, r: &Record, d: &Decision) {
@@ -688,10 +689,7 @@ impl Table {
         let shard = &mut *guard;
         let current = shard.generation_of(kid);
         if allowed && current.is_some() {
-            let generation = shard.new_generation();
-            if let Some(k) = shard.map.get_mut(&kid) {
-                k.generation = generation;
-            }
+            shard.renew(kid);
         }
         let Some(mut entry) = entry else { return };
         if current != r.seen {

@@ -625,17 +625,19 @@ impl<S, C> Shared<S, C> {
         self.digest.digest_u128(key, fingerprint, 0)
     }
 
+    /// The shard of the table that holds `id`'s entry.
+    fn shard(&self, id: u128) -> &Mutex<Map> {
+        &self.shards[((id >> 64) as usize) & (self.shards.len() - 1)]
+    }
+
     /// The entry of `id`, if there is one.
     fn existing(&self, id: u128) -> Option<EntryRef> {
-        self.shards[((id >> 64) as usize) & (self.shards.len() - 1)]
-            .lock()
-            .get(&id)
-            .map(Arc::clone)
+        self.shard(id).lock().get(&id).map(Arc::clone)
     }
 
     /// The entry of `id`, made if needed; `None` if the table is full of busy entries.
     fn entry(&self, id: u128, now: u64) -> Option<EntryRef> {
-        let mut shard = self.shards[((id >> 64) as usize) & (self.shards.len() - 1)].lock();
+        let mut shard = self.shard(id).lock();
         if let Some(e) = shard.get(&id) {
             return Some(Arc::clone(e));
         }

@@ -1196,7 +1196,7 @@ impl RedisStoreBuilder {
     }
 
     /// Checks the settings, opens the connections and loads the scripts.
-    pub async fn build(self) -> Result<RedisStore, RedisStoreError> {
+    pub async fn build(mut self) -> Result<RedisStore, RedisStoreError> {
         validate_prefix(&self.prefix)?;
         // The cluster client makes its own connections from the node addresses, and with
         // native-tls it takes no root certificate: refused rather than silently unused.
@@ -1321,7 +1321,7 @@ impl RedisStoreBuilder {
             next: AtomicUsize::new(0),
             generation: AtomicU64::new(0),
             prefix: self.prefix,
-            urls: self.urls.clone().into_boxed_slice(),
+            urls: std::mem::take(&mut self.urls).into_boxed_slice(),
             response_timeout: self.response_timeout,
             epoch: tokio::time::Instant::now(),
             installed_any: tokio::sync::Notify::new(),
@@ -1348,7 +1348,7 @@ impl RedisStoreBuilder {
                 Ok(Ok(())) => {}
                 // A refusal (`NOAUTH`: the server asks a password the URL does not give) is
                 // told as the refused connection it is, naming the URL.
-                Ok(Err(e)) => return Err(RedisStoreError::Redis(e).connecting_to(&self.urls)),
+                Ok(Err(e)) => return Err(RedisStoreError::Redis(e).connecting_to(&inner.urls)),
                 Err(_) => {
                     return Err(RedisStoreError::Timeout {
                         after: self.connect_timeout.max(self.response_timeout),

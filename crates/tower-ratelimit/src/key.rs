@@ -648,13 +648,8 @@ where
     T: KeyPart + Send + Sync + 'static,
 {
     fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
-        match req.extensions().get::<T>() {
-            Some(value) => {
-                value.write_to(key);
-                Ok(())
-            }
-            None => Err(self.missing()),
-        }
+        self.extract_if_any(req, key)
+            .map_err(|NoKey| self.missing())
     }
 
     fn extract_if_any(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
