@@ -347,6 +347,25 @@ pub trait KeyExtractor: Send + Sync + 'static {
     fn extract_if_any(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
         self.extract(req, key)
     }
+
+    /// What a client should send for this extractor to find a key, in a few words that end the
+    /// text of the policy's [`MissingKey`](crate::MissingKey) answer ("No rate-limit key in the
+    /// request (send one non-empty x-api-key header)"). Read once, when the layer is built.
+    ///
+    /// `None`, the default, for a key the client cannot supply by itself (its address, a value
+    /// that an earlier layer of the app puts in the extensions): the answer then names nothing,
+    /// and gives away nothing of the app's setup. [`ApiKeyHeader`] names its header; a tuple
+    /// joins the hints of its parts with "and", [`or`] with "or" (either part's alone if the
+    /// other has none).
+    fn client_hint(&self) -> Option<String> {
+        None
+    }
+}
+
+/// The hints of `parts` that there are, joined with ` {word} `: `None` if there is none.
+fn joined_hints(word: &str, parts: &[Option<String>]) -> Option<String> {
+    let hints: Vec<&str> = parts.iter().filter_map(Option::as_deref).collect();
+    (!hints.is_empty()).then(|| hints.join(&format!(" {word} ")))
 }
 
 impl<F, R> KeyExtractor for F
@@ -384,6 +403,10 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for (A, B) {
         self.0.extract(req, key)?;
         extract_counted(&self.1, req, key)
     }
+
+    fn client_hint(&self) -> Option<String> {
+        joined_hints("and", &[self.0.client_hint(), self.1.client_hint()])
+    }
 }
 
 impl<A: KeyExtractor, B: KeyExtractor, C: KeyExtractor> KeyExtractor for (A, B, C) {
@@ -391,6 +414,15 @@ impl<A: KeyExtractor, B: KeyExtractor, C: KeyExtractor> KeyExtractor for (A, B, 
         self.0.extract(req, key)?;
         extract_counted(&self.1, req, key)?;
         extract_counted(&self.2, req, key)
+    }
+
+    fn client_hint(&self) -> Option<String> {
+        let hints = [
+            self.0.client_hint(),
+            self.1.client_hint(),
+            self.2.client_hint(),
+        ];
+        joined_hints("and", &hints)
     }
 }
 
@@ -450,6 +482,10 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
         self.second.extract(req, key)?;
         key.push_byte(2);
         Ok(())
+    }
+
+    fn client_hint(&self) -> Option<String> {
+        joined_hints("or", &[self.first.client_hint(), self.second.client_hint()])
     }
 }
 
@@ -566,6 +602,10 @@ impl KeyExtractor for ApiKeyHeader {
             }
             _ => Err(NoKey),
         }
+    }
+
+    fn client_hint(&self) -> Option<String> {
+        Some(format!("one non-empty {} header", self.name))
     }
 }
 

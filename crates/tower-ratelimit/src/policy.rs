@@ -76,7 +76,9 @@ pub(crate) type TierFn = Arc<dyn for<'a> Fn(&'a RequestHead<'_>) -> Option<&'a s
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MissingKey {
-    /// Reject the request with this status (400 by default) and a plain-text body;
+    /// Reject the request with this status (400 by default) and a plain-text body (`No
+    /// rate-limit key in the request`, followed by what to send if the key's extractor says:
+    /// see [`KeyExtractor::client_hint`]);
     /// counted as `outcome="no_key"`. Not 401, 405, 407 or 426, which HTTP requires to carry a
     /// header of their own (for 401 see [`Unauthorized`](MissingKey::Unauthorized)).
     Reject(StatusCode),

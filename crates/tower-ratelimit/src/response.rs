@@ -696,14 +696,80 @@ impl Prepared {
 }
 
 /// How a policy's 429s get their bodies (the problem bodies are computed once per quota, in
-/// [`Prepared`]).
+/// [`Prepared`]), and its own error answers theirs.
 #[derive(Debug)]
 pub(crate) struct Bodies {
     kind: DenialBody,
-    /// Under [`DenialBody::ProblemJson`], the bodies of the layer's own error answers (status,
-    /// text, problem), made once: a fail-closed route answers every request with one while the
-    /// store is down.
-    problems: Box<[(StatusCode, &'static str, Bytes)]>,
+    /// The layer's own error answers, by [`Own`], made once: a fail-closed route answers every
+    /// request with one while the store is down.
+    own: [OwnAnswer; 2],
+}
+
+/// One of the layer's own error answers (see [`Bodies::error`]).
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Own {
+    /// No key in the request, under `MissingKey::Reject` or `MissingKey::Unauthorized`.
+    NoKey = 0,
+    /// The store cannot decide, under `FailurePolicy::FailClosed`.
+    FailClosed = 1,
+}
+
+/// An error answer of the layer's own, in each form it can take.
+#[derive(Debug)]
+struct OwnAnswer {
+    status: StatusCode,
+    /// The plain-text body.
+    text: Bytes,
+    /// Under [`DenialBody::ProblemJson`], the `about:blank` problem (else empty).
+    problem: Bytes,
+    /// The text as gRPC's `grpc-message`.
+    grpc_message: HeaderValue,
+}
+
+impl OwnAnswer {
+    fn new(kind: &DenialBody, status: StatusCode, text: String) -> OwnAnswer {
+        let problem = match kind {
+            DenialBody::ProblemJson => about_blank(status, &text),
+            _ => Bytes::new(),
+        };
+        OwnAnswer {
+            status,
+            grpc_message: grpc_message(text.trim_end()),
+            text: Bytes::from(text),
+            problem,
+        }
+    }
+}
+
+/// `text` as a `grpc-message` value: percent-encoded UTF-8, as gRPC asks (every byte outside
+/// printable ASCII, and `%`).
+fn grpc_message(text: &str) -> HeaderValue {
+    let mut out = String::with_capacity(text.len());
+    for b in text.bytes() {
+        if (0x20..0x7f).contains(&b) && b != b'%' {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    // Printable ASCII only: always a valid header value.
+    HeaderValue::try_from(out).unwrap_or(HeaderValue::from_static(""))
+}
+
+/// `s` as a JSON string, quotes included.
+fn push_json_string(out: &mut String, s: &str) {
+    out.push('"');
+    for c in s.chars() {
+        match c {
+            '"' => out.push_str("\\\""),
+            '\\' => out.push_str("\\\\"),
+            c if u32::from(c) < 0x20 || c == '\u{7f}' => {
+                out.push_str(&format!("\\u{:04x}", u32::from(c)));
+            }
+            c => out.push(c),
+        }
+    }
+    out.push('"');
 }
 
 /// The draft's quota-exceeded problem, naming the quota-policy items `items` (as in
@@ -736,10 +802,14 @@ fn about_blank(status: StatusCode, text: &str) -> Bytes {
         .strip_prefix(title)
         .and_then(|rest| rest.strip_prefix(": "))
         .unwrap_or(text);
-    Bytes::from(format!(
-        "{{\"type\":\"about:blank\",\"title\":\"{title}\",\"status\":{},\"detail\":\"{detail}\"}}",
+    // The title is a status phrase (plain words); the detail may name a header.
+    let mut json = format!(
+        "{{\"type\":\"about:blank\",\"title\":\"{title}\",\"status\":{},\"detail\":",
         status.as_u16()
-    ))
+    );
+    push_json_string(&mut json, detail);
+    json.push('}');
+    Bytes::from(json)
 }
 
 const PLAIN_429: &str = "Too Many Requests\n";
@@ -747,6 +817,9 @@ const PLAIN_429: &str = "Too Many Requests\n";
 const NEVER_DETAIL: &str = "this request costs more than the limit can ever admit at once";
 const PLAIN_NEVER: &str =
     "Too Many Requests: this request costs more than the limit can ever admit at once\n";
+const GRPC_NEVER: HeaderValue = HeaderValue::from_static(
+    "Too Many Requests: this request costs more than the limit can ever admit at once",
+);
 const TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");
@@ -755,17 +828,15 @@ const GRPC_RETRY_PUSHBACK_MS: http::HeaderName =
     http::HeaderName::from_static("grpc-retry-pushback-ms");
 
 impl Bodies {
-    /// Bodies of `kind`; `errors`: the (status, text) of the layer's own error answers, whose
-    /// problem bodies are made here under [`DenialBody::ProblemJson`].
-    pub(crate) fn new(kind: DenialBody, errors: &[(StatusCode, &'static str)]) -> Bodies {
-        let problems = match kind {
-            DenialBody::ProblemJson => errors
-                .iter()
-                .map(|&(status, text)| (status, text, about_blank(status, text)))
-                .collect(),
-            _ => Box::default(),
-        };
-        Bodies { kind, problems }
+    /// Bodies of `kind`, with the (status, text) of the layer's own error answers: `no_key`
+    /// ([`Own::NoKey`]) and `fail_closed` ([`Own::FailClosed`]).
+    pub(crate) fn new(
+        kind: DenialBody,
+        no_key: (StatusCode, String),
+        fail_closed: (StatusCode, String),
+    ) -> Bodies {
+        let own = [no_key, fail_closed].map(|(status, text)| OwnAnswer::new(&kind, status, text));
+        Bodies { kind, own }
     }
 
     /// The 429 for `d`, with `Retry-After` and the fields of `mode`; under [`DenialBody::Grpc`],
@@ -832,9 +903,9 @@ impl Bodies {
             };
             res.extensions_mut().insert(GrpcForm {
                 message: if never {
-                    PLAIN_NEVER.trim_end()
+                    GRPC_NEVER
                 } else {
-                    "Too Many Requests"
+                    HeaderValue::from_static("Too Many Requests")
                 },
                 pushback,
             });
@@ -857,27 +928,26 @@ impl Bodies {
 }
 
 impl Bodies {
-    /// An error answer of the layer's own (missing key, fail closed): plain text with `status`,
-    /// or, under [`DenialBody::Grpc`], the gRPC status that stands for it.
+    /// An error answer of the layer's own (missing key, fail closed): plain text with its
+    /// status, or, under [`DenialBody::Grpc`], the gRPC status that stands for it.
     ///
     /// Under [`DenialBody::ProblemJson`], an `application/problem+json` body of type
-    /// `about:blank`, titled with the status's phrase, with `text` (less that phrase, if it
-    /// starts with it) as its detail (plain ASCII, no quote or backslash: JSON as it is).
-    pub(crate) fn error(
-        &self,
-        status: StatusCode,
-        text: &'static str,
-        retry_after: Option<Duration>,
-    ) -> Response<Bytes> {
-        let mut res = plain(status, text, retry_after.map(retry_after_secs));
+    /// `about:blank`, titled with the status's phrase, with the text (less that phrase, if it
+    /// starts with it) as its detail.
+    pub(crate) fn error(&self, which: Own, retry_after: Option<Duration>) -> Response<Bytes> {
+        let own = &self.own[which as usize];
+        let mut res = plain(
+            own.status,
+            own.text.clone(),
+            retry_after.map(retry_after_secs),
+        );
         if matches!(self.kind, DenialBody::ProblemJson) {
-            let made = self.problems.iter().find(|p| p.0 == status && p.1 == text);
-            *res.body_mut() = made.map_or_else(|| about_blank(status, text), |p| p.2.clone());
+            *res.body_mut() = own.problem.clone();
             res.headers_mut().insert(CONTENT_TYPE, PROBLEM_JSON);
         }
         if matches!(self.kind, DenialBody::Grpc) {
             res.extensions_mut().insert(GrpcForm {
-                message: text.trim_end(),
+                message: own.grpc_message.clone(),
                 // Without a wait (a missing key), a retry would meet the same answer.
                 pushback: retry_after.map_or(Pushback::Never, Pushback::After),
             });
@@ -906,7 +976,7 @@ impl Bodies {
         headers.insert(CONTENT_TYPE, content_type.clone());
         headers.remove(CONTENT_LENGTH);
         headers.insert(GRPC_STATUS, HeaderValue::from_static(code));
-        headers.insert(GRPC_MESSAGE, HeaderValue::from_static(form.message));
+        headers.insert(GRPC_MESSAGE, form.message);
         match form.pushback {
             Pushback::After(wait) => {
                 let ms = wait.as_micros().div_ceil(1_000).max(1);
@@ -925,8 +995,8 @@ impl Bodies {
 /// How an answer of the layer's own is said to a gRPC call (see [`Bodies::for_request`]).
 #[derive(Clone)]
 struct GrpcForm {
-    /// `grpc-message`: ASCII text without `%`, sent as it is.
-    message: &'static str,
+    /// `grpc-message`, percent-encoded already.
+    message: HeaderValue,
     pushback: Pushback,
 }
 
@@ -972,12 +1042,8 @@ fn grpc_code(status: StatusCode) -> &'static str {
 }
 
 /// A plain-text error response (missing key, fail closed).
-pub(crate) fn plain(
-    status: StatusCode,
-    text: &'static str,
-    retry_after: Option<u64>,
-) -> Response<Bytes> {
-    let mut r = Response::new(Bytes::from_static(text.as_bytes()));
+pub(crate) fn plain(status: StatusCode, text: Bytes, retry_after: Option<u64>) -> Response<Bytes> {
+    let mut r = Response::new(text);
     *r.status_mut() = status;
     r.headers_mut().insert(CONTENT_TYPE, TEXT_PLAIN);
     if let Some(secs) = retry_after {
@@ -992,27 +1058,62 @@ mod tests {
     use ratelimit_core::{Algorithm, Outcome, Quota};
 
     /// The problem bodies of the layer's own error answers are made once: each answer shares
-    /// them (a fail-closed route answers every request so while the store is down), and say what
-    /// a body made for the answer would.
+    /// them (a fail-closed route answers every request so while the store is down). Both answers
+    /// may have one status (a missing key answered with 503) and still keep their own texts.
     #[test]
     fn error_problems_are_made_once() {
-        const TEXT: &str = "Service Unavailable: the store is away\n";
         let status = StatusCode::SERVICE_UNAVAILABLE;
-        let bodies = Bodies::new(DenialBody::ProblemJson, &[(status, TEXT)]);
-        let a = bodies.error(status, TEXT, None);
-        let b = bodies.error(status, TEXT, None);
+        let bodies = Bodies::new(
+            DenialBody::ProblemJson,
+            (status, "Service Unavailable: no key here\n".to_owned()),
+            (
+                status,
+                "Service Unavailable: the store is away\n".to_owned(),
+            ),
+        );
+        let a = bodies.error(Own::FailClosed, None);
+        let b = bodies.error(Own::FailClosed, None);
         assert_eq!(a.body().as_ptr(), b.body().as_ptr(), "one body, shared");
-        assert_eq!(a.body(), &about_blank(status, TEXT));
         assert_eq!(
             &a.body()[..],
             b"{\"type\":\"about:blank\",\"title\":\"Service Unavailable\",\"status\":503,\
               \"detail\":\"the store is away\"}"
         );
-        // An answer not listed is made on the spot, the same way.
-        let other = bodies.error(StatusCode::BAD_REQUEST, "Bad Request: no key\n", None);
+        let no_key = bodies.error(Own::NoKey, None);
+        assert_eq!(no_key.status(), status);
         assert_eq!(
-            other.body(),
-            &about_blank(StatusCode::BAD_REQUEST, "no key")
+            &no_key.body()[..],
+            b"{\"type\":\"about:blank\",\"title\":\"Service Unavailable\",\"status\":503,\
+              \"detail\":\"no key here\"}"
+        );
+    }
+
+    /// A text with quotes, backslashes, control characters and non-ASCII (a key extractor's
+    /// hint is anyone's text) stays valid JSON in a problem and a valid `grpc-message`.
+    #[test]
+    fn error_texts_are_escaped_for_json_and_grpc() {
+        let text = "Bad Request: send \"x\\y\"\tor caf\u{e9} 100%\n";
+        let status = StatusCode::BAD_REQUEST;
+        let json = Bodies::new(
+            DenialBody::ProblemJson,
+            (status, text.to_owned()),
+            (status, String::new()),
+        );
+        assert_eq!(
+            std::str::from_utf8(json.error(Own::NoKey, None).body()).unwrap(),
+            "{\"type\":\"about:blank\",\"title\":\"Bad Request\",\"status\":400,\
+             \"detail\":\"send \\\"x\\\\y\\\"\\u0009or caf\u{e9} 100%\"}"
+        );
+        let plain = Bodies::new(
+            DenialBody::PlainText,
+            (status, text.to_owned()),
+            (status, String::new()),
+        );
+        let res = plain.error(Own::NoKey, None);
+        assert_eq!(&res.body()[..], text.as_bytes(), "plain text as it is");
+        assert_eq!(
+            grpc_message(text.trim_end()),
+            "Bad Request: send \"x\\y\"%09or caf%C3%A9 100%25"
         );
     }
 

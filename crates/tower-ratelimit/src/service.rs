@@ -26,7 +26,7 @@ use crate::future::ResponseFuture;
 use crate::key::KeyBuf;
 use crate::metrics::{FailureKind, Metrics};
 use crate::policy::{MissingKey, Policy};
-use crate::response::{Bodies, Prepared, Verdict, VerdictKind};
+use crate::response::{Bodies, Own, Prepared, Verdict, VerdictKind};
 use crate::{FailurePolicy, RateLimitLayer, RequestHead};
 
 /// Middleware that limits requests by a [`Policy`] over a [`Store`].
@@ -204,7 +204,7 @@ impl Rt {
         let mut shared_prefix = name.as_bytes().to_vec();
         shared_prefix.push(1);
         Ok(Rt {
-            bodies: Bodies::new(policy.body.clone(), &error_answers(&policy)),
+            bodies: bodies(&policy),
             metrics: Metrics::new(&name),
             tiers: tiers.into_boxed_slice(),
             key_start,
@@ -432,7 +432,7 @@ impl<St: Store> Shared<St> {
     #[inline(never)]
     fn missing_key<W>(&self, tier: usize, key: &mut KeyBuf) -> Option<Step<W>> {
         let rt = &self.rt;
-        let (status, challenge, text) = match &rt.policy.missing_key {
+        let challenge = match &rt.policy.missing_key {
             MissingKey::SharedKey(shared_key) => {
                 key.truncate(0);
                 key.push(&rt.shared_prefix);
@@ -442,13 +442,11 @@ impl<St: Store> Shared<St> {
             _ if rt.policy.dry_run => {
                 return Some(self.forward(VerdictKind::ShadowDenied, None, tier));
             }
-            MissingKey::Reject(status) => (*status, None, NO_KEY_TEXT),
-            MissingKey::Unauthorized(challenge) => {
-                (StatusCode::UNAUTHORIZED, Some(challenge), UNAUTHORIZED_TEXT)
-            }
+            MissingKey::Reject(_) => None,
+            MissingKey::Unauthorized(challenge) => Some(challenge),
         };
         tracing::debug!(policy = %rt.name, "no rate-limit key in request");
-        let mut response = rt.bodies.error(status, text, None);
+        let mut response = rt.bodies.error(Own::NoKey, None);
         if let Some(challenge) = challenge {
             response
                 .headers_mut()
@@ -475,11 +473,7 @@ impl<St: Store> Shared<St> {
                 self.forward(VerdictKind::ShadowDenied, None, tier)
             }
             FailurePolicy::FailClosed { retry_after } => {
-                let response = rt.bodies.error(
-                    StatusCode::SERVICE_UNAVAILABLE,
-                    FAIL_CLOSED_TEXT,
-                    Some(retry_after),
-                );
+                let response = rt.bodies.error(Own::FailClosed, Some(retry_after));
                 self.respond(VerdictKind::FailedClosed, None, response)
             }
             FailurePolicy::Fallback { .. } => {
@@ -865,16 +859,26 @@ const UNAUTHORIZED_TEXT: &str = "Unauthorized: this request needs credentials\n"
 /// A fail-closed policy's answer while the store cannot decide.
 const FAIL_CLOSED_TEXT: &str = "Service Unavailable: the rate limiter cannot decide\n";
 
-/// The (status, text) of every error answer of the layer's own that `policy` can give.
-fn error_answers(policy: &Policy) -> Vec<(StatusCode, &'static str)> {
-    let missing = match &policy.missing_key {
-        MissingKey::Reject(status) => Some((*status, NO_KEY_TEXT)),
-        MissingKey::Unauthorized(_) => Some((StatusCode::UNAUTHORIZED, UNAUTHORIZED_TEXT)),
-        MissingKey::SharedKey(_) => None,
+/// The bodies of `policy`'s answers: its 429s and its own error answers.
+fn bodies(policy: &Policy) -> Bodies {
+    // The missing key's text says what to send, if the key's extractor knows (an API-key
+    // header's name, not the app's setup).
+    let hint = policy.key.client_hint();
+    let no_key = match &policy.missing_key {
+        MissingKey::Unauthorized(_) => (StatusCode::UNAUTHORIZED, UNAUTHORIZED_TEXT),
+        MissingKey::Reject(status) => (*status, NO_KEY_TEXT),
+        // Never answered.
+        MissingKey::SharedKey(_) => (StatusCode::BAD_REQUEST, NO_KEY_TEXT),
     };
-    let closed = matches!(policy.failure, FailurePolicy::FailClosed { .. })
-        .then_some((StatusCode::SERVICE_UNAVAILABLE, FAIL_CLOSED_TEXT));
-    missing.into_iter().chain(closed).collect()
+    let no_key_text = match hint {
+        Some(hint) => format!("{} (send {hint})\n", no_key.1.trim_end()),
+        None => no_key.1.to_owned(),
+    };
+    Bodies::new(
+        policy.body.clone(),
+        (no_key.0, no_key_text),
+        (StatusCode::SERVICE_UNAVAILABLE, FAIL_CLOSED_TEXT.to_owned()),
+    )
 }
 
 /// A check's circuit not looked up yet (the breaker was clean: see `Shared::next`).

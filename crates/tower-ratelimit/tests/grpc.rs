@@ -189,12 +189,12 @@ async fn failing_closed_and_missing_keys_are_grpc_statuses_too() {
         (
             MissingKey::reject(400).unwrap(),
             Code::InvalidArgument,
-            "No rate-limit key in the request",
+            "No rate-limit key in the request (send one non-empty x-api-key header)",
         ),
         (
             MissingKey::unauthorized("Bearer").unwrap(),
             Code::Unauthenticated,
-            "Unauthorized: this request needs credentials",
+            "Unauthorized: this request needs credentials (send one non-empty x-api-key header)",
         ),
     ] {
         let keyed = Policy::new("keyed", limit())

@@ -96,7 +96,51 @@ async fn a_missing_key_gets_400_by_default_never_500() {
         res.extensions().get::<Verdict>().unwrap().kind(),
         VerdictKind::NoKey
     );
-    assert_eq!(body_text(res).await, "No rate-limit key in the request\n");
+    // The answer says what to send: the header's name, nothing of the app's setup.
+    assert_eq!(
+        body_text(res).await,
+        "No rate-limit key in the request (send one non-empty x-api-key header)\n"
+    );
+}
+
+/// The missing-key answer names what the client can send, joined over the key's parts, and
+/// nothing the client cannot send itself (an extension an earlier layer sets, its address).
+#[tokio::test]
+async fn a_missing_key_answer_names_only_what_a_client_can_send() {
+    #[derive(Clone)]
+    struct UserId(u64);
+    impl KeyPart for UserId {
+        fn write_to(&self, key: &mut KeyBuf) {
+            self.0.write_to(key)
+        }
+    }
+    async fn text(key: impl KeyExtractor) -> String {
+        let (_clock, store) = store();
+        let policy = Policy::new("api", two_a_minute()).unwrap().key(key);
+        body_text(send(&app(store, policy), request("/")).await).await
+    }
+    let header = |name: &str| ApiKeyHeader::new(name).unwrap();
+    assert_eq!(
+        text((RouteKey::new(), header("x-api-key"))).await,
+        "No rate-limit key in the request (send one non-empty x-api-key header)\n"
+    );
+    assert_eq!(
+        text(key::or(header("x-api-key"), header("x-tenant"))).await,
+        "No rate-limit key in the request (send one non-empty x-api-key header or one \
+         non-empty x-tenant header)\n"
+    );
+    assert_eq!(
+        text((header("x-api-key"), RouteKey::new(), header("x-tenant"))).await,
+        "No rate-limit key in the request (send one non-empty x-api-key header and one \
+         non-empty x-tenant header)\n"
+    );
+    // (Asked directly: a request without the extension would log this file's warning, which
+    // another test counts.)
+    assert_eq!(ExtensionKey::<UserId>::new().client_hint(), None);
+    assert_eq!(PeerIp::new().client_hint(), None);
+    let closure =
+        |req: &RequestHead<'_>| req.headers().get("x-user").map(|v| v.as_bytes().to_vec());
+    assert_eq!(text(closure).await, "No rate-limit key in the request\n");
 }
 
 #[tokio::test]
@@ -155,7 +199,7 @@ async fn a_missing_key_can_get_a_401_with_its_challenge() {
     // About the credentials the client lacks, not about the rate limiter.
     assert_eq!(
         body_text(res).await,
-        "Unauthorized: this request needs credentials\n"
+        "Unauthorized: this request needs credentials (send one non-empty x-api-key header)\n"
     );
     let refused = [
         MissingKey::Reject(StatusCode::UNAUTHORIZED),
