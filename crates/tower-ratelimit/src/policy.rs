@@ -69,8 +69,42 @@ pub const MAX_NAME_LEN: usize = 64;
 pub(crate) type CostFn = Arc<dyn Fn(&RequestHead<'_>) -> u64 + Send + Sync>;
 pub(crate) type AllowFn = Arc<dyn Fn(&RequestHead<'_>) -> bool + Send + Sync>;
 /// A tier resolver: the name it returns may borrow from the request (a plan's name in an
-/// extension), not only be `'static`.
-pub(crate) type TierFn = Arc<dyn for<'a> Fn(&'a RequestHead<'_>) -> Option<&'a str> + Send + Sync>;
+/// extension) or from the resolver itself (a table of its own), not only be `'static`.
+pub(crate) type TierFn = Arc<dyn ResolveTier>;
+
+/// A tier resolver, whichever of [`Policy::resolve_tier`] and [`Policy::resolve_tier_with`] set
+/// it: one lifetime for itself and the request, so that its answer may borrow from either.
+pub(crate) trait ResolveTier: Send + Sync {
+    fn resolve<'a>(&'a self, req: &'a RequestHead<'_>) -> Option<&'a str>;
+}
+
+/// A resolver of [`Policy::resolve_tier`]: the request alone.
+struct FromRequest<F>(F);
+
+impl<F> ResolveTier for FromRequest<F>
+where
+    F: for<'a> Fn(&'a RequestHead<'_>) -> Option<&'a str> + Send + Sync,
+{
+    fn resolve<'a>(&'a self, req: &'a RequestHead<'_>) -> Option<&'a str> {
+        (self.0)(req)
+    }
+}
+
+/// A resolver of [`Policy::resolve_tier_with`]: its state and the request.
+struct WithState<T, F> {
+    state: T,
+    resolve: F,
+}
+
+impl<T, F> ResolveTier for WithState<T, F>
+where
+    T: Send + Sync,
+    F: for<'a> Fn(&'a T, &'a RequestHead<'_>) -> Option<&'a str> + Send + Sync,
+{
+    fn resolve<'a>(&'a self, req: &'a RequestHead<'_>) -> Option<&'a str> {
+        (self.resolve)(&self.state, req)
+    }
+}
 
 /// What to answer when the key extractor finds no key.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -304,8 +338,9 @@ impl Policy {
     ///
     /// The name returned may be a literal (`Some("pro")`) or borrowed from the request: a plan
     /// name known only at run time, kept in an extension by an authentication layer, needs no
-    /// `'static` copy. (It cannot borrow from the closure's own captured state, which a `Fn`
-    /// closure cannot return; look such names up in the request, or return literals.)
+    /// `'static` copy. To look names up in a table of your own (API key to plan), use
+    /// [`resolve_tier_with`](Policy::resolve_tier_with), whose answer may borrow from the table:
+    /// a closure cannot return a borrow of what it captured.
     ///
     /// ```
     /// use ratelimit_core::{Algorithm, Limit, Quota};
@@ -327,7 +362,36 @@ impl Policy {
         mut self,
         resolve: impl for<'a> Fn(&'a RequestHead<'_>) -> Option<&'a str> + Send + Sync + 'static,
     ) -> Self {
-        self.resolve_tier = Some(Arc::new(resolve));
+        self.resolve_tier = Some(Arc::new(FromRequest(resolve)));
+        self
+    }
+
+    /// [`resolve_tier`](Policy::resolve_tier) with a state of its own that `resolve` is lent
+    /// with each request, so that the name it returns may borrow from either: a table from API
+    /// key to plan, loaded at start-up, with no `'static` copy of its names.
+    ///
+    /// ```
+    /// use std::collections::HashMap;
+    /// use ratelimit_core::{Algorithm, Limit, Quota};
+    /// use tower_ratelimit::Policy;
+    ///
+    /// let plans: HashMap<String, String> =
+    ///     [("key-of-acme".to_owned(), "pro".to_owned())].into_iter().collect();
+    /// let policy = Policy::new("api", Limit::single(Algorithm::Gcra, Quota::per_minute(60)?)?)?
+    ///     .tier("pro", Limit::single(Algorithm::Gcra, Quota::per_minute(6_000)?)?)?
+    ///     .resolve_tier_with(plans, |plans, req| {
+    ///         let key = req.headers().get("x-api-key")?.to_str().ok()?;
+    ///         plans.get(key).map(String::as_str)
+    ///     });
+    /// # let _ = policy;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn resolve_tier_with<T: Send + Sync + 'static>(
+        mut self,
+        state: T,
+        resolve: impl for<'a> Fn(&'a T, &'a RequestHead<'_>) -> Option<&'a str> + Send + Sync + 'static,
+    ) -> Self {
+        self.resolve_tier = Some(Arc::new(WithState { state, resolve }));
         self
     }
 

@@ -226,7 +226,7 @@ impl Rt {
     }
 
     fn resolved_tier(&self, resolve: &crate::policy::TierFn, req: &RequestHead<'_>) -> usize {
-        match resolve(req) {
+        match resolve.resolve(req) {
             Some(wanted) => match self
                 .tiers
                 .iter()

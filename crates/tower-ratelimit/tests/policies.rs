@@ -337,6 +337,53 @@ async fn a_tier_name_borrowed_from_an_extension() {
     assert_eq!(statuses(&app, || request("/"), 2).await, [200, 429]);
 }
 
+/// A table of the app's own, from API key to plan, loaded at run time: `resolve_tier_with`
+/// lends it to the resolver with each request, and the name returned borrows from it.
+#[tokio::test]
+async fn a_tier_name_borrowed_from_the_resolvers_own_table() {
+    let (_clock, store) = store();
+    // Names made at run time, as read from a file or a database.
+    let plans: std::collections::HashMap<Vec<u8>, String> = [
+        (b"key-a".to_vec(), ["p", "ro"].concat()),
+        (b"key-b".to_vec(), ["ent", "erprise"].concat()),
+    ]
+    .into_iter()
+    .collect();
+    let policy = Policy::new("tiered", per_minute(1))
+        .unwrap()
+        .key(ApiKeyHeader::new("x-api-key").unwrap())
+        .tier("pro", per_minute(3))
+        .unwrap()
+        .tier("enterprise", per_minute(5))
+        .unwrap()
+        .resolve_tier_with(plans, |plans, req| {
+            let key = req.headers().get("x-api-key")?;
+            plans.get(key.as_bytes()).map(String::as_str)
+        });
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(store, policy).unwrap());
+    let with_key = |key: &'static str| {
+        move || {
+            let mut r = request("/");
+            r.headers_mut().insert("x-api-key", key.parse().unwrap());
+            r
+        }
+    };
+    let res = send(&app, with_key("key-a")()).await;
+    assert_eq!(
+        header(&res, "ratelimit-policy"),
+        Some("\"tiered\";q=3;w=60")
+    );
+    assert_eq!(statuses(&app, with_key("key-a"), 3).await, [200, 200, 429]);
+    assert_eq!(
+        statuses(&app, with_key("key-b"), 6).await,
+        [200, 200, 200, 200, 200, 429]
+    );
+    // A key not in the table: the policy's own limit.
+    assert_eq!(statuses(&app, with_key("key-c"), 2).await, [200, 429]);
+}
+
 /// A tier name the policy does not have (a resolver's typo) gets the policy's own limit, as
 /// documented, and a warning the first time, since nothing else would say so.
 #[tokio::test]

@@ -14,7 +14,7 @@
 pub mod config;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
@@ -395,32 +395,17 @@ fn policy(config: &Config, i: usize) -> Result<Policy, ConfigError> {
         ));
     };
     // API key -> tier, for the tiers this route has.
-    let tiers: HashMap<Vec<u8>, &'static str> = config
+    let tiers: HashMap<Vec<u8>, String> = config
         .api_keys
         .iter()
         .filter(|(_, tier)| route.policy.tiers.iter().any(|t| t.name == **tier))
-        .map(|(key, tier)| (key.as_bytes().to_vec(), intern(tier)))
+        .map(|(key, tier)| (key.as_bytes().to_vec(), tier.clone()))
         .collect();
     let header = axum::http::HeaderName::from_bytes(name.as_bytes())
         .map_err(|e| ConfigError::new(format!("{at}.key.name"), e))?;
-    Ok(policy.resolve_tier(move |req| {
+    // The names borrow from the table, which the policy keeps and lends with each request.
+    Ok(policy.resolve_tier_with(tiers, move |tiers, req| {
         let key = req.headers().get(&header)?;
-        tiers.get(key.as_bytes()).copied()
+        tiers.get(key.as_bytes()).map(String::as_str)
     }))
-}
-
-/// A `'static` copy of a tier name. `Policy::resolve_tier` may return a name borrowed from the
-/// request (a plan's name in an extension), but here the name is found in the resolver's own
-/// map, keyed by the API key, and a `Fn` closure cannot lend out what it captured. These names
-/// come from a file: each distinct name is leaked once and reused, so rebuilding the app (in
-/// tests, in the fleet) does not leak again.
-fn intern(name: &str) -> &'static str {
-    static NAMES: OnceLock<Mutex<HashMap<String, &'static str>>> = OnceLock::new();
-    let mut names = NAMES
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    names
-        .entry(name.to_owned())
-        .or_insert_with(|| Box::leak(name.to_owned().into_boxed_str()))
 }
