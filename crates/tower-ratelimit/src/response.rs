@@ -656,14 +656,17 @@ impl Prepared {
         }
     }
 
-    /// Whether a field line of the inner service's names an item as this policy does.
+    /// Whether a field line of the inner service's names an item as this policy does: an item
+    /// of the list (not text within a string: `"a\"up";` names `a"up`, not `up`) that starts
+    /// with one of this policy's item names.
     #[cold]
     fn names_an_item(&self, value: &HeaderValue) -> bool {
         let value = value.as_bytes();
-        self.items.iter().any(|item| {
-            // `"name";r=` up to and including the `;`: the item's name as a whole.
-            let name = &item[..item.len() - 2];
-            value.windows(name.len()).any(|w| w == name)
+        item_starts(value).any(|start| {
+            self.items.iter().any(|item| {
+                // `"name";r=` up to and including the `;`: the item's name as a whole.
+                value[start..].starts_with(&item[..item.len() - 2])
+            })
         })
     }
 
@@ -693,6 +696,36 @@ impl Prepared {
             }
         }
     }
+}
+
+/// Where the items of a structured-field list (RFC 9651) start in `value`: at its start and after
+/// each comma outside a string, past the whitespace. Tolerant: a malformed value (an unclosed
+/// string) only has fewer starts.
+fn item_starts(value: &[u8]) -> impl Iterator<Item = usize> + '_ {
+    let mut in_string = false;
+    let mut escaped = false;
+    let mut at_start = true;
+    value.iter().enumerate().filter_map(move |(i, &b)| {
+        if in_string {
+            match b {
+                _ if escaped => escaped = false,
+                b'\\' => escaped = true,
+                b'"' => in_string = false,
+                _ => {}
+            }
+            return None;
+        }
+        let start = at_start && b != b' ' && b != b'\t';
+        if start {
+            at_start = false;
+        }
+        match b {
+            b'"' => in_string = true,
+            b',' => at_start = true,
+            _ => {}
+        }
+        start.then_some(i)
+    })
 }
 
 /// How a policy's 429s get their bodies (the problem bodies are computed once per quota, in
@@ -1001,13 +1034,25 @@ struct GrpcForm {
 }
 
 /// Whether a request is a gRPC call (`content-type: application/grpc`, `application/grpc+proto`,
-/// `application/grpc-web`...): only those are answered with a gRPC status.
+/// `application/grpc-web`, `application/grpc-web-text+proto`, with parameters or not): only those
+/// are answered with a gRPC status. Another type that starts the same (`application/grpcx`) is
+/// not one: its client would read the gRPC form's HTTP 200 as a success.
 fn is_grpc(content_type: &HeaderValue) -> bool {
     const GRPC: &[u8] = b"application/grpc";
-    content_type
-        .as_bytes()
-        .get(..GRPC.len())
-        .is_some_and(|start| start.eq_ignore_ascii_case(GRPC))
+    let Some(rest) = strip_prefix_ignore_case(content_type.as_bytes(), GRPC) else {
+        return false;
+    };
+    let rest = match strip_prefix_ignore_case(rest, b"-web") {
+        Some(web) => strip_prefix_ignore_case(web, b"-text").unwrap_or(web),
+        None => rest,
+    };
+    matches!(rest.first(), None | Some(b'+' | b';' | b' ' | b'\t'))
+}
+
+/// `value` less `prefix`, if it starts with it in any case.
+fn strip_prefix_ignore_case<'a>(value: &'a [u8], prefix: &[u8]) -> Option<&'a [u8]> {
+    let (start, rest) = value.split_at_checked(prefix.len())?;
+    start.eq_ignore_ascii_case(prefix).then_some(rest)
 }
 
 /// What `grpc-retry-pushback-ms` tells a client's retry policy. A wait beyond what grpc-java
@@ -1115,6 +1160,57 @@ mod tests {
             grpc_message(text.trim_end()),
             "Bad Request: send \"x\\y\"%09or caf%C3%A9 100%25"
         );
+    }
+
+    /// gRPC's content types, with and without a subtype or parameters, in any case; not a type
+    /// that only starts the same.
+    #[test]
+    fn grpc_calls_are_told_by_their_content_type() {
+        for grpc in [
+            "application/grpc",
+            "application/grpc+proto",
+            "Application/GRPC+json",
+            "application/grpc; charset=utf-8",
+            "application/grpc-web",
+            "application/grpc-web+proto",
+            "application/grpc-web-text",
+            "application/grpc-web-text+proto",
+        ] {
+            assert!(is_grpc(&HeaderValue::from_static(grpc)), "{grpc}");
+        }
+        for other in [
+            "application/grpcx",
+            "application/grpc-webx",
+            "application/grpc-text",
+            "application/grpc_web",
+            "application/json",
+            "application/grp",
+            "",
+        ] {
+            assert!(!is_grpc(&HeaderValue::from_static(other)), "{other}");
+        }
+    }
+
+    /// An inner service's item names this policy only as an item of the list, not as text
+    /// inside another item's string or parameter.
+    #[test]
+    fn an_item_is_named_only_as_an_item_of_the_list() {
+        let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(10).unwrap()).unwrap();
+        let p = Prepared::new("up", &limit);
+        let names = |v: &'static str| p.names_an_item(&HeaderValue::from_static(v));
+        assert!(names("\"up\";r=1;t=2"));
+        assert!(names("\"inner\";r=1;t=2, \"up\";r=3;t=4"));
+        assert!(names("\"inner\";r=1;t=2,\t\"up\";q=3;w=4"));
+        assert!(
+            !names("\"a\\\"up\";r=1;t=2"),
+            "inside a string, after an escaped quote"
+        );
+        assert!(
+            !names("\"inner\";x=\", \\\"up\";r=1;t=2"),
+            "inside a parameter's string"
+        );
+        assert!(!names("\"upstream\";r=1;t=2"));
+        assert!(!names("\"inner\";r=1;t=2"));
     }
 
     #[test]

@@ -1666,10 +1666,28 @@ proptest! {
                 let added_r = &r[up_r.len()..];
                 assert!(added_p.len() <= 1 && added_r.len() <= 1, "{added_p:?} {added_r:?}");
                 // Our two lines go together, and are left out exactly when an upstream line of either
-                // field names an item `"up"` already.
+                // field names an item `"up"` (with parameters) already: an item of the list, not
+                // text inside another item's string (`"a\"up";` names `a"up`). A line that does
+                // not parse is read tolerantly: it may name us only if `"up";` is in it at all.
                 assert_eq!(added_p.len(), added_r.len(), "{p:?} {r:?}");
-                let names_us = up_p.iter().chain(&up_r).any(|v| v.windows(5).any(|w| w == b"\"up\";"));
-                assert_eq!(added_p.is_empty(), names_us, "{p:?} {r:?}");
+                let names_us: Vec<Option<bool>> = up_p
+                    .iter()
+                    .chain(&up_r)
+                    .map(|v| {
+                        parse_sf_list(&[v]).ok().map(|items| {
+                            items.iter().any(|it| it.name == "up" && !it.params.is_empty())
+                        })
+                    })
+                    .collect();
+                let maybe = up_p
+                    .iter()
+                    .chain(&up_r)
+                    .any(|v| v.windows(5).any(|w| w == b"\"up\";"));
+                if names_us.contains(&Some(true)) {
+                    assert!(added_p.is_empty(), "{p:?} {r:?}");
+                } else if names_us.iter().all(Option::is_some) || !maybe {
+                    assert!(!added_p.is_empty(), "{p:?} {r:?}");
+                }
                 if let (Some(ap), Some(ar)) = (added_p.first(), added_r.first()) {
                     assert_eq!(&ap[..], ours_policy);
                     let item = parse_sf_list(&[&ar[..]]).unwrap();
