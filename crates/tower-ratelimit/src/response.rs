@@ -236,8 +236,10 @@ pub enum DenialBody {
     /// `INTERNAL`, and the gRPC spec maps a 429 without a gRPC status to `UNAVAILABLE`, the code
     /// of a server that is down (`tests/grpc.rs` shows both answers to tonic's client).
     ///
-    /// Only a request whose `content-type` starts with `application/grpc` is answered so; any
-    /// other (a REST route under the same layer, a browser) gets the plain-text 429, never a 200.
+    /// Only a request whose `content-type` is gRPC's is answered so (`application/grpc`,
+    /// `application/grpc-web` or `application/grpc-web-text`, with a `+proto`-like suffix or
+    /// parameters or not); any other (a REST route under the same layer, a browser, an
+    /// `application/grpcx`) gets the plain-text 429, never a 200.
     ///
     /// The wait goes in `Retry-After` and in `grpc-retry-pushback-ms`, the pushback a gRPC
     /// client's retry policy waits for before its next attempt (grpc-java waits for it even for
