@@ -24,8 +24,10 @@
 //! is then counted in `ratelimit_store_errors_total` too.
 //!
 //! `ratelimit_store_duration_seconds` times every store answer that has to wait (the Redis store's,
-//! from the poll that sends the command to the reply; except in sampled calls, from the end of
-//! that poll, which leaves out the microseconds it took to hand the command over). Answers that
+//! to the reply from the end of the poll that sends the command, which leaves out the microseconds
+//! it took to hand the command over; in the calls sampled as below, from that poll's start). A
+//! check whose request was dropped before the answer is not timed (it is counted in
+//! `ratelimit_checks_cancelled_total`). Answers that
 //! come at once (the in-memory store, a denial cache hit) take about 100 ns, and timing each
 //! added about 20 ns to a request (measured on 2026-11-29; docs/benchmarks.md), so about one in
 //! 64 of them, drawn at random, is timed: the histogram's count is then not the number of checks;
