@@ -13,6 +13,7 @@ use tower_layer::Layer;
 
 use crate::body::{SameBody, WrapBody};
 use crate::circuit_breaker::{Breaker, CircuitBreaker, CircuitState};
+use crate::log_gate::LogGate;
 use crate::service::{RateLimit, Rt, Shared};
 use crate::{Error, FailurePolicy, Policy};
 
@@ -306,6 +307,8 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 timeout: self.timeout,
                 breaker,
                 fallback,
+                failed_log: LogGate::new(self.clock.clone()),
+                timed_out_log: LogGate::new(self.clock),
             }),
             _mode: PhantomData,
         })

@@ -119,6 +119,7 @@ pub mod failure;
 mod future;
 pub mod key;
 mod layer;
+mod log_gate;
 pub mod metrics;
 pub mod policy;
 mod request_head;

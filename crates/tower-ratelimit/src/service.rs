@@ -24,6 +24,7 @@ use crate::circuit_breaker::{
 };
 use crate::future::ResponseFuture;
 use crate::key::KeyBuf;
+use crate::log_gate::LogGate;
 use crate::metrics::{FailureKind, Metrics};
 use crate::policy::{MissingKey, Policy};
 use crate::response::{Bodies, Own, Prepared, Verdict, VerdictKind};
@@ -112,6 +113,10 @@ pub(crate) struct Shared<St> {
     pub(crate) timeout: Duration,
     pub(crate) breaker: Option<Arc<Breaker>>,
     pub(crate) fallback: Option<MemoryStore<Arc<dyn Clock>>>,
+    /// The store failed, or timed out: logged at most once a second each (without a breaker,
+    /// every request of an outage would log one).
+    pub(crate) failed_log: LogGate,
+    pub(crate) timed_out_log: LogGate,
 }
 
 /// The policy and everything computed from it once.
@@ -531,7 +536,14 @@ impl<St: Store> Shared<St> {
                 if let Some(b) = &self.breaker {
                     b.failure(part, probe, seen);
                 }
-                tracing::warn!(policy = %self.rt.name, %error, "rate-limit store failed");
+                if let Some(held_back) = self.failed_log.pass() {
+                    tracing::warn!(
+                        policy = %self.rt.name,
+                        %error,
+                        held_back,
+                        "rate-limit store failed"
+                    );
+                }
                 self.on_failure(FailureKind::Error, part, tier, key, cost)
             }
         }
@@ -583,11 +595,14 @@ impl<St: Store> Shared<St> {
         if let Some(b) = &self.breaker {
             b.failure(part, probe, seen);
         }
-        tracing::warn!(
-            policy = %self.rt.name,
-            timeout_ms = self.timeout.as_millis() as u64,
-            "rate-limit store timed out"
-        );
+        if let Some(held_back) = self.timed_out_log.pass() {
+            tracing::warn!(
+                policy = %self.rt.name,
+                timeout_ms = self.timeout.as_millis() as u64,
+                held_back,
+                "rate-limit store timed out"
+            );
+        }
         self.on_failure(FailureKind::Timeout, part, tier, key, cost)
     }
 }
@@ -925,6 +940,8 @@ mod tests {
             timeout: Duration::from_millis(50),
             breaker: None,
             fallback: None,
+            failed_log: LogGate::new(Arc::new(ratelimit_core::SystemClock::new())),
+            timed_out_log: LogGate::new(Arc::new(ratelimit_core::SystemClock::new())),
         }
     }
 

@@ -1578,3 +1578,38 @@ async fn timeouts_of_checks_sent_before_a_close_do_not_reopen_it() {
     }
     assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
 }
+
+/// Without a circuit breaker every request of an outage asks the store and fails: the failure is
+/// logged at most once a second (by the layer's clock), each line counting the ones held back
+/// since the last, so that an outage under load does not write a line per request.
+#[tokio::test]
+async fn store_failures_are_logged_at_most_once_a_second() {
+    let clock = ManualClock::new();
+    let store = Arc::new(FailingStore::default());
+    let layer = RateLimitLayer::builder(store.clone(), Policy::new("api", per_minute(10)).unwrap())
+        .no_circuit_breaker()
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let app = app(layer);
+    let (lines, _guard) = Lines::capture();
+    for _ in 0..10 {
+        assert_eq!(send(&app, request("/")).await.status(), 200, "failing open");
+    }
+    let text = lines.text();
+    assert_eq!(text.matches("rate-limit store failed").count(), 1, "{text}");
+    assert!(text.contains("held_back=0"), "{text}");
+    clock.advance(Duration::from_millis(999));
+    send(&app, request("/")).await;
+    assert_eq!(lines.text().matches("WARN").count(), 1);
+    clock.advance(Duration::from_millis(1));
+    send(&app, request("/")).await;
+    let text = lines.text();
+    assert_eq!(text.matches("rate-limit store failed").count(), 2, "{text}");
+    assert!(
+        text.contains("held_back=10"),
+        "the ten since the first: {text}"
+    );
+    // Every request asked the store all the same.
+    assert_eq!(store.calls.load(std::sync::atomic::Ordering::SeqCst), 12);
+}
