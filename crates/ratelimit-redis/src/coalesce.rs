@@ -324,7 +324,7 @@ impl<S: ScriptStore> Coalescing<S> {
 
     /// `key`'s check sent on its own (a full queue, or no runtime).
     fn alone(&self, key: &[u8], limit: &Limit, cost: u64) -> CoalesceFuture {
-        metrics::counter!("ratelimit_redis_coalescing_overflow_total").increment(1);
+        metrics::counter!(crate::metrics::COALESCING_OVERFLOW_TOTAL).increment(1);
         self.shared.overflowed.fetch_add(1, Ordering::Relaxed);
         self.shared.calls.fetch_add(1, Ordering::Relaxed);
         self.shared.largest.fetch_max(1, Ordering::Relaxed);
@@ -434,7 +434,7 @@ async fn drive<S: ScriptStore>(mut guard: QueueGuard, store: S) {
         shared.calls.fetch_add(1, Ordering::Relaxed);
         shared.largest.fetch_max(n, Ordering::Relaxed);
         if n > 1 {
-            metrics::counter!("ratelimit_redis_coalesced_checks_total").increment(n - 1);
+            metrics::counter!(crate::metrics::COALESCED_CHECKS_TOTAL).increment(n - 1);
         }
         let result = if let [(cost, _)] = batch[..] {
             store.check(&qk.key, &limit, cost).await.map(|d| vec![d])

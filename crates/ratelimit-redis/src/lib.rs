@@ -87,6 +87,7 @@ mod error;
 mod in_runtime;
 mod key;
 mod lazy;
+pub mod metrics;
 mod reply;
 mod scripts;
 mod silence;

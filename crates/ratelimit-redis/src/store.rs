@@ -789,7 +789,7 @@ impl Inner {
                 };
                 // Counted and logged once the slot's lock is let go (see `discard`).
                 if replaced {
-                    metrics::counter!("ratelimit_redis_connections_replaced_total").increment(1);
+                    metrics::counter!(crate::metrics::CONNECTIONS_REPLACED_TOTAL).increment(1);
                     tracing::warn!(slot = i, "ratelimit-redis: silent connection replaced");
                 }
             }
@@ -1015,7 +1015,7 @@ impl Inner {
             return false;
         }
         drop(dropped);
-        metrics::counter!("ratelimit_redis_connections_replaced_total").increment(1);
+        metrics::counter!(crate::metrics::CONNECTIONS_REPLACED_TOTAL).increment(1);
         tracing::warn!(
             slot,
             "ratelimit-redis: connection broken; it will be re-opened"
@@ -1197,6 +1197,7 @@ impl RedisStoreBuilder {
 
     /// Checks the settings, opens the connections and loads the scripts.
     pub async fn build(mut self) -> Result<RedisStore, RedisStoreError> {
+        crate::metrics::describe();
         validate_prefix(&self.prefix)?;
         // The cluster client makes its own connections from the node addresses, and with
         // native-tls it takes no root certificate: refused rather than silently unused.

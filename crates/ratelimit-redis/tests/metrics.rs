@@ -17,7 +17,14 @@ use redis_harness::RedisServer;
 /// Every counter's total so far. A snapshot takes the counts since the last one (it resets
 /// them), so the tests, which run at once, add each snapshot here and read their own counter.
 fn counter(name: &str) -> u64 {
-    static RECORDER: OnceLock<(Snapshotter, Mutex<HashMap<String, u64>>)> = OnceLock::new();
+    read(name).0
+}
+
+/// The total of the counter `name` so far, and its description (the last the recorder was given
+/// before a snapshot that saw the counter).
+fn read(name: &str) -> (u64, Option<String>) {
+    type Totals = Mutex<HashMap<String, (u64, Option<String>)>>;
+    static RECORDER: OnceLock<(Snapshotter, Totals)> = OnceLock::new();
     let (snapshotter, totals) = RECORDER.get_or_init(|| {
         let recorder = DebuggingRecorder::new();
         let snapshotter = recorder.snapshotter();
@@ -25,12 +32,16 @@ fn counter(name: &str) -> u64 {
         (snapshotter, Mutex::new(HashMap::new()))
     });
     let mut totals = totals.lock().unwrap();
-    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+    for (key, _, help, value) in snapshotter.snapshot().into_vec() {
         if let DebugValue::Counter(n) = value {
-            *totals.entry(key.key().name().to_owned()).or_default() += n;
+            let total = totals.entry(key.key().name().to_owned()).or_default();
+            total.0 += n;
+            if let Some(help) = help {
+                total.1 = Some(help.to_string());
+            }
         }
     }
-    totals.get(name).copied().unwrap_or(0)
+    totals.get(name).cloned().unwrap_or_default()
 }
 
 /// Held by each test for its whole run: the counters are global, and a test's store could count
@@ -106,4 +117,29 @@ async fn a_broken_connection_is_counted_once() {
     assert!(ok, "checks work again once the server is back");
     // A connection opened anew after a break is not a replacement.
     assert_eq!(counter(NAME) - before, 1);
+}
+
+/// The counters are described to the recorder when a store is built: a Prometheus exporter's
+/// `# HELP` line. (A counter is in a snapshot once it has been registered, at its first event:
+/// registered here by hand, as its first event would.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_counters_are_described_when_a_store_is_built() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let server = RedisServer::start();
+    let _store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("metrics-described"))
+        .build()
+        .await
+        .unwrap();
+    for name in [
+        ratelimit_redis::metrics::CONNECTIONS_REPLACED_TOTAL,
+        ratelimit_redis::metrics::COALESCED_CHECKS_TOTAL,
+        ratelimit_redis::metrics::COALESCING_OVERFLOW_TOTAL,
+    ] {
+        metrics::counter!(name).increment(0);
+        let help = read(name)
+            .1
+            .unwrap_or_else(|| panic!("{name} not described"));
+        assert!(help.starts_with("Rate-limit "), "{name}: {help}");
+    }
 }

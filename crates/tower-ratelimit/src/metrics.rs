@@ -38,9 +38,13 @@
 //!
 //! The handles are registered when the layer is built, with the recorder installed then:
 //! install your recorder (a Prometheus exporter, say) before building the layer. Recording then
-//! costs no lookup and no allocation per request.
+//! costs no lookup and no allocation per request. Each series is described to that recorder too
+//! (a Prometheus exporter's `# HELP` line; the histogram's unit, seconds).
 
-use ::metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
+use ::metrics::{
+    Counter, Gauge, Histogram, Unit, counter, describe_counter, describe_gauge, describe_histogram,
+    gauge, histogram,
+};
 
 use crate::response::VerdictKind;
 
@@ -88,8 +92,39 @@ impl std::fmt::Debug for Metrics {
     }
 }
 
+/// Describes the layer's series to the recorder installed now (again at each layer built: a
+/// recorder keeps the last description of a name).
+fn describe() {
+    describe_counter!(
+        DECISIONS_TOTAL,
+        "Rate-limit decisions, by policy and outcome (one per request the layer answered or let through)"
+    );
+    describe_histogram!(
+        STORE_DURATION_SECONDS,
+        Unit::Seconds,
+        "Rate-limit store check time, to the answer (every answer that waited; about 1 in 64 of those that came at once)"
+    );
+    describe_counter!(
+        STORE_ERRORS_TOTAL,
+        "Rate-limit store checks that failed, by policy and kind (error, timeout, circuit_open)"
+    );
+    describe_counter!(
+        CHECKS_CANCELLED_TOTAL,
+        "Rate-limit store checks whose request was dropped before the store answered"
+    );
+    describe_gauge!(
+        CIRCUIT_STATE,
+        "Rate-limit store circuit breaker: 0 closed, 1 open, 2 half-open (the worst of the policy's circuits)"
+    );
+    describe_gauge!(
+        CIRCUITS_NOT_CLOSED,
+        "Rate-limit store circuits (one per failure domain of the store) open or half-open"
+    );
+}
+
 impl Metrics {
     pub(crate) fn new(policy: &str) -> Metrics {
+        describe();
         let decisions = VerdictKind::ALL.map(
             |k| counter!(DECISIONS_TOTAL, "policy" => policy.to_owned(), "outcome" => k.as_str()),
         );

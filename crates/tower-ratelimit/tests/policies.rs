@@ -212,6 +212,46 @@ async fn dry_run_never_denies_but_counts() {
     assert_eq!(m.outcome("shadow", "denied"), 0);
 }
 
+/// Each series is described to the recorder when the layer is built: a Prometheus exporter's
+/// `# HELP` line, and the store histogram's unit (seconds).
+#[test]
+fn the_series_are_described_with_their_units() {
+    use std::collections::HashMap;
+    let (_layer, snapshotter) = recorded(|| {
+        RateLimitLayer::builder(
+            std::sync::Arc::new(FailingStore::default()),
+            Policy::new("described", per_minute(1)).unwrap(),
+        )
+        .build()
+        .unwrap()
+    });
+    let described: HashMap<String, (Option<metrics::Unit>, String)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(k, unit, help, _)| {
+            let help = help.map(|h| h.to_string()).unwrap_or_default();
+            (k.key().name().to_owned(), (unit, help))
+        })
+        .collect();
+    for name in [
+        tower_ratelimit::metrics::DECISIONS_TOTAL,
+        tower_ratelimit::metrics::STORE_ERRORS_TOTAL,
+        tower_ratelimit::metrics::CHECKS_CANCELLED_TOTAL,
+        tower_ratelimit::metrics::CIRCUIT_STATE,
+        tower_ratelimit::metrics::CIRCUITS_NOT_CLOSED,
+        tower_ratelimit::metrics::STORE_DURATION_SECONDS,
+    ] {
+        let (unit, help) = described
+            .get(name)
+            .unwrap_or_else(|| panic!("{name} not registered"));
+        assert!(help.starts_with("Rate-limit "), "{name}: {help:?}");
+        let want = (name == tower_ratelimit::metrics::STORE_DURATION_SECONDS)
+            .then_some(metrics::Unit::Seconds);
+        assert_eq!(*unit, want, "{name}");
+    }
+}
+
 #[tokio::test]
 async fn metrics_by_policy_and_outcome() {
     let (_clock, store) = store();

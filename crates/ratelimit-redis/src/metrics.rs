@@ -1,0 +1,29 @@
+//! The store's own counters, through the `metrics` facade (the layer's are tower-ratelimit's).
+//! Each appears at its first event; it is described to the recorder when a store is built (a
+//! Prometheus exporter's `# HELP` line).
+
+use ::metrics::describe_counter;
+
+/// Connections dropped (broken, answered `READONLY`, or silent) or replaced.
+pub const CONNECTIONS_REPLACED_TOTAL: &str = "ratelimit_redis_connections_replaced_total";
+/// Checks that [`Coalescing`](crate::Coalescing) answered in a batch with others instead of a
+/// script call of their own.
+pub const COALESCED_CHECKS_TOTAL: &str = "ratelimit_redis_coalesced_checks_total";
+/// Checks that [`Coalescing`](crate::Coalescing) sent on their own, as without it.
+pub const COALESCING_OVERFLOW_TOTAL: &str = "ratelimit_redis_coalescing_overflow_total";
+
+/// Describes the counters to the recorder installed now.
+pub(crate) fn describe() {
+    describe_counter!(
+        CONNECTIONS_REPLACED_TOTAL,
+        "Rate-limit Redis store connections dropped (broken, READONLY or silent) or replaced"
+    );
+    describe_counter!(
+        COALESCED_CHECKS_TOTAL,
+        "Rate-limit checks answered in a batch with others instead of a script call of their own"
+    );
+    describe_counter!(
+        COALESCING_OVERFLOW_TOTAL,
+        "Rate-limit checks that coalescing sent on their own (queue full, or outside a Tokio runtime)"
+    );
+}
