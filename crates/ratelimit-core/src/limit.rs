@@ -39,7 +39,9 @@ pub struct Limit {
 }
 
 impl Limit {
-    /// A limit of `algorithm` over `quotas` (at least one, at most [`MAX_QUOTAS`]).
+    /// A limit of `algorithm` over `quotas` (at least one, at most [`MAX_QUOTAS`]). A window
+    /// algorithm's quotas take no burst but their limit (`ConfigError::InvalidSetting` names
+    /// `burst` otherwise): they admit at most `limit` a period, and would ignore it.
     pub fn new(
         algorithm: Algorithm,
         quotas: impl IntoIterator<Item = Quota>,
@@ -55,6 +57,15 @@ impl Limit {
             });
         }
         for q in quotas.iter() {
+            // The window algorithms admit at most `limit` a period and have no bucket: a burst of
+            // another size would be silently unused.
+            if !algorithm.uses_burst() && q.burst() != q.limit() {
+                return Err(ConfigError::InvalidSetting {
+                    name: "burst",
+                    reason: "is used only by the token bucket and GCRA; the window algorithms \
+                             admit at most `limit` per period (leave the burst at the limit)",
+                });
+            }
             let fits = match algorithm {
                 Algorithm::TokenBucket | Algorithm::Gcra => q.fits_bucket(),
                 Algorithm::SlidingWindow => {
@@ -110,7 +121,8 @@ impl Limit {
     ///
     /// let q = Quota::per_minute(100)?.with_burst(20)?;
     /// assert_eq!(Limit::single(Algorithm::TokenBucket, q)?.max_cost(), 20);
-    /// assert_eq!(Limit::single(Algorithm::FixedWindow, q)?.max_cost(), 100);
+    /// let window = Quota::per_minute(100)?;
+    /// assert_eq!(Limit::single(Algorithm::FixedWindow, window)?.max_cost(), 100);
     /// # Ok::<(), ratelimit_core::ConfigError>(())
     /// ```
     #[must_use]
@@ -278,14 +290,36 @@ mod tests {
     use super::*;
     use crate::Algorithm;
 
+    /// A burst given to a window algorithm, which could only ignore it, is refused; the same
+    /// quota is taken by the bucket algorithms, and a window quota without one by every algorithm.
+    #[test]
+    fn a_window_algorithm_refuses_a_burst() {
+        let bursty = Quota::per_minute(20).unwrap().with_burst(30).unwrap();
+        for algorithm in Algorithm::ALL {
+            let got = Limit::new(algorithm, [Quota::per_second(5).unwrap(), bursty]);
+            if algorithm.uses_burst() {
+                assert!(got.is_ok(), "{algorithm}");
+            } else {
+                assert!(
+                    matches!(got, Err(ConfigError::InvalidSetting { name: "burst", .. })),
+                    "{algorithm}: {got:?}"
+                );
+            }
+            let plain = Quota::per_minute(20).unwrap().with_burst(20).unwrap();
+            assert!(Limit::single(algorithm, plain).is_ok(), "{algorithm}");
+        }
+    }
+
     /// The fingerprint is part of every Redis key: it must not change between versions, builds
     /// or hosts (these values were computed by the code before it hashed little-endian bytes,
     /// `write_u64` on a little-endian host).
     #[test]
     fn fingerprints_are_stable() {
         let one = Limit::single(Algorithm::TokenBucket, Quota::per_minute(100).unwrap()).unwrap();
+        // (GCRA since window algorithms refuse a burst; this case was a sliding window before,
+        // fingerprint 0xbec0_b417_41a4_37e2, by the same function.)
         let two = Limit::new(
-            Algorithm::SlidingWindow,
+            Algorithm::Gcra,
             [
                 Quota::per_second(10).unwrap(),
                 Quota::per_period_with_burst(1_000, std::time::Duration::from_secs(3_600), 50)
@@ -294,7 +328,7 @@ mod tests {
         )
         .unwrap();
         assert_eq!(one.fingerprint(), 0x495f_6cbd_1921_65b7);
-        assert_eq!(two.fingerprint(), 0xbec0_b417_41a4_37e2);
+        assert_eq!(two.fingerprint(), 0x8a14_6ceb_8b8e_ec02);
     }
 
     /// A multi-quota decision describes its binding quota as a whole: its limit, its reset and

@@ -112,7 +112,8 @@ impl Quota {
     }
 
     /// The same rate with a different burst (bucket capacity): how many requests may pass at once
-    /// after a quiet spell. Used by the token bucket and GCRA.
+    /// after a quiet spell. Used by the token bucket and GCRA; a limit of a window algorithm
+    /// refuses a burst other than the limit ([`Limit::new`](crate::Limit::new)).
     pub fn with_burst(self, burst: u64) -> Result<Quota, ConfigError> {
         if burst == 0 {
             return Err(ConfigError::ZeroBurst);

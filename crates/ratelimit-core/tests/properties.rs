@@ -16,6 +16,29 @@ fn quota() -> impl Strategy<Value = Quota> {
     })
 }
 
+/// `q` as `algorithm` takes it: the window algorithms have no burst (`Limit::new` refuses one
+/// that is not the limit), so theirs is left at the limit.
+fn fit(algorithm: Algorithm, q: Quota) -> Quota {
+    if algorithm.uses_burst() {
+        q
+    } else {
+        q.with_burst(q.limit()).unwrap()
+    }
+}
+
+/// `Limit::single` of `q` fitted to `algorithm`.
+fn limit_of(algorithm: Algorithm, q: Quota) -> Result<Limit, ratelimit_core::ConfigError> {
+    Limit::single(algorithm, fit(algorithm, q))
+}
+
+/// `Limit::new` of `quotas` fitted to `algorithm`.
+fn limit_of_all(
+    algorithm: Algorithm,
+    quotas: impl IntoIterator<Item = Quota>,
+) -> Result<Limit, ratelimit_core::ConfigError> {
+    Limit::new(algorithm, quotas.into_iter().map(|q| fit(algorithm, q)))
+}
+
 /// Random steps: (time since previous request in µs, cost). Many zero gaps make bursts.
 fn steps(max_cost: u64) -> impl Strategy<Value = Vec<(u64, u64)>> {
     prop::collection::vec(
@@ -52,7 +75,7 @@ proptest! {
     #[test]
     fn bucket_algorithms_respect_the_rate_bound(q in quota(), s in steps(8)) {
         for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
-            let limit = Limit::single(algorithm, q).unwrap();
+            let limit = limit_of(algorithm, q).unwrap();
             let admitted = run(&limit, &s);
             for i in 0..admitted.len() {
                 let mut sum = 0u128;
@@ -73,7 +96,7 @@ proptest! {
     /// Sliding log: never more than the limit in any window of one period.
     #[test]
     fn sliding_log_never_exceeds_the_limit_in_any_window(q in quota(), s in steps(8)) {
-        let limit = Limit::single(Algorithm::SlidingLog, q).unwrap();
+        let limit = limit_of(Algorithm::SlidingLog, q).unwrap();
         let admitted = run(&limit, &s);
         for (j, &(t, _)) in admitted.iter().enumerate() {
             let in_window: u64 = admitted[..=j]
@@ -88,7 +111,7 @@ proptest! {
     /// Fixed window: never more than the limit in one aligned window (but up to twice in a period).
     #[test]
     fn fixed_window_never_exceeds_the_limit_per_window(q in quota(), s in steps(8)) {
-        let limit = Limit::single(Algorithm::FixedWindow, q).unwrap();
+        let limit = limit_of(Algorithm::FixedWindow, q).unwrap();
         let admitted = run(&limit, &s);
         let p = q.period_micros();
         let mut per_window = std::collections::HashMap::new();
@@ -102,7 +125,7 @@ proptest! {
     /// than twice the limit in any period.
     #[test]
     fn sliding_window_bounds(q in quota(), s in steps(8)) {
-        let limit = Limit::single(Algorithm::SlidingWindow, q).unwrap();
+        let limit = limit_of(Algorithm::SlidingWindow, q).unwrap();
         let admitted = run(&limit, &s);
         let p = q.period_micros();
         for (j, &(t, _)) in admitted.iter().enumerate() {
@@ -137,7 +160,7 @@ proptest! {
     #[test]
     fn multi_quota_never_half_consumes(q1 in quota(), q2 in quota(), s in steps(8), alg in 0usize..5) {
         let algorithm = Algorithm::ALL[alg];
-        let limit = Limit::new(algorithm, [q1, q2]).unwrap();
+        let limit = limit_of_all(algorithm, [q1, q2]).unwrap();
         let mut states = limit.fresh_states(Timestamp::ZERO);
         let mut now = 0;
         for (gap, cost) in s {
@@ -152,7 +175,7 @@ proptest! {
                 // consumed the cost, none was left as it was.
                 for (i, q) in [q1, q2].into_iter().enumerate() {
                     let mut alone = vec![before[i].clone()];
-                    let a = Limit::single(algorithm, q).unwrap().check(&mut alone, t, cost);
+                    let a = limit_of(algorithm, q).unwrap().check(&mut alone, t, cost);
                     prop_assert!(a.is_allowed());
                     prop_assert_eq!(&alone[0], &states[i]);
                 }
@@ -165,7 +188,7 @@ proptest! {
     #[test]
     fn earlier_time_never_grants_more(q in quota(), s in steps(8), back in 1u64..10_000_000, alg in 0usize..5) {
         let algorithm = Algorithm::ALL[alg];
-        let limit = Limit::single(algorithm, q).unwrap();
+        let limit = limit_of(algorithm, q).unwrap();
         let mut states = limit.fresh_states(Timestamp::ZERO);
         let mut now = 20_000_000u64;
         for (gap, cost) in s {
@@ -224,9 +247,9 @@ proptest! {
     ) {
         let algorithm = Algorithm::ALL[alg];
         let limit = if multi {
-            Limit::new(algorithm, [q1, q2]).unwrap()
+            limit_of_all(algorithm, [q1, q2]).unwrap()
         } else {
-            Limit::single(algorithm, q1).unwrap()
+            limit_of(algorithm, q1).unwrap()
         };
         let store = ratelimit_core::MemoryStore::builder().max_keys(1_000).build().unwrap();
         let mut states: Vec<Vec<State>> = (0..3).map(|_| limit.fresh_states(Timestamp::ZERO)).collect();
@@ -268,8 +291,8 @@ proptest! {
         // Some algorithms refuse some of these quotas (a sliding window whose weighted counts
         // would not fit, for one): such pairs are skipped.
         let (Ok(l1), Ok(l2)) = (
-            Limit::single(Algorithm::ALL[alg1], q1),
-            Limit::single(Algorithm::ALL[alg2], q2),
+            limit_of(Algorithm::ALL[alg1], q1),
+            limit_of(Algorithm::ALL[alg2], q2),
         ) else {
             return Err(TestCaseError::reject("a limit refuses its quota"));
         };
@@ -353,9 +376,9 @@ proptest! {
     ) {
         let algorithm = Algorithm::ALL[alg];
         let limit = if multi {
-            Limit::new(algorithm, [q1, q2]).unwrap()
+            limit_of_all(algorithm, [q1, q2]).unwrap()
         } else {
-            Limit::single(algorithm, q1).unwrap()
+            limit_of(algorithm, q1).unwrap()
         };
         let clock = ratelimit_core::ManualClock::starting_at(Timestamp::from_micros(origin));
         let store = ratelimit_core::MemoryStore::builder()

@@ -50,7 +50,8 @@ pub enum Algorithm {
 
 impl Algorithm {
     /// Whether a quota's `burst` counts: the token bucket's and GCRA's capacity. The window
-    /// algorithms allow `limit` per period and ignore it.
+    /// algorithms allow `limit` per period: [`Limit::new`](crate::Limit::new) refuses them a
+    /// burst other than the limit, which they could only ignore.
     #[must_use]
     pub const fn uses_burst(self) -> bool {
         matches!(self, Algorithm::TokenBucket | Algorithm::Gcra)

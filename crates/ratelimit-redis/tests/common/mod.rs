@@ -160,6 +160,14 @@ pub fn table() -> Vec<Scenario> {
     let mut rng = Rng::new(0x5eed_2026);
     for alg in Algorithm::ALL {
         let mut push = |name: &str, quotas: Vec<Quota>, steps: Vec<Step>| {
+            // A window algorithm takes no burst but the limit: its scenarios run without one.
+            let quotas = quotas.into_iter().map(|q| {
+                if alg.uses_burst() {
+                    q
+                } else {
+                    q.with_burst(q.limit()).unwrap()
+                }
+            });
             if let Ok(limit) = Limit::new(alg, quotas) {
                 out.push(Scenario {
                     name: format!("{alg} / {name}"),
