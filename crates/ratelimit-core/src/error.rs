@@ -69,6 +69,14 @@ pub enum ConfigError {
         /// What it must be.
         reason: &'static str,
     },
+    /// A name that is no [`Algorithm`]'s (see [`Algorithm::name`]; parsed with `str::parse`).
+    #[error(
+        "unknown algorithm {given:?}: one of token_bucket, gcra, fixed_window, sliding_window, sliding_log"
+    )]
+    UnknownAlgorithm {
+        /// The name given.
+        given: String,
+    },
     /// A [`Limit`](crate::Limit) was built with no quota.
     #[error("a limit needs at least one quota")]
     NoQuota,

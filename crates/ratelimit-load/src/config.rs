@@ -303,10 +303,7 @@ impl Config {
                 "--burst" => c.burst = Some(num("--burst", &value("--burst")?)?),
                 "--algorithm" => {
                     let v = value("--algorithm")?;
-                    c.algorithm = Algorithm::ALL
-                        .into_iter()
-                        .find(|a| a.name() == v.replace('-', "_"))
-                        .ok_or_else(|| bad("--algorithm", &v))?;
+                    c.algorithm = v.parse().map_err(|_| bad("--algorithm", &v))?;
                 }
                 "--concurrency" => c.concurrency = num("--concurrency", &value("--concurrency")?)?,
                 "--connections" => c.concurrency = num("--connections", &value("--connections")?)?,

@@ -213,6 +213,29 @@ impl std::fmt::Display for Algorithm {
     }
 }
 
+/// An algorithm from its [`name`](Algorithm::name) (`"gcra"`, `"token_bucket"`...), as
+/// `Display` prints it and the `serde` feature reads it; `-` may stand for `_`, in any case.
+///
+/// ```
+/// use ratelimit_core::Algorithm;
+///
+/// assert_eq!("sliding-window".parse(), Ok(Algorithm::SlidingWindow));
+/// assert!("leaky_bucket".parse::<Algorithm>().is_err());
+/// ```
+impl std::str::FromStr for Algorithm {
+    type Err = crate::ConfigError;
+
+    fn from_str(s: &str) -> Result<Algorithm, crate::ConfigError> {
+        let name = s.replace('-', "_").to_ascii_lowercase();
+        Algorithm::ALL
+            .into_iter()
+            .find(|a| a.name() == name)
+            .ok_or_else(|| crate::ConfigError::UnknownAlgorithm {
+                given: s.to_owned(),
+            })
+    }
+}
+
 /// The stored state of one quota of one key, for any algorithm.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum State {
