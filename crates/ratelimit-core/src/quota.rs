@@ -36,7 +36,7 @@ pub const MAX_EXACT: u64 = 1 << 52;
 ///   `period`, continuously;
 /// - fixed window, sliding window and sliding log: at most `limit` per `period`; `burst` is not
 ///   used.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Quota {
     limit: u64,
     period_micros: u64,
@@ -47,6 +47,18 @@ pub struct Quota {
     /// `burst × scale`, saturated: read on every check of the bucket algorithms, where a
     /// multiplication checked for overflow took a few instructions more each time.
     capacity: u64,
+}
+
+/// What was configured (`Quota { limit: 20, period: 10s, burst: 30 }`), not the numbers derived
+/// from it for the algorithms.
+impl std::fmt::Debug for Quota {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Quota")
+            .field("limit", &self.limit)
+            .field("period", &Duration::from_micros(self.period_micros))
+            .field("burst", &self.burst)
+            .finish()
+    }
 }
 
 impl Quota {
@@ -214,6 +226,18 @@ const fn gcd(mut a: u64, mut b: u64) -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_shows_what_was_configured() {
+        let q = Quota::per_period(20, Duration::from_secs(10))
+            .unwrap()
+            .with_burst(30)
+            .unwrap();
+        assert_eq!(
+            format!("{q:?}"),
+            "Quota { limit: 20, period: 10s, burst: 30 }"
+        );
+    }
 
     #[test]
     fn a_limit_above_2_52_is_refused_even_with_a_small_burst() {

@@ -1,4 +1,4 @@
-//! A Redis-backed [`Store`](ratelimit_core::Store) for `ratelimit-core`: one atomic Lua script per
+//! A Redis-backed [`Store`] for `ratelimit-core`: one atomic Lua script per
 //! check, on standalone Redis or Redis Cluster, making the same decisions as the in-memory
 //! algorithms.
 //!
@@ -37,7 +37,7 @@
 //! - **Same decisions as `ratelimit-core`.** The scripts port each algorithm's integer arithmetic
 //!   (microseconds, bucket levels in `1/scale` token units) exactly; a conformance suite runs the
 //!   same sequences through `MemoryStore` and `RedisStore` and compares every field of every
-//!   [`Decision`](ratelimit_core::Decision).
+//!   [`Decision`].
 //! - **Server time.** By default the time comes from Redis's `TIME`, so clock skew between
 //!   gateways cannot change decisions; [`RedisStoreBuilder::client_clock`] uses a client clock.
 //! - **Expiring state.** Every write sets the key's expiry to the moment its state is fresh
@@ -101,6 +101,9 @@ pub use coalesce::{
 pub use error::RedisStoreError;
 pub use key::MAX_VERBATIM_KEY;
 pub use lazy::LazyRedisStore;
+/// The core crate, and the types a check names, so that a store used alone needs this crate only.
+pub use ratelimit_core;
+pub use ratelimit_core::{Algorithm, Decision, Limit, Quota, Store};
 pub use scripts::{script_sha, script_source};
 pub use store::{
     CLUSTER_FAILURE_DOMAINS, CheckFuture, CheckManyFuture, DEFAULT_CONNECT_TIMEOUT,
