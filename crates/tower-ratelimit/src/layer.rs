@@ -214,8 +214,8 @@ impl<St: Store> RateLimitLayerBuilder<St> {
         self
     }
 
-    /// The clock of the circuit breaker and of the local fallback store (the system clock by
-    /// default; a `ManualClock` in tests).
+    /// The clock of the circuit breaker, of the local fallback store and of the once-a-second
+    /// store-failure warnings (the system clock by default; a `ManualClock` in tests).
     pub fn clock(mut self, clock: impl Clock + 'static) -> Self {
         self.clock = Arc::new(clock);
         self

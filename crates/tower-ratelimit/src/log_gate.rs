@@ -33,7 +33,11 @@ impl LogGate {
     pub(crate) fn pass(&self) -> Option<u64> {
         let now = self.clock.now().as_micros();
         let next = self.next.load(Ordering::Relaxed);
-        if now >= next
+        // The last line written more than a second after `now`: the clock was set back (not
+        // read a moment before another thread's line). Let through, or every line would be
+        // held back until the clock caught up again (an hour, after a step back of an hour).
+        let set_back = next > now.saturating_add(2 * INTERVAL_MICROS);
+        if (now >= next || set_back)
             && self
                 .next
                 .compare_exchange(
@@ -79,6 +83,20 @@ mod tests {
         assert_eq!(gate.pass(), Some(10), "the ten held back");
         clock.advance(Duration::from_secs(5));
         assert_eq!(gate.pass(), Some(0));
+    }
+
+    /// A clock set back (a `ManualClock`, a custom clock that follows the wall clock) does not
+    /// hold every line back until it catches up with the time of the last one written.
+    #[test]
+    fn a_clock_set_back_does_not_silence_the_gate() {
+        let clock = ManualClock::starting_at(ratelimit_core::Timestamp::from_micros(3_600_000_000));
+        let gate = LogGate::new(Arc::new(clock.clone()));
+        assert_eq!(gate.pass(), Some(0));
+        clock.set(ratelimit_core::Timestamp::from_micros(1_000_000));
+        assert_eq!(gate.pass(), Some(0), "an hour back: a line");
+        assert_eq!(gate.pass(), None, "then one a second again");
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(gate.pass(), Some(1));
     }
 
     #[test]
