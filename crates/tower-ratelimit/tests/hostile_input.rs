@@ -868,7 +868,15 @@ fn hostile() -> impl Strategy<Value = Hostile> {
     let key = proptest::option::weighted(0.7, proptest::sample::select(&["k1", "k2"][..]));
     let grpc = proptest::option::weighted(
         0.4,
-        proptest::sample::select(&["application/grpc", "application/grpc+proto"][..]),
+        proptest::sample::select(
+            &[
+                "application/grpc",
+                "application/grpc+proto",
+                "application/grpc-web-text",
+                // Not gRPC's: answered as any other request.
+                "application/grpcx",
+            ][..],
+        ),
     );
     (
         method(),
@@ -923,9 +931,17 @@ impl Hostile {
             .find(|(n, _)| n == http::header::CONTENT_TYPE)
             .map(|(_, v)| v)
             .filter(|v| {
-                v.as_bytes()
-                    .get(..16)
-                    .is_some_and(|s| s.eq_ignore_ascii_case(b"application/grpc"))
+                // gRPC's types, as documented: `application/grpc`, `-web` or `-web-text`, then a
+                // `+` suffix, parameters or the end; not another type that starts the same.
+                let v = v.as_bytes().to_ascii_lowercase();
+                [
+                    "application/grpc-web-text",
+                    "application/grpc-web",
+                    "application/grpc",
+                ]
+                .iter()
+                .find_map(|t| v.strip_prefix(t.as_bytes()))
+                .is_some_and(|rest| matches!(rest.first(), None | Some(b'+' | b';' | b' ' | b'\t')))
             })
     }
 }
@@ -1007,6 +1023,9 @@ async fn check(s: &Setup, h: &Hostile, res: Response<Body>) -> Answer {
         }
         None => status,
     };
+    if grpc_form && status != StatusCode::OK {
+        panic!("a gRPC call answered HTTP {status} instead of a gRPC status");
+    }
     let answer = match effective.as_u16() {
         200 if grpc_status.is_none() => Answer::Inner,
         429 => Answer::Denied,
