@@ -35,7 +35,7 @@ pub const MAX_EXACT: u64 = 1 << 52;
 /// - token bucket and GCRA: the bucket holds `burst` tokens and refills `limit` tokens per
 ///   `period`, continuously;
 /// - fixed window, sliding window and sliding log: at most `limit` per `period`; `burst` is not
-///   used.
+///   used, and must be left at `limit` ([`Limit::new`](crate::Limit::new) refuses another).
 #[derive(Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Quota {
     limit: u64,

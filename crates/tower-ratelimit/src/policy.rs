@@ -118,7 +118,9 @@ pub enum MissingKey {
     Reject(StatusCode),
     /// Reject the request with `401 Unauthorized`, which HTTP requires to carry a
     /// `WWW-Authenticate` challenge: this value (`Bearer realm="api"`, `ApiKey
-    /// header="x-api-key"`). Counted as `outcome="no_key"`.
+    /// header="x-api-key"`), and a plain-text body (`Unauthorized: this request needs
+    /// credentials`, followed by what to send as for [`Reject`](MissingKey::Reject)). Counted as
+    /// `outcome="no_key"`.
     Unauthorized(http::HeaderValue),
     /// Count every keyless request against this one shared key (kept apart from every extracted
     /// key, even an equal one).
