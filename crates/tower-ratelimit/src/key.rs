@@ -355,17 +355,25 @@ pub trait KeyExtractor: Send + Sync + 'static {
     /// `None`, the default, for a key the client cannot supply by itself (its address, a value
     /// that an earlier layer of the app puts in the extensions): the answer then names nothing,
     /// and gives away nothing of the app's setup. [`ApiKeyHeader`] names its header; a tuple
-    /// joins the hints of its parts with "and", [`or`] with "or" (either part's alone if the
-    /// other has none).
+    /// joins the hints of its parts with "and" (", and" after an "either ... or"), [`or`] says
+    /// "either ... or" (either part's alone if the other has none). The hint is fixed per
+    /// policy: under a tuple of a header and an extension, a request that sent the header but
+    /// lacks the extension is told to send the header all the same.
     fn client_hint(&self) -> Option<String> {
         None
     }
 }
 
-/// The hints of `parts` that there are, joined with ` {word} `: `None` if there is none.
-fn joined_hints(word: &str, parts: &[Option<String>]) -> Option<String> {
+/// The hints of all of `parts` that there are, joined with "and" (", and" if one is an "either
+/// ... or", so that it reads as one choice): `None` if there is none.
+fn all_hints(parts: &[Option<String>]) -> Option<String> {
     let hints: Vec<&str> = parts.iter().filter_map(Option::as_deref).collect();
-    (!hints.is_empty()).then(|| hints.join(&format!(" {word} ")))
+    let and = if hints.iter().any(|h| h.starts_with("either ")) {
+        ", and "
+    } else {
+        " and "
+    };
+    (!hints.is_empty()).then(|| hints.join(and))
 }
 
 impl<F, R> KeyExtractor for F
@@ -405,7 +413,7 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for (A, B) {
     }
 
     fn client_hint(&self) -> Option<String> {
-        joined_hints("and", &[self.0.client_hint(), self.1.client_hint()])
+        all_hints(&[self.0.client_hint(), self.1.client_hint()])
     }
 }
 
@@ -422,7 +430,7 @@ impl<A: KeyExtractor, B: KeyExtractor, C: KeyExtractor> KeyExtractor for (A, B, 
             self.1.client_hint(),
             self.2.client_hint(),
         ];
-        joined_hints("and", &hints)
+        all_hints(&hints)
     }
 }
 
@@ -485,7 +493,10 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
     }
 
     fn client_hint(&self) -> Option<String> {
-        joined_hints("or", &[self.first.client_hint(), self.second.client_hint()])
+        match (self.first.client_hint(), self.second.client_hint()) {
+            (Some(first), Some(second)) => Some(format!("either {first} or {second}")),
+            (first, second) => first.or(second),
+        }
     }
 }
 

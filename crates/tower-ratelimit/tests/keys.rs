@@ -126,8 +126,22 @@ async fn a_missing_key_answer_names_only_what_a_client_can_send() {
     );
     assert_eq!(
         text(key::or(header("x-api-key"), header("x-tenant"))).await,
-        "No rate-limit key in the request (send one non-empty x-api-key header or one \
+        "No rate-limit key in the request (send either one non-empty x-api-key header or one \
          non-empty x-tenant header)\n"
+    );
+    assert_eq!(
+        text((
+            key::or(header("x-api-key"), header("x-tenant")),
+            header("x-region")
+        ))
+        .await,
+        "No rate-limit key in the request (send either one non-empty x-api-key header or one \
+         non-empty x-tenant header, and one non-empty x-region header)\n"
+    );
+    // A part without a hint leaves the other's alone.
+    assert_eq!(
+        key::or(header("x-api-key"), PeerIp::new()).client_hint(),
+        Some("one non-empty x-api-key header".to_owned())
     );
     assert_eq!(
         text((header("x-api-key"), RouteKey::new(), header("x-tenant"))).await,
