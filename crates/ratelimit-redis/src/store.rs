@@ -1025,6 +1025,7 @@ impl Inner {
 
     /// A new connection from the pool, detached from it: the pool makes connections (with its
     /// connect and wait timeouts); this store keeps them.
+    ///
     /// Its error names the URLs, as `build`'s does, so that an operator reading a check's error
     /// long after start-up sees which server could not be reached.
     async fn open(&self) -> Result<Conn, RedisStoreError> {

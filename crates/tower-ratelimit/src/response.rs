@@ -848,13 +848,17 @@ fn about_blank(status: StatusCode, text: &str) -> Bytes {
 }
 
 const PLAIN_429: &str = "Too Many Requests\n";
-/// Why a request that can never pass was denied (its cost is above what the limit holds).
-const NEVER_DETAIL: &str = "this request costs more than the limit can ever admit at once";
-const PLAIN_NEVER: &str =
-    "Too Many Requests: this request costs more than the limit can ever admit at once\n";
-const GRPC_NEVER: HeaderValue = HeaderValue::from_static(
-    "Too Many Requests: this request costs more than the limit can ever admit at once",
-);
+/// Why a request that can never pass was denied (its cost is above what the limit holds): one
+/// sentence, in each form a denial takes.
+macro_rules! never_detail {
+    () => {
+        "this request costs more than the limit can ever admit at once"
+    };
+}
+const NEVER_DETAIL: &str = never_detail!();
+const PLAIN_NEVER: &str = concat!("Too Many Requests: ", never_detail!(), "\n");
+const GRPC_NEVER: HeaderValue =
+    HeaderValue::from_static(concat!("Too Many Requests: ", never_detail!()));
 const TEXT_PLAIN: HeaderValue = HeaderValue::from_static("text/plain; charset=utf-8");
 const PROBLEM_JSON: HeaderValue = HeaderValue::from_static("application/problem+json");
 const GRPC_STATUS: http::HeaderName = http::HeaderName::from_static("grpc-status");

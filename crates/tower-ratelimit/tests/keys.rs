@@ -30,23 +30,6 @@ fn app(store: TestStore, policy: Policy) -> Router {
         .layer(RateLimitLayer::new(store, policy).unwrap())
 }
 
-fn with_header(
-    mut req: http::Request<Body>,
-    name: &'static str,
-    value: &str,
-) -> http::Request<Body> {
-    req.headers_mut().insert(name, value.parse().unwrap());
-    req
-}
-
-async fn statuses(app: &Router, make: impl Fn() -> http::Request<Body>, n: usize) -> Vec<u16> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        out.push(send(app, make()).await.status().as_u16());
-    }
-    out
-}
-
 #[tokio::test]
 async fn api_keys_have_separate_limits() {
     let (_clock, store) = store();

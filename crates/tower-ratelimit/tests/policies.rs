@@ -19,14 +19,6 @@ fn per_minute(n: u64) -> Limit {
     Limit::single(Algorithm::TokenBucket, Quota::per_minute(n).unwrap()).unwrap()
 }
 
-async fn statuses(app: &Router, make: impl Fn() -> http::Request<Body>, n: usize) -> Vec<u16> {
-    let mut out = Vec::new();
-    for _ in 0..n {
-        out.push(send(app, make()).await.status().as_u16());
-    }
-    out
-}
-
 fn post_req(path: &str) -> http::Request<Body> {
     let mut req = request(path);
     *req.method_mut() = http::Method::POST;
@@ -403,13 +395,7 @@ async fn a_tier_name_borrowed_from_the_resolvers_own_table() {
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(RateLimitLayer::new(store, policy).unwrap());
-    let with_key = |key: &'static str| {
-        move || {
-            let mut r = request("/");
-            r.headers_mut().insert("x-api-key", key.parse().unwrap());
-            r
-        }
-    };
+    let with_key = |key: &'static str| move || with_header(request("/"), "x-api-key", key);
     let res = send(&app, with_key("key-a")()).await;
     assert_eq!(
         header(&res, "ratelimit-policy"),

@@ -56,6 +56,21 @@ pub async fn send(app: &Router, req: Request<Body>) -> Response<Body> {
     app.clone().oneshot(req).await.unwrap()
 }
 
+/// `req` with the header `name: value`.
+pub fn with_header(mut req: Request<Body>, name: &'static str, value: &str) -> Request<Body> {
+    req.headers_mut().insert(name, value.parse().unwrap());
+    req
+}
+
+/// The statuses of `n` requests made by `make`, in turn.
+pub async fn statuses(app: &Router, make: impl Fn() -> Request<Body>, n: usize) -> Vec<u16> {
+    let mut out = Vec::new();
+    for _ in 0..n {
+        out.push(send(app, make()).await.status().as_u16());
+    }
+    out
+}
+
 pub fn header<'a, B>(res: &'a Response<B>, name: &str) -> Option<&'a str> {
     res.headers().get(name).map(|v| v.to_str().unwrap())
 }
