@@ -872,7 +872,7 @@ mod tests {
             CircuitBreaker::new(2, Duration::from_secs(5)).unwrap(),
             Duration::from_millis(50),
             Arc::new(clock.clone()),
-            &Metrics::new("p"),
+            &Metrics::new("p", std::iter::empty()),
             "p".into(),
             parts,
         )
@@ -967,7 +967,7 @@ mod tests {
             CircuitBreaker::new(MAX_FAILURE_THRESHOLD, Duration::from_secs(1)).unwrap(),
             Duration::from_millis(50),
             Arc::new(clock.clone()),
-            &Metrics::new("p"),
+            &Metrics::new("p", std::iter::empty()),
             "p".into(),
             1,
         );
@@ -1155,7 +1155,7 @@ mod tests {
             CircuitBreaker::new(1, Duration::from_secs(1)).unwrap(),
             Duration::from_secs(5),
             Arc::new(clock.clone()),
-            &Metrics::new("p"),
+            &Metrics::new("p", std::iter::empty()),
             "p".into(),
             1,
         );

@@ -2,7 +2,7 @@
 //!
 //! | name | kind | labels |
 //! | --- | --- | --- |
-//! | `ratelimit_decisions_total` | counter | `policy`, `outcome` (see [`VerdictKind::as_str`]) |
+//! | `ratelimit_decisions_total` | counter | `policy`, `outcome` (see [`VerdictKind::as_str`]), and `tier` for a policy with tiers |
 //! | `ratelimit_store_duration_seconds` | histogram | `policy` |
 //! | `ratelimit_store_errors_total` | counter | `policy`, `kind` (`error`, `timeout`, `circuit_open`) |
 //! | `ratelimit_checks_cancelled_total` | counter | `policy` |
@@ -32,6 +32,15 @@
 //! added about 20 ns to a request (measured on 2026-11-29; docs/benchmarks.md), so about one in
 //! 64 of them, drawn at random, is timed: the histogram's count is then not the number of checks;
 //! `ratelimit_decisions_total` is.
+//!
+//! A policy with [tiers](crate::Policy::tier) labels its decisions with the request's `tier` as
+//! well: the tier's name, or `""` for the policy's own limit, which a Prometheus server stores as
+//! no label at all (so a query by policy and outcome reads the same series before and after tiers
+//! are added). The tier is the one the resolver chose, also for a request rejected for want of a
+//! key; `""` for an allow-listed request (let through before the resolver runs) and for one
+//! counted under the shared missing-key key (always the policy's own limit). Tier names come from
+//! the configuration, never from the request (a name the policy does not have counts as `""`),
+//! so the series stay bounded. A policy without tiers has no `tier` label.
 //!
 //! The policy's name is the `policy` label: layers that share a name share these series (their
 //! counters add up, and their circuits write one gauge), so give each layer of an app its own.
@@ -80,7 +89,12 @@ impl FailureKind {
 }
 
 pub(crate) struct Metrics {
+    /// By outcome, the policy's own limit's (`Rt::tiers[0]`), apart from the other tiers' so
+    /// that a request of no tier pays no more for the tiers than a test for 0 (indexing one
+    /// table cost it 4 instructions).
     decisions: [Counter; 9],
+    /// The other tiers', as `Rt::tiers[1..]`.
+    tier_decisions: Box<[[Counter; 9]]>,
     store_duration: Histogram,
     errors: [Counter; 3],
     pub(crate) cancelled: Counter,
@@ -97,7 +111,7 @@ impl std::fmt::Debug for Metrics {
 fn describe() {
     describe_counter!(
         DECISIONS_TOTAL,
-        "Rate-limit decisions, by policy and outcome (one per request the layer answered or let through)"
+        "Rate-limit decisions, by policy, outcome and (for a policy with tiers) tier (one per request the layer answered or let through)"
     );
     describe_histogram!(
         STORE_DURATION_SECONDS,
@@ -123,11 +137,27 @@ fn describe() {
 }
 
 impl Metrics {
-    pub(crate) fn new(policy: &str) -> Metrics {
+    /// The series of `policy`, whose tiers (beside its own limit) are `tiers`.
+    pub(crate) fn new<'a>(policy: &str, tiers: impl ExactSizeIterator<Item = &'a str>) -> Metrics {
         describe();
-        let decisions = VerdictKind::ALL.map(
-            |k| counter!(DECISIONS_TOTAL, "policy" => policy.to_owned(), "outcome" => k.as_str()),
-        );
+        let of_tier = |tier: &str| {
+            VerdictKind::ALL.map(|k| {
+                counter!(
+                    DECISIONS_TOTAL,
+                    "policy" => policy.to_owned(),
+                    "outcome" => k.as_str(),
+                    "tier" => tier.to_owned()
+                )
+            })
+        };
+        let (decisions, tier_decisions) = if tiers.len() == 0 {
+            let untiered = VerdictKind::ALL.map(|k| {
+                counter!(DECISIONS_TOTAL, "policy" => policy.to_owned(), "outcome" => k.as_str())
+            });
+            (untiered, Vec::new())
+        } else {
+            (of_tier(""), tiers.map(of_tier).collect())
+        };
         let errors = [
             FailureKind::Error,
             FailureKind::Timeout,
@@ -136,15 +166,21 @@ impl Metrics {
         .map(|k| counter!(STORE_ERRORS_TOTAL, "policy" => policy.to_owned(), "kind" => k.as_str()));
         Metrics {
             decisions,
+            tier_decisions: tier_decisions.into_boxed_slice(),
             store_duration: histogram!(STORE_DURATION_SECONDS, "policy" => policy.to_owned()),
             errors,
             cancelled: counter!(CHECKS_CANCELLED_TOTAL, "policy" => policy.to_owned()),
         }
     }
 
+    /// Counts a decision of `kind` on a request of `tier` (an index of `Rt::tiers`).
     #[inline]
-    pub(crate) fn decision(&self, kind: VerdictKind) {
-        self.decisions[kind.index()].increment(1);
+    pub(crate) fn decision(&self, kind: VerdictKind, tier: usize) {
+        let counters = match tier.checked_sub(1) {
+            None => &self.decisions,
+            Some(i) => &self.tier_decisions[i],
+        };
+        counters[kind.index()].increment(1);
     }
 
     pub(crate) fn store_duration(&self, d: std::time::Duration) {

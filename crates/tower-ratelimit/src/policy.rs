@@ -320,9 +320,16 @@ impl Policy {
     }
 
     /// Adds a tier: another limit, chosen per request by [`resolve_tier`](Policy::resolve_tier).
-    /// Tier names must be distinct.
+    /// Tier names must be distinct and not empty (the name is the `tier` label of the
+    /// [metrics](crate::metrics), where `""` stands for the policy's own limit).
     pub fn tier(mut self, name: impl Into<Cow<'static, str>>, limit: Limit) -> Result<Self, Error> {
         let name = name.into();
+        if name.is_empty() {
+            return Err(Error::InvalidSetting {
+                name: "tier",
+                reason: "a tier's name is empty: give it the name the resolver returns",
+            });
+        }
         if self.tiers.iter().any(|(n, _)| *n == name) {
             return Err(Error::DuplicateTier {
                 name: name.into_owned(),
@@ -502,8 +509,13 @@ mod tests {
             .tier("pro", limit())
             .unwrap();
         assert!(matches!(
-            p.tier("pro", limit()),
+            p.clone().tier("pro", limit()),
             Err(Error::DuplicateTier { .. })
+        ));
+        // `""` is the policy's own limit in the metrics' `tier` label.
+        assert!(matches!(
+            p.tier("", limit()),
+            Err(Error::InvalidSetting { name: "tier", .. })
         ));
         assert_eq!(
             MissingKey::reject(200),

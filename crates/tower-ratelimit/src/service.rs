@@ -210,7 +210,7 @@ impl Rt {
         shared_prefix.push(1);
         Ok(Rt {
             bodies: bodies(&policy),
-            metrics: Metrics::new(&name),
+            metrics: Metrics::new(&name, policy.tiers.iter().map(|(n, _)| n.as_ref())),
             tiers: tiers.into_boxed_slice(),
             key_start,
             headers_on_allowed,
@@ -338,7 +338,7 @@ impl<St: Store> Shared<St> {
     #[inline]
     fn forward<W>(&self, kind: VerdictKind, decision: Option<Decision>, tier: usize) -> Step<W> {
         let rt = &self.rt;
-        rt.metrics.decision(kind);
+        rt.metrics.decision(kind, tier);
         let allowed = matches!(kind, VerdictKind::Allowed | VerdictKind::FallbackAllowed);
         let headers = allowed && rt.headers_on_allowed;
         let verdict = rt.policy.verdict;
@@ -367,9 +367,10 @@ impl<St: Store> Shared<St> {
         &self,
         kind: VerdictKind,
         decision: Option<Decision>,
+        tier: usize,
         mut response: Response<Bytes>,
     ) -> Step<W> {
-        self.rt.metrics.decision(kind);
+        self.rt.metrics.decision(kind, tier);
         if self.rt.policy.verdict {
             response
                 .extensions_mut()
@@ -428,7 +429,7 @@ impl<St: Store> Shared<St> {
             &d,
             until_store,
         );
-        self.respond(kind, Some(d), response)
+        self.respond(kind, Some(d), tier, response)
     }
 
     /// No key in the request: the configured answer, or `None` with `key` set to the shared
@@ -457,7 +458,7 @@ impl<St: Store> Shared<St> {
                 .headers_mut()
                 .insert(http::header::WWW_AUTHENTICATE, challenge.clone());
         }
-        Some(self.respond(VerdictKind::NoKey, None, response))
+        Some(self.respond(VerdictKind::NoKey, None, tier, response))
     }
 
     /// The store could not answer. `part`: the key's circuit, or `PART_UNKNOWN` for this to look
@@ -479,7 +480,7 @@ impl<St: Store> Shared<St> {
             }
             FailurePolicy::FailClosed { retry_after } => {
                 let response = rt.bodies.error(Own::FailClosed, Some(retry_after));
-                self.respond(VerdictKind::FailedClosed, None, response)
+                self.respond(VerdictKind::FailedClosed, None, tier, response)
             }
             FailurePolicy::Fallback { .. } => {
                 let t = &rt.tiers[tier];

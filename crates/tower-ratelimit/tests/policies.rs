@@ -287,6 +287,107 @@ async fn metrics_by_policy_and_outcome() {
     );
 }
 
+/// A policy with tiers counts its decisions by tier too: the tier the resolver chose (also for a
+/// request without a key), `""` for the policy's own limit, for a tier name the policy does not
+/// have and for an allow-listed request; every series of the policy has the label, and no value
+/// comes from the request.
+#[tokio::test]
+async fn decisions_are_counted_by_tier() {
+    let (_clock, store) = store();
+    let (layer, snapshotter) = recorded(|| {
+        RateLimitLayer::new(
+            store,
+            Policy::new("t", per_minute(1))
+                .unwrap()
+                .key(ApiKeyHeader::new("x-api-key").unwrap())
+                .tier("pro", per_minute(3))
+                .unwrap()
+                .tier("enterprise", per_minute(5))
+                .unwrap()
+                .resolve_tier(|req| req.headers().get("x-plan")?.to_str().ok())
+                .allow(|req| req.uri().path() == "/health"),
+        )
+        .unwrap()
+    });
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route("/health", get(|| async { "up" }))
+        .layer(layer);
+    let req = |key: Option<&'static str>, plan: Option<&'static str>, path: &'static str| {
+        move || {
+            let mut r = request(path);
+            if let Some(key) = key {
+                r = with_header(r, "x-api-key", key);
+            }
+            if let Some(plan) = plan {
+                r = with_header(r, "x-plan", plan);
+            }
+            r
+        }
+    };
+    assert_eq!(
+        statuses(&app, req(Some("a"), Some("pro"), "/"), 4).await,
+        [200, 200, 200, 429]
+    );
+    assert_eq!(
+        statuses(&app, req(Some("b"), Some("enterprise"), "/"), 1).await,
+        [200]
+    );
+    assert_eq!(
+        statuses(&app, req(Some("c"), None, "/"), 2).await,
+        [200, 429]
+    );
+    // A plan the policy does not have: its own limit, counted as such.
+    assert_eq!(
+        statuses(&app, req(Some("d"), Some("gold"), "/"), 2).await,
+        [200, 429]
+    );
+    // No key: the answer is counted under the tier the resolver chose.
+    assert_eq!(statuses(&app, req(None, Some("pro"), "/"), 1).await, [400]);
+    // Allow-listed before the resolver runs.
+    assert_eq!(
+        statuses(&app, req(Some("a"), Some("pro"), "/health"), 2).await,
+        [200, 200]
+    );
+
+    let m = Recorded::take(&snapshotter);
+    let count = |tier: &str, outcome: &str| {
+        m.counter(
+            "ratelimit_decisions_total",
+            &[("policy", "t"), ("outcome", outcome), ("tier", tier)],
+        )
+    };
+    assert_eq!(count("pro", "allowed"), 3);
+    assert_eq!(count("pro", "denied"), 1);
+    assert_eq!(count("pro", "no_key"), 1);
+    assert_eq!(count("enterprise", "allowed"), 1);
+    assert_eq!(count("", "allowed"), 2);
+    assert_eq!(count("", "denied"), 2);
+    assert_eq!(count("", "allow_listed"), 2);
+    assert_eq!(count("pro", "allow_listed"), 0);
+    // Every decision series has the label, with one of the three values: 3 × 9 series.
+    let decisions: Vec<_> =
+        m.0.iter()
+            .filter(|(name, _, _)| name == "ratelimit_decisions_total")
+            .collect();
+    assert_eq!(decisions.len(), 3 * VerdictKind::ALL.len());
+    for (_, labels, _) in &decisions {
+        let tier = labels.iter().find(|(k, _)| k == "tier").map(|(_, v)| v);
+        assert!(
+            matches!(tier.map(String::as_str), Some("" | "pro" | "enterprise")),
+            "{labels:?}"
+        );
+    }
+    let total: u64 = decisions
+        .iter()
+        .map(|(_, _, v)| match v {
+            metrics_util::debugging::DebugValue::Counter(n) => *n,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(total, 12, "one decision per request");
+}
+
 #[tokio::test]
 async fn cost_per_request() {
     let (_clock, store) = store();

@@ -270,6 +270,12 @@ async fn metrics_endpoint_renders_the_decisions() {
     for _ in 0..7 {
         send(&app, request("POST", "/login", "203.0.113.50:1", None)).await;
     }
+    // The API route has tiers: its decisions are counted by tier too.
+    let peer = "203.0.113.51:1";
+    let pro = Some("demo-pro-key");
+    assert_eq!(status(&app, "GET", "/api/items", peer, pro).await, 200);
+    let free = Some("metrics-test-free-key");
+    assert_eq!(status(&app, "GET", "/api/items", peer, free).await, 200);
     let res = send(&app, request("GET", "/metrics", "203.0.113.50:1", None)).await;
     assert_eq!(res.status(), 200);
     assert_eq!(res.headers()["content-type"], "text/plain; version=0.0.4");
@@ -287,6 +293,11 @@ async fn metrics_endpoint_renders_the_decisions() {
     };
     assert!(value("ratelimit_decisions_total{policy=\"login\",outcome=\"denied\"}") >= 2);
     assert!(value("ratelimit_decisions_total{policy=\"login\",outcome=\"allowed\"}") >= 5);
+    // The login route has no tiers, hence no `tier` label; the API route's own limit is `""`.
+    assert!(
+        value("ratelimit_decisions_total{policy=\"api\",outcome=\"allowed\",tier=\"pro\"}") >= 1
+    );
+    assert!(value("ratelimit_decisions_total{policy=\"api\",outcome=\"allowed\",tier=\"\"}") >= 1);
     assert!(text.contains("# TYPE ratelimit_decisions_total counter"));
 }
 

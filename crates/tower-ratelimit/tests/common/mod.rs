@@ -264,11 +264,22 @@ impl Recorded {
         }
     }
 
+    /// Decisions of `policy` with `outcome`, over all its tiers (a policy with tiers has a series
+    /// per tier).
     pub fn outcome(&self, policy: &str, outcome: &str) -> u64 {
-        self.counter(
-            "ratelimit_decisions_total",
-            &[("policy", policy), ("outcome", outcome)],
-        )
+        self.0
+            .iter()
+            .filter(|(n, ls, _)| {
+                n == "ratelimit_decisions_total"
+                    && [("policy", policy), ("outcome", outcome)]
+                        .iter()
+                        .all(|(k, v)| ls.iter().any(|(lk, lv)| lk == k && lv == v))
+            })
+            .map(|(_, _, v)| match v {
+                metrics_util::debugging::DebugValue::Counter(n) => *n,
+                _ => 0,
+            })
+            .sum()
     }
 }
 
