@@ -244,23 +244,24 @@ fn the_series_are_described_with_their_units() {
     }
 }
 
-#[tokio::test]
-async fn metrics_by_policy_and_outcome() {
+/// A router of `/` and an allow-listed `/health` under `policy` (keyed by `x-api-key`) on a
+/// memory store, and the metrics its layer records.
+fn metered(policy: Policy) -> (Router, metrics_util::debugging::Snapshotter) {
     let (_clock, store) = store();
-    let (layer, snapshotter) = recorded(|| {
-        RateLimitLayer::new(
-            store,
-            Policy::new("m", per_minute(2))
-                .unwrap()
-                .key(ApiKeyHeader::new("x-api-key").unwrap())
-                .allow(|req| req.uri().path() == "/health"),
-        )
-        .unwrap()
-    });
+    let policy = policy
+        .key(ApiKeyHeader::new("x-api-key").unwrap())
+        .allow(|req| req.uri().path() == "/health");
+    let (layer, snapshotter) = recorded(|| RateLimitLayer::new(store, policy).unwrap());
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .route("/health", get(|| async { "up" }))
         .layer(layer);
+    (app, snapshotter)
+}
+
+#[tokio::test]
+async fn metrics_by_policy_and_outcome() {
+    let (app, snapshotter) = metered(Policy::new("m", per_minute(2)).unwrap());
     let keyed = || {
         let mut r = request("/");
         r.headers_mut().insert("x-api-key", "k".parse().unwrap());
@@ -293,26 +294,15 @@ async fn metrics_by_policy_and_outcome() {
 /// comes from the request.
 #[tokio::test]
 async fn decisions_are_counted_by_tier() {
-    let (_clock, store) = store();
-    let (layer, snapshotter) = recorded(|| {
-        RateLimitLayer::new(
-            store,
-            Policy::new("t", per_minute(1))
-                .unwrap()
-                .key(ApiKeyHeader::new("x-api-key").unwrap())
-                .tier("pro", per_minute(3))
-                .unwrap()
-                .tier("enterprise", per_minute(5))
-                .unwrap()
-                .resolve_tier(|req| req.headers().get("x-plan")?.to_str().ok())
-                .allow(|req| req.uri().path() == "/health"),
-        )
-        .unwrap()
-    });
-    let app = Router::new()
-        .route("/", get(|| async { "ok" }))
-        .route("/health", get(|| async { "up" }))
-        .layer(layer);
+    let (app, snapshotter) = metered(
+        Policy::new("t", per_minute(1))
+            .unwrap()
+            .tier("pro", per_minute(3))
+            .unwrap()
+            .tier("enterprise", per_minute(5))
+            .unwrap()
+            .resolve_tier(|req| req.headers().get("x-plan")?.to_str().ok()),
+    );
     let req = |key: Option<&'static str>, plan: Option<&'static str>, path: &'static str| {
         move || {
             let mut r = request(path);
