@@ -57,7 +57,7 @@ use ::metrics::{
 
 use crate::response::VerdictKind;
 
-/// Decisions by policy and outcome.
+/// Decisions by policy and outcome (and tier, for a policy with tiers).
 pub const DECISIONS_TOTAL: &str = "ratelimit_decisions_total";
 /// Store call latency in seconds, by policy.
 pub const STORE_DURATION_SECONDS: &str = "ratelimit_store_duration_seconds";

@@ -1,7 +1,8 @@
 //! Label cardinality: whatever the requests carry (client keys, paths with ids, missing keys),
 //! the layer's series are the bounded set registered when it is built, labelled only by the
-//! policy's name, the outcome and the failure kind. A test binary of its own: it installs the
-//! global recorder, so that a series registered while a request is handled (on any thread)
+//! policy's name, the outcome and the failure kind (and, for a policy with tiers, the tier's
+//! configured name: tests/policies.rs). A test binary of its own: it installs the global
+//! recorder, so that a series registered while a request is handled (on any thread)
 //! would be seen too, not only those registered by the build.
 
 mod common;
