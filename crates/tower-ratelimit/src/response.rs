@@ -178,6 +178,7 @@ impl Default for Headers {
 #[derive(Debug, Clone, Copy)]
 pub struct Denial<'a> {
     policy: &'a str,
+    tier: Option<&'a str>,
     decision: &'a Decision,
     until_store: Option<Duration>,
 }
@@ -187,6 +188,14 @@ impl Denial<'_> {
     #[must_use]
     pub fn policy(&self) -> &str {
         self.policy
+    }
+
+    /// The name of the request's tier (see [`Policy::tier`](crate::Policy::tier)), whose limit
+    /// denied it; `None` for the policy's own limit. A body can name the plan and what the next
+    /// one allows.
+    #[must_use]
+    pub fn tier(&self) -> Option<&str> {
+        self.tier
     }
 
     /// The decision.
@@ -374,11 +383,14 @@ pub struct Verdict {
     rt: Arc<Rt>,
     kind: VerdictKind,
     decision: Option<Decision>,
+    /// The request's tier, an index of `Rt::tiers`.
+    tier: usize,
 }
 
 impl PartialEq for Verdict {
     fn eq(&self, other: &Self) -> bool {
         self.policy() == other.policy()
+            && self.tier() == other.tier()
             && self.kind == other.kind
             && self.decision == other.decision
     }
@@ -390,6 +402,7 @@ impl fmt::Debug for Verdict {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Verdict")
             .field("policy", &self.policy())
+            .field("tier", &self.tier())
             .field("kind", &self.kind)
             .field("decision", &self.decision)
             .finish()
@@ -397,14 +410,33 @@ impl fmt::Debug for Verdict {
 }
 
 impl Verdict {
-    pub(crate) fn new(rt: Arc<Rt>, kind: VerdictKind, decision: Option<Decision>) -> Self {
-        Verdict { rt, kind, decision }
+    pub(crate) fn new(
+        rt: Arc<Rt>,
+        kind: VerdictKind,
+        decision: Option<Decision>,
+        tier: usize,
+    ) -> Self {
+        Verdict {
+            rt,
+            kind,
+            decision,
+            tier,
+        }
     }
 
     /// The policy's name.
     #[must_use]
     pub fn policy(&self) -> &str {
         &self.rt.name
+    }
+
+    /// The name of the request's tier (see [`Policy::tier`](crate::Policy::tier)); `None` for
+    /// the policy's own limit, which also applies to an allow-listed request (let through before
+    /// the resolver runs) and to a keyless one counted under the shared key. The same as the
+    /// `tier` label of the decision's metric (see [`metrics`](crate::metrics)).
+    #[must_use]
+    pub fn tier(&self) -> Option<&str> {
+        self.rt.tiers[self.tier].name.as_deref()
     }
 
     /// How the request was answered.
@@ -885,6 +917,7 @@ impl Bodies {
     pub(crate) fn denied(
         &self,
         name: &str,
+        tier: Option<&str>,
         prepared: &Prepared,
         mode: Headers,
         d: &Decision,
@@ -917,6 +950,7 @@ impl Bodies {
             DenialBody::Custom(f) => {
                 let denial = Denial {
                     policy: name,
+                    tier,
                     decision: d,
                     until_store,
                 };

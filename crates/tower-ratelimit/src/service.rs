@@ -315,9 +315,12 @@ impl Post {
         // its header fields stay), unless it only let the request through and this layer has
         // more to say (a shadow denial, a failed-open or fallback answer).
         if self.verdict && self.kind.outranks(response.extensions().get::<Verdict>()) {
-            response
-                .extensions_mut()
-                .insert(Verdict::new(self.rt, self.kind, self.decision));
+            response.extensions_mut().insert(Verdict::new(
+                self.rt,
+                self.kind,
+                self.decision,
+                self.tier,
+            ));
         }
     }
 
@@ -374,7 +377,7 @@ impl<St: Store> Shared<St> {
         if self.rt.policy.verdict {
             response
                 .extensions_mut()
-                .insert(Verdict::new(self.rt.clone(), kind, decision));
+                .insert(Verdict::new(self.rt.clone(), kind, decision, tier));
         }
         Step::Respond(response)
     }
@@ -424,6 +427,7 @@ impl<St: Store> Shared<St> {
         );
         let response = rt.bodies.denied(
             &rt.name,
+            rt.tiers[tier].name.as_deref(),
             rt.tiers[tier].prepared(fallback),
             rt.policy.headers,
             &d,

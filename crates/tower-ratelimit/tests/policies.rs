@@ -378,6 +378,49 @@ async fn decisions_are_counted_by_tier() {
     assert_eq!(total, 12, "one decision per request");
 }
 
+/// The request's tier is in its `Verdict` and in what a custom denial body is given, `None` for
+/// the policy's own limit (and for an allow-listed request, let through before the resolver).
+#[tokio::test]
+async fn the_tier_is_in_the_verdict_and_the_custom_body() {
+    use tower_ratelimit::DenialBody;
+    let body = DenialBody::custom(|denial| {
+        let plan = denial.tier().unwrap_or("free");
+        http::Response::new(bytes::Bytes::from(format!("the {plan} plan's limit")))
+    });
+    let (app, _) = metered(
+        Policy::new("t", per_minute(1))
+            .unwrap()
+            .tier("pro", per_minute(2))
+            .unwrap()
+            .resolve_tier(|req| req.headers().get("x-plan")?.to_str().ok())
+            .body(body),
+    );
+    let pro = || with_header(with_header(request("/"), "x-api-key", "a"), "x-plan", "pro");
+    let free = || with_header(request("/"), "x-api-key", "b");
+    let tier_of = |res: &http::Response<Body>| {
+        let v = res.extensions().get::<Verdict>().unwrap();
+        (v.kind(), v.tier().map(str::to_owned))
+    };
+    let pro_tier = Some("pro".to_owned());
+    for _ in 0..2 {
+        let res = send(&app, pro()).await;
+        assert_eq!(tier_of(&res), (VerdictKind::Allowed, pro_tier.clone()));
+    }
+    let res = send(&app, pro()).await;
+    assert_eq!(tier_of(&res), (VerdictKind::Denied, pro_tier.clone()));
+    assert_eq!(body_text(res).await, "the pro plan's limit");
+
+    let res = send(&app, free()).await;
+    assert_eq!(tier_of(&res), (VerdictKind::Allowed, None));
+    let res = send(&app, free()).await;
+    assert_eq!(tier_of(&res), (VerdictKind::Denied, None));
+    assert_eq!(body_text(res).await, "the free plan's limit");
+
+    let health = with_header(request("/health"), "x-plan", "pro");
+    let res = send(&app, health).await;
+    assert_eq!(tier_of(&res), (VerdictKind::AllowListed, None));
+}
+
 #[tokio::test]
 async fn cost_per_request() {
     let (_clock, store) = store();
