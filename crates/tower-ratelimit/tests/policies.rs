@@ -730,6 +730,14 @@ async fn a_policy_from_a_configuration_file() {
         ),
         "burst"
     );
+    // A tier without a name (`""` is the policy's own limit in the metrics' `tier` label).
+    assert_eq!(
+        refused(
+            "name = \"x\"\nquotas = [{ limit = 10, per = \"second\" }]\n\
+             [[tiers]]\nname = \"\"\nquotas = [{ limit = 5, per = \"second\" }]"
+        ),
+        "tier"
+    );
     assert_eq!(
         refused(
             "name = \"x\"\nquotas = [{ limit = 1, per = \"second\" }]\n\
