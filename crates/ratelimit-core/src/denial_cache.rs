@@ -507,9 +507,9 @@ impl ShardData {
 
     /// Starts a new generation of `kid` if it has a record: its cached denials answer no more.
     fn renew(&mut self, kid: u128) {
-        let generation = self.new_generation();
         if let Some(k) = self.map.get_mut(&kid).filter(|e| e.kind == Kind::Key) {
-            k.generation = generation;
+            self.generations += 1;
+            k.generation = self.generations;
         }
     }
 

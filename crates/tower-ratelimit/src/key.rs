@@ -425,12 +425,11 @@ impl<A: KeyExtractor, B: KeyExtractor, C: KeyExtractor> KeyExtractor for (A, B, 
     }
 
     fn client_hint(&self) -> Option<String> {
-        let hints = [
+        all_hints(&[
             self.0.client_hint(),
             self.1.client_hint(),
             self.2.client_hint(),
-        ];
-        all_hints(&hints)
+        ])
     }
 }
 

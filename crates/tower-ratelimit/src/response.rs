@@ -72,7 +72,7 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 
-use std::fmt;
+use std::fmt::{self, Write as _};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -816,7 +816,7 @@ fn grpc_message(text: &str) -> HeaderValue {
         if (0x20..0x7f).contains(&b) && b != b'%' {
             out.push(char::from(b));
         } else {
-            out.push_str(&format!("%{b:02X}"));
+            let _ = write!(out, "%{b:02X}");
         }
     }
     // Printable ASCII only: always a valid header value.
@@ -831,7 +831,7 @@ fn push_json_string(out: &mut String, s: &str) {
             '"' => out.push_str("\\\""),
             '\\' => out.push_str("\\\\"),
             c if u32::from(c) < 0x20 || c == '\u{7f}' => {
-                out.push_str(&format!("\\u{:04x}", u32::from(c)));
+                let _ = write!(out, "\\u{:04x}", u32::from(c));
             }
             c => out.push(c),
         }

@@ -227,20 +227,30 @@ impl Recorded {
         )
     }
 
-    fn find(
+    /// The series named `name` that have (at least) these labels.
+    fn matching(
         &self,
         name: &str,
         labels: &[(&str, &str)],
-    ) -> Option<&metrics_util::debugging::DebugValue> {
+    ) -> Vec<&metrics_util::debugging::DebugValue> {
         self.0
             .iter()
-            .find(|(n, ls, _)| {
+            .filter(|(n, ls, _)| {
                 n == name
                     && labels
                         .iter()
                         .all(|(k, v)| ls.iter().any(|(lk, lv)| lk == k && lv == v))
             })
             .map(|(_, _, v)| v)
+            .collect()
+    }
+
+    fn find(
+        &self,
+        name: &str,
+        labels: &[(&str, &str)],
+    ) -> Option<&metrics_util::debugging::DebugValue> {
+        self.matching(name, labels).into_iter().next()
     }
 
     pub fn counter(&self, name: &str, labels: &[(&str, &str)]) -> u64 {
@@ -267,19 +277,16 @@ impl Recorded {
     /// Decisions of `policy` with `outcome`, over all its tiers (a policy with tiers has a series
     /// per tier).
     pub fn outcome(&self, policy: &str, outcome: &str) -> u64 {
-        self.0
-            .iter()
-            .filter(|(n, ls, _)| {
-                n == "ratelimit_decisions_total"
-                    && [("policy", policy), ("outcome", outcome)]
-                        .iter()
-                        .all(|(k, v)| ls.iter().any(|(lk, lv)| lk == k && lv == v))
-            })
-            .map(|(_, _, v)| match v {
-                metrics_util::debugging::DebugValue::Counter(n) => *n,
-                _ => 0,
-            })
-            .sum()
+        self.matching(
+            "ratelimit_decisions_total",
+            &[("policy", policy), ("outcome", outcome)],
+        )
+        .into_iter()
+        .map(|v| match v {
+            metrics_util::debugging::DebugValue::Counter(n) => *n,
+            _ => 0,
+        })
+        .sum()
     }
 }
 
