@@ -248,7 +248,8 @@ pub enum ClientIpError {
     /// A trusted-proxy entry of prefix length 0 (`0.0.0.0/0`, `::/0`), or an IPv6 block that
     /// holds every IPv4-mapped address (`::ffff:0:0/96`, `::/64`) or every address of the NAT64
     /// well-known prefix (`64:ff9b::/96`); or entries that together hold every IPv4 address
-    /// (`0.0.0.0/1` and `128.0.0.0/1`) or every global unicast IPv6 address (`2000::/3`): every
+    /// (`0.0.0.0/1` and `128.0.0.0/1`), every address of the NAT64 prefix (`64:ff9b::/97` and
+    /// `64:ff9b::8000:0/97`) or every global unicast IPv6 address (`2000::/3`): every
     /// address (every IPv4 address, every client of a translator) would be a proxy, and any
     /// client could choose its own address with a forwarding header. `input` names the entry, or
     /// every entry when they do it together.
@@ -321,8 +322,8 @@ impl ClientIp {
     /// an IPv6 block holding all of `::ffff:0:0/96` (which would trust
     /// every IPv4 address) or all of `64:ff9b::/96` (every client of a NAT64
     /// translator), or entries that together trust every IPv4 address
-    /// (`0.0.0.0/1` and `128.0.0.0/1`) or every global unicast IPv6 address
-    /// (`2000::/3`).
+    /// (`0.0.0.0/1` and `128.0.0.0/1`), every address of `64:ff9b::/96` or
+    /// every global unicast IPv6 address (`2000::/3`).
     pub fn behind_proxies(
         trusted: impl IntoIterator<Item = impl AsRef<str>>,
     ) -> Result<Self, ClientIpError> {
@@ -336,7 +337,10 @@ impl ClientIp {
             .collect::<Result<Vec<_>, _>>()?;
         // Blocks that together trust every address, none of them alone (`0.0.0.0/1` and
         // `128.0.0.0/1`), are refused as one that does would be.
-        if covers_every_ipv4(&nets) || covers_every_global_ipv6(&nets) {
+        if covers_every_ipv4(&nets)
+            || covers_every_global_ipv6(&nets)
+            || covers_every_nat64_address(&nets)
+        {
             return Err(ClientIpError::TrustsEveryAddress {
                 input: inputs.join(", "),
             });
@@ -606,6 +610,21 @@ fn covers_every_global_ipv6(nets: &[IpNet]) -> bool {
         .collect();
     let first = 0x2000_u128 << 112;
     cover(ranges, first, first + (1 << 125) - 1)
+}
+
+/// Whether the trusted blocks together hold every address of the NAT64 well-known prefix
+/// `64:ff9b::/96` (`64:ff9b::/97` and `64:ff9b::8000:0/97`), as one block holding it would (see
+/// [`holds_every_nat64_address`]).
+fn covers_every_nat64_address(nets: &[IpNet]) -> bool {
+    let ranges = nets
+        .iter()
+        .filter_map(|net| match net {
+            IpNet::V6(v6) => Some((u128::from(v6.network()), u128::from(v6.broadcast()))),
+            IpNet::V4(_) => None,
+        })
+        .collect();
+    let first = NAT64_WELL_KNOWN << 32;
+    cover(ranges, first, first + u128::from(u32::MAX))
 }
 
 /// Whether `net` is an IPv6 block holding all of `::ffff:0:0/96`, the
@@ -1744,6 +1763,8 @@ mod tests {
             &["2000::/3"][..],
             &["2000::/4", "3000::/4"][..],
             &["2000::/3", "2001:db8::1"][..],
+            &["64:ff9b::/97", "64:ff9b::8000:0/97"][..],
+            &["64:ff9b::/98", "64:ff9b::4000:0/98", "64:ff9b::8000:0/97"][..],
         ] {
             let err = ClientIp::behind_proxies(together).unwrap_err();
             assert_eq!(
@@ -1760,6 +1781,7 @@ mod tests {
             &["0.0.0.0/1", "128.0.0.0/2", "192.0.0.0/3", "224.0.0.0/4"][..],
             &["2000::/4"][..],
             &["fd00::/8", "10.0.0.0/8"][..],
+            &["64:ff9b::/97", "64:ff9b::c000:0/98"][..],
         ] {
             assert!(ClientIp::behind_proxies(fine).is_ok(), "{fine:?}");
         }
