@@ -277,8 +277,8 @@ for name in ["bare", "noop", "ours_allowed_headers", "lean_allowed_headers", "go
 w("")
 w("`ours` is the default policy (a `Verdict` in the response extensions, the body wrapped in "
   "`ResponseBody`); `lean` is configured as tower_governor is, with neither "
-  "(`Policy::verdict(false)`, `RateLimitLayer::same_body()`). `noop` is a layer that does "
-  "nothing but split the request into parts and join them again: what axum charges any layer.")
+  "(`Policy::verdict(false)`, `RateLimitLayer::same_body()`). `noop` is a layer that only "
+  "passes the request on and wraps the inner future: what axum charges any layer.")
 stale_note("layer")
 interleaved("layer.txt", 28)
 w("")
