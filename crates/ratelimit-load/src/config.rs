@@ -126,6 +126,9 @@ pub struct Config {
     pub p99_target: Duration,
     /// Print JSON instead of text.
     pub json: bool,
+    /// Exit with status 3 unless the run establishes the mode's guarantee (see
+    /// [`Report::check`](crate::Report::check)).
+    pub check: bool,
     /// Write an SVG plot of latency over time here.
     pub svg: Option<PathBuf>,
     /// No progress bar.
@@ -163,6 +166,7 @@ impl Default for Config {
             steps: Vec::new(),
             p99_target: Duration::from_millis(10),
             json: false,
+            check: false,
             svg: None,
             quiet: false,
             threads: 2,
@@ -211,6 +215,9 @@ USAGE: ratelimit-load [OPTIONS]
   --seed N                   seed of the request-to-user schedule [1]
   --threads N                tokio worker threads, 1 to 1024 [2]
   --json                     print the report as JSON
+  --check                    exit 3 unless the run shows the mode's guarantee (no user above
+                             the bound + tolerance, some user testing it, no failed request,
+                             nothing cut short)
   --svg PATH                 write p50/p99 latency per second as an SVG plot
   --quiet                    no progress bar
   -h, --help                 this help
@@ -328,6 +335,7 @@ impl Config {
                 }
                 "--threads" => c.threads = num("--threads", &value("--threads")?)?,
                 "--json" => c.json = true,
+                "--check" => c.check = true,
                 "--svg" => c.svg = Some(PathBuf::from(value("--svg")?)),
                 "--quiet" | "-q" => c.quiet = true,
                 "-h" | "--help" => return Err(Error::Help),
@@ -406,6 +414,12 @@ impl Config {
         }
         if self.store == StoreKind::None && self.target == Target::Store {
             return fail("--store none (bare axum) needs --target http");
+        }
+        if self.check && !self.steps.is_empty() {
+            return fail("--check checks one run, not a sweep (--steps)");
+        }
+        if self.check && self.store == StoreKind::None {
+            return fail("--check needs a store: bare axum limits nothing");
         }
         if self.store == StoreKind::None && self.mode != Mode::Exact {
             return fail("--mode needs a store");

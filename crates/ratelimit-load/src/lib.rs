@@ -62,4 +62,7 @@ pub enum Error {
     /// A socket or file operation failed.
     #[error("i/o: {0}")]
     Io(#[from] std::io::Error),
+    /// The run was made but does not show the mode's guarantee (`--check`): what failed.
+    #[error("check failed: {}", .0.join("; "))]
+    Check(Vec<String>),
 }

@@ -47,6 +47,10 @@ fn main() -> ExitCode {
     runtime.shutdown_background();
     match outcome {
         Some(Ok(())) => ExitCode::SUCCESS,
+        Some(Err(e @ Error::Check(_))) => {
+            eprintln!("ratelimit-load: {e}");
+            ExitCode::from(3)
+        }
         Some(Err(e)) => {
             eprintln!("ratelimit-load: {e}");
             ExitCode::FAILURE
@@ -105,6 +109,12 @@ async fn main_async(config: &Config) -> Result<(), Error> {
     }
     if let Some(path) = &config.svg {
         std::fs::write(path, report.svg())?;
+    }
+    if config.check {
+        let failed = report.check();
+        if !failed.is_empty() {
+            return Err(Error::Check(failed));
+        }
     }
     Ok(())
 }

@@ -89,9 +89,9 @@ pub struct Report {
     pub max_admitted: u64,
     /// The most a user may be admitted over `elapsed` by the limit.
     pub admission_bound: u64,
-    /// Users who sent more than `admission_bound`: the only users a limiter could over-admit,
-    /// so the only ones the exactness check tests. With none, `users_above_bound` is 0 whatever
-    /// the limiter does.
+    /// Users with more than `admission_bound` requests decided (admitted or denied; a failed
+    /// request tests no limit): the only users a limiter could over-admit, so the only ones the
+    /// exactness check tests. With none, `users_above_bound` is 0 whatever the limiter does.
     pub users_tested: u64,
     /// Users admitted more than `admission_bound`: 0 when admission is exact.
     pub users_above_bound: u64,
@@ -110,8 +110,8 @@ pub struct Report {
     /// Users admitted more than `admission_bound` plus the tolerance: 0 if the mode kept its
     /// guarantee.
     pub users_above_tolerance: u64,
-    /// Users who sent more than `admission_bound` plus the tolerance: the only ones the
-    /// tolerance check tests (with a tolerance of 0, the same as `users_tested`).
+    /// Users with more than `admission_bound` plus the tolerance requests decided: the only ones
+    /// the tolerance check tests (with a tolerance of 0, the same as `users_tested`).
     pub users_tested_tolerance: u64,
     /// Live keys the memory store evicted at its cap (memory stores only). Not 0 means some users
     /// started again from a full quota mid-run, and the exactness figures do not hold.
@@ -150,6 +150,51 @@ impl Report {
             && (self.errors as f64) < 0.001 * self.completed as f64
     }
 
+    /// What keeps this run from showing the mode's guarantee (`--check`): a user admitted above
+    /// the bound (plus the mode's tolerance) over the run or within some interval of it, live
+    /// keys evicted, no user with more requests decided than the bound plus tolerance (nothing
+    /// tested), failed requests (each one a decision not seen) or a run cut short. Empty if
+    /// none.
+    pub fn check(&self) -> Vec<String> {
+        let mut failed = Vec::new();
+        if self.users_above_tolerance > 0 {
+            failed.push(format!(
+                "{} users admitted above the bound{}",
+                self.users_above_tolerance,
+                if self.tolerance > 0 {
+                    " + tolerance"
+                } else {
+                    ""
+                }
+            ));
+        }
+        if self.users_above_in_some_interval > 0 {
+            failed.push(format!(
+                "{} users admitted above the bound of some interval within the run",
+                self.users_above_in_some_interval
+            ));
+        }
+        if let Some(n) = self.memory_evictions.filter(|&n| n > 0) {
+            failed.push(format!("the memory store evicted {n} live keys"));
+        }
+        if self.users_tested_tolerance == 0 {
+            failed.push(
+                "no user had more requests decided than the bound + tolerance: nothing was tested"
+                    .to_owned(),
+            );
+        }
+        if self.errors > 0 {
+            failed.push(format!("{} requests failed", self.errors));
+        }
+        if self.timed_out || self.completed < self.scheduled {
+            failed.push(format!(
+                "cut short: {} of {} requests answered",
+                self.completed, self.scheduled
+            ));
+        }
+        failed
+    }
+
     /// The report as JSON.
     pub fn to_json(&self) -> Value {
         json!({
@@ -166,6 +211,7 @@ impl Report {
             "concurrency": self.concurrency,
             "scheduled": self.scheduled,
             "completed": self.completed,
+            "check_failures": self.check(),
             "admitted": self.admitted,
             "denied": self.denied,
             "errors": self.errors,
@@ -296,7 +342,7 @@ impl Report {
             );
             let _ = writeln!(
                 o,
-                "           users who sent more than the bound (the only ones that test it): {}{}",
+                "           users with more than the bound decided (the only ones that test it): {}{}",
                 self.users_tested,
                 if self.users_tested == 0 {
                     " (this run does not test exactness)"
@@ -318,7 +364,7 @@ impl Report {
                 );
                 let _ = writeln!(
                     o,
-                    "           users who sent more than bound + tolerance (the only ones that test it): {}{}",
+                    "           users with more than bound + tolerance decided (the only ones that test it): {}{}",
                     self.users_tested_tolerance,
                     if self.users_tested_tolerance == 0 {
                         " (this run does not test the tolerance)"

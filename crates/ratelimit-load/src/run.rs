@@ -117,6 +117,8 @@ struct Shared {
     sampler: Sampler,
     /// Per user: requests sent (what each was admitted is in the recorder's `admissions`).
     sent: Vec<AtomicU32>,
+    /// Per user: requests that failed (no decision: they test no limit).
+    failed: Vec<AtomicU32>,
     rec: Mutex<Recorder>,
     /// The clock the admissions are timed on: the one the in-memory stores count with, so that
     /// the check over every interval measures spans as the stores did (std's `Instant` and this
@@ -162,6 +164,7 @@ impl Shared {
         let max_latency_us = (config.duration + GRACE + Duration::from_secs(1)).as_micros() as u64;
         let sampler = Sampler::new(config);
         let sent = (0..config.users).map(|_| AtomicU32::new(0)).collect();
+        let failed = (0..config.users).map(|_| AtomicU32::new(0)).collect();
         let rec = Mutex::new(Recorder {
             latency: hist(max_latency_us, 3),
             seconds: (0..secs).map(|_| hist(MAX_SECOND_LATENCY_US, 2)).collect(),
@@ -188,6 +191,7 @@ impl Shared {
             completed: AtomicU64::new(0),
             sampler,
             sent,
+            failed,
             rec,
             clock,
         }
@@ -245,6 +249,9 @@ impl Shared {
         let lateness = started.saturating_duration_since(scheduled);
         let us = (latency.as_micros() as u64).max(1);
         self.sent[user as usize].fetch_add(1, Ordering::Relaxed);
+        if matches!(outcome, Outcome::Error) {
+            self.failed[user as usize].fetch_add(1, Ordering::Relaxed);
+        }
         let second = (i as f64 / self.rate) as usize;
         {
             let mut r = self.rec.lock();
@@ -920,17 +927,25 @@ fn build_report(
     let mut abusive_sent = 0;
     let mut abusive_admitted = 0;
     let by_user = admissions_by_user(&rec.admissions, shared.sent.len());
-    for (u, (sent, admissions)) in shared.sent.iter().zip(&by_user).enumerate() {
+    for (u, ((sent, failed), admissions)) in shared
+        .sent
+        .iter()
+        .zip(&shared.failed)
+        .zip(&by_user)
+        .enumerate()
+    {
         let sent = u64::from(sent.load(Ordering::Relaxed));
+        // A request that failed was neither admitted nor denied: it tests no limit.
+        let decided = sent - u64::from(failed.load(Ordering::Relaxed));
         let admitted = admissions.len() as u64;
         if sent > 0 {
             users_seen += 1;
         }
         max_admitted = max_admitted.max(admitted);
-        if sent > bound {
+        if decided > bound {
             users_tested += 1;
         }
-        if sent > bound_tolerated {
+        if decided > bound_tolerated {
             users_tested_tolerance += 1;
         }
         if admitted > bound {

@@ -85,6 +85,15 @@ async fn memory_store_exact() {
     assert_eq!(r.redis_calls, None);
     // No user's state was evicted mid-run: the exactness figures hold.
     assert_eq!(r.memory_evictions, Some(0), "{}", r.text());
+    // `--check` passes it; the same report with a failed request or cut short does not.
+    assert_eq!(r.check(), Vec::<String>::new());
+    assert_eq!(r.to_json()["check_failures"], serde_json::json!([]));
+    let mut failed = r.clone();
+    failed.errors = 3;
+    assert_eq!(failed.check(), ["3 requests failed"]);
+    let mut short = r.clone();
+    short.completed -= 1;
+    assert_eq!(short.check(), ["cut short: 1999 of 2000 requests answered"]);
 }
 
 /// A run that keeps to its schedule reads as its rate, not as `n / (n − 1)` of it: ten requests
@@ -212,6 +221,17 @@ async fn the_check_catches_unshared_state() {
     assert!(r.max_admitted > r.admission_bound + 50, "{}", r.text());
     assert_eq!(r.denied, 0);
     assert!(r.text().contains("users above bound: 2"));
+    assert_eq!(
+        r.check(),
+        [
+            "2 users admitted above the bound",
+            "2 users admitted above the bound of some interval within the run"
+        ]
+    );
+    assert_eq!(
+        r.to_json()["check_failures"].as_array().map(Vec::len),
+        Some(2)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,0 +1,74 @@
+//! The tool's exit status under `--check`: 0 when the run shows the mode's guarantee, 3 when it
+//! does not (here: nobody sent enough to test it), 2 for a check it cannot make (a sweep).
+
+use std::process::{Command, Output};
+
+fn tool(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_ratelimit-load"))
+        .args(["--quiet", "--store", "memory", "--duration", "1"])
+        .args(args)
+        .output()
+        .expect("the tool runs")
+}
+
+#[test]
+fn check_passes_a_run_that_tests_the_limit() {
+    // Two users at 100 times a normal user's rate send about 170 requests each against 100 a
+    // minute: they test the bound, and the memory store keeps it.
+    let out = tool(&[
+        "--check",
+        "--users",
+        "1000",
+        "--abusive",
+        "2",
+        "--rate",
+        "2000",
+        "--limit",
+        "100/minute",
+    ]);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{stderr}");
+    assert!(stdout.contains("users above bound: 0"), "{stdout}");
+}
+
+#[test]
+fn check_fails_a_run_that_tests_nothing() {
+    // A thousand users sharing 200 requests: nobody comes near 100 a minute, so "nobody was
+    // admitted above the limit" would hold for any limiter, and the check says so.
+    let out = tool(&[
+        "--check",
+        "--users",
+        "1000",
+        "--abusive",
+        "0",
+        "--rate",
+        "200",
+        "--limit",
+        "100/minute",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(3), "{stderr}");
+    assert!(stderr.contains("nothing was tested"), "{stderr}");
+    // Without `--check`, the same run exits 0: its report is the answer.
+    let out = tool(&[
+        "--users",
+        "1000",
+        "--abusive",
+        "0",
+        "--rate",
+        "200",
+        "--limit",
+        "100/minute",
+    ]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("(this run does not test exactness)"));
+}
+
+#[test]
+fn check_refuses_a_sweep() {
+    let out = tool(&["--check", "--steps", "100,200"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("--check checks one run"), "{stderr}");
+}
