@@ -36,7 +36,8 @@ for tool in redis-server redis-benchmark python3; do
   command -v "$tool" >/dev/null || { echo "bench.sh: $tool is needed" >&2; exit 1; }
 done
 
-load() { uptime | sed 's/.*load average: //'; }
+# The load average from /proc (`uptime` is in procps, which minimal images lack).
+load() { cut -d' ' -f1-3 /proc/loadavg | sed 's/ /, /g'; }
 
 # --- the machine ---------------------------------------------------------------------------
 {
@@ -144,6 +145,8 @@ fi # REPORT_ONLY
 MODES="exact denial-cache leasing coalesce"
 
 # --- the report ------------------------------------------------------------------------------
+command -v python3 >/dev/null || { echo "bench.sh: python3 is needed" >&2; exit 1; }
+[ -e "$OUT/start.stamp" ] || { echo "bench.sh: no run in $OUT to report on (run bench.sh first)" >&2; exit 1; }
 python3 - "$OUT" "$MODES" "$DOC" <<'PY'
 import glob, json, os, re, sys
 

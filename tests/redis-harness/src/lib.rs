@@ -22,13 +22,14 @@ use std::fmt;
 use std::io::{BufRead, BufReader, Write};
 use std::net::{Ipv4Addr, SocketAddrV4, TcpListener, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, Output, Stdio};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
 
 pub mod blackhole;
+pub mod process;
 pub mod proxy;
 pub mod tls;
 
@@ -38,17 +39,33 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 /// choice and the server's bind).
 const PORT_ATTEMPTS: usize = 5;
 
-/// Writes `text` as the configuration file `conf` and starts `redis-server` on it, its output
-/// discarded (it logs to the file the configuration names).
+/// Writes `text` as the configuration file `conf` and starts `redis-server` on it. It logs to the
+/// file the configuration names; what it writes before it opens that file (a configuration
+/// error, `*** FATAL CONFIG FILE ERROR`) goes to `redis.stderr` beside `conf`, which
+/// [`server_log`] adds to the log.
 fn spawn_server(conf: &Path, text: &str) -> Child {
     std::fs::write(conf, text).expect("write redis.conf");
+    let stderr =
+        std::fs::File::create(conf.with_file_name("redis.stderr")).expect("create redis.stderr");
     Command::new(binary("redis-server"))
         .arg(conf)
         .stdin(Stdio::null())
         .stdout(Stdio::null())
-        .stderr(Stdio::null())
+        .stderr(stderr)
         .spawn()
         .expect("spawn redis-server")
+}
+
+/// The log of the server whose files are in `dir`: its `redis.log`, and what it wrote to stderr
+/// (a configuration error is written there, before the log file is opened), if anything.
+fn server_log(dir: &Path) -> String {
+    let mut log = std::fs::read_to_string(dir.join("redis.log")).unwrap_or_default();
+    let stderr = std::fs::read_to_string(dir.join("redis.stderr")).unwrap_or_default();
+    if !stderr.trim().is_empty() {
+        log.push_str("stderr:\n");
+        log.push_str(&stderr);
+    }
+    log
 }
 
 /// Whether a server's log says it exited because its port was taken.
@@ -328,7 +345,7 @@ impl RedisServer {
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+        server_log(self.dir.path())
     }
 
     /// Kills the process (SIGKILL) and waits for it. The port stays reserved for [`restart`].
@@ -472,18 +489,74 @@ fn cli(port: u16, auth: &[String], args: &[&str]) -> String {
     try_cli(port, auth, args).unwrap_or_else(|e| panic!("redis-cli {args:?} failed: {e}"))
 }
 
+/// How long a `redis-cli` call may take (`--cluster create` included) before it is killed: a
+/// server that accepts connections but never answers (paused, or a port taken by another
+/// process) fails the call instead of hanging the test.
+const CLI_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// `command`'s output, as `Command::output` gives it, unless it runs longer than `timeout`: then
+/// it is killed, and the error says so.
+fn output_within(command: &mut Command, timeout: Duration) -> Result<Output, String> {
+    use std::io::Read;
+    let mut child = command
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| e.to_string())?;
+    // Read on threads of their own, so that a long output never fills a pipe and stalls it.
+    let read = |pipe: Option<Box<dyn Read + Send>>| {
+        std::thread::spawn(move || {
+            let mut bytes = Vec::new();
+            if let Some(mut pipe) = pipe {
+                let _ = pipe.read_to_end(&mut bytes);
+            }
+            bytes
+        })
+    };
+    let stdout = read(
+        child
+            .stdout
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let stderr = read(
+        child
+            .stderr
+            .take()
+            .map(|p| Box::new(p) as Box<dyn Read + Send>),
+    );
+    let deadline = Instant::now() + timeout;
+    let status = loop {
+        match child.try_wait().map_err(|e| e.to_string())? {
+            Some(status) => break status,
+            None if Instant::now() >= deadline => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return Err(format!("no answer within {timeout:?} (killed)"));
+            }
+            None => std::thread::sleep(Duration::from_millis(5)),
+        }
+    };
+    Ok(Output {
+        status,
+        stdout: stdout.join().unwrap_or_default(),
+        stderr: stderr.join().unwrap_or_default(),
+    })
+}
+
 /// [`cli`], or why `redis-cli` could not run or failed (its stderr).
 fn try_cli(port: u16, auth: &[String], args: &[&str]) -> Result<String, String> {
-    let out = Command::new(binary("redis-cli"))
-        .arg("-h")
-        .arg("127.0.0.1")
-        .arg("-p")
-        .arg(port.to_string())
-        .args(auth)
-        .args(args)
-        .stdin(Stdio::null())
-        .output()
-        .map_err(|e| e.to_string())?;
+    let out = output_within(
+        Command::new(binary("redis-cli"))
+            .arg("-h")
+            .arg("127.0.0.1")
+            .arg("-p")
+            .arg(port.to_string())
+            .args(auth)
+            .args(args),
+        CLI_TIMEOUT,
+    )?;
     if !out.status.success() {
         return Err(String::from_utf8_lossy(&out.stderr).into_owned());
     }
@@ -710,6 +783,45 @@ mod tests {
         );
         let raw = raw_command(s.port(), &["PING"]).unwrap();
         assert!(raw.starts_with("-NOAUTH"), "{raw}");
+    }
+
+    #[test]
+    fn a_command_is_cut_at_its_timeout_and_its_output_read_whole() {
+        let started = Instant::now();
+        let err = output_within(
+            Command::new("sh").args(["-c", "sleep 5"]),
+            Duration::from_millis(200),
+        )
+        .unwrap_err();
+        assert!(err.contains("no answer within"), "{err}");
+        assert!(started.elapsed() < Duration::from_secs(4));
+        // More than a pipe holds (64 KiB), on both streams: read while it runs, not after.
+        let out = output_within(
+            Command::new("sh").args([
+                "-c",
+                "head -c 200000 /dev/zero; head -c 100000 /dev/zero >&2",
+            ]),
+            Duration::from_secs(20),
+        )
+        .unwrap();
+        assert!(out.status.success());
+        assert_eq!((out.stdout.len(), out.stderr.len()), (200_000, 100_000));
+    }
+
+    /// A configuration error is written to stderr before the log file is opened: the panic
+    /// says what it was.
+    #[test]
+    fn a_bad_configuration_line_is_named_in_the_panic() {
+        let started = std::panic::catch_unwind(|| {
+            RedisServer::builder().config("no-such-directive 1").start()
+        });
+        let panic = started.expect_err("a server with a bad configuration line does not start");
+        let why = panic
+            .downcast_ref::<String>()
+            .cloned()
+            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+            .unwrap_or_default();
+        assert!(why.contains("no-such-directive"), "{why}");
     }
 
     #[test]

@@ -182,7 +182,7 @@ impl TlsRedisServer {
     }
 
     fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("redis.log")).unwrap_or_default()
+        crate::server_log(self.dir.path())
     }
 
     /// `rediss://127.0.0.1:<port>`.
@@ -213,18 +213,19 @@ impl TlsRedisServer {
     }
 
     fn try_cli(&self, args: &[&str]) -> Option<String> {
-        let out = Command::new(crate::binary("redis-cli"))
-            .arg("--tls")
-            .arg("--cacert")
-            .arg(self.ca_path())
-            .arg("-h")
-            .arg("127.0.0.1")
-            .arg("-p")
-            .arg(self.port.to_string())
-            .args(args)
-            .stdin(Stdio::null())
-            .output()
-            .ok()?;
+        let out = crate::output_within(
+            Command::new(crate::binary("redis-cli"))
+                .arg("--tls")
+                .arg("--cacert")
+                .arg(self.ca_path())
+                .arg("-h")
+                .arg("127.0.0.1")
+                .arg("-p")
+                .arg(self.port.to_string())
+                .args(args),
+            crate::CLI_TIMEOUT,
+        )
+        .ok()?;
         out.status
             .success()
             .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
