@@ -32,6 +32,11 @@ const LIMIT: u64 = 100;
 const PER_GATEWAY: u64 = 150;
 /// Concurrent senders for the spread user.
 const SPREAD_WORKERS: u64 = 8;
+/// The most pinned users sending at once. Without a bound, `--users 20000` would put three
+/// million requests in flight on the gateways' few Redis connections, and most would wait past
+/// the store's timeout and be answered 503 (fail closed): a measure of the overload, not of the
+/// limit.
+const USERS_AT_ONCE: usize = 256;
 
 /// What to run.
 #[derive(Debug, Clone)]
@@ -228,15 +233,17 @@ async fn run(options: Options) -> Result<Report, Box<dyn std::error::Error>> {
 
     let started = Instant::now();
     let mut tasks = Vec::new();
+    let at_once = Arc::new(tokio::sync::Semaphore::new(USERS_AT_ONCE));
     // Users pinned to one gateway each: user-01 to gateway 1, and so on around the fleet.
     for u in 1..options.users {
         let target = usize::try_from(u)? % n;
         let targets = vec![target; usize::try_from(PER_GATEWAY)?];
-        tasks.push(tokio::spawn(send_all(
-            gateways.clone(),
-            format!("user-{u:02}"),
-            targets,
-        )));
+        let (gateways, at_once) = (gateways.clone(), at_once.clone());
+        tasks.push(tokio::spawn(async move {
+            // Never closed: the permit is always granted, in turn.
+            let _turn = at_once.acquire_owned().await;
+            send_all(gateways, format!("user-{u:02}"), targets).await
+        }));
     }
     // The spread user: request k goes to gateway k mod N, sent by several workers at once.
     let spread_total = options.gateways * PER_GATEWAY;
