@@ -243,7 +243,16 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 reason: "must be at least 1",
             });
         }
+        // A store whose answer is always ready at once and never an error (the in-memory store's
+        // future, `Ready` with an `Infallible` error) can neither fail nor time out: it needs no
+        // breaker, and its requests skip the breaker's check. A store with an `Infallible` error
+        // whose future can wait keeps its breaker, since its timeouts count as failures.
+        let always_answers = TypeId::of::<St::Future>()
+            == TypeId::of::<Ready<Result<Decision, St::Error>>>()
+            && TypeId::of::<St::Error>() == TypeId::of::<Infallible>();
+        // (Not for a breaker that is never built.)
         if let Some(b) = &self.breaker
+            && !always_answers
             && b.cool_down() <= self.timeout
         {
             tracing::warn!(
@@ -279,13 +288,6 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             _ => None,
         };
         let rt = Arc::new(Rt::new(self.policy)?);
-        // A store whose answer is always ready at once and never an error (the in-memory store's
-        // future, `Ready` with an `Infallible` error) can neither fail nor time out: it needs no
-        // breaker, and its requests skip the breaker's check. A store with an `Infallible` error
-        // whose future can wait keeps its breaker, since its timeouts count as failures.
-        let always_answers = TypeId::of::<St::Future>()
-            == TypeId::of::<Ready<Result<Decision, St::Error>>>()
-            && TypeId::of::<St::Error>() == TypeId::of::<Infallible>();
         let breaker = self.breaker.filter(|_| !always_answers).map(|config| {
             Arc::new(Breaker::new(
                 config,

@@ -1476,6 +1476,17 @@ fn a_cool_down_within_the_timeout_is_warned_of_when_built() {
     }
     assert_eq!(build(51), "");
     assert_eq!(build(10_000), "");
+    // The memory store, which can neither fail nor time out, gets no breaker: nothing to warn of.
+    let (lines, _guard) = Lines::capture();
+    RateLimitLayer::builder(
+        ratelimit_core::MemoryStore::new(),
+        Policy::new("cd", per_minute(10)).unwrap(),
+    )
+    .timeout(Duration::from_millis(50))
+    .circuit_breaker(CircuitBreaker::new(3, Duration::from_millis(1)).unwrap())
+    .build()
+    .unwrap();
+    assert_eq!(lines.text(), "");
 }
 
 /// A store whose checks hang, fail at once, answer as a cache in front of a store would

@@ -362,12 +362,23 @@ impl Config {
         let de = toml::Deserializer::parse(text).map_err(|e| toml_error("", &e, text))?;
         let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let field = e.path().to_string();
+            // A string of the wrong type under `store` (`urls = "redis://:pw@…"` where an
+            // array belongs) or `api_keys` (`api_keys = "sk_live_…"`) may be a password or a
+            // key: serde's message quotes it whole, so it is not shown.
+            let secret = field == "store"
+                || field.starts_with("store.")
+                || field == "api_keys"
+                || field.starts_with("api_keys.");
             let field = match field.strip_prefix("api_keys.") {
                 _ if field == "." => String::new(),
                 Some(key) => format!("api_keys.{}", redact_key(key.trim_matches('"'))),
                 None => field,
             };
-            toml_error(&field, e.inner(), text)
+            let mut error = toml_error(&field, e.inner(), text);
+            if secret {
+                error.message = hide_strings(&error.message);
+            }
+            error
         })?;
         config.validate()?;
         Ok(config)
@@ -467,6 +478,36 @@ impl Config {
 fn redact_key(key: &str) -> String {
     let shown: String = key.chars().take((key.chars().count() / 2).min(4)).collect();
     format!("\"{}…\"", shown.escape_debug())
+}
+
+/// `message` with every string serde quotes in it (`invalid type: string "…", expected …`)
+/// replaced by `a string`. A quote inside the string is escaped (`\"`), so the first unescaped
+/// quote ends it.
+fn hide_strings(message: &str) -> String {
+    const OPEN: &str = "string \"";
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some(at) = rest.find(OPEN) {
+        out.push_str(&rest[..at]);
+        out.push_str("a string");
+        let quoted = &rest[at + OPEN.len()..];
+        let mut escaped = false;
+        let end = quoted.char_indices().find_map(|(i, c)| match c {
+            '\\' if !escaped => {
+                escaped = true;
+                None
+            }
+            '"' if !escaped => Some(i + 1),
+            _ => {
+                escaped = false;
+                None
+            }
+        });
+        // Unterminated: the rest is the string.
+        rest = end.map_or("", |end| &quoted[end..]);
+    }
+    out.push_str(rest);
+    out
 }
 
 /// `field: message (line L, column C)`, from one of toml's errors.

@@ -616,6 +616,28 @@ async fn bad_configurations_fail_naming_the_field() {
             "expected `{expected}...`, got:\n{err}\nfor:\n{text}"
         );
     }
+    // A string where an array or a table belongs, under `store` or `api_keys`, may be a
+    // password or a key: the error names the field and the type, not the value.
+    let policy = with_policy("quotas = [{ limit = 5, per = \"minute\" }]");
+    for (text, expected) in [
+        (
+            format!(
+                "[store]\nkind = \"redis_cluster\"\nurls = \"redis://:s3cret@10.0.0.5:7000\"\n{policy}"
+            ),
+            "store.urls: invalid type: a string, expected a sequence (line 3",
+        ),
+        (
+            format!("api_keys = \"sk_live_s3cret\\\" more\"\n{policy}"),
+            "api_keys: invalid type: a string, expected a map (line 1",
+        ),
+    ] {
+        let err = Config::from_toml(&text).expect_err(&text).to_string();
+        assert!(
+            err.starts_with(expected),
+            "expected `{expected}...`, got:\n{err}\nfor:\n{text}"
+        );
+        assert!(!err.contains("s3cret"), "{err}");
+    }
     // A cost over each gateway's fallback share (writes refused while Redis is down) may be
     // meant: loaded, with a warning that names it.
     let routes = "[[routes]]\npath = \"/api\"\ncost_by_method = { POST = 5 }\n[routes.policy]\n\
