@@ -75,6 +75,20 @@ impl Silence {
         }
     }
 
+    /// A command sent at `sent` on connection `generation` was left unanswered (its check gave
+    /// up): if the connection has no mark, this command's send time becomes it. The mark is then
+    /// late (an older command may be outstanding too), never early: a command sent while an
+    /// earlier one was marked is not marked when that one's answer clears the mark, and without
+    /// this, such a command left unanswered by a server gone silent would leave nothing to
+    /// watch (see `Inner::watch`).
+    pub(crate) fn unanswered(&self, generation: u64, sent: u64) {
+        if self.generation.load(Ordering::Acquire) == generation {
+            let _ = self
+                .since
+                .compare_exchange(0, sent, Ordering::Release, Ordering::Relaxed);
+        }
+    }
+
     /// The mark on connection `generation`, if it has one (and is the current connection).
     pub(crate) fn mark(&self, generation: u64) -> Option<u64> {
         let since = self.since.load(Ordering::Acquire);
@@ -134,6 +148,27 @@ mod tests {
         assert_eq!(s.sent(0, 300), None);
         assert_eq!(s.sent(1, 400), None);
         assert_eq!(s.sent(1, 500), Some(400));
+    }
+
+    #[test]
+    fn a_command_left_unanswered_after_the_mark_was_cleared_marks_again() {
+        let s = Silence::new();
+        s.reset(0);
+        // Two commands at once: the first marks, the second finds the mark.
+        assert_eq!(s.sent(0, 10), None);
+        assert_eq!(s.sent(0, 11), Some(10));
+        // The first is answered, then the server stops: the second is outstanding, unmarked.
+        s.answered(0, 10);
+        assert_eq!(s.mark(0), None);
+        // Its check gives up: its send time is the mark, and the watch has something to watch.
+        s.unanswered(0, 11);
+        assert_eq!(s.mark(0), Some(11));
+        // An older mark is kept (it is the better bound), and another connection's is not set.
+        s.unanswered(0, 50);
+        assert_eq!(s.mark(0), Some(11));
+        s.reset(1);
+        s.unanswered(0, 60);
+        assert_eq!(s.mark(1), None);
     }
 
     #[test]

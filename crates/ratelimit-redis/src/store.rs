@@ -132,12 +132,19 @@ struct Unanswered<'a> {
     inner: &'a Arc<Inner>,
     slot: usize,
     generation: u64,
+    /// When the command was sent (the silence's clock).
+    sent: u64,
     answered: bool,
 }
 
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
         if !self.answered {
+            // Marked if the connection has no mark: a command sent while another was marked
+            // stays unmarked once that one is answered (see `Silence::unanswered`).
+            self.inner.slots[self.slot]
+                .silence
+                .unanswered(self.generation, self.sent);
             self.inner.watch(self.slot, self.generation);
         }
     }
@@ -603,6 +610,7 @@ impl Inner {
             inner: self,
             slot,
             generation,
+            sent,
             answered: false,
         };
         let reply = match tokio::time::timeout_at(deadline, conn.eval(script, &cmd)).await {
