@@ -70,8 +70,8 @@ pub const DEFAULT_QUEUE_CALLS: usize = 4;
 /// checks ahead of it) when Redis is slow. Callers that stop waiting (the layer's timeout, a
 /// dropped request) leave the queue: their checks are not sent and spend nothing. (Not a request
 /// dropped behind the tower layer's circuit breaker, on by default: the breaker runs such a check
-/// on to its answer, to settle its circuit, so it is sent with its batch and spends as it would
-/// have sent alone; the layer's own timeout does drop it.) If a key's task
+/// on to its answer, to settle its circuit, so it is sent with its batch and spends what it would
+/// have spent sent alone; the layer's own timeout does drop it.) If a key's task
 /// ends without answering (its runtime shut down), its waiting checks fail at once and the next
 /// check of the key starts a new one.
 ///
