@@ -1018,6 +1018,60 @@ fn syntax_errors_are_placed_in_characters_and_never_panic() {
     assert!(errors > 0, "some prefixes are not valid configurations");
 }
 
+/// `[store.circuit_breaker]` reaches the layer: with `failures = 1`, a Redis that is down opens
+/// the circuit at the first failure and the next checks are refused without asking it
+/// (`kind="circuit_open"`); with `enabled = false`, every check asks it (`kind="error"` each).
+#[tokio::test]
+async fn the_breaker_settings_reach_the_layer() {
+    let mut server = redis_harness::RedisServer::start();
+    server.kill();
+    let gateway = |name: &str, breaker: &str| {
+        let text = format!(
+            "[store]\nkind = \"redis\"\nurl = \"{}\"\nstart_without_redis = true\n\
+             timeout_ms = 2000\ncircuit_breaker = {{ {breaker} }}\n\
+             [[routes]]\npath = \"/login\"\nkey = {{ source = \"ip\" }}\n\
+             [routes.policy]\nname = \"{name}\"\nquotas = [{{ limit = 5, per = \"minute\" }}]\n\
+             failure = {{ mode = \"closed\", retry_after_secs = 5 }}\n",
+            server.url()
+        );
+        Config::from_toml(&text).unwrap()
+    };
+    let on = app(&gateway(
+        "breaker-on",
+        "failures = 1, cool_down_ms = 600000",
+    ))
+    .await
+    .unwrap();
+    let off = app(&gateway("breaker-off", "enabled = false"))
+        .await
+        .unwrap();
+    for app in [&on, &off] {
+        for _ in 0..3 {
+            assert_eq!(
+                status(app, "POST", "/login", "192.0.2.7:1", None).await,
+                503
+            );
+        }
+    }
+    // The metrics of the whole binary: these two policies are this test's alone.
+    let text = body(send(&on, request("GET", "/metrics", "192.0.2.7:1", None)).await).await;
+    let value = |series: &str| -> Option<u64> {
+        text.lines()
+            .find(|l| l.starts_with(series))
+            .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+    };
+    let errors = |policy: &str, kind: &str| {
+        value(&format!(
+            "ratelimit_store_errors_total{{policy=\"{policy}\",kind=\"{kind}\"}}"
+        ))
+        .unwrap_or(0)
+    };
+    assert_eq!(errors("breaker-on", "error"), 1, "{text}");
+    assert_eq!(errors("breaker-on", "circuit_open"), 2, "{text}");
+    assert_eq!(errors("breaker-off", "error"), 3, "{text}");
+    assert_eq!(errors("breaker-off", "circuit_open"), 0, "{text}");
+}
+
 /// `[store.circuit_breaker] per_failure_domain`: a circuit per failure domain of the store by
 /// default, one for the whole store when false.
 #[test]
