@@ -1072,6 +1072,47 @@ async fn the_breaker_settings_reach_the_layer() {
     assert_eq!(errors("breaker-off", "circuit_open"), 0, "{text}");
 }
 
+/// `per_failure_domain` reaches the layer: on a cluster that is down, the keys of ten clients
+/// open the circuits of their failure domains (several), or the one circuit of the whole store
+/// when false.
+#[tokio::test]
+async fn a_circuit_per_failure_domain_unless_told_otherwise() {
+    let cluster = redis_harness::RedisCluster::start(3);
+    let urls: Vec<String> = cluster.urls().iter().map(|u| format!("\"{u}\"")).collect();
+    drop(cluster);
+    let gateway = |name: &str, per_domain: bool| {
+        let text = format!(
+            "[store]\nkind = \"redis_cluster\"\nurls = [{}]\nstart_without_redis = true\n\
+             timeout_ms = 2000\n\
+             circuit_breaker = {{ failures = 1, cool_down_ms = 600000, per_failure_domain = {per_domain} }}\n\
+             [[routes]]\npath = \"/login\"\nkey = {{ source = \"ip\" }}\n\
+             [routes.policy]\nname = \"{name}\"\nquotas = [{{ limit = 5, per = \"minute\" }}]\n\
+             failure = {{ mode = \"closed\", retry_after_secs = 5 }}\n",
+            urls.join(", ")
+        );
+        Config::from_toml(&text).unwrap()
+    };
+    let apps = [
+        app(&gateway("domains-on", true)).await.unwrap(),
+        app(&gateway("domains-off", false)).await.unwrap(),
+    ];
+    for app in &apps {
+        for client in 1..=10 {
+            let peer = format!("192.0.2.{client}:1");
+            assert_eq!(status(app, "POST", "/login", &peer, None).await, 503);
+        }
+    }
+    let text = body(send(&apps[0], request("GET", "/metrics", "192.0.2.1:1", None)).await).await;
+    let not_closed = |policy: &str| -> f64 {
+        let series = format!("ratelimit_circuits_not_closed{{policy=\"{policy}\"}} ");
+        text.lines()
+            .find_map(|l| l.strip_prefix(&series)?.parse().ok())
+            .unwrap_or_else(|| panic!("no {series} in\n{text}"))
+    };
+    assert!(not_closed("domains-on") >= 2.0, "{text}");
+    assert_eq!(not_closed("domains-off"), 1.0, "{text}");
+}
+
 /// `[store.circuit_breaker] per_failure_domain`: a circuit per failure domain of the store by
 /// default, one for the whole store when false.
 #[test]
