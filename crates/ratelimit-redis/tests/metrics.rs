@@ -82,6 +82,42 @@ async fn coalesced_checks_are_counted() {
     );
 }
 
+/// `ratelimit_redis_coalescing_overflow_total` counts each check that found its key's queue full
+/// and was sent on its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn checks_past_a_full_queue_are_counted() {
+    const NAME: &str = "ratelimit_redis_coalescing_overflow_total";
+    let _one = ONE_AT_A_TIME.lock().await;
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("metrics-overflow"))
+        .response_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let coalescing = Coalescing::new(store).max_queue(2);
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
+    let before = counter(NAME);
+    server.pause();
+    // One check out on the frozen server, two queued behind it, three more past the full queue.
+    let first = tokio::spawn(coalescing.check(b"k", &limit, 1));
+    common::until_sent(&coalescing, 1).await;
+    let queued: Vec<_> = (0..2).map(|_| coalescing.check(b"k", &limit, 1)).collect();
+    let alone: Vec<_> = (0..3)
+        .map(|_| tokio::spawn(coalescing.check(b"k", &limit, 1)))
+        .collect();
+    server.resume();
+    assert!(first.await.unwrap().unwrap().is_allowed());
+    for check in futures::future::join_all(queued).await {
+        assert!(check.unwrap().is_allowed());
+    }
+    for check in futures::future::join_all(alone).await {
+        assert!(check.unwrap().unwrap().is_allowed());
+    }
+    assert_eq!(coalescing.stats().overflowed, 3);
+    assert_eq!(counter(NAME) - before, 3);
+}
+
 /// `ratelimit_redis_connections_replaced_total` counts a connection found broken (the server
 /// killed under it), once, and not the checks that fail meanwhile on no connection.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -401,7 +401,7 @@ async fn coalescing_does_not_send_checks_whose_callers_gave_up() {
     server.pause();
     // One check goes out and waits on the frozen server; ten queue behind it and are dropped.
     let first = tokio::spawn(coalescing.check(b"k", &limit, 1));
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    common::until_sent(&coalescing, 1).await;
     for _ in 0..10 {
         drop(coalescing.check(b"k", &limit, 1));
     }
@@ -437,7 +437,7 @@ async fn coalescing_sends_checks_past_a_full_queue_on_their_own() {
     // One check goes out and waits on the frozen server; four queue behind it; the sixth finds
     // the queue full and goes on its own.
     let first = tokio::spawn(coalescing.check(b"k", &limit, 1));
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    common::until_sent(&coalescing, 1).await;
     let mut queued: Vec<_> = (0..4).map(|_| coalescing.check(b"k", &limit, 1)).collect();
     let alone = tokio::spawn(coalescing.check(b"k", &limit, 1));
     // Two queued callers give up; the next check still goes on its own.
@@ -483,7 +483,7 @@ async fn coalescing_answers_each_check_of_a_batch_with_its_own_decision() {
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100).unwrap()).unwrap();
     server.pause();
     let first = tokio::spawn(coalescing.check(b"k", &limit, 1));
-    tokio::time::sleep(Duration::from_millis(50)).await;
+    common::until_sent(&coalescing, 1).await;
     let costs = [3, 0, 200, 2, 95, 1];
     let batch: Vec<_> = costs
         .iter()

@@ -380,6 +380,21 @@ pub async fn concurrent_hot_checks<S: ratelimit_redis::ScriptStore>(
         .collect()
 }
 
+/// Waits (up to 10 s) until `coalescing` has sent `calls` script calls: a call counts once its
+/// batch has left the key's queue, so a check made after this queues behind it. (A sleep would
+/// not say so on a loaded machine, where the key's task may not have run yet.)
+pub async fn until_sent<S>(coalescing: &ratelimit_redis::Coalescing<S>, calls: u64) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while coalescing.stats().store_calls < calls {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{calls} calls not sent: {:?}",
+            coalescing.stats()
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+}
+
 /// The admitted decisions' `remaining` counts are 0 to `n - 1`, each once: no two admissions
 /// took the same unit, and `n` were admitted.
 pub fn assert_each_remaining_once(decisions: &[Decision], n: u64, context: &str) {
