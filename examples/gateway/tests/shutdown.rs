@@ -76,6 +76,16 @@ fn stall(addr: &str) -> TcpStream {
     stalled
         .write_all(b"GET /api/items HTTP/1.1\r\nHost: x\r\n")
         .unwrap();
+    // A request on a second connection, answered: the gateway accepts connections in the order
+    // they came, so it has accepted the stalled one (a sleep alone would not say so on a loaded
+    // machine). Then a moment for that connection's task to read the half head it was sent.
+    let mut probe = TcpStream::connect(addr).unwrap();
+    probe
+        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        .unwrap();
+    let mut answer = String::new();
+    probe.read_to_string(&mut answer).unwrap();
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     std::thread::sleep(Duration::from_millis(100));
     stalled
 }
