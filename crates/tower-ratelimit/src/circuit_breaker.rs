@@ -452,6 +452,8 @@ impl Breaker {
                     return Admit::Reject;
                 }
                 let probe = stamp(now) | (word & QUIET) | HALF_OPEN;
+                #[cfg(test)]
+                tests::widen_the_race();
                 let probing = part
                     .word
                     .compare_exchange(word, probe, Ordering::AcqRel, Ordering::Acquire)
@@ -1261,33 +1263,85 @@ mod tests {
         );
     }
 
-    /// However many threads ask at once after the cool-down, exactly one gets the probe.
+    thread_local! {
+        /// Set by a test's threads: `admit` then waits half a millisecond between reading the
+        /// circuit and swapping in the probe, so that threads let go together overlap there.
+        static WIDEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    /// Called by `admit` between its read and its compare-and-swap (test builds only).
+    pub(super) fn widen_the_race() {
+        if WIDEN.with(std::cell::Cell::get) {
+            // A sleep, not a spin: on a loaded machine the other threads may need the core.
+            std::thread::sleep(Duration::from_micros(500));
+        }
+    }
+
+    /// However many threads ask at once after the cool-down, exactly one gets the probe. Each
+    /// round re-opens the circuit and lets the threads go at once (they spin on a shared round
+    /// number, which releases them within nanoseconds of each other, where a `Barrier` wakes the
+    /// waiting ones tens of microseconds after the last arrival), and each asks once: the race
+    /// is the first admission after the cool-down, between its read and its compare-and-swap,
+    /// which these threads widen to half a millisecond (`widen_the_race`). (With a plain store
+    /// in place of the compare-and-swap, most rounds hand out more than one probe.)
     #[test]
     fn one_probe_among_concurrent_requests() {
-        for _ in 0..50 {
-            let clock = ManualClock::new();
-            let b = Arc::new(breaker(&clock));
-            b.failure(0, None, FRESH);
-            b.failure(0, None, FRESH);
-            clock.advance(Duration::from_secs(5));
-            let start = Arc::new(std::sync::Barrier::new(4));
-            let probes: usize = (0..4)
-                .map(|_| {
-                    let (b, start) = (b.clone(), start.clone());
-                    std::thread::spawn(move || {
-                        start.wait();
-                        (0..200)
-                            .filter(|_| matches!(b.admit(0), Admit::Probe(_)))
-                            .count()
-                    })
-                })
-                .collect::<Vec<_>>()
-                .into_iter()
-                .map(|t| t.join().unwrap())
-                .sum();
-            assert_eq!(probes, 1);
-            assert_eq!(b.state(), CircuitState::HalfOpen);
-        }
+        use std::sync::atomic::AtomicUsize;
+        const THREADS: usize = 3;
+        const ROUNDS: usize = 300;
+        let clock = ManualClock::new();
+        let b = Arc::new(breaker(&clock));
+        b.failure(0, None, FRESH);
+        b.failure(0, None, FRESH);
+        let round = Arc::new(AtomicUsize::new(0));
+        let probes: Arc<Vec<AtomicUsize>> =
+            Arc::new((0..=ROUNDS).map(|_| AtomicUsize::new(0)).collect());
+        let done = Arc::new(AtomicUsize::new(0));
+        let spin_until = |ready: &dyn Fn() -> bool| {
+            let mut spins = 0u32;
+            while !ready() {
+                spins += 1;
+                if spins < 10_000 {
+                    std::hint::spin_loop();
+                } else {
+                    // Two cores and more threads: let the others run.
+                    std::thread::yield_now();
+                }
+            }
+        };
+        std::thread::scope(|scope| {
+            for _ in 0..THREADS {
+                let (b, round, probes, done) = (&b, &round, &probes, &done);
+                scope.spawn(move || {
+                    WIDEN.with(|w| w.set(true));
+                    for r in 1..=ROUNDS {
+                        spin_until(&|| round.load(Ordering::Acquire) >= r);
+                        if let Admit::Probe(p) = b.admit(0) {
+                            probes[r].fetch_add(1, Ordering::Relaxed);
+                            // Failed at once: open again, for the next round.
+                            b.failure(0, Some(p), FRESH);
+                        }
+                        done.fetch_add(1, Ordering::AcqRel);
+                    }
+                });
+            }
+            // No assertion inside: a failed one would leave the threads waiting for good.
+            for r in 1..=ROUNDS {
+                clock.advance(Duration::from_secs(5));
+                round.store(r, Ordering::Release);
+                spin_until(&|| done.load(Ordering::Acquire) >= r * THREADS);
+            }
+        });
+        let not_one: Vec<(usize, usize)> = (1..=ROUNDS)
+            .map(|r| (r, probes[r].load(Ordering::Relaxed)))
+            .filter(|&(_, n)| n != 1)
+            .collect();
+        assert_eq!(
+            not_one,
+            [],
+            "(round, probes) not one probe after the cool-down"
+        );
+        assert_eq!(b.state(), CircuitState::Open);
     }
 
     /// A circuit opened by two failures and cooled down, its probe out.
