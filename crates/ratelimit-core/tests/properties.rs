@@ -209,6 +209,47 @@ proptest! {
     }
 }
 
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+
+    /// A denial's `retry_after` is exact, for every algorithm, with one quota or two: the same
+    /// cost passes then, and is still denied one microsecond before. (A wait too short sends a
+    /// client back to be denied again; too long keeps it out longer than the limit says; the
+    /// denial cache answers from it.) The steps' bursts deny often: some 8,500 denials in the
+    /// 512 cases when this was written.
+    #[test]
+    fn retry_after_is_the_first_instant_the_cost_passes(
+        q1 in quota(),
+        q2 in quota(),
+        two in any::<bool>(),
+        s in steps(8),
+        alg in 0usize..5,
+    ) {
+        let algorithm = Algorithm::ALL[alg];
+        let quotas = if two { vec![q1, q2] } else { vec![q1] };
+        let limit = limit_of_all(algorithm, quotas).unwrap();
+        let mut states = limit.fresh_states(Timestamp::ZERO);
+        let mut now = 0;
+        for (gap, cost) in s {
+            now += gap;
+            let before = states.clone();
+            let d = limit.check(&mut states, Timestamp::from_micros(now), cost);
+            let Some(wait) = d.retry_after() else { continue };
+            let wait = u64::try_from(wait.as_micros()).unwrap();
+            prop_assert!(wait >= 1, "a denial waits at least 1 µs");
+            let then = limit.check(&mut before.clone(), Timestamp::from_micros(now + wait), cost);
+            prop_assert!(then.is_allowed(), "cost {} at {} + {} µs: {:?}", cost, now, wait, then);
+            let just_before =
+                limit.check(&mut before.clone(), Timestamp::from_micros(now + wait - 1), cost);
+            prop_assert!(
+                just_before.is_denied(),
+                "cost {} passes at {} + {} − 1 µs already: {:?}", cost, now, wait, just_before
+            );
+        }
+
+    }
+}
+
 /// A log checked over many periods keeps at most `limit` entries, because the entries that slid
 /// out are dropped (an admission drops them): a check every 0.7 ms for 7 s of 50 a second.
 #[test]
