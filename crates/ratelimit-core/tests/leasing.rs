@@ -400,45 +400,68 @@ fn twenty_gateways_never_exceed_and_fall_short_by_at_most_g_times_l_minus_1() {
 #[test]
 fn threads_never_spend_a_lease_twice() {
     const THREADS: usize = 8;
-    for alg in Algorithm::ALL {
-        let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
-        let store = memory(&clock);
-        let slow = slow(&store, 3);
-        let calls = Arc::clone(&slow.calls);
-        let leasing = Arc::new(
-            Leasing::builder(slow, clock.clone())
-                .max_lease(32)
-                .build()
-                .unwrap(),
-        );
-        let limit = Limit::single(alg, Quota::per_hour(1_000).unwrap()).unwrap();
-        let barrier = Arc::new(Barrier::new(THREADS));
-        let handles: Vec<_> = (0..THREADS)
-            .map(|_| {
-                let (leasing, limit, barrier) =
-                    (Arc::clone(&leasing), limit.clone(), Arc::clone(&barrier));
-                thread::spawn(move || {
-                    barrier.wait();
-                    (0..600)
-                        .filter(|_| {
-                            block_on(leasing.check(b"hot", &limit, 1))
-                                .unwrap()
-                                .is_allowed()
-                        })
-                        .count()
+    // Leases sized by traffic (up to 32), and leases of 50 with one taken before the threads
+    // start, so that they contend for a live lease's units whatever the scheduling.
+    for fixed in [None, Some(50)] {
+        for alg in Algorithm::ALL {
+            let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+            let store = memory(&clock);
+            let slow = slow(&store, 3);
+            let calls = Arc::clone(&slow.calls);
+            let builder = Leasing::builder(slow, clock.clone());
+            let builder = match fixed {
+                Some(n) => builder.lease_size(n),
+                None => builder.max_lease(32),
+            };
+            let leasing = Arc::new(builder.build().unwrap());
+            let limit = Limit::single(alg, Quota::per_hour(1_000).unwrap()).unwrap();
+            let first = usize::from(fixed.is_some());
+            if fixed.is_some() {
+                assert!(
+                    block_on(leasing.check(b"hot", &limit, 1))
+                        .unwrap()
+                        .is_allowed()
+                );
+                assert_eq!(leasing.outstanding_units(), 49, "{alg}");
+            }
+            let barrier = Arc::new(Barrier::new(THREADS));
+            let handles: Vec<_> = (0..THREADS)
+                .map(|_| {
+                    let (leasing, limit, barrier) =
+                        (Arc::clone(&leasing), limit.clone(), Arc::clone(&barrier));
+                    thread::spawn(move || {
+                        barrier.wait();
+                        (0..600)
+                            .filter(|_| {
+                                block_on(leasing.check(b"hot", &limit, 1))
+                                    .unwrap()
+                                    .is_allowed()
+                            })
+                            .count()
+                    })
                 })
-            })
-            .collect();
-        let admitted: usize = handles.into_iter().map(|h| h.join().unwrap()).sum();
-        let s = leasing.stats();
-        assert_eq!(admitted, 1_000, "{alg}: {s:?}");
-        assert_eq!(leasing.outstanding_units(), 0, "{alg}");
-        assert_eq!(s.store_calls, calls.load(Ordering::Relaxed) as u64, "{alg}");
-        // How many answers came from leases depends on the threads' scheduling: a check that
-        // finds the lease on its way without a unit to spare goes to the store, so while the
-        // fetching thread is off the CPU the others spend the quota directly (all of it, in a
-        // run with the other tests on two cores). The calls saved are counted deterministically
-        // by `overlapping_checks_of_a_hot_key_are_mostly_answered_from_leases`.
+                .collect();
+            let admitted: usize = first
+                + handles
+                    .into_iter()
+                    .map(|h| h.join().unwrap())
+                    .sum::<usize>();
+            let s = leasing.stats();
+            // A unit spent twice would admit more than the store granted: the quota, exactly.
+            assert_eq!(admitted, 1_000, "{alg} {fixed:?}: {s:?}");
+            assert_eq!(leasing.outstanding_units(), 0, "{alg}");
+            assert_eq!(s.store_calls, calls.load(Ordering::Relaxed) as u64, "{alg}");
+            if fixed.is_some() {
+                // The live lease's 49 units went to the threads, at least.
+                assert!(s.local >= 49, "{alg}: {s:?}");
+            }
+            // With leases sized by traffic, how many answers came from leases depends on the
+            // threads' scheduling: a check that finds the lease on its way without a unit to
+            // spare goes to the store, so while the fetching thread is off the CPU the others
+            // spend the quota directly (all of it, in a run with the other tests on two cores).
+            // The calls saved are counted deterministically by
+            // `overlapping_checks_of_a_hot_key_are_mostly_answered_from_leases`.
+        }
     }
 }
 
