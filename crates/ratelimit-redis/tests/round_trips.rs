@@ -196,6 +196,52 @@ async fn leasing_hot_key_far_fewer_calls_no_over_admission() {
     }
 }
 
+/// The same hot key asked above its rate (25 callers every 20 ms: 1,250 a second against 1,000),
+/// so that the limit binds and every unit is contested: leasing admits no more than the exact
+/// limit does for the same checks at the same instants (replayed on the memory store) plus the
+/// one lease its bound allows, and not much less.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leasing_hot_key_above_its_rate_admits_what_the_exact_limit_does() {
+    let server = RedisServer::start();
+    for alg in [Algorithm::TokenBucket, Algorithm::Gcra] {
+        let limit = Limit::single(alg, Quota::per_second(1_000).unwrap()).unwrap();
+        let clock = ManualClock::starting_at(Timestamp::from_micros(T0));
+        let store = manual(RedisStore::builder(server.url()), &clock)
+            .prefix(unique_prefix("hot-above"))
+            .build()
+            .await
+            .unwrap();
+        let leasing = Leasing::new(store, clock.clone());
+        let exact_store = ratelimit_core::MemoryStore::new();
+        let (mut admitted, mut exact) = (0u64, 0u64);
+        for tick in 0..250u64 {
+            let now = Timestamp::from_micros(T0 + tick * 20_000);
+            exact += (0..25)
+                .filter(|_| exact_store.check_at(b"hot", &limit, 1, now).is_allowed())
+                .count() as u64;
+            let checks = (0..25).map(|_| leasing.check(b"hot", &limit, 1));
+            admitted += join_all(checks)
+                .await
+                .into_iter()
+                .filter(|r| r.as_ref().unwrap().is_allowed())
+                .count() as u64;
+            clock.advance(Duration::from_millis(20));
+        }
+        let stats = leasing.stats();
+        // The limit binds: the burst and 4.98 s of refill, of 6,250 asked.
+        assert_eq!(exact, 1_000 + 4_980, "{alg}");
+        assert!(
+            admitted <= exact + ratelimit_core::DEFAULT_MAX_LEASE,
+            "{alg}: {admitted} admitted, exact {exact}: {stats:?}"
+        );
+        assert!(
+            admitted + ratelimit_core::DEFAULT_MAX_LEASE >= exact,
+            "{alg}: {admitted} admitted, exact {exact}: {stats:?}"
+        );
+        println!("{alg} above its rate: admitted {admitted} (exact {exact}), {stats:?}");
+    }
+}
+
 /// The multi-cost script decides exactly as the single-check script called once per cost: the
 /// whole conformance table is replayed with every run of checks of one key at one instant sent as
 /// one multi-cost call, and every field of every decision is compared with the pure algorithms.
