@@ -147,3 +147,74 @@ fn a_denied_key_is_admitted_exactly_as_it_refills_while_time_moves() {
         );
     }
 }
+
+/// A clock that, read from a thread that asked it to, holds that thread after the reading until
+/// the test lets it go: the check has its time, and waits for the lock, while the test acts.
+struct HoldingClock {
+    clock: ManualClock,
+    /// `(read, go)`: met once when the held thread has read the clock, once to let it go.
+    meet: (Barrier, Barrier),
+}
+
+thread_local! {
+    static HOLD: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+impl ratelimit_core::Clock for HoldingClock {
+    fn now(&self) -> ratelimit_core::Timestamp {
+        let now = self.clock.now();
+        if HOLD.with(|h| h.replace(false)) {
+            self.meet.0.wait();
+            self.meet.1.wait();
+        }
+        now
+    }
+}
+
+/// `sweep_now` changes no decision of a concurrent `check_now`: a check that read the clock
+/// before the sweep but reaches its shard after it counts at the sweep's time, as the shard's
+/// latest, not at its own earlier reading against a state the sweep dropped. Here a fixed window
+/// of 1 a second, full since 0 s: a check reads 0.3 s and is held; the clock moves to 1.5 s and
+/// the sweep drops the state (its window is over). The check is then the first of the window
+/// that starts at 1 s (reset 0.5 s later), not a second admission in the window from 0 s
+/// (which a sweep at the clock's time, the shard left at 0.3 s, would give: reset 0.7 s later).
+#[test]
+fn sweep_now_changes_no_decision_of_a_check_that_read_the_clock_before_it() {
+    let clock = Arc::new(HoldingClock {
+        clock: ManualClock::new(),
+        meet: (Barrier::new(2), Barrier::new(2)),
+    });
+    let store = Arc::new(
+        MemoryStore::builder()
+            .shards(1)
+            .with_clock(Arc::clone(&clock))
+            .build()
+            .unwrap(),
+    );
+    let limit = Limit::single(Algorithm::FixedWindow, Quota::per_second(1).unwrap()).unwrap();
+    assert!(store.check_now(b"k", &limit, 1).is_allowed());
+    clock.clock.advance(Duration::from_millis(300));
+    let held = {
+        let (store, limit) = (Arc::clone(&store), limit.clone());
+        thread::spawn(move || {
+            HOLD.with(|h| h.set(true));
+            store.check_now(b"k", &limit, 1)
+        })
+    };
+    clock.meet.0.wait();
+    // The check has read 0.3 s. The window from 0 s ends; the sweep drops its state.
+    clock.clock.advance(Duration::from_millis(1_200));
+    store.sweep_now();
+    assert_eq!(store.len(), 0, "the window's state was swept");
+    clock.meet.1.wait();
+    let d = held.join().unwrap();
+    assert!(d.is_allowed(), "{d:?}");
+    assert_eq!(
+        d.reset_after(),
+        Duration::from_millis(500),
+        "counted at 1.5 s, in the window from 1 s: {d:?}"
+    );
+    // The window from 1 s is now full: the next check is denied until 2 s.
+    let next = store.check_now(b"k", &limit, 1);
+    assert_eq!(next.retry_after(), Some(Duration::from_millis(500)));
+}
