@@ -245,10 +245,12 @@ pub enum DenialBody {
     /// `INTERNAL`, and the gRPC spec maps a 429 without a gRPC status to `UNAVAILABLE`, the code
     /// of a server that is down (`tests/grpc.rs` shows both answers to tonic's client).
     ///
-    /// Only a request whose `content-type` is gRPC's is answered so (`application/grpc`,
+    /// Only a `POST` whose `content-type` is gRPC's is answered so (`application/grpc`,
     /// `application/grpc-web` or `application/grpc-web-text`, with a `+proto`-like suffix or
-    /// parameters or not); any other (a REST route under the same layer, a browser, an
-    /// `application/grpcx`) gets the plain-text 429, never a 200.
+    /// parameters or not): every gRPC call is a `POST`. Any other request (a REST route under the
+    /// same layer, a browser, an `application/grpcx`, a `GET` that sends gRPC's `content-type`)
+    /// gets the plain-text 429, never a 200: a 200 to a `GET` is one a shared cache may keep and
+    /// serve to every client of that URL.
     ///
     /// The wait goes in `Retry-After` and in `grpc-retry-pushback-ms`, the pushback a gRPC
     /// client's retry policy waits for before its next attempt (grpc-java waits for it even for
@@ -1028,17 +1030,26 @@ impl Bodies {
         res
     }
 
-    /// `res`, an answer of the layer's own, for the request whose headers are `req`: under
-    /// [`DenialBody::Grpc`], for a gRPC call, the gRPC status that stands for it. Made here, once
-    /// the answer is known, so that the request's `content-type` is read on that path only.
-    pub(crate) fn for_request(&self, mut res: Response<Bytes>, req: &HeaderMap) -> Response<Bytes> {
+    /// `res`, an answer of the layer's own, for the request of `method` whose headers are `req`:
+    /// under [`DenialBody::Grpc`], for a gRPC call (a `POST` of gRPC's `content-type`), the gRPC
+    /// status that stands for it. Made here, once the answer is known, so that the request's
+    /// `content-type` is read on that path only.
+    pub(crate) fn for_request(
+        &self,
+        mut res: Response<Bytes>,
+        method: &http::Method,
+        req: &HeaderMap,
+    ) -> Response<Bytes> {
         if !matches!(self.kind, DenialBody::Grpc) {
             return res;
         }
         let Some(form) = res.extensions_mut().remove::<GrpcForm>() else {
             return res;
         };
-        let Some(content_type) = req.get(CONTENT_TYPE).filter(|v| is_grpc(v)) else {
+        let Some(content_type) = req
+            .get(CONTENT_TYPE)
+            .filter(|v| *method == http::Method::POST && is_grpc(v))
+        else {
             return res;
         };
         let code = grpc_code(res.status());

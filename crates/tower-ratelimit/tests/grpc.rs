@@ -228,6 +228,16 @@ async fn other_requests_under_a_grpc_policy_get_a_plain_429() {
     assert_eq!(common::header(&res, "grpc-status"), None);
     assert_eq!(common::header(&res, "retry-after"), Some("3600"));
     assert_eq!(common::body_text(res).await, "Too Many Requests\n");
+    // A `GET` or `HEAD` that sends gRPC's content type is no gRPC call (every one is a `POST`):
+    // the plain 429, not an empty 200 that a shared cache could keep for the URL.
+    for method in [http::Method::GET, http::Method::HEAD] {
+        let mut req = common::grpc_request("/", "application/grpc");
+        *req.method_mut() = method.clone();
+        let res = common::send(&app, req).await;
+        assert_eq!(res.status(), 429, "{method}");
+        assert_eq!(common::header(&res, "grpc-status"), None, "{method}");
+        assert_eq!(common::header(&res, "retry-after"), Some("3600"));
+    }
 }
 
 /// `grpc-retry-pushback-ms: -1` ("do not retry") where a retry would meet the same answer: a

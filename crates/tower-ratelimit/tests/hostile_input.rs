@@ -1003,7 +1003,8 @@ const GRPC_CODES: &[(&str, u16)] = &[
 async fn check(s: &Setup, h: &Hostile, res: Response<Body>) -> Answer {
     let status = res.status();
     let head = h.method == Method::HEAD;
-    let grpc_form = s.body == BodyKind::Grpc && h.is_grpc().is_some();
+    // A gRPC call is a `POST` (a `GET` of gRPC's type gets the plain answer, not a cacheable 200).
+    let grpc_form = s.body == BodyKind::Grpc && h.method == Method::POST && h.is_grpc().is_some();
     // The status in HTTP terms: a gRPC-form answer says it in `grpc-status`.
     let grpc_status = res.headers().get("grpc-status").cloned();
     let effective = match &grpc_status {

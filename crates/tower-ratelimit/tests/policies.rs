@@ -776,7 +776,7 @@ async fn a_policy_from_a_configuration_file() {
         toml::from_str("name = \"x\"\nquotas = [{ limit = 1, per = \"hour\" }]\nbody = \"grpc\"")
             .unwrap();
     let app = Router::new()
-        .route("/", get(|| async { "ok" }))
+        .route("/", get(|| async { "ok" }).post(|| async { "ok" }))
         .layer(RateLimitLayer::new(common::store().1, grpc.into_policy().unwrap()).unwrap());
     let grpc_call = || common::grpc_request("/", "application/grpc");
     assert_eq!(send(&app, grpc_call()).await.status(), 200);

@@ -40,11 +40,12 @@ pub fn request(path: &str) -> Request<Body> {
     request_from(path, "192.0.2.1:5000")
 }
 
-/// A gRPC call to `path` (a request with `content-type` `content_type`, such as
+/// A gRPC call to `path` (a `POST` with `content-type` `content_type`, such as
 /// `application/grpc`).
 #[allow(dead_code)]
 pub fn grpc_request(path: &str, content_type: &'static str) -> Request<Body> {
     let mut req = request(path);
+    *req.method_mut() = http::Method::POST;
     req.headers_mut().insert(
         http::header::CONTENT_TYPE,
         http::HeaderValue::from_static(content_type),
