@@ -35,7 +35,7 @@ fn main() -> ExitCode {
         // Listened for before the run starts: starting `redis-server` blocks the thread until it
         // answers, and a signal then must find its handler in place (a handler made at the first
         // poll of a `select!` branch polled second would not be).
-        let interrupted = interrupted();
+        let interrupted = redis_harness::process::interrupted();
         tokio::select! {
             biased;
             () = interrupted => None,
@@ -58,29 +58,6 @@ fn main() -> ExitCode {
         None => {
             eprintln!("ratelimit-load: interrupted");
             ExitCode::from(130)
-        }
-    }
-}
-
-/// Listens for Ctrl-C (SIGINT) and SIGTERM from now on (the handlers are in place when this
-/// returns); the future resolves at the first of them, never if neither could be listened for.
-fn interrupted() -> impl std::future::Future<Output = ()> {
-    use tokio::signal::unix::{Signal, SignalKind, signal};
-    /// The next `kind` signal; pending for good if it could not be listened for.
-    async fn next(listening: Option<Signal>) {
-        match listening {
-            Some(mut s) => {
-                s.recv().await;
-            }
-            None => std::future::pending().await,
-        }
-    }
-    let terminate = next(signal(SignalKind::terminate()).ok());
-    let interrupt = next(signal(SignalKind::interrupt()).ok());
-    async move {
-        tokio::select! {
-            () = terminate => {}
-            () = interrupt => {}
         }
     }
 }

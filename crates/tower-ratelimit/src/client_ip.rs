@@ -598,33 +598,29 @@ fn covers_every_ipv4(nets: &[IpNet]) -> bool {
     cover(ranges, 0, u128::from(u32::MAX))
 }
 
-/// Whether the trusted blocks together hold every global unicast IPv6 address (`2000::/3`, the
-/// whole IPv6 internet), alone (`2000::/3`) or together.
-fn covers_every_global_ipv6(nets: &[IpNet]) -> bool {
-    let ranges = nets
-        .iter()
+/// The IPv6 blocks among `nets`, each as its first and last address.
+fn ipv6_ranges(nets: &[IpNet]) -> Vec<(u128, u128)> {
+    nets.iter()
         .filter_map(|net| match net {
             IpNet::V6(v6) => Some((u128::from(v6.network()), u128::from(v6.broadcast()))),
             IpNet::V4(_) => None,
         })
-        .collect();
+        .collect()
+}
+
+/// Whether the trusted blocks together hold every global unicast IPv6 address (`2000::/3`, the
+/// whole IPv6 internet), alone (`2000::/3`) or together.
+fn covers_every_global_ipv6(nets: &[IpNet]) -> bool {
     let first = 0x2000_u128 << 112;
-    cover(ranges, first, first + (1 << 125) - 1)
+    cover(ipv6_ranges(nets), first, first + (1 << 125) - 1)
 }
 
 /// Whether the trusted blocks together hold every address of the NAT64 well-known prefix
 /// `64:ff9b::/96` (`64:ff9b::/97` and `64:ff9b::8000:0/97`), as one block holding it would (see
 /// [`holds_every_nat64_address`]).
 fn covers_every_nat64_address(nets: &[IpNet]) -> bool {
-    let ranges = nets
-        .iter()
-        .filter_map(|net| match net {
-            IpNet::V6(v6) => Some((u128::from(v6.network()), u128::from(v6.broadcast()))),
-            IpNet::V4(_) => None,
-        })
-        .collect();
     let first = NAT64_WELL_KNOWN << 32;
-    cover(ranges, first, first + u128::from(u32::MAX))
+    cover(ipv6_ranges(nets), first, first + u128::from(u32::MAX))
 }
 
 /// Whether `net` is an IPv6 block holding all of `::ffff:0:0/96`, the

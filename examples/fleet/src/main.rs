@@ -345,29 +345,6 @@ fn parse_args() -> Result<Options, String> {
     Ok(o)
 }
 
-/// Resolves at the first SIGINT or SIGTERM from now on (the handlers are in place when this
-/// returns); never if neither could be listened for.
-fn interrupted() -> impl std::future::Future<Output = ()> {
-    use tokio::signal::unix::{Signal, SignalKind, signal};
-    /// The next signal `listening` receives; pending for good if it could not be listened for.
-    async fn next(listening: Option<Signal>) {
-        match listening {
-            Some(mut s) => {
-                s.recv().await;
-            }
-            None => std::future::pending().await,
-        }
-    }
-    let terminate = next(signal(SignalKind::terminate()).ok());
-    let interrupt = next(signal(SignalKind::interrupt()).ok());
-    async move {
-        tokio::select! {
-            () = terminate => {}
-            () = interrupt => {}
-        }
-    }
-}
-
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     // Errors as their messages (`main` returning the error would print its `Debug`).
@@ -382,7 +359,7 @@ async fn main() -> std::process::ExitCode {
     // harness kills it when dropped): killed by a signal's default action, the example would
     // leave that server running. Listened for before the run starts, so that a signal sent while
     // the server starts finds its handler in place.
-    let interrupted = interrupted();
+    let interrupted = redis_harness::process::interrupted();
     let outcome = tokio::select! {
         biased;
         () = interrupted => None,

@@ -1,5 +1,6 @@
-//! Processes seen from `/proc`, for tests that stop a program by a signal and check that the
-//! `redis-server` it started went with it.
+//! Programs that start servers and stop on a signal: [`interrupted`], which they stop on (so
+//! that the servers they started go with them), and processes seen from `/proc`, for the tests
+//! that check it.
 
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
@@ -73,5 +74,31 @@ pub fn wait_exit(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
             return None;
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Resolves at the first SIGINT or SIGTERM from now on (the handlers are in place when this
+/// returns); never if neither could be listened for. A program that started a `redis-server`
+/// selects on it and drops its run, and with it the server (killed when dropped): killed by a
+/// signal's default action, the program would leave the server running. Made before the run
+/// starts, so that a signal sent while a server starts finds its handler in place.
+pub fn interrupted() -> impl std::future::Future<Output = ()> {
+    use tokio::signal::unix::{Signal, SignalKind, signal};
+    /// The next signal `listening` receives; pending for good if it could not be listened for.
+    async fn next(listening: Option<Signal>) {
+        match listening {
+            Some(mut s) => {
+                s.recv().await;
+            }
+            None => std::future::pending().await,
+        }
+    }
+    let terminate = next(signal(SignalKind::terminate()).ok());
+    let interrupt = next(signal(SignalKind::interrupt()).ok());
+    async move {
+        tokio::select! {
+            () = terminate => {}
+            () = interrupt => {}
+        }
     }
 }
