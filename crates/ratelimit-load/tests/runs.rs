@@ -170,20 +170,23 @@ async fn http_gateways_bare_and_layered() {
 async fn sweep_stops_at_the_first_unsustained_step() {
     let _alone = TIMING.write().await;
     let mut c = small(Target::Store, StoreKind::Memory);
-    // Two seconds a step: a step is sustained if 95% of its rate was achieved up to its last
-    // answer, which a short step misses on a loaded machine (a 300 ms step, by 17 ms).
-    c.duration = Duration::from_secs(2);
-    c.steps = vec![500.0, 1_000.0];
     // An impossible target: no step can be sustained, so the sweep stops after the first.
+    c.duration = Duration::from_secs(1);
+    c.steps = vec![300.0, 600.0];
     c.p99_target = Duration::from_nanos(1);
     let s = ratelimit_load::sweep(&c).await.unwrap();
     assert_eq!(s.steps.len(), 1);
     assert_eq!(s.sustained_rate(), None);
+    // A sustained step goes on to the next. Three seconds a step: a step is sustained if 95% of
+    // its rate was achieved up to its last answer, so its last answers may come 150 ms late (a
+    // 300 ms step on a loaded machine missed by 17 ms). Only the first step's outcome is
+    // asserted: the second's is the same question asked again of the machine's load.
+    c.duration = Duration::from_secs(3);
     c.p99_target = Duration::from_secs(10);
     let s = ratelimit_load::sweep(&c).await.unwrap();
-    assert_eq!(s.steps.len(), 2);
-    assert_eq!(s.sustained_rate(), Some(1_000.0));
-    assert_eq!(s.to_json()["steps"][1]["sustained"], true);
+    assert_eq!(s.steps.len(), 2, "the first step was sustained");
+    assert_eq!(s.to_json()["steps"][0]["sustained"], true);
+    assert!(s.sustained_rate() >= Some(300.0));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
