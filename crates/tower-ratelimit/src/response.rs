@@ -1030,15 +1030,13 @@ impl Bodies {
         res
     }
 
-    /// `res`, an answer of the layer's own, for the request of `method` whose headers are `req`:
-    /// under [`DenialBody::Grpc`], for a gRPC call (a `POST` of gRPC's `content-type`), the gRPC
-    /// status that stands for it. Made here, once the answer is known, so that the request's
-    /// `content-type` is read on that path only.
+    /// `res`, an answer of the layer's own, for `req`: under [`DenialBody::Grpc`], for a gRPC
+    /// call (a `POST` of gRPC's `content-type`), the gRPC status that stands for it. Made here,
+    /// once the answer is known, so that the request's `content-type` is read on that path only.
     pub(crate) fn for_request(
         &self,
         mut res: Response<Bytes>,
-        method: &http::Method,
-        req: &HeaderMap,
+        req: &crate::RequestHead<'_>,
     ) -> Response<Bytes> {
         if !matches!(self.kind, DenialBody::Grpc) {
             return res;
@@ -1047,8 +1045,9 @@ impl Bodies {
             return res;
         };
         let Some(content_type) = req
+            .headers()
             .get(CONTENT_TYPE)
-            .filter(|v| *method == http::Method::POST && is_grpc(v))
+            .filter(|v| *req.method() == http::Method::POST && is_grpc(v))
         else {
             return res;
         };

@@ -642,11 +642,11 @@ where
             Step::Forward(None) => ResponseFuture::inner(self.inner.call(req), None),
             Step::Forward(post) => ResponseFuture::inner(self.inner.call(req), post),
             Step::Respond(response) => {
-                let response =
-                    self.shared
-                        .rt
-                        .bodies
-                        .for_request(response, req.method(), req.headers());
+                let response = self
+                    .shared
+                    .rt
+                    .bodies
+                    .for_request(response, &RequestHead::of(&req));
                 ResponseFuture::ready(response.map(M::full))
             }
             // The store has to wait: move the check, its timeout and a ready inner service into
@@ -725,11 +725,10 @@ where
                             Ok(Post::apply_some::<M, ResB>(post, response))
                         }
                         Step::Respond(response) => {
-                            let response =
-                                shared
-                                    .rt
-                                    .bodies
-                                    .for_request(response, req.method(), req.headers());
+                            let response = shared
+                                .rt
+                                .bodies
+                                .for_request(response, &RequestHead::of(&req));
                             Ok(response.map(M::full))
                         }
                         Step::Wait(never) => match never {},

@@ -8,6 +8,8 @@ use std::net::TcpStream;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
+use redis_harness::process;
+
 /// How long the test waits for the process to exit: far more than the configured 300 ms, far
 /// less than the 30 s default or forever.
 const EXIT_WITHIN: Duration = Duration::from_secs(15);
@@ -48,17 +50,6 @@ fn start(config: &std::path::Path) -> (Gateway, String) {
     (Gateway(child), addr)
 }
 
-fn wait_exit(child: &mut Child) -> Option<std::process::ExitStatus> {
-    let deadline = Instant::now() + EXIT_WITHIN;
-    while Instant::now() < deadline {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return Some(status);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
-}
-
 /// The gateway with the example configuration and a drain of `ms`, its configuration in a
 /// temporary directory (kept while the test runs).
 fn start_draining_for(ms: u64) -> (tempfile::TempDir, Gateway, String) {
@@ -91,12 +82,7 @@ fn stall(addr: &str) -> TcpStream {
 }
 
 fn sigterm(child: &Child) {
-    let status = Command::new("sh")
-        .args(["-c", "kill -TERM \"$1\"", "sh"])
-        .arg(child.id().to_string())
-        .status()
-        .expect("run kill");
-    assert!(status.success());
+    assert!(process::send_signal(child.id(), "-TERM"));
 }
 
 #[test]
@@ -114,7 +100,7 @@ fn sigterm_stops_the_gateway_despite_a_stalled_request() {
     let stalled = stall(&addr);
 
     sigterm(&child.0);
-    let status = wait_exit(&mut child.0);
+    let status = process::wait_exit(&mut child.0, EXIT_WITHIN);
     let status = status.expect("the gateway did not exit after SIGTERM with a request stalled");
     assert!(status.success(), "{status}");
     // It exited by the deadline, with the stalled request in flight, not before accepting it.
@@ -167,7 +153,8 @@ fn sigterm_stops_an_idle_gateway_at_once() {
         "/gateway.toml"
     )));
     sigterm(&child.0);
-    let status = wait_exit(&mut child.0).expect("the gateway exits after SIGTERM");
+    let status =
+        process::wait_exit(&mut child.0, EXIT_WITHIN).expect("the gateway exits after SIGTERM");
     assert!(status.success(), "{status}");
     assert!(
         !stderr(&mut child.0).contains("still in flight"),

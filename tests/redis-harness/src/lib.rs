@@ -386,13 +386,7 @@ impl RedisServer {
 
     fn signal(&self, sig: &str) {
         let child = self.child.as_ref().expect("the server is not running");
-        // The shell's built-in `kill`: minimal images have `sh` but not always `/bin/kill`.
-        let status = Command::new("sh")
-            .args(["-c", "kill \"$1\" \"$2\"", "sh", sig])
-            .arg(child.id().to_string())
-            .status()
-            .expect("run sh -c kill");
-        assert!(status.success(), "kill {sig} failed");
+        assert!(process::send_signal(child.id(), sig), "kill {sig} failed");
     }
 
     /// Runs one command through `redis-cli` against this server and returns its output, trimmed.
@@ -505,7 +499,7 @@ fn output_within(command: &mut Command, timeout: Duration) -> Result<Output, Str
         .spawn()
         .map_err(|e| e.to_string())?;
     // Read on threads of their own, so that a long output never fills a pipe and stalls it.
-    let read = |pipe: Option<Box<dyn Read + Send>>| {
+    fn read_all<R: Read + Send + 'static>(pipe: Option<R>) -> std::thread::JoinHandle<Vec<u8>> {
         std::thread::spawn(move || {
             let mut bytes = Vec::new();
             if let Some(mut pipe) = pipe {
@@ -513,31 +507,11 @@ fn output_within(command: &mut Command, timeout: Duration) -> Result<Output, Str
             }
             bytes
         })
-    };
-    let stdout = read(
-        child
-            .stdout
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let stderr = read(
-        child
-            .stderr
-            .take()
-            .map(|p| Box::new(p) as Box<dyn Read + Send>),
-    );
-    let deadline = Instant::now() + timeout;
-    let status = loop {
-        match child.try_wait().map_err(|e| e.to_string())? {
-            Some(status) => break status,
-            None if Instant::now() >= deadline => {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!("no answer within {timeout:?} (killed)"));
-            }
-            None => std::thread::sleep(Duration::from_millis(5)),
-        }
-    };
+    }
+    let stdout = read_all(child.stdout.take());
+    let stderr = read_all(child.stderr.take());
+    let status = process::wait_exit(&mut child, timeout)
+        .ok_or_else(|| format!("no answer within {timeout:?} (killed)"))?;
     Ok(Output {
         status,
         stdout: stdout.join().unwrap_or_default(),
