@@ -18,7 +18,7 @@ use pin_project_lite::pin_project;
 use crate::key_digest::{BuildIdHasher, KeyDigest};
 use crate::memory_store::prev_power_of_two;
 use crate::time::duration_to_micros as micros;
-use crate::{Algorithm, Clock, Decision, Limit, Outcome, Quota, Store};
+use crate::{Algorithm, Clock, ConfigError, Decision, Limit, Outcome, Quota, Store};
 
 /// The default most entries a [`DenialCache`] holds: 100,000 (denials and their keys' records;
 /// 50,000 keys denied at one cost each).
@@ -48,7 +48,7 @@ const MAX_SHARDS: usize = 16;
 /// # }
 /// let clock = ManualClock::new();
 /// let store = MemoryStore::builder().with_clock(clock.clone()).build()?;
-/// let cached = DenialCache::new(store, clock.clone()).max_entries(10_000);
+/// let cached = DenialCache::new(store, clock.clone()).max_entries(10_000)?;
 /// let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(10)?)?;
 ///
 /// let admitted = (0..1_000)
@@ -200,12 +200,21 @@ impl<S: Store, C: Clock> DenialCache<S, C> {
         }
     }
 
-    /// Holds at most `n` entries: denials and their keys' records (at least 2; see
+    /// Holds at most `n` entries: denials and their keys' records (see
     /// [Memory](DenialCache#memory)). Set before the first check; clears the cache.
-    #[must_use]
-    pub fn max_entries(mut self, n: usize) -> Self {
-        self.table = Arc::new(Table::new(n.max(1)));
-        self
+    ///
+    /// A denial takes two entries (itself and its key's record), so `n` must be at least 2:
+    /// anything less is refused with [`ConfigError::InvalidSetting`] rather than quietly
+    /// raised (a cache of 0 cannot be a way to turn it off: leave the wrapper out instead).
+    pub fn max_entries(mut self, n: usize) -> Result<Self, ConfigError> {
+        if n < 2 {
+            return Err(ConfigError::InvalidSetting {
+                name: "max_entries",
+                reason: "must be at least 2 (a cached denial takes two entries)",
+            });
+        }
+        self.table = Arc::new(Table::new(n));
+        Ok(self)
     }
 }
 
@@ -794,11 +803,31 @@ mod tests {
     use std::task::Waker;
 
     #[test]
-    fn any_size_is_accepted() {
-        for n in [0, 1, 3, usize::MAX / 2 + 1, usize::MAX] {
+    fn any_size_from_two_is_accepted() {
+        for n in [2, 3, 1000, usize::MAX / 2 + 1, usize::MAX] {
             let clock = ManualClock::new();
-            let cached = DenialCache::new(MemoryStore::new(), clock).max_entries(n);
-            assert!((2..=n.max(2)).contains(&cached.capacity()), "{n}");
+            let cached = DenialCache::new(MemoryStore::new(), clock)
+                .max_entries(n)
+                .unwrap();
+            assert!((2..=n).contains(&cached.capacity()), "{n}");
+        }
+    }
+
+    #[test]
+    fn a_size_below_two_is_a_typed_error() {
+        for n in [0, 1] {
+            let err = DenialCache::new(MemoryStore::new(), ManualClock::new())
+                .max_entries(n)
+                .unwrap_err();
+            assert_eq!(
+                err,
+                ConfigError::InvalidSetting {
+                    name: "max_entries",
+                    reason: "must be at least 2 (a cached denial takes two entries)",
+                },
+                "{n}"
+            );
+            assert!(err.to_string().contains("max_entries"), "{err}");
         }
     }
 
@@ -877,7 +906,8 @@ mod tests {
                 .unwrap(),
             clock.clone(),
         )
-        .max_entries(64);
+        .max_entries(64)
+        .unwrap();
         (plain, cached)
     }
 
@@ -1102,7 +1132,9 @@ mod tests {
             .with_clock(clock.clone())
             .build()
             .unwrap();
-        let cached = DenialCache::new(store, clock.clone()).max_entries(100);
+        let cached = DenialCache::new(store, clock.clone())
+            .max_entries(100)
+            .unwrap();
         assert_eq!(cached.capacity(), 96);
         let limit = Limit::single(Algorithm::FixedWindow, Quota::per_hour(1).unwrap()).unwrap();
         for round in 0..3 {
@@ -1298,7 +1330,9 @@ mod tests {
     #[test]
     fn key_records_stay_within_the_bound() {
         let clock = ManualClock::new();
-        let cached = DenialCache::new(shared(&clock), clock.clone()).max_entries(100);
+        let cached = DenialCache::new(shared(&clock), clock.clone())
+            .max_entries(100)
+            .unwrap();
         let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(10).unwrap()).unwrap();
         for k in 0..2_000u32 {
             let key = k.to_le_bytes();
