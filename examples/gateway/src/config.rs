@@ -116,6 +116,13 @@ pub struct StoreConfig {
     /// (default 50).
     #[serde(default = "default_timeout_ms")]
     pub timeout_ms: u64,
+    /// Milliseconds added to every Redis key's expiry (default 0: a key expires as soon as its
+    /// state is fresh again; `ratelimit_redis::RedisStoreBuilder::expiry_slack`). A few seconds
+    /// spare Redis the expiry and re-creation of the keys of clients that come back within them,
+    /// which sets the tail latency of a busy server (docs/operations.md), for that much longer
+    /// in memory per idle key. No decision changes: an expired key and a fresh one answer alike.
+    #[serde(default)]
+    pub expiry_slack_ms: Option<u64>,
     /// Start even if Redis cannot be reached (default false: the gateway refuses to start).
     /// Until a connection is made, every check is a store failure answered by the route's
     /// failure policy; the gateway keeps trying to connect, once a second.
@@ -149,6 +156,7 @@ impl Default for StoreConfig {
             prefix: None,
             pool_size: None,
             connect_timeout_ms: None,
+            expiry_slack_ms: None,
             timeout_ms: default_timeout_ms(),
             start_without_redis: false,
             max_keys: None,
@@ -342,6 +350,9 @@ fn default_listen() -> SocketAddr {
 }
 /// The longest timeout or cool-down a configuration may set: one hour.
 const MAX_MS: u64 = 3_600_000;
+
+/// The longest `store.expiry_slack_ms`: a day (an idle key then stays at most a day longer).
+const MAX_SLACK_MS: u64 = 86_400_000;
 
 fn default_timeout_ms() -> u64 {
     50
@@ -606,6 +617,7 @@ impl StoreConfig {
                 "store.connect_timeout_ms",
                 self.connect_timeout_ms.is_some(),
             ),
+            ("store.expiry_slack_ms", self.expiry_slack_ms.is_some()),
             // The in-memory store answers at once, and keeps its own memo of denials.
             ("store.denial_cache", self.denial_cache),
             ("store.coalesce", self.coalesce),
@@ -644,6 +656,12 @@ impl StoreConfig {
             return Err(ConfigError::new(
                 "store.connect_timeout_ms",
                 "must be at most 3600000 (one hour)",
+            ));
+        }
+        if self.expiry_slack_ms.is_some_and(|ms| ms > MAX_SLACK_MS) {
+            return Err(ConfigError::new(
+                "store.expiry_slack_ms",
+                "must be at most 86400000 (one day)",
             ));
         }
         if self.max_keys() == 0 {

@@ -194,6 +194,10 @@ fn redis_builder(store: &config::StoreConfig) -> RedisStoreBuilder {
         Some(ms) => builder.connect_timeout(Duration::from_millis(ms)),
         None => builder,
     };
+    let builder = match store.expiry_slack_ms {
+        Some(ms) => builder.expiry_slack(Duration::from_millis(ms)),
+        None => builder,
+    };
     builder
         // The store's own timer on the layer's budget, so that a longer `timeout_ms` is not cut
         // by the store's default 500 ms, plus 10 ms: the store's timer starts first (the layer
@@ -215,6 +219,7 @@ fn start_error(store: &config::StoreConfig, e: RedisStoreError) -> StartError {
             let field = match name {
                 "url" if store.url.is_none() => "urls",
                 "connect_timeout" => "connect_timeout_ms",
+                "expiry_slack" => "expiry_slack_ms",
                 other => other,
             };
             StartError::Config(ConfigError::new(format!("store.{field}"), reason))

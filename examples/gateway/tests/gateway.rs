@@ -486,6 +486,17 @@ async fn bad_configurations_fail_naming_the_field() {
             "store.prefix: only used when kind is \"redis\" or \"redis_cluster\"",
         ),
         (
+            "[store]\nexpiry_slack_ms = 5000\n".to_owned()
+                + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
+            "store.expiry_slack_ms: only used when kind is \"redis\" or \"redis_cluster\"",
+        ),
+        (
+            "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nexpiry_slack_ms = 86400001\n"
+                .to_owned()
+                + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
+            "store.expiry_slack_ms: must be at most 86400000 (one day)",
+        ),
+        (
             "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nmax_keys = 10\n".to_owned()
                 + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
             "store.max_keys: only used when kind is \"memory\"",
@@ -974,6 +985,44 @@ async fn start_without_redis_follows_the_failure_policies_until_redis_comes_up()
     }
     let keys = server.cli(&["--scan", "--pattern", "gateway:*"]);
     assert!(!keys.is_empty());
+}
+
+/// `expiry_slack_ms` reaches the Redis store: a key lives that much longer than its state takes
+/// to be fresh again (about 0.6 s after one request under 100 a minute), and without it no longer.
+#[tokio::test]
+async fn the_expiry_slack_reaches_the_redis_keys() {
+    let server = redis_harness::RedisServer::start();
+    let ttls = |prefix: &str| -> Vec<u64> {
+        let keys = server.cli(&["--scan", "--pattern", &format!("{prefix}:*")]);
+        keys.lines()
+            .map(|k| server.cli(&["pttl", k]).trim().parse().unwrap())
+            .collect()
+    };
+    for (prefix, slack) in [("slack", Some(30_000)), ("noslack", None)] {
+        let text = format!(
+            "[store]\nkind = \"redis\"\nurl = \"{}\"\nprefix = \"{prefix}\"\ntimeout_ms = 2000\n{}\
+             [[routes]]\npath = \"/api\"\nkey = {{ source = \"header\", name = \"x-api-key\" }}\n\
+             [routes.policy]\nname = \"api\"\nquotas = [{{ limit = 100, per = \"minute\" }}]\n",
+            server.url(),
+            slack.map_or(String::new(), |ms| format!("expiry_slack_ms = {ms}\n")),
+        );
+        let gw = app(&Config::from_toml(&text).unwrap()).await.unwrap();
+        assert_eq!(
+            status(&gw, "GET", "/api/items", "192.0.2.5:1", Some("k")).await,
+            200
+        );
+        let ttls = ttls(prefix);
+        assert_eq!(ttls.len(), 1, "{prefix}: {ttls:?}");
+        // Fresh 0.6 s after one request, plus the slack; the time between the request and
+        // PTTL (a few milliseconds, less than 500 on a loaded machine) only lowers it.
+        let highest: u64 = 600 + slack.unwrap_or(0);
+        let lowest = highest - 500;
+        assert!(
+            (lowest..=highest).contains(&ttls[0]),
+            "{prefix}: pttl {} outside {lowest}..={highest}",
+            ttls[0]
+        );
+    }
 }
 
 /// `config::methods` says what the router serves: each listed method reaches the endpoint's
