@@ -389,16 +389,28 @@ if r:
           f"{num(ceiling)}/s |")
     if ceiling and sat:
         w(f"| Redis path / Redis's own ceiling | {at_least}{sat['achieved_rate'] / ceiling:.2f} |")
-    verdict = "met" if (lat["p99"] < 2000 and r["achieved_rate"] >= 0.95 * r["target_rate"]
-                        and ex["users_above_bound"] == 0
-                        and ex.get("users_above_in_some_interval", 0) == 0 and r["errors"] == 0
-                        and r["completed"] == r["scheduled"]) else "NOT met"
-    if verdict == "met" and tested == 0:
-        verdict = "met for rate and latency; exactness not tested by this workload"
+    def seed_verdict(run):
+        e = run["exactness"]
+        met = (run["latency_us"]["p99"] < 2000
+               and run["achieved_rate"] >= 0.95 * run["target_rate"]
+               and e["users_above_bound"] == 0
+               and e.get("users_above_in_some_interval", 0) == 0 and run["errors"] == 0
+               and run["completed"] == run["scheduled"])
+        if not met:
+            return "NOT met"
+        if e.get("users_tested") == 0:
+            return "met for rate and latency; exactness not tested by this workload"
+        return "met"
+    verdict = seed_verdict(r)
+    variants = [(name, what) for name, what in [("seed-hz100", "with Redis at `hz 100`"),
+                                                 ("seed-slack", "with a minute of expiry slack")]
+                if report(name)]
     w("")
-    w(f"Target (50,000/s with p99 under 2 ms, nobody above the limit): **{verdict}** in this run. "
-      "Latency is counted from each request's scheduled time (open loop), so time spent queued "
-      "behind a slow request counts.")
+    w(f"Target (50,000/s with p99 under 2 ms, nobody above the limit): **{verdict}** in this run "
+      "with Redis's and the store's defaults"
+      + "".join(f"; {what} (below): **{seed_verdict(report(name))}**" for name, what in variants)
+      + ". Latency is counted from each request's scheduled time (open loop), so time spent "
+      "queued behind a slow request counts.")
     w("")
     w("![p50 and p99 latency per second](benchmarks/seed-fleet.svg)")
     hz = report("seed-hz100")
