@@ -413,29 +413,26 @@ if r:
       "queued behind a slow request counts.")
     w("")
     w("![p50 and p99 latency per second](benchmarks/seed-fleet.svg)")
-    hz = report("seed-hz100")
-    if hz:
-        hl = hz["latency_us"]
+    def variant(name, how):
+        """The opening of a variant's paragraph: its command, load, rate and latencies."""
+        v = report(name)
+        vl = v["latency_us"]
         w("")
-        w(f"The same run with Redis at `hz 100` instead of the default 10 (`{cmd('seed-hz100')}`; "
-          f"{load_of('seed-hz100')}): {num(hz['achieved_rate'])}/s achieved, latency p50 / p90 / "
-          f"p99 / p99.9 / max {ms(hl['p50'])} / {ms(hl['p90'])} / **{ms(hl['p99'])}** / "
-          f"{ms(hl['p99.9'])} / {ms(hl['max'])} ms, "
-          f"{hz['exactness']['users_above_bound']} users above their limit; p99 "
-          f"{ms(hl['p99'])} ms against {ms(lat['p99'])} ms at the default `hz` in this run. "
+        return (f"The same run {how} (`{cmd(name)}`; {load_of(name)}): "
+                f"{num(v['achieved_rate'])}/s achieved, latency p50 / p90 / p99 / p99.9 / max "
+                f"{ms(vl['p50'])} / {ms(vl['p90'])} / **{ms(vl['p99'])}** / {ms(vl['p99.9'])} / "
+                f"{ms(vl['max'])} ms, {v['exactness']['users_above_bound']} users above their limit")
+    if report("seed-hz100"):
+        w(variant("seed-hz100", "with Redis at `hz 100` instead of the default 10")
+          + f"; p99 {ms(report('seed-hz100')['latency_us']['p99'])} ms against {ms(lat['p99'])} ms "
+          "at the default `hz` in this run. "
           "Every key here expires within a second of its last check, so Redis's active expiry "
           "deletes tens of thousands of keys a second; a higher `hz` does that in smaller slices "
           "(see docs/operations.md), which on this shared machine has helped in some runs and "
           "not in others.")
-    slack = report("seed-slack")
-    if slack:
-        sl = slack["latency_us"]
-        w("")
-        w(f"The same run at the default `hz` with a minute of expiry slack (`{cmd('seed-slack')}`; "
-          f"{load_of('seed-slack')}): {num(slack['achieved_rate'])}/s achieved, latency p50 / p90 / "
-          f"p99 / p99.9 / max {ms(sl['p50'])} / {ms(sl['p90'])} / **{ms(sl['p99'])}** / "
-          f"{ms(sl['p99.9'])} / {ms(sl['max'])} ms, "
-          f"{slack['exactness']['users_above_bound']} users above their limit. A user comes back "
+    if report("seed-slack"):
+        w(variant("seed-slack", "at the default `hz` with a minute of expiry slack")
+          + ". A user comes back "
           "every 2 s on average here, so with the slack its key is still there and Redis has "
           "almost nothing to expire; the decisions are the same (an expired key and a fresh one "
           "answer alike), and each idle key stays a minute longer in Redis's memory "
