@@ -402,36 +402,35 @@ if r:
             return "met for rate and latency; exactness not tested by this workload"
         return "met"
     verdict = seed_verdict(r)
-    variants = [(name, what) for name, what in [("seed-hz100", "with Redis at `hz 100`"),
-                                                 ("seed-slack", "with a minute of expiry slack")]
-                if report(name)]
+    hz, slack = report("seed-hz100"), report("seed-slack")
+    variants = [(run, what) for run, what in [(hz, "with Redis at `hz 100`"),
+                                               (slack, "with a minute of expiry slack")] if run]
     w("")
     w(f"Target (50,000/s with p99 under 2 ms, nobody above the limit): **{verdict}** in this run "
       "with Redis's and the store's defaults"
-      + "".join(f"; {what} (below): **{seed_verdict(report(name))}**" for name, what in variants)
+      + "".join(f"; {what} (below): **{seed_verdict(run)}**" for run, what in variants)
       + ". Latency is counted from each request's scheduled time (open loop), so time spent "
       "queued behind a slow request counts.")
     w("")
     w("![p50 and p99 latency per second](benchmarks/seed-fleet.svg)")
-    def variant(name, how):
+    def variant(name, v, how):
         """The opening of a variant's paragraph: its command, load, rate and latencies."""
-        v = report(name)
         vl = v["latency_us"]
         w("")
         return (f"The same run {how} (`{cmd(name)}`; {load_of(name)}): "
                 f"{num(v['achieved_rate'])}/s achieved, latency p50 / p90 / p99 / p99.9 / max "
                 f"{ms(vl['p50'])} / {ms(vl['p90'])} / **{ms(vl['p99'])}** / {ms(vl['p99.9'])} / "
                 f"{ms(vl['max'])} ms, {v['exactness']['users_above_bound']} users above their limit")
-    if report("seed-hz100"):
-        w(variant("seed-hz100", "with Redis at `hz 100` instead of the default 10")
-          + f"; p99 {ms(report('seed-hz100')['latency_us']['p99'])} ms against {ms(lat['p99'])} ms "
+    if hz:
+        w(variant("seed-hz100", hz, "with Redis at `hz 100` instead of the default 10")
+          + f"; p99 {ms(hz['latency_us']['p99'])} ms against {ms(lat['p99'])} ms "
           "at the default `hz` in this run. "
           "Every key here expires within a second of its last check, so Redis's active expiry "
           "deletes tens of thousands of keys a second; a higher `hz` does that in smaller slices "
           "(see docs/operations.md), which on this shared machine has helped in some runs and "
           "not in others.")
-    if report("seed-slack"):
-        w(variant("seed-slack", "at the default `hz` with a minute of expiry slack")
+    if slack:
+        w(variant("seed-slack", slack, "at the default `hz` with a minute of expiry slack")
           + ". A user comes back "
           "every 2 s on average here, so with the slack its key is still there and Redis has "
           "almost nothing to expire; the decisions are the same (an expired key and a fresh one "

@@ -598,9 +598,9 @@ struct Table {
 }
 
 impl Table {
+    /// `max` is at least 2 (`max_entries` refuses less): with at most `max / 2` shards, each
+    /// holds at least the two entries of a denial and its key's record.
     fn new(max: usize) -> Self {
-        // A denial takes two entries (with its key record): at least 2 per shard.
-        let max = max.max(2);
         let shards = MAX_SHARDS.min(prev_power_of_two(max / 2));
         Table {
             shards: (0..shards)

@@ -219,7 +219,6 @@ fn start_error(store: &config::StoreConfig, e: RedisStoreError) -> StartError {
             let field = match name {
                 "url" if store.url.is_none() => "urls",
                 "connect_timeout" => "connect_timeout_ms",
-                "expiry_slack" => "expiry_slack_ms",
                 other => other,
             };
             StartError::Config(ConfigError::new(format!("store.{field}"), reason))

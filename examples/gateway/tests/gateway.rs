@@ -992,7 +992,7 @@ async fn start_without_redis_follows_the_failure_policies_until_redis_comes_up()
 #[tokio::test]
 async fn the_expiry_slack_reaches_the_redis_keys() {
     let server = redis_harness::RedisServer::start();
-    let ttls = |prefix: &str| -> Vec<u64> {
+    let pttls = |prefix: &str| -> Vec<u64> {
         let keys = server.cli(&["--scan", "--pattern", &format!("{prefix}:*")]);
         keys.lines()
             .map(|k| server.cli(&["pttl", k]).trim().parse().unwrap())
@@ -1011,7 +1011,7 @@ async fn the_expiry_slack_reaches_the_redis_keys() {
             status(&gw, "GET", "/api/items", "192.0.2.5:1", Some("k")).await,
             200
         );
-        let ttls = ttls(prefix);
+        let ttls = pttls(prefix);
         assert_eq!(ttls.len(), 1, "{prefix}: {ttls:?}");
         // Fresh 0.6 s after one request, plus the slack; the time between the request and
         // PTTL (a few milliseconds, less than 500 on a loaded machine) only lowers it.
