@@ -123,6 +123,11 @@ pub struct StoreConfig {
     /// in memory per idle key. No decision changes: an expired key and a fresh one answer alike.
     #[serde(default)]
     pub expiry_slack_ms: Option<u64>,
+    /// A PEM file of the certificates to trust as roots for a `rediss://` server, instead of the
+    /// system's: for a Redis whose certificate comes from a private CA (`kind = "redis"` with a
+    /// `rediss://` URL; the gateway's `tls` feature). Read at start.
+    #[serde(default)]
+    pub tls_ca_file: Option<std::path::PathBuf>,
     /// Start even if Redis cannot be reached (default false: the gateway refuses to start).
     /// Until a connection is made, every check is a store failure answered by the route's
     /// failure policy; the gateway keeps trying to connect, once a second.
@@ -157,6 +162,7 @@ impl Default for StoreConfig {
             pool_size: None,
             connect_timeout_ms: None,
             expiry_slack_ms: None,
+            tls_ca_file: None,
             timeout_ms: default_timeout_ms(),
             start_without_redis: false,
             max_keys: None,
@@ -350,6 +356,10 @@ fn default_listen() -> SocketAddr {
 }
 /// The longest timeout or cool-down a configuration may set: one hour.
 const MAX_MS: u64 = 3_600_000;
+
+/// Why a TLS setting is refused by a gateway built without its `tls` feature.
+const NO_TLS: &str = "rediss:// (TLS) needs the gateway built with its `tls` feature \
+                      (cargo run -p example-gateway --features tls), which builds against OpenSSL";
 
 /// The longest `store.expiry_slack_ms`: a day (an idle key then stays at most a day longer).
 const MAX_SLACK_MS: u64 = 86_400_000;
@@ -618,6 +628,7 @@ impl StoreConfig {
                 self.connect_timeout_ms.is_some(),
             ),
             ("store.expiry_slack_ms", self.expiry_slack_ms.is_some()),
+            ("store.tls_ca_file", self.tls_ca_file.is_some()),
             // The in-memory store answers at once, and keeps its own memo of denials.
             ("store.denial_cache", self.denial_cache),
             ("store.coalesce", self.coalesce),
@@ -628,6 +639,7 @@ impl StoreConfig {
                 "only used when kind is \"redis\" or \"redis_cluster\"",
             ));
         }
+        self.validate_tls()?;
         if redis && self.max_keys.is_some() {
             return Err(ConfigError::new(
                 "store.max_keys",
@@ -679,6 +691,46 @@ impl StoreConfig {
                 "store.circuit_breaker.cool_down_ms",
                 "must be between 1 and 3600000 (one hour)",
             ));
+        }
+        Ok(())
+    }
+
+    /// `rediss://` URLs need the gateway's `tls` feature, and a CA file goes with one standalone
+    /// `rediss://` server.
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        // The scheme in any case, as the URL parser takes it.
+        let tls_url = |u: &String| {
+            u.get(..9)
+                .is_some_and(|s| s.eq_ignore_ascii_case("rediss://"))
+        };
+        if !cfg!(feature = "tls") {
+            let field = if self.url.as_ref().is_some_and(tls_url) {
+                Some("store.url")
+            } else if self.urls.iter().any(tls_url) {
+                Some("store.urls")
+            } else if self.tls_ca_file.is_some() {
+                Some("store.tls_ca_file")
+            } else {
+                None
+            };
+            if let Some(field) = field {
+                return Err(ConfigError::new(field, NO_TLS));
+            }
+        }
+        if self.tls_ca_file.is_some() {
+            if self.kind == StoreKind::RedisCluster {
+                return Err(ConfigError::new(
+                    "store.tls_ca_file",
+                    "only used when kind is \"redis\": the cluster client verifies against the \
+                     system's roots only (add the CA to them)",
+                ));
+            }
+            if !self.url.as_ref().is_some_and(tls_url) {
+                return Err(ConfigError::new(
+                    "store.tls_ca_file",
+                    "only used with a rediss:// url",
+                ));
+            }
         }
         Ok(())
     }

@@ -138,7 +138,7 @@ pub async fn app(config: &Config) -> Result<Router, StartError> {
             Ok(router(config, Arc::new(memory), policies, metrics)?)
         }
         config::StoreKind::Redis | config::StoreKind::RedisCluster => {
-            let builder = redis_builder(store);
+            let builder = redis_builder(store)?;
             let redis = if store.start_without_redis {
                 // Retried once a second until Redis can be reached; until then each route's
                 // failure policy answers. A wrong setting, refused credentials included, still
@@ -180,7 +180,7 @@ pub async fn app(config: &Config) -> Result<Router, StartError> {
 const STORE_TIMEOUT_MARGIN: Duration = Duration::from_millis(10);
 
 /// The settings of the Redis store described by `store`.
-fn redis_builder(store: &config::StoreConfig) -> RedisStoreBuilder {
+fn redis_builder(store: &config::StoreConfig) -> Result<RedisStoreBuilder, StartError> {
     let builder = match &store.url {
         Some(url) => RedisStore::builder(url.clone()),
         None => RedisStore::cluster(store.urls.iter().cloned()),
@@ -198,7 +198,8 @@ fn redis_builder(store: &config::StoreConfig) -> RedisStoreBuilder {
         Some(ms) => builder.expiry_slack(Duration::from_millis(ms)),
         None => builder,
     };
-    builder
+    let builder = tls_ca(builder, store)?;
+    Ok(builder
         // The store's own timer on the layer's budget, so that a longer `timeout_ms` is not cut
         // by the store's default 500 ms, plus 10 ms: the store's timer starts first (the layer
         // polls the check once in `call`, and takes its own deadline just after), and the
@@ -208,8 +209,47 @@ fn redis_builder(store: &config::StoreConfig) -> RedisStoreBuilder {
         .response_timeout(
             (Duration::from_millis(store.timeout_ms) + STORE_TIMEOUT_MARGIN)
                 .min(ratelimit_redis::MAX_TIMEOUT),
-        )
+        ))
 }
+
+/// The store trusts the certificates of `store.tls_ca_file`, if set, as its roots.
+#[cfg(feature = "tls")]
+fn tls_ca(
+    builder: RedisStoreBuilder,
+    store: &config::StoreConfig,
+) -> Result<RedisStoreBuilder, StartError> {
+    let Some(path) = &store.tls_ca_file else {
+        return Ok(builder);
+    };
+    let bad = |reason: String| StartError::Config(ConfigError::new("store.tls_ca_file", reason));
+    let pem =
+        std::fs::read(path).map_err(|e| bad(format!("cannot read {}: {e}", path.display())))?;
+    // What OpenSSL would take as a certificate, checked here so that a wrong file is named as
+    // such rather than showing up as a failed handshake.
+    if !pem
+        .windows(CERT_BEGIN.len())
+        .any(|w| w == CERT_BEGIN.as_bytes())
+    {
+        return Err(bad(format!(
+            "{} holds no PEM certificate (no \"{CERT_BEGIN}\" line)",
+            path.display()
+        )));
+    }
+    Ok(builder.tls_root_certificate(pem))
+}
+
+/// Without the `tls` feature the configuration refuses `tls_ca_file` (`StoreConfig::validate`).
+#[cfg(not(feature = "tls"))]
+fn tls_ca(
+    builder: RedisStoreBuilder,
+    _store: &config::StoreConfig,
+) -> Result<RedisStoreBuilder, StartError> {
+    Ok(builder)
+}
+
+/// The first line of a PEM certificate.
+#[cfg(feature = "tls")]
+const CERT_BEGIN: &str = "-----BEGIN CERTIFICATE-----";
 
 /// The start-up error for the store's error `e`: an invalid setting names the configuration's
 /// field.

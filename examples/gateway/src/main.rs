@@ -1,4 +1,5 @@
 //! Run with: cargo run -p example-gateway (with Redis: `-- --config examples/gateway/gateway-redis.toml`)
+//! (`rediss://` URLs, TLS: `cargo run -p example-gateway --features tls -- --config ...`)
 //!
 //! An API server whose rate limits come from a TOML file (`examples/gateway/gateway.toml` by
 //! default; every field is described in `docs/configuration.md`).

@@ -718,6 +718,52 @@ async fn bad_configurations_fail_naming_the_field() {
         "{err}"
     );
 
+    // TLS settings: a CA file goes with one standalone `rediss://` server; without the
+    // gateway's `tls` feature, `rediss://` itself is refused at load, naming the feature.
+    let policy = with_policy("quotas = [{ limit = 5, per = \"minute\" }]");
+    let mut tls_cases = vec![
+        (
+            format!("[store]\ntls_ca_file = \"ca.pem\"\n{policy}"),
+            "store.tls_ca_file: only used when kind is \"redis\" or \"redis_cluster\"",
+        ),
+        (
+            format!(
+                "[store]\nkind = \"redis_cluster\"\nurls = [\"rediss://127.0.0.1:7000\"]\n\
+                 tls_ca_file = \"ca.pem\"\n{policy}"
+            ),
+            if cfg!(feature = "tls") {
+                "store.tls_ca_file: only used when kind is \"redis\": the cluster client"
+            } else {
+                "store.urls: rediss:// (TLS) needs the gateway built with its `tls` feature"
+            },
+        ),
+        (
+            format!(
+                "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\n\
+                 tls_ca_file = \"ca.pem\"\n{policy}"
+            ),
+            if cfg!(feature = "tls") {
+                "store.tls_ca_file: only used with a rediss:// url"
+            } else {
+                "store.tls_ca_file: rediss:// (TLS) needs the gateway built with its `tls` feature"
+            },
+        ),
+    ];
+    if !cfg!(feature = "tls") {
+        tls_cases.push((
+            format!("[store]\nkind = \"redis\"\nurl = \"REDISS://127.0.0.1:6379\"\n{policy}"),
+            "store.url: rediss:// (TLS) needs the gateway built with its `tls` feature \
+             (cargo run -p example-gateway --features tls)",
+        ));
+    }
+    for (text, expected) in tls_cases {
+        let err = Config::from_toml(&text).expect_err(&text).to_string();
+        assert!(
+            err.starts_with(expected),
+            "expected `{expected}...`, got:\n{err}\nfor:\n{text}"
+        );
+    }
+
     // A store URL that cannot be parsed is named when the store is opened.
     let config = Config::from_toml(
         &("[store]\nkind = \"redis\"\nurl = \"http://nowhere\"\n".to_owned()

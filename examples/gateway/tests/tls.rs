@@ -1,0 +1,111 @@
+//! The gateway over `rediss://` (its `tls` feature): a Redis whose certificate comes from a
+//! private CA, trusted through `store.tls_ca_file`, against a real TLS redis-server.
+//!
+//! Run with: cargo test -p example-gateway --features tls --test tls
+#![cfg(feature = "tls")]
+
+use std::net::SocketAddr;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::http::Request;
+use example_gateway::{Config, StartError, app};
+use redis_harness::tls::TlsRedisServer;
+use tower::ServiceExt;
+
+/// A gateway configuration on `url`: logins limited to 5 a minute per IP, and the CA file's
+/// line if given (`tls_ca_file` as written in TOML, quoted).
+fn config(url: &str, ca_file: Option<&str>) -> String {
+    format!(
+        "[store]\nkind = \"redis\"\nurl = \"{url}\"\nprefix = \"tls\"\ntimeout_ms = 2000\n\
+         connect_timeout_ms = 2000\n{}\
+         [[routes]]\npath = \"/login\"\nkey = {{ source = \"ip\" }}\n\
+         [routes.policy]\nname = \"login\"\nquotas = [{{ limit = 5, per = \"minute\" }}]\n\
+         failure = {{ mode = \"closed\", retry_after_secs = 5 }}\n",
+        ca_file.map_or(String::new(), |f| format!("tls_ca_file = {f:?}\n")),
+    )
+}
+
+async fn login(app: &Router, peer: &str) -> u16 {
+    let mut req = Request::post("/login").body(Body::empty()).unwrap();
+    let peer: SocketAddr = peer.parse().unwrap();
+    req.extensions_mut().insert(ConnectInfo(peer));
+    app.clone().oneshot(req).await.unwrap().status().as_u16()
+}
+
+async fn start_error(text: &str) -> String {
+    let config = Config::from_toml(text).unwrap();
+    match app(&config).await {
+        Ok(_) => panic!("the gateway started:\n{text}"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Two gateways on one TLS Redis share the limit: the state is in Redis, reached through TLS
+/// verified against the private CA.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_share_a_limit_over_rediss_with_a_private_ca() {
+    let server = TlsRedisServer::start();
+    let ca = server.ca_path();
+    let text = config(&server.url(), Some(ca.to_str().unwrap()));
+    let config = Config::from_toml(&text).unwrap();
+    let a = app(&config).await.unwrap();
+    let b = app(&config).await.unwrap();
+
+    let peer = "192.0.2.10:1000";
+    for gw in [&a, &b, &a, &b, &a] {
+        assert_eq!(login(gw, peer).await, 200);
+    }
+    assert_eq!(login(&b, peer).await, 429);
+    assert_eq!(login(&a, peer).await, 429);
+    // Another client is counted apart.
+    assert_eq!(login(&b, "192.0.2.11:1000").await, 200);
+    // The counts are in the TLS server's keys.
+    let keys = server.cli(&["--scan", "--pattern", "tls:*"]);
+    assert_eq!(keys.lines().count(), 2, "{keys}");
+}
+
+/// Without the CA file the system's roots do not know the server's CA: the gateway does not
+/// start (the handshake fails, as a server that cannot be reached does), rather than starting
+/// with every check failing.
+#[tokio::test]
+async fn without_the_ca_file_the_handshake_fails_at_start() {
+    let server = TlsRedisServer::start();
+    let config = Config::from_toml(&config(&server.url(), None)).unwrap();
+    let err = app(&config).await.expect_err("started without the CA");
+    assert!(matches!(err, StartError::Store(_)), "{err:?}");
+}
+
+/// A CA file that cannot be read, or that holds no certificate, is named at start as the
+/// field's error.
+#[tokio::test]
+async fn a_wrong_ca_file_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.pem");
+    let err = start_error(&config(
+        "rediss://127.0.0.1:6379",
+        Some(missing.to_str().unwrap()),
+    ))
+    .await;
+    assert!(
+        err.starts_with("store.tls_ca_file: cannot read ") && err.contains("missing.pem"),
+        "{err}"
+    );
+
+    let key = dir.path().join("key.pem");
+    std::fs::write(
+        &key,
+        "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
+    )
+    .unwrap();
+    let err = start_error(&config(
+        "rediss://127.0.0.1:6379",
+        Some(key.to_str().unwrap()),
+    ))
+    .await;
+    assert!(
+        err.starts_with("store.tls_ca_file: ") && err.contains("holds no PEM certificate"),
+        "{err}"
+    );
+}
