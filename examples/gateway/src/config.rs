@@ -125,7 +125,8 @@ pub struct StoreConfig {
     pub expiry_slack_ms: Option<u64>,
     /// A PEM file of the certificates to trust as roots for a `rediss://` server, instead of the
     /// system's: for a Redis whose certificate comes from a private CA (`kind = "redis"` with a
-    /// `rediss://` URL; the gateway's `tls` feature). Read at start.
+    /// `rediss://` URL; the gateway's `tls` feature). Read at start; a relative path is taken
+    /// from the working directory.
     #[serde(default)]
     pub tls_ca_file: Option<std::path::PathBuf>,
     /// Start even if Redis cannot be reached (default false: the gateway refuses to start).
