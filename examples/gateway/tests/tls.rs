@@ -82,30 +82,22 @@ async fn without_the_ca_file_the_handshake_fails_at_start() {
 #[tokio::test]
 async fn a_wrong_ca_file_is_named() {
     let dir = tempfile::tempdir().unwrap();
-    let missing = dir.path().join("missing.pem");
-    let err = start_error(&config(
-        "rediss://127.0.0.1:6379",
-        Some(missing.to_str().unwrap()),
-    ))
-    .await;
-    assert!(
-        err.starts_with("store.tls_ca_file: cannot read ") && err.contains("missing.pem"),
-        "{err}"
-    );
-
     let key = dir.path().join("key.pem");
     std::fs::write(
         &key,
         "-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n",
     )
     .unwrap();
-    let err = start_error(&config(
-        "rediss://127.0.0.1:6379",
-        Some(key.to_str().unwrap()),
-    ))
-    .await;
-    assert!(
-        err.starts_with("store.tls_ca_file: ") && err.contains("holds no PEM certificate"),
-        "{err}"
-    );
+    let missing = dir.path().join("missing.pem");
+    for (file, expected) in [
+        (&missing, "cannot read "),
+        (&key, "holds no PEM certificate"),
+    ] {
+        let path = file.to_str().unwrap();
+        let err = start_error(&config("rediss://127.0.0.1:6379", Some(path))).await;
+        assert!(
+            err.starts_with("store.tls_ca_file: ") && err.contains(expected) && err.contains(path),
+            "{err}"
+        );
+    }
 }
