@@ -287,6 +287,109 @@ async fn migrate_while_checking(cluster: &RedisCluster, store: &RedisStore, to: 
     assert_eq!(moved(source), before, "checks go to the slot's new owner");
 }
 
+/// The sliding log, whose state is several keys (a hash and a list per quota), while its slot
+/// migrates. A check whose every entry of a list has slid out admits on the source with its keys
+/// intact: the script writes the list before it trims it, so that the list is never empty, and so
+/// never deleted, mid-script (a migrating node refuses a script's command on a key it does not
+/// hold, which cut the write phase in two and left the user's keys split until the migration
+/// ended). A user with no state in the slot cannot be checked until the migration ends, as Redis
+/// answers `TRYAGAIN` to a command on several keys that the importing node does not all hold.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sliding_log_keys_stay_whole_through_a_slot_migration() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = RedisCluster::start(3);
+    let clock = ManualClock::new();
+    let store = manual(RedisStore::cluster(cluster.urls()), &clock)
+        .prefix(unique_prefix("logmove"))
+        .response_timeout(Duration::from_secs(1))
+        .build()
+        .await
+        .unwrap();
+    let log = Limit::new(
+        Algorithm::SlidingLog,
+        [Quota::per_second(10).unwrap(), Quota::per_hour(1_000).unwrap()],
+    )
+    .unwrap();
+    let keys = store.state_keys(b"mover", &log);
+    assert_eq!(keys.len(), 3, "the hash and one list per quota");
+    let check = async |limit: &Limit| store.check(b"mover", limit, 1).await;
+    for _ in 0..3 {
+        assert!(check(&log).await.unwrap().is_allowed());
+    }
+
+    let slot = cluster.nodes()[0].cli(&["cluster", "keyslot", &keys[0]]);
+    let source = cluster.node_for(&keys[0]);
+    let target = cluster
+        .nodes()
+        .iter()
+        .find(|n| n.port() != source.port())
+        .unwrap();
+    let source_id = source.cli(&["cluster", "myid"]);
+    let target_id = target.cli(&["cluster", "myid"]);
+    assert_eq!(
+        target.cli(&["cluster", "setslot", &slot, "importing", &source_id]),
+        "OK"
+    );
+    assert_eq!(
+        source.cli(&["cluster", "setslot", &slot, "migrating", &target_id]),
+        "OK"
+    );
+    let count = |node: &redis_harness::RedisServer| -> u32 {
+        node.cli(&["cluster", "countkeysinslot", &slot])
+            .parse()
+            .unwrap()
+    };
+    assert_eq!((count(source), count(target)), (3, 0));
+
+    // Every entry of the per-second list has slid out; the hourly list and the hash live on.
+    clock.advance(Duration::from_secs(2));
+    let d = check(&log).await.unwrap();
+    assert!(d.is_allowed(), "{d:?}");
+    assert_eq!((count(source), count(target)), (3, 0), "no key lost");
+    let hourly = source.cli(&["llen", &keys[2]]);
+    assert_eq!(hourly, "2", "the hourly list: the first three merged, then this one");
+
+    // The keys move together; checks follow them (ASK) and count on from where they were.
+    let port = target.port().to_string();
+    let mut migrate = vec!["migrate", "127.0.0.1", &port, "", "0", "5000", "KEYS"];
+    migrate.extend(keys.iter().map(String::as_str));
+    assert_eq!(source.cli(&migrate), "OK");
+    assert_eq!((count(source), count(target)), (0, 3));
+    clock.advance(Duration::from_secs(2));
+    assert!(check(&log).await.unwrap().is_allowed());
+
+    // A user with no state in the slot (here, `mover` under another limit): the source answers
+    // ASK, the importing target TRYAGAIN (it holds none of the keys), until the check's timeout.
+    let other = Limit::new(
+        Algorithm::SlidingLog,
+        [Quota::per_second(5).unwrap(), Quota::per_hour(500).unwrap()],
+    )
+    .unwrap();
+    assert_eq!(
+        cluster.nodes()[0].cli(&["cluster", "keyslot", &store.state_keys(b"mover", &other)[0]]),
+        slot
+    );
+    assert!(check(&other).await.is_err(), "TRYAGAIN until the timeout");
+
+    for node in cluster.nodes() {
+        assert_eq!(
+            node.cli(&["cluster", "setslot", &slot, "node", &target_id]),
+            "OK"
+        );
+    }
+    assert!(check(&other).await.unwrap().is_allowed(), "after the move");
+    // The count went on across the move: one admitted at this instant already, so 9 more of the
+    // per-second quota's 10.
+    let mut allowed = 0;
+    for _ in 0..20 {
+        if check(&log).await.unwrap().is_allowed() {
+            allowed += 1;
+        }
+    }
+    assert_eq!(allowed, 9, "the per-second quota, counted on the target");
+    assert_eq!((count(source), count(target)), (0, 6));
+}
+
 /// A check whose reply is lost after its script ran on the master (the connection drops while
 /// the reply is on its way) fails, and is not sent again: the master counted it once, and once
 /// only. A client that re-sent it on the new connection would spend two tokens for one request.

@@ -147,12 +147,15 @@ if b[1] == 0 then
     local args = {}
     for i = 1, N do
       local pl = plan[i]
-      if pl.pruned > 0 then redis.call('LTRIM', pl.lkey, pl.pruned, -1) end
       if pl.merge then
         redis.call('LSET', pl.lkey, -1, string.format('%d:%d', pl.now, pl.cost))
       elseif pl.push then
         redis.call('RPUSH', pl.lkey, string.format('%d:%d', pl.now, COST))
       end
+      -- Trimmed after the write, so that a list whose every entry slid out is never empty, and so
+      -- never deleted, mid-script: a node whose slot is migrating refuses a script's command on a
+      -- key it does not hold, which would cut the write phase in two.
+      if pl.pruned > 0 then redis.call('LTRIM', pl.lkey, pl.pruned, -1) end
       args[2 * i - 1], args[2 * i] = FIELDS[i], pl.total
     end
     redis.call('HSET', hkey, unpack(args))
