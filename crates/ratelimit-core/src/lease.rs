@@ -334,12 +334,15 @@ struct Entry {
 }
 
 impl Entry {
-    /// The answer of a check that took its units from the lease, at `now`, for `limit`.
+    /// The answer of a check that took its units from the lease, at `now`, for `limit`. Its
+    /// `remaining` is at most the limit, as a store's is: the lease's units and what the store
+    /// last said remained can together pass it (the store refilled while the lease lived), and a
+    /// client reading `r` above `q` in the headers would be misled.
     fn decision(&self, now: u64) -> Decision {
         Decision::new(
             Outcome::Allowed,
             self.limit,
-            self.tokens.saturating_add(self.remaining),
+            self.tokens.saturating_add(self.remaining).min(self.limit),
             Duration::from_micros(self.reset_at.saturating_sub(now)),
             self.quota_index as usize,
         )
@@ -1012,7 +1015,7 @@ impl Seen {
             *d = Decision::new(
                 d.outcome(),
                 d.limit(),
-                d.remaining().saturating_add(e.tokens),
+                d.remaining().saturating_add(e.tokens).min(d.limit()),
                 d.reset_after(),
                 d.quota_index(),
             );

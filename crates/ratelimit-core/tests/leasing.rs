@@ -291,6 +291,28 @@ fn a_leased_answer_reports_what_the_gateways_own_direct_checks_left() {
     }
 }
 
+/// The lease's units and what the store said remained can together pass the limit, once the store
+/// has refilled while the lease lives: the answers report at most the limit, as a store's do (a
+/// `RateLimit` header's `r` above its `q` would mislead a client).
+#[test]
+fn a_leased_answer_reports_no_more_than_the_limit() {
+    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+    let leasing = leases_of(10, &clock);
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(10).unwrap()).unwrap();
+    let first = block_on(leasing.check(b"k", &limit, 1)).unwrap();
+    assert!(first.is_allowed());
+    assert!(first.remaining() <= 10, "{first:?}");
+    // The store refills while the lease still holds units.
+    clock.advance(Duration::from_millis(900));
+    let peek = block_on(leasing.check(b"k", &limit, 0)).unwrap();
+    assert!(peek.is_allowed() && !peek.is_cached(), "{peek:?}");
+    let leased = block_on(leasing.check(b"k", &limit, 1)).unwrap();
+    assert!(leased.is_allowed() && leased.is_cached(), "{leased:?}");
+    assert_eq!(peek.remaining(), 10, "{peek:?}");
+    assert_eq!(leased.remaining(), 10, "{leased:?}");
+    assert_eq!(leased.limit(), 10);
+}
+
 /// Answers that come back out of the order their checks were sent in: a peek, then a check that
 /// fetches the next lease, both decided by the store when made, then answered lease first. The
 /// lease's answers keep reporting the later-sent check's answer (a tie on the clock included), and
