@@ -307,7 +307,10 @@ async fn sliding_log_keys_stay_whole_through_a_slot_migration() {
         .unwrap();
     let log = Limit::new(
         Algorithm::SlidingLog,
-        [Quota::per_second(10).unwrap(), Quota::per_hour(1_000).unwrap()],
+        [
+            Quota::per_second(10).unwrap(),
+            Quota::per_hour(1_000).unwrap(),
+        ],
     )
     .unwrap();
     let keys = store.state_keys(b"mover", &log);
@@ -347,7 +350,10 @@ async fn sliding_log_keys_stay_whole_through_a_slot_migration() {
     assert!(d.is_allowed(), "{d:?}");
     assert_eq!((count(source), count(target)), (3, 0), "no key lost");
     let hourly = source.cli(&["llen", &keys[2]]);
-    assert_eq!(hourly, "2", "the hourly list: the first three merged, then this one");
+    assert_eq!(
+        hourly, "2",
+        "the hourly list: the first three merged, then this one"
+    );
 
     // The keys move together; checks follow them (ASK) and count on from where they were.
     let port = target.port().to_string();
