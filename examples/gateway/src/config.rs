@@ -383,7 +383,16 @@ impl Config {
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
         let de = toml::Deserializer::parse(text).map_err(|e| toml_error("", &e, text))?;
         let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
-            let field = e.path().to_string();
+            let mut field = e.path().to_string();
+            // An unknown field's path may end with the field. One that may be a secret (see
+            // `hide_unknown_names`) is left out: the path is the table it was found in.
+            if let Some(parent) = unknown_field(e.inner().message())
+                .filter(|name| !could_be_misspelt(name))
+                .and_then(|name| field.strip_suffix(name))
+                .and_then(|parent| parent.strip_suffix('.'))
+            {
+                field = parent.to_owned();
+            }
             // A string of the wrong type under `store` (`urls = "redis://:pw@…"` where an
             // array belongs) or `api_keys` (`api_keys = "sk_live_…"`) may be a password or a
             // key: serde's message quotes it whole, so it is not shown.
@@ -532,9 +541,68 @@ fn hide_strings(message: &str) -> String {
     out
 }
 
+/// The names an error message quotes from the file as unknown: serde's `unknown field `…`` and
+/// `unknown variant `…``. (toml's `duplicate key` does not quote the key.)
+const QUOTED_NAMES: [&str; 2] = ["unknown field `", "unknown variant `"];
+
+/// Where the name quoted at the start of `quoted` ends: where the message goes on (`, expected
+/// …`), or at its last backtick.
+fn quoted_name_end(quoted: &str) -> usize {
+    quoted
+        .find("`, ")
+        .or_else(|| quoted.rfind('`'))
+        .unwrap_or(quoted.len())
+}
+
+/// The field name an `unknown field` message quotes.
+fn unknown_field(message: &str) -> Option<&str> {
+    let quoted = &message[message.find(QUOTED_NAMES[0])? + QUOTED_NAMES[0].len()..];
+    Some(&quoted[..quoted_name_end(quoted)])
+}
+
+/// Whether a name the file wrote could be a misspelt name of this file's, and so may be shown
+/// whole: lowercase letters, `_` and `-`, 32 characters at most. An API key or a password
+/// almost always holds a digit or a capital (a random key of 20 characters of 62 kinds holds
+/// neither once in 30 million).
+fn could_be_misspelt(name: &str) -> bool {
+    name.len() <= 32
+        && name.starts_with(|c: char| c.is_ascii_lowercase())
+        && name
+            .chars()
+            .all(|c| c.is_ascii_lowercase() || c == '_' || c == '-')
+}
+
+/// `message` with each name it quotes from the file as unknown shown whole only if
+/// it [could be misspelt](could_be_misspelt). Any other may be an API key or a password written
+/// in the wrong place (a key pasted below the last table belongs to that table; a URL as
+/// `kind`), and is shown as an API key is, by its first characters.
+fn hide_unknown_names(message: &str) -> String {
+    let mut out = String::with_capacity(message.len());
+    let mut rest = message;
+    while let Some((at, open)) = QUOTED_NAMES
+        .iter()
+        .filter_map(|open| rest.find(open).map(|at| (at, open.len())))
+        .min()
+    {
+        let start = at + open;
+        out.push_str(&rest[..start]);
+        let quoted = &rest[start..];
+        let end = quoted_name_end(quoted);
+        let name = &quoted[..end];
+        if could_be_misspelt(name) {
+            out.push_str(name);
+        } else {
+            out.push_str(redact_key(name.trim_matches('"')).trim_matches('"'));
+        }
+        rest = &quoted[end..];
+    }
+    out.push_str(rest);
+    out
+}
+
 /// `field: message (line L, column C)`, from one of toml's errors.
 fn toml_error(field: &str, e: &toml::de::Error, text: &str) -> ConfigError {
-    let mut message = e.message().trim_end().to_owned();
+    let mut message = hide_unknown_names(e.message().trim_end());
     if let Some(span) = e.span() {
         // The text before the error, cut at a character boundary (a span inside a character
         // would make the slice panic).

@@ -7,7 +7,10 @@
 //! Flags:
 //! - `--config PATH`: the configuration file;
 //! - `--listen ADDR`: where to listen, overriding the file's `listen`;
+//! - `--redis URL`: the Redis server, instead of the file's `[store] url`;
 //! - `--check`: check the configuration (and connect to Redis if configured), then exit.
+//!
+//! A flag's value may also follow an `=` (`--config=PATH`).
 //!
 //! A bad configuration stops the gateway at start with a message naming the field (exit status
 //! 2; Redis unreachable at start is status 3, which a supervisor may retry; see
@@ -45,12 +48,25 @@ fn parse_args() -> Result<Args, String> {
     // `args_os`: a path need not be UTF-8, and `args` would panic on one that is not.
     let mut args = std::env::args_os().skip(1);
     while let Some(arg) = args.next() {
-        match arg.to_string_lossy().as_ref() {
+        let arg = arg.to_string_lossy().into_owned();
+        // `--flag=value` as well as `--flag value` (systemd units and container specs often
+        // write the first).
+        let (flag, inline) = match arg.split_once('=') {
+            Some((flag, value)) if flag.starts_with("--") => (flag, Some(value)),
+            _ => (arg.as_str(), None),
+        };
+        let mut value = |missing: &'static str| -> Result<std::ffi::OsString, String> {
+            match inline {
+                Some(v) => Ok(v.into()),
+                None => args.next().ok_or_else(|| missing.to_owned()),
+            }
+        };
+        match flag {
             "--config" => {
-                parsed.config = args.next().ok_or("--config needs a path")?.into();
+                parsed.config = value("--config needs a path")?.into();
             }
             "--listen" => {
-                let addr = args.next().ok_or("--listen needs an address")?;
+                let addr = value("--listen needs an address")?;
                 let addr = addr.to_string_lossy();
                 parsed.listen = Some(
                     addr.parse()
@@ -58,11 +74,14 @@ fn parse_args() -> Result<Args, String> {
                 );
             }
             "--redis" => {
-                let url = args.next().ok_or("--redis needs a URL")?;
+                let url = value("--redis needs a URL")?;
                 parsed.redis = Some(
                     url.into_string()
                         .map_err(|_| "--redis: the URL is not UTF-8".to_owned())?,
                 );
+            }
+            "--check" | "--help" | "-h" if inline.is_some() => {
+                return Err(format!("{flag} takes no value"));
             }
             "--check" => parsed.check = true,
             "--help" | "-h" => {
@@ -79,9 +98,16 @@ fn parse_args() -> Result<Args, String> {
                 );
                 std::process::exit(0);
             }
+            // The value of an unknown `--flag=value` is not echoed: it may be a password
+            // (`--redis-url=redis://:pw@…`).
             other => {
+                let shown = if inline.is_some() {
+                    format!("{other}=…")
+                } else {
+                    other.to_owned()
+                };
                 return Err(format!(
-                    "unknown argument `{other}` (expected --config PATH, --listen ADDR, \
+                    "unknown argument `{shown}` (expected --config PATH, --listen ADDR, \
                      --redis URL, --check)"
                 ));
             }

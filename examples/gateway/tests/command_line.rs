@@ -151,4 +151,32 @@ fn redis_from_the_command_line() {
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--redis replaces the url"), "{err}");
+
+    // `--flag=value` works as `--flag value` does.
+    let config = format!("--config={redis_toml}");
+    let redis = format!("--redis={}", server.url());
+    let out = gateway(&[
+        OsStr::new(&config),
+        OsStr::new(&redis),
+        OsStr::new("--check"),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+}
+
+/// An unknown `--flag=value` is named without its value, which may be a secret (a Redis URL with
+/// its password); a flag that takes no value refuses one.
+#[test]
+fn an_unknown_flags_value_is_not_echoed() {
+    let out = gateway(&[OsStr::new(
+        "--redis-url=redis://default:hunter2@10.0.0.5:6379",
+    )]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown argument `--redis-url=…`"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+
+    let out = gateway(&[OsStr::new("--check=yes")]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--check takes no value"), "{err}");
 }

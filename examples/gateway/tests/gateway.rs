@@ -641,6 +641,23 @@ async fn bad_configurations_fail_naming_the_field() {
             format!("api_keys = \"sk_live_s3cret\\\" more\"\n{policy}"),
             "api_keys: invalid type: a string, expected a map (line 1",
         ),
+        // A key pasted after the last table belongs to that table: an unknown field, named by
+        // its first characters only (a misspelt field is named whole, above).
+        (
+            format!("{policy}\"sk_live_s3cret0123456789\" = \"gold\"\n"),
+            "routes[0].policy: unknown field `sk_l…`, expected one of ",
+        ),
+        (
+            format!("[store]\nkind = \"redis://:s3cret@10.0.0.5:6379\"\n{policy}"),
+            "store.kind: unknown variant `redi…`, expected one of ",
+        ),
+        // A key listed twice: toml's error does not name it.
+        (
+            format!(
+                "{policy}[api_keys]\n\"sk_live_s3cret0123\" = \"gold\"\n\"sk_live_s3cret0123\" = \"gold\"\n"
+            ),
+            "duplicate key (line 9",
+        ),
     ] {
         let err = Config::from_toml(&text).expect_err(&text).to_string();
         assert!(
