@@ -424,6 +424,49 @@ async fn a_connection_answering_after_its_caller_gave_up_is_kept() {
     assert_eq!(proxy.accepted(), accepted, "the connection was kept");
 }
 
+/// A check given up after its command was sent leaves its reply on the connection: the checks
+/// sent after it, on the same connection, each get their own key's answer, never that reply.
+/// (redis-rs reads a dropped request's reply and throws it away; this pins it.) The replies are
+/// held in a proxy while the first check is given up and the next one is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_given_up_checks_reply_never_answers_another_check() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let store = one_connection_through(&proxy, "stray", Duration::from_millis(5_000)).await;
+    let day = Limit::single(Algorithm::TokenBucket, Quota::per_day(100).unwrap()).unwrap();
+    for left in (90..100).rev() {
+        assert_eq!(store.check(b"x", &day, 1).await.unwrap().remaining(), left);
+    }
+    let accepted = proxy.accepted();
+    let calls = server.script_calls();
+
+    proxy.set_hold_replies(true);
+    let given_up = tokio::time::timeout(Duration::from_millis(50), store.check(b"x", &day, 1));
+    assert!(given_up.await.is_err(), "no reply while they are held");
+    // The next check is sent while the first one's reply is still held.
+    let next = tokio::spawn({
+        let store = store.clone();
+        let day = day.clone();
+        async move { store.check(b"y", &day, 1).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.script_calls() < calls + 2 {
+        assert!(Instant::now() < deadline, "both checks reach the server");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    proxy.set_hold_replies(false);
+    let next = next.await.unwrap().unwrap();
+    assert_eq!(
+        next.remaining(),
+        99,
+        "y's own answer, not x's (89): {next:?}"
+    );
+    // The given-up check ran on the server: x counted it.
+    assert_eq!(store.check(b"x", &day, 0).await.unwrap().remaining(), 89);
+    assert_eq!(store.check(b"y", &day, 1).await.unwrap().remaining(), 98);
+    assert_eq!(proxy.accepted(), accepted, "all on the one connection");
+}
+
 /// A store of one connection through `proxy` (keys under a prefix made from `name`), checked
 /// once.
 async fn one_connection_through(
