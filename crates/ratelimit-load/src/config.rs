@@ -246,6 +246,10 @@ impl Config {
                 }
             };
             match flag.as_str() {
+                // `--check=false` would otherwise mean `--check`.
+                "--json" | "--check" | "--quiet" | "--help" if inline.is_some() => {
+                    return Err(Error::Usage(format!("{flag} takes no value")));
+                }
                 "--target" => {
                     c.target = match value("--target")?.as_str() {
                         "store" => Target::Store,
@@ -677,6 +681,9 @@ mod tests {
             "--abuse-factor inf",
             "--rate 1000000 --duration 600",
             "--threads 1000000",
+            "--check=false",
+            "--json=no",
+            "--quiet=0",
         ] {
             assert!(
                 Config::from_args(args.split_whitespace()).is_err(),

@@ -70,6 +70,11 @@ pub(crate) struct Conn {
     buf: Vec<u8>,
     /// The request being written.
     req: Vec<u8>,
+    /// An exchange failed or timed out on this stream: a late answer may still arrive on it, and
+    /// would be read as the next request's. Never used again; the next request reconnects.
+    broken: bool,
+    /// How long one exchange may take ([`REQUEST_TIMEOUT`]).
+    timeout: Duration,
 }
 
 impl Conn {
@@ -81,24 +86,29 @@ impl Conn {
             stream,
             buf: Vec::with_capacity(4096),
             req: Vec::with_capacity(128),
+            broken: false,
+            timeout: REQUEST_TIMEOUT,
         })
     }
 
-    /// Replaces the connection with a new one to the same address.
-    pub(crate) async fn reconnect(&mut self) -> Result<(), Error> {
-        *self = Conn::connect(self.addr).await?;
-        Ok(())
-    }
-
     /// Sends `GET /` for `key` and returns the response's status, having read its whole body.
+    /// After a failed exchange the stream is replaced first (an error if that fails: the old
+    /// stream is never written to again, so no answer is ever read as another request's).
     pub(crate) async fn request(&mut self, key: &[u8]) -> Result<u16, Error> {
-        match tokio::time::timeout(REQUEST_TIMEOUT, self.exchange(key)).await {
+        if self.broken {
+            let timeout = self.timeout;
+            *self = Conn::connect(self.addr).await?;
+            self.timeout = timeout;
+        }
+        let outcome = match tokio::time::timeout(self.timeout, self.exchange(key)).await {
             Ok(r) => r.map_err(Error::from),
             Err(_) => Err(Error::Io(io::Error::new(
                 io::ErrorKind::TimedOut,
                 "no response in time",
             ))),
-        }
+        };
+        self.broken = outcome.is_err();
+        outcome
     }
 
     async fn exchange(&mut self, key: &[u8]) -> io::Result<u16> {
@@ -183,5 +193,60 @@ mod tests {
         let chunked = b"HTTP/1.1 429 Too Many Requests\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nno\r\n0\r\n\r\n";
         assert_eq!(parse_response(chunked).unwrap(), Some((429, chunked.len())));
         assert!(parse_response(b"SSH-2.0-x\r\n\r\n").is_err());
+    }
+
+    /// A request that timed out may still be answered on its connection: that answer is never
+    /// read as the next request's. The next request goes over a new connection, and fails if
+    /// none can be made (it wrote to the old one and read the late 429 before).
+    #[tokio::test]
+    async fn a_late_answer_is_never_read_as_the_next_requests() {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut first, _) = listener.accept().await.unwrap();
+            let mut buf = [0u8; 1024];
+            let _ = first.read(&mut buf).await.unwrap();
+            // The first request's answer, late; then 200 to whatever else comes on it.
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let late = b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\n\r\n";
+            first.write_all(late).await.unwrap();
+            let (mut second, _) = listener.accept().await.unwrap();
+            let _ = second.read(&mut buf).await.unwrap();
+            let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+            second.write_all(ok).await.unwrap();
+            // Keeps both open until the client is done.
+            let _ = second.read(&mut buf).await;
+            drop(first);
+        });
+        let mut conn = Conn::connect(addr).await.unwrap();
+        conn.timeout = Duration::from_millis(100);
+        assert!(conn.request(b"a").await.is_err(), "no answer in time");
+        // Let the late answer arrive on the old connection.
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        assert_eq!(conn.request(b"b").await.unwrap(), 200, "b's own answer");
+        drop(conn);
+        server.await.unwrap();
+
+        // No new connection can be made: an error, not the old connection's late answer.
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let (mut first, _) = listener.accept().await.unwrap();
+            drop(listener);
+            let mut buf = [0u8; 1024];
+            let _ = first.read(&mut buf).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            let late = b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\n\r\n";
+            first.write_all(late).await.unwrap();
+            let _ = first.read(&mut buf).await;
+        });
+        let mut conn = Conn::connect(addr).await.unwrap();
+        conn.timeout = Duration::from_millis(100);
+        assert!(conn.request(b"a").await.is_err(), "no answer in time");
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let next = conn.request(b"b").await;
+        assert!(next.is_err(), "{next:?}");
+        drop(conn);
+        server.await.unwrap();
     }
 }

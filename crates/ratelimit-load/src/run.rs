@@ -248,13 +248,15 @@ impl Shared {
         let latency = end.saturating_duration_since(scheduled);
         let lateness = started.saturating_duration_since(scheduled);
         let us = (latency.as_micros() as u64).max(1);
-        self.sent[user as usize].fetch_add(1, Ordering::Relaxed);
-        if matches!(outcome, Outcome::Error) {
-            self.failed[user as usize].fetch_add(1, Ordering::Relaxed);
-        }
         let second = (i as f64 / self.rate) as usize;
         {
             let mut r = self.rec.lock();
+            // Counted under the lock the report is built under, so that it reads a user's sent
+            // and failed counts of the same requests.
+            self.sent[user as usize].fetch_add(1, Ordering::Relaxed);
+            if matches!(outcome, Outcome::Error) {
+                self.failed[user as usize].fetch_add(1, Ordering::Relaxed);
+            }
             r.latency.saturating_record(us);
             if let Some(h) = r.seconds.get_mut(second) {
                 h.saturating_record(us.min(MAX_SECOND_LATENCY_US));
@@ -754,12 +756,8 @@ async fn drive_http(
                 let outcome = match conn.request(user_key(&mut buf, user)).await {
                     Ok(200) => Outcome::Admitted,
                     Ok(429) => Outcome::Denied,
-                    Ok(_) => Outcome::Error,
-                    Err(_) => {
-                        // Count it and start over on a new connection.
-                        let _ = conn.reconnect().await;
-                        Outcome::Error
-                    }
+                    // An error (the connection's next request starts over on a new one).
+                    Ok(_) | Err(_) => Outcome::Error,
                 };
                 shared.record(i, user, scheduled, started, outcome);
             }
@@ -824,6 +822,7 @@ where
 
     let deadline = config.duration + GRACE;
     let mut timed_out = false;
+    let aborts: Vec<_> = handles.iter().map(|h| h.abort_handle()).collect();
     let all = async {
         for h in handles {
             let _ = h.await;
@@ -833,6 +832,11 @@ where
         timed_out = true;
         shared.abort.store(true, Ordering::Relaxed);
         shared.notify.notify_waiters();
+        // Workers still waiting for an answer stop there: none records a request while the
+        // report is made (under the lock its records take).
+        for a in &aborts {
+            a.abort();
+        }
     }
     shared.abort.store(true, Ordering::Relaxed);
     let _ = tokio::task::spawn_blocking(move || sched.join()).await;
@@ -936,7 +940,7 @@ fn build_report(
     {
         let sent = u64::from(sent.load(Ordering::Relaxed));
         // A request that failed was neither admitted nor denied: it tests no limit.
-        let decided = sent - u64::from(failed.load(Ordering::Relaxed));
+        let decided = sent.saturating_sub(u64::from(failed.load(Ordering::Relaxed)));
         let admitted = admissions.len() as u64;
         if sent > 0 {
             users_seen += 1;

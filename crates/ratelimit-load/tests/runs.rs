@@ -54,7 +54,14 @@ fn check_common(r: &Report) {
         r.text()
     );
     assert!(r.users_seen > 500);
-    assert!(r.achieved_rate > 1_000.0, "{}", r.text());
+    // An open loop never answers faster than its schedule releases requests (a closed loop, or
+    // a burst of the whole schedule, would); how close to the target a machine gets is not
+    // asserted here (benchmarks measure that).
+    assert!(
+        r.achieved_rate > 0.0 && r.achieved_rate <= 1.01 * r.target_rate,
+        "{}",
+        r.text()
+    );
     assert!(r.p50_us > 0 && r.p50_us <= r.p99_us && r.p99_us <= r.max_us);
     assert!(!r.per_second.is_empty());
     assert_eq!(

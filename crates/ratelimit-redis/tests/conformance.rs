@@ -105,8 +105,27 @@ async fn seed_scenarios_on_redis() {
         assert_eq!(passed, expected, "{alg}: 150 at 59.9 s and 150 at 60.1 s");
     }
     // Cost 0 peeks; a cost larger than the quota is Exceeds, not an error.
-    let limit = Limit::single(Algorithm::SlidingLog, Quota::per_second(10).unwrap()).unwrap();
-    let d = store.check(b"peek", &limit, u64::MAX).await.unwrap();
-    assert_eq!(d.outcome(), Outcome::Exceeds);
-    assert_eq!(d.remaining(), 10);
+    for alg in Algorithm::ALL {
+        let limit = Limit::single(alg, Quota::per_second(10).unwrap()).unwrap();
+        let key = format!("peek-{alg}");
+        let peek = store.check(key.as_bytes(), &limit, 0).await.unwrap();
+        assert!(peek.is_allowed(), "{alg}: {peek:?}");
+        assert_eq!(peek.remaining(), 10, "{alg}: a peek spends nothing");
+        assert!(
+            store
+                .check(key.as_bytes(), &limit, 1)
+                .await
+                .unwrap()
+                .is_allowed()
+        );
+        let peek = store.check(key.as_bytes(), &limit, 0).await.unwrap();
+        assert_eq!(
+            peek.remaining(),
+            9,
+            "{alg}: a peek sees the check before it"
+        );
+        let d = store.check(key.as_bytes(), &limit, u64::MAX).await.unwrap();
+        assert_eq!(d.outcome(), Outcome::Exceeds, "{alg}");
+        assert_eq!(d.remaining(), 9, "{alg}");
+    }
 }

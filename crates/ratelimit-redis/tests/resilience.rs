@@ -365,11 +365,31 @@ async fn hostile_keys_stay_in_their_slot_and_prefix() {
     let d = store.check(tag.as_bytes(), &limit(), 1).await.unwrap();
     assert_eq!(d.remaining(), 99, "'{tag}' is its own key");
     let stored = server.cli(&["--scan", "--pattern", "*"]);
-    for key in stored.lines() {
+    let mut stored: Vec<&str> = stored.lines().collect();
+    stored.sort_unstable();
+    // Each key's state is the one key the store names for it, and nothing else was written.
+    let mut expected: Vec<String> = keys
+        .iter()
+        .chain([&tag.as_bytes()])
+        .map(|k| store.state_keys(k, &limit()).remove(0))
+        .collect();
+    expected.sort_unstable();
+    assert_eq!(stored, expected);
+    for key in stored {
         assert!(key.starts_with("app:{"), "{key}");
         assert!(key.len() < 120, "bounded: {key}");
         assert_eq!(key.matches('{').count(), 1, "{key}");
         assert_eq!(key.matches('}').count(), 1, "{key}");
+        // The slot is the store's hash tag's: it holds only the bytes a verbatim key may have
+        // (`[A-Za-z0-9._:@/-]`), never a brace or a byte of a hostile key.
+        let inner = &key[key.find('{').unwrap() + 1..key.find('}').unwrap()];
+        assert!(
+            !inner.is_empty()
+                && inner
+                    .bytes()
+                    .all(|b| b.is_ascii_alphanumeric() || b"._:@/-".contains(&b)),
+            "{key}"
+        );
     }
 }
 

@@ -2132,13 +2132,43 @@ mod tests {
             prop_assert_eq!(c.resolve(ip(PROXY), &h), ip(addr).to_canonical(), "{:?}", String::from_utf8_lossy(&line));
         }
 
+        /// The key encoding round-trips for every kind of address (IPv4, IPv6, IPv4-mapped IPv6,
+        /// which is keyed as its IPv4 address), and decoding is exact: bytes that decode are
+        /// those the address encodes to. The bytes are mostly a tag and a body of the right
+        /// length (a mapped address under the IPv6 tag included, which must not decode), some
+        /// a wrong length or tag.
         #[test]
-        fn prop_key_roundtrip(bytes in prop::collection::vec(any::<u8>(), 0..20), v6 in any::<[u8; 16]>()) {
-            if let Some(addr) = IpKey::decode(&bytes) {
-                prop_assert_eq!(key_bytes(addr).to_vec(), bytes);
+        fn prop_key_roundtrip(
+            tag in prop::sample::select(vec![IpKey::V4_TAG, IpKey::V6_TAG, 0u8, 0xff]),
+            len in prop::sample::select(vec![4usize, 16, 16, 0, 3, 5, 15, 17]),
+            body in any::<[u8; 17]>(),
+            mapped_body in any::<bool>(),
+            v4 in any::<u32>(),
+            v6 in any::<u128>(),
+        ) {
+            let mut bytes = vec![tag];
+            if mapped_body && len == 16 {
+                bytes.extend_from_slice(&Ipv4Addr::from(v4).to_ipv6_mapped().octets());
+            } else {
+                bytes.extend_from_slice(&body[..len]);
             }
-            let addr = IpAddr::V6(Ipv6Addr::from(v6));
-            prop_assert_eq!(IpKey::decode(&key_bytes(addr)), Some(addr.to_canonical()));
+            match IpKey::decode(&bytes) {
+                Some(addr) => prop_assert_eq!(key_bytes(addr).to_vec(), bytes),
+                None => prop_assert!(
+                    !matches!((tag, len), (IpKey::V4_TAG, 4))
+                        && !(tag == IpKey::V6_TAG
+                            && len == 16
+                            && Ipv6Addr::from(<[u8; 16]>::try_from(&bytes[1..]).unwrap())
+                                .to_ipv4_mapped()
+                                .is_none()),
+                    "a valid encoding refused: {:?}", bytes
+                ),
+            }
+            let mapped = IpAddr::V6(Ipv4Addr::from(v4).to_ipv6_mapped());
+            for addr in [IpAddr::V4(Ipv4Addr::from(v4)), IpAddr::V6(Ipv6Addr::from(v6)), mapped] {
+                prop_assert_eq!(IpKey::decode(&key_bytes(addr)), Some(addr.to_canonical()));
+            }
+            prop_assert_eq!(key_bytes(mapped).to_vec(), key_bytes(IpAddr::V4(Ipv4Addr::from(v4))).to_vec());
         }
     }
 }

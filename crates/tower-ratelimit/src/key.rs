@@ -1049,17 +1049,44 @@ mod tests {
 
     proptest::proptest! {
         /// Two different tuples of values never give the same key, for pairs and triples of any
-        /// bytes (separator-like bytes and long parts included), and equal ones always do.
+        /// bytes (separator-like bytes and long parts included), and equal ones always do. The
+        /// second tuple is the first one's bytes split at other places (the way two tuples could
+        /// collide), the first one itself, or bytes of its own.
         #[test]
         fn distinct_tuples_give_distinct_keys(
-            a in proptest::collection::vec(proptest::prelude::any::<Vec<u8>>(), 3),
-            b in proptest::collection::vec(proptest::prelude::any::<Vec<u8>>(), 3),
+            a in proptest::collection::vec(
+                proptest::collection::vec(
+                    proptest::prop_oneof![
+                        proptest::strategy::Just(0u8),
+                        proptest::strategy::Just(1u8),
+                        proptest::strategy::Just(0x1fu8),
+                        proptest::strategy::Just(0xffu8),
+                        proptest::prelude::any::<u8>(),
+                    ],
+                    0..12,
+                ),
+                3,
+            ),
+            own in proptest::collection::vec(proptest::prelude::any::<Vec<u8>>(), 3),
+            how in 0u8..3,
+            cuts in proptest::prelude::any::<(proptest::sample::Index, proptest::sample::Index)>(),
             long in proptest::prelude::any::<bool>(),
         ) {
-            let (mut a, b) = (a, b);
+            let mut a = a;
             if long {
                 a[1].resize(260, 0x1f);
             }
+            let b = match how {
+                0 => {
+                    // The same bytes, split at two other places.
+                    let all = a.concat();
+                    let (x, y) = (cuts.0.index(all.len() + 1), cuts.1.index(all.len() + 1));
+                    let (x, y) = (x.min(y), x.max(y));
+                    vec![all[..x].to_vec(), all[x..y].to_vec(), all[y..].to_vec()]
+                }
+                1 => a.clone(),
+                _ => own,
+            };
             let s = |v: &Vec<u8>| fixed(Some(v.clone()));
             let pair = |v: &[Vec<u8>]| key_of(&(s(&v[0]), s(&v[1]))).unwrap();
             let triple = |v: &[Vec<u8>]| key_of(&(s(&v[0]), s(&v[1]), s(&v[2]))).unwrap();

@@ -396,22 +396,29 @@ mod tests {
             + svg.matches("<polyline ").count();
         assert_eq!(svg.matches("/>").count(), opened);
         assert_eq!(svg.matches("<text").count(), svg.matches("</text>").count());
-        // Each line has 2 + 2 per burst points, all inside the view box.
-        let points = svg
+        // Each line has 2 points and 2 per burst the panel shows (all six above, the two at
+        // 59.9 and 60.1 s in the zoom), all inside its panel.
+        let lines: Vec<&str> = svg
             .split("points=\"")
-            .nth(1)
-            .unwrap()
-            .split('"')
-            .next()
-            .unwrap();
-        assert_eq!(points.split(' ').count(), 2 + 2 * BURSTS_MS.len());
-        for p in points.split(' ') {
-            let (px, py) = p.split_once(',').unwrap();
-            let (px, py): (f64, f64) = (px.parse().unwrap(), py.parse().unwrap());
-            assert!(
-                (0.0..=880.0).contains(&px) && (0.0..=500.0).contains(&py),
-                "{p}"
-            );
+            .skip(1)
+            .map(|rest| rest.split('"').next().unwrap())
+            .collect();
+        assert_eq!(lines.len(), 2 * Algorithm::ALL.len());
+        for (i, points) in lines.iter().enumerate() {
+            let (bursts, top, bottom) = if i < Algorithm::ALL.len() {
+                (BURSTS_MS.len(), 50.0, 430.0)
+            } else {
+                (2, 530.0, 760.0)
+            };
+            assert_eq!(points.split(' ').count(), 2 + 2 * bursts, "{points}");
+            for p in points.split(' ') {
+                let (px, py) = p.split_once(',').unwrap();
+                let (px, py): (f64, f64) = (px.parse().unwrap(), py.parse().unwrap());
+                assert!(
+                    (LEFT..=RIGHT).contains(&px) && (top..=bottom).contains(&py),
+                    "{p}"
+                );
+            }
         }
     }
 }

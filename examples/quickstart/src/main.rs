@@ -205,6 +205,10 @@ mod tests {
         assert_eq!(other.oneshot(request()).await.unwrap().status(), 200);
     }
 
+    /// The demo exactly as the README's first command runs it: over a real connection, on the
+    /// system clock (so this test waits the 2 s that `Retry-After` says, on purpose: it checks
+    /// what a new user sees, which a manual clock would not). The limiting itself is tested on a
+    /// manual clock above and in the crates.
     #[tokio::test]
     async fn the_demo_shows_five_allowed_two_denied_and_one_after_the_wait() {
         let lines = demo().await.unwrap();
