@@ -563,7 +563,7 @@ fn unknown_field(message: &str) -> Option<&str> {
 /// Whether a name the file wrote could be a misspelt name of this file's, and so may be shown
 /// whole: lowercase letters, `_` and `-`, 32 characters at most. An API key or a password
 /// almost always holds a digit or a capital (a random key of 20 characters of 62 kinds holds
-/// neither once in 30 million).
+/// neither about once in 35 million).
 fn could_be_misspelt(name: &str) -> bool {
     name.len() <= 32
         && name.starts_with(|c: char| c.is_ascii_lowercase())

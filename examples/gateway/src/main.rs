@@ -99,12 +99,12 @@ fn parse_args() -> Result<Args, String> {
                 std::process::exit(0);
             }
             // The value of an unknown `--flag=value` is not echoed: it may be a password
-            // (`--redis-url=redis://:pw@…`).
+            // (`--redis-url=redis://:pw@…`); nor is the password of a URL given without its flag.
             other => {
                 let shown = if inline.is_some() {
                     format!("{other}=…")
                 } else {
-                    other.to_owned()
+                    ratelimit_redis::redact_url(other)
                 };
                 return Err(format!(
                     "unknown argument `{shown}` (expected --config PATH, --listen ADDR, \

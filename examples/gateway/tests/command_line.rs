@@ -175,6 +175,13 @@ fn an_unknown_flags_value_is_not_echoed() {
     assert!(err.contains("unknown argument `--redis-url=…`"), "{err}");
     assert!(!err.contains("hunter2"), "{err}");
 
+    // A URL without its flag.
+    let out = gateway(&[OsStr::new("redis://default:hunter2@10.0.0.5:6379")]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("unknown argument `redis://"), "{err}");
+    assert!(!err.contains("hunter2"), "{err}");
+
     let out = gateway(&[OsStr::new("--check=yes")]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
