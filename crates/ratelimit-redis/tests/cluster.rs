@@ -189,6 +189,39 @@ async fn checks_follow_a_slot_migration_to_a_new_master() {
     migrate_while_checking(&cluster, &store, Some(added)).await;
 }
 
+/// Starts moving `slot` from `source` to the node on port `to` (by default another master):
+/// `IMPORTING` on the target, `MIGRATING` on the source. Returns the target and its node id.
+fn start_migration<'a>(
+    cluster: &'a RedisCluster,
+    slot: &str,
+    source: &redis_harness::RedisServer,
+    to: Option<u16>,
+) -> (&'a redis_harness::RedisServer, String) {
+    let target = cluster
+        .nodes()
+        .iter()
+        .find(|n| to.map_or(n.port() != source.port(), |p| n.port() == p))
+        .unwrap();
+    let source_id = source.cli(&["cluster", "myid"]);
+    let target_id = target.cli(&["cluster", "myid"]);
+    assert_eq!(
+        target.cli(&["cluster", "setslot", slot, "importing", &source_id]),
+        "OK"
+    );
+    assert_eq!(
+        source.cli(&["cluster", "setslot", slot, "migrating", &target_id]),
+        "OK"
+    );
+    (target, target_id)
+}
+
+/// The keys of `slot` that `node` holds.
+fn keys_in_slot(node: &redis_harness::RedisServer, slot: &str) -> u32 {
+    node.cli(&["cluster", "countkeysinslot", slot])
+        .parse()
+        .unwrap()
+}
+
 /// Moves the slot of the user `mover` to the node on port `to` (by default another master)
 /// while checking, and checks the counts and where the state is.
 async fn migrate_while_checking(cluster: &RedisCluster, store: &RedisStore, to: Option<u16>) {
@@ -210,28 +243,9 @@ async fn migrate_while_checking(cluster: &RedisCluster, store: &RedisStore, to: 
     }
 
     let source = cluster.node_for(key);
-    let target = cluster
-        .nodes()
-        .iter()
-        .find(|n| to.map_or(n.port() != source.port(), |p| n.port() == p))
-        .unwrap();
-    let source_id = source.cli(&["cluster", "myid"]);
-    let target_id = target.cli(&["cluster", "myid"]);
-    assert_eq!(
-        target.cli(&["cluster", "setslot", &slot, "importing", &source_id]),
-        "OK"
-    );
-    assert_eq!(
-        source.cli(&["cluster", "setslot", &slot, "migrating", &target_id]),
-        "OK"
-    );
-
+    let (target, target_id) = start_migration(cluster, &slot, source, to);
     // Keys of the slot each node holds (an importing node answers MOVED to a plain EXISTS).
-    let count = |node: &redis_harness::RedisServer| -> u32 {
-        node.cli(&["cluster", "countkeysinslot", &slot])
-            .parse()
-            .unwrap()
-    };
+    let count = |node: &redis_harness::RedisServer| keys_in_slot(node, &slot);
     assert_eq!((count(source), count(target)), (1, 0));
 
     // A key of the slot that the source does not hold: the source answers ASK, the client asks
@@ -322,26 +336,8 @@ async fn sliding_log_keys_stay_whole_through_a_slot_migration() {
 
     let slot = cluster.nodes()[0].cli(&["cluster", "keyslot", &keys[0]]);
     let source = cluster.node_for(&keys[0]);
-    let target = cluster
-        .nodes()
-        .iter()
-        .find(|n| n.port() != source.port())
-        .unwrap();
-    let source_id = source.cli(&["cluster", "myid"]);
-    let target_id = target.cli(&["cluster", "myid"]);
-    assert_eq!(
-        target.cli(&["cluster", "setslot", &slot, "importing", &source_id]),
-        "OK"
-    );
-    assert_eq!(
-        source.cli(&["cluster", "setslot", &slot, "migrating", &target_id]),
-        "OK"
-    );
-    let count = |node: &redis_harness::RedisServer| -> u32 {
-        node.cli(&["cluster", "countkeysinslot", &slot])
-            .parse()
-            .unwrap()
-    };
+    let (target, target_id) = start_migration(&cluster, &slot, source, None);
+    let count = |node: &redis_harness::RedisServer| keys_in_slot(node, &slot);
     assert_eq!((count(source), count(target)), (3, 0));
 
     // Every entry of the per-second list has slid out; the hourly list and the hash live on.
