@@ -34,6 +34,7 @@ use redis::{
     AsyncConnectionConfig, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError,
     ServerErrorKind, Value,
 };
+use tokio::sync::watch;
 
 use crate::scripts;
 use crate::store::{is_broken, lock};
@@ -164,9 +165,19 @@ struct Nodes {
     side: Mutex<HashMap<(String, u16), Arc<SideConnection>>>,
 }
 
-/// A node's side connection: made once, by the first check redirected to the node, while the
-/// others wait for it.
-type SideConnection = tokio::sync::OnceCell<MultiplexedConnection>;
+/// A node's side connection: made once, in a task of its own started by the first check
+/// redirected to the node, while the others wait for it (see `side_connection`).
+#[derive(Default)]
+struct SideConnection {
+    state: Mutex<SideState>,
+}
+
+#[derive(Default)]
+struct SideState {
+    conn: Option<MultiplexedConnection>,
+    /// The opening in flight, if any: its answer, once it has one.
+    opening: Option<watch::Receiver<Option<Result<MultiplexedConnection, RedisError>>>>,
+}
 
 /// Where a check is sent.
 #[derive(Clone, Debug, PartialEq)]
@@ -409,7 +420,7 @@ impl Nodes {
     /// is not one the cluster client loads scripts on, so `NOSCRIPT` is answered here: the script
     /// is loaded on that node and sent once more.
     async fn side_send(
-        &self,
+        self: &Arc<Self>,
         host: &str,
         port: u16,
         asking: bool,
@@ -425,14 +436,7 @@ impl Nodes {
             }
             Arc::clone(side.entry(key.clone()).or_default())
         };
-        // One connection made at a time per node, whatever the number of checks redirected to
-        // it at once (a slot's move, a failover: every check of the slot in flight is
-        // redirected): the others wait for it instead of each making its own. If the check
-        // making it gives up (its deadline), a waiting one takes over.
-        let mut conn = cell
-            .get_or_try_init(|| self.connect(host, port))
-            .await?
-            .clone();
+        let mut conn = self.side_connection(&key, &cell).await?;
         // Dropped before the reply (the check's deadline), the connection goes too: side
         // connections sit idle between redirections, and one that a firewall or a NAT has
         // silently dropped meanwhile would otherwise hold every check redirected to its node
@@ -446,6 +450,67 @@ impl Nodes {
         let reply = eval_on(&mut conn, script, cmd, asking).await;
         unanswered.armed = matches!(&reply, Err(e) if is_broken(e));
         reply
+    }
+
+    /// `cell`'s connection to the node `key`, made if there is none. One connection is made at
+    /// a time per node, whatever the number of checks redirected to it at once (a slot's move, a
+    /// failover: every check of the slot in flight is redirected): the others wait for it
+    /// instead of each making its own. It is made in a task of its own (within the connect
+    /// timeout), which a check giving up (its deadline, or its caller's) does not cancel: a node
+    /// slower to reach than a check's deadline is reached all the same, for the checks after it.
+    async fn side_connection(
+        self: &Arc<Self>,
+        key: &(String, u16),
+        cell: &Arc<SideConnection>,
+    ) -> Result<MultiplexedConnection, RedisError> {
+        let mut opening = {
+            let mut state = lock(&cell.state);
+            if let Some(conn) = &state.conn {
+                return Ok(conn.clone());
+            }
+            match &state.opening {
+                Some(opening) => opening.clone(),
+                None => {
+                    let (tx, rx) = watch::channel(None);
+                    state.opening = Some(rx.clone());
+                    let (nodes, cell, (host, port)) =
+                        (Arc::clone(self), Arc::clone(cell), key.clone());
+                    tokio::spawn(async move {
+                        let made = nodes.connect(&host, port).await;
+                        {
+                            let mut state = lock(&cell.state);
+                            if let Ok(conn) = &made {
+                                state.conn = Some(conn.clone());
+                            }
+                            state.opening = None;
+                        }
+                        let _ = tx.send(Some(made));
+                    });
+                    rx
+                }
+            }
+        };
+        let made = opening
+            .wait_for(Option::is_some)
+            .await
+            .map(|made| made.clone());
+        if let Ok(Some(made)) = made {
+            return made;
+        }
+        // The task ended without an answer (dropped with its runtime): the next check opens
+        // anew.
+        let mut state = lock(&cell.state);
+        if state
+            .opening
+            .as_ref()
+            .is_some_and(|o| o.same_channel(&opening))
+        {
+            state.opening = None;
+        }
+        Err(RedisError::from((
+            ErrorKind::Io,
+            "the side connection's opening ended unfinished",
+        )))
     }
 
     async fn connect(&self, host: &str, port: u16) -> Result<MultiplexedConnection, RedisError> {
@@ -590,11 +655,11 @@ mod tests {
         use redis_harness::{RedisServer, proxy::Proxy};
         let server = RedisServer::start();
         let proxy = Proxy::start(server.port());
-        let nodes = Nodes {
+        let nodes = Arc::new(Nodes {
             template: Some(proxy.url().into_connection_info().unwrap()),
             connect_timeout: Duration::from_secs(1),
             side: Mutex::new(HashMap::new()),
-        };
+        });
         let script = redis::Script::new("return 7");
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash()).arg(0);
@@ -613,6 +678,49 @@ mod tests {
             Value::Int(7)
         );
         assert_eq!(proxy.accepted(), accepted + 1, "one new connection");
+    }
+
+    /// A node slower to reach than a check's deadline: the check that starts the opening gives
+    /// up, the opening goes on in its own task, and the next check is answered on the connection
+    /// it made (one connection in all), instead of starting an opening of its own that it would
+    /// give up too.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_side_connection_opening_outlives_the_check_that_started_it() {
+        use redis::IntoConnectionInfo;
+        use redis_harness::{RedisServer, proxy::Proxy};
+        let server = RedisServer::start();
+        let proxy = Proxy::start(server.port());
+        let nodes = Arc::new(Nodes {
+            template: Some(proxy.url().into_connection_info().unwrap()),
+            connect_timeout: Duration::from_secs(10),
+            side: Mutex::new(HashMap::new()),
+        });
+        let script = redis::Script::new("return 7");
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(0);
+        let send = || nodes.side_send("127.0.0.1", proxy.port(), false, &script, &cmd);
+        // Every chunk of the opening's exchange takes 200 ms each way.
+        proxy.set_latency(Duration::from_millis(200));
+        let gave_up = tokio::time::timeout(Duration::from_millis(50), send()).await;
+        assert!(gave_up.is_err(), "answered through a slow node in 50 ms");
+        let key = ("127.0.0.1".to_owned(), proxy.port());
+        let made = || {
+            lock(&nodes.side)
+                .get(&key)
+                .is_some_and(|c| lock(&c.state).conn.is_some())
+        };
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !made() {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "the opening goes on after its check gave up"
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+        proxy.set_latency(Duration::ZERO);
+        let next = tokio::time::timeout(Duration::from_secs(2), send()).await;
+        assert_eq!(next.expect("answered").unwrap(), Value::Int(7));
+        assert_eq!(proxy.accepted(), 1, "one connection made");
     }
 
     /// The masters of a `CLUSTER SLOTS` reply, once each, without replicas or unusable hosts.
