@@ -757,7 +757,7 @@ async fn drive_http(
                     Ok(200) => Outcome::Admitted,
                     Ok(429) => Outcome::Denied,
                     // An error (the connection's next request starts over on a new one).
-                    Ok(_) | Err(_) => Outcome::Error,
+                    _ => Outcome::Error,
                 };
                 shared.record(i, user, scheduled, started, outcome);
             }

@@ -167,10 +167,7 @@ struct Nodes {
 
 /// A node's side connection: made once, in a task of its own started by the first check
 /// redirected to the node, while the others wait for it (see `side_connection`).
-#[derive(Default)]
-struct SideConnection {
-    state: Mutex<SideState>,
-}
+type SideConnection = Mutex<SideState>;
 
 #[derive(Default)]
 struct SideState {
@@ -464,7 +461,7 @@ impl Nodes {
         cell: &Arc<SideConnection>,
     ) -> Result<MultiplexedConnection, RedisError> {
         let mut opening = {
-            let mut state = lock(&cell.state);
+            let mut state = lock(cell);
             if let Some(conn) = &state.conn {
                 return Ok(conn.clone());
             }
@@ -478,7 +475,7 @@ impl Nodes {
                     tokio::spawn(async move {
                         let made = nodes.connect(&host, port).await;
                         {
-                            let mut state = lock(&cell.state);
+                            let mut state = lock(&cell);
                             if let Ok(conn) = &made {
                                 state.conn = Some(conn.clone());
                             }
@@ -499,7 +496,7 @@ impl Nodes {
         }
         // The task ended without an answer (dropped with its runtime): the next check opens
         // anew.
-        let mut state = lock(&cell.state);
+        let mut state = lock(cell);
         if state
             .opening
             .as_ref()
@@ -644,6 +641,21 @@ fn next(error: &RedisError, route: &Route) -> Next {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use redis_harness::{RedisServer, proxy::Proxy};
+
+    /// `Nodes` whose connections go through `proxy`, a script answering 7, and its `EVALSHA`.
+    fn side_nodes(proxy: &Proxy, connect_timeout: Duration) -> (Arc<Nodes>, redis::Script, Cmd) {
+        use redis::IntoConnectionInfo;
+        let nodes = Arc::new(Nodes {
+            template: Some(proxy.url().into_connection_info().unwrap()),
+            connect_timeout,
+            side: Mutex::new(HashMap::new()),
+        });
+        let script = redis::Script::new("return 7");
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(0);
+        (nodes, script, cmd)
+    }
 
     /// A side connection that goes silent (a firewall or a NAT dropped it while it sat idle
     /// between redirections) is dropped by the first check it leaves unanswered: the next check
@@ -651,18 +663,9 @@ mod tests {
     /// dead one until its own deadline, check after check.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_side_connection_left_unanswered_is_replaced() {
-        use redis::IntoConnectionInfo;
-        use redis_harness::{RedisServer, proxy::Proxy};
         let server = RedisServer::start();
         let proxy = Proxy::start(server.port());
-        let nodes = Arc::new(Nodes {
-            template: Some(proxy.url().into_connection_info().unwrap()),
-            connect_timeout: Duration::from_secs(1),
-            side: Mutex::new(HashMap::new()),
-        });
-        let script = redis::Script::new("return 7");
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(0);
+        let (nodes, script, cmd) = side_nodes(&proxy, Duration::from_secs(1));
         let send = || nodes.side_send("127.0.0.1", proxy.port(), false, &script, &cmd);
         assert_eq!(send().await.unwrap(), Value::Int(7));
         let accepted = proxy.accepted();
@@ -686,18 +689,9 @@ mod tests {
     /// give up too.
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_side_connection_opening_outlives_the_check_that_started_it() {
-        use redis::IntoConnectionInfo;
-        use redis_harness::{RedisServer, proxy::Proxy};
         let server = RedisServer::start();
         let proxy = Proxy::start(server.port());
-        let nodes = Arc::new(Nodes {
-            template: Some(proxy.url().into_connection_info().unwrap()),
-            connect_timeout: Duration::from_secs(10),
-            side: Mutex::new(HashMap::new()),
-        });
-        let script = redis::Script::new("return 7");
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(0);
+        let (nodes, script, cmd) = side_nodes(&proxy, Duration::from_secs(10));
         let send = || nodes.side_send("127.0.0.1", proxy.port(), false, &script, &cmd);
         // Every chunk of the opening's exchange takes 200 ms each way.
         proxy.set_latency(Duration::from_millis(200));
@@ -707,7 +701,7 @@ mod tests {
         let made = || {
             lock(&nodes.side)
                 .get(&key)
-                .is_some_and(|c| lock(&c.state).conn.is_some())
+                .is_some_and(|c| lock(c).conn.is_some())
         };
         let deadline = std::time::Instant::now() + Duration::from_secs(10);
         while !made() {
