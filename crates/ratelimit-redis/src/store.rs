@@ -1140,12 +1140,14 @@ impl RedisStoreBuilder {
     /// node silent at startup it may take [`pool_size`](Self::pool_size) times that.
     ///
     /// Left at its default on a cluster, the cluster client's own connections (to the seeds, and
-    /// to every node at each refresh of its slot map) take at most half the
+    /// to every node at each refresh of its slot map) take at most a third of the
     /// [`response_timeout`](Self::response_timeout) instead, if that is shorter: each refresh
     /// holds every key's command while it connects, and a master gone from the network (packets
     /// dropped, not refused) would otherwise hold them past their deadline at every redirection
-    /// of its keys, until its replica took over. Set, it is used as set: above half the response
-    /// timeout, such a master then costs the other masters' checks that long at each refresh.
+    /// of its keys, until its replica took over. A command may wait for two such refreshes, the
+    /// one under way and the next, so a third leaves it a third of its deadline. Set, it is used
+    /// as set: such a master then costs the other masters' checks up to twice that during its
+    /// outage, and above half the response timeout some of them fail.
     pub fn connect_timeout(mut self, d: Duration) -> Self {
         self.connect_timeout = d;
         self.connect_timeout_set = true;

@@ -1104,8 +1104,12 @@ async fn a_burst_of_redirected_checks_does_not_stall_the_cluster_client() {
 /// killed process on a live host refuses them at once). Until its replica takes over, every check
 /// of its keys is redirected to it, and each redirection makes the cluster client refresh its
 /// slot map, holding every other command while it tries to connect to that master. The other
-/// masters' checks must still be answered: the client's connect timeout is kept under half the
-/// response timeout (with the default 1 s, above the 500 ms here, 3 of 7 of them failed).
+/// masters' checks must still be answered: the client's connect timeout is kept to a third of
+/// the response timeout (with the default 1 s, above the 500 ms here, 3 of 7 of them failed). A
+/// check may wait for two refreshes, the one under way and the next, started by a `MOVED`
+/// answered before its own: at half the response timeout, with four of the dead master's checks
+/// at a time (a master has many users), 2 checks failed in each of four runs, and one in 291 with
+/// one at a time, in CI.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_gone_from_the_network_leaves_the_other_masters_answering() {
     let _one = ONE_AT_A_TIME.lock().await;
@@ -1117,17 +1121,20 @@ async fn a_master_gone_from_the_network_leaves_the_other_masters_answering() {
     let hole = redis_harness::blackhole::Blackhole::on(victim);
     let start = std::time::Instant::now();
     let during = Duration::from_secs(3);
-    let victims = {
-        let store = store.clone();
-        let limit = limit.clone();
-        tokio::spawn(async move {
-            let mut failed = 0;
-            while start.elapsed() < during {
-                failed += usize::from(store.check(b"victim", &limit, 1).await.is_err());
-            }
-            failed
+    // Four of its users at a time, each checking again once answered.
+    let victims: Vec<_> = (0..4)
+        .map(|_| {
+            let store = store.clone();
+            let limit = limit.clone();
+            tokio::spawn(async move {
+                let mut failed = 0;
+                while start.elapsed() < during {
+                    failed += usize::from(store.check(b"victim", &limit, 1).await.is_err());
+                }
+                failed
+            })
         })
-    };
+        .collect();
     let mut answered = Vec::new();
     let mut failed = Vec::new();
     while start.elapsed() < during {
@@ -1138,7 +1145,10 @@ async fn a_master_gone_from_the_network_leaves_the_other_masters_answering() {
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
-    let victims_failed = victims.await.unwrap();
+    let mut victims_failed = 0;
+    for victim in victims {
+        victims_failed += victim.await.unwrap();
+    }
     answered.sort_unstable();
     println!(
         "other master: {} answered (median {:?}, slowest {:?}), {} failed; dead master: {} \

@@ -189,7 +189,7 @@ fn redis_builder(store: &config::StoreConfig) -> Result<RedisStoreBuilder, Start
         .prefix(store.prefix().to_owned())
         .pool_size(store.pool_size());
     // Only when set: left at the store's default, a cluster client's connect timeout is held
-    // under half the response timeout (see `RedisStoreBuilder::connect_timeout`).
+    // to at most a third of the response timeout (see `RedisStoreBuilder::connect_timeout`).
     let builder = match store.connect_timeout_ms {
         Some(ms) => builder.connect_timeout(Duration::from_millis(ms)),
         None => builder,
