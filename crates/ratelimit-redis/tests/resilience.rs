@@ -825,13 +825,18 @@ async fn a_silent_connection_is_replaced_without_further_checks() {
     }
     // New connections are served at once; the old one holds its chunks for an hour.
     proxy.set_latency(Duration::ZERO);
-    // Nothing asks for a second: a probe (200 ms of silence, then 200 ms for its PING) and a
-    // new connection fit well within it.
-    tokio::time::sleep(Duration::from_secs(1)).await;
+    // Nothing asks meanwhile: a probe (200 ms of silence, then 200 ms for its PING) makes a new
+    // connection (about 0.4 s on this machine; up to 10 s allowed for a loaded one), and once
+    // the proxy has accepted it, half a second more lets the store finish opening it.
+    let made = std::time::Instant::now();
+    while proxy.accepted() == accepted && made.elapsed() < Duration::from_secs(10) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     assert!(
         proxy.accepted() > accepted,
         "a new connection was made without a check"
     );
+    tokio::time::sleep(Duration::from_millis(500)).await;
     let first = caller(&store).await;
     assert!(
         matches!(first, Ok(Ok(ref d)) if d.is_allowed()),

@@ -67,18 +67,41 @@ fn stall(addr: &str) -> TcpStream {
     stalled
         .write_all(b"GET /api/items HTTP/1.1\r\nHost: x\r\n")
         .unwrap();
-    // A request on a second connection, answered: the gateway accepts connections in the order
-    // they came, so it has accepted the stalled one (a sleep alone would not say so on a loaded
-    // machine). Then a moment for that connection's task to read the half head it was sent.
-    let mut probe = TcpStream::connect(addr).unwrap();
-    probe
-        .write_all(b"GET /health HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-        .unwrap();
-    let mut answer = String::new();
-    probe.read_to_string(&mut answer).unwrap();
-    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
-    std::thread::sleep(Duration::from_millis(100));
+    // The gateway has read the half head once its socket's receive queue is empty: a
+    // connection that has read nothing is closed at once by a graceful shutdown (hyper), and
+    // would not be in flight (a sleep alone would not say so on a loaded machine).
+    let (client, server) = (stalled.local_addr().unwrap(), stalled.peer_addr().unwrap());
+    if std::fs::metadata("/proc/net/tcp").is_err() {
+        // Not Linux: a moment for it instead.
+        std::thread::sleep(Duration::from_millis(300));
+        return stalled;
+    }
+    let since = Instant::now();
+    while unread(client.port(), server.port()) != Some(0) {
+        assert!(
+            since.elapsed() < EXIT_WITHIN,
+            "the gateway never read the stalled request's head: {:?} bytes unread",
+            unread(client.port(), server.port())
+        );
+        std::thread::sleep(Duration::from_millis(5));
+    }
     stalled
+}
+
+/// The bytes waiting in the receive queue of the gateway's end (local port `server`) of the
+/// loopback connection from port `client`, read from `/proc/net/tcp` (Linux; `None` where the
+/// connection is not listed).
+fn unread(client: u16, server: u16) -> Option<u64> {
+    let table = std::fs::read_to_string("/proc/net/tcp").ok()?;
+    let port = |address: &str| u16::from_str_radix(address.rsplit(':').next()?, 16).ok();
+    table.lines().skip(1).find_map(|line| {
+        let fields: Vec<&str> = line.split_whitespace().collect();
+        let (local, remote, queues) = (fields.get(1)?, fields.get(2)?, fields.get(4)?);
+        if port(local)? != server || port(remote)? != client {
+            return None;
+        }
+        u64::from_str_radix(queues.split(':').nth(1)?, 16).ok()
+    })
 }
 
 fn sigterm(child: &Child) {

@@ -253,7 +253,9 @@ async fn script_flush_mid_load_costs_nothing_and_counts_exactly() {
     let (flushes, redis) = flusher.await.unwrap();
     println!("{flushes} SCRIPT FLUSHes during {samples}");
 
-    assert!(flushes >= 10);
+    // About 20 on this machine (a `redis-cli` process and a 50 ms pause each); fewer on a
+    // loaded one, and a few suffice to land between checks.
+    assert!(flushes >= 5, "{flushes} flushes");
     assert_eq!(samples.count(0), 0);
     assert_eq!(samples.count(503), 0, "NOSCRIPT never becomes a failure");
     assert_eq!(metrics.store_errors("flush", "error"), 0);
