@@ -296,6 +296,18 @@ impl<S: Store, C: Clock + 'static> Store for DenialCache<S, C> {
         self.inner.response_timeout()
     }
 
+    /// The key's cached denial for `cost`, if it has one; else the wrapped store's cached answer.
+    fn check_cached(&self, key: &[u8], limit: &Limit, cost: u64) -> Option<Decision> {
+        if cost > 0 {
+            let now = self.clock.now().as_micros();
+            let kid = self.table.kid(key, limit.fingerprint());
+            if let Ok(d) = self.table.lookup(kid, entry_id(kid, cost), now) {
+                return Some(d);
+            }
+        }
+        self.inner.check_cached(key, limit, cost)
+    }
+
     fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
         if cost == 0 {
             // A peek is never denied: nothing to cache.

@@ -473,6 +473,27 @@ impl<S, C> Shared<S, C> {
     /// What a check of `cost` at `now` does with this entry; `may_fetch` false: straight to the
     /// store where it would ask for a lease. `counted_on`: the lease request a waiting check has
     /// counted on units of (`fetch_seq`), if any.
+    /// `cost` units of `e`'s live lease (`e.tokens > 0 && e.expires > now`), spent without
+    /// asking the store; `None` if the lease holds fewer.
+    fn spend(&self, e: &mut Entry, now: u64, cost: u64) -> Option<Decision> {
+        if e.tokens < cost {
+            return None;
+        }
+        e.tokens -= cost;
+        // A unit of the lease, without asking the store: marked so.
+        let d = e.decision(now).cached();
+        if e.tokens == 0 {
+            let _ = e.settle(0);
+            if e.at_rate(now) && e.thrifty() {
+                // Spent at the limit's rate or faster, and the recent leases were not dropped
+                // unused: a larger lease would have been spent too, and saved calls.
+                self.grow(e);
+            }
+        }
+        self.counters.local.fetch_add(1, Ordering::Relaxed);
+        Some(d)
+    }
+
     fn try_acquire(
         &self,
         e: &mut Entry,
@@ -490,20 +511,7 @@ impl<S, C> Shared<S, C> {
             return Action::Direct;
         }
         if e.tokens > 0 && e.expires > now {
-            if e.tokens >= cost {
-                e.tokens -= cost;
-                // A unit of the lease, without asking the store: marked so.
-                let d = e.decision(now).cached();
-                if e.tokens == 0 {
-                    let _ = e.settle(0);
-                    if e.at_rate(now) && e.thrifty() {
-                        // Spent at the limit's rate or faster, and the recent leases were not
-                        // dropped unused: a larger lease would have been spent too, and saved
-                        // calls.
-                        self.grow(e);
-                    }
-                }
-                self.counters.local.fetch_add(1, Ordering::Relaxed);
+            if let Some(d) = self.spend(e, now, cost) {
                 return Action::Local(d);
             }
             // A live lease too small for this cost is kept for the smaller checks it can serve;
@@ -896,6 +904,28 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
 
     fn response_timeout(&self) -> Option<std::time::Duration> {
         self.shared.inner.response_timeout()
+    }
+
+    /// Units of a live lease that covers `cost`, spent as [`check`](Store::check) spends them;
+    /// else the wrapped store's cached answer.
+    fn check_cached(&self, key: &[u8], limit: &Limit, cost: u64) -> Option<Decision> {
+        let sh = &self.shared;
+        let leased = cost > 0
+            && cost <= sh.size.max()
+            && cost <= limit.max_cost()
+            && !(limit.algorithm() == Algorithm::FixedWindow && limit.quotas().len() > 1);
+        if leased && let Some(entry) = sh.existing(sh.id(key, limit.fingerprint())) {
+            let now = sh.clock.now().as_micros();
+            let mut e = entry.lock();
+            if now >= e.starved_until
+                && e.tokens > 0
+                && e.expires > now
+                && let Some(d) = sh.spend(&mut e, now, cost)
+            {
+                return Some(d);
+            }
+        }
+        sh.inner.check_cached(key, limit, cost)
     }
 
     fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {

@@ -78,6 +78,23 @@ pub trait Store: Send + Sync + 'static {
     fn response_timeout(&self) -> Option<Duration> {
         None
     }
+
+    /// The check's answer if this store holds it in front of the store it wraps, without
+    /// calling that store: a denial it has cached ([`DenialCache`](crate::DenialCache)), units
+    /// of a lease it holds ([`Leasing`](crate::Leasing), which spends them as
+    /// [`check`](Store::check) would). `None` (the default) if the answer would need the store.
+    /// The answer is marked [`cached`](Decision::is_cached).
+    ///
+    /// A caller that will not call the store asks this instead: the tower layer does while the
+    /// key's circuit is open, so that a client known to be over its limit is still denied during
+    /// an outage (rather than let through by a fail-open policy, or answered 503 by a
+    /// fail-closed one). A wrapper of another store passes it on, as it does
+    /// [`failure_domains`](Store::failure_domains); the default would hide what the wrapped
+    /// store holds.
+    fn check_cached(&self, key: &[u8], limit: &Limit, cost: u64) -> Option<Decision> {
+        let _ = (key, limit, cost);
+        None
+    }
 }
 
 impl<S: Store + ?Sized> Store for Arc<S> {
@@ -98,6 +115,10 @@ impl<S: Store + ?Sized> Store for Arc<S> {
 
     fn response_timeout(&self) -> Option<Duration> {
         (**self).response_timeout()
+    }
+
+    fn check_cached(&self, key: &[u8], limit: &Limit, cost: u64) -> Option<Decision> {
+        (**self).check_cached(key, limit, cost)
     }
 }
 

@@ -2081,3 +2081,65 @@ fn fixed_leases_of_four_at_four_gateways_at_150_percent() {
         }
     }
 }
+
+/// `check_cached` (what a caller that will not call the store asks: the tower layer, while a
+/// circuit is open) answers from a live lease only, spending its units as `check` does, and
+/// otherwise passes on what the store it wraps holds (a denial cached in front of the store);
+/// it never calls a store.
+#[test]
+fn check_cached_spends_a_lease_and_passes_on_a_cached_denial() {
+    let clock = ManualClock::new();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(6).unwrap()).unwrap();
+    let memory = memory(&clock);
+    let cache = DenialCache::new(Arc::clone(&memory), clock.clone());
+    let leasing = Leasing::builder(cache, clock.clone())
+        .lease_size(3)
+        .build()
+        .unwrap();
+    assert_eq!(leasing.check_cached(b"k", &limit, 1), None, "no lease yet");
+
+    // The first check leases 3 units: its own and 2 more.
+    assert!(
+        block_on(leasing.check(b"k", &limit, 1))
+            .unwrap()
+            .is_allowed()
+    );
+    let calls = leasing.stats().store_calls;
+    let first = leasing
+        .check_cached(b"k", &limit, 1)
+        .expect("a leased unit");
+    assert!(first.is_allowed() && first.is_cached(), "{first:?}");
+    assert_eq!(
+        leasing.check_cached(b"k", &limit, 2),
+        None,
+        "one unit left: a cost of 2 needs the store"
+    );
+    assert_eq!(
+        leasing.check_cached(b"k", &limit, 0),
+        None,
+        "a peek needs the store"
+    );
+    assert!(leasing.check_cached(b"k", &limit, 1).unwrap().is_allowed());
+    assert_eq!(
+        leasing.check_cached(b"k", &limit, 1),
+        None,
+        "the lease is spent"
+    );
+    assert_eq!(leasing.check_cached(b"other", &limit, 1), None);
+    assert_eq!(leasing.stats().store_calls, calls, "no store was called");
+    // The store's own count: the lease's 3 units, nothing more.
+    assert_eq!(memory.check_now(b"k", &limit, 0).remaining(), 3);
+
+    // Spent to the store's limit, the key's denial is cached in front of it, and answers.
+    let denied = (0..10)
+        .map(|_| block_on(leasing.check(b"k", &limit, 1)).unwrap())
+        .find(|d| !d.is_allowed())
+        .expect("the limit of 6 is reached");
+    let calls = leasing.stats().store_calls;
+    let cached = leasing
+        .check_cached(b"k", &limit, 1)
+        .expect("the denial cached under the lease");
+    assert!(!cached.is_allowed() && cached.is_cached(), "{cached:?}");
+    assert_eq!(cached.retry_after(), denied.retry_after());
+    assert_eq!(leasing.stats().store_calls, calls);
+}

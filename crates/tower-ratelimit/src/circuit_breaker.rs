@@ -37,6 +37,10 @@
 //! Every other answer counts, whether it had to wait or was ready at once: a store wrapper of
 //! your own that answers some checks without asking the store marks those answers with
 //! [`Decision::cached`](ratelimit_core::Decision::cached).
+//! While a key's circuit is open the store is not asked, but such a cache still answers before
+//! the failure policy does ([`Store::check_cached`](ratelimit_core::Store::check_cached)): a
+//! client the denial cache knows to be over its limit is denied (not let through by
+//! `FailOpen`, nor answered 503 by `FailClosed`), and a unit of a live lease is spent.
 //! Failures count, and so do those of checks whose requests were dropped: in any state, a check
 //! dropped before the store answered runs on to the layer's timeout in a task of its own, and its
 //! answer or timeout counts as it would have for the request. So callers that give up sooner than

@@ -465,6 +465,21 @@ impl<St: Store> Shared<St> {
         Some(self.respond(VerdictKind::NoKey, None, tier, response))
     }
 
+    /// The key's circuit is open: the store is not asked. What a store holds in front of the one
+    /// it wraps still answers (a cached denial, units of a lease: [`Store::check_cached`]), so
+    /// that a client known to be over its limit is denied during the outage too; else the
+    /// failure policy does. Out of line, as the breaker's code is not on the allowed path.
+    #[inline(never)]
+    fn circuit_open<W>(&self, tier: usize, key: &[u8], cost: u64) -> Step<W> {
+        if let Some(d) = self
+            .store
+            .check_cached(key, &self.rt.tiers[tier].limit, cost)
+        {
+            return self.decide(d, tier, false);
+        }
+        self.on_failure(FailureKind::CircuitOpen, PART_UNKNOWN, tier, key, cost)
+    }
+
     /// The store could not answer. `part`: the key's circuit, or `PART_UNKNOWN` for this to look
     /// up if it needs it.
     fn on_failure<W>(
@@ -825,16 +840,7 @@ impl<St: Store> Shared<St> {
             Some(b) => match self.admit(b, key.as_bytes()) {
                 // The circuit is left to `on_failure` to find again if it needs it (rarely):
                 // carried out of this arm, it cost the allowed path 2 instructions.
-                (_, Admit::Reject) => {
-                    let key = key.as_bytes();
-                    return self.on_failure(
-                        FailureKind::CircuitOpen,
-                        PART_UNKNOWN,
-                        tier,
-                        key,
-                        cost,
-                    );
-                }
+                (_, Admit::Reject) => return self.circuit_open(tier, key.as_bytes(), cost),
                 (part, Admit::Probe(probe)) => (part, Some(probe)),
                 (part, Admit::Call) => (part, None),
             },

@@ -935,17 +935,15 @@ async fn answers_that_never_asked_the_store_neither_keep_the_circuit_closed_nor_
     assert_eq!(send(&app, request_from("/", a)).await.status(), 429);
     assert_eq!(store.calls(), 1);
 
-    // The store goes down. B's checks fail; A's denials come from the cache in between.
+    // The store goes down. B's checks fail; A's denials come from the cache in between, and
+    // once B's failures have opened the circuit too (`Store::check_cached`).
     store.set_down(true);
     for _ in 0..3 {
         assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
         assert_eq!(send(&app, request_from("/", b)).await.status(), 503);
         let hit = send(&app, request_from("/", a)).await;
-        assert!(
-            matches!(hit.status().as_u16(), 429 | 503),
-            "{}",
-            hit.status()
-        );
+        assert_eq!(hit.status(), 429);
+        assert_eq!(verdict(&hit), VerdictKind::Denied);
     }
     assert_eq!(store.calls(), 4, "only B's checks reached the store");
     assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
@@ -962,6 +960,90 @@ async fn answers_that_never_asked_the_store_neither_keep_the_circuit_closed_nor_
     assert_eq!(send(&app, request_from("/", b)).await.status(), 200);
     assert_eq!(store.calls(), 5);
     assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
+}
+
+/// While a key's circuit is open the store is not asked, but what a wrapper holds in front of it
+/// still answers (`Store::check_cached`): a client the denial cache knows to be over its limit
+/// is denied, not let through by the fail-open policy; units a lease holds are spent, not
+/// refused by the fail-closed one. Neither asks the store, nor closes the circuit.
+#[tokio::test(start_paused = true)]
+async fn an_open_circuit_still_answers_what_is_cached_in_front_of_the_store() {
+    let (a, b) = ("192.0.2.1:1", "192.0.2.2:1");
+    let breaker = || CircuitBreaker::new(3, Duration::from_secs(10)).unwrap();
+
+    // Fail open, with a denial cache.
+    let (clock, memory) = store();
+    let switch = Arc::new(SwitchStore::new(memory));
+    let cached = ratelimit_core::DenialCache::new(switch.clone(), clock.clone());
+    let layer = RateLimitLayer::builder(cached, Policy::new("open", per_minute(1)).unwrap())
+        .circuit_breaker(breaker())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let router = app(layer.clone());
+    assert_eq!(send(&router, request_from("/", a)).await.status(), 200);
+    assert_eq!(send(&router, request_from("/", a)).await.status(), 429);
+    switch.set_down(true);
+    for _ in 0..3 {
+        let res = send(&router, request_from("/", b)).await;
+        assert_eq!(verdict(&res), VerdictKind::FailedOpen);
+    }
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    let calls = switch.calls();
+    for _ in 0..3 {
+        let res = send(&router, request_from("/", a)).await;
+        assert_eq!(res.status(), 429, "A is over its limit, outage or not");
+        assert_eq!(verdict(&res), VerdictKind::Denied);
+        assert_eq!(res.headers()["retry-after"], "60");
+        let res = send(&router, request_from("/", b)).await;
+        assert_eq!(verdict(&res), VerdictKind::FailedOpen);
+    }
+    assert_eq!(
+        switch.calls(),
+        calls,
+        "the open circuit kept every check from the store"
+    );
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+
+    // Fail closed, with leases of 5 units.
+    let (clock, memory) = store();
+    let switch = Arc::new(SwitchStore::new(memory));
+    let leasing = ratelimit_core::Leasing::builder(switch.clone(), clock.clone())
+        .lease_size(5)
+        .build()
+        .unwrap();
+    let layer = closed_with_breaker(
+        leasing,
+        Policy::new("closed", per_minute(100)).unwrap(),
+        &clock,
+    );
+    let router = app(layer.clone());
+    assert_eq!(send(&router, request_from("/", a)).await.status(), 200);
+    assert_eq!(switch.calls(), 1, "A leased 5 units");
+    switch.set_down(true);
+    for _ in 0..3 {
+        assert_eq!(send(&router, request_from("/", b)).await.status(), 503);
+    }
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    let calls = switch.calls();
+    for _ in 0..4 {
+        let res = send(&router, request_from("/", a)).await;
+        assert_eq!(res.status(), 200, "a unit A holds");
+        assert_eq!(verdict(&res), VerdictKind::Allowed);
+    }
+    let res = send(&router, request_from("/", a)).await;
+    assert_eq!(
+        res.status(),
+        503,
+        "A's lease spent: the failure policy answers"
+    );
+    assert_eq!(verdict(&res), VerdictKind::FailedClosed);
+    assert_eq!(
+        switch.calls(),
+        calls,
+        "the open circuit kept every check from the store"
+    );
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
 }
 
 /// A store that answers at once and cannot fail (the in-memory store's `Ready` future with an
