@@ -962,6 +962,16 @@ async fn answers_that_never_asked_the_store_neither_keep_the_circuit_closed_nor_
     assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
 }
 
+/// No check reached `switch` since it counted `calls`, and `layer`'s circuit is still open.
+fn kept_from_the_store<St: Store>(switch: &SwitchStore, calls: u64, layer: &RateLimitLayer<St>) {
+    assert_eq!(
+        switch.calls(),
+        calls,
+        "the open circuit kept every check from the store"
+    );
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+}
+
 /// While a key's circuit is open the store is not asked, but what a wrapper holds in front of it
 /// still answers (`Store::check_cached`): a client the denial cache knows to be over its limit
 /// is denied, not let through by the fail-open policy; units a lease holds are spent, not
@@ -998,12 +1008,7 @@ async fn an_open_circuit_still_answers_what_is_cached_in_front_of_the_store() {
         let res = send(&router, request_from("/", b)).await;
         assert_eq!(verdict(&res), VerdictKind::FailedOpen);
     }
-    assert_eq!(
-        switch.calls(),
-        calls,
-        "the open circuit kept every check from the store"
-    );
-    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    kept_from_the_store(&switch, calls, &layer);
 
     // Fail closed, with leases of 5 units.
     let (clock, memory) = store();
@@ -1038,12 +1043,7 @@ async fn an_open_circuit_still_answers_what_is_cached_in_front_of_the_store() {
         "A's lease spent: the failure policy answers"
     );
     assert_eq!(verdict(&res), VerdictKind::FailedClosed);
-    assert_eq!(
-        switch.calls(),
-        calls,
-        "the open circuit kept every check from the store"
-    );
-    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    kept_from_the_store(&switch, calls, &layer);
 }
 
 /// A store that answers at once and cannot fail (the in-memory store's `Ready` future with an
