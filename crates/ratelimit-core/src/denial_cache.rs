@@ -296,16 +296,27 @@ impl<S: Store, C: Clock + 'static> Store for DenialCache<S, C> {
         self.inner.response_timeout()
     }
 
-    /// The key's cached denial for `cost`, if it has one; else the wrapped store's cached answer.
+    /// The key's cached denial for `cost`, if it has one; else the wrapped store's cached answer
+    /// (a leased unit), taken in as [`check`](Store::check) takes the store's answers in (an
+    /// admission ends the key's cached denials, and the denial it implies is cached). Counted in
+    /// neither [`stats`](DenialCache::stats)' hits nor its store calls: no store call was to
+    /// be made.
     fn check_cached(&self, key: &[u8], limit: &Limit, cost: u64) -> Option<Decision> {
-        if cost > 0 {
-            let now = self.clock.now().as_micros();
-            let kid = self.table.kid(key, limit.fingerprint());
-            if let Ok(d) = self.table.lookup(kid, entry_id(kid, cost), now) {
-                return Some(d);
-            }
+        if cost == 0 {
+            return self.inner.check_cached(key, limit, cost);
         }
-        self.inner.check_cached(key, limit, cost)
+        let now = self.clock.now().as_micros();
+        let kid = self.table.kid(key, limit.fingerprint());
+        let id = entry_id(kid, cost);
+        let seen = match self.table.lookup(kid, id, now, false) {
+            Ok(d) => return Some(d),
+            Err(seen) => seen,
+        };
+        let d = self.inner.check_cached(key, limit, cost)?;
+        let mut r = Record::new(&self.table, (kid, id, seen), now, limit, cost);
+        self.table.record(&r, &d);
+        r.answered = true;
+        Some(d)
     }
 
     fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
@@ -322,7 +333,7 @@ impl<S: Store, C: Clock + 'static> Store for DenialCache<S, C> {
         let now = self.clock.now().as_micros();
         let kid = self.table.kid(key, limit.fingerprint());
         let id = entry_id(kid, cost);
-        let seen = match self.table.lookup(kid, id, now) {
+        let seen = match self.table.lookup(kid, id, now, true) {
             Ok(d) => {
                 return DenialCacheFuture {
                     state: State::Hit { decision: Some(d) },
@@ -333,17 +344,7 @@ impl<S: Store, C: Clock + 'static> Store for DenialCache<S, C> {
         DenialCacheFuture {
             state: State::Miss {
                 fut: self.inner.check(key, limit, cost),
-                record: Some(Record {
-                    table: Arc::clone(&self.table),
-                    kid,
-                    id,
-                    seen,
-                    sent: now,
-                    exceeds_for: limit.longest_period(),
-                    cost,
-                    implied: implied_by(limit),
-                    answered: false,
-                }),
+                record: Some(Record::new(&self.table, (kid, id, seen), now, limit, cost)),
             },
         }
     }
@@ -382,6 +383,30 @@ struct Record {
     implied: Option<(Algorithm, Quota)>,
     /// The store's answer was taken in ([`Table::record`]).
     answered: bool,
+}
+
+impl Record {
+    /// The record of a check of `cost` against `limit` sent at `sent`: `(kid, id, seen)` as
+    /// [`Table::lookup`] found them.
+    fn new(
+        table: &Arc<Table>,
+        (kid, id, seen): (u128, u128, Option<u64>),
+        sent: u64,
+        limit: &Limit,
+        cost: u64,
+    ) -> Self {
+        Record {
+            table: Arc::clone(table),
+            kid,
+            id,
+            seen,
+            sent,
+            exceeds_for: limit.longest_period(),
+            cost,
+            implied: implied_by(limit),
+            answered: false,
+        }
+    }
 }
 
 /// A check that went to the store and never brought its answer back here (its future dropped
@@ -639,9 +664,15 @@ impl Table {
         &self.shards[((kid >> 64) as usize) & (self.shards.len() - 1)].0
     }
 
-    /// The cached denial of the entry `id` of the (key, limit) `kid` at `now`, counted as a hit;
-    /// else a miss, and the key's generation now (`None`: no record).
-    fn lookup(&self, kid: u128, id: u128, now: u64) -> Result<Decision, Option<u64>> {
+    /// The cached denial of the entry `id` of the (key, limit) `kid` at `now`, counted as a hit if
+    /// `counted`; else a miss (so counted), and the key's generation now (`None`: no record).
+    fn lookup(
+        &self,
+        kid: u128,
+        id: u128,
+        now: u64,
+        counted: bool,
+    ) -> Result<Decision, Option<u64>> {
         let mut guard = self.shard(kid).lock();
         let shard = &mut *guard;
         let current = shard.generation_of(kid);
@@ -661,11 +692,11 @@ impl Table {
         };
         match found {
             Some(d) => {
-                shard.hits += 1;
+                shard.hits += u64::from(counted);
                 Ok(d)
             }
             None => {
-                shard.misses += 1;
+                shard.misses += u64::from(counted);
                 Err(current)
             }
         }

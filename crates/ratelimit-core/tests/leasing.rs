@@ -2143,3 +2143,44 @@ fn check_cached_spends_a_lease_and_passes_on_a_cached_denial() {
     assert_eq!(cached.retry_after(), denied.retry_after());
     assert_eq!(leasing.stats().store_calls, calls);
 }
+
+/// A denial cache over leasing takes a leased unit that `check_cached` spends in as `check` does:
+/// the lease's last unit, with the store's window spent, implies a denial until the window ends,
+/// which the cache then answers (a client spending its lease while the layer's circuit is open is
+/// denied after it, as it would be with the circuit closed).
+#[test]
+fn a_denial_cache_over_leasing_takes_in_the_units_check_cached_spends() {
+    let clock = ManualClock::new();
+    let limit = Limit::single(Algorithm::FixedWindow, Quota::per_minute(6).unwrap()).unwrap();
+    let memory = memory(&clock);
+    let leasing = Leasing::builder(Arc::clone(&memory), clock.clone())
+        .lease_size(3)
+        .build()
+        .unwrap();
+    let cache = DenialCache::new(leasing, clock.clone());
+    // Two leases of 3 take the window's 6 units; the second check of each spends a leased one.
+    for _ in 0..4 {
+        assert!(block_on(cache.check(b"k", &limit, 1)).unwrap().is_allowed());
+    }
+    assert_eq!(memory.check_now(b"k", &limit, 0).remaining(), 0);
+    assert_eq!(cache.get_ref().stats().leases, 2);
+    let stats = cache.stats();
+    // The last two leased units, without a store.
+    for left in [1, 0] {
+        let d = cache.check_cached(b"k", &limit, 1).expect("a leased unit");
+        assert!(d.is_allowed() && d.is_cached(), "{d:?}");
+        assert_eq!(d.remaining(), left);
+    }
+    let denied = cache
+        .check_cached(b"k", &limit, 1)
+        .expect("the denial the last unit implies, cached");
+    assert!(!denied.is_allowed() && denied.is_cached(), "{denied:?}");
+    assert_eq!(denied.retry_after(), Some(Duration::from_secs(60)));
+    assert_eq!(
+        (cache.stats().hits, cache.stats().store_calls),
+        (stats.hits, stats.store_calls),
+        "no store call was to be made"
+    );
+    // And `check` agrees.
+    assert!(block_on(cache.check(b"k", &limit, 1)).unwrap().is_cached());
+}

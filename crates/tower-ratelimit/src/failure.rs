@@ -1,7 +1,9 @@
 //! What the layer does when its store cannot answer.
 //!
 //! A store call fails when the store returns an error, when it does not answer within the
-//! layer's timeout (50 ms by default), or when the circuit breaker is open. The policy's
+//! layer's timeout (50 ms by default), or when the circuit breaker is open (unless a cache in
+//! front of the store answers the check: a cached denial, a leased unit; see
+//! [`Store::check_cached`](ratelimit_core::Store::check_cached)). The policy's
 //! [`FailurePolicy`] then decides, and the decision is counted in
 //! `ratelimit_decisions_total{outcome=...}` and logged with `tracing`.
 //!
