@@ -470,9 +470,6 @@ impl<S, C> Shared<S, C> {
         }
     }
 
-    /// What a check of `cost` at `now` does with this entry; `may_fetch` false: straight to the
-    /// store where it would ask for a lease. `counted_on`: the lease request a waiting check has
-    /// counted on units of (`fetch_seq`), if any.
     /// `cost` units of `e`'s live lease (`e.tokens > 0 && e.expires > now`), spent without
     /// asking the store; `None` if the lease holds fewer.
     fn spend(&self, e: &mut Entry, now: u64, cost: u64) -> Option<Decision> {
@@ -494,6 +491,9 @@ impl<S, C> Shared<S, C> {
         Some(d)
     }
 
+    /// What a check of `cost` at `now` does with this entry; `may_fetch` false: straight to the
+    /// store where it would ask for a lease. `counted_on`: the lease request a waiting check has
+    /// counted on units of (`fetch_seq`), if any.
     fn try_acquire(
         &self,
         e: &mut Entry,
