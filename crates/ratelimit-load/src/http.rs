@@ -61,6 +61,13 @@ pub(crate) async fn serve_all(routers: Vec<Router>) -> Result<Vec<Server>, Error
     Ok(servers)
 }
 
+/// A TCP stream to `addr`, with `TCP_NODELAY` on.
+async fn open(addr: SocketAddr) -> io::Result<TcpStream> {
+    let stream = TcpStream::connect(addr).await?;
+    stream.set_nodelay(true)?;
+    Ok(stream)
+}
+
 /// One keep-alive HTTP/1.1 connection.
 #[derive(Debug)]
 pub(crate) struct Conn {
@@ -79,11 +86,9 @@ pub(crate) struct Conn {
 
 impl Conn {
     pub(crate) async fn connect(addr: SocketAddr) -> Result<Conn, Error> {
-        let stream = TcpStream::connect(addr).await?;
-        stream.set_nodelay(true)?;
         Ok(Conn {
             addr,
-            stream,
+            stream: open(addr).await?,
             buf: Vec::with_capacity(4096),
             req: Vec::with_capacity(128),
             broken: false,
@@ -96,9 +101,9 @@ impl Conn {
     /// stream is never written to again, so no answer is ever read as another request's).
     pub(crate) async fn request(&mut self, key: &[u8]) -> Result<u16, Error> {
         if self.broken {
-            let timeout = self.timeout;
-            *self = Conn::connect(self.addr).await?;
-            self.timeout = timeout;
+            self.stream = open(self.addr).await?;
+            self.buf.clear();
+            self.broken = false;
         }
         let outcome = match tokio::time::timeout(self.timeout, self.exchange(key)).await {
             Ok(r) => r.map_err(Error::from),
