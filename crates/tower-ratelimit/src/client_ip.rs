@@ -247,8 +247,9 @@ pub enum ClientIpError {
     },
     /// A trusted-proxy entry of prefix length 0 (`0.0.0.0/0`, `::/0`), or an IPv6 block that
     /// holds every IPv4-mapped address (`::ffff:0:0/96`, `::/64`) or every address of the NAT64
-    /// well-known prefix (`64:ff9b::/96`); or entries that together hold every IPv4 address
-    /// (`0.0.0.0/1` and `128.0.0.0/1`), every address of the NAT64 prefix (`64:ff9b::/97` and
+    /// well-known prefix (`64:ff9b::/96`); or entries that together hold every public IPv4 address
+    /// (`0.0.0.0/1` and `128.0.0.0/1`, or `0.0.0.0/1`, `128.0.0.0/2` and `192.0.0.0/3`, which
+    /// leave out only the multicast and reserved `224.0.0.0/3`), every address of the NAT64 prefix (`64:ff9b::/97` and
     /// `64:ff9b::8000:0/97`) or every global unicast IPv6 address (`2000::/3`): every
     /// address (every IPv4 address, every client of a translator) would be a proxy, and any
     /// client could choose its own address with a forwarding header. `input` names the entry, or
@@ -321,8 +322,11 @@ impl ClientIp {
     /// parse; [`ClientIpError::TrustsEveryAddress`] for `0.0.0.0/0`, `::/0`,
     /// an IPv6 block holding all of `::ffff:0:0/96` (which would trust
     /// every IPv4 address) or all of `64:ff9b::/96` (every client of a NAT64
-    /// translator), or entries that together trust every IPv4 address
-    /// (`0.0.0.0/1` and `128.0.0.0/1`), every address of `64:ff9b::/96` or
+    /// translator), or entries that together trust every public IPv4 address
+    /// (`0.0.0.0/1` and `128.0.0.0/1`; or `0.0.0.0/1`, `128.0.0.0/2` and
+    /// `192.0.0.0/3`: the private, loopback, link-local, documentation,
+    /// multicast and reserved blocks, which no client on the internet
+    /// connects from, need not be among them), every address of `64:ff9b::/96` or
     /// every global unicast IPv6 address (`2000::/3`).
     pub fn behind_proxies(
         trusted: impl IntoIterator<Item = impl AsRef<str>>,
@@ -576,8 +580,31 @@ fn cover(mut ranges: Vec<(u128, u128)>, lo: u128, hi: u128) -> bool {
     false
 }
 
-/// Whether the trusted blocks together hold every IPv4 address, in its own form or mapped into
-/// IPv6 (`::ffff:a.b.c.d`, as [`ClientIp::is_trusted`] checks it).
+/// The IPv4 blocks no client on the internet connects from (RFC 6890's blocks that are not
+/// globally reachable, and multicast, reserved and broadcast, `224.0.0.0/3`), each as its first
+/// and last address. Trusted blocks that hold every other address trust every client as much as
+/// `0.0.0.0/0` does.
+const IPV4_NOT_PUBLIC: [(u32, u32); 13] = [
+    (0x0000_0000, 0x00ff_ffff), // 0.0.0.0/8, "this network"
+    (0x0a00_0000, 0x0aff_ffff), // 10.0.0.0/8, private
+    (0x6440_0000, 0x647f_ffff), // 100.64.0.0/10, shared address space (carrier-grade NAT)
+    (0x7f00_0000, 0x7fff_ffff), // 127.0.0.0/8, loopback
+    (0xa9fe_0000, 0xa9fe_ffff), // 169.254.0.0/16, link-local
+    (0xac10_0000, 0xac1f_ffff), // 172.16.0.0/12, private
+    (0xc000_0000, 0xc000_00ff), // 192.0.0.0/24, IETF protocol assignments
+    (0xc000_0200, 0xc000_02ff), // 192.0.2.0/24, documentation
+    (0xc0a8_0000, 0xc0a8_ffff), // 192.168.0.0/16, private
+    (0xc612_0000, 0xc613_ffff), // 198.18.0.0/15, benchmarking
+    (0xc633_6400, 0xc633_64ff), // 198.51.100.0/24, documentation
+    (0xcb00_7100, 0xcb00_71ff), // 203.0.113.0/24, documentation
+    (0xe000_0000, 0xffff_ffff), // 224.0.0.0/3, multicast, reserved and broadcast
+];
+
+/// Whether the trusted blocks together hold every public IPv4 address (every address but those
+/// of [`IPV4_NOT_PUBLIC`], which no client on the internet connects from), in its own form or
+/// mapped into IPv6 (`::ffff:a.b.c.d`, as [`ClientIp::is_trusted`] checks it): `0.0.0.0/1`,
+/// `128.0.0.0/2` and `192.0.0.0/3` leave out only `224.0.0.0/3`, and trust every client as
+/// `0.0.0.0/0` would.
 fn covers_every_ipv4(nets: &[IpNet]) -> bool {
     let mapped = u128::from(Ipv4Addr::UNSPECIFIED.to_ipv6_mapped());
     let ranges = nets
@@ -594,6 +621,11 @@ fn covers_every_ipv4(nets: &[IpNet]) -> bool {
                     .then(|| (first - mapped, last - mapped))
             }
         })
+        .chain(
+            IPV4_NOT_PUBLIC
+                .iter()
+                .map(|&(first, last)| (u128::from(first), u128::from(last))),
+        )
         .collect();
     cover(ranges, 0, u128::from(u32::MAX))
 }
@@ -1750,6 +1782,27 @@ mod tests {
         // Together, none alone: refused, naming them all.
         for together in [
             &["0.0.0.0/1", "128.0.0.0/1"][..],
+            // Every address a client can connect from: only multicast and reserved left out.
+            &["0.0.0.0/1", "128.0.0.0/2", "192.0.0.0/3"][..],
+            &["0.0.0.0/1", "128.0.0.0/2", "192.0.0.0/3", "224.0.0.0/4"][..],
+            &["::ffff:0.0.0.0/97", "::ffff:128.0.0.0/98", "192.0.0.0/3"][..],
+            // Every public address, the private and loopback blocks (10/8, 127/8) left out.
+            &[
+                "0.0.0.0/5",
+                "8.0.0.0/7",
+                "11.0.0.0/8",
+                "12.0.0.0/6",
+                "16.0.0.0/4",
+                "32.0.0.0/3",
+                "64.0.0.0/3",
+                "96.0.0.0/4",
+                "112.0.0.0/5",
+                "120.0.0.0/6",
+                "124.0.0.0/7",
+                "126.0.0.0/8",
+                "128.0.0.0/2",
+                "192.0.0.0/3",
+            ][..],
             &[
                 "0.0.0.0/2",
                 "::ffff:64.0.0.0/98",
@@ -1771,10 +1824,46 @@ mod tests {
                 "{together:?}"
             );
         }
-        // Half of each, or all of it but one address: not every address.
+        // Half of each, or all of it but some public addresses: not every client.
         for fine in [
             &["0.0.0.0/1"][..],
-            &["0.0.0.0/1", "128.0.0.0/2", "192.0.0.0/3", "224.0.0.0/4"][..],
+            // 216.0.0.0 to 223.255.255.255 left out.
+            &["0.0.0.0/1", "128.0.0.0/2", "192.0.0.0/4", "208.0.0.0/5"][..],
+            // All but one public address (8.8.8.8).
+            &[
+                "0.0.0.0/5",
+                "8.0.0.0/13",
+                "8.8.0.0/21",
+                "8.8.8.0/29",
+                "8.8.8.9/32",
+                "8.8.8.10/31",
+                "8.8.8.12/30",
+                "8.8.8.16/28",
+                "8.8.8.32/27",
+                "8.8.8.64/26",
+                "8.8.8.128/25",
+                "8.8.9.0/24",
+                "8.8.10.0/23",
+                "8.8.12.0/22",
+                "8.8.16.0/20",
+                "8.8.32.0/19",
+                "8.8.64.0/18",
+                "8.8.128.0/17",
+                "8.9.0.0/16",
+                "8.10.0.0/15",
+                "8.12.0.0/14",
+                "8.16.0.0/12",
+                "8.32.0.0/11",
+                "8.64.0.0/10",
+                "8.128.0.0/9",
+                "9.0.0.0/8",
+                "10.0.0.0/7",
+                "12.0.0.0/6",
+                "16.0.0.0/4",
+                "32.0.0.0/3",
+                "64.0.0.0/2",
+                "128.0.0.0/1",
+            ][..],
             &["2000::/4"][..],
             &["fd00::/8", "10.0.0.0/8"][..],
             &["64:ff9b::/97", "64:ff9b::c000:0/98"][..],
