@@ -256,7 +256,12 @@ pub struct Policy {
 impl Policy {
     /// A policy named `name` holding each key to `limit`.
     ///
-    /// The name must be 1 to [`MAX_NAME_LEN`] printable ASCII characters. The defaults: the key is
+    /// The name must be 1 to [`MAX_NAME_LEN`] printable ASCII characters. It names the policy's
+    /// items in the IETF fields: the name itself for a limit of one quota, `<name>.0`,
+    /// `<name>.1`, ... for each quota of several. Layers a request passes through one inside the
+    /// other each add their items, unless an item of the same name is there already (the same
+    /// policy twice): so give no policy the name of another's item (`api.0` beside an `api` of
+    /// two quotas), whose items would then be left out. The defaults: the key is
     /// the peer address ([`PeerIp`](crate::key::PeerIp); [`GlobalKey`](crate::key::GlobalKey)
     /// without the `axum` feature), each request costs 1, a missing key is rejected with 400,
     /// IETF headers on every response, a plain-text 429 body, and [`FailurePolicy::FailOpen`].

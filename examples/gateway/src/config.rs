@@ -456,6 +456,27 @@ impl Config {
                     format!("the name {name:?} is already used by routes[{j}]"),
                 ));
             }
+            // A request under two routes carries both routes' IETF items, unless one's item
+            // names another's: then the outer route's items are left out (the same policy
+            // twice, to the layer), and a client would read the inner route's as the other's.
+            let items = item_names(&route.policy);
+            for (j, other) in self.routes[..i].iter().enumerate() {
+                if let Some(item) = item_names(&other.policy)
+                    .into_iter()
+                    .find(|item| items.contains(item))
+                {
+                    return Err(ConfigError::new(
+                        format!("routes[{i}].policy.name"),
+                        format!(
+                            "the name {name:?} and routes[{j}]'s {:?} both name an item \
+                             {item:?} in the RateLimit headers (a policy of several quotas \
+                             names one item per quota, <name>.0, <name>.1, ...): a client \
+                             could not tell them apart",
+                            other.policy.name
+                        ),
+                    ));
+                }
+            }
         }
         let mut tiers: Vec<&str> = self
             .routes
@@ -1134,4 +1155,26 @@ fn check_limit(
         built.push(quota);
     }
     Limit::new(algorithm, built).map_err(|e| ConfigError::new(format!("{at}.quotas"), e))
+}
+
+/// The names of `policy`'s items in the IETF `RateLimit` and `RateLimit-Policy` fields, under its
+/// own limit and every tier's: the policy's name for a limit of one quota, `<name>.<i>` for each
+/// quota of a limit of several (as `tower_ratelimit` writes them).
+fn item_names(policy: &PolicyConfig) -> Vec<String> {
+    let mut names = Vec::new();
+    let counts =
+        std::iter::once(policy.quotas.len()).chain(policy.tiers.iter().map(|t| t.quotas.len()));
+    for n in counts {
+        let these: Vec<String> = if n == 1 {
+            vec![policy.name.clone()]
+        } else {
+            (0..n).map(|i| format!("{}.{i}", policy.name)).collect()
+        };
+        for name in these {
+            if !names.contains(&name) {
+                names.push(name);
+            }
+        }
+    }
+    names
 }

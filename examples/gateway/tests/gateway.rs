@@ -468,6 +468,27 @@ async fn bad_configurations_fail_naming_the_field() {
                 + "[[routes]]\npath = \"/login\"\n[routes.policy]\nname = \"api\"\nquotas = [{ limit = 1, per = \"second\" }]\n",
             "routes[1].policy.name: the name \"api\" is already used by routes[0]",
         ),
+        // `login.0` is the first item of `login`'s two quotas: a request under both routes
+        // would carry one `"login.0"` item, and the client could not tell which quota it is.
+        (
+            "[[routes]]\npath = \"/login\"\n[routes.policy]\nname = \"login\"\n\
+             quotas = [{ limit = 5, per = \"minute\" }, { limit = 20, per = \"hour\" }]\n\
+             [[routes]]\npath = \"/\"\n[routes.policy]\nname = \"login.0\"\n\
+             quotas = [{ limit = 300, per = \"minute\" }]\n"
+                .to_owned(),
+            "routes[1].policy.name: the name \"login.0\" and routes[0]'s \"login\" both name an item \"login.0\"",
+        ),
+        // The same under a tier of several quotas.
+        (
+            "[[routes]]\npath = \"/\"\nkey = { source = \"header\", name = \"x-api-key\" }\n\
+             [routes.policy]\nname = \"api\"\nquotas = [{ limit = 5, per = \"minute\" }]\n\
+             [[routes.policy.tiers]]\nname = \"pro\"\n\
+             quotas = [{ limit = 50, per = \"minute\" }, { limit = 500, per = \"hour\" }]\n\
+             [[routes]]\npath = \"/login\"\n[routes.policy]\nname = \"api.1\"\n\
+             quotas = [{ limit = 3, per = \"minute\" }]\n"
+                .to_owned(),
+            "routes[1].policy.name: the name \"api.1\" and routes[0]'s \"api\" both name an item \"api.1\"",
+        ),
         (
             "[[routes]]\npath = \"/api\"\ncost_by_method = { post = 5 }\n[routes.policy]\nname = \"a\"\n\
              quotas = [{ limit = 1, per = \"second\" }]\n"
