@@ -99,12 +99,13 @@ fn parse_args() -> Result<Args, String> {
                 std::process::exit(0);
             }
             // The value of an unknown `--flag=value` is not echoed: it may be a password
-            // (`--redis-url=redis://:pw@…`); nor is the password of a URL given without its flag.
+            // (`--redis-url=redis://:pw@…`); nor is what follows the `=` of any other argument
+            // (`-p=pw`, `password=pw`), nor the password of a URL given without its flag.
             other => {
-                let shown = if inline.is_some() {
-                    format!("{other}=…")
-                } else {
-                    ratelimit_redis::redact_url(other)
+                let shown = match (inline, other.split_once('=')) {
+                    (Some(_), _) => format!("{other}=…"),
+                    (None, Some((name, _))) if !name.contains("://") => format!("{name}=…"),
+                    (None, _) => ratelimit_redis::redact_url(other),
                 };
                 return Err(format!(
                     "unknown argument `{shown}` (expected --config PATH, --listen ADDR, \

@@ -182,6 +182,23 @@ fn an_unknown_flags_value_is_not_echoed() {
     assert!(err.contains("unknown argument `redis://"), "{err}");
     assert!(!err.contains("hunter2"), "{err}");
 
+    // Any other argument with a value: what follows its `=`.
+    for arg in [
+        "-p=hunter2",
+        "password=hunter2",
+        "-redis=redis://:hunter2@10.0.0.5",
+    ] {
+        let out = gateway(&[OsStr::new(arg)]);
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let name = arg.split_once('=').unwrap().0;
+        assert!(
+            err.contains(&format!("unknown argument `{name}=…`")),
+            "{err}"
+        );
+        assert!(!err.contains("hunter2"), "{err}");
+    }
+
     let out = gateway(&[OsStr::new("--check=yes")]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");
     let err = String::from_utf8_lossy(&out.stderr);
