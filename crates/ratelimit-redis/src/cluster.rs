@@ -614,19 +614,35 @@ fn first_key(cmd: &Cmd) -> Option<&[u8]> {
 
 /// What an error proves, and where to send the check next.
 fn next(error: &RedisError, route: &Route) -> Next {
+    // The node a redirection names: `None` if it names none; `Some(None)` if its endpoint is
+    // empty (Redis 7 with `cluster-preferred-endpoint-type unknown-endpoint`: `MOVED 3999 :6381`,
+    // the host the command was sent to, at that port) and the check went by the slot map, whose
+    // host for the slot is the cluster client's, not known here.
     let redirect = || {
         let (addr, _slot) = error.redirect_node()?;
         let (host, port) = addr.rsplit_once(':')?;
-        Some((host.to_owned(), port.parse::<u16>().ok()?))
+        let port = port.parse::<u16>().ok()?;
+        if !host.is_empty() && host != "?" {
+            return Some(Some((host.to_owned(), port)));
+        }
+        match route {
+            Route::Node(host, _) | Route::Asking(host, _) => Some(Some((host.clone(), port))),
+            Route::Slot => Some(None),
+        }
     };
     match error.kind() {
         ErrorKind::Server(ServerErrorKind::Moved) => match redirect() {
-            Some((host, port)) => Next::Resend(Route::Node(host, port)),
+            Some(Some((host, port))) => Next::Resend(Route::Node(host, port)),
+            // The MOVED makes the cluster client refresh its slot map, in which an unknown
+            // endpoint is the host of the node that answered it: go by the refreshed map.
+            Some(None) => Next::Pause(Route::Slot),
             None => Next::Fail,
         },
         ErrorKind::Server(ServerErrorKind::Ask) => match redirect() {
-            Some((host, port)) => Next::Resend(Route::Asking(host, port)),
-            None => Next::Fail,
+            Some(Some((host, port))) => Next::Resend(Route::Asking(host, port)),
+            // A slot being migrated is still its source's in the slot map, which would answer
+            // `ASK` again: the key cannot be checked until the migration ends (documented).
+            Some(None) | None => Next::Fail,
         },
         ErrorKind::Server(ServerErrorKind::NoScript) => Next::Load,
         // Keys of a migrating slot are split between two nodes: ask the same node again.
@@ -793,6 +809,30 @@ mod tests {
         assert!(matches!(
             next(&server_error("ASK 3999 10.0.0.7:7000"), &slot),
             Next::Resend(Route::Asking(h, 7000)) if h == "10.0.0.7"
+        ));
+        // An empty endpoint (`cluster-preferred-endpoint-type unknown-endpoint`): the host the
+        // check was sent to; by the slot map, the refreshed map after a MOVED.
+        let node = Route::Node("10.0.0.7".into(), 7000);
+        for empty in ["MOVED 3999 :6381", "MOVED 3999 ?:6381"] {
+            assert!(
+                matches!(
+                    next(&server_error(empty), &node),
+                    Next::Resend(Route::Node(h, 6381)) if h == "10.0.0.7"
+                ),
+                "{empty}"
+            );
+            assert!(
+                matches!(next(&server_error(empty), &slot), Next::Pause(Route::Slot)),
+                "{empty}"
+            );
+        }
+        assert!(matches!(
+            next(&server_error("ASK 3999 :6381"), &node),
+            Next::Resend(Route::Asking(h, 6381)) if h == "10.0.0.7"
+        ));
+        assert!(matches!(
+            next(&server_error("ASK 3999 :6381"), &slot),
+            Next::Fail
         ));
         let asking = Route::Asking("h".into(), 1);
         assert!(matches!(

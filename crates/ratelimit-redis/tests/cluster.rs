@@ -189,6 +189,69 @@ async fn checks_follow_a_slot_migration_to_a_new_master() {
     migrate_while_checking(&cluster, &store, Some(added)).await;
 }
 
+/// A cluster whose nodes do not know their endpoint (`cluster-preferred-endpoint-type
+/// unknown-endpoint`, for nodes behind an address they cannot see): `CLUSTER SLOTS` names no
+/// host, and a redirection names only a port (`MOVED 3999 :6381`: the host the command went to).
+/// A slot moves (its state with it); the next check is redirected so and is still answered,
+/// from the moved state, by the slot's new owner.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redirection_to_an_unknown_endpoint_is_followed_on_the_same_host() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = RedisCluster::start_with_replicas(
+        3,
+        0,
+        &["cluster-preferred-endpoint-type unknown-endpoint"],
+    );
+    let store = store_on(&cluster, "unknown-endpoint", PATIENT).await;
+    let bucket = Limit::single(Algorithm::TokenBucket, Quota::per_day(1_000).unwrap()).unwrap();
+    let key = &store.state_keys(b"mover", &bucket)[0];
+    for left in (995..1_000).rev() {
+        assert_eq!(
+            store.check(b"mover", &bucket, 1).await.unwrap().remaining(),
+            left
+        );
+    }
+
+    // The slot and its one key move to another master, with no check in between.
+    let slot = cluster.nodes()[0].cli(&["cluster", "keyslot", key]);
+    let source = cluster.node_for(key);
+    let (target, target_id) = start_migration(&cluster, &slot, source, None);
+    let port = target.port().to_string();
+    assert_eq!(
+        source.cli(&["migrate", "127.0.0.1", &port, "", "0", "5000", "KEYS", key]),
+        "OK"
+    );
+    for node in cluster.nodes() {
+        assert_eq!(
+            node.cli(&["cluster", "setslot", &slot, "node", &target_id]),
+            "OK"
+        );
+    }
+    // What Redis answers for the slot now: its new owner's port, and no host.
+    let moved = source.cli(&["exists", key]);
+    assert!(moved.contains(&format!("MOVED {slot} :{port}")), "{moved}");
+
+    let errors = |node: &redis_harness::RedisServer| -> u64 {
+        let stats = node.cli(&["info", "errorstats"]);
+        stats
+            .lines()
+            .find_map(|l| l.strip_prefix("errorstat_MOVED:count="))
+            .map_or(0, |n| n.trim().parse().unwrap())
+    };
+    let before = errors(source);
+    // The store's client still sends the slot's checks to the source, which redirects them.
+    for left in (990..995).rev() {
+        let d = store.check(b"mover", &bucket, 1).await;
+        assert_eq!(
+            d.unwrap().remaining(),
+            left,
+            "counted on from the moved state"
+        );
+    }
+    assert!(errors(source) > before, "the checks were redirected");
+    assert_eq!(target.cli(&["exists", key]), "1");
+}
+
 /// Starts moving `slot` from `source` to the node on port `to` (by default another master):
 /// `IMPORTING` on the target, `MIGRATING` on the source. Returns the target and its node id.
 fn start_migration<'a>(
