@@ -344,6 +344,7 @@ pub trait KeyExtractor: Send + Sync + 'static {
     /// [`extract`](Self::extract), for a caller to whom a request without this key is expected
     /// (the first extractor of [`or`]): an extractor that warns of a missing key as a likely
     /// mistake of the app's setup ([`ExtensionKey`]) does not. The same as `extract` otherwise.
+    /// An extractor made of others (a tuple, [`Or`]) passes it on to them.
     fn extract_if_any(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
         self.extract(req, key)
     }
@@ -394,22 +395,45 @@ where
 
 /// Appends `part`'s key followed by its length: read from the end, the length says where the part
 /// starts, and the key before it is the parts before it.
+/// `if_any`: by [`extract_if_any`](KeyExtractor::extract_if_any).
 #[inline]
 fn extract_counted(
     part: &impl KeyExtractor,
     req: &RequestHead<'_>,
     key: &mut KeyBuf,
+    if_any: bool,
 ) -> Result<(), NoKey> {
     let start = key.len();
-    part.extract(req, key)?;
+    extract_part(part, req, key, if_any)?;
     key.push_part_len(key.len() - start);
     Ok(())
+}
+
+/// `part`'s key, by [`extract_if_any`](KeyExtractor::extract_if_any) if `if_any`: a tuple under
+/// the first extractor of [`or`] passes that on to its parts.
+#[inline]
+fn extract_part(
+    part: &impl KeyExtractor,
+    req: &RequestHead<'_>,
+    key: &mut KeyBuf,
+    if_any: bool,
+) -> Result<(), NoKey> {
+    if if_any {
+        part.extract_if_any(req, key)
+    } else {
+        part.extract(req, key)
+    }
 }
 
 impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for (A, B) {
     fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
         self.0.extract(req, key)?;
-        extract_counted(&self.1, req, key)
+        extract_counted(&self.1, req, key, false)
+    }
+
+    fn extract_if_any(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
+        extract_part(&self.0, req, key, true)?;
+        extract_counted(&self.1, req, key, true)
     }
 
     fn client_hint(&self) -> Option<String> {
@@ -420,8 +444,14 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for (A, B) {
 impl<A: KeyExtractor, B: KeyExtractor, C: KeyExtractor> KeyExtractor for (A, B, C) {
     fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
         self.0.extract(req, key)?;
-        extract_counted(&self.1, req, key)?;
-        extract_counted(&self.2, req, key)
+        extract_counted(&self.1, req, key, false)?;
+        extract_counted(&self.2, req, key, false)
+    }
+
+    fn extract_if_any(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
+        extract_part(&self.0, req, key, true)?;
+        extract_counted(&self.1, req, key, true)?;
+        extract_counted(&self.2, req, key, true)
     }
 
     fn client_hint(&self) -> Option<String> {
@@ -477,8 +507,14 @@ pub struct Or<A, B> {
     second: B,
 }
 
-impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
-    fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
+impl<A: KeyExtractor, B: KeyExtractor> Or<A, B> {
+    /// `second` by [`extract_if_any`](KeyExtractor::extract_if_any) if `if_any`; `first` always.
+    fn extract_or(
+        &self,
+        req: &RequestHead<'_>,
+        key: &mut KeyBuf,
+        if_any: bool,
+    ) -> Result<(), NoKey> {
         let start = key.len();
         if self.first.extract_if_any(req, key).is_ok() {
             key.push_byte(1);
@@ -486,9 +522,21 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
         }
         // Whatever `first` wrote before it found no key is not part of `second`'s.
         key.truncate(start);
-        self.second.extract(req, key)?;
+        extract_part(&self.second, req, key, if_any)?;
         key.push_byte(2);
         Ok(())
+    }
+}
+
+impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
+    fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
+        self.extract_or(req, key, false)
+    }
+
+    /// Under the first extractor of another `or` (`or(or(a, b), c)`), neither part's key is
+    /// expected either.
+    fn extract_if_any(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
+        self.extract_or(req, key, true)
     }
 
     fn client_hint(&self) -> Option<String> {
@@ -544,9 +592,11 @@ impl KeyPart for Bytes {
     }
 }
 
+/// The value without the spaces and tabs around it, as [`ApiKeyHeader`] keys on it
+/// ([`header_value_trimmed`]).
 impl KeyPart for HeaderValue {
     fn write_to(&self, key: &mut KeyBuf) {
-        key.push(self.as_bytes())
+        key.push(header_value_trimmed(self))
     }
 }
 
@@ -573,6 +623,11 @@ impl KeyPart for IpAddr {
 /// A request without the header, with an empty value, or with the header more than once has no
 /// key: of two values, an authentication layer in front might check one and this layer count the
 /// other, so a client could spend someone else's quota under its own valid key.
+///
+/// Spaces and tabs around the value are not part of it ([`header_value_trimmed`]): HTTP/1's
+/// parser drops them, but HTTP/2's and HTTP/3's need not, and `"k"`, `"k "` and `" k"` would
+/// otherwise be three keys that an authentication layer trimming the value accepts as one. A
+/// value of nothing but spaces and tabs is empty.
 ///
 /// The value is whatever the client sent. Unless the key is checked before this layer runs (an
 /// authentication layer outside it that rejects unknown keys), a client can send a new made-up
@@ -606,10 +661,13 @@ impl KeyExtractor for ApiKeyHeader {
     fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
         let mut values = req.headers().get_all(&self.name).iter();
         match (values.next(), values.next()) {
-            (Some(v), None) if !v.is_empty() => {
-                key.push(v.as_bytes());
-                Ok(())
-            }
+            (Some(v), None) => match header_value_trimmed(v) {
+                [] => Err(NoKey),
+                value => {
+                    key.push(value);
+                    Ok(())
+                }
+            },
             _ => Err(NoKey),
         }
     }
@@ -617,6 +675,15 @@ impl KeyExtractor for ApiKeyHeader {
     fn client_hint(&self) -> Option<String> {
         Some(format!("one non-empty {} header", self.name))
     }
+}
+
+/// The bytes of a header value without the spaces and tabs around them (RFC 9110's optional
+/// whitespace, which is not part of a field value: HTTP/1's parser drops it, HTTP/2's and
+/// HTTP/3's may pass it on), as [`ApiKeyHeader`] keys on them. For code of the app's that reads
+/// the same header (a tier lookup by API key) and must agree with the key.
+#[must_use]
+pub fn header_value_trimmed(value: &HeaderValue) -> &[u8] {
+    value.as_bytes().trim_ascii_start().trim_ascii_end()
 }
 
 /// A value of type `T` that an earlier layer (authentication, say) put in the request extensions.

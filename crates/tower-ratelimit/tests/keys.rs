@@ -166,6 +166,31 @@ async fn an_api_key_header_sent_twice_is_no_key() {
     assert_eq!(statuses(&app, victim, 3).await, [200, 200, 429]);
 }
 
+/// Spaces and tabs around an API key, which HTTP/1's parser drops but HTTP/2's passes on, are
+/// not part of it: `"k"`, `"k "` and `" k\t"` are one key (an authentication layer that trims
+/// the value accepts all three as `k`), and a value of only spaces is no key.
+#[tokio::test]
+async fn spaces_around_an_api_key_are_not_part_of_it() {
+    let (_clock, store) = store();
+    let policy = Policy::new("api", two_a_minute())
+        .unwrap()
+        .key(ApiKeyHeader::new("x-api-key").unwrap());
+    let app = app(store, policy);
+    let spellings = ["k", "k ", " k\t", "\t k  "];
+    let sent = std::cell::Cell::new(0);
+    let next = || {
+        sent.set(sent.get() + 1);
+        with_header(request("/"), "x-api-key", spellings[sent.get() - 1])
+    };
+    assert_eq!(statuses(&app, next, 4).await, [200, 200, 429, 429]);
+    let blank = || with_header(request("/"), "x-api-key", " \t ");
+    assert_eq!(statuses(&app, blank, 1).await, [400]);
+    // A key part of a header value is trimmed alike.
+    let mut part = KeyBuf::new();
+    http::HeaderValue::from_static(" k ").write_to(&mut part);
+    assert_eq!(part.as_bytes(), b"k");
+}
+
 #[tokio::test]
 async fn a_missing_key_can_get_a_chosen_status() {
     let (_clock, store) = store();
@@ -343,6 +368,38 @@ async fn the_user_if_signed_in_else_the_address() {
     alone.push_byte(2);
     assert_eq!(written.as_bytes(), alone.as_bytes());
     // Anonymous clients are expected here: no warning of a missing `UserId`.
+    let text = lines.text();
+    assert!(!text.contains("WARN"), "{text}");
+}
+
+/// An `ExtensionKey` inside the first extractor of `or` (in a tuple with the route, or in another
+/// `or`) is expected to be missing too: anonymous requests get the second extractor's key, and no
+/// warning of a misplaced authentication layer.
+#[tokio::test]
+async fn an_extension_key_nested_in_ors_first_extractor_does_not_warn() {
+    let (lines, _guard) = Lines::capture();
+    let (_clock, store) = store();
+    let nested = Policy::new("route-users-or-ips", two_a_minute())
+        .unwrap()
+        .key(key::or(
+            (RouteKey::new(), ExtensionKey::<UserId>::new()),
+            (RouteKey::new(), PeerIp::new()),
+        ));
+    let deeper = Policy::new("users-or-users-or-ips", two_a_minute())
+        .unwrap()
+        .key(key::or(
+            key::or(ExtensionKey::<UserId>::new(), ExtensionKey::<UserId>::new()),
+            PeerIp::new(),
+        ));
+    for policy in [nested, deeper] {
+        let app = Router::new()
+            .route("/", get(|| async { "ok" }))
+            .layer(RateLimitLayer::new(store.clone(), policy).unwrap())
+            .layer(middleware::from_fn(auth));
+        let u1 = || with_header(request("/"), "authorization", "user 1");
+        assert_eq!(statuses(&app, u1, 3).await, [200, 200, 429]);
+        assert_eq!(statuses(&app, || request("/"), 3).await, [200, 200, 429]);
+    }
     let text = lines.text();
     assert!(!text.contains("WARN"), "{text}");
 }

@@ -448,8 +448,12 @@ fn policy(config: &Config, i: usize) -> Result<Policy, ConfigError> {
     let header = axum::http::HeaderName::from_bytes(name.as_bytes())
         .map_err(|e| ConfigError::new(format!("{at}.key.name"), e))?;
     // The names borrow from the table, which the policy keeps and lends with each request.
+    // The key as the route's `ApiKeyHeader` reads it (without spaces and tabs around it, which
+    // an HTTP/2 client may send), so that a key counted under a client's bucket gets its tier.
     Ok(policy.resolve_tier_with(tiers, move |tiers, req| {
         let key = req.headers().get(&header)?;
-        tiers.get(key.as_bytes()).map(String::as_str)
+        tiers
+            .get(tower_ratelimit::key::header_value_trimmed(key))
+            .map(String::as_str)
     }))
 }
