@@ -26,7 +26,8 @@ use crate::store::{CheckFuture, CheckManyFuture, MAX_TIMEOUT, RedisStore, RedisS
 /// - otherwise a task tries again every `retry_every` (1 ms to an hour), whether checks come or
 ///   not, each attempt bounded by the builder's timeouts, until one succeeds or the store is
 ///   dropped; a failure is logged as a warning at most once a minute (with how many attempts
-///   failed since the last), the others as `DEBUG` events;
+///   failed since the last), the others as `DEBUG` events, unless its cause changed (Redis
+///   reached again but refusing the credentials), which is warned of at once;
 /// - meanwhile every check fails at once with the last attempt's error (a
 ///   [`RedisStoreError::Connection`] when the server cannot be reached), so the layer's failure
 ///   policy answers (fail open, fail closed, or the local fallback);
@@ -70,7 +71,7 @@ struct Inner {
     last: Mutex<(Instant, Option<RedisStoreError>)>,
     /// When a failed attempt was last logged as a warning, and the failures since (see
     /// [`log_failure`]).
-    warned: Mutex<(Option<Instant>, u64)>,
+    warned: Mutex<Warned>,
 }
 
 impl fmt::Debug for LazyRedisStore {
@@ -95,7 +96,7 @@ impl LazyRedisStore {
             ));
         }
         let started = Instant::now();
-        let warned = Mutex::new((None, 0));
+        let warned = Mutex::new(Warned::default());
         let (store, error) = match builder.clone().build().await {
             Ok(store) => (OnceLock::from(store), None),
             Err(e @ RedisStoreError::Config { .. }) => return Err(e),
@@ -192,7 +193,7 @@ impl From<RedisStore> for LazyRedisStore {
                 store: OnceLock::from(store),
                 retrying: AtomicBool::new(false),
                 last: Mutex::new((Instant::now(), None)),
-                warned: Mutex::new((None, 0)),
+                warned: Mutex::new(Warned::default()),
             }),
         }
     }
@@ -251,21 +252,38 @@ impl Drop for Retrying {
 /// would otherwise write 7,200 warnings an hour. The others are `DEBUG` events.
 const WARN_EVERY: Duration = Duration::from_secs(60);
 
+/// What [`log_failure`] last warned of.
+#[derive(Debug, Default)]
+struct Warned {
+    /// When, if ever.
+    at: Option<Instant>,
+    /// Whether it was refused credentials (else Redis not reached).
+    refused: bool,
+    /// The failed attempts since.
+    failed: u64,
+}
+
 /// Logs a failed attempt: a warning for the first, and then at most one per [`WARN_EVERY`],
-/// which says how many failed since the last; `DEBUG` for the rest.
-fn log_failure(warned: &Mutex<(Option<Instant>, u64)>, error: &RedisStoreError) {
+/// which says how many failed since the last; `DEBUG` for the rest. A change of cause (Redis
+/// reached again but refusing the credentials, rotated during the outage) is warned of at once.
+fn log_failure(warned: &Mutex<Warned>, error: &RedisStoreError) {
+    let refused = error.is_refused_credentials();
     let since = {
         let mut w = warned.lock().unwrap_or_else(PoisonError::into_inner);
-        w.1 += 1;
-        if w.0.is_some_and(|at| at.elapsed() < WARN_EVERY) {
+        w.failed += 1;
+        if w.refused == refused && w.at.is_some_and(|at| at.elapsed() < WARN_EVERY) {
             tracing::debug!(%error, "ratelimit-redis: an attempt to reach Redis failed");
             return;
         }
-        let since = w.1;
-        *w = (Some(Instant::now()), 0);
+        let since = w.failed;
+        *w = Warned {
+            at: Some(Instant::now()),
+            refused,
+            failed: 0,
+        };
         since
     };
-    if error.is_refused_credentials() {
+    if refused {
         tracing::warn!(%error, failed = since, "ratelimit-redis: Redis refused the credentials; retrying in the background");
     } else {
         tracing::warn!(%error, failed = since, "ratelimit-redis: Redis cannot be reached yet; retrying in the background");

@@ -345,6 +345,50 @@ async fn failed_attempts_are_warned_of_once_a_minute_at_most() {
     assert_eq!(warnings, 1, "{text}");
 }
 
+/// A change of cause is warned of at once, not up to a minute later: Redis unreachable, then
+/// reached but refusing the credentials (a password rotated during the outage).
+#[tokio::test]
+async fn a_change_of_cause_is_warned_of_at_once() {
+    let lines = Lines::default();
+    let writer = lines.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_max_level(tracing::Level::WARN)
+        .with_ansi(false)
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let server = RedisServer::builder().password("rotated").start();
+    let proxy = Proxy::start(server.port());
+    proxy.set_refuse(true);
+    let url = format!("redis://:expired-pw@127.0.0.1:{}", proxy.port());
+    let store = RedisStore::builder(url)
+        .prefix(unique_prefix("lazy-cause"))
+        .build_lazy(Duration::from_millis(20))
+        .await
+        .unwrap();
+    let text = || String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let warned = |what: &str| {
+        text()
+            .lines()
+            .filter(|l| l.contains(" WARN ") && l.contains(what))
+            .count()
+    };
+    assert_eq!(warned("cannot be reached yet"), 1, "{}", text());
+    // Reachable again, with the password changed.
+    proxy.set_refuse(false);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while warned("refused the credentials") == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(warned("refused the credentials"), 1, "{}", text());
+    assert!(!store.is_connected());
+    assert!(
+        !text().contains("expired-pw"),
+        "the password is not echoed: {}",
+        text()
+    );
+}
+
 /// A store built by `build` serves through the lazy type as it is: connected, and never
 /// attempting anything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

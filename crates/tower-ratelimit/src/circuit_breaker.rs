@@ -74,6 +74,7 @@ use std::time::Duration;
 
 use ratelimit_core::{Clock, Decision, Timestamp};
 
+use crate::log_gate::LogGate;
 use crate::metrics::{FailureKind, Metrics};
 
 use crate::Error;
@@ -264,6 +265,10 @@ pub(crate) struct Breaker {
     /// part's last close (see [`Part::closed_at`]).
     closes: AtomicU64,
     policy: Arc<str>,
+    /// The line of a check that failed after its request was dropped: one a second at most, as
+    /// the layer's own failure lines (when every request's client gives up before the layer's
+    /// timeout, each failure is one of these).
+    dropped_failed_log: LogGate,
 }
 
 /// The circuit of one failure domain.
@@ -333,6 +338,7 @@ impl Breaker {
                 .map(|_| Part::default())
                 .collect(),
             lost_after: config.cool_down.max(timeout.saturating_mul(2)),
+            dropped_failed_log: LogGate::new(clock.clone()),
             clock,
             gauge,
             not_closed,
@@ -843,13 +849,16 @@ impl Unsettled {
             Err(_) => FailureKind::Timeout,
         };
         b.failure_unseen(kind, part, probe, seen);
-        tracing::warn!(
-            policy = %b.policy,
-            probe = probe.is_some(),
-            domain = part,
-            kind = kind.as_str(),
-            "rate-limit store check failed (its request was dropped before the answer)"
-        );
+        if let Some(held_back) = b.dropped_failed_log.pass() {
+            tracing::warn!(
+                policy = %b.policy,
+                probe = probe.is_some(),
+                domain = part,
+                kind = kind.as_str(),
+                held_back,
+                "rate-limit store check failed (its request was dropped before the answer)"
+            );
+        }
     }
 }
 

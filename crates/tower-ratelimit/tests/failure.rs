@@ -641,6 +641,51 @@ async fn checks_dropped_before_the_timeout_still_open_the_circuit() {
     assert_eq!(m.outcome("gone", "failed_open"), 1);
 }
 
+/// A check whose request was dropped and that then fails is logged as the layer's own failures
+/// are: one line a second at most, with the count of those held back. Every caller here gives
+/// up before the layer's timeout (a gRPC deadline, an outer timeout, clients resetting their
+/// streams) and the circuit never opens (a threshold never reached, as with successes in
+/// between): each failure is one of these, and was one line each.
+#[tokio::test(start_paused = true)]
+async fn failures_of_dropped_checks_are_logged_at_most_once_a_second() {
+    let (lines, _guard) = Lines::capture();
+    let clock = ManualClock::new();
+    let layer = RateLimitLayer::builder(
+        Arc::new(HangingStore::default()),
+        Policy::new("dropped", per_minute(5)).unwrap(),
+    )
+    .timeout(Duration::from_millis(80))
+    .circuit_breaker(CircuitBreaker::new(1_000, Duration::from_secs(60)).unwrap())
+    .clock(clock.clone())
+    .build()
+    .unwrap();
+    let app = app(layer.clone());
+    let drop_requests = async |n: usize| {
+        for _ in 0..n {
+            let gave_up = tokio::time::timeout(Duration::from_millis(20), send(&app, request("/")));
+            assert!(gave_up.await.is_err());
+        }
+        // The dropped checks reach the layer's timeout in the background.
+        tokio::time::sleep(Duration::from_millis(80)).await;
+        for _ in 0..10 {
+            tokio::task::yield_now().await;
+        }
+    };
+    const LINE: &str = "rate-limit store check failed (its request was dropped before the answer)";
+    drop_requests(50).await;
+    let text = lines.text();
+    assert_eq!(text.matches(LINE).count(), 1, "{text}");
+    assert!(text.contains("held_back=0"), "{text}");
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
+
+    // A second later, the next such failure is written, counting the 49 held back.
+    clock.advance(Duration::from_secs(1));
+    drop_requests(1).await;
+    let text = lines.text();
+    assert_eq!(text.matches(LINE).count(), 2, "{text}");
+    assert!(text.contains("held_back=49"), "{text}");
+}
+
 /// A probe whose request is dropped (before its future ran, or while it waited) is settled by the
 /// store's answer all the same: a client that cancels every request it sends cannot keep the
 /// circuit open over a healthy store. The cancelled checks are counted.
