@@ -394,8 +394,8 @@ where
 }
 
 /// Appends `part`'s key followed by its length: read from the end, the length says where the part
-/// starts, and the key before it is the parts before it.
-/// `if_any`: by [`extract_if_any`](KeyExtractor::extract_if_any).
+/// starts, and the key before it is the parts before it. With `if_any`, by
+/// [`extract_if_any`](KeyExtractor::extract_if_any).
 #[inline]
 fn extract_counted(
     part: &impl KeyExtractor,
