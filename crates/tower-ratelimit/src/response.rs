@@ -10,7 +10,12 @@
 //!   problem type), or whatever a closure returns; or, for a gRPC service, no 429 at all but the
 //!   gRPC status `RESOURCE_EXHAUSTED` ([`DenialBody::Grpc`]), which gRPC clients understand.
 //!
-//! On allowed responses `RateLimit` says how many are left and `t` when the quota is full again.
+//! On allowed responses `RateLimit` says how many are left and `t` when more is available, as
+//! draft-10 defines it: for the token bucket and GCRA, when the next whole unit comes back (a
+//! bucket of 5 a minute, two spent: `r=3;t=12`, the third back in 12 s; `0` while full); for a
+//! fixed window, its end; for the sliding window and log, when the quota is full again, which
+//! bounds it (their decision does not say when their next unit frees). `X-RateLimit-Reset` keeps
+//! its own meaning, the seconds until the quota is full again (`24` for the bucket above).
 //! A quota whose period is not whole seconds is advertised over the period rounded up, with `q`
 //! the units granted in it at the quota's rate, rounded down (`100` per 100 ms is `q=1000;w=1`).
 //! For the bucket algorithms `q` is the sustained rate: a burst above it shows in `r` (a fresh
@@ -79,7 +84,7 @@ use std::time::Duration;
 use bytes::Bytes;
 use http::header::{CONTENT_LENGTH, CONTENT_TYPE, Entry, RETRY_AFTER};
 use http::{HeaderMap, HeaderName, HeaderValue, Response, StatusCode};
-use ratelimit_core::{Decision, Limit, QuotaSet};
+use ratelimit_core::{Algorithm, Decision, Limit, QuotaSet};
 
 use crate::service::Rt;
 
@@ -486,13 +491,22 @@ pub(crate) fn retry_after_secs(d: Duration) -> u64 {
     secs_ceil(d).max(1)
 }
 
-/// The `t` of `RateLimit`: seconds until the client may send again when denied, until the quota is
-/// full when allowed.
+/// The legacy `X-RateLimit-Reset`: seconds until the client may send again when denied, until the
+/// quota is full when allowed.
 fn reset_secs(d: &Decision) -> u64 {
     match d.retry_after() {
         Some(wait) => retry_after_secs(wait),
         None => secs_ceil(d.reset_after()),
     }
+}
+
+/// `units` × `period` / `limit` in 128 bits (µs, saturating at `u64::MAX`): out of line, as
+/// only quotas of very long periods or very large limits need it.
+#[cold]
+#[inline(never)]
+fn units_time_wide(units: u64, period: u64, limit: u64) -> u64 {
+    let n = u128::from(units) * u128::from(period) / u128::from(limit.max(1));
+    u64::try_from(n).unwrap_or(u64::MAX)
 }
 
 /// Appends the decimal digits of `n`.
@@ -558,6 +572,10 @@ pub(crate) struct Prepared {
     policy_value: HeaderValue,
     /// `"name";r=` for each quota.
     items: Box<[Box<[u8]>]>,
+    /// For each quota of a bucket algorithm (token bucket, GCRA), its period (µs) and limit: one
+    /// unit comes back every period / limit, and `t` says when the next does. `None` for the
+    /// window algorithms.
+    refills: Box<[Option<(u64, u64)>]>,
     /// The `application/problem+json` body of a denial by each set of quotas, at the set's bits
     /// less one: its `violated-policies` names the quotas' items, as `RateLimit-Policy` and
     /// `RateLimit` do. Made in advance, for the 2ⁿ − 1 sets of a limit of n quotas (at most 255,
@@ -575,6 +593,13 @@ impl Prepared {
                 format!("{name}.{i}")
             }
         };
+        let refills = quotas
+            .iter()
+            .map(|q| {
+                matches!(limit.algorithm(), Algorithm::TokenBucket | Algorithm::Gcra)
+                    .then(|| (q.period_micros(), q.limit()))
+            })
+            .collect();
         let mut policy = Vec::new();
         let mut items = Vec::with_capacity(quotas.len());
         let mut names = Vec::with_capacity(quotas.len());
@@ -608,7 +633,37 @@ impl Prepared {
         Prepared {
             policy_value,
             items: items.into_boxed_slice(),
+            refills,
             problems,
+        }
+    }
+
+    /// The `t` of `RateLimit` (draft-10: seconds until more of the quota is available): when
+    /// denied, the wait `Retry-After` says; when allowed, for a bucket algorithm the time until
+    /// its next whole unit comes back (none while it is full), for a fixed window its end, and
+    /// for the sliding window and log the time until the quota is full, which bounds it (their
+    /// decision does not say when their next unit frees).
+    fn more_in_secs(&self, d: &Decision) -> u64 {
+        if let Some(wait) = d.retry_after() {
+            return retry_after_secs(wait);
+        }
+        let full_in = d.reset_after();
+        let refill = self.refills.get(d.quota_index()).copied().flatten();
+        match refill {
+            // Full in `full_in`, a unit every period / limit: the units after the next take
+            // (burst - remaining - 1) of those, and the next one comes before them.
+            Some((period, limit)) if d.remaining() < d.limit() && !full_in.is_zero() => {
+                let full_in = u64::try_from(full_in.as_micros()).unwrap_or(u64::MAX);
+                let units = d.limit() - d.remaining() - 1;
+                // In 64 bits when it fits (a quota's limit and period both below 2^32), which
+                // spares the allowed path a 128-bit division.
+                let after = match units.checked_mul(period) {
+                    Some(n) => n / limit.max(1),
+                    None => units_time_wide(units, period, limit),
+                };
+                full_in.saturating_sub(after).max(1).div_ceil(1_000_000)
+            }
+            _ => secs_ceil(full_in),
         }
     }
 
@@ -653,13 +708,15 @@ impl Prepared {
     /// of the three is set.
     #[inline]
     pub(crate) fn write(&self, headers: &mut HeaderMap, mode: Headers, d: &Decision) {
-        self.write_reset(headers, mode, d, reset_secs(d));
+        self.write_reset(headers, mode, d, None);
     }
 
-    /// [`write`](Self::write) with `reset` as the seconds of `t` and `X-RateLimit-Reset`.
+    /// [`write`](Self::write), with `wait` (if any) as the seconds of `t` and
+    /// `X-RateLimit-Reset`.
     #[inline]
-    fn write_reset(&self, headers: &mut HeaderMap, mode: Headers, d: &Decision, reset: u64) {
+    fn write_reset(&self, headers: &mut HeaderMap, mode: Headers, d: &Decision, wait: Option<u64>) {
         if mode.ietf {
+            let reset = wait.unwrap_or_else(|| self.more_in_secs(d));
             match headers.entry(names::RATELIMIT_POLICY) {
                 Entry::Vacant(v) => {
                     v.insert(self.policy_value.clone());
@@ -688,7 +745,10 @@ impl Prepared {
         {
             headers.insert(names::X_RATELIMIT_LIMIT, number(d.limit()));
             headers.insert(names::X_RATELIMIT_REMAINING, number(d.remaining()));
-            headers.insert(names::X_RATELIMIT_RESET, number(reset));
+            headers.insert(
+                names::X_RATELIMIT_RESET,
+                number(wait.unwrap_or_else(|| reset_secs(d))),
+            );
         }
     }
 
@@ -995,8 +1055,7 @@ impl Bodies {
         if mode.any() {
             // `t` says the wait `Retry-After` says, the store's own included: a cost above the
             // fallback's share waits for the store, not for the local bucket (whole already).
-            let reset = wait_secs.unwrap_or_else(|| reset_secs(d));
-            prepared.write_reset(headers, mode, d, reset);
+            prepared.write_reset(headers, mode, d, wait_secs);
         }
         res
     }
@@ -1271,11 +1330,27 @@ mod tests {
         assert_eq!(p.policy_value, "\"x\";q=999999999999999;w=2");
         let d = Decision::new(Outcome::Allowed, 1 << 52, 1 << 52, Duration::ZERO, 0);
         assert_eq!(
-            p.rate_limit_value(&d, reset_secs(&d)),
+            p.rate_limit_value(&d, p.more_in_secs(&d)),
             "\"x\";r=999999999999999;t=0"
         );
         assert_eq!(secs_ceil(Duration::MAX), u64::MAX);
         assert_eq!(retry_after_secs(Duration::MAX), u64::MAX);
+
+        // A bucket whose units times its period (µs) pass 64 bits: `t` in 128 bits. A million a
+        // year (a unit every 31.536 s), all spent: the next back in 32 s, not in a year; a
+        // million in ten years, 316 s.
+        let year = Duration::from_secs(365 * 86_400);
+        for (algorithm, years, next) in
+            [(Algorithm::TokenBucket, 1, 32), (Algorithm::Gcra, 10, 316)]
+        {
+            let quota = Quota::per_period(1_000_000, year * years).unwrap();
+            let p = Prepared::new("b", &Limit::single(algorithm, quota).unwrap());
+            let d = Decision::new(Outcome::Allowed, 1_000_000, 0, year * years, 0);
+            assert_eq!(p.more_in_secs(&d), next);
+            // Half spent: the next one as soon.
+            let d = Decision::new(Outcome::Allowed, 1_000_000, 500_000, year * years / 2, 0);
+            assert_eq!(p.more_in_secs(&d), next);
+        }
     }
 
     /// Every set of quotas has its body, made in advance; a decision naming no quota of the
@@ -1366,7 +1441,7 @@ mod tests {
             1,
         );
         assert_eq!(
-            p.rate_limit_value(&d, reset_secs(&d)),
+            p.rate_limit_value(&d, p.more_in_secs(&d)),
             "\"a\\\"b.1\";r=0;t=3"
         );
         let mut v = Vec::new();

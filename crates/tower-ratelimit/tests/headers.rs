@@ -34,8 +34,9 @@ async fn the_nth_plus_one_request_gets_429_with_exact_fields() {
         let res = send(&app, request("/")).await;
         assert_eq!(res.status(), 200);
         assert_eq!(header(&res, "ratelimit-policy"), Some("\"api\";q=5;w=60"));
-        // One token comes back every 12 s; the bucket is full again after 12 s per spent token.
-        let expected = format!("\"api\";r={};t={}", 4 - i, 12 * (i + 1));
+        // One token comes back every 12 s: `t` is the time until the next one (draft-10: until
+        // more quota is available), whatever the number spent.
+        let expected = format!("\"api\";r={};t=12", 4 - i);
         assert_eq!(header(&res, "ratelimit"), Some(expected.as_str()));
         assert_eq!(header(&res, "retry-after"), None);
     }
@@ -66,6 +67,75 @@ async fn the_nth_plus_one_request_gets_429_with_exact_fields() {
 
     clock.advance(Duration::from_millis(500));
     assert_eq!(send(&app, request("/")).await.status(), 200);
+}
+
+/// `t` of an allowed response is the time until more of the quota is available (draft-10), for
+/// the bucket algorithms the next whole unit, and `X-RateLimit-Reset` the time until the quota is
+/// full (its own meaning): 5 a minute, 2 spent, 5 s later the third of the two comes back in 7 s
+/// and all of them in 19 s.
+#[tokio::test]
+async fn t_is_the_time_until_more_quota_and_the_legacy_reset_until_full() {
+    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
+        let (clock, store) = store();
+        let limit = Limit::single(algorithm, Quota::per_minute(5).unwrap()).unwrap();
+        let policy = Policy::new("api", limit)
+            .unwrap()
+            .headers(Headers::ietf().legacy(true));
+        let app = app(store, policy);
+        let res = send(&app, request("/")).await;
+        assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=4;t=12"));
+        assert_eq!(header(&res, "x-ratelimit-reset"), Some("12"));
+        let res = send(&app, request("/")).await;
+        assert_eq!(
+            header(&res, "ratelimit"),
+            Some("\"api\";r=3;t=12"),
+            "{algorithm:?}"
+        );
+        assert_eq!(
+            header(&res, "x-ratelimit-reset"),
+            Some("24"),
+            "{algorithm:?}"
+        );
+        clock.advance(Duration::from_secs(5));
+        // A third request spends one more: 2 left, and 5/12 of the next token.
+        let res = send(&app, request("/")).await;
+        assert_eq!(
+            header(&res, "ratelimit"),
+            Some("\"api\";r=2;t=7"),
+            "{algorithm:?}"
+        );
+        assert_eq!(
+            header(&res, "x-ratelimit-reset"),
+            Some("31"),
+            "{algorithm:?}"
+        );
+        assert_eq!(header(&res, "x-ratelimit-remaining"), Some("2"));
+        // A full bucket: nothing more to come.
+        clock.advance(Duration::from_secs(60));
+        let res = send(&app, request("/")).await;
+        assert_eq!(
+            header(&res, "ratelimit"),
+            Some("\"api\";r=4;t=12"),
+            "{algorithm:?}"
+        );
+    }
+    // A fixed window: more comes when the window ends, which is when it is full again.
+    let (clock, store) = store();
+    let limit = Limit::single(Algorithm::FixedWindow, Quota::per_minute(5).unwrap()).unwrap();
+    let app = app(
+        store,
+        Policy::new("w", limit)
+            .unwrap()
+            .headers(Headers::ietf().legacy(true)),
+    );
+    clock.advance(Duration::from_secs(15));
+    let res = send(&app, request("/")).await;
+    let t = header(&res, "ratelimit").unwrap().to_owned();
+    assert!(t.starts_with("\"w\";r=4;t="), "{t}");
+    assert_eq!(
+        t.trim_start_matches("\"w\";r=4;t="),
+        header(&res, "x-ratelimit-reset").unwrap()
+    );
 }
 
 #[tokio::test]
@@ -194,8 +264,9 @@ async fn stacked_layers_each_add_their_items() {
             header_lines(&res, "ratelimit-policy"),
             ["\"login\";q=5;w=60", "\"site\";q=7;w=60"]
         );
-        let login = format!("\"login\";r={};t={}", 4 - i, 12 * (i + 1));
-        let site = format!("\"site\";r={};t={}", 6 - i, (60 * (i + 1)).div_ceil(7));
+        // The next unit of each: 12 s for 5 a minute, 60/7 s for 7 a minute.
+        let login = format!("\"login\";r={};t=12", 4 - i);
+        let site = format!("\"site\";r={};t=9", 6 - i);
         assert_eq!(header_lines(&res, "ratelimit"), [login, site]);
     }
     let res = send(&app, request("/")).await;
@@ -203,7 +274,7 @@ async fn stacked_layers_each_add_their_items() {
     assert_eq!(header(&res, "retry-after"), Some("12"));
     assert_eq!(
         header_lines(&res, "ratelimit"),
-        ["\"login\";r=0;t=12", "\"site\";r=1;t=52"]
+        ["\"login\";r=0;t=12", "\"site\";r=1;t=9"]
     );
     // The outer layer's last token; then its own 429, with its items alone.
     assert_eq!(send(&app, request("/")).await.status(), 429);
@@ -326,7 +397,7 @@ async fn the_verdict_can_be_left_out_of_the_extensions() {
         assert_eq!(res.status(), 200);
         assert!(res.extensions().get::<Verdict>().is_none());
         // The headers do not depend on it.
-        let expected = format!("\"api\";r={};t={}", 4 - i, 12 * (i + 1));
+        let expected = format!("\"api\";r={};t=12", 4 - i);
         assert_eq!(header(&res, "ratelimit"), Some(expected.as_str()));
     }
     let res = send(&limited, request("/")).await;
@@ -649,7 +720,7 @@ async fn same_body_keeps_the_inner_body_type() {
             .await
             .unwrap();
         assert_eq!(res.status(), 200);
-        let expected = format!("\"api\";r={};t={}", 4 - i, 12 * (i + 1));
+        let expected = format!("\"api\";r={};t=12", 4 - i);
         assert_eq!(header(&res, "ratelimit"), Some(expected.as_str()));
         assert_eq!(
             res.extensions().get::<Verdict>().unwrap().kind(),
@@ -745,7 +816,7 @@ async fn an_inner_future_that_waits_still_gets_the_fields_and_the_verdict() {
         assert_eq!(res.status(), 200);
         assert_eq!(header(&res, "ratelimit-policy"), Some("\"api\";q=5;w=60"));
         // The two routers share the layer's limit: one token each.
-        let expected = format!("\"api\";r={};t={}", 4 - i, 12 * (i + 1));
+        let expected = format!("\"api\";r={};t=12", 4 - i);
         assert_eq!(header(&res, "ratelimit"), Some(expected.as_str()));
         let verdict = res.extensions().get::<Verdict>().unwrap();
         assert_eq!(verdict.kind(), VerdictKind::Allowed);

@@ -163,8 +163,9 @@ async fn a_multi_quota_policy_never_half_consumes() {
     // Had the denials consumed per-minute units, this would be denied.
     let res = send(&app, request("/")).await;
     assert_eq!(res.status(), 200);
-    // Both quotas are now empty; the one that takes longer to come back is reported.
-    assert_eq!(header(&res, "ratelimit"), Some("\"multi.1\";r=0;t=59"));
+    // Both quotas are now empty; the one that takes longer to be full again is reported, with
+    // the time until its next unit (30 s a unit, 1/30 of it back already).
+    assert_eq!(header(&res, "ratelimit"), Some("\"multi.1\";r=0;t=29"));
     clock.advance(Duration::from_secs(1));
     let res = send(&app, request("/")).await;
     assert_eq!(res.status(), 429, "now the per-minute quota binds");
@@ -436,7 +437,8 @@ async fn cost_per_request() {
         .layer(RateLimitLayer::new(store, policy).unwrap());
     assert_eq!(statuses(&app, || post_req("/"), 3).await, [200, 200, 429]);
     let res = send(&app, request("/")).await;
-    assert_eq!(header(&res, "ratelimit"), Some("\"cost\";r=1;t=54"));
+    // One left; the next back in 6 s (all nine in 54).
+    assert_eq!(header(&res, "ratelimit"), Some("\"cost\";r=1;t=6"));
     assert_eq!(statuses(&app, || request("/"), 2).await, [200, 429]);
 }
 
