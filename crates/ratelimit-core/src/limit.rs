@@ -156,8 +156,11 @@ impl Limit {
     /// day's 10,000,000 divided by 3), which can take a token bucket's or GCRA's share past what
     /// it counts exactly ([`ConfigError::TooLarge`]); the share's limit is then rounded down further, to a
     /// multiple of the smallest divisor of the period that makes it fit (3,333,312 for that
-    /// example: 21 fewer a day). It fails only if that multiple would be 0, which takes a burst
-    /// far above the limit.
+    /// example: 21 fewer a day). That costs little for periods of whole seconds, minutes, hours
+    /// or days, which have many divisors; a period with few (a prime number of microseconds)
+    /// may lose a third of the share or more (142,500,016 a 95,000,011 µs period, halved, is
+    /// 95,000,011), always downwards. Where no multiple is left below the share's limit, the
+    /// share keeps its limit and its burst is lowered to what fits instead.
     pub fn divided(&self, n: u64) -> Result<Limit, ConfigError> {
         let n = n.max(1);
         let quotas = self
@@ -259,8 +262,17 @@ fn local_share(q: &Quota, n: u64, bucket: bool) -> Result<Quota, ConfigError> {
     let need = (u128::from(burst) * u128::from(period)).div_ceil(u128::from(MAX_EXACT));
     let d = smallest_divisor_at_least(period, u64::try_from(need).unwrap_or(u64::MAX));
     match limit / d * d {
-        // Refused by `Limit::new`, with the bucket's bound.
-        0 => Ok(share),
+        // No multiple below the share's limit (a period with few divisors, such as a prime
+        // number of microseconds, and a share below its smallest fitting one): the share keeps
+        // its limit and its burst is lowered to what the limit's scale fits instead.
+        0 => {
+            let fit = MAX_EXACT / share.scale().max(1);
+            match fit {
+                // Refused by `Limit::new`, with the bucket's bound.
+                0 => Ok(share),
+                fit => Quota::per_period_with_burst(limit, q.period(), burst.min(fit)),
+            }
+        }
         rounded => Quota::per_period_with_burst(rounded, q.period(), burst),
     }
 }
@@ -289,6 +301,38 @@ fn smallest_divisor_at_least(n: u64, at_least: u64) -> u64 {
 mod tests {
     use super::*;
     use crate::Algorithm;
+
+    /// A share of a quota over a prime number of microseconds, which has no divisor to round its
+    /// limit to: its burst is lowered to fit instead of the share failing; and a share rounded to
+    /// the period's one divisor loses what the docs say, downwards.
+    #[test]
+    fn a_share_over_a_prime_period_fits_by_its_burst() {
+        let p = 100_000_007; // prime
+        let l = Limit::single(
+            Algorithm::TokenBucket,
+            Quota::per_period(p, Duration::from_micros(p)).unwrap(),
+        )
+        .unwrap();
+        let q = l
+            .divided(2)
+            .expect("a share that fits by its burst")
+            .quotas()[0];
+        assert_eq!(q.limit(), p / 2);
+        assert!(
+            q.burst() < p / 2 && q.burst() * q.scale() <= MAX_EXACT,
+            "{q:?}"
+        );
+        assert!(q.burst() > p / 3, "lowered to what fits, no further: {q:?}");
+
+        let p = 95_000_011; // prime
+        let l = Limit::single(
+            Algorithm::Gcra,
+            Quota::per_period(3 * p, Duration::from_micros(p)).unwrap(),
+        )
+        .unwrap();
+        let q = l.divided(2).unwrap().quotas()[0];
+        assert_eq!((q.limit(), q.burst()), (p, 3 * p / 2));
+    }
 
     /// A burst given to a window algorithm, which could only ignore it, is refused; the same
     /// quota is taken by the bucket algorithms, and a window quota without one by every algorithm.

@@ -39,7 +39,8 @@
 //! limit would have, unless the limit (or its burst) is smaller than the number of gateways: then
 //! each still grants 1, and together up to one per gateway (5 a minute over 10 gateways becomes
 //! up to 10). A limit whose share a token bucket or GCRA cannot count exactly is rounded down a
-//! little further (10,000,000 a day over 3 gateways gives 3,333,312 each; see
+//! little further (10,000,000 a day over 3 gateways gives 3,333,312 each; more for a period
+//! with few divisors, or its burst lowered instead; see
 //! [`Limit::divided`](ratelimit_core::Limit::divided)), never up. A request whose cost fits the
 //! shared limit but not the local share is denied until the store is back, its `Retry-After`
 //! saying when the layer asks the store again: what is left of the cool-down of the key's
