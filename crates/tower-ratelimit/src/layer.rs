@@ -26,7 +26,9 @@ const FAR_ABOVE_AT_LEAST: Duration = Duration::from_millis(50);
 
 /// Applies [`RateLimit`] to a service. Clones share one limiter.
 ///
-/// Use it with `Router::layer` (every route, one limit per key across them), or per route with
+/// Use it with `Router::layer` (every route, one limit per key across them, and the router's
+/// fallback too: an unmatched path is keyed and counted, and answers 400 without a key or 429
+/// once the quota is spent, rather than 404), or per route with
 /// `route_layer` on the route's method router (`post(login).route_layer(layer)`: the methods the
 /// route serves; another method gets axum's 405, not counted). `Router::route_layer` covers
 /// every route above it (unmatched paths still get 404, not 429), but axum runs it on each

@@ -265,6 +265,13 @@ impl Policy {
     /// the peer address ([`PeerIp`](crate::key::PeerIp); [`GlobalKey`](crate::key::GlobalKey)
     /// without the `axum` feature), each request costs 1, a missing key is rejected with 400,
     /// IETF headers on every response, a plain-text 429 body, and [`FailurePolicy::FailOpen`].
+    ///
+    /// The peer address comes from axum's `ConnectInfo`: serve the app with
+    /// `into_make_service_with_connect_info::<SocketAddr>()` (and, in tests through `oneshot`,
+    /// add `MockConnectInfo`), or every request gets the missing-key answer, a 400 that alerting
+    /// on 5xx does not see (the layer warns of it once). Behind a proxy the peer is the proxy:
+    /// key on [`ClientIpKey`](crate::key::ClientIpKey) with the proxies trusted, or on an API key
+    /// or user.
     pub fn new(name: &str, limit: Limit) -> Result<Self, Error> {
         validate_name(name)?;
         #[cfg(feature = "axum")]

@@ -44,8 +44,22 @@ pub struct RateLimit<S, St, M = WrapBody> {
     _mode: PhantomData<fn() -> M>,
 }
 
-impl<S, St> RateLimit<S, St> {
+/// On `RateLimit<()>` alone, so that `RateLimit::layer(..)` names no inner service: on every
+/// `RateLimit<S, _>` it left `S` to infer, which nothing could (E0282).
+impl<St> RateLimit<(), St> {
     /// A layer applying `policy` over `store` (the same as [`RateLimitLayer::new`]).
+    ///
+    /// ```
+    /// use axum::{Router, routing::get};
+    /// use ratelimit_core::{Algorithm, Limit, MemoryStore, Quota};
+    /// use tower_ratelimit::{Policy, RateLimit};
+    ///
+    /// let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(100)?)?;
+    /// let app: Router = Router::new()
+    ///     .route("/", get(|| async { "ok" }))
+    ///     .layer(RateLimit::layer(MemoryStore::new(), Policy::new("api", limit)?)?);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn layer(store: St, policy: Policy) -> Result<RateLimitLayer<St>, crate::Error>
     where
         St: Store,

@@ -53,6 +53,37 @@ async fn per_route_policies_do_not_interfere() {
     assert_eq!(send(&app, request("/nope")).await.status(), 404);
 }
 
+/// `Router::layer` covers the router's fallback too (axum layers it as it does the routes): a
+/// path no route serves is keyed and counted like a route, gets the missing-key answer without a
+/// key, and a 429 once the key's quota is spent; `Router::route_layer` leaves it a plain 404. An
+/// allow-listed path (a health check) is never counted.
+#[tokio::test]
+async fn router_layer_counts_unmatched_paths_and_route_layer_does_not() {
+    let policy = || {
+        Policy::new("api", per_minute(2))
+            .unwrap()
+            .key(ApiKeyHeader::new("x-api-key").unwrap())
+            .allow(|req| req.uri().path() == "/healthz")
+    };
+    let keyed = |path: &'static str| move || with_header(request(path), "x-api-key", "k");
+    let (_clock, first) = store();
+    let whole = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(RateLimitLayer::new(first, policy()).unwrap());
+    assert_eq!(send(&whole, request("/nope")).await.status(), 400);
+    assert_eq!(statuses(&whole, keyed("/nope"), 3).await, [404, 404, 429]);
+    assert_eq!(statuses(&whole, keyed("/"), 1).await, [429]);
+    assert_eq!(send(&whole, request("/healthz")).await.status(), 404);
+
+    let (_clock, second) = store();
+    let routes = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(RateLimitLayer::new(second, policy()).unwrap());
+    assert_eq!(send(&routes, request("/nope")).await.status(), 404);
+    assert_eq!(statuses(&routes, keyed("/nope"), 3).await, [404, 404, 404]);
+    assert_eq!(statuses(&routes, keyed("/"), 3).await, [200, 200, 429]);
+}
+
 /// A route layer inside a router-wide one: the response carries the verdict of the layer that
 /// decided it (the inner one's denial is not relabelled as the outer one's admission), as its
 /// header fields do.
