@@ -351,6 +351,14 @@ async fn connect(url: &str) -> Result<MultiplexedConnection, Error> {
         .map_err(|e| Error::Redis(e.to_string()))
 }
 
+/// [`eval_calls`] and [`server_time`], read on `conn`.
+async fn readings(
+    conn: &mut MultiplexedConnection,
+    clock: &SystemClock,
+) -> Result<(u64, (u64, u64, u64)), Error> {
+    Ok((eval_calls(conn).await?, server_time(conn, clock).await?))
+}
+
 /// Calls of EVAL and EVALSHA the server has answered, from `INFO commandstats`.
 async fn eval_calls(conn: &mut MultiplexedConnection) -> Result<u64, Error> {
     let info: String = redis::cmd("INFO")
@@ -847,13 +855,19 @@ where
         bar.finish_and_clear();
     }
 
-    let redis_after = match (&mut probe, before) {
+    let redis_after = match (&mut probe, before, &config.redis_url) {
         // Saturating: a server whose statistics were reset during the run (`CONFIG RESETSTAT`,
         // a restart) counts fewer calls after than before.
-        (Some(conn), Some((calls, time))) => Some((
-            eval_calls(conn).await?.saturating_sub(calls),
-            server_faster(time, server_time(conn, &clock).await?),
-        )),
+        (Some(conn), Some((calls, time)), Some(url)) => {
+            // The probe's connection sat idle for the whole run: a server's `timeout` may have
+            // closed it, or a stall outlast its reply timeout. Read again on a new one before
+            // giving up the run's figures.
+            let after = match readings(conn, &clock).await {
+                Ok(after) => after,
+                Err(_) => readings(&mut connect(url).await?, &clock).await?,
+            };
+            Some((after.0.saturating_sub(calls), server_faster(time, after.1)))
+        }
         _ => None,
     };
     let cache_after = setup.cache_stats.as_ref().map(|f| f());

@@ -196,16 +196,38 @@ async fn sweep_stops_at_the_first_unsustained_step() {
     assert!(s.sustained_rate() >= Some(300.0));
 }
 
+/// The tool's own connection, which reads the server's counters and clock before and after the
+/// run, sits idle meanwhile: a server with a client `timeout` shorter than the run closes it. The
+/// run's figures are read on a new one, not thrown away with an error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_outlasting_the_servers_idle_timeout_keeps_its_figures() {
+    let _side_by_side = TIMING.read().await;
+    let mut c = small(Target::Store, StoreKind::Redis);
+    c.redis_config = vec!["timeout 1".into()];
+    c.rate = 1_000.0;
+    c.duration = Duration::from_secs(3);
+    let r = ratelimit_load::run(&c).await.unwrap();
+    assert_eq!(r.completed, r.scheduled, "{}", r.text());
+    assert_eq!(r.users_above_bound, 0, "{}", r.text());
+    assert_eq!(r.redis_calls, Some(r.completed), "{}", r.text());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leasing_on_redis_stays_within_its_tolerance() {
     let _side_by_side = TIMING.read().await;
     let mut c = small(Target::Store, StoreKind::Redis);
     c.mode = Mode::Leasing;
     c.gateways = 2;
+    // Leases of 4, and abusive users at 300 times the normal rate (about 375 requests each in
+    // the second, against a bound of 101 and a tolerance of a few leases): each is tested, and
+    // an over-admission of more than a lease's units a gateway would show.
+    c.lease_size = Some(4);
+    c.abuse_factor = 300.0;
     let r = ratelimit_load::run(&c).await.unwrap();
     assert_eq!(r.completed, r.scheduled, "{}", r.text());
     assert_eq!(r.errors, 0, "{}", r.text());
     assert!(r.tolerance > 0);
+    assert!(r.users_tested_tolerance >= 2, "{}", r.text());
     assert_eq!(r.users_above_tolerance, 0, "{}", r.text());
     assert_eq!(r.users_above_in_some_interval, 0, "{}", r.text());
     let (local, calls) = (r.local_answers.unwrap(), r.store_calls.unwrap());

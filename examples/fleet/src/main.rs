@@ -324,7 +324,8 @@ fn parse_args() -> Result<Options, String> {
                      Usage: example-fleet [--gateways N] [--users N] [--redis URL | --alone]\n\n  \
                      --gateways N  how many gateways (default 20)\n  \
                      --users N     how many users spread over them (default 50)\n  \
-                     --redis URL   share the limit through this Redis (default: one memory store)\n  \
+                     --redis URL   share the limit through this Redis (default: a redis-server \
+                     the example starts on a free loopback port)\n  \
                      --alone       each gateway counts in its own memory"
                 );
                 std::process::exit(0);
