@@ -349,16 +349,19 @@ impl Entry {
     }
 
     /// Takes the store's answer `d` to the check of this key numbered `seq` (see `report_seq`),
-    /// sent at `sent`, as the one the lease's answers report, unless it answered a check sent
-    /// before the last one taken.
-    fn saw_answer(&mut self, seq: u64, sent: u64, d: &Decision) {
+    /// which came at `at`, as the one the lease's answers report, unless it answered a check
+    /// sent before the last one taken. Its reset counts from when the answer came: the store
+    /// measured it when it ran the check, somewhere between the send and the answer (a queue or
+    /// a slow link may put it well after the send), so that the reset reported is never before
+    /// the store's.
+    fn saw_answer(&mut self, seq: u64, at: u64, d: &Decision) {
         if seq <= self.answered_seq {
             return;
         }
         self.answered_seq = seq;
         self.limit = d.limit();
         self.remaining = d.remaining();
-        self.reset_at = sent.saturating_add(micros(d.reset_after()));
+        self.reset_at = at.saturating_add(micros(d.reset_after()));
         self.quota_index = u32::try_from(d.quota_index()).unwrap_or(u32::MAX);
     }
 
@@ -948,7 +951,7 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
             Err(existing) => {
                 sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
                 // Numbered before it is sent (see `Entry::report_seq`).
-                let seen = existing.map(|entry| Seen::new(entry, now, cost == 0));
+                let seen = existing.map(|entry| Seen::new(entry, now, cost == 0, sh.clone()));
                 return LeaseFuture {
                     state: St::Direct {
                         fut: sh.inner.check(key, limit, cost),
@@ -975,7 +978,7 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
             },
             Action::Direct => {
                 sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
-                let seen = Some(Seen::new(entry, now, false));
+                let seen = Some(Seen::new(entry, now, false, sh.clone()));
                 LeaseFuture {
                     state: St::Direct {
                         fut: sh.inner.check(key, limit, cost),
@@ -1013,6 +1016,17 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
     }
 }
 
+/// The wrapper's clock in µs, behind a type that names neither the store nor the clock.
+trait NowMicros: Send + Sync {
+    fn now_micros(&self) -> u64;
+}
+
+impl<S: Send + Sync, C: Clock> NowMicros for Shared<S, C> {
+    fn now_micros(&self) -> u64 {
+        self.clock.now().as_micros()
+    }
+}
+
 /// A check straight to the store of a key that has an entry: its answer becomes the one the
 /// lease's answers report; a peek's also counts the lease's units still live as remaining.
 struct Seen {
@@ -1022,23 +1036,27 @@ struct Seen {
     /// When the check was sent (µs).
     sent: u64,
     peek: bool,
+    /// The wrapper's clock, read when the answer comes (see `Entry::saw_answer`).
+    clock: Arc<dyn NowMicros>,
 }
 
 impl Seen {
     /// A check of `entry`'s key sent to the store now.
-    fn new(entry: EntryRef, sent: u64, peek: bool) -> Self {
+    fn new(entry: EntryRef, sent: u64, peek: bool, clock: Arc<dyn NowMicros>) -> Self {
         let seq = entry.lock().next_report_seq();
         Seen {
             entry,
             seq,
             sent,
             peek,
+            clock,
         }
     }
 
     fn answered(self, d: &mut Decision) {
+        let at = self.clock.now_micros();
         let mut e = self.entry.lock();
-        e.saw_answer(self.seq, self.sent, d);
+        e.saw_answer(self.seq, at, d);
         // The live lease's units, if it was asked for before the peek was sent (else the store
         // counted them as remaining in the peek's answer).
         if self.peek && e.tokens > 0 && self.sent < e.expires && e.lease_seq < self.seq {
@@ -1155,7 +1173,7 @@ impl<S: Store, C> fmt::Debug for LeaseFuture<S, C> {
     }
 }
 
-impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
+impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
     type Output = Result<Decision, S::Error>;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
@@ -1211,7 +1229,8 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                         Action::Direct => {
                             drop(e);
                             sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
-                            let seen = Some(Seen::new(Arc::clone(&ctx.entry), now, false));
+                            let seen =
+                                Some(Seen::new(Arc::clone(&ctx.entry), now, false, sh.clone()));
                             let fut = sh.inner.check(&ctx.key, &ctx.limit, ctx.cost);
                             self.as_mut().project().state.set(St::Direct { fut, seen });
                         }
@@ -1277,7 +1296,7 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                             e.expires = sent.saturating_add(ttl);
                             e.lease_left = d.remaining();
                             e.lease_seq = e.fetch_report_seq;
-                            e.saw_answer(e.fetch_report_seq, sent, &d);
+                            e.saw_answer(e.fetch_report_seq, answered, &d);
                             e.decision(sent)
                         });
                         if want > cost {
@@ -1344,7 +1363,7 @@ impl<S: Store, C: Clock> Future for LeaseFuture<S, C> {
                         starve(e, sent, &d);
                     });
                     sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
-                    let seen = Some(Seen::new(Arc::clone(&ctx.entry), now, false));
+                    let seen = Some(Seen::new(Arc::clone(&ctx.entry), now, false, sh.clone()));
                     let fut = sh.inner.check(&ctx.key, &ctx.limit, cost);
                     self.as_mut().project().state.set(St::Direct { fut, seen });
                 }

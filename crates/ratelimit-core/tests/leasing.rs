@@ -253,6 +253,59 @@ fn at_a_leased_answers_reset_the_whole_burst_passes() {
     assert_eq!(passed, 10, "{:?}", leasing.stats());
 }
 
+/// A store whose first check runs `delay` after it was sent (a queue, a slow link): the shared
+/// manual clock moves on before that check is decided, and only before that one.
+struct LateFirst {
+    store: Arc<MemoryStore<ManualClock>>,
+    clock: ManualClock,
+    delay: Duration,
+    calls: AtomicUsize,
+}
+
+impl Store for LateFirst {
+    type Error = NoError;
+    type Future = std::future::Ready<Result<ratelimit_core::Decision, NoError>>;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        if self.calls.fetch_add(1, Ordering::SeqCst) == 0 {
+            self.clock.advance(self.delay);
+        }
+        std::future::ready(Ok(self.store.check_now(key, limit, cost)))
+    }
+}
+
+/// The reset a lease's answers report counts from the store's answer, not from when the lease was
+/// asked for: the store measured it when it ran the check, which may be well after the send. A
+/// lease of 4 of a bucket of 10 a second, run 25 ms after it was sent, is full again 400 ms after
+/// that; a check answered from the lease at once says 400 ms (it said 375), and at that reset the
+/// whole burst passes.
+#[test]
+fn a_leased_answers_reset_counts_from_the_stores_answer() {
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(10).unwrap()).unwrap();
+    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+    let late = LateFirst {
+        store: memory(&clock),
+        clock: clock.clone(),
+        delay: Duration::from_millis(25),
+        calls: AtomicUsize::new(0),
+    };
+    let leasing = Leasing::builder(late, clock.clone())
+        .lease_size(4)
+        .build()
+        .unwrap();
+    let first = block_on(leasing.check(b"k", &limit, 1)).unwrap();
+    assert_eq!(first.reset_after(), Duration::from_millis(400));
+    let local = block_on(leasing.check(b"k", &limit, 1)).unwrap();
+    assert_eq!(leasing.stats().store_calls, 1, "answered from the lease");
+    assert_eq!(local.reset_after(), Duration::from_millis(400));
+    clock.advance(local.reset_after());
+    assert!(
+        block_on(leasing.check(b"k", &limit, 10))
+            .unwrap()
+            .is_allowed()
+    );
+}
+
 /// A check that goes straight to the store (its cost is larger than the lease) tells the key's
 /// entry what the store has left: the lease's next answers report it, so `remaining` stays what
 /// the same instant admits. A peek counts the lease's units as remaining too.

@@ -231,14 +231,7 @@ async fn a_redirection_to_an_unknown_endpoint_is_followed_on_the_same_host() {
     let moved = source.cli(&["exists", key]);
     assert!(moved.contains(&format!("MOVED {slot} :{port}")), "{moved}");
 
-    let errors = |node: &redis_harness::RedisServer| -> u64 {
-        let stats = node.cli(&["info", "errorstats"]);
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix("errorstat_MOVED:count="))
-            .map_or(0, |n| n.trim().parse().unwrap())
-    };
-    let before = errors(source);
+    let before = moved_answers(source);
     // The store's client still sends the slot's checks to the source, which redirects them.
     for left in (990..995).rev() {
         let d = store.check(b"mover", &bucket, 1).await;
@@ -248,8 +241,16 @@ async fn a_redirection_to_an_unknown_endpoint_is_followed_on_the_same_host() {
             "counted on from the moved state"
         );
     }
-    assert!(errors(source) > before, "the checks were redirected");
+    assert!(moved_answers(source) > before, "the checks were redirected");
     assert_eq!(target.cli(&["exists", key]), "1");
+}
+
+/// The `MOVED` answers `node` has given (`INFO errorstats`).
+fn moved_answers(node: &redis_harness::RedisServer) -> u64 {
+    node.cli(&["info", "errorstats"])
+        .lines()
+        .find_map(|l| l.strip_prefix("errorstat_MOVED:count="))
+        .map_or(0, |n| n.trim().parse().unwrap())
 }
 
 /// Starts moving `slot` from `source` to the node on port `to` (by default another master):
@@ -345,13 +346,7 @@ async fn migrate_while_checking(cluster: &RedisCluster, store: &RedisStore, to: 
 
     // The MOVED answers made the client refresh its slot map: later checks go straight to the
     // new owner, not through a redirection each.
-    let moved = |node: &redis_harness::RedisServer| -> u64 {
-        let stats = node.cli(&["info", "errorstats"]);
-        stats
-            .lines()
-            .find_map(|l| l.strip_prefix("errorstat_MOVED:count="))
-            .map_or(0, |n| n.trim().parse().unwrap())
-    };
+    let moved = moved_answers;
     let before = moved(source);
     for _ in 0..20 {
         expected -= 1;

@@ -298,6 +298,20 @@ async fn a_wrong_server_fails_a_lazy_build_at_once() {
 #[derive(Clone, Default)]
 struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
 
+impl Lines {
+    /// Collects the warnings logged on this thread while the guard lives.
+    fn capture() -> (Lines, tracing::subscriber::DefaultGuard) {
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .with_max_level(tracing::Level::WARN)
+            .with_ansi(false)
+            .finish();
+        (lines, tracing::subscriber::set_default(subscriber))
+    }
+}
+
 impl std::io::Write for Lines {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         self.0.lock().unwrap().extend_from_slice(buf);
@@ -315,14 +329,7 @@ impl std::io::Write for Lines {
 /// subscriber, may not reach this one.)
 #[tokio::test]
 async fn failed_attempts_are_warned_of_once_a_minute_at_most() {
-    let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (lines, _guard) = Lines::capture();
     // A proxy that refuses, holding its port (a killed server's port may be taken by another
     // test's server meanwhile).
     let server = RedisServer::start();
@@ -349,14 +356,7 @@ async fn failed_attempts_are_warned_of_once_a_minute_at_most() {
 /// reached but refusing the credentials (a password rotated during the outage).
 #[tokio::test]
 async fn a_change_of_cause_is_warned_of_at_once() {
-    let lines = Lines::default();
-    let writer = lines.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_max_level(tracing::Level::WARN)
-        .with_ansi(false)
-        .finish();
-    let _guard = tracing::subscriber::set_default(subscriber);
+    let (lines, _guard) = Lines::capture();
     let server = RedisServer::builder().password("rotated").start();
     let proxy = Proxy::start(server.port());
     proxy.set_refuse(true);

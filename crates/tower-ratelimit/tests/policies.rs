@@ -934,12 +934,13 @@ fn settings_built_directly_or_combined_are_checked_at_build() {
     );
 }
 
-/// A fallback share that does not fit its algorithm's exact range is refused naming the fallback,
-/// the gateways and the tier, not only the numbers of a quota the user never wrote.
-#[test]
-fn a_fallback_share_that_does_not_fit_names_the_fallback() {
+/// A fallback share that does not fit its algorithm's exact range is made to fit, always
+/// downwards (`Limit::divided`): a burst of 2^52 over 3 gateways has no limit to round to, and
+/// its burst is lowered; the layer builds, and the tier's fallback answers within the share.
+#[tokio::test]
+async fn a_fallback_share_that_does_not_fit_is_made_to_fit() {
     use ratelimit_core::{Algorithm, Limit, Quota};
-    use tower_ratelimit::{Error, FailurePolicy};
+    use tower_ratelimit::FailurePolicy;
     let huge = Limit::single(
         Algorithm::TokenBucket,
         Quota::per_second(1_000_000)
@@ -948,21 +949,24 @@ fn a_fallback_share_that_does_not_fit_names_the_fallback() {
             .unwrap(),
     )
     .unwrap();
+    let share = huge.divided(3).unwrap().quotas()[0];
+    assert_eq!(share.limit(), 333_333);
+    assert!(share.burst() < (1 << 52) / 3, "{share:?}");
     let policy = Policy::new("p", per_minute(10))
         .unwrap()
         .tier("pro", huge)
         .unwrap()
         .resolve_tier(|_| Some("pro"))
         .failure(FailurePolicy::fallback(3).unwrap());
-    let err = RateLimitLayer::new(store().1, policy).unwrap_err();
-    assert!(
-        matches!(&err, Error::FallbackShare { gateways: 3, tier: Some(t), .. } if t == "pro"),
-        "{err:?}"
-    );
-    let text = err.to_string();
-    assert!(
-        text.starts_with("the fallback's local share of tier `pro` for 3 gateways is refused: "),
-        "{text}"
+    let layer = RateLimitLayer::new(std::sync::Arc::new(FailingStore::default()), policy).unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .layer(layer);
+    let res = send(&app, request("/")).await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(
+        res.extensions().get::<Verdict>().unwrap().kind(),
+        VerdictKind::FallbackAllowed
     );
 }
 
