@@ -45,8 +45,9 @@ pub enum Error {
     #[error("invalid client address setting: {0}")]
     ClientIp(#[from] crate::client_ip::ClientIpError),
     /// The local share of a limit for the fallback (`FailurePolicy::Fallback`) could not be
-    /// made: the limit divided by the gateways does not fit what its algorithm counts exactly
-    /// (see `Limit::divided`).
+    /// made (see `Limit::divided`, which makes a share that does not fit what its algorithm
+    /// counts exactly fit by rounding its limit down or lowering its burst: kept for a share
+    /// that `Limit::new` would still refuse).
     #[error(
         "the fallback's local share of {} for {gateways} gateways is refused: {source}",
         tier.as_deref().map_or_else(|| "the policy's limit".to_owned(), |t| format!("tier `{t}`"))
