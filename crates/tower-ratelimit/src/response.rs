@@ -655,8 +655,8 @@ impl Prepared {
             Some((period, limit)) if d.remaining() < d.limit() && !full_in.is_zero() => {
                 let full_in = u64::try_from(full_in.as_micros()).unwrap_or(u64::MAX);
                 let units = d.limit() - d.remaining() - 1;
-                // In 64 bits when it fits (a quota's limit and period both below 2^32), which
-                // spares the allowed path a 128-bit division.
+                // In 64 bits when the product fits (over a day's period, a burst of up to about
+                // 2^27), which spares the allowed path a 128-bit division.
                 let after = match units.checked_mul(period) {
                     Some(n) => n / limit.max(1),
                     None => units_time_wide(units, period, limit),
