@@ -792,7 +792,7 @@ where
     // of the one the admissions are timed on.
     let clock = SystemClock::new();
     let before = match &mut probe {
-        Some(conn) => Some((eval_calls(conn).await?, server_time(conn, &clock).await?)),
+        Some(conn) => Some(readings(conn, &clock).await?),
         None => None,
     };
     let cache_before = setup.cache_stats.as_ref().map(|f| f());

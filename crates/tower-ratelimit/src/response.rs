@@ -566,6 +566,19 @@ fn push_sf_string(out: &mut Vec<u8>, s: &str) {
     out.push(b'"');
 }
 
+/// The name of quota `i` of a limit of `quotas` quotas, in the IETF fields of the policy `policy`:
+/// the policy's name for a limit of one quota, `<policy>.<i>` for each of several. An app that
+/// checks its policies' names against one another (two layers a request passes through must not
+/// share an item name) names them with this.
+#[must_use]
+pub fn item_name(policy: &str, i: usize, quotas: usize) -> String {
+    if quotas == 1 {
+        policy.to_owned()
+    } else {
+        format!("{policy}.{i}")
+    }
+}
+
 /// Header values computed once per (policy, limit).
 #[derive(Debug)]
 pub(crate) struct Prepared {
@@ -586,13 +599,7 @@ pub(crate) struct Prepared {
 impl Prepared {
     pub(crate) fn new(name: &str, limit: &Limit) -> Prepared {
         let quotas = limit.quotas();
-        let item_name = |i: usize| {
-            if quotas.len() == 1 {
-                name.to_owned()
-            } else {
-                format!("{name}.{i}")
-            }
-        };
+        let item_name = |i: usize| item_name(name, i, quotas.len());
         let refills = quotas
             .iter()
             .map(|q| {

@@ -1160,21 +1160,9 @@ fn check_limit(
 /// The names of `policy`'s items in the IETF `RateLimit` and `RateLimit-Policy` fields, under its
 /// own limit and every tier's: the policy's name for a limit of one quota, `<name>.<i>` for each
 /// quota of a limit of several (as `tower_ratelimit` writes them).
-fn item_names(policy: &PolicyConfig) -> Vec<String> {
-    let mut names = Vec::new();
-    let counts =
-        std::iter::once(policy.quotas.len()).chain(policy.tiers.iter().map(|t| t.quotas.len()));
-    for n in counts {
-        let these: Vec<String> = if n == 1 {
-            vec![policy.name.clone()]
-        } else {
-            (0..n).map(|i| format!("{}.{i}", policy.name)).collect()
-        };
-        for name in these {
-            if !names.contains(&name) {
-                names.push(name);
-            }
-        }
-    }
-    names
+fn item_names(policy: &PolicyConfig) -> std::collections::BTreeSet<String> {
+    std::iter::once(policy.quotas.len())
+        .chain(policy.tiers.iter().map(|t| t.quotas.len()))
+        .flat_map(|n| (0..n).map(move |i| tower_ratelimit::response::item_name(&policy.name, i, n)))
+        .collect()
 }
