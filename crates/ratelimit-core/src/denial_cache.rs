@@ -155,9 +155,11 @@ const MAX_SHARDS: usize = 16;
 /// (generation and latest deadline), so a key denied at a single cost takes two. Each is a 16-byte
 /// digest and a 48-byte entry: a 64-byte table slot. When a shard fills, the entries that can
 /// answer nothing are dropped first (expired denials, denials an admission ended, records without
-/// a denial); if it is still full, the eighth of it expiring soonest (a record expires with its
-/// last denial, so it goes with or after them). A denial not held only means one more store call:
-/// no decision changes.
+/// a denial); if that leaves less than an eighth of it free, the entries expiring soonest until
+/// an eighth is (a record expires with its last denial, so it goes with or after them), so that a
+/// full shard is gone over once per eighth of its size of new denials, not once per denial when
+/// they end about as fast as they come. A denial not held only means one more store call: no
+/// decision changes.
 pub struct DenialCache<S, C> {
     inner: S,
     clock: C,
@@ -560,10 +562,11 @@ impl ShardData {
     }
 
     /// Makes room for the entry `id` and the key record `kid`, which are kept, within `cap`
-    /// entries: first drops the entries that can answer nothing any more (expired denials,
-    /// denials of a past generation, key records without a denial); then, if still too full, the
-    /// eighth of the rest that expires soonest. Returns how many denials that could still have
-    /// answered were dropped.
+    /// entries: if full, first drops the entries that can answer nothing any more (expired
+    /// denials, denials of a past generation, key records without a denial); then, if that left
+    /// less than an eighth of the shard free, the entries that expire soonest until an eighth is,
+    /// so that a full shard is gone over at most once per eighth of its size of new entries.
+    /// Returns how many denials that could still have answered were dropped.
     fn make_room(&mut self, kid: u128, id: u128, now: u64, cap: usize) -> u64 {
         let map = &mut self.map;
         let needed =
@@ -593,12 +596,17 @@ impl ShardData {
         map.retain(|k, e| {
             e.kind != Kind::Key || *k == kid || referred.binary_search(&e.generation).is_ok()
         });
+        // Leave an eighth of the shard free: a sweep that freed only a few dead entries would
+        // otherwise be followed by another after as many new ones, each going over the whole
+        // shard (with denials expiring about as fast as new ones come, every new denial did).
         let n = needed(map);
-        if map.len() + n <= cap {
+        let keep = cap - cap / 8;
+        if map.len() + n <= keep {
             return 0;
         }
-        // `cap` is at least 2, so there are at least `drop` entries other than `kid` and `id`.
-        let drop = (cap / 8).max(map.len() + n - cap);
+        // `cap` is at least 2, so `keep` is too: the entries other than `kid` and `id`, `len + n
+        // - 2` of them, are at least `drop`.
+        let drop = map.len() + n - keep;
         // Ranked by deadline, ties broken by digest, so exactly `drop` go. A key record expires
         // with its last denial, so it goes after its denials (or with the last, on a tie).
         let mut ranks: Vec<(u64, u128)> = map
@@ -1166,6 +1174,50 @@ mod tests {
         assert_eq!(cached.stats().store_calls, 6);
         // The denial, and its key's record.
         assert_eq!(cached.len(), 2);
+    }
+
+    /// A full shard that frees only a few entries by dropping the dead ones frees an eighth of
+    /// itself all the same: otherwise, with denials expiring about as fast as new ones come (a
+    /// flood of clients at the cache's size), every new denial rebuilt the whole shard, and a
+    /// check cost ten times as much (`benches/denial_cache.rs`).
+    #[test]
+    fn a_sweep_that_frees_a_few_entries_frees_an_eighth() {
+        const CAP: usize = 64;
+        let mut shard = ShardData::default();
+        // 32 keys, each with one denial: a full shard, the denials ending at 1, 2, ... 32.
+        for k in 0..32u128 {
+            let generation = shard.new_generation();
+            let until = k as u64 + 1;
+            shard
+                .map
+                .insert(k << 64, Entry::key_record(until, generation));
+            let mut denial = Entry::key_record(until, generation);
+            denial.kind = Kind::Denied;
+            shard.map.insert(entry_id(k << 64, 1), denial);
+        }
+        assert_eq!(shard.map.len(), CAP);
+        for k in 32..1_000u128 {
+            let now = k as u64 - 31;
+            // At each step the oldest key's denial has just expired: one key's two entries are
+            // dead, as many as the new key needs.
+            let (kid, id) = (k << 64, entry_id(k << 64, 1));
+            let before = shard.map.len();
+            shard.make_room(kid, id, now, CAP);
+            if before + 2 > CAP {
+                assert!(
+                    shard.map.len() + 2 <= CAP - CAP / 8,
+                    "a sweep at key {k} left {} of {CAP}",
+                    shard.map.len()
+                );
+            }
+            let generation = shard.new_generation();
+            let until = now + 32;
+            shard.map.insert(kid, Entry::key_record(until, generation));
+            let mut denial = Entry::key_record(until, generation);
+            denial.kind = Kind::Denied;
+            shard.map.insert(id, denial);
+            assert!(shard.map.len() <= CAP);
+        }
     }
 
     #[test]

@@ -680,13 +680,17 @@ impl<S, C> Shared<S, C> {
                 }
                 true
             });
-            if shard.len() >= cap {
-                // Then the eighth of the shard (among those no check holds) with the smallest
-                // lease size, then the fewest units left: a flood of new keys, each holding a
-                // lease of a unit or two, must not cost a hot key its lease (up to
-                // `max_lease − 1` units it would waste at the store, again and again), nor,
-                // between two of its leases, its lease size (a store call for each of its next
-                // checks while it grows back).
+            // An eighth of the shard is left free, as in the memory store and the denial cache:
+            // a sweep that found only a few entries to drop would otherwise be followed by
+            // another after as many new keys, each going over the whole shard (with leases
+            // ending about as fast as new keys come, every new key's did).
+            let keep = cap - (cap / 8).max(1);
+            if shard.len() > keep {
+                // Then, among those no check holds, the ones with the smallest lease size, then
+                // the fewest units left: a flood of new keys, each holding a lease of a unit or
+                // two, must not cost a hot key its lease (up to `max_lease − 1` units it would
+                // waste at the store, again and again), nor, between two of its leases, its
+                // lease size (a store call for each of its next checks while it grows back).
                 let mut free: Vec<(u64, u64, u128)> = shard
                     .iter()
                     .filter(|(_, e)| Arc::strong_count(e) == 1)
@@ -695,7 +699,7 @@ impl<S, C> Shared<S, C> {
                         (e.size, e.tokens, *id)
                     })
                     .collect();
-                let n = (cap / 8).max(1).min(free.len());
+                let n = (shard.len() - keep).min(free.len());
                 if n > 0 {
                     free.select_nth_unstable(n - 1);
                     for &(_, _, id) in &free[..n] {
@@ -769,9 +773,9 @@ impl<S, C> LeasingBuilder<S, C> {
     /// The most keys with lease state held at once (default [`DEFAULT_MAX_LEASED_KEYS`]). When
     /// full, keys with nothing to keep are dropped first (their last lease expired, or none of its
     /// units left and their lease size not grown, unless being sent straight to the store), then
-    /// the eighth of the rest with the smallest lease size and fewest units left (a hot key keeps
-    /// its place and its lease size, even between two leases); a key that finds no room is
-    /// checked at the store directly.
+    /// the rest with the smallest lease size and fewest units left until an eighth of the shard
+    /// is free (a hot key keeps its place and its lease size, even between two leases); a key that
+    /// finds no room is checked at the store directly.
     pub fn max_keys(mut self, n: usize) -> Self {
         self.max_keys = n;
         self
@@ -1409,5 +1413,51 @@ fn wake(waiters: Vec<Waker>) {
 fn starve(e: &mut Entry, sent: u64, d: &Decision) {
     if let Some(wait) = d.retry_after() {
         e.starved_until = e.starved_until.max(sent.saturating_add(micros(wait)));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{ManualClock, MemoryStore};
+
+    /// A full shard whose sweep finds only one entry with nothing to keep frees an eighth of
+    /// itself all the same (the ones with the smallest leases): otherwise, with leases ending
+    /// about as fast as new keys come, every new key went over the whole shard.
+    #[test]
+    fn a_sweep_that_frees_a_few_entries_frees_an_eighth() {
+        const CAP: usize = 64;
+        let clock = ManualClock::new();
+        let gw = Leasing::builder(MemoryStore::new(), clock)
+            .max_keys(SHARDS * CAP)
+            .build()
+            .unwrap();
+        let shared = &gw.shared;
+        assert_eq!(shared.per_shard_cap, CAP);
+        // Ids of the first shard, each entry holding a live lease of one unit that ends at its
+        // number (in µs).
+        let id = |k: u64| u128::from(k) << 64 << SHARDS.trailing_zeros();
+        let live = |k: u64| {
+            let e = shared.entry(id(k), k).unwrap();
+            let mut e = e.lock();
+            e.tokens = 1;
+            e.expires = k + CAP as u64;
+        };
+        for k in 0..CAP as u64 {
+            live(k);
+        }
+        for k in CAP as u64..1_000 {
+            // The oldest lease has just ended: one entry to drop, as many as the new key needs.
+            let before = shared.shard(id(k)).lock().len();
+            live(k);
+            let after = shared.shard(id(k)).lock().len();
+            if before >= CAP {
+                assert!(
+                    after <= CAP - CAP / 8 + 1,
+                    "a sweep at key {k} left {after} of {CAP}"
+                );
+            }
+            assert!(after <= CAP);
+        }
     }
 }
