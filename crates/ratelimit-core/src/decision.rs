@@ -41,6 +41,7 @@ pub(crate) enum Verdict {
 #[derive(Clone, Copy)]
 pub struct Decision {
     // Kept in integer microseconds (40 bytes in all): decisions are made on the hot path.
+    /// Denied: the wait. Allowed: the time until more of the quota is available, 0 if not said.
     retry_after_us: u64,
     reset_after_us: u64,
     limit: u64,
@@ -114,6 +115,7 @@ impl std::fmt::Debug for Decision {
             .field("limit", &self.limit)
             .field("remaining", &self.remaining)
             .field("reset_after", &self.reset_after())
+            .field("more_after", &self.more_after())
             .field("quota_index", &self.quota_index())
             .field("violated_quotas", &self.violated_quotas())
             .field("cached", &self.is_cached())
@@ -166,6 +168,16 @@ impl Decision {
             remaining,
             tag: kind.tag(),
         }
+    }
+
+    /// The same, with the time until more of the quota is available if allowed (see
+    /// [`more_after`](Decision::more_after); 0 for unknown or none), in microseconds.
+    #[inline]
+    pub(crate) const fn with_more_after_micros(mut self, us: u64) -> Self {
+        if matches!(self.kind(), Kind::Allowed) {
+            self.retry_after_us = us;
+        }
+        self
     }
 
     /// A denial with no unit left, the given waits, and the limit and kind-and-index word of an
@@ -341,6 +353,36 @@ impl Decision {
             Kind::Denied => Some(Duration::from_micros(self.retry_after_us)),
             _ => None,
         }
+    }
+
+    /// When allowed, the time until more of the binding quota is available (its next unit back),
+    /// if the store said: the sliding window and the sliding log say it, as a unit may come back
+    /// long before the quota is full again (the `t` of draft-ietf-httpapi-ratelimit-headers-10's
+    /// `RateLimit` field). `None` when denied, when the quota is full, and when the store did not
+    /// say (the bucket algorithms, whose next unit follows from the limit, `remaining` and
+    /// [`reset_after`](Self::reset_after); a fixed window, whose units all come back at its end;
+    /// a store of another crate; a leased answer).
+    #[must_use]
+    pub const fn more_after(&self) -> Option<Duration> {
+        match self.kind() {
+            Kind::Allowed if self.retry_after_us > 0 => {
+                Some(Duration::from_micros(self.retry_after_us))
+            }
+            _ => None,
+        }
+    }
+
+    /// Says when more of the quota is available, for a store that computes it (see
+    /// [`more_after`](Self::more_after)): kept on an allowed decision, counted in whole
+    /// microseconds (zero says nothing); ignored on a denial, whose wait is its retry-after.
+    #[must_use]
+    pub const fn with_more_after(self, more_after: Duration) -> Self {
+        let us = more_after.as_micros();
+        self.with_more_after_micros(if us > u64::MAX as u128 {
+            u64::MAX
+        } else {
+            us as u64
+        })
     }
 
     /// `false` when the cost is larger than the quota can ever hold.

@@ -248,6 +248,47 @@ proptest! {
         }
 
     }
+
+    /// An admission's `more_after` (the sliding window and the sliding log) is exact: more of
+    /// the binding quota is available then (a peek finds more left than the admission did), and
+    /// not one microsecond before; `None` exactly when nothing more can come (the quota is full).
+    /// The other algorithms say nothing (the layer derives it from `remaining` and the reset).
+    #[test]
+    fn more_after_is_the_first_instant_more_is_available(
+        q in quota(),
+        s in steps(8),
+        sliding_log in any::<bool>(),
+    ) {
+        let algorithm = if sliding_log { Algorithm::SlidingLog } else { Algorithm::SlidingWindow };
+        let limit = limit_of(algorithm, q).unwrap();
+        let mut states = limit.fresh_states(Timestamp::ZERO);
+        let mut now = 0;
+        for (gap, cost) in s {
+            now += gap;
+            let d = limit.check(&mut states, Timestamp::from_micros(now), cost);
+            if !d.is_allowed() {
+                prop_assert_eq!(d.more_after(), None);
+                continue;
+            }
+            let Some(more) = d.more_after() else {
+                prop_assert_eq!(d.remaining(), d.limit(), "{:?}", d);
+                continue;
+            };
+            let more = u64::try_from(more.as_micros()).unwrap();
+            prop_assert!(more >= 1);
+            let peek = |at: u64| limit.check(&mut states.clone(), Timestamp::from_micros(at), 0);
+            let then = peek(now + more);
+            prop_assert!(
+                then.remaining() > d.remaining(),
+                "{} left at {} + {} µs, as at {}: {:?}", then.remaining(), now, more, now, d
+            );
+            let just_before = peek(now + more - 1);
+            prop_assert_eq!(
+                just_before.remaining(), d.remaining(),
+                "more at {} + {} − 1 µs already: {:?}", now, more, d
+            );
+        }
+    }
 }
 
 /// A log checked over many periods keeps at most `limit` entries, because the entries that slid

@@ -110,7 +110,8 @@ fn from_items(
     }
 }
 
-/// A six-integer reply: outcome, retry-after µs, limit, remaining, reset-after µs, and the quota
+/// A six-integer reply: outcome, retry-after µs (when allowed, the time until more is available,
+/// or 0), limit, remaining, reset-after µs, and the quota
 /// index (below `quotas`, the limit's number of quotas) plus 256 times the bits of the violated
 /// quotas (none but quotas of the limit, none when allowed; zero from the single-quota paths,
 /// whose denial names the one quota), or the reply is refused.
@@ -120,11 +121,10 @@ pub(crate) fn from_six(reply: &[i64], quotas: usize) -> Result<Decision, RedisSt
         return Err(bad());
     };
     let nonneg = |v: i64| u64::try_from(v).map_err(|_| bad());
+    let retry = Duration::from_micros(nonneg(retry)?);
     let outcome = match code {
         0 => Outcome::Allowed,
-        1 => Outcome::Denied {
-            retry_after: Duration::from_micros(nonneg(retry)?),
-        },
+        1 => Outcome::Denied { retry_after: retry },
         2 => Outcome::Exceeds,
         _ => return Err(bad()),
     };
@@ -145,6 +145,9 @@ pub(crate) fn from_six(reply: &[i64], quotas: usize) -> Result<Decision, RedisSt
         Duration::from_micros(nonneg(reset)?),
         index,
     )
+    // Allowed: the time until more is available, which the sliding algorithms' scripts give in
+    // the retry slot (0, saying nothing, from the others).
+    .with_more_after(retry)
     .with_violated_quotas(QuotaSet::from_bits(violated)))
 }
 

@@ -13,9 +13,12 @@
 //! On allowed responses `RateLimit` says how many are left and `t` when more is available, as
 //! draft-10 defines it: for the token bucket and GCRA, when the next whole unit comes back (a
 //! bucket of 5 a minute, two spent: `r=3;t=12`, the third back in 12 s; `0` while full); for a
-//! fixed window, its end; for the sliding window and log, when the quota is full again, which
-//! bounds it (their decision does not say when their next unit frees). `X-RateLimit-Reset` keeps
-//! its own meaning, the seconds until the quota is full again (`24` for the bucket above).
+//! fixed window, its end; for the sliding window and log, when the next unit frees, which the
+//! store computes ([`Decision::more_after`](ratelimit_core::Decision::more_after): 10 per 10 s,
+//! 4 spent at 0 s, 3 at 2 s and 3 at 4 s, one more at 10 s: `r=3;t=2`, the three of 2 s back at
+//! 12 s; the quota is full again only at 20 s). An answer that does not say (a leased one) gives
+//! the seconds until the quota is full again, which bounds it. `X-RateLimit-Reset` keeps its own meaning, the
+//! seconds until the quota is full again (`24` for the bucket above).
 //! A quota whose period is not whole seconds is advertised over the period rounded up, with `q`
 //! the units granted in it at the quota's rate, rounded down (`100` per 100 ms is `q=1000;w=1`).
 //! For the bucket algorithms `q` is the sustained rate: a burst above it shows in `r` (a fresh
@@ -646,13 +649,17 @@ impl Prepared {
     }
 
     /// The `t` of `RateLimit` (draft-10: seconds until more of the quota is available): when
-    /// denied, the wait `Retry-After` says; when allowed, for a bucket algorithm the time until
-    /// its next whole unit comes back (none while it is full), for a fixed window its end, and
-    /// for the sliding window and log the time until the quota is full, which bounds it (their
-    /// decision does not say when their next unit frees).
+    /// denied, the wait `Retry-After` says; when allowed, the time the store gave for it
+    /// (`Decision::more_after`: the sliding window and log), else for a bucket algorithm the time
+    /// until its next whole unit comes back (none while it is full) and for a fixed window its
+    /// end; for an answer that says neither (a leased one), the time until the quota is full,
+    /// which bounds it.
     fn more_in_secs(&self, d: &Decision) -> u64 {
         if let Some(wait) = d.retry_after() {
             return retry_after_secs(wait);
+        }
+        if let Some(more) = d.more_after() {
+            return secs_ceil(more);
         }
         let full_in = d.reset_after();
         let refill = self.refills.get(d.quota_index()).copied().flatten();

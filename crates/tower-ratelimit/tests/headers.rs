@@ -138,6 +138,66 @@ async fn t_is_the_time_until_more_quota_and_the_legacy_reset_until_full() {
     );
 }
 
+/// For the sliding window and the sliding log too, `t` of an allowed response is the time until
+/// more of the quota is available, which comes before the quota is full again (the case draft-10
+/// names): 10 per 10 s.
+#[tokio::test]
+async fn t_of_the_sliding_algorithms_is_the_time_until_more_quota() {
+    let limit = |algorithm| {
+        Limit::single(
+            algorithm,
+            Quota::per_period(10, Duration::from_secs(10)).unwrap(),
+        )
+        .unwrap()
+    };
+    let policy = |algorithm| {
+        Policy::new("s", limit(algorithm))
+            .unwrap()
+            .headers(Headers::ietf().legacy(true))
+    };
+
+    // Sliding-window counter: 10 spent at 1 s fill the window [0, 10 s). At 11 s the previous
+    // window still weighs 10 × 9/10 = 9, so one more passes, and the next comes when the
+    // weight has slid to 8 (at 12 s): t = 1, while the quota is full only at 30 s (t was 19).
+    let (clock, st) = store();
+    let router = app(st, policy(Algorithm::SlidingWindow));
+    clock.advance(Duration::from_secs(1));
+    for _ in 0..10 {
+        assert_eq!(send(&router, request("/")).await.status(), 200);
+    }
+    clock.advance(Duration::from_secs(10));
+    let res = send(&router, request("/")).await;
+    assert_eq!(res.status(), 200);
+    assert_eq!(header(&res, "ratelimit"), Some("\"s\";r=0;t=1"));
+    assert_eq!(header(&res, "x-ratelimit-reset"), Some("19"));
+    assert_eq!(send(&router, request("/")).await.status(), 429);
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(send(&router, request("/")).await.status(), 200);
+
+    // Sliding log: 4 at 0 s, 3 at 2 s, 3 at 4 s. The 4 slide out at 10 s: t = 6 at 4 s, while the
+    // log is empty again only at 14 s (t was 10).
+    let (clock, st) = store();
+    let router = app(st, policy(Algorithm::SlidingLog));
+    for (at, n) in [(0, 4), (2, 3), (4, 3)] {
+        clock.set(ratelimit_core::Timestamp::from_secs(at));
+        for _ in 0..n {
+            assert_eq!(send(&router, request("/")).await.status(), 200);
+        }
+    }
+    let res = send(&router, request("/")).await;
+    assert_eq!(res.status(), 429);
+    clock.set(ratelimit_core::Timestamp::from_secs(9));
+    let res = send(&router, request("/")).await;
+    assert_eq!(res.status(), 429);
+    assert_eq!(header(&res, "ratelimit"), Some("\"s\";r=0;t=1"));
+    clock.set(ratelimit_core::Timestamp::from_secs(10));
+    let res = send(&router, request("/")).await;
+    assert_eq!(res.status(), 200);
+    // 3 left; the next unit comes back with the 3 of 2 s, at 12 s.
+    assert_eq!(header(&res, "ratelimit"), Some("\"s\";r=3;t=2"));
+    assert_eq!(header(&res, "x-ratelimit-reset"), Some("10"));
+}
+
 #[tokio::test]
 async fn sub_second_waits_round_up_to_one() {
     let (_clock, store) = store();

@@ -128,7 +128,20 @@ pub fn decide(quota: &Quota, log: &SlidingLogState, now: Timestamp, cost: u64) -
         )
     };
     let reset = newest.map_or(0, |t| t.saturating_add(p).saturating_sub(now));
-    Decision::from_parts(outcome, limit, limit.saturating_sub(total), reset)
+    let remaining = limit.saturating_sub(total);
+    // Allowed and not full: more is available when the oldest entry still in the window slides
+    // out (the one this check adds, if it is the only one).
+    let more = match outcome {
+        Verdict::Allowed if remaining < limit => log
+            .entries
+            .range(expired..)
+            .next()
+            .map(|&(t, _)| t)
+            .or(newest)
+            .map_or(0, |t| t.saturating_add(p).saturating_sub(now)),
+        _ => 0,
+    };
+    Decision::from_parts(outcome, limit, remaining, reset).with_more_after_micros(more)
 }
 
 /// Records an admitted `cost` at `now` in `log`: drops the entries that have slid out and adds

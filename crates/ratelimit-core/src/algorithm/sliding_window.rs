@@ -79,15 +79,9 @@ pub fn check(
     let (p128, l128) = (u128::from(p), u128::from(limit));
     let weighted_prev = u128::from(previous) * u128::from(p - e);
 
-    let outcome = if cost > limit {
-        Verdict::Exceeds
-    } else if cost == 0 || weighted_prev + u128::from(current + cost) * p128 <= l128 * p128 {
-        // A peek is always allowed, even when the clock went back within the window and the
-        // weighted count is above the limit there.
-        current += cost;
-        Verdict::Allowed
-    } else {
-        let wait = if current + cost <= limit {
+    // The wait until `cost` (at most the limit) passes, for a cost that does not pass now.
+    let wait = |current: u64, cost: u64| {
+        if current + cost <= limit {
             // Passes later in this window, once enough of `previous` has slid out:
             // previous × (p − e') ≤ (limit − current − cost) × p.
             let room = u128::from(limit - current - cost) * p128 / u128::from(previous);
@@ -102,11 +96,20 @@ pub fn check(
                 p - (room.min(p128) as u64)
             };
             start + p + e_next - now
-        };
-        Verdict::Denied(wait)
+        }
+    };
+    let outcome = if cost > limit {
+        Verdict::Exceeds
+    } else if cost == 0 || weighted_prev + u128::from(current + cost) * p128 <= l128 * p128 {
+        // A peek is always allowed, even when the clock went back within the window and the
+        // weighted count is above the limit there.
+        current += cost;
+        Verdict::Allowed
+    } else {
+        Verdict::Denied(wait(current, cost))
     };
     let used = u128::from(previous) * u128::from(p - e) + u128::from(current) * p128;
-    let remaining = (l128 * p128).saturating_sub(used) / p128;
+    let remaining = ((l128 * p128).saturating_sub(used) / p128) as u64;
     let reset = if current > 0 {
         start + 2 * p - now
     } else if previous > 0 {
@@ -114,7 +117,15 @@ pub fn check(
     } else {
         0
     };
-    let decision = Decision::from_parts(outcome, limit, remaining as u64, reset);
+    // Allowed and not full: more is available when one more unit than is left would pass (it
+    // does not now, `remaining` being whole units left).
+    let more = if matches!(outcome, Verdict::Allowed) && remaining < limit {
+        wait(current, remaining + 1)
+    } else {
+        0
+    };
+    let decision =
+        Decision::from_parts(outcome, limit, remaining, reset).with_more_after_micros(more);
     (
         decision,
         SlidingWindowState {

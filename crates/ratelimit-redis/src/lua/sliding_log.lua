@@ -136,7 +136,16 @@ for i = 1, N do
   if merge or push then back = now end
   local reset = 0
   if back then reset = back + p - now end
-  consider(i, code, retry, limit, math.max(limit - total, 0), reset)
+  local rem = math.max(limit - total, 0)
+  if code == 0 and rem < limit then
+    -- Allowed and not full: in the retry slot, the time until more is available, when the oldest
+    -- entry still in the window slides out (the one this check adds, if it is the only one), as
+    -- the core's Decision::more_after.
+    local oldest = window[1]
+    if oldest == nil and (merge or push) then oldest = now end
+    if oldest then retry = oldest + p - now end
+  end
+  consider(i, code, retry, limit, rem, reset)
   plan[i] = { lkey = lkey, pruned = pruned, merge = merge, push = push, now = now,
               cost = newest_cost + COST, total = total }
   if back and back + p > fresh_after then fresh_after = back + p end

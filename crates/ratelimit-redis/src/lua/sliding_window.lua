@@ -5,8 +5,8 @@
 
 local key = KEYS[1]
 
--- One quota's decision. `s_start` is nil for a key never seen. Returns the outcome code, retry,
--- remaining, reset, the new (start, current, previous), and the time the new state is fresh.
+-- One quota's decision. `s_start` is nil for a key never seen. Returns the outcome code, retry
+-- (when allowed, the time until more is available), remaining, reset, the new (start, current, previous), and the time the new state is fresh.
 local function window(limit, p, s_start, s_cur, s_prev)
   local now = NOW
   local start = floor(now / p) * p
@@ -23,6 +23,21 @@ local function window(limit, p, s_start, s_cur, s_prev)
   cur, prev = math.min(cur, limit), math.min(prev, limit)
   local e = now - start
 
+  -- The wait until a cost c (at most the limit) passes, for one that does not pass now.
+  local function wait(c)
+    if cur + c <= limit then
+      -- Passes later in this window, once enough of prev has slid out.
+      local room = floor((limit - cur - c) * p / prev)
+      return (p - room) - e
+    end
+    -- Passes in the next window, where cur becomes the previous count.
+    local e_next = 0
+    if cur > 0 then
+      e_next = p - math.min(floor((limit - c) * p / cur), p)
+    end
+    return (p - e) + e_next
+  end
+
   local code, retry = 0, 0
   if COST > limit then
     code = 2
@@ -30,22 +45,14 @@ local function window(limit, p, s_start, s_cur, s_prev)
     cur = cur + COST
   else
     code = 1
-    if cur + COST <= limit then
-      -- Passes later in this window, once enough of prev has slid out.
-      local room = floor((limit - cur - COST) * p / prev)
-      retry = (p - room) - e
-    else
-      -- Passes in the next window, where cur becomes the previous count.
-      local e_next = 0
-      if cur > 0 then
-        e_next = p - math.min(floor((limit - COST) * p / cur), p)
-      end
-      retry = (p - e) + e_next
-    end
+    retry = wait(COST)
   end
   local used = prev * (p - e) + cur * p
   local rem = 0
   if limit * p > used then rem = floor((limit * p - used) / p) end
+  -- Allowed and not full: in the retry slot, the time until more is available (one more unit
+  -- than is left passes), as the core's Decision::more_after.
+  if code == 0 and rem < limit then retry = wait(rem + 1) end
   local reset, after = 0, start
   if cur > 0 then
     reset, after = 2 * p - e, start + 2 * p
