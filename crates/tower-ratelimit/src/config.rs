@@ -293,22 +293,49 @@ impl QuotaConfig {
     }
 }
 
-fn limit(algorithm: Algorithm, quotas: &[QuotaConfig]) -> Result<Limit, Error> {
+/// `e`, said to be at `at` in the configuration.
+fn at(at: impl Into<String>, e: impl Into<Error>) -> Error {
+    Error::Config {
+        at: at.into(),
+        source: Box::new(e.into()),
+    }
+}
+
+/// The limit of `quotas` (`prefix` + `quotas` in the configuration: an error names the quota).
+fn limit(algorithm: Algorithm, quotas: &[QuotaConfig], prefix: &str) -> Result<Limit, Error> {
     // The window algorithms count at most `limit` per period and have no burst: a burst given
     // with them would be silently unused (a `burst = 10` under 1,000 a minute admitting 1,000 at
     // once).
-    if !algorithm.uses_burst() && quotas.iter().any(|q| q.burst.is_some()) {
-        return Err(Error::InvalidSetting {
-            name: "burst",
-            reason: "is used only by the token bucket and GCRA; the window algorithms admit \
-                     at most `limit` per period",
-        });
+    if !algorithm.uses_burst()
+        && let Some(i) = quotas.iter().position(|q| q.burst.is_some())
+    {
+        return Err(at(
+            format!("{prefix}quotas[{i}].burst"),
+            Error::InvalidSetting {
+                name: "burst",
+                reason: "is used only by the token bucket and GCRA; the window algorithms admit \
+                         at most `limit` per period",
+            },
+        ));
     }
     let quotas = quotas
         .iter()
-        .map(QuotaConfig::to_quota)
+        .enumerate()
+        .map(|(i, q)| {
+            q.to_quota()
+                .map_err(|e| at(format!("{prefix}quotas[{i}]"), e))
+        })
         .collect::<Result<Vec<_>, _>>()?;
-    Ok(Limit::new(algorithm, quotas)?)
+    Limit::new(algorithm, quotas.iter().copied()).map_err(|e| {
+        // A quota its algorithm cannot count is named; the number of quotas is the list's.
+        let i = quotas
+            .iter()
+            .position(|&q| Limit::single(algorithm, q).is_err());
+        match i {
+            Some(i) => at(format!("{prefix}quotas[{i}]"), e),
+            None => at(format!("{prefix}quotas"), e),
+        }
+    })
 }
 
 fn yes() -> bool {
@@ -316,16 +343,21 @@ fn yes() -> bool {
 }
 
 impl PolicyConfig {
-    /// Builds the policy, or says which setting is wrong. Set the key extractor (and any cost
+    /// Builds the policy, or says which setting is wrong: an [`Error::Config`] whose `at` names
+    /// it as the configuration does (`tiers[0].quotas[1]`). Set the key extractor (and any cost
     /// function, tier resolver or allow-list) on the result. Two settings are checked later, by
     /// [`RateLimitLayer::new`](crate::RateLimitLayer::new), which sees the whole policy: that
     /// `[[tiers]]` come with a tier resolver, and that a fallback's share of each quota
     /// (`gateways`) can be counted.
     pub fn into_policy(self) -> Result<Policy, Error> {
-        let mut policy = Policy::new(&self.name, limit(self.algorithm, &self.quotas)?)?;
-        for tier in self.tiers {
-            let l = limit(tier.algorithm.unwrap_or(self.algorithm), &tier.quotas)?;
-            policy = policy.tier(tier.name, l)?;
+        let mut policy = Policy::new(&self.name, limit(self.algorithm, &self.quotas, "")?)
+            .map_err(|e| at("name", e))?;
+        for (k, tier) in self.tiers.into_iter().enumerate() {
+            let algorithm = tier.algorithm.unwrap_or(self.algorithm);
+            let l = limit(algorithm, &tier.quotas, &format!("tiers[{k}]."))?;
+            policy = policy
+                .tier(tier.name, l)
+                .map_err(|e| at(format!("tiers[{k}].name"), e))?;
         }
         let failure = match self.failure {
             FailureConfig::Open {} => FailurePolicy::FailOpen,
@@ -336,19 +368,27 @@ impl PolicyConfig {
                     Error::InvalidSetting {
                         name: "retry_after",
                         reason,
-                    } => Error::InvalidSetting {
-                        name: "retry_after_secs",
-                        reason,
-                    },
-                    other => other,
+                    } => at(
+                        "failure.retry_after_secs",
+                        Error::InvalidSetting {
+                            name: "retry_after_secs",
+                            reason,
+                        },
+                    ),
+                    other => at("failure", other),
                 })?;
                 policy
             }
-            FailureConfig::Fallback { gateways } => FailurePolicy::fallback(gateways)?,
+            FailureConfig::Fallback { gateways } => {
+                FailurePolicy::fallback(gateways).map_err(|e| at("failure.gateways", e))?
+            }
         };
         let missing = match self.missing_key {
-            MissingKeyConfig::Reject(status) => MissingKey::reject(status)?,
-            MissingKeyConfig::Unauthorized(challenge) => MissingKey::unauthorized(&challenge)?,
+            MissingKeyConfig::Reject(status) => {
+                MissingKey::reject(status).map_err(|e| at("missing_key.reject", e))?
+            }
+            MissingKeyConfig::Unauthorized(challenge) => MissingKey::unauthorized(&challenge)
+                .map_err(|e| at("missing_key.unauthorized", e))?,
             MissingKeyConfig::SharedKey(key) => MissingKey::shared_key(key),
         };
         let h = self.headers;

@@ -68,6 +68,17 @@ pub enum Error {
         /// What it must be.
         reason: &'static str,
     },
+    /// A setting of a policy read from configuration (`config::PolicyConfig`, with the `serde`
+    /// feature) was refused: `at` says where, as the configuration names it (`quotas[1]`,
+    /// `tiers[0].quotas[2].burst`, `tiers[1].name`, `failure.retry_after_secs`), and `source`
+    /// why.
+    #[error("{at}: {source}")]
+    Config {
+        /// Where the refused setting is.
+        at: String,
+        /// Why it was refused.
+        source: Box<Error>,
+    },
 }
 
 /// A name as given, in an error's message: quoted, or `(empty)` for the empty string, which

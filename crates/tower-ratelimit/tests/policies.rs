@@ -679,6 +679,75 @@ async fn the_allow_list_is_never_limited() {
     assert_eq!(statuses(&app, || request("/"), 2).await, [200, 429]);
 }
 
+/// An error of a policy from configuration says where the setting is, as the file names it: a
+/// tier's second quota is not the policy's own.
+#[cfg(feature = "serde")]
+#[test]
+fn a_configuration_error_names_where_it_is() {
+    use tower_ratelimit::config::PolicyConfig;
+    let refused_at = |toml: &str| -> String {
+        let config: PolicyConfig = toml::from_str(toml).unwrap();
+        let e = config
+            .into_policy()
+            .err()
+            .unwrap_or_else(|| panic!("{toml}: accepted"));
+        let tower_ratelimit::Error::Config { at, .. } = &e else {
+            panic!("{toml}: {e:?}");
+        };
+        assert!(e.to_string().starts_with(&format!("{at}: ")), "{e}");
+        at.clone()
+    };
+    let base = "name = \"x\"\nquotas = [{ limit = 10, per = \"second\" }]\n";
+    assert_eq!(
+        refused_at(&format!(
+            "{base}[[tiers]]\nname = \"pro\"\n\
+             quotas = [{{ limit = 10, per = \"second\" }}, {{ limit = 0, per = \"hour\" }}]"
+        )),
+        "tiers[0].quotas[1]"
+    );
+    assert_eq!(
+        refused_at("name = \"x\"\nquotas = [{ limit = 1, per = \"second\" }, { limit = 1 }]"),
+        "quotas[1]"
+    );
+    assert_eq!(
+        refused_at(
+            "name = \"x\"\nalgorithm = \"fixed_window\"\n\
+             quotas = [{ limit = 1, per = \"second\" }, { limit = 5, per = \"hour\", burst = 5 }]"
+        ),
+        "quotas[1].burst"
+    );
+    // A sliding window's limit × period must fit in 2^52 µs: 2,000,000 a day does not.
+    assert_eq!(
+        refused_at(
+            "name = \"x\"\nalgorithm = \"sliding_window\"\n\
+             quotas = [{ limit = 1, per = \"second\" }, { limit = 2000000, per = \"day\" }]"
+        ),
+        "quotas[1]"
+    );
+    assert_eq!(refused_at("name = \"x\"\nquotas = []"), "quotas");
+    assert_eq!(
+        refused_at(&format!(
+            "{base}[[tiers]]\nname = \"pro\"\nquotas = [{{ limit = 5, per = \"second\" }}]\n\
+             [[tiers]]\nname = \"pro\"\nquotas = [{{ limit = 5, per = \"second\" }}]"
+        )),
+        "tiers[1].name"
+    );
+    assert_eq!(
+        refused_at(&format!("{base}missing_key = {{ reject = 200 }}")),
+        "missing_key.reject"
+    );
+    assert_eq!(
+        refused_at(&format!(
+            "{base}failure = {{ mode = \"fallback\", gateways = 0 }}"
+        )),
+        "failure.gateways"
+    );
+    assert_eq!(
+        refused_at("name = \"\"\nquotas = [{ limit = 1, per = \"second\" }]"),
+        "name"
+    );
+}
+
 #[cfg(feature = "serde")]
 #[tokio::test]
 async fn a_policy_from_a_configuration_file() {
@@ -744,7 +813,10 @@ async fn a_policy_from_a_configuration_file() {
     let refused = |toml: &str| -> &'static str {
         let config: PolicyConfig = toml::from_str(toml).unwrap();
         match config.into_policy() {
-            Err(tower_ratelimit::Error::InvalidSetting { name, .. }) => name,
+            Err(tower_ratelimit::Error::Config { source, .. }) => match *source {
+                tower_ratelimit::Error::InvalidSetting { name, .. } => name,
+                other => panic!("{toml}: {other:?}"),
+            },
             other => panic!("{toml}: {:?}", other.map(|_| "a policy")),
         }
     };

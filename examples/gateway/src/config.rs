@@ -769,14 +769,16 @@ impl StoreConfig {
         if self.max_keys() == 0 {
             return Err(ConfigError::new("store.max_keys", "must be at least 1"));
         }
+        // Checked with the breaker off too: a value left there is one a later `enabled = true`
+        // would take up.
         let cb = self.circuit_breaker;
-        if cb.enabled && !(1..=tower_ratelimit::MAX_FAILURE_THRESHOLD).contains(&cb.failures) {
+        if !(1..=tower_ratelimit::MAX_FAILURE_THRESHOLD).contains(&cb.failures) {
             return Err(ConfigError::new(
                 "store.circuit_breaker.failures",
                 "must be from 1 to 1000000 (set enabled = false for no circuit breaker)",
             ));
         }
-        if cb.enabled && (cb.cool_down_ms == 0 || cb.cool_down_ms > MAX_MS) {
+        if cb.cool_down_ms == 0 || cb.cool_down_ms > MAX_MS {
             return Err(ConfigError::new(
                 "store.circuit_breaker.cool_down_ms",
                 "must be between 1 and 3600000 (one hour)",
@@ -1054,13 +1056,10 @@ impl RouteConfig {
         }
         // Anything the checks above missed, as the library words it; at its own field where the
         // library names one.
-        let _ = policy.clone().into_policy().map_err(|e| match e {
-            tower_ratelimit::Error::InvalidSetting {
-                name: "retry_after_secs",
-                reason,
-            } => ConfigError::new(format!("{at}.policy.failure.retry_after_secs"), reason),
-            e => ConfigError::new(format!("{at}.policy"), e),
-        })?;
+        let _ = policy
+            .clone()
+            .into_policy()
+            .map_err(|e| policy_error(&format!("{at}.policy"), e))?;
         if !policy.tiers.is_empty() && !matches!(self.key, KeyConfig::Header { .. }) {
             return Err(ConfigError::new(
                 format!("{at}.key.source"),
@@ -1069,6 +1068,20 @@ impl RouteConfig {
             ));
         }
         Ok(())
+    }
+}
+
+/// A refused policy (`at` is where it is) as the library words it, at the field it names (a
+/// setting's rule alone: `routes[0].policy.failure.retry_after_secs: must be …`).
+pub(crate) fn policy_error(at: &str, e: tower_ratelimit::Error) -> ConfigError {
+    match e {
+        tower_ratelimit::Error::Config { at: field, source } => match *source {
+            tower_ratelimit::Error::InvalidSetting { reason, .. } => {
+                ConfigError::new(format!("{at}.{field}"), reason)
+            }
+            source => ConfigError::new(format!("{at}.{field}"), source),
+        },
+        e => ConfigError::new(at, e),
     }
 }
 

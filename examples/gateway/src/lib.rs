@@ -375,7 +375,7 @@ fn policy(config: &Config, i: usize) -> Result<Policy, ConfigError> {
         .policy
         .clone()
         .into_policy()
-        .map_err(|e| ConfigError::new(format!("{at}.policy"), e))?;
+        .map_err(|e| config::policy_error(&format!("{at}.policy"), e))?;
 
     let policy = match &route.key {
         config::KeyConfig::Ip {

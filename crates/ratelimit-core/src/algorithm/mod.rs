@@ -29,7 +29,7 @@ pub use token_bucket::TokenBucketState;
 
 /// Which algorithm a [`Limit`](crate::Limit) uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
-#[cfg_attr(feature = "serde", derive(serde::Serialize, serde::Deserialize))]
+#[cfg_attr(feature = "serde", derive(serde::Serialize))]
 #[cfg_attr(feature = "serde", serde(rename_all = "snake_case"))]
 #[non_exhaustive]
 pub enum Algorithm {
@@ -233,6 +233,54 @@ impl std::str::FromStr for Algorithm {
             .ok_or_else(|| crate::ConfigError::UnknownAlgorithm {
                 given: s.to_owned(),
             })
+    }
+}
+
+/// Read as [`FromStr`](std::str::FromStr) reads a name (`"sliding-window"` and `"GCRA"` too, as
+/// on a command line), written as [`name`](Algorithm::name) gives it. An unknown name is serde's
+/// `unknown variant` error, listing the names.
+#[cfg(feature = "serde")]
+impl<'de> serde::Deserialize<'de> for Algorithm {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        name.parse()
+            .map_err(|_| serde::de::Error::unknown_variant(&name, &NAMES))
+    }
+}
+
+/// The names of [`Algorithm::ALL`], in order, for an error's list.
+#[cfg(feature = "serde")]
+const NAMES: [&str; 5] = [
+    "token_bucket",
+    "gcra",
+    "fixed_window",
+    "sliding_window",
+    "sliding_log",
+];
+
+#[cfg(all(test, feature = "serde"))]
+mod serde_tests {
+    use super::*;
+    use serde::Deserialize;
+    use serde::de::value::{Error, StrDeserializer};
+
+    fn read(name: &str) -> Result<Algorithm, Error> {
+        Algorithm::deserialize(StrDeserializer::<Error>::new(name))
+    }
+
+    /// A configuration reads a name as `parse` does: a file and a command line agree.
+    #[test]
+    fn a_configuration_reads_names_as_parse_does() {
+        assert_eq!(NAMES, Algorithm::ALL.map(Algorithm::name));
+        for a in Algorithm::ALL {
+            assert_eq!(read(a.name()), Ok(a));
+            assert_eq!(read(&a.name().replace('_', "-").to_uppercase()), Ok(a));
+        }
+        let e = read("leaky_bucket").unwrap_err().to_string();
+        assert!(
+            e.starts_with("unknown variant `leaky_bucket`, expected one of `token_bucket`"),
+            "{e}"
+        );
     }
 }
 
