@@ -596,16 +596,17 @@ impl ShardData {
         map.retain(|k, e| {
             e.kind != Kind::Key || *k == kid || referred.binary_search(&e.generation).is_ok()
         });
-        // Leave an eighth of the shard free: a sweep that freed only a few dead entries would
-        // otherwise be followed by another after as many new ones, each going over the whole
-        // shard (with denials expiring about as fast as new ones come, every new denial did).
+        // Leave an eighth of the shard free, and at least the two entries of a new key's denial:
+        // a sweep that freed only a few dead entries would otherwise be followed by another after
+        // as many new ones, each going over the whole shard (with denials expiring about as fast
+        // as new ones come, every new denial did).
         let n = needed(map);
-        let keep = cap - cap / 8;
+        let keep = cap.saturating_sub((cap / 8).max(2)).max(2);
         if map.len() + n <= keep {
             return 0;
         }
-        // `cap` is at least 2, so `keep` is too: the entries other than `kid` and `id`, `len + n
-        // - 2` of them, are at least `drop`.
+        // `keep` is at least 2: the entries other than `kid` and `id`, `len + n - 2` of them, are
+        // at least `drop`.
         let drop = map.len() + n - keep;
         // Ranked by deadline, ties broken by digest, so exactly `drop` go. A key record expires
         // with its last denial, so it goes after its denials (or with the last, on a tie).
@@ -1182,10 +1183,16 @@ mod tests {
     /// check cost ten times as much (`benches/denial_cache.rs`).
     #[test]
     fn a_sweep_that_frees_a_few_entries_frees_an_eighth() {
-        const CAP: usize = 64;
+        sweep_frees_an_eighth::<64>();
+        // A small shard, whose eighth is less than a new denial's two entries, frees two.
+        sweep_frees_an_eighth::<12>();
+    }
+
+    fn sweep_frees_an_eighth<const CAP: usize>() {
         let mut shard = ShardData::default();
-        // 32 keys, each with one denial: a full shard, the denials ending at 1, 2, ... 32.
-        for k in 0..32u128 {
+        // CAP / 2 keys, each with one denial: a full shard, the denials ending at 1, 2, ...
+        let keys = (CAP / 2) as u128;
+        for k in 0..keys {
             let generation = shard.new_generation();
             let until = k as u64 + 1;
             shard
@@ -1196,28 +1203,36 @@ mod tests {
             shard.map.insert(entry_id(k << 64, 1), denial);
         }
         assert_eq!(shard.map.len(), CAP);
-        for k in 32..1_000u128 {
-            let now = k as u64 - 31;
+        let mut sweeps = 0;
+        for k in keys..1_000u128 {
+            let now = (k - keys + 1) as u64;
             // At each step the oldest key's denial has just expired: one key's two entries are
             // dead, as many as the new key needs.
             let (kid, id) = (k << 64, entry_id(k << 64, 1));
             let before = shard.map.len();
             shard.make_room(kid, id, now, CAP);
             if before + 2 > CAP {
+                sweeps += 1;
                 assert!(
-                    shard.map.len() + 2 <= CAP - CAP / 8,
+                    shard.map.len() + 2 + (CAP / 8).max(2) <= CAP,
                     "a sweep at key {k} left {} of {CAP}",
                     shard.map.len()
                 );
             }
             let generation = shard.new_generation();
-            let until = now + 32;
+            let until = now + keys as u64;
             shard.map.insert(kid, Entry::key_record(until, generation));
             let mut denial = Entry::key_record(until, generation);
             denial.kind = Kind::Denied;
             shard.map.insert(id, denial);
             assert!(shard.map.len() <= CAP);
         }
+        // A sweep frees room for the new key and for (CAP / 8).max(2) / 2 more.
+        let most = (1_000 - keys as usize) / (1 + (CAP / 8).max(2) / 2) + 1;
+        assert!(
+            sweeps <= most,
+            "{sweeps} sweeps of a shard of {CAP}, {most} at most"
+        );
     }
 
     #[test]

@@ -102,7 +102,11 @@ impl Default for MemoryStore<SystemClock> {
 }
 
 impl<C> MemoryStoreBuilder<C> {
-    /// The most keys held at once (default 1,000,000). At least 1.
+    /// The most keys held at once (default 1,000,000). At least 1. It bounds keys, not bytes:
+    /// a key of the bucket and window counters takes 21 to 32 bytes, but a sliding log's also
+    /// holds 16 bytes for each admission instant inside its period (up to `limit` of them, and
+    /// up to twice that allocated), so a store of sliding logs is sized by `max_keys × limit`
+    /// (see [`MemoryStore::memory_bytes`] and `docs/memory-store.md`).
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self
