@@ -161,6 +161,10 @@ impl Limit {
     /// may lose a third of the share or more (142,500,016 a 95,000,011 µs period, halved, is
     /// 95,000,011), always downwards. Where no multiple is left below the share's limit, the
     /// share keeps its limit and its burst is lowered to what fits instead.
+    ///
+    /// So every limit [`Limit::new`] accepts has a share for any `n` (property-tested on random
+    /// limits, prime periods among them: `every_limit_can_be_divided`); the `Result` is kept for
+    /// a rule a later version may add.
     pub fn divided(&self, n: u64) -> Result<Limit, ConfigError> {
         let n = n.max(1);
         let quotas = self

@@ -514,3 +514,50 @@ fn wide_quota() -> impl Strategy<Value = Quota> {
         },
     )
 }
+
+/// A quota anywhere in what `Quota` accepts: limit 1 to 2^52, period 1 µs to 2^52 µs (often a
+/// prime number of them, whose only divisors are 1 and itself), burst 1 to 2^52.
+fn any_quota() -> impl Strategy<Value = Quota> {
+    let big = prop_oneof![1u64..=100, 1u64..=1 << 20, 1u64..=1 << 52];
+    let period = prop_oneof![
+        1u64..=10_000_000,
+        1u64..=1 << 52,
+        Just(1_000_000u64),
+        Just(3_600_000_000u64),
+        Just(86_400_000_000u64),
+        Just(95_000_011u64),
+        Just(4_503_599_627_370_449u64), // the largest prime below 2^52
+    ];
+    (big.clone(), period, big).prop_filter_map("a quota", |(limit, period_us, burst)| {
+        Quota::per_period(limit, std::time::Duration::from_micros(period_us))
+            .ok()?
+            .with_burst(burst)
+            .ok()
+    })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 2_000, ..ProptestConfig::default() })]
+
+    /// `Limit::divided` makes a share of every limit `Limit::new` accepts, for any number of
+    /// gateways: a fallback's share never refuses to build (`Error::FallbackShare` is not
+    /// expected), whatever the period's divisors.
+    #[test]
+    fn every_limit_can_be_divided(
+        q1 in any_quota(),
+        q2 in any_quota(),
+        two in any::<bool>(),
+        alg in 0usize..5,
+        n in prop_oneof![1u64..=64, any::<u64>()],
+    ) {
+        let algorithm = Algorithm::ALL[alg];
+        let quotas = if two { vec![q1, q2] } else { vec![q1] };
+        let Ok(limit) = limit_of_all(algorithm, quotas) else { return Ok(()) };
+        let share = limit.divided(n);
+        prop_assert!(share.is_ok(), "{:?} / {}: {:?}", limit, n, share);
+        for (s, q) in share.unwrap().quotas().iter().zip(limit.quotas()) {
+            prop_assert!(s.limit() <= q.limit() && s.burst() <= q.burst());
+            prop_assert_eq!(s.period_micros(), q.period_micros());
+        }
+    }
+}

@@ -45,9 +45,9 @@ pub enum Error {
     #[error("invalid client address setting: {0}")]
     ClientIp(#[from] crate::client_ip::ClientIpError),
     /// The local share of a limit for the fallback (`FailurePolicy::Fallback`) could not be
-    /// made (see `Limit::divided`, which makes a share that does not fit what its algorithm
-    /// counts exactly fit by rounding its limit down or lowering its burst: kept for a share
-    /// that `Limit::new` would still refuse).
+    /// made. Not expected: `Limit::divided` makes a share of every valid limit, rounding its
+    /// limit down or lowering its burst to fit what its algorithm counts exactly; kept for a
+    /// rule a later version of it may add.
     #[error(
         "the fallback's local share of {} for {gateways} gateways is refused: {source}",
         tier.as_deref().map_or_else(|| "the policy's limit".to_owned(), |t| format!("tier `{t}`"))
