@@ -204,7 +204,8 @@ impl Decision {
         self.tag
     }
 
-    /// [`retry_after`](Decision::retry_after) in microseconds (0 unless denied).
+    /// [`retry_after`](Decision::retry_after) in microseconds when denied; when allowed,
+    /// [`more_after`](Decision::more_after)'s (0 if it says none); 0 for a cost that never passes.
     #[inline]
     pub(crate) const fn retry_after_micros(&self) -> u64 {
         self.retry_after_us
@@ -434,7 +435,10 @@ impl Decision {
     /// (same outcome and wait) go to the quota with fewer left, then to the one with the longer
     /// time to full, then to the earlier quota. The result is the binding quota's decision as it
     /// is: on a denial, another quota may have fewer left than its `remaining`. A denial's
-    /// [`violated_quotas`](Self::violated_quotas) are those of every decision combined.
+    /// [`violated_quotas`](Self::violated_quotas) are those of every decision combined; an
+    /// admission's [`more_after`](Self::more_after) is the latest of the quotas with as few left
+    /// as the binding one (the limit has one more when each of them has), or none if one of them
+    /// says none.
     #[must_use]
     pub fn combine(decisions: &[Decision]) -> Option<Decision> {
         let mut best: Option<Decision> = None;
@@ -452,7 +456,23 @@ impl Decision {
                 }
             });
         }
-        best.map(|b| b.with_violated_quotas(violated))
+        best.map(|b| {
+            let mut b = b.with_violated_quotas(violated);
+            if matches!(b.kind(), Kind::Allowed) {
+                // Every quota allowed. Fewer left binds: those with as few left as the binding
+                // one each free a unit before the limit has one more, so more comes when it
+                // comes for the last of them (never, if one of them says none).
+                for d in decisions {
+                    if d.remaining == b.remaining {
+                        b.retry_after_us = match (b.retry_after_us, d.retry_after_us) {
+                            (0, _) | (_, 0) => 0,
+                            (x, y) => x.max(y),
+                        };
+                    }
+                }
+            }
+            b
+        })
     }
 
     fn binds_tighter_than(&self, other: &Decision) -> bool {

@@ -592,15 +592,6 @@ async fn bad_configurations_fail_naming_the_field() {
                 + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
             "store.circuit_breaker.cool_down_ms: must be between 1 and 3600000",
         ),
-        // A tier's quota is named as the file names it (the library's `tiers[0].quotas[1]`).
-        (
-            with_policy(
-                "quotas = [{ limit = 5, per = \"minute\" }]\n\
-                 [[routes.policy.tiers]]\nname = \"pro\"\n\
-                 quotas = [{ limit = 10, per = \"minute\" }, { limit = 0, per = \"hour\" }]",
-            ),
-            "routes[0].policy.tiers[0].quotas[1]",
-        ),
         (
             "[store]\ntimeout_ms = 86400000\n".to_owned()
                 + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),

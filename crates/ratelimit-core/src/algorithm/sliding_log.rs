@@ -129,16 +129,25 @@ pub fn decide(quota: &Quota, log: &SlidingLogState, now: Timestamp, cost: u64) -
     };
     let reset = newest.map_or(0, |t| t.saturating_add(p).saturating_sub(now));
     let remaining = limit.saturating_sub(total);
-    // Allowed and not full: more is available when the oldest entry still in the window slides
-    // out (the one this check adds, if it is the only one).
+    // Allowed and not full: more is available when enough of the oldest entries, this check's
+    // among them, have slid out for one more than is left to pass: the oldest alone, unless the
+    // log holds more than this limit (a state kept under a larger one). 0 if no entry frees it
+    // (a state whose total its entries do not hold).
     let more = match outcome {
-        Verdict::Allowed if remaining < limit => log
-            .entries
-            .range(expired..)
-            .next()
-            .map(|&(t, _)| t)
-            .or(newest)
-            .map_or(0, |t| t.saturating_add(p).saturating_sub(now)),
+        Verdict::Allowed if remaining < limit => {
+            let need = total.saturating_add(remaining + 1) - limit;
+            let admitted = (cost > 0).then_some((now, cost));
+            let mut freed = 0u64;
+            log.entries
+                .range(expired..)
+                .copied()
+                .chain(admitted)
+                .find(|&(_, c)| {
+                    freed = freed.saturating_add(c);
+                    freed >= need
+                })
+                .map_or(0, |(t, _)| t.saturating_add(p).saturating_sub(now))
+        }
         _ => 0,
     };
     Decision::from_parts(outcome, limit, remaining, reset).with_more_after_micros(more)
@@ -178,6 +187,11 @@ mod tests {
         assert!(d.is_allowed());
         assert_eq!(d.remaining(), 0);
         assert!(decide(&quota, &log, Timestamp::from_micros(600_000), 1).is_denied());
+        // More is available when the log is back under the limit: the 60 of 0 s leave at 1 s,
+        // which still holds 40 (nothing left); the 40 of 0.5 s at 1.5 s.
+        assert_eq!(d.more_after(), Some(std::time::Duration::from_millis(900)));
+        let at = |ms: u64| decide(&quota, &log, Timestamp::from_micros(ms * 1_000), 0).remaining();
+        assert_eq!((at(1_000), at(1_499), at(1_500)), (0, 0, 10));
     }
 
     /// A burst's memory is given back once its entries have slid out.

@@ -15,7 +15,8 @@ local function helpers()
 
   -- The binding quota, exactly as ratelimit-core's Decision::combine: outcome code first
   -- (exceeds > denied > allowed), then the longer retry_after among denials, then fewer
-  -- remaining, then the longer reset_after; ties keep the earlier quota. b[6] is the binding
+  -- remaining, then the longer reset_after; ties keep the earlier quota. An admission's retry
+  -- slot (the time until more is available) is the latest of those with the fewest left. b[6] is the binding
   -- quota's index plus 256 times the bits of the quotas that did not admit the cost (bit i - 1
   -- for quota i), which the client reads as the decision's violated quotas.
   local b = {}
@@ -34,6 +35,12 @@ local function helpers()
       tighter = rem < b[4]
     else
       tighter = reset > b[5]
+      if code == 0 then
+        -- Allowed with as many left as the binding quota: more comes when it comes for the last
+        -- of them, never if one says none (0), as Decision::combine.
+        if retry == 0 or b[2] == 0 then retry = 0 else retry = math.max(retry, b[2]) end
+        b[2] = retry
+      end
     end
     if tighter then
       b[1], b[2], b[3], b[4], b[5] = code, retry, limit, rem, reset

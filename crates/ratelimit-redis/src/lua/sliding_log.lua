@@ -93,6 +93,34 @@ for i = 1, N do
     end
   end
 
+  -- When `need` of the cost in the window has slid out, the oldest entries first (read on from
+  -- the list past what `window` holds), then `extra_c` at `extra_t` (an admission's own, not yet
+  -- written); nil if they do not hold that much (a hash whose total exceeds its lists, damaged
+  -- by hand).
+  local function freed_at(need, extra_t, extra_c)
+    local freed, idx = 0, 1
+    local pos = pruned + #window / 2
+    while true do
+      if idx > #window then
+        -- No entry in the window at all: nothing to read on.
+        if not newest then break end
+        local chunk = redis.call('LRANGE', lkey, pos, pos + CHUNK - 1)
+        if #chunk == 0 then break end
+        for j = 1, #chunk do
+          local t, c = parse(chunk[j])
+          window[#window + 1] = t
+          window[#window + 1] = c
+        end
+        pos = pos + #chunk
+      end
+      freed = freed + window[idx + 1]
+      if freed >= need then return window[idx] + p end
+      idx = idx + 2
+    end
+    if extra_t and freed + extra_c >= need then return extra_t + p end
+    return nil
+  end
+
   local code, retry = 0, 0
   local merge, push = false, false
   if COST > limit then
@@ -105,32 +133,8 @@ for i = 1, N do
     end
   else
     code = 1
-    -- Wait until enough of the oldest entries have slid out.
-    local need = total + COST - limit
-    local freed, at = 0, now
-    local idx = 1
-    local pos = pruned + #window / 2
-    while true do
-      if idx > #window then
-        local chunk = redis.call('LRANGE', lkey, pos, pos + CHUNK - 1)
-        if #chunk == 0 then break end
-        for j = 1, #chunk do
-          local t, c = parse(chunk[j])
-          window[#window + 1] = t
-          window[#window + 1] = c
-        end
-        pos = pos + #chunk
-      end
-      freed = freed + window[idx + 1]
-      if freed >= need then
-        at = window[idx] + p
-        break
-      end
-      idx = idx + 2
-    end
-    -- At least 1 us, as in core: a hash whose total exceeds its lists (damaged by hand) finds
-    -- no entry to wait for.
-    retry = math.max(at - now, 1)
+    -- Wait until enough of the oldest entries have slid out; at least 1 us, as in core.
+    retry = math.max((freed_at(total + COST - limit) or now) - now, 1)
   end
   local back = newest
   if merge or push then back = now end
@@ -138,12 +142,13 @@ for i = 1, N do
   if back then reset = back + p - now end
   local rem = math.max(limit - total, 0)
   if code == 0 and rem < limit then
-    -- Allowed and not full: in the retry slot, the time until more is available, when the oldest
-    -- entry still in the window slides out (the one this check adds, if it is the only one), as
-    -- the core's Decision::more_after.
-    local oldest = window[1]
-    if oldest == nil and (merge or push) then oldest = now end
-    if oldest then retry = oldest + p - now end
+    -- Allowed and not full: in the retry slot, the time until more is available, when enough of
+    -- the oldest entries (this check's among them) have slid out for one more than is left to
+    -- pass, as the core's Decision::more_after.
+    local extra_t = nil
+    if merge or push then extra_t = now end
+    local at = freed_at(total + rem + 1 - limit, extra_t, COST)
+    if at then retry = at - now end
   end
   consider(i, code, retry, limit, rem, reset)
   plan[i] = { lkey = lkey, pruned = pruned, merge = merge, push = push, now = now,
