@@ -17,7 +17,10 @@
 //! store computes ([`Decision::more_after`](ratelimit_core::Decision::more_after): 10 per 10 s,
 //! 4 spent at 0 s, 3 at 2 s and 3 at 4 s, one more at 10 s: `r=3;t=2`, the three of 2 s back at
 //! 12 s; the quota is full again only at 20 s). An answer that does not say (a leased one) gives
-//! the seconds until the quota is full again, which bounds it. `X-RateLimit-Reset` keeps its own meaning, the
+//! the seconds until the quota is full again, which bounds it. Of a limit of several quotas, the
+//! sliding algorithms' `t` waits for every quota with as few left as the binding one; the
+//! buckets' is the binding quota's next unit, and another quota with as few left may free its
+//! own later (the decision does not carry the others' levels). `X-RateLimit-Reset` keeps its own meaning, the
 //! seconds until the quota is full again (`24` for the bucket above).
 //! A quota whose period is not whole seconds is advertised over the period rounded up, with `q`
 //! the units granted in it at the quota's rate, rounded down (`100` per 100 ms is `q=1000;w=1`).
