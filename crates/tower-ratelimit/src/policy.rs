@@ -323,9 +323,15 @@ impl Policy {
     /// let through: a cost computed from the request (say its body's length in KiB) should be at
     /// least 1 (`(len / 1024).max(1)`) unless small requests are meant to be free. A cost larger
     /// than the limit can ever hold is denied with no `Retry-After` (it would never pass); its
-    /// `RateLimit` field reports the quota as it stands (`t=0` when it is full), and the body (or
+    /// `RateLimit` field reports the quota as it stands (no `t` when it is full), and the body (or
     /// the problem's `detail`, or the gRPC message) says that the request costs more than the
     /// limit can ever admit at once.
+    ///
+    /// The rate-limit fields then count cost units, not requests: `q` and `r` are in the units
+    /// the costs are in, while draft-10 reads them as requests unless `qu` says otherwise, and
+    /// its registry has no unit for "what the API charges" (`content-bytes` fits a cost that is
+    /// the body's length in bytes). Say in the API's documentation what each request costs, or
+    /// clients will read `r=15` as 15 requests where 3 writes of 5 remain.
     pub fn cost(mut self, cost: impl Fn(&RequestHead<'_>) -> u64 + Send + Sync + 'static) -> Self {
         self.cost = Some(Arc::new(cost));
         self

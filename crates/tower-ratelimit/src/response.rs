@@ -12,7 +12,8 @@
 //!
 //! On allowed responses `RateLimit` says how many are left and `t` when more is available, as
 //! draft-10 defines it: for the token bucket and GCRA, when the next whole unit comes back (a
-//! bucket of 5 a minute, two spent: `r=3;t=12`, the third back in 12 s; `0` while full); for a
+//! bucket of 5 a minute, two spent: `r=3;t=12`, the third back in 12 s); while the quota is full
+//! nothing more can come and `t`, optional, is left out (`"api";r=5`); for a
 //! fixed window, its end; for the sliding window and log, when the next unit frees, which the
 //! store computes ([`Decision::more_after`](ratelimit_core::Decision::more_after): 10 per 10 s,
 //! 4 spent at 0 s, 3 at 2 s and 3 at 4 s, one more at 10 s: `r=3;t=2`, the three of 2 s back at
@@ -695,6 +696,9 @@ impl Prepared {
             .unwrap_or_default()
     }
 
+    /// `"name";r=…;t=…`, without `t` when `reset` is 0: nothing more is coming (a full quota),
+    /// and `t` (optional in draft-10) would say "more now" (its example of a quota with no reset
+    /// leaves it out).
     fn rate_limit_value(&self, d: &Decision, reset: u64) -> HeaderValue {
         let item = self
             .items
@@ -704,14 +708,20 @@ impl Prepared {
         let mut r = itoa::Buffer::new();
         let r = r.format(d.remaining().min(SF_INTEGER_MAX)).as_bytes();
         let mut t = itoa::Buffer::new();
-        let t = t.format(reset.min(SF_INTEGER_MAX)).as_bytes();
+        let t = if reset == 0 {
+            &[][..]
+        } else {
+            t.format(reset.min(SF_INTEGER_MAX)).as_bytes()
+        };
         // Built at its exact length, so that `Bytes` takes the vector as it is (a copy through a
         // stack buffer measured 46 instructions more).
         let mut v = Vec::with_capacity(item.len() + r.len() + 3 + t.len());
         v.extend_from_slice(item);
         v.extend_from_slice(r);
-        v.extend_from_slice(b";t=");
-        v.extend_from_slice(t);
+        if !t.is_empty() {
+            v.extend_from_slice(b";t=");
+            v.extend_from_slice(t);
+        }
         // Only printable ASCII is ever written (names are checked by `Policy::new`).
         HeaderValue::from_maybe_shared(Bytes::from(v))
             .unwrap_or_else(|_| HeaderValue::from_static(""))
@@ -1348,7 +1358,7 @@ mod tests {
         let d = Decision::new(Outcome::Allowed, 1 << 52, 1 << 52, Duration::ZERO, 0);
         assert_eq!(
             p.rate_limit_value(&d, p.more_in_secs(&d)),
-            "\"x\";r=999999999999999;t=0"
+            "\"x\";r=999999999999999"
         );
         assert_eq!(secs_ceil(Duration::MAX), u64::MAX);
         assert_eq!(retry_after_secs(Duration::MAX), u64::MAX);

@@ -661,6 +661,25 @@ async fn a_custom_body_that_is_not_an_error_becomes_a_429() {
     }
 }
 
+/// A quota that is full has nothing more to come: `RateLimit` leaves out `t` (optional in
+/// draft-10), which as `t=0` said that more is available now.
+#[tokio::test]
+async fn a_full_quota_has_no_t() {
+    for algorithm in Algorithm::ALL {
+        let (_clock, store) = store();
+        let limit = Limit::single(algorithm, Quota::per_minute(5).unwrap()).unwrap();
+        // A peek (cost 0) spends nothing: the quota stays full.
+        let policy = Policy::new("api", limit).unwrap().cost(|_| 0);
+        let res = send(&app(store, policy), request("/")).await;
+        assert_eq!(res.status(), 200);
+        assert_eq!(
+            header(&res, "ratelimit"),
+            Some("\"api\";r=5"),
+            "{algorithm:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_cost_that_can_never_pass_is_denied_without_retry_after() {
     let (_clock, store) = store();
@@ -669,8 +688,9 @@ async fn a_cost_that_can_never_pass_is_denied_without_retry_after() {
     assert_eq!(res.status(), 429);
     assert_eq!(header(&res, "retry-after"), None);
     assert_eq!(header(&res, "ratelimit-policy"), Some("\"api\";q=5;w=60"));
-    // No wait would help, and the fields say the quota is whole: the body says why.
-    assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=5;t=0"));
+    // No wait would help, and the fields say the quota is whole, with no `t`: nothing more is
+    // coming (`t=0` said "more now", and a client retried at once). The body says why.
+    assert_eq!(header(&res, "ratelimit"), Some("\"api\";r=5"));
     assert_eq!(
         body_text(res).await,
         "Too Many Requests: this request costs more than the limit can ever admit at once\n"
