@@ -279,7 +279,11 @@ pub enum DenialBody {
     /// `PERMISSION_DENIED` (with a pushback of `-1`: the same call would meet the same answer).
     Grpc,
     /// A response built by a closure. Its status (if 4xx or 5xx; any other becomes 429) and
-    /// headers are kept; `Retry-After` and the rate-limit fields are added where absent.
+    /// headers are kept; `Retry-After` and the rate-limit fields are added where absent. A
+    /// `Retry-After` of the closure's own is kept as it is, and `RateLimit`'s `t` still says the
+    /// store's wait: draft-10 asks that a `Retry-After` not be earlier than `t` (and has clients
+    /// follow `Retry-After`), so set one no shorter than [`Denial::retry_after_secs`] unless
+    /// meant.
     Custom(CustomBody),
 }
 
