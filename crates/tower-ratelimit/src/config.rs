@@ -345,10 +345,9 @@ fn yes() -> bool {
 impl PolicyConfig {
     /// Builds the policy, or says which setting is wrong: an [`Error::Config`] whose `at` names
     /// it as the configuration does (`tiers[0].quotas[1]`). Set the key extractor (and any cost
-    /// function, tier resolver or allow-list) on the result. Two settings are checked later, by
-    /// [`RateLimitLayer::new`](crate::RateLimitLayer::new), which sees the whole policy: that
-    /// `[[tiers]]` come with a tier resolver, and that a fallback's share of each quota
-    /// (`gateways`) can be counted.
+    /// function, tier resolver or allow-list) on the result.
+    /// [`RateLimitLayer::new`](crate::RateLimitLayer::new), which sees the whole policy, checks
+    /// later that `[[tiers]]` come with a tier resolver.
     pub fn into_policy(self) -> Result<Policy, Error> {
         let mut policy = Policy::new(&self.name, limit(self.algorithm, &self.quotas, "")?)
             .map_err(|e| at("name", e))?;

@@ -47,7 +47,9 @@ impl<St: Store> RateLimitLayer<St> {
     /// (5 failures, 10 s; none for a store that always answers at once and cannot fail, such as
     /// the in-memory store) and the system clock.
     ///
-    /// Fails if the policy's fallback share cannot be computed for one of its limits.
+    /// Fails if the policy has tiers but no tier resolver, or a failure policy or missing-key
+    /// answer made from its enum's variants with a setting their constructors refuse (a fallback's
+    /// share of a limit, which `Limit::divided` makes for every valid limit, is not expected to).
     pub fn new(store: St, policy: Policy) -> Result<Self, Error> {
         RateLimitLayer::builder(store, policy).build()
     }

@@ -775,7 +775,7 @@ impl StoreConfig {
         if !(1..=tower_ratelimit::MAX_FAILURE_THRESHOLD).contains(&cb.failures) {
             return Err(ConfigError::new(
                 "store.circuit_breaker.failures",
-                "must be from 1 to 1000000 (set enabled = false for no circuit breaker)",
+                "must be from 1 to 1000000 (checked with enabled = false too)",
             ));
         }
         if cb.cool_down_ms == 0 || cb.cool_down_ms > MAX_MS {
