@@ -39,6 +39,12 @@ fn limit_of_all(
     Limit::new(algorithm, quotas.into_iter().map(|q| fit(algorithm, q)))
 }
 
+/// The limit of `q1` alone, or of `q1` and `q2` if `two`, fitted to `algorithm`.
+fn one_or_two(algorithm: Algorithm, q1: Quota, q2: Quota, two: bool) -> Limit {
+    let quotas = if two { vec![q1, q2] } else { vec![q1] };
+    limit_of_all(algorithm, quotas).unwrap()
+}
+
 /// Random steps: (time since previous request in µs, cost). Many zero gaps make bursts.
 fn steps(max_cost: u64) -> impl Strategy<Value = Vec<(u64, u64)>> {
     prop::collection::vec(
@@ -226,8 +232,7 @@ proptest! {
         alg in 0usize..5,
     ) {
         let algorithm = Algorithm::ALL[alg];
-        let quotas = if two { vec![q1, q2] } else { vec![q1] };
-        let limit = limit_of_all(algorithm, quotas).unwrap();
+        let limit = one_or_two(algorithm, q1, q2, two);
         let mut states = limit.fresh_states(Timestamp::ZERO);
         let mut now = 0;
         for (gap, cost) in s {
@@ -263,8 +268,7 @@ proptest! {
         sliding_log in any::<bool>(),
     ) {
         let algorithm = if sliding_log { Algorithm::SlidingLog } else { Algorithm::SlidingWindow };
-        let quotas = if two { vec![q1, q2] } else { vec![q1] };
-        let limit = limit_of_all(algorithm, quotas).unwrap();
+        let limit = one_or_two(algorithm, q1, q2, two);
         let mut states = limit.fresh_states(Timestamp::ZERO);
         let mut now = 0;
         for (gap, cost) in s {
