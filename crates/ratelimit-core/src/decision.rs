@@ -356,14 +356,14 @@ impl Decision {
         }
     }
 
-    /// When allowed, the time until more of the binding quota is available (its next unit back;
-    /// of a limit of several quotas, the latest of the quotas with as few left, see
-    /// [`combine`](Self::combine)), if the store said: the sliding window and the sliding log say it, as a unit may come back
-    /// long before the quota is full again (the `t` of draft-ietf-httpapi-ratelimit-headers-10's
-    /// `RateLimit` field). `None` when denied, when the quota is full, and when the store did not
-    /// say (the bucket algorithms, whose next unit follows from the limit, `remaining` and
-    /// [`reset_after`](Self::reset_after); a fixed window, whose units all come back at its end;
-    /// a store of another crate; a leased answer).
+    /// When allowed, the time until more of the binding quota is available (its next unit back; of
+    /// a limit of several quotas, the latest of the quotas with as few left, see
+    /// [`combine`](Self::combine)), if the store said: the sliding window and the sliding log say
+    /// it, as a unit may come back long before the quota is full again (the `t` of
+    /// draft-ietf-httpapi-ratelimit-headers-10's `RateLimit` field). `None` when denied, when the
+    /// quota is full, and when the store did not say (the bucket algorithms, whose next unit
+    /// follows from the limit, `remaining` and [`reset_after`](Self::reset_after); a fixed window,
+    /// whose units all come back at its end; a store of another crate; a leased answer).
     #[must_use]
     pub const fn more_after(&self) -> Option<Duration> {
         match self.kind() {

@@ -154,12 +154,12 @@ const MAX_SHARDS: usize = 16;
 /// [`DEFAULT_MAX_DENIALS`]): one per denial, and one per (key, limit) with denials, its record
 /// (generation and latest deadline), so a key denied at a single cost takes two. Each is a 16-byte
 /// digest and a 48-byte entry: a 64-byte table slot. When a shard fills, the entries that can
-/// answer nothing are dropped first (expired denials, denials an admission ended, records without
-/// a denial); if that leaves less than an eighth of it free, the entries expiring soonest until
-/// an eighth is (a record expires with its last denial, so it goes with or after them), so that a
-/// full shard is gone over once per eighth of its size of new entries (two for a new key's
-/// denial), not once per denial when they end about as fast as they come. A denial not held only means one more store call: no
-/// decision changes.
+/// answer nothing are dropped first (expired denials, denials an admission ended, records without a
+/// denial); if that leaves less than an eighth of it free, the entries expiring soonest until an
+/// eighth is (a record expires with its last denial, so it goes with or after them), so that a full
+/// shard is gone over once per eighth of its size of new entries (two for a new key's denial), not
+/// once per denial when they end about as fast as they come. A denial not held only means one more
+/// store call: no decision changes.
 pub struct DenialCache<S, C> {
     inner: S,
     clock: C,

@@ -14,19 +14,19 @@
 //! draft-10 defines it: for the token bucket and GCRA, when the next whole unit comes back (a
 //! bucket of 5 a minute, two spent: `r=3;t=12`, the third back in 12 s); for a fixed window, its
 //! end; for the sliding window and log, when the next unit frees, which the store computes
-//! ([`Decision::more_after`](ratelimit_core::Decision::more_after): a sliding log of 10 per
-//! 10 s, 4 spent at 0 s, 3 at 2 s and 3 at 4 s, one more at 10 s: `r=3;t=2`, the three of 2 s
-//! back at 12 s; the quota is full again only at 20 s). Whatever the algorithm, while the quota is
-//! full nothing more can come, and `t`, optional, is left out (`"api";r=5`). An answer that does not say (a leased one) gives
-//! the seconds until the quota is full again, which bounds it. Of a limit of several quotas, the
-//! sliding algorithms' `t` waits for every quota with as few left as the binding one; the
-//! buckets' is the binding quota's next unit, and another quota with as few left may free its
-//! own later (the decision does not carry the others' levels). `X-RateLimit-Reset` keeps its own meaning, the
-//! seconds until the quota is full again (`24` for the bucket above).
-//! A quota whose period is not whole seconds is advertised over the period rounded up, with `q`
-//! the units granted in it at the quota's rate, rounded down (`100` per 100 ms is `q=1000;w=1`).
-//! For the bucket algorithms `q` is the sustained rate: a burst above it shows in `r` (a fresh
-//! bucket of 20 refilled at 10 a second says `q=10;w=1` and, after one request, `r=19`), and in
+//! ([`Decision::more_after`](ratelimit_core::Decision::more_after): a sliding log of 10 per 10 s, 4
+//! spent at 0 s, 3 at 2 s and 3 at 4 s, one more at 10 s: `r=3;t=2`, the three of 2 s back at 12 s;
+//! the quota is full again only at 20 s). Whatever the algorithm, while the quota is full nothing
+//! more can come, and `t`, optional, is left out (`"api";r=5`). An answer that does not say (a
+//! leased one) gives the seconds until the quota is full again, which bounds it. Of a limit of
+//! several quotas, the sliding algorithms' `t` waits for every quota with as few left as the
+//! binding one; the buckets' is the binding quota's next unit, and another quota with as few left
+//! may free its own later (the decision does not carry the others' levels). `X-RateLimit-Reset`
+//! keeps its own meaning, the seconds until the quota is full again (`24` for the bucket above). A
+//! quota whose period is not whole seconds is advertised over the period rounded up, with `q` the
+//! units granted in it at the quota's rate, rounded down (`100` per 100 ms is `q=1000;w=1`). For
+//! the bucket algorithms `q` is the sustained rate: a burst above it shows in `r` (a fresh bucket
+//! of 20 refilled at 10 a second says `q=10;w=1` and, after one request, `r=19`), and in
 //! `X-RateLimit-Limit`, which gives the burst.
 //!
 //! What the inner service set is never overwritten. The IETF fields are lists of items, one per
