@@ -211,9 +211,13 @@ impl Decision {
         self.retry_after_us
     }
 
-    /// The same decision, describing quota `index` (for a denial, the one quota that denied).
+    /// The same decision, describing quota `index` of its limit (for a denial, the one quota
+    /// that denied). For a store that checks a limit's quotas one by one and joins them with
+    /// [`combine`](Self::combine), which needs each decision to name its own quota (an
+    /// algorithm's decision names quota 0); [`Limit::check`](crate::Limit::check) does both.
     #[inline]
-    pub(crate) const fn with_quota_index(mut self, index: usize) -> Self {
+    #[must_use]
+    pub const fn with_quota_index(mut self, index: usize) -> Self {
         self.tag = (self.tag & (0xff | CACHED)) | (quota_index_bits(index) << 8);
         self
     }
@@ -428,7 +432,8 @@ impl Decision {
         ((self.tag >> 8) & u32::MAX as u64) as usize
     }
 
-    /// Combines per-quota decisions into the decision of the whole limit (all-or-nothing).
+    /// Combines per-quota decisions into the decision of the whole limit (all-or-nothing). Each
+    /// must name its own quota ([`with_quota_index`](Self::with_quota_index)).
     ///
     /// Denied if any is denied; then the binding quota is the one that can never pass, or else
     /// the one with the longest wait (waiting that long lets every quota pass, since waiting only

@@ -21,9 +21,101 @@ use crate::{Decision, Limit};
 /// (the Redis store's does).
 ///
 /// State is kept per (key, limit): the same key under two different limits is two states.
+///
+/// # Writing a store
+///
+/// A store of another crate (over a database, say) makes the same decisions as this crate's by
+/// keeping one [`State`](crate::State) per quota of the limit, starting from
+/// [`Limit::fresh_states`], and running [`Limit::check`] on them, which checks every quota
+/// all-or-nothing and reports which quota binds: no algorithm needs writing again. What the rest
+/// of this workspace relies on:
+///
+/// - **Exact decisions.** The wrappers and the tower layer compute from a decision's fields, so
+///   they must be the algorithms', not rounded: a denial's `retry_after` is the first instant
+///   the same cost passes ([`DenialCache`](crate::DenialCache) denies until then without asking),
+///   `remaining` and `reset_after` are exact ([`Leasing`](crate::Leasing) asks for `remaining`
+///   units and sizes leases from `reset_after`; the layer's `RateLimit` field is built from
+///   them). A store that keeps whole seconds of TTL must not round the reset it reports.
+/// - **One atomic step per check.** Read the states, check, and write them back only if the
+///   check was allowed with a cost above 0, as one atomic operation of the backend (a
+///   transaction, a compare-and-set retried on conflict, a server-side script): two gateways
+///   must never spend the same unit. Keep the state of every quota of a limit under one key,
+///   so that all or none are written. Let it expire at [`Limit::fresh_at`] (a missing state and
+///   a fresh one decide alike).
+/// - **The key.** `key` is the client's identity as bytes, from the request: any byte (the tower
+///   layer writes `<policy name>\0` before the parts it extracted), any length. Store it under
+///   a digest if the backend limits keys (the Redis store hashes keys over 64 bytes), and add
+///   [`Limit::fingerprint`] (or the limit's own encoding) so that two limits never share a
+///   state.
+/// - **The clock.** Read the time once per check, from one clock every writer shares: the
+///   backend's own if it has one, else [`WallClock`](crate::WallClock) on synchronised hosts.
+///   Gateways whose clocks disagree count the same state at different times.
+/// - **Cancellation.** The future may be dropped at any point (the caller's timeout, a client
+///   gone) or moved to a task of its own and run to its deadline (the layer's circuit breaker
+///   does, to learn the store's health). A check that failed or was dropped may have been
+///   counted: never send an ambiguous write again, as it could count a request twice.
+/// - **No blocking, no panics.** `check` and the future's polls run on the request path, the
+///   first poll outside any runtime and with a waker that does nothing (see above): never block
+///   the thread (a synchronous client belongs on a thread pool), and register the waker of each
+///   poll, not only the first. A panic unwinds through the caller.
+/// - **Errors.** Return `Err` only when the store could not decide. The tower layer counts every
+///   `Err` against the store's health (its circuit breaker) and answers it by the route's
+///   failure policy; it logs the error's `Display` at WARN, so keep secrets (passwords in
+///   connection strings) out of it. An answer made up during an outage is not an error, and is
+///   taken as the store's.
+///
+/// A store over a map in this process (the shape of one over a database: load, check, write
+/// back, in one step under a lock):
+///
+/// ```
+/// use std::collections::HashMap;
+/// use std::convert::Infallible;
+/// use std::sync::Mutex;
+/// use ratelimit_core::{Algorithm, Clock, Decision, Limit, ManualClock, Quota, State, Store};
+///
+/// struct MapStore<C> {
+///     clock: C,
+///     states: Mutex<HashMap<(Vec<u8>, u64), Vec<State>>>,
+/// }
+///
+/// impl<C: Clock + 'static> Store for MapStore<C> {
+///     type Error = Infallible;
+///     type Future = std::future::Ready<Result<Decision, Infallible>>;
+///
+///     fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+///         let now = self.clock.now();
+///         let mut map = self.states.lock().unwrap();
+///         let states = map
+///             .entry((key.to_vec(), limit.fingerprint()))
+///             .or_insert_with(|| limit.fresh_states(now));
+///         // Writes the new states into `states` only if every quota admits the cost.
+///         std::future::ready(Ok(limit.check(states, now, cost)))
+///     }
+/// }
+///
+/// let store = MapStore { clock: ManualClock::new(), states: Mutex::default() };
+/// let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(2)?)?;
+/// let check = |cost| {
+///     use std::future::Future;
+///     let mut f = store.check(b"client", &limit, cost);
+///     let waker = std::task::Waker::noop();
+///     match std::pin::Pin::new(&mut f).poll(&mut std::task::Context::from_waker(waker)) {
+///         std::task::Poll::Ready(d) => d.unwrap(),
+///         std::task::Poll::Pending => unreachable!(),
+///     }
+/// };
+/// assert!(check(1).is_allowed() && check(1).is_allowed());
+/// let denied = check(1);
+/// assert_eq!(denied.retry_after(), Some(std::time::Duration::from_secs(30)));
+/// # Ok::<(), ratelimit_core::ConfigError>(())
+/// ```
+///
+/// (A real one also drops states once fresh, as [`MemoryStore`](crate::MemoryStore) does, or lets
+/// its backend expire them.)
 pub trait Store: Send + Sync + 'static {
     /// Why a check could not be made (the store could not be reached, say). A denial is never an
-    /// error: it is a [`Decision`].
+    /// error: it is a [`Decision`]. See [Writing a store](Store#writing-a-store) for what a caller
+    /// does with one.
     type Error: std::error::Error + Send + Sync + 'static;
 
     /// The future of one check. It owns what it needs (`'static`), so a middleware can hold it,
