@@ -382,13 +382,8 @@ impl Decision {
     /// [`more_after`](Self::more_after)): kept on an allowed decision, counted in whole
     /// microseconds (zero says nothing); ignored on a denial, whose wait is its retry-after.
     #[must_use]
-    pub const fn with_more_after(self, more_after: Duration) -> Self {
-        let us = more_after.as_micros();
-        self.with_more_after_micros(if us > u64::MAX as u128 {
-            u64::MAX
-        } else {
-            us as u64
-        })
+    pub fn with_more_after(self, more_after: Duration) -> Self {
+        self.with_more_after_micros(micros(more_after))
     }
 
     /// `false` when the cost is larger than the quota can ever hold.

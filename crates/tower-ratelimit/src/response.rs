@@ -712,17 +712,13 @@ impl Prepared {
         let mut r = itoa::Buffer::new();
         let r = r.format(d.remaining().min(SF_INTEGER_MAX)).as_bytes();
         let mut t = itoa::Buffer::new();
-        let t = if reset == 0 {
-            &[][..]
-        } else {
-            t.format(reset.min(SF_INTEGER_MAX)).as_bytes()
-        };
+        let t = (reset > 0).then(|| t.format(reset.min(SF_INTEGER_MAX)).as_bytes());
         // Built at its exact length, so that `Bytes` takes the vector as it is (a copy through a
         // stack buffer measured 46 instructions more).
-        let mut v = Vec::with_capacity(item.len() + r.len() + 3 + t.len());
+        let mut v = Vec::with_capacity(item.len() + r.len() + t.map_or(0, |t| 3 + t.len()));
         v.extend_from_slice(item);
         v.extend_from_slice(r);
-        if !t.is_empty() {
+        if let Some(t) = t {
             v.extend_from_slice(b";t=");
             v.extend_from_slice(t);
         }

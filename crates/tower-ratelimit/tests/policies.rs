@@ -679,24 +679,28 @@ async fn the_allow_list_is_never_limited() {
     assert_eq!(statuses(&app, || request("/"), 2).await, [200, 429]);
 }
 
+/// Where and why the policy configuration `toml` (which parses) is refused by `into_policy`.
+#[cfg(feature = "serde")]
+fn config_refused(toml: &str) -> (String, tower_ratelimit::Error) {
+    let config: tower_ratelimit::config::PolicyConfig = toml::from_str(toml).unwrap();
+    let e = config
+        .into_policy()
+        .err()
+        .unwrap_or_else(|| panic!("{toml}: accepted"));
+    let message = e.to_string();
+    let tower_ratelimit::Error::Config { at, source } = e else {
+        panic!("{toml}: {e:?}");
+    };
+    assert!(message.starts_with(&format!("{at}: ")), "{message}");
+    (at, *source)
+}
+
 /// An error of a policy from configuration says where the setting is, as the file names it: a
 /// tier's second quota is not the policy's own.
 #[cfg(feature = "serde")]
 #[test]
 fn a_configuration_error_names_where_it_is() {
-    use tower_ratelimit::config::PolicyConfig;
-    let refused_at = |toml: &str| -> String {
-        let config: PolicyConfig = toml::from_str(toml).unwrap();
-        let e = config
-            .into_policy()
-            .err()
-            .unwrap_or_else(|| panic!("{toml}: accepted"));
-        let tower_ratelimit::Error::Config { at, .. } = &e else {
-            panic!("{toml}: {e:?}");
-        };
-        assert!(e.to_string().starts_with(&format!("{at}: ")), "{e}");
-        at.clone()
-    };
+    let refused_at = |toml: &str| config_refused(toml).0;
     let base = "name = \"x\"\nquotas = [{ limit = 10, per = \"second\" }]\n";
     assert_eq!(
         refused_at(&format!(
@@ -811,13 +815,9 @@ async fn a_policy_from_a_configuration_file() {
     // Settings that would be silently unused or changed are refused, naming the setting: a burst
     // with a window algorithm (for a tier too), and a fail-closed `Retry-After` of zero.
     let refused = |toml: &str| -> &'static str {
-        let config: PolicyConfig = toml::from_str(toml).unwrap();
-        match config.into_policy() {
-            Err(tower_ratelimit::Error::Config { source, .. }) => match *source {
-                tower_ratelimit::Error::InvalidSetting { name, .. } => name,
-                other => panic!("{toml}: {other:?}"),
-            },
-            other => panic!("{toml}: {:?}", other.map(|_| "a policy")),
+        match config_refused(toml).1 {
+            tower_ratelimit::Error::InvalidSetting { name, .. } => name,
+            other => panic!("{toml}: {other:?}"),
         }
     };
     assert_eq!(

@@ -110,19 +110,11 @@ pub fn decide(quota: &Quota, log: &SlidingLogState, now: Timestamp, cost: u64) -
         let newest = if cost > 0 { Some(now) } else { live_newest };
         (Verdict::Allowed, total + cost, newest)
     } else {
-        // Wait until enough of the oldest entries have slid out.
-        let need = total.saturating_add(cost) - limit;
-        let mut freed = 0u64;
-        let mut at = now;
-        for &(t, c) in live {
-            freed = freed.saturating_add(c);
-            if freed >= need {
-                at = t.saturating_add(p);
-                break;
-            }
-        }
+        // Wait until enough of the oldest entries have slid out (at least 1 µs: a state whose
+        // total its entries do not hold finds none to wait for).
+        let at = freed_at(live.clone().copied(), total.saturating_add(cost) - limit, p);
         (
-            Verdict::Denied(at.saturating_sub(now).max(1)),
+            Verdict::Denied(at.unwrap_or(now).saturating_sub(now).max(1)),
             total,
             live_newest,
         )
@@ -135,22 +127,26 @@ pub fn decide(quota: &Quota, log: &SlidingLogState, now: Timestamp, cost: u64) -
     // (a state whose total its entries do not hold).
     let more = match outcome {
         Verdict::Allowed if remaining < limit => {
-            let need = total.saturating_add(remaining + 1) - limit;
             let admitted = (cost > 0).then_some((now, cost));
-            let mut freed = 0u64;
-            log.entries
-                .range(expired..)
-                .copied()
-                .chain(admitted)
-                .find(|&(_, c)| {
-                    freed = freed.saturating_add(c);
-                    freed >= need
-                })
-                .map_or(0, |(t, _)| t.saturating_add(p).saturating_sub(now))
+            let need = total.saturating_add(remaining + 1) - limit;
+            freed_at(live.copied().chain(admitted), need, p).map_or(0, |at| at.saturating_sub(now))
         }
         _ => 0,
     };
     Decision::from_parts(outcome, limit, remaining, reset).with_more_after_micros(more)
+}
+
+/// When `need` of the cost of `entries` (oldest first) has slid out of a window of `p`: when
+/// the last entry it takes does; `None` if they do not hold that much.
+fn freed_at(entries: impl Iterator<Item = (u64, u64)>, need: u64, p: u64) -> Option<u64> {
+    let mut freed = 0u64;
+    entries
+        .into_iter()
+        .find(|&(_, c)| {
+            freed = freed.saturating_add(c);
+            freed >= need
+        })
+        .map(|(t, _)| t.saturating_add(p))
 }
 
 /// Records an admitted `cost` at `now` in `log`: drops the entries that have slid out and adds

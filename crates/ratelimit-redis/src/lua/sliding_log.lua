@@ -32,6 +32,34 @@ local function recount(lkey)
   end
 end
 
+-- When `need` of the cost of the log `lkey` has slid out of a window of `p`: its entries still
+-- in the window, oldest first (`window` holds the first of them, as (time, cost) pairs from
+-- list position `pruned`; read on from the list past them, and added to it, if `any` says the
+-- log has such entries), then `extra_c` at `extra_t` (an admission's own, not yet written); nil
+-- if they do not hold that much (a hash whose total exceeds its lists, damaged by hand).
+local function freed_at(lkey, window, pruned, any, p, need, extra_t, extra_c)
+  local freed, idx = 0, 1
+  local pos = pruned + #window / 2
+  while true do
+    if idx > #window then
+      if not any then break end
+      local chunk = redis.call('LRANGE', lkey, pos, pos + CHUNK - 1)
+      if #chunk == 0 then break end
+      for j = 1, #chunk do
+        local t, c = parse(chunk[j])
+        window[#window + 1] = t
+        window[#window + 1] = c
+      end
+      pos = pos + #chunk
+    end
+    freed = freed + window[idx + 1]
+    if freed >= need then return window[idx] + p end
+    idx = idx + 2
+  end
+  if extra_t and freed + extra_c >= need then return extra_t + p end
+  return nil
+end
+
 local plan = {}
 -- Recounted totals (field, total, ...), nil until the first: a denial stores them too.
 local repairs = nil
@@ -93,34 +121,6 @@ for i = 1, N do
     end
   end
 
-  -- When `need` of the cost in the window has slid out, the oldest entries first (read on from
-  -- the list past what `window` holds), then `extra_c` at `extra_t` (an admission's own, not yet
-  -- written); nil if they do not hold that much (a hash whose total exceeds its lists, damaged
-  -- by hand).
-  local function freed_at(need, extra_t, extra_c)
-    local freed, idx = 0, 1
-    local pos = pruned + #window / 2
-    while true do
-      if idx > #window then
-        -- No entry in the window at all: nothing to read on.
-        if not newest then break end
-        local chunk = redis.call('LRANGE', lkey, pos, pos + CHUNK - 1)
-        if #chunk == 0 then break end
-        for j = 1, #chunk do
-          local t, c = parse(chunk[j])
-          window[#window + 1] = t
-          window[#window + 1] = c
-        end
-        pos = pos + #chunk
-      end
-      freed = freed + window[idx + 1]
-      if freed >= need then return window[idx] + p end
-      idx = idx + 2
-    end
-    if extra_t and freed + extra_c >= need then return extra_t + p end
-    return nil
-  end
-
   local code, retry = 0, 0
   local merge, push = false, false
   if COST > limit then
@@ -134,7 +134,8 @@ for i = 1, N do
   else
     code = 1
     -- Wait until enough of the oldest entries have slid out; at least 1 us, as in core.
-    retry = math.max((freed_at(total + COST - limit) or now) - now, 1)
+    local at = freed_at(lkey, window, pruned, newest ~= nil, p, total + COST - limit)
+    retry = math.max((at or now) - now, 1)
   end
   local back = newest
   if merge or push then back = now end
@@ -147,7 +148,8 @@ for i = 1, N do
     -- pass, as the core's Decision::more_after.
     local extra_t = nil
     if merge or push then extra_t = now end
-    local at = freed_at(total + rem + 1 - limit, extra_t, COST)
+    local at = freed_at(lkey, window, pruned, newest ~= nil, p, total + rem + 1 - limit, extra_t,
+      COST)
     if at then retry = at - now end
   end
   consider(i, code, retry, limit, rem, reset)

@@ -5,8 +5,26 @@
 
 local key = KEYS[1]
 
+-- The wait until a cost c (at most the limit) passes, for one that does not pass now, `e` into
+-- a window of `p` whose counts are `cur` and `prev`. A function of its own, not a closure made
+-- at each check: the fast path allocates nothing but its reply.
+local function wait(limit, p, e, cur, prev, c)
+  if cur + c <= limit then
+    -- Passes later in this window, once enough of prev has slid out.
+    local room = floor((limit - cur - c) * p / prev)
+    return (p - room) - e
+  end
+  -- Passes in the next window, where cur becomes the previous count.
+  local e_next = 0
+  if cur > 0 then
+    e_next = p - math.min(floor((limit - c) * p / cur), p)
+  end
+  return (p - e) + e_next
+end
+
 -- One quota's decision. `s_start` is nil for a key never seen. Returns the outcome code, retry
--- (when allowed, the time until more is available), remaining, reset, the new (start, current, previous), and the time the new state is fresh.
+-- (when allowed, the time until more is available), remaining, reset, the new (start, current,
+-- previous), and the time the new state is fresh.
 local function window(limit, p, s_start, s_cur, s_prev)
   local now = NOW
   local start = floor(now / p) * p
@@ -23,21 +41,6 @@ local function window(limit, p, s_start, s_cur, s_prev)
   cur, prev = math.min(cur, limit), math.min(prev, limit)
   local e = now - start
 
-  -- The wait until a cost c (at most the limit) passes, for one that does not pass now.
-  local function wait(c)
-    if cur + c <= limit then
-      -- Passes later in this window, once enough of prev has slid out.
-      local room = floor((limit - cur - c) * p / prev)
-      return (p - room) - e
-    end
-    -- Passes in the next window, where cur becomes the previous count.
-    local e_next = 0
-    if cur > 0 then
-      e_next = p - math.min(floor((limit - c) * p / cur), p)
-    end
-    return (p - e) + e_next
-  end
-
   local code, retry = 0, 0
   if COST > limit then
     code = 2
@@ -45,14 +48,14 @@ local function window(limit, p, s_start, s_cur, s_prev)
     cur = cur + COST
   else
     code = 1
-    retry = wait(COST)
+    retry = wait(limit, p, e, cur, prev, COST)
   end
   local used = prev * (p - e) + cur * p
   local rem = 0
   if limit * p > used then rem = floor((limit * p - used) / p) end
   -- Allowed and not full: in the retry slot, the time until more is available (one more unit
   -- than is left passes), as the core's Decision::more_after.
-  if code == 0 and rem < limit then retry = wait(rem + 1) end
+  if code == 0 and rem < limit then retry = wait(limit, p, e, cur, prev, rem + 1) end
   local reset, after = 0, start
   if cur > 0 then
     reset, after = 2 * p - e, start + 2 * p
