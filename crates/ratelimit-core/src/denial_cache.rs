@@ -18,7 +18,7 @@ use pin_project_lite::pin_project;
 use crate::key_digest::{BuildIdHasher, KeyDigest};
 use crate::memory_store::prev_power_of_two;
 use crate::time::duration_to_micros as micros;
-use crate::{Algorithm, Clock, ConfigError, Decision, Limit, Outcome, Quota, Store};
+use crate::{Algorithm, Clock, ConfigError, Decision, Limit, Outcome, Quota, Reset, Store};
 
 /// The default most entries a [`DenialCache`] holds: 100,000 (denials and their keys' records;
 /// 50,000 keys denied at one cost each).
@@ -139,8 +139,10 @@ const MAX_SHARDS: usize = 16;
 /// it (an evicted key of a full `MemoryStore`, a Redis failover to a replica that had not received
 /// it, an operator deleting the key to let a client back in), the store would admit the client at
 /// once, but a cached denial still stands until its deadline, at most `retry_after` from the denial
-/// (the limit's longest period for a cost that can never pass). To let a client back in at once
-/// after deleting its state, [`clear`](DenialCache::clear) the cache as well.
+/// (the limit's longest period for a cost that can never pass). To let a client back in at once,
+/// [`reset`](Reset::reset) it through the cache (over a store that implements [`Reset`]), which
+/// ends its cached denials here; after deleting its state some other way,
+/// [`clear`](DenialCache::clear) the cache as well.
 ///
 /// Caveat: it also assumes the wrapped store never gives units back. Over
 /// [`Leasing`](crate::Leasing) the cache is exact against the shared store, but a unit returned to
@@ -349,6 +351,67 @@ impl<S: Store, C: Clock + 'static> Store for DenialCache<S, C> {
                 record: Some(Record::new(&self.table, (kid, id, seen), now, limit, cost)),
             },
         }
+    }
+}
+
+impl<S: Reset, C: Clock + 'static> Reset for DenialCache<S, C> {
+    type ResetFuture = DenialCacheResetFuture<S::ResetFuture>;
+
+    /// Resets the key in the wrapped store; when that completes (or its future is dropped, as
+    /// the store may have reset all the same), the key's cached denials under `limit` end, and
+    /// a denial of a check sent before then is not cached when it comes.
+    fn reset(&self, key: &[u8], limit: &Limit) -> Self::ResetFuture {
+        DenialCacheResetFuture {
+            fut: self.inner.reset(key, limit),
+            forget: Some(Forget {
+                table: Arc::clone(&self.table),
+                kid: self.table.kid(key, limit.fingerprint()),
+                at: self.clock.now().as_micros(),
+            }),
+        }
+    }
+}
+
+/// The future of a [`DenialCache`] reset: the wrapped store's, after which the key's cached
+/// denials end.
+pub struct DenialCacheResetFuture<F> {
+    fut: F,
+    /// Taken when the reset completes.
+    forget: Option<Forget>,
+}
+
+/// Ends the cached denials of a (key, limit) when dropped: a reset's, whether it completed or not.
+struct Forget {
+    table: Arc<Table>,
+    kid: u128,
+    /// When the reset was made, by the cache's clock.
+    at: u64,
+}
+
+impl Drop for Forget {
+    fn drop(&mut self) {
+        self.table.forget(self.kid, self.at);
+    }
+}
+
+impl<F> fmt::Debug for DenialCacheResetFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DenialCacheResetFuture")
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F, E> Future for DenialCacheResetFuture<F>
+where
+    F: Future<Output = Result<(), E>> + Unpin,
+{
+    type Output = Result<(), E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let out = std::task::ready!(Pin::new(&mut self.fut).poll(cx));
+        // Before the answer is returned, so that a check made after it finds no denial.
+        drop(self.forget.take());
+        Poll::Ready(out)
     }
 }
 
@@ -719,6 +782,27 @@ impl Table {
     /// key's cached denials end, as at an admission.
     fn unanswered(&self, kid: u128) {
         self.shard(kid).lock().renew(kid);
+    }
+
+    /// The (key, limit) `kid` was reset: a new generation, so that its cached denials answer no
+    /// more, and a check sent before now (which saw the old generation, or none) records no
+    /// denial read before the reset. A key without a record gets one (without a denial, it goes
+    /// at the shard's next sweep).
+    fn forget(&self, kid: u128, now: u64) {
+        let mut guard = self.shard(kid).lock();
+        let shard = &mut *guard;
+        if shard.generation_of(kid).is_some() {
+            shard.renew(kid);
+            return;
+        }
+        // Room for the record alone: `make_room` keeps `kid` and the entry named second, here
+        // the record itself.
+        let evicted = shard.make_room(kid, kid, now, self.per_shard_cap);
+        if evicted > 0 {
+            self.evicted.fetch_add(evicted, Ordering::Relaxed);
+        }
+        let generation = shard.new_generation();
+        shard.map.insert(kid, Entry::key_record(0, generation));
     }
 
     fn record(&self, r: &Record, d: &Decision) {

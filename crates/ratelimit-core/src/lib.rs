@@ -54,13 +54,16 @@ mod memory_store;
 mod prefetch;
 mod quota;
 mod quota_set;
+mod reset;
 mod store;
 mod time;
 
 pub use algorithm::{Algorithm, State};
 pub use clock::{Clock, ManualClock, SystemClock, WallClock};
 pub use decision::{Decision, Outcome};
-pub use denial_cache::{DEFAULT_MAX_DENIALS, DenialCache, DenialCacheFuture, DenialCacheStats};
+pub use denial_cache::{
+    DEFAULT_MAX_DENIALS, DenialCache, DenialCacheFuture, DenialCacheResetFuture, DenialCacheStats,
+};
 pub use error::ConfigError;
 pub use lease::{
     DEFAULT_MAX_LEASE, DEFAULT_MAX_LEASED_KEYS, DEFAULT_MAX_TTL, LeaseFuture, Leasing,
@@ -70,5 +73,6 @@ pub use limit::{Limit, MAX_QUOTAS, MAX_SLIDING_LOG_LIMIT};
 pub use memory_store::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder};
 pub use quota::{MAX_EXACT, Quota};
 pub use quota_set::{QuotaSet, QuotaSetIter};
+pub use reset::Reset;
 pub use store::{NoError, Store};
 pub use time::Timestamp;

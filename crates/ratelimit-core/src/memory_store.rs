@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU64, AtomicUsize, Ordering}
 
 use crate::algorithm::{MAX_TIME, State};
 use crate::key_digest::KeyDigest;
-use crate::{Clock, ConfigError, Decision, Limit, Store, SystemClock, Timestamp};
+use crate::{Clock, ConfigError, Decision, Limit, Reset, Store, SystemClock, Timestamp};
 
 mod compact;
 mod denial_memo;
@@ -212,6 +212,20 @@ impl<C: Clock> MemoryStore<C> {
             return d;
         }
         self.check_id(shard, id, limit, 1, now, true)
+    }
+
+    /// Forgets `key`'s state under `limit`: its next check counts from a full quota, as a new
+    /// key's. Returns whether a state was held. The same as [`Reset::reset`], answered at once
+    /// (see [`Reset`] for what a reset means).
+    pub fn reset_now(&self, key: &[u8], limit: &Limit) -> bool {
+        let (shard, id) = self.key_id(key, limit.fingerprint());
+        let s = &self.shards[shard];
+        let mut table = s.lock();
+        // The memo may name the key, with a denial computed from the state going now.
+        if s.memo_key.load(Ordering::Relaxed) == id {
+            self.memos[shard].clear(&s.memo_key);
+        }
+        table.remove(id)
     }
 
     /// The clock this store reads.
@@ -435,6 +449,15 @@ impl<C: Clock + 'static> Store for MemoryStore<C> {
     }
 }
 
+impl<C: Clock + 'static> Reset for MemoryStore<C> {
+    type ResetFuture = Ready<Result<(), Infallible>>;
+
+    fn reset(&self, key: &[u8], limit: &Limit) -> Self::ResetFuture {
+        self.reset_now(key, limit);
+        ready(Ok(()))
+    }
+}
+
 /// A shard's table of up to this many buckets (32 KB) is not prefetched: a heuristic (not
 /// measured at this size) for a table small enough to stay in a core's cache, where a prefetch
 /// would only cost its instructions. Per shard: with 64 shards, stores of up to about 100,000
@@ -520,8 +543,8 @@ struct Big {
     states: Vec<State>,
 }
 
-/// An open-addressing table with linear probing. Keys are only ever removed in bulk (a sweep),
-/// by rebuilding, so no tombstones are needed.
+/// An open-addressing table with linear probing. Keys are removed in bulk (a sweep) by
+/// rebuilding, and one at a time (a reset) by moving the rest of the run back: no tombstones.
 #[derive(Debug)]
 struct Table {
     buckets: Vec<Bucket>,
@@ -652,6 +675,46 @@ impl Table {
         Self::place(&mut self.buckets, Bucket { id, word });
         self.len += 1;
         evicted as u64
+    }
+
+    /// Removes the key `id`, if held, and returns whether it was. The keys after it in its run
+    /// that probed past its bucket move back into the hole (linear probing's deletion), so
+    /// that no lookup stops short of them and no tombstone is needed.
+    fn remove(&mut self, id: u64) -> bool {
+        let Some(mut hole) = self.find(id) else {
+            return false;
+        };
+        let word = self.buckets[hole].word;
+        if word & BIG != 0 {
+            let slot = word & !BIG;
+            self.big[slot as usize] = Big::default();
+            self.free_big.push(slot);
+        }
+        let n = self.buckets.len();
+        let mut j = hole;
+        loop {
+            j = if j + 1 == n { 0 } else { j + 1 };
+            let b = self.buckets[j];
+            // The table is at most 3/4 full: the run ends.
+            if b.is_empty() {
+                break;
+            }
+            // `b` stays if its home is in (hole, j], going round the end: a lookup of it starts
+            // after the hole. Else it moves into the hole, which moves to its bucket.
+            let home = Self::home(b.id, n);
+            let stays = if hole <= j {
+                hole < home && home <= j
+            } else {
+                hole < home || home <= j
+            };
+            if !stays {
+                self.buckets[hole] = b;
+                hole = j;
+            }
+        }
+        self.buckets[hole] = Bucket::default();
+        self.len -= 1;
+        true
     }
 
     /// A time from which the state of `b` is certainly fresh.

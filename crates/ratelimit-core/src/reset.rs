@@ -1,0 +1,67 @@
+//! The `Reset` trait: forgetting one client's state.
+
+use std::future::Future;
+use std::sync::Arc;
+
+use crate::{Limit, Store};
+
+/// A [`Store`] that can forget one key's state under one limit, so that the key's next check
+/// counts from a full quota, as a new key's would.
+///
+/// What it is for: letting a client back in at once (support lifting a block), or counting only
+/// what should count, as a login limit that forgets a user's failed attempts once they sign in.
+/// In the tower layer, `RateLimitLayer::resetter` resets the key a request would be checked
+/// under.
+///
+/// - **Scope.** One (key, limit): the same key under another limit keeps its state. Every state
+///   the limit's check reads is forgotten together (all its quotas, and a sliding log's entries).
+/// - **Concurrency.** A check that runs concurrently with the reset counts either before it (and
+///   is forgotten with the rest) or after it (and counts against the fresh quota), never half of
+///   each. A check of this process that had already read the state before the reset completed
+///   may answer from what it read, as any check answers from the state of its instant.
+/// - **Wrappers.** [`DenialCache`](crate::DenialCache) implements it over a store that does: its
+///   cached denials of the key end when the reset completes (or is dropped, since the store may
+///   have reset all the same), and a denial read before that is not cached afterwards. The
+///   denials cached by *other* processes in front of a shared store (other gateways' caches)
+///   are not reached: each still stands until its deadline, at most its `retry_after`.
+/// - **Failure.** `Err` means the store could not be reached: the state may or may not have been
+///   forgotten (a reset that timed out may still run). Resetting again is harmless.
+///
+/// ```
+/// use std::future::Future;
+/// use ratelimit_core::{Algorithm, Limit, ManualClock, MemoryStore, Quota, Reset};
+///
+/// # fn now<F: Future>(f: F) -> F::Output {
+/// #     let mut f = std::pin::pin!(f);
+/// #     match f.as_mut().poll(&mut std::task::Context::from_waker(std::task::Waker::noop())) {
+/// #         std::task::Poll::Ready(out) => out,
+/// #         std::task::Poll::Pending => unreachable!("the in-memory store answers at once"),
+/// #     }
+/// # }
+/// let store = MemoryStore::builder().with_clock(ManualClock::new()).build()?;
+/// let login = Limit::single(Algorithm::TokenBucket, Quota::per_minute(3)?)?;
+/// for _ in 0..3 {
+///     assert!(store.check_now(b"alice", &login, 1).is_allowed());
+/// }
+/// assert!(!store.check_now(b"alice", &login, 1).is_allowed());
+/// // Alice signed in: her failed attempts are forgotten.
+/// now(store.reset(b"alice", &login)).unwrap();
+/// assert_eq!(store.check_now(b"alice", &login, 1).remaining(), 2);
+/// # Ok::<(), ratelimit_core::ConfigError>(())
+/// ```
+pub trait Reset: Store {
+    /// The future of one reset. Like [`Store::Future`], it owns what it needs and is `Unpin`.
+    type ResetFuture: Future<Output = Result<(), Self::Error>> + Send + Unpin + 'static;
+
+    /// Forgets `key`'s state under `limit`. Resetting a key that holds no state does nothing
+    /// and succeeds.
+    fn reset(&self, key: &[u8], limit: &Limit) -> Self::ResetFuture;
+}
+
+impl<S: Reset + ?Sized> Reset for Arc<S> {
+    type ResetFuture = S::ResetFuture;
+
+    fn reset(&self, key: &[u8], limit: &Limit) -> Self::ResetFuture {
+        (**self).reset(key, limit)
+    }
+}

@@ -1,0 +1,296 @@
+//! `Reset`: a key's state forgotten, in the memory store and through the denial cache, and no
+//! other key's.
+
+use std::collections::HashSet;
+use std::future::Future;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::task::{Context, Poll, Waker};
+use std::time::Duration;
+
+use proptest::prelude::*;
+use ratelimit_core::{
+    Algorithm, DenialCache, Limit, ManualClock, MemoryStore, Quota, Reset, Store,
+};
+
+fn now<F: Future>(f: F) -> F::Output {
+    match pin!(f).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => v,
+        Poll::Pending => panic!("the in-memory store answers at once"),
+    }
+}
+
+fn store(clock: &ManualClock) -> MemoryStore<ManualClock> {
+    MemoryStore::builder()
+        .with_clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+/// One limit per algorithm, of one quota and of two.
+fn limits() -> Vec<Limit> {
+    let mut out = Vec::new();
+    for alg in [
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+    ] {
+        out.push(Limit::single(alg, Quota::per_minute(5).unwrap()).unwrap());
+        out.push(
+            Limit::new(
+                alg,
+                [Quota::per_second(3).unwrap(), Quota::per_hour(20).unwrap()],
+            )
+            .unwrap(),
+        );
+    }
+    out
+}
+
+#[test]
+fn a_reset_key_decides_as_a_new_key() {
+    for limit in limits() {
+        let clock = ManualClock::new();
+        clock.advance(Duration::from_secs(1_000));
+        let store = store(&clock);
+        while store.check_now(b"k", &limit, 1).is_allowed() {}
+        clock.advance(Duration::from_millis(10));
+        assert!(!store.check_now(b"k", &limit, 1).is_allowed(), "{limit:?}");
+        assert!(store.reset_now(b"k", &limit), "{limit:?}");
+        // A store that never saw the key, at the same instant: the same decisions, in full.
+        let fresh = self::store(&clock);
+        loop {
+            let (a, b) = (
+                store.check_now(b"k", &limit, 1),
+                fresh.check_now(b"k", &limit, 1),
+            );
+            assert_eq!(a, b, "{limit:?}");
+            if !a.is_allowed() {
+                break;
+            }
+        }
+        // A key without state: nothing to forget.
+        assert!(!store.reset_now(b"never seen", &limit));
+    }
+}
+
+#[test]
+fn a_reset_forgets_only_its_key_under_its_limit() {
+    let clock = ManualClock::new();
+    let store = store(&clock);
+    let a = Limit::single(Algorithm::TokenBucket, Quota::per_minute(2).unwrap()).unwrap();
+    let b = Limit::single(Algorithm::TokenBucket, Quota::per_minute(3).unwrap()).unwrap();
+    for _ in 0..2 {
+        store.check_now(b"alice", &a, 1);
+        store.check_now(b"alice", &b, 1);
+        store.check_now(b"bob", &a, 1);
+    }
+    now(store.reset(b"alice", &a)).unwrap();
+    assert_eq!(store.check_now(b"alice", &a, 0).remaining(), 2);
+    assert_eq!(store.check_now(b"alice", &b, 0).remaining(), 1);
+    assert_eq!(store.check_now(b"bob", &a, 0).remaining(), 0);
+    // A peek stores nothing: alice's state under `a` is gone still.
+    assert_eq!(store.len(), 2);
+}
+
+/// A key denied at cost 1 is answered from its shard's memo without the lock: the reset ends
+/// that answer too.
+#[test]
+fn a_reset_ends_a_memoized_denial() {
+    let clock = ManualClock::new();
+    let store = MemoryStore::builder()
+        .shards(1)
+        .with_clock(clock.clone())
+        .build()
+        .unwrap();
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_hour(1).unwrap()).unwrap();
+    assert!(store.check_now(b"hot", &limit, 1).is_allowed());
+    for _ in 0..3 {
+        assert!(!store.check_now(b"hot", &limit, 1).is_allowed());
+    }
+    store.reset_now(b"hot", &limit);
+    assert!(store.check_now(b"hot", &limit, 1).is_allowed());
+    assert!(!store.check_now(b"hot", &limit, 1).is_allowed());
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Check(u16),
+    Reset(u16),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        3 => (0u16..400).prop_map(Op::Check),
+        1 => (0u16..400).prop_map(Op::Reset),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(200))]
+
+    /// One shard, so that every key shares one table and resets move the keys of long runs back:
+    /// each key keeps its state whatever was reset around it. A quota of 1 an hour, the clock
+    /// still: a key is admitted exactly when it holds no state.
+    #[test]
+    fn resets_keep_every_other_keys_state(
+        ops in prop::collection::vec(op(), 1..2_000),
+        big in any::<bool>(),
+    ) {
+        let clock = ManualClock::new();
+        let store = MemoryStore::builder()
+            .shards(1)
+            .with_clock(clock.clone())
+            .build()
+            .unwrap();
+        // A two-quota limit keeps its states beside the table (its side storage is reused).
+        let limit = if big {
+            Limit::new(
+                Algorithm::TokenBucket,
+                [Quota::per_hour(1).unwrap(), Quota::per_day(5).unwrap()],
+            )
+            .unwrap()
+        } else {
+            Limit::single(Algorithm::TokenBucket, Quota::per_hour(1).unwrap()).unwrap()
+        };
+        let mut held = HashSet::new();
+        for op in &ops {
+            match *op {
+                Op::Check(k) => {
+                    let d = store.check_now(&k.to_le_bytes(), &limit, 1);
+                    prop_assert_eq!(d.is_allowed(), held.insert(k), "key {}", k);
+                }
+                Op::Reset(k) => {
+                    prop_assert_eq!(store.reset_now(&k.to_le_bytes(), &limit), held.remove(&k));
+                }
+            }
+            prop_assert_eq!(store.len(), held.len());
+        }
+        for k in 0u16..400 {
+            let d = store.check_now(&k.to_le_bytes(), &limit, 0);
+            prop_assert_eq!(d.remaining() == 0, held.contains(&k), "key {}", k);
+        }
+    }
+}
+
+fn cached(clock: &ManualClock) -> DenialCache<MemoryStore<ManualClock>, ManualClock> {
+    DenialCache::new(store(clock), clock.clone())
+}
+
+#[test]
+fn a_reset_ends_the_keys_cached_denials() {
+    let clock = ManualClock::new();
+    let cache = cached(&clock);
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(1).unwrap()).unwrap();
+    assert!(now(cache.check(b"k", &limit, 1)).unwrap().is_allowed());
+    assert!(!now(cache.check(b"k", &limit, 1)).unwrap().is_allowed());
+    let d = now(cache.check(b"k", &limit, 1)).unwrap();
+    assert!(d.is_cached() && !d.is_allowed());
+    now(cache.reset(b"k", &limit)).unwrap();
+    let d = now(cache.check(b"k", &limit, 1)).unwrap();
+    assert!(d.is_allowed() && !d.is_cached());
+}
+
+/// A check decided before the reset whose answer is taken in after it: its denial is not
+/// cached, or it would deny the reset key until its deadline.
+#[test]
+fn a_denial_read_before_a_reset_is_not_cached_after_it() {
+    for recorded_before in [false, true] {
+        let clock = ManualClock::new();
+        let cache = cached(&clock);
+        let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(3).unwrap()).unwrap();
+        // Either no record of the key in the cache (2 left), or one: an admission that leaves 1
+        // implies (and caches) the denial of a second check of cost 2.
+        let first = if recorded_before { 2 } else { 1 };
+        assert!(now(cache.check(b"k", &limit, first)).unwrap().is_allowed());
+        // The memory store decides when `check` is called; the cache takes the answer in at the
+        // poll, after the reset.
+        let (mut early, mut reset) = (cache.check(b"k", &limit, 3), cache.reset(b"k", &limit));
+        assert!(now(&mut reset).is_ok());
+        assert!(!now(&mut early).unwrap().is_allowed());
+        let d = now(cache.check(b"k", &limit, 3)).unwrap();
+        assert!(d.is_allowed() && !d.is_cached(), "{recorded_before}");
+    }
+}
+
+#[test]
+fn a_reset_dropped_before_it_completes_still_ends_the_cached_denials() {
+    let clock = ManualClock::new();
+    let cache = cached(&clock);
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_minute(1).unwrap()).unwrap();
+    assert!(now(cache.check(b"k", &limit, 1)).unwrap().is_allowed());
+    assert!(!now(cache.check(b"k", &limit, 1)).unwrap().is_allowed());
+    // The store resets when `reset` is called; the future is dropped unpolled.
+    drop(cache.reset(b"k", &limit));
+    assert!(now(cache.check(b"k", &limit, 1)).unwrap().is_allowed());
+}
+
+/// Checks of two keys in one shard race resets of one of them: each reset grants the reset key
+/// at most one more quota, and the other key, moved about in the table by the resets, keeps
+/// its count exactly.
+#[test]
+fn concurrent_resets_grant_one_quota_each_and_touch_no_other_key() {
+    const QUOTA: u64 = 50;
+    const RESETS: u64 = 200;
+    let clock = ManualClock::new();
+    let store = Arc::new(
+        MemoryStore::builder()
+            .shards(1)
+            .with_clock(clock.clone())
+            .build()
+            .unwrap(),
+    );
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(QUOTA).unwrap()).unwrap();
+    // Neighbours in the one table, so that the reset key's removal moves some of them.
+    for k in 0u32..64 {
+        store.check_now(&k.to_le_bytes(), &limit, 1);
+    }
+    let done = Arc::new(AtomicBool::new(false));
+    let reset_key_allowed = Arc::new(AtomicU64::new(0));
+    let other_allowed = Arc::new(AtomicU64::new(0));
+    let mut threads = Vec::new();
+    for (key, count) in [
+        (&b"reset me"[..], reset_key_allowed.clone()),
+        (&b"leave me"[..], other_allowed.clone()),
+    ] {
+        let (store, limit, done) = (store.clone(), limit.clone(), done.clone());
+        threads.push(std::thread::spawn(move || {
+            // Until a denial after the last reset: each key's quota is then spent.
+            loop {
+                let resets_done = done.load(Ordering::Acquire);
+                if store.check_now(key, &limit, 1).is_allowed() {
+                    count.fetch_add(1, Ordering::Relaxed);
+                } else if resets_done {
+                    break;
+                }
+            }
+        }));
+    }
+    let resets = {
+        let (store, limit) = (store.clone(), limit.clone());
+        std::thread::spawn(move || {
+            for _ in 0..RESETS {
+                store.reset_now(b"reset me", &limit);
+                std::thread::yield_now();
+            }
+        })
+    };
+    resets.join().unwrap();
+    done.store(true, Ordering::Release);
+    for t in threads {
+        t.join().unwrap();
+    }
+    let granted = reset_key_allowed.load(Ordering::Relaxed);
+    assert!(granted <= QUOTA * (RESETS + 1), "{granted}");
+    assert!(granted >= QUOTA, "{granted}");
+    assert_eq!(other_allowed.load(Ordering::Relaxed), QUOTA);
+    for k in 0u32..64 {
+        assert_eq!(
+            store.check_now(&k.to_le_bytes(), &limit, 0).remaining(),
+            QUOTA - 1
+        );
+    }
+}
