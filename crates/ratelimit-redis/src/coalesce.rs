@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use ratelimit_core::{Decision, Limit, Store};
+use ratelimit_core::{Decision, Limit, Reset, Store};
 use tokio::sync::oneshot;
 
 use crate::store::{CheckFuture, CheckManyFuture, lock};
@@ -334,6 +334,19 @@ impl<S: ScriptStore> Coalescing<S> {
         CoalesceFuture {
             state: Answer::Alone(self.store.check(key, limit, cost)),
         }
+    }
+}
+
+/// The store's reset, sent at once: a check queued before it and sent after it counts against
+/// the fresh quota, as a check made after the reset would (see [`Reset`]).
+impl<S> Reset for Coalescing<S>
+where
+    S: ScriptStore + Reset<Error = RedisStoreError>,
+{
+    type ResetFuture = S::ResetFuture;
+
+    fn reset(&self, key: &[u8], limit: &Limit) -> Self::ResetFuture {
+        self.store.reset(key, limit)
     }
 }
 

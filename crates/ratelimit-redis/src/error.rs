@@ -189,6 +189,9 @@ fn refused(r: &redis::RedisError) -> bool {
                 "NOAUTH",
                 "AuthenticationFailed",
                 "unauthenticated",
+                // A command a script calls that the user may not run: Redis 7 answers it with
+                // this text and no `NOPERM` code.
+                "user executing the script can't run",
             ]
             .iter()
             .any(|refusal| text.contains(refusal))

@@ -5,10 +5,12 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-use ratelimit_core::{Limit, Store};
+use ratelimit_core::{Limit, Reset, Store};
 
 use crate::error::RedisStoreError;
-use crate::store::{CheckFuture, CheckManyFuture, MAX_TIMEOUT, RedisStore, RedisStoreBuilder};
+use crate::store::{
+    CheckFuture, CheckManyFuture, MAX_TIMEOUT, RedisStore, RedisStoreBuilder, ResetFuture,
+};
 
 /// A [`RedisStore`] that is built in the background if Redis cannot be reached when the
 /// application starts; made by [`RedisStoreBuilder::build_lazy`].
@@ -313,5 +315,17 @@ impl Store for LazyRedisStore {
     /// The builder's, known before the store is built.
     fn response_timeout(&self) -> Option<Duration> {
         Some(self.inner.response_timeout)
+    }
+}
+
+impl Reset for LazyRedisStore {
+    type ResetFuture = ResetFuture;
+
+    /// The built store's reset; before the store is built, the error a check gets then.
+    fn reset(&self, key: &[u8], limit: &Limit) -> ResetFuture {
+        match self.inner.store.get() {
+            Some(store) => store.reset(key, limit),
+            None => Box::pin(std::future::ready(Err(self.not_yet()))),
+        }
     }
 }

@@ -103,10 +103,10 @@ pub use key::MAX_VERBATIM_KEY;
 pub use lazy::LazyRedisStore;
 /// The core crate, and the types a check names, so that a store used alone needs this crate only.
 pub use ratelimit_core;
-pub use ratelimit_core::{Algorithm, Decision, Limit, Quota, Store};
+pub use ratelimit_core::{Algorithm, Decision, Limit, Quota, Reset, Store};
 pub use scripts::{script_sha, script_source};
 pub use store::{
     CLUSTER_FAILURE_DOMAINS, CheckFuture, CheckManyFuture, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_POOL_SIZE, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_WAIT_TIMEOUT, MAX_TIMEOUT,
-    RedisStore, RedisStoreBuilder, redact_url,
+    RedisStore, RedisStoreBuilder, ResetFuture, redact_url,
 };

@@ -52,6 +52,11 @@ static MULTI_SOURCES: LazyLock<[String; 5]> = LazyLock::new(|| {
 static MULTI: LazyLock<[Script; 5]> =
     LazyLock::new(|| MULTI_SOURCES.each_ref().map(|s| Script::new(s)));
 
+/// The reset script's source (`RedisStore::reset`): it deletes the keys it is given.
+const RESET_SOURCE: &str = include_str!("lua/reset.lua");
+
+static RESET: LazyLock<Script> = LazyLock::new(|| Script::new(RESET_SOURCE));
+
 fn index(algorithm: Algorithm) -> Option<usize> {
     match algorithm {
         Algorithm::TokenBucket => Some(0),
@@ -92,6 +97,9 @@ pub(crate) fn multi_script(algorithm: Algorithm) -> Option<&'static Script> {
 /// The source of one of this crate's scripts (`redis::Script` keeps its own private), for a
 /// `SCRIPT LOAD` sent to one node only.
 pub(crate) fn source_of(script: &Script) -> Option<&'static str> {
+    if script.get_hash() == RESET.get_hash() {
+        return Some(RESET_SOURCE);
+    }
     SCRIPTS
         .iter()
         .zip(SOURCES.iter())
@@ -100,9 +108,17 @@ pub(crate) fn source_of(script: &Script) -> Option<&'static str> {
         .map(|(_, source)| source.as_str())
 }
 
-/// Every script, single- and multi-cost, for loading at start.
+/// The script of `RedisStore::reset`.
+pub(crate) fn reset_script() -> &'static Script {
+    &RESET
+}
+
+/// Every script, single- and multi-cost, and the reset's, for loading at start.
 pub(crate) fn all() -> impl Iterator<Item = &'static Script> {
-    SCRIPTS.iter().chain(MULTI.iter())
+    SCRIPTS
+        .iter()
+        .chain(MULTI.iter())
+        .chain(std::iter::once(&*RESET))
 }
 
 #[cfg(test)]

@@ -9,7 +9,7 @@ use std::task::Poll;
 use std::time::Duration;
 
 use deadpool_redis::Runtime;
-use ratelimit_core::{Algorithm, Clock, Decision, Limit, MAX_EXACT, Store};
+use ratelimit_core::{Algorithm, Clock, Decision, Limit, MAX_EXACT, Reset, Store};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 
@@ -47,6 +47,9 @@ pub type CheckManyFuture =
 
 /// The future of one [`RedisStore`] check.
 pub type CheckFuture = Pin<Box<dyn Future<Output = Result<Decision, RedisStoreError>> + Send>>;
+
+/// The future of a [`RedisStore::reset`].
+pub type ResetFuture = Pin<Box<dyn Future<Output = Result<(), RedisStoreError>> + Send>>;
 
 /// A rate-limit [`Store`] on Redis or Redis Cluster, shared by every gateway that points at it.
 ///
@@ -393,6 +396,29 @@ impl RedisStore {
         })
     }
 
+    /// Forgets `key`'s state under `limit` (see [`Reset`]): deletes every Redis key a check of
+    /// it touches, in one step. Sent as a check is (a script, by `EVALSHA`, within the response
+    /// timeout, over the same connections), so a restricted Redis user needs `+del` on the
+    /// prefix as well (see `docs/redis.md`). The same as [`Reset::reset`], as an inherent
+    /// method.
+    pub fn reset(&self, key: &[u8], limit: &Limit) -> ResetFuture {
+        let inner = Arc::clone(&self.inner);
+        let script = scripts::reset_script();
+        let mut cmd = redis::cmd("EVALSHA");
+        cmd.arg(script.get_hash()).arg(key_count(limit));
+        each_state_key(&inner.prefix, key, limit, |k| {
+            cmd.arg(k.as_bytes());
+        });
+        Box::pin(async move {
+            in_runtime().await?;
+            let deadline = tokio::time::Instant::now() + inner.response_timeout;
+            match inner.eval_value(script, cmd, deadline).await? {
+                Value::Int(_) => Ok(()),
+                other => Err(RedisStoreError::UnexpectedReply(format!("{other:?}"))),
+            }
+        })
+    }
+
     /// One `EVALSHA` of `script` with `cost` (one cost, or several joined), its reply decoded by
     /// `decode`, all within the response timeout. Everything the script needs is encoded now,
     /// into one command the future owns.
@@ -451,6 +477,14 @@ impl Store for RedisStore {
     /// default): behind the tower layer, set it a little above the layer's timeout.
     fn response_timeout(&self) -> Option<Duration> {
         Some(self.inner.response_timeout)
+    }
+}
+
+impl Reset for RedisStore {
+    type ResetFuture = ResetFuture;
+
+    fn reset(&self, key: &[u8], limit: &Limit) -> ResetFuture {
+        RedisStore::reset(self, key, limit)
     }
 }
 

@@ -228,6 +228,41 @@ async fn a_least_privilege_acl_user_is_enough() {
     );
 }
 
+/// A reset deletes keys: the least-privilege user is refused it (`NOPERM`, a typed error, the
+/// state kept), and the same user with `+del` may (docs/redis.md, "Access control").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_needs_del_on_top_of_the_least_privilege() {
+    let server = RedisServer::builder()
+        .config(format!(
+            "user limiter on >l1miter resetkeys ~acl-rl:* -@all {LEAST_PRIVILEGE}"
+        ))
+        .config(format!(
+            "user resetter on >r3setter resetkeys ~acl-rl:* -@all {LEAST_PRIVILEGE} +del"
+        ))
+        .start();
+    let store = |user: &str, password: &str| {
+        RedisStore::builder(format!(
+            "redis://{user}:{password}@127.0.0.1:{}",
+            server.port()
+        ))
+        .prefix("acl-rl")
+        .build()
+    };
+    let limiter = store("limiter", "l1miter").await.unwrap();
+    let resetter = store("resetter", "r3setter").await.unwrap();
+    let limit = Limit::single(Algorithm::SlidingLog, Quota::per_minute(1).unwrap()).unwrap();
+    assert!(limiter.check(b"u", &limit, 1).await.unwrap().is_allowed());
+    // Refused inside the script (the `DEL` it calls), which Redis tells without `NOPERM`'s code.
+    let err = limiter.reset(b"u", &limit).await.unwrap_err();
+    assert!(
+        matches!(&err, RedisStoreError::Redis(_)) && err.is_refused_credentials(),
+        "{err:?}"
+    );
+    assert!(limiter.check(b"u", &limit, 1).await.unwrap().is_denied());
+    resetter.reset(b"u", &limit).await.unwrap();
+    assert!(limiter.check(b"u", &limit, 1).await.unwrap().is_allowed());
+}
+
 /// The commands of the least-privilege user of docs/redis.md ("Access control").
 const LEAST_PRIVILEGE: &str = "+evalsha +script|load +ping +time +get +set +hmget +hset \
     +lindex +llen +lrange +lset +ltrim +rpush +pexpire";
