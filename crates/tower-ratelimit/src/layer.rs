@@ -38,7 +38,7 @@ const FAR_ABOVE_AT_LEAST: Duration = Duration::from_millis(50);
 /// [`ResponseBody`](crate::ResponseBody) around any inner body; [`same_body`](Self::same_body)
 /// keeps the inner body type.
 pub struct RateLimitLayer<St, M = WrapBody> {
-    shared: Arc<Shared<St>>,
+    pub(crate) shared: Arc<Shared<St>>,
     _mode: PhantomData<fn() -> M>,
 }
 

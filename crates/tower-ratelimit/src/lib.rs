@@ -123,6 +123,7 @@ mod log_gate;
 pub mod metrics;
 pub mod policy;
 mod request_head;
+mod reset;
 pub mod response;
 mod service;
 
@@ -135,10 +136,11 @@ pub use future::ResponseFuture;
 pub use layer::{DEFAULT_TIMEOUT, FallbackStats, RateLimitLayer, RateLimitLayerBuilder};
 pub use policy::{MissingKey, Policy};
 pub use request_head::RequestHead;
+pub use reset::{ResetError, Resetter};
 pub use response::{DenialBody, Headers, Verdict, VerdictKind};
 pub use service::RateLimit;
 
 pub use bytes;
 pub use http;
 pub use ratelimit_core;
-pub use ratelimit_core::{Algorithm, Decision, Limit, MemoryStore, Quota, QuotaSet, Store};
+pub use ratelimit_core::{Algorithm, Decision, Limit, MemoryStore, Quota, QuotaSet, Reset, Store};

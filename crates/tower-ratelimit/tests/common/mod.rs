@@ -12,7 +12,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use http::{Request, Response};
-use ratelimit_core::{Decision, Limit, ManualClock, MemoryStore, Store};
+use ratelimit_core::{Decision, Limit, ManualClock, MemoryStore, Reset, Store};
 use tower::ServiceExt;
 
 pub type TestStore = Arc<MemoryStore<ManualClock>>;
@@ -121,6 +121,14 @@ impl Store for FailingStore {
     }
 }
 
+impl Reset for FailingStore {
+    type ResetFuture = Ready<Result<(), StoreDown>>;
+
+    fn reset(&self, _key: &[u8], _limit: &Limit) -> Self::ResetFuture {
+        ready(Err(StoreDown))
+    }
+}
+
 /// A store that never answers.
 #[derive(Debug, Default)]
 pub struct HangingStore {
@@ -133,6 +141,14 @@ impl Store for HangingStore {
 
     fn check(&self, _key: &[u8], _limit: &Limit, _cost: u64) -> Self::Future {
         self.calls.fetch_add(1, Ordering::SeqCst);
+        pending()
+    }
+}
+
+impl Reset for HangingStore {
+    type ResetFuture = Pending<Result<(), StoreDown>>;
+
+    fn reset(&self, _key: &[u8], _limit: &Limit) -> Self::ResetFuture {
         pending()
     }
 }
@@ -188,6 +204,19 @@ impl Store for SwitchStore {
             }
             result
         })
+    }
+}
+
+/// Resets the memory store while up; fails while down.
+impl Reset for SwitchStore {
+    type ResetFuture = Ready<Result<(), StoreDown>>;
+
+    fn reset(&self, key: &[u8], limit: &Limit) -> Self::ResetFuture {
+        if self.down.load(Ordering::SeqCst) {
+            return ready(Err(StoreDown));
+        }
+        self.inner.reset_now(key, limit);
+        ready(Ok(()))
     }
 }
 

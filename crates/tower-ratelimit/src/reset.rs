@@ -1,0 +1,167 @@
+//! [`Resetter`]: forgetting what a client has spent under a layer's policy.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ratelimit_core::Reset;
+
+use crate::RequestHead;
+use crate::layer::RateLimitLayer;
+use crate::service::Shared;
+
+/// Forgets what a client has spent under one layer's policy, so that its next request counts
+/// from a full quota. Made by [`RateLimitLayer::resetter`] over a store that can reset
+/// ([`ratelimit_core::Reset`]: the in-memory store, the Redis store, and a `DenialCache` over
+/// either); cheap to clone, and shares the layer's store.
+///
+/// The client is found as the layer finds it, from a request: [`reset`](Resetter::reset) takes
+/// the request's head, extracts its key with the policy's extractor, and forgets that key's
+/// state under every limit of the policy (its own and each tier's, since the client's tier may
+/// have changed) and under the local share a fallback counts while the store is down. A request
+/// without a key is refused ([`ResetError::NoKey`]) rather than resetting the key shared by every
+/// client without one.
+///
+/// The classic use: a login route limited per user name, whose count a successful login forgets,
+/// so that only failed attempts add up. A client that is not the one being reset (support
+/// lifting a block from an admin tool) is named by a request built for it, with what the
+/// extractor reads (a header, an extension).
+///
+/// ```
+/// use axum::{Router, extract::{Request, State}, http::StatusCode, routing::post};
+/// use tower_ratelimit::{Policy, RateLimitLayer, Resetter, key::ApiKeyHeader, RequestHead};
+/// use tower_ratelimit::{Algorithm, Limit, MemoryStore, Quota};
+///
+/// async fn login(State(limits): State<Resetter<MemoryStore>>, req: Request) -> StatusCode {
+///     let signed_in = req.headers().get("x-password").is_some_and(|p| p == "hunter2");
+///     if !signed_in {
+///         return StatusCode::UNAUTHORIZED;
+///     }
+///     // This user's failed attempts are forgotten.
+///     if let Err(error) = limits.reset(&RequestHead::of(&req)).await {
+///         // The store is down: the sign-in stands, and so does the count.
+///         eprintln!("login limit not reset: {error}");
+///     }
+///     StatusCode::NO_CONTENT
+/// }
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(5)?)?;
+/// let policy = Policy::new("login", limit)?.key(ApiKeyHeader::new("x-user")?);
+/// let layer = RateLimitLayer::new(MemoryStore::new(), policy)?;
+/// let app: Router = Router::new()
+///     .route("/login", post(login))
+///     .route_layer(layer.clone())
+///     .with_state(layer.resetter());
+/// # Ok(())
+/// # }
+/// ```
+///
+/// A reset is not a check: it is counted by no decision metric, and leaves the circuit breaker
+/// as it is. Each store call is bounded by the layer's timeout (when polled in a Tokio runtime;
+/// elsewhere by the store's own). See [`ratelimit_core::Reset`] for what a reset guarantees
+/// against concurrent checks, and about denials cached by other gateways.
+pub struct Resetter<St> {
+    shared: Arc<Shared<St>>,
+}
+
+impl<St, M> RateLimitLayer<St, M> {
+    /// A [`Resetter`] of this layer's clients, over its store.
+    pub fn resetter(&self) -> Resetter<St>
+    where
+        St: Reset,
+    {
+        Resetter {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<St> Clone for Resetter<St> {
+    fn clone(&self) -> Self {
+        Resetter {
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<St> fmt::Debug for Resetter<St> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Resetter")
+            .field("policy", &self.shared.rt.name)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Why a reset did not complete.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum ResetError<E> {
+    /// The request carries no key for the policy's extractor: there is no client to reset.
+    #[error("the request carries no rate-limit key")]
+    NoKey,
+    /// The store did not answer within the layer's timeout. The reset may still happen.
+    #[error("the rate-limit store did not answer the reset within {0:?}")]
+    Timeout(Duration),
+    /// The store failed. The state may or may not have been forgotten.
+    #[error("the rate-limit store failed to reset: {0}")]
+    Store(#[source] E),
+}
+
+impl<St: Reset> Resetter<St> {
+    /// Forgets what the client of `req` has spent: its key as the layer extracts it, under
+    /// every limit of the policy. The key is read now, and the returned future owns what it
+    /// needs. Each reset is made when its store makes it: the fallback's local share and the
+    /// in-memory store at once, a network store when the future is polled (one call per limit
+    /// of the policy, in turn; the first failure ends it).
+    pub fn reset(
+        &self,
+        req: &RequestHead<'_>,
+    ) -> impl Future<Output = Result<(), ResetError<St::Error>>> + Send + 'static {
+        let shared = &*self.shared;
+        let rt = &*shared.rt;
+        let mut key = rt.key_start.clone();
+        let extracted = rt.policy.key.extract(req, &mut key).is_ok();
+        let calls: Vec<St::ResetFuture> = if extracted {
+            for tier in rt.tiers.iter() {
+                if let (Some(local), Some((limit, _))) = (&shared.fallback, &tier.fallback) {
+                    local.reset_now(key.as_bytes(), limit);
+                }
+            }
+            rt.tiers
+                .iter()
+                .map(|tier| shared.store.reset(key.as_bytes(), &tier.limit))
+                .collect()
+        } else {
+            Vec::new()
+        };
+        let timeout = shared.timeout;
+        let name = rt.name.clone();
+        async move {
+            if !extracted {
+                return Err(ResetError::NoKey);
+            }
+            let in_runtime = tokio::runtime::Handle::try_current().is_ok();
+            for call in calls {
+                let out = if in_runtime {
+                    match tokio::time::timeout(timeout, call).await {
+                        Ok(out) => out,
+                        Err(_) => {
+                            tracing::warn!(policy = %name, "rate-limit reset timed out");
+                            return Err(ResetError::Timeout(timeout));
+                        }
+                    }
+                } else {
+                    call.await
+                };
+                if let Err(error) = out {
+                    tracing::warn!(policy = %name, %error, "rate-limit reset failed");
+                    return Err(ResetError::Store(error));
+                }
+            }
+            tracing::debug!(policy = %name, "rate-limit key reset");
+            Ok(())
+        }
+    }
+}

@@ -1,0 +1,225 @@
+//! `Resetter`: a client's count forgotten through a real axum `Router`, under every limit of the
+//! policy, and the answers when it cannot be.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::{Request, State};
+use axum::http::StatusCode;
+use axum::routing::get;
+use common::{
+    FailingStore, HangingStore, SwitchStore, request, send, statuses, store, with_header,
+};
+use http::HeaderValue;
+use ratelimit_core::{Algorithm, DenialCache, Limit, ManualClock, MemoryStore, Quota};
+use tower_ratelimit::key::ApiKeyHeader;
+use tower_ratelimit::{
+    FailurePolicy, MissingKey, Policy, RateLimitLayer, RequestHead, ResetError, Resetter, Store,
+};
+
+fn login_limit() -> Limit {
+    Limit::single(Algorithm::TokenBucket, Quota::per_minute(3).unwrap()).unwrap()
+}
+
+fn login_policy() -> Policy {
+    Policy::new("login", login_limit())
+        .unwrap()
+        .key(ApiKeyHeader::new("x-user").unwrap())
+}
+
+/// A login route: the right password signs in, and forgets the user's count.
+fn login_app<St>(layer: RateLimitLayer<St>) -> Router
+where
+    St: Store + ratelimit_core::Reset,
+{
+    async fn login<St: ratelimit_core::Reset>(
+        State(limits): State<Resetter<St>>,
+        req: Request,
+    ) -> StatusCode {
+        if req.headers().get("x-password") != Some(&HeaderValue::from_static("hunter2")) {
+            return StatusCode::UNAUTHORIZED;
+        }
+        match limits.reset(&RequestHead::of(&req)).await {
+            Ok(()) => StatusCode::NO_CONTENT,
+            Err(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+    Router::new()
+        .route("/login", get(login::<St>))
+        .route_layer(layer.clone())
+        .with_state(layer.resetter())
+}
+
+fn attempt(user: &str, password: &str) -> http::Request<axum::body::Body> {
+    with_header(
+        with_header(request("/login"), "x-user", user),
+        "x-password",
+        password,
+    )
+}
+
+#[tokio::test]
+async fn a_successful_login_forgets_the_users_failed_attempts() {
+    let (_clock, store) = store();
+    let app = login_app(RateLimitLayer::new(store.clone(), login_policy()).unwrap());
+    // Two failures and a success: the count starts again.
+    assert_eq!(
+        statuses(&app, || attempt("alice", "guess"), 2).await,
+        [401, 401]
+    );
+    assert_eq!(send(&app, attempt("alice", "hunter2")).await.status(), 204);
+    assert_eq!(
+        statuses(&app, || attempt("alice", "guess"), 4).await,
+        [401, 401, 401, 429]
+    );
+    // Mallory guessing Bob's password is held to three tries; Bob's own login is limited too.
+    assert_eq!(
+        statuses(&app, || attempt("bob", "guess"), 4).await,
+        [401, 401, 401, 429]
+    );
+    assert_eq!(send(&app, attempt("bob", "hunter2")).await.status(), 429);
+}
+
+#[tokio::test]
+async fn every_tier_and_the_fallback_share_are_reset() {
+    let (clock, memory) = store();
+    let switch = Arc::new(SwitchStore::new(memory.clone()));
+    let pro = Limit::single(Algorithm::Gcra, Quota::per_minute(4).unwrap()).unwrap();
+    let policy = login_policy()
+        .tier("pro", pro.clone())
+        .unwrap()
+        .resolve_tier(|req| req.headers().get("x-plan").and_then(|v| v.to_str().ok()))
+        .failure(FailurePolicy::fallback(2).unwrap());
+    let layer = RateLimitLayer::builder(switch.clone(), policy)
+        .clock(clock.clone())
+        .no_circuit_breaker()
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/login", get(|| async { "ok" }))
+        .layer(layer.clone());
+    let plan = |p: &str| with_header(attempt("alice", "x"), "x-plan", p);
+    // The base limit and the pro tier spent in the store, and the local share (3 × 1/2, at
+    // least 1) while it is down.
+    assert_eq!(
+        statuses(&app, || attempt("alice", "x"), 4).await,
+        [200, 200, 200, 429]
+    );
+    assert_eq!(
+        statuses(&app, || plan("pro"), 5).await,
+        [200, 200, 200, 200, 429]
+    );
+    switch.set_down(true);
+    let local = statuses(&app, || attempt("alice", "x"), 3).await;
+    assert_eq!(local.last(), Some(&429), "{local:?}");
+    let local_allowed = local.iter().filter(|&&s| s == 200).count();
+    switch.set_down(false);
+
+    let req = attempt("alice", "x");
+    layer
+        .resetter()
+        .reset(&RequestHead::of(&req))
+        .await
+        .unwrap();
+    assert_eq!(
+        statuses(&app, || attempt("alice", "x"), 4).await,
+        [200, 200, 200, 429]
+    );
+    assert_eq!(
+        statuses(&app, || plan("pro"), 5).await,
+        [200, 200, 200, 200, 429]
+    );
+    switch.set_down(true);
+    let again = statuses(&app, || attempt("alice", "x"), 3).await;
+    assert_eq!(again, local, "the local share counts from full again");
+    assert!(local_allowed >= 1);
+}
+
+#[tokio::test]
+async fn a_request_without_a_key_resets_nothing() {
+    let (_clock, store) = store();
+    let policy = login_policy().missing_key(MissingKey::shared_key("anonymous"));
+    let layer = RateLimitLayer::new(store.clone(), policy).unwrap();
+    let app = Router::new()
+        .route("/login", get(|| async { "ok" }))
+        .layer(layer.clone());
+    assert_eq!(
+        statuses(&app, || request("/login"), 4).await,
+        [200, 200, 200, 429]
+    );
+    let err = layer
+        .resetter()
+        .reset(&RequestHead::of(&request("/login")))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ResetError::NoKey), "{err:?}");
+    // The key shared by every request without one is left as it was.
+    assert_eq!(send(&app, request("/login")).await.status(), 429);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_store_that_does_not_answer_is_cut_at_the_layers_timeout() {
+    let layer = RateLimitLayer::builder(HangingStore::default(), login_policy())
+        .timeout(Duration::from_millis(40))
+        .build()
+        .unwrap();
+    let req = attempt("alice", "x");
+    let err = layer
+        .resetter()
+        .reset(&RequestHead::of(&req))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ResetError::Timeout(d) if d == Duration::from_millis(40)),
+        "{err:?}"
+    );
+}
+
+#[tokio::test]
+async fn a_store_failure_is_the_stores_error() {
+    let layer = RateLimitLayer::new(FailingStore::default(), login_policy()).unwrap();
+    let req = attempt("alice", "x");
+    let err = layer
+        .resetter()
+        .reset(&RequestHead::of(&req))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(err, ResetError::Store(common::StoreDown)),
+        "{err:?}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "the rate-limit store failed to reset: store is down"
+    );
+}
+
+/// Over a denial cache: its cached denial of the client ends with the reset.
+#[tokio::test]
+async fn a_cached_denial_ends_with_the_reset() {
+    let clock = ManualClock::new();
+    let memory = MemoryStore::builder()
+        .with_clock(clock.clone())
+        .build()
+        .unwrap();
+    let cache = Arc::new(DenialCache::new(memory, clock.clone()));
+    let app = login_app(RateLimitLayer::new(cache.clone(), login_policy()).unwrap());
+    assert_eq!(
+        statuses(&app, || attempt("alice", "guess"), 5).await,
+        [401, 401, 401, 429, 429]
+    );
+    assert!(cache.stats().hits >= 1, "{:?}", cache.stats());
+    // Signing in is itself limited here (the limit counts every attempt): the reset comes from
+    // another route sharing the store and policy, as an admin tool's would.
+    let req = attempt("alice", "hunter2");
+    RateLimitLayer::new(cache.clone(), login_policy())
+        .unwrap()
+        .resetter()
+        .reset(&RequestHead::of(&req))
+        .await
+        .unwrap();
+    assert_eq!(send(&app, attempt("alice", "hunter2")).await.status(), 204);
+}
