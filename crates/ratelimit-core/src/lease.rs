@@ -17,7 +17,7 @@ use pin_project_lite::pin_project;
 
 use crate::key_digest::{BuildIdHasher, KeyDigest};
 use crate::time::duration_to_micros as micros;
-use crate::{Algorithm, Clock, ConfigError, Decision, Limit, Outcome, Store};
+use crate::{Algorithm, Clock, ConfigError, Decision, Limit, Outcome, Reset, Store};
 
 /// The default largest lease (adaptive sizing): 64 units.
 pub const DEFAULT_MAX_LEASE: u64 = 64;
@@ -331,6 +331,12 @@ struct Entry {
     spent: u128,
     /// The current lease's units are counted in `taken` and `spent`.
     settled: bool,
+    /// Resets of the key seen (each counted twice, when made and when done: see
+    /// [`Leasing`]'s `Reset`), and their count when the lease request on its way was begun: a
+    /// lease that comes back after a reset was counted against the state the reset forgot, and
+    /// its units are not kept.
+    resets: u64,
+    fetch_resets: u64,
 }
 
 impl Entry {
@@ -397,11 +403,26 @@ impl Entry {
     /// live `refill` µs: its units beyond the cost are spare for waiting checks.
     fn begin_fetch(&mut self, want: u64, cost: u64, now: u64, refill: u64) {
         self.fetch_seq = self.fetch_seq.wrapping_add(1);
+        self.fetch_resets = self.resets;
         self.fetch_report_seq = self.next_report_seq();
         self.spare = want - cost;
         self.fetch_sent = now;
         self.fetch_refill = refill;
         self.grew_in_flight = false;
+    }
+
+    /// The key is being reset, or was: the lease's units go (the store forgets the state they
+    /// were taken from), checks stop going straight to the store for a denial it forgets, and a
+    /// lease request on its way keeps none of its units.
+    fn forget(&mut self) {
+        self.tokens = 0;
+        self.starved_until = 0;
+        self.resets = self.resets.wrapping_add(1);
+    }
+
+    /// Whether a reset of the key began or ended since the lease request on its way was begun.
+    fn fetch_outlived_a_reset(&self) -> bool {
+        self.fetch_resets != self.resets
     }
 
     /// The number of a check of the key sent to the store now (see `report_seq`).
@@ -1292,7 +1313,12 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
                             }
                             // The lease before it, if spent whole by its own check, ends here.
                             let _ = e.settle(0);
-                            e.tokens = want - cost;
+                            // Granted before a reset: only the check's own cost is kept.
+                            e.tokens = if e.fetch_outlived_a_reset() {
+                                0
+                            } else {
+                                want - cost
+                            };
                             e.granted = want;
                             e.settled = false;
                             e.fetched_for = cost;
@@ -1320,7 +1346,11 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
                     }
                     if want == cost {
                         // The request's own answer: a denial of its cost.
-                        finish(&ctx.entry, |e| starve(e, sent, &d));
+                        finish(&ctx.entry, |e| {
+                            if !e.fetch_outlived_a_reset() {
+                                starve(e, sent, &d);
+                            }
+                        });
                         self.as_mut().project().state.set(St::Done);
                         return Poll::Ready(Ok(d));
                     }
@@ -1364,7 +1394,9 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
                     finish(&ctx.entry, |e| {
                         e.rtt = rtt;
                         sh.shrink(e);
-                        starve(e, sent, &d);
+                        if !e.fetch_outlived_a_reset() {
+                            starve(e, sent, &d);
+                        }
                     });
                     sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
                     let seen = Some(Seen::new(Arc::clone(&ctx.entry), now, false, sh.clone()));
@@ -1373,6 +1405,91 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
                 }
             }
         }
+    }
+}
+
+/// Resets the key in the wrapped store. The key's lease on this gateway ends when the reset is
+/// made and again when it completes (or is dropped, as the store may have reset all the same):
+/// its units go, and a lease request on its way meanwhile keeps none of its units when it comes
+/// back (they were counted against the state the reset forgot). Checks waiting for that lease
+/// then ask for another.
+impl<S: Reset, C: Clock + 'static> Reset for Leasing<S, C> {
+    type ResetFuture = LeaseResetFuture<S::ResetFuture>;
+
+    fn reset(&self, key: &[u8], limit: &Limit) -> Self::ResetFuture {
+        let id = self.shared.id(key, limit.fingerprint());
+        let forget = ForgetLease {
+            entries: Arc::clone(&self.shared) as Arc<dyn Entries>,
+            id,
+        };
+        forget.forget();
+        LeaseResetFuture {
+            fut: self.shared.inner.reset(key, limit),
+            forget: Some(forget),
+        }
+    }
+}
+
+/// The future of a [`Leasing`] reset: the wrapped store's, after which the key's lease ends
+/// again.
+pub struct LeaseResetFuture<F> {
+    fut: F,
+    /// Taken when the reset completes.
+    forget: Option<ForgetLease>,
+}
+
+impl<F> fmt::Debug for LeaseResetFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LeaseResetFuture").finish_non_exhaustive()
+    }
+}
+
+impl<F, E> Future for LeaseResetFuture<F>
+where
+    F: Future<Output = Result<(), E>> + Unpin,
+{
+    type Output = Result<(), E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let out = std::task::ready!(Pin::new(&mut self.fut).poll(cx));
+        // Before the answer is returned, so that a check made after it takes no unit of a lease
+        // granted before the reset.
+        drop(self.forget.take());
+        Poll::Ready(out)
+    }
+}
+
+/// The table of a [`Leasing`], whatever its store and clock.
+trait Entries: Send + Sync {
+    fn existing(&self, id: u128) -> Option<EntryRef>;
+}
+
+impl<S: Send + Sync, C: Send + Sync> Entries for Shared<S, C> {
+    fn existing(&self, id: u128) -> Option<EntryRef> {
+        Shared::existing(self, id)
+    }
+}
+
+/// Ends the lease of a key being reset: when the reset is made, and when this drops (the reset
+/// done, or given up).
+struct ForgetLease {
+    entries: Arc<dyn Entries>,
+    id: u128,
+}
+
+impl ForgetLease {
+    /// Ends the key's lease, if it has an entry (a check made since the reset began may have
+    /// made one, its lease request counted against the state the reset forgets).
+    fn forget(&self) {
+        if let Some(entry) = self.entries.existing(self.id) {
+            entry.lock().forget();
+        }
+    }
+}
+
+impl Drop for ForgetLease {
+    fn drop(&mut self) {
+        self.forget();
     }
 }
 

@@ -66,8 +66,8 @@ pub use denial_cache::{
 };
 pub use error::ConfigError;
 pub use lease::{
-    DEFAULT_MAX_LEASE, DEFAULT_MAX_LEASED_KEYS, DEFAULT_MAX_TTL, LeaseFuture, Leasing,
-    LeasingBuilder, LeasingStats,
+    DEFAULT_MAX_LEASE, DEFAULT_MAX_LEASED_KEYS, DEFAULT_MAX_TTL, LeaseFuture, LeaseResetFuture,
+    Leasing, LeasingBuilder, LeasingStats,
 };
 pub use limit::{Limit, MAX_QUOTAS, MAX_SLIDING_LOG_LIMIT};
 pub use memory_store::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder};

@@ -19,11 +19,15 @@ use crate::{Limit, Store};
 ///   is forgotten with the rest) or after it (and counts against the fresh quota), never half of
 ///   each. A check of this process that had already read the state before the reset completed
 ///   may answer from what it read, as any check answers from the state of its instant.
-/// - **Wrappers.** [`DenialCache`](crate::DenialCache) implements it over a store that does: its
-///   cached denials of the key end when the reset completes (or is dropped, since the store may
-///   have reset all the same), and a denial read before that is not cached afterwards. The
-///   denials cached by *other* processes in front of a shared store (other gateways' caches)
-///   are not reached: each still stands until its deadline, at most its `retry_after`.
+/// - **Wrappers.** [`DenialCache`](crate::DenialCache) and [`Leasing`](crate::Leasing) implement
+///   it over a store that does. The cache's denials of the key end when the reset completes (or
+///   is dropped, since the store may have reset all the same), and a denial read before then is
+///   not cached afterwards. The key's lease ends when the reset is made and again when it
+///   completes, and a lease granted before then keeps none of its units but its own check's
+///   (they were counted against the state the reset forgot). What *other* processes hold in
+///   front of a shared store is not reached: another gateway's cached denial stands until its
+///   deadline (at most its `retry_after`), and its lease until it is spent or expires (at most
+///   one lease, as leasing's bound allows anyway).
 /// - **Failure.** `Err` means the store could not be reached: the state may or may not have been
 ///   forgotten (a reset that timed out may still run). Resetting again is harmless.
 ///

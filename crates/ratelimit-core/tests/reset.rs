@@ -294,3 +294,50 @@ fn concurrent_resets_grant_one_quota_each_and_touch_no_other_key() {
         );
     }
 }
+
+fn leasing(clock: &ManualClock) -> ratelimit_core::Leasing<MemoryStore<ManualClock>, ManualClock> {
+    ratelimit_core::Leasing::builder(store(clock), clock.clone())
+        .lease_size(10)
+        .build()
+        .unwrap()
+}
+
+/// Checks of cost 1 until the first denial, at one instant: how many were admitted.
+fn admitted_until_denied<S: Store>(store: &S, key: &[u8], limit: &Limit) -> u64 {
+    let mut n = 0;
+    while now(store.check(key, limit, 1)).unwrap().is_allowed() {
+        n += 1;
+        assert!(n <= 1_000, "never denied");
+    }
+    n
+}
+
+#[test]
+fn a_reset_ends_the_keys_lease() {
+    let clock = ManualClock::new();
+    let leasing = leasing(&clock);
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(20).unwrap()).unwrap();
+    // A lease of 10: one unit spent, nine held here.
+    assert!(now(leasing.check(b"k", &limit, 1)).unwrap().is_allowed());
+    assert_eq!(leasing.outstanding_units(), 9);
+    now(leasing.reset(b"k", &limit)).unwrap();
+    assert_eq!(leasing.outstanding_units(), 0);
+    // A full quota, and not a unit of the old lease on top.
+    assert_eq!(admitted_until_denied(&leasing, b"k", &limit), 20);
+}
+
+/// A lease granted before the reset and taken in after it: its check is admitted (the store
+/// counted it before the reset), and none of its other units are kept.
+#[test]
+fn a_lease_in_flight_across_a_reset_keeps_none_of_its_units() {
+    let clock = ManualClock::new();
+    let leasing = leasing(&clock);
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(20).unwrap()).unwrap();
+    // The memory store grants the lease when `check` is called; the wrapper takes it in at the
+    // poll, after the reset.
+    let mut in_flight = leasing.check(b"k", &limit, 1);
+    now(leasing.reset(b"k", &limit)).unwrap();
+    assert!(now(&mut in_flight).unwrap().is_allowed());
+    assert_eq!(leasing.outstanding_units(), 0);
+    assert_eq!(admitted_until_denied(&leasing, b"k", &limit), 20);
+}

@@ -13,8 +13,8 @@ use crate::service::Shared;
 
 /// Forgets what a client has spent under one layer's policy, so that its next request counts
 /// from a full quota. Made by [`RateLimitLayer::resetter`] over a store that can reset
-/// ([`ratelimit_core::Reset`]: the in-memory store, the Redis store, and a `DenialCache` over
-/// either); cheap to clone, and shares the layer's store.
+/// ([`ratelimit_core::Reset`]: the in-memory store, the Redis store, and `DenialCache` and
+/// `Leasing` over either); cheap to clone, and shares the layer's store.
 ///
 /// The client is found as the layer finds it, from a request: [`reset`](Resetter::reset) takes
 /// the request's head, extracts its key with the policy's extractor, and forgets that key's
