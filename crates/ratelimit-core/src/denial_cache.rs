@@ -366,7 +366,6 @@ impl<S: Reset, C: Clock + 'static> Reset for DenialCache<S, C> {
             forget: Some(Forget {
                 table: Arc::clone(&self.table),
                 kid: self.table.kid(key, limit.fingerprint()),
-                at: self.clock.now().as_micros(),
             }),
         }
     }
@@ -384,13 +383,11 @@ pub struct DenialCacheResetFuture<F> {
 struct Forget {
     table: Arc<Table>,
     kid: u128,
-    /// When the reset was made, by the cache's clock.
-    at: u64,
 }
 
 impl Drop for Forget {
     fn drop(&mut self) {
-        self.table.forget(self.kid, self.at);
+        self.table.forget(self.kid);
     }
 }
 
@@ -438,8 +435,8 @@ struct Record {
     kid: u128,
     /// The (key, limit, cost)'s entry.
     id: u128,
-    /// The key record's generation when the check was sent (`None`: no record).
-    seen: Option<u64>,
+    /// The key record's generation, and the shard's resets, when the check was sent.
+    seen: Seen,
     sent: u64,
     exceeds_for: Duration,
     cost: u64,
@@ -455,7 +452,7 @@ impl Record {
     /// [`Table::lookup`] found them.
     fn new(
         table: &Arc<Table>,
-        (kid, id, seen): (u128, u128, Option<u64>),
+        (kid, id, seen): (u128, u128, Seen),
         sent: u64,
         limit: &Limit,
         cost: u64,
@@ -600,6 +597,17 @@ struct ShardData {
     misses: u64,
     /// The last generation given out in this shard.
     generations: u64,
+    /// Resets of keys of this shard (see `Table::forget`).
+    resets: u64,
+}
+
+/// What a check sees when it is sent, for its answer to be taken in against.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Seen {
+    /// The key record's generation (`None`: no record).
+    generation: Option<u64>,
+    /// The shard's resets.
+    resets: u64,
 }
 
 impl ShardData {
@@ -737,17 +745,13 @@ impl Table {
     }
 
     /// The cached denial of the entry `id` of the (key, limit) `kid` at `now`, counted as a hit if
-    /// `counted`; else a miss (so counted), and the key's generation now (`None`: no record).
-    fn lookup(
-        &self,
-        kid: u128,
-        id: u128,
-        now: u64,
-        counted: bool,
-    ) -> Result<Decision, Option<u64>> {
+    /// `counted`; else a miss (so counted), and what the check sent now sees (the key's
+    /// generation, the shard's resets).
+    fn lookup(&self, kid: u128, id: u128, now: u64, counted: bool) -> Result<Decision, Seen> {
         let mut guard = self.shard(kid).lock();
         let shard = &mut *guard;
         let current = shard.generation_of(kid);
+        let resets = shard.resets;
         let found = match shard.map.get(&id) {
             Some(e) if e.kind != Kind::Key => {
                 if e.until > now && Some(e.generation) == current {
@@ -769,7 +773,10 @@ impl Table {
             }
             None => {
                 shard.misses += u64::from(counted);
-                Err(current)
+                Err(Seen {
+                    generation: current,
+                    resets,
+                })
             }
         }
     }
@@ -785,24 +792,15 @@ impl Table {
     }
 
     /// The (key, limit) `kid` was reset: a new generation, so that its cached denials answer no
-    /// more, and a check sent before now (which saw the old generation, or none) records no
-    /// denial read before the reset. A key without a record gets one (without a denial, it goes
-    /// at the shard's next sweep).
-    fn forget(&self, kid: u128, now: u64) {
+    /// more; and one more reset of its shard, so that no check of the shard sent before now
+    /// records a denial it read before the reset (whatever becomes of the key's record
+    /// meanwhile: a key without one has nothing to renew). The other keys of the shard pay one
+    /// more store call each for a check in flight across a reset, which is rare.
+    fn forget(&self, kid: u128) {
         let mut guard = self.shard(kid).lock();
         let shard = &mut *guard;
-        if shard.generation_of(kid).is_some() {
-            shard.renew(kid);
-            return;
-        }
-        // Room for the record alone: `make_room` keeps `kid` and the entry named second, here
-        // the record itself.
-        let evicted = shard.make_room(kid, kid, now, self.per_shard_cap);
-        if evicted > 0 {
-            self.evicted.fetch_add(evicted, Ordering::Relaxed);
-        }
-        let generation = shard.new_generation();
-        shard.map.insert(kid, Entry::key_record(0, generation));
+        shard.resets += 1;
+        shard.renew(kid);
     }
 
     fn record(&self, r: &Record, d: &Decision) {
@@ -837,9 +835,10 @@ impl Table {
             shard.renew(kid);
         }
         let Some(mut entry) = entry else { return };
-        if current != r.seen {
+        if current != r.seen.generation || shard.resets != r.seen.resets {
             // The key's generation moved while the check was in flight: the answer may predate
-            // an admission. Not recorded (one more store call).
+            // an admission. Or a key of the shard was reset meanwhile: it may predate the reset.
+            // Not recorded (one more store call).
             return;
         }
         let evicted = shard.make_room(kid, id, sent, self.per_shard_cap);

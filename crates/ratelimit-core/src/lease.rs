@@ -1411,8 +1411,10 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
 /// Resets the key in the wrapped store. The key's lease on this gateway ends when the reset is
 /// made and again when it completes (or is dropped, as the store may have reset all the same):
 /// its units go, and a lease request on its way meanwhile keeps none of its units when it comes
-/// back (they were counted against the state the reset forgot). Checks waiting for that lease
-/// then ask for another.
+/// back. They were counted against the state the reset forgot, or, if the request reached the
+/// store after the reset (queued in front of it), against the fresh quota: the key then gets up
+/// to one lease fewer than a full quota after the reset, never more. Checks waiting for that
+/// lease then ask for another.
 impl<S: Reset, C: Clock + 'static> Reset for Leasing<S, C> {
     type ResetFuture = LeaseResetFuture<S::ResetFuture>;
 

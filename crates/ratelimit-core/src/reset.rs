@@ -22,9 +22,13 @@ use crate::{Limit, Store};
 /// - **Wrappers.** [`DenialCache`](crate::DenialCache) and [`Leasing`](crate::Leasing) implement
 ///   it over a store that does. The cache's denials of the key end when the reset completes (or
 ///   is dropped, since the store may have reset all the same), and a denial read before then is
-///   not cached afterwards. The key's lease ends when the reset is made and again when it
-///   completes, and a lease granted before then keeps none of its units but its own check's
-///   (they were counted against the state the reset forgot). What *other* processes hold in
+///   not cached afterwards (a check of another key of the cache in flight across the reset
+///   costs one more store call). The key's lease ends when the reset is made and again when it
+///   completes, and a lease asked for before then keeps none of its units but its own check's:
+///   they were counted against the state the reset forgot, or, if the request reached the store
+///   only after the reset (a queue in front of the store, such as `Coalescing`'s, may send it
+///   later), against the fresh quota, which then admits up to one lease fewer: never more than
+///   a full quota after a reset. What *other* processes hold in
 ///   front of a shared store is not reached: another gateway's cached denial stands until its
 ///   deadline (at most its `retry_after`), and its lease until it is spent or expires (at most
 ///   one lease, as leasing's bound allows anyway).

@@ -341,3 +341,24 @@ fn a_lease_in_flight_across_a_reset_keeps_none_of_its_units() {
     assert_eq!(leasing.outstanding_units(), 0);
     assert_eq!(admitted_until_denied(&leasing, b"k", &limit), 20);
 }
+
+/// As above, with the cache's one shard filled by another key's denial before the early answer
+/// comes, which leaves nothing of the reset key in the cache to compare the answer with: the
+/// denial is still not cached.
+#[test]
+fn a_denial_read_before_a_reset_is_not_cached_when_the_shard_is_full() {
+    let clock = ManualClock::new();
+    let cache = DenialCache::new(store(&clock), clock.clone())
+        .max_entries(2)
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(3).unwrap()).unwrap();
+    assert!(now(cache.check(b"k", &limit, 1)).unwrap().is_allowed());
+    let (mut early, mut reset) = (cache.check(b"k", &limit, 3), cache.reset(b"k", &limit));
+    assert!(now(&mut reset).is_ok());
+    // Another key's denial (and its record) fill the shard.
+    while now(cache.check(b"other", &limit, 1)).unwrap().is_allowed() {}
+    assert!(now(cache.check(b"other", &limit, 1)).unwrap().is_cached());
+    assert!(!now(&mut early).unwrap().is_allowed());
+    let d = now(cache.check(b"k", &limit, 3)).unwrap();
+    assert!(d.is_allowed() && !d.is_cached());
+}

@@ -8,6 +8,11 @@
 //! | `ratelimit_checks_cancelled_total` | counter | `policy` |
 //! | `ratelimit_circuit_state` | gauge | `policy` (0 closed, 1 open, 2 half-open) |
 //! | `ratelimit_circuits_not_closed` | gauge | `policy` |
+//! | `ratelimit_resets_total` | counter | `policy`, `outcome` (`reset`, `no_key`, `timeout`, `error`) |
+//!
+//! `ratelimit_resets_total` counts the resets of a [`Resetter`](crate::Resetter) by how they
+//! ended; its series are registered when the layer's first resetter is made (a layer without one
+//! has none).
 //!
 //! A layer keeps a circuit per failure domain of its store
 //! ([`Store::failure_domains`](ratelimit_core::Store::failure_domains): one for a single Redis
@@ -69,6 +74,8 @@ pub const CHECKS_CANCELLED_TOTAL: &str = "ratelimit_checks_cancelled_total";
 pub const CIRCUIT_STATE: &str = "ratelimit_circuit_state";
 /// How many of a layer's circuits (one per failure domain of its store) are open or half-open.
 pub const CIRCUITS_NOT_CLOSED: &str = "ratelimit_circuits_not_closed";
+/// Resets of a [`Resetter`](crate::Resetter) by policy and outcome.
+pub const RESETS_TOTAL: &str = "ratelimit_resets_total";
 
 /// Why a store call failed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +91,33 @@ impl FailureKind {
             FailureKind::Error => "error",
             FailureKind::Timeout => "timeout",
             FailureKind::CircuitOpen => "circuit_open",
+        }
+    }
+}
+
+/// How a reset ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum ResetOutcome {
+    Reset,
+    NoKey,
+    Timeout,
+    Error,
+}
+
+impl ResetOutcome {
+    pub(crate) const ALL: [ResetOutcome; 4] = [
+        ResetOutcome::Reset,
+        ResetOutcome::NoKey,
+        ResetOutcome::Timeout,
+        ResetOutcome::Error,
+    ];
+
+    pub(crate) const fn as_str(self) -> &'static str {
+        match self {
+            ResetOutcome::Reset => "reset",
+            ResetOutcome::NoKey => "no_key",
+            ResetOutcome::Timeout => "timeout",
+            ResetOutcome::Error => "error",
         }
     }
 }
@@ -201,6 +235,17 @@ impl Metrics {
     /// "closed" one.
     pub(crate) fn circuit_gauge(policy: &str) -> Gauge {
         gauge!(CIRCUIT_STATE, "policy" => policy.to_owned())
+    }
+
+    /// The reset counters of `policy`, by [`ResetOutcome`], described to the recorder installed
+    /// now.
+    pub(crate) fn reset_counters(policy: &str) -> [Counter; 4] {
+        describe_counter!(
+            RESETS_TOTAL,
+            "Rate-limit resets of a client's count, by policy and outcome (reset, no_key, timeout, error)"
+        );
+        ResetOutcome::ALL
+            .map(|o| counter!(RESETS_TOTAL, "policy" => policy.to_owned(), "outcome" => o.as_str()))
     }
 
     /// The gauge of `policy`'s circuits not closed (registered with the circuit-state gauge).

@@ -1,14 +1,19 @@
 //! [`Resetter`]: forgetting what a client has spent under a layer's policy.
 
 use std::fmt;
-use std::future::Future;
+use std::future::{Future, poll_fn};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::Poll;
 use std::time::Duration;
 
+use ::metrics::Counter;
 use ratelimit_core::Reset;
 
 use crate::RequestHead;
+use crate::key::{KeyBuf, KeyPart};
 use crate::layer::RateLimitLayer;
+use crate::metrics::{Metrics, ResetOutcome};
 use crate::service::Shared;
 
 /// Forgets what a client has spent under one layer's policy, so that its next request counts
@@ -58,12 +63,16 @@ use crate::service::Shared;
 /// # }
 /// ```
 ///
-/// A reset is not a check: it is counted by no decision metric, and leaves the circuit breaker
-/// as it is. Each store call is bounded by the layer's timeout (when polled in a Tokio runtime;
-/// elsewhere by the store's own). See [`ratelimit_core::Reset`] for what a reset guarantees
-/// against concurrent checks, and about denials cached by other gateways.
+/// A reset is not a check: it is counted in `ratelimit_resets_total` by how it ended (see
+/// [`metrics`](crate::metrics)), in no decision metric, and leaves the circuit breaker as it is.
+/// Each store call that does not complete at once is bounded by the layer's timeout (when polled
+/// in a Tokio runtime; elsewhere by the store's own), so that, as for the layer's checks, the
+/// in-memory store needs no runtime with a timer. See [`ratelimit_core::Reset`] for what a reset
+/// guarantees against concurrent checks, and about what other gateways hold.
 pub struct Resetter<St> {
     shared: Arc<Shared<St>>,
+    /// By [`ResetOutcome`].
+    counters: Arc<[Counter; 4]>,
 }
 
 impl<St, M> RateLimitLayer<St, M> {
@@ -74,6 +83,7 @@ impl<St, M> RateLimitLayer<St, M> {
     {
         Resetter {
             shared: Arc::clone(&self.shared),
+            counters: Arc::new(Metrics::reset_counters(&self.shared.rt.name)),
         }
     }
 }
@@ -82,6 +92,7 @@ impl<St> Clone for Resetter<St> {
     fn clone(&self) -> Self {
         Resetter {
             shared: Arc::clone(&self.shared),
+            counters: Arc::clone(&self.counters),
         }
     }
 }
@@ -110,6 +121,39 @@ pub enum ResetError<E> {
 }
 
 impl<St: Reset> Resetter<St> {
+    /// Forgets what the client named `client` has spent, under every limit of the policy: for a
+    /// policy keyed by one value, without a request of that client at hand (an admin tool
+    /// lifting a block). `client` is written into the key as the policy's extractor writes it:
+    /// for [`ApiKeyHeader`](crate::key::ApiKeyHeader), the header's value (a `&str` or a
+    /// `HeaderValue`, without surrounding spaces); for [`ExtensionKey<T>`](crate::key::ExtensionKey),
+    /// the `T` (its [`KeyPart`]). Keys made of several parts (a tuple, [`or`](crate::key::or)),
+    /// and IP keys, which the extractors group by network, are not one value: reset those with
+    /// [`reset`](Resetter::reset) and a request built to carry what the extractor reads.
+    ///
+    /// ```
+    /// use tower_ratelimit::{Algorithm, Limit, MemoryStore, Policy, Quota, RateLimitLayer};
+    /// use tower_ratelimit::key::ExtensionKey;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Requests carry the authenticated user's id (a `u64`) in their extensions.
+    /// let limit = Limit::single(Algorithm::Gcra, Quota::per_minute(60)?)?;
+    /// let policy = Policy::new("api", limit)?.key(ExtensionKey::<u64>::new());
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), policy)?;
+    /// // Support lifts user 42's block.
+    /// layer.resetter().reset_client(&42u64).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn reset_client(
+        &self,
+        client: &(impl KeyPart + ?Sized),
+    ) -> impl Future<Output = Result<(), ResetError<St::Error>>> + Send + 'static {
+        let mut key = self.shared.rt.key_start.clone();
+        client.write_to(&mut key);
+        self.reset_key(Some(key))
+    }
+
     /// Forgets what the client of `req` has spent: its key as the layer extracts it, under
     /// every limit of the policy. The key is read now, and the returned future owns what it
     /// needs. Each reset is made when its store makes it: the fallback's local share and the
@@ -119,11 +163,21 @@ impl<St: Reset> Resetter<St> {
         &self,
         req: &RequestHead<'_>,
     ) -> impl Future<Output = Result<(), ResetError<St::Error>>> + Send + 'static {
-        let shared = &*self.shared;
-        let rt = &*shared.rt;
+        let rt = &*self.shared.rt;
         let mut key = rt.key_start.clone();
         let extracted = rt.policy.key.extract(req, &mut key).is_ok();
-        let calls: Vec<St::ResetFuture> = if extracted {
+        self.reset_key(extracted.then_some(key))
+    }
+
+    /// Resets the (namespaced) `key` under every limit of the policy; `None`: no key.
+    fn reset_key(
+        &self,
+        key: Option<KeyBuf>,
+    ) -> impl Future<Output = Result<(), ResetError<St::Error>>> + Send + 'static {
+        let shared = &*self.shared;
+        let rt = &*shared.rt;
+        let extracted = key.is_some();
+        let calls: Vec<St::ResetFuture> = if let Some(key) = &key {
             for tier in rt.tiers.iter() {
                 if let (Some(local), Some((limit, _))) = (&shared.fallback, &tier.fallback) {
                     local.reset_now(key.as_bytes(), limit);
@@ -138,29 +192,40 @@ impl<St: Reset> Resetter<St> {
         };
         let timeout = shared.timeout;
         let name = rt.name.clone();
+        let counters = Arc::clone(&self.counters);
+        let count = move |o: ResetOutcome| counters[o as usize].increment(1);
         async move {
             if !extracted {
+                count(ResetOutcome::NoKey);
                 return Err(ResetError::NoKey);
             }
             let in_runtime = tokio::runtime::Handle::try_current().is_ok();
-            for call in calls {
-                let out = if in_runtime {
-                    match tokio::time::timeout(timeout, call).await {
-                        Ok(out) => out,
-                        Err(_) => {
-                            tracing::warn!(policy = %name, "rate-limit reset timed out");
-                            return Err(ResetError::Timeout(timeout));
+            for mut call in calls {
+                // Polled once first: a reset done at once (the in-memory store's) needs no timer,
+                // so no runtime with one, as a check of the layer needs none.
+                let first = poll_fn(|cx| Poll::Ready(Pin::new(&mut call).poll(cx))).await;
+                let out = match first {
+                    Poll::Ready(out) => out,
+                    Poll::Pending if in_runtime => {
+                        match tokio::time::timeout(timeout, call).await {
+                            Ok(out) => out,
+                            Err(_) => {
+                                tracing::warn!(policy = %name, "rate-limit reset timed out");
+                                count(ResetOutcome::Timeout);
+                                return Err(ResetError::Timeout(timeout));
+                            }
                         }
                     }
-                } else {
-                    call.await
+                    Poll::Pending => call.await,
                 };
                 if let Err(error) = out {
                     tracing::warn!(policy = %name, %error, "rate-limit reset failed");
+                    count(ResetOutcome::Error);
                     return Err(ResetError::Store(error));
                 }
             }
             tracing::debug!(policy = %name, "rate-limit key reset");
+            count(ResetOutcome::Reset);
             Ok(())
         }
     }

@@ -223,3 +223,97 @@ async fn a_cached_denial_ends_with_the_reset() {
         .unwrap();
     assert_eq!(send(&app, attempt("alice", "hunter2")).await.status(), 204);
 }
+
+/// Resets are counted by how they ended, under the policy's name.
+#[tokio::test(start_paused = true)]
+async fn resets_are_counted_by_outcome() {
+    let (_clock, memory) = store();
+    let (resetters, snapshotter) = common::recorded(|| {
+        let hanging = RateLimitLayer::builder(HangingStore::default(), login_policy())
+            .timeout(Duration::from_millis(40))
+            .build()
+            .unwrap();
+        let failing = RateLimitLayer::new(FailingStore::default(), login_policy()).unwrap();
+        (
+            RateLimitLayer::new(memory, login_policy())
+                .unwrap()
+                .resetter(),
+            hanging.resetter(),
+            failing.resetter(),
+        )
+    });
+    let (ok, hangs, fails) = resetters;
+    let alice = attempt("alice", "x");
+    let alice = RequestHead::of(&alice);
+    for _ in 0..2 {
+        ok.reset(&alice).await.unwrap();
+    }
+    ok.reset(&RequestHead::of(&request("/login")))
+        .await
+        .unwrap_err();
+    hangs.reset(&alice).await.unwrap_err();
+    fails.reset(&alice).await.unwrap_err();
+    let recorded = common::Recorded::take(&snapshotter);
+    let count = |outcome: &str| {
+        recorded.counter(
+            "ratelimit_resets_total",
+            &[("policy", "login"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(
+        [
+            count("reset"),
+            count("no_key"),
+            count("timeout"),
+            count("error")
+        ],
+        [2, 1, 1, 1]
+    );
+}
+
+/// A client named without a request: the value the policy's single-part extractor reads.
+#[tokio::test]
+async fn a_client_is_reset_by_the_value_its_key_is_made_of() {
+    let (_clock, store) = store();
+    let layer = RateLimitLayer::new(store.clone(), login_policy()).unwrap();
+    let app = Router::new()
+        .route("/login", get(|| async { "ok" }))
+        .layer(layer.clone());
+    let alice = || attempt("alice", "x");
+    assert_eq!(statuses(&app, alice, 4).await, [200, 200, 200, 429]);
+    assert_eq!(statuses(&app, || attempt("bob", "x"), 1).await, [200]);
+    layer.resetter().reset_client("alice").await.unwrap();
+    assert_eq!(statuses(&app, alice, 4).await, [200, 200, 200, 429]);
+    // Bob's count is his own still: two left.
+    assert_eq!(
+        statuses(&app, || attempt("bob", "x"), 3).await,
+        [200, 200, 429]
+    );
+}
+
+/// Over the in-memory store a reset completes at once: like the layer's checks, it needs no
+/// runtime with a timer (a hand-built runtime without `enable_time`), and none at all.
+#[test]
+fn a_reset_over_the_memory_store_needs_no_timer() {
+    let (_clock, store) = store();
+    let layer = RateLimitLayer::new(store.clone(), login_policy()).unwrap();
+    let req = attempt("alice", "x");
+    let without_time = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .unwrap();
+    without_time
+        .block_on(layer.resetter().reset(&RequestHead::of(&req)))
+        .unwrap();
+    futures_executor_block_on(layer.resetter().reset_client("alice")).unwrap();
+}
+
+/// Polls `f` to completion on this thread, outside any runtime.
+fn futures_executor_block_on<F: std::future::Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    loop {
+        if let std::task::Poll::Ready(out) = f.as_mut().poll(&mut cx) {
+            return out;
+        }
+    }
+}
