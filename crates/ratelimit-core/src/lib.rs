@@ -31,7 +31,9 @@
 //! - [`Decision`]: allowed or denied, with what to tell the client (remaining, reset, retry-after).
 //! - [`Clock`]: [`SystemClock`], [`WallClock`] and [`ManualClock`]. Algorithms never read a clock;
 //!   stores do.
-//! - [`Store`]: where state lives; [`MemoryStore`] here, a Redis store in `ratelimit-redis`.
+//! - [`Store`]: where state lives; [`MemoryStore`] here, a Redis store in `ratelimit-redis`;
+//!   [`Reset`] for a store that can forget a client, and [`conformance`], a kit that shows a
+//!   store of another crate decides as the algorithms do.
 //!
 //! This crate depends on no async runtime, no HTTP crate and no Redis client.
 //!
@@ -44,6 +46,7 @@
 
 pub mod algorithm;
 mod clock;
+pub mod conformance;
 mod decision;
 mod denial_cache;
 mod error;

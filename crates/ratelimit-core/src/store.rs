@@ -63,6 +63,12 @@ use crate::{Decision, Limit};
 ///   failure policy; it logs the error's `Display` at WARN, so keep secrets (passwords in
 ///   connection strings) out of it. An answer made up during an outage is not an error, and is
 ///   taken as the store's.
+/// - **Showing it.** [`conformance::check_store`](crate::conformance::check_store) runs a store
+///   through a table of 19,275 checks over every algorithm and compares each decision,
+///   every field, with the algorithms'; the Redis store and the in-memory store pass it.
+/// - **Resetting.** A store that can forget a client implements [`Reset`](crate::Reset) as well:
+///   delete the key's state under the limit in one step, and let a missing state decide as a
+///   fresh one.
 ///
 /// A store over a map in this process (the shape of one over a database: load, check, write
 /// back, in one step under a lock):

@@ -129,3 +129,27 @@ async fn seed_scenarios_on_redis() {
         assert_eq!(d.remaining(), 9, "{alg}");
     }
 }
+
+/// ratelimit-core's conformance kit, run as a store of another crate would run it: every
+/// scenario on one store (on a client clock the store counts each check at the time it is
+/// given, back and forth).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_conformance_kit_passes_on_one_store() {
+    let server = RedisServer::start();
+    let clock = ManualClock::new();
+    let store = manual(RedisStore::builder(server.url()), &clock)
+        .prefix(unique_prefix("kit"))
+        .build()
+        .await
+        .unwrap();
+    let table = ratelimit_core::conformance::scenarios();
+    let report = ratelimit_core::conformance::check_store(&store, &clock, &table)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!(report.scenarios, table.len());
+    assert_eq!(
+        report.decisions,
+        table.iter().map(|s| s.steps.len()).sum::<usize>()
+    );
+    println!("{report:?}");
+}

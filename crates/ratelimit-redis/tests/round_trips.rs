@@ -263,13 +263,13 @@ async fn multi_cost_call_decides_as_sequential_checks() {
             // A run of checks of one key at one instant.
             let first = &sc.steps[i];
             let mut j = i + 1;
-            while j < sc.steps.len() && sc.steps[j].t == first.t && sc.steps[j].key == first.key {
+            while j < sc.steps.len() && sc.steps[j].at == first.at && sc.steps[j].key == first.key {
                 j += 1;
             }
             let mut key = format!("s{n}-").into_bytes();
             key.extend_from_slice(&first.key);
             let costs: Vec<u64> = sc.steps[i..j].iter().map(|s| s.cost).collect();
-            let now = Timestamp::from_micros(first.t);
+            let now = first.at;
             let expected: Vec<_> = costs
                 .iter()
                 .map(|&c| reference.check(&key, &sc.limit, c, now))
