@@ -17,6 +17,7 @@ use pin_project_lite::pin_project;
 
 use crate::key_digest::{BuildIdHasher, KeyDigest};
 use crate::memory_store::prev_power_of_two;
+use crate::reset::WrapperResetFuture;
 use crate::time::duration_to_micros as micros;
 use crate::{Algorithm, Clock, ConfigError, Decision, Limit, Outcome, Quota, Reset, Store};
 
@@ -355,60 +356,15 @@ impl<S: Store, C: Clock + 'static> Store for DenialCache<S, C> {
 }
 
 impl<S: Reset, C: Clock + 'static> Reset for DenialCache<S, C> {
-    type ResetFuture = DenialCacheResetFuture<S::ResetFuture>;
+    type ResetFuture = WrapperResetFuture<S::ResetFuture>;
 
     /// Resets the key in the wrapped store; when that completes (or its future is dropped, as
     /// the store may have reset all the same), the key's cached denials under `limit` end, and
     /// a denial of a check sent before then is not cached when it comes.
     fn reset(&self, key: &[u8], limit: &Limit) -> Self::ResetFuture {
-        DenialCacheResetFuture {
-            fut: self.inner.reset(key, limit),
-            forget: Some(Forget {
-                table: Arc::clone(&self.table),
-                kid: self.table.kid(key, limit.fingerprint()),
-            }),
-        }
-    }
-}
-
-/// The future of a [`DenialCache`] reset: the wrapped store's, after which the key's cached
-/// denials end.
-pub struct DenialCacheResetFuture<F> {
-    fut: F,
-    /// Taken when the reset completes.
-    forget: Option<Forget>,
-}
-
-/// Ends the cached denials of a (key, limit) when dropped: a reset's, whether it completed or not.
-struct Forget {
-    table: Arc<Table>,
-    kid: u128,
-}
-
-impl Drop for Forget {
-    fn drop(&mut self) {
-        self.table.forget(self.kid);
-    }
-}
-
-impl<F> fmt::Debug for DenialCacheResetFuture<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DenialCacheResetFuture")
-            .finish_non_exhaustive()
-    }
-}
-
-impl<F, E> Future for DenialCacheResetFuture<F>
-where
-    F: Future<Output = Result<(), E>> + Unpin,
-{
-    type Output = Result<(), E>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let out = std::task::ready!(Pin::new(&mut self.fut).poll(cx));
-        // Before the answer is returned, so that a check made after it finds no denial.
-        drop(self.forget.take());
-        Poll::Ready(out)
+        let table = Arc::clone(&self.table);
+        let kid = table.kid(key, limit.fingerprint());
+        WrapperResetFuture::new(self.inner.reset(key, limit), move || table.forget(kid))
     }
 }
 

@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use pin_project_lite::pin_project;
 
 use crate::key_digest::{BuildIdHasher, KeyDigest};
+use crate::reset::WrapperResetFuture;
 use crate::time::duration_to_micros as micros;
 use crate::{Algorithm, Clock, ConfigError, Decision, Limit, Outcome, Reset, Store};
 
@@ -1416,82 +1417,22 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
 /// to one lease fewer than a full quota after the reset, never more. Checks waiting for that
 /// lease then ask for another.
 impl<S: Reset, C: Clock + 'static> Reset for Leasing<S, C> {
-    type ResetFuture = LeaseResetFuture<S::ResetFuture>;
+    type ResetFuture = WrapperResetFuture<S::ResetFuture>;
 
     fn reset(&self, key: &[u8], limit: &Limit) -> Self::ResetFuture {
-        let id = self.shared.id(key, limit.fingerprint());
-        let forget = ForgetLease {
-            entries: Arc::clone(&self.shared) as Arc<dyn Entries>,
-            id,
+        let shared = Arc::clone(&self.shared);
+        let id = shared.id(key, limit.fingerprint());
+        // The key's entry now, and again at the end: a check made since the reset began may have
+        // made one, its lease request counted against the state the reset forgets.
+        let end_lease = move || {
+            if let Some(entry) = shared.existing(id) {
+                entry.lock().forget();
+            }
         };
-        forget.forget();
-        LeaseResetFuture {
-            fut: self.shared.inner.reset(key, limit),
-            forget: Some(forget),
-        }
-    }
-}
-
-/// The future of a [`Leasing`] reset: the wrapped store's, after which the key's lease ends
-/// again.
-pub struct LeaseResetFuture<F> {
-    fut: F,
-    /// Taken when the reset completes.
-    forget: Option<ForgetLease>,
-}
-
-impl<F> fmt::Debug for LeaseResetFuture<F> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("LeaseResetFuture").finish_non_exhaustive()
-    }
-}
-
-impl<F, E> Future for LeaseResetFuture<F>
-where
-    F: Future<Output = Result<(), E>> + Unpin,
-{
-    type Output = Result<(), E>;
-
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let out = std::task::ready!(Pin::new(&mut self.fut).poll(cx));
-        // Before the answer is returned, so that a check made after it takes no unit of a lease
-        // granted before the reset.
-        drop(self.forget.take());
-        Poll::Ready(out)
-    }
-}
-
-/// The table of a [`Leasing`], whatever its store and clock.
-trait Entries: Send + Sync {
-    fn existing(&self, id: u128) -> Option<EntryRef>;
-}
-
-impl<S: Send + Sync, C: Send + Sync> Entries for Shared<S, C> {
-    fn existing(&self, id: u128) -> Option<EntryRef> {
-        Shared::existing(self, id)
-    }
-}
-
-/// Ends the lease of a key being reset: when the reset is made, and when this drops (the reset
-/// done, or given up).
-struct ForgetLease {
-    entries: Arc<dyn Entries>,
-    id: u128,
-}
-
-impl ForgetLease {
-    /// Ends the key's lease, if it has an entry (a check made since the reset began may have
-    /// made one, its lease request counted against the state the reset forgets).
-    fn forget(&self) {
-        if let Some(entry) = self.entries.existing(self.id) {
+        if let Some(entry) = self.shared.existing(id) {
             entry.lock().forget();
         }
-    }
-}
-
-impl Drop for ForgetLease {
-    fn drop(&mut self) {
-        self.forget();
+        WrapperResetFuture::new(self.shared.inner.reset(key, limit), end_lease)
     }
 }
 

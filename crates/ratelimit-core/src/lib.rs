@@ -64,18 +64,16 @@ mod time;
 pub use algorithm::{Algorithm, State};
 pub use clock::{Clock, ManualClock, SystemClock, WallClock};
 pub use decision::{Decision, Outcome};
-pub use denial_cache::{
-    DEFAULT_MAX_DENIALS, DenialCache, DenialCacheFuture, DenialCacheResetFuture, DenialCacheStats,
-};
+pub use denial_cache::{DEFAULT_MAX_DENIALS, DenialCache, DenialCacheFuture, DenialCacheStats};
 pub use error::ConfigError;
 pub use lease::{
-    DEFAULT_MAX_LEASE, DEFAULT_MAX_LEASED_KEYS, DEFAULT_MAX_TTL, LeaseFuture, LeaseResetFuture,
-    Leasing, LeasingBuilder, LeasingStats,
+    DEFAULT_MAX_LEASE, DEFAULT_MAX_LEASED_KEYS, DEFAULT_MAX_TTL, LeaseFuture, Leasing,
+    LeasingBuilder, LeasingStats,
 };
 pub use limit::{Limit, MAX_QUOTAS, MAX_SLIDING_LOG_LIMIT};
 pub use memory_store::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder};
 pub use quota::{MAX_EXACT, Quota};
 pub use quota_set::{QuotaSet, QuotaSetIter};
-pub use reset::Reset;
+pub use reset::{Reset, WrapperResetFuture};
 pub use store::{NoError, Store};
 pub use time::Timestamp;

@@ -1,7 +1,10 @@
 //! The `Reset` trait: forgetting one client's state.
 
+use std::fmt;
 use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 
 use crate::{Limit, Store};
 
@@ -71,5 +74,59 @@ impl<S: Reset + ?Sized> Reset for Arc<S> {
 
     fn reset(&self, key: &[u8], limit: &Limit) -> Self::ResetFuture {
         (**self).reset(key, limit)
+    }
+}
+
+/// The future of a wrapper's reset ([`DenialCache`](crate::DenialCache),
+/// [`Leasing`](crate::Leasing)): the wrapped store's reset, then what the wrapper does once it is
+/// done (end what it holds of the key), before the answer is returned; also if the future is
+/// dropped first, since the store may have reset all the same.
+pub struct WrapperResetFuture<F> {
+    fut: F,
+    /// Taken when the reset completes; run when dropped.
+    then: Option<Then>,
+}
+
+/// What a wrapper does when a reset is done or given up: run when dropped.
+struct Then(Option<Box<dyn FnOnce() + Send>>);
+
+impl Drop for Then {
+    fn drop(&mut self) {
+        if let Some(f) = self.0.take() {
+            f();
+        }
+    }
+}
+
+impl<F> WrapperResetFuture<F> {
+    /// The wrapped store's reset `fut`, then `then`.
+    pub(crate) fn new(fut: F, then: impl FnOnce() + Send + 'static) -> Self {
+        WrapperResetFuture {
+            fut,
+            then: Some(Then(Some(Box::new(then)))),
+        }
+    }
+}
+
+impl<F> fmt::Debug for WrapperResetFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WrapperResetFuture")
+            .field("done", &self.then.is_none())
+            .finish_non_exhaustive()
+    }
+}
+
+impl<F, E> Future for WrapperResetFuture<F>
+where
+    F: Future<Output = Result<(), E>> + Unpin,
+{
+    type Output = Result<(), E>;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let out = std::task::ready!(Pin::new(&mut self.fut).poll(cx));
+        // Before the answer is returned, so that a check made after it finds nothing the
+        // wrapper held of the key.
+        drop(self.then.take());
+        Poll::Ready(out)
     }
 }

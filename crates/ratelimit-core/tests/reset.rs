@@ -180,18 +180,28 @@ fn cached(clock: &ManualClock) -> DenialCache<MemoryStore<ManualClock>, ManualCl
     DenialCache::new(store(clock), clock.clone())
 }
 
+/// A reset ends the key's cached denials when it completes, and when its future is dropped
+/// first too (the store may have reset all the same: the memory store resets when `reset` is
+/// called).
 #[test]
-fn a_reset_ends_the_keys_cached_denials() {
-    let clock = ManualClock::new();
-    let cache = cached(&clock);
-    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(1).unwrap()).unwrap();
-    assert!(now(cache.check(b"k", &limit, 1)).unwrap().is_allowed());
-    assert!(!now(cache.check(b"k", &limit, 1)).unwrap().is_allowed());
-    let d = now(cache.check(b"k", &limit, 1)).unwrap();
-    assert!(d.is_cached() && !d.is_allowed());
-    now(cache.reset(b"k", &limit)).unwrap();
-    let d = now(cache.check(b"k", &limit, 1)).unwrap();
-    assert!(d.is_allowed() && !d.is_cached());
+fn a_reset_ends_the_keys_cached_denials_done_or_dropped() {
+    for dropped in [false, true] {
+        let clock = ManualClock::new();
+        let cache = cached(&clock);
+        let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(1).unwrap()).unwrap();
+        assert!(now(cache.check(b"k", &limit, 1)).unwrap().is_allowed());
+        assert!(!now(cache.check(b"k", &limit, 1)).unwrap().is_allowed());
+        let d = now(cache.check(b"k", &limit, 1)).unwrap();
+        assert!(d.is_cached() && !d.is_allowed());
+        let reset = cache.reset(b"k", &limit);
+        if dropped {
+            drop(reset);
+        } else {
+            now(reset).unwrap();
+        }
+        let d = now(cache.check(b"k", &limit, 1)).unwrap();
+        assert!(d.is_allowed() && !d.is_cached(), "dropped: {dropped}");
+    }
 }
 
 /// A check decided before the reset whose answer is taken in after it: its denial is not
@@ -214,18 +224,6 @@ fn a_denial_read_before_a_reset_is_not_cached_after_it() {
         let d = now(cache.check(b"k", &limit, 3)).unwrap();
         assert!(d.is_allowed() && !d.is_cached(), "{recorded_before}");
     }
-}
-
-#[test]
-fn a_reset_dropped_before_it_completes_still_ends_the_cached_denials() {
-    let clock = ManualClock::new();
-    let cache = cached(&clock);
-    let limit = Limit::single(Algorithm::Gcra, Quota::per_minute(1).unwrap()).unwrap();
-    assert!(now(cache.check(b"k", &limit, 1)).unwrap().is_allowed());
-    assert!(!now(cache.check(b"k", &limit, 1)).unwrap().is_allowed());
-    // The store resets when `reset` is called; the future is dropped unpolled.
-    drop(cache.reset(b"k", &limit));
-    assert!(now(cache.check(b"k", &limit, 1)).unwrap().is_allowed());
 }
 
 /// Checks of two keys in one shard race resets of one of them: each reset grants the reset key
@@ -361,4 +359,71 @@ fn a_denial_read_before_a_reset_is_not_cached_when_the_shard_is_full() {
     assert!(!now(&mut early).unwrap().is_allowed());
     let d = now(cache.check(b"k", &limit, 3)).unwrap();
     assert!(d.is_allowed() && !d.is_cached());
+}
+
+/// A memory store whose reset takes effect at its future's second poll, as a network store's
+/// takes a round trip.
+struct SlowReset(Arc<MemoryStore<ManualClock>>);
+
+impl Store for SlowReset {
+    type Error = ratelimit_core::NoError;
+    type Future = <MemoryStore<ManualClock> as Store>::Future;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        self.0.check(key, limit, cost)
+    }
+}
+
+struct SlowResetFuture {
+    store: Arc<MemoryStore<ManualClock>>,
+    key: Vec<u8>,
+    limit: Limit,
+    polled: bool,
+}
+
+impl Future for SlowResetFuture {
+    type Output = Result<(), ratelimit_core::NoError>;
+
+    fn poll(mut self: std::pin::Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+        if !self.polled {
+            self.polled = true;
+            return Poll::Pending;
+        }
+        self.store.reset_now(&self.key, &self.limit);
+        Poll::Ready(Ok(()))
+    }
+}
+
+impl Reset for SlowReset {
+    type ResetFuture = SlowResetFuture;
+
+    fn reset(&self, key: &[u8], limit: &Limit) -> SlowResetFuture {
+        SlowResetFuture {
+            store: self.0.clone(),
+            key: key.to_vec(),
+            limit: limit.clone(),
+            polled: false,
+        }
+    }
+}
+
+/// A lease asked for and granted while the store's reset is on its way, from the state the
+/// reset then forgets: its units go when the reset completes.
+#[test]
+fn a_lease_granted_while_the_reset_is_on_its_way_ends_with_it() {
+    let clock = ManualClock::new();
+    let leasing =
+        ratelimit_core::Leasing::builder(SlowReset(Arc::new(store(&clock))), clock.clone())
+            .lease_size(10)
+            .build()
+            .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(20).unwrap()).unwrap();
+    let mut reset = leasing.reset(b"k", &limit);
+    let mut cx = Context::from_waker(Waker::noop());
+    assert!(std::pin::Pin::new(&mut reset).poll(&mut cx).is_pending());
+    assert!(now(leasing.check(b"k", &limit, 1)).unwrap().is_allowed());
+    assert_eq!(leasing.outstanding_units(), 9);
+    assert!(now(&mut reset).is_ok());
+    assert_eq!(leasing.outstanding_units(), 0);
+    assert_eq!(admitted_until_denied(&leasing, b"k", &limit), 20);
 }
