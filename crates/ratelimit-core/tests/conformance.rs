@@ -34,7 +34,7 @@ fn the_memory_store_decides_as_the_algorithms_in_every_monotone_scenario() {
     let clock = ManualClock::new();
     let mut report = Report::default();
     for scenario in &monotone {
-        let one = block_on(check_scenario(&memory(&clock), &clock, scenario)).unwrap();
+        let one = block_on(check_scenario(&memory(&clock), &clock, b"", scenario)).unwrap();
         report.scenarios += one.scenarios;
         report.decisions += one.decisions;
         report.several_violated += one.several_violated;
@@ -84,7 +84,14 @@ fn a_rounded_field_is_caught_at_its_first_step() {
     let first_caught = scenarios()
         .iter()
         .filter(|s| s.monotone())
-        .map(|s| block_on(check_scenario(&WholeSeconds(memory(&clock)), &clock, s)))
+        .map(|s| {
+            block_on(check_scenario(
+                &WholeSeconds(memory(&clock)),
+                &clock,
+                b"",
+                s,
+            ))
+        })
         .find(Result::is_err)
         .expect("a scenario catches it");
     match first_caught {
@@ -131,7 +138,7 @@ impl Store for FailsThird {
 fn a_failure_is_reported_with_its_step() {
     let clock = ManualClock::new();
     let store = FailsThird(memory(&clock), 0.into());
-    let err = block_on(check_store(&store, &clock, &scenarios())).unwrap_err();
+    let err = block_on(check_store(&store, &clock, b"", &scenarios())).unwrap_err();
     assert!(
         matches!(
             &err,

@@ -143,7 +143,7 @@ async fn the_conformance_kit_passes_on_one_store() {
         .await
         .unwrap();
     let table = ratelimit_core::conformance::scenarios();
-    let report = ratelimit_core::conformance::check_store(&store, &clock, &table)
+    let report = ratelimit_core::conformance::check_store(&store, &clock, b"", &table)
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!(report.scenarios, table.len());
