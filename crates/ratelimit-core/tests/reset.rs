@@ -28,6 +28,15 @@ fn store(clock: &ManualClock) -> MemoryStore<ManualClock> {
         .unwrap()
 }
 
+/// A memory store of one shard: every key in one table.
+fn one_shard(clock: &ManualClock) -> MemoryStore<ManualClock> {
+    MemoryStore::builder()
+        .shards(1)
+        .with_clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
 /// One limit per algorithm, of one quota and of two.
 fn limits() -> Vec<Limit> {
     let mut out = Vec::new();
@@ -101,11 +110,7 @@ fn a_reset_forgets_only_its_key_under_its_limit() {
 #[test]
 fn a_reset_ends_a_memoized_denial() {
     let clock = ManualClock::new();
-    let store = MemoryStore::builder()
-        .shards(1)
-        .with_clock(clock.clone())
-        .build()
-        .unwrap();
+    let store = one_shard(&clock);
     let limit = Limit::single(Algorithm::Gcra, Quota::per_hour(1).unwrap()).unwrap();
     assert!(store.check_now(b"hot", &limit, 1).is_allowed());
     for _ in 0..3 {
@@ -141,11 +146,7 @@ proptest! {
         big in any::<bool>(),
     ) {
         let clock = ManualClock::new();
-        let store = MemoryStore::builder()
-            .shards(1)
-            .with_clock(clock.clone())
-            .build()
-            .unwrap();
+        let store = one_shard(&clock);
         // A two-quota limit keeps its states beside the table (its side storage is reused).
         let limit = if big {
             Limit::new(
@@ -234,13 +235,7 @@ fn concurrent_resets_grant_one_quota_each_and_touch_no_other_key() {
     const QUOTA: u64 = 50;
     const RESETS: u64 = 200;
     let clock = ManualClock::new();
-    let store = Arc::new(
-        MemoryStore::builder()
-            .shards(1)
-            .with_clock(clock.clone())
-            .build()
-            .unwrap(),
-    );
+    let store = Arc::new(one_shard(&clock));
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(QUOTA).unwrap()).unwrap();
     // Neighbours in the one table, so that the reset key's removal moves some of them.
     for k in 0u32..64 {

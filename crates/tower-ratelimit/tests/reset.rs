@@ -153,18 +153,25 @@ async fn a_request_without_a_key_resets_nothing() {
     assert_eq!(send(&app, request("/login")).await.status(), 429);
 }
 
+/// Alice's reset through `layer`, which fails.
+async fn failed_reset<St: tower_ratelimit::Reset>(
+    layer: RateLimitLayer<St>,
+) -> ResetError<St::Error> {
+    let req = attempt("alice", "x");
+    layer
+        .resetter()
+        .reset(&RequestHead::of(&req))
+        .await
+        .unwrap_err()
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_store_that_does_not_answer_is_cut_at_the_layers_timeout() {
     let layer = RateLimitLayer::builder(HangingStore::default(), login_policy())
         .timeout(Duration::from_millis(40))
         .build()
         .unwrap();
-    let req = attempt("alice", "x");
-    let err = layer
-        .resetter()
-        .reset(&RequestHead::of(&req))
-        .await
-        .unwrap_err();
+    let err = failed_reset(layer).await;
     assert!(
         matches!(err, ResetError::Timeout(d) if d == Duration::from_millis(40)),
         "{err:?}"
@@ -173,13 +180,8 @@ async fn a_store_that_does_not_answer_is_cut_at_the_layers_timeout() {
 
 #[tokio::test]
 async fn a_store_failure_is_the_stores_error() {
-    let layer = RateLimitLayer::new(FailingStore::default(), login_policy()).unwrap();
-    let req = attempt("alice", "x");
-    let err = layer
-        .resetter()
-        .reset(&RequestHead::of(&req))
-        .await
-        .unwrap_err();
+    let err =
+        failed_reset(RateLimitLayer::new(FailingStore::default(), login_policy()).unwrap()).await;
     assert!(
         matches!(err, ResetError::Store(common::StoreDown)),
         "{err:?}"
