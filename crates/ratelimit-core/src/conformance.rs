@@ -2,8 +2,9 @@
 //! algorithm, the decisions the pure algorithms make for them, and [`check_store`], which runs a
 //! [`Store`] through the table and reports the first decision that differs.
 //!
-//! A store of another crate (over a database, say) that follows [Writing a store](Store#writing-a-store)
-//! makes exactly the decisions of this crate's algorithms; this is how to show it in its tests.
+//! A store of another crate (over a database, say) that follows
+//! [Writing a store](Store#writing-a-store) makes exactly the decisions of this crate's
+//! algorithms; this is how to show it in its tests.
 //! The example store of those docs passes the whole table, the Redis store of `ratelimit-redis`
 //! too (in its own tests), and the in-memory store here its monotone scenarios.
 //!

@@ -31,10 +31,10 @@ use crate::{Limit, Store};
 ///   they were counted against the state the reset forgot, or, if the request reached the store
 ///   only after the reset (a queue in front of the store, such as `Coalescing`'s, may send it
 ///   later), against the fresh quota, which then admits up to one lease fewer: never more than
-///   a full quota after a reset. What *other* processes hold in
-///   front of a shared store is not reached: another gateway's cached denial stands until its
-///   deadline (at most its `retry_after`), and its lease until it is spent or expires (at most
-///   one lease, as leasing's bound allows anyway).
+///   a full quota after a reset. What *other* processes hold in front of a shared store is not
+///   reached: another gateway's cached denial stands until its deadline (at most its
+///   `retry_after`), and its lease until it is spent or expires (at most one lease, as leasing's
+///   bound allows anyway).
 /// - **Failure.** `Err` means the store could not be reached: the state may or may not have been
 ///   forgotten (a reset that timed out may still run). Resetting again is harmless.
 ///

@@ -125,8 +125,8 @@ impl<St: Reset> Resetter<St> {
     /// policy keyed by one value, without a request of that client at hand (an admin tool
     /// lifting a block). `client` is written into the key as the policy's extractor writes it:
     /// for [`ApiKeyHeader`](crate::key::ApiKeyHeader), the header's value (a `&str` or a
-    /// `HeaderValue`, without surrounding spaces); for [`ExtensionKey<T>`](crate::key::ExtensionKey),
-    /// the `T` (its [`KeyPart`]). Keys made of several parts (a tuple, [`or`](crate::key::or)),
+    /// `HeaderValue`, without surrounding spaces); for
+    /// [`ExtensionKey<T>`](crate::key::ExtensionKey), the `T` (its [`KeyPart`]). Keys made of several parts (a tuple, [`or`](crate::key::or)),
     /// and IP keys, which the extractors group by network, are not one value: reset those with
     /// [`reset`](Resetter::reset) and a request built to carry what the extractor reads.
     ///
