@@ -312,3 +312,32 @@ fn futures_executor_block_on<F: std::future::Future>(f: F) -> F::Output {
         }
     }
 }
+
+/// Over `Leasing`: the lease this gateway holds for the client ends with the reset, so the client
+/// gets a full quota again, and not the old lease's units on top.
+#[tokio::test]
+async fn a_held_lease_ends_with_the_reset() {
+    let clock = ManualClock::new();
+    let memory = MemoryStore::builder()
+        .with_clock(clock.clone())
+        .build()
+        .unwrap();
+    let leasing = Arc::new(
+        ratelimit_core::Leasing::builder(memory, clock.clone())
+            .lease_size(3)
+            .build()
+            .unwrap(),
+    );
+    let app = login_app(RateLimitLayer::new(leasing.clone(), login_policy()).unwrap());
+    // One failed attempt takes the whole quota as a lease: two units left here, none in the
+    // store.
+    assert_eq!(send(&app, attempt("alice", "guess")).await.status(), 401);
+    assert_eq!(leasing.outstanding_units(), 2);
+    // Signing in spends a leased unit, and resets: the last one goes too.
+    assert_eq!(send(&app, attempt("alice", "hunter2")).await.status(), 204);
+    assert_eq!(leasing.outstanding_units(), 0);
+    assert_eq!(
+        statuses(&app, || attempt("alice", "guess"), 4).await,
+        [401, 401, 401, 429]
+    );
+}
