@@ -671,6 +671,14 @@ impl<S, C> Shared<S, C> {
         self.shard(id).lock().get(&id).map(Arc::clone)
     }
 
+    /// The key `id` is being reset, or was: its lease ends, if it has an entry (see
+    /// [`Entry::forget`]).
+    fn end_lease(&self, id: u128) {
+        if let Some(entry) = self.existing(id) {
+            entry.lock().forget();
+        }
+    }
+
     /// The entry of `id`, made if needed; `None` if the table is full of busy entries.
     fn entry(&self, id: u128, now: u64) -> Option<EntryRef> {
         let mut shard = self.shard(id).lock();
@@ -1424,15 +1432,9 @@ impl<S: Reset, C: Clock + 'static> Reset for Leasing<S, C> {
         let id = shared.id(key, limit.fingerprint());
         // The key's entry now, and again at the end: a check made since the reset began may have
         // made one, its lease request counted against the state the reset forgets.
-        let end_lease = move || {
-            if let Some(entry) = shared.existing(id) {
-                entry.lock().forget();
-            }
-        };
-        if let Some(entry) = self.shared.existing(id) {
-            entry.lock().forget();
-        }
-        WrapperResetFuture::new(self.shared.inner.reset(key, limit), end_lease)
+        shared.end_lease(id);
+        let fut = shared.inner.reset(key, limit);
+        WrapperResetFuture::new(fut, move || shared.end_lease(id))
     }
 }
 

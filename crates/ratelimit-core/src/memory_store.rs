@@ -684,12 +684,7 @@ impl Table {
         let Some(mut hole) = self.find(id) else {
             return false;
         };
-        let word = self.buckets[hole].word;
-        if word & BIG != 0 {
-            let slot = word & !BIG;
-            self.big[slot as usize] = Big::default();
-            self.free_big.push(slot);
-        }
+        self.free_side_storage(self.buckets[hole]);
         let n = self.buckets.len();
         let mut j = hole;
         loop {
@@ -717,6 +712,15 @@ impl Table {
         true
     }
 
+    /// Frees the side storage of `b`'s states, if they are kept there, for `b` is going.
+    fn free_side_storage(&mut self, b: Bucket) {
+        if b.word & BIG != 0 {
+            let slot = b.word & !BIG;
+            self.big[slot as usize] = Big::default();
+            self.free_big.push(slot);
+        }
+    }
+
     /// A time from which the state of `b` is certainly fresh.
     fn fresh_from(&self, b: &Bucket) -> u64 {
         if b.word & BIG != 0 {
@@ -735,10 +739,8 @@ impl Table {
         for b in old.into_iter().filter(|b| !b.is_empty()) {
             if keep(&b, self.fresh_from(&b)) {
                 kept.push(b);
-            } else if b.word & BIG != 0 {
-                let slot = b.word & !BIG;
-                self.big[slot as usize] = Big::default();
-                self.free_big.push(slot);
+            } else {
+                self.free_side_storage(b);
             }
         }
         let size = if size == 0 {

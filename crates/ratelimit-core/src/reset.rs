@@ -83,19 +83,8 @@ impl<S: Reset + ?Sized> Reset for Arc<S> {
 /// dropped first, since the store may have reset all the same.
 pub struct WrapperResetFuture<F> {
     fut: F,
-    /// Taken when the reset completes; run when dropped.
-    then: Option<Then>,
-}
-
-/// What a wrapper does when a reset is done or given up: run when dropped.
-struct Then(Option<Box<dyn FnOnce() + Send>>);
-
-impl Drop for Then {
-    fn drop(&mut self) {
-        if let Some(f) = self.0.take() {
-            f();
-        }
-    }
+    /// Run when the reset completes, or when the future is dropped before.
+    then: Option<Box<dyn FnOnce() + Send>>,
 }
 
 impl<F> WrapperResetFuture<F> {
@@ -103,8 +92,20 @@ impl<F> WrapperResetFuture<F> {
     pub(crate) fn new(fut: F, then: impl FnOnce() + Send + 'static) -> Self {
         WrapperResetFuture {
             fut,
-            then: Some(Then(Some(Box::new(then)))),
+            then: Some(Box::new(then)),
         }
+    }
+
+    fn run_then(&mut self) {
+        if let Some(then) = self.then.take() {
+            then();
+        }
+    }
+}
+
+impl<F> Drop for WrapperResetFuture<F> {
+    fn drop(&mut self) {
+        self.run_then();
     }
 }
 
@@ -126,7 +127,7 @@ where
         let out = std::task::ready!(Pin::new(&mut self.fut).poll(cx));
         // Before the answer is returned, so that a check made after it finds nothing the
         // wrapper held of the key.
-        drop(self.then.take());
+        self.run_then();
         Poll::Ready(out)
     }
 }

@@ -402,20 +402,11 @@ impl RedisStore {
     /// prefix as well (see `docs/redis.md`). The same as [`Reset::reset`], as an inherent
     /// method.
     pub fn reset(&self, key: &[u8], limit: &Limit) -> ResetFuture {
-        let inner = Arc::clone(&self.inner);
         let script = scripts::reset_script();
-        let mut cmd = redis::cmd("EVALSHA");
-        cmd.arg(script.get_hash()).arg(key_count(limit));
-        each_state_key(&inner.prefix, key, limit, |k| {
-            cmd.arg(k.as_bytes());
-        });
-        Box::pin(async move {
-            in_runtime().await?;
-            let deadline = tokio::time::Instant::now() + inner.response_timeout;
-            match inner.eval_value(script, cmd, deadline).await? {
-                Value::Int(_) => Ok(()),
-                other => Err(RedisStoreError::UnexpectedReply(format!("{other:?}"))),
-            }
+        let cmd = evalsha_on_keys(&self.inner.prefix, script, key, limit);
+        self.send(script, cmd, |value| match value {
+            Value::Int(_) => Ok(()),
+            other => Err(RedisStoreError::UnexpectedReply(format!("{other:?}"))),
         })
     }
 
@@ -439,18 +430,29 @@ impl RedisStore {
                 ))
             });
         };
-        let inner = Arc::clone(&self.inner);
-        let cmd = match command(&inner, script, key, limit, cost) {
+        let cmd = match command(&self.inner, script, key, limit, cost) {
             Ok(cmd) => cmd,
             Err(e) => return Box::pin(async move { Err(e) }),
         };
         let shape = Shape::of(limit);
+        self.send(script, cmd, move |value| decode(value, shape))
+    }
+
+    /// Sends `cmd`, an `EVALSHA` of `script`, its reply decoded by `decode`, within the response
+    /// timeout.
+    fn send<T: Send + 'static>(
+        &self,
+        script: &'static redis::Script,
+        cmd: Cmd,
+        decode: impl FnOnce(&Value) -> Result<T, RedisStoreError> + Send + 'static,
+    ) -> Pin<Box<dyn Future<Output = Result<T, RedisStoreError>> + Send>> {
+        let inner = Arc::clone(&self.inner);
         Box::pin(async move {
             // Polled first outside a runtime (a check made in the tower layer's `call` on a
             // thread without one), it yields there, and its time counts from the next poll.
             in_runtime().await?;
             let deadline = tokio::time::Instant::now() + inner.response_timeout;
-            decode(&inner.eval_value(script, cmd, deadline).await?, shape)
+            decode(&inner.eval_value(script, cmd, deadline).await?)
         })
     }
 }
@@ -528,11 +530,7 @@ fn command(
             Some(micros)
         }
     };
-    let mut cmd = redis::cmd("EVALSHA");
-    cmd.arg(script.get_hash()).arg(key_count(limit));
-    each_state_key(&inner.prefix, key, limit, |k| {
-        cmd.arg(k.as_bytes());
-    });
+    let mut cmd = evalsha_on_keys(&inner.prefix, script, key, limit);
     match now {
         None => cmd.arg("s"),
         Some(t) => cmd.arg(t),
@@ -542,6 +540,17 @@ fn command(
         cmd.arg(a);
     });
     Ok(cmd)
+}
+
+/// `EVALSHA` of `script` on every Redis key of `key`'s checks under `limit` (see
+/// [`each_state_key`]), its arguments to follow.
+fn evalsha_on_keys(prefix: &str, script: &redis::Script, key: &[u8], limit: &Limit) -> Cmd {
+    let mut cmd = redis::cmd("EVALSHA");
+    cmd.arg(script.get_hash()).arg(key_count(limit));
+    each_state_key(prefix, key, limit, |k| {
+        cmd.arg(k.as_bytes());
+    });
+    cmd
 }
 
 /// A cost as the scripts receive it: every burst and limit is at most 2^52, so a larger cost

@@ -126,9 +126,10 @@ impl<St: Reset> Resetter<St> {
     /// lifting a block). `client` is written into the key as the policy's extractor writes it:
     /// for [`ApiKeyHeader`](crate::key::ApiKeyHeader), the header's value (a `&str` or a
     /// `HeaderValue`, without surrounding spaces); for
-    /// [`ExtensionKey<T>`](crate::key::ExtensionKey), the `T` (its [`KeyPart`]). Keys made of several parts (a tuple, [`or`](crate::key::or)),
-    /// and IP keys, which the extractors group by network, are not one value: reset those with
-    /// [`reset`](Resetter::reset) and a request built to carry what the extractor reads.
+    /// [`ExtensionKey<T>`](crate::key::ExtensionKey), the `T` (its [`KeyPart`]). Keys made of
+    /// several parts (a tuple, [`or`](crate::key::or)), and IP keys, which the extractors group by
+    /// network, are not one value: reset those with [`reset`](Resetter::reset) and a request
+    /// built to carry what the extractor reads.
     ///
     /// ```
     /// use tower_ratelimit::{Algorithm, Limit, MemoryStore, Policy, Quota, RateLimitLayer};
@@ -165,8 +166,8 @@ impl<St: Reset> Resetter<St> {
     ) -> impl Future<Output = Result<(), ResetError<St::Error>>> + Send + 'static {
         let rt = &*self.shared.rt;
         let mut key = rt.key_start.clone();
-        let extracted = rt.policy.key.extract(req, &mut key).is_ok();
-        self.reset_key(extracted.then_some(key))
+        let extracted = rt.policy.key.extract(req, &mut key);
+        self.reset_key(extracted.ok().map(|()| key))
     }
 
     /// Resets the (namespaced) `key` under every limit of the policy; `None`: no key.
@@ -176,29 +177,28 @@ impl<St: Reset> Resetter<St> {
     ) -> impl Future<Output = Result<(), ResetError<St::Error>>> + Send + 'static {
         let shared = &*self.shared;
         let rt = &*shared.rt;
-        let extracted = key.is_some();
-        let calls: Vec<St::ResetFuture> = if let Some(key) = &key {
-            for tier in rt.tiers.iter() {
-                if let (Some(local), Some((limit, _))) = (&shared.fallback, &tier.fallback) {
-                    local.reset_now(key.as_bytes(), limit);
-                }
-            }
+        // Per tier: the fallback's local share at once, the store's reset to wait for.
+        let calls: Option<Vec<St::ResetFuture>> = key.map(|key| {
+            let key = key.as_bytes();
             rt.tiers
                 .iter()
-                .map(|tier| shared.store.reset(key.as_bytes(), &tier.limit))
+                .map(|tier| {
+                    if let (Some(local), Some((limit, _))) = (&shared.fallback, &tier.fallback) {
+                        local.reset_now(key, limit);
+                    }
+                    shared.store.reset(key, &tier.limit)
+                })
                 .collect()
-        } else {
-            Vec::new()
-        };
+        });
         let timeout = shared.timeout;
         let name = rt.name.clone();
         let counters = Arc::clone(&self.counters);
         let count = move |o: ResetOutcome| counters[o as usize].increment(1);
         async move {
-            if !extracted {
+            let Some(calls) = calls else {
                 count(ResetOutcome::NoKey);
                 return Err(ResetError::NoKey);
-            }
+            };
             let in_runtime = tokio::runtime::Handle::try_current().is_ok();
             for mut call in calls {
                 // Polled once first: a reset done at once (the in-memory store's) needs no timer,
