@@ -8,14 +8,15 @@ use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ratelimit_core::{Clock, Decision, MemoryStore, Store, SystemClock};
+use ratelimit_core::{Clock, Decision, MemoryStore, Reset, Store, SystemClock};
 use tower_layer::Layer;
 
 use crate::body::{SameBody, WrapBody};
 use crate::circuit_breaker::{Breaker, CircuitBreaker, CircuitState};
 use crate::log_gate::LogGate;
+use crate::reset::ResetOnSetting;
 use crate::service::{RateLimit, Rt, Shared};
-use crate::{Error, FailurePolicy, Policy};
+use crate::{Error, FailurePolicy, Policy, ResponseHead};
 
 /// The default store timeout: 50 ms.
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
@@ -63,6 +64,7 @@ impl<St: Store> RateLimitLayer<St> {
             breaker: Some(CircuitBreaker::default()),
             clock: Arc::new(SystemClock::new()),
             fallback_max_keys: ratelimit_core::DEFAULT_MAX_KEYS,
+            reset_on: None,
         }
     }
 }
@@ -166,6 +168,7 @@ pub struct RateLimitLayerBuilder<St> {
     breaker: Option<CircuitBreaker>,
     clock: Arc<dyn Clock>,
     fallback_max_keys: usize,
+    reset_on: Option<ResetOnSetting<St>>,
 }
 
 impl<St> fmt::Debug for RateLimitLayerBuilder<St> {
@@ -175,6 +178,7 @@ impl<St> fmt::Debug for RateLimitLayerBuilder<St> {
             .field("timeout", &self.timeout)
             .field("breaker", &self.breaker)
             .field("fallback_max_keys", &self.fallback_max_keys)
+            .field("reset_on", &self.reset_on.is_some())
             .finish_non_exhaustive()
     }
 }
@@ -230,6 +234,54 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// drops the keys nearest to fresh.
     pub fn fallback_max_keys(mut self, max_keys: usize) -> Self {
         self.fallback_max_keys = max_keys;
+        self
+    }
+
+    /// Forgets the client's count when the inner service's response meets `when`: a login
+    /// limited per user name then counts only the failed attempts since the last success, and
+    /// a gateway can do it for a login served behind it, whose handler it cannot change. (Within
+    /// the app, a handler can call a [`Resetter`](crate::Resetter) instead.)
+    ///
+    /// The reset is that of [`Resetter::reset`](crate::Resetter::reset) with the request's key,
+    /// made after the inner service's response has come and before it is returned, so that the
+    /// client's next request counts from a full quota: a matching response waits for the
+    /// store's reset (one round trip on Redis; none for the in-memory store), at most the
+    /// layer's [`timeout`](Self::timeout) for each limit of the policy. If the reset fails or
+    /// times out the response goes out all the same, and the count stays; it is counted in
+    /// `ratelimit_resets_total` by outcome, as a `Resetter`'s are (a matching response to a
+    /// request without a key counts `no_key` and resets nothing).
+    ///
+    /// Not reset: an allow-listed request (not counted), and a response the layer wrote itself
+    /// (a 429, a 503). A request let through because the store failed (failed open, or counted
+    /// by the fallback's local share) resets only that local share: the store, which has just
+    /// failed, is not asked again.
+    ///
+    /// ```
+    /// use axum::{Router, http::StatusCode, routing::post};
+    /// use tower_ratelimit::{Algorithm, Limit, MemoryStore, Policy, Quota, RateLimitLayer};
+    /// use tower_ratelimit::key::ApiKeyHeader;
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// // Five failed sign-ins a minute per user name; a successful one clears them.
+    /// let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(5)?)?;
+    /// let policy = Policy::new("login", limit)?.key(ApiKeyHeader::new("x-user")?);
+    /// let layer = RateLimitLayer::builder(MemoryStore::new(), policy)
+    ///     .reset_on(|res| res.status().is_success())
+    ///     .build()?;
+    /// let app: Router = Router::new()
+    ///     .route("/login", post(|| async { StatusCode::UNAUTHORIZED }))
+    ///     .route_layer(layer);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn reset_on(
+        mut self,
+        when: impl Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
+    ) -> Self
+    where
+        St: Reset,
+    {
+        self.reset_on = Some(ResetOnSetting::new(when));
         self
     }
 
@@ -291,7 +343,14 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             ),
             _ => None,
         };
-        let rt = Arc::new(Rt::new(self.policy)?);
+        let mut rt = Rt::new(self.policy)?;
+        // A reset on a response needs the decision's kind to travel with the request.
+        if self.reset_on.is_some() {
+            rt.nothing_on_allowed = false;
+            rt.nothing_on_other = false;
+        }
+        let reset_on = self.reset_on.map(|r| r.build(&rt.name));
+        let rt = Arc::new(rt);
         let breaker = self.breaker.filter(|_| !always_answers).map(|config| {
             Arc::new(Breaker::new(
                 config,
@@ -315,6 +374,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 fallback,
                 failed_log: LogGate::new(self.clock.clone()),
                 timed_out_log: LogGate::new(self.clock),
+                reset_on,
             }),
             _mode: PhantomData,
         })

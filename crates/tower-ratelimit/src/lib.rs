@@ -49,7 +49,12 @@
 //! 5. counts the outcome ([`metrics`](mod@crate::metrics)) and puts a [`Verdict`] in the
 //!    response extensions (unless [`Policy::verdict`] turns that off).
 //!
-//! The in-memory path registers no timer and boxes no future: the store's answer is ready when
+//! A client's count can be forgotten: by the app, through a [`Resetter`]
+//! ([`RateLimitLayer::resetter`]), or by the layer when the inner service's response meets a
+//! condition ([`RateLimitLayerBuilder::reset_on`]: a successful sign-in).
+//!
+//! The in-memory path registers no timer and boxes no future (but a layer's `reset_on`, whose
+//! requests are let through in a boxed future that waits for the reset): the store's answer is ready when
 //! `call` returns, so a denial is a response built at once. What an allowed request allocates is
 //! the `RateLimit` field's value and the [`Verdict`] put in the response extensions (http
 //! allocates the extension map, its table and the boxed value on the first insert); an app that
@@ -125,6 +130,7 @@ pub mod policy;
 mod request_head;
 mod reset;
 pub mod response;
+mod response_head;
 mod service;
 
 pub use body::{BodyMode, ResponseBody, SameBody, WrapBody};
@@ -138,6 +144,7 @@ pub use policy::{MissingKey, Policy};
 pub use request_head::RequestHead;
 pub use reset::{ResetError, Resetter};
 pub use response::{DenialBody, Headers, Verdict, VerdictKind};
+pub use response_head::ResponseHead;
 pub use service::RateLimit;
 
 pub use bytes;

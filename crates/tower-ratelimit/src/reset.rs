@@ -10,11 +10,14 @@ use std::time::Duration;
 use ::metrics::Counter;
 use ratelimit_core::Reset;
 
-use crate::RequestHead;
+use http::Response;
+
 use crate::key::{KeyBuf, KeyPart};
 use crate::layer::RateLimitLayer;
 use crate::metrics::{Metrics, ResetOutcome};
-use crate::service::Shared;
+use crate::response::VerdictKind;
+use crate::service::{Post, Shared};
+use crate::{RequestHead, ResponseHead};
 
 /// Forgets what a client has spent under one layer's policy, so that its next request counts
 /// from a full quota. Made by [`RateLimitLayer::resetter`] over a store that can reset
@@ -175,58 +178,179 @@ impl<St: Reset> Resetter<St> {
         &self,
         key: Option<KeyBuf>,
     ) -> impl Future<Output = Result<(), ResetError<St::Error>>> + Send + 'static {
-        let shared = &*self.shared;
-        let rt = &*shared.rt;
-        // Per tier: the fallback's local share at once, the store's reset to wait for.
-        let calls: Option<Vec<St::ResetFuture>> = key.map(|key| {
-            let key = key.as_bytes();
-            rt.tiers
-                .iter()
-                .map(|tier| {
-                    if let (Some(local), Some((limit, _))) = (&shared.fallback, &tier.fallback) {
-                        local.reset_now(key, limit);
+        reset_key(&self.shared, &self.counters, key)
+    }
+}
+
+/// Resets the (namespaced) `key` under every limit of `shared`'s policy, counting the outcome in
+/// `counters`; `None`: no key. The fallback's local share is reset at once, and each store call
+/// made now; the future waits for the store's.
+fn reset_key<St: Reset>(
+    shared: &Shared<St>,
+    counters: &Arc<[Counter; 4]>,
+    key: Option<KeyBuf>,
+) -> impl Future<Output = Result<(), ResetError<St::Error>>> + Send + 'static {
+    let rt = &*shared.rt;
+    // Per tier: the fallback's local share at once, the store's reset to wait for.
+    let calls: Option<Vec<St::ResetFuture>> = key.map(|key| {
+        let key = key.as_bytes();
+        shared.reset_local(key);
+        rt.tiers
+            .iter()
+            .map(|tier| shared.store.reset(key, &tier.limit))
+            .collect()
+    });
+    let timeout = shared.timeout;
+    let name = rt.name.clone();
+    let counters = Arc::clone(counters);
+    let count = move |o: ResetOutcome| counters[o as usize].increment(1);
+    async move {
+        let Some(calls) = calls else {
+            count(ResetOutcome::NoKey);
+            return Err(ResetError::NoKey);
+        };
+        let in_runtime = tokio::runtime::Handle::try_current().is_ok();
+        for mut call in calls {
+            // Polled once first: a reset done at once (the in-memory store's) needs no timer,
+            // so no runtime with one, as a check of the layer needs none.
+            let first = poll_fn(|cx| Poll::Ready(Pin::new(&mut call).poll(cx))).await;
+            let out = match first {
+                Poll::Ready(out) => out,
+                Poll::Pending if in_runtime => match tokio::time::timeout(timeout, call).await {
+                    Ok(out) => out,
+                    Err(_) => {
+                        tracing::warn!(policy = %name, "rate-limit reset timed out");
+                        count(ResetOutcome::Timeout);
+                        return Err(ResetError::Timeout(timeout));
                     }
-                    shared.store.reset(key, &tier.limit)
-                })
-                .collect()
-        });
-        let timeout = shared.timeout;
-        let name = rt.name.clone();
-        let counters = Arc::clone(&self.counters);
-        let count = move |o: ResetOutcome| counters[o as usize].increment(1);
-        async move {
-            let Some(calls) = calls else {
-                count(ResetOutcome::NoKey);
-                return Err(ResetError::NoKey);
+                },
+                Poll::Pending => call.await,
             };
-            let in_runtime = tokio::runtime::Handle::try_current().is_ok();
-            for mut call in calls {
-                // Polled once first: a reset done at once (the in-memory store's) needs no timer,
-                // so no runtime with one, as a check of the layer needs none.
-                let first = poll_fn(|cx| Poll::Ready(Pin::new(&mut call).poll(cx))).await;
-                let out = match first {
-                    Poll::Ready(out) => out,
-                    Poll::Pending if in_runtime => {
-                        match tokio::time::timeout(timeout, call).await {
-                            Ok(out) => out,
-                            Err(_) => {
-                                tracing::warn!(policy = %name, "rate-limit reset timed out");
-                                count(ResetOutcome::Timeout);
-                                return Err(ResetError::Timeout(timeout));
-                            }
-                        }
-                    }
-                    Poll::Pending => call.await,
-                };
-                if let Err(error) = out {
-                    tracing::warn!(policy = %name, %error, "rate-limit reset failed");
-                    count(ResetOutcome::Error);
-                    return Err(ResetError::Store(error));
+            if let Err(error) = out {
+                tracing::warn!(policy = %name, %error, "rate-limit reset failed");
+                count(ResetOutcome::Error);
+                return Err(ResetError::Store(error));
+            }
+        }
+        tracing::debug!(policy = %name, "rate-limit key reset");
+        count(ResetOutcome::Reset);
+        Ok(())
+    }
+}
+
+/// A reset after a response, made by the layer ([`RateLimitLayerBuilder::reset_on`]).
+pub(crate) type AfterResponse = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// The reset condition of a layer ([`RateLimitLayerBuilder::reset_on`]), and how its store
+/// resets.
+pub(crate) struct ResetOn<St> {
+    when: Box<dyn Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static>,
+    /// `reset_key` over this store, boxed: made where the store is known to reset, since the
+    /// service is written for any [`Store`](ratelimit_core::Store).
+    run: RunReset<St>,
+    /// By [`ResetOutcome`], as a [`Resetter`]'s.
+    counters: Arc<[Counter; 4]>,
+}
+
+type RunReset<St> = fn(&Shared<St>, &Arc<[Counter; 4]>, Option<KeyBuf>) -> AfterResponse;
+
+/// What [`RateLimitLayerBuilder::reset_on`] keeps until the layer is built.
+pub(crate) struct ResetOnSetting<St> {
+    when: Box<dyn Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static>,
+    run: RunReset<St>,
+}
+
+impl<St: Reset> ResetOnSetting<St> {
+    pub(crate) fn new(when: impl Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static) -> Self {
+        fn run<St: Reset>(
+            shared: &Shared<St>,
+            counters: &Arc<[Counter; 4]>,
+            key: Option<KeyBuf>,
+        ) -> AfterResponse {
+            let reset = reset_key(shared, counters, key);
+            // Its error is logged and counted where it ends; the response goes out as it is.
+            Box::pin(async move {
+                let _ = reset.await;
+            })
+        }
+        ResetOnSetting {
+            when: Box::new(when),
+            run: run::<St>,
+        }
+    }
+}
+
+impl<St> ResetOnSetting<St> {
+    /// The condition, for the layer of the policy named `policy`.
+    pub(crate) fn build(self, policy: &str) -> ResetOn<St> {
+        ResetOn {
+            when: self.when,
+            run: self.run,
+            counters: Arc::new(Metrics::reset_counters(policy)),
+        }
+    }
+}
+
+/// The reset a forwarded request gets if its response meets the layer's condition.
+pub(crate) enum ResetPlan {
+    /// Through the store (and the fallback's local share); `None`: the request has no key.
+    Store(Option<KeyBuf>),
+    /// The fallback's local share only: the request was let through because the store failed,
+    /// which is not asked again (it would hold the response up to the timeout).
+    Local(KeyBuf),
+}
+
+impl<St> Shared<St> {
+    /// Forgets `key` under the fallback's local share of every limit, if there is a fallback.
+    fn reset_local(&self, key: &[u8]) {
+        if let Some(local) = &self.fallback {
+            for tier in self.rt.tiers.iter() {
+                if let Some((limit, _)) = &tier.fallback {
+                    local.reset_now(key, limit);
                 }
             }
-            tracing::debug!(policy = %name, "rate-limit key reset");
-            count(ResetOutcome::Reset);
-            Ok(())
+        }
+    }
+
+    /// The reset the request forwarded with `post` gets if its response meets the layer's
+    /// condition: none without one, or for an allow-listed request (which was not counted).
+    /// The key is read now, before the request moves on.
+    pub(crate) fn reset_plan(
+        &self,
+        post: Option<&Post>,
+        req: &RequestHead<'_>,
+    ) -> Option<ResetPlan> {
+        self.reset_on.as_ref()?;
+        let kind = post?.kind();
+        if kind == VerdictKind::AllowListed {
+            return None;
+        }
+        let rt = &*self.rt;
+        let mut key = rt.key_start.clone();
+        let key = rt.policy.key.extract(req, &mut key).ok().map(|()| key);
+        match kind {
+            VerdictKind::FailedOpen | VerdictKind::FallbackAllowed => key.map(ResetPlan::Local),
+            _ => Some(ResetPlan::Store(key)),
+        }
+    }
+
+    /// The reset `plan` asks for, if `response` meets the layer's condition: the fallback's at
+    /// once, the store's to wait for.
+    pub(crate) fn reset_after<B>(
+        &self,
+        response: &Response<B>,
+        plan: ResetPlan,
+    ) -> Option<AfterResponse> {
+        let reset_on = self.reset_on.as_ref()?;
+        if !(reset_on.when)(&ResponseHead::of(response)) {
+            return None;
+        }
+        match plan {
+            ResetPlan::Store(key) => Some((reset_on.run)(self, &reset_on.counters, key)),
+            ResetPlan::Local(key) => {
+                self.reset_local(key.as_bytes());
+                None
+            }
         }
     }
 }

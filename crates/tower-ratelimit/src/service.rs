@@ -22,11 +22,12 @@ use crate::body::{BodyMode, WrapBody};
 use crate::circuit_breaker::{
     Admit, Breaker, BreakerCheck, CircuitState, FRESH, Probe, StoreCheck, TimedOut,
 };
-use crate::future::ResponseFuture;
+use crate::future::{ResponseFuture, Waiting};
 use crate::key::KeyBuf;
 use crate::log_gate::LogGate;
 use crate::metrics::{FailureKind, Metrics};
 use crate::policy::{MissingKey, Policy};
+use crate::reset::ResetOn;
 use crate::response::{Bodies, Own, Prepared, Verdict, VerdictKind};
 use crate::{FailurePolicy, RateLimitLayer, RequestHead};
 
@@ -131,6 +132,9 @@ pub(crate) struct Shared<St> {
     /// every request of an outage would log one).
     pub(crate) failed_log: LogGate,
     pub(crate) timed_out_log: LogGate,
+    /// The condition on the inner service's response that resets the client's count
+    /// ([`RateLimitLayerBuilder::reset_on`](crate::RateLimitLayerBuilder::reset_on)).
+    pub(crate) reset_on: Option<ResetOn<St>>,
 }
 
 /// The policy and everything computed from it once.
@@ -144,8 +148,11 @@ pub(crate) struct Rt {
     pub(crate) key_start: KeyBuf,
     /// Allowed requests get the rate-limit fields (some are on for them, and not a dry run).
     pub(crate) headers_on_allowed: bool,
-    /// Allowed requests get neither the fields nor the verdict: nothing travels with them.
+    /// Allowed requests get neither the fields nor the verdict: nothing travels with them (and
+    /// the layer does not reset on a response, which needs the decision's kind).
     pub(crate) nothing_on_allowed: bool,
+    /// The same for the other requests let through (no verdict, no reset on a response).
+    pub(crate) nothing_on_other: bool,
     /// `<name>\x01`: the namespace of the shared missing-key key.
     pub(crate) shared_prefix: Box<[u8]>,
     pub(crate) bodies: Bodies,
@@ -229,6 +236,7 @@ impl Rt {
             key_start,
             headers_on_allowed,
             nothing_on_allowed: !headers_on_allowed && !policy.verdict,
+            nothing_on_other: !policy.verdict,
             shared_prefix: shared_prefix.into_boxed_slice(),
             unknown_tier_warned: AtomicBool::new(false),
             name,
@@ -315,6 +323,11 @@ impl fmt::Debug for Post {
 }
 
 impl Post {
+    /// How the request was let through.
+    pub(crate) fn kind(&self) -> VerdictKind {
+        self.kind
+    }
+
     /// Adds the headers and the verdict to `response` where it is.
     pub(crate) fn apply_to<R>(self, response: &mut Response<R>) {
         if let (true, Some(d)) = (self.headers, &self.decision) {
@@ -363,7 +376,7 @@ impl<St: Store> Shared<St> {
         let nothing = if allowed {
             rt.nothing_on_allowed
         } else {
-            !verdict
+            rt.nothing_on_other
         };
         if nothing {
             // Nothing to add: no reference to the policy travels with the request, and no field
@@ -669,7 +682,12 @@ where
             // Nothing to add, spelled out so that the empty `Option<Post>` is written as such
             // rather than copied out of the step.
             Step::Forward(None) => ResponseFuture::inner(self.inner.call(req), None),
-            Step::Forward(post) => ResponseFuture::inner(self.inner.call(req), post),
+            Step::Forward(post) => match &self.shared.reset_on {
+                None => ResponseFuture::inner(self.inner.call(req), post),
+                // Boxed, built out of line: a second way of building the inner future here
+                // would have it built aside and copied into place on every request.
+                Some(_) => ResponseFuture::waiting(self.call_then_reset(req, post)),
+            },
             Step::Respond(response) => {
                 let response = self
                     .shared
@@ -750,7 +768,13 @@ where
                     };
                     match step {
                         Step::Forward(post) => {
+                            let reset = shared.reset_plan(post.as_ref(), &RequestHead::of(&req));
                             let response = inner.call(req).await?;
+                            if let Some(reset) =
+                                reset.and_then(|plan| shared.reset_after(&response, plan))
+                            {
+                                reset.await;
+                            }
                             Ok(Post::apply_some::<M, ResB>(post, response))
                         }
                         Step::Respond(response) => {
@@ -765,6 +789,40 @@ where
                 }))
             }
         }
+    }
+}
+
+impl<S, St: Store, M> RateLimit<S, St, M> {
+    /// The request let through (with `post`, which a layer that resets always has), then the
+    /// client's count reset if the inner service's response meets the layer's condition, before
+    /// the response is returned: the client's next request counts from a full quota. Out of
+    /// line, off the path of a layer without the condition.
+    #[cold]
+    #[inline(never)]
+    fn call_then_reset<ReqB, ResB>(
+        &mut self,
+        req: Request<ReqB>,
+        post: Option<Post>,
+    ) -> Waiting<M::Body, S::Error>
+    where
+        S: Service<Request<ReqB>, Response = Response<ResB>>,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ResB: Send + 'static,
+        M: BodyMode<ResB>,
+    {
+        let plan = self
+            .shared
+            .reset_plan(post.as_ref(), &RequestHead::of(&req));
+        let shared = self.shared.clone();
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let response = fut.await?;
+            if let Some(reset) = plan.and_then(|plan| shared.reset_after(&response, plan)) {
+                reset.await;
+            }
+            Ok(Post::apply_some::<M, ResB>(post, response))
+        })
     }
 }
 
@@ -974,6 +1032,7 @@ mod tests {
             fallback: None,
             failed_log: LogGate::new(Arc::new(ratelimit_core::SystemClock::new())),
             timed_out_log: LogGate::new(Arc::new(ratelimit_core::SystemClock::new())),
+            reset_on: None,
         }
     }
 

@@ -2,7 +2,9 @@
 //! Redis; gateway A holds a `DenialCache` in front of its store and serves an admin route that
 //! resets a user through the login layer's `Resetter`; gateway B has no cache. After the reset
 //! both admit the user again (A's cached denial ended with the reset, the shared state is gone),
-//! and another user's count is untouched.
+//! and another user's count is untouched. And a reset the layer makes itself
+//! (`RateLimitLayerBuilder::reset_on`): two gateways in front of a real sign-in service forget a
+//! user's count when the service answers a success through either.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -110,4 +112,92 @@ async fn a_reset_on_one_gateway_lets_the_user_in_on_every_gateway() {
         .await
         .expect("request");
     assert_eq!(no_key.status().as_u16(), 400);
+}
+
+/// The sign-in service behind the gateways: 204 for the right password, 401 for any other.
+async fn sign_in(req: Request) -> StatusCode {
+    match req.headers().get("x-password") {
+        Some(p) if p == "hunter2" => StatusCode::NO_CONTENT,
+        _ => StatusCode::UNAUTHORIZED,
+    }
+}
+
+/// A gateway in front of the sign-in service: it forwards `/login` (the user and password
+/// headers) and answers with the service's status.
+async fn forward(State(upstream): State<(reqwest::Client, String)>, req: Request) -> StatusCode {
+    let (client, url) = upstream;
+    let mut call = client.get(url);
+    for name in ["x-user", "x-password"] {
+        if let Some(value) = req.headers().get(name) {
+            call = call.header(name, value.as_bytes());
+        }
+    }
+    match call.send().await {
+        Ok(res) => StatusCode::from_u16(res.status().as_u16()).unwrap_or(StatusCode::BAD_GATEWAY),
+        Err(_) => StatusCode::BAD_GATEWAY,
+    }
+}
+
+/// Two gateways on one real Redis, in front of a sign-in service (all three real servers): each
+/// counts every attempt per user name and forgets the count when the service answers a
+/// success (`reset_on`), which neither gateway's code decides. A success through one gateway
+/// gives the user a full quota on both; another user's count is untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_success_behind_the_gateways_resets_the_users_count_on_every_gateway() {
+    let redis = RedisServer::start();
+    let service = TestApp::serve(Router::new().route("/login", get(sign_in))).await;
+    let gateway = |store| {
+        let policy = Policy::new("login", per_minute(3))
+            .expect("policy")
+            .key(ApiKeyHeader::new("x-user").expect("header"));
+        let layer = RateLimitLayer::builder(store, policy)
+            .timeout(Duration::from_secs(2))
+            .reset_on(|res| res.status().is_success())
+            .build()
+            .expect("layer");
+        Router::new()
+            .route("/login", get(forward).route_layer(layer))
+            .with_state((reqwest::Client::new(), service.url("/login")))
+    };
+    let patient = |url: &str| store_builder(url).response_timeout(Duration::from_secs(2));
+    let store = patient(&redis.url()).build().await.expect("store");
+    let a = TestApp::serve(gateway(store.clone())).await;
+    let b = TestApp::serve(gateway(patient(&redis.url()).build().await.expect("store"))).await;
+    let client = reqwest::Client::new();
+    let attempt = |app: &TestApp, user: &str, password: &str| {
+        client
+            .get(app.url("/login"))
+            .header("x-user", user)
+            .header("x-password", password)
+            .send()
+    };
+    let status = |r: reqwest::Response| r.status().as_u16();
+
+    let mut seen = Vec::new();
+    for (app, user) in [(&a, "alice"), (&b, "alice"), (&b, "bob")] {
+        seen.push(status(attempt(app, user, "guess").await.expect("request")));
+    }
+    assert_eq!(seen, [401, 401, 401]);
+    // Alice's third attempt succeeds: her count is gone from Redis.
+    assert_eq!(
+        status(attempt(&a, "alice", "hunter2").await.expect("request")),
+        204
+    );
+    for key in store.state_keys(b"login\0alice", &per_minute(3)) {
+        assert_eq!(redis.cli(&["exists", &key]), "0", "{key}");
+    }
+    // Three more failures across the fleet, then the limit.
+    let mut seen = Vec::new();
+    for app in [&b, &a, &b, &a] {
+        seen.push(status(
+            attempt(app, "alice", "guess").await.expect("request"),
+        ));
+    }
+    assert_eq!(seen, [401, 401, 401, 429]);
+    // Bob's failure still counts: two more, then the limit, and his right password too.
+    let mut seen = Vec::new();
+    for password in ["guess", "guess", "guess", "hunter2"] {
+        seen.push(status(attempt(&a, "bob", password).await.expect("request")));
+    }
+    assert_eq!(seen, [401, 401, 429, 429]);
 }

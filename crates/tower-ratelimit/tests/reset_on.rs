@@ -1,0 +1,368 @@
+//! `RateLimitLayerBuilder::reset_on`: the layer forgets a client's count when the inner
+//! service's response meets a condition, through a real axum `Router`.
+
+mod common;
+
+use std::future::{Future, Ready, pending, ready};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::extract::Request;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use common::{StoreDown, SwitchStore, TestStore, request, send, statuses, store, with_header};
+use http::HeaderValue;
+use ratelimit_core::{Algorithm, Decision, Limit, Quota, Reset, Store};
+use tower_ratelimit::key::ApiKeyHeader;
+use tower_ratelimit::{
+    FailurePolicy, Headers, MissingKey, Policy, RateLimitLayer, RateLimitLayerBuilder, Verdict,
+    VerdictKind,
+};
+
+fn login_policy() -> Policy {
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(3).unwrap()).unwrap();
+    Policy::new("login", limit)
+        .unwrap()
+        .key(ApiKeyHeader::new("x-user").unwrap())
+}
+
+/// The login handler: 204 for the right password, 401 for any other; it knows nothing of the
+/// limit. A right password sent with `x-remember` also marks its response with `SignedIn`.
+async fn login(req: Request) -> Response {
+    if req.headers().get("x-password") != Some(&HeaderValue::from_static("hunter2")) {
+        return StatusCode::UNAUTHORIZED.into_response();
+    }
+    let mut res = StatusCode::NO_CONTENT.into_response();
+    if req.headers().contains_key("x-remember") {
+        res.extensions_mut().insert(SignedIn);
+    }
+    res
+}
+
+#[derive(Clone)]
+struct SignedIn;
+
+fn app<St: Store + Reset>(builder: RateLimitLayerBuilder<St>) -> Router {
+    let layer = builder.reset_on(|res| res.status().is_success()).build();
+    Router::new()
+        .route("/login", get(login))
+        .route_layer(layer.unwrap())
+}
+
+fn attempt(user: &str, password: &str) -> http::Request<axum::body::Body> {
+    with_header(
+        with_header(request("/login"), "x-user", user),
+        "x-password",
+        password,
+    )
+}
+
+/// Alice's count: how many of four failed attempts pass (3 after a reset, fewer before).
+async fn failures_let_through(app: &Router, user: &str) -> usize {
+    statuses(app, || attempt(user, "guess"), 4)
+        .await
+        .iter()
+        .filter(|&&s| s == 401)
+        .count()
+}
+
+#[tokio::test]
+async fn a_successful_login_resets_only_that_users_count() {
+    let (_clock, memory) = store();
+    let app = app(RateLimitLayer::builder(memory, login_policy()));
+    assert_eq!(
+        statuses(&app, || attempt("alice", "guess"), 2).await,
+        [401, 401]
+    );
+    assert_eq!(
+        statuses(&app, || attempt("bob", "guess"), 2).await,
+        [401, 401]
+    );
+    // Alice's third request, her success, spends her last unit and then forgets them all.
+    assert_eq!(send(&app, attempt("alice", "hunter2")).await.status(), 204);
+    assert_eq!(
+        statuses(&app, || attempt("alice", "guess"), 4).await,
+        [401, 401, 401, 429]
+    );
+    // Bob's two failures still count.
+    assert_eq!(
+        statuses(&app, || attempt("bob", "guess"), 2).await,
+        [401, 429]
+    );
+    // A spent quota is not reset by a success: the 429 is the layer's, not the handler's.
+    assert_eq!(send(&app, attempt("bob", "hunter2")).await.status(), 429);
+    assert_eq!(failures_let_through(&app, "bob").await, 0);
+}
+
+/// The condition reads the whole head: here a marker the handler puts in the extensions.
+#[tokio::test]
+async fn only_a_response_meeting_the_condition_resets() {
+    let (_clock, memory) = store();
+    let layer = RateLimitLayer::builder(memory, login_policy())
+        .reset_on(|res| res.extensions().get::<SignedIn>().is_some())
+        .build()
+        .unwrap();
+    let app = Router::new().route("/login", get(login)).route_layer(layer);
+    // A 204 without the marker: counted, not reset.
+    assert_eq!(send(&app, attempt("alice", "hunter2")).await.status(), 204);
+    assert_eq!(send(&app, attempt("alice", "guess")).await.status(), 401);
+    let remember = with_header(attempt("alice", "hunter2"), "x-remember", "1");
+    assert_eq!(send(&app, remember).await.status(), 204);
+    assert_eq!(failures_let_through(&app, "alice").await, 3);
+}
+
+/// Configured as tower_governor is (no verdict, no fields, the inner body type kept), nothing
+/// travels with an allowed request on its own: the condition makes the decision travel.
+#[tokio::test]
+async fn a_layer_with_nothing_to_add_resets_too() {
+    let (_clock, memory) = store();
+    let policy = login_policy().verdict(false).headers(Headers::none());
+    let layer = RateLimitLayer::builder(memory, policy)
+        .reset_on(|res| res.status().is_success())
+        .build()
+        .unwrap()
+        .same_body();
+    let app = Router::new().route("/login", get(login)).route_layer(layer);
+    assert_eq!(failures_let_through(&app, "alice").await, 3);
+    assert_eq!(send(&app, attempt("alice", "hunter2")).await.status(), 429);
+    // Through another user: a success within the quota resets.
+    assert_eq!(
+        statuses(&app, || attempt("carol", "guess"), 2).await,
+        [401, 401]
+    );
+    assert_eq!(send(&app, attempt("carol", "hunter2")).await.status(), 204);
+    assert_eq!(failures_let_through(&app, "carol").await, 3);
+}
+
+/// A store that answers after a yield, as a network store does: the check waits, and so does
+/// the reset after it.
+#[tokio::test]
+async fn a_store_that_waits_resets_after_the_response() {
+    let (_clock, memory) = store();
+    let switch = Arc::new(SwitchStore::new(memory));
+    let app = app(RateLimitLayer::builder(switch.clone(), login_policy()));
+    assert_eq!(
+        statuses(&app, || attempt("alice", "guess"), 2).await,
+        [401, 401]
+    );
+    assert_eq!(send(&app, attempt("alice", "hunter2")).await.status(), 204);
+    assert_eq!(failures_let_through(&app, "alice").await, 3);
+    assert_eq!(switch.calls(), 2 + 1 + 4);
+}
+
+/// In a dry run a would-be denial goes through; its success resets, so the next request is no
+/// longer a would-be denial.
+#[tokio::test]
+async fn a_dry_run_resets_as_the_live_layer_would() {
+    let (_clock, memory) = store();
+    let app = app(RateLimitLayer::builder(
+        memory,
+        login_policy().dry_run(true),
+    ));
+    let kinds = |app: Router, password: &'static str, n: usize| async move {
+        let mut out = Vec::new();
+        for _ in 0..n {
+            let res = send(&app, attempt("alice", password)).await;
+            out.push(res.extensions().get::<Verdict>().unwrap().kind());
+        }
+        out
+    };
+    use VerdictKind::{Allowed, ShadowDenied};
+    assert_eq!(
+        kinds(app.clone(), "guess", 4).await,
+        [Allowed, Allowed, Allowed, ShadowDenied]
+    );
+    assert_eq!(kinds(app.clone(), "hunter2", 1).await, [ShadowDenied]);
+    assert_eq!(
+        kinds(app.clone(), "guess", 4).await,
+        [Allowed, Allowed, Allowed, ShadowDenied]
+    );
+}
+
+/// An allow-listed request is not counted, and its success resets nothing.
+#[tokio::test]
+async fn an_allow_listed_success_resets_nothing() {
+    let (_clock, memory) = store();
+    let policy = login_policy().allow(|req| req.headers().contains_key("x-internal"));
+    let (app, snapshotter) = common::recorded(|| app(RateLimitLayer::builder(memory, policy)));
+    assert_eq!(
+        statuses(&app, || attempt("alice", "guess"), 2).await,
+        [401, 401]
+    );
+    let internal = with_header(attempt("alice", "hunter2"), "x-internal", "1");
+    assert_eq!(send(&app, internal).await.status(), 204);
+    assert_eq!(failures_let_through(&app, "alice").await, 1);
+    let recorded = common::Recorded::take(&snapshotter);
+    assert_eq!(
+        recorded.counter(
+            "ratelimit_resets_total",
+            &[("policy", "login"), ("outcome", "reset")]
+        ),
+        0
+    );
+}
+
+/// Requests without a key share one bucket (`MissingKey::SharedKey`): a keyless success resets
+/// nothing, and is counted as `no_key`.
+#[tokio::test]
+async fn a_success_without_a_key_resets_nothing() {
+    let (_clock, memory) = store();
+    let policy = login_policy().missing_key(MissingKey::shared_key("anonymous"));
+    let (app, snapshotter) = common::recorded(|| app(RateLimitLayer::builder(memory, policy)));
+    let keyless = |password: &str| with_header(request("/login"), "x-password", password);
+    assert_eq!(send(&app, keyless("guess")).await.status(), 401);
+    assert_eq!(send(&app, keyless("hunter2")).await.status(), 204);
+    assert_eq!(send(&app, keyless("guess")).await.status(), 401);
+    assert_eq!(send(&app, keyless("guess")).await.status(), 429);
+    let recorded = common::Recorded::take(&snapshotter);
+    let count = |outcome: &str| {
+        recorded.counter(
+            "ratelimit_resets_total",
+            &[("policy", "login"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!([count("reset"), count("no_key")], [0, 1]);
+}
+
+/// A memory store whose resets never complete (`hang`) or fail at once.
+struct BrokenReset {
+    inner: TestStore,
+    hang: bool,
+}
+
+impl Store for BrokenReset {
+    type Error = StoreDown;
+    type Future = Ready<Result<Decision, StoreDown>>;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        ready(Ok(self.inner.check_now(key, limit, cost)))
+    }
+}
+
+impl Reset for BrokenReset {
+    type ResetFuture = Pin<Box<dyn Future<Output = Result<(), StoreDown>> + Send>>;
+
+    fn reset(&self, _key: &[u8], _limit: &Limit) -> Self::ResetFuture {
+        if self.hang {
+            Box::pin(pending())
+        } else {
+            Box::pin(ready(Err(StoreDown)))
+        }
+    }
+}
+
+/// A reset that does not complete holds the response up to the layer's timeout, no longer; the
+/// response goes out, the count stays, and the timeout is counted.
+#[tokio::test(start_paused = true)]
+async fn a_reset_that_hangs_is_cut_at_the_timeout() {
+    let (_clock, memory) = store();
+    let (app, snapshotter) = common::recorded(|| {
+        let store = BrokenReset {
+            inner: memory,
+            hang: true,
+        };
+        app(RateLimitLayer::builder(store, login_policy()).timeout(Duration::from_millis(40)))
+    });
+    assert_eq!(send(&app, attempt("alice", "guess")).await.status(), 401);
+    let start = tokio::time::Instant::now();
+    assert_eq!(send(&app, attempt("alice", "hunter2")).await.status(), 204);
+    assert_eq!(start.elapsed(), Duration::from_millis(40));
+    assert_eq!(failures_let_through(&app, "alice").await, 1);
+    let recorded = common::Recorded::take(&snapshotter);
+    assert_eq!(
+        recorded.counter(
+            "ratelimit_resets_total",
+            &[("policy", "login"), ("outcome", "timeout")]
+        ),
+        1
+    );
+}
+
+/// While the store is down, a request let through by the fallback's local share resets that
+/// share, and the store is not asked (which would be a failed reset, counted as an error).
+#[tokio::test]
+async fn during_an_outage_only_the_fallback_share_is_reset() {
+    let (_clock, memory) = store();
+    let switch = Arc::new(SwitchStore::new(memory));
+    // Six a minute, shared by two gateways: three each while the store is down.
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(6).unwrap()).unwrap();
+    let policy = Policy::new("login", limit)
+        .unwrap()
+        .key(ApiKeyHeader::new("x-user").unwrap())
+        .failure(FailurePolicy::fallback(2).unwrap());
+    let (app, snapshotter) = common::recorded(|| {
+        app(RateLimitLayer::builder(switch.clone(), policy).no_circuit_breaker())
+    });
+    switch.set_down(true);
+    assert_eq!(
+        statuses(&app, || attempt("alice", "guess"), 2).await,
+        [401, 401]
+    );
+    assert_eq!(send(&app, attempt("alice", "hunter2")).await.status(), 204);
+    assert_eq!(failures_let_through(&app, "alice").await, 3);
+    let recorded = common::Recorded::take(&snapshotter);
+    let count = |outcome: &str| {
+        recorded.counter(
+            "ratelimit_resets_total",
+            &[("policy", "login"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!([count("reset"), count("error")], [0, 0]);
+}
+
+/// Failing open, there is no local count to reset and the store is not asked.
+#[tokio::test]
+async fn failing_open_resets_nothing() {
+    let (_clock, memory) = store();
+    let switch = Arc::new(SwitchStore::new(memory));
+    let policy = login_policy().failure(FailurePolicy::FailOpen);
+    let (app, snapshotter) = common::recorded(|| {
+        app(RateLimitLayer::builder(switch.clone(), policy).no_circuit_breaker())
+    });
+    assert_eq!(send(&app, attempt("alice", "guess")).await.status(), 401);
+    switch.set_down(true);
+    assert_eq!(send(&app, attempt("alice", "hunter2")).await.status(), 204);
+    switch.set_down(false);
+    // The failure counted before the outage is still counted.
+    assert_eq!(failures_let_through(&app, "alice").await, 2);
+    let recorded = common::Recorded::take(&snapshotter);
+    let count = |outcome: &str| {
+        recorded.counter(
+            "ratelimit_resets_total",
+            &[("policy", "login"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!([count("reset"), count("error")], [0, 0]);
+}
+
+/// A reset that fails: the response goes out as it is, the count stays, and the error is
+/// counted.
+#[tokio::test]
+async fn a_failed_reset_leaves_the_response_as_it_is() {
+    let (_clock, memory) = store();
+    let store = BrokenReset {
+        inner: memory,
+        hang: false,
+    };
+    let (app, snapshotter) =
+        common::recorded(|| app(RateLimitLayer::builder(store, login_policy())));
+    assert_eq!(send(&app, attempt("alice", "guess")).await.status(), 401);
+    let res = send(&app, attempt("alice", "hunter2")).await;
+    assert_eq!(res.status(), 204);
+    assert_eq!(
+        res.extensions().get::<Verdict>().map(Verdict::kind),
+        Some(VerdictKind::Allowed)
+    );
+    assert_eq!(failures_let_through(&app, "alice").await, 1);
+    let recorded = common::Recorded::take(&snapshotter);
+    assert_eq!(
+        recorded.counter(
+            "ratelimit_resets_total",
+            &[("policy", "login"), ("outcome", "error")]
+        ),
+        1
+    );
+}
