@@ -242,19 +242,30 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// a gateway can do it for a login served behind it, whose handler it cannot change. (Within
     /// the app, a handler can call a [`Resetter`](crate::Resetter) instead.)
     ///
-    /// The reset is that of [`Resetter::reset`](crate::Resetter::reset) with the request's key,
-    /// made after the inner service's response has come and before it is returned, so that the
-    /// client's next request counts from a full quota: a matching response waits for the
-    /// store's reset (one round trip on Redis; none for the in-memory store), at most the
-    /// layer's [`timeout`](Self::timeout) for each limit of the policy. If the reset fails or
-    /// times out the response goes out all the same, and the count stays; it is counted in
-    /// `ratelimit_resets_total` by outcome, as a `Resetter`'s are (a matching response to a
+    /// The reset is that of [`Resetter::reset`](crate::Resetter::reset) with the request's key
+    /// (under every limit of the policy), made after the inner service's response has come and
+    /// before it is returned, so that the client's next request counts from a full quota: a
+    /// matching response waits for the store's reset (one round trip on Redis, the calls for
+    /// the policy's limits sent together; none for the in-memory store), at most the layer's
+    /// [`timeout`](Self::timeout). If the reset fails or times out the response goes out all the
+    /// same, and the count stays. If the response is dropped first (the client went away), a
+    /// reset already sent runs on in a task of its own (in a Tokio runtime). Resets are counted
+    /// in `ratelimit_resets_total` by outcome, as a `Resetter`'s are (a matching response to a
     /// request without a key counts `no_key` and resets nothing).
     ///
     /// Not reset: an allow-listed request (not counted), and a response the layer wrote itself
-    /// (a 429, a 503). A request let through because the store failed (failed open, or counted
-    /// by the fallback's local share) resets only that local share: the store, which has just
-    /// failed, is not asked again.
+    /// (a 429, a 503). A request let through without the store's answer (the store failed and
+    /// the request failed open, was counted by the fallback's local share, or was a dry run's
+    /// would-be denial; or its circuit is open and a lease answered) resets only the fallback's
+    /// local share, if there is one: the store, taken to be down, is not asked.
+    ///
+    /// The response that meets the condition carries the rate-limit fields and the
+    /// [`Verdict`](crate::Verdict) of its own check, made before the reset.
+    ///
+    /// Key the policy by the account being signed in to (a user name), not by client IP: keyed
+    /// by IP, an attacker's success on an account of their own would reset the count of their
+    /// address, and with it their guesses at other accounts. Failed attempts counted while a
+    /// success's reset is on its way are forgotten with it.
     ///
     /// ```
     /// use axum::{Router, http::StatusCode, routing::post};

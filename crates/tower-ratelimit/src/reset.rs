@@ -162,7 +162,8 @@ impl<St: Reset> Resetter<St> {
     /// every limit of the policy. The key is read now, and the returned future owns what it
     /// needs. Each reset is made when its store makes it: the fallback's local share and the
     /// in-memory store at once, a network store when the future is polled (one call per limit
-    /// of the policy, in turn; the first failure ends it).
+    /// of the policy, all sent at the first poll and waited for together, under one timeout; the
+    /// first failure ends it).
     pub fn reset(
         &self,
         req: &RequestHead<'_>,
@@ -183,8 +184,9 @@ impl<St: Reset> Resetter<St> {
 }
 
 /// Resets the (namespaced) `key` under every limit of `shared`'s policy, counting the outcome in
-/// `counters`; `None`: no key. The fallback's local share is reset at once, and each store call
-/// made now; the future waits for the store's.
+/// `counters`; `None`: no key. The fallback's local share is reset at once and each store call
+/// made now (a network store sends its command when the future is first polled); the future
+/// waits for all the store's calls together, under one timeout.
 fn reset_key<St: Reset>(
     shared: &Shared<St>,
     counters: &Arc<[Counter; 4]>,
@@ -192,12 +194,12 @@ fn reset_key<St: Reset>(
 ) -> impl Future<Output = Result<(), ResetError<St::Error>>> + Send + 'static {
     let rt = &*shared.rt;
     // Per tier: the fallback's local share at once, the store's reset to wait for.
-    let calls: Option<Vec<St::ResetFuture>> = key.map(|key| {
+    let calls: Option<Vec<Option<St::ResetFuture>>> = key.map(|key| {
         let key = key.as_bytes();
         shared.reset_local(key);
         rt.tiers
             .iter()
-            .map(|tier| shared.store.reset(key, &tier.limit))
+            .map(|tier| Some(shared.store.reset(key, &tier.limit)))
             .collect()
     });
     let timeout = shared.timeout;
@@ -205,32 +207,50 @@ fn reset_key<St: Reset>(
     let counters = Arc::clone(counters);
     let count = move |o: ResetOutcome| counters[o as usize].increment(1);
     async move {
-        let Some(calls) = calls else {
+        let Some(mut calls) = calls else {
             count(ResetOutcome::NoKey);
             return Err(ResetError::NoKey);
         };
-        let in_runtime = tokio::runtime::Handle::try_current().is_ok();
-        for mut call in calls {
-            // Polled once first: a reset done at once (the in-memory store's) needs no timer,
-            // so no runtime with one, as a check of the layer needs none.
-            let first = poll_fn(|cx| Poll::Ready(Pin::new(&mut call).poll(cx))).await;
-            let out = match first {
-                Poll::Ready(out) => out,
-                Poll::Pending if in_runtime => match tokio::time::timeout(timeout, call).await {
+        // Every call polled at each poll, so that a network store's go out together: done when
+        // all are, or at the first failure.
+        let mut all = poll_fn(move |cx| {
+            let mut waiting = false;
+            for slot in calls.iter_mut() {
+                if let Some(call) = slot {
+                    match Pin::new(call).poll(cx) {
+                        Poll::Ready(Ok(())) => *slot = None,
+                        Poll::Ready(Err(error)) => return Poll::Ready(Err(error)),
+                        Poll::Pending => waiting = true,
+                    }
+                }
+            }
+            if waiting {
+                Poll::Pending
+            } else {
+                Poll::Ready(Ok(()))
+            }
+        });
+        // Polled once first: a reset done at once (the in-memory store's) needs no timer, so no
+        // runtime with one, as a check of the layer needs none.
+        let first = poll_fn(|cx| Poll::Ready(Pin::new(&mut all).poll(cx))).await;
+        let out = match first {
+            Poll::Ready(out) => out,
+            Poll::Pending if tokio::runtime::Handle::try_current().is_ok() => {
+                match tokio::time::timeout(timeout, all).await {
                     Ok(out) => out,
                     Err(_) => {
                         tracing::warn!(policy = %name, "rate-limit reset timed out");
                         count(ResetOutcome::Timeout);
                         return Err(ResetError::Timeout(timeout));
                     }
-                },
-                Poll::Pending => call.await,
-            };
-            if let Err(error) = out {
-                tracing::warn!(policy = %name, %error, "rate-limit reset failed");
-                count(ResetOutcome::Error);
-                return Err(ResetError::Store(error));
+                }
             }
+            Poll::Pending => all.await,
+        };
+        if let Err(error) = out {
+            tracing::warn!(policy = %name, %error, "rate-limit reset failed");
+            count(ResetOutcome::Error);
+            return Err(ResetError::Store(error));
         }
         tracing::debug!(policy = %name, "rate-limit key reset");
         count(ResetOutcome::Reset);
@@ -267,10 +287,24 @@ impl<St: Reset> ResetOnSetting<St> {
             counters: &Arc<[Counter; 4]>,
             key: Option<KeyBuf>,
         ) -> AfterResponse {
-            let reset = reset_key(shared, counters, key);
             // Its error is logged and counted where it ends; the response goes out as it is.
+            let mut reset = Box::pin(reset_key(shared, counters, key));
             Box::pin(async move {
-                let _ = reset.await;
+                // Done at once (the in-memory store's): nothing to wait for.
+                if poll_fn(|cx| Poll::Ready(reset.as_mut().poll(cx).is_ready())).await {
+                    return;
+                }
+                // A network store's: in a task of its own where there is a runtime, so that it
+                // is made even if the response is dropped first (the client went away); the
+                // response waits for it all the same.
+                match tokio::runtime::Handle::try_current() {
+                    Ok(runtime) => {
+                        let _ = runtime.spawn(reset).await;
+                    }
+                    Err(_) => {
+                        let _ = reset.await;
+                    }
+                }
             })
         }
         ResetOnSetting {
@@ -292,12 +326,13 @@ impl<St> ResetOnSetting<St> {
 }
 
 /// The reset a forwarded request gets if its response meets the layer's condition.
-pub(crate) enum ResetPlan {
-    /// Through the store (and the fallback's local share); `None`: the request has no key.
-    Store(Option<KeyBuf>),
-    /// The fallback's local share only: the request was let through because the store failed,
-    /// which is not asked again (it would hold the response up to the timeout).
-    Local(KeyBuf),
+pub(crate) struct ResetPlan {
+    /// The request's key; `None`: it has none, and nothing is reset.
+    key: Option<KeyBuf>,
+    /// Through the store (and the fallback's local share), or the local share only: the
+    /// request was let through without the store (it failed, or its circuit is open), which is
+    /// not asked again (it would hold the response up to the timeout).
+    with_store: bool,
 }
 
 impl<St> Shared<St> {
@@ -321,17 +356,16 @@ impl<St> Shared<St> {
         req: &RequestHead<'_>,
     ) -> Option<ResetPlan> {
         self.reset_on.as_ref()?;
-        let kind = post?.kind();
-        if kind == VerdictKind::AllowListed {
+        let post = post?;
+        if post.kind() == VerdictKind::AllowListed {
             return None;
         }
         let rt = &*self.rt;
         let mut key = rt.key_start.clone();
-        let key = rt.policy.key.extract(req, &mut key).ok().map(|()| key);
-        match kind {
-            VerdictKind::FailedOpen | VerdictKind::FallbackAllowed => key.map(ResetPlan::Local),
-            _ => Some(ResetPlan::Store(key)),
-        }
+        Some(ResetPlan {
+            key: rt.policy.key.extract(req, &mut key).ok().map(|()| key),
+            with_store: !post.without_store(),
+        })
     }
 
     /// The reset `plan` asks for, if `response` meets the layer's condition: the fallback's at
@@ -345,10 +379,22 @@ impl<St> Shared<St> {
         if !(reset_on.when)(&ResponseHead::of(response)) {
             return None;
         }
+        let count = |o: ResetOutcome| reset_on.counters[o as usize].increment(1);
         match plan {
-            ResetPlan::Store(key) => Some((reset_on.run)(self, &reset_on.counters, key)),
-            ResetPlan::Local(key) => {
-                self.reset_local(key.as_bytes());
+            ResetPlan {
+                key,
+                with_store: true,
+            } => Some((reset_on.run)(self, &reset_on.counters, key)),
+            ResetPlan { key: None, .. } => {
+                count(ResetOutcome::NoKey);
+                None
+            }
+            ResetPlan { key: Some(key), .. } => {
+                // Failed open, there is no local count to forget.
+                if self.fallback.is_some() {
+                    self.reset_local(key.as_bytes());
+                    count(ResetOutcome::Reset);
+                }
                 None
             }
         }

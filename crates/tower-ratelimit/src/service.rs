@@ -303,7 +303,19 @@ pub(crate) enum Step<W = Infallible> {
     Wait(W),
 }
 
-/// What to add to the inner service's response: the headers, the verdict, or both.
+impl<W> Step<W> {
+    /// The step of a request let through without the store (it failed, or its circuit is
+    /// open): a reset after its response leaves the store alone (see `Shared::reset_plan`).
+    fn without_store(mut self) -> Self {
+        if let Step::Forward(Some(post)) = &mut self {
+            post.without_store = true;
+        }
+        self
+    }
+}
+
+/// What to add to the inner service's response: the headers, the verdict, or both; and what a
+/// reset after the response needs to know.
 pub(crate) struct Post {
     rt: Arc<Rt>,
     kind: VerdictKind,
@@ -311,6 +323,9 @@ pub(crate) struct Post {
     tier: usize,
     headers: bool,
     verdict: bool,
+    /// Let through without the store's answer (failed open, by the fallback, a dry run's
+    /// would-be denial of either, a cached answer while the circuit is open).
+    without_store: bool,
 }
 
 impl fmt::Debug for Post {
@@ -326,6 +341,11 @@ impl Post {
     /// How the request was let through.
     pub(crate) fn kind(&self) -> VerdictKind {
         self.kind
+    }
+
+    /// Whether it was let through without the store's answer.
+    pub(crate) fn without_store(&self) -> bool {
+        self.without_store
     }
 
     /// Adds the headers and the verdict to `response` where it is.
@@ -390,6 +410,7 @@ impl<St: Store> Shared<St> {
             tier,
             headers,
             verdict,
+            without_store: false,
         }))
     }
 
@@ -502,7 +523,8 @@ impl<St: Store> Shared<St> {
             .store
             .check_cached(key, &self.rt.tiers[tier].limit, cost)
         {
-            return self.decide(d, tier, false);
+            // Answered without the store, which is taken to be down.
+            return self.decide(d, tier, false).without_store();
         }
         self.on_failure(FailureKind::CircuitOpen, PART_UNKNOWN, tier, key, cost)
     }
@@ -510,6 +532,19 @@ impl<St: Store> Shared<St> {
     /// The store could not answer. `part`: the key's circuit, or `PART_UNKNOWN` for this to look
     /// up if it needs it.
     fn on_failure<W>(
+        &self,
+        kind: FailureKind,
+        part: usize,
+        tier: usize,
+        key: &[u8],
+        cost: u64,
+    ) -> Step<W> {
+        self.failure_answer(kind, part, tier, key, cost)
+            .without_store()
+    }
+
+    /// [`on_failure`](Self::on_failure)'s answer.
+    fn failure_answer<W>(
         &self,
         kind: FailureKind,
         part: usize,

@@ -341,3 +341,59 @@ async fn a_held_lease_ends_with_the_reset() {
         [401, 401, 401, 429]
     );
 }
+
+/// A store whose resets are sent when first polled and never answered, counting the sends.
+#[derive(Default)]
+struct SilentResets {
+    sent: Arc<std::sync::atomic::AtomicUsize>,
+}
+
+impl Store for SilentResets {
+    type Error = common::StoreDown;
+    type Future = std::future::Ready<Result<ratelimit_core::Decision, common::StoreDown>>;
+
+    fn check(&self, _key: &[u8], limit: &Limit, _cost: u64) -> Self::Future {
+        std::future::ready(Ok(MemoryStore::new().check_now(b"k", limit, 1)))
+    }
+}
+
+impl ratelimit_core::Reset for SilentResets {
+    type ResetFuture =
+        std::pin::Pin<Box<dyn std::future::Future<Output = Result<(), common::StoreDown>> + Send>>;
+
+    fn reset(&self, _key: &[u8], _limit: &Limit) -> Self::ResetFuture {
+        let sent = self.sent.clone();
+        let mut first = true;
+        Box::pin(std::future::poll_fn(move |_| {
+            if std::mem::take(&mut first) {
+                sent.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+            }
+            std::task::Poll::Pending
+        }))
+    }
+}
+
+/// A policy with tiers resets under each limit: every call is sent at once and they are waited
+/// for together, under one timeout (one round trip on a network store, not one per limit).
+#[tokio::test(start_paused = true)]
+async fn the_resets_of_every_limit_are_sent_together() {
+    let pro = Limit::single(Algorithm::Gcra, Quota::per_minute(4).unwrap()).unwrap();
+    let team = Limit::single(Algorithm::Gcra, Quota::per_minute(9).unwrap()).unwrap();
+    let policy = login_policy()
+        .tier("pro", pro)
+        .unwrap()
+        .tier("team", team)
+        .unwrap()
+        .resolve_tier(|req| req.headers().get("x-plan").and_then(|v| v.to_str().ok()));
+    let store = SilentResets::default();
+    let sent = store.sent.clone();
+    let layer = RateLimitLayer::builder(store, policy)
+        .timeout(Duration::from_millis(40))
+        .build()
+        .unwrap();
+    let start = tokio::time::Instant::now();
+    let err = failed_reset(layer).await;
+    assert!(matches!(err, ResetError::Timeout(_)), "{err:?}");
+    assert_eq!(start.elapsed(), Duration::from_millis(40));
+    assert_eq!(sent.load(std::sync::atomic::Ordering::SeqCst), 3);
+}

@@ -106,12 +106,23 @@ async fn only_a_response_meeting_the_condition_resets() {
         .build()
         .unwrap();
     let app = Router::new().route("/login", get(login)).route_layer(layer);
-    // A 204 without the marker: counted, not reset.
-    assert_eq!(send(&app, attempt("alice", "hunter2")).await.status(), 204);
-    assert_eq!(send(&app, attempt("alice", "guess")).await.status(), 401);
-    let remember = with_header(attempt("alice", "hunter2"), "x-remember", "1");
+    // 204s without the marker: counted, not reset.
+    assert_eq!(
+        statuses(&app, || attempt("alice", "hunter2"), 2).await,
+        [204, 204]
+    );
+    assert_eq!(
+        statuses(&app, || attempt("alice", "guess"), 2).await,
+        [401, 429]
+    );
+    // With it: reset.
+    assert_eq!(
+        statuses(&app, || attempt("bob", "guess"), 2).await,
+        [401, 401]
+    );
+    let remember = with_header(attempt("bob", "hunter2"), "x-remember", "1");
     assert_eq!(send(&app, remember).await.status(), 204);
-    assert_eq!(failures_let_through(&app, "alice").await, 3);
+    assert_eq!(failures_let_through(&app, "bob").await, 3);
 }
 
 /// Configured as tower_governor is (no verdict, no fields, the inner body type kept), nothing
@@ -128,6 +139,17 @@ async fn a_layer_with_nothing_to_add_resets_too() {
     let app = Router::new().route("/login", get(login)).route_layer(layer);
     assert_eq!(failures_let_through(&app, "alice").await, 3);
     assert_eq!(send(&app, attempt("alice", "hunter2")).await.status(), 429);
+    // What travels with the request to make the reset adds nothing to the response.
+    let res = send(&app, attempt("dave", "hunter2")).await;
+    assert_eq!(res.status(), 204);
+    assert!(res.extensions().get::<Verdict>().is_none());
+    assert!(
+        res.headers()
+            .keys()
+            .all(|name| !name.as_str().contains("ratelimit")),
+        "{:?}",
+        res.headers()
+    );
     // Through another user: a success within the quota resets.
     assert_eq!(
         statuses(&app, || attempt("carol", "guess"), 2).await,
@@ -310,6 +332,83 @@ async fn during_an_outage_only_the_fallback_share_is_reset() {
             &[("policy", "login"), ("outcome", outcome)],
         )
     };
+    assert_eq!([count("reset"), count("error")], [1, 0]);
+}
+
+/// In a dry run of a fail-closed policy, a request the store failed on goes through as a
+/// would-be denial: its success does not ask the store to reset either.
+#[tokio::test]
+async fn a_dry_run_during_an_outage_leaves_the_store_alone() {
+    let (_clock, memory) = store();
+    let switch = Arc::new(SwitchStore::new(memory));
+    let policy = login_policy()
+        .dry_run(true)
+        .failure(FailurePolicy::fail_closed(Duration::from_secs(5)));
+    let (app, snapshotter) = common::recorded(|| {
+        app(RateLimitLayer::builder(switch.clone(), policy).no_circuit_breaker())
+    });
+    switch.set_down(true);
+    let res = send(&app, attempt("alice", "hunter2")).await;
+    assert_eq!(res.status(), 204);
+    assert_eq!(
+        res.extensions().get::<Verdict>().map(Verdict::kind),
+        Some(VerdictKind::ShadowDenied)
+    );
+    let recorded = common::Recorded::take(&snapshotter);
+    let count = |outcome: &str| {
+        recorded.counter(
+            "ratelimit_resets_total",
+            &[("policy", "login"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!([count("reset"), count("error")], [0, 0]);
+}
+
+/// While the key's circuit is open, a request answered from what a wrapper holds (a lease's
+/// units) is let through without the store: its success does not ask the store to reset.
+#[tokio::test]
+async fn an_answer_held_in_front_of_an_open_circuit_leaves_the_store_alone() {
+    let (clock, memory) = store();
+    let switch = Arc::new(SwitchStore::new(memory));
+    let leasing = Arc::new(
+        ratelimit_core::Leasing::builder(switch.clone(), clock)
+            .lease_size(3)
+            .build()
+            .unwrap(),
+    );
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(6).unwrap()).unwrap();
+    let policy = Policy::new("login", limit)
+        .unwrap()
+        .key(ApiKeyHeader::new("x-user").unwrap());
+    let breaker = tower_ratelimit::CircuitBreaker::new(1, Duration::from_secs(60)).unwrap();
+    let (layer, snapshotter) = common::recorded(|| {
+        RateLimitLayer::builder(leasing.clone(), policy)
+            .circuit_breaker(breaker)
+            .reset_on(|res| res.status().is_success())
+            .build()
+            .unwrap()
+    });
+    let app = Router::new()
+        .route("/login", get(login))
+        .route_layer(layer.clone());
+    // Alice takes a lease of three units and spends one.
+    assert_eq!(send(&app, attempt("alice", "guess")).await.status(), 401);
+    // The store goes down: Bob's check fails (failing open) and opens the circuit.
+    switch.set_down(true);
+    assert_eq!(send(&app, attempt("bob", "guess")).await.status(), 401);
+    assert_eq!(
+        layer.circuit_state(),
+        Some(tower_ratelimit::CircuitState::Open)
+    );
+    // Alice signs in on a leased unit.
+    assert_eq!(send(&app, attempt("alice", "hunter2")).await.status(), 204);
+    let recorded = common::Recorded::take(&snapshotter);
+    let count = |outcome: &str| {
+        recorded.counter(
+            "ratelimit_resets_total",
+            &[("policy", "login"), ("outcome", outcome)],
+        )
+    };
     assert_eq!([count("reset"), count("error")], [0, 0]);
 }
 
@@ -365,4 +464,65 @@ async fn a_failed_reset_leaves_the_response_as_it_is() {
         ),
         1
     );
+}
+
+/// A memory store whose resets take `delay` of tokio's time, as a network round trip does.
+struct SlowReset {
+    inner: TestStore,
+    delay: Duration,
+}
+
+impl Store for SlowReset {
+    type Error = StoreDown;
+    type Future = Ready<Result<Decision, StoreDown>>;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        ready(Ok(self.inner.check_now(key, limit, cost)))
+    }
+}
+
+impl Reset for SlowReset {
+    type ResetFuture = Pin<Box<dyn Future<Output = Result<(), StoreDown>> + Send>>;
+
+    fn reset(&self, key: &[u8], limit: &Limit) -> Self::ResetFuture {
+        let (inner, key, limit, delay) =
+            (self.inner.clone(), key.to_vec(), limit.clone(), self.delay);
+        Box::pin(async move {
+            tokio::time::sleep(delay).await;
+            inner.reset_now(&key, &limit);
+            Ok(())
+        })
+    }
+}
+
+/// The response waits for the reset; a client that goes away first (its response dropped)
+/// does not cancel it: it runs on in a task of its own.
+#[tokio::test(start_paused = true)]
+async fn a_reset_outlives_a_response_dropped_before_it() {
+    let (_clock, memory) = store();
+    let store = SlowReset {
+        inner: memory,
+        delay: Duration::from_millis(30),
+    };
+    let app = app(RateLimitLayer::builder(store, login_policy()));
+    assert_eq!(
+        statuses(&app, || attempt("alice", "guess"), 2).await,
+        [401, 401]
+    );
+    let start = tokio::time::Instant::now();
+    assert_eq!(send(&app, attempt("alice", "hunter2")).await.status(), 204);
+    assert_eq!(start.elapsed(), Duration::from_millis(30));
+    // Bob signs in after two failures and goes away before the reset is done.
+    assert_eq!(
+        statuses(&app, || attempt("bob", "guess"), 2).await,
+        [401, 401]
+    );
+    let gone = tokio::time::timeout(
+        Duration::from_millis(10),
+        send(&app, attempt("bob", "hunter2")),
+    );
+    assert!(gone.await.is_err());
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    assert_eq!(failures_let_through(&app, "alice").await, 3);
+    assert_eq!(failures_let_through(&app, "bob").await, 3);
 }
