@@ -539,22 +539,9 @@ impl<St: Store> Shared<St> {
         key: &[u8],
         cost: u64,
     ) -> Step<W> {
-        self.failure_answer(kind, part, tier, key, cost)
-            .without_store()
-    }
-
-    /// [`on_failure`](Self::on_failure)'s answer.
-    fn failure_answer<W>(
-        &self,
-        kind: FailureKind,
-        part: usize,
-        tier: usize,
-        key: &[u8],
-        cost: u64,
-    ) -> Step<W> {
         let rt = &self.rt;
         rt.metrics.failure(kind);
-        match rt.policy.failure {
+        let step = match rt.policy.failure {
             FailurePolicy::FailOpen => self.forward(VerdictKind::FailedOpen, None, tier),
             FailurePolicy::FailClosed { .. } if rt.policy.dry_run => {
                 self.forward(VerdictKind::ShadowDenied, None, tier)
@@ -569,27 +556,30 @@ impl<St: Store> Shared<St> {
                     (Some(store), Some((limit, _))) => {
                         let d = store.check_now(key, limit, cost);
                         if d.is_allowed() || d.can_ever_pass() || cost > t.limit.max_cost() {
-                            return self.decide(d, tier, true);
+                            self.decide(d, tier, true)
+                        } else {
+                            // A cost above the local share that the shared limit can admit:
+                            // denied only until the store is back, so the client is told when
+                            // the layer asks the store again (what is left of the cool-down of
+                            // the key's circuit, if open, this failure having opened it or not;
+                            // at least 1 s, the next request asking it when the circuit is
+                            // closed or its probe is out) instead of nothing, which says the cost
+                            // will never pass.
+                            let next_probe = self
+                                .breaker
+                                .as_ref()
+                                .and_then(|b| b.next_probe_in(self.part(part, key)));
+                            let until_store =
+                                next_probe.map_or(MIN_UNTIL_STORE, |d| d.max(MIN_UNTIL_STORE));
+                            self.deny(d, tier, true, Some(until_store))
                         }
-                        // A cost above the local share that the shared limit can admit: denied
-                        // only until the store is back, so the client is told when the layer
-                        // asks the store again (what is left of the cool-down of the key's
-                        // circuit, if open, this failure having opened it or not; at least 1 s,
-                        // the next request asking it when the circuit is closed or its probe is
-                        // out) instead of nothing, which says the cost will never pass.
-                        let next_probe = self
-                            .breaker
-                            .as_ref()
-                            .and_then(|b| b.next_probe_in(self.part(part, key)));
-                        let until_store =
-                            next_probe.map_or(MIN_UNTIL_STORE, |d| d.max(MIN_UNTIL_STORE));
-                        self.deny(d, tier, true, Some(until_store))
                     }
                     // Built together by `Rt::new` and the layer builder; never apart.
                     _ => self.forward(VerdictKind::FailedOpen, None, tier),
                 }
             }
-        }
+        };
+        step.without_store()
     }
 
     /// The store's answer. A success is evidence of the store's health unless it was answered

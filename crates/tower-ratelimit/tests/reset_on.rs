@@ -52,6 +52,17 @@ fn app<St: Store + Reset>(builder: RateLimitLayerBuilder<St>) -> Router {
         .route_layer(layer.unwrap())
 }
 
+/// The login policy's resets recorded so far, by outcome.
+fn resets(snapshotter: &metrics_util::debugging::Snapshotter) -> impl Fn(&str) -> u64 {
+    let recorded = common::Recorded::take(snapshotter);
+    move |outcome| {
+        recorded.counter(
+            "ratelimit_resets_total",
+            &[("policy", "login"), ("outcome", outcome)],
+        )
+    }
+}
+
 fn attempt(user: &str, password: &str) -> http::Request<axum::body::Body> {
     with_header(
         with_header(request("/login"), "x-user", user),
@@ -217,14 +228,7 @@ async fn an_allow_listed_success_resets_nothing() {
     let internal = with_header(attempt("alice", "hunter2"), "x-internal", "1");
     assert_eq!(send(&app, internal).await.status(), 204);
     assert_eq!(failures_let_through(&app, "alice").await, 1);
-    let recorded = common::Recorded::take(&snapshotter);
-    assert_eq!(
-        recorded.counter(
-            "ratelimit_resets_total",
-            &[("policy", "login"), ("outcome", "reset")]
-        ),
-        0
-    );
+    assert_eq!(resets(&snapshotter)("reset"), 0);
 }
 
 /// Requests without a key share one bucket (`MissingKey::SharedKey`): a keyless success resets
@@ -239,23 +243,24 @@ async fn a_success_without_a_key_resets_nothing() {
     assert_eq!(send(&app, keyless("hunter2")).await.status(), 204);
     assert_eq!(send(&app, keyless("guess")).await.status(), 401);
     assert_eq!(send(&app, keyless("guess")).await.status(), 429);
-    let recorded = common::Recorded::take(&snapshotter);
-    let count = |outcome: &str| {
-        recorded.counter(
-            "ratelimit_resets_total",
-            &[("policy", "login"), ("outcome", outcome)],
-        )
-    };
+    let count = resets(&snapshotter);
     assert_eq!([count("reset"), count("no_key")], [0, 1]);
 }
 
-/// A memory store whose resets never complete (`hang`) or fail at once.
-struct BrokenReset {
+/// A memory store whose resets never complete, fail at once, or are made after a delay of
+/// tokio's time (as over a network round trip).
+struct OddReset {
     inner: TestStore,
-    hang: bool,
+    reset: ResetIs,
 }
 
-impl Store for BrokenReset {
+enum ResetIs {
+    Hanging,
+    Failing,
+    After(Duration),
+}
+
+impl Store for OddReset {
     type Error = StoreDown;
     type Future = Ready<Result<Decision, StoreDown>>;
 
@@ -264,14 +269,21 @@ impl Store for BrokenReset {
     }
 }
 
-impl Reset for BrokenReset {
+impl Reset for OddReset {
     type ResetFuture = Pin<Box<dyn Future<Output = Result<(), StoreDown>> + Send>>;
 
-    fn reset(&self, _key: &[u8], _limit: &Limit) -> Self::ResetFuture {
-        if self.hang {
-            Box::pin(pending())
-        } else {
-            Box::pin(ready(Err(StoreDown)))
+    fn reset(&self, key: &[u8], limit: &Limit) -> Self::ResetFuture {
+        match self.reset {
+            ResetIs::Hanging => Box::pin(pending()),
+            ResetIs::Failing => Box::pin(ready(Err(StoreDown))),
+            ResetIs::After(delay) => {
+                let (inner, key, limit) = (self.inner.clone(), key.to_vec(), limit.clone());
+                Box::pin(async move {
+                    tokio::time::sleep(delay).await;
+                    inner.reset_now(&key, &limit);
+                    Ok(())
+                })
+            }
         }
     }
 }
@@ -282,9 +294,9 @@ impl Reset for BrokenReset {
 async fn a_reset_that_hangs_is_cut_at_the_timeout() {
     let (_clock, memory) = store();
     let (app, snapshotter) = common::recorded(|| {
-        let store = BrokenReset {
+        let store = OddReset {
             inner: memory,
-            hang: true,
+            reset: ResetIs::Hanging,
         };
         app(RateLimitLayer::builder(store, login_policy()).timeout(Duration::from_millis(40)))
     });
@@ -293,14 +305,7 @@ async fn a_reset_that_hangs_is_cut_at_the_timeout() {
     assert_eq!(send(&app, attempt("alice", "hunter2")).await.status(), 204);
     assert_eq!(start.elapsed(), Duration::from_millis(40));
     assert_eq!(failures_let_through(&app, "alice").await, 1);
-    let recorded = common::Recorded::take(&snapshotter);
-    assert_eq!(
-        recorded.counter(
-            "ratelimit_resets_total",
-            &[("policy", "login"), ("outcome", "timeout")]
-        ),
-        1
-    );
+    assert_eq!(resets(&snapshotter)("timeout"), 1);
 }
 
 /// While the store is down, a request let through by the fallback's local share resets that
@@ -325,13 +330,7 @@ async fn during_an_outage_only_the_fallback_share_is_reset() {
     );
     assert_eq!(send(&app, attempt("alice", "hunter2")).await.status(), 204);
     assert_eq!(failures_let_through(&app, "alice").await, 3);
-    let recorded = common::Recorded::take(&snapshotter);
-    let count = |outcome: &str| {
-        recorded.counter(
-            "ratelimit_resets_total",
-            &[("policy", "login"), ("outcome", outcome)],
-        )
-    };
+    let count = resets(&snapshotter);
     assert_eq!([count("reset"), count("error")], [1, 0]);
 }
 
@@ -354,13 +353,7 @@ async fn a_dry_run_during_an_outage_leaves_the_store_alone() {
         res.extensions().get::<Verdict>().map(Verdict::kind),
         Some(VerdictKind::ShadowDenied)
     );
-    let recorded = common::Recorded::take(&snapshotter);
-    let count = |outcome: &str| {
-        recorded.counter(
-            "ratelimit_resets_total",
-            &[("policy", "login"), ("outcome", outcome)],
-        )
-    };
+    let count = resets(&snapshotter);
     assert_eq!([count("reset"), count("error")], [0, 0]);
 }
 
@@ -402,13 +395,7 @@ async fn an_answer_held_in_front_of_an_open_circuit_leaves_the_store_alone() {
     );
     // Alice signs in on a leased unit.
     assert_eq!(send(&app, attempt("alice", "hunter2")).await.status(), 204);
-    let recorded = common::Recorded::take(&snapshotter);
-    let count = |outcome: &str| {
-        recorded.counter(
-            "ratelimit_resets_total",
-            &[("policy", "login"), ("outcome", outcome)],
-        )
-    };
+    let count = resets(&snapshotter);
     assert_eq!([count("reset"), count("error")], [0, 0]);
 }
 
@@ -427,13 +414,7 @@ async fn failing_open_resets_nothing() {
     switch.set_down(false);
     // The failure counted before the outage is still counted.
     assert_eq!(failures_let_through(&app, "alice").await, 2);
-    let recorded = common::Recorded::take(&snapshotter);
-    let count = |outcome: &str| {
-        recorded.counter(
-            "ratelimit_resets_total",
-            &[("policy", "login"), ("outcome", outcome)],
-        )
-    };
+    let count = resets(&snapshotter);
     assert_eq!([count("reset"), count("error")], [0, 0]);
 }
 
@@ -442,9 +423,9 @@ async fn failing_open_resets_nothing() {
 #[tokio::test]
 async fn a_failed_reset_leaves_the_response_as_it_is() {
     let (_clock, memory) = store();
-    let store = BrokenReset {
+    let store = OddReset {
         inner: memory,
-        hang: false,
+        reset: ResetIs::Failing,
     };
     let (app, snapshotter) =
         common::recorded(|| app(RateLimitLayer::builder(store, login_policy())));
@@ -456,43 +437,7 @@ async fn a_failed_reset_leaves_the_response_as_it_is() {
         Some(VerdictKind::Allowed)
     );
     assert_eq!(failures_let_through(&app, "alice").await, 1);
-    let recorded = common::Recorded::take(&snapshotter);
-    assert_eq!(
-        recorded.counter(
-            "ratelimit_resets_total",
-            &[("policy", "login"), ("outcome", "error")]
-        ),
-        1
-    );
-}
-
-/// A memory store whose resets take `delay` of tokio's time, as a network round trip does.
-struct SlowReset {
-    inner: TestStore,
-    delay: Duration,
-}
-
-impl Store for SlowReset {
-    type Error = StoreDown;
-    type Future = Ready<Result<Decision, StoreDown>>;
-
-    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
-        ready(Ok(self.inner.check_now(key, limit, cost)))
-    }
-}
-
-impl Reset for SlowReset {
-    type ResetFuture = Pin<Box<dyn Future<Output = Result<(), StoreDown>> + Send>>;
-
-    fn reset(&self, key: &[u8], limit: &Limit) -> Self::ResetFuture {
-        let (inner, key, limit, delay) =
-            (self.inner.clone(), key.to_vec(), limit.clone(), self.delay);
-        Box::pin(async move {
-            tokio::time::sleep(delay).await;
-            inner.reset_now(&key, &limit);
-            Ok(())
-        })
-    }
+    assert_eq!(resets(&snapshotter)("error"), 1);
 }
 
 /// The response waits for the reset; a client that goes away first (its response dropped)
@@ -500,9 +445,9 @@ impl Reset for SlowReset {
 #[tokio::test(start_paused = true)]
 async fn a_reset_outlives_a_response_dropped_before_it() {
     let (_clock, memory) = store();
-    let store = SlowReset {
+    let store = OddReset {
         inner: memory,
-        delay: Duration::from_millis(30),
+        reset: ResetIs::After(Duration::from_millis(30)),
     };
     let app = app(RateLimitLayer::builder(store, login_policy()));
     assert_eq!(
