@@ -247,17 +247,19 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// before it is returned, so that the client's next request counts from a full quota: a
     /// matching response waits for the store's reset (one round trip on Redis, the calls for
     /// the policy's limits sent together; none for the in-memory store), at most the layer's
-    /// [`timeout`](Self::timeout). If the reset fails or times out the response goes out all the
-    /// same, and the count stays. If the response is dropped first (the client went away), a
-    /// reset already sent runs on in a task of its own (in a Tokio runtime). Resets are counted
-    /// in `ratelimit_resets_total` by outcome, as a `Resetter`'s are (a matching response to a
+    /// [`timeout`](Self::timeout) (in a Tokio runtime; elsewhere the store's own, as for a
+    /// `Resetter`). If the reset fails or times out the response goes out all the same, and the
+    /// count stays. If the response is dropped first (the client went away), a reset already
+    /// sent runs on in a task of its own (in a Tokio runtime). Resets are counted in
+    /// `ratelimit_resets_total` by outcome, as a `Resetter`'s are (a matching response to a
     /// request without a key counts `no_key` and resets nothing).
     ///
     /// Not reset: an allow-listed request (not counted), and a response the layer wrote itself
     /// (a 429, a 503). A request let through without the store's answer (the store failed and
     /// the request failed open, was counted by the fallback's local share, or was a dry run's
     /// would-be denial; or its circuit is open and a lease answered) resets only the fallback's
-    /// local share, if there is one: the store, taken to be down, is not asked.
+    /// local share, if there is one (counted as a reset; without one, nothing is reset or
+    /// counted): the store, taken to be down, is not asked.
     ///
     /// The response that meets the condition carries the rate-limit fields and the
     /// [`Verdict`](crate::Verdict) of its own check, made before the reset.

@@ -10,9 +10,11 @@
 //! | `ratelimit_circuits_not_closed` | gauge | `policy` |
 //! | `ratelimit_resets_total` | counter | `policy`, `outcome` (`reset`, `no_key`, `timeout`, `error`) |
 //!
-//! `ratelimit_resets_total` counts the resets of a [`Resetter`](crate::Resetter) by how they
-//! ended; its series are registered when the layer's first resetter is made (a layer without one
-//! has none).
+//! `ratelimit_resets_total` counts the resets of a [`Resetter`](crate::Resetter), and those the
+//! layer makes after a response
+//! ([`RateLimitLayerBuilder::reset_on`](crate::RateLimitLayerBuilder::reset_on)), by how they
+//! ended; its series are registered when the layer's first resetter is made, or the layer is
+//! built with `reset_on` (a layer with neither has none).
 //!
 //! A layer keeps a circuit per failure domain of its store
 //! ([`Store::failure_domains`](ratelimit_core::Store::failure_domains): one for a single Redis

@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use ::metrics::Counter;
 use ratelimit_core::Reset;
+use tracing::Instrument;
 
 use http::Response;
 
@@ -299,7 +300,7 @@ impl<St: Reset> ResetOnSetting<St> {
                 // response waits for it all the same.
                 match tokio::runtime::Handle::try_current() {
                     Ok(runtime) => {
-                        let _ = runtime.spawn(reset).await;
+                        let _ = runtime.spawn(reset.in_current_span()).await;
                     }
                     Err(_) => {
                         let _ = reset.await;
@@ -390,7 +391,8 @@ impl<St> Shared<St> {
                 None
             }
             ResetPlan { key: Some(key), .. } => {
-                // Failed open, there is no local count to forget.
+                // Without a fallback (failed open, a fail-closed dry run, a lease's answer while
+                // the circuit is open) there is no local count to forget: nothing is counted.
                 if self.fallback.is_some() {
                     self.reset_local(key.as_bytes());
                     count(ResetOutcome::Reset);
