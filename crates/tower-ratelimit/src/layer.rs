@@ -264,6 +264,11 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// The response that meets the condition carries the rate-limit fields and the
     /// [`Verdict`](crate::Verdict) of its own check, made before the reset.
     ///
+    /// The condition reads the response's head, not its body or trailers: a gRPC call's status
+    /// comes in its trailers (in the headers only for a call that fails at once), so over gRPC
+    /// the service marks a success in the head (an extension or a header) for the condition to
+    /// read.
+    ///
     /// Key the policy by the account being signed in to (a user name), not by client IP: keyed
     /// by IP, an attacker's success on an account of their own would reset the count of their
     /// address, and with it their guesses at other accounts. Failed attempts counted while a
