@@ -14,7 +14,7 @@ use tower_layer::Layer;
 use crate::body::{SameBody, WrapBody};
 use crate::circuit_breaker::{Breaker, CircuitBreaker, CircuitState};
 use crate::log_gate::LogGate;
-use crate::reset::ResetOnSetting;
+use crate::reset::ResetOn;
 use crate::service::{RateLimit, Rt, Shared};
 use crate::{Error, FailurePolicy, Policy, ResponseHead};
 
@@ -168,7 +168,7 @@ pub struct RateLimitLayerBuilder<St> {
     breaker: Option<CircuitBreaker>,
     clock: Arc<dyn Clock>,
     fallback_max_keys: usize,
-    reset_on: Option<ResetOnSetting<St>>,
+    reset_on: Option<ResetOn<St>>,
 }
 
 impl<St> fmt::Debug for RateLimitLayerBuilder<St> {
@@ -299,7 +299,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     where
         St: Reset,
     {
-        self.reset_on = Some(ResetOnSetting::new(when));
+        self.reset_on = Some(ResetOn::new(when, &self.policy.name));
         self
     }
 
@@ -367,7 +367,6 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             rt.nothing_on_allowed = false;
             rt.nothing_on_other = false;
         }
-        let reset_on = self.reset_on.map(|r| r.build(&rt.name));
         let rt = Arc::new(rt);
         let breaker = self.breaker.filter(|_| !always_answers).map(|config| {
             Arc::new(Breaker::new(
@@ -392,7 +391,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 fallback,
                 failed_log: LogGate::new(self.clock.clone()),
                 timed_out_log: LogGate::new(self.clock),
-                reset_on,
+                reset_on: self.reset_on,
             }),
             _mode: PhantomData,
         })

@@ -53,9 +53,9 @@
 //! ([`RateLimitLayer::resetter`]), or by the layer when the inner service's response meets a
 //! condition ([`RateLimitLayerBuilder::reset_on`]: a successful sign-in).
 //!
-//! The in-memory path registers no timer and boxes no future (but a layer's `reset_on`, whose
-//! requests are let through in a boxed future that waits for the reset): the store's answer is ready when
-//! `call` returns, so a denial is a response built at once. What an allowed request allocates is
+//! The in-memory path registers no timer and boxes no future (but under `reset_on`, whose
+//! requests go through a boxed future that waits for the reset): the store's answer is ready
+//! when `call` returns, so a denial is a response built at once. What an allowed request allocates is
 //! the `RateLimit` field's value and the [`Verdict`] put in the response extensions (http
 //! allocates the extension map, its table and the boxed value on the first insert); an app that
 //! never reads the verdict saves those three with `Policy::verdict(false)`. A denial also

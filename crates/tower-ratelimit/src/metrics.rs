@@ -13,8 +13,8 @@
 //! `ratelimit_resets_total` counts the resets of a [`Resetter`](crate::Resetter), and those the
 //! layer makes after a response
 //! ([`RateLimitLayerBuilder::reset_on`](crate::RateLimitLayerBuilder::reset_on)), by how they
-//! ended; its series are registered when the layer's first resetter is made, or the layer is
-//! built with `reset_on` (a layer with neither has none).
+//! ended; its series are registered when the layer's first resetter is made, or its builder's
+//! `reset_on` is set (a layer with neither has none).
 //!
 //! A layer keeps a circuit per failure domain of its store
 //! ([`Store::failure_domains`](ratelimit_core::Store::failure_domains): one for a single Redis

@@ -275,14 +275,12 @@ pub(crate) struct ResetOn<St> {
 
 type RunReset<St> = fn(&Shared<St>, &Arc<[Counter; 4]>, Option<KeyBuf>) -> AfterResponse;
 
-/// What [`RateLimitLayerBuilder::reset_on`] keeps until the layer is built.
-pub(crate) struct ResetOnSetting<St> {
-    when: Box<dyn Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static>,
-    run: RunReset<St>,
-}
-
-impl<St: Reset> ResetOnSetting<St> {
-    pub(crate) fn new(when: impl Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static) -> Self {
+impl<St: Reset> ResetOn<St> {
+    /// The condition `when`, for the layer of the policy named `policy`.
+    pub(crate) fn new(
+        when: impl Fn(&ResponseHead<'_>) -> bool + Send + Sync + 'static,
+        policy: &str,
+    ) -> Self {
         fn run<St: Reset>(
             shared: &Shared<St>,
             counters: &Arc<[Counter; 4]>,
@@ -308,19 +306,9 @@ impl<St: Reset> ResetOnSetting<St> {
                 }
             })
         }
-        ResetOnSetting {
+        ResetOn {
             when: Box::new(when),
             run: run::<St>,
-        }
-    }
-}
-
-impl<St> ResetOnSetting<St> {
-    /// The condition, for the layer of the policy named `policy`.
-    pub(crate) fn build(self, policy: &str) -> ResetOn<St> {
-        ResetOn {
-            when: self.when,
-            run: self.run,
             counters: Arc::new(Metrics::reset_counters(policy)),
         }
     }

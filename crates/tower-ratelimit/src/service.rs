@@ -27,7 +27,7 @@ use crate::key::KeyBuf;
 use crate::log_gate::LogGate;
 use crate::metrics::{FailureKind, Metrics};
 use crate::policy::{MissingKey, Policy};
-use crate::reset::ResetOn;
+use crate::reset::{ResetOn, ResetPlan};
 use crate::response::{Bodies, Own, Prepared, Verdict, VerdictKind};
 use crate::{FailurePolicy, RateLimitLayer, RequestHead};
 
@@ -793,14 +793,9 @@ where
                     };
                     match step {
                         Step::Forward(post) => {
-                            let reset = shared.reset_plan(post.as_ref(), &RequestHead::of(&req));
-                            let response = inner.call(req).await?;
-                            if let Some(reset) =
-                                reset.and_then(|plan| shared.reset_after(&response, plan))
-                            {
-                                reset.await;
-                            }
-                            Ok(Post::apply_some::<M, ResB>(post, response))
+                            let plan = shared.reset_plan(post.as_ref(), &RequestHead::of(&req));
+                            let fut = inner.call(req);
+                            forwarded::<M, _, _, _, _>(&shared, fut, post, plan).await
                         }
                         Step::Respond(response) => {
                             let response = shared
@@ -841,14 +836,27 @@ impl<S, St: Store, M> RateLimit<S, St, M> {
             .reset_plan(post.as_ref(), &RequestHead::of(&req));
         let shared = self.shared.clone();
         let fut = self.inner.call(req);
-        Box::pin(async move {
-            let response = fut.await?;
-            if let Some(reset) = plan.and_then(|plan| shared.reset_after(&response, plan)) {
-                reset.await;
-            }
-            Ok(Post::apply_some::<M, ResB>(post, response))
-        })
+        Box::pin(async move { forwarded::<M, _, _, _, _>(&shared, fut, post, plan).await })
     }
+}
+
+/// The inner service's response to a request let through: the reset `plan` asks for if the
+/// response meets the layer's condition (waited for), then what `post` adds.
+async fn forwarded<M, St, F, ResB, E>(
+    shared: &Shared<St>,
+    fut: F,
+    post: Option<Post>,
+    plan: Option<ResetPlan>,
+) -> Result<Response<M::Body>, E>
+where
+    M: BodyMode<ResB>,
+    F: Future<Output = Result<Response<ResB>, E>>,
+{
+    let response = fut.await?;
+    if let Some(reset) = plan.and_then(|plan| shared.reset_after(&response, plan)) {
+        reset.await;
+    }
+    Ok(Post::apply_some::<M, ResB>(post, response))
 }
 
 /// A store check that has to wait, cut at its deadline: with a breaker, it settles the circuit
