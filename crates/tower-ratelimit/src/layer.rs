@@ -257,9 +257,10 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// Not reset: an allow-listed request (not counted), and a response the layer wrote itself
     /// (a 429, a 503). A request let through without the store's answer (the store failed and
     /// the request failed open, was counted by the fallback's local share, or was a dry run's
-    /// would-be denial; or its circuit is open and a lease answered) resets only the fallback's
-    /// local share, if there is one (counted as a reset; without one, nothing is reset or
-    /// counted): the store, taken to be down, is not asked.
+    /// would-be denial; or its circuit is open and a lease answered), or whose circuit has opened
+    /// by the time its response comes, resets only the fallback's local share, if there is one:
+    /// the store, taken to be down, is not asked (which would hold the response up to the
+    /// timeout), and the reset is counted as `skipped`.
     ///
     /// The response that meets the condition carries the rate-limit fields and the
     /// [`Verdict`](crate::Verdict) of its own check, made before the reset.

@@ -8,13 +8,16 @@
 //! | `ratelimit_checks_cancelled_total` | counter | `policy` |
 //! | `ratelimit_circuit_state` | gauge | `policy` (0 closed, 1 open, 2 half-open) |
 //! | `ratelimit_circuits_not_closed` | gauge | `policy` |
-//! | `ratelimit_resets_total` | counter | `policy`, `outcome` (`reset`, `no_key`, `timeout`, `error`) |
+//! | `ratelimit_resets_total` | counter | `policy`, `outcome` (`reset`, `no_key`, `timeout`, `error`, `skipped`) |
 //!
 //! `ratelimit_resets_total` counts the resets of a [`Resetter`](crate::Resetter), and those the
 //! layer makes after a response
 //! ([`RateLimitLayerBuilder::reset_on`](crate::RateLimitLayerBuilder::reset_on)), by how they
 //! ended; its series are registered when the layer's first resetter is made, or its builder's
-//! `reset_on` is set (a layer with neither has none).
+//! `reset_on` is set (a layer with neither has none). `skipped` is a reset that did not ask the
+//! store, so that the client's count there stands: its circuit was open (or half-open), or the
+//! layer let its request through without the store's answer; the fallback's local share, if
+//! any, was reset.
 //!
 //! A layer keeps a circuit per failure domain of its store
 //! ([`Store::failure_domains`](ratelimit_core::Store::failure_domains): one for a single Redis
@@ -104,14 +107,19 @@ pub(crate) enum ResetOutcome {
     NoKey,
     Timeout,
     Error,
+    Skipped,
 }
 
+/// The reset counters of a policy, by [`ResetOutcome`].
+pub(crate) type ResetCounters = [Counter; ResetOutcome::ALL.len()];
+
 impl ResetOutcome {
-    pub(crate) const ALL: [ResetOutcome; 4] = [
+    pub(crate) const ALL: [ResetOutcome; 5] = [
         ResetOutcome::Reset,
         ResetOutcome::NoKey,
         ResetOutcome::Timeout,
         ResetOutcome::Error,
+        ResetOutcome::Skipped,
     ];
 
     pub(crate) const fn as_str(self) -> &'static str {
@@ -120,6 +128,7 @@ impl ResetOutcome {
             ResetOutcome::NoKey => "no_key",
             ResetOutcome::Timeout => "timeout",
             ResetOutcome::Error => "error",
+            ResetOutcome::Skipped => "skipped",
         }
     }
 }
@@ -241,10 +250,10 @@ impl Metrics {
 
     /// The reset counters of `policy`, by [`ResetOutcome`], described to the recorder installed
     /// now.
-    pub(crate) fn reset_counters(policy: &str) -> [Counter; 4] {
+    pub(crate) fn reset_counters(policy: &str) -> ResetCounters {
         describe_counter!(
             RESETS_TOTAL,
-            "Rate-limit resets of a client's count, by policy and outcome (reset, no_key, timeout, error)"
+            "Rate-limit resets of a client's count, by policy and outcome (reset, no_key, timeout, error, skipped)"
         );
         ResetOutcome::ALL
             .map(|o| counter!(RESETS_TOTAL, "policy" => policy.to_owned(), "outcome" => o.as_str()))

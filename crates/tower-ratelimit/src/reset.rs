@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::task::Poll;
 use std::time::Duration;
 
-use ::metrics::Counter;
 use ratelimit_core::Reset;
 use tracing::Instrument;
 
@@ -15,7 +14,7 @@ use http::Response;
 
 use crate::key::{KeyBuf, KeyPart};
 use crate::layer::RateLimitLayer;
-use crate::metrics::{Metrics, ResetOutcome};
+use crate::metrics::{Metrics, ResetCounters, ResetOutcome};
 use crate::response::VerdictKind;
 use crate::service::{Post, Shared};
 use crate::{RequestHead, ResponseHead};
@@ -69,6 +68,9 @@ use crate::{RequestHead, ResponseHead};
 ///
 /// A reset is not a check: it is counted in `ratelimit_resets_total` by how it ended (see
 /// [`metrics`](crate::metrics)), in no decision metric, and leaves the circuit breaker as it is.
+/// It does look at it: while the client's circuit is open (or half-open, its one call a check's
+/// probe) the store is taken to be down and not asked; the fallback's local share is reset and
+/// the reset ends at once with [`ResetError::CircuitOpen`].
 /// Each store call that does not complete at once is bounded by the layer's timeout (when polled
 /// in a Tokio runtime; elsewhere by the store's own), so that, as for the layer's checks, the
 /// in-memory store needs no runtime with a timer. See [`ratelimit_core::Reset`] for what a reset
@@ -76,7 +78,7 @@ use crate::{RequestHead, ResponseHead};
 pub struct Resetter<St> {
     shared: Arc<Shared<St>>,
     /// By [`ResetOutcome`].
-    counters: Arc<[Counter; 4]>,
+    counters: Arc<ResetCounters>,
 }
 
 impl<St, M> RateLimitLayer<St, M> {
@@ -122,6 +124,11 @@ pub enum ResetError<E> {
     /// The store failed. The state may or may not have been forgotten.
     #[error("the rate-limit store failed to reset: {0}")]
     Store(#[source] E),
+    /// The circuit breaker's circuit for this client is open (or half-open, its one call a
+    /// check's probe): the store, taken to be down, was not asked, and the client's count there
+    /// stands. The fallback's local share, if the policy has one, was reset.
+    #[error("the rate-limit store's circuit is open: the reset was not sent")]
+    CircuitOpen,
 }
 
 impl<St: Reset> Resetter<St> {
@@ -190,27 +197,36 @@ impl<St: Reset> Resetter<St> {
 /// waits for all the store's calls together, under one timeout.
 fn reset_key<St: Reset>(
     shared: &Shared<St>,
-    counters: &Arc<[Counter; 4]>,
+    counters: &Arc<ResetCounters>,
     key: Option<KeyBuf>,
 ) -> impl Future<Output = Result<(), ResetError<St::Error>>> + Send + 'static {
     let rt = &*shared.rt;
-    // Per tier: the fallback's local share at once, the store's reset to wait for.
-    let calls: Option<Vec<Option<St::ResetFuture>>> = key.map(|key| {
+    // The fallback's local share at once; per tier, the store's reset to wait for, unless the
+    // key's circuit is not closed (`None`).
+    type Calls<F> = Option<Vec<Option<F>>>;
+    let calls: Option<Calls<St::ResetFuture>> = key.map(|key| {
         let key = key.as_bytes();
         shared.reset_local(key);
-        rt.tiers
-            .iter()
-            .map(|tier| Some(shared.store.reset(key, &tier.limit)))
-            .collect()
+        shared.circuit_closed(key).then(|| {
+            rt.tiers
+                .iter()
+                .map(|tier| Some(shared.store.reset(key, &tier.limit)))
+                .collect()
+        })
     });
     let timeout = shared.timeout;
     let name = rt.name.clone();
     let counters = Arc::clone(counters);
     let count = move |o: ResetOutcome| counters[o as usize].increment(1);
     async move {
-        let Some(mut calls) = calls else {
+        let Some(calls) = calls else {
             count(ResetOutcome::NoKey);
             return Err(ResetError::NoKey);
+        };
+        let Some(mut calls) = calls else {
+            tracing::debug!(policy = %name, "rate-limit reset not sent: the circuit is open");
+            count(ResetOutcome::Skipped);
+            return Err(ResetError::CircuitOpen);
         };
         // Every call polled at each poll, so that a network store's go out together: done when
         // all are, or at the first failure.
@@ -270,10 +286,10 @@ pub(crate) struct ResetOn<St> {
     /// service is written for any [`Store`](ratelimit_core::Store).
     run: RunReset<St>,
     /// By [`ResetOutcome`], as a [`Resetter`]'s.
-    counters: Arc<[Counter; 4]>,
+    counters: Arc<ResetCounters>,
 }
 
-type RunReset<St> = fn(&Shared<St>, &Arc<[Counter; 4]>, Option<KeyBuf>) -> AfterResponse;
+type RunReset<St> = fn(&Shared<St>, &Arc<ResetCounters>, Option<KeyBuf>) -> AfterResponse;
 
 impl<St: Reset> ResetOn<St> {
     /// The condition `when`, for the layer of the policy named `policy`.
@@ -283,7 +299,7 @@ impl<St: Reset> ResetOn<St> {
     ) -> Self {
         fn run<St: Reset>(
             shared: &Shared<St>,
-            counters: &Arc<[Counter; 4]>,
+            counters: &Arc<ResetCounters>,
             key: Option<KeyBuf>,
         ) -> AfterResponse {
             // Its error is logged and counted where it ends; the response goes out as it is.
@@ -379,12 +395,11 @@ impl<St> Shared<St> {
                 None
             }
             ResetPlan { key: Some(key), .. } => {
-                // Without a fallback (failed open, a fail-closed dry run, a lease's answer while
-                // the circuit is open) there is no local count to forget: nothing is counted.
-                if self.fallback.is_some() {
-                    self.reset_local(key.as_bytes());
-                    count(ResetOutcome::Reset);
-                }
+                // The fallback's local share, if there is one (failed open, a fail-closed dry
+                // run, a lease's answer while the circuit is open: none); the store's count
+                // stands.
+                self.reset_local(key.as_bytes());
+                count(ResetOutcome::Skipped);
                 None
             }
         }

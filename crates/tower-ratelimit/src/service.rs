@@ -645,6 +645,18 @@ impl<St: Store> Shared<St> {
         }
     }
 
+    /// Whether `key`'s circuit is closed (or there is no breaker). A call other than a check (a
+    /// reset) asks the store only then: an open circuit's store is taken to be down, and a
+    /// half-open one's single call is its probe, a check.
+    pub(crate) fn circuit_closed(&self, key: &[u8]) -> bool {
+        match &self.breaker {
+            Some(b) if !b.is_clean() => {
+                b.part_state(self.part(PART_UNKNOWN, key)) == CircuitState::Closed
+            }
+            _ => true,
+        }
+    }
+
     /// `part`, or `key`'s failure domain (modulo the breaker's circuits) if it was not looked
     /// up ([`PART_UNKNOWN`]).
     fn part(&self, part: usize, key: &[u8]) -> usize {

@@ -17,7 +17,8 @@ use http::HeaderValue;
 use ratelimit_core::{Algorithm, DenialCache, Limit, ManualClock, MemoryStore, Quota};
 use tower_ratelimit::key::ApiKeyHeader;
 use tower_ratelimit::{
-    FailurePolicy, MissingKey, Policy, RateLimitLayer, RequestHead, ResetError, Resetter, Store,
+    CircuitBreaker, CircuitState, FailurePolicy, MissingKey, Policy, RateLimitLayer, RequestHead,
+    ResetError, Resetter, Store,
 };
 
 fn login_limit() -> Limit {
@@ -189,6 +190,61 @@ async fn a_store_failure_is_the_stores_error() {
     assert_eq!(
         err.to_string(),
         "the rate-limit store failed to reset: store is down"
+    );
+}
+
+/// While the client's circuit is open, the store (taken to be down) is not asked: the reset
+/// ends at once and says why, after resetting the fallback's local share, and is counted as
+/// skipped.
+#[tokio::test]
+async fn an_open_circuit_is_not_asked_to_reset() {
+    let (_clock, memory) = store();
+    let switch = Arc::new(SwitchStore::new(memory));
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(6).unwrap()).unwrap();
+    let policy = Policy::new("login", limit)
+        .unwrap()
+        .key(ApiKeyHeader::new("x-user").unwrap())
+        .failure(FailurePolicy::fallback(2).unwrap());
+    let breaker = CircuitBreaker::new(1, Duration::from_secs(600)).unwrap();
+    let ((layer, resetter), snapshotter) = common::recorded(|| {
+        let layer = RateLimitLayer::builder(switch.clone(), policy)
+            .circuit_breaker(breaker)
+            .build()
+            .unwrap();
+        let resetter = layer.resetter();
+        (layer, resetter)
+    });
+    let app = Router::new()
+        .route("/login", get(|| async { "ok" }))
+        .layer(layer.clone());
+    // Bob's check fails and opens the circuit; Alice is then counted by the local share of
+    // three.
+    switch.set_down(true);
+    assert_eq!(send(&app, attempt("bob", "x")).await.status(), 200);
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    let alice = || attempt("alice", "x");
+    assert_eq!(statuses(&app, alice, 4).await, [200, 200, 200, 429]);
+    let err = resetter
+        .reset(&RequestHead::of(&alice()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ResetError::CircuitOpen), "{err:?}");
+    assert_eq!(
+        err.to_string(),
+        "the rate-limit store's circuit is open: the reset was not sent"
+    );
+    // Her local share counts from full again.
+    assert_eq!(statuses(&app, alice, 4).await, [200, 200, 200, 429]);
+    let recorded = common::Recorded::take(&snapshotter);
+    let count = |outcome: &str| {
+        recorded.counter(
+            "ratelimit_resets_total",
+            &[("policy", "login"), ("outcome", outcome)],
+        )
+    };
+    assert_eq!(
+        [count("skipped"), count("reset"), count("error")],
+        [1, 0, 0]
     );
 }
 

@@ -8,6 +8,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::Notify;
+
 use axum::Router;
 use axum::extract::Request;
 use axum::http::StatusCode;
@@ -309,7 +311,8 @@ async fn a_reset_that_hangs_is_cut_at_the_timeout() {
 }
 
 /// While the store is down, a request let through by the fallback's local share resets that
-/// share, and the store is not asked (which would be a failed reset, counted as an error).
+/// share, and the store is not asked (which would be a failed reset, counted as an error): the
+/// reset is counted as skipped, since the store's count stands.
 #[tokio::test]
 async fn during_an_outage_only_the_fallback_share_is_reset() {
     let (_clock, memory) = store();
@@ -331,7 +334,10 @@ async fn during_an_outage_only_the_fallback_share_is_reset() {
     assert_eq!(send(&app, attempt("alice", "hunter2")).await.status(), 204);
     assert_eq!(failures_let_through(&app, "alice").await, 3);
     let count = resets(&snapshotter);
-    assert_eq!([count("reset"), count("error")], [1, 0]);
+    assert_eq!(
+        [count("skipped"), count("reset"), count("error")],
+        [1, 0, 0]
+    );
 }
 
 /// In a dry run of a fail-closed policy, a request the store failed on goes through as a
@@ -354,7 +360,10 @@ async fn a_dry_run_during_an_outage_leaves_the_store_alone() {
         Some(VerdictKind::ShadowDenied)
     );
     let count = resets(&snapshotter);
-    assert_eq!([count("reset"), count("error")], [0, 0]);
+    assert_eq!(
+        [count("skipped"), count("reset"), count("error")],
+        [1, 0, 0]
+    );
 }
 
 /// While the key's circuit is open, a request answered from what a wrapper holds (a lease's
@@ -396,10 +405,67 @@ async fn an_answer_held_in_front_of_an_open_circuit_leaves_the_store_alone() {
     // Alice signs in on a leased unit.
     assert_eq!(send(&app, attempt("alice", "hunter2")).await.status(), 204);
     let count = resets(&snapshotter);
-    assert_eq!([count("reset"), count("error")], [0, 0]);
+    assert_eq!(
+        [count("skipped"), count("reset"), count("error")],
+        [1, 0, 0]
+    );
 }
 
-/// Failing open, there is no local count to reset and the store is not asked.
+/// A success whose check was made before the circuit opened: by its response the store is
+/// taken to be down, and its reset is not sent (it would wait for the store up to the timeout).
+#[tokio::test]
+async fn a_circuit_opened_while_the_request_was_served_is_not_asked_to_reset() {
+    let (_clock, memory) = store();
+    let switch = Arc::new(SwitchStore::new(memory));
+    let breaker = tower_ratelimit::CircuitBreaker::new(1, Duration::from_secs(600)).unwrap();
+    let (layer, snapshotter) = common::recorded(|| {
+        RateLimitLayer::builder(switch.clone(), login_policy())
+            .circuit_breaker(breaker)
+            .reset_on(|res| res.status().is_success())
+            .build()
+            .unwrap()
+    });
+    // A request with `x-held` waits in the handler, after its check, until let go.
+    let (entered, go) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let handler = {
+        let (entered, go) = (entered.clone(), go.clone());
+        move |req: Request| async move {
+            if req.headers().contains_key("x-held") {
+                entered.notify_one();
+                go.notified().await;
+            }
+            login(req).await
+        }
+    };
+    let app = Router::new()
+        .route("/login", get(handler))
+        .route_layer(layer.clone());
+    assert_eq!(send(&app, attempt("alice", "guess")).await.status(), 401);
+    let signing_in = tokio::spawn({
+        let app = app.clone();
+        async move {
+            let held = with_header(attempt("alice", "hunter2"), "x-held", "1");
+            send(&app, held).await.status()
+        }
+    });
+    entered.notified().await;
+    // While Alice's sign-in is served, the store goes down and Bob's check opens the circuit.
+    switch.set_down(true);
+    assert_eq!(send(&app, attempt("bob", "guess")).await.status(), 401);
+    assert_eq!(
+        layer.circuit_state(),
+        Some(tower_ratelimit::CircuitState::Open)
+    );
+    go.notify_one();
+    assert_eq!(signing_in.await.unwrap(), 204);
+    let count = resets(&snapshotter);
+    assert_eq!(
+        [count("skipped"), count("reset"), count("error")],
+        [1, 0, 0]
+    );
+}
+
+/// Failing open, there is no local count to reset and the store is not asked: skipped.
 #[tokio::test]
 async fn failing_open_resets_nothing() {
     let (_clock, memory) = store();
@@ -415,7 +481,10 @@ async fn failing_open_resets_nothing() {
     // The failure counted before the outage is still counted.
     assert_eq!(failures_let_through(&app, "alice").await, 2);
     let count = resets(&snapshotter);
-    assert_eq!([count("reset"), count("error")], [0, 0]);
+    assert_eq!(
+        [count("skipped"), count("reset"), count("error")],
+        [1, 0, 0]
+    );
 }
 
 /// A reset that fails: the response goes out as it is, the count stays, and the error is
