@@ -4,7 +4,8 @@
 //! both admit the user again (A's cached denial ended with the reset, the shared state is gone),
 //! and another user's count is untouched. And a reset the layer makes itself
 //! (`RateLimitLayerBuilder::reset_on`): two gateways in front of a real sign-in service forget a
-//! user's count when the service answers a success through either.
+//! user's count when the service answers a success through either, and while Redis is frozen do
+//! not wait for it to reset.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -15,10 +16,15 @@ use axum::http::StatusCode;
 use axum::routing::{get, post};
 use ratelimit_core::{DenialCache, Reset, SystemClock};
 use ratelimit_e2e::app::TestApp;
+use ratelimit_e2e::observe::Metrics;
 use ratelimit_e2e::{per_minute, store_builder};
 use redis_harness::RedisServer;
+use tokio::sync::Notify;
 use tower_ratelimit::key::ApiKeyHeader;
-use tower_ratelimit::{Policy, RateLimitLayer, RequestHead, ResetError, Resetter};
+use tower_ratelimit::{
+    CircuitBreaker, CircuitState, FailurePolicy, Policy, RateLimitLayer, RequestHead, ResetError,
+    Resetter,
+};
 
 fn login_layer<S: ratelimit_core::Store>(store: S) -> RateLimitLayer<S> {
     let policy = Policy::new("login", per_minute(3))
@@ -123,11 +129,11 @@ async fn sign_in(req: Request) -> StatusCode {
 }
 
 /// A gateway in front of the sign-in service: it forwards `/login` (the user and password
-/// headers) and answers with the service's status.
+/// headers, and `x-hold`) and answers with the service's status.
 async fn forward(State(upstream): State<(reqwest::Client, String)>, req: Request) -> StatusCode {
     let (client, url) = upstream;
     let mut call = client.get(url);
-    for name in ["x-user", "x-password"] {
+    for name in ["x-user", "x-password", "x-hold"] {
         if let Some(value) = req.headers().get(name) {
             call = call.header(name, value.as_bytes());
         }
@@ -200,4 +206,105 @@ async fn a_success_behind_the_gateways_resets_the_users_count_on_every_gateway()
         seen.push(status(attempt(&a, "bob", password).await.expect("request")));
     }
     assert_eq!(seen, [401, 401, 429, 429]);
+}
+
+/// During an outage (Redis frozen with SIGSTOP: connections open, nothing answered) a success
+/// does not send its reset to the store the circuit breaker has given up on, where it would hold
+/// the response for the layer's timeout: not for a request whose check was made before the
+/// circuit opened (held in the sign-in service meanwhile), nor for one let through by the
+/// fallback. The fallback's local share is reset, the reset is counted as skipped, and the
+/// user's count in Redis stands.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_success_during_an_outage_does_not_wait_for_the_frozen_store() {
+    let redis = RedisServer::start();
+    // The sign-in service; a request with `x-hold` waits there until let go.
+    let (entered, go) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+    let service = {
+        let (entered, go) = (entered.clone(), go.clone());
+        TestApp::serve(Router::new().route(
+            "/login",
+            get(move |req: Request| async move {
+                if req.headers().contains_key("x-hold") {
+                    entered.notify_one();
+                    go.notified().await;
+                }
+                sign_in(req).await
+            }),
+        ))
+        .await
+    };
+    let store = store_builder(&redis.url()).build().await.expect("store");
+    let metrics = Metrics::new();
+    let layer = metrics.register(|| {
+        let policy = Policy::new("login", per_minute(3))
+            .expect("policy")
+            .key(ApiKeyHeader::new("x-user").expect("header"))
+            .failure(FailurePolicy::fallback(2).expect("fallback"));
+        RateLimitLayer::builder(store.clone(), policy)
+            .timeout(Duration::from_millis(100))
+            // Open at the first failure, and open for the rest of the test.
+            .circuit_breaker(CircuitBreaker::new(1, Duration::from_secs(600)).expect("breaker"))
+            .reset_on(|res| res.status().is_success())
+            .build()
+            .expect("layer")
+    });
+    let gateway = TestApp::serve(
+        Router::new()
+            .route("/login", get(forward).route_layer(layer.clone()))
+            .with_state((reqwest::Client::new(), service.url("/login"))),
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let attempt = |user: &str, password: &str| {
+        client
+            .get(gateway.url("/login"))
+            .header("x-user", user)
+            .header("x-password", password)
+    };
+    let status = |r: reqwest::Response| r.status().as_u16();
+    let resets = |outcome: &str| {
+        metrics.counter(
+            tower_ratelimit::metrics::RESETS_TOTAL,
+            &[("policy", "login"), ("outcome", outcome)],
+        )
+    };
+
+    assert_eq!(
+        status(attempt("alice", "guess").send().await.expect("request")),
+        401
+    );
+    // Alice's sign-in is counted in Redis, then held in the service.
+    let signing_in = tokio::spawn(attempt("alice", "hunter2").header("x-hold", "1").send());
+    tokio::time::timeout(Duration::from_secs(10), entered.notified())
+        .await
+        .expect("the sign-in reached the service");
+    // Redis freezes; Bob's check times out, opens the circuit, and is counted by the fallback.
+    redis.pause();
+    assert_eq!(
+        status(attempt("bob", "guess").send().await.expect("request")),
+        401
+    );
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    go.notify_one();
+    let signed_in = signing_in.await.expect("task").expect("request");
+    assert_eq!(status(signed_in), 204);
+    // A success let through by the fallback while the circuit is open.
+    assert_eq!(
+        status(attempt("alice", "hunter2").send().await.expect("request")),
+        204
+    );
+    assert_eq!(
+        [
+            resets("skipped"),
+            resets("timeout"),
+            resets("error"),
+            resets("reset")
+        ],
+        [2, 0, 0, 0]
+    );
+    // Alice's count in Redis (her failure and her held sign-in) stands.
+    redis.resume();
+    for key in store.state_keys(b"login\0alice", &per_minute(3)) {
+        assert_eq!(redis.cli(&["exists", &key]), "1", "{key}");
+    }
 }
