@@ -200,11 +200,7 @@ async fn a_store_failure_is_the_stores_error() {
 async fn an_open_circuit_is_not_asked_to_reset() {
     let (_clock, memory) = store();
     let switch = Arc::new(SwitchStore::new(memory));
-    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(6).unwrap()).unwrap();
-    let policy = Policy::new("login", limit)
-        .unwrap()
-        .key(ApiKeyHeader::new("x-user").unwrap())
-        .failure(FailurePolicy::fallback(2).unwrap());
+    let policy = common::shared_login_policy();
     let breaker = CircuitBreaker::new(1, Duration::from_secs(600)).unwrap();
     let ((layer, resetter), snapshotter) = common::recorded(|| {
         let layer = RateLimitLayer::builder(switch.clone(), policy)
@@ -235,13 +231,7 @@ async fn an_open_circuit_is_not_asked_to_reset() {
     );
     // Her local share counts from full again.
     assert_eq!(statuses(&app, alice, 4).await, [200, 200, 200, 429]);
-    let recorded = common::Recorded::take(&snapshotter);
-    let count = |outcome: &str| {
-        recorded.counter(
-            "ratelimit_resets_total",
-            &[("policy", "login"), ("outcome", outcome)],
-        )
-    };
+    let count = common::resets(&snapshotter, "login");
     assert_eq!(
         [count("skipped"), count("reset"), count("error")],
         [1, 0, 0]
@@ -304,13 +294,7 @@ async fn resets_are_counted_by_outcome() {
         .unwrap_err();
     hangs.reset(&alice).await.unwrap_err();
     fails.reset(&alice).await.unwrap_err();
-    let recorded = common::Recorded::take(&snapshotter);
-    let count = |outcome: &str| {
-        recorded.counter(
-            "ratelimit_resets_total",
-            &[("policy", "login"), ("outcome", outcome)],
-        )
-    };
+    let count = common::resets(&snapshotter, "login");
     assert_eq!(
         [
             count("reset"),

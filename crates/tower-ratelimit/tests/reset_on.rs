@@ -56,13 +56,7 @@ fn app<St: Store + Reset>(builder: RateLimitLayerBuilder<St>) -> Router {
 
 /// The login policy's resets recorded so far, by outcome.
 fn resets(snapshotter: &metrics_util::debugging::Snapshotter) -> impl Fn(&str) -> u64 {
-    let recorded = common::Recorded::take(snapshotter);
-    move |outcome| {
-        recorded.counter(
-            "ratelimit_resets_total",
-            &[("policy", "login"), ("outcome", outcome)],
-        )
-    }
+    common::resets(snapshotter, "login")
 }
 
 fn attempt(user: &str, password: &str) -> http::Request<axum::body::Body> {
@@ -317,12 +311,7 @@ async fn a_reset_that_hangs_is_cut_at_the_timeout() {
 async fn during_an_outage_only_the_fallback_share_is_reset() {
     let (_clock, memory) = store();
     let switch = Arc::new(SwitchStore::new(memory));
-    // Six a minute, shared by two gateways: three each while the store is down.
-    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(6).unwrap()).unwrap();
-    let policy = Policy::new("login", limit)
-        .unwrap()
-        .key(ApiKeyHeader::new("x-user").unwrap())
-        .failure(FailurePolicy::fallback(2).unwrap());
+    let policy = common::shared_login_policy();
     let (app, snapshotter) = common::recorded(|| {
         app(RateLimitLayer::builder(switch.clone(), policy).no_circuit_breaker())
     });

@@ -229,6 +229,37 @@ pub fn recorded<T>(build: impl FnOnce() -> T) -> (T, metrics_util::debugging::Sn
     (metrics::with_local_recorder(&recorder, build), snapshotter)
 }
 
+/// The resets of the policy named `policy` recorded so far (`ratelimit_resets_total`), by
+/// outcome.
+#[allow(dead_code)]
+pub fn resets(
+    snapshotter: &metrics_util::debugging::Snapshotter,
+    policy: &'static str,
+) -> impl Fn(&str) -> u64 {
+    let recorded = Recorded::take(snapshotter);
+    move |outcome| {
+        recorded.counter(
+            "ratelimit_resets_total",
+            &[("policy", policy), ("outcome", outcome)],
+        )
+    }
+}
+
+/// A login policy per `x-user` of six a minute, shared by two gateways: while the store is down,
+/// the fallback lets each count three.
+#[allow(dead_code)]
+pub fn shared_login_policy() -> tower_ratelimit::Policy {
+    let limit = Limit::single(
+        ratelimit_core::Algorithm::TokenBucket,
+        ratelimit_core::Quota::per_minute(6).unwrap(),
+    )
+    .unwrap();
+    tower_ratelimit::Policy::new("login", limit)
+        .unwrap()
+        .key(tower_ratelimit::key::ApiKeyHeader::new("x-user").unwrap())
+        .failure(tower_ratelimit::FailurePolicy::fallback(2).unwrap())
+}
+
 /// Metrics recorded by a `DebuggingRecorder`, looked up by name and labels.
 pub type Entry = (
     String,
