@@ -238,6 +238,43 @@ async fn an_open_circuit_is_not_asked_to_reset() {
     );
 }
 
+/// While the circuit is half-open, its one call to the store is the probe's (a check): a reset
+/// is not sent either, and ends at once rather than at the timeout.
+#[tokio::test(start_paused = true)]
+async fn a_half_open_circuit_is_not_asked_to_reset() {
+    let clock = ManualClock::new();
+    let layer = RateLimitLayer::builder(HangingStore::default(), login_policy())
+        .circuit_breaker(CircuitBreaker::new(1, Duration::from_secs(5)).unwrap())
+        .timeout(Duration::from_millis(100))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let app = Router::new()
+        .route("/login", get(|| async { "ok" }))
+        .layer(layer.clone());
+    // A check times out (failing open) and opens the circuit; after the cool-down the next
+    // check is the probe, which hangs.
+    assert_eq!(send(&app, attempt("bob", "x")).await.status(), 200);
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    clock.advance(Duration::from_secs(5));
+    let probe = tokio::spawn({
+        let app = app.clone();
+        async move { send(&app, attempt("bob", "x")).await.status() }
+    });
+    tokio::task::yield_now().await;
+    assert_eq!(layer.circuit_state(), Some(CircuitState::HalfOpen));
+    let start = tokio::time::Instant::now();
+    let req = attempt("alice", "x");
+    let err = layer
+        .resetter()
+        .reset(&RequestHead::of(&req))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ResetError::CircuitOpen), "{err:?}");
+    assert_eq!(start.elapsed(), Duration::ZERO);
+    assert_eq!(probe.await.unwrap(), 200);
+}
+
 /// Over a denial cache: its cached denial of the client ends with the reset.
 #[tokio::test]
 async fn a_cached_denial_ends_with_the_reset() {
