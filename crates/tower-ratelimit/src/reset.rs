@@ -187,27 +187,30 @@ impl<St: Reset> Resetter<St> {
         &self,
         key: Option<KeyBuf>,
     ) -> impl Future<Output = Result<(), ResetError<St::Error>>> + Send + 'static {
-        reset_key(&self.shared, &self.counters, key)
+        reset_key(&self.shared, &self.counters, key, true)
     }
 }
 
 /// Resets the (namespaced) `key` under every limit of `shared`'s policy, counting the outcome in
 /// `counters`; `None`: no key. The fallback's local share is reset at once and each store call
 /// made now (a network store sends its command when the future is first polled); the future
-/// waits for all the store's calls together, under one timeout.
+/// waits for all the store's calls together, under one timeout. The store is asked only if
+/// `ask_store` (false: the layer let the request through without its answer) and the key's
+/// circuit is closed: else it is taken to be down, and the reset is skipped.
 fn reset_key<St: Reset>(
     shared: &Shared<St>,
     counters: &Arc<ResetCounters>,
     key: Option<KeyBuf>,
+    ask_store: bool,
 ) -> impl Future<Output = Result<(), ResetError<St::Error>>> + Send + 'static {
     let rt = &*shared.rt;
     // The fallback's local share at once; per tier, the store's reset to wait for, unless the
-    // key's circuit is not closed (`None`).
+    // store is taken to be down (`None`).
     type Calls<F> = Option<Vec<Option<F>>>;
     let calls: Option<Calls<St::ResetFuture>> = key.map(|key| {
         let key = key.as_bytes();
         shared.reset_local(key);
-        shared.circuit_closed(key).then(|| {
+        (ask_store && shared.circuit_closed(key)).then(|| {
             rt.tiers
                 .iter()
                 .map(|tier| Some(shared.store.reset(key, &tier.limit)))
@@ -224,7 +227,7 @@ fn reset_key<St: Reset>(
             return Err(ResetError::NoKey);
         };
         let Some(mut calls) = calls else {
-            tracing::debug!(policy = %name, "rate-limit reset not sent: the circuit is open");
+            tracing::debug!(policy = %name, "rate-limit reset not sent: the store is down");
             count(ResetOutcome::Skipped);
             return Err(ResetError::CircuitOpen);
         };
@@ -289,7 +292,7 @@ pub(crate) struct ResetOn<St> {
     counters: Arc<ResetCounters>,
 }
 
-type RunReset<St> = fn(&Shared<St>, &Arc<ResetCounters>, Option<KeyBuf>) -> AfterResponse;
+type RunReset<St> = fn(&Shared<St>, &Arc<ResetCounters>, Option<KeyBuf>, bool) -> AfterResponse;
 
 impl<St: Reset> ResetOn<St> {
     /// The condition `when`, for the layer of the policy named `policy`.
@@ -301,9 +304,10 @@ impl<St: Reset> ResetOn<St> {
             shared: &Shared<St>,
             counters: &Arc<ResetCounters>,
             key: Option<KeyBuf>,
+            ask_store: bool,
         ) -> AfterResponse {
             // Its error is logged and counted where it ends; the response goes out as it is.
-            let mut reset = Box::pin(reset_key(shared, counters, key));
+            let mut reset = Box::pin(reset_key(shared, counters, key, ask_store));
             Box::pin(async move {
                 // Done at once (the in-memory store's): nothing to wait for.
                 if poll_fn(|cx| Poll::Ready(reset.as_mut().poll(cx).is_ready())).await {
@@ -381,27 +385,7 @@ impl<St> Shared<St> {
         plan: ResetPlan,
     ) -> Option<AfterResponse> {
         let reset_on = self.reset_on.as_ref()?;
-        if !(reset_on.when)(&ResponseHead::of(response)) {
-            return None;
-        }
-        let count = |o: ResetOutcome| reset_on.counters[o as usize].increment(1);
-        match plan {
-            ResetPlan {
-                key,
-                with_store: true,
-            } => Some((reset_on.run)(self, &reset_on.counters, key)),
-            ResetPlan { key: None, .. } => {
-                count(ResetOutcome::NoKey);
-                None
-            }
-            ResetPlan { key: Some(key), .. } => {
-                // The fallback's local share, if there is one (failed open, a fail-closed dry
-                // run, a lease's answer while the circuit is open: none); the store's count
-                // stands.
-                self.reset_local(key.as_bytes());
-                count(ResetOutcome::Skipped);
-                None
-            }
-        }
+        (reset_on.when)(&ResponseHead::of(response))
+            .then(|| (reset_on.run)(self, &reset_on.counters, plan.key, plan.with_store))
     }
 }
