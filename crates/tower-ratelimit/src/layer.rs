@@ -262,8 +262,12 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// the store, taken to be down, is not asked (which would hold the response up to the
     /// timeout), and the reset is counted as `skipped`.
     ///
-    /// The response that meets the condition carries the rate-limit fields and the
-    /// [`Verdict`](crate::Verdict) of its own check, made before the reset.
+    /// Once the store has reset the count, the response that met the condition carries the
+    /// rate-limit fields of a full quota (those a client with nothing spent gets: `r` the binding
+    /// quota's limit, no `t`), where the client's next request starts; its
+    /// [`Verdict`](crate::Verdict) keeps the decision of its own check, made before the reset.
+    /// A reset that failed, timed out or was skipped leaves the check's fields, since the count
+    /// stands.
     ///
     /// The condition reads the response's head, not its body or trailers: a gRPC call's status
     /// comes in its trailers (in the headers only for a call that fails at once), so over gRPC

@@ -278,8 +278,9 @@ fn reset_key<St: Reset>(
     }
 }
 
-/// A reset after a response, made by the layer ([`RateLimitLayerBuilder::reset_on`]).
-pub(crate) type AfterResponse = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+/// A reset after a response, made by the layer ([`RateLimitLayerBuilder::reset_on`]): `true`
+/// once the store has reset the client's count.
+pub(crate) type AfterResponse = Pin<Box<dyn Future<Output = bool> + Send + 'static>>;
 
 /// The reset condition of a layer ([`RateLimitLayerBuilder::reset_on`]), and how its store
 /// resets.
@@ -310,19 +311,18 @@ impl<St: Reset> ResetOn<St> {
             let mut reset = Box::pin(reset_key(shared, counters, key, ask_store));
             Box::pin(async move {
                 // Done at once (the in-memory store's): nothing to wait for.
-                if poll_fn(|cx| Poll::Ready(reset.as_mut().poll(cx).is_ready())).await {
-                    return;
+                if let Poll::Ready(done) = poll_fn(|cx| Poll::Ready(reset.as_mut().poll(cx))).await
+                {
+                    return done.is_ok();
                 }
                 // A network store's: in a task of its own where there is a runtime, so that it
                 // is made even if the response is dropped first (the client went away); the
                 // response waits for it all the same.
                 match tokio::runtime::Handle::try_current() {
                     Ok(runtime) => {
-                        let _ = runtime.spawn(reset.in_current_span()).await;
+                        matches!(runtime.spawn(reset.in_current_span()).await, Ok(Ok(())))
                     }
-                    Err(_) => {
-                        let _ = reset.await;
-                    }
+                    Err(_) => reset.await.is_ok(),
                 }
             })
         }

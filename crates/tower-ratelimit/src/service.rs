@@ -179,6 +179,15 @@ impl Tier {
             _ => &self.prepared,
         }
     }
+
+    /// What a check of the shared limit tells a client with nothing spent (a peek at a fresh
+    /// state: every quota full, the binding one the smallest): the state a reset leaves.
+    #[cold]
+    fn full(&self) -> Decision {
+        let start = ratelimit_core::Timestamp::from_micros(0);
+        self.limit
+            .check(&mut self.limit.fresh_states(start), start, 0)
+    }
 }
 
 impl Rt {
@@ -350,7 +359,15 @@ impl Post {
 
     /// Adds the headers and the verdict to `response` where it is.
     pub(crate) fn apply_to<R>(self, response: &mut Response<R>) {
+        self.apply(response, None);
+    }
+
+    /// [`apply_to`](Self::apply_to), the fields telling `fields` instead of the check's decision
+    /// if given (the verdict keeps the check's).
+    #[inline(always)]
+    fn apply<R>(self, response: &mut Response<R>, fields: Option<Decision>) {
         if let (true, Some(d)) = (self.headers, &self.decision) {
+            let d = fields.as_ref().unwrap_or(d);
             let fallback = self.kind == VerdictKind::FallbackAllowed;
             self.rt.tiers[self.tier].prepared(fallback).write(
                 response.headers_mut(),
@@ -371,14 +388,17 @@ impl Post {
         }
     }
 
-    /// `response` with what `post` adds, if anything.
+    /// `response` with what `post` adds, if anything; if `reset`, the client's count was reset
+    /// after its check, and the fields tell the full quota its next request starts from.
     pub(crate) fn apply_some<M: BodyMode<B>, B>(
         post: Option<Post>,
         response: Response<B>,
+        reset: bool,
     ) -> Response<M::Body> {
         let mut response = response.map(M::inner);
         if let Some(post) = post {
-            post.apply_to(&mut response);
+            let fields = reset.then(|| post.rt.tiers[post.tier].full());
+            post.apply(&mut response, fields);
         }
         response
     }
@@ -865,10 +885,11 @@ where
     F: Future<Output = Result<Response<ResB>, E>>,
 {
     let response = fut.await?;
-    if let Some(reset) = plan.and_then(|plan| shared.reset_after(&response, plan)) {
-        reset.await;
-    }
-    Ok(Post::apply_some::<M, ResB>(post, response))
+    let reset = match plan.and_then(|plan| shared.reset_after(&response, plan)) {
+        Some(reset) => reset.await,
+        None => false,
+    };
+    Ok(Post::apply_some::<M, ResB>(post, response, reset))
 }
 
 /// A store check that has to wait, cut at its deadline: with a breaker, it settles the circuit

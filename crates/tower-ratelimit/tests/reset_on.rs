@@ -15,7 +15,9 @@ use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use common::{StoreDown, SwitchStore, TestStore, request, send, statuses, store, with_header};
+use common::{
+    StoreDown, SwitchStore, TestStore, header, request, send, statuses, store, with_header,
+};
 use http::HeaderValue;
 use ratelimit_core::{Algorithm, Decision, Limit, Quota, Reset, Store};
 use tower_ratelimit::key::ApiKeyHeader;
@@ -104,6 +106,52 @@ async fn a_successful_login_resets_only_that_users_count() {
     assert_eq!(failures_let_through(&app, "bob").await, 0);
 }
 
+/// The response that resets tells the client where its next request starts (a full quota),
+/// not what its own check left; its verdict keeps the check's decision.
+#[tokio::test]
+async fn the_resetting_response_tells_the_full_quota() {
+    let (_clock, memory) = store();
+    let policy = login_policy().headers(Headers::ietf().legacy(true));
+    let app = app(RateLimitLayer::builder(memory, policy));
+    assert_eq!(
+        statuses(&app, || attempt("alice", "guess"), 2).await,
+        [401, 401]
+    );
+    let res = send(&app, attempt("alice", "hunter2")).await;
+    assert_eq!(res.status(), 204);
+    assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=3"));
+    assert_eq!(header(&res, "ratelimit-policy"), Some("\"login\";q=3;w=60"));
+    assert_eq!(header(&res, "x-ratelimit-limit"), Some("3"));
+    assert_eq!(header(&res, "x-ratelimit-remaining"), Some("3"));
+    assert_eq!(header(&res, "x-ratelimit-reset"), Some("0"));
+    let verdict = res.extensions().get::<Verdict>().unwrap();
+    assert_eq!(verdict.kind(), VerdictKind::Allowed);
+    assert_eq!(verdict.decision().map(Decision::remaining), Some(0));
+    // And so it is.
+    let res = send(&app, attempt("alice", "guess")).await;
+    assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=2;t=20"));
+}
+
+/// Of a limit of several quotas, the full quota told is the binding one's, as a check's is: the
+/// one with the fewest requests.
+#[tokio::test]
+async fn the_full_quota_told_after_a_reset_is_the_binding_one() {
+    let (_clock, memory) = store();
+    let limit = Limit::new(
+        Algorithm::Gcra,
+        vec![Quota::per_minute(10).unwrap(), Quota::per_hour(4).unwrap()],
+    )
+    .unwrap();
+    let policy = Policy::new("login", limit)
+        .unwrap()
+        .key(ApiKeyHeader::new("x-user").unwrap());
+    let app = app(RateLimitLayer::builder(memory, policy));
+    assert_eq!(send(&app, attempt("alice", "guess")).await.status(), 401);
+    let res = send(&app, attempt("alice", "hunter2")).await;
+    assert_eq!(res.status(), 204);
+    assert_eq!(header(&res, "ratelimit"), Some("\"login.1\";r=4"));
+}
+
 /// The condition reads the whole head: here a marker the handler puts in the extensions.
 #[tokio::test]
 async fn only_a_response_meeting_the_condition_resets() {
@@ -177,7 +225,9 @@ async fn a_store_that_waits_resets_after_the_response() {
         statuses(&app, || attempt("alice", "guess"), 2).await,
         [401, 401]
     );
-    assert_eq!(send(&app, attempt("alice", "hunter2")).await.status(), 204);
+    let res = send(&app, attempt("alice", "hunter2")).await;
+    assert_eq!(res.status(), 204);
+    assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=3"));
     assert_eq!(failures_let_through(&app, "alice").await, 3);
     assert_eq!(switch.calls(), 2 + 1 + 4);
 }
@@ -298,8 +348,10 @@ async fn a_reset_that_hangs_is_cut_at_the_timeout() {
     });
     assert_eq!(send(&app, attempt("alice", "guess")).await.status(), 401);
     let start = tokio::time::Instant::now();
-    assert_eq!(send(&app, attempt("alice", "hunter2")).await.status(), 204);
+    let res = send(&app, attempt("alice", "hunter2")).await;
+    assert_eq!(res.status(), 204);
     assert_eq!(start.elapsed(), Duration::from_millis(40));
+    assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=1;t=20"));
     assert_eq!(failures_let_through(&app, "alice").await, 1);
     assert_eq!(resets(&snapshotter)("timeout"), 1);
 }
@@ -494,6 +546,8 @@ async fn a_failed_reset_leaves_the_response_as_it_is() {
         res.extensions().get::<Verdict>().map(Verdict::kind),
         Some(VerdictKind::Allowed)
     );
+    // The count stands, and the fields say so: what the check left.
+    assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=1;t=20"));
     assert_eq!(failures_let_through(&app, "alice").await, 1);
     assert_eq!(resets(&snapshotter)("error"), 1);
 }

@@ -184,10 +184,16 @@ async fn a_success_behind_the_gateways_resets_the_users_count_on_every_gateway()
         seen.push(status(attempt(app, user, "guess").await.expect("request")));
     }
     assert_eq!(seen, [401, 401, 401]);
-    // Alice's third attempt succeeds: her count is gone from Redis.
+    // Alice's third attempt succeeds: her count is gone from Redis, and the response's fields
+    // tell her full quota (not the last unit's zero her check left).
+    let success = attempt(&a, "alice", "hunter2").await.expect("request");
+    assert_eq!(success.status().as_u16(), 204);
     assert_eq!(
-        status(attempt(&a, "alice", "hunter2").await.expect("request")),
-        204
+        success
+            .headers()
+            .get("ratelimit")
+            .and_then(|v| v.to_str().ok()),
+        Some("\"login\";r=3")
     );
     for key in store.state_keys(b"login\0alice", &per_minute(3)) {
         assert_eq!(redis.cli(&["exists", &key]), "0", "{key}");
