@@ -279,6 +279,43 @@ impl<S, C> DenialCache<S, C> {
         }
     }
 
+    /// Ends `key`'s cached denials under the limit whose [`fingerprint`](Limit::fingerprint) is
+    /// `limit_fingerprint`, as this cache's own [`reset`](Reset::reset) of it does once the store
+    /// has reset: for a reset made through another gateway, which this one learns of from the
+    /// store (the Redis store's `watch_resets`). A denial of a check sent before this call is not
+    /// cached when it comes. Other keys and limits, and the counters, are untouched.
+    ///
+    /// ```
+    /// use ratelimit_core::{Algorithm, DenialCache, Limit, ManualClock, MemoryStore, Quota, Store};
+    /// use std::future::Future;
+    /// use std::pin::pin;
+    /// use std::sync::Arc;
+    /// use std::task::{Context, Poll, Waker};
+    ///
+    /// # fn now<F: Future>(f: F) -> F::Output {
+    /// #     match pin!(f).poll(&mut Context::from_waker(Waker::noop())) {
+    /// #         Poll::Ready(v) => v,
+    /// #         Poll::Pending => unreachable!(),
+    /// #     }
+    /// # }
+    /// let clock = ManualClock::new();
+    /// let shared = Arc::new(MemoryStore::builder().with_clock(clock.clone()).build()?);
+    /// let cache = DenialCache::new(Arc::clone(&shared), clock);
+    /// let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(1)?)?;
+    /// assert!(now(cache.check(b"alice", &limit, 1)).unwrap().is_allowed());
+    /// assert!(!now(cache.check(b"alice", &limit, 1)).unwrap().is_allowed());
+    /// // Another gateway resets alice in the shared store; the cache still denies her...
+    /// shared.reset_now(b"alice", &limit);
+    /// assert!(!now(cache.check(b"alice", &limit, 1)).unwrap().is_allowed());
+    /// // ...until this gateway hears of the reset.
+    /// cache.forget(b"alice", limit.fingerprint());
+    /// assert!(now(cache.check(b"alice", &limit, 1)).unwrap().is_allowed());
+    /// # Ok::<(), ratelimit_core::ConfigError>(())
+    /// ```
+    pub fn forget(&self, key: &[u8], limit_fingerprint: u64) {
+        self.table.forget(self.table.kid(key, limit_fingerprint));
+    }
+
     /// The most entries (denials and their keys' records) held at once.
     pub fn capacity(&self) -> usize {
         self.table.per_shard_cap * self.table.shards.len()

@@ -907,6 +907,17 @@ impl<S, C> Leasing<S, C> {
         }
     }
 
+    /// Ends `key`'s lease under the limit whose [`fingerprint`](Limit::fingerprint) is
+    /// `limit_fingerprint`, as this wrapper's own [`reset`](Reset::reset) of it does: for a reset
+    /// made through another gateway, which this one learns of from the store (the Redis store's
+    /// `watch_resets`). The lease's unspent units go (they were taken from the state the reset
+    /// forgot), and a lease request on its way keeps none of its units when it comes back. Other
+    /// keys and limits are untouched.
+    pub fn forget(&self, key: &[u8], limit_fingerprint: u64) {
+        let shared = &self.shared;
+        shared.end_lease(shared.id(key, limit_fingerprint));
+    }
+
     /// How many keys hold lease state now (at most [`max_keys`](LeasingBuilder::max_keys)).
     pub fn held_keys(&self) -> usize {
         self.shared.shards.iter().map(|s| s.lock().len()).sum()

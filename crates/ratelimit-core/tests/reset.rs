@@ -422,3 +422,56 @@ fn a_lease_granted_while_the_reset_is_on_its_way_ends_with_it() {
     assert_eq!(leasing.outstanding_units(), 0);
     assert_eq!(admitted_until_denied(&leasing, b"k", &limit), 20);
 }
+
+/// Two gateways' caches over one shared store: a reset made through one does not end the
+/// other's cached denial until that one forgets it (what a gateway does when it hears of another
+/// gateway's reset); the forget touches no other key or limit, and a denial read before it is not
+/// cached after it.
+#[test]
+fn a_reset_made_elsewhere_ends_a_cached_denial_once_forgotten() {
+    let clock = ManualClock::new();
+    let shared = Arc::new(store(&clock));
+    let a = DenialCache::new(Arc::clone(&shared), clock.clone());
+    let b = DenialCache::new(Arc::clone(&shared), clock.clone());
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(3).unwrap()).unwrap();
+    let other = Limit::single(Algorithm::Gcra, Quota::per_minute(3).unwrap()).unwrap();
+    for (key, limit) in [(&b"k"[..], &limit), (b"k", &other), (b"j", &limit)] {
+        while now(a.check(key, limit, 1)).unwrap().is_allowed() {}
+        assert!(now(a.check(key, limit, 1)).unwrap().is_cached());
+    }
+    // A check of A's that the store denies before the reset (a cost A has no denial of), whose
+    // answer A takes in after it has heard of the reset: that denial is not cached.
+    let mut early = a.check(b"k", &limit, 3);
+    now(b.reset(b"k", &limit)).unwrap();
+    // A still answers from its cache: it has not heard of B's reset.
+    assert!(now(a.check(b"k", &limit, 1)).unwrap().is_cached());
+    a.forget(b"k", limit.fingerprint());
+    assert!(!now(&mut early).unwrap().is_allowed());
+    let d = now(a.check(b"k", &limit, 3)).unwrap();
+    assert!(d.is_allowed() && !d.is_cached());
+    // Only that key under that limit.
+    assert!(now(a.check(b"k", &other, 1)).unwrap().is_cached());
+    assert!(now(a.check(b"j", &limit, 1)).unwrap().is_cached());
+}
+
+/// A lease held by one gateway when another resets the key: forgotten, its units go, and the
+/// key gets a full quota, not the lease's units on top.
+#[test]
+fn a_lease_forgotten_after_a_reset_elsewhere_leaves_a_full_quota() {
+    let clock = ManualClock::new();
+    let shared = Arc::new(store(&clock));
+    let lease = |s: &Arc<MemoryStore<ManualClock>>| {
+        ratelimit_core::Leasing::builder(Arc::clone(s), clock.clone())
+            .lease_size(10)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (lease(&shared), lease(&shared));
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(20).unwrap()).unwrap();
+    assert!(now(a.check(b"k", &limit, 1)).unwrap().is_allowed());
+    assert_eq!(a.outstanding_units(), 9);
+    now(b.reset(b"k", &limit)).unwrap();
+    a.forget(b"k", limit.fingerprint());
+    assert_eq!(a.outstanding_units(), 0);
+    assert_eq!(admitted_until_denied(&a, b"k", &limit), 20);
+}
