@@ -93,6 +93,7 @@ mod scripts;
 mod silence;
 mod store;
 mod turns;
+pub mod watch;
 
 pub use coalesce::{
     CoalesceFuture, Coalescing, CoalescingStats, DEFAULT_MAX_BATCH, DEFAULT_QUEUE_CALLS,
@@ -110,3 +111,4 @@ pub use store::{
     DEFAULT_POOL_SIZE, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_WAIT_TIMEOUT, MAX_TIMEOUT,
     RedisStore, RedisStoreBuilder, ResetFuture, redact_url,
 };
+pub use watch::{ResetNotice, ResetWatch};

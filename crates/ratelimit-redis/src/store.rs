@@ -79,6 +79,11 @@ struct Inner {
     response_timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
     expiry_slack_ms: u64,
+    /// Whether a reset announces itself on the reset channel (`announce_resets`).
+    announce_resets: bool,
+    /// The nodes' connection settings, for [`RedisStore::watch_resets`]'s own connection.
+    infos: Box<[redis::ConnectionInfo]>,
+    connect_timeout: Duration,
     /// The origin of the slots' [`Silence`] times.
     epoch: tokio::time::Instant,
     /// Woken whenever a slot's connection is installed: a check waiting for its own slot's
@@ -308,6 +313,7 @@ pub struct RedisStoreBuilder {
     pub(crate) response_timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
     expiry_slack: Duration,
+    announce_resets: bool,
     #[cfg(feature = "tls")]
     root_cert: Option<Vec<u8>>,
 }
@@ -324,6 +330,7 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("response_timeout", &self.response_timeout)
             .field("client_clock", &self.clock.is_some())
             .field("expiry_slack", &self.expiry_slack)
+            .field("announce_resets", &self.announce_resets)
             .finish()
     }
 }
@@ -365,6 +372,20 @@ impl RedisStore {
         &self.inner.prefix
     }
 
+    /// What a reset watch needs: the nodes' connection settings, the prefix, and the connect and
+    /// response timeouts.
+    pub(crate) fn watch_settings(
+        &self,
+    ) -> (Box<[redis::ConnectionInfo]>, &str, Duration, Duration) {
+        let inner = &self.inner;
+        (
+            inner.infos.clone(),
+            &inner.prefix,
+            inner.connect_timeout,
+            inner.response_timeout,
+        )
+    }
+
     /// Checks `cost` for `key` against `limit`; the same as [`Store::check`], as an inherent
     /// method so callers need not import the trait.
     pub fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> CheckFuture {
@@ -403,7 +424,12 @@ impl RedisStore {
     /// method.
     pub fn reset(&self, key: &[u8], limit: &Limit) -> ResetFuture {
         let script = scripts::reset_script();
-        let cmd = evalsha_on_keys(&self.inner.prefix, script, key, limit);
+        let mut cmd = evalsha_on_keys(&self.inner.prefix, script, key, limit);
+        if self.inner.announce_resets {
+            // The channel and the notice: the script publishes it once the keys are gone.
+            cmd.arg(crate::watch::channel(&self.inner.prefix))
+                .arg(crate::watch::notice(key, limit.fingerprint()));
+        }
         self.send(script, cmd, |value| match value {
             Value::Int(_) => Ok(()),
             other => Err(RedisStoreError::UnexpectedReply(format!("{other:?}"))),
@@ -1125,6 +1151,7 @@ impl RedisStoreBuilder {
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             clock: None,
             expiry_slack: Duration::ZERO,
+            announce_resets: false,
             #[cfg(feature = "tls")]
             root_cert: None,
         }
@@ -1237,6 +1264,18 @@ impl RedisStoreBuilder {
         self
     }
 
+    /// Announces every [`reset`](RedisStore::reset) on the Redis channel `<prefix>:resets`
+    /// (default off): the reset's script publishes the key and the limit's fingerprint once the
+    /// key's state is deleted, in the same step. Other gateways that
+    /// [`watch_resets`](RedisStore::watch_resets) then end their own `DenialCache` denials and
+    /// `Leasing` leases of the client at once, instead of at their deadline or expiry. A
+    /// restricted Redis user then needs `+publish` and the channel (`&<prefix>:resets`) as well
+    /// as `+del` (docs/redis.md, "Access control").
+    pub fn announce_resets(mut self, on: bool) -> Self {
+        self.announce_resets = on;
+        self
+    }
+
     /// A store that is built in the background while Redis cannot be reached, for an application
     /// that must start during a Redis outage: see [`LazyRedisStore`]. The first attempt is made
     /// at once; an invalid setting, or credentials Redis refuses, is returned as
@@ -1284,7 +1323,7 @@ impl RedisStoreBuilder {
         if self.urls.is_empty() {
             return Err(RedisStoreError::config("url", "at least one URL is needed"));
         }
-        let mut infos = Vec::with_capacity(self.urls.len());
+        let mut infos: Vec<redis::ConnectionInfo> = Vec::with_capacity(self.urls.len());
         for url in &self.urls {
             if cfg!(not(feature = "tls")) && url.starts_with("rediss://") {
                 return Err(RedisStoreError::config(
@@ -1312,6 +1351,7 @@ impl RedisStoreBuilder {
         // slow replacement never makes an opening wait for the pool, fail at its wait timeout
         // and start a reconnect gap.
         let pool_max = self.pool_size.saturating_mul(2);
+        let watch_infos = infos.clone().into_boxed_slice();
         let backend = if self.cluster {
             let client_connect_timeout = if self.connect_timeout_set {
                 self.connect_timeout
@@ -1382,6 +1422,9 @@ impl RedisStoreBuilder {
             installed_any: tokio::sync::Notify::new(),
             clock: self.clock,
             expiry_slack_ms: slack_ms,
+            announce_resets: self.announce_resets,
+            infos: watch_infos,
+            connect_timeout: self.connect_timeout,
         });
         // Open every connection now, so a wrong address or password fails here, and load the
         // scripts (on every primary of a cluster) so the first checks need no NOSCRIPT round trip.

@@ -1,0 +1,261 @@
+//! Announced resets: one gateway's resets heard by the others ([`RedisStore::watch_resets`]).
+//!
+//! A `DenialCache` or `Leasing` in front of the store ends its own cached denials or lease of a
+//! client that it resets, but another gateway's stand until their deadline or expiry: a client
+//! whose block support lifted through one gateway stays blocked on the others. A store built
+//! with [`announce_resets`](crate::RedisStoreBuilder::announce_resets) publishes each reset on a
+//! channel of its prefix, from the reset's own script; a watch subscribes to that channel on a
+//! connection of its own and hands every notice to the application, which ends what its wrappers
+//! hold of that client (`DenialCache::forget`, `Leasing::forget`).
+//!
+//! Redis's pub/sub delivers at most once: a notice published while a watch is not subscribed (its
+//! connection lost, Redis restarting) is not delivered later. So the watch tells its handler each
+//! time it has (re)subscribed ([`ResetNotice::Subscribed`]), and the handler drops everything its
+//! wrappers hold that a missed reset may have ended (`DenialCache::clear`): one more store call
+//! per client, never a stale denial. A subscription that goes silent (a frozen server, a
+//! partition that closes nothing) is found by a `PING` after a second without a message, given
+//! up after the store's response timeout, and made again.
+
+use std::fmt;
+use std::future::poll_fn;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use futures_core::Stream;
+use redis::aio::{PubSubSink, PubSubStream};
+use redis::{ConnectionInfo, RedisError, Value};
+
+use crate::{RedisStore, RedisStoreError};
+
+/// How long a subscription may be silent before the watch sends a `PING` to see it is alive.
+const PING_AFTER: Duration = Duration::from_secs(1);
+/// The first wait before subscribing again after a failure; doubled after each, up to
+/// [`RETRY_MAX`].
+const RETRY_MIN: Duration = Duration::from_millis(100);
+const RETRY_MAX: Duration = Duration::from_secs(5);
+
+/// The channel on which a store of key prefix `prefix` announces its resets.
+pub(crate) fn channel(prefix: &str) -> String {
+    format!("{prefix}:resets")
+}
+
+/// A reset's notice: the limit's fingerprint (8 bytes, big-endian), then the key as the store
+/// was given it.
+pub(crate) fn notice(key: &[u8], limit_fingerprint: u64) -> Vec<u8> {
+    let mut out = Vec::with_capacity(8 + key.len());
+    out.extend_from_slice(&limit_fingerprint.to_be_bytes());
+    out.extend_from_slice(key);
+    out
+}
+
+/// The key and the limit's fingerprint of a notice; `None` for a message that is not one.
+fn parse(payload: &[u8]) -> Option<(&[u8], u64)> {
+    let (fingerprint, key) = payload.split_first_chunk::<8>()?;
+    Some((key, u64::from_be_bytes(*fingerprint)))
+}
+
+/// What a reset watch tells its handler.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum ResetNotice<'a> {
+    /// A store of this prefix (on any gateway, this one included) reset `key` under the limit
+    /// whose [`fingerprint`](ratelimit_core::Limit::fingerprint) is `limit_fingerprint`: end what
+    /// is held of it (`DenialCache::forget(key, limit_fingerprint)`, `Leasing::forget`).
+    Reset {
+        /// The key, as the store was given it (the tower layer's: the policy's name and the
+        /// client's key).
+        key: &'a [u8],
+        /// The limit's fingerprint.
+        limit_fingerprint: u64,
+    },
+    /// The watch has subscribed, first or again: resets announced before now, while it was not
+    /// subscribed, were not heard. Drop what a missed reset may have ended
+    /// (`DenialCache::clear`).
+    Subscribed,
+}
+
+/// A running reset watch ([`RedisStore::watch_resets`]): a task of its own, which ends when this
+/// is dropped.
+pub struct ResetWatch {
+    task: tokio::task::JoinHandle<()>,
+    subscribed: Arc<AtomicBool>,
+}
+
+impl ResetWatch {
+    /// Whether the watch is subscribed now (false while it subscribes, first or again).
+    pub fn is_subscribed(&self) -> bool {
+        self.subscribed.load(Ordering::Acquire)
+    }
+}
+
+impl Drop for ResetWatch {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl fmt::Debug for ResetWatch {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResetWatch")
+            .field("subscribed", &self.is_subscribed())
+            .finish_non_exhaustive()
+    }
+}
+
+type Handler = dyn Fn(ResetNotice<'_>) + Send + Sync + 'static;
+
+impl RedisStore {
+    /// Hears the resets that stores of this prefix announce
+    /// ([`announce_resets`](crate::RedisStoreBuilder::announce_resets)), on every gateway, and
+    /// hands each to `handler`, on a task of its own, for as long as the returned watch is kept:
+    /// the way a gateway's `DenialCache` and `Leasing` learn that another gateway reset a
+    /// client. The handler runs on the watch's task, one notice at a time: keep it short (ending a
+    /// key's entry is).
+    ///
+    /// The watch subscribes on a connection of its own (a cluster's seed nodes in turn; a
+    /// cluster delivers a publication to every node), and again whenever that connection is lost
+    /// or goes silent, waiting 100 ms doubled up to 5 s between failed attempts; after each
+    /// subscription it tells the handler [`ResetNotice::Subscribed`] (see the
+    /// [module docs](crate::watch) for why).
+    ///
+    /// Must be called within a Tokio runtime (the watch is spawned on it); outside one, it is a
+    /// [`RedisStoreError::Config`] error.
+    ///
+    /// ```no_run
+    /// use ratelimit_core::{DenialCache, SystemClock};
+    /// use ratelimit_redis::{RedisStore, ResetNotice};
+    ///
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let redis = RedisStore::builder("redis://127.0.0.1:6379")
+    ///     .announce_resets(true)
+    ///     .build()
+    ///     .await?;
+    /// let cache = DenialCache::new(redis.clone(), SystemClock::new());
+    /// let forget = cache.clone(); // shares the cache's denials
+    /// let _watch = redis.watch_resets(move |notice| match notice {
+    ///     ResetNotice::Reset { key, limit_fingerprint } => forget.forget(key, limit_fingerprint),
+    ///     // (Re)subscribed: a reset may have been missed meanwhile.
+    ///     _ => forget.clear(),
+    /// })?;
+    /// // ... the layer over `cache`; keep `_watch` for as long as it serves.
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn watch_resets(
+        &self,
+        handler: impl Fn(ResetNotice<'_>) + Send + Sync + 'static,
+    ) -> Result<ResetWatch, RedisStoreError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            RedisStoreError::config("watch_resets", "must be called within a Tokio runtime")
+        })?;
+        let (infos, prefix, connect_timeout, response_timeout) = self.watch_settings();
+        let subscribed = Arc::new(AtomicBool::new(false));
+        let task = runtime.spawn(watch(
+            infos,
+            channel(prefix),
+            connect_timeout + response_timeout,
+            response_timeout,
+            Arc::new(handler),
+            Arc::clone(&subscribed),
+        ));
+        Ok(ResetWatch { task, subscribed })
+    }
+}
+
+/// Subscribes to `channel` on each node of `infos` in turn, hands every notice to `handler`, and
+/// subscribes again when the subscription is lost, for as long as the task runs.
+async fn watch(
+    infos: Box<[ConnectionInfo]>,
+    channel: String,
+    subscribe_within: Duration,
+    response_timeout: Duration,
+    handler: Arc<Handler>,
+    subscribed: Arc<AtomicBool>,
+) {
+    let mut wait = RETRY_MIN;
+    for info in infos.iter().cycle() {
+        match subscribe(info, &channel, subscribe_within).await {
+            Ok((sink, stream)) => {
+                subscribed.store(true, Ordering::Release);
+                tracing::debug!(%channel, "the reset watch is subscribed");
+                handler(ResetNotice::Subscribed);
+                wait = RETRY_MIN;
+                let lost = listen(sink, stream, &*handler, response_timeout).await;
+                subscribed.store(false, Ordering::Release);
+                tracing::warn!(%channel, reason = %lost, "the reset watch lost its subscription: subscribing again");
+            }
+            Err(error) => {
+                tracing::warn!(%channel, %error, retry_in = ?wait, "the reset watch could not subscribe");
+            }
+        }
+        tokio::time::sleep(wait).await;
+        wait = (wait * 2).min(RETRY_MAX);
+    }
+}
+
+/// A connection of its own to `info`'s node, subscribed to `channel`, within `within`.
+async fn subscribe(
+    info: &ConnectionInfo,
+    channel: &str,
+    within: Duration,
+) -> Result<(PubSubSink, PubSubStream), String> {
+    let attempt = async {
+        let client = redis::Client::open(info.clone())?;
+        let (mut sink, stream) = client.get_async_pubsub().await?.split();
+        sink.subscribe(channel).await?;
+        Ok::<_, RedisError>((sink, stream))
+    };
+    match tokio::time::timeout(within, attempt).await {
+        Ok(Ok(pair)) => Ok(pair),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => Err(format!("no subscription within {within:?}")),
+    }
+}
+
+/// Hands each message of `stream` to `handler` until the subscription is lost: the connection
+/// closed, or a `PING` sent after [`PING_AFTER`] of silence went unanswered for
+/// `response_timeout`. Returns why.
+async fn listen(
+    mut sink: PubSubSink,
+    mut stream: PubSubStream,
+    handler: &Handler,
+    response_timeout: Duration,
+) -> String {
+    loop {
+        let next = poll_fn(|cx| Pin::new(&mut stream).poll_next(cx));
+        match tokio::time::timeout(PING_AFTER, next).await {
+            Ok(Some(message)) => match parse(message.get_payload_bytes()) {
+                Some((key, limit_fingerprint)) => handler(ResetNotice::Reset {
+                    key,
+                    limit_fingerprint,
+                }),
+                None => tracing::debug!("a message that is not a reset notice, ignored"),
+            },
+            Ok(None) => return "the connection closed".to_owned(),
+            Err(_silent) => {
+                match tokio::time::timeout(response_timeout, sink.ping::<Value>()).await {
+                    Ok(Ok(_)) => {}
+                    Ok(Err(error)) => return error.to_string(),
+                    Err(_) => return format!("no answer to a PING within {response_timeout:?}"),
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_notice_reads_back_as_it_was_written() {
+        for key in [&b""[..], b"login\0alice", &[0xff; 300]] {
+            let n = notice(key, 0x0123_4567_89ab_cdef);
+            assert_eq!(parse(&n), Some((key, 0x0123_4567_89ab_cdef)));
+        }
+        assert_eq!(parse(b"short"), None);
+        assert_eq!(channel("myapp:rl"), "myapp:rl:resets");
+    }
+}

@@ -1,0 +1,294 @@
+//! Announced resets (`RedisStoreBuilder::announce_resets`, `RedisStore::watch_resets`) on real
+//! Redis servers and a real 3-master cluster: a watch hears every reset a store of its prefix
+//! announces, nothing else, and subscribes again (and says so) after a restart or a freeze.
+
+mod common;
+
+use std::time::Duration;
+
+use common::unique_prefix;
+use ratelimit_core::{Algorithm, DenialCache, Limit, Quota, Store, SystemClock};
+use ratelimit_redis::{RedisStore, ResetNotice, ResetWatch};
+use redis_harness::{RedisCluster, RedisServer};
+use tokio::sync::mpsc;
+
+/// A notice, owned.
+#[derive(Debug, PartialEq, Eq)]
+enum Heard {
+    Reset(Vec<u8>, u64),
+    Subscribed,
+}
+
+/// A watch on `store` and what it hears, in order.
+fn watch(store: &RedisStore) -> (ResetWatch, mpsc::UnboundedReceiver<Heard>) {
+    let (tx, rx) = mpsc::unbounded_channel();
+    let watch = store
+        .watch_resets(move |notice| {
+            let heard = match notice {
+                ResetNotice::Reset {
+                    key,
+                    limit_fingerprint,
+                } => Heard::Reset(key.to_vec(), limit_fingerprint),
+                _ => Heard::Subscribed,
+            };
+            let _ = tx.send(heard);
+        })
+        .unwrap();
+    (watch, rx)
+}
+
+/// The next notice heard, within `within` (a real server's delivery, not a timing).
+async fn next(rx: &mut mpsc::UnboundedReceiver<Heard>, within: Duration) -> Heard {
+    tokio::time::timeout(within, rx.recv())
+        .await
+        .expect("no notice in time")
+        .expect("the watch ended")
+}
+
+fn limit() -> Limit {
+    Limit::single(Algorithm::TokenBucket, Quota::per_minute(2).unwrap()).unwrap()
+}
+
+async fn store(url: &str, prefix: &str, announce: bool) -> RedisStore {
+    RedisStore::builder(url)
+        .prefix(prefix)
+        .announce_resets(announce)
+        .response_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap()
+}
+
+const SOON: Duration = Duration::from_secs(5);
+
+/// Heard: the resets of every announcing store of the prefix (its own included), with the key
+/// and the limit's fingerprint, in order. Not heard: a store that does not announce, and one of
+/// another prefix.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_hears_the_resets_announced_under_its_prefix_only() {
+    let server = RedisServer::start();
+    let prefix = unique_prefix("watch");
+    let a = store(&server.url(), &prefix, true).await;
+    let quiet = store(&server.url(), &prefix, false).await;
+    let elsewhere = store(&server.url(), &unique_prefix("watch-other"), true).await;
+    let (w, mut heard) = watch(&a);
+    assert_eq!(next(&mut heard, SOON).await, Heard::Subscribed);
+    assert!(w.is_subscribed());
+
+    let (limit, other) = (
+        limit(),
+        Limit::single(Algorithm::Gcra, Quota::per_hour(5).unwrap()).unwrap(),
+    );
+    a.reset(b"login\0alice", &limit).await.unwrap();
+    assert_eq!(
+        next(&mut heard, SOON).await,
+        Heard::Reset(b"login\0alice".to_vec(), limit.fingerprint())
+    );
+    // Not announced: a store without the setting, and one of another prefix. The reset after
+    // them is the next notice heard (Redis delivers a channel's messages in order).
+    quiet.reset(b"bob", &limit).await.unwrap();
+    elsewhere.reset(b"carol", &limit).await.unwrap();
+    a.reset(b"dave", &other).await.unwrap();
+    assert_eq!(
+        next(&mut heard, SOON).await,
+        Heard::Reset(b"dave".to_vec(), other.fingerprint())
+    );
+    // The announcing store's reset still deletes as before.
+    a.check(b"erin", &limit, 1).await.unwrap();
+    let keys = a.state_keys(b"erin", &limit);
+    assert_eq!(server.cli(&["exists", &keys[0]]), "1");
+    a.reset(b"erin", &limit).await.unwrap();
+    assert_eq!(server.cli(&["exists", &keys[0]]), "0");
+    assert_eq!(
+        next(&mut heard, SOON).await,
+        Heard::Reset(b"erin".to_vec(), limit.fingerprint())
+    );
+}
+
+/// Redis restarted: the watch finds its connection closed, subscribes again once the server is
+/// back, says so (what it may have missed meanwhile is unknown), and hears the resets after.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_subscribes_again_after_a_restart_and_says_so() {
+    let mut server = RedisServer::start();
+    let prefix = unique_prefix("watch-restart");
+    let a = store(&server.url(), &prefix, true).await;
+    let (w, mut heard) = watch(&a);
+    assert_eq!(next(&mut heard, SOON).await, Heard::Subscribed);
+    server.restart();
+    assert_eq!(next(&mut heard, SOON).await, Heard::Subscribed);
+    assert!(w.is_subscribed());
+    // The store's own connection comes back by itself too (a check or two may fail first).
+    let limit = limit();
+    let deadline = tokio::time::Instant::now() + SOON;
+    while a.reset(b"alice", &limit).await.is_err() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no reset after the restart"
+        );
+    }
+    assert_eq!(
+        next(&mut heard, SOON).await,
+        Heard::Reset(b"alice".to_vec(), limit.fingerprint())
+    );
+}
+
+/// A frozen server (SIGSTOP) closes nothing: the watch's `PING` goes unanswered, the watch gives
+/// the subscription up, and subscribes again (and says so) once the server is thawed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_silent_subscription_is_given_up_and_made_again() {
+    let server = RedisServer::start();
+    let a = store(&server.url(), &unique_prefix("watch-frozen"), true).await;
+    let (w, mut heard) = watch(&a);
+    assert_eq!(next(&mut heard, SOON).await, Heard::Subscribed);
+    server.pause();
+    let deadline = tokio::time::Instant::now() + SOON;
+    while w.is_subscribed() {
+        assert!(tokio::time::Instant::now() < deadline, "still subscribed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.resume();
+    assert_eq!(next(&mut heard, SOON).await, Heard::Subscribed);
+    let limit = limit();
+    a.reset(b"alice", &limit).await.unwrap();
+    assert_eq!(
+        next(&mut heard, SOON).await,
+        Heard::Reset(b"alice".to_vec(), limit.fingerprint())
+    );
+}
+
+/// Two gateways' denial caches over one Redis: a reset through B ends A's cached denial of the
+/// client as soon as A's watch hears it, not at the denial's deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_through_one_gateway_ends_anothers_cached_denial() {
+    let server = RedisServer::start();
+    let prefix = unique_prefix("watch-cache");
+    let redis_a = store(&server.url(), &prefix, true).await;
+    let redis_b = store(&server.url(), &prefix, true).await;
+    let a = DenialCache::new(redis_a.clone(), SystemClock::new());
+    let b = DenialCache::new(redis_b, SystemClock::new());
+    let (tx, mut heard) = mpsc::unbounded_channel();
+    let forget = a.clone();
+    let _watch = redis_a
+        .watch_resets(move |notice| {
+            match notice {
+                ResetNotice::Reset {
+                    key,
+                    limit_fingerprint,
+                } => forget.forget(key, limit_fingerprint),
+                _ => forget.clear(),
+            }
+            let _ = tx.send(());
+        })
+        .unwrap();
+    tokio::time::timeout(SOON, heard.recv()).await.unwrap();
+    // Alice spends her quota through A; A caches her denial (a minute long).
+    let limit = limit();
+    while a.check(b"alice", &limit, 1).await.unwrap().is_allowed() {}
+    assert!(a.check(b"alice", &limit, 1).await.unwrap().is_cached());
+    // Support resets her through B.
+    ratelimit_core::Reset::reset(&b, b"alice", &limit)
+        .await
+        .unwrap();
+    tokio::time::timeout(SOON, heard.recv()).await.unwrap();
+    let d = a.check(b"alice", &limit, 1).await.unwrap();
+    assert!(d.is_allowed() && !d.is_cached(), "{d:?}");
+}
+
+/// On a cluster, each reset runs on its key's master, which publishes it: a watch subscribed
+/// to one node hears the resets made on every master (a cluster delivers a publication to
+/// every node).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_on_a_cluster_hears_the_resets_of_every_master() {
+    let cluster = RedisCluster::start(3);
+    let store = RedisStore::cluster(cluster.urls())
+        .prefix(unique_prefix("watch-cluster"))
+        .announce_resets(true)
+        .response_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let (_w, mut heard) = watch(&store);
+    assert_eq!(next(&mut heard, SOON).await, Heard::Subscribed);
+    let limit = limit();
+    let users: Vec<String> = (0..24).map(|i| format!("user-{i}")).collect();
+    let mut masters = std::collections::HashSet::new();
+    for u in &users {
+        store.check(u.as_bytes(), &limit, 1).await.unwrap();
+        masters.insert(
+            cluster
+                .node_for(&store.state_keys(u.as_bytes(), &limit)[0])
+                .port(),
+        );
+    }
+    assert_eq!(masters.len(), 3, "the users' keys are on every master");
+    for u in &users {
+        store.reset(u.as_bytes(), &limit).await.unwrap();
+    }
+    let mut got = Vec::new();
+    for _ in &users {
+        got.push(next(&mut heard, SOON).await);
+    }
+    got.sort_by(|x, y| format!("{x:?}").cmp(&format!("{y:?}")));
+    let mut want: Vec<Heard> = users
+        .iter()
+        .map(|u| Heard::Reset(u.as_bytes().to_vec(), limit.fingerprint()))
+        .collect();
+    want.sort_by(|x, y| format!("{x:?}").cmp(&format!("{y:?}")));
+    assert_eq!(got, want);
+}
+
+/// Outside a Tokio runtime there is nothing to run the watch on: a typed error, not a panic.
+#[test]
+fn a_watch_needs_a_runtime() {
+    let server = RedisServer::start();
+    let runtime = common::runtime();
+    let store = runtime.block_on(store(&server.url(), "rl", true));
+    let err = store.watch_resets(|_| {}).unwrap_err();
+    assert!(err.to_string().contains("Tokio runtime"), "{err}");
+}
+
+/// A restricted Redis user (docs/redis.md, "Access control"): announcing needs `+publish` and
+/// the channel on top of `+del`, or the reset is refused with the state kept (the script
+/// publishes before it deletes); watching needs `+subscribe` and the channel.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn announcing_and_watching_need_the_channel() {
+    let server = RedisServer::builder()
+        .config(format!(
+            "user resetter on >r3setter resetkeys ~acl-rl:* -@all {LEAST_PRIVILEGE} +del"
+        ))
+        .config(format!(
+            "user announcer on >ann0uncer resetkeys ~acl-rl:* resetchannels &acl-rl:resets \
+             -@all {LEAST_PRIVILEGE} +del +publish +subscribe"
+        ))
+        .start();
+    let store = |user: &str, password: &str| {
+        RedisStore::builder(format!(
+            "redis://{user}:{password}@127.0.0.1:{}",
+            server.port()
+        ))
+        .prefix("acl-rl")
+        .announce_resets(true)
+        .build()
+    };
+    let resetter = store("resetter", "r3setter").await.unwrap();
+    let announcer = store("announcer", "ann0uncer").await.unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(1).unwrap()).unwrap();
+    assert!(resetter.check(b"u", &limit, 1).await.unwrap().is_allowed());
+    let err = resetter.reset(b"u", &limit).await.unwrap_err();
+    assert!(err.is_refused_credentials(), "{err:?}");
+    assert!(resetter.check(b"u", &limit, 1).await.unwrap().is_denied());
+
+    let (w, mut heard) = watch(&announcer);
+    assert_eq!(next(&mut heard, SOON).await, Heard::Subscribed);
+    assert!(w.is_subscribed());
+    announcer.reset(b"u", &limit).await.unwrap();
+    assert_eq!(
+        next(&mut heard, SOON).await,
+        Heard::Reset(b"u".to_vec(), limit.fingerprint())
+    );
+    assert!(resetter.check(b"u", &limit, 1).await.unwrap().is_allowed());
+}
+
+/// The commands of the least-privilege user of docs/redis.md ("Access control").
+const LEAST_PRIVILEGE: &str = "+evalsha +script|load +ping +time +get +set +hmget +hset \
+    +lindex +llen +lrange +lset +ltrim +rpush +pexpire";
