@@ -2,7 +2,9 @@
 //! Redis; gateway A holds a `DenialCache` in front of its store and serves an admin route that
 //! resets a user through the login layer's `Resetter`; gateway B has no cache. After the reset
 //! both admit the user again (A's cached denial ended with the reset, the shared state is gone),
-//! and another user's count is untouched. And a reset the layer makes itself
+//! and another user's count is untouched. With resets announced through Redis and watched, a
+//! reset through either of two caching gateways ends the other's cached denial at once. And a
+//! reset the layer makes itself
 //! (`RateLimitLayerBuilder::reset_on`): two gateways in front of a real sign-in service forget a
 //! user's count when the service answers a success through either, and while Redis is frozen do
 //! not wait for it to reset.
@@ -18,6 +20,7 @@ use ratelimit_core::{DenialCache, Reset, SystemClock};
 use ratelimit_e2e::app::TestApp;
 use ratelimit_e2e::observe::Metrics;
 use ratelimit_e2e::{per_minute, store_builder};
+use ratelimit_redis::ResetNotice;
 use redis_harness::RedisServer;
 use tokio::sync::Notify;
 use tower_ratelimit::key::ApiKeyHeader;
@@ -118,6 +121,93 @@ async fn a_reset_on_one_gateway_lets_the_user_in_on_every_gateway() {
         .await
         .expect("request");
     assert_eq!(no_key.status().as_u16(), 400);
+}
+
+/// Two gateways, each with a `DenialCache` in front of one real Redis and a reset watch: a user
+/// denied (and cached) on both is reset through B's admin route; A hears of it from Redis and
+/// admits the user at once, where without the watch its cached denial would stand until its
+/// deadline (20 s here).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_through_one_gateway_ends_the_cached_denials_of_the_others() {
+    let redis = RedisServer::start();
+    let (heard, mut notices) = tokio::sync::mpsc::unbounded_channel();
+    let mut gateways = Vec::new();
+    let mut caches = Vec::new();
+    let mut watches = Vec::new();
+    for _ in 0..2 {
+        let store = store_builder(&redis.url())
+            .response_timeout(Duration::from_secs(2))
+            .announce_resets(true)
+            .build()
+            .await
+            .expect("store");
+        let cache = Arc::new(DenialCache::new(store.clone(), SystemClock::new()));
+        let (forget, heard) = (Arc::clone(&cache), heard.clone());
+        watches.push(
+            store
+                .watch_resets(move |notice| {
+                    match notice {
+                        ResetNotice::Reset {
+                            key,
+                            limit_fingerprint,
+                        } => forget.forget(key, limit_fingerprint),
+                        _ => forget.clear(),
+                    }
+                    let _ = heard.send(matches!(notice, ResetNotice::Reset { .. }));
+                })
+                .expect("watch"),
+        );
+        let layer = login_layer(Arc::clone(&cache));
+        gateways.push(
+            TestApp::serve(
+                Router::new()
+                    .route("/login", get(|| async { "ok" }).route_layer(layer.clone()))
+                    .route("/admin/unblock", post(unblock::<Arc<_>>))
+                    .with_state(layer.resetter()),
+            )
+            .await,
+        );
+        caches.push(cache);
+    }
+    // Both watches subscribed.
+    for _ in 0..2 {
+        let reset = tokio::time::timeout(Duration::from_secs(5), notices.recv()).await;
+        assert_eq!(reset.expect("subscribed in time"), Some(false));
+    }
+    let (a, b) = (&gateways[0], &gateways[1]);
+    let client = reqwest::Client::new();
+    let login =
+        |app: &TestApp, user: &str| client.get(app.url("/login")).header("x-user", user).send();
+    let status = |r: reqwest::Response| r.status().as_u16();
+    let mut seen = Vec::new();
+    for app in [a, b, a, b, a, b, a] {
+        seen.push(status(login(app, "alice").await.expect("request")));
+    }
+    assert_eq!(seen, [200, 200, 200, 429, 429, 429, 429]);
+    assert!(
+        caches.iter().all(|c| c.stats().hits >= 1),
+        "both answered from their caches"
+    );
+    let unblocked = client
+        .post(b.url("/admin/unblock"))
+        .header("x-user", "alice")
+        .send()
+        .await
+        .expect("request");
+    assert_eq!(unblocked.status().as_u16(), 204);
+    // Both watches hear it (B's own included), and A lets Alice in at once.
+    for _ in 0..2 {
+        let reset = tokio::time::timeout(Duration::from_secs(5), notices.recv()).await;
+        assert_eq!(reset.expect("heard in time"), Some(true));
+    }
+    let hits = caches[0].stats().hits;
+    let mut seen = Vec::new();
+    for app in [a, a, a, b] {
+        seen.push(status(login(app, "alice").await.expect("request")));
+    }
+    assert_eq!(seen, [200, 200, 200, 429]);
+    assert_eq!(caches[0].stats().hits, hits, "A asked Redis");
+    drop(watches);
 }
 
 /// The sign-in service behind the gateways: 204 for the right password, 401 for any other.
