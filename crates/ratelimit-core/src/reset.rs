@@ -32,9 +32,12 @@ use crate::{Limit, Store};
 ///   only after the reset (a queue in front of the store, such as `Coalescing`'s, may send it
 ///   later), against the fresh quota, which then admits up to one lease fewer: never more than
 ///   a full quota after a reset. What *other* processes hold in front of a shared store is not
-///   reached: another gateway's cached denial stands until its deadline (at most its
-///   `retry_after`), and its lease until it is spent or expires (at most one lease, as leasing's
-///   bound allows anyway).
+///   reached by the reset itself: another gateway's cached denial stands until its deadline (at
+///   most its `retry_after`), and its lease until it is spent or expires (at most one lease, as
+///   leasing's bound allows anyway), unless that gateway hears of the reset and ends them
+///   ([`DenialCache::forget`](crate::DenialCache::forget),
+///   [`Leasing::forget`](crate::Leasing::forget); the Redis store announces its resets and
+///   watches for other gateways' when asked to).
 /// - **Failure.** `Err` means the store could not be reached: the state may or may not have been
 ///   forgotten (a reset that timed out may still run). Resetting again is harmless.
 ///
