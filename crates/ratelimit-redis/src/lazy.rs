@@ -126,6 +126,19 @@ impl LazyRedisStore {
         Ok(store)
     }
 
+    /// What a reset watch needs: the builder's settings, or the built store's for a store made
+    /// from a built one.
+    pub(crate) fn watch_settings(&self) -> Result<crate::watch::Settings, RedisStoreError> {
+        match (&self.inner.builder, self.inner.store.get()) {
+            (Some(builder), _) => builder.watch_settings(),
+            (None, Some(store)) => Ok(store.watch_settings()),
+            (None, None) => Err(RedisStoreError::config(
+                "watch_resets",
+                "the lazy store has neither settings nor a built store",
+            )),
+        }
+    }
+
     /// Whether the store has been built (an attempt reached Redis).
     #[must_use]
     pub fn is_connected(&self) -> bool {

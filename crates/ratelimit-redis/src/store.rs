@@ -374,16 +374,14 @@ impl RedisStore {
 
     /// What a reset watch needs: the nodes' connection settings, the prefix, and the connect and
     /// response timeouts.
-    pub(crate) fn watch_settings(
-        &self,
-    ) -> (Box<[redis::ConnectionInfo]>, &str, Duration, Duration) {
+    pub(crate) fn watch_settings(&self) -> crate::watch::Settings {
         let inner = &self.inner;
-        (
-            inner.infos.clone(),
-            &inner.prefix,
-            inner.connect_timeout,
-            inner.response_timeout,
-        )
+        crate::watch::Settings {
+            infos: inner.infos.clone(),
+            prefix: inner.prefix.clone(),
+            connect_timeout: inner.connect_timeout,
+            response_timeout: inner.response_timeout,
+        }
     }
 
     /// Checks `cost` for `key` against `limit`; the same as [`Store::check`], as an inherent
@@ -426,7 +424,8 @@ impl RedisStore {
         let script = scripts::reset_script();
         let mut cmd = evalsha_on_keys(&self.inner.prefix, script, key, limit);
         if self.inner.announce_resets {
-            // The channel and the notice: the script publishes it once the keys are gone.
+            // The channel and the notice: the script publishes it, then deletes the keys, in one
+            // step.
             cmd.arg(crate::watch::channel(&self.inner.prefix))
                 .arg(crate::watch::notice(key, limit.fingerprint()));
         }
@@ -1157,6 +1156,21 @@ impl RedisStoreBuilder {
         }
     }
 
+    /// What a reset watch needs, from the settings (a [`LazyRedisStore`]'s watch, which does not
+    /// wait for the store to be built).
+    pub(crate) fn watch_settings(&self) -> Result<crate::watch::Settings, RedisStoreError> {
+        Ok(crate::watch::Settings {
+            infos: self
+                .urls
+                .iter()
+                .map(|url| self.connection_info(url))
+                .collect::<Result<_, _>>()?,
+            prefix: self.prefix.clone(),
+            connect_timeout: self.connect_timeout,
+            response_timeout: self.response_timeout,
+        })
+    }
+
     /// Trusts `pem` (one or more PEM certificates) as the root for `rediss://` servers, instead of
     /// the system's roots: for a Redis whose certificate comes from a private CA. Standalone
     /// servers only: [`build`](Self::build) refuses it for a cluster (whose client, on
@@ -1265,8 +1279,8 @@ impl RedisStoreBuilder {
     }
 
     /// Announces every [`reset`](RedisStore::reset) on the Redis channel `<prefix>:resets`
-    /// (default off): the reset's script publishes the key and the limit's fingerprint once the
-    /// key's state is deleted, in the same step. Other gateways that
+    /// (default off): the reset's script publishes the key and the limit's fingerprint and deletes
+    /// the key's state, in one step. Other gateways that
     /// [`watch_resets`](RedisStore::watch_resets) then end their own `DenialCache` denials and
     /// `Leasing` leases of the client at once, instead of at their deadline or expiry. A
     /// restricted Redis user then needs `+publish` and the channel (`&<prefix>:resets`) as well

@@ -27,7 +27,7 @@ use futures_core::Stream;
 use redis::aio::{PubSubSink, PubSubStream};
 use redis::{ConnectionInfo, RedisError, Value};
 
-use crate::{RedisStore, RedisStoreError};
+use crate::{LazyRedisStore, RedisStore, RedisStoreError};
 
 /// How long a subscription may be silent before the watch sends a `PING` to see it is alive.
 const PING_AFTER: Duration = Duration::from_secs(1);
@@ -106,6 +106,36 @@ impl fmt::Debug for ResetWatch {
 
 type Handler = dyn Fn(ResetNotice<'_>) + Send + Sync + 'static;
 
+/// What a watch needs of a store's settings.
+pub(crate) struct Settings {
+    pub(crate) infos: Box<[ConnectionInfo]>,
+    pub(crate) prefix: String,
+    pub(crate) connect_timeout: Duration,
+    pub(crate) response_timeout: Duration,
+}
+
+impl Settings {
+    /// The watch, spawned on the current Tokio runtime.
+    fn spawn(
+        self,
+        handler: impl Fn(ResetNotice<'_>) + Send + Sync + 'static,
+    ) -> Result<ResetWatch, RedisStoreError> {
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            RedisStoreError::config("watch_resets", "must be called within a Tokio runtime")
+        })?;
+        let subscribed = Arc::new(AtomicBool::new(false));
+        let task = runtime.spawn(watch(
+            self.infos,
+            channel(&self.prefix),
+            self.connect_timeout + self.response_timeout,
+            self.response_timeout,
+            Arc::new(handler),
+            Arc::clone(&subscribed),
+        ));
+        Ok(ResetWatch { task, subscribed })
+    }
+}
+
 impl RedisStore {
     /// Hears the resets that stores of this prefix announce
     /// ([`announce_resets`](crate::RedisStoreBuilder::announce_resets)), on every gateway, and
@@ -147,20 +177,19 @@ impl RedisStore {
         &self,
         handler: impl Fn(ResetNotice<'_>) + Send + Sync + 'static,
     ) -> Result<ResetWatch, RedisStoreError> {
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
-            RedisStoreError::config("watch_resets", "must be called within a Tokio runtime")
-        })?;
-        let (infos, prefix, connect_timeout, response_timeout) = self.watch_settings();
-        let subscribed = Arc::new(AtomicBool::new(false));
-        let task = runtime.spawn(watch(
-            infos,
-            channel(prefix),
-            connect_timeout + response_timeout,
-            response_timeout,
-            Arc::new(handler),
-            Arc::clone(&subscribed),
-        ));
-        Ok(ResetWatch { task, subscribed })
+        self.watch_settings().spawn(handler)
+    }
+}
+
+impl LazyRedisStore {
+    /// [`RedisStore::watch_resets`], from the store's settings: the watch starts now, without
+    /// waiting for the store to be built, and subscribes as soon as Redis can be reached (its
+    /// [`ResetNotice::Subscribed`] then comes as for any subscription).
+    pub fn watch_resets(
+        &self,
+        handler: impl Fn(ResetNotice<'_>) + Send + Sync + 'static,
+    ) -> Result<ResetWatch, RedisStoreError> {
+        self.watch_settings()?.spawn(handler)
     }
 }
 

@@ -9,6 +9,7 @@ use std::time::Duration;
 use common::unique_prefix;
 use ratelimit_core::{Algorithm, DenialCache, Limit, Quota, Store, SystemClock};
 use ratelimit_redis::{RedisStore, ResetNotice, ResetWatch};
+use redis_harness::proxy::Proxy;
 use redis_harness::{RedisCluster, RedisServer};
 use tokio::sync::mpsc;
 
@@ -235,6 +236,44 @@ async fn a_watch_on_a_cluster_hears_the_resets_of_every_master() {
         .collect();
     want.sort_by(|x, y| format!("{x:?}").cmp(&format!("{y:?}")));
     assert_eq!(got, want);
+}
+
+/// A lazy store's watch starts while Redis cannot be reached (a proxy refusing connections),
+/// and subscribes once it can, without waiting for a check to build the store.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lazy_stores_watch_subscribes_once_redis_is_reachable() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    proxy.set_refuse(true);
+    let lazy = RedisStore::builder(proxy.url())
+        .prefix(unique_prefix("watch-lazy"))
+        .announce_resets(true)
+        .build_lazy(Duration::from_millis(50))
+        .await
+        .unwrap();
+    let (tx, mut heard) = mpsc::unbounded_channel();
+    let w = lazy
+        .watch_resets(move |notice| {
+            let _ = tx.send(matches!(notice, ResetNotice::Subscribed));
+        })
+        .unwrap();
+    assert!(!w.is_subscribed());
+    proxy.set_refuse(false);
+    let subscribed = tokio::time::timeout(SOON, heard.recv()).await.unwrap();
+    assert_eq!(subscribed, Some(true));
+    assert!(w.is_subscribed());
+    // Its resets, once built, are announced.
+    let limit = limit();
+    let deadline = tokio::time::Instant::now() + SOON;
+    while ratelimit_core::Reset::reset(&lazy, b"alice", &limit)
+        .await
+        .is_err()
+    {
+        assert!(tokio::time::Instant::now() < deadline, "never built");
+        tokio::task::yield_now().await;
+    }
+    let reset = tokio::time::timeout(SOON, heard.recv()).await.unwrap();
+    assert_eq!(reset, Some(false));
 }
 
 /// Outside a Tokio runtime there is nothing to run the watch on: a typed error, not a panic.
