@@ -11,6 +11,12 @@ pub const CONNECTIONS_REPLACED_TOTAL: &str = "ratelimit_redis_connections_replac
 pub const COALESCED_CHECKS_TOTAL: &str = "ratelimit_redis_coalesced_checks_total";
 /// Checks that [`Coalescing`](crate::Coalescing) sent on their own, as without it.
 pub const COALESCING_OVERFLOW_TOTAL: &str = "ratelimit_redis_coalescing_overflow_total";
+/// Resets that [`watch_resets`](crate::RedisStore::watch_resets) watches heard (each notice, by
+/// each watch).
+pub const RESET_NOTICES_TOTAL: &str = "ratelimit_redis_reset_notices_total";
+/// Subscriptions that reset watches made, first or again: more than one per watch means it was
+/// not subscribed for a while, and may have missed resets then.
+pub const RESET_WATCH_SUBSCRIPTIONS_TOTAL: &str = "ratelimit_redis_reset_watch_subscriptions_total";
 
 /// Describes the counters to the recorder installed now.
 pub(crate) fn describe() {
@@ -21,6 +27,14 @@ pub(crate) fn describe() {
     describe_counter!(
         COALESCED_CHECKS_TOTAL,
         "Rate-limit checks answered in a batch with others instead of a script call of their own"
+    );
+    describe_counter!(
+        RESET_NOTICES_TOTAL,
+        "Rate-limit resets announced through Redis that a reset watch heard"
+    );
+    describe_counter!(
+        RESET_WATCH_SUBSCRIPTIONS_TOTAL,
+        "Subscriptions made by rate-limit reset watches, first or again after a lost connection"
     );
     describe_counter!(
         COALESCING_OVERFLOW_TOTAL,

@@ -27,7 +27,7 @@ use futures_core::Stream;
 use redis::aio::{PubSubSink, PubSubStream};
 use redis::{ConnectionInfo, RedisError, Value};
 
-use crate::{LazyRedisStore, RedisStore, RedisStoreError};
+use crate::{LazyRedisStore, RedisStore, RedisStoreError, metrics};
 
 /// How long a subscription may be silent before the watch sends a `PING` to see it is alive.
 const PING_AFTER: Duration = Duration::from_secs(1);
@@ -208,6 +208,7 @@ async fn watch(
         match subscribe(info, &channel, subscribe_within).await {
             Ok((sink, stream)) => {
                 subscribed.store(true, Ordering::Release);
+                ::metrics::counter!(metrics::RESET_WATCH_SUBSCRIPTIONS_TOTAL).increment(1);
                 tracing::debug!(%channel, "the reset watch is subscribed");
                 handler(ResetNotice::Subscribed);
                 wait = RETRY_MIN;
@@ -252,14 +253,18 @@ async fn listen(
     handler: &Handler,
     response_timeout: Duration,
 ) -> String {
+    let heard = ::metrics::counter!(metrics::RESET_NOTICES_TOTAL);
     loop {
         let next = poll_fn(|cx| Pin::new(&mut stream).poll_next(cx));
         match tokio::time::timeout(PING_AFTER, next).await {
             Ok(Some(message)) => match parse(message.get_payload_bytes()) {
-                Some((key, limit_fingerprint)) => handler(ResetNotice::Reset {
-                    key,
-                    limit_fingerprint,
-                }),
+                Some((key, limit_fingerprint)) => {
+                    heard.increment(1);
+                    handler(ResetNotice::Reset {
+                        key,
+                        limit_fingerprint,
+                    });
+                }
                 None => tracing::debug!("a message that is not a reset notice, ignored"),
             },
             Ok(None) => return "the connection closed".to_owned(),

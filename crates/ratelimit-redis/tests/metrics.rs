@@ -179,3 +179,51 @@ async fn the_counters_are_described_when_a_store_is_built() {
         assert!(help.starts_with("Rate-limit "), "{name}: {help}");
     }
 }
+
+/// `ratelimit_redis_reset_watch_subscriptions_total` counts each subscription a reset watch
+/// makes (first, and again after a restart), and `ratelimit_redis_reset_notices_total` each
+/// notice it hears.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_watchs_subscriptions_and_notices_are_counted() {
+    const SUBSCRIPTIONS: &str = "ratelimit_redis_reset_watch_subscriptions_total";
+    const NOTICES: &str = "ratelimit_redis_reset_notices_total";
+    let _one = ONE_AT_A_TIME.lock().await;
+    // Read first: the recorder is installed before the store describes its counters.
+    let (subscribed, notices) = (counter(SUBSCRIPTIONS), counter(NOTICES));
+    let mut server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("metrics-watch"))
+        .announce_resets(true)
+        .response_timeout(Duration::from_millis(300))
+        .build()
+        .await
+        .unwrap();
+    let (tx, mut heard) = tokio::sync::mpsc::unbounded_channel();
+    let _watch = store
+        .watch_resets(move |notice| {
+            let _ = tx.send(matches!(notice, ratelimit_redis::ResetNotice::Subscribed));
+        })
+        .unwrap();
+    let soon = Duration::from_secs(5);
+    assert_eq!(
+        tokio::time::timeout(soon, heard.recv()).await.unwrap(),
+        Some(true)
+    );
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_second(100).unwrap()).unwrap();
+    for key in [&b"a"[..], b"b"] {
+        store.reset(key, &limit).await.unwrap();
+        assert_eq!(
+            tokio::time::timeout(soon, heard.recv()).await.unwrap(),
+            Some(false)
+        );
+    }
+    server.restart();
+    assert_eq!(
+        tokio::time::timeout(soon, heard.recv()).await.unwrap(),
+        Some(true)
+    );
+    assert_eq!(counter(SUBSCRIPTIONS) - subscribed, 2);
+    let (n, help) = read(NOTICES);
+    assert_eq!(n - notices, 2);
+    assert!(help.is_some_and(|h| h.contains("reset watch heard")));
+}
