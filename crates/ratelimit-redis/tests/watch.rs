@@ -106,6 +106,40 @@ async fn a_watch_hears_the_resets_announced_under_its_prefix_only() {
     );
 }
 
+/// A subscription that hears nothing for a while is kept: the `PING`s sent after each second of
+/// silence are answered, and the watch neither subscribes again nor says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quiet_subscription_is_kept() {
+    let server = RedisServer::start();
+    let a = store(&server.url(), &unique_prefix("watch-quiet"), true).await;
+    let (w, mut heard) = watch(&a);
+    assert_eq!(next(&mut heard, SOON).await, Heard::Subscribed);
+    // Three seconds of silence: two or three PINGs (the behaviour under test is the watch's
+    // real-time keep-alive, so real time passes).
+    let pings_before = ping_calls(&server);
+    tokio::time::sleep(Duration::from_millis(3_100)).await;
+    assert!(ping_calls(&server) - pings_before >= 2, "the watch pinged");
+    assert!(w.is_subscribed());
+    let limit = limit();
+    a.reset(b"alice", &limit).await.unwrap();
+    assert_eq!(
+        next(&mut heard, SOON).await,
+        Heard::Reset(b"alice".to_vec(), limit.fingerprint()),
+        "no second subscription before it"
+    );
+}
+
+/// `PING`s the server has run, from `INFO commandstats`.
+fn ping_calls(server: &RedisServer) -> u64 {
+    let stats = server.cli(&["info", "commandstats"]);
+    stats
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_ping:calls="))
+        .and_then(|v| v.split(',').next())
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0)
+}
+
 /// Redis restarted: the watch finds its connection closed, subscribes again once the server is
 /// back, says so (what it may have missed meanwhile is unknown), and hears the resets after.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
