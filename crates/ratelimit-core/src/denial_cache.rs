@@ -142,7 +142,9 @@ const MAX_SHARDS: usize = 16;
 /// once, but a cached denial still stands until its deadline, at most `retry_after` from the denial
 /// (the limit's longest period for a cost that can never pass). To let a client back in at once,
 /// [`reset`](Reset::reset) it through the cache (over a store that implements [`Reset`]), which
-/// ends its cached denials here; after deleting its state some other way,
+/// ends its cached denials here; for a reset made through another gateway's cache,
+/// [`forget`](DenialCache::forget) the key here when this gateway hears of it (the Redis store
+/// announces its resets when asked to); after deleting its state some other way,
 /// [`clear`](DenialCache::clear) the cache as well.
 ///
 /// Caveat: it also assumes the wrapped store never gives units back. Over
