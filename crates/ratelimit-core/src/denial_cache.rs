@@ -19,7 +19,7 @@ use crate::key_digest::{BuildIdHasher, KeyDigest};
 use crate::memory_store::prev_power_of_two;
 use crate::reset::WrapperResetFuture;
 use crate::time::duration_to_micros as micros;
-use crate::{Algorithm, Clock, ConfigError, Decision, Limit, Outcome, Quota, Reset, Store};
+use crate::{Algorithm, Clock, ConfigError, Decision, Forget, Limit, Outcome, Quota, Reset, Store};
 
 /// The default most entries a [`DenialCache`] holds: 100,000 (denials and their keys' records;
 /// 50,000 keys denied at one cost each).
@@ -391,6 +391,17 @@ impl<S: Store, C: Clock + 'static> Store for DenialCache<S, C> {
                 record: Some(Record::new(&self.table, (kid, id, seen), now, limit, cost)),
             },
         }
+    }
+}
+
+/// [`forget`](DenialCache::forget), and [`clear`](DenialCache::clear) for resets unheard.
+impl<S, C> Forget for DenialCache<S, C> {
+    fn forget(&self, key: &[u8], limit_fingerprint: u64) {
+        DenialCache::forget(self, key, limit_fingerprint);
+    }
+
+    fn forget_unheard(&self) {
+        self.clear();
     }
 }
 

@@ -18,7 +18,7 @@ use pin_project_lite::pin_project;
 use crate::key_digest::{BuildIdHasher, KeyDigest};
 use crate::reset::WrapperResetFuture;
 use crate::time::duration_to_micros as micros;
-use crate::{Algorithm, Clock, ConfigError, Decision, Limit, Outcome, Reset, Store};
+use crate::{Algorithm, Clock, ConfigError, Decision, Forget, Limit, Outcome, Reset, Store};
 
 /// The default largest lease (adaptive sizing): 64 units.
 pub const DEFAULT_MAX_LEASE: u64 = 64;
@@ -1426,6 +1426,16 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
             }
         }
     }
+}
+
+/// [`forget`](Leasing::forget); resets unheard leave the leases as they are (see
+/// [`Forget::forget_unheard`]).
+impl<S, C> Forget for Leasing<S, C> {
+    fn forget(&self, key: &[u8], limit_fingerprint: u64) {
+        Leasing::forget(self, key, limit_fingerprint);
+    }
+
+    fn forget_unheard(&self) {}
 }
 
 /// Resets the key in the wrapped store. The key's lease on this gateway ends when the reset is

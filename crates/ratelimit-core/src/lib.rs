@@ -74,6 +74,6 @@ pub use limit::{Limit, MAX_QUOTAS, MAX_SLIDING_LOG_LIMIT};
 pub use memory_store::{DEFAULT_MAX_KEYS, MemoryStore, MemoryStoreBuilder};
 pub use quota::{MAX_EXACT, Quota};
 pub use quota_set::{QuotaSet, QuotaSetIter};
-pub use reset::{Reset, WrapperResetFuture};
+pub use reset::{Forget, Reset, WrapperResetFuture};
 pub use store::{NoError, Store};
 pub use time::Timestamp;

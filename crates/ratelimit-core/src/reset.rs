@@ -80,6 +80,35 @@ impl<S: Reset + ?Sized> Reset for Arc<S> {
     }
 }
 
+/// A store wrapper that keeps some of a shared store's answers in this process
+/// ([`DenialCache`](crate::DenialCache)'s denials, [`Leasing`](crate::Leasing)'s leases), and so
+/// must hear of a reset made through another process to end what it holds of the client: what a
+/// watch of announced resets hands its notices to (the Redis store's `watch_resets`, whose
+/// `ResetNotice::apply` calls these).
+pub trait Forget {
+    /// Ends what is held of `key` under the limit whose [`fingerprint`](Limit::fingerprint) is
+    /// `limit_fingerprint`, as the wrapper's own reset of it does once the store has reset.
+    fn forget(&self, key: &[u8], limit_fingerprint: u64);
+
+    /// Resets may have been made that this process did not hear of (its watch was not
+    /// subscribed for a while): ends what any of them may have ended. A `DenialCache` drops
+    /// every denial ([`clear`](crate::DenialCache::clear): one more store call per client, never
+    /// a stale denial); `Leasing` keeps its leases (a lease a missed reset should have ended
+    /// admits at most its own units beyond a full quota, within leasing's bound of one lease per
+    /// gateway, and ends when spent or expired).
+    fn forget_unheard(&self);
+}
+
+impl<T: Forget + ?Sized> Forget for Arc<T> {
+    fn forget(&self, key: &[u8], limit_fingerprint: u64) {
+        (**self).forget(key, limit_fingerprint);
+    }
+
+    fn forget_unheard(&self) {
+        (**self).forget_unheard();
+    }
+}
+
 /// The future of a wrapper's reset ([`DenialCache`](crate::DenialCache),
 /// [`Leasing`](crate::Leasing)): the wrapped store's reset, then what the wrapper does once it is
 /// done (end what it holds of the key), before the answer is returned; also if the future is

@@ -475,3 +475,38 @@ fn a_lease_forgotten_after_a_reset_elsewhere_leaves_a_full_quota() {
     assert_eq!(a.outstanding_units(), 0);
     assert_eq!(admitted_until_denied(&a, b"k", &limit), 20);
 }
+
+/// Through the `Forget` trait (what a watch of announced resets calls), over an `Arc` as a
+/// gateway shares its cache: `forget` ends one key's denials under one limit, and
+/// `forget_unheard` every denial (resets may have gone unheard), while a `Leasing` keeps its
+/// leases on `forget_unheard` and ends one on `forget`.
+#[test]
+fn forget_through_the_trait() {
+    use ratelimit_core::Forget;
+    let clock = ManualClock::new();
+    let cache = Arc::new(cached(&clock));
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(1).unwrap()).unwrap();
+    let denied_and_cached = |key: &[u8]| {
+        let d = now(cache.check(key, &limit, 1)).unwrap();
+        !d.is_allowed() && d.is_cached()
+    };
+    for key in [&b"a"[..], b"b", b"c"] {
+        assert!(now(cache.check(key, &limit, 1)).unwrap().is_allowed());
+        assert!(!now(cache.check(key, &limit, 1)).unwrap().is_allowed());
+        assert!(denied_and_cached(key));
+    }
+    let held: &dyn Forget = &cache;
+    held.forget(b"a", limit.fingerprint());
+    assert!(!denied_and_cached(b"a"));
+    assert!(denied_and_cached(b"b") && denied_and_cached(b"c"));
+    held.forget_unheard();
+    assert!(!denied_and_cached(b"b") && !denied_and_cached(b"c"));
+
+    let leasing = leasing(&clock);
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(20).unwrap()).unwrap();
+    assert!(now(leasing.check(b"k", &limit, 1)).unwrap().is_allowed());
+    Forget::forget_unheard(&leasing);
+    assert_eq!(leasing.outstanding_units(), 9);
+    Forget::forget(&leasing, b"k", limit.fingerprint());
+    assert_eq!(leasing.outstanding_units(), 0);
+}

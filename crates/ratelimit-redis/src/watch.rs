@@ -6,13 +6,13 @@
 //! with [`announce_resets`](crate::RedisStoreBuilder::announce_resets) publishes each reset on a
 //! channel of its prefix, from the reset's own script; a watch subscribes to that channel on a
 //! connection of its own and hands every notice to the application, which ends what its wrappers
-//! hold of that client (`DenialCache::forget`, `Leasing::forget`).
+//! hold of that client ([`ResetNotice::apply`]: `DenialCache::forget`, `Leasing::forget`).
 //!
 //! Redis's pub/sub delivers at most once: a notice published while a watch is not subscribed (its
 //! connection lost, Redis restarting) is not delivered later. So the watch tells its handler each
 //! time it has (re)subscribed ([`ResetNotice::Subscribed`]), and the handler drops everything its
-//! wrappers hold that a missed reset may have ended (`DenialCache::clear`): one more store call
-//! per client, never a stale denial. A subscription that goes silent (a frozen server, a
+//! wrappers hold that a missed reset may have ended (`DenialCache::clear`, through
+//! [`Forget::forget_unheard`]): one more store call per client, never a stale denial. A subscription that goes silent (a frozen server, a
 //! partition that closes nothing) is found by a `PING` after a second without a message, given
 //! up after the store's response timeout, and made again.
 
@@ -24,6 +24,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use futures_core::Stream;
+use ratelimit_core::Forget;
 use redis::aio::{PubSubSink, PubSubStream};
 use redis::{ConnectionInfo, RedisError, Value};
 
@@ -74,6 +75,24 @@ pub enum ResetNotice<'a> {
     /// subscribed, were not heard. Drop what a missed reset may have ended
     /// (`DenialCache::clear`).
     Subscribed,
+}
+
+impl ResetNotice<'_> {
+    /// Hands this notice to a wrapper that holds answers of the store in this process: a reset
+    /// to its [`forget`](Forget::forget), a subscription to its
+    /// [`forget_unheard`](Forget::forget_unheard) (a `DenialCache` then drops every denial, since
+    /// resets may have gone unheard before it). The handler of a watch over a `DenialCache`
+    /// (or an `Arc` of one) is then `move |notice| notice.apply(&cache)`; over a `DenialCache` and
+    /// a `Leasing`, apply it to each.
+    pub fn apply(&self, to: &(impl Forget + ?Sized)) {
+        match *self {
+            ResetNotice::Reset {
+                key,
+                limit_fingerprint,
+            } => to.forget(key, limit_fingerprint),
+            ResetNotice::Subscribed => to.forget_unheard(),
+        }
+    }
 }
 
 /// A running reset watch ([`RedisStore::watch_resets`]): a task of its own, which ends when this
@@ -163,12 +182,8 @@ impl RedisStore {
     ///     .build()
     ///     .await?;
     /// let cache = DenialCache::new(redis.clone(), SystemClock::new());
-    /// let forget = cache.clone(); // shares the cache's denials
-    /// let _watch = redis.watch_resets(move |notice| match notice {
-    ///     ResetNotice::Reset { key, limit_fingerprint } => forget.forget(key, limit_fingerprint),
-    ///     // (Re)subscribed: a reset may have been missed meanwhile.
-    ///     _ => forget.clear(),
-    /// })?;
+    /// let heard = cache.clone(); // shares the cache's denials
+    /// let _watch = redis.watch_resets(move |notice: ResetNotice<'_>| notice.apply(&heard))?;
     /// // ... the layer over `cache`; keep `_watch` for as long as it serves.
     /// # Ok(())
     /// # }

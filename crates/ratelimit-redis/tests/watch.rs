@@ -202,16 +202,10 @@ async fn a_reset_through_one_gateway_ends_anothers_cached_denial() {
     let a = DenialCache::new(redis_a.clone(), SystemClock::new());
     let b = DenialCache::new(redis_b, SystemClock::new());
     let (tx, mut heard) = mpsc::unbounded_channel();
-    let forget = a.clone();
+    let heard_by = a.clone();
     let _watch = redis_a
         .watch_resets(move |notice| {
-            match notice {
-                ResetNotice::Reset {
-                    key,
-                    limit_fingerprint,
-                } => forget.forget(key, limit_fingerprint),
-                _ => forget.clear(),
-            }
+            notice.apply(&heard_by);
             let _ = tx.send(());
         })
         .unwrap();

@@ -142,17 +142,11 @@ async fn a_reset_through_one_gateway_ends_the_cached_denials_of_the_others() {
             .await
             .expect("store");
         let cache = Arc::new(DenialCache::new(store.clone(), SystemClock::new()));
-        let (forget, heard) = (Arc::clone(&cache), heard.clone());
+        let (heard_by, heard) = (Arc::clone(&cache), heard.clone());
         watches.push(
             store
                 .watch_resets(move |notice| {
-                    match notice {
-                        ResetNotice::Reset {
-                            key,
-                            limit_fingerprint,
-                        } => forget.forget(key, limit_fingerprint),
-                        _ => forget.clear(),
-                    }
+                    notice.apply(&heard_by);
                     let _ = heard.send(matches!(notice, ResetNotice::Reset { .. }));
                 })
                 .expect("watch"),
