@@ -103,7 +103,8 @@ pub struct ResetWatch {
 }
 
 impl ResetWatch {
-    /// Whether the watch is subscribed now (false while it subscribes, first or again).
+    /// Whether the watch is subscribed now (false while it subscribes, first or again, and once
+    /// its task has ended: its runtime shut down, or its handler panicked).
     pub fn is_subscribed(&self) -> bool {
         self.subscribed.load(Ordering::Acquire)
     }
@@ -161,7 +162,7 @@ impl RedisStore {
     /// hands each to `handler`, on a task of its own, for as long as the returned watch is kept:
     /// the way a gateway's `DenialCache` and `Leasing` learn that another gateway reset a
     /// client. The handler runs on the watch's task, one notice at a time: keep it short (ending a
-    /// key's entry is).
+    /// key's entry is), and do not let it panic (the watch's task would end with it).
     ///
     /// The watch subscribes on a connection of its own (a cluster's seed nodes in turn; a
     /// cluster delivers a publication to every node), and again whenever that connection is lost
@@ -218,6 +219,15 @@ async fn watch(
     handler: Arc<Handler>,
     subscribed: Arc<AtomicBool>,
 ) {
+    // Not subscribed once the task ends, however it ends (the watch dropped, the runtime shut
+    // down, a handler that panicked).
+    struct Unsubscribed(Arc<AtomicBool>);
+    impl Drop for Unsubscribed {
+        fn drop(&mut self) {
+            self.0.store(false, Ordering::Release);
+        }
+    }
+    let _unsubscribed = Unsubscribed(Arc::clone(&subscribed));
     let mut wait = RETRY_MIN;
     for info in infos.iter().cycle() {
         match subscribe(info, &channel, subscribe_within).await {

@@ -359,3 +359,32 @@ async fn announcing_and_watching_need_the_channel() {
 /// The commands of the least-privilege user of docs/redis.md ("Access control").
 const LEAST_PRIVILEGE: &str = "+evalsha +script|load +ping +time +get +set +hmget +hset \
     +lindex +llen +lrange +lset +ltrim +rpush +pexpire";
+
+/// A handler that panics ends the watch's task: the watch then says it is not subscribed,
+/// rather than claiming a subscription nothing reads.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_whose_handler_panicked_is_not_subscribed() {
+    let server = RedisServer::start();
+    let a = store(&server.url(), &unique_prefix("watch-panic"), true).await;
+    let (tx, mut heard) = mpsc::unbounded_channel();
+    let w = a
+        .watch_resets(move |notice| {
+            let _ = tx.send(());
+            if let ResetNotice::Reset { .. } = notice {
+                panic!("a handler's bug");
+            }
+        })
+        .unwrap();
+    tokio::time::timeout(SOON, heard.recv()).await.unwrap();
+    assert!(w.is_subscribed());
+    a.reset(b"alice", &limit()).await.unwrap();
+    tokio::time::timeout(SOON, heard.recv()).await.unwrap();
+    let deadline = tokio::time::Instant::now() + SOON;
+    while w.is_subscribed() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still said to be subscribed"
+        );
+        tokio::task::yield_now().await;
+    }
+}
