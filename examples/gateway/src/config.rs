@@ -146,6 +146,12 @@ pub struct StoreConfig {
     /// do meanwhile, since no check gives units back.
     #[serde(default)]
     pub denial_cache: bool,
+    /// End this gateway's cached denials of a client as soon as any process resets the client
+    /// through Redis with its resets announced (`ratelimit_redis::RedisStore::watch_resets`;
+    /// default false): a client an admin tool lets back in is let in here at once, not at the
+    /// end of its cached wait. Needs `denial_cache`.
+    #[serde(default)]
+    pub watch_resets: bool,
     /// Merge the checks of one key that arrive while one of them is on its way to Redis into
     /// one script call (`ratelimit_redis::Coalescing`; default false). Exact: the checks are
     /// decided in order at the instant the call runs.
@@ -169,6 +175,7 @@ impl Default for StoreConfig {
             max_keys: None,
             circuit_breaker: BreakerConfig::default(),
             denial_cache: false,
+            watch_resets: false,
             coalesce: false,
         }
     }
@@ -721,12 +728,20 @@ impl StoreConfig {
             ("store.tls_ca_file", self.tls_ca_file.is_some()),
             // The in-memory store answers at once, and keeps its own memo of denials.
             ("store.denial_cache", self.denial_cache),
+            ("store.watch_resets", self.watch_resets),
             ("store.coalesce", self.coalesce),
         ];
         if !redis && let Some((field, _)) = redis_only.iter().find(|(_, set)| *set) {
             return Err(ConfigError::new(
                 *field,
                 "only used when kind is \"redis\" or \"redis_cluster\"",
+            ));
+        }
+        if self.watch_resets && !self.denial_cache {
+            return Err(ConfigError::new(
+                "store.watch_resets",
+                "needs denial_cache = true: without the cache this gateway holds nothing a reset \
+                 must end",
             ));
         }
         self.validate_tls()?;

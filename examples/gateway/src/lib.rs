@@ -23,8 +23,10 @@ use axum::http::{Method, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{MethodRouter, get, post};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use ratelimit_core::{DenialCache, MemoryStore, Store, SystemClock};
-use ratelimit_redis::{Coalescing, LazyRedisStore, RedisStore, RedisStoreBuilder, RedisStoreError};
+use ratelimit_core::{DenialCache, Forget, MemoryStore, Store, SystemClock};
+use ratelimit_redis::{
+    Coalescing, LazyRedisStore, RedisStore, RedisStoreBuilder, RedisStoreError, ResetWatch,
+};
 use tower_ratelimit::client_ip::ClientIp;
 use tower_ratelimit::key::{ApiKeyHeader, ClientIpKey, GlobalKey};
 use tower_ratelimit::{CircuitBreaker, ForwardedHeader, Policy, RateLimitLayer};
@@ -135,7 +137,7 @@ pub async fn app(config: &Config) -> Result<Router, StartError> {
                 .max_keys(store.max_keys())
                 .build()
                 .map_err(|e| ConfigError::new("store.max_keys", e))?;
-            Ok(router(config, Arc::new(memory), policies, metrics)?)
+            Ok(router(config, Arc::new(memory), policies, metrics, None)?)
         }
         config::StoreKind::Redis | config::StoreKind::RedisCluster => {
             let builder = redis_builder(store)?;
@@ -160,16 +162,30 @@ pub async fn app(config: &Config) -> Result<Router, StartError> {
             // The denial cache in front (a cached denial needs no call at all), then the
             // coalescing of the calls that remain. Its clock: the Redis store counts on the
             // server's, and a denial's wait is a duration, timed here.
+            // Resets announced through Redis end this gateway's cached denials at once; the
+            // watch lives as long as the router (its `/health` route holds it).
+            let watch = |heard: Arc<dyn Forget + Send + Sync>| -> Result<_, StartError> {
+                if !store.watch_resets {
+                    return Ok(None);
+                }
+                let watch = redis
+                    .watch_resets(move |notice| notice.apply(&heard))
+                    .map_err(|e| start_error(store, e))?;
+                Ok(Some(Arc::new(watch)))
+            };
             Ok(match (store.denial_cache, store.coalesce) {
-                (false, false) => router(config, redis, policies, metrics)?,
-                (false, true) => router(config, Coalescing::new(redis), policies, metrics)?,
+                (false, false) => router(config, redis, policies, metrics, None)?,
+                (false, true) => router(config, Coalescing::new(redis), policies, metrics, None)?,
                 (true, false) => {
-                    let cached = DenialCache::new(redis, SystemClock::new());
-                    router(config, cached, policies, metrics)?
+                    let cached = DenialCache::new(redis.clone(), SystemClock::new());
+                    let watch = watch(Arc::new(cached.clone()))?;
+                    router(config, cached, policies, metrics, watch)?
                 }
                 (true, true) => {
-                    let cached = DenialCache::new(Coalescing::new(redis), SystemClock::new());
-                    router(config, cached, policies, metrics)?
+                    let cached =
+                        DenialCache::new(Coalescing::new(redis.clone()), SystemClock::new());
+                    let watch = watch(Arc::new(cached.clone()))?;
+                    router(config, cached, policies, metrics, watch)?
                 }
             })
         }
@@ -273,6 +289,7 @@ fn router<St>(
     store: St,
     policies: Vec<(String, Policy)>,
     metrics: PrometheusHandle,
+    reset_watch: Option<Arc<ResetWatch>>,
 ) -> Result<Router, ConfigError>
 where
     St: Store + Clone,
@@ -318,6 +335,11 @@ where
         app = app.route(endpoint, handler);
     }
     // Never limited (see `config::ENDPOINTS`).
+    // The reset watch, if any, lives as long as a clone of the router does.
+    let health = move || {
+        let _watch = &reset_watch;
+        health()
+    };
     Ok(app.route("/health", get(health)).route(
         "/metrics",
         get(move || {

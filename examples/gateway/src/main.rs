@@ -176,10 +176,14 @@ async fn received(signal: Option<&mut tokio::signal::unix::Signal>) {
 /// A one-line description of the configured store.
 fn describe_store(config: &Config) -> String {
     let s = &config.store;
-    let extras: Vec<&str> = [(s.denial_cache, "denial cache"), (s.coalesce, "coalescing")]
-        .iter()
-        .filter_map(|&(on, name)| on.then_some(name))
-        .collect();
+    let extras: Vec<&str> = [
+        (s.denial_cache, "denial cache"),
+        (s.watch_resets, "reset watch"),
+        (s.coalesce, "coalescing"),
+    ]
+    .iter()
+    .filter_map(|&(on, name)| on.then_some(name))
+    .collect();
     let extras = if extras.is_empty() {
         String::new()
     } else {

@@ -577,6 +577,17 @@ async fn bad_configurations_fail_naming_the_field() {
             "store.denial_cache: only used when kind is \"redis\" or \"redis_cluster\"",
         ),
         (
+            "[store]\nwatch_resets = true\n".to_owned()
+                + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
+            "store.watch_resets: only used when kind is \"redis\" or \"redis_cluster\"",
+        ),
+        (
+            "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\nwatch_resets = true\n"
+                .to_owned()
+                + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
+            "store.watch_resets: needs denial_cache = true",
+        ),
+        (
             "[store]\ncircuit_breaker = { failures = 2000000 }\n".to_owned()
                 + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
             "store.circuit_breaker.failures: must be from 1 to 1000000",
@@ -952,6 +963,78 @@ async fn the_denial_cache_and_coalescing_ask_redis_less_with_the_same_answers() 
     assert_eq!(statuses.iter().filter(|&&s| s == 200).count(), 20);
     assert_eq!(statuses.iter().filter(|&&s| s == 429).count(), 20);
     assert!(calls < 40, "{calls} calls for 40 requests");
+}
+
+/// `watch_resets`: a client that a process outside the gateways (an admin tool whose store
+/// announces its resets) lets back in is let in at once by gateways that watch, while one that
+/// does not answers its cached 429 until the wait is over.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watching_gateway_lets_a_reset_client_in_at_once() {
+    use ratelimit_core::{Algorithm, Limit, Quota};
+    let server = redis_harness::RedisServer::start();
+    let text = |watch: bool| {
+        format!(
+            "[store]\nkind = \"redis\"\nurl = \"{}\"\nprefix = \"wr\"\ntimeout_ms = 2000\n\
+             denial_cache = true\nwatch_resets = {watch}\n\
+             [[routes]]\npath = \"/api\"\nkey = {{ source = \"header\", name = \"x-api-key\" }}\n\
+             [routes.policy]\nname = \"api\"\nalgorithm = \"gcra\"\n\
+             quotas = [{{ limit = 3, per = \"minute\" }}]\n",
+            server.url()
+        )
+    };
+    let watching = Config::from_toml(&text(true)).unwrap();
+    let (a, b) = (app(&watching).await.unwrap(), app(&watching).await.unwrap());
+    let c = app(&Config::from_toml(&text(false)).unwrap())
+        .await
+        .unwrap();
+    // Both watches subscribed (Redis counts them).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while server.cli(&["pubsub", "numsub", "wr:resets"]) != "wr:resets\n2" {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the watches did not subscribe"
+        );
+        tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+    }
+    let peer = "192.0.2.91:1";
+    let get = |app: &Router| {
+        let app = app.clone();
+        async move { status(&app, "GET", "/api/items", peer, Some("k")).await }
+    };
+    for gateway in [&a, &b, &c] {
+        let _ = get(gateway).await;
+    }
+    for gateway in [&a, &b, &c] {
+        assert_eq!(get(gateway).await, 429);
+    }
+    // Each gateway now answers from its cache: no more calls to Redis.
+    let calls = server.script_calls();
+    for gateway in [&a, &b, &c] {
+        assert_eq!(get(gateway).await, 429);
+    }
+    assert_eq!(server.script_calls(), calls);
+
+    // An admin tool resets the key (the layer's key: the policy's name, a 0 byte, the header).
+    let admin = ratelimit_redis::RedisStore::builder(server.url())
+        .prefix("wr")
+        .announce_resets(true)
+        .build()
+        .await
+        .unwrap();
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_minute(3).unwrap()).unwrap();
+    admin.reset(b"api\0k", &limit).await.unwrap();
+    // The watching gateways let the client in once their watches have heard; the other keeps
+    // its cached denial.
+    for gateway in [&a, &b] {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        while get(gateway).await != 200 {
+            assert!(std::time::Instant::now() < deadline, "still denied");
+            tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+        }
+    }
+    assert_eq!(get(&c).await, 429);
+    assert_eq!(get(&a).await, 200);
+    assert_eq!(get(&a).await, 429);
 }
 
 /// The longest `timeout_ms` the configuration accepts (an hour) starts a Redis gateway: the
