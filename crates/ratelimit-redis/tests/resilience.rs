@@ -4,7 +4,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::unique_prefix;
+use common::{LEAST_PRIVILEGE, unique_prefix};
 use ratelimit_core::{Algorithm, Limit, Quota};
 use ratelimit_redis::{RedisStore, RedisStoreBuilder, RedisStoreError};
 use redis_harness::RedisServer;
@@ -262,10 +262,6 @@ async fn a_reset_needs_del_on_top_of_the_least_privilege() {
     resetter.reset(b"u", &limit).await.unwrap();
     assert!(limiter.check(b"u", &limit, 1).await.unwrap().is_allowed());
 }
-
-/// The commands of the least-privilege user of docs/redis.md ("Access control").
-const LEAST_PRIVILEGE: &str = "+evalsha +script|load +ping +time +get +set +hmget +hset \
-    +lindex +llen +lrange +lset +ltrim +rpush +pexpire";
 
 /// The longest timeouts accepted (an hour) work: a check's deadline is counted without
 /// overflow. Longer ones are refused (`bad_settings_are_typed_errors`); before, a

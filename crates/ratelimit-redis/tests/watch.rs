@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::unique_prefix;
+use common::{LEAST_PRIVILEGE, unique_prefix};
 use ratelimit_core::{Algorithm, DenialCache, Limit, Quota, Store, SystemClock};
 use ratelimit_redis::{RedisStore, ResetNotice, ResetWatch};
 use redis_harness::proxy::Proxy;
@@ -355,10 +355,6 @@ async fn announcing_and_watching_need_the_channel() {
     );
     assert!(resetter.check(b"u", &limit, 1).await.unwrap().is_allowed());
 }
-
-/// The commands of the least-privilege user of docs/redis.md ("Access control").
-const LEAST_PRIVILEGE: &str = "+evalsha +script|load +ping +time +get +set +hmget +hset \
-    +lindex +llen +lrange +lset +ltrim +rpush +pexpire";
 
 /// A handler that panics ends the watch's task: the watch then says it is not subscribed,
 /// rather than claiming a subscription nothing reads.

@@ -7,6 +7,10 @@ use std::time::Duration;
 use ratelimit_core::{Decision, Limit, ManualClock, MemoryStore};
 use ratelimit_redis::{RedisStore, RedisStoreBuilder};
 
+/// The commands of the least-privilege user of docs/redis.md ("Access control").
+pub const LEAST_PRIVILEGE: &str = "+evalsha +script|load +ping +time +get +set +hmget +hset \
+    +lindex +llen +lrange +lset +ltrim +rpush +pexpire";
+
 /// A prefix no other test of this process uses.
 pub fn unique_prefix(name: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
