@@ -137,10 +137,10 @@ impl<St: Reset> Resetter<St> {
     /// lifting a block). `client` is written into the key as the policy's extractor writes it:
     /// for [`ApiKeyHeader`](crate::key::ApiKeyHeader), the header's value (a `&str` or a
     /// `HeaderValue`, without surrounding spaces); for
-    /// [`ExtensionKey<T>`](crate::key::ExtensionKey), the `T` (its [`KeyPart`]). Keys made of
-    /// several parts (a tuple, [`or`](crate::key::or)), and IP keys, which the extractors group by
-    /// network, are not one value: reset those with [`reset`](Resetter::reset) and a request
-    /// built to carry what the extractor reads.
+    /// [`ExtensionKey<T>`](crate::key::ExtensionKey), the `T` (its [`KeyPart`]). IP keys, which
+    /// the extractors group by network, are reset with [`reset_ip`](Resetter::reset_ip); keys
+    /// made of several parts (a tuple, [`or`](crate::key::or)) are not one value: reset those
+    /// with [`reset`](Resetter::reset) and a request built to carry what the extractor reads.
     ///
     /// ```
     /// use tower_ratelimit::{Algorithm, Limit, MemoryStore, Policy, Quota, RateLimitLayer};
@@ -176,10 +176,47 @@ impl<St: Reset> Resetter<St> {
         &self,
         req: &RequestHead<'_>,
     ) -> impl Future<Output = Result<(), ResetError<St::Error>>> + Send + 'static {
+        self.reset_key(self.key_of(req))
+    }
+
+    /// Forgets what the client at `ip` has spent, for a policy keyed by the client's address
+    /// ([`PeerIp`](crate::key::PeerIp), [`ClientIpKey`](crate::key::ClientIpKey)): its key as
+    /// a request straight from `ip` (no proxy in between) gets it, grouped as the extractor
+    /// groups addresses, so an IPv6 address resets its whole prefix (/64 by default), as the
+    /// limit counts it. A key with other parts (a header, an extension, the route) finds none
+    /// in such a request: [`ResetError::NoKey`]; reset those with [`reset`](Resetter::reset)
+    /// and a request that carries them.
+    ///
+    /// ```
+    /// use tower_ratelimit::{Algorithm, Limit, MemoryStore, Policy, Quota, RateLimitLayer};
+    /// use tower_ratelimit::key::PeerIp;
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(5)?)?;
+    /// let policy = Policy::new("login", limit)?.key(PeerIp::new());
+    /// let layer = RateLimitLayer::new(MemoryStore::new(), policy)?;
+    /// // Support lets an office's address back in.
+    /// layer.resetter().reset_ip("203.0.113.9".parse()?).await?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "axum")]
+    pub fn reset_ip(
+        &self,
+        ip: std::net::IpAddr,
+    ) -> impl Future<Output = Result<(), ResetError<St::Error>>> + Send + 'static {
+        let mut req = http::Request::new(());
+        req.extensions_mut()
+            .insert(axum::extract::ConnectInfo(std::net::SocketAddr::new(ip, 0)));
+        self.reset_key(self.key_of(&RequestHead::of(&req)))
+    }
+
+    /// `req`'s (namespaced) key as the layer extracts it; `None`: it has none.
+    fn key_of(&self, req: &RequestHead<'_>) -> Option<KeyBuf> {
         let rt = &*self.shared.rt;
         let mut key = rt.key_start.clone();
-        let extracted = rt.policy.key.extract(req, &mut key);
-        self.reset_key(extracted.ok().map(|()| key))
+        rt.policy.key.extract(req, &mut key).ok().map(|()| key)
     }
 
     /// Resets the (namespaced) `key` under every limit of the policy; `None`: no key.

@@ -474,3 +474,88 @@ async fn the_resets_of_every_limit_are_sent_together() {
     assert_eq!(start.elapsed(), Duration::from_millis(40));
     assert_eq!(sent.load(std::sync::atomic::Ordering::SeqCst), 3);
 }
+
+/// `reset_ip`: a policy keyed by the peer's address forgets one client's count by its address
+/// alone (an IPv6 client by its /64, as the limit counts it), and no other client's; behind
+/// trusted proxies, the client's address as the proxies report it.
+#[tokio::test]
+async fn an_ip_client_is_reset_by_its_address() {
+    use tower_ratelimit::client_ip::ClientIp;
+    use tower_ratelimit::key::{ClientIpKey, PeerIp};
+    let limit = || Limit::single(Algorithm::TokenBucket, Quota::per_minute(2).unwrap()).unwrap();
+    let (_clock, memory) = store();
+    let layer = RateLimitLayer::new(
+        memory,
+        Policy::new("ip", limit()).unwrap().key(PeerIp::new()),
+    )
+    .unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(layer.clone());
+    let from = |peer: &'static str| move || common::request_from("/", peer);
+    for peer in [
+        "203.0.113.9:1000",
+        "203.0.113.10:1000",
+        "[2001:db8::1]:1000",
+    ] {
+        assert_eq!(
+            statuses(&app, from(peer), 3).await,
+            [200, 200, 429],
+            "{peer}"
+        );
+    }
+    let resetter = layer.resetter();
+    resetter
+        .reset_ip("203.0.113.9".parse().unwrap())
+        .await
+        .unwrap();
+    // Another address of the same /64.
+    resetter
+        .reset_ip("2001:db8::ffff".parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(
+        statuses(&app, from("203.0.113.9:2000"), 3).await,
+        [200, 200, 429]
+    );
+    assert_eq!(
+        statuses(&app, from("[2001:db8::1]:2000"), 3).await,
+        [200, 200, 429]
+    );
+    assert_eq!(statuses(&app, from("203.0.113.10:2000"), 1).await, [429]);
+
+    // Behind a trusted proxy: the address it reports.
+    let (_clock, memory) = store();
+    let key = ClientIpKey::new(ClientIp::behind_proxies(["10.0.0.10/32"]).unwrap());
+    let layer = RateLimitLayer::new(memory, Policy::new("ip", limit()).unwrap().key(key)).unwrap();
+    let app = Router::new()
+        .route("/", get(|| async { "ok" }))
+        .route_layer(layer.clone());
+    let proxied = || {
+        with_header(
+            common::request_from("/", "10.0.0.10:1000"),
+            "x-forwarded-for",
+            "198.51.100.7",
+        )
+    };
+    assert_eq!(statuses(&app, proxied, 3).await, [200, 200, 429]);
+    layer
+        .resetter()
+        .reset_ip("198.51.100.7".parse().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(statuses(&app, proxied, 3).await, [200, 200, 429]);
+}
+
+/// A key with a part that a bare address does not carry (here a header) is not reset by
+/// address: `NoKey`, and nothing is forgotten.
+#[tokio::test]
+async fn reset_ip_of_a_key_with_other_parts_is_no_key() {
+    let (_clock, memory) = store();
+    let layer = RateLimitLayer::new(memory, login_policy()).unwrap();
+    let result = layer
+        .resetter()
+        .reset_ip("203.0.113.9".parse().unwrap())
+        .await;
+    assert!(matches!(result, Err(ResetError::NoKey)), "{result:?}");
+}
