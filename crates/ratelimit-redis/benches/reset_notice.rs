@@ -43,8 +43,11 @@ fn line(name: &str, h: &Histogram<u64>, baseline_p50: u64) {
 }
 
 fn main() {
-    let resets = env("BENCH_RESETS", 2_000);
-    let rounds = env("BENCH_ROUNDS", 3);
+    // `cargo bench` passes `--bench`; `cargo test --all-targets` runs this binary without it, and
+    // then a short smoke run checks that it works.
+    let smoke = !std::env::args().any(|a| a == "--bench");
+    let resets = env("BENCH_RESETS", if smoke { 100 } else { 2_000 });
+    let rounds = env("BENCH_ROUNDS", if smoke { 1 } else { 3 }).max(1);
     let server = RedisServer::start();
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(1)
