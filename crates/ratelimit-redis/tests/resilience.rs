@@ -185,9 +185,7 @@ async fn a_least_privilege_acl_user_is_enough() {
             "user limiter on >l1miter resetkeys ~acl-rl:* -@all {LEAST_PRIVILEGE}"
         ))
         .start();
-    let url = format!("redis://limiter:l1miter@127.0.0.1:{}", server.port());
-    let store = RedisStore::builder(url.as_str())
-        .prefix("acl-rl")
+    let store = common::acl_store(server.port(), "limiter", "l1miter")
         .build()
         .await
         .unwrap();
@@ -216,7 +214,7 @@ async fn a_least_privilege_acl_user_is_enough() {
         }
     }
     // The same user with another prefix: its keys are outside the pattern.
-    let other = RedisStore::builder(url.as_str())
+    let other = common::acl_store(server.port(), "limiter", "l1miter")
         .prefix("elsewhere")
         .build()
         .await
@@ -240,14 +238,8 @@ async fn a_reset_needs_del_on_top_of_the_least_privilege() {
             "user resetter on >r3setter resetkeys ~acl-rl:* -@all {LEAST_PRIVILEGE} +del"
         ))
         .start();
-    let store = |user: &str, password: &str| {
-        RedisStore::builder(format!(
-            "redis://{user}:{password}@127.0.0.1:{}",
-            server.port()
-        ))
-        .prefix("acl-rl")
-        .build()
-    };
+    let store =
+        |user: &str, password: &str| common::acl_store(server.port(), user, password).build();
     let limiter = store("limiter", "l1miter").await.unwrap();
     let resetter = store("resetter", "r3setter").await.unwrap();
     let limit = Limit::single(Algorithm::SlidingLog, Quota::per_minute(1).unwrap()).unwrap();

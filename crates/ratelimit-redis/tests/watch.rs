@@ -329,13 +329,9 @@ async fn announcing_and_watching_need_the_channel() {
         ))
         .start();
     let store = |user: &str, password: &str| {
-        RedisStore::builder(format!(
-            "redis://{user}:{password}@127.0.0.1:{}",
-            server.port()
-        ))
-        .prefix("acl-rl")
-        .announce_resets(true)
-        .build()
+        common::acl_store(server.port(), user, password)
+            .announce_resets(true)
+            .build()
     };
     let resetter = store("resetter", "r3setter").await.unwrap();
     let announcer = store("announcer", "ann0uncer").await.unwrap();

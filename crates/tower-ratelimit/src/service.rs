@@ -359,21 +359,26 @@ impl Post {
 
     /// Adds the headers and the verdict to `response` where it is.
     pub(crate) fn apply_to<R>(self, response: &mut Response<R>) {
-        self.apply(response, None);
+        self.apply(response, false);
     }
 
-    /// [`apply_to`](Self::apply_to), the fields telling `fields` instead of the check's decision
-    /// if given (the verdict keeps the check's).
+    /// [`apply_to`](Self::apply_to); if `after_reset`, the fields tell the full quota the
+    /// client's count was reset to instead of the check's decision (the verdict keeps the
+    /// check's).
     #[inline(always)]
-    fn apply<R>(self, response: &mut Response<R>, fields: Option<Decision>) {
+    fn apply<R>(self, response: &mut Response<R>, after_reset: bool) {
         if let (true, Some(d)) = (self.headers, &self.decision) {
-            let d = fields.as_ref().unwrap_or(d);
+            let tier = &self.rt.tiers[self.tier];
+            let full;
+            let d = if after_reset {
+                full = tier.full();
+                &full
+            } else {
+                d
+            };
             let fallback = self.kind == VerdictKind::FallbackAllowed;
-            self.rt.tiers[self.tier].prepared(fallback).write(
-                response.headers_mut(),
-                self.rt.policy.headers,
-                d,
-            );
+            tier.prepared(fallback)
+                .write(response.headers_mut(), self.rt.policy.headers, d);
         }
         // An inner rate-limit layer's verdict stays: it is the one that decided this response (as
         // its header fields stay), unless it only let the request through and this layer has
@@ -397,8 +402,7 @@ impl Post {
     ) -> Response<M::Body> {
         let mut response = response.map(M::inner);
         if let Some(post) = post {
-            let fields = reset.then(|| post.rt.tiers[post.tier].full());
-            post.apply(&mut response, fields);
+            post.apply(&mut response, reset);
         }
         response
     }

@@ -69,6 +69,17 @@ fn attempt(user: &str, password: &str) -> http::Request<axum::body::Body> {
     )
 }
 
+/// `user` fails twice (401s, let through), then signs in (204): the sign-in's response.
+async fn signs_in_after_two_failures(app: &Router, user: &str) -> Response {
+    assert_eq!(
+        statuses(app, || attempt(user, "guess"), 2).await,
+        [401, 401]
+    );
+    let res = send(app, attempt(user, "hunter2")).await;
+    assert_eq!(res.status(), 204);
+    res
+}
+
 /// Alice's count: how many of four failed attempts pass (3 after a reset, fewer before).
 async fn failures_let_through(app: &Router, user: &str) -> usize {
     statuses(app, || attempt(user, "guess"), 4)
@@ -113,12 +124,7 @@ async fn the_resetting_response_tells_the_full_quota() {
     let (_clock, memory) = store();
     let policy = login_policy().headers(Headers::ietf().legacy(true));
     let app = app(RateLimitLayer::builder(memory, policy));
-    assert_eq!(
-        statuses(&app, || attempt("alice", "guess"), 2).await,
-        [401, 401]
-    );
-    let res = send(&app, attempt("alice", "hunter2")).await;
-    assert_eq!(res.status(), 204);
+    let res = signs_in_after_two_failures(&app, "alice").await;
     assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=3"));
     assert_eq!(header(&res, "ratelimit-policy"), Some("\"login\";q=3;w=60"));
     assert_eq!(header(&res, "x-ratelimit-limit"), Some("3"));
@@ -221,12 +227,7 @@ async fn a_store_that_waits_resets_after_the_response() {
     let (_clock, memory) = store();
     let switch = Arc::new(SwitchStore::new(memory));
     let app = app(RateLimitLayer::builder(switch.clone(), login_policy()));
-    assert_eq!(
-        statuses(&app, || attempt("alice", "guess"), 2).await,
-        [401, 401]
-    );
-    let res = send(&app, attempt("alice", "hunter2")).await;
-    assert_eq!(res.status(), 204);
+    let res = signs_in_after_two_failures(&app, "alice").await;
     assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=3"));
     assert_eq!(failures_let_through(&app, "alice").await, 3);
     assert_eq!(switch.calls(), 2 + 1 + 4);

@@ -162,34 +162,40 @@ pub async fn app(config: &Config) -> Result<Router, StartError> {
             // The denial cache in front (a cached denial needs no call at all), then the
             // coalescing of the calls that remain. Its clock: the Redis store counts on the
             // server's, and a denial's wait is a duration, timed here.
-            // Resets announced through Redis end this gateway's cached denials at once; the
-            // watch lives as long as the router (its `/health` route holds it).
-            let watch = |heard: Arc<dyn Forget + Send + Sync>| -> Result<_, StartError> {
-                if !store.watch_resets {
-                    return Ok(None);
-                }
-                let watch = redis
-                    .watch_resets(move |notice| notice.apply(&heard))
-                    .map_err(|e| start_error(store, e))?;
-                Ok(Some(Arc::new(watch)))
-            };
             Ok(match (store.denial_cache, store.coalesce) {
                 (false, false) => router(config, redis, policies, metrics, None)?,
                 (false, true) => router(config, Coalescing::new(redis), policies, metrics, None)?,
                 (true, false) => {
                     let cached = DenialCache::new(redis.clone(), SystemClock::new());
-                    let watch = watch(Arc::new(cached.clone()))?;
+                    let watch = reset_watch(store, &redis, cached.clone())?;
                     router(config, cached, policies, metrics, watch)?
                 }
                 (true, true) => {
                     let cached =
                         DenialCache::new(Coalescing::new(redis.clone()), SystemClock::new());
-                    let watch = watch(Arc::new(cached.clone()))?;
+                    let watch = reset_watch(store, &redis, cached.clone())?;
                     router(config, cached, policies, metrics, watch)?
                 }
             })
         }
     }
+}
+
+/// With `watch_resets`, a watch of the resets announced through Redis that ends what `heard` (a
+/// clone of the gateway's denial cache) holds of each reset client; it lives as long as the
+/// router (its `/health` route holds it).
+fn reset_watch(
+    store: &config::StoreConfig,
+    redis: &LazyRedisStore,
+    heard: impl Forget + Send + Sync + 'static,
+) -> Result<Option<Arc<ResetWatch>>, StartError> {
+    if !store.watch_resets {
+        return Ok(None);
+    }
+    let watch = redis
+        .watch_resets(move |notice| notice.apply(&heard))
+        .map_err(|e| start_error(store, e))?;
+    Ok(Some(Arc::new(watch)))
 }
 
 /// How much longer the Redis store's own timeout is than the layer's.

@@ -11,6 +11,12 @@ use ratelimit_redis::{RedisStore, RedisStoreBuilder};
 pub const LEAST_PRIVILEGE: &str = "+evalsha +script|load +ping +time +get +set +hmget +hset \
     +lindex +llen +lrange +lset +ltrim +rpush +pexpire";
 
+/// Settings for a store on the server at `port` as the ACL user `user`, under the prefix
+/// `acl-rl` that the ACL tests' users are given.
+pub fn acl_store(port: u16, user: &str, password: &str) -> RedisStoreBuilder {
+    RedisStore::builder(format!("redis://{user}:{password}@127.0.0.1:{port}")).prefix("acl-rl")
+}
+
 /// A prefix no other test of this process uses.
 pub fn unique_prefix(name: &str) -> String {
     static N: AtomicU64 = AtomicU64::new(0);
