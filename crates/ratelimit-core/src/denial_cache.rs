@@ -15,11 +15,19 @@ use std::time::Duration;
 use parking_lot::Mutex;
 use pin_project_lite::pin_project;
 
+use crate::algorithm::MAX_TIME;
 use crate::key_digest::{BuildIdHasher, KeyDigest};
 use crate::memory_store::prev_power_of_two;
 use crate::reset::WrapperResetFuture;
 use crate::time::duration_to_micros as micros;
 use crate::{Algorithm, Clock, ConfigError, Decision, Forget, Limit, Outcome, Quota, Reset, Store};
+
+/// The time on `clock` in µs, as the algorithms count it: past [`MAX_TIME`] (the year 2112) time
+/// stands still for them, so a denial's deadline past it must count from it too, or a cached
+/// denial would run out while the store's does not.
+fn now_on(clock: &impl Clock) -> u64 {
+    clock.now().as_micros().min(MAX_TIME)
+}
 
 /// The default most entries a [`DenialCache`] holds: 100,000 (denials and their keys' records;
 /// 50,000 keys denied at one cost each).
@@ -349,7 +357,7 @@ impl<S: Store, C: Clock + 'static> Store for DenialCache<S, C> {
         if cost == 0 {
             return self.inner.check_cached(key, limit, cost);
         }
-        let now = self.clock.now().as_micros();
+        let now = now_on(&self.clock);
         let kid = self.table.kid(key, limit.fingerprint());
         let id = entry_id(kid, cost);
         let seen = match self.table.lookup(kid, id, now, false) {
@@ -374,7 +382,7 @@ impl<S: Store, C: Clock + 'static> Store for DenialCache<S, C> {
                 },
             };
         }
-        let now = self.clock.now().as_micros();
+        let now = now_on(&self.clock);
         let kid = self.table.kid(key, limit.fingerprint());
         let id = entry_id(kid, cost);
         let seen = match self.table.lookup(kid, id, now, true) {
@@ -931,7 +939,7 @@ fn implied_wait(algorithm: Algorithm, q: &Quota, cost: u64, d: &Decision) -> Opt
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::QuotaSet;
+    use crate::{QuotaSet, Timestamp};
 
     #[test]
     #[cfg(target_arch = "x86_64")]
@@ -1021,6 +1029,34 @@ mod tests {
         cached.clear();
         assert!(cached.is_empty());
         assert!(now(cached.check(b"k", &limit, 1)).unwrap().is_allowed());
+    }
+
+    /// Past the end of the algorithms' time (2^52 µs, the year 2112) time stands still for the
+    /// store: a cached denial must not run out while the store's does not, nor count its
+    /// retry-after down (found by `tests/wrapper_properties.rs`).
+    #[test]
+    fn past_the_end_of_time_a_cached_denial_stands_as_the_stores() {
+        let clock = ManualClock::starting_at(Timestamp::from_micros(MAX_TIME + 100));
+        let (plain, cached) = stores(&clock);
+        let limit = Limit::single(
+            Algorithm::TokenBucket,
+            Quota::per_period(1, Duration::from_micros(2)).unwrap(),
+        )
+        .unwrap();
+        for _ in 0..2 {
+            assert_eq!(
+                now(cached.check(b"k", &limit, 1)).unwrap().is_allowed(),
+                plain.check_now(b"k", &limit, 1).is_allowed()
+            );
+        }
+        for _ in 0..4 {
+            clock.advance(Duration::from_micros(1));
+            let want = plain.check_now(b"k", &limit, 1);
+            let got = now(cached.check(b"k", &limit, 1)).unwrap();
+            assert_eq!(got.outcome(), want.outcome());
+            assert_eq!(got.retry_after(), Some(Duration::from_micros(2)));
+            assert!(got.is_cached());
+        }
     }
 
     fn now<F: Future>(f: F) -> F::Output {
