@@ -144,6 +144,15 @@ const MAX_SHARDS: usize = 16;
 /// Redis store on server time), the two must advance at the same rate; a clock running fast on the
 /// store's side by a fraction `f` makes a cached denial last up to `f × retry_after` too long.
 ///
+/// Caveat: a clock set back (a step of NTP, or a `ManualClock` moved back). A cached denial still
+/// ends at the same reading of the clock as the store's, but its `retry_after` counts down to that
+/// reading from the clock's, while a store that never counts at a time before one it counted at
+/// (as `MemoryStore`) reports it from the latest time it saw: longer, by up to the step. Such a
+/// store in front of which a cache answers some checks sees fewer of them, so its latest time may
+/// be earlier than without the cache, and until the clock has passed the latest time it read
+/// before the step, it may deny a cost that it would have admitted without the cache (found by
+/// proptest; `tests/wrapper_properties.rs` checks the rest with a clock that only moves on).
+///
 /// Caveat: "consumption only hurts" assumes the store keeps the key's state. When the store loses
 /// it (an evicted key of a full `MemoryStore`, a Redis failover to a replica that had not received
 /// it, an operator deleting the key to let a client back in), the store would admit the client at

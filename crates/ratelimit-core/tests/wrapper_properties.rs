@@ -6,6 +6,10 @@
 //! - `Leasing` gateways sharing one store never admit a unit the store did not grant them, and
 //!   account for every granted unit: admitted, held in a lease, or counted as wasted.
 //!
+//! The clock only moves on: set back, a `MemoryStore` counts at the latest time it saw, which
+//! depends on which checks reached it, and the cache answers some (see `DenialCache`'s caveat on a
+//! clock set back).
+//!
 //! Failing cases are saved in `wrapper_properties.proptest-regressions` and replayed first.
 #![forbid(unsafe_code)]
 
