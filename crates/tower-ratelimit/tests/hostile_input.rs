@@ -415,6 +415,16 @@ fn ok_router() -> Router {
 }
 
 fn setup(config: usize, algorithm: Algorithm) -> Setup {
+    setup_with(
+        config,
+        algorithm,
+        Limit::single(algorithm, Quota::per_minute(3).unwrap()).unwrap(),
+    )
+}
+
+/// Configuration `config` with `three` in place of its 3 a minute (the configurations with
+/// limits of their own keep them).
+fn setup_with(config: usize, algorithm: Algorithm, three: Limit) -> Setup {
     let clock = ManualClock::new();
     let store = std::sync::Arc::new(
         ratelimit_core::MemoryStore::builder()
@@ -422,7 +432,6 @@ fn setup(config: usize, algorithm: Algorithm) -> Setup {
             .build()
             .unwrap(),
     );
-    let three = Limit::single(algorithm, Quota::per_minute(3).unwrap()).unwrap();
     let proxies = || ClientIp::behind_proxies([PROXY_V4, PROXY_V6]).unwrap();
     let mut s = Setup {
         app: Router::new(),
@@ -544,13 +553,11 @@ fn setup(config: usize, algorithm: Algorithm) -> Setup {
             s.name = "tiers";
             s.body = BodyKind::Problem;
             // The tier named by the client's own header; unknown names get the base limit.
-            Policy::new(s.name, three)
+            // (The same limit as the base: the fields name one set of items, whichever tier.)
+            Policy::new(s.name, three.clone())
                 .unwrap()
                 .key(ApiKeyHeader::new("x-api-key").unwrap())
-                .tier(
-                    "pro",
-                    Limit::single(algorithm, Quota::per_minute(3).unwrap()).unwrap(),
-                )
+                .tier("pro", three)
                 .unwrap()
                 .resolve_tier(|req| req.headers().get("x-plan").and_then(|v| v.to_str().ok()))
                 .allow(|req| req.uri().path() == "/health")
@@ -1234,7 +1241,14 @@ async fn check(s: &Setup, h: &Hostile, res: Response<Body>) -> Answer {
         );
         let message = header("grpc-message").expect("a grpc-message");
         assert!(!message.is_empty() && !message.contains('%'), "{message:?}");
-        let pushback = header("grpc-retry-pushback-ms").expect("a pushback");
+        // A wait past what grpc-java parses (2^31 - 1 ms) is left unsaid (`DenialBody::Grpc`).
+        let Some(pushback) = header("grpc-retry-pushback-ms") else {
+            assert!(
+                retry_after.is_some_and(|secs| secs >= 2_147_484),
+                "no pushback, for a wait of {retry_after:?} s"
+            );
+            return answer;
+        };
         assert!(
             pushback == "-1" || pushback.parse::<u32>().is_ok_and(|n| n > 0),
             "{pushback:?}"
@@ -1420,6 +1434,93 @@ proptest! {
                     kinds.push(v.kind());
                 }
                 check(&s, h, res).await;
+            }
+            check_counted(&s, requests.len(), &kinds);
+        });
+    }
+}
+
+/// A limit anywhere in what `Limit` accepts: any algorithm, one or two quotas, limits and bursts
+/// from 1 to 2^52, periods from 1 µs to 2^52 µs.
+fn any_limit() -> impl Strategy<Value = Limit> {
+    let n = prop_oneof![1u64..=10, 1u64..=1 << 20, (1u64 << 49)..=1 << 52];
+    let period = prop_oneof![
+        1u64..=3,
+        1u64..=10_000_000,
+        Just(60_000_000u64),
+        (1u64 << 40)..=1 << 52,
+    ];
+    let quota = (n.clone(), period, n).prop_filter_map("a quota", |(limit, period, burst)| {
+        Quota::per_period(limit, Duration::from_micros(period))
+            .ok()?
+            .with_burst(burst)
+            .ok()
+    });
+    (algorithm(), proptest::collection::vec(quota, 1..=2)).prop_filter_map(
+        "a limit",
+        |(algorithm, quotas)| {
+            let quotas = quotas
+                .into_iter()
+                .map(|q| {
+                    if algorithm.uses_burst() {
+                        Some(q)
+                    } else {
+                        q.with_burst(q.limit()).ok()
+                    }
+                })
+                .collect::<Option<Vec<_>>>()?;
+            Limit::new(algorithm, quotas).ok()
+        },
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 256,
+        max_local_rejects: u32::MAX,
+        ..ProptestConfig::default()
+    })]
+
+    /// The same checks of every answer under limits anywhere in what `Limit` accepts (numbers
+    /// past what a structured field may carry, periods of a microsecond and of 142 years, waits
+    /// of under a second and of a century), with costs around the limit's own numbers in the
+    /// client's `x-cost` (read by the configurations that take a cost from it), and time moving
+    /// by fractions of the limit's period.
+    #[test]
+    fn every_answer_is_well_formed_under_any_limit(
+        config in 0..CONFIGS,
+        limit in any_limit(),
+        requests in proptest::collection::vec(
+            (hostile(), 0u64..=1_100, 0u64..=2_000, proptest::bool::weighted(0.3)),
+            1..16,
+        ),
+    ) {
+        let s = setup_with(config, limit.algorithm(), limit.clone());
+        let quota = &limit.quotas()[0];
+        let share = |of: u64, thousandths: u64| {
+            u64::try_from(u128::from(of) * u128::from(thousandths) / 1_000).unwrap()
+        };
+        runtime().block_on(async {
+            let mut kinds = Vec::new();
+            for (h, cost, step, costed) in &requests {
+                let mut h = h.clone();
+                // Most requests from one peer, so that they share a key.
+                h.peer = Some("203.0.113.9:5000".parse().unwrap());
+                h.advance_ms = 0;
+                if *costed {
+                    h.headers.retain(|(n, _)| n != "x-cost");
+                    let cost = share(quota.burst().max(quota.limit()), *cost);
+                    h.headers.push((
+                        HeaderName::from_static("x-cost"),
+                        HeaderValue::from(cost),
+                    ));
+                }
+                s.clock.advance(Duration::from_micros(share(quota.period_micros(), *step)));
+                let res = s.app.clone().oneshot(h.request()).await.unwrap();
+                if let Some(v) = res.extensions().get::<Verdict>() {
+                    kinds.push(v.kind());
+                }
+                check(&s, &h, res).await;
             }
             check_counted(&s, requests.len(), &kinds);
         });
