@@ -1068,3 +1068,171 @@ fn a_cool_down_is_between_a_millisecond_and_an_hour() {
         assert_eq!(CircuitBreaker::new(5, good).unwrap().cool_down(), good);
     }
 }
+
+/// Any configuration that parses, with numbers anywhere in their types (0, 1, around 2^52, up to
+/// `u64::MAX`) and names of any characters, is either refused by `into_policy` or
+/// `RateLimitLayer::new` with a typed error that names where it is, or serves: never a panic. A
+/// served policy answers each request with a 200 or a 429, its fields well formed.
+#[cfg(feature = "serde")]
+mod any_configuration {
+    use super::*;
+    use proptest::prelude::*;
+    use tower_ratelimit::config::PolicyConfig;
+
+    fn number() -> impl Strategy<Value = u64> {
+        prop_oneof![
+            1 => Just(0u64),
+            4 => 1u64..=5,
+            4 => 1u64..=100_000,
+            1 => (1u64 << 51)..=(1 << 53),
+            1 => Just(u64::MAX),
+            1 => any::<u64>(),
+        ]
+    }
+
+    fn name() -> impl Strategy<Value = String> {
+        prop_oneof![
+            3 => "[a-z]{1,8}",
+            1 => Just(String::new()),
+            1 => any::<String>(),
+            1 => "[\"\\\\ ,;=\\t]{1,4}",
+        ]
+    }
+
+    fn quota() -> impl Strategy<Value = String> {
+        (
+            number(),
+            prop_oneof![
+                3 => Just("per = \"second\"".to_owned()),
+                1 => Just("per = \"day\"".to_owned()),
+                2 => number().prop_map(|ms| format!("period_ms = {}", ms.min(i64::MAX as u64))),
+            ],
+            proptest::option::weighted(0.2, number()),
+        )
+            .prop_map(|(limit, per, burst)| {
+                // TOML integers are i64.
+                let n = |v: u64| v.min(i64::MAX as u64);
+                match burst {
+                    Some(b) => format!("{{ limit = {}, {per}, burst = {} }}", n(limit), n(b)),
+                    None => format!("{{ limit = {}, {per} }}", n(limit)),
+                }
+            })
+    }
+
+    fn config() -> impl Strategy<Value = String> {
+        let algorithm = proptest::sample::select(
+            &[
+                "token_bucket",
+                "gcra",
+                "fixed_window",
+                "sliding_window",
+                "sliding_log",
+            ][..],
+        );
+        let failure = prop_oneof![
+            Just("{ mode = \"open\" }".to_owned()),
+            number().prop_map(|s| format!(
+                "{{ mode = \"closed\", retry_after_secs = {} }}",
+                s.min(i64::MAX as u64)
+            )),
+            number().prop_map(|g| format!(
+                "{{ mode = \"fallback\", gateways = {} }}",
+                g.min(i64::MAX as u64)
+            )),
+        ];
+        let missing = prop_oneof![
+            (0u16..=1000).prop_map(|s| format!("{{ reject = {s} }}")),
+            name().prop_map(|c| format!("{{ unauthorized = {c:?} }}")),
+            name().prop_map(|k| format!("{{ shared_key = {k:?} }}")),
+        ];
+        (
+            name(),
+            algorithm,
+            prop_oneof![1 => Just(Vec::new()), 8 => proptest::collection::vec(quota(), 1..=2)],
+            failure,
+            missing,
+            proptest::option::weighted(0.3, (name(), proptest::collection::vec(quota(), 1..=2))),
+            proptest::sample::select(&["plain_text", "problem_json", "grpc"][..]),
+        )
+            .prop_map(|(name, algorithm, quotas, failure, missing, tier, body)| {
+                let mut toml = format!(
+                    "name = {name:?}\nalgorithm = {algorithm:?}\nquotas = [{}]\n\
+                     failure = {failure}\nmissing_key = {missing}\nbody = {body:?}\n\
+                     headers = {{ legacy = true }}\n",
+                    quotas.join(", ")
+                );
+                if let Some((tier, quotas)) = tier {
+                    toml.push_str(&format!(
+                        "[[tiers]]\nname = {tier:?}\nquotas = [{}]\n",
+                        quotas.join(", ")
+                    ));
+                }
+                toml
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 1024, max_global_rejects: u32::MAX, ..ProptestConfig::default() })]
+
+        #[test]
+        fn any_configuration_is_refused_with_a_typed_error_or_serves(
+            toml in config(),
+            costs in proptest::collection::vec(
+                prop_oneof![Just(1u64), Just(0u64), any::<u64>()], 1..6),
+        ) {
+            // Rust's `{:?}` escapes are TOML's for the names drawn here, but for a few (`\0`,
+            // `\u{..}` of a control character) that TOML writes otherwise: such a file does
+            // not parse, and is not a configuration.
+            let Ok(config) = toml::from_str::<PolicyConfig>(&toml) else {
+                return Err(TestCaseError::reject("not TOML"));
+            };
+            let policy = match config.into_policy() {
+                Ok(p) => p,
+                Err(e) => {
+                    let message = e.to_string();
+                    let tower_ratelimit::Error::Config { at, .. } = &e else {
+                        panic!("{toml}: an error that names no place: {e:?}");
+                    };
+                    prop_assert!(message.starts_with(&format!("{at}: ")), "{}", message);
+                    return Ok(());
+                }
+            };
+            let policy = policy
+                .key(GlobalKey)
+                .cost(|req: &tower_ratelimit::RequestHead<'_>| {
+                    req.headers()
+                        .get("x-cost")
+                        .and_then(|v| v.to_str().ok()?.parse().ok())
+                        .unwrap_or(1)
+                });
+            let Ok(layer) = RateLimitLayer::new(ratelimit_core::MemoryStore::new(), policy) else {
+                return Ok(());
+            };
+            let app = Router::new().route("/", get(|| async { "ok" })).layer(layer);
+            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+            rt.block_on(async {
+                for cost in costs {
+                    let req = http::Request::get("/")
+                        .header("x-cost", cost)
+                        .body(Body::empty())
+                        .unwrap();
+                    let res = app.clone().oneshot(req).await.unwrap();
+                    let status = res.status().as_u16();
+                    assert!(status == 200 || status == 429, "{toml}: {status}");
+                    for (name, value) in res.headers() {
+                        assert!(
+                            value.to_str().is_ok(),
+                            "{toml}: {name} is not visible ASCII: {value:?}"
+                        );
+                    }
+                    if status == 429 {
+                        if let Some(v) = res.headers().get("retry-after") {
+                            let secs: u64 = v.to_str().unwrap().parse().unwrap();
+                            assert!(secs >= 1, "{toml}: Retry-After {secs}");
+                        }
+                    }
+                }
+            });
+        }
+    }
+}
