@@ -1225,11 +1225,11 @@ mod any_configuration {
                             "{toml}: {name} is not visible ASCII: {value:?}"
                         );
                     }
-                    if status == 429 {
-                        if let Some(v) = res.headers().get("retry-after") {
-                            let secs: u64 = v.to_str().unwrap().parse().unwrap();
-                            assert!(secs >= 1, "{toml}: Retry-After {secs}");
-                        }
+                    if status == 429
+                        && let Some(v) = res.headers().get("retry-after")
+                    {
+                        let secs: u64 = v.to_str().unwrap().parse().unwrap();
+                        assert!(secs >= 1, "{toml}: Retry-After {secs}");
                     }
                 }
             });
