@@ -6,9 +6,9 @@
 //! - `Leasing` gateways sharing one store never admit a unit the store did not grant them, and
 //!   account for every granted unit: admitted, held in a lease, or counted as wasted.
 //!
-//! The clock only moves on: set back, a `MemoryStore` counts at the latest time it saw, which
-//! depends on which checks reached it, and the cache answers some (see `DenialCache`'s caveat on a
-//! clock set back).
+//! For the denial cache the clock only moves on: set back, a `MemoryStore` counts at the latest
+//! time it saw, which depends on which checks reached it, and the cache answers some (see
+//! `DenialCache`'s caveat on a clock set back). The leasing gateways' clock is set back too.
 //!
 //! Failing cases are saved in `wrapper_properties.proptest-regressions` and replayed first.
 #![forbid(unsafe_code)]
@@ -22,8 +22,8 @@ use std::time::Duration;
 
 use proptest::prelude::*;
 use ratelimit_core::{
-    Algorithm, Decision, DenialCache, Leasing, Limit, ManualClock, MemoryStore, NoError, Quota,
-    Store, Timestamp,
+    Algorithm, Clock, Decision, DenialCache, Leasing, Limit, ManualClock, MemoryStore, NoError,
+    Quota, Store, Timestamp,
 };
 
 /// The answer of a future that is ready at its first poll, as every store here is.
@@ -75,24 +75,27 @@ fn limit() -> impl Strategy<Value = Limit> {
 }
 
 /// One check: time moved on by `dt` (µs, or 1/1000ths of the first quota's period when
-/// `share`), then `cost` (or, when `of_burst`, that many 1/1000ths of the first quota's burst)
+/// `share`; back by `dt` µs when `back`), then `cost` (or, when `of_burst`, that many 1/1000ths of the first quota's burst)
 /// for key `key` through gateway `gateway`.
 #[derive(Debug, Clone)]
 struct Step {
     dt: u64,
     share: bool,
+    back: bool,
     key: u8,
     cost: u64,
     of_burst: bool,
     gateway: u8,
 }
 
-fn steps() -> impl Strategy<Value = Vec<Step>> {
+/// Steps; with `back`, the clock is set back now and then (by up to 3 s).
+fn steps(back: bool) -> impl Strategy<Value = Vec<Step>> {
     let time = prop_oneof![
-        4 => Just((0u64, false)),
-        2 => (0u64..=5).prop_map(|d| (d, false)),
-        3 => (0u64..=1_500).prop_map(|s| (s, true)),
-        1 => (0u64..=1 << 50).prop_map(|d| (d, false)),
+        4 => Just((0u64, false, false)),
+        2 => (0u64..=5).prop_map(|d| (d, false, false)),
+        3 => (0u64..=1_500).prop_map(|s| (s, true, false)),
+        1 => (0u64..=1 << 50).prop_map(|d| (d, false, false)),
+        u32::from(back) => (0u64..=3_000_000).prop_map(|d| (d, false, true)),
     ];
     let cost = prop_oneof![
         6 => Just((1u64, false)),
@@ -102,22 +105,23 @@ fn steps() -> impl Strategy<Value = Vec<Step>> {
         2 => (0u64..=1_200).prop_map(|s| (s, true)),
     ];
     prop::collection::vec(
-        (time, 0u8..3, cost, 0u8..4).prop_map(|((dt, share), key, (cost, of_burst), gateway)| {
-            Step {
+        (time, 0u8..3, cost, 0u8..4).prop_map(
+            |((dt, share, back), key, (cost, of_burst), gateway)| Step {
                 dt,
                 share,
+                back,
                 key,
                 cost,
                 of_burst,
                 gateway,
-            }
-        }),
+            },
+        ),
         1..150,
     )
 }
 
-/// The time moved on and the cost of `step` under `limit`.
-fn resolve(limit: &Limit, step: &Step) -> (u64, u64) {
+/// Moves `clock` as `step` says, and returns the cost of `step` under `limit`.
+fn resolve(clock: &ManualClock, limit: &Limit, step: &Step) -> u64 {
     let q = &limit.quotas()[0];
     let share = |of: u64, s: u64| u64::try_from(u128::from(of) * u128::from(s) / 1000).unwrap();
     let dt = if step.share {
@@ -125,12 +129,18 @@ fn resolve(limit: &Limit, step: &Step) -> (u64, u64) {
     } else {
         step.dt
     };
-    let cost = if step.of_burst {
+    if step.back {
+        clock.set(Timestamp::from_micros(
+            clock.now().as_micros().saturating_sub(dt),
+        ));
+    } else {
+        clock.advance(Duration::from_micros(dt));
+    }
+    if step.of_burst {
         share(q.burst(), step.cost)
     } else {
         step.cost
-    };
-    (dt, cost)
+    }
 }
 
 fn memory(clock: &ManualClock) -> MemoryStore<ManualClock> {
@@ -155,13 +165,12 @@ proptest! {
     /// single quota for a cost that can pass (`remaining` is the one reported with the denial,
     /// never more than the store's now); an admission is the store's, field by field.
     #[test]
-    fn a_denial_cache_changes_no_decision(limit in limit(), start in start(), steps in steps()) {
+    fn a_denial_cache_changes_no_decision(limit in limit(), start in start(), steps in steps(false)) {
         let clock = ManualClock::starting_at(Timestamp::from_micros(start));
         let plain = memory(&clock);
         let cached = DenialCache::new(memory(&clock), clock.clone());
         for (i, step) in steps.iter().enumerate() {
-            let (dt, cost) = resolve(&limit, step);
-            clock.advance(Duration::from_micros(dt));
+            let cost = resolve(&clock, &limit, step);
             let key = [b'k', step.key];
             let want = plain.check_now(&key, &limit, cost);
             let got = now(cached.check(&key, &limit, cost)).unwrap();
@@ -180,14 +189,15 @@ proptest! {
         }
     }
 
-    /// Up to four gateways lease from one store: each admits only units the store granted it,
-    /// and every unit the store granted it is admitted, held in a lease, or counted as wasted
-    /// (`LeasingStats::wasted_units`); a unit is never admitted twice nor lost uncounted.
+    /// Up to four gateways lease from one store, on a clock set back now and then: each admits
+    /// only units the store granted it, and every unit the store granted it is admitted, held in
+    /// a lease, or counted as wasted (`LeasingStats::wasted_units`); a unit is never admitted
+    /// twice nor lost uncounted.
     #[test]
     fn leasing_gateways_admit_only_what_the_store_granted(
         limit in limit(),
         start in start(),
-        steps in steps(),
+        steps in steps(true),
         lease in 2u64..=20,
     ) {
         let clock = ManualClock::starting_at(Timestamp::from_micros(start));
@@ -202,8 +212,7 @@ proptest! {
             .collect();
         let mut admitted = [0u128; 4];
         for (i, step) in steps.iter().enumerate() {
-            let (dt, cost) = resolve(&limit, step);
-            clock.advance(Duration::from_micros(dt));
+            let cost = resolve(&clock, &limit, step);
             let g = usize::from(step.gateway);
             let d = now(gateways[g].0.check(&[b'k', step.key], &limit, cost)).unwrap();
             if d.is_allowed() {
