@@ -17,7 +17,7 @@ use common::{manual, unique_prefix};
 use proptest::prelude::*;
 use proptest::test_runner::{Config, FileFailurePersistence, TestRunner};
 use ratelimit_core::{Algorithm, Limit, ManualClock, MemoryStore, Quota, Timestamp};
-use ratelimit_redis::RedisStore;
+use ratelimit_redis::{Coalescing, RedisStore};
 use redis_harness::RedisServer;
 
 /// The end of the algorithms' time (`ratelimit_core`'s `MAX_TIME`), which a client clock may
@@ -271,4 +271,94 @@ fn redis_decides_as_the_algorithms_anywhere_in_the_limits_accepted() {
         "{checks} checks, {denied} denied"
     );
     assert!(batched > 300, "{batched} checks in multi-cost calls");
+}
+
+/// Concurrent checks through `Coalescing` (a few keys, random costs, rounds at instants moved by
+/// fractions of a period) under the same random limits: a key's checks that queue behind its call
+/// in flight ride in multi-cost calls, and each check's decision is, field by field, the one the
+/// algorithms make for the checks taken one after another in the order they were made (the
+/// order they queue in).
+#[test]
+fn coalesced_checks_decide_as_the_same_checks_one_after_another() {
+    let server = RedisServer::start();
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let clock = ManualClock::new();
+    let store = rt
+        .block_on(
+            manual(RedisStore::builder(server.url()), &clock)
+                .prefix(unique_prefix("bounds-coalesce"))
+                .build(),
+        )
+        .unwrap();
+    let store = Coalescing::new(store).max_batch(8);
+    let mut runner = TestRunner::new(Config {
+        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
+            "proptest-regressions",
+        ))),
+        source_file: Some(file!()),
+        max_local_rejects: u32::MAX,
+        ..Config::default()
+    });
+    let scenario = Cell::new(0u64);
+    let rounds = prop::collection::vec(
+        (
+            0u64..=1_500,
+            prop::collection::vec((0u8..3, 0u64..=1_200, any::<bool>()), 1..40),
+        ),
+        1..6,
+    );
+    let result = runner.run(&(any_limit(), start(), rounds), |(limit, start, rounds)| {
+        scenario.set(scenario.get() + 1);
+        let quota = &limit.quotas()[0];
+        let share = |of: u64, s: u64| {
+            u64::try_from(u128::from(of) * u128::from(s) / 1_000).unwrap_or(u64::MAX)
+        };
+        let mut reference = common::Reference::default();
+        let mut now = start;
+        for (r, (step, checks)) in rounds.iter().enumerate() {
+            now = now
+                .saturating_add(share(quota.period_micros(), *step))
+                .min(END - 1);
+            let at = Timestamp::from_micros(now);
+            clock.set(at);
+            let checks: Vec<(Vec<u8>, u64)> = checks
+                .iter()
+                .map(|&(k, c, one)| {
+                    let cost = if one { 1 } else { share(quota.burst(), c) };
+                    (format!("c{}-k{k}", scenario.get()).into_bytes(), cost)
+                })
+                .collect();
+            let expected: Vec<_> = checks
+                .iter()
+                .map(|(key, cost)| reference.check(key, &limit, *cost, at))
+                .collect();
+            // Made inside the runtime, as a gateway's checks are (made outside one, a check is
+            // sent on its own).
+            let got = rt.block_on(async {
+                futures::future::join_all(
+                    checks
+                        .iter()
+                        .map(|(key, cost)| store.check(key, &limit, *cost)),
+                )
+                .await
+            });
+            for (i, (got, want)) in got.into_iter().zip(expected).enumerate() {
+                let got =
+                    got.map_err(|e| TestCaseError::fail(format!("round {r} check {i}: {e}")))?;
+                prop_assert_eq!(got, want, "round {} check {} ({:?})", r, i, &checks[i]);
+            }
+        }
+        Ok(())
+    });
+    if let Err(e) = result {
+        panic!("{e}");
+    }
+    let stats = store.stats();
+    println!("{} scenarios, {stats:?}", scenario.get());
+    // Checks did queue and ride together.
+    assert!(stats.store_calls < stats.checks / 2, "{stats:?}");
+    assert!(stats.largest_batch > 1, "{stats:?}");
 }
