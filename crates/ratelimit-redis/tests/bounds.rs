@@ -165,8 +165,16 @@ fn resolve(limit: &Limit, start: u64, moves: &[Move]) -> Vec<(u64, u8, u64)> {
         .collect()
 }
 
-#[test]
-fn redis_decides_as_the_algorithms_anywhere_in_the_limits_accepted() {
+/// A server, a runtime to wait on it, and a store on `clock` under a prefix of its own.
+struct Setup {
+    /// Bound by the tests for as long as they run: its drop stops the server.
+    _server: RedisServer,
+    rt: tokio::runtime::Runtime,
+    clock: ManualClock,
+    store: RedisStore,
+}
+
+fn setup(name: &str) -> Setup {
     let server = RedisServer::start();
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
@@ -176,19 +184,40 @@ fn redis_decides_as_the_algorithms_anywhere_in_the_limits_accepted() {
     let store = rt
         .block_on(
             manual(RedisStore::builder(server.url()), &clock)
-                .prefix(unique_prefix("bounds"))
+                .prefix(unique_prefix(name))
                 .build(),
         )
         .unwrap();
-    let mut runner = TestRunner::new(Config {
+    Setup {
+        _server: server,
+        rt,
+        clock,
+        store,
+    }
+}
+
+/// The runner: `PROPTEST_CASES` cases (256 by default), failures saved beside this file, and
+/// limits that `Limit::new` refuses drawn again.
+fn runner() -> TestRunner {
+    TestRunner::new(Config {
         failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
             "proptest-regressions",
         ))),
         source_file: Some(file!()),
-        // Limits that `Limit::new` refuses are drawn again.
         max_local_rejects: u32::MAX,
         ..Config::default()
-    });
+    })
+}
+
+#[test]
+fn redis_decides_as_the_algorithms_anywhere_in_the_limits_accepted() {
+    let Setup {
+        _server,
+        rt,
+        clock,
+        store,
+    } = setup("bounds");
+    let mut runner = runner();
     let (scenario, checks, denied) = (Cell::new(0u64), Cell::new(0u64), Cell::new(0u64));
     let batched = Cell::new(0u64);
     let result = runner.run(&(any_limit(), start(), moves()), |(limit, start, moves)| {
@@ -280,28 +309,14 @@ fn redis_decides_as_the_algorithms_anywhere_in_the_limits_accepted() {
 /// order they queue in).
 #[test]
 fn coalesced_checks_decide_as_the_same_checks_one_after_another() {
-    let server = RedisServer::start();
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
-    let clock = ManualClock::new();
-    let store = rt
-        .block_on(
-            manual(RedisStore::builder(server.url()), &clock)
-                .prefix(unique_prefix("bounds-coalesce"))
-                .build(),
-        )
-        .unwrap();
+    let Setup {
+        _server,
+        rt,
+        clock,
+        store,
+    } = setup("bounds-coalesce");
     let store = Coalescing::new(store).max_batch(8);
-    let mut runner = TestRunner::new(Config {
-        failure_persistence: Some(Box::new(FileFailurePersistence::WithSource(
-            "proptest-regressions",
-        ))),
-        source_file: Some(file!()),
-        max_local_rejects: u32::MAX,
-        ..Config::default()
-    });
+    let mut runner = runner();
     let scenario = Cell::new(0u64);
     let rounds = prop::collection::vec(
         (
