@@ -489,7 +489,7 @@ impl fmt::Debug for Policy {
     }
 }
 
-fn validate_name(name: &str) -> Result<(), Error> {
+pub(crate) fn validate_name(name: &str) -> Result<(), Error> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
         && name.bytes().all(|b| (0x20..0x7f).contains(&b));

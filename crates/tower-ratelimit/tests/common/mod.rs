@@ -408,3 +408,24 @@ impl Store for TimedStore {
         Some(self.response_timeout)
     }
 }
+
+/// A layer over `store` that fails closed (503, `Retry-After: 1`) with a breaker of 3 failures and
+/// a 10 s cool-down, on `clock`.
+pub fn closed_with_breaker<St: Store>(
+    store: St,
+    policy: tower_ratelimit::Policy,
+    clock: &ratelimit_core::ManualClock,
+) -> tower_ratelimit::RateLimitLayer<St> {
+    tower_ratelimit::RateLimitLayer::builder(
+        store,
+        policy.failure(tower_ratelimit::FailurePolicy::fail_closed(
+            std::time::Duration::from_secs(1),
+        )),
+    )
+    .circuit_breaker(
+        tower_ratelimit::CircuitBreaker::new(3, std::time::Duration::from_secs(10)).unwrap(),
+    )
+    .clock(clock.clone())
+    .build()
+    .unwrap()
+}

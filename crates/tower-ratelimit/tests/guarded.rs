@@ -1,0 +1,285 @@
+//! `Guarded`: the layer's timeout and circuit breaker around a store checked without the layer.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use common::*;
+use ratelimit_core::{Algorithm, DenialCache, Limit, ManualClock, Quota, Store};
+use tower_ratelimit::{CircuitBreaker, CircuitState, Error, GuardError, Guarded};
+
+fn per_minute(n: u64) -> Limit {
+    Limit::single(Algorithm::TokenBucket, Quota::per_minute(n).unwrap()).unwrap()
+}
+
+/// `store` guarded with a breaker of 3 failures and a 10 s cool-down on `clock`, with the
+/// recorder of its metrics.
+fn guarded<St: Store>(
+    store: St,
+    clock: &ManualClock,
+) -> (Guarded<St>, metrics_util::debugging::Snapshotter) {
+    recorded(|| {
+        Guarded::builder(store, "chat")
+            .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(10)).unwrap())
+            .clock(clock.clone())
+            .build()
+            .unwrap()
+    })
+}
+
+#[tokio::test]
+async fn a_healthy_stores_decisions_pass_through_and_are_counted() {
+    let clock = ManualClock::new();
+    let (_, memory) = store();
+    let switch = Arc::new(SwitchStore::new(memory));
+    let (store, snapshotter) = guarded(switch.clone(), &clock);
+    let limit = per_minute(2);
+    let mut allowed = 0;
+    for _ in 0..5 {
+        let d = store.check(b"user:1", &limit, 1).await.unwrap();
+        allowed += usize::from(d.is_allowed());
+    }
+    assert_eq!(allowed, 2);
+    assert_eq!(switch.calls(), 5);
+    assert_eq!(store.circuit_state(), Some(CircuitState::Closed));
+    let m = Recorded::take(&snapshotter);
+    assert_eq!(m.outcome("chat", "allowed"), 2);
+    assert_eq!(m.outcome("chat", "denied"), 3);
+    assert_eq!(
+        m.histogram_len("ratelimit_store_duration_seconds", &[("policy", "chat")]),
+        5
+    );
+}
+
+#[tokio::test]
+async fn failures_open_the_circuit_which_a_probe_closes_after_the_cool_down() {
+    let clock = ManualClock::new();
+    let (_, memory) = store();
+    let switch = Arc::new(SwitchStore::new(memory));
+    let (store, snapshotter) = guarded(switch.clone(), &clock);
+    let limit = per_minute(100);
+    switch.set_down(true);
+    for _ in 0..3 {
+        let e = store.check(b"user:1", &limit, 1).await.unwrap_err();
+        assert!(matches!(e, GuardError::Store(StoreDown)), "{e:?}");
+    }
+    assert_eq!(store.circuit_state(), Some(CircuitState::Open));
+    // Open: not asked, and told when it will be.
+    clock.advance(Duration::from_secs(4));
+    for _ in 0..5 {
+        let e = store.check(b"user:1", &limit, 1).await.unwrap_err();
+        let GuardError::CircuitOpen { retry_in } = e else {
+            panic!("{e:?}");
+        };
+        assert_eq!(retry_in, Duration::from_secs(6));
+    }
+    assert_eq!(switch.calls(), 3);
+    // Cooled down: one probe; it fails, and the circuit opens again.
+    clock.advance(Duration::from_secs(6));
+    assert!(matches!(
+        store.check(b"user:1", &limit, 1).await,
+        Err(GuardError::Store(_))
+    ));
+    assert_eq!(switch.calls(), 4);
+    assert_eq!(store.circuit_state(), Some(CircuitState::Open));
+    // Back up: the next probe closes it.
+    switch.set_down(false);
+    clock.advance(Duration::from_secs(10));
+    assert!(
+        store
+            .check(b"user:1", &limit, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    assert_eq!(store.circuit_state(), Some(CircuitState::Closed));
+    assert!(
+        store
+            .check(b"user:1", &limit, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    assert_eq!(switch.calls(), 6);
+    let m = Recorded::take(&snapshotter);
+    let errors = |kind| {
+        m.counter(
+            "ratelimit_store_errors_total",
+            &[("policy", "chat"), ("kind", kind)],
+        )
+    };
+    assert_eq!((errors("error"), errors("circuit_open")), (4, 5));
+    assert_eq!(
+        m.gauge("ratelimit_circuit_state", &[("policy", "chat")]),
+        Some(0.0)
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hanging_store_is_cut_at_the_timeout_and_opens_the_circuit() {
+    let clock = ManualClock::new();
+    let hanging = Arc::new(HangingStore::default());
+    let (store, snapshotter) = recorded(|| {
+        Guarded::builder(hanging.clone(), "jobs")
+            .timeout(Duration::from_millis(20))
+            .circuit_breaker(CircuitBreaker::new(2, Duration::from_secs(10)).unwrap())
+            .clock(clock.clone())
+            .build()
+            .unwrap()
+    });
+    let limit = per_minute(100);
+    for _ in 0..2 {
+        let started = tokio::time::Instant::now();
+        let e = store.check(b"job", &limit, 1).await.unwrap_err();
+        assert!(
+            matches!(e, GuardError::TimedOut { timeout } if timeout == Duration::from_millis(20)),
+            "{e:?}"
+        );
+        assert_eq!(started.elapsed(), Duration::from_millis(20));
+    }
+    assert_eq!(store.circuit_state(), Some(CircuitState::Open));
+    // Open: answered at once, without asking the hanging store.
+    let started = tokio::time::Instant::now();
+    assert!(matches!(
+        store.check(b"job", &limit, 1).await,
+        Err(GuardError::CircuitOpen { .. })
+    ));
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    assert_eq!(hanging.calls.load(Ordering::SeqCst), 2);
+    let m = Recorded::take(&snapshotter);
+    assert_eq!(
+        m.counter(
+            "ratelimit_store_errors_total",
+            &[("policy", "jobs"), ("kind", "timeout")]
+        ),
+        2
+    );
+}
+
+/// Checks whose callers give up before the timeout still count: over a hanging store they open
+/// the circuit, as under the layer.
+#[tokio::test(start_paused = true)]
+async fn checks_dropped_before_the_timeout_still_open_the_circuit() {
+    let clock = ManualClock::new();
+    let hanging = Arc::new(HangingStore::default());
+    let store = Guarded::builder(hanging.clone(), "jobs")
+        .timeout(Duration::from_millis(50))
+        .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(10)).unwrap())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let limit = per_minute(100);
+    for _ in 0..3 {
+        let given_up =
+            tokio::time::timeout(Duration::from_millis(5), store.check(b"job", &limit, 1)).await;
+        assert!(given_up.is_err());
+    }
+    // The dropped checks run on to the timeout in tasks of their own.
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    assert_eq!(store.circuit_state(), Some(CircuitState::Open));
+    assert!(matches!(
+        store.check(b"job", &limit, 1).await,
+        Err(GuardError::CircuitOpen { .. })
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_a_breaker_every_check_asks_the_store_within_the_timeout() {
+    let hanging = Arc::new(HangingStore::default());
+    let store = Guarded::builder(hanging.clone(), "jobs")
+        .no_circuit_breaker()
+        .build()
+        .unwrap();
+    let limit = per_minute(100);
+    for _ in 0..5 {
+        assert!(matches!(
+            store.check(b"job", &limit, 1).await,
+            Err(GuardError::TimedOut { .. })
+        ));
+    }
+    assert_eq!(hanging.calls.load(Ordering::SeqCst), 5);
+    assert_eq!(store.circuit_state(), None);
+}
+
+/// A check made outside any runtime (its timer is made at the first poll) is answered once
+/// polled inside one.
+#[test]
+fn a_check_made_outside_a_runtime_is_answered_inside_one() {
+    let clock = ManualClock::new();
+    let (_, memory) = store();
+    let switch = Arc::new(SwitchStore::new(memory));
+    let limit = per_minute(100);
+    for breaker in [true, false] {
+        let builder = Guarded::builder(switch.clone(), "jobs").clock(clock.clone());
+        let store = if breaker {
+            builder.build()
+        } else {
+            builder.no_circuit_breaker().build()
+        }
+        .unwrap();
+        let check = store.check(b"job", &limit, 1);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        assert!(rt.block_on(check).unwrap().is_allowed());
+    }
+}
+
+/// While the circuit is open, a denial cache inside the wrapper still answers what it holds: a
+/// client known to be over its limit is denied, not told that the store is away.
+#[tokio::test]
+async fn an_open_circuit_still_answers_from_a_cache_inside() {
+    let clock = ManualClock::new();
+    let (store_clock, memory) = store();
+    let switch = Arc::new(SwitchStore::new(memory));
+    let cached = DenialCache::new(switch.clone(), store_clock.clone());
+    let (store, _) = guarded(cached, &clock);
+    let limit = per_minute(1);
+    assert!(
+        store
+            .check(b"abuser", &limit, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    assert!(store.check(b"abuser", &limit, 1).await.unwrap().is_denied());
+    switch.set_down(true);
+    for _ in 0..3 {
+        assert!(store.check(b"user:2", &limit, 1).await.is_err());
+    }
+    assert_eq!(store.circuit_state(), Some(CircuitState::Open));
+    let d = store.check(b"abuser", &limit, 1).await.unwrap();
+    assert!(d.is_denied() && d.is_cached());
+    assert!(matches!(
+        store.check(b"user:2", &limit, 1).await,
+        Err(GuardError::CircuitOpen { .. })
+    ));
+}
+
+#[test]
+fn settings_out_of_range_are_typed_errors() {
+    let (_, memory) = store();
+    for timeout in [Duration::ZERO, Duration::from_secs(3_601)] {
+        let e = Guarded::builder(memory.clone(), "ok")
+            .timeout(timeout)
+            .build()
+            .unwrap_err();
+        assert!(
+            matches!(
+                e,
+                Error::InvalidSetting {
+                    name: "timeout",
+                    ..
+                }
+            ),
+            "{e:?}"
+        );
+    }
+    for name in ["", "a\nb", &"x".repeat(65)] {
+        let e = Guarded::builder(memory.clone(), name).build().unwrap_err();
+        assert!(matches!(e, Error::InvalidPolicyName { .. }), "{e:?}");
+    }
+}
