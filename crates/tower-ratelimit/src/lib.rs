@@ -97,6 +97,12 @@
 //! timeout, CORS) fits outside the layer in either body mode ([`ResponseBody`] is `Default`: an
 //! empty body).
 //!
+//! # Without the layer
+//!
+//! Checks made without HTTP (a chat server's messages, a job dispatcher's starts) get the same
+//! timeout and circuit breaker from [`Guarded`], a store wrapper whose failures come back as a
+//! [`GuardError`] for the caller to act on.
+//!
 //! # Re-exports
 //!
 //! The core's everyday types ([`Algorithm`], [`Limit`], [`Quota`], [`MemoryStore`], [`Store`],
