@@ -178,12 +178,7 @@ impl<St: Store> GuardedBuilder<St> {
     /// hour, or a name that is not 1 to 64 printable ASCII characters (it goes in the metrics'
     /// labels, as a policy's name).
     pub fn build(self) -> Result<Guarded<St>, Error> {
-        if self.timeout < Duration::from_millis(1) || self.timeout > Duration::from_secs(3_600) {
-            return Err(Error::InvalidSetting {
-                name: "timeout",
-                reason: "must be between 1 ms and one hour",
-            });
-        }
+        crate::layer::check_timeout(self.timeout)?;
         crate::policy::validate_name(&self.name)?;
         let name: Arc<str> = self.name.into();
         let metrics = Metrics::new(&name, std::iter::empty());

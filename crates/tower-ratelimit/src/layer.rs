@@ -25,6 +25,18 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(50);
 /// twice it, for `build` to warn of it.
 const FAR_ABOVE_AT_LEAST: Duration = Duration::from_millis(50);
 
+/// A store call's timeout (the layer's, or a [`Guarded`](crate::Guarded) store's), if in range:
+/// 1 ms to an hour.
+pub(crate) fn check_timeout(timeout: Duration) -> Result<(), Error> {
+    if timeout < Duration::from_millis(1) || timeout > Duration::from_secs(3_600) {
+        return Err(Error::InvalidSetting {
+            name: "timeout",
+            reason: "must be between 1 ms and one hour",
+        });
+    }
+    Ok(())
+}
+
 /// Applies [`RateLimit`] to a service. Clones share one limiter.
 ///
 /// Use it with `Router::layer` (every route, one limit per key across them, and the router's
@@ -310,12 +322,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
 
     /// Builds the layer, or says which setting is wrong.
     pub fn build(self) -> Result<RateLimitLayer<St>, Error> {
-        if self.timeout < Duration::from_millis(1) || self.timeout > Duration::from_secs(3_600) {
-            return Err(Error::InvalidSetting {
-                name: "timeout",
-                reason: "must be between 1 ms and one hour",
-            });
-        }
+        check_timeout(self.timeout)?;
         if self.fallback_max_keys == 0 {
             return Err(Error::InvalidSetting {
                 name: "fallback_max_keys",

@@ -29,12 +29,23 @@ fn guarded<St: Store>(
     })
 }
 
-#[tokio::test]
-async fn a_healthy_stores_decisions_pass_through_and_are_counted() {
+/// A memory store behind a switch, guarded as [`guarded`] says, on a clock of its own.
+fn switched() -> (
+    ManualClock,
+    Arc<SwitchStore>,
+    Guarded<Arc<SwitchStore>>,
+    metrics_util::debugging::Snapshotter,
+) {
     let clock = ManualClock::new();
     let (_, memory) = store();
     let switch = Arc::new(SwitchStore::new(memory));
     let (store, snapshotter) = guarded(switch.clone(), &clock);
+    (clock, switch, store, snapshotter)
+}
+
+#[tokio::test]
+async fn a_healthy_stores_decisions_pass_through_and_are_counted() {
+    let (_, switch, store, snapshotter) = switched();
     let limit = per_minute(2);
     let mut allowed = 0;
     for _ in 0..5 {
@@ -55,10 +66,7 @@ async fn a_healthy_stores_decisions_pass_through_and_are_counted() {
 
 #[tokio::test]
 async fn failures_open_the_circuit_which_a_probe_closes_after_the_cool_down() {
-    let clock = ManualClock::new();
-    let (_, memory) = store();
-    let switch = Arc::new(SwitchStore::new(memory));
-    let (store, snapshotter) = guarded(switch.clone(), &clock);
+    let (clock, switch, store, snapshotter) = switched();
     let limit = per_minute(100);
     switch.set_down(true);
     for _ in 0..3 {
