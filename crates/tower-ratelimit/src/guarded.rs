@@ -68,9 +68,9 @@ use crate::{Error, VerdictKind};
 /// # }
 /// ```
 ///
-/// A check needs a Tokio runtime with timers when it is polled (for its timeout); made outside
-/// one, it is sent at its first poll. Its answer or failure is counted in the metrics of the
-/// layer, under the `policy` label given as the name: `ratelimit_decisions_total` (`allowed`,
+/// A check may be made outside a Tokio runtime (its timer is made at its first poll), but is
+/// polled inside one with timers (`#[tokio::main]`'s). Its answer or failure is counted in the
+/// metrics of the layer, under the `policy` label given as the name: `ratelimit_decisions_total` (`allowed`,
 /// `denied`), `ratelimit_store_duration_seconds`, `ratelimit_store_errors_total` (`error`,
 /// `timeout`, `circuit_open`) and the circuit gauges (docs/operations.md). Under the layer, give
 /// the layer the plain store: it has this timeout and breaker of its own.
