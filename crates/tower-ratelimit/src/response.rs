@@ -266,9 +266,11 @@ pub enum DenialBody {
     ///
     /// The wait goes in `Retry-After` and in `grpc-retry-pushback-ms`, the pushback a gRPC
     /// client's retry policy waits for before its next attempt (grpc-java waits for it even for
-    /// a status its policy does not retry, bounded by the call's deadline; a wait longer than
-    /// 2^31 − 1 ms, which it cannot parse, is left out). A cost that can never pass sends `-1`,
-    /// "do not retry" (one that only the fallback's local share cannot admit, while the store is
+    /// a status its policy does not retry, bounded by the call's deadline). A cost that can never
+    /// pass sends `-1`, "do not retry", and so does a wait longer than a pushback can say
+    /// (2^31 − 1 ms, about 24.8 days, which grpc-java cannot parse: a monthly quota spent early in
+    /// the month), which no retry within a call could outlast; `Retry-After` and `RateLimit`
+    /// still tell the whole wait (a cost that only the fallback's local share cannot admit, while the store is
     /// down, is told when the store is asked again, as [`Denial::retry_after_secs`] says, in
     /// milliseconds). The rate-limit fields go in as they would on a 429; all of these reach
     /// the client as the status's metadata.
@@ -1149,9 +1151,11 @@ impl Bodies {
         match form.pushback {
             Pushback::After(wait) => {
                 let ms = wait.as_micros().div_ceil(1_000).max(1);
-                if let Ok(ms) = i32::try_from(ms) {
-                    headers.insert(GRPC_RETRY_PUSHBACK_MS, number(ms.unsigned_abs().into()));
-                }
+                let value = match i32::try_from(ms) {
+                    Ok(ms) => number(ms.unsigned_abs().into()),
+                    Err(_) => HeaderValue::from_static("-1"),
+                };
+                headers.insert(GRPC_RETRY_PUSHBACK_MS, value);
             }
             Pushback::Never => {
                 headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"));
@@ -1192,7 +1196,9 @@ fn strip_prefix_ignore_case<'a>(value: &'a [u8], prefix: &[u8]) -> Option<&'a [u
 }
 
 /// What `grpc-retry-pushback-ms` tells a client's retry policy. A wait beyond what grpc-java
-/// parses (2^31 − 1 ms, about 24.8 days) is left unsaid.
+/// parses (2^31 − 1 ms, about 24.8 days) is `-1`, as a cost that can never pass: no retry within
+/// a call could outlast it. (Left out, as it was before, the client's retry policy would retry
+/// at once with its own backoff, each attempt denied again.)
 #[derive(Clone, Copy)]
 enum Pushback {
     /// Retry after this wait (rounded up to whole milliseconds, as `Retry-After` is to seconds).

@@ -306,6 +306,43 @@ async fn calls_that_a_retry_cannot_mend_are_told_not_to_retry() {
     assert_eq!(pushback(&res).as_deref(), Some("-1"));
 }
 
+/// A wait longer than a pushback can say (2^31 − 1 ms, about 24.8 days: a monthly quota spent
+/// early in the month) is `-1`, "do not retry": no retry within a call could pass. `Retry-After`
+/// and `RateLimit` still tell the whole wait.
+#[tokio::test]
+async fn a_wait_past_what_a_pushback_can_say_is_do_not_retry() {
+    let thirty_days = Duration::from_secs(30 * 86_400);
+    // A token bucket: its wait counts from the spending, not from a window's start.
+    let monthly = Limit::single(
+        Algorithm::TokenBucket,
+        Quota::per_period(1, thirty_days).unwrap(),
+    )
+    .unwrap();
+    let policy = Policy::new("monthly", monthly)
+        .unwrap()
+        .key(GlobalKey)
+        .body(DenialBody::Grpc);
+    let app = root().layer(RateLimitLayer::new(MemoryStore::new(), policy).unwrap());
+    let call = || common::grpc_request("/", "application/grpc");
+    let res = common::send(&app, call()).await;
+    assert_eq!(
+        common::header(&res, "grpc-status"),
+        Some("12"),
+        "admitted: the handler's own"
+    );
+    let res = common::send(&app, call()).await;
+    assert_eq!(common::header(&res, "grpc-status"), Some("8"));
+    assert_eq!(common::header(&res, "grpc-retry-pushback-ms"), Some("-1"));
+    let retry_after: u64 = common::header(&res, "retry-after")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(
+        (29 * 86_400..=30 * 86_400).contains(&retry_after),
+        "{retry_after}"
+    );
+}
+
 /// The answer made after waiting for the store (here its timeout, failing closed) is a gRPC
 /// status too, in the call's own content-type.
 #[tokio::test]

@@ -1241,20 +1241,27 @@ async fn check(s: &Setup, h: &Hostile, res: Response<Body>) -> Answer {
         );
         let message = header("grpc-message").expect("a grpc-message");
         assert!(!message.is_empty() && !message.contains('%'), "{message:?}");
-        // A wait past what grpc-java parses (2^31 - 1 ms) is left unsaid (`DenialBody::Grpc`).
-        let Some(pushback) = header("grpc-retry-pushback-ms") else {
-            assert!(
-                retry_after.is_some_and(|secs| secs >= 2_147_484),
-                "no pushback, for a wait of {retry_after:?} s"
-            );
-            return answer;
-        };
+        let pushback = header("grpc-retry-pushback-ms").expect("a pushback");
         assert!(
-            pushback == "-1" || pushback.parse::<u32>().is_ok_and(|n| n > 0),
+            pushback == "-1" || pushback.parse::<i32>().is_ok_and(|n| n > 0),
             "{pushback:?}"
         );
+        // `-1`, "do not retry", for a cost that can never pass and for a wait past what a
+        // pushback can say (2^31 - 1 ms: `DenialBody::Grpc`), which `Retry-After` still tells
+        // (in whole seconds: a wait of 2,147,484 s may fall on either side).
         if answer == Answer::Denied {
-            assert_eq!(pushback == "-1", never, "{pushback} {message}");
+            let wait = retry_after.unwrap_or(0);
+            if pushback == "-1" {
+                assert!(
+                    never || wait >= 2_147_484,
+                    "-1 for a wait of {wait} s: {message}"
+                );
+            } else {
+                assert!(
+                    !never && wait <= 2_147_484,
+                    "{pushback} ms for {wait} s: {message}"
+                );
+            }
         }
         return answer;
     }
