@@ -27,23 +27,10 @@ fn limit() -> impl Strategy<Value = Limit> {
                 .ok()
         },
     );
-    (0usize..5, proptest::collection::vec(quota, 1..=2)).prop_filter_map(
-        "a limit",
-        |(alg, quotas)| {
-            let algorithm = Algorithm::ALL[alg];
-            let quotas = quotas
-                .into_iter()
-                .map(|q| {
-                    if algorithm.uses_burst() {
-                        Some(q)
-                    } else {
-                        q.with_burst(q.limit()).ok()
-                    }
-                })
-                .collect::<Option<Vec<_>>>()?;
-            Limit::new(algorithm, quotas).ok()
-        },
-    )
+    (0usize..5, proptest::collection::vec(quota, 1..=2))
+        .prop_filter_map("a limit", |(alg, quotas)| {
+            fitted_limit(Algorithm::ALL[alg], quotas)
+        })
 }
 
 /// Steps: the clock moved on (often not at all, or by a fraction of a second, sometimes by

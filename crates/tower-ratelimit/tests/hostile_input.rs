@@ -1463,22 +1463,10 @@ fn any_limit() -> impl Strategy<Value = Limit> {
             .with_burst(burst)
             .ok()
     });
-    (algorithm(), proptest::collection::vec(quota, 1..=2)).prop_filter_map(
-        "a limit",
-        |(algorithm, quotas)| {
-            let quotas = quotas
-                .into_iter()
-                .map(|q| {
-                    if algorithm.uses_burst() {
-                        Some(q)
-                    } else {
-                        q.with_burst(q.limit()).ok()
-                    }
-                })
-                .collect::<Option<Vec<_>>>()?;
-            Limit::new(algorithm, quotas).ok()
-        },
-    )
+    (algorithm(), proptest::collection::vec(quota, 1..=2))
+        .prop_filter_map("a limit", |(algorithm, quotas)| {
+            fitted_limit(algorithm, quotas)
+        })
 }
 
 proptest! {

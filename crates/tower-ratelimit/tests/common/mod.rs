@@ -429,3 +429,23 @@ pub fn closed_with_breaker<St: Store>(
     .build()
     .unwrap()
 }
+
+/// A limit of `algorithm` over `quotas`, if `Limit::new` takes it, the window algorithms' quotas
+/// given their limit as burst (they take no other): for property tests that draw quotas for any
+/// algorithm.
+pub fn fitted_limit(
+    algorithm: ratelimit_core::Algorithm,
+    quotas: Vec<ratelimit_core::Quota>,
+) -> Option<Limit> {
+    let quotas = quotas
+        .into_iter()
+        .map(|q| {
+            if algorithm.uses_burst() {
+                Some(q)
+            } else {
+                q.with_burst(q.limit()).ok()
+            }
+        })
+        .collect::<Option<Vec<_>>>()?;
+    Limit::new(algorithm, quotas).ok()
+}
