@@ -79,8 +79,9 @@ struct Inner {
     response_timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
     expiry_slack_ms: u64,
-    /// Whether a reset announces itself on the reset channel (`announce_resets`).
-    announce_resets: bool,
+    /// The channel a reset announces itself on (`<prefix>:resets`), if it does
+    /// (`announce_resets`).
+    reset_channel: Option<String>,
     /// The nodes' connection settings, for [`RedisStore::watch_resets`]'s own connection.
     infos: Box<[redis::ConnectionInfo]>,
     connect_timeout: Duration,
@@ -423,10 +424,10 @@ impl RedisStore {
     pub fn reset(&self, key: &[u8], limit: &Limit) -> ResetFuture {
         let script = scripts::reset_script();
         let mut cmd = evalsha_on_keys(&self.inner.prefix, script, key, limit);
-        if self.inner.announce_resets {
+        if let Some(channel) = &self.inner.reset_channel {
             // The channel and the notice: the script publishes it, then deletes the keys, in one
             // step.
-            cmd.arg(crate::watch::channel(&self.inner.prefix))
+            cmd.arg(channel)
                 .arg(crate::watch::notice(key, limit.fingerprint()));
         }
         self.send(script, cmd, |value| match value {
@@ -1366,6 +1367,9 @@ impl RedisStoreBuilder {
         // and start a reconnect gap.
         let pool_max = self.pool_size.saturating_mul(2);
         let watch_infos = infos.clone().into_boxed_slice();
+        let reset_channel = self
+            .announce_resets
+            .then(|| crate::watch::channel(&self.prefix));
         let backend = if self.cluster {
             let client_connect_timeout = if self.connect_timeout_set {
                 self.connect_timeout
@@ -1436,7 +1440,7 @@ impl RedisStoreBuilder {
             installed_any: tokio::sync::Notify::new(),
             clock: self.clock,
             expiry_slack_ms: slack_ms,
-            announce_resets: self.announce_resets,
+            reset_channel,
             infos: watch_infos,
             connect_timeout: self.connect_timeout,
         });

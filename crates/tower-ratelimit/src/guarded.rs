@@ -291,7 +291,6 @@ where
             start,
             state: State::Breaker {
                 check: Box::pin(check),
-                breaker: b.clone(),
                 part,
                 probe,
                 seen,
@@ -369,10 +368,10 @@ enum State<F, E> {
         deadline: tokio::time::Instant,
         timer: Option<Pin<Box<tokio::time::Sleep>>>,
     },
-    /// Through the breaker, which the answer settles (boxed: its timer is not `Unpin`).
+    /// Through the breaker (the shared one), which the answer settles (boxed: its timer is not
+    /// `Unpin`).
     Breaker {
         check: BoxedCheck<E>,
-        breaker: Arc<Breaker>,
         part: usize,
         probe: Option<Probe>,
         seen: u64,
@@ -415,7 +414,6 @@ where
             }
             State::Breaker {
                 check,
-                breaker,
                 part,
                 probe,
                 seen,
@@ -423,6 +421,10 @@ where
                 let answer = match check.as_mut().poll(cx) {
                     Poll::Pending => return Poll::Pending,
                     Poll::Ready(answer) => answer,
+                };
+                // This state is made only by a store with a breaker.
+                let Some(breaker) = &this.shared.breaker else {
+                    unreachable!("a breaker check without a breaker")
                 };
                 match answer {
                     Ok(Ok(d)) => {
