@@ -16,6 +16,18 @@ pub mod redis_doc {}
 #[doc = include_str!("../../../docs/round-trips.md")]
 pub mod round_trips_doc {}
 
+/// The Rust blocks of `crates/ratelimit-core/README.md` (the crate's page on crates.io).
+#[doc = include_str!("../../../crates/ratelimit-core/README.md")]
+pub mod core_readme {}
+
+/// The Rust blocks of `crates/ratelimit-redis/README.md`.
+#[doc = include_str!("../../../crates/ratelimit-redis/README.md")]
+pub mod redis_readme {}
+
+/// The Rust blocks of `crates/tower-ratelimit/README.md`.
+#[doc = include_str!("../../../crates/tower-ratelimit/README.md")]
+pub mod tower_readme {}
+
 #[cfg(test)]
 const README: &str = include_str!("../../../README.md");
 
