@@ -87,6 +87,90 @@ pub struct Config {
     pub api_keys: BTreeMap<String, String>,
     /// The rate-limited routes, checked in this order.
     pub routes: Vec<RouteConfig>,
+    /// The operators' route, `POST /admin/reset`, which forgets a client's count (absent: the
+    /// gateway has no such route).
+    #[serde(default)]
+    pub admin: Option<AdminConfig>,
+}
+
+/// The fewest bytes an admin token may have: 16 (128 bits if drawn at random, as
+/// `openssl rand -hex 16` draws 32 hexadecimal digits), too many to guess through the route.
+pub const MIN_ADMIN_TOKEN_BYTES: usize = 16;
+
+/// Where the admin route's token comes from: an environment variable or a file (such as a
+/// container's secret), read at start. Exactly one of the two.
+#[derive(Debug, Clone, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct AdminConfig {
+    /// The name of the environment variable that holds the token.
+    #[serde(default)]
+    pub token_env: Option<String>,
+    /// A file that holds the token (a relative path from the working directory; one newline at
+    /// its end is not part of the token).
+    #[serde(default)]
+    pub token_file: Option<std::path::PathBuf>,
+}
+
+impl AdminConfig {
+    fn validate(&self) -> Result<(), ConfigError> {
+        match (&self.token_env, &self.token_file) {
+            (Some(_), Some(_)) | (None, None) => Err(ConfigError::new(
+                "admin",
+                "give the token's source: token_env or token_file (one of them)",
+            )),
+            (Some(name), None) if name.is_empty() || name.contains(['=', '\0']) => {
+                Err(ConfigError::new(
+                    "admin.token_env",
+                    "must be the name of an environment variable (not empty, without '=')",
+                ))
+            }
+            _ => Ok(()),
+        }
+    }
+
+    /// The token, read from its source. The errors name the source, never the token.
+    pub fn token(&self) -> Result<Vec<u8>, ConfigError> {
+        let (field, token) = match (&self.token_env, &self.token_file) {
+            (Some(name), _) => {
+                let field = "admin.token_env";
+                let value = std::env::var_os(name).ok_or_else(|| {
+                    ConfigError::new(field, format!("the environment variable {name} is not set"))
+                })?;
+                (field, value.into_encoded_bytes())
+            }
+            (None, Some(path)) => {
+                let field = "admin.token_file";
+                let mut bytes = std::fs::read(path).map_err(|e| {
+                    ConfigError::new(field, format!("cannot read {}: {e}", path.display()))
+                })?;
+                if bytes.ends_with(b"\r\n") {
+                    bytes.truncate(bytes.len() - 2);
+                } else if bytes.ends_with(b"\n") {
+                    bytes.pop();
+                }
+                (field, bytes)
+            }
+            (None, None) => return Err(ConfigError::new("admin", "no token source")),
+        };
+        // What a client can send after `Bearer ` in a header: visible ASCII, no spaces.
+        if !token.iter().all(|b| b.is_ascii_graphic()) {
+            return Err(ConfigError::new(
+                field,
+                "the token must be visible ASCII characters without spaces",
+            ));
+        }
+        if token.len() < MIN_ADMIN_TOKEN_BYTES {
+            return Err(ConfigError::new(
+                field,
+                format!(
+                    "the token has {} bytes, fewer than {MIN_ADMIN_TOKEN_BYTES} (draw one with \
+                     `openssl rand -hex 16`)",
+                    token.len()
+                ),
+            ));
+        }
+        Ok(token)
+    }
 }
 
 /// Which store, and the settings every route's layer shares.
@@ -451,6 +535,9 @@ impl Config {
             ));
         }
         self.store.validate()?;
+        if let Some(admin) = &self.admin {
+            admin.validate()?;
+        }
         if self.routes.is_empty() {
             return Err(ConfigError::new("routes", "at least one route is needed"));
         }

@@ -2,9 +2,10 @@
 //! that the `gateway` binary, the tests and the `fleet` example build the same server.
 //!
 //! The gateway is a small API server: `POST /login`, `GET /api/items`, `POST /api/items`,
-//! `GET /api/items/{id}`, `GET /health`, and `GET /metrics` (Prometheus text). Which of the first
-//! four are rate limited, per what key, how hard and what happens when the store fails all come
-//! from the configuration file; `/health` and `/metrics` never are.
+//! `GET /api/items/{id}`, `GET /health`, `GET /metrics` (Prometheus text) and, with an `[admin]`
+//! table, `POST /admin/reset` (forgets a client's count, for a request with the admin token).
+//! Which of the first four are rate limited, per what key, how hard and what happens when the
+//! store fails all come from the configuration file; the others never are.
 //!
 //! Each configured route becomes one `RateLimitLayer` wrapped around every endpoint its `path`
 //! covers; when several routes cover an endpoint, the one listed first is checked first. All
@@ -18,18 +19,21 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::Path;
-use axum::http::{Method, StatusCode, header};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{Path, Query};
+use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{MethodRouter, get, post};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use ratelimit_core::{DenialCache, Forget, MemoryStore, Store, SystemClock};
+use ratelimit_core::{DenialCache, Forget, MemoryStore, Reset, SystemClock};
 use ratelimit_redis::{
     Coalescing, LazyRedisStore, RedisStore, RedisStoreBuilder, RedisStoreError, ResetWatch,
 };
 use tower_ratelimit::client_ip::ClientIp;
 use tower_ratelimit::key::{ApiKeyHeader, ClientIpKey, GlobalKey};
-use tower_ratelimit::{CircuitBreaker, ForwardedHeader, Policy, RateLimitLayer};
+use tower_ratelimit::{
+    CircuitBreaker, ForwardedHeader, Policy, RateLimitLayer, ResetError, Resetter,
+};
 
 pub use config::{Config, ConfigError};
 
@@ -123,6 +127,7 @@ pub fn metrics_handle() -> PrometheusHandle {
 /// address from `ConnectInfo`.
 pub async fn app(config: &Config) -> Result<Router, StartError> {
     config.validate()?;
+    let admin_token = config.admin.as_ref().map(|a| a.token()).transpose()?;
     let metrics = metrics_handle();
     let policies = config
         .routes
@@ -137,10 +142,19 @@ pub async fn app(config: &Config) -> Result<Router, StartError> {
                 .max_keys(store.max_keys())
                 .build()
                 .map_err(|e| ConfigError::new("store.max_keys", e))?;
-            Ok(router(config, Arc::new(memory), policies, metrics, None)?)
+            Ok(router(
+                config,
+                Arc::new(memory),
+                policies,
+                metrics,
+                None,
+                admin_token,
+            )?)
         }
         config::StoreKind::Redis | config::StoreKind::RedisCluster => {
-            let builder = redis_builder(store)?;
+            // The admin route's resets are announced, so that the gateways that watch for resets
+            // end their cached denials of the client at once.
+            let builder = redis_builder(store)?.announce_resets(config.admin.is_some());
             let redis = if store.start_without_redis {
                 // Retried once a second until Redis can be reached; until then each route's
                 // failure policy answers. A wrong setting, refused credentials included, still
@@ -163,18 +177,25 @@ pub async fn app(config: &Config) -> Result<Router, StartError> {
             // coalescing of the calls that remain. Its clock: the Redis store counts on the
             // server's, and a denial's wait is a duration, timed here.
             Ok(match (store.denial_cache, store.coalesce) {
-                (false, false) => router(config, redis, policies, metrics, None)?,
-                (false, true) => router(config, Coalescing::new(redis), policies, metrics, None)?,
+                (false, false) => router(config, redis, policies, metrics, None, admin_token)?,
+                (false, true) => router(
+                    config,
+                    Coalescing::new(redis),
+                    policies,
+                    metrics,
+                    None,
+                    admin_token,
+                )?,
                 (true, false) => {
                     let cached = DenialCache::new(redis.clone(), SystemClock::new());
                     let watch = reset_watch(store, &redis, cached.clone())?;
-                    router(config, cached, policies, metrics, watch)?
+                    router(config, cached, policies, metrics, watch, admin_token)?
                 }
                 (true, true) => {
                     let cached =
                         DenialCache::new(Coalescing::new(redis.clone()), SystemClock::new());
                     let watch = reset_watch(store, &redis, cached.clone())?;
-                    router(config, cached, policies, metrics, watch)?
+                    router(config, cached, policies, metrics, watch, admin_token)?
                 }
             })
         }
@@ -289,16 +310,19 @@ fn start_error(store: &config::StoreConfig, e: RedisStoreError) -> StartError {
     }
 }
 
-/// The router over one store (an `Arc<MemoryStore>` or a `RedisStore`).
+/// The router over one store (an `Arc<MemoryStore>` or a `RedisStore`), with the admin route if
+/// there is a token.
 fn router<St>(
     config: &Config,
     store: St,
     policies: Vec<(String, Policy)>,
     metrics: PrometheusHandle,
     reset_watch: Option<Arc<ResetWatch>>,
+    admin_token: Option<Vec<u8>>,
 ) -> Result<Router, ConfigError>
 where
-    St: Store + Clone,
+    St: Reset + Clone,
+    St::Error: std::error::Error + 'static,
 {
     let s = &config.store;
     let mut layers = Vec::with_capacity(policies.len());
@@ -329,6 +353,33 @@ where
     }
 
     let mut app = Router::new();
+    if let Some(token) = admin_token {
+        let admin = Arc::new(Admin {
+            token,
+            policies: layers
+                .iter()
+                .zip(&config.routes)
+                .map(|((_, layer), route)| {
+                    let kind = match route.key {
+                        config::KeyConfig::Ip { .. } => ClientKind::Ip,
+                        config::KeyConfig::Header { .. } => ClientKind::Value,
+                        config::KeyConfig::Global {} => ClientKind::Everyone,
+                    };
+                    (route.policy.name.clone(), (kind, layer.resetter()))
+                })
+                .collect(),
+        });
+        // Never rate limited, as `/health` (see `config::ENDPOINTS`).
+        app = app.route(
+            "/admin/reset",
+            post(
+                move |headers: HeaderMap, query: Result<Query<ResetParams>, QueryRejection>| {
+                    let admin = Arc::clone(&admin);
+                    async move { admin.reset(&headers, query).await }
+                },
+            ),
+        );
+    }
     for endpoint in config::ENDPOINTS {
         let mut handler = endpoint_handler(endpoint);
         // The last layer added runs first: add them in reverse so the first route is checked
@@ -353,6 +404,150 @@ where
             async move { ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text) }
         }),
     ))
+}
+
+/// The admin route's state: its token, and each policy's resetter by name.
+struct Admin<St> {
+    token: Vec<u8>,
+    policies: HashMap<String, (ClientKind, Resetter<St>)>,
+}
+
+/// How a policy names a client: what `POST /admin/reset` needs besides the policy.
+#[derive(Clone, Copy)]
+enum ClientKind {
+    /// By address: `ip`.
+    Ip,
+    /// By a header's value: `client`.
+    Value,
+    /// One count for everyone: nothing more.
+    Everyone,
+}
+
+/// The query of `POST /admin/reset`.
+#[derive(serde::Deserialize)]
+#[serde(deny_unknown_fields)]
+struct ResetParams {
+    policy: String,
+    #[serde(default)]
+    client: Option<String>,
+    #[serde(default)]
+    ip: Option<String>,
+}
+
+/// An answer of the admin route: a status and one line of text.
+fn answer(status: StatusCode, text: impl Into<String>) -> axum::response::Response {
+    let mut text = text.into();
+    text.push('\n');
+    (status, text).into_response()
+}
+
+impl<St> Admin<St>
+where
+    St: Reset,
+    St::Error: std::error::Error + 'static,
+{
+    /// `POST /admin/reset?policy=NAME` with `&ip=ADDR` (a policy keyed by client IP) or
+    /// `&client=VALUE` (keyed by a header), and `Authorization: Bearer <token>`: forgets the
+    /// client's count under every limit of the policy.
+    async fn reset(
+        &self,
+        headers: &HeaderMap,
+        query: Result<Query<ResetParams>, QueryRejection>,
+    ) -> axum::response::Response {
+        if !self.authorized(headers) {
+            let mut res = answer(StatusCode::UNAUTHORIZED, "an admin token is needed");
+            res.headers_mut().insert(
+                header::WWW_AUTHENTICATE,
+                header::HeaderValue::from_static("Bearer realm=\"admin\""),
+            );
+            return res;
+        }
+        let Query(params) = match query {
+            Ok(q) => q,
+            Err(e) => return answer(StatusCode::BAD_REQUEST, e.body_text()),
+        };
+        let Some((kind, resetter)) = self.policies.get(&params.policy) else {
+            return answer(
+                StatusCode::NOT_FOUND,
+                format!("no route's policy is named {:?}", params.policy),
+            );
+        };
+        let done = match (kind, params.ip, params.client) {
+            (ClientKind::Ip, Some(ip), None) => match ip.parse::<std::net::IpAddr>() {
+                Ok(addr) => {
+                    tracing::info!(policy = %params.policy, ip = %addr, "admin reset");
+                    resetter.reset_ip(addr).await
+                }
+                Err(_) => {
+                    return answer(
+                        StatusCode::BAD_REQUEST,
+                        format!("ip: {ip:?} is not an IP address"),
+                    );
+                }
+            },
+            (ClientKind::Value, None, Some(client)) if !client.is_empty() => {
+                // The value is a client's credential (an API key): not logged.
+                tracing::info!(policy = %params.policy, "admin reset of a client");
+                resetter.reset_client(client.as_str()).await
+            }
+            (ClientKind::Everyone, None, None) => {
+                tracing::info!(policy = %params.policy, "admin reset of the shared count");
+                resetter.reset_client("").await
+            }
+            (ClientKind::Ip, ..) => {
+                return answer(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "{:?} counts per client IP: give ip=ADDR (and no client)",
+                        params.policy
+                    ),
+                );
+            }
+            (ClientKind::Value, ..) => {
+                return answer(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "{:?} counts per header value: give client=VALUE, not empty (and no ip)",
+                        params.policy
+                    ),
+                );
+            }
+            (ClientKind::Everyone, ..) => {
+                return answer(
+                    StatusCode::BAD_REQUEST,
+                    format!(
+                        "{:?} has one count for everyone: give neither ip nor client",
+                        params.policy
+                    ),
+                );
+            }
+        };
+        match done {
+            Ok(()) => StatusCode::NO_CONTENT.into_response(),
+            Err(e @ ResetError::NoKey) => answer(StatusCode::BAD_REQUEST, e.to_string()),
+            Err(e) => {
+                tracing::warn!(policy = %params.policy, error = %e, "admin reset failed");
+                answer(StatusCode::SERVICE_UNAVAILABLE, e.to_string())
+            }
+        }
+    }
+
+    /// Whether `headers` hold `Authorization: Bearer <token>`, compared in a time that does not
+    /// depend on where a wrong token first differs.
+    fn authorized(&self, headers: &HeaderMap) -> bool {
+        let Some(given) = headers
+            .get(header::AUTHORIZATION)
+            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
+        else {
+            return false;
+        };
+        given.len() == self.token.len()
+            && given
+                .iter()
+                .zip(&self.token)
+                .fold(0u8, |diff, (a, b)| diff | (a ^ b))
+                == 0
+    }
 }
 
 /// The handlers of one endpoint.

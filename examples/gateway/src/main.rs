@@ -328,6 +328,16 @@ async fn main() -> ExitCode {
             if p.dry_run { " (dry run)" } else { "" },
         );
     }
+    if let Some(admin) = &config.admin {
+        let source = match (&admin.token_env, &admin.token_file) {
+            (Some(name), _) => format!("${name}"),
+            (None, Some(path)) => path.display().to_string(),
+            (None, None) => String::new(),
+        };
+        println!(
+            "  admin:  POST /admin/reset?policy=NAME&ip=ADDR|client=VALUE (token from {source})"
+        );
+    }
     println!("try:");
     println!("  curl -i -X POST http://{addr}/login");
     println!("  curl -i -H 'x-api-key: demo-free' http://{addr}/api/items");
