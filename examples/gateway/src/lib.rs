@@ -423,6 +423,23 @@ enum ClientKind {
     Everyone,
 }
 
+impl ClientKind {
+    /// What a reset under `policy`, which names its clients so, needs in its query.
+    fn needs(self, policy: &str) -> String {
+        match self {
+            ClientKind::Ip => {
+                format!("{policy:?} counts per client IP: give ip=ADDR (and no client)")
+            }
+            ClientKind::Value => format!(
+                "{policy:?} counts per header value: give client=VALUE, not empty (and no ip)"
+            ),
+            ClientKind::Everyone => {
+                format!("{policy:?} has one count for everyone: give neither ip nor client")
+            }
+        }
+    }
+}
+
 /// The query of `POST /admin/reset`.
 #[derive(serde::Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -494,32 +511,8 @@ where
                 tracing::info!(policy = %params.policy, "admin reset of the shared count");
                 resetter.reset_client("").await
             }
-            (ClientKind::Ip, ..) => {
-                return answer(
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "{:?} counts per client IP: give ip=ADDR (and no client)",
-                        params.policy
-                    ),
-                );
-            }
-            (ClientKind::Value, ..) => {
-                return answer(
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "{:?} counts per header value: give client=VALUE, not empty (and no ip)",
-                        params.policy
-                    ),
-                );
-            }
-            (ClientKind::Everyone, ..) => {
-                return answer(
-                    StatusCode::BAD_REQUEST,
-                    format!(
-                        "{:?} has one count for everyone: give neither ip nor client",
-                        params.policy
-                    ),
-                );
+            (kind, ..) => {
+                return answer(StatusCode::BAD_REQUEST, kind.needs(&params.policy));
             }
         };
         match done {

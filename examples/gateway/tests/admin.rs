@@ -2,16 +2,16 @@
 //! for a request with the token only; its mistakes are named; its token is read at start from a
 //! file or an environment variable, and a missing or weak one stops the gateway.
 
-use std::net::SocketAddr;
+mod common;
+
 use std::process::Command;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::ConnectInfo;
-use axum::http::{Request, Response, StatusCode};
+use axum::http::{Request, StatusCode};
+use common::{send, status};
 use example_gateway::{Config, app};
 use http_body_util::BodyExt;
-use tower::ServiceExt;
 
 const MEMORY: &str = include_str!("../gateway.toml");
 const REDIS: &str = include_str!("../gateway-redis.toml");
@@ -27,28 +27,6 @@ fn with_admin(text: &str, dir: &tempfile::TempDir) -> Config {
         path.display().to_string()
     );
     Config::from_toml(&text).unwrap()
-}
-
-fn request(method: &str, uri: &str, peer: &str, api_key: Option<&str>) -> Request<Body> {
-    let mut builder = Request::builder().method(method).uri(uri);
-    if let Some(key) = api_key {
-        builder = builder.header("x-api-key", key);
-    }
-    let mut req = builder.body(Body::empty()).unwrap();
-    let peer: SocketAddr = peer.parse().unwrap();
-    req.extensions_mut().insert(ConnectInfo(peer));
-    req
-}
-
-async fn send(app: &Router, req: Request<Body>) -> Response<Body> {
-    app.clone().oneshot(req).await.unwrap()
-}
-
-async fn status(app: &Router, method: &str, uri: &str, peer: &str, key: Option<&str>) -> u16 {
-    send(app, request(method, uri, peer, key))
-        .await
-        .status()
-        .as_u16()
 }
 
 /// `POST /admin/reset?<query>` with `authorization` (if any): the status and the body.

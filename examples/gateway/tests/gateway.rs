@@ -1,12 +1,12 @@
 //! The gateway's router, driven with `oneshot` from the example configuration files; bad
 //! configurations; and the Redis configuration against a real redis-server.
 
-use std::net::SocketAddr;
+mod common;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::ConnectInfo;
-use axum::http::{Request, Response, StatusCode};
+use axum::http::{Response, StatusCode};
+use common::{request, send, status};
 use example_gateway::{Config, app};
 use http_body_util::BodyExt;
 use tower::ServiceExt;
@@ -21,30 +21,6 @@ const REDIS: &str = include_str!("../gateway-redis.toml");
 fn redis_text() -> String {
     assert!(REDIS.contains("timeout_ms = 50\n"));
     REDIS.replace("timeout_ms = 50\n", "timeout_ms = 2000\n")
-}
-
-/// A request from `peer`, with an API key if given. The peer address is what
-/// `into_make_service_with_connect_info` would put in the extensions.
-fn request(method: &str, uri: &str, peer: &str, api_key: Option<&str>) -> Request<Body> {
-    let mut builder = Request::builder().method(method).uri(uri);
-    if let Some(key) = api_key {
-        builder = builder.header("x-api-key", key);
-    }
-    let mut req = builder.body(Body::empty()).unwrap();
-    let peer: SocketAddr = peer.parse().unwrap();
-    req.extensions_mut().insert(ConnectInfo(peer));
-    req
-}
-
-async fn send(app: &Router, req: Request<Body>) -> Response<Body> {
-    app.clone().oneshot(req).await.unwrap()
-}
-
-async fn status(app: &Router, method: &str, uri: &str, peer: &str, key: Option<&str>) -> u16 {
-    send(app, request(method, uri, peer, key))
-        .await
-        .status()
-        .as_u16()
 }
 
 async fn body(res: Response<Body>) -> String {
