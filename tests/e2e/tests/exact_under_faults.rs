@@ -21,6 +21,8 @@
 //!   ([`LeasingStats::wasted_units`], which counts a lease asked for by a failed check in full):
 //!   no unit is lost in any other way. (Two layers of the same policy in a row, each spending a
 //!   unit, fail it.)
+//!
+//! And `ratelimit_decisions_total` counts every answer once, under its outcome.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -284,6 +286,25 @@ async fn run(wrapper: Wrapper, algorithm: Algorithm) {
             wasted_units
         })
         .sum();
+    // Every answer is counted once, under its outcome (answers from a lease or a cached denial
+    // too), faults or not.
+    let sum = |f: fn(&Tally) -> &AtomicU64| {
+        tallies
+            .iter()
+            .map(|t| f(t).load(Ordering::Relaxed))
+            .sum::<u64>()
+    };
+    for (outcome, answered) in [
+        ("allowed", sum(|t| &t.ok)),
+        ("denied", sum(|t| &t.denied)),
+        ("failed_closed", sum(|t| &t.unavailable)),
+    ] {
+        assert_eq!(
+            metrics.decisions("exact", outcome),
+            answered,
+            "{wrapper:?}: ratelimit_decisions_total{{outcome=\"{outcome}\"}}"
+        );
+    }
     let mut beyond_admissions = 0;
     for (client, t) in tallies.iter().enumerate() {
         let (ok, denied, unavailable, other) = (
