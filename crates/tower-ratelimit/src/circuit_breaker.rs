@@ -316,14 +316,21 @@ impl Breaker {
         }
     }
 
+    /// The breaker of a store with `failure_domains` of them (`Store::failure_domains`): a
+    /// circuit per domain, or one if `config` says so (`single_circuit`).
     pub(crate) fn new(
         config: CircuitBreaker,
         timeout: Duration,
         clock: Arc<dyn Clock>,
         metrics: &Metrics,
         policy: Arc<str>,
-        parts: usize,
+        failure_domains: usize,
     ) -> Breaker {
+        let parts = if config.per_failure_domain() {
+            failure_domains
+        } else {
+            1
+        };
         let gauge = Metrics::circuit_gauge(&policy);
         gauge.set(CLOSED as f64);
         let not_closed = Metrics::circuits_not_closed_gauge(&policy);

@@ -189,11 +189,7 @@ impl<St: Store> GuardedBuilder<St> {
                 self.clock,
                 &metrics,
                 name.clone(),
-                if config.per_failure_domain() {
-                    self.store.failure_domains()
-                } else {
-                    1
-                },
+                self.store.failure_domains(),
             ))
         });
         Ok(Guarded {

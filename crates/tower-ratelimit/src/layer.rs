@@ -387,11 +387,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 self.clock.clone(),
                 &rt.metrics,
                 rt.name.clone(),
-                if config.per_failure_domain() {
-                    self.store.failure_domains()
-                } else {
-                    1
-                },
+                self.store.failure_domains(),
             ))
         });
         Ok(RateLimitLayer {

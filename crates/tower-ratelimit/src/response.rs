@@ -1148,19 +1148,15 @@ impl Bodies {
         headers.remove(CONTENT_LENGTH);
         headers.insert(GRPC_STATUS, HeaderValue::from_static(code));
         headers.insert(GRPC_MESSAGE, form.message);
-        match form.pushback {
-            Pushback::After(wait) => {
-                let ms = wait.as_micros().div_ceil(1_000).max(1);
-                let value = match i32::try_from(ms) {
-                    Ok(ms) => number(ms.unsigned_abs().into()),
-                    Err(_) => HeaderValue::from_static("-1"),
-                };
-                headers.insert(GRPC_RETRY_PUSHBACK_MS, value);
-            }
-            Pushback::Never => {
-                headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"));
-            }
-        }
+        // A wait in whole milliseconds if a pushback can say it; else `-1`, as for never.
+        let ms = match form.pushback {
+            Pushback::After(wait) => i32::try_from(wait.as_micros().div_ceil(1_000).max(1)).ok(),
+            Pushback::Never => None,
+        };
+        let value = ms.map_or(HeaderValue::from_static("-1"), |ms| {
+            number(ms.unsigned_abs().into())
+        });
+        headers.insert(GRPC_RETRY_PUSHBACK_MS, value);
         res
     }
 }
