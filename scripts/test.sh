@@ -49,3 +49,7 @@ cargo test -p tower-ratelimit --all-features
 echo "== the gateway over rediss:// (its tls feature), and its TLS settings checked with it"
 cargo test -p example-gateway --features tls --test tls
 cargo test -p example-gateway --features tls --test gateway bad_configurations
+echo "== the Redis store and the gateway over rediss:// through rustls (their tls-rustls features): a TLS cluster with a private CA"
+cargo test -p ratelimit-redis --features tls-rustls --test tls
+cargo test -p example-gateway --features tls-rustls --test tls
+cargo test -p example-gateway --features tls-rustls --test gateway bad_configurations

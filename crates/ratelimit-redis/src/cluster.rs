@@ -60,8 +60,11 @@ pub(crate) struct Manager {
 impl Manager {
     /// `client_connect_timeout` is the cluster client's (see [`client_connect_timeout`]);
     /// `connect_timeout` the side connections'.
+    /// `root_cert` (PEM), with the `tls-rustls` feature only, is the roots the client verifies
+    /// the nodes against.
     pub(crate) fn new(
         infos: Vec<ConnectionInfo>,
+        root_cert: Option<Vec<u8>>,
         connect_timeout: Duration,
         client_connect_timeout: Duration,
         response_timeout: Duration,
@@ -72,12 +75,25 @@ impl Manager {
         // slot map send, and `CLUSTER SLOTS`. Without one, a node that stops answering without
         // closing its connection (a frozen process, a partition) held a refresh, and with it
         // every key, until it answered again, and no new connection could ever be made.
-        let client = ClusterClientBuilder::new(infos)
+        let builder = ClusterClientBuilder::new(infos)
             .retries(0)
             .connection_timeout(client_connect_timeout)
             .response_timeout(response_timeout)
-            .tcp_settings(tcp_settings())
-            .build()?;
+            .tcp_settings(tcp_settings());
+        #[cfg(feature = "tls-rustls")]
+        let builder = match root_cert {
+            Some(pem) => builder.certs(redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem),
+            }),
+            None => builder,
+        };
+        #[cfg(not(feature = "tls-rustls"))]
+        debug_assert!(
+            root_cert.is_none(),
+            "a cluster root certificate needs tls-rustls"
+        );
+        let client = builder.build()?;
         Ok(Manager {
             client,
             nodes: Arc::new(Nodes {

@@ -79,6 +79,12 @@
 //!   (native-tls; building needs `libssl-dev` and `pkg-config`). Without it, a `rediss://` URL is
 //!   refused by [`build`](RedisStoreBuilder::build) with a
 //!   [`RedisStoreError::Config`] that says so.
+//! - `tls-rustls`: the same through rustls (aws-lc-rs as its crypto provider, which `build`
+//!   installs as the process default unless the application installed one; no OpenSSL), where
+//!   `RedisStoreBuilder::tls_root_certificate` serves Redis Cluster as
+//!   well as standalone servers. Choose one of the two: with both on (features unify across a
+//!   build), redis-rs connects through rustls but verifies only against a root certificate given
+//!   to the builder, so `build` refuses a `rediss://` URL without one.
 #![forbid(unsafe_code)]
 
 mod cluster;

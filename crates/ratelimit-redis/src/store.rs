@@ -315,7 +315,7 @@ pub struct RedisStoreBuilder {
     clock: Option<Arc<dyn Clock>>,
     expiry_slack: Duration,
     announce_resets: bool,
-    #[cfg(feature = "tls")]
+    #[cfg(any(feature = "tls", feature = "tls-rustls"))]
     root_cert: Option<Vec<u8>>,
 }
 
@@ -1152,7 +1152,7 @@ impl RedisStoreBuilder {
             clock: None,
             expiry_slack: Duration::ZERO,
             announce_resets: false,
-            #[cfg(feature = "tls")]
+            #[cfg(any(feature = "tls", feature = "tls-rustls"))]
             root_cert: None,
         }
     }
@@ -1173,13 +1173,25 @@ impl RedisStoreBuilder {
     }
 
     /// Trusts `pem` (one or more PEM certificates) as the root for `rediss://` servers, instead of
-    /// the system's roots: for a Redis whose certificate comes from a private CA. Standalone
-    /// servers only: [`build`](Self::build) refuses it for a cluster (whose client, on
-    /// native-tls, verifies against the system's roots only).
-    #[cfg(feature = "tls")]
+    /// the system's roots: for a Redis whose certificate comes from a private CA. With the
+    /// `tls-rustls` feature, for standalone servers and clusters alike; with `tls` (native-tls),
+    /// standalone servers only: [`build`](Self::build) refuses it for a cluster, whose client
+    /// on native-tls verifies against the system's roots only.
+    #[cfg(any(feature = "tls", feature = "tls-rustls"))]
     pub fn tls_root_certificate(mut self, pem: impl Into<Vec<u8>>) -> Self {
         self.root_cert = Some(pem.into());
         self
+    }
+
+    /// The root certificate for a cluster's client, which makes its own connections to the
+    /// nodes its slot map names (with `tls-rustls` only; `build` refuses one without it): given
+    /// only for `rediss://` seeds, as it makes the client use TLS.
+    fn cluster_root_certificate(&self) -> Option<Vec<u8>> {
+        #[cfg(feature = "tls-rustls")]
+        if self.urls.iter().all(|u| u.starts_with("rediss://")) {
+            return self.root_cert.clone();
+        }
+        None
     }
 
     /// The connection settings for `url`, with the root certificate if one was given.
@@ -1187,7 +1199,11 @@ impl RedisStoreBuilder {
         let bad = |e: RedisError| {
             RedisStoreError::config("url", format!("cannot use `{}`: {e}", redact_url(url)))
         };
-        #[cfg(feature = "tls")]
+        #[cfg(feature = "tls-rustls")]
+        if url.starts_with("rediss://") {
+            install_crypto_provider();
+        }
+        #[cfg(any(feature = "tls", feature = "tls-rustls"))]
         if let Some(pem) = &self.root_cert {
             let certs = redis::TlsCertificates {
                 client_tls: None,
@@ -1309,7 +1325,7 @@ impl RedisStoreBuilder {
         validate_prefix(&self.prefix)?;
         // The cluster client makes its own connections from the node addresses, and with
         // native-tls it takes no root certificate: refused rather than silently unused.
-        #[cfg(feature = "tls")]
+        #[cfg(all(feature = "tls", not(feature = "tls-rustls")))]
         if self.cluster && self.root_cert.is_some() {
             return Err(RedisStoreError::config(
                 "tls_root_certificate",
@@ -1340,10 +1356,23 @@ impl RedisStoreBuilder {
         }
         let mut infos: Vec<redis::ConnectionInfo> = Vec::with_capacity(self.urls.len());
         for url in &self.urls {
-            if cfg!(not(feature = "tls")) && url.starts_with("rediss://") {
+            if cfg!(not(any(feature = "tls", feature = "tls-rustls")))
+                && url.starts_with("rediss://")
+            {
                 return Err(RedisStoreError::config(
                     "url",
-                    "rediss:// (TLS) needs ratelimit-redis's `tls` feature",
+                    "rediss:// (TLS) needs ratelimit-redis's `tls` or `tls-rustls` feature",
+                ));
+            }
+            // With both features, redis-rs connects through rustls but loads no system roots
+            // (it leaves them to native-tls): such a store could verify no server at all.
+            #[cfg(all(feature = "tls", feature = "tls-rustls"))]
+            if url.starts_with("rediss://") && self.root_cert.is_none() {
+                return Err(RedisStoreError::config(
+                    "url",
+                    "with both the `tls` and `tls-rustls` features on, redis-rs verifies \
+                     rediss:// servers only against a root certificate given with \
+                     tls_root_certificate, not the system's: turn one feature off, or give the CA",
                 ));
             }
             infos.push(self.connection_info(url)?);
@@ -1378,6 +1407,7 @@ impl RedisStoreBuilder {
             };
             let manager = cluster::Manager::new(
                 infos,
+                self.cluster_root_certificate(),
                 self.connect_timeout,
                 client_connect_timeout,
                 self.response_timeout,
@@ -1588,6 +1618,19 @@ fn redact_params(query: &str) -> String {
         })
         .collect();
     params.join("&")
+}
+
+/// Installs aws-lc-rs's rustls provider as the process's default, unless one is installed already.
+/// redis-rs builds its rustls configurations with the process default, and rustls picks one by
+/// itself only when exactly one provider's feature is on in the whole build; with two (another
+/// dependency bringing aws-lc-rs), making a connection would panic. An application that installs
+/// its own provider before building the store keeps it.
+#[cfg(feature = "tls-rustls")]
+fn install_crypto_provider() {
+    if rustls::crypto::CryptoProvider::get_default().is_none() {
+        // Another thread may have installed one in between: that one stays, which is as good.
+        let _ = rustls::crypto::aws_lc_rs::default_provider().install_default();
+    }
 }
 
 #[cfg(test)]

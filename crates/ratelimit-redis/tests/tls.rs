@@ -1,9 +1,15 @@
-//! `rediss://` URLs (with the `tls` feature): a server with its own CA, verified with the CA's
-//! certificate, refused without it, and accepted unverified only when asked (`#insecure`).
-#![cfg(feature = "tls")]
+//! `rediss://` URLs (with the `tls` or the `tls-rustls` feature): a server with its own CA,
+//! verified with the CA's certificate, refused without it, and accepted unverified only when asked
+//! (`#insecure`); with `tls-rustls`, a Redis Cluster over TLS with its own CA as well.
+//!
+//! `cargo test -p ratelimit-redis --features tls --test tls` (native-tls, the system's OpenSSL)
+//! and `cargo test -p ratelimit-redis --features tls-rustls --test tls` (rustls).
+#![cfg(any(feature = "tls", feature = "tls-rustls"))]
 
 use ratelimit_core::{Algorithm, Limit, Quota};
 use ratelimit_redis::{RedisStore, RedisStoreError};
+#[cfg(feature = "tls-rustls")]
+use redis_harness::tls::TlsRedisCluster;
 use redis_harness::tls::TlsRedisServer;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -19,6 +25,12 @@ async fn rediss_with_a_private_ca() {
         .unwrap();
     let d = store.check(b"k", &limit, 1).await.unwrap();
     assert_eq!(d.remaining(), 9);
+
+    // With both features on, redis-rs would verify against no roots at all without the CA:
+    // refused, naming the setting (see `both_features_need_the_ca`).
+    if cfg!(all(feature = "tls", feature = "tls-rustls")) {
+        return;
+    }
 
     // The system's roots do not know the test CA: the handshake fails, nothing is sent.
     let err = RedisStore::builder(server.url()).build().await.unwrap_err();
@@ -56,9 +68,10 @@ async fn a_plain_url_cannot_reach_a_tls_port() {
     );
 }
 
-/// The cluster client takes no root certificate (on native-tls it verifies against the system's
+/// On native-tls the cluster client takes no root certificate (it verifies against the system's
 /// roots only): a cluster builder given one is refused at `build`, rather than the certificate
 /// being silently unused and every connection failing its handshake.
+#[cfg(not(feature = "tls-rustls"))]
 #[tokio::test]
 async fn a_root_certificate_is_refused_for_a_cluster() {
     let err = RedisStore::cluster(["rediss://127.0.0.1:1"])
@@ -74,6 +87,73 @@ async fn a_root_certificate_is_refused_for_a_cluster() {
                 ..
             }
         ),
+        "{err:?}"
+    );
+}
+
+/// With rustls, a cluster whose nodes' certificates come from a private CA: the store is given
+/// one node's URL and the CA, and reaches the other nodes, named by the slot map, through TLS
+/// verified against that CA. Without the CA it reaches none.
+#[cfg(feature = "tls-rustls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_over_tls_with_a_private_ca() {
+    let cluster = TlsRedisCluster::start(3);
+    let seed = cluster.urls().swap_remove(0);
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(3).unwrap()).unwrap();
+    let store = RedisStore::cluster([seed.clone()])
+        .tls_root_certificate(cluster.ca_pem())
+        .build()
+        .await
+        .unwrap();
+
+    // Keys spread over every master: each is counted exactly, wherever its slot lives.
+    let keys: Vec<String> = (0..30).map(|i| format!("user:{i}")).collect();
+    for key in &keys {
+        let answers: Vec<bool> = {
+            let mut v = Vec::new();
+            for _ in 0..4 {
+                v.push(
+                    store
+                        .check(key.as_bytes(), &limit, 1)
+                        .await
+                        .unwrap()
+                        .is_allowed(),
+                );
+            }
+            v
+        };
+        assert_eq!(answers, [true, true, true, false], "{key}");
+    }
+    for node in cluster.nodes() {
+        let held: u64 = node.cli(&["dbsize"]).parse().unwrap();
+        assert!(held > 0, "node {} holds no state: not reached", node.port());
+    }
+
+    // The system's roots do not know the test CA: no node's handshake succeeds (with both
+    // features on, refused before any: see `both_features_need_the_ca`).
+    let err = RedisStore::cluster([seed]).build().await.unwrap_err();
+    if cfg!(all(feature = "tls", feature = "tls-rustls")) {
+        assert!(
+            matches!(err, RedisStoreError::Config { name: "url", .. }),
+            "{err:?}"
+        );
+    } else {
+        assert!(err.is_unavailable(), "{err:?}");
+    }
+}
+
+/// With both `tls` and `tls-rustls` on (features unify across a build), redis-rs connects
+/// through rustls but leaves the system's roots to native-tls, so a `rediss://` store without a
+/// root certificate could verify no server: refused at `build`, naming the URL, rather than
+/// failing every handshake.
+#[cfg(all(feature = "tls", feature = "tls-rustls"))]
+#[tokio::test]
+async fn both_features_need_the_ca() {
+    let server = TlsRedisServer::start();
+    let err = RedisStore::builder(server.url()).build().await.unwrap_err();
+    assert!(
+        matches!(&err, RedisStoreError::Config { name: "url", .. })
+            && err.to_string().contains("tls_root_certificate"),
         "{err:?}"
     );
 }

@@ -451,7 +451,8 @@ const MAX_MS: u64 = 3_600_000;
 
 /// Why a TLS setting is refused by a gateway built without its `tls` feature.
 const NO_TLS: &str = "rediss:// (TLS) needs the gateway built with its `tls` feature \
-                      (cargo run -p example-gateway --features tls), which builds against OpenSSL";
+                      (cargo run -p example-gateway --features tls), which builds against OpenSSL, \
+                      or its `tls-rustls` feature (rustls)";
 
 /// The longest `store.expiry_slack_ms`: a day (an idle key then stays at most a day longer).
 const MAX_SLACK_MS: u64 = 86_400_000;
@@ -889,15 +890,15 @@ impl StoreConfig {
         Ok(())
     }
 
-    /// `rediss://` URLs need the gateway's `tls` feature, and a CA file goes with one standalone
-    /// `rediss://` server.
+    /// `rediss://` URLs need the gateway's `tls` or `tls-rustls` feature, and a CA file goes with
+    /// `rediss://` URLs: one standalone server's, or (with `tls-rustls` only) a cluster's.
     fn validate_tls(&self) -> Result<(), ConfigError> {
         // The scheme in any case, as the URL parser takes it.
         let tls_url = |u: &String| {
             u.get(..9)
                 .is_some_and(|s| s.eq_ignore_ascii_case("rediss://"))
         };
-        if !cfg!(feature = "tls") {
+        if !cfg!(any(feature = "tls", feature = "tls-rustls")) {
             let field = if self.url.as_ref().is_some_and(tls_url) {
                 Some("store.url")
             } else if self.urls.iter().any(tls_url) {
@@ -913,13 +914,21 @@ impl StoreConfig {
         }
         if self.tls_ca_file.is_some() {
             if self.kind == StoreKind::RedisCluster {
-                return Err(ConfigError::new(
-                    "store.tls_ca_file",
-                    "only used when kind is \"redis\": the cluster client verifies against the \
-                     system's roots only (add the CA to them)",
-                ));
-            }
-            if !self.url.as_ref().is_some_and(tls_url) {
+                if !cfg!(feature = "tls-rustls") {
+                    return Err(ConfigError::new(
+                        "store.tls_ca_file",
+                        "only used when kind is \"redis\" with the `tls` feature: its cluster \
+                         client verifies against the system's roots only (add the CA to them, \
+                         or build the gateway with `tls-rustls` instead)",
+                    ));
+                }
+                if self.urls.is_empty() || !self.urls.iter().all(tls_url) {
+                    return Err(ConfigError::new(
+                        "store.tls_ca_file",
+                        "only used with rediss:// urls",
+                    ));
+                }
+            } else if !self.url.as_ref().is_some_and(tls_url) {
                 return Err(ConfigError::new(
                     "store.tls_ca_file",
                     "only used with a rediss:// url",

@@ -256,7 +256,7 @@ fn redis_builder(store: &config::StoreConfig) -> Result<RedisStoreBuilder, Start
 }
 
 /// The store trusts the certificates of `store.tls_ca_file`, if set, as its roots.
-#[cfg(feature = "tls")]
+#[cfg(any(feature = "tls", feature = "tls-rustls"))]
 fn tls_ca(
     builder: RedisStoreBuilder,
     store: &config::StoreConfig,
@@ -281,8 +281,8 @@ fn tls_ca(
     Ok(builder.tls_root_certificate(pem))
 }
 
-/// Without the `tls` feature the configuration refuses `tls_ca_file` (`StoreConfig::validate`).
-#[cfg(not(feature = "tls"))]
+/// Without a TLS feature the configuration refuses `tls_ca_file` (`StoreConfig::validate`).
+#[cfg(not(any(feature = "tls", feature = "tls-rustls")))]
 fn tls_ca(
     builder: RedisStoreBuilder,
     _store: &config::StoreConfig,
@@ -291,7 +291,7 @@ fn tls_ca(
 }
 
 /// The first line of a PEM certificate.
-#[cfg(feature = "tls")]
+#[cfg(any(feature = "tls", feature = "tls-rustls"))]
 const CERT_BEGIN: &str = "-----BEGIN CERTIFICATE-----";
 
 /// The start-up error for the store's error `e`: an invalid setting names the configuration's

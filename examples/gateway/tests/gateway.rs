@@ -754,9 +754,17 @@ async fn bad_configurations_fail_naming_the_field() {
         "{err}"
     );
 
-    // TLS settings: a CA file goes with one standalone `rediss://` server; without the
-    // gateway's `tls` feature, `rediss://` itself is refused at load, naming the feature.
+    // TLS settings: a CA file goes with `rediss://` URLs, of one standalone server, or of a
+    // cluster with the `tls-rustls` feature only; without a TLS feature, `rediss://` itself is
+    // refused at load, naming the features.
+    let tls = cfg!(any(feature = "tls", feature = "tls-rustls"));
     let policy = with_policy("quotas = [{ limit = 5, per = \"minute\" }]");
+    let cluster_with_ca = |url: &str| {
+        format!(
+            "[store]\nkind = \"redis_cluster\"\nurls = [\"{url}\"]\n\
+             tls_ca_file = \"ca.pem\"\n{policy}"
+        )
+    };
     let mut tls_cases = vec![
         (
             format!("[store]\ntls_ca_file = \"ca.pem\"\n{policy}"),
@@ -764,28 +772,34 @@ async fn bad_configurations_fail_naming_the_field() {
         ),
         (
             format!(
-                "[store]\nkind = \"redis_cluster\"\nurls = [\"rediss://127.0.0.1:7000\"]\n\
-                 tls_ca_file = \"ca.pem\"\n{policy}"
-            ),
-            if cfg!(feature = "tls") {
-                "store.tls_ca_file: only used when kind is \"redis\": the cluster client"
-            } else {
-                "store.urls: rediss:// (TLS) needs the gateway built with its `tls` feature"
-            },
-        ),
-        (
-            format!(
                 "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\n\
                  tls_ca_file = \"ca.pem\"\n{policy}"
             ),
-            if cfg!(feature = "tls") {
+            if tls {
                 "store.tls_ca_file: only used with a rediss:// url"
             } else {
                 "store.tls_ca_file: rediss:// (TLS) needs the gateway built with its `tls` feature"
             },
         ),
     ];
-    if !cfg!(feature = "tls") {
+    if cfg!(feature = "tls-rustls") {
+        tls_cases.push((
+            cluster_with_ca("redis://127.0.0.1:7000"),
+            "store.tls_ca_file: only used with rediss:// urls",
+        ));
+        // The cluster's CA file is taken (it is read when the gateway starts).
+        assert!(Config::from_toml(&cluster_with_ca("rediss://127.0.0.1:7000")).is_ok());
+    } else {
+        tls_cases.push((
+            cluster_with_ca("rediss://127.0.0.1:7000"),
+            if tls {
+                "store.tls_ca_file: only used when kind is \"redis\" with the `tls` feature"
+            } else {
+                "store.urls: rediss:// (TLS) needs the gateway built with its `tls` feature"
+            },
+        ));
+    }
+    if !tls {
         tls_cases.push((
             format!("[store]\nkind = \"redis\"\nurl = \"REDISS://127.0.0.1:6379\"\n{policy}"),
             "store.url: rediss:// (TLS) needs the gateway built with its `tls` feature \

@@ -1,8 +1,10 @@
-//! The gateway over `rediss://` (its `tls` feature): a Redis whose certificate comes from a
-//! private CA, trusted through `store.tls_ca_file`, against a real TLS redis-server.
+//! The gateway over `rediss://` (its `tls` or `tls-rustls` feature): a Redis whose certificate
+//! comes from a private CA, trusted through `store.tls_ca_file`, against a real TLS redis-server;
+//! with `tls-rustls`, a Redis Cluster over TLS with its own CA as well.
 //!
 //! Run with: cargo test -p example-gateway --features tls --test tls
-#![cfg(feature = "tls")]
+//! (or `--features tls-rustls`)
+#![cfg(any(feature = "tls", feature = "tls-rustls"))]
 
 use std::net::SocketAddr;
 
@@ -98,6 +100,47 @@ async fn a_wrong_ca_file_is_named() {
         assert!(
             err.starts_with("store.tls_ca_file: ") && err.contains(expected) && err.contains(path),
             "{err}"
+        );
+    }
+}
+
+/// With `tls-rustls`, a `redis_cluster` store over TLS whose nodes' certificates come from a
+/// private CA: two gateways given one seed node and the CA file share a limit, whatever node
+/// each key's slot is on.
+#[cfg(feature = "tls-rustls")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_gateways_share_a_limit_over_a_tls_cluster_with_a_private_ca() {
+    let cluster = redis_harness::tls::TlsRedisCluster::start(3);
+    let dir = tempfile::tempdir().unwrap();
+    let ca = dir.path().join("ca.pem");
+    std::fs::write(&ca, cluster.ca_pem()).unwrap();
+    let text = format!(
+        "[store]\nkind = \"redis_cluster\"\nurls = [\"{}\"]\nprefix = \"tls\"\n\
+         timeout_ms = 2000\nconnect_timeout_ms = 2000\ntls_ca_file = {:?}\n\
+         [[routes]]\npath = \"/login\"\nkey = {{ source = \"ip\" }}\n\
+         [routes.policy]\nname = \"login\"\nquotas = [{{ limit = 5, per = \"minute\" }}]\n\
+         failure = {{ mode = \"closed\", retry_after_secs = 5 }}\n",
+        cluster.urls()[0],
+        ca.to_str().unwrap(),
+    );
+    let config = Config::from_toml(&text).unwrap();
+    let a = app(&config).await.unwrap();
+    let b = app(&config).await.unwrap();
+
+    // Clients whose keys land on every node: each gets its five logins, shared by the two.
+    let peers: Vec<String> = (1..=40).map(|i| format!("192.0.2.{i}:1000")).collect();
+    for peer in &peers {
+        for gw in [&a, &b, &a, &b, &a] {
+            assert_eq!(login(gw, peer).await, 200, "{peer}");
+        }
+        assert_eq!(login(&b, peer).await, 429, "{peer}");
+    }
+    for node in cluster.nodes() {
+        let keys = node.cli(&["--scan", "--pattern", "tls:*"]);
+        assert!(
+            keys.lines().count() > 0,
+            "node {} holds no count: not reached",
+            node.port()
         );
     }
 }

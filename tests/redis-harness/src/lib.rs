@@ -698,22 +698,27 @@ impl RedisCluster {
 
     /// The ranges of hash slots `node` serves, as it says itself (`CLUSTER NODES`).
     pub fn slots_of(&self, node: &RedisServer) -> Vec<std::ops::RangeInclusive<u16>> {
-        let nodes = node.cli(&["cluster", "nodes"]);
-        let me = nodes
-            .lines()
-            .find(|l| l.contains("myself"))
-            .expect("CLUSTER NODES lists myself");
-        me.split_whitespace()
-            .skip(8)
-            .filter_map(|range| {
-                let (lo, hi) = match range.split_once('-') {
-                    Some((a, b)) => (a.parse::<u16>(), b.parse::<u16>()),
-                    None => (range.parse::<u16>(), range.parse::<u16>()),
-                };
-                Some(lo.ok()?..=hi.ok()?)
-            })
-            .collect()
+        own_slots(&node.cli(&["cluster", "nodes"]))
     }
+}
+
+/// The ranges of hash slots of the node that answered `CLUSTER NODES` with `nodes` (its
+/// `myself` line).
+fn own_slots(nodes: &str) -> Vec<std::ops::RangeInclusive<u16>> {
+    let me = nodes
+        .lines()
+        .find(|l| l.contains("myself"))
+        .expect("CLUSTER NODES lists myself");
+    me.split_whitespace()
+        .skip(8)
+        .filter_map(|range| {
+            let (lo, hi) = match range.split_once('-') {
+                Some((a, b)) => (a.parse::<u16>(), b.parse::<u16>()),
+                None => (range.parse::<u16>(), range.parse::<u16>()),
+            };
+            Some(lo.ok()?..=hi.ok()?)
+        })
+        .collect()
 }
 
 #[cfg(test)]

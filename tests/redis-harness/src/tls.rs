@@ -10,13 +10,16 @@
 //! ```
 //!
 //! The CA and the server certificate (valid for `127.0.0.1` and `localhost`, for two days) are
-//! made with the `openssl` command-line tool in the server's temporary directory. The server
-//! listens on its TLS port only (`port 0`) and does not ask clients for a certificate
-//! (`tls-auth-clients no`).
+//! made with the `openssl` command-line tool in a temporary directory. The server listens on its
+//! TLS port only (`port 0`) and does not ask clients for a certificate (`tls-auth-clients no`).
+//!
+//! [`TlsRedisCluster`] is a Redis Cluster of such servers, sharing one CA and certificate, whose
+//! nodes talk to each other over TLS too (`tls-cluster yes`) and announce their TLS ports.
 
 use std::fmt;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use tempfile::TempDir;
@@ -28,6 +31,9 @@ const START_TIMEOUT: Duration = Duration::from_secs(10);
 pub struct TlsRedisServer {
     port: u16,
     dir: TempDir,
+    /// Where the CA and the server certificate are (shared by a cluster's nodes).
+    certs: Arc<TempDir>,
+    cluster: bool,
     child: Option<Child>,
 }
 
@@ -36,6 +42,7 @@ impl fmt::Debug for TlsRedisServer {
         f.debug_struct("TlsRedisServer")
             .field("port", &self.port)
             .field("dir", &self.dir.path())
+            .field("cluster", &self.cluster)
             .finish()
     }
 }
@@ -54,7 +61,19 @@ fn openssl(dir: &Path, args: &[&str]) {
     );
 }
 
-/// Writes `ca.crt`, `ca.key`, `server.crt` and `server.key` (P-256 keys) into `dir`.
+/// A temporary directory with a new CA and a server certificate (see [`make_certificates`]).
+fn certificates() -> TempDir {
+    let certs = tempfile::Builder::new()
+        .prefix("redis-harness-certs-")
+        .tempdir()
+        .expect("create a temporary directory");
+    make_certificates(certs.path());
+    certs
+}
+
+/// Writes `ca.crt`, `ca.key`, `server.crt` and `server.key` (P-256 keys) into `dir`. The server
+/// certificate is a client certificate as well: a cluster's nodes present it to each other on the
+/// cluster bus, and refuse a peer whose certificate is not for client authentication.
 fn make_certificates(dir: &Path) {
     let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
     let mut ca = vec!["req", "-x509", "-nodes", "-days", "2"];
@@ -82,7 +101,7 @@ fn make_certificates(dir: &Path) {
     std::fs::write(
         dir.join("server.ext"),
         "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
-         keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth\n",
+         keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n",
     )
     .expect("write server.ext");
     openssl(
@@ -112,30 +131,46 @@ impl TlsRedisServer {
     /// it cannot. A port taken by another process between its choice and the server's bind
     /// (tests start servers and proxies in parallel) is given up for another.
     pub fn start() -> TlsRedisServer {
+        // The certificates first: `openssl` takes a while, and a port chosen before it would
+        // stay free but unbound all that time.
+        TlsRedisServer::start_with(Arc::new(certificates()), false)
+    }
+
+    /// Starts a server with the certificates of `certs`, cluster-enabled (over TLS) if `cluster`.
+    fn start_with(certs: Arc<TempDir>, cluster: bool) -> TlsRedisServer {
         let dir = tempfile::Builder::new()
             .prefix("redis-harness-tls-")
             .tempdir()
             .expect("create a temporary directory");
-        // The certificates first: `openssl` takes a while, and a port chosen before it would
-        // stay free but unbound all that time.
-        make_certificates(dir.path());
         let mut server = TlsRedisServer {
             port: 0,
             dir,
+            certs,
+            cluster,
             child: None,
         };
         for _ in 0..crate::PORT_ATTEMPTS {
-            server.port = crate::free_port(false);
+            // A cluster node also listens on its port + 10,000 (the cluster bus).
+            server.port = crate::free_port(cluster);
             let d = server.dir.path().display();
-            let conf = format!(
+            let c = server.certs.path().display();
+            let mut conf = format!(
                 "port 0\ntls-port {}\nbind 127.0.0.1\nprotected-mode no\ndir {d}\nsave \"\"\n\
-                 appendonly no\ndaemonize no\nlogfile {d}/redis.log\ntls-cert-file {d}/server.crt\n\
-                 tls-key-file {d}/server.key\ntls-ca-cert-file {d}/ca.crt\ntls-auth-clients no\n",
+                 appendonly no\ndaemonize no\nlogfile {d}/redis.log\ntls-cert-file {c}/server.crt\n\
+                 tls-key-file {c}/server.key\ntls-ca-cert-file {c}/ca.crt\ntls-auth-clients no\n",
                 server.port
             );
-            // A fresh log for each attempt, so that an earlier attempt's bind error is not read
-            // as this one's.
-            let _ = std::fs::remove_file(server.dir.path().join("redis.log"));
+            if cluster {
+                conf.push_str(&format!(
+                    "cluster-enabled yes\ncluster-config-file {d}/nodes.conf\n\
+                     cluster-node-timeout 5000\ntls-cluster yes\n"
+                ));
+            }
+            // A fresh log (and node table) for each attempt, so that an earlier attempt's bind
+            // error is not read as this one's.
+            for file in ["redis.log", "nodes.conf"] {
+                let _ = std::fs::remove_file(server.dir.path().join(file));
+            }
             server.child = Some(crate::spawn_server(
                 &server.dir.path().join("redis.conf"),
                 &conf,
@@ -197,7 +232,7 @@ impl TlsRedisServer {
 
     /// The path of the CA certificate (PEM) that signed the server's certificate.
     pub fn ca_path(&self) -> PathBuf {
-        self.dir.path().join("ca.crt")
+        self.certs.path().join("ca.crt")
     }
 
     /// The CA certificate (PEM) that signed the server's certificate.
@@ -208,11 +243,16 @@ impl TlsRedisServer {
     /// Runs one command through `redis-cli --tls`, verifying the server against the test's CA,
     /// and returns its output, trimmed. Panics if `redis-cli` fails.
     pub fn cli(&self, args: &[&str]) -> String {
-        self.try_cli(args)
-            .unwrap_or_else(|| panic!("redis-cli --tls {args:?} failed"))
+        self.run_cli(args)
+            .unwrap_or_else(|e| panic!("redis-cli --tls {args:?} failed: {e}"))
     }
 
     fn try_cli(&self, args: &[&str]) -> Option<String> {
+        self.run_cli(args).ok()
+    }
+
+    /// The output of `redis-cli --tls` with `args`, trimmed, or why it failed (its stderr).
+    fn run_cli(&self, args: &[&str]) -> Result<String, String> {
         let out = crate::output_within(
             Command::new(crate::binary("redis-cli"))
                 .arg("--tls")
@@ -224,11 +264,114 @@ impl TlsRedisServer {
                 .arg(self.port.to_string())
                 .args(args),
             crate::CLI_TIMEOUT,
-        )
-        .ok()?;
-        out.status
-            .success()
-            .then(|| String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        )?;
+        if !out.status.success() {
+            return Err(format!(
+                "{}{}",
+                String::from_utf8_lossy(&out.stderr),
+                String::from_utf8_lossy(&out.stdout)
+            ));
+        }
+        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+    }
+}
+
+/// A Redis Cluster of TLS-only servers on free loopback ports: one CA and one certificate for
+/// every node, the cluster bus over TLS as well (`tls-cluster yes`), so that the nodes announce
+/// their TLS ports in the slot map. Dropping it kills every node.
+///
+/// ```no_run
+/// use redis_harness::tls::TlsRedisCluster;
+///
+/// let cluster = TlsRedisCluster::start(3);
+/// let urls: Vec<String> = cluster.urls(); // rediss://127.0.0.1:<port>, one per node
+/// let ca_pem: Vec<u8> = cluster.ca_pem(); // trust this to verify every node
+/// assert!(cluster.nodes()[0].cli(&["cluster", "info"]).contains("cluster_state:ok"));
+/// ```
+#[derive(Debug)]
+pub struct TlsRedisCluster {
+    nodes: Vec<TlsRedisServer>,
+}
+
+impl TlsRedisCluster {
+    /// Starts `masters` nodes (at least 3), joins them into one cluster with no replicas (slots
+    /// shared evenly, by `redis-cli --cluster create` over TLS), and waits until every node
+    /// reports `cluster_state:ok`, owns its slots and knows every master. Panics if it cannot.
+    pub fn start(masters: usize) -> TlsRedisCluster {
+        assert!(masters >= 3, "a Redis Cluster needs at least 3 masters");
+        let certs = Arc::new(certificates());
+        let nodes: Vec<TlsRedisServer> = (0..masters)
+            .map(|_| TlsRedisServer::start_with(Arc::clone(&certs), true))
+            .collect();
+        let addrs: Vec<String> = nodes
+            .iter()
+            .map(|n| format!("127.0.0.1:{}", n.port))
+            .collect();
+        let mut args: Vec<&str> = vec!["--cluster", "create"];
+        args.extend(addrs.iter().map(String::as_str));
+        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
+        nodes[0].cli(&args);
+        let cluster = TlsRedisCluster { nodes };
+        cluster.wait_ok(masters);
+        cluster
+    }
+
+    fn wait_ok(&self, masters: usize) {
+        let deadline = Instant::now() + crate::CLUSTER_TIMEOUT;
+        loop {
+            let ok = self.nodes.iter().all(|n| {
+                n.try_cli(&["cluster", "info"]).is_some_and(|info| {
+                    info.contains("cluster_state:ok") && info.contains("cluster_slots_ok:16384")
+                }) && n.try_cli(&["cluster", "nodes"]).is_some_and(|nodes| {
+                    nodes
+                        .lines()
+                        .filter(|l| l.contains("master") && !l.contains("fail"))
+                        .count()
+                        == masters
+                })
+            });
+            if ok {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the TLS cluster did not reach cluster_state:ok within {:?}",
+                crate::CLUSTER_TIMEOUT
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
+    /// `rediss://127.0.0.1:<port>` of every node.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(TlsRedisServer::url).collect()
+    }
+
+    /// The nodes, in the order they were started.
+    pub fn nodes(&self) -> &[TlsRedisServer] {
+        &self.nodes
+    }
+
+    /// The node that owns `key`'s slot (asks the first node with `CLUSTER KEYSLOT`, then each
+    /// node for its own slots with `CLUSTER NODES`).
+    pub fn node_for(&self, key: &str) -> &TlsRedisServer {
+        let slot: u16 = self.nodes[0]
+            .cli(&["cluster", "keyslot", key])
+            .parse()
+            .expect("CLUSTER KEYSLOT answers a number");
+        self.nodes
+            .iter()
+            .find(|n| {
+                crate::own_slots(&n.cli(&["cluster", "nodes"]))
+                    .iter()
+                    .any(|r| r.contains(&slot))
+            })
+            .unwrap_or_else(|| panic!("no node owns slot {slot}"))
+    }
+
+    /// The CA certificate (PEM) that signed every node's certificate.
+    pub fn ca_pem(&self) -> Vec<u8> {
+        self.nodes[0].ca_pem()
     }
 }
 
@@ -266,5 +409,26 @@ mod tests {
         let mut line = String::new();
         let _ = BufReader::new(&mut plain).read_line(&mut line);
         assert!(!line.starts_with("+PONG"), "{line:?}");
+    }
+
+    #[test]
+    fn a_cluster_over_tls_announces_its_tls_ports() {
+        let c = TlsRedisCluster::start(3);
+        let ports: Vec<String> = c.nodes().iter().map(|n| n.port().to_string()).collect();
+        // Every node serves a share of the slots and names the others by their TLS ports.
+        let table = c.nodes()[1].cli(&["cluster", "nodes"]);
+        for port in &ports {
+            assert!(table.contains(&format!("127.0.0.1:{port}@")), "{table}");
+        }
+        for n in c.nodes() {
+            assert!(!crate::own_slots(&n.cli(&["cluster", "nodes"])).is_empty());
+        }
+        // A key written through its owner is there, and only there.
+        let owner = c.node_for("user:1");
+        assert_eq!(owner.cli(&["set", "user:1", "v"]), "OK");
+        for n in c.nodes() {
+            let found = n.cli(&["exists", "user:1"]);
+            assert_eq!(found == "1", n.port() == owner.port(), "{found}");
+        }
     }
 }
