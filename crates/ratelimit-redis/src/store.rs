@@ -1188,7 +1188,7 @@ impl RedisStoreBuilder {
     /// only for `rediss://` seeds, as it makes the client use TLS.
     fn cluster_root_certificate(&self) -> Option<Vec<u8>> {
         #[cfg(feature = "tls-rustls")]
-        if self.urls.iter().all(|u| u.starts_with("rediss://")) {
+        if self.urls.iter().all(|u| is_tls_url(u)) {
             return self.root_cert.clone();
         }
         None
@@ -1200,7 +1200,7 @@ impl RedisStoreBuilder {
             RedisStoreError::config("url", format!("cannot use `{}`: {e}", redact_url(url)))
         };
         #[cfg(feature = "tls-rustls")]
-        if url.starts_with("rediss://") {
+        if is_tls_url(url) {
             install_crypto_provider();
         }
         #[cfg(any(feature = "tls", feature = "tls-rustls"))]
@@ -1356,9 +1356,7 @@ impl RedisStoreBuilder {
         }
         let mut infos: Vec<redis::ConnectionInfo> = Vec::with_capacity(self.urls.len());
         for url in &self.urls {
-            if cfg!(not(any(feature = "tls", feature = "tls-rustls")))
-                && url.starts_with("rediss://")
-            {
+            if cfg!(not(any(feature = "tls", feature = "tls-rustls"))) && is_tls_url(url) {
                 return Err(RedisStoreError::config(
                     "url",
                     "rediss:// (TLS) needs ratelimit-redis's `tls` or `tls-rustls` feature",
@@ -1367,7 +1365,7 @@ impl RedisStoreBuilder {
             // With both features, redis-rs connects through rustls but loads no system roots
             // (it leaves them to native-tls): such a store could verify no server at all.
             #[cfg(all(feature = "tls", feature = "tls-rustls"))]
-            if url.starts_with("rediss://") && self.root_cert.is_none() {
+            if is_tls_url(url) && self.root_cert.is_none() {
                 return Err(RedisStoreError::config(
                     "url",
                     "with both the `tls` and `tls-rustls` features on, redis-rs verifies \
@@ -1620,10 +1618,16 @@ fn redact_params(query: &str) -> String {
     params.join("&")
 }
 
+/// Whether `url` is a `rediss://` (TLS) one, its scheme in any case, as the URL parser takes it.
+fn is_tls_url(url: &str) -> bool {
+    url.get(..9)
+        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("rediss://"))
+}
+
 /// Installs aws-lc-rs's rustls provider as the process's default, unless one is installed already.
 /// redis-rs builds its rustls configurations with the process default, and rustls picks one by
 /// itself only when exactly one provider's feature is on in the whole build; with two (another
-/// dependency bringing aws-lc-rs), making a connection would panic. An application that installs
+/// dependency turning on ring's), making a connection would panic. An application that installs
 /// its own provider before building the store keeps it.
 #[cfg(feature = "tls-rustls")]
 fn install_crypto_provider() {
@@ -1637,6 +1641,25 @@ fn install_crypto_provider() {
 mod tests {
     use super::*;
     use ratelimit_core::Quota;
+
+    /// `rediss://` in any case is a TLS URL, as the URL parser takes it (an upper-case one went
+    /// past the check for the TLS feature); a URL cut inside a multi-byte character is not.
+    #[test]
+    fn tls_urls_are_told_by_their_scheme_in_any_case() {
+        for url in ["rediss://h:6380", "REDISS://h", "Rediss://h/#insecure"] {
+            assert!(is_tls_url(url), "{url}");
+        }
+        for url in [
+            "redis://h",
+            "rediss:/h",
+            "rediss",
+            "",
+            "unix:///tmp/r.sock",
+            "redisé://h",
+        ] {
+            assert!(!is_tls_url(url), "{url}");
+        }
+    }
 
     #[test]
     fn replacements_that_keep_the_old_connection_space_out() {
