@@ -60,11 +60,11 @@ pub(crate) struct Manager {
 impl Manager {
     /// `client_connect_timeout` is the cluster client's (see [`client_connect_timeout`]);
     /// `connect_timeout` the side connections'.
-    /// `root_cert` (PEM), with the `tls-rustls` feature only, is the roots the client verifies
-    /// the nodes against.
+    /// `certs`, with the `tls-rustls` feature only, are the roots the client verifies the nodes
+    /// against and the certificate it presents to them.
     pub(crate) fn new(
         infos: Vec<ConnectionInfo>,
-        root_cert: Option<Vec<u8>>,
+        certs: Option<crate::store::ClusterCertificates>,
         connect_timeout: Duration,
         client_connect_timeout: Duration,
         response_timeout: Duration,
@@ -81,18 +81,14 @@ impl Manager {
             .response_timeout(response_timeout)
             .tcp_settings(tcp_settings());
         #[cfg(feature = "tls-rustls")]
-        let builder = match root_cert {
-            Some(pem) => builder.certs(redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(pem),
-            }),
+        let builder = match certs {
+            Some(certs) => builder.certs(certs),
             None => builder,
         };
         #[cfg(not(feature = "tls-rustls"))]
-        debug_assert!(
-            root_cert.is_none(),
-            "a cluster root certificate needs tls-rustls"
-        );
+        if let Some(never) = certs {
+            match never {}
+        }
         let client = builder.build()?;
         Ok(Manager {
             client,

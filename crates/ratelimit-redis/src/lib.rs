@@ -81,8 +81,8 @@
 //!   [`RedisStoreError::Config`] that says so.
 //! - `tls-rustls`: the same through rustls (aws-lc-rs as its crypto provider, which `build`
 //!   installs as the process default unless the application installed one; no OpenSSL), where
-//!   `RedisStoreBuilder::tls_root_certificate` serves Redis Cluster as
-//!   well as standalone servers. Choose one of the two: with both on (features unify across a
+//!   `RedisStoreBuilder::tls_root_certificate` and `tls_client_certificate` serve Redis Cluster
+//!   as well as standalone servers. Choose one of the two: with both on (features unify across a
 //!   build), redis-rs connects through rustls but verifies only against a root certificate given
 //!   to the builder, so `build` refuses a `rediss://` URL without one.
 #![forbid(unsafe_code)]

@@ -317,12 +317,21 @@ pub struct RedisStoreBuilder {
     announce_resets: bool,
     #[cfg(any(feature = "tls", feature = "tls-rustls"))]
     root_cert: Option<Vec<u8>>,
+    #[cfg(any(feature = "tls", feature = "tls-rustls"))]
+    client_tls: Option<redis::ClientTlsConfig>,
 }
+
+/// The certificates a cluster's client is given (`tls-rustls` only: on native-tls it takes none).
+#[cfg(feature = "tls-rustls")]
+pub(crate) type ClusterCertificates = redis::TlsCertificates;
+/// The certificates a cluster's client is given (`tls-rustls` only: on native-tls it takes none).
+#[cfg(not(feature = "tls-rustls"))]
+pub(crate) type ClusterCertificates = std::convert::Infallible;
 
 impl fmt::Debug for RedisStoreBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RedisStoreBuilder")
-            .field("nodes", &self.urls.len())
+        let mut d = f.debug_struct("RedisStoreBuilder");
+        d.field("nodes", &self.urls.len())
             .field("cluster", &self.cluster)
             .field("prefix", &self.prefix)
             .field("pool_size", &self.pool_size)
@@ -331,8 +340,12 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("response_timeout", &self.response_timeout)
             .field("client_clock", &self.clock.is_some())
             .field("expiry_slack", &self.expiry_slack)
-            .field("announce_resets", &self.announce_resets)
-            .finish()
+            .field("announce_resets", &self.announce_resets);
+        // Whether they are set, never what they hold.
+        #[cfg(any(feature = "tls", feature = "tls-rustls"))]
+        d.field("tls_root_certificate", &self.root_cert.is_some())
+            .field("tls_client_certificate", &self.client_tls.is_some());
+        d.finish()
     }
 }
 
@@ -1154,6 +1167,8 @@ impl RedisStoreBuilder {
             announce_resets: false,
             #[cfg(any(feature = "tls", feature = "tls-rustls"))]
             root_cert: None,
+            #[cfg(any(feature = "tls", feature = "tls-rustls"))]
+            client_tls: None,
         }
     }
 
@@ -1183,18 +1198,77 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// The root certificate for a cluster's client, which makes its own connections to the
-    /// nodes its slot map names (with `tls-rustls` only; `build` refuses one without it): given
-    /// only for `rediss://` seeds, as it makes the client use TLS.
-    fn cluster_root_certificate(&self) -> Option<Vec<u8>> {
+    /// Presents `cert_pem` (the client certificate, then any intermediate ones, in PEM) and its
+    /// private key `key_pem` (PEM) to `rediss://` servers that ask for a certificate: a Redis with
+    /// `tls-auth-clients yes`, its default once TLS is on. The key is PKCS#8 (`BEGIN PRIVATE
+    /// KEY`) with `tls` (native-tls); `tls-rustls` also takes PKCS#1 and SEC1 keys. With
+    /// `tls-rustls`, for standalone servers and clusters alike; with `tls`, standalone servers
+    /// only, as [`tls_root_certificate`](Self::tls_root_certificate). A certificate or key that
+    /// cannot be read is a [`RedisStoreError::Config`] of `build` naming this setting.
+    #[cfg(any(feature = "tls", feature = "tls-rustls"))]
+    pub fn tls_client_certificate(
+        mut self,
+        cert_pem: impl Into<Vec<u8>>,
+        key_pem: impl Into<Vec<u8>>,
+    ) -> Self {
+        self.client_tls = Some(redis::ClientTlsConfig {
+            client_cert: cert_pem.into(),
+            client_key: key_pem.into(),
+        });
+        self
+    }
+
+    /// The certificates given to the builder, if any, in redis-rs's form.
+    #[cfg(any(feature = "tls", feature = "tls-rustls"))]
+    fn certificates(&self) -> Option<redis::TlsCertificates> {
+        (self.root_cert.is_some() || self.client_tls.is_some()).then(|| redis::TlsCertificates {
+            client_tls: self.client_tls.clone(),
+            root_cert: self.root_cert.clone(),
+        })
+    }
+
+    /// Each certificate setting read alone, so that one redis-rs cannot read is named.
+    #[cfg(any(feature = "tls", feature = "tls-rustls"))]
+    fn check_certificates(&self) -> Result<(), RedisStoreError> {
+        let read = |certs: redis::TlsCertificates, name: &'static str| {
+            redis::Client::build_with_tls("rediss://127.0.0.1", certs)
+                .map(drop)
+                .map_err(|e| RedisStoreError::config(name, format!("cannot be read: {e}")))
+        };
+        if let Some(pem) = &self.root_cert {
+            let certs = redis::TlsCertificates {
+                client_tls: None,
+                root_cert: Some(pem.clone()),
+            };
+            read(certs, "tls_root_certificate")?;
+        }
+        if let Some(client) = &self.client_tls {
+            let certs = redis::TlsCertificates {
+                client_tls: Some(client.clone()),
+                root_cert: None,
+            };
+            read(certs, "tls_client_certificate")?;
+            // redis-rs only decodes the PEM here; rustls reads the key when it connects.
+            #[cfg(feature = "tls-rustls")]
+            rustls_client_identity(client).map_err(|e| {
+                RedisStoreError::config("tls_client_certificate", format!("cannot be used: {e}"))
+            })?;
+        }
+        Ok(())
+    }
+
+    /// The certificates for a cluster's client, which makes its own connections to the nodes its
+    /// slot map names (with `tls-rustls` only; `build` refuses them without it): given only for
+    /// `rediss://` seeds, as they make the client use TLS.
+    fn cluster_certificates(&self) -> Option<ClusterCertificates> {
         #[cfg(feature = "tls-rustls")]
         if self.urls.iter().all(|u| is_tls_url(u)) {
-            return self.root_cert.clone();
+            return self.certificates();
         }
         None
     }
 
-    /// The connection settings for `url`, with the root certificate if one was given.
+    /// The connection settings for `url`, with the certificates if any were given.
     fn connection_info(&self, url: &str) -> Result<redis::ConnectionInfo, RedisStoreError> {
         let bad = |e: RedisError| {
             RedisStoreError::config("url", format!("cannot use `{}`: {e}", redact_url(url)))
@@ -1204,11 +1278,7 @@ impl RedisStoreBuilder {
             install_crypto_provider();
         }
         #[cfg(any(feature = "tls", feature = "tls-rustls"))]
-        if let Some(pem) = &self.root_cert {
-            let certs = redis::TlsCertificates {
-                client_tls: None,
-                root_cert: Some(pem.clone()),
-            };
+        if let Some(certs) = self.certificates() {
             let client = redis::Client::build_with_tls(url, certs).map_err(bad)?;
             return Ok(no_delay(client.get_connection_info().clone()));
         }
@@ -1324,15 +1394,27 @@ impl RedisStoreBuilder {
         crate::metrics::describe();
         validate_prefix(&self.prefix)?;
         // The cluster client makes its own connections from the node addresses, and with
-        // native-tls it takes no root certificate: refused rather than silently unused.
+        // native-tls it takes no certificate: refused rather than silently unused.
         #[cfg(all(feature = "tls", not(feature = "tls-rustls")))]
-        if self.cluster && self.root_cert.is_some() {
-            return Err(RedisStoreError::config(
-                "tls_root_certificate",
-                "is not supported for Redis Cluster (the cluster client verifies against the \
-                 system's roots only): install the CA in the system's trust store",
-            ));
+        if self.cluster {
+            if self.root_cert.is_some() {
+                return Err(RedisStoreError::config(
+                    "tls_root_certificate",
+                    "is not supported for Redis Cluster with the `tls` feature (its cluster \
+                     client verifies against the system's roots only): install the CA in the \
+                     system's trust store, or use the `tls-rustls` feature",
+                ));
+            }
+            if self.client_tls.is_some() {
+                return Err(RedisStoreError::config(
+                    "tls_client_certificate",
+                    "is not supported for Redis Cluster with the `tls` feature (its cluster \
+                     client presents no certificate): use the `tls-rustls` feature",
+                ));
+            }
         }
+        #[cfg(any(feature = "tls", feature = "tls-rustls"))]
+        self.check_certificates()?;
         if self.pool_size == 0 || self.pool_size > 1024 {
             return Err(RedisStoreError::config(
                 "pool_size",
@@ -1405,7 +1487,7 @@ impl RedisStoreBuilder {
             };
             let manager = cluster::Manager::new(
                 infos,
-                self.cluster_root_certificate(),
+                self.cluster_certificates(),
                 self.connect_timeout,
                 client_connect_timeout,
                 self.response_timeout,
@@ -1622,6 +1704,29 @@ fn redact_params(query: &str) -> String {
 fn is_tls_url(url: &str) -> bool {
     url.get(..9)
         .is_some_and(|scheme| scheme.eq_ignore_ascii_case("rediss://"))
+}
+
+/// Whether rustls can present `client`: at least one certificate, and a private key it can sign
+/// with that is the first certificate's (rustls compares their public keys), as a connection
+/// would find out at its handshake.
+#[cfg(feature = "tls-rustls")]
+fn rustls_client_identity(client: &redis::ClientTlsConfig) -> Result<(), String> {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let chain = CertificateDer::pem_slice_iter(&client.client_cert)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("the certificate: {e}"))?;
+    if chain.is_empty() {
+        return Err("the certificate PEM holds no certificate".to_owned());
+    }
+    let key =
+        PrivateKeyDer::from_pem_slice(&client.client_key).map_err(|e| format!("the key: {e}"))?;
+    install_crypto_provider();
+    rustls::ClientConfig::builder()
+        .with_root_certificates(rustls::RootCertStore::empty())
+        .with_client_auth_cert(chain, key)
+        .map(drop)
+        .map_err(|e| e.to_string())
 }
 
 /// Installs aws-lc-rs's rustls provider as the process's default, unless one is installed already.

@@ -68,9 +68,84 @@ async fn a_plain_url_cannot_reach_a_tls_port() {
     );
 }
 
-/// On native-tls the cluster client takes no root certificate (it verifies against the system's
-/// roots only): a cluster builder given one is refused at `build`, rather than the certificate
-/// being silently unused and every connection failing its handshake.
+/// A Redis that asks clients for a certificate (`tls-auth-clients yes`, Redis's default once TLS
+/// is on) serves a store presenting one from its CA, and refuses a store without one; a key that
+/// cannot be read is named as the setting at `build`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_for_a_server_that_asks_for_one() {
+    let server = TlsRedisServer::start_requiring_client_certificates();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(10).unwrap()).unwrap();
+    let builder = RedisStore::builder(server.url())
+        .tls_root_certificate(server.ca_pem())
+        .tls_client_certificate(server.client_cert_pem(), server.client_key_pem());
+    // The builder's `Debug` tells that the certificates are set, not what they hold.
+    let shown = format!("{builder:?}");
+    assert!(
+        shown.contains("tls_client_certificate: true") && !shown.contains("PRIVATE KEY"),
+        "{shown}"
+    );
+    let store = builder.build().await.unwrap();
+    assert_eq!(store.check(b"k", &limit, 1).await.unwrap().remaining(), 9);
+
+    let err = RedisStore::builder(server.url())
+        .tls_root_certificate(server.ca_pem())
+        .build()
+        .await
+        .unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+
+    for key in [
+        b"not a key".to_vec(),
+        b"-----BEGIN PRIVATE KEY-----\nAAAA\n-----END PRIVATE KEY-----\n".to_vec(),
+        // The CA's certificate where its key should be.
+        server.ca_pem(),
+    ] {
+        let err = RedisStore::builder(server.url())
+            .tls_root_certificate(server.ca_pem())
+            .tls_client_certificate(server.client_cert_pem(), key)
+            .build()
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(
+                err,
+                RedisStoreError::Config {
+                    name: "tls_client_certificate",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    }
+
+    // Another key than the certificate's (the server's): rustls compares them at `build`;
+    // native-tls finds out at the handshake, as a failed connection.
+    let other_key = std::fs::read(server.ca_path().with_file_name("server.key")).unwrap();
+    let err = RedisStore::builder(server.url())
+        .tls_root_certificate(server.ca_pem())
+        .tls_client_certificate(server.client_cert_pem(), other_key)
+        .build()
+        .await
+        .unwrap_err();
+    if cfg!(feature = "tls-rustls") {
+        assert!(
+            matches!(
+                err,
+                RedisStoreError::Config {
+                    name: "tls_client_certificate",
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+    } else {
+        assert!(err.is_unavailable(), "{err:?}");
+    }
+}
+
+/// On native-tls the cluster client takes no certificate (it verifies against the system's roots
+/// only, and presents none): a cluster builder given one is refused at `build`, rather than the
+/// certificate being silently unused and every connection failing its handshake.
 #[cfg(not(feature = "tls-rustls"))]
 #[tokio::test]
 async fn a_root_certificate_is_refused_for_a_cluster() {
@@ -89,19 +164,37 @@ async fn a_root_certificate_is_refused_for_a_cluster() {
         ),
         "{err:?}"
     );
+    let err = RedisStore::cluster(["rediss://127.0.0.1:1"])
+        .tls_client_certificate(b"cert".to_vec(), b"key".to_vec())
+        .build()
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RedisStoreError::Config {
+                name: "tls_client_certificate",
+                ..
+            }
+        ),
+        "{err:?}"
+    );
 }
 
-/// With rustls, a cluster whose nodes' certificates come from a private CA: the store is given
-/// one node's URL and the CA, and reaches the other nodes, named by the slot map, through TLS
-/// verified against that CA. Without the CA it reaches none.
+/// With rustls, a cluster whose nodes' certificates come from a private CA and which asks
+/// clients for a certificate from it: the store is given one node's URL, the CA and a client
+/// certificate, and reaches the other nodes, named by the slot map, through TLS verified against
+/// that CA, presenting that certificate. Without the CA, or without the certificate, it reaches
+/// none.
 #[cfg(feature = "tls-rustls")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cluster_over_tls_with_a_private_ca() {
-    let cluster = TlsRedisCluster::start(3);
+    let cluster = TlsRedisCluster::start_requiring_client_certificates(3);
     let seed = cluster.urls().swap_remove(0);
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(3).unwrap()).unwrap();
     let store = RedisStore::cluster([seed.clone()])
         .tls_root_certificate(cluster.ca_pem())
+        .tls_client_certificate(cluster.client_cert_pem(), cluster.client_key_pem())
         .build()
         .await
         .unwrap();
@@ -129,9 +222,21 @@ async fn a_cluster_over_tls_with_a_private_ca() {
         assert!(held > 0, "node {} holds no state: not reached", node.port());
     }
 
+    // Without the client certificate the nodes refuse the connection.
+    let err = RedisStore::cluster([seed.clone()])
+        .tls_root_certificate(cluster.ca_pem())
+        .build()
+        .await
+        .unwrap_err();
+    assert!(err.is_unavailable(), "{err:?}");
+
     // The system's roots do not know the test CA: no node's handshake succeeds (with both
     // features on, refused before any: see `both_features_need_the_ca`).
-    let err = RedisStore::cluster([seed]).build().await.unwrap_err();
+    let err = RedisStore::cluster([seed])
+        .tls_client_certificate(cluster.client_cert_pem(), cluster.client_key_pem())
+        .build()
+        .await
+        .unwrap_err();
     if cfg!(all(feature = "tls", feature = "tls-rustls")) {
         assert!(
             matches!(err, RedisStoreError::Config { name: "url", .. }),

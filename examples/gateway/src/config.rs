@@ -207,12 +207,21 @@ pub struct StoreConfig {
     /// in memory per idle key. No decision changes: an expired key and a fresh one answer alike.
     #[serde(default)]
     pub expiry_slack_ms: Option<u64>,
-    /// A PEM file of the certificates to trust as roots for a `rediss://` server, instead of the
-    /// system's: for a Redis whose certificate comes from a private CA (`kind = "redis"` with a
-    /// `rediss://` URL; the gateway's `tls` feature). Read at start; a relative path is taken
-    /// from the working directory.
+    /// A PEM file of the certificates to trust as roots for `rediss://` servers, instead of the
+    /// system's: for a Redis whose certificate comes from a private CA (`rediss://` URLs; the
+    /// gateway's `tls` feature for `kind = "redis"`, `tls-rustls` for either kind). Read at
+    /// start; a relative path is taken from the working directory.
     #[serde(default)]
     pub tls_ca_file: Option<std::path::PathBuf>,
+    /// A PEM file of the certificate the gateway presents to a Redis that asks for one
+    /// (`tls-auth-clients yes`, Redis's default with TLS), with `tls_client_key_file`; the same
+    /// kinds and features as `tls_ca_file`. Read at start.
+    #[serde(default)]
+    pub tls_client_cert_file: Option<std::path::PathBuf>,
+    /// A PEM file of the private key of `tls_client_cert_file` (PKCS#8 with `tls`; `tls-rustls`
+    /// also takes PKCS#1 and SEC1). Read at start.
+    #[serde(default)]
+    pub tls_client_key_file: Option<std::path::PathBuf>,
     /// Start even if Redis cannot be reached (default false: the gateway refuses to start).
     /// Until a connection is made, every check is a store failure answered by the route's
     /// failure policy; the gateway keeps trying to connect, once a second.
@@ -254,6 +263,8 @@ impl Default for StoreConfig {
             connect_timeout_ms: None,
             expiry_slack_ms: None,
             tls_ca_file: None,
+            tls_client_cert_file: None,
+            tls_client_key_file: None,
             timeout_ms: default_timeout_ms(),
             start_without_redis: false,
             max_keys: None,
@@ -814,6 +825,14 @@ impl StoreConfig {
             ),
             ("store.expiry_slack_ms", self.expiry_slack_ms.is_some()),
             ("store.tls_ca_file", self.tls_ca_file.is_some()),
+            (
+                "store.tls_client_cert_file",
+                self.tls_client_cert_file.is_some(),
+            ),
+            (
+                "store.tls_client_key_file",
+                self.tls_client_key_file.is_some(),
+            ),
             // The in-memory store answers at once, and keeps its own memo of denials.
             ("store.denial_cache", self.denial_cache),
             ("store.watch_resets", self.watch_resets),
@@ -890,49 +909,69 @@ impl StoreConfig {
         Ok(())
     }
 
-    /// `rediss://` URLs need the gateway's `tls` or `tls-rustls` feature, and a CA file goes with
-    /// `rediss://` URLs: one standalone server's, or (with `tls-rustls` only) a cluster's.
+    /// `rediss://` URLs need the gateway's `tls` or `tls-rustls` feature, and the certificate
+    /// files go with `rediss://` URLs: one standalone server's, or (with `tls-rustls` only) a
+    /// cluster's; a client certificate comes with its key.
     fn validate_tls(&self) -> Result<(), ConfigError> {
         // The scheme in any case, as the URL parser takes it.
         let tls_url = |u: &String| {
             u.get(..9)
                 .is_some_and(|s| s.eq_ignore_ascii_case("rediss://"))
         };
+        let files = [
+            ("store.tls_ca_file", self.tls_ca_file.is_some()),
+            (
+                "store.tls_client_cert_file",
+                self.tls_client_cert_file.is_some(),
+            ),
+            (
+                "store.tls_client_key_file",
+                self.tls_client_key_file.is_some(),
+            ),
+        ];
+        let file = files.iter().find(|(_, set)| *set).map(|(field, _)| *field);
         if !cfg!(any(feature = "tls", feature = "tls-rustls")) {
             let field = if self.url.as_ref().is_some_and(tls_url) {
                 Some("store.url")
             } else if self.urls.iter().any(tls_url) {
                 Some("store.urls")
-            } else if self.tls_ca_file.is_some() {
-                Some("store.tls_ca_file")
             } else {
-                None
+                file
             };
             if let Some(field) = field {
                 return Err(ConfigError::new(field, NO_TLS));
             }
         }
-        if self.tls_ca_file.is_some() {
+        match (&self.tls_client_cert_file, &self.tls_client_key_file) {
+            (Some(_), None) => {
+                return Err(ConfigError::new(
+                    "store.tls_client_key_file",
+                    "is needed with tls_client_cert_file (the certificate's private key)",
+                ));
+            }
+            (None, Some(_)) => {
+                return Err(ConfigError::new(
+                    "store.tls_client_cert_file",
+                    "is needed with tls_client_key_file (the certificate of that key)",
+                ));
+            }
+            _ => {}
+        }
+        if let Some(field) = file {
             if self.kind == StoreKind::RedisCluster {
                 if !cfg!(feature = "tls-rustls") {
                     return Err(ConfigError::new(
-                        "store.tls_ca_file",
+                        field,
                         "only used when kind is \"redis\" with the `tls` feature: its cluster \
-                         client verifies against the system's roots only (add the CA to them, \
-                         or build the gateway with `tls-rustls` instead)",
+                         client takes no certificate, verifying against the system's roots only \
+                         (add the CA to them, or build the gateway with `tls-rustls` instead)",
                     ));
                 }
                 if self.urls.is_empty() || !self.urls.iter().all(tls_url) {
-                    return Err(ConfigError::new(
-                        "store.tls_ca_file",
-                        "only used with rediss:// urls",
-                    ));
+                    return Err(ConfigError::new(field, "only used with rediss:// urls"));
                 }
             } else if !self.url.as_ref().is_some_and(tls_url) {
-                return Err(ConfigError::new(
-                    "store.tls_ca_file",
-                    "only used with a rediss:// url",
-                ));
+                return Err(ConfigError::new(field, "only used with a rediss:// url"));
             }
         }
         Ok(())

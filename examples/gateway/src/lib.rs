@@ -241,7 +241,7 @@ fn redis_builder(store: &config::StoreConfig) -> Result<RedisStoreBuilder, Start
         Some(ms) => builder.expiry_slack(Duration::from_millis(ms)),
         None => builder,
     };
-    let builder = tls_ca(builder, store)?;
+    let builder = tls_files(builder, store)?;
     Ok(builder
         // The store's own timer on the layer's budget, so that a longer `timeout_ms` is not cut
         // by the store's default 500 ms, plus 10 ms: the store's timer starts first (the layer
@@ -255,44 +255,76 @@ fn redis_builder(store: &config::StoreConfig) -> Result<RedisStoreBuilder, Start
         ))
 }
 
-/// The store trusts the certificates of `store.tls_ca_file`, if set, as its roots.
+/// The store trusts the certificates of `store.tls_ca_file`, if set, as its roots, and presents
+/// the certificate of `store.tls_client_cert_file` with the key of `store.tls_client_key_file`.
 #[cfg(any(feature = "tls", feature = "tls-rustls"))]
-fn tls_ca(
+fn tls_files(
     builder: RedisStoreBuilder,
     store: &config::StoreConfig,
 ) -> Result<RedisStoreBuilder, StartError> {
-    let Some(path) = &store.tls_ca_file else {
-        return Ok(builder);
+    let builder = match &store.tls_ca_file {
+        Some(path) => builder.tls_root_certificate(read_pem(
+            "store.tls_ca_file",
+            path,
+            "-----BEGIN CERTIFICATE-----",
+            "certificate",
+        )?),
+        None => builder,
     };
-    let bad = |reason: String| StartError::Config(ConfigError::new("store.tls_ca_file", reason));
+    Ok(
+        match (&store.tls_client_cert_file, &store.tls_client_key_file) {
+            (Some(cert), Some(key)) => builder.tls_client_certificate(
+                read_pem(
+                    "store.tls_client_cert_file",
+                    cert,
+                    "-----BEGIN CERTIFICATE-----",
+                    "certificate",
+                )?,
+                // `BEGIN PRIVATE KEY`, `BEGIN EC PRIVATE KEY`, `BEGIN RSA PRIVATE KEY`.
+                read_pem(
+                    "store.tls_client_key_file",
+                    key,
+                    "PRIVATE KEY-----",
+                    "private key",
+                )?,
+            ),
+            // The configuration has both or neither (`StoreConfig::validate`).
+            _ => builder,
+        },
+    )
+}
+
+/// The PEM file at `path`, for the setting `field`: read, and checked to hold a line with
+/// `marker` (a `what`), so that a wrong file is named as such rather than showing up as a failed
+/// handshake.
+#[cfg(any(feature = "tls", feature = "tls-rustls"))]
+fn read_pem(
+    field: &'static str,
+    path: &std::path::Path,
+    marker: &str,
+    what: &str,
+) -> Result<Vec<u8>, StartError> {
+    let bad = |reason: String| StartError::Config(ConfigError::new(field, reason));
     let pem =
         std::fs::read(path).map_err(|e| bad(format!("cannot read {}: {e}", path.display())))?;
-    // What OpenSSL would take as a certificate, checked here so that a wrong file is named as
-    // such rather than showing up as a failed handshake.
-    if !pem
-        .windows(CERT_BEGIN.len())
-        .any(|w| w == CERT_BEGIN.as_bytes())
-    {
+    if !pem.windows(marker.len()).any(|w| w == marker.as_bytes()) {
         return Err(bad(format!(
-            "{} holds no PEM certificate (no \"{CERT_BEGIN}\" line)",
+            "{} holds no PEM {what} (no \"{marker}\" line)",
             path.display()
         )));
     }
-    Ok(builder.tls_root_certificate(pem))
+    Ok(pem)
 }
 
-/// Without a TLS feature the configuration refuses `tls_ca_file` (`StoreConfig::validate`).
+/// Without a TLS feature the configuration refuses the certificate files
+/// (`StoreConfig::validate`).
 #[cfg(not(any(feature = "tls", feature = "tls-rustls")))]
-fn tls_ca(
+fn tls_files(
     builder: RedisStoreBuilder,
     _store: &config::StoreConfig,
 ) -> Result<RedisStoreBuilder, StartError> {
     Ok(builder)
 }
-
-/// The first line of a PEM certificate.
-#[cfg(any(feature = "tls", feature = "tls-rustls"))]
-const CERT_BEGIN: &str = "-----BEGIN CERTIFICATE-----";
 
 /// The start-up error for the store's error `e`: an invalid setting names the configuration's
 /// field.
@@ -302,6 +334,8 @@ fn start_error(store: &config::StoreConfig, e: RedisStoreError) -> StartError {
             let field = match name {
                 "url" if store.url.is_none() => "urls",
                 "connect_timeout" => "connect_timeout_ms",
+                "tls_root_certificate" => "tls_ca_file",
+                "tls_client_certificate" => "tls_client_cert_file",
                 other => other,
             };
             StartError::Config(ConfigError::new(format!("store.{field}"), reason))

@@ -799,6 +799,41 @@ async fn bad_configurations_fail_naming_the_field() {
             },
         ));
     }
+    // A client certificate comes with its key, and goes where the CA file goes.
+    let standalone = "[store]\nkind = \"redis\"\nurl = \"rediss://127.0.0.1:6379\"\n";
+    tls_cases.extend([
+        (
+            format!("[store]\ntls_client_cert_file = \"c.pem\"\n{policy}"),
+            "store.tls_client_cert_file: only used when kind is \"redis\" or \"redis_cluster\"",
+        ),
+        (
+            format!("{standalone}tls_client_cert_file = \"c.pem\"\n{policy}"),
+            if tls {
+                "store.tls_client_key_file: is needed with tls_client_cert_file"
+            } else {
+                "store.url: rediss:// (TLS) needs the gateway built with its `tls` feature"
+            },
+        ),
+        (
+            format!("{standalone}tls_client_key_file = \"c.key\"\n{policy}"),
+            if tls {
+                "store.tls_client_cert_file: is needed with tls_client_key_file"
+            } else {
+                "store.url: rediss:// (TLS) needs the gateway built with its `tls` feature"
+            },
+        ),
+        (
+            format!(
+                "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"\n\
+                 tls_client_cert_file = \"c.pem\"\ntls_client_key_file = \"c.key\"\n{policy}"
+            ),
+            if tls {
+                "store.tls_client_cert_file: only used with a rediss:// url"
+            } else {
+                "store.tls_client_cert_file: rediss:// (TLS) needs the gateway built with its `tls` feature"
+            },
+        ),
+    ]);
     if !tls {
         tls_cases.push((
             format!("[store]\nkind = \"redis\"\nurl = \"REDISS://127.0.0.1:6379\"\n{policy}"),

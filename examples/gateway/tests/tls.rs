@@ -68,6 +68,64 @@ async fn two_gateways_share_a_limit_over_rediss_with_a_private_ca() {
     assert_eq!(keys.lines().count(), 2, "{keys}");
 }
 
+/// A Redis that asks clients for a certificate (`tls-auth-clients yes`): the gateway presents the
+/// one of `store.tls_client_cert_file` and `store.tls_client_key_file`; without them it does not
+/// start; a key file that is not the certificate's key, or holds no key, is named at start.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_for_a_redis_that_asks_for_one() {
+    let server = TlsRedisServer::start_requiring_client_certificates();
+    let ca = server.ca_path();
+    let files = |cert: &std::path::Path, key: &std::path::Path| {
+        format!(
+            "tls_client_cert_file = {:?}\ntls_client_key_file = {:?}\n",
+            cert.to_str().unwrap(),
+            key.to_str().unwrap()
+        )
+    };
+    let with = |extra: &str| {
+        config(&server.url(), Some(ca.to_str().unwrap())).replacen(
+            "[[routes]]",
+            &format!("{extra}[[routes]]"),
+            1,
+        )
+    };
+    let text = with(&files(
+        &server.client_cert_path(),
+        &server.client_key_path(),
+    ));
+    let gw = app(&Config::from_toml(&text).unwrap()).await.unwrap();
+    for _ in 0..5 {
+        assert_eq!(login(&gw, "192.0.2.10:1000").await, 200);
+    }
+    assert_eq!(login(&gw, "192.0.2.10:1000").await, 429);
+
+    let config = Config::from_toml(&with("")).unwrap();
+    let err = app(&config)
+        .await
+        .expect_err("started without a client certificate");
+    assert!(matches!(err, StartError::Store(_)), "{err:?}");
+
+    // The CA's certificate in place of the key: no key in it.
+    let err = start_error(&with(&files(&server.client_cert_path(), &ca))).await;
+    assert!(
+        err.starts_with("store.tls_client_key_file: ") && err.contains("holds no PEM private key"),
+        "{err}"
+    );
+    // A key, but not the certificate's (the server's): rustls tells at start, naming the
+    // setting; native-tls at the handshake, as a Redis that cannot be reached.
+    let other_key = ca.with_file_name("server.key");
+    let text = with(&files(&server.client_cert_path(), &other_key));
+    if cfg!(feature = "tls-rustls") {
+        let err = start_error(&text).await;
+        assert!(err.starts_with("store.tls_client_cert_file: "), "{err}");
+    } else {
+        let err = app(&Config::from_toml(&text).unwrap())
+            .await
+            .expect_err("started with another key");
+        assert!(matches!(err, StartError::Store(_)), "{err:?}");
+    }
+}
+
 /// Without the CA file the system's roots do not know the server's CA: the gateway does not
 /// start (the handshake fails, as a server that cannot be reached does), rather than starting
 /// with every check failing.
@@ -105,23 +163,32 @@ async fn a_wrong_ca_file_is_named() {
 }
 
 /// With `tls-rustls`, a `redis_cluster` store over TLS whose nodes' certificates come from a
-/// private CA: two gateways given one seed node and the CA file share a limit, whatever node
-/// each key's slot is on.
+/// private CA, and which ask clients for a certificate: two gateways given one seed node, the CA
+/// file and a client certificate share a limit, whatever node each key's slot is on.
 #[cfg(feature = "tls-rustls")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_gateways_share_a_limit_over_a_tls_cluster_with_a_private_ca() {
-    let cluster = redis_harness::tls::TlsRedisCluster::start(3);
+    let cluster = redis_harness::tls::TlsRedisCluster::start_requiring_client_certificates(3);
     let dir = tempfile::tempdir().unwrap();
-    let ca = dir.path().join("ca.pem");
+    let (ca, cert, key) = (
+        dir.path().join("ca.pem"),
+        dir.path().join("client.pem"),
+        dir.path().join("client.key"),
+    );
     std::fs::write(&ca, cluster.ca_pem()).unwrap();
+    std::fs::write(&cert, cluster.client_cert_pem()).unwrap();
+    std::fs::write(&key, cluster.client_key_pem()).unwrap();
     let text = format!(
         "[store]\nkind = \"redis_cluster\"\nurls = [\"{}\"]\nprefix = \"tls\"\n\
          timeout_ms = 2000\nconnect_timeout_ms = 2000\ntls_ca_file = {:?}\n\
+         tls_client_cert_file = {:?}\ntls_client_key_file = {:?}\n\
          [[routes]]\npath = \"/login\"\nkey = {{ source = \"ip\" }}\n\
          [routes.policy]\nname = \"login\"\nquotas = [{{ limit = 5, per = \"minute\" }}]\n\
          failure = {{ mode = \"closed\", retry_after_secs = 5 }}\n",
         cluster.urls()[0],
         ca.to_str().unwrap(),
+        cert.to_str().unwrap(),
+        key.to_str().unwrap(),
     );
     let config = Config::from_toml(&text).unwrap();
     let a = app(&config).await.unwrap();

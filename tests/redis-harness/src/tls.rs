@@ -10,8 +10,11 @@
 //! ```
 //!
 //! The CA and the server certificate (valid for `127.0.0.1` and `localhost`, for two days) are
-//! made with the `openssl` command-line tool in a temporary directory. The server listens on its
-//! TLS port only (`port 0`) and does not ask clients for a certificate (`tls-auth-clients no`).
+//! made with the `openssl` command-line tool in a temporary directory, with a client certificate
+//! from the same CA. The server listens on its TLS port only (`port 0`) and does not ask clients
+//! for a certificate (`tls-auth-clients no`), unless started with
+//! [`TlsRedisServer::start_requiring_client_certificates`] (`tls-auth-clients yes`, Redis's own
+//! default).
 //!
 //! [`TlsRedisCluster`] is a Redis Cluster of such servers, sharing one CA and certificate, whose
 //! nodes talk to each other over TLS too (`tls-cluster yes`) and announce their TLS ports.
@@ -34,6 +37,8 @@ pub struct TlsRedisServer {
     /// Where the CA and the server certificate are (shared by a cluster's nodes).
     certs: Arc<TempDir>,
     cluster: bool,
+    /// `tls-auth-clients yes`: a client must present a certificate from the CA.
+    client_certificates: bool,
     child: Option<Child>,
 }
 
@@ -43,6 +48,7 @@ impl fmt::Debug for TlsRedisServer {
             .field("port", &self.port)
             .field("dir", &self.dir.path())
             .field("cluster", &self.cluster)
+            .field("client_certificates", &self.client_certificates)
             .finish()
     }
 }
@@ -71,13 +77,14 @@ fn certificates() -> TempDir {
     certs
 }
 
-/// Writes `ca.crt`, `ca.key`, `server.crt` and `server.key` (P-256 keys) into `dir`. The server
-/// certificate is a client certificate as well: a cluster's nodes present it to each other on the
-/// cluster bus, and refuse a peer whose certificate is not for client authentication.
+/// Writes into `dir` a CA (`ca.crt`, `ca.key`), a server certificate (`server.crt`,
+/// `server.key`) and a client certificate (`client.crt`, `client.key`), all with P-256 keys, the
+/// keys in PKCS#8 (which native-tls needs for a client identity). The server certificate is a
+/// client certificate as well: a cluster's nodes present it to each other on the cluster bus, and
+/// refuse a peer whose certificate is not for client authentication.
 fn make_certificates(dir: &Path) {
-    let ec = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
     let mut ca = vec!["req", "-x509", "-nodes", "-days", "2"];
-    ca.extend(ec);
+    ca.extend(EC_KEY);
     ca.extend([
         "-keyout",
         "ca.key",
@@ -87,30 +94,45 @@ fn make_certificates(dir: &Path) {
         "/CN=ratelimit test CA",
     ]);
     openssl(dir, &ca);
-    let mut csr = vec!["req", "-new", "-nodes"];
-    csr.extend(ec);
-    csr.extend([
-        "-keyout",
-        "server.key",
-        "-out",
-        "server.csr",
-        "-subj",
+    make_leaf(
+        dir,
+        "server",
         "/CN=localhost",
-    ]);
-    openssl(dir, &csr);
-    std::fs::write(
-        dir.join("server.ext"),
         "subjectAltName=IP:127.0.0.1,DNS:localhost\nbasicConstraints=CA:FALSE\n\
          keyUsage=digitalSignature,keyEncipherment\nextendedKeyUsage=serverAuth,clientAuth\n",
-    )
-    .expect("write server.ext");
+    );
+    make_leaf(
+        dir,
+        "client",
+        "/CN=ratelimit test client",
+        "basicConstraints=CA:FALSE\nkeyUsage=digitalSignature\nextendedKeyUsage=clientAuth\n",
+    );
+}
+
+/// A new P-256 key, for `openssl req`.
+const EC_KEY: [&str; 4] = ["-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1"];
+
+/// Writes `<name>.key` and `<name>.crt`, signed by the CA in `dir`, for `subject` with the
+/// extensions `ext` (an OpenSSL extension file's text).
+fn make_leaf(dir: &Path, name: &str, subject: &str, ext: &str) {
+    let (key, csr, crt, extfile) = (
+        format!("{name}.key"),
+        format!("{name}.csr"),
+        format!("{name}.crt"),
+        format!("{name}.ext"),
+    );
+    let mut req = vec!["req", "-new", "-nodes"];
+    req.extend(EC_KEY);
+    req.extend(["-keyout", &key, "-out", &csr, "-subj", subject]);
+    openssl(dir, &req);
+    std::fs::write(dir.join(&extfile), ext).expect("write the extension file");
     openssl(
         dir,
         &[
             "x509",
             "-req",
             "-in",
-            "server.csr",
+            &csr,
             "-CA",
             "ca.crt",
             "-CAkey",
@@ -119,9 +141,9 @@ fn make_certificates(dir: &Path) {
             "-days",
             "2",
             "-out",
-            "server.crt",
+            &crt,
             "-extfile",
-            "server.ext",
+            &extfile,
         ],
     );
 }
@@ -133,11 +155,18 @@ impl TlsRedisServer {
     pub fn start() -> TlsRedisServer {
         // The certificates first: `openssl` takes a while, and a port chosen before it would
         // stay free but unbound all that time.
-        TlsRedisServer::start_with(Arc::new(certificates()), false)
+        TlsRedisServer::start_with(Arc::new(certificates()), false, false)
     }
 
-    /// Starts a server with the certificates of `certs`, cluster-enabled (over TLS) if `cluster`.
-    fn start_with(certs: Arc<TempDir>, cluster: bool) -> TlsRedisServer {
+    /// [`start`](Self::start), with a server that accepts only clients presenting a certificate
+    /// from its CA (`tls-auth-clients yes`), such as [`client_cert_pem`](Self::client_cert_pem).
+    pub fn start_requiring_client_certificates() -> TlsRedisServer {
+        TlsRedisServer::start_with(Arc::new(certificates()), false, true)
+    }
+
+    /// Starts a server with the certificates of `certs`, cluster-enabled (over TLS) if `cluster`,
+    /// asking clients for a certificate if `client_certificates`.
+    fn start_with(certs: Arc<TempDir>, cluster: bool, client_certificates: bool) -> TlsRedisServer {
         let dir = tempfile::Builder::new()
             .prefix("redis-harness-tls-")
             .tempdir()
@@ -147,6 +176,7 @@ impl TlsRedisServer {
             dir,
             certs,
             cluster,
+            client_certificates,
             child: None,
         };
         for _ in 0..crate::PORT_ATTEMPTS {
@@ -157,8 +187,9 @@ impl TlsRedisServer {
             let mut conf = format!(
                 "port 0\ntls-port {}\nbind 127.0.0.1\nprotected-mode no\ndir {d}\nsave \"\"\n\
                  appendonly no\ndaemonize no\nlogfile {d}/redis.log\ntls-cert-file {c}/server.crt\n\
-                 tls-key-file {c}/server.key\ntls-ca-cert-file {c}/ca.crt\ntls-auth-clients no\n",
-                server.port
+                 tls-key-file {c}/server.key\ntls-ca-cert-file {c}/ca.crt\ntls-auth-clients {}\n",
+                server.port,
+                if client_certificates { "yes" } else { "no" },
             );
             if cluster {
                 conf.push_str(&format!(
@@ -240,6 +271,26 @@ impl TlsRedisServer {
         std::fs::read(self.ca_path()).expect("read ca.crt")
     }
 
+    /// The path of a client certificate (PEM) from the server's CA, for client authentication.
+    pub fn client_cert_path(&self) -> PathBuf {
+        self.certs.path().join("client.crt")
+    }
+
+    /// The path of the client certificate's private key (PKCS#8 PEM).
+    pub fn client_key_path(&self) -> PathBuf {
+        self.certs.path().join("client.key")
+    }
+
+    /// A client certificate (PEM) from the server's CA.
+    pub fn client_cert_pem(&self) -> Vec<u8> {
+        std::fs::read(self.client_cert_path()).expect("read client.crt")
+    }
+
+    /// The client certificate's private key (PKCS#8 PEM).
+    pub fn client_key_pem(&self) -> Vec<u8> {
+        std::fs::read(self.client_key_path()).expect("read client.key")
+    }
+
     /// Runs one command through `redis-cli --tls`, verifying the server against the test's CA,
     /// and returns its output, trimmed. Panics if `redis-cli` fails.
     pub fn cli(&self, args: &[&str]) -> String {
@@ -258,6 +309,11 @@ impl TlsRedisServer {
                 .arg("--tls")
                 .arg("--cacert")
                 .arg(self.ca_path())
+                // Presented whether or not the server asks for it.
+                .arg("--cert")
+                .arg(self.client_cert_path())
+                .arg("--key")
+                .arg(self.client_key_path())
                 .arg("-h")
                 .arg("127.0.0.1")
                 .arg("-p")
@@ -298,10 +354,20 @@ impl TlsRedisCluster {
     /// shared evenly, by `redis-cli --cluster create` over TLS), and waits until every node
     /// reports `cluster_state:ok`, owns its slots and knows every master. Panics if it cannot.
     pub fn start(masters: usize) -> TlsRedisCluster {
+        TlsRedisCluster::start_with(masters, false)
+    }
+
+    /// [`start`](Self::start), with nodes that accept only clients presenting a certificate from
+    /// their CA (`tls-auth-clients yes`), such as [`client_cert_pem`](Self::client_cert_pem).
+    pub fn start_requiring_client_certificates(masters: usize) -> TlsRedisCluster {
+        TlsRedisCluster::start_with(masters, true)
+    }
+
+    fn start_with(masters: usize, client_certificates: bool) -> TlsRedisCluster {
         assert!(masters >= 3, "a Redis Cluster needs at least 3 masters");
         let certs = Arc::new(certificates());
         let nodes: Vec<TlsRedisServer> = (0..masters)
-            .map(|_| TlsRedisServer::start_with(Arc::clone(&certs), true))
+            .map(|_| TlsRedisServer::start_with(Arc::clone(&certs), true, client_certificates))
             .collect();
         let addrs: Vec<String> = nodes
             .iter()
@@ -373,6 +439,16 @@ impl TlsRedisCluster {
     pub fn ca_pem(&self) -> Vec<u8> {
         self.nodes[0].ca_pem()
     }
+
+    /// A client certificate (PEM) from the nodes' CA.
+    pub fn client_cert_pem(&self) -> Vec<u8> {
+        self.nodes[0].client_cert_pem()
+    }
+
+    /// The client certificate's private key (PKCS#8 PEM).
+    pub fn client_key_pem(&self) -> Vec<u8> {
+        self.nodes[0].client_key_pem()
+    }
 }
 
 impl Drop for TlsRedisServer {
@@ -409,6 +485,29 @@ mod tests {
         let mut line = String::new();
         let _ = BufReader::new(&mut plain).read_line(&mut line);
         assert!(!line.starts_with("+PONG"), "{line:?}");
+    }
+
+    /// With `tls-auth-clients yes`, the harness's own `redis-cli` (which presents the client
+    /// certificate) is served, and one without a certificate is not.
+    #[test]
+    fn a_server_requiring_client_certificates_refuses_a_client_without_one() {
+        let s = TlsRedisServer::start_requiring_client_certificates();
+        assert_eq!(s.cli(&["ping"]), "PONG");
+        let out = crate::output_within(
+            Command::new(crate::binary("redis-cli"))
+                .args(["--tls", "--cacert"])
+                .arg(s.ca_path())
+                .args(["-h", "127.0.0.1", "-p", &s.port().to_string(), "ping"]),
+            crate::CLI_TIMEOUT,
+        )
+        .unwrap();
+        assert_ne!(String::from_utf8_lossy(&out.stdout).trim(), "PONG");
+        assert!(
+            std::str::from_utf8(&s.client_key_pem())
+                .unwrap()
+                .contains("BEGIN PRIVATE KEY"),
+            "the client key is PKCS#8"
+        );
     }
 
     #[test]
