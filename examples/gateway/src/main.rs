@@ -1,5 +1,6 @@
 //! Run with: cargo run -p example-gateway (with Redis: `-- --config examples/gateway/gateway-redis.toml`)
-//! (`rediss://` URLs, TLS: `cargo run -p example-gateway --features tls -- --config ...`)
+//! (`rediss://` URLs, TLS: `cargo run -p example-gateway --features tls -- --config ...`, or
+//! `--features tls-rustls` for rustls instead of OpenSSL)
 //!
 //! An API server whose rate limits come from a TOML file (`examples/gateway/gateway.toml` by
 //! default; every field is described in `docs/configuration.md`).
