@@ -301,6 +301,11 @@ struct Lines(std::sync::Arc<std::sync::Mutex<Vec<u8>>>);
 impl Lines {
     /// Collects the warnings logged on this thread while the guard lives.
     fn capture() -> (Lines, tracing::subscriber::DefaultGuard) {
+        // A second dispatcher registered for good: with only the capture's, tracing would cache
+        // a callsite's interest from whichever thread reached it first, for every thread (see
+        // tower-ratelimit's tests/common, `keep_a_second_dispatcher`).
+        static KEPT: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+        KEPT.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::new()));
         let lines = Lines::default();
         let writer = lines.clone();
         let subscriber = tracing_subscriber::fmt()

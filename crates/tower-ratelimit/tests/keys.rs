@@ -404,6 +404,24 @@ async fn an_extension_key_nested_in_ors_first_extractor_does_not_warn() {
     assert!(!text.contains("WARN"), "{text}");
 }
 
+/// The test support's capture sees a line even when another thread, without a subscriber, is
+/// the first to reach its callsite while the capture's subscriber is the only one alive: tracing
+/// then caches the callsite's interest from that thread's dispatcher (none) for every thread,
+/// unless another dispatcher stays registered, as `Lines::capture` keeps one. (Without it, the
+/// test below missed its line in one CI run, another test having reached the callsite first.)
+#[test]
+fn a_capture_sees_a_line_whose_callsite_another_thread_reached_first() {
+    fn say() {
+        tracing::warn!("said");
+    }
+    let (lines, guard) = Lines::capture();
+    std::thread::spawn(say).join().unwrap();
+    say();
+    drop(guard);
+    let text = lines.text();
+    assert_eq!(text.matches("said").count(), 1, "{text}");
+}
+
 /// The authentication layer put inside the rate limit (so it runs after it): no request has a
 /// `UserId` yet when the limiter looks, and each gets the missing-key answer. The app's setup is
 /// at fault, so the library says so once, at `warn`, naming the type and the order to use.

@@ -373,6 +373,7 @@ impl Lines {
 
     /// Collects what is logged at `level` or above on this thread while the guard lives.
     pub fn capture_from(level: tracing::Level) -> (Lines, tracing::subscriber::DefaultGuard) {
+        keep_a_second_dispatcher();
         let lines = Lines::default();
         let writer = lines.clone();
         let subscriber = tracing_subscriber::fmt()
@@ -387,6 +388,17 @@ impl Lines {
     pub fn text(&self) -> String {
         String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
     }
+}
+
+/// Registers, once, a dispatcher that lives as long as the process and takes no interest in
+/// anything. With one dispatcher registered, tracing works out a callsite's interest, when some
+/// thread first reaches it, from that thread's dispatcher alone, and caches it for every thread:
+/// a test without a subscriber reaching a callsite first, while one capture's subscriber was the
+/// only one alive, silenced that callsite for the capture. With two, it asks every registered
+/// one.
+pub fn keep_a_second_dispatcher() {
+    static KEPT: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+    KEPT.get_or_init(|| tracing::Dispatch::new(tracing::subscriber::NoSubscriber::new()));
 }
 
 /// A memory store that says it has a response timeout of its own, as a network store does.
