@@ -12,6 +12,14 @@ use ratelimit_redis::{RedisStore, RedisStoreError};
 use redis_harness::tls::TlsRedisCluster;
 use redis_harness::tls::TlsRedisServer;
 
+/// `err` is a configuration error naming the setting `name`.
+fn assert_config(err: &RedisStoreError, name: &str) {
+    assert!(
+        matches!(err, RedisStoreError::Config { name: n, .. } if *n == name),
+        "expected a Config error naming {name}: {err:?}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rediss_with_a_private_ca() {
     let server = TlsRedisServer::start();
@@ -106,16 +114,7 @@ async fn a_client_certificate_for_a_server_that_asks_for_one() {
             .build()
             .await
             .unwrap_err();
-        assert!(
-            matches!(
-                err,
-                RedisStoreError::Config {
-                    name: "tls_client_certificate",
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
+        assert_config(&err, "tls_client_certificate");
     }
 
     // Another key than the certificate's (the server's): rustls compares them at `build`;
@@ -128,16 +127,7 @@ async fn a_client_certificate_for_a_server_that_asks_for_one() {
         .await
         .unwrap_err();
     if cfg!(feature = "tls-rustls") {
-        assert!(
-            matches!(
-                err,
-                RedisStoreError::Config {
-                    name: "tls_client_certificate",
-                    ..
-                }
-            ),
-            "{err:?}"
-        );
+        assert_config(&err, "tls_client_certificate");
     } else {
         assert!(err.is_unavailable(), "{err:?}");
     }
@@ -154,31 +144,13 @@ async fn a_root_certificate_is_refused_for_a_cluster() {
         .build()
         .await
         .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            RedisStoreError::Config {
-                name: "tls_root_certificate",
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    assert_config(&err, "tls_root_certificate");
     let err = RedisStore::cluster(["rediss://127.0.0.1:1"])
         .tls_client_certificate(b"cert".to_vec(), b"key".to_vec())
         .build()
         .await
         .unwrap_err();
-    assert!(
-        matches!(
-            err,
-            RedisStoreError::Config {
-                name: "tls_client_certificate",
-                ..
-            }
-        ),
-        "{err:?}"
-    );
+    assert_config(&err, "tls_client_certificate");
 }
 
 /// With rustls, a cluster whose nodes' certificates come from a private CA and which asks
@@ -238,10 +210,7 @@ async fn a_cluster_over_tls_with_a_private_ca() {
         .await
         .unwrap_err();
     if cfg!(all(feature = "tls", feature = "tls-rustls")) {
-        assert!(
-            matches!(err, RedisStoreError::Config { name: "url", .. }),
-            "{err:?}"
-        );
+        assert_config(&err, "url");
     } else {
         assert!(err.is_unavailable(), "{err:?}");
     }

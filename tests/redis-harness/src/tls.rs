@@ -418,23 +418,6 @@ impl TlsRedisCluster {
         &self.nodes
     }
 
-    /// The node that owns `key`'s slot (asks the first node with `CLUSTER KEYSLOT`, then each
-    /// node for its own slots with `CLUSTER NODES`).
-    pub fn node_for(&self, key: &str) -> &TlsRedisServer {
-        let slot: u16 = self.nodes[0]
-            .cli(&["cluster", "keyslot", key])
-            .parse()
-            .expect("CLUSTER KEYSLOT answers a number");
-        self.nodes
-            .iter()
-            .find(|n| {
-                crate::own_slots(&n.cli(&["cluster", "nodes"]))
-                    .iter()
-                    .any(|r| r.contains(&slot))
-            })
-            .unwrap_or_else(|| panic!("no node owns slot {slot}"))
-    }
-
     /// The CA certificate (PEM) that signed every node's certificate.
     pub fn ca_pem(&self) -> Vec<u8> {
         self.nodes[0].ca_pem()
@@ -521,13 +504,6 @@ mod tests {
         }
         for n in c.nodes() {
             assert!(!crate::own_slots(&n.cli(&["cluster", "nodes"])).is_empty());
-        }
-        // A key written through its owner is there, and only there.
-        let owner = c.node_for("user:1");
-        assert_eq!(owner.cli(&["set", "user:1", "v"]), "OK");
-        for n in c.nodes() {
-            let found = n.cli(&["exists", "user:1"]);
-            assert_eq!(found == "1", n.port() == owner.port(), "{found}");
         }
     }
 }
