@@ -589,14 +589,8 @@ impl RedisCluster {
                 builder.start()
             })
             .collect();
-        let addrs: Vec<String> = nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port))
-            .collect();
-        let mut args: Vec<&str> = vec!["--cluster", "create"];
-        args.extend(addrs.iter().map(String::as_str));
-        let replicas_arg = replicas.to_string();
-        args.extend(["--cluster-replicas", &replicas_arg, "--cluster-yes"]);
+        let args = cluster_create_args(nodes.iter().map(|n| n.port), replicas);
+        let args: Vec<&str> = args.iter().map(String::as_str).collect();
         // With `requirepass` among `lines` (and `masterauth`, for replicas), redis-cli needs it.
         cli(nodes[0].port, &nodes[0].auth_args(), &args);
         let cluster = RedisCluster {
@@ -700,6 +694,19 @@ impl RedisCluster {
     pub fn slots_of(&self, node: &RedisServer) -> Vec<std::ops::RangeInclusive<u16>> {
         own_slots(&node.cli(&["cluster", "nodes"]))
     }
+}
+
+/// `redis-cli`'s arguments to make a cluster of the nodes on `ports` (loopback), with `replicas`
+/// replicas per master.
+fn cluster_create_args(ports: impl Iterator<Item = u16>, replicas: usize) -> Vec<String> {
+    let mut args = vec!["--cluster".to_owned(), "create".to_owned()];
+    args.extend(ports.map(|p| format!("127.0.0.1:{p}")));
+    args.extend([
+        "--cluster-replicas".to_owned(),
+        replicas.to_string(),
+        "--cluster-yes".to_owned(),
+    ]);
+    args
 }
 
 /// The ranges of hash slots of the node that answered `CLUSTER NODES` with `nodes` (its

@@ -369,14 +369,8 @@ impl TlsRedisCluster {
         let nodes: Vec<TlsRedisServer> = (0..masters)
             .map(|_| TlsRedisServer::start_with(Arc::clone(&certs), true, client_certificates))
             .collect();
-        let addrs: Vec<String> = nodes
-            .iter()
-            .map(|n| format!("127.0.0.1:{}", n.port))
-            .collect();
-        let mut args: Vec<&str> = vec!["--cluster", "create"];
-        args.extend(addrs.iter().map(String::as_str));
-        args.extend(["--cluster-replicas", "0", "--cluster-yes"]);
-        nodes[0].cli(&args);
+        let args = crate::cluster_create_args(nodes.iter().map(|n| n.port), 0);
+        nodes[0].cli(&args.iter().map(String::as_str).collect::<Vec<_>>());
         let cluster = TlsRedisCluster { nodes };
         cluster.wait_ok(masters);
         cluster
