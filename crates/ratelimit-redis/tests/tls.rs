@@ -7,7 +7,7 @@
 #![cfg(any(feature = "tls", feature = "tls-rustls"))]
 
 use ratelimit_core::{Algorithm, Limit, Quota};
-use ratelimit_redis::{RedisStore, RedisStoreError};
+use ratelimit_redis::{RedisStore, RedisStoreError, ResetNotice};
 #[cfg(feature = "tls-rustls")]
 use redis_harness::tls::TlsRedisCluster;
 use redis_harness::tls::TlsRedisServer;
@@ -92,8 +92,31 @@ async fn a_client_certificate_for_a_server_that_asks_for_one() {
         shown.contains("tls_client_certificate: true") && !shown.contains("PRIVATE KEY"),
         "{shown}"
     );
-    let store = builder.build().await.unwrap();
+    let store = builder.announce_resets(true).build().await.unwrap();
     assert_eq!(store.check(b"k", &limit, 1).await.unwrap().remaining(), 9);
+
+    // The reset watch makes its own connection, with the same certificates: it subscribes and
+    // hears this store's reset.
+    let (tx, mut heard) = tokio::sync::mpsc::unbounded_channel();
+    let _watch = store
+        .watch_resets(move |notice| {
+            let _ = tx.send(match notice {
+                ResetNotice::Reset { key, .. } => Some(key.to_vec()),
+                _ => None,
+            });
+        })
+        .unwrap();
+    let mut next = async || {
+        tokio::time::timeout(std::time::Duration::from_secs(5), heard.recv())
+            .await
+            .expect("the watch heard nothing in time")
+            .expect("the watch ended")
+    };
+    assert_eq!(next().await, None, "subscribed first");
+    ratelimit_core::Reset::reset(&store, b"k", &limit)
+        .await
+        .unwrap();
+    assert_eq!(next().await, Some(b"k".to_vec()));
 
     let err = RedisStore::builder(server.url())
         .tls_root_certificate(server.ca_pem())
