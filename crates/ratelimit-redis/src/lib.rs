@@ -115,6 +115,6 @@ pub use scripts::{script_sha, script_source};
 pub use store::{
     CLUSTER_FAILURE_DOMAINS, CheckFuture, CheckManyFuture, DEFAULT_CONNECT_TIMEOUT,
     DEFAULT_POOL_SIZE, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_WAIT_TIMEOUT, MAX_TIMEOUT,
-    RedisStore, RedisStoreBuilder, ResetFuture, redact_url,
+    RedisStore, RedisStoreBuilder, ResetFuture, is_tls_url, redact_url,
 };
 pub use watch::{ResetNotice, ResetWatch};

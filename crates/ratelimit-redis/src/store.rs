@@ -1700,8 +1700,9 @@ fn redact_params(query: &str) -> String {
     params.join("&")
 }
 
-/// Whether `url` is a `rediss://` (TLS) one, its scheme in any case, as the URL parser takes it.
-fn is_tls_url(url: &str) -> bool {
+/// Whether `url` is a `rediss://` (TLS) one, its scheme in any case, as the URL parser takes it:
+/// one that needs the `tls` or `tls-rustls` feature.
+pub fn is_tls_url(url: &str) -> bool {
     url.get(..9)
         .is_some_and(|scheme| scheme.eq_ignore_ascii_case("rediss://"))
 }

@@ -824,23 +824,19 @@ impl StoreConfig {
                 self.connect_timeout_ms.is_some(),
             ),
             ("store.expiry_slack_ms", self.expiry_slack_ms.is_some()),
-            ("store.tls_ca_file", self.tls_ca_file.is_some()),
-            (
-                "store.tls_client_cert_file",
-                self.tls_client_cert_file.is_some(),
-            ),
-            (
-                "store.tls_client_key_file",
-                self.tls_client_key_file.is_some(),
-            ),
             // The in-memory store answers at once, and keeps its own memo of denials.
             ("store.denial_cache", self.denial_cache),
             ("store.watch_resets", self.watch_resets),
             ("store.coalesce", self.coalesce),
         ];
-        if !redis && let Some((field, _)) = redis_only.iter().find(|(_, set)| *set) {
+        if !redis
+            && let Some((field, _)) = redis_only
+                .into_iter()
+                .chain(self.tls_files())
+                .find(|(_, set)| *set)
+        {
             return Err(ConfigError::new(
-                *field,
+                field,
                 "only used when kind is \"redis\" or \"redis_cluster\"",
             ));
         }
@@ -909,16 +905,9 @@ impl StoreConfig {
         Ok(())
     }
 
-    /// `rediss://` URLs need the gateway's `tls` or `tls-rustls` feature, and the certificate
-    /// files go with `rediss://` URLs: one standalone server's, or (with `tls-rustls` only) a
-    /// cluster's; a client certificate comes with its key.
-    fn validate_tls(&self) -> Result<(), ConfigError> {
-        // The scheme in any case, as the URL parser takes it.
-        let tls_url = |u: &String| {
-            u.get(..9)
-                .is_some_and(|s| s.eq_ignore_ascii_case("rediss://"))
-        };
-        let files = [
+    /// The certificate files' fields, each with whether it is set.
+    fn tls_files(&self) -> [(&'static str, bool); 3] {
+        [
             ("store.tls_ca_file", self.tls_ca_file.is_some()),
             (
                 "store.tls_client_cert_file",
@@ -928,8 +917,19 @@ impl StoreConfig {
                 "store.tls_client_key_file",
                 self.tls_client_key_file.is_some(),
             ),
-        ];
-        let file = files.iter().find(|(_, set)| *set).map(|(field, _)| *field);
+        ]
+    }
+
+    /// `rediss://` URLs need the gateway's `tls` or `tls-rustls` feature, and the certificate
+    /// files go with `rediss://` URLs: one standalone server's, or (with `tls-rustls` only) a
+    /// cluster's; a client certificate comes with its key.
+    fn validate_tls(&self) -> Result<(), ConfigError> {
+        let tls_url = |u: &String| ratelimit_redis::is_tls_url(u);
+        let file = self
+            .tls_files()
+            .into_iter()
+            .find(|(_, set)| *set)
+            .map(|(field, _)| field);
         if !cfg!(any(feature = "tls", feature = "tls-rustls")) {
             let field = if self.url.as_ref().is_some_and(tls_url) {
                 Some("store.url")

@@ -519,20 +519,26 @@ fn output_within(command: &mut Command, timeout: Duration) -> Result<Output, Str
     })
 }
 
-/// [`cli`], or why `redis-cli` could not run or failed (its stderr).
-fn try_cli(port: u16, auth: &[String], args: &[&str]) -> Result<String, String> {
+/// [`cli`], or why `redis-cli` could not run or failed (its stderr, then its stdout). `options`
+/// come before `args`: the credentials, or the TLS settings.
+fn try_cli(port: u16, options: &[String], args: &[&str]) -> Result<String, String> {
     let out = output_within(
         Command::new(binary("redis-cli"))
             .arg("-h")
             .arg("127.0.0.1")
             .arg("-p")
             .arg(port.to_string())
-            .args(auth)
+            .args(options)
             .args(args),
         CLI_TIMEOUT,
     )?;
     if !out.status.success() {
-        return Err(String::from_utf8_lossy(&out.stderr).into_owned());
+        // Both: `--cluster create` says why it failed on its standard output.
+        return Err(format!(
+            "{}{}",
+            String::from_utf8_lossy(&out.stderr),
+            String::from_utf8_lossy(&out.stdout)
+        ));
     }
     Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
 }

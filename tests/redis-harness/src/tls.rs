@@ -302,33 +302,20 @@ impl TlsRedisServer {
         self.run_cli(args).ok()
     }
 
-    /// The output of `redis-cli --tls` with `args`, trimmed, or why it failed (its stderr).
+    /// The output of `redis-cli --tls` with `args`, trimmed, or why it failed.
     fn run_cli(&self, args: &[&str]) -> Result<String, String> {
-        let out = crate::output_within(
-            Command::new(crate::binary("redis-cli"))
-                .arg("--tls")
-                .arg("--cacert")
-                .arg(self.ca_path())
-                // Presented whether or not the server asks for it.
-                .arg("--cert")
-                .arg(self.client_cert_path())
-                .arg("--key")
-                .arg(self.client_key_path())
-                .arg("-h")
-                .arg("127.0.0.1")
-                .arg("-p")
-                .arg(self.port.to_string())
-                .args(args),
-            crate::CLI_TIMEOUT,
-        )?;
-        if !out.status.success() {
-            return Err(format!(
-                "{}{}",
-                String::from_utf8_lossy(&out.stderr),
-                String::from_utf8_lossy(&out.stdout)
-            ));
-        }
-        Ok(String::from_utf8_lossy(&out.stdout).trim().to_owned())
+        let path = |p: PathBuf| p.display().to_string();
+        let tls = [
+            "--tls".to_owned(),
+            "--cacert".to_owned(),
+            path(self.ca_path()),
+            // Presented whether or not the server asks for it.
+            "--cert".to_owned(),
+            path(self.client_cert_path()),
+            "--key".to_owned(),
+            path(self.client_key_path()),
+        ];
+        crate::try_cli(self.port, &tls, args)
     }
 }
 
