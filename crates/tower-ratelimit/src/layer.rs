@@ -303,9 +303,9 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     /// let layer = RateLimitLayer::builder(MemoryStore::new(), policy)
     ///     .reset_on(|res| res.status().is_success())
     ///     .build()?;
+    /// // On the method router: other methods get axum's 405 without spending an attempt.
     /// let app: Router = Router::new()
-    ///     .route("/login", post(|| async { StatusCode::UNAUTHORIZED }))
-    ///     .route_layer(layer);
+    ///     .route("/login", post(|| async { StatusCode::UNAUTHORIZED }).route_layer(layer));
     /// # Ok(())
     /// # }
     /// ```

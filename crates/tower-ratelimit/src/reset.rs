@@ -58,9 +58,9 @@ use crate::{RequestHead, ResponseHead};
 /// let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(5)?)?;
 /// let policy = Policy::new("login", limit)?.key(ApiKeyHeader::new("x-user")?);
 /// let layer = RateLimitLayer::new(MemoryStore::new(), policy)?;
+/// // On the method router: other methods get axum's 405 without spending an attempt.
 /// let app: Router = Router::new()
-///     .route("/login", post(login))
-///     .route_layer(layer.clone())
+///     .route("/login", post(login).route_layer(layer.clone()))
 ///     .with_state(layer.resetter());
 /// # Ok(())
 /// # }

@@ -22,8 +22,8 @@
 //! several quotas, the sliding algorithms' `t` waits for every quota with as few left as the
 //! binding one; the buckets' is the binding quota's next unit, and another quota with as few left
 //! may free its own later (the decision does not carry the others' levels). `X-RateLimit-Reset`
-//! keeps its own meaning, the seconds until the quota is full again (`24` for the bucket above). A
-//! quota whose period is not whole seconds is advertised over the period rounded up, with `q` the
+//! keeps its own meaning on an allowed response, the seconds until the quota is full again (`24`
+//! for the bucket above), and on a 429 says the wait, as `Retry-After` does. A quota whose period is not whole seconds is advertised over the period rounded up, with `q` the
 //! units granted in it at the quota's rate, rounded down (`100` per 100 ms is `q=1000;w=1`). For
 //! the bucket algorithms `q` is the sustained rate: a burst above it shows in `r` (a fresh bucket
 //! of 20 refilled at 10 a second says `q=10;w=1` and, after one request, `r=19`), and in

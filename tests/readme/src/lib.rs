@@ -59,15 +59,20 @@ mod first_layer {
         let mut lines = shown.lines();
         assert_eq!(lines.next(), Some("HTTP/1.1 429 Too Many Requests"));
         assert_eq!(denied.status(), 429);
-        let mut names = 0;
+        let mut names = Vec::new();
         for line in lines {
             let (name, value) = line.split_once(": ").expect("a header line");
             assert_eq!(denied.headers()[name], value, "{name}");
-            names += 1;
+            names.push(name);
         }
-        // Every header but the body's length is shown.
-        let others = denied.headers().keys().filter(|n| *n != "content-length");
-        assert_eq!(names, others.count(), "{:?}", denied.headers());
+        // Every header but the body's length is shown, in the order they are sent.
+        let sent: Vec<_> = denied
+            .headers()
+            .keys()
+            .map(|n| n.as_str())
+            .filter(|n| *n != "content-length")
+            .collect();
+        assert_eq!(names, sent, "{:?}", denied.headers());
         Ok(())
     }
 
@@ -186,12 +191,63 @@ mod per_route {
     }
 }
 
+/// The README's block of a login that forgets a user's failed attempts at a sign-in.
+#[cfg(test)]
+#[allow(dead_code)]
+mod login_reset {
+    include!("login_reset.rs");
+
+    use tower::ServiceExt;
+
+    fn attempt(
+        method: &str,
+        password: &str,
+    ) -> Result<axum::http::Request<axum::body::Body>, Box<dyn std::error::Error>> {
+        Ok(axum::http::Request::builder()
+            .method(method)
+            .uri("/login")
+            .header("x-user", "bob")
+            .header("x-password", password)
+            .body(axum::body::Body::empty())?)
+    }
+
+    /// Requests with a method `/login` does not serve spend nothing (a `Router::route_layer`
+    /// would count their 405s, and anyone could lock a user out); failed attempts count, a
+    /// sign-in forgets them, and its response tells the count as the README says.
+    #[tokio::test]
+    async fn only_failed_sign_ins_count_as_the_readme_says()
+    -> Result<(), Box<dyn std::error::Error>> {
+        let app = app()?;
+        for _ in 0..10 {
+            let res = app.clone().oneshot(attempt("GET", "hunter2")?).await?;
+            assert_eq!(res.status(), 405);
+        }
+        for _ in 0..4 {
+            let res = app.clone().oneshot(attempt("POST", "guess")?).await?;
+            assert_eq!(res.status(), 401);
+        }
+        let signed_in = app.clone().oneshot(attempt("POST", "hunter2")?).await?;
+        assert_eq!(signed_in.status(), 204);
+        assert_eq!(signed_in.headers()["ratelimit"], "\"login\";r=0;t=12");
+        assert!(super::README.contains("(`\"login\";r=0;t=12` for the fifth attempt)"));
+        // The count starts again: five failures, then a 429.
+        for _ in 0..5 {
+            let res = app.clone().oneshot(attempt("POST", "guess")?).await?;
+            assert_eq!(res.status(), 401);
+        }
+        let denied = app.oneshot(attempt("POST", "hunter2")?).await?;
+        assert_eq!(denied.status(), 429);
+        Ok(())
+    }
+}
+
 #[cfg(test)]
 #[test]
 fn the_readme_shows_the_code_tested_here() {
     for (fence, code) in [
         ("```rust,no_run\n", include_str!("first_layer.rs")),
         ("```rust,no_run\n", include_str!("per_route.rs")),
+        ("```rust\n", include_str!("login_reset.rs")),
     ] {
         assert!(
             README.contains(&format!("{fence}{code}```\n")),
