@@ -262,6 +262,19 @@ pub enum ClientIpError {
         /// The entry as it was given.
         input: String,
     },
+    /// A trusted-proxy block written with an address that is not its first (`10.0.0.10/8`): most
+    /// likely a typo for the one address (`10.0.0.10/32`, or `10.0.0.10` alone), which trusting
+    /// the whole block (`10.0.0.0/8`) would make millions of addresses proxies.
+    #[error(
+        "trusted proxy {input:?} has address bits set past its prefix: write {network} for the \
+         whole block, or the address alone for one proxy"
+    )]
+    HostBitsSet {
+        /// The entry as it was given.
+        input: String,
+        /// The block it names, written from its first address.
+        network: String,
+    },
     /// An IPv4 prefix length above 32.
     #[error("IPv4 prefix length {0} is out of range (0 to 32)")]
     Ipv4PrefixOutOfRange(u8),
@@ -309,8 +322,10 @@ impl ClientIp {
 
     /// Trust the given proxies: each entry is a CIDR block (`"10.0.0.0/8"`,
     /// `"fd00::/8"`) or a single address (`"10.1.2.3"` meaning `/32`,
-    /// `"::1"` meaning `/128`). Surrounding whitespace is ignored, and host
-    /// bits in a CIDR block are ignored (`10.1.2.3/8` is `10.0.0.0/8`).
+    /// `"::1"` meaning `/128`). Surrounding whitespace is ignored. A block
+    /// written from an address that is not its first (`10.1.2.3/8`) is refused
+    /// ([`ClientIpError::HostBitsSet`]): it is most likely one proxy's address
+    /// with a wrong prefix, and would trust the whole `10.0.0.0/8`.
     ///
     /// An IPv6 block also covers the IPv4 addresses mapped into it (so
     /// `::ffff:10.0.0.0/104` trusts `10.0.0.0/8`). An empty list trusts
@@ -543,24 +558,27 @@ impl ClientIp {
 fn parse_trusted(input: &str) -> Result<IpNet, ClientIpError> {
     let s = input.trim();
     let net = if s.contains('/') {
-        s.parse::<IpNet>().ok().map(|net| net.trunc())
+        s.parse::<IpNet>().ok()
     } else {
         s.parse::<IpAddr>().ok().map(IpNet::from)
     };
-    match net {
-        None => Err(ClientIpError::InvalidProxy {
+    let Some(written) = net else {
+        return Err(ClientIpError::InvalidProxy {
             input: input.to_owned(),
-        }),
-        Some(net)
-            if net.prefix_len() == 0
-                || holds_every_ipv4_mapped(&net)
-                || holds_every_nat64_address(&net) =>
-        {
-            Err(ClientIpError::TrustsEveryAddress {
-                input: input.to_owned(),
-            })
-        }
-        Some(net) => Ok(net),
+        });
+    };
+    let net = written.trunc();
+    if net.prefix_len() == 0 || holds_every_ipv4_mapped(&net) || holds_every_nat64_address(&net) {
+        Err(ClientIpError::TrustsEveryAddress {
+            input: input.to_owned(),
+        })
+    } else if net != written {
+        Err(ClientIpError::HostBitsSet {
+            input: input.to_owned(),
+            network: net.to_string(),
+        })
+    } else {
+        Ok(net)
     }
 }
 
@@ -1870,7 +1888,25 @@ mod tests {
         ] {
             assert!(ClientIp::behind_proxies(fine).is_ok(), "{fine:?}");
         }
-        let c = ClientIp::behind_proxies([" 10.1.2.3/8 ", "::1", "192.0.2.1"]).unwrap();
+        // A block written from an address inside it: one proxy with a wrong prefix, refused
+        // rather than trusting the block.
+        for (typo, network) in [
+            ("10.1.2.3/8", "10.0.0.0/8"),
+            (" 10.0.0.10/24", "10.0.0.0/24"),
+            ("fd00::1/64", "fd00::/64"),
+            ("::ffff:10.0.0.1/104", "::ffff:10.0.0.0/104"),
+        ] {
+            assert_eq!(
+                ClientIp::behind_proxies(["192.0.2.1", typo]).unwrap_err(),
+                ClientIpError::HostBitsSet {
+                    input: typo.to_owned(),
+                    network: network.to_owned(),
+                },
+                "{typo}"
+            );
+        }
+        let c =
+            ClientIp::behind_proxies([" 10.0.0.0/8 ", "::1", "192.0.2.1", "10.9.9.9/32"]).unwrap();
         assert!(c.is_trusted(ip("10.200.0.1")));
         assert!(c.is_trusted(ip("::1")));
         assert!(c.is_trusted(ip("192.0.2.1")));

@@ -84,15 +84,20 @@
 //! A closure given to `Policy::key` as it is needs its argument's type written out
 //! (`|req: &RequestHead<'_>|`), and what it returns cannot borrow from the request. [`from_fn`]
 //! takes a closure that writes the key itself: its types are inferred, and it can push bytes it
-//! borrows, with no copy:
+//! borrows, with no copy. A header read by hand should be read as [`ApiKeyHeader`] reads one:
+//! once, without the spaces around it (else `acme` and ` acme` are two keys over HTTP/2, and of a
+//! header sent twice an authentication layer may check one value while the key is the other):
 //!
 //! ```
 //! use tower_ratelimit::{RequestHead, http};
-//! use tower_ratelimit::key::{self, KeyBuf, KeyExtractor, NoKey};
+//! use tower_ratelimit::key::{self, KeyBuf, KeyExtractor, NoKey, header_value_trimmed};
 //!
 //! let tenant = key::from_fn(|req, key| {
-//!     let tenant = req.headers().get("x-tenant").ok_or(NoKey)?;
-//!     key.push(tenant.as_bytes());
+//!     let mut values = req.headers().get_all("x-tenant").iter();
+//!     let (Some(tenant), None) = (values.next(), values.next()) else {
+//!         return Err(NoKey);
+//!     };
+//!     key.push(header_value_trimmed(tenant));
 //!     Ok(())
 //! });
 //! let req = http::Request::get("/").header("x-tenant", "acme").body(())?;
@@ -349,6 +354,23 @@ pub trait KeyExtractor: Send + Sync + 'static {
         self.extract(req, key)
     }
 
+    /// Whether the request sent this extractor's key in a form it cannot use, rather than not at
+    /// all: asked only of a request [`extract`](Self::extract) found no key in. `false`, the
+    /// default, for an extractor whose key a request either has or lacks. [`ApiKeyHeader`] says
+    /// `true` for its header sent empty or more than once; a tuple or [`Or`] if a part does.
+    ///
+    /// Such a request is not an anonymous one: an authentication layer in front may have
+    /// accepted one of its values. So [`or`] does not fall back to its second extractor for it,
+    /// and a policy's [`MissingKey::SharedKey`](crate::MissingKey::SharedKey) does not count it
+    /// under the shared key: it gets the missing-key answer (400 under a shared key), as it does
+    /// under [`MissingKey::Reject`](crate::MissingKey::Reject). Otherwise a client whose
+    /// authentication reads the first of two headers could be served as its valid key while its
+    /// requests count against its address or the anonymous clients' bucket instead of the key's.
+    fn unusable(&self, req: &RequestHead<'_>) -> bool {
+        let _ = req;
+        false
+    }
+
     /// What a client should send for this extractor to find a key, in a few words that end the
     /// text of the policy's [`MissingKey`](crate::MissingKey) answer ("No rate-limit key in the
     /// request (send one non-empty x-api-key header)"). Read once, when the layer is built.
@@ -436,6 +458,10 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for (A, B) {
         extract_counted(&self.1, req, key, true)
     }
 
+    fn unusable(&self, req: &RequestHead<'_>) -> bool {
+        self.0.unusable(req) || self.1.unusable(req)
+    }
+
     fn client_hint(&self) -> Option<String> {
         all_hints(&[self.0.client_hint(), self.1.client_hint()])
     }
@@ -452,6 +478,10 @@ impl<A: KeyExtractor, B: KeyExtractor, C: KeyExtractor> KeyExtractor for (A, B, 
         extract_part(&self.0, req, key, true)?;
         extract_counted(&self.1, req, key, true)?;
         extract_counted(&self.2, req, key, true)
+    }
+
+    fn unusable(&self, req: &RequestHead<'_>) -> bool {
+        self.0.unusable(req) || self.1.unusable(req) || self.2.unusable(req)
     }
 
     fn client_hint(&self) -> Option<String> {
@@ -496,6 +526,11 @@ impl<A: KeyExtractor, B: KeyExtractor, C: KeyExtractor> KeyExtractor for (A, B, 
 /// id never shares a key with an address whose bytes happen to be the same. If neither finds a
 /// key, the request has none (the policy's [`MissingKey`](crate::MissingKey) answer). A request
 /// without `first`'s key is expected here: an [`ExtensionKey`] first does not warn of it.
+///
+/// A request that sent `first`'s key in a form it cannot use ([`KeyExtractor::unusable`]: an
+/// [`ApiKeyHeader`]'s header twice, or empty) has no key either, and is not given `second`'s:
+/// an authentication layer that reads the first of two `x-api-key` headers would serve such a
+/// request as its key, while its count went to its address instead of the key's.
 pub fn or<A: KeyExtractor, B: KeyExtractor>(first: A, second: B) -> Or<A, B> {
     Or { first, second }
 }
@@ -522,6 +557,9 @@ impl<A: KeyExtractor, B: KeyExtractor> Or<A, B> {
         }
         // Whatever `first` wrote before it found no key is not part of `second`'s.
         key.truncate(start);
+        if self.first.unusable(req) {
+            return Err(NoKey);
+        }
         extract_part(&self.second, req, key, if_any)?;
         key.push_byte(2);
         Ok(())
@@ -537,6 +575,10 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
     /// expected either.
     fn extract_if_any(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
         self.extract_or(req, key, true)
+    }
+
+    fn unusable(&self, req: &RequestHead<'_>) -> bool {
+        self.first.unusable(req) || self.second.unusable(req)
     }
 
     fn client_hint(&self) -> Option<String> {
@@ -622,7 +664,8 @@ impl KeyPart for IpAddr {
 ///
 /// A request without the header, with an empty value, or with the header more than once has no
 /// key: of two values, an authentication layer in front might check one and this layer count the
-/// other, so a client could spend someone else's quota under its own valid key.
+/// other, so a client could spend someone else's quota under its own valid key. The last two are
+/// [`unusable`](KeyExtractor::unusable) keys, which neither [`or`] nor a shared key takes.
 ///
 /// Spaces and tabs around the value are not part of it ([`header_value_trimmed`]): HTTP/1's
 /// parser drops them, but HTTP/2's and HTTP/3's need not, and `"k"`, `"k "` and `" k"` would
@@ -669,6 +712,16 @@ impl KeyExtractor for ApiKeyHeader {
                 }
             },
             _ => Err(NoKey),
+        }
+    }
+
+    /// The header sent, but not once with a value (the request would have a key otherwise).
+    fn unusable(&self, req: &RequestHead<'_>) -> bool {
+        let mut values = req.headers().get_all(&self.name).iter();
+        match (values.next(), values.next()) {
+            (None, _) => false,
+            (Some(v), None) => header_value_trimmed(v).is_empty(),
+            (Some(_), Some(_)) => true,
         }
     }
 

@@ -123,7 +123,10 @@ pub enum MissingKey {
     /// `outcome="no_key"`.
     Unauthorized(http::HeaderValue),
     /// Count every keyless request against this one shared key (kept apart from every extracted
-    /// key, even an equal one).
+    /// key, even an equal one). A request that sent its key in a form the extractor cannot use
+    /// (an [`ApiKeyHeader`](crate::key::ApiKeyHeader)'s header twice or empty:
+    /// [`KeyExtractor::unusable`]) is not keyless: it gets `400 Bad Request`, counted as
+    /// `outcome="no_key"`, with the text of [`Reject`](MissingKey::Reject).
     SharedKey(bytes::Bytes),
 }
 
@@ -206,7 +209,9 @@ impl MissingKey {
         Ok(answer)
     }
 
-    /// Counts keyless requests against one shared key named `key`, under the policy's own limit
+    /// Counts keyless requests (not those whose key is [unusable](KeyExtractor::unusable): see
+    /// [`SharedKey`](MissingKey::SharedKey)) against one shared key named `key`, under the
+    /// policy's own limit
     /// whatever tier [`Policy::resolve_tier`] picks for them: the tier comes from the same
     /// request that carries no usable key, so it is not trusted to choose a larger shared bucket.
     pub fn shared_key(key: impl Into<bytes::Bytes>) -> Self {
@@ -326,6 +331,12 @@ impl Policy {
     /// `RateLimit` field reports the quota as it stands (no `t` when it is full), and the body (or
     /// the problem's `detail`, or the gRPC message) says that the request costs more than the
     /// limit can ever admit at once.
+    ///
+    /// The cost is decided from the request's head, before its body is read: a body's length is
+    /// its `Content-Length`, which a chunked request (HTTP/1.1 `Transfer-Encoding: chunked`, or
+    /// HTTP/2 without the field) does not send. Charge such a request what a body can be at most
+    /// (the app's body size limit, `axum::extract::DefaultBodyLimit`, in the cost's units), or
+    /// refuse it in front of this layer, or it costs the minimum whatever it carries.
     ///
     /// The rate-limit fields then count cost units, not requests: `q` and `r` are in the units
     /// the costs are in, while draft-10 reads them as requests unless `qu` says otherwise, and

@@ -509,13 +509,21 @@ impl<St: Store> Shared<St> {
     }
 
     /// No key in the request: the configured answer, or `None` with `key` set to the shared
-    /// fallback key. Out of line, so that the key's path stays small; not `#[cold]`, since a
-    /// policy with a shared fallback key may take it on many requests.
+    /// fallback key. A request that sent its key in a form the extractor cannot use
+    /// ([`KeyExtractor::unusable`](crate::key::KeyExtractor::unusable)) is not counted under the
+    /// shared key: it gets the answer a shared key has none of, 400. Out of line, so that the
+    /// key's path stays small; not `#[cold]`, since a policy with a shared fallback key may take
+    /// it on many requests.
     #[inline(never)]
-    fn missing_key<W>(&self, tier: usize, key: &mut KeyBuf) -> Option<Step<W>> {
+    fn missing_key<W>(
+        &self,
+        tier: usize,
+        key: &mut KeyBuf,
+        req: &RequestHead<'_>,
+    ) -> Option<Step<W>> {
         let rt = &self.rt;
         let challenge = match &rt.policy.missing_key {
-            MissingKey::SharedKey(shared_key) => {
+            MissingKey::SharedKey(shared_key) if !rt.policy.key.unusable(req) => {
                 key.truncate(0);
                 key.push(&rt.shared_prefix);
                 key.push(shared_key);
@@ -524,7 +532,7 @@ impl<St: Store> Shared<St> {
             _ if rt.policy.dry_run => {
                 return Some(self.forward(VerdictKind::ShadowDenied, None, tier));
             }
-            MissingKey::Reject(_) => None,
+            MissingKey::Reject(_) | MissingKey::SharedKey(_) => None,
             MissingKey::Unauthorized(challenge) => Some(challenge),
         };
         tracing::debug!(policy = %rt.name, "no rate-limit key in request");
@@ -963,7 +971,7 @@ impl<St: Store> Shared<St> {
         let mut tier = rt.tier_for(req);
         let mut key = rt.key_start.clone();
         if rt.policy.key.extract(req, &mut key).is_err() {
-            if let Some(step) = self.missing_key(tier, &mut key) {
+            if let Some(step) = self.missing_key(tier, &mut key, req) {
                 return step;
             }
             // The shared key is counted under the policy's own limit: the tier was read from the
@@ -1042,7 +1050,7 @@ fn bodies(policy: &Policy) -> Bodies {
     let no_key = match &policy.missing_key {
         MissingKey::Unauthorized(_) => (StatusCode::UNAUTHORIZED, UNAUTHORIZED_TEXT),
         MissingKey::Reject(status) => (*status, NO_KEY_TEXT),
-        // Never answered.
+        // Only to a request that sent its key in a form the extractor cannot use.
         MissingKey::SharedKey(_) => (StatusCode::BAD_REQUEST, NO_KEY_TEXT),
     };
     let no_key_text = match hint {

@@ -289,6 +289,128 @@ async fn keyless_requests_can_share_one_fallback_key() {
     assert_eq!(statuses(&app, named, 3).await, [200, 200, 429]);
 }
 
+/// A request with the API key header twice, `first` then `second`: an authentication layer that
+/// reads the first value accepts it as `first`'s.
+fn sent_twice(first: &str, second: &str) -> http::Request<Body> {
+    let mut req = with_header(request("/"), "x-api-key", first);
+    req.headers_mut()
+        .append("x-api-key", second.parse().unwrap());
+    req
+}
+
+/// A key sent in a form the extractor cannot use (its header twice, or empty) is not a keyless
+/// request: `or` does not count it under its second extractor (the client's address), which
+/// would let a client whose authentication layer reads the first header be served as its key
+/// after the key's quota is spent, each address with a quota of its own.
+#[tokio::test]
+async fn or_does_not_fall_back_for_an_unusable_key() {
+    let (_clock, store) = store();
+    let policy = Policy::new("keys-or-ips", two_a_minute())
+        .unwrap()
+        .key(key::or(
+            ApiKeyHeader::new("x-api-key").unwrap(),
+            PeerIp::new(),
+        ));
+    let app = app(store, policy);
+    let good = || with_header(request("/"), "x-api-key", "good");
+    assert_eq!(statuses(&app, good, 3).await, [200, 200, 429]);
+    for peer in ["192.0.2.1:1", "192.0.2.2:1", "198.51.100.9:1"] {
+        let mut twice = sent_twice("good", "other");
+        twice.extensions_mut().insert(axum::extract::ConnectInfo(
+            peer.parse::<std::net::SocketAddr>().unwrap(),
+        ));
+        let res = send(&app, twice).await;
+        assert_eq!(res.status(), StatusCode::BAD_REQUEST, "{peer}");
+        assert_eq!(
+            res.extensions().get::<Verdict>().unwrap().kind(),
+            VerdictKind::NoKey
+        );
+        let empty = with_header(request_from("/", peer), "x-api-key", " ");
+        assert_eq!(send(&app, empty).await.status(), 400, "{peer}");
+    }
+    // Without the header, a request is anonymous: its address's key, untouched by the above.
+    let anonymous = || request_from("/", "192.0.2.1:1");
+    assert_eq!(statuses(&app, anonymous, 3).await, [200, 200, 429]);
+}
+
+/// Under a shared key for keyless requests, a key sent in a form the extractor cannot use gets
+/// `400` (counted as no key) instead of the anonymous clients' bucket, which it would spend while
+/// an authentication layer served it as a key; in a dry run it is let through as a would-be
+/// denial.
+#[tokio::test]
+async fn a_shared_key_does_not_take_an_unusable_key() {
+    for dry_run in [false, true] {
+        let (_clock, store) = store();
+        let policy = Policy::new("api", two_a_minute())
+            .unwrap()
+            .key(ApiKeyHeader::new("x-api-key").unwrap())
+            .missing_key(MissingKey::shared_key("anonymous"))
+            .dry_run(dry_run);
+        let app = app(store, policy);
+        for req in [
+            sent_twice("good", "good"),
+            with_header(request("/"), "x-api-key", ""),
+        ] {
+            let res = send(&app, req).await;
+            let kind = res.extensions().get::<Verdict>().unwrap().kind();
+            if dry_run {
+                assert_eq!(res.status(), StatusCode::OK);
+                assert_eq!(kind, VerdictKind::ShadowDenied);
+            } else {
+                assert_eq!(res.status(), StatusCode::BAD_REQUEST);
+                assert_eq!(kind, VerdictKind::NoKey);
+                assert_eq!(
+                    body_text(res).await,
+                    "No rate-limit key in the request (send one non-empty x-api-key header)\n"
+                );
+            }
+        }
+        // The anonymous bucket is whole: two keyless requests pass, the third is denied (as a
+        // would-be denial in the dry run).
+        let keyless = || request("/");
+        let expected: &[u16] = if dry_run {
+            &[200, 200, 200]
+        } else {
+            &[200, 200, 429]
+        };
+        assert_eq!(statuses(&app, keyless, 3).await, expected);
+    }
+}
+
+/// What `unusable` says of a request `extract` found no key in, for the built-in extractors and
+/// their combinations.
+#[test]
+fn which_keys_are_unusable() {
+    let header = || ApiKeyHeader::new("x-api-key").unwrap();
+    let head_of = |req: &http::Request<Body>| header().unusable(&RequestHead::of(req));
+    assert!(!head_of(&request("/")), "absent");
+    assert!(
+        head_of(&with_header(request("/"), "x-api-key", " \t")),
+        "empty"
+    );
+    assert!(head_of(&sent_twice("a", "b")), "twice");
+    assert!(
+        !head_of(&with_header(request("/"), "x-api-key", "k")),
+        "one value"
+    );
+
+    let twice = sent_twice("a", "b");
+    let twice = RequestHead::of(&twice);
+    let absent = request("/");
+    let absent = RequestHead::of(&absent);
+    assert!((RouteKey::new(), header()).unusable(&twice));
+    assert!((header(), RouteKey::new(), PeerIp::new()).unusable(&twice));
+    assert!(!(RouteKey::new(), header()).unusable(&absent));
+    assert!(key::or(PeerIp::new(), header()).unusable(&twice));
+    assert!(key::or(header(), PeerIp::new()).unusable(&twice));
+    assert!(!key::or(header(), PeerIp::new()).unusable(&absent));
+    assert!(!PeerIp::new().unusable(&twice));
+    assert!(!ExtensionKey::<UserId>::new().unusable(&twice));
+    // A closure's key is either there or not.
+    let closure = |req: &RequestHead<'_>| req.headers().get("x-api-key").cloned();
+    assert!(!closure.unusable(&twice));
+}
+
 #[derive(Clone)]
 struct UserId(u64);
 

@@ -606,8 +606,9 @@ async fn an_unknown_tier_gets_the_base_limit_and_one_warning() {
 
 /// A request without a key is counted against the shared key under the policy's own limit,
 /// whatever tier the resolver picks for it: the tier is read from the same request that carries
-/// no usable key, so a client could otherwise claim a higher tier's shared bucket (an API key
-/// sent twice, say, which `ApiKeyHeader` takes as no key, while a resolver reads the first).
+/// no usable key, so a client could otherwise claim a higher tier's shared bucket (a tier header
+/// of its own choosing, say). An API key sent twice, which `ApiKeyHeader` cannot use, is not
+/// keyless: it gets 400, not the shared bucket.
 #[tokio::test]
 async fn a_keyless_request_shares_the_base_tier_whatever_tier_it_claims() {
     use tower_ratelimit::MissingKey;
@@ -619,38 +620,36 @@ async fn a_keyless_request_shares_the_base_tier_whatever_tier_it_claims() {
         .tier("gold", per_minute(5))
         .unwrap()
         .resolve_tier(|req| {
-            let key = req.headers().get("x-api-key")?;
-            (key == "k-gold").then_some("gold")
+            let tier = req.headers().get("x-tier")?;
+            (tier == "gold").then_some("gold")
         });
     let app = Router::new()
         .route("/", get(|| async { "ok" }))
         .layer(RateLimitLayer::new(store, policy).unwrap());
-    let twice = || {
+    let with = |key: Option<&str>, times: usize| {
         let mut r = request("/");
-        r.headers_mut()
-            .append("x-api-key", "k-gold".parse().unwrap());
-        r.headers_mut()
-            .append("x-api-key", "k-gold".parse().unwrap());
+        r.headers_mut().insert("x-tier", "gold".parse().unwrap());
+        for _ in 0..times {
+            if let Some(key) = key {
+                r.headers_mut().append("x-api-key", key.parse().unwrap());
+            }
+        }
         r
     };
-    let res = send(&app, twice()).await;
+    let twice = send(&app, with(Some("k-gold"), 2)).await;
+    assert_eq!(twice.status(), 400);
+    let res = send(&app, with(None, 0)).await;
     assert_eq!(res.status(), 200);
     assert_eq!(
         header(&res, "ratelimit-policy"),
         Some("\"tiered\";q=1;w=60")
     );
-    assert_eq!(statuses(&app, twice, 2).await, [429, 429]);
+    assert_eq!(statuses(&app, || with(None, 0), 2).await, [429, 429]);
     // The same bucket as a request with no key at all.
     assert_eq!(statuses(&app, || request("/"), 1).await, [429]);
-    // The gold key itself, sent once, has its own bucket at its tier.
-    let gold = || {
-        let mut r = request("/");
-        r.headers_mut()
-            .insert("x-api-key", "k-gold".parse().unwrap());
-        r
-    };
+    // A key, sent once, has its own bucket at the tier it claims.
     assert_eq!(
-        statuses(&app, gold, 6).await,
+        statuses(&app, || with(Some("k-gold"), 1), 6).await,
         [200, 200, 200, 200, 200, 429]
     );
 }

@@ -433,6 +433,13 @@ async fn bad_configurations_fail_naming_the_field() {
             "routes[0].key.trusted_proxies: invalid trusted proxy \"10.0.0.0/33\"",
         ),
         (
+            "[[routes]]\npath = \"/login\"\nkey = { source = \"ip\", trusted_proxies = [\"10.0.0.10/8\"] }\n\
+             [routes.policy]\nname = \"login\"\nquotas = [{ limit = 1, per = \"second\" }]\n"
+                .to_owned(),
+            "routes[0].key.trusted_proxies: trusted proxy \"10.0.0.10/8\" has address bits set past \
+             its prefix: write 10.0.0.0/8 for the whole block, or the address alone for one proxy",
+        ),
+        (
             "[[routes]]\npath = \"/login\"\n[routes.policy]\nname = \"login\"\n\
              quotas = [{ limit = 1, per = \"second\" }]\n[[routes.policy.tiers]]\nname = \"pro\"\n\
              quotas = [{ limit = 9, per = \"second\" }]\n"
