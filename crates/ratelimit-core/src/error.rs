@@ -22,7 +22,7 @@ pub enum ConfigError {
         nanos: u128,
     },
     /// The period was longer than the largest supported (2^52 microseconds, about 142 years).
-    #[error("a quota's period must be at most 2^52 microseconds (got {micros} us)")]
+    #[error("a quota's period must be at most 2^52 microseconds (got {micros} µs)")]
     PeriodTooLong {
         /// The period that was given, in microseconds (saturated).
         micros: u64,

@@ -785,16 +785,17 @@ impl StoreConfig {
                 }
             }
             StoreKind::Redis => {
-                if self.url.is_none() {
-                    return Err(ConfigError::new(
-                        "store.url",
-                        "required when kind is \"redis\" (for example \"redis://127.0.0.1:6379\")",
-                    ));
-                }
+                // `urls` first: given alone, it is most likely meant for a cluster.
                 if !self.urls.is_empty() {
                     return Err(ConfigError::new(
                         "store.urls",
                         "only used when kind is \"redis_cluster\"; give one `url`",
+                    ));
+                }
+                if self.url.is_none() {
+                    return Err(ConfigError::new(
+                        "store.url",
+                        "required when kind is \"redis\" (for example \"redis://127.0.0.1:6379\")",
                     ));
                 }
             }
@@ -930,13 +931,15 @@ impl StoreConfig {
             .into_iter()
             .find(|(_, set)| *set)
             .map(|(field, _)| field);
+        // (A certificate file with a plain redis:// URL is told so below, in any build: the URL
+        // is what is most likely wrong.)
         if !cfg!(any(feature = "tls", feature = "tls-rustls")) {
             let field = if self.url.as_ref().is_some_and(tls_url) {
                 Some("store.url")
             } else if self.urls.iter().any(tls_url) {
                 Some("store.urls")
             } else {
-                file
+                None
             };
             if let Some(field) = field {
                 return Err(ConfigError::new(field, NO_TLS));
@@ -959,6 +962,9 @@ impl StoreConfig {
         }
         if let Some(field) = file {
             if self.kind == StoreKind::RedisCluster {
+                if self.urls.is_empty() || !self.urls.iter().all(tls_url) {
+                    return Err(ConfigError::new(field, "only used with rediss:// urls"));
+                }
                 if !cfg!(feature = "tls-rustls") {
                     return Err(ConfigError::new(
                         field,
@@ -966,9 +972,6 @@ impl StoreConfig {
                          client takes no certificate, verifying against the system's roots only \
                          (add the CA to them, or build the gateway with `tls-rustls` instead)",
                     ));
-                }
-                if self.urls.is_empty() || !self.urls.iter().all(tls_url) {
-                    return Err(ConfigError::new(field, "only used with rediss:// urls"));
                 }
             } else if !self.url.as_ref().is_some_and(tls_url) {
                 return Err(ConfigError::new(field, "only used with a rediss:// url"));

@@ -559,13 +559,16 @@ where
         }
     }
 
-    /// Whether `headers` hold `Authorization: Bearer <token>`, compared in a time that does not
-    /// depend on where a wrong token first differs.
+    /// Whether `headers` hold `Authorization: Bearer <token>` (the scheme in any case, one or
+    /// more spaces after it, as RFC 9110 allows), compared in a time that does not depend on
+    /// where a wrong token first differs.
     fn authorized(&self, headers: &HeaderMap) -> bool {
-        let Some(given) = headers
-            .get(header::AUTHORIZATION)
-            .and_then(|v| v.as_bytes().strip_prefix(b"Bearer "))
-        else {
+        let Some(given) = headers.get(header::AUTHORIZATION).and_then(|v| {
+            let (scheme, rest) = v.as_bytes().split_at_checked(b"Bearer ".len())?;
+            scheme
+                .eq_ignore_ascii_case(b"Bearer ")
+                .then(|| rest.trim_ascii_start())
+        }) else {
             return false;
         };
         given.len() == self.token.len()

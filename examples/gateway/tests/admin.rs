@@ -90,6 +90,15 @@ async fn a_reset_lets_a_client_back_in_and_needs_the_token() {
     }
     assert_eq!(status(&app, "POST", "/login", alice, None).await, 429);
     assert_eq!(status(&app, "POST", "/login", bob, None).await, 429);
+    // The scheme in any case, with any number of spaces after it (RFC 9110).
+    for authorization in [format!("bearer {TOKEN}"), format!("BEARER   {TOKEN}")] {
+        assert_eq!(
+            admin(&app, query, Some(&authorization)).await,
+            (204, String::new())
+        );
+    }
+    assert_eq!(status(&app, "POST", "/login", alice, None).await, 200);
+    assert_eq!(status(&app, "POST", "/login", bob, None).await, 429);
 
     // An IPv6 address resets its /64, as the limit counts it.
     for _ in 0..5 {
