@@ -240,6 +240,12 @@ async fn main() -> ExitCode {
     if let Some(listen) = args.listen {
         config.listen = listen;
     }
+    // Where a store error comes from: the file, or the file with the URL given on the command
+    // line.
+    let source = match args.redis {
+        Some(_) => format!("{} with --redis", args.config.display()),
+        None => args.config.display().to_string(),
+    };
     if let Some(url) = args.redis {
         if config.store.kind != StoreKind::Redis {
             eprintln!(
@@ -258,7 +264,7 @@ async fn main() -> ExitCode {
     let router = match app(&config).await {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error in {}: {e}", args.config.display());
+            eprintln!("error in {source}: {e}");
             return ExitCode::from(e.exit_status());
         }
     };

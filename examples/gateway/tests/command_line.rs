@@ -141,9 +141,12 @@ fn redis_from_the_command_line() {
         OsStr::new("--check"),
     ]);
     assert_eq!(out.status.code(), Some(3), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains(&url), "{out:?}");
+    // The URL came from the command line, and the error says so.
     assert!(
-        String::from_utf8_lossy(&out.stderr).contains(&url),
-        "{out:?}"
+        err.starts_with(&format!("error in {redis_toml} with --redis: store")),
+        "{err}"
     );
 
     // The default configuration keeps its counters in memory.
