@@ -1,7 +1,8 @@
 //! Hostile input through the real server and the real Redis store: spoofed and malformed
 //! `X-Forwarded-For` / `Forwarded`, thousands of hops, non-UTF-8 bytes, control characters, huge
-//! and binary API keys, costs of 0 and `u64::MAX`, and invalid configuration. Each gets its
-//! documented answer; none lets a client pick a fresh bucket, and nothing panics.
+//! and binary API keys, an API key sent twice under `key::or` or a shared key, costs of 0 and
+//! `u64::MAX`, and invalid configuration. Each gets its documented answer; none lets a client
+//! pick a fresh bucket, and nothing panics.
 
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -18,7 +19,7 @@ use ratelimit_e2e::{per_minute, store_builder};
 use ratelimit_redis::{RedisStore, RedisStoreError};
 use redis_harness::RedisServer;
 use tower_ratelimit::client_ip::{ClientIp, ClientIpError, ForwardedHeader};
-use tower_ratelimit::key::{ApiKeyHeader, ClientIpKey};
+use tower_ratelimit::key::{self, ApiKeyHeader, ClientIpKey};
 use tower_ratelimit::{
     CircuitBreaker, Error, FailurePolicy, MissingKey, Policy, RateLimitLayer, RequestHead,
 };
@@ -49,7 +50,9 @@ fn cost_of(req: &RequestHead<'_>) -> u64 {
 
 /// The app: `/xff` keys on the client address from `X-Forwarded-For` (peer 127.0.0.1 trusted),
 /// `/fwd` the same from `Forwarded`; `/key` on `x-api-key`; `/cost` on `x-api-key` with the cost
-/// from `x-cost`. 3 per minute each (2 for `/key`).
+/// from `x-cost`; `/either` on `x-api-key`, else the client address as `/xff`; `/anon` on
+/// `x-api-key`, keyless requests sharing one key. 3 per minute each (2 for `/key`, `/either` and
+/// `/anon`).
 async fn start() -> (RedisServer, TestApp, Metrics) {
     let redis = RedisServer::start();
     // The store's response timeout longer than the layer's, so that the layer's bounds a check.
@@ -60,7 +63,7 @@ async fn start() -> (RedisServer, TestApp, Metrics) {
         .expect("store");
     let trusted = || ClientIp::behind_proxies(["127.0.0.1"]).expect("trusted proxies");
     let metrics = Metrics::new();
-    let (xff, fwd, key, cost) = metrics.register(|| {
+    let (xff, fwd, key, cost, either, anon) = metrics.register(|| {
         (
             layer(
                 &store,
@@ -89,13 +92,29 @@ async fn start() -> (RedisServer, TestApp, Metrics) {
                     .key(ApiKeyHeader::new("x-api-key").unwrap())
                     .cost(cost_of),
             ),
+            layer(
+                &store,
+                Policy::new("either", per_minute(2)).unwrap().key(key::or(
+                    ApiKeyHeader::new("x-api-key").unwrap(),
+                    ClientIpKey::new(trusted()),
+                )),
+            ),
+            layer(
+                &store,
+                Policy::new("anon", per_minute(2))
+                    .unwrap()
+                    .key(ApiKeyHeader::new("x-api-key").unwrap())
+                    .missing_key(MissingKey::shared_key("anonymous")),
+            ),
         )
     });
     let app = Router::new()
         .route("/xff", get(|| async { "ok" }).route_layer(xff))
         .route("/fwd", get(|| async { "ok" }).route_layer(fwd))
         .route("/key", get(|| async { "ok" }).route_layer(key))
-        .route("/cost", get(|| async { "ok" }).route_layer(cost));
+        .route("/cost", get(|| async { "ok" }).route_layer(cost))
+        .route("/either", get(|| async { "ok" }).route_layer(either))
+        .route("/anon", get(|| async { "ok" }).route_layer(anon));
     (redis, TestApp::serve(app).await, metrics)
 }
 
@@ -383,6 +402,59 @@ async fn huge_binary_and_empty_api_keys() {
     assert!(start.elapsed() < Duration::from_secs(2));
 }
 
+/// A request that sends its API key twice (or empty) is not an anonymous one: an authentication
+/// layer reading the first value may serve it as the key. Under `key::or` it does not get the
+/// client address's bucket, nor under a shared key the anonymous clients' one: it gets `400`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_key_sent_twice_gets_no_other_bucket() {
+    let (_redis, app, _metrics) = start().await;
+    let c = load::client();
+    // One request with `x-api-key: good` twice (and `X-Forwarded-For: from`, which 127.0.0.1,
+    // trusted, passes on).
+    let twice = |path: &str, from: &str| {
+        c.get(app.url(path))
+            .header("x-api-key", "good")
+            .header("x-api-key", "good")
+            .header("x-forwarded-for", from)
+            .send()
+    };
+    for path in ["/either", "/anon"] {
+        for _ in 0..2 {
+            assert_eq!(
+                status(&c, &app, path, Some(("x-api-key", b"good"))).await,
+                200
+            );
+        }
+        assert_eq!(
+            status(&c, &app, path, Some(("x-api-key", b"good"))).await,
+            429,
+            "{path}"
+        );
+        // The key's quota is spent; sent twice, from any address, it is refused, not counted
+        // elsewhere.
+        for from in ["198.51.100.1", "198.51.100.2", "203.0.113.9"] {
+            let res = twice(path, from).await.expect("a response");
+            assert_eq!(res.status().as_u16(), 400, "{path} from {from}");
+        }
+        assert_eq!(
+            status(&c, &app, path, Some(("x-api-key", b" "))).await,
+            400,
+            "{path}"
+        );
+    }
+    // Those addresses' buckets, and the anonymous one, are whole.
+    let from = |ip: &'static [u8]| Some(("x-forwarded-for", ip));
+    for ip in [&b"198.51.100.1"[..], b"198.51.100.2"] {
+        for _ in 0..2 {
+            assert_eq!(status(&c, &app, "/either", from(ip)).await, 200);
+        }
+        assert_eq!(status(&c, &app, "/either", from(ip)).await, 429);
+    }
+    for expected in [200, 200, 429] {
+        assert_eq!(status(&c, &app, "/anon", None).await, expected);
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn costs_of_zero_and_u64_max() {
     let (_redis, app, metrics) = start().await;
@@ -515,6 +587,10 @@ async fn invalid_configuration_gets_typed_errors() {
     assert!(matches!(
         ClientIp::behind_proxies(["10.0.0.0/8", "not-an-ip"]),
         Err(ClientIpError::InvalidProxy { input }) if input == "not-an-ip"
+    ));
+    assert!(matches!(
+        ClientIp::behind_proxies(["10.0.0.10/8"]),
+        Err(ClientIpError::HostBitsSet { network, .. }) if network == "10.0.0.0/8"
     ));
     assert_eq!(
         ClientIp::peer().ipv4_prefix(33).unwrap_err(),
