@@ -255,6 +255,79 @@ async fn a_reset_needs_del_on_top_of_the_least_privilege() {
     assert!(limiter.check(b"u", &limit, 1).await.unwrap().is_allowed());
 }
 
+/// A user missing one of the sliding log's write commands (`+hset`, `+pexpire`, `+rpush`) is
+/// refused its admitting checks with nothing written: the script asks for every write before the
+/// first, since Redis does not roll back a script cut short (before, the log's entries were
+/// appended, the failed checks counted, and the keys left without expiry). A denial that
+/// repairs a total is refused the same way; a user that may publish but not delete is refused an
+/// announced reset before anything is published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_write_the_user_may_not_make_leaves_nothing_written() {
+    let without = |command: &str| LEAST_PRIVILEGE.replace(&format!(" +{command}"), "");
+    let server = RedisServer::builder()
+        .config(format!(
+            "user nohset on >p4ss resetkeys ~acl-rl:* -@all {}",
+            without("hset")
+        ))
+        .config(format!(
+            "user nopexpire on >p4ss resetkeys ~acl-rl:* -@all {}",
+            without("pexpire")
+        ))
+        .config(format!(
+            "user norpush on >p4ss resetkeys ~acl-rl:* -@all {}",
+            without("rpush")
+        ))
+        .config(format!(
+            "user nodel on >p4ss resetkeys ~acl-rl:* resetchannels &acl-rl:resets -@all \
+             {LEAST_PRIVILEGE} +publish"
+        ))
+        .start();
+    let keys = || server.cli(&["--scan", "--pattern", "acl-rl:*"]);
+    for user in ["nohset", "nopexpire", "norpush"] {
+        // (The right is among the least privilege's, so the user lacks only it.)
+        assert_ne!(without(user.trim_start_matches("no")), LEAST_PRIVILEGE);
+        let store = common::acl_store(server.port(), user, "p4ss")
+            .build()
+            .await
+            .unwrap();
+        for limit in [
+            Limit::single(Algorithm::SlidingLog, Quota::per_minute(3).unwrap()).unwrap(),
+            Limit::new(
+                Algorithm::SlidingLog,
+                [Quota::per_minute(3).unwrap(), Quota::per_hour(5).unwrap()],
+            )
+            .unwrap(),
+        ] {
+            for _ in 0..3 {
+                let err = store.check(b"u", &limit, 1).await.unwrap_err();
+                assert!(err.is_refused_credentials(), "{user}: {err:?}");
+                assert!(
+                    matches!(&err, RedisStoreError::Redis(e) if e.code() == Some("NOPERM")),
+                    "{user}: {err:?}"
+                );
+            }
+            // A peek writes nothing, and finds nothing spent.
+            let peek = store.check(b"u", &limit, 0).await.unwrap();
+            assert_eq!(peek.remaining(), 3, "{user}");
+            assert_eq!(keys(), "", "{user}");
+        }
+    }
+
+    // An announced reset by a user that may publish but not delete: refused before publishing.
+    let store = common::acl_store(server.port(), "nodel", "p4ss")
+        .announce_resets(true)
+        .build()
+        .await
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(1).unwrap()).unwrap();
+    assert!(store.check(b"u", &limit, 1).await.unwrap().is_allowed());
+    let err = store.reset(b"u", &limit).await.unwrap_err();
+    assert!(err.is_refused_credentials(), "{err:?}");
+    assert!(store.check(b"u", &limit, 1).await.unwrap().is_denied());
+    let stats = server.cli(&["INFO", "commandstats"]);
+    assert!(!stats.contains("cmdstat_publish:"), "{stats}");
+}
+
 /// The longest timeouts accepted (an hour) work: a check's deadline is counted without
 /// overflow. Longer ones are refused (`bad_settings_are_typed_errors`); before, a
 /// `response_timeout` of `Duration::MAX` built a store whose every check panicked.

@@ -6,6 +6,10 @@
 -- (no command runs between the two, so a gateway that acts on the notice sees the keys gone).
 -- Returns how many keys existed.
 if #ARGV == 2 then
+  -- A user that may publish but not delete would announce a reset that does not happen.
+  if not redis.acl_check_cmd('del', unpack(KEYS)) then
+    return redis.error_reply("NOPERM this user has no permissions to run the 'del' command on the rate limit's keys")
+  end
   redis.call('PUBLISH', ARGV[1], ARGV[2])
 end
 return redis.call('DEL', unpack(KEYS))

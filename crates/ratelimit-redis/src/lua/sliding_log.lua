@@ -158,8 +158,30 @@ for i = 1, N do
   if back and back + p > fresh_after then fresh_after = back + p end
 end
 
+-- Refuses the check, with nothing written, if the script's user may not run `command` on the
+-- rate limit's keys. Asked of each write command before the first write: a command refused
+-- midway (an ACL user without `+pexpire`, say) would leave the earlier writes in place, Redis
+-- not rolling a script back, and keys without expiry. Asked of the state's key alone (a user's
+-- key patterns cover the log's keys too, which the read phase has read), once per command.
+local function refused(command)
+  if redis.acl_check_cmd(command, hkey) then return nil end
+  return redis.error_reply(string.format(
+    "NOPERM this user has no permissions to run the '%s' command on the rate limit's keys",
+    command))
+end
+
 if b[1] == 0 then
   if COST > 0 then
+    local merge, push, trim = false, false, false
+    for i = 1, N do
+      local pl = plan[i]
+      merge = merge or pl.merge
+      push = push or pl.push
+      trim = trim or pl.pruned > 0
+    end
+    local no = refused('hset') or refused('pexpire') or (merge and refused('lset'))
+      or (push and refused('rpush')) or (trim and refused('ltrim'))
+    if no then return no end
     local args = {}
     for i = 1, N do
       local pl = plan[i]
@@ -184,6 +206,8 @@ else
   -- trim), so that the next checks need not recount, and that hash's expiry (a hash lost apart
   -- from its lists comes back without one; the lists keep theirs).
   if repairs then
+    local no = refused('hset') or refused('pexpire')
+    if no then return no end
     redis.call('HSET', hkey, unpack(repairs))
     redis.call('PEXPIRE', hkey, ttl_ms(fresh_before))
   end
