@@ -10,7 +10,7 @@
 //!
 //! ```
 //! use axum::{Router, routing::get};
-//! use ratelimit_core::{Algorithm, Limit, MemoryStore, Quota};
+//! use tower_ratelimit::{Algorithm, Limit, MemoryStore, Quota};
 //! use tower_ratelimit::{Policy, RateLimitLayer};
 //!
 //! let policy = Policy::new("api", Limit::single(Algorithm::Gcra, Quota::per_second(10)?)?)?;

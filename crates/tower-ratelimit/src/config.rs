@@ -160,7 +160,7 @@ impl Default for HeadersConfig {
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum BodyConfig {
-    /// `text/plain`.
+    /// `text/plain; charset=utf-8` ([`DenialBody::PlainText`]).
     #[default]
     PlainText,
     /// `application/problem+json`.

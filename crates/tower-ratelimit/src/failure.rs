@@ -11,7 +11,7 @@
 //!
 //! ```
 //! use tower_ratelimit::{FailurePolicy, Policy};
-//! use ratelimit_core::{Algorithm, Limit, Quota};
+//! use tower_ratelimit::{Algorithm, Limit, Quota};
 //!
 //! let policy = Policy::new("api", Limit::single(Algorithm::TokenBucket, Quota::per_minute(100)?)?)?
 //!     .failure(FailurePolicy::FailOpen);
@@ -25,7 +25,7 @@
 //! ```
 //! use std::time::Duration;
 //! use tower_ratelimit::{FailurePolicy, Policy};
-//! use ratelimit_core::{Algorithm, Limit, Quota};
+//! use tower_ratelimit::{Algorithm, Limit, Quota};
 //!
 //! let policy = Policy::new("login", Limit::single(Algorithm::Gcra, Quota::per_minute(5)?)?)?
 //!     .failure(FailurePolicy::fail_closed(Duration::from_secs(2)));
@@ -39,7 +39,8 @@
 //! limit would have, unless the limit (or its burst) is smaller than the number of gateways: then
 //! each still grants 1, and together up to one per gateway (5 a minute over 10 gateways becomes
 //! up to 10). A limit whose share a token bucket or GCRA cannot count exactly is rounded down a
-//! little further (10,000,000 a day over 3 gateways gives 3,333,312 each; more for a period
+//! little further (10,000,000 a day over 3 gateways gives a rate of 3,333,312 a day each, with a
+//! burst of 3,333,333, a third of the shared burst; more for a period
 //! with few divisors, or its burst lowered instead; see
 //! [`Limit::divided`](ratelimit_core::Limit::divided)), never up. A request whose cost fits the
 //! shared limit but not the local share is denied until the store is back, its `Retry-After`
@@ -54,7 +55,7 @@
 //!
 //! ```
 //! use tower_ratelimit::{FailurePolicy, Policy};
-//! use ratelimit_core::{Algorithm, Limit, Quota};
+//! use tower_ratelimit::{Algorithm, Limit, Quota};
 //!
 //! // Four gateways: each grants 25 a minute per key while the shared store is down.
 //! let policy = Policy::new("api", Limit::single(Algorithm::TokenBucket, Quota::per_minute(100)?)?)?

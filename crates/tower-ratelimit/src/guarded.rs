@@ -33,7 +33,7 @@ use crate::{Error, VerdictKind};
 ///
 /// ```
 /// use std::time::Duration;
-/// use ratelimit_core::{Algorithm, Limit, MemoryStore, Quota, Store};
+/// use tower_ratelimit::{Algorithm, Limit, MemoryStore, Quota, Store};
 /// use tower_ratelimit::{GuardError, Guarded};
 ///
 /// /// Whether `user` may send a message: asked of the shared store (a `RedisStore`, say), or,

@@ -33,9 +33,10 @@
 //! answer still counts for the breaker (see [`crate::circuit_breaker`]); a failure or timeout of it
 //! is then counted in `ratelimit_store_errors_total` too.
 //!
-//! `ratelimit_store_duration_seconds` times every store answer that has to wait (the Redis store's,
-//! to the reply from the end of the poll that sends the command, which leaves out the microseconds
-//! it took to hand the command over; in the calls sampled as below, from that poll's start). A
+//! `ratelimit_store_duration_seconds` times every store answer that has to wait, a failure (an
+//! error, the layer's timeout) as well as a decision (the Redis store's, to the reply from the end
+//! of the poll that sends the command, which leaves out the microseconds it took to hand the
+//! command over; in the calls sampled as below, from that poll's start). A
 //! check whose request was dropped before the answer is not timed (it is counted in
 //! `ratelimit_checks_cancelled_total`). Answers that
 //! come at once (the in-memory store, a denial cache hit) take about 100 ns, and timing each
@@ -79,7 +80,8 @@ pub const CHECKS_CANCELLED_TOTAL: &str = "ratelimit_checks_cancelled_total";
 pub const CIRCUIT_STATE: &str = "ratelimit_circuit_state";
 /// How many of a layer's circuits (one per failure domain of its store) are open or half-open.
 pub const CIRCUITS_NOT_CLOSED: &str = "ratelimit_circuits_not_closed";
-/// Resets of a [`Resetter`](crate::Resetter) by policy and outcome.
+/// Resets of a client's count, by a [`Resetter`](crate::Resetter) or the layer's own
+/// ([`reset_on`](crate::RateLimitLayerBuilder::reset_on)), by policy and outcome.
 pub const RESETS_TOTAL: &str = "ratelimit_resets_total";
 
 /// Why a store call failed.
@@ -161,7 +163,7 @@ fn describe() {
     describe_histogram!(
         STORE_DURATION_SECONDS,
         Unit::Seconds,
-        "Rate-limit store check time, to the answer (every answer that waited; about 1 in 64 of those that came at once)"
+        "Rate-limit store check time, to the answer or the failure (every check that waited, timeouts and errors included; about 1 in 64 of those answered at once)"
     );
     describe_counter!(
         STORE_ERRORS_TOTAL,

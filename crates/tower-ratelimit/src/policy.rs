@@ -23,7 +23,7 @@
 //! ## Tiers: the quota depends on the request
 //!
 //! ```
-//! use ratelimit_core::{Algorithm, Limit, Quota};
+//! use tower_ratelimit::{Algorithm, Limit, Quota};
 //! use tower_ratelimit::Policy;
 //!
 //! #[derive(Clone)]
@@ -41,7 +41,7 @@
 //! ## Allow-list and dry run
 //!
 //! ```
-//! use ratelimit_core::{Algorithm, Limit, Quota};
+//! use tower_ratelimit::{Algorithm, Limit, Quota};
 //! use tower_ratelimit::Policy;
 //!
 //! let policy = Policy::new("api", Limit::single(Algorithm::TokenBucket, Quota::per_second(50)?)?)?
@@ -269,7 +269,9 @@ impl Policy {
     /// two quotas), whose items would then be left out. The defaults: the key is
     /// the peer address ([`PeerIp`](crate::key::PeerIp); [`GlobalKey`](crate::key::GlobalKey)
     /// without the `axum` feature), each request costs 1, a missing key is rejected with 400,
-    /// IETF headers on every response, a plain-text 429 body, and [`FailurePolicy::FailOpen`].
+    /// IETF headers on every response the store decided (none on one the allow-list, a missing
+    /// key, a failure policy or a dry run answered or let through), a plain-text 429 body, and
+    /// [`FailurePolicy::FailOpen`].
     ///
     /// The peer address comes from axum's `ConnectInfo`: serve the app with
     /// `into_make_service_with_connect_info::<SocketAddr>()` (and, in tests through `oneshot`,
@@ -381,7 +383,7 @@ impl Policy {
     /// a closure cannot return a borrow of what it captured.
     ///
     /// ```
-    /// use ratelimit_core::{Algorithm, Limit, Quota};
+    /// use tower_ratelimit::{Algorithm, Limit, Quota};
     /// use tower_ratelimit::Policy;
     ///
     /// // Put in the extensions by an authentication layer that runs before the limiter.
@@ -410,7 +412,7 @@ impl Policy {
     ///
     /// ```
     /// use std::collections::HashMap;
-    /// use ratelimit_core::{Algorithm, Limit, Quota};
+    /// use tower_ratelimit::{Algorithm, Limit, Quota};
     /// use tower_ratelimit::Policy;
     ///
     /// let plans: HashMap<String, String> =

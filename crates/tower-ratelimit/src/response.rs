@@ -48,10 +48,10 @@
 //!
 //! ```
 //! use tower_ratelimit::{DenialBody, Headers, Policy};
-//! use ratelimit_core::{Algorithm, Limit, Quota};
+//! use tower_ratelimit::{Algorithm, Limit, Quota};
 //!
 //! let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(100)?)?;
-//! // The default: IETF fields on every response.
+//! // The default: IETF fields on every response the store decided.
 //! let default = Policy::new("api", limit.clone())?.headers(Headers::ietf());
 //! // IETF fields on 429s only, plus the legacy X-RateLimit-* fields, and a problem+json body.
 //! let both = Policy::new("api", limit.clone())?
@@ -134,7 +134,10 @@ pub struct Headers {
 }
 
 impl Headers {
-    /// The IETF `RateLimit` and `RateLimit-Policy` fields on every response (the default).
+    /// The IETF `RateLimit` and `RateLimit-Policy` fields on every response the store decided,
+    /// allowed or denied (the default); none on a response the allow-list, a missing key, a
+    /// failure policy (failed open, failed closed) or a dry run answered or let through, which
+    /// no count of the client's stands behind.
     pub const fn ietf() -> Self {
         Headers {
             ietf: true,
@@ -237,7 +240,8 @@ type CustomBody = Arc<dyn Fn(&Denial<'_>) -> Response<Bytes> + Send + Sync>;
 #[derive(Clone, Default)]
 #[non_exhaustive]
 pub enum DenialBody {
-    /// `text/plain`: `Too Many Requests`. The default.
+    /// `text/plain; charset=utf-8`: `Too Many Requests` and a newline, as the layer's other
+    /// plain-text answers end. The default.
     #[default]
     PlainText,
     /// `application/problem+json` with the draft's `quota-exceeded` problem type and the
@@ -250,7 +254,8 @@ pub enum DenialBody {
     /// `detail`.
     ProblemJson,
     /// For gRPC calls (such as to tonic's services, behind this layer): the denial as gRPC says
-    /// it, a trailers-only response with HTTP status 200, `content-type: application/grpc`,
+    /// it, a trailers-only response with HTTP status 200, the call's own `content-type`
+    /// (`application/grpc`, or `application/grpc+proto` for a call sent so),
     /// `grpc-status: 8` (`RESOURCE_EXHAUSTED`, the code for a quota exhausted) and
     /// `grpc-message: Too Many Requests`, and no body. A gRPC client does not read an HTTP 429
     /// as a rate limit: tonic's reads the plain-text body as a gRPC message and fails with
@@ -327,7 +332,9 @@ pub enum VerdictKind {
     /// Dry run: it would have been denied, and went through.
     ShadowDenied,
     /// No key could be extracted; rejected by [`MissingKey::Reject`](crate::MissingKey::Reject)
-    /// or [`MissingKey::Unauthorized`](crate::MissingKey::Unauthorized).
+    /// or [`MissingKey::Unauthorized`](crate::MissingKey::Unauthorized), or, under
+    /// [`MissingKey::SharedKey`](crate::MissingKey::SharedKey), a key sent in a form the
+    /// extractor cannot use (a 400).
     NoKey,
     /// The allow-list let it through unchecked.
     AllowListed,

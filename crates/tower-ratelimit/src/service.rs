@@ -52,7 +52,7 @@ impl<St> RateLimit<(), St> {
     ///
     /// ```
     /// use axum::{Router, routing::get};
-    /// use ratelimit_core::{Algorithm, Limit, MemoryStore, Quota};
+    /// use tower_ratelimit::{Algorithm, Limit, MemoryStore, Quota};
     /// use tower_ratelimit::{Policy, RateLimit};
     ///
     /// let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(100)?)?;
