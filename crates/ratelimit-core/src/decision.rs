@@ -235,7 +235,7 @@ impl Decision {
     /// What the draft's `violated-policies` lists.
     ///
     /// ```
-    /// use ratelimit_core::{Algorithm, Limit, MemoryStore, Quota, QuotaSet, Store};
+    /// use ratelimit_core::{Algorithm, Limit, MemoryStore, Quota, QuotaSet};
     ///
     /// let limit = Limit::new(
     ///     Algorithm::TokenBucket,

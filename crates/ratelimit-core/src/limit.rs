@@ -158,8 +158,8 @@ impl Limit {
     /// multiple of the smallest divisor of the period that makes it fit (3,333,312 for that
     /// example: 21 fewer a day). That costs little for periods of whole seconds, minutes, hours
     /// or days, which have many divisors; a period with few (a prime number of microseconds)
-    /// may lose a third of the share or more (142,500,016 a 95,000,011 µs period, halved, is
-    /// 95,000,011), always downwards. Where no multiple is left below the share's limit, the
+    /// may lose a third of the share or more (285,000,033 a 95,000,011 µs period, halved, is a
+    /// plain share of 142,500,016, rounded down to 95,000,011), always downwards. Where no multiple is left below the share's limit, the
     /// share keeps its limit and its burst is lowered to what fits instead.
     ///
     /// So every limit [`Limit::new`] accepts has a share for any `n` (property-tested on random

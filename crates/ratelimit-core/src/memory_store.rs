@@ -107,6 +107,10 @@ impl<C> MemoryStoreBuilder<C> {
     /// holds 16 bytes for each admission instant inside its period (up to `limit` of them, and
     /// up to twice that allocated), so a store of sliding logs is sized by `max_keys × limit`
     /// (see [`MemoryStore::memory_bytes`] and `docs/memory-store.md`).
+    ///
+    /// The cap is split evenly over the store's shards, so the store holds at most `max_keys`
+    /// rounded down to a multiple of their number (1,000 over the 32 shards of a store of that
+    /// size is 992), never more: [`MemoryStore::max_keys`] tells the cap in force.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self
@@ -383,7 +387,8 @@ impl<C> MemoryStore<C> {
         self.len() == 0
     }
 
-    /// The most keys this store holds at once.
+    /// The most keys this store holds at once: the builder's `max_keys` rounded down to a
+    /// multiple of the number of shards.
     pub fn max_keys(&self) -> usize {
         self.per_shard_cap * self.shards.len()
     }
