@@ -700,29 +700,43 @@ impl ApiKeyHeader {
     }
 }
 
+/// What a request sent of an [`ApiKeyHeader`]'s header.
+enum Sent<'h> {
+    Nothing,
+    /// Empty (or only spaces and tabs), or more than once.
+    Unusable,
+    Key(&'h [u8]),
+}
+
+impl ApiKeyHeader {
+    #[inline]
+    fn sent<'h>(&self, headers: &'h http::HeaderMap) -> Sent<'h> {
+        let mut values = headers.get_all(&self.name).iter();
+        match (values.next(), values.next()) {
+            (None, _) => Sent::Nothing,
+            (Some(v), None) => match header_value_trimmed(v) {
+                [] => Sent::Unusable,
+                value => Sent::Key(value),
+            },
+            (Some(_), Some(_)) => Sent::Unusable,
+        }
+    }
+}
+
 impl KeyExtractor for ApiKeyHeader {
     fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
-        let mut values = req.headers().get_all(&self.name).iter();
-        match (values.next(), values.next()) {
-            (Some(v), None) => match header_value_trimmed(v) {
-                [] => Err(NoKey),
-                value => {
-                    key.push(value);
-                    Ok(())
-                }
-            },
-            _ => Err(NoKey),
+        match self.sent(req.headers()) {
+            Sent::Key(value) => {
+                key.push(value);
+                Ok(())
+            }
+            Sent::Nothing | Sent::Unusable => Err(NoKey),
         }
     }
 
     /// The header sent, but not once with a value (the request would have a key otherwise).
     fn unusable(&self, req: &RequestHead<'_>) -> bool {
-        let mut values = req.headers().get_all(&self.name).iter();
-        match (values.next(), values.next()) {
-            (None, _) => false,
-            (Some(v), None) => header_value_trimmed(v).is_empty(),
-            (Some(_), Some(_)) => true,
-        }
+        matches!(self.sent(req.headers()), Sent::Unusable)
     }
 
     fn client_hint(&self) -> Option<String> {

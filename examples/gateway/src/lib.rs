@@ -266,7 +266,7 @@ fn tls_files(
         Some(path) => builder.tls_root_certificate(read_pem(
             "store.tls_ca_file",
             path,
-            "-----BEGIN CERTIFICATE-----",
+            CERT_BEGIN,
             "certificate",
         )?),
         None => builder,
@@ -277,7 +277,7 @@ fn tls_files(
                 read_pem(
                     "store.tls_client_cert_file",
                     cert,
-                    "-----BEGIN CERTIFICATE-----",
+                    CERT_BEGIN,
                     "certificate",
                 )?,
                 // `BEGIN PRIVATE KEY`, `BEGIN EC PRIVATE KEY`, `BEGIN RSA PRIVATE KEY`.
@@ -315,6 +315,10 @@ fn read_pem(
     }
     Ok(pem)
 }
+
+/// The first line of a PEM certificate.
+#[cfg(any(feature = "tls", feature = "tls-rustls"))]
+const CERT_BEGIN: &str = "-----BEGIN CERTIFICATE-----";
 
 /// Without a TLS feature the configuration refuses the certificate files
 /// (`StoreConfig::validate`).

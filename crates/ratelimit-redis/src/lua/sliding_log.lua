@@ -61,6 +61,9 @@ local function freed_at(lkey, window, pruned, any, p, need, extra_t, extra_c)
 end
 
 local plan = {}
+-- Whether any quota's write appends, rewrites its newest entry, or trims (the write commands an
+-- admission needs, asked for before the first write: see `refused`).
+local pushes, merges, trims = false, false, false
 -- Recounted totals (field, total, ...), nil until the first: a denial stores them too.
 local repairs = nil
 local fresh_before, fresh_after = 0, 0
@@ -155,6 +158,7 @@ for i = 1, N do
   consider(i, code, retry, limit, rem, reset)
   plan[i] = { lkey = lkey, pruned = pruned, merge = merge, push = push, now = now,
               cost = newest_cost + COST, total = total }
+  pushes, merges, trims = pushes or push, merges or merge, trims or pruned > 0
   if back and back + p > fresh_after then fresh_after = back + p end
 end
 
@@ -172,15 +176,8 @@ end
 
 if b[1] == 0 then
   if COST > 0 then
-    local merge, push, trim = false, false, false
-    for i = 1, N do
-      local pl = plan[i]
-      merge = merge or pl.merge
-      push = push or pl.push
-      trim = trim or pl.pruned > 0
-    end
-    local no = refused('hset') or refused('pexpire') or (merge and refused('lset'))
-      or (push and refused('rpush')) or (trim and refused('ltrim'))
+    local no = refused('hset') or refused('pexpire') or (merges and refused('lset'))
+      or (pushes and refused('rpush')) or (trims and refused('ltrim'))
     if no then return no end
     local args = {}
     for i = 1, N do
