@@ -42,7 +42,7 @@ use crate::turns::Turns;
 
 /// How many times one check may be sent (the first time included) while it is redirected or
 /// refused. The check's response timeout bounds the time spent as well.
-const MAX_SENDS: u32 = 16;
+pub(crate) const MAX_SENDS: u32 = 16;
 /// The first pause after a refusal; each further refusal doubles it, up to [`MAX_PAUSE`].
 const FIRST_PAUSE: Duration = Duration::from_millis(5);
 const MAX_PAUSE: Duration = Duration::from_millis(200);
@@ -134,10 +134,10 @@ pub(crate) fn create_timeout(connect_timeout: Duration, response_timeout: Durati
 }
 
 /// The cluster client's socket settings (it takes them from its builder, not from the nodes'
-/// connection infos): `TCP_NODELAY` on, as on every connection the store makes
-/// ([`no_delay`](crate::store::no_delay)).
+/// connection infos): those of every connection the store makes
+/// ([`tuned`](crate::store::tuned)).
 pub(crate) fn tcp_settings() -> redis::io::tcp::TcpSettings {
-    redis::io::tcp::TcpSettings::default().set_nodelay(true)
+    crate::store::tuned(redis::io::tcp::TcpSettings::default())
 }
 
 impl managed::Manager for Manager {
@@ -228,6 +228,25 @@ impl Connection {
         let turn = self.turns.turn().await;
         let answer = self.turns.hold(turn, ping.query_async(&mut self.conn));
         tokio::time::timeout(within, answer).await
+    }
+
+    /// A `PING` to the master of `key`'s slot (by the client's slot map), answered `within` from
+    /// when it has its turn.
+    pub(crate) async fn ping_master_of(
+        &mut self,
+        key: &[u8],
+        within: Duration,
+    ) -> Result<Result<(), RedisError>, tokio::time::error::Elapsed> {
+        let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
+            cluster_routing::Route::with_key(key, cluster_routing::SlotAddr::Master),
+        ));
+        let turn = self.turns.turn().await;
+        let answer = self
+            .turns
+            .hold(turn, self.conn.route_command(redis::cmd("PING"), to));
+        tokio::time::timeout(within, answer)
+            .await
+            .map(|answer| answer.and_then(Value::extract_error).map(drop))
     }
 
     /// Whether this connection reaches every master that the cluster names now (`CLUSTER SLOTS`,
@@ -617,7 +636,7 @@ fn answered_by(answers: &Value) -> std::collections::BTreeSet<(String, u16)> {
 }
 
 /// The first key of `cmd`, an `EVALSHA sha numkeys key ...`.
-fn first_key(cmd: &Cmd) -> Option<&[u8]> {
+pub(crate) fn first_key(cmd: &Cmd) -> Option<&[u8]> {
     match cmd.args_iter().nth(3)? {
         redis::Arg::Simple(key) => Some(key),
         _ => None,

@@ -61,7 +61,11 @@
 //! the connection once a check has ended without its answer, even if no other check comes) and
 //! replaced if the probe fails or stays unanswered for another response timeout (a cluster
 //! connection is kept when no new one can be made that reaches every master, since it still
-//! serves the masters that answer; the attempts are then spaced out, up to 8 s apart).
+//! serves the masters that answer; the attempts are then spaced out, up to 8 s apart). One that
+//! has carried nothing for [`ping_after_idle`](RedisStoreBuilder::ping_after_idle) (10 s) gets a
+//! `PING` before the next check, so that a connection Redis or a proxy closed while it was idle
+//! is replaced before a check is written on it; every connection has TCP keepalive probes after
+//! 60 s idle.
 //!
 //! Starting while Redis is down: [`build`](RedisStoreBuilder::build) fails when it cannot
 //! connect, so that a wrong address is found at start-up;
@@ -114,7 +118,8 @@ pub use ratelimit_core::{Algorithm, Decision, Limit, Quota, Reset, Store};
 pub use scripts::{script_sha, script_source};
 pub use store::{
     CLUSTER_FAILURE_DOMAINS, CheckFuture, CheckManyFuture, DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_POOL_SIZE, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT, DEFAULT_WAIT_TIMEOUT, MAX_TIMEOUT,
-    RedisStore, RedisStoreBuilder, ResetFuture, is_tls_url, redact_url,
+    DEFAULT_PING_AFTER_IDLE, DEFAULT_POOL_SIZE, DEFAULT_PREFIX, DEFAULT_RESPONSE_TIMEOUT,
+    DEFAULT_WAIT_TIMEOUT, MAX_TIMEOUT, RedisStore, RedisStoreBuilder, ResetFuture, is_tls_url,
+    redact_url,
 };
 pub use watch::{ResetNotice, ResetWatch};

@@ -40,6 +40,9 @@ pub const DEFAULT_RESPONSE_TIMEOUT: Duration = Duration::from_millis(500);
 /// The longest `connect_timeout`, `wait_timeout` and `response_timeout` accepted: an hour. A
 /// deadline is counted as now + timeout, which would overflow for `Duration::MAX`.
 pub const MAX_TIMEOUT: Duration = Duration::from_secs(3_600);
+/// The default [`ping_after_idle`](RedisStoreBuilder::ping_after_idle): a connection that has sent
+/// nothing for 10 s is asked with a `PING` before a check is written on it.
+pub const DEFAULT_PING_AFTER_IDLE: Duration = Duration::from_secs(10);
 
 /// The future of [`RedisStore::check_many`]: one decision per cost, in order.
 pub type CheckManyFuture =
@@ -77,6 +80,8 @@ struct Inner {
     /// connection that cannot be opened, at start-up or later.
     urls: Box<[String]>,
     response_timeout: Duration,
+    /// `ping_after_idle`, in microseconds (`u64::MAX` for never).
+    ping_after_idle_us: u64,
     clock: Option<Arc<dyn Clock>>,
     expiry_slack_ms: u64,
     /// The channel a reset announces itself on (`<prefix>:resets`), if it does
@@ -216,6 +221,12 @@ struct Slot {
     failed: Mutex<Failed>,
     /// When the current connection was installed, in the store's microseconds (`Inner::micros`).
     installed: AtomicU64,
+    /// When a check last wrote a command on the current connection (or when it was installed), in
+    /// the silence's clock (`Inner::micros` plus 1): one idle for the store's `ping_after_idle`
+    /// is asked with a `PING` first (see [`Inner::ping_idle`]). One time per failure domain: a
+    /// cluster connection links to each master apart, and one master's link may sit idle (and be
+    /// closed) while the others are busy.
+    used: Box<[AtomicU64]>,
     /// How long the current connection has left a command unanswered: whether the check timed
     /// out in the store or was dropped first by its caller (whose timeout, such as the tower
     /// layer's, may be the shorter), so it may also stand for an answer that came after its
@@ -315,6 +326,7 @@ pub struct RedisStoreBuilder {
     clock: Option<Arc<dyn Clock>>,
     expiry_slack: Duration,
     announce_resets: bool,
+    ping_after_idle: Duration,
     #[cfg(any(feature = "tls", feature = "tls-rustls"))]
     root_cert: Option<Vec<u8>>,
     #[cfg(any(feature = "tls", feature = "tls-rustls"))]
@@ -340,7 +352,8 @@ impl fmt::Debug for RedisStoreBuilder {
             .field("response_timeout", &self.response_timeout)
             .field("client_clock", &self.clock.is_some())
             .field("expiry_slack", &self.expiry_slack)
-            .field("announce_resets", &self.announce_resets);
+            .field("announce_resets", &self.announce_resets)
+            .field("ping_after_idle", &self.ping_after_idle);
         // Whether they are set, never what they hold.
         #[cfg(any(feature = "tls", feature = "tls-rustls"))]
         d.field("tls_root_certificate", &self.root_cert.is_some())
@@ -673,21 +686,39 @@ impl Inner {
         let timeout = || RedisStoreError::Timeout {
             after: self.response_timeout,
         };
-        let (slot, generation, mut conn) =
-            match tokio::time::timeout_at(deadline, self.connection()).await {
-                Ok(c) => c?,
-                Err(_) => return Err(timeout()),
-            };
-        // One clock read per check: the silence test and this command's mark.
-        let sent = self.micros() + 1;
-        if let Some(since) = self.slots[slot].silence.sent(generation, sent)
-            && Duration::from_micros(sent.saturating_sub(since)) >= self.response_timeout
-            && let Some(probing) = Claimed::claim(self, slot, probing)
-        {
-            // Silent for the response timeout: a probe, in a task of its own so that this
-            // check's caller giving up does not cancel it.
-            tokio::spawn(Arc::clone(self).probe(slot, generation, conn.clone(), probing));
-        }
+        // Connections found closed by their idle `PING`, each dropped: then the check takes
+        // another. Bounded, so that a server closing every new connection at once cannot keep a
+        // check here until its deadline (it is sent on the last one taken, and fails).
+        let mut closed = 0;
+        let domain = match self.backend {
+            Backend::Single(_) => 0,
+            Backend::Cluster(_) => cluster::first_key(&cmd).map_or(0, |k| {
+                usize::from(key::slot_of_redis_key(k)) / (16_384 / CLUSTER_FAILURE_DOMAINS)
+            }),
+        };
+        let (slot, generation, mut conn, sent) = loop {
+            let (slot, generation, mut conn) =
+                match tokio::time::timeout_at(deadline, self.connection()).await {
+                    Ok(c) => c?,
+                    Err(_) => return Err(timeout()),
+                };
+            // One clock read per check: the idle and silence tests and this command's mark.
+            let sent = self.micros() + 1;
+            let used = self.slots[slot].used[domain].load(Ordering::Relaxed);
+            if sent.saturating_sub(used) < self.ping_after_idle_us || closed > self.slots.len() {
+                break (slot, generation, conn, sent);
+            }
+            match self
+                .ping_idle(slot, generation, &mut conn, &cmd, sent, deadline)
+                .await
+            {
+                Some(true) => break (slot, generation, conn, self.micros() + 1),
+                Some(false) => closed += 1,
+                None => return Err(timeout()),
+            }
+        };
+        self.slots[slot].used[domain].store(sent, Ordering::Relaxed);
+        self.sending(slot, generation, &conn, sent);
         let mut unanswered = Unanswered {
             inner: self,
             slot,
@@ -742,6 +773,84 @@ impl Inner {
                 RedisStoreError::Redis(e)
             }
         })
+    }
+
+    /// A command is sent at `sent` on slot `slot`'s connection (of `generation`): marks it as
+    /// outstanding, and probes the connection if an older command has been left unanswered for
+    /// the response timeout.
+    fn sending(self: &Arc<Self>, slot: usize, generation: u64, conn: &Conn, sent: u64) {
+        if let Some(since) = self.slots[slot].silence.sent(generation, sent)
+            && Duration::from_micros(sent.saturating_sub(since)) >= self.response_timeout
+            && let Some(probing) = Claimed::claim(self, slot, probing)
+        {
+            // Silent for the response timeout: a probe, in a task of its own so that this
+            // check's caller giving up does not cancel it.
+            tokio::spawn(Arc::clone(self).probe(slot, generation, conn.clone(), probing));
+        }
+    }
+
+    /// Asks slot `slot`'s connection (of `generation`), idle for the store's `ping_after_idle`,
+    /// with a `PING` sent at `sent`, before `cmd` is written on it: `Some(true)` if it answered
+    /// (even with an error reply), `Some(false)` if it was found closed (it is then dropped, and
+    /// the slot opens a new one), `None` if `deadline` passed first. The `PING` is outstanding
+    /// as a check's command is: left unanswered, the connection is watched and probed as after
+    /// a check.
+    ///
+    /// A connection the server (or a proxy) closed while it was idle fails the `PING` with a
+    /// broken pipe; the check, not yet written, is then sent on another connection. Written on
+    /// the closed one, it would have failed, and could not have been sent again.
+    ///
+    /// On a cluster the `PING` goes to the master of `cmd`'s key. A link found closed is mended
+    /// by the cluster client, which sends the next commands for that master to another node
+    /// meanwhile (whose `MOVED` the check follows: see [`cluster`]); the `PING` is sent again
+    /// until it is answered, so the check follows only once a node has answered for the key.
+    async fn ping_idle(
+        self: &Arc<Self>,
+        slot: usize,
+        generation: u64,
+        conn: &mut Conn,
+        cmd: &Cmd,
+        sent: u64,
+        deadline: tokio::time::Instant,
+    ) -> Option<bool> {
+        self.sending(slot, generation, conn, sent);
+        let mut unanswered = Unanswered {
+            inner: self,
+            slot,
+            generation,
+            sent,
+            answered: false,
+        };
+        if let Conn::Cluster(c) = conn {
+            let key = cluster::first_key(cmd).unwrap_or_default();
+            for _ in 0..cluster::MAX_SENDS {
+                let within = deadline.saturating_duration_since(tokio::time::Instant::now());
+                match c.ping_master_of(key, within).await.ok()? {
+                    Err(e) if is_broken(&e) => {
+                        tracing::debug!(slot, error = %e, "ratelimit-redis: an idle link to a master was closed");
+                    }
+                    _ => break,
+                }
+            }
+            // Answered, or sent as often as a check may be: the check follows (and fails if the
+            // link is still closed).
+            unanswered.answered = true;
+            return Some(true);
+        }
+        let within = deadline.saturating_duration_since(tokio::time::Instant::now());
+        let answer = conn.ping(within).await.ok()?;
+        unanswered.answered = true;
+        match answer {
+            Err(e) if is_broken(&e) => {
+                tracing::debug!(slot, error = %e, "ratelimit-redis: an idle connection was closed");
+                self.discard(slot, generation);
+                Some(false)
+            }
+            _ => {
+                self.slots[slot].silence.answered(generation, sent);
+                Some(true)
+            }
+        }
     }
 
     /// Watches slot `i`'s connection (of `generation`), on which a check ended without its answer:
@@ -950,7 +1059,11 @@ impl Inner {
     fn install(&self, slot: &Slot, held: &mut Option<(u64, Conn)>, conn: Conn) {
         let g = self.generation.fetch_add(1, Ordering::Relaxed);
         slot.silence.reset(g);
-        slot.installed.store(self.micros(), Ordering::Relaxed);
+        let now = self.micros();
+        slot.installed.store(now, Ordering::Relaxed);
+        for used in &slot.used {
+            used.store(now + 1, Ordering::Relaxed);
+        }
         *held = Some((g, conn));
         self.installed_any.notify_waiters();
     }
@@ -1165,6 +1278,7 @@ impl RedisStoreBuilder {
             clock: None,
             expiry_slack: Duration::ZERO,
             announce_resets: false,
+            ping_after_idle: DEFAULT_PING_AFTER_IDLE,
             #[cfg(any(feature = "tls", feature = "tls-rustls"))]
             root_cert: None,
             #[cfg(any(feature = "tls", feature = "tls-rustls"))]
@@ -1280,10 +1394,10 @@ impl RedisStoreBuilder {
         #[cfg(any(feature = "tls", feature = "tls-rustls"))]
         if let Some(certs) = self.certificates() {
             let client = redis::Client::build_with_tls(url, certs).map_err(bad)?;
-            return Ok(no_delay(client.get_connection_info().clone()));
+            return Ok(tcp_tuned(client.get_connection_info().clone()));
         }
         redis::IntoConnectionInfo::into_connection_info(url)
-            .map(no_delay)
+            .map(tcp_tuned)
             .map_err(bad)
     }
 
@@ -1374,6 +1488,26 @@ impl RedisStoreBuilder {
     /// as `+del` (docs/redis.md, "Access control").
     pub fn announce_resets(mut self, on: bool) -> Self {
         self.announce_resets = on;
+        self
+    }
+
+    /// How long a connection may have sent nothing before a check is written on it (default
+    /// [`DEFAULT_PING_AFTER_IDLE`], 10 s): past it, the check first sends a `PING` on it.
+    ///
+    /// Servers and what stands between them and the gateway close connections that stay idle:
+    /// Redis's own `timeout` setting, a proxy's or load balancer's idle limit, a managed service's,
+    /// `CLIENT KILL`. Written on such a connection, a check would fail with a broken pipe, and it
+    /// cannot be sent again, since the error alone does not prove that it was not written. The
+    /// `PING`'s failure does: the connection is dropped and the check goes on another (or waits
+    /// for a new one, within its response timeout). Answered, the check follows on the same
+    /// connection. The cost is one round trip more for the first checks on a connection after an
+    /// idle spell, and none while checks keep it busy.
+    ///
+    /// Set it below the shortest idle limit on the way to Redis. `Duration::ZERO` sends a `PING`
+    /// before every check; `Duration::MAX` never sends one. On a Redis Cluster, whose client
+    /// mends its links to each node by itself, it is not used.
+    pub fn ping_after_idle(mut self, d: Duration) -> Self {
+        self.ping_after_idle = d;
         self
     }
 
@@ -1535,6 +1669,9 @@ impl RedisStoreBuilder {
                     opened: tokio::sync::Notify::new(),
                     failed: Mutex::new(Failed::default()),
                     installed: AtomicU64::new(0),
+                    used: (0..failure_domains(self.cluster))
+                        .map(|_| AtomicU64::new(0))
+                        .collect(),
                     silence: Silence::new(),
                     probing: AtomicBool::new(false),
                     watching: AtomicBool::new(false),
@@ -1546,6 +1683,7 @@ impl RedisStoreBuilder {
             prefix: self.prefix,
             urls: std::mem::take(&mut self.urls).into_boxed_slice(),
             response_timeout: self.response_timeout,
+            ping_after_idle_us: u64::try_from(self.ping_after_idle.as_micros()).unwrap_or(u64::MAX),
             epoch: tokio::time::Instant::now(),
             installed_any: tokio::sync::Notify::new(),
             clock: self.clock,
@@ -1620,13 +1758,30 @@ fn reopen_backoff(kept: u32, response_timeout: Duration) -> Duration {
 /// The longest [`reopen_backoff`].
 const MAX_REOPEN_BACKOFF: Duration = Duration::from_secs(8);
 
-/// `info` with `TCP_NODELAY` on. redis-rs leaves Nagle's algorithm on by default: a command
-/// longer than one segment (a check of many quotas with long keys, a coalesced batch) would have
-/// its tail held until the server acknowledges the rest, which a server waiting for the whole
-/// command delays (about 40 ms on Linux), past the layer's timeout.
-pub(crate) fn no_delay(info: redis::ConnectionInfo) -> redis::ConnectionInfo {
-    let tcp = info.tcp_settings().clone().set_nodelay(true);
+/// `info` with the store's socket settings ([`tuned`]).
+pub(crate) fn tcp_tuned(info: redis::ConnectionInfo) -> redis::ConnectionInfo {
+    let tcp = tuned(info.tcp_settings().clone());
     info.set_tcp_settings(tcp)
+}
+
+/// How long a connection may carry nothing before the kernel sends it a TCP keepalive probe.
+pub(crate) const TCP_KEEPALIVE_TIME: Duration = Duration::from_secs(60);
+
+/// `tcp` with the settings of every connection the store makes:
+///
+/// - `TCP_NODELAY` on. redis-rs leaves Nagle's algorithm on by default: a command longer than
+///   one segment (a check of many quotas with long keys, a coalesced batch) would have its tail
+///   held until the server acknowledges the rest, which a server waiting for the whole command
+///   delays (about 40 ms on Linux), past the layer's timeout.
+/// - TCP keepalive probes after [`TCP_KEEPALIVE_TIME`] idle (redis-rs sets none, and Linux's own
+///   default is two hours): a NAT gateway or load balancer on the way forgets an idle flow
+///   (AWS's NAT gateway after 350 s, Azure's load balancer after 4 minutes by default), often
+///   without telling either end, and the next check on it would go unanswered until its timeout.
+///   The probes keep such a flow alive. (Redis's own `timeout` counts commands, not probes: that
+///   is what `ping_after_idle` is for.)
+pub(crate) fn tuned(tcp: redis::io::tcp::TcpSettings) -> redis::io::tcp::TcpSettings {
+    tcp.set_nodelay(true)
+        .set_keepalive(redis::io::tcp::socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE_TIME))
 }
 
 /// `url` with its user and password replaced by `***`, for logs and error messages:
@@ -1785,8 +1940,10 @@ mod tests {
         for url in ["redis://127.0.0.1:6379", "redis://:pw@localhost:7000/2"] {
             let info = RedisStore::builder(url).connection_info(url).unwrap();
             assert!(info.tcp_settings().nodelay(), "{url}");
+            assert!(info.tcp_settings().keepalive().is_some(), "{url}");
         }
         assert!(crate::cluster::tcp_settings().nodelay());
+        assert!(crate::cluster::tcp_settings().keepalive().is_some());
     }
 
     /// Every ARGV after the time, as `command` sends them.

@@ -1362,3 +1362,47 @@ async fn refused_credentials_on_a_cluster_are_told_apart() {
     assert!(store.check(b"k", &limit, 1).await.unwrap().is_allowed());
     assert!(!store.check(b"k", &limit, 1).await.unwrap().is_allowed());
 }
+
+/// Links the nodes closed while they were idle (their `timeout` setting, `CLIENT KILL`, a proxy's
+/// idle limit) fail no check: every master's keys are answered, and counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn links_closed_while_idle_fail_no_check() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = RedisCluster::start(3);
+    let store = RedisStore::cluster(cluster.urls())
+        .prefix(unique_prefix("idle-closed"))
+        .response_timeout(PATIENT)
+        .ping_after_idle(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(100).unwrap()).unwrap();
+    // One user per master.
+    let mut users = Vec::new();
+    for node in cluster.nodes() {
+        let user = (0..)
+            .map(|i| format!("user-{i}"))
+            .find(|u| master_of(&cluster, &store, &limit, u) == node.port())
+            .unwrap();
+        assert!(
+            store
+                .check(user.as_bytes(), &limit, 1)
+                .await
+                .unwrap()
+                .is_allowed()
+        );
+        users.push(user);
+    }
+    for node in cluster.nodes() {
+        // Every client but the nodes' links to each other and redis-cli's own.
+        node.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for user in &users {
+        let d = store
+            .check(user.as_bytes(), &limit, 1)
+            .await
+            .unwrap_or_else(|e| panic!("{user}'s check after the links were closed: {e}"));
+        assert_eq!(d.remaining(), 98, "{user}'s check counted once");
+    }
+}

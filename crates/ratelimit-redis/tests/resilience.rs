@@ -1028,3 +1028,72 @@ async fn refused_connections_are_retried_with_a_gap_under_concurrent_checks() {
     assert!(opened <= 15, "{opened} connections tried in 1 s");
     proxy.set_refuse(false);
 }
+
+/// Connections the server closed while they were idle (its `timeout` setting, `CLIENT KILL`, a
+/// proxy's idle limit) are found closed by a `PING` before the next check is written on them, and
+/// the check goes on a new connection: answered, and counted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_closed_while_idle_fail_no_check() {
+    let server = RedisServer::start();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(100).unwrap()).unwrap();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("idle-closed"))
+        .pool_size(3)
+        .ping_after_idle(Duration::from_millis(100))
+        .build()
+        .await
+        .unwrap();
+    for _ in 0..3 {
+        store.check(b"k", &limit, 1).await.unwrap();
+    }
+    // Every connection the store has, closed by the server (redis-cli's own is skipped).
+    let killed = server.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
+    assert_eq!(killed.trim(), "3", "the store's three connections closed");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for n in 4..=9u64 {
+        let d = store
+            .check(b"k", &limit, 1)
+            .await
+            .unwrap_or_else(|e| panic!("check {n} after the connections were closed: {e}"));
+        assert!(d.is_allowed());
+        assert_eq!(d.remaining(), 100 - n, "check {n} counted once");
+    }
+}
+
+/// The store's connections carry TCP keepalive probes (so that a NAT or load balancer on the way
+/// does not forget an idle one): Linux shows their keepalive timer in `/proc/net/tcp`.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_carry_tcp_keepalive() {
+    let server = RedisServer::start();
+    let store = checked(
+        RedisStore::builder(server.url())
+            .prefix(unique_prefix("keepalive"))
+            .pool_size(2),
+    )
+    .await;
+    // The client ends of established connections to the server: `rem_address` is the server's
+    // port, `st` 01; `tr` is the pending timer, 2 for keepalive (0 for none), and `tm->when`
+    // when it fires, in hundredths of a second: within the store's 60 s, not Linux's default
+    // two hours.
+    let port = format!(":{:04X}", server.port());
+    let table = std::fs::read_to_string("/proc/net/tcp").unwrap();
+    let timers: Vec<(&str, u64)> = table
+        .lines()
+        .skip(1)
+        .map(|line| line.split_whitespace().collect::<Vec<_>>())
+        .filter(|f| f[2].ends_with(&port) && f[3] == "01")
+        .map(|f| {
+            let (timer, when) = f[5].split_once(':').unwrap();
+            (timer, u64::from_str_radix(when, 16).unwrap())
+        })
+        .collect();
+    assert_eq!(timers.len(), 2, "the store's two connections: {timers:?}");
+    assert!(
+        timers
+            .iter()
+            .all(|&(timer, when)| timer == "02" && when <= 6_000),
+        "keepalive timers: {timers:?}"
+    );
+    drop(store);
+}

@@ -207,6 +207,13 @@ pub struct StoreConfig {
     /// in memory per idle key. No decision changes: an expired key and a fresh one answer alike.
     #[serde(default)]
     pub expiry_slack_ms: Option<u64>,
+    /// Milliseconds a Redis connection may sit idle before the next check on it is preceded by a
+    /// `PING` (default 10000; `ratelimit_redis::RedisStoreBuilder::ping_after_idle`): a
+    /// connection that Redis's `timeout`, a proxy or a load balancer closed while idle is found
+    /// so by the `PING` and replaced, instead of failing the check written on it. Set it below
+    /// the shortest idle limit between the gateway and Redis; 0 sends a `PING` before every check.
+    #[serde(default)]
+    pub ping_after_idle_ms: Option<u64>,
     /// A PEM file of the certificates to trust as roots for `rediss://` servers, instead of the
     /// system's: for a Redis whose certificate comes from a private CA (`rediss://` URLs; the
     /// gateway's `tls` feature for `kind = "redis"`, `tls-rustls` for either kind). Read at
@@ -262,6 +269,7 @@ impl Default for StoreConfig {
             pool_size: None,
             connect_timeout_ms: None,
             expiry_slack_ms: None,
+            ping_after_idle_ms: None,
             tls_ca_file: None,
             tls_client_cert_file: None,
             tls_client_key_file: None,
@@ -825,6 +833,10 @@ impl StoreConfig {
                 self.connect_timeout_ms.is_some(),
             ),
             ("store.expiry_slack_ms", self.expiry_slack_ms.is_some()),
+            (
+                "store.ping_after_idle_ms",
+                self.ping_after_idle_ms.is_some(),
+            ),
             // The in-memory store answers at once, and keeps its own memo of denials.
             ("store.denial_cache", self.denial_cache),
             ("store.watch_resets", self.watch_resets),

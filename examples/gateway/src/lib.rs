@@ -241,6 +241,10 @@ fn redis_builder(store: &config::StoreConfig) -> Result<RedisStoreBuilder, Start
         Some(ms) => builder.expiry_slack(Duration::from_millis(ms)),
         None => builder,
     };
+    let builder = match store.ping_after_idle_ms {
+        Some(ms) => builder.ping_after_idle(Duration::from_millis(ms)),
+        None => builder,
+    };
     let builder = tls_files(builder, store)?;
     Ok(builder
         // The store's own timer on the layer's budget, so that a longer `timeout_ms` is not cut

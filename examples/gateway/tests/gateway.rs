@@ -500,6 +500,11 @@ async fn bad_configurations_fail_naming_the_field() {
             "store.expiry_slack_ms: only used when kind is \"redis\" or \"redis_cluster\"",
         ),
         (
+            "[store]\nping_after_idle_ms = 5000\n".to_owned()
+                + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
+            "store.ping_after_idle_ms: only used when kind is \"redis\" or \"redis_cluster\"",
+        ),
+        (
             "[store]\nkind = \"redis\"\nurl = \"redis://127.0.0.1:1\"\nexpiry_slack_ms = 86400001\n"
                 .to_owned()
                 + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
@@ -1231,6 +1236,36 @@ async fn the_expiry_slack_reaches_the_redis_keys() {
             ttls[0]
         );
     }
+}
+
+/// `ping_after_idle_ms` reaches the Redis store: after Redis closed the gateway's connection, a
+/// request idle past it is answered by Redis (its count goes on), not by the failure policy.
+#[tokio::test]
+async fn a_connection_closed_while_idle_fails_no_request() {
+    let server = redis_harness::RedisServer::start();
+    let text = format!(
+        "[store]\nkind = \"redis\"\nurl = \"{}\"\nprefix = \"idle\"\ntimeout_ms = 2000\n\
+         ping_after_idle_ms = 100\n\
+         [[routes]]\npath = \"/api\"\nkey = {{ source = \"header\", name = \"x-api-key\" }}\n\
+         [routes.policy]\nname = \"api\"\nquotas = [{{ limit = 100, per = \"minute\" }}]\n\
+         failure = {{ mode = \"closed\", retry_after_secs = 5 }}\nheaders = {{ legacy = true }}\n",
+        server.url(),
+    );
+    let gw = app(&Config::from_toml(&text).unwrap()).await.unwrap();
+    let remaining = async || {
+        let req = request("GET", "/api/items", "192.0.2.5:1", Some("k"));
+        let res = gw.clone().oneshot(req).await.unwrap();
+        assert_eq!(res.status(), 200);
+        res.headers()["x-ratelimit-remaining"]
+            .to_str()
+            .unwrap()
+            .to_owned()
+    };
+    assert_eq!(remaining().await, "99");
+    let killed = server.cli(&["CLIENT", "KILL", "TYPE", "normal"]);
+    assert_eq!(killed.trim(), "1", "the gateway's connection closed");
+    tokio::time::sleep(std::time::Duration::from_millis(300)).await;
+    assert_eq!(remaining().await, "98");
 }
 
 /// `config::methods` says what the router serves: each listed method reaches the endpoint's
