@@ -110,7 +110,8 @@ impl RedisStoreError {
     /// `true` if the address answered, but not as a Redis server this store can use: its reply
     /// did not parse (another service listens there: a web server, a database), or the server
     /// refused the set-up as a setting it can never accept (`RedisStore::cluster` pointed at a
-    /// server without cluster support, a database number it does not have). Like
+    /// server without cluster support, a database number it does not have), or is a Redis
+    /// Cluster node given to `RedisStore::builder`, whose `HELLO` says `mode` `cluster`. Like
     /// [`is_refused_credentials`](Self::is_refused_credentials), waiting will not help; a
     /// corrected setting will. Errors that may pass (a server loading its data, one at its
     /// client limit, a cluster that is down) are not this.
@@ -127,9 +128,13 @@ impl RedisStoreError {
         };
         not_redis(r) || {
             let text = r.to_string();
-            ["cluster support disabled", "DB index is out of range"]
-                .iter()
-                .any(|wrong| text.contains(wrong))
+            [
+                "cluster support disabled",
+                "DB index is out of range",
+                crate::store::CLUSTER_NODE_AS_STANDALONE,
+            ]
+            .iter()
+            .any(|wrong| text.contains(wrong))
         }
     }
 

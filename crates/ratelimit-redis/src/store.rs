@@ -1719,6 +1719,23 @@ impl RedisStoreBuilder {
                     });
                 }
             }
+            if let Conn::Single(c) = &mut conn
+                && let Ok(Some(mode)) =
+                    tokio::time::timeout(self.response_timeout, server_mode(c)).await
+                && mode == "cluster"
+            {
+                return Err(RedisStoreError::Connection {
+                    message: format!(
+                        "{CLUSTER_NODE_AS_STANDALONE}: give the cluster's nodes to \
+                         RedisStore::cluster (it would answer MOVED for the keys other masters hold)"
+                    ),
+                    source: Some(RedisError::from((
+                        ErrorKind::InvalidClientConfig,
+                        CLUSTER_NODE_AS_STANDALONE,
+                    ))),
+                }
+                .connecting_to(&inner.urls));
+            }
         }
         Ok(RedisStore { inner })
     }
@@ -1782,6 +1799,27 @@ pub(crate) const TCP_KEEPALIVE_TIME: Duration = Duration::from_secs(60);
 pub(crate) fn tuned(tcp: redis::io::tcp::TcpSettings) -> redis::io::tcp::TcpSettings {
     tcp.set_nodelay(true)
         .set_keepalive(redis::io::tcp::socket2::TcpKeepalive::new().with_time(TCP_KEEPALIVE_TIME))
+}
+
+/// What a standalone store's `build` says of a server that is a Redis Cluster node.
+pub(crate) const CLUSTER_NODE_AS_STANDALONE: &str =
+    "a Redis Cluster node given as a standalone server";
+
+/// The server's mode as `HELLO` (without arguments: the protocol is not changed) tells it:
+/// `standalone`, `cluster` or `sentinel`; `None` if it does not say (Redis before 6 knows no
+/// `HELLO`; Redis 7.0 answers it to any user, whatever its ACL rights) or the connection failed
+/// (the next check will tell).
+async fn server_mode(conn: &mut MultiplexedConnection) -> Option<String> {
+    let reply: Value = redis::cmd("HELLO").query_async(conn).await.ok()?;
+    let mode = |k: &Value, v: &Value| {
+        let key: String = redis::from_redis_value_ref(k).ok()?;
+        (key == "mode").then(|| redis::from_redis_value_ref::<String>(v).ok())?
+    };
+    match &reply {
+        Value::Array(items) => items.chunks_exact(2).find_map(|kv| mode(&kv[0], &kv[1])),
+        Value::Map(pairs) => pairs.iter().find_map(|(k, v)| mode(k, v)),
+        _ => None,
+    }
 }
 
 /// `url` with its user and password replaced by `***`, for logs and error messages:
