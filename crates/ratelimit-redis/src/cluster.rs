@@ -44,8 +44,8 @@ use crate::turns::Turns;
 /// refused. The check's response timeout bounds the time spent as well.
 pub(crate) const MAX_SENDS: u32 = 16;
 /// The first pause after a refusal; each further refusal doubles it, up to [`MAX_PAUSE`].
-const FIRST_PAUSE: Duration = Duration::from_millis(5);
-const MAX_PAUSE: Duration = Duration::from_millis(200);
+pub(crate) const FIRST_PAUSE: Duration = Duration::from_millis(5);
+pub(crate) const MAX_PAUSE: Duration = Duration::from_millis(200);
 /// How many side connections (to nodes that redirections named) are kept.
 const MAX_SIDE_CONNECTIONS: usize = 64;
 

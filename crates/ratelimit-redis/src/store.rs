@@ -823,11 +823,17 @@ impl Inner {
         };
         if let Conn::Cluster(c) = conn {
             let key = cluster::first_key(cmd).unwrap_or_default();
+            let mut pause = cluster::FIRST_PAUSE;
             for _ in 0..cluster::MAX_SENDS {
                 let within = deadline.saturating_duration_since(tokio::time::Instant::now());
                 match c.ping_master_of(key, within).await.ok()? {
                     Err(e) if is_broken(&e) => {
                         tracing::debug!(slot, error = %e, "ratelimit-redis: an idle link to a master was closed");
+                        // The client's repair of the link starts as this error comes back.
+                        tokio::time::timeout_at(deadline, tokio::time::sleep(pause))
+                            .await
+                            .ok()?;
+                        pause = (pause * 2).min(cluster::MAX_PAUSE);
                     }
                     _ => break,
                 }
@@ -1503,9 +1509,12 @@ impl RedisStoreBuilder {
     /// connection. The cost is one round trip more for the first checks on a connection after an
     /// idle spell, and none while checks keep it busy.
     ///
+    /// On a Redis Cluster, whose connection links to each master apart, idleness is counted per
+    /// range of hash slots (one of the store's failure domains), and the `PING` goes to the
+    /// master of the check's key.
+    ///
     /// Set it below the shortest idle limit on the way to Redis. `Duration::ZERO` sends a `PING`
-    /// before every check; `Duration::MAX` never sends one. On a Redis Cluster, whose client
-    /// mends its links to each node by itself, it is not used.
+    /// before every check; `Duration::MAX` never sends one.
     pub fn ping_after_idle(mut self, d: Duration) -> Self {
         self.ping_after_idle = d;
         self
