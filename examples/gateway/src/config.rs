@@ -542,6 +542,14 @@ impl Config {
         let can_fail = self.store.kind != StoreKind::Memory;
         for (i, route) in self.routes.iter().enumerate() {
             let _ = route.validate(&format!("routes[{i}]"), can_fail, &mut warnings);
+            if let Some(j) = self.routes[..i].iter().position(|r| r.path == route.path) {
+                warnings.push(format!(
+                    "routes[{i}].path: {:?} is routes[{j}]'s path too: each request there goes \
+                     through both routes' limits, routes[{j}]'s first (a second route does not \
+                     replace the first)",
+                    route.path
+                ));
+            }
         }
         warnings
     }
@@ -724,15 +732,37 @@ fn hide_unknown_names(message: &str) -> String {
         let quoted = &rest[start..];
         let end = quoted_name_end(quoted);
         let name = &quoted[..end];
-        if could_be_misspelt(name) {
+        let meant = meant_variant(name, &quoted[end..]);
+        if could_be_misspelt(name) || meant.is_some() {
             out.push_str(name);
         } else {
             out.push_str(redact_key(name.trim_matches('"')).trim_matches('"'));
         }
         rest = &quoted[end..];
+        if let Some(meant) = meant {
+            // After the list of expected names, which runs to the end of serde's message.
+            out.push_str(rest);
+            out.push_str(&format!(
+                ": names are lowercase, with `_` between words; did you mean `{meant}`?"
+            ));
+            rest = "";
+        }
     }
     out.push_str(rest);
     out
+}
+
+/// The name `name` meant, if `after` (what follows it in serde's message: `` `, expected one
+/// of `a`, `b` ``) lists one that `name` spells in another case, or with `-` for `_` (`Minute`,
+/// `Redis-Cluster`): a known name, so no secret.
+fn meant_variant<'m>(name: &str, after: &'m str) -> Option<&'m str> {
+    let list = after.strip_prefix("`, expected ")?;
+    let wanted = name.to_ascii_lowercase().replace('-', "_");
+    // The names are the backticked parts: every other piece of the split.
+    list.split('`')
+        .skip(1)
+        .step_by(2)
+        .find(|&known| known == wanted)
 }
 
 /// `field: message (line L, column C)`, from one of toml's errors.

@@ -107,6 +107,14 @@ fn redis_unreachable_at_start_is_status_3_and_refused_credentials_status_2() {
     // Nothing listening, for a cluster too: 3.
     let (status, err) = with_store(&cluster_of(&format!("redis://127.0.0.1:{port}")));
     assert_eq!(status, Some(3), "{err}");
+    // The reverse mistake: a cluster node given as `kind = "redis"`.
+    let cluster = redis_harness::RedisCluster::start(3);
+    let (status, err) = with_url(&cluster.urls()[0]);
+    assert_eq!(status, Some(2), "{err}");
+    assert!(
+        err.contains("a Redis Cluster node given as a standalone server"),
+        "{err}"
+    );
 }
 
 /// `--redis URL` points a `kind = "redis"` configuration at another server; with any other store

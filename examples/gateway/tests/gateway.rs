@@ -687,6 +687,22 @@ async fn bad_configurations_fail_naming_the_field() {
             format!("[store]\nkind = \"redis://:s3cret@10.0.0.5:6379\"\n{policy}"),
             "store.kind: unknown variant `redi…`, expected one of ",
         ),
+        // A known name in another case (or with `-` for `_`) is no secret: shown whole, with
+        // the name meant.
+        (
+            with_policy("quotas = [{ limit = 5, per = \"Minute\" }]"),
+            "routes[0].policy.quotas[0].per: unknown variant `Minute`, expected one of `second`, \
+             `minute`, `hour`, `day`: names are lowercase, with `_` between words; did you mean \
+             `minute`? (line 6",
+        ),
+        (
+            format!(
+                "[store]\nkind = \"Redis-Cluster\"\nurls = [\"redis://127.0.0.1:1\"]\n{policy}"
+            ),
+            "store.kind: unknown variant `Redis-Cluster`, expected one of `memory`, `redis`, \
+             `redis_cluster`: names are lowercase, with `_` between words; did you mean \
+             `redis_cluster`? (line 2",
+        ),
         // A key listed twice: toml's error does not name it.
         (
             format!(
@@ -733,6 +749,25 @@ async fn bad_configurations_fail_naming_the_field() {
         [
             "routes[0].cost_by_method.DELETE: no endpoint under \"/api\" serves DELETE (it is \
              answered 405, never counted): this cost never applies"
+        ]
+    );
+    // Two routes of one path both apply to its endpoints (stacked, the first listed checked
+    // first): loaded, since it may be meant (a per-address limit and a per-key one), with a
+    // warning, since a second entry is more often a copy meant to replace the first.
+    let config = Config::from_toml(
+        "[[routes]]\npath = \"/api\"\n[routes.policy]\nname = \"a\"\n\
+         quotas = [{ limit = 600, per = \"minute\" }]\n\
+         [[routes]]\npath = \"/login\"\n[routes.policy]\nname = \"b\"\n\
+         quotas = [{ limit = 5, per = \"minute\" }]\n\
+         [[routes]]\npath = \"/api\"\n[routes.policy]\nname = \"c\"\n\
+         quotas = [{ limit = 60, per = \"minute\" }]\n",
+    )
+    .unwrap();
+    assert_eq!(
+        config.warnings(),
+        [
+            "routes[2].path: \"/api\" is routes[0]'s path too: each request there goes through \
+             both routes' limits, routes[0]'s first (a second route does not replace the first)"
         ]
     );
     // "both" forwarding headers let a client behind a proxy that writes only X-Forwarded-For
