@@ -68,6 +68,7 @@ impl Manager {
         connect_timeout: Duration,
         client_connect_timeout: Duration,
         response_timeout: Duration,
+        ping_after_idle: Duration,
     ) -> Result<Self, RedisError> {
         let template = infos.first().cloned();
         // Each node's answers are bounded by the response timeout, those the client waits for
@@ -95,6 +96,7 @@ impl Manager {
             nodes: Arc::new(Nodes {
                 template,
                 connect_timeout,
+                ping_after_idle,
                 side: Mutex::new(HashMap::new()),
             }),
         })
@@ -178,6 +180,9 @@ struct Nodes {
     /// The first node's settings (credentials, TLS), for connecting to other nodes.
     template: Option<ConnectionInfo>,
     connect_timeout: Duration,
+    /// The store's `ping_after_idle`: a side connection idle that long gets a `PING` before the
+    /// next check (see `side_send`).
+    ping_after_idle: Duration,
     /// Per node, its connection once made (by the first check that needs it; see `side_send`).
     side: Mutex<HashMap<(String, u16), Arc<SideConnection>>>,
 }
@@ -189,6 +194,8 @@ type SideConnection = Mutex<SideState>;
 #[derive(Default)]
 struct SideState {
     conn: Option<MultiplexedConnection>,
+    /// When a check was last sent on `conn`.
+    used: Option<tokio::time::Instant>,
     /// The opening in flight, if any: its answer, once it has one.
     opening: Option<watch::Receiver<Option<Result<MultiplexedConnection, RedisError>>>>,
 }
@@ -393,13 +400,7 @@ struct Unanswered<'a> {
 impl Drop for Unanswered<'_> {
     fn drop(&mut self) {
         if self.armed {
-            let mut side = lock(&self.nodes.side);
-            if side
-                .get(self.key)
-                .is_some_and(|c| Arc::ptr_eq(c, self.cell))
-            {
-                side.remove(self.key);
-            }
+            self.nodes.forget(self.key, self.cell);
         }
     }
 }
@@ -461,15 +462,25 @@ impl Nodes {
         cmd: &Cmd,
     ) -> Result<Value, RedisError> {
         let key = (host.to_owned(), port);
-        let cell = {
-            let mut side = lock(&self.side);
-            if side.len() >= MAX_SIDE_CONNECTIONS && !side.contains_key(&key) {
-                // Connections in use stay with their checks; later ones make new ones.
-                side.clear();
-            }
-            Arc::clone(side.entry(key.clone()).or_default())
-        };
+        let mut cell = self.cell(&key);
         let mut conn = self.side_connection(&key, &cell).await?;
+        // Side connections sit idle between redirections, and the node (its `timeout`), a proxy
+        // or `CLIENT KILL` may close one meanwhile: one idle for the store's `ping_after_idle`
+        // is asked first, as the store's own connections are, and one found closed is replaced
+        // before the check is written on it.
+        let idle = lock(&cell)
+            .used
+            .is_some_and(|used| used.elapsed() >= self.ping_after_idle);
+        if idle
+            && let Err(e) = redis::cmd("PING").query_async::<()>(&mut conn).await
+            && is_broken(&e)
+        {
+            tracing::debug!(host, port, error = %e, "ratelimit-redis: an idle side connection was closed");
+            self.forget(&key, &cell);
+            cell = self.cell(&key);
+            conn = self.side_connection(&key, &cell).await?;
+        }
+        lock(&cell).used = Some(tokio::time::Instant::now());
         // Dropped before the reply (the check's deadline), the connection goes too: side
         // connections sit idle between redirections, and one that a firewall or a NAT has
         // silently dropped meanwhile would otherwise hold every check redirected to its node
@@ -483,6 +494,25 @@ impl Nodes {
         let reply = eval_on(&mut conn, script, cmd, asking).await;
         unanswered.armed = matches!(&reply, Err(e) if is_broken(e));
         reply
+    }
+
+    /// The node `key`'s cell, made if it has none.
+    fn cell(&self, key: &(String, u16)) -> Arc<SideConnection> {
+        let mut side = lock(&self.side);
+        if side.len() >= MAX_SIDE_CONNECTIONS && !side.contains_key(key) {
+            // Connections in use stay with their checks; later ones make new ones.
+            side.clear();
+        }
+        Arc::clone(side.entry(key.clone()).or_default())
+    }
+
+    /// Drops the node `key`'s cell if it is still `cell`: the next check redirected there makes
+    /// a new connection.
+    fn forget(&self, key: &(String, u16), cell: &Arc<SideConnection>) {
+        let mut side = lock(&self.side);
+        if side.get(key).is_some_and(|c| Arc::ptr_eq(c, cell)) {
+            side.remove(key);
+        }
     }
 
     /// `cell`'s connection to the node `key`, made if there is none. One connection is made at
@@ -697,16 +727,48 @@ mod tests {
 
     /// `Nodes` whose connections go through `proxy`, a script answering 7, and its `EVALSHA`.
     fn side_nodes(proxy: &Proxy, connect_timeout: Duration) -> (Arc<Nodes>, redis::Script, Cmd) {
+        side_nodes_idle(
+            proxy,
+            connect_timeout,
+            crate::store::DEFAULT_PING_AFTER_IDLE,
+        )
+    }
+
+    /// [`side_nodes`], whose side connections get a `PING` after `ping_after_idle`.
+    fn side_nodes_idle(
+        proxy: &Proxy,
+        connect_timeout: Duration,
+        ping_after_idle: Duration,
+    ) -> (Arc<Nodes>, redis::Script, Cmd) {
         use redis::IntoConnectionInfo;
         let nodes = Arc::new(Nodes {
             template: Some(proxy.url().into_connection_info().unwrap()),
             connect_timeout,
+            ping_after_idle,
             side: Mutex::new(HashMap::new()),
         });
         let script = redis::Script::new("return 7");
         let mut cmd = redis::cmd("EVALSHA");
         cmd.arg(script.get_hash()).arg(0);
         (nodes, script, cmd)
+    }
+
+    /// A side connection the node closed while it sat idle between redirections is found closed
+    /// by a `PING` and replaced before the next check is written on it: the check is answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_side_connection_closed_while_idle_fails_no_check() {
+        let server = RedisServer::start();
+        let proxy = Proxy::start(server.port());
+        let (nodes, script, cmd) =
+            side_nodes_idle(&proxy, Duration::from_secs(1), Duration::from_millis(100));
+        let send = || nodes.side_send("127.0.0.1", proxy.port(), false, &script, &cmd);
+        assert_eq!(send().await.unwrap(), Value::Int(7));
+        let accepted = proxy.accepted();
+        // Closed at both ends while idle, as a server's `timeout` or a proxy's idle limit would.
+        proxy.drop_connections();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(send().await.unwrap(), Value::Int(7));
+        assert_eq!(proxy.accepted(), accepted + 1, "one new connection");
     }
 
     /// A side connection that goes silent (a firewall or a NAT dropped it while it sat idle

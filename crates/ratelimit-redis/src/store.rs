@@ -712,6 +712,9 @@ impl Inner {
                 .ping_idle(slot, generation, &mut conn, &cmd, sent, deadline)
                 .await
             {
+                // Answered, but perhaps just at the deadline (a cluster's `PING` waits for its
+                // turn first): the check is not sent past it.
+                Some(true) if tokio::time::Instant::now() >= deadline => return Err(timeout()),
                 Some(true) => break (slot, generation, conn, self.micros() + 1),
                 Some(false) => closed += 1,
                 None => return Err(timeout()),
@@ -801,9 +804,11 @@ impl Inner {
     /// the closed one, it would have failed, and could not have been sent again.
     ///
     /// On a cluster the `PING` goes to the master of `cmd`'s key. A link found closed is mended
-    /// by the cluster client, which sends the next commands for that master to another node
-    /// meanwhile (whose `MOVED` the check follows: see [`cluster`]); the `PING` is sent again
-    /// until it is answered, so the check follows only once a node has answered for the key.
+    /// by the cluster client, which meanwhile sends that master's commands to another node it is
+    /// linked to: the `PING` is sent again (after a pause, within the deadline) until a node
+    /// answers it, and the check follows, answered by the master through its mended link, or
+    /// through the other node's `MOVED` and a side connection (see [`cluster`]), which is itself
+    /// asked with a `PING` if it was idle.
     async fn ping_idle(
         self: &Arc<Self>,
         slot: usize,
@@ -826,7 +831,9 @@ impl Inner {
             let mut pause = cluster::FIRST_PAUSE;
             for _ in 0..cluster::MAX_SENDS {
                 let within = deadline.saturating_duration_since(tokio::time::Instant::now());
-                match c.ping_master_of(key, within).await.ok()? {
+                // The deadline covers the wait for a turn into the client too.
+                let ping = c.ping_master_of(key, within);
+                match tokio::time::timeout_at(deadline, ping).await.ok()?.ok()? {
                     Err(e) if is_broken(&e) => {
                         tracing::debug!(slot, error = %e, "ratelimit-redis: an idle link to a master was closed");
                         // The client's repair of the link starts as this error comes back.
@@ -1634,6 +1641,7 @@ impl RedisStoreBuilder {
                 self.connect_timeout,
                 client_connect_timeout,
                 self.response_timeout,
+                self.ping_after_idle,
             )
             .map_err(|e| {
                 RedisStoreError::config("url", format!("cannot use the cluster URLs: {e}"))
@@ -1736,7 +1744,8 @@ impl RedisStoreBuilder {
                 return Err(RedisStoreError::Connection {
                     message: format!(
                         "{CLUSTER_NODE_AS_STANDALONE}: give the cluster's nodes to \
-                         RedisStore::cluster (it would answer MOVED for the keys other masters hold)"
+                         RedisStore::cluster (a node answers MOVED for the keys other masters \
+                         hold, now or after a resharding)"
                     ),
                     source: Some(RedisError::from((
                         ErrorKind::InvalidClientConfig,
