@@ -721,14 +721,7 @@ impl Inner {
             }
         };
         self.slots[slot].used[domain].store(sent, Ordering::Relaxed);
-        self.sending(slot, generation, &conn, sent);
-        let mut unanswered = Unanswered {
-            inner: self,
-            slot,
-            generation,
-            sent,
-            answered: false,
-        };
+        let mut unanswered = self.sending(slot, generation, &conn, sent);
         let reply = match tokio::time::timeout_at(deadline, conn.eval(script, &cmd)).await {
             Ok(reply) => reply,
             // The command stays unanswered: the next check on this slot finds it so, and the
@@ -780,8 +773,15 @@ impl Inner {
 
     /// A command is sent at `sent` on slot `slot`'s connection (of `generation`): marks it as
     /// outstanding, and probes the connection if an older command has been left unanswered for
-    /// the response timeout.
-    fn sending(self: &Arc<Self>, slot: usize, generation: u64, conn: &Conn, sent: u64) {
+    /// the response timeout. The guard it returns has the connection watched if the command's
+    /// answer does not come (set `answered` once it does).
+    fn sending(
+        self: &Arc<Self>,
+        slot: usize,
+        generation: u64,
+        conn: &Conn,
+        sent: u64,
+    ) -> Unanswered<'_> {
         if let Some(since) = self.slots[slot].silence.sent(generation, sent)
             && Duration::from_micros(sent.saturating_sub(since)) >= self.response_timeout
             && let Some(probing) = Claimed::claim(self, slot, probing)
@@ -789,6 +789,13 @@ impl Inner {
             // Silent for the response timeout: a probe, in a task of its own so that this
             // check's caller giving up does not cancel it.
             tokio::spawn(Arc::clone(self).probe(slot, generation, conn.clone(), probing));
+        }
+        Unanswered {
+            inner: self,
+            slot,
+            generation,
+            sent,
+            answered: false,
         }
     }
 
@@ -818,14 +825,7 @@ impl Inner {
         sent: u64,
         deadline: tokio::time::Instant,
     ) -> Option<bool> {
-        self.sending(slot, generation, conn, sent);
-        let mut unanswered = Unanswered {
-            inner: self,
-            slot,
-            generation,
-            sent,
-            answered: false,
-        };
+        let mut unanswered = self.sending(slot, generation, conn, sent);
         if let Conn::Cluster(c) = conn {
             let key = cluster::first_key(cmd).unwrap_or_default();
             let mut pause = cluster::FIRST_PAUSE;
