@@ -471,14 +471,28 @@ impl Nodes {
         let idle = lock(&cell)
             .used
             .is_some_and(|used| used.elapsed() >= self.ping_after_idle);
-        if idle
-            && let Err(e) = redis::cmd("PING").query_async::<()>(&mut conn).await
-            && is_broken(&e)
-        {
-            tracing::debug!(host, port, error = %e, "ratelimit-redis: an idle side connection was closed");
-            self.forget(&key, &cell);
-            cell = self.cell(&key);
-            conn = self.side_connection(&key, &cell).await?;
+        if idle {
+            // Left unanswered (the check's deadline cut it), or found closed, the connection is
+            // forgotten as the guard drops, as after a check.
+            let mut pinging = Unanswered {
+                nodes: self,
+                key: &key,
+                cell: &cell,
+                armed: true,
+            };
+            let ping = redis::cmd("PING").query_async::<()>(&mut conn).await;
+            let closed = matches!(&ping, Err(e) if is_broken(e));
+            pinging.armed = closed;
+            drop(pinging);
+            if closed {
+                tracing::debug!(
+                    host,
+                    port,
+                    "ratelimit-redis: an idle side connection was closed"
+                );
+                cell = self.cell(&key);
+                conn = self.side_connection(&key, &cell).await?;
+            }
         }
         lock(&cell).used = Some(tokio::time::Instant::now());
         // Dropped before the reply (the check's deadline), the connection goes too: side
@@ -768,6 +782,31 @@ mod tests {
         proxy.drop_connections();
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert_eq!(send().await.unwrap(), Value::Int(7));
+        assert_eq!(proxy.accepted(), accepted + 1, "one new connection");
+    }
+
+    /// A side connection that goes silent while idle is dropped by the check whose idle `PING`
+    /// it leaves unanswered, as by one whose script it leaves unanswered: the next check makes a
+    /// new connection and is answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_side_connection_silent_at_its_idle_ping_is_replaced() {
+        let server = RedisServer::start();
+        let proxy = Proxy::start(server.port());
+        let (nodes, script, cmd) =
+            side_nodes_idle(&proxy, Duration::from_secs(1), Duration::from_millis(100));
+        let send = || nodes.side_send("127.0.0.1", proxy.port(), false, &script, &cmd);
+        assert_eq!(send().await.unwrap(), Value::Int(7));
+        let accepted = proxy.accepted();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        proxy.set_latency(Duration::from_secs(3_600));
+        let gave_up = tokio::time::timeout(Duration::from_millis(200), send()).await;
+        assert!(gave_up.is_err(), "a silent connection answered");
+        proxy.set_latency(Duration::ZERO);
+        let next = tokio::time::timeout(Duration::from_secs(2), send()).await;
+        assert_eq!(
+            next.expect("answered on a new connection").unwrap(),
+            Value::Int(7)
+        );
         assert_eq!(proxy.accepted(), accepted + 1, "one new connection");
     }
 
