@@ -111,7 +111,8 @@ impl RedisStoreError {
     /// did not parse (another service listens there: a web server, a database), or the server
     /// refused the set-up as a setting it can never accept (`RedisStore::cluster` pointed at a
     /// server without cluster support, a database number it does not have), or is a Redis
-    /// Cluster node given to `RedisStore::builder`, whose `HELLO` says `mode` `cluster`. Like
+    /// Cluster node or a Redis Sentinel given to `RedisStore::builder` (its `HELLO` says `mode`
+    /// `cluster` or `sentinel`). Like
     /// [`is_refused_credentials`](Self::is_refused_credentials), waiting will not help; a
     /// corrected setting will. Errors that may pass (a server loading its data, one at its
     /// client limit, a cluster that is down) are not this.
@@ -132,6 +133,7 @@ impl RedisStoreError {
                 "cluster support disabled",
                 "DB index is out of range",
                 crate::store::CLUSTER_NODE_AS_STANDALONE,
+                crate::store::SENTINEL_AS_SERVER,
             ]
             .iter()
             .any(|wrong| text.contains(wrong))

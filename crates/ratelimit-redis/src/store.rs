@@ -1718,6 +1718,32 @@ impl RedisStoreBuilder {
             first.get_or_insert(conn);
         }
         if let Some(mut conn) = first {
+            // Asked first: a Sentinel would fail the scripts' loading with an error that does
+            // not say what it is.
+            if let Conn::Single(c) = &mut conn
+                && let Ok(Some(mode)) =
+                    tokio::time::timeout(self.response_timeout, server_mode(c)).await
+                && let Some((what, advice)) = match mode.as_str() {
+                    "cluster" => Some((
+                        CLUSTER_NODE_AS_STANDALONE,
+                        "give the cluster's nodes to RedisStore::cluster (a node answers MOVED \
+                         for the keys other masters hold, now or after a resharding)",
+                    )),
+                    "sentinel" => Some((
+                        SENTINEL_AS_SERVER,
+                        "give the address of the primary it watches (the store does not follow \
+                         a Sentinel's failovers: use a name or address that moves with the \
+                         primary)",
+                    )),
+                    _ => None,
+                }
+            {
+                return Err(RedisStoreError::Connection {
+                    message: format!("{what}: {advice}"),
+                    source: Some(RedisError::from((ErrorKind::InvalidClientConfig, what))),
+                }
+                .connecting_to(&inner.urls));
+            }
             let load = async {
                 for s in scripts::all() {
                     conn.load(s).await?;
@@ -1735,24 +1761,6 @@ impl RedisStoreBuilder {
                         after: self.connect_timeout.max(self.response_timeout),
                     });
                 }
-            }
-            if let Conn::Single(c) = &mut conn
-                && let Ok(Some(mode)) =
-                    tokio::time::timeout(self.response_timeout, server_mode(c)).await
-                && mode == "cluster"
-            {
-                return Err(RedisStoreError::Connection {
-                    message: format!(
-                        "{CLUSTER_NODE_AS_STANDALONE}: give the cluster's nodes to \
-                         RedisStore::cluster (a node answers MOVED for the keys other masters \
-                         hold, now or after a resharding)"
-                    ),
-                    source: Some(RedisError::from((
-                        ErrorKind::InvalidClientConfig,
-                        CLUSTER_NODE_AS_STANDALONE,
-                    ))),
-                }
-                .connecting_to(&inner.urls));
             }
         }
         Ok(RedisStore { inner })
@@ -1822,6 +1830,8 @@ pub(crate) fn tuned(tcp: redis::io::tcp::TcpSettings) -> redis::io::tcp::TcpSett
 /// What a standalone store's `build` says of a server that is a Redis Cluster node.
 pub(crate) const CLUSTER_NODE_AS_STANDALONE: &str =
     "a Redis Cluster node given as a standalone server";
+/// What a standalone store's `build` says of a server that is a Redis Sentinel.
+pub(crate) const SENTINEL_AS_SERVER: &str = "a Redis Sentinel given as the server";
 
 /// The server's mode as `HELLO` (without arguments: the protocol is not changed) tells it:
 /// `standalone`, `cluster` or `sentinel`; `None` if it does not say (Redis before 6 knows no

@@ -43,12 +43,16 @@ const PORT_ATTEMPTS: usize = 5;
 /// file the configuration names; what it writes before it opens that file (a configuration
 /// error, `*** FATAL CONFIG FILE ERROR`) goes to `redis.stderr` beside `conf`, which
 /// [`server_log`] adds to the log.
-fn spawn_server(conf: &Path, text: &str) -> Child {
+fn spawn_server(conf: &Path, text: &str, sentinel: bool) -> Child {
     std::fs::write(conf, text).expect("write redis.conf");
     let stderr =
         std::fs::File::create(conf.with_file_name("redis.stderr")).expect("create redis.stderr");
-    Command::new(binary("redis-server"))
-        .arg(conf)
+    let mut command = Command::new(binary("redis-server"));
+    command.arg(conf);
+    if sentinel {
+        command.arg("--sentinel");
+    }
+    command
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(stderr)
@@ -135,6 +139,7 @@ fn binary(name: &str) -> PathBuf {
 pub struct RedisServerBuilder {
     lines: Vec<String>,
     cluster: bool,
+    sentinel: bool,
 }
 
 impl RedisServerBuilder {
@@ -142,6 +147,16 @@ impl RedisServerBuilder {
     pub fn config(mut self, line: impl Into<String>) -> Self {
         self.lines.push(line.into());
         self
+    }
+
+    /// A Redis Sentinel (`redis-server --sentinel`) instead of a server, watching the primary on
+    /// `primary_port` under the name `primary`: it answers `PING`, `INFO` and `HELLO`, but no
+    /// data command.
+    pub fn sentinel_of(mut self, primary_port: u16) -> Self {
+        self.sentinel = true;
+        self.config(format!(
+            "sentinel monitor primary 127.0.0.1 {primary_port} 1"
+        ))
     }
 
     /// Requires a password for the default user (`requirepass`).
@@ -181,6 +196,7 @@ impl RedisServerBuilder {
             dir,
             lines: self.lines,
             cluster: self.cluster,
+            sentinel: self.sentinel,
             child: None,
         };
         for _ in 1..PORT_ATTEMPTS {
@@ -215,6 +231,7 @@ pub struct RedisServer {
     dir: TempDir,
     lines: Vec<String>,
     cluster: bool,
+    sentinel: bool,
     child: Option<Child>,
 }
 
@@ -273,7 +290,7 @@ impl RedisServer {
             text.push_str(line);
             text.push('\n');
         }
-        self.child = Some(spawn_server(&conf, &text));
+        self.child = Some(spawn_server(&conf, &text, self.sentinel));
         self.wait_ready()
     }
 

@@ -205,6 +205,7 @@ impl TlsRedisServer {
             server.child = Some(crate::spawn_server(
                 &server.dir.path().join("redis.conf"),
                 &conf,
+                false,
             ));
             if server.wait_ready() {
                 return server;
