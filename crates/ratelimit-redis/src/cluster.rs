@@ -767,37 +767,14 @@ mod tests {
         (nodes, script, cmd)
     }
 
-    /// A side connection the node closed while it sat idle between redirections is found closed
-    /// by a `PING` and replaced before the next check is written on it: the check is answered.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_side_connection_closed_while_idle_fails_no_check() {
-        let server = RedisServer::start();
-        let proxy = Proxy::start(server.port());
-        let (nodes, script, cmd) =
-            side_nodes_idle(&proxy, Duration::from_secs(1), Duration::from_millis(100));
-        let send = || nodes.side_send("127.0.0.1", proxy.port(), false, &script, &cmd);
-        assert_eq!(send().await.unwrap(), Value::Int(7));
-        let accepted = proxy.accepted();
-        // Closed at both ends while idle, as a server's `timeout` or a proxy's idle limit would.
-        proxy.drop_connections();
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        assert_eq!(send().await.unwrap(), Value::Int(7));
-        assert_eq!(proxy.accepted(), accepted + 1, "one new connection");
-    }
-
-    /// A side connection that goes silent while idle is dropped by the check whose idle `PING`
-    /// it leaves unanswered, as by one whose script it leaves unanswered: the next check makes a
-    /// new connection and is answered.
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_side_connection_silent_at_its_idle_ping_is_replaced() {
-        let server = RedisServer::start();
-        let proxy = Proxy::start(server.port());
-        let (nodes, script, cmd) =
-            side_nodes_idle(&proxy, Duration::from_secs(1), Duration::from_millis(100));
-        let send = || nodes.side_send("127.0.0.1", proxy.port(), false, &script, &cmd);
-        assert_eq!(send().await.unwrap(), Value::Int(7));
-        let accepted = proxy.accepted();
-        tokio::time::sleep(Duration::from_millis(300)).await;
+    /// `proxy` goes silent (its next chunk held for an hour; new connections served at once):
+    /// the check `send` makes is given up after 200 ms; then, the proxy forwarding again, the
+    /// next is answered on one new connection (`accepted` so far).
+    async fn silent_then_back<F: Future<Output = Result<Value, RedisError>>>(
+        proxy: &Proxy,
+        send: impl Fn() -> F,
+        accepted: u64,
+    ) {
         proxy.set_latency(Duration::from_secs(3_600));
         let gave_up = tokio::time::timeout(Duration::from_millis(200), send()).await;
         assert!(gave_up.is_err(), "a silent connection answered");
@@ -808,6 +785,31 @@ mod tests {
             Value::Int(7)
         );
         assert_eq!(proxy.accepted(), accepted + 1, "one new connection");
+    }
+
+    /// A side connection idle for `ping_after_idle` is asked with a `PING` before the next check.
+    /// Found closed (the node's `timeout`, a proxy's idle limit), it is replaced before the check
+    /// is written on it: the check is answered. Silent, it is dropped by the check whose `PING`
+    /// it leaves unanswered, as by one whose script it leaves unanswered: the next check makes a
+    /// new connection and is answered.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn side_connections_idle_are_asked_first() {
+        let server = RedisServer::start();
+        let proxy = Proxy::start(server.port());
+        let (nodes, script, cmd) =
+            side_nodes_idle(&proxy, Duration::from_secs(1), Duration::from_millis(100));
+        let send = || nodes.side_send("127.0.0.1", proxy.port(), false, &script, &cmd);
+        assert_eq!(send().await.unwrap(), Value::Int(7));
+        // Closed at both ends while idle.
+        let accepted = proxy.accepted();
+        proxy.drop_connections();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert_eq!(send().await.unwrap(), Value::Int(7));
+        assert_eq!(proxy.accepted(), accepted + 1, "one new connection");
+        // Silent while idle.
+        let accepted = proxy.accepted();
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        silent_then_back(&proxy, send, accepted).await;
     }
 
     /// A side connection that goes silent (a firewall or a NAT dropped it while it sat idle
@@ -822,18 +824,7 @@ mod tests {
         let send = || nodes.side_send("127.0.0.1", proxy.port(), false, &script, &cmd);
         assert_eq!(send().await.unwrap(), Value::Int(7));
         let accepted = proxy.accepted();
-        // Silent from here on (its next chunk is held for an hour); new connections are served at
-        // once.
-        proxy.set_latency(Duration::from_secs(3_600));
-        let gave_up = tokio::time::timeout(Duration::from_millis(200), send()).await;
-        assert!(gave_up.is_err(), "a silent connection answered");
-        proxy.set_latency(Duration::ZERO);
-        let next = tokio::time::timeout(Duration::from_secs(2), send()).await;
-        assert_eq!(
-            next.expect("answered on a new connection").unwrap(),
-            Value::Int(7)
-        );
-        assert_eq!(proxy.accepted(), accepted + 1, "one new connection");
+        silent_then_back(&proxy, send, accepted).await;
     }
 
     /// A node slower to reach than a check's deadline: the check that starts the opening gives

@@ -1414,23 +1414,10 @@ async fn links_closed_while_idle_fail_no_check() {
 async fn a_cluster_node_given_as_a_standalone_server_is_refused() {
     let _one = ONE_AT_A_TIME.lock().await;
     let cluster = RedisCluster::start(3);
-    let url = cluster.urls().remove(0);
-    let err = RedisStore::builder(url.clone())
-        .prefix(unique_prefix("not-standalone"))
-        .build()
-        .await
-        .unwrap_err();
-    assert!(err.is_wrong_server(), "{err:?}");
-    assert!(!err.is_unavailable(), "{err:?}");
-    let text = err.to_string();
-    assert!(
-        text.contains(&url) && text.contains("RedisStore::cluster"),
-        "{text}"
-    );
-    let lazy = RedisStore::builder(url)
-        .prefix(unique_prefix("not-standalone"))
-        .build_lazy(Duration::from_millis(100))
-        .await
-        .unwrap_err();
-    assert!(lazy.is_wrong_server(), "{lazy:?}");
+    common::assert_refused_as_wrong_server(
+        &cluster.urls()[0],
+        "not-standalone",
+        "RedisStore::cluster",
+    )
+    .await;
 }

@@ -1104,22 +1104,5 @@ async fn connections_carry_tcp_keepalive() {
 async fn a_sentinel_given_as_the_server_is_refused() {
     let primary = RedisServer::start();
     let sentinel = RedisServer::builder().sentinel_of(primary.port()).start();
-    let err = RedisStore::builder(sentinel.url())
-        .prefix(unique_prefix("sentinel"))
-        .build()
-        .await
-        .unwrap_err();
-    assert!(err.is_wrong_server(), "{err:?}");
-    assert!(!err.is_unavailable(), "{err:?}");
-    let text = err.to_string();
-    assert!(
-        text.contains(&sentinel.url()) && text.contains("a Redis Sentinel"),
-        "{text}"
-    );
-    let lazy = RedisStore::builder(sentinel.url())
-        .prefix(unique_prefix("sentinel"))
-        .build_lazy(Duration::from_millis(100))
-        .await
-        .unwrap_err();
-    assert!(lazy.is_wrong_server(), "{lazy:?}");
+    common::assert_refused_as_wrong_server(&sentinel.url(), "sentinel", "a Redis Sentinel").await;
 }

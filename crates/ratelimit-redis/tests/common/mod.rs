@@ -164,3 +164,19 @@ pub fn runtime() -> tokio::runtime::Runtime {
         .build()
         .unwrap()
 }
+
+/// `build` and `build_lazy` of a standalone store on `url` both fail at once as a wrong server
+/// (not an unavailable one), the error naming the URL and saying `says`.
+pub async fn assert_refused_as_wrong_server(url: &str, name: &str, says: &str) {
+    let builder = || RedisStore::builder(url).prefix(unique_prefix(name));
+    let err = builder().build().await.unwrap_err();
+    assert!(err.is_wrong_server(), "{err:?}");
+    assert!(!err.is_unavailable(), "{err:?}");
+    let text = err.to_string();
+    assert!(text.contains(url) && text.contains(says), "{text}");
+    let lazy = builder()
+        .build_lazy(std::time::Duration::from_millis(100))
+        .await
+        .unwrap_err();
+    assert!(lazy.is_wrong_server(), "{lazy:?}");
+}
