@@ -237,23 +237,17 @@ impl Connection {
         tokio::time::timeout(within, answer).await
     }
 
-    /// A `PING` to the master of `key`'s slot (by the client's slot map), answered `within` from
-    /// when it has its turn.
-    pub(crate) async fn ping_master_of(
-        &mut self,
-        key: &[u8],
-        within: Duration,
-    ) -> Result<Result<(), RedisError>, tokio::time::error::Elapsed> {
+    /// A `PING` to the master of `key`'s slot (by the client's slot map), in its turn into the
+    /// client (the caller bounds both).
+    pub(crate) async fn ping_master_of(&mut self, key: &[u8]) -> Result<(), RedisError> {
         let to = RoutingInfo::SingleNode(SingleNodeRoutingInfo::SpecificNode(
             cluster_routing::Route::with_key(key, cluster_routing::SlotAddr::Master),
         ));
-        let turn = self.turns.turn().await;
-        let answer = self
-            .turns
-            .hold(turn, self.conn.route_command(redis::cmd("PING"), to));
-        tokio::time::timeout(within, answer)
+        self.turns
+            .send(self.conn.route_command(redis::cmd("PING"), to))
             .await
-            .map(|answer| answer.and_then(Value::extract_error).map(drop))
+            .and_then(Value::extract_error)
+            .map(drop)
     }
 
     /// Whether this connection reaches every master that the cluster names now (`CLUSTER SLOTS`,

@@ -49,11 +49,14 @@ pub(crate) fn push_encoded(out: &mut String, key: &[u8]) {
 /// The Redis Cluster hash slot of every Redis key of `key`'s checks, whatever the prefix or the
 /// limit: CRC16 (XMODEM) of the hash tag, modulo 16384, as the cluster computes it.
 pub(crate) fn hash_slot(key: &[u8]) -> u16 {
-    with_tag(key, |tag| {
-        let mut crc = crc16::State::<crc16::XMODEM>::new();
-        crc.update(tag);
-        crc.get() % 16384
-    })
+    with_tag(key, slot_of_tag)
+}
+
+/// The hash slot of a hash tag: CRC16 (XMODEM) of it, modulo 16384.
+fn slot_of_tag(tag: &[u8]) -> u16 {
+    let mut crc = crc16::State::<crc16::XMODEM>::new();
+    crc.update(tag);
+    crc.get() % 16384
 }
 
 /// The hash slot of a Redis key of the store's (`<prefix>:{<tag>}:...`): CRC16 of its tag, as
@@ -70,9 +73,7 @@ pub(crate) fn slot_of_redis_key(redis_key: &[u8]) -> u16 {
         })
         .filter(|tag| !tag.is_empty())
         .unwrap_or(redis_key);
-    let mut crc = crc16::State::<crc16::XMODEM>::new();
-    crc.update(tag);
-    crc.get() % 16384
+    slot_of_tag(tag)
 }
 
 /// The algorithm's short name in Redis keys. Short on purpose: the key is hashed, copied and
@@ -190,6 +191,23 @@ mod tests {
         crc = crc16::State::<crc16::XMODEM>::new();
         crc.update(b"{evil}");
         assert_ne!(hash_slot(b"{evil}"), crc.get() % 16384);
+    }
+
+    #[test]
+    fn a_redis_keys_slot_is_its_user_keys() {
+        let limit = Limit::single(Algorithm::SlidingLog, Quota::per_second(5).unwrap()).unwrap();
+        for user in [&b"user:1"[..], b"{evil}", b"with space", b"", b"h:x"] {
+            for redis_key in state_keys("rl", user, &limit) {
+                assert_eq!(
+                    slot_of_redis_key(redis_key.as_bytes()),
+                    hash_slot(user),
+                    "{redis_key}"
+                );
+            }
+        }
+        // No tag, or an empty one: the whole key, as the cluster computes it.
+        assert_eq!(slot_of_redis_key(b"123456789"), 0x31c3);
+        assert_eq!(slot_of_redis_key(b"{}123"), slot_of_tag(b"{}123"));
     }
 
     #[test]

@@ -557,10 +557,15 @@ pub(crate) fn failure_domains(cluster: bool) -> usize {
 
 pub(crate) fn failure_domain(cluster: bool, key: &[u8]) -> usize {
     if cluster {
-        usize::from(key::hash_slot(key)) / (16_384 / CLUSTER_FAILURE_DOMAINS)
+        domain_of_slot(key::hash_slot(key))
     } else {
         0
     }
+}
+
+/// The failure domain (range of hash slots) a cluster's hash slot is in.
+fn domain_of_slot(slot: u16) -> usize {
+    usize::from(slot) / (16_384 / CLUSTER_FAILURE_DOMAINS)
 }
 
 /// The `EVALSHA` of `script` on `key`'s state under `limit`: the keys, the time (the server's, or
@@ -692,9 +697,9 @@ impl Inner {
         let mut closed = 0;
         let domain = match self.backend {
             Backend::Single(_) => 0,
-            Backend::Cluster(_) => cluster::first_key(&cmd).map_or(0, |k| {
-                usize::from(key::slot_of_redis_key(k)) / (16_384 / CLUSTER_FAILURE_DOMAINS)
-            }),
+            Backend::Cluster(_) => {
+                cluster::first_key(&cmd).map_or(0, |k| domain_of_slot(key::slot_of_redis_key(k)))
+            }
         };
         let (slot, generation, mut conn, sent) = loop {
             let (slot, generation, mut conn) =
@@ -830,10 +835,11 @@ impl Inner {
             let key = cluster::first_key(cmd).unwrap_or_default();
             let mut pause = cluster::FIRST_PAUSE;
             for _ in 0..cluster::MAX_SENDS {
-                let within = deadline.saturating_duration_since(tokio::time::Instant::now());
                 // The deadline covers the wait for a turn into the client too.
-                let ping = c.ping_master_of(key, within);
-                match tokio::time::timeout_at(deadline, ping).await.ok()?.ok()? {
+                match tokio::time::timeout_at(deadline, c.ping_master_of(key))
+                    .await
+                    .ok()?
+                {
                     Err(e) if is_broken(&e) => {
                         tracing::debug!(slot, error = %e, "ratelimit-redis: an idle link to a master was closed");
                         // The client's repair of the link starts as this error comes back.
