@@ -400,6 +400,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 failed_log: LogGate::new(self.clock.clone()),
                 timed_out_log: LogGate::new(self.clock),
                 reset_on: self.reset_on,
+                resetters: std::sync::atomic::AtomicBool::new(false),
             }),
             _mode: PhantomData,
         })

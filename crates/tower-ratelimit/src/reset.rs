@@ -4,6 +4,7 @@ use std::fmt;
 use std::future::{Future, poll_fn};
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -83,10 +84,16 @@ pub struct Resetter<St> {
 
 impl<St, M> RateLimitLayer<St, M> {
     /// A [`Resetter`] of this layer's clients, over its store.
+    ///
+    /// From then on, each request the layer lets through with rate-limit fields to add carries
+    /// a mark in its extensions (two small allocations: the mark, shared with the layer, and
+    /// its place among the extensions), so that a handler's
+    /// [`reset`](Resetter::reset) of its own client makes the response tell the full quota.
     pub fn resetter(&self) -> Resetter<St>
     where
         St: Reset,
     {
+        self.shared.resetters.store(true, Ordering::Relaxed);
         Resetter {
             shared: Arc::clone(&self.shared),
             counters: Arc::new(Metrics::reset_counters(&self.shared.rt.name)),
@@ -172,11 +179,28 @@ impl<St: Reset> Resetter<St> {
     /// in-memory store at once, a network store when the future is polled (one call per limit
     /// of the policy, all sent at the first poll and waited for together, under one timeout; the
     /// first failure ends it).
+    ///
+    /// When `req` is the request the layer let through to the handler (its head, or a request
+    /// that keeps its extensions), a reset that completes also makes the layer's rate-limit
+    /// fields on the handler's response tell the full quota the client's next request starts
+    /// from (`r` the binding quota's limit, no `t`), as with
+    /// [`reset_on`](crate::RateLimitLayerBuilder::reset_on); the response's
+    /// [`Verdict`](crate::Verdict) keeps the decision of its own check. The layer marks the
+    /// requests it lets through for this (in their extensions) once a `Resetter` of it has been
+    /// made, so make it before serving.
     pub fn reset(
         &self,
         req: &RequestHead<'_>,
     ) -> impl Future<Output = Result<(), ResetError<St::Error>>> + Send + 'static {
-        self.reset_key(self.key_of(req))
+        let mark = ResetMark::of(req, &self.shared);
+        let reset = self.reset_key(self.key_of(req));
+        async move {
+            let out = reset.await;
+            if let (Ok(()), Some(mark)) = (&out, mark) {
+                mark.set();
+            }
+            out
+        }
     }
 
     /// Forgets what the client at `ip` has spent, for a policy keyed by the client's address
@@ -312,6 +336,64 @@ fn reset_key<St: Reset>(
         tracing::debug!(policy = %name, "rate-limit key reset");
         count(ResetOutcome::Reset);
         Ok(())
+    }
+}
+
+/// Set by a [`Resetter`] once it has reset the client of the request that carries it, so that
+/// the layer that let the request through writes the full quota in the response's fields (see
+/// `Shared::resetters`). In the request's extensions, among those of every layer that marked it
+/// ([`ResetMarks`]), each known by its layer's shared state.
+pub(crate) struct ResetMark {
+    /// The address of the layer's `Shared`: compared, never read through.
+    layer: usize,
+    reset: AtomicBool,
+}
+
+/// The [`ResetMark`]s of a request: one per layer that marked it (nested layers, each with a
+/// `Resetter`); one, the usual case, without a `Vec` to allocate.
+#[derive(Clone)]
+enum ResetMarks {
+    One(Arc<ResetMark>),
+    Many(Vec<Arc<ResetMark>>),
+}
+
+impl ResetMark {
+    /// A new mark of `layer`'s, put in `extensions`; the layer keeps the returned one.
+    pub(crate) fn put_in<St>(extensions: &mut http::Extensions, layer: &Shared<St>) -> Arc<Self> {
+        let mark = Arc::new(ResetMark {
+            layer: std::ptr::from_ref(layer).addr(),
+            reset: AtomicBool::new(false),
+        });
+        let new = Arc::clone(&mark);
+        match extensions.get_mut::<ResetMarks>() {
+            None => {
+                extensions.insert(ResetMarks::One(new));
+            }
+            Some(marks) => match marks {
+                ResetMarks::One(first) => *marks = ResetMarks::Many(vec![first.clone(), new]),
+                ResetMarks::Many(all) => all.push(new),
+            },
+        }
+        mark
+    }
+
+    /// The mark `layer` put in `req`, if any.
+    fn of<St>(req: &RequestHead<'_>, layer: &Arc<Shared<St>>) -> Option<Arc<Self>> {
+        let layer = Arc::as_ptr(layer).addr();
+        let marks = match req.extensions().get::<ResetMarks>()? {
+            ResetMarks::One(mark) => std::slice::from_ref(mark),
+            ResetMarks::Many(all) => all.as_slice(),
+        };
+        marks.iter().find(|m| m.layer == layer).cloned()
+    }
+
+    fn set(&self) {
+        self.reset.store(true, Ordering::Release);
+    }
+
+    /// Whether the request's client has been reset.
+    pub(crate) fn is_set(&self) -> bool {
+        self.reset.load(Ordering::Acquire)
     }
 }
 

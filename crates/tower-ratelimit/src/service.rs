@@ -27,7 +27,7 @@ use crate::key::KeyBuf;
 use crate::log_gate::LogGate;
 use crate::metrics::{FailureKind, Metrics};
 use crate::policy::{MissingKey, Policy};
-use crate::reset::{ResetOn, ResetPlan};
+use crate::reset::{ResetMark, ResetOn, ResetPlan};
 use crate::response::{Bodies, Own, Prepared, Verdict, VerdictKind};
 use crate::{FailurePolicy, RateLimitLayer, RequestHead};
 
@@ -135,6 +135,11 @@ pub(crate) struct Shared<St> {
     /// The condition on the inner service's response that resets the client's count
     /// ([`RateLimitLayerBuilder::reset_on`](crate::RateLimitLayerBuilder::reset_on)).
     pub(crate) reset_on: Option<ResetOn<St>>,
+    /// A [`Resetter`](crate::Resetter) of this layer has been made: each request let through
+    /// with rate-limit fields to add carries a [`ResetMark`] in its extensions, which the
+    /// `Resetter` sets when it resets that request's client, so that the response tells the
+    /// full quota.
+    pub(crate) resetters: AtomicBool,
 }
 
 /// The policy and everything computed from it once.
@@ -335,6 +340,9 @@ pub(crate) struct Post {
     /// Let through without the store's answer (failed open, by the fallback, a dry run's
     /// would-be denial of either, a cached answer while the circuit is open).
     without_store: bool,
+    /// Set once a [`Resetter`](crate::Resetter) has reset the request's client (see
+    /// `Shared::resetters`).
+    mark: Option<Arc<ResetMark>>,
 }
 
 impl fmt::Debug for Post {
@@ -368,6 +376,7 @@ impl Post {
     #[inline(always)]
     fn apply<R>(self, response: &mut Response<R>, after_reset: bool) {
         if let (true, Some(d)) = (self.headers, &self.decision) {
+            let after_reset = after_reset || self.mark.as_ref().is_some_and(|m| m.is_set());
             let tier = &self.rt.tiers[self.tier];
             let full;
             let d = if after_reset {
@@ -408,6 +417,23 @@ impl Post {
     }
 }
 
+impl<St> Shared<St> {
+    /// Marks `req`, let through with `post`, for a [`Resetter`](crate::Resetter) of this layer
+    /// (one has been made): if the response gets rate-limit fields, they tell the full quota
+    /// once the `Resetter` has reset the request's client. Out of line, off the path of a layer
+    /// without one.
+    #[cold]
+    #[inline(never)]
+    pub(crate) fn mark<B>(&self, req: &mut Request<B>, post: &mut Option<Post>) {
+        if let Some(post) = post
+            && post.headers
+            && post.decision.is_some()
+        {
+            post.mark = Some(ResetMark::put_in(req.extensions_mut(), self));
+        }
+    }
+}
+
 impl<St: Store> Shared<St> {
     #[inline]
     fn forward<W>(&self, kind: VerdictKind, decision: Option<Decision>, tier: usize) -> Step<W> {
@@ -435,6 +461,7 @@ impl<St: Store> Shared<St> {
             headers,
             verdict,
             without_store: false,
+            mark: None,
         }))
     }
 
@@ -742,7 +769,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
+    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
         // The request is read in place (a borrowed head, not `into_parts`, which would copy the
         // head out and `from_parts` back in), and passed on as it came.
         // One place builds the future, so that it is written in place, not built and then copied
@@ -751,8 +778,13 @@ where
             // Nothing to add, spelled out so that the empty `Option<Post>` is written as such
             // rather than copied out of the step.
             Step::Forward(None) => ResponseFuture::inner(self.inner.call(req), None),
-            Step::Forward(post) => match &self.shared.reset_on {
-                None => ResponseFuture::inner(self.inner.call(req), post),
+            Step::Forward(mut post) => match &self.shared.reset_on {
+                None => {
+                    if self.shared.resetters.load(Ordering::Relaxed) {
+                        self.shared.mark(&mut req, &mut post);
+                    }
+                    ResponseFuture::inner(self.inner.call(req), post)
+                }
                 // Boxed, built out of line: a second way of building the inner future here
                 // would have it built aside and copied into place on every request.
                 Some(_) => ResponseFuture::waiting(self.call_then_reset(req, post)),
@@ -811,6 +843,7 @@ where
                 };
                 // The key moves into the future as it is (inline up to its buffer size): no copy.
                 ResponseFuture::waiting(Box::pin(async move {
+                    let mut req = req;
                     let result = match check {
                         Check::Plain { check, deadline } => {
                             tokio::time::timeout_at(deadline, check)
@@ -836,8 +869,11 @@ where
                         }
                     };
                     match step {
-                        Step::Forward(post) => {
+                        Step::Forward(mut post) => {
                             let plan = shared.reset_plan(post.as_ref(), &RequestHead::of(&req));
+                            if shared.resetters.load(Ordering::Relaxed) {
+                                shared.mark(&mut req, &mut post);
+                            }
                             let fut = inner.call(req);
                             forwarded::<M, _, _, _, _>(&shared, fut, post, plan).await
                         }
@@ -865,8 +901,8 @@ impl<S, St: Store, M> RateLimit<S, St, M> {
     #[inline(never)]
     fn call_then_reset<ReqB, ResB>(
         &mut self,
-        req: Request<ReqB>,
-        post: Option<Post>,
+        mut req: Request<ReqB>,
+        mut post: Option<Post>,
     ) -> Waiting<M::Body, S::Error>
     where
         S: Service<Request<ReqB>, Response = Response<ResB>>,
@@ -878,6 +914,9 @@ impl<S, St: Store, M> RateLimit<S, St, M> {
         let plan = self
             .shared
             .reset_plan(post.as_ref(), &RequestHead::of(&req));
+        if self.shared.resetters.load(Ordering::Relaxed) {
+            self.shared.mark(&mut req, &mut post);
+        }
         let shared = self.shared.clone();
         let fut = self.inner.call(req);
         Box::pin(async move { forwarded::<M, _, _, _, _>(&shared, fut, post, plan).await })
@@ -1111,6 +1150,7 @@ mod tests {
             failed_log: LogGate::new(Arc::new(ratelimit_core::SystemClock::new())),
             timed_out_log: LogGate::new(Arc::new(ratelimit_core::SystemClock::new())),
             reset_on: None,
+            resetters: AtomicBool::new(false),
         }
     }
 

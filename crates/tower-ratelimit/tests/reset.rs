@@ -11,14 +11,14 @@ use axum::extract::{Request, State};
 use axum::http::StatusCode;
 use axum::routing::get;
 use common::{
-    FailingStore, HangingStore, SwitchStore, request, send, statuses, store, with_header,
+    FailingStore, HangingStore, SwitchStore, header, request, send, statuses, store, with_header,
 };
 use http::HeaderValue;
-use ratelimit_core::{Algorithm, DenialCache, Limit, ManualClock, MemoryStore, Quota};
+use ratelimit_core::{Algorithm, Decision, DenialCache, Limit, ManualClock, MemoryStore, Quota};
 use tower_ratelimit::key::ApiKeyHeader;
 use tower_ratelimit::{
-    CircuitBreaker, CircuitState, FailurePolicy, MissingKey, Policy, RateLimitLayer, RequestHead,
-    ResetError, Resetter, Store,
+    CircuitBreaker, CircuitState, FailurePolicy, Headers, MissingKey, Policy, RateLimitLayer,
+    RequestHead, ResetError, Resetter, Store, Verdict, VerdictKind,
 };
 
 fn login_limit() -> Limit {
@@ -82,6 +82,118 @@ async fn a_successful_login_forgets_the_users_failed_attempts() {
         [401, 401, 401, 429]
     );
     assert_eq!(send(&app, attempt("bob", "hunter2")).await.status(), 429);
+}
+
+/// The response of a handler that reset its own client tells the full quota the client's next
+/// request starts from, as a `reset_on` layer's does; its verdict keeps the check's decision.
+/// Over a store that answers at once and one that makes the check wait.
+#[tokio::test]
+async fn a_handlers_reset_response_tells_the_full_quota() {
+    async fn signs_in<St: Store + ratelimit_core::Reset>(layer: RateLimitLayer<St>) {
+        let app = login_app(layer);
+        assert_eq!(
+            statuses(&app, || attempt("alice", "guess"), 2).await,
+            [401, 401]
+        );
+        let res = send(&app, attempt("alice", "hunter2")).await;
+        assert_eq!(res.status(), 204);
+        assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=3"));
+        assert_eq!(header(&res, "ratelimit-policy"), Some("\"login\";q=3;w=60"));
+        assert_eq!(header(&res, "x-ratelimit-remaining"), Some("3"));
+        assert_eq!(header(&res, "x-ratelimit-reset"), Some("0"));
+        let verdict = res.extensions().get::<Verdict>().unwrap();
+        assert_eq!(verdict.kind(), VerdictKind::Allowed);
+        assert_eq!(verdict.decision().map(Decision::remaining), Some(0));
+        // And so it is.
+        let res = send(&app, attempt("alice", "guess")).await;
+        assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=2;t=20"));
+    }
+    let policy = || login_policy().headers(Headers::ietf().legacy(true));
+    let (_clock, memory) = store();
+    signs_in(RateLimitLayer::new(memory.clone(), policy()).unwrap()).await;
+    let (_clock, memory) = store();
+    let waits = Arc::new(SwitchStore::new(memory));
+    signs_in(RateLimitLayer::new(waits, policy()).unwrap()).await;
+}
+
+/// A handler that resets another client (support lifting Bob's block), or whose reset failed,
+/// answers with its own client's count: that count stands.
+#[tokio::test]
+async fn a_response_tells_the_full_quota_only_after_its_clients_reset() {
+    let (_clock, memory) = store();
+    let switch = Arc::new(SwitchStore::new(memory));
+    let layer = RateLimitLayer::builder(switch.clone(), login_policy())
+        .no_circuit_breaker()
+        .build()
+        .unwrap();
+    let resetter = layer.resetter();
+    let down = switch.clone();
+    let app = Router::new()
+        .route(
+            "/login",
+            get(move |req: Request| async move {
+                if req.headers().contains_key("x-reset-bob") {
+                    let bob = attempt("bob", "x");
+                    resetter.reset(&RequestHead::of(&bob)).await.unwrap();
+                } else {
+                    down.set_down(true);
+                    let out = resetter.reset(&RequestHead::of(&req)).await;
+                    down.set_down(false);
+                    assert!(matches!(out, Err(ResetError::Store(_))), "{out:?}");
+                }
+                StatusCode::NO_CONTENT
+            }),
+        )
+        .route_layer(layer);
+    let res = send(&app, with_header(attempt("carol", "x"), "x-reset-bob", "1")).await;
+    assert_eq!(res.status(), 204);
+    assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=2;t=20"));
+    let res = send(&app, attempt("dave", "x")).await;
+    assert_eq!(res.status(), 204);
+    assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=2;t=20"));
+}
+
+/// Of two nested layers each with a `Resetter`, the one whose client the handler reset tells the
+/// full quota, the other its own count: whichever of the two it is.
+#[tokio::test]
+async fn of_nested_layers_only_the_reset_ones_fields_tell_the_full_quota() {
+    let (_clock, memory) = store();
+    let inner = RateLimitLayer::new(memory.clone(), login_policy()).unwrap();
+    let outer_limit =
+        Limit::single(Algorithm::TokenBucket, Quota::per_minute(10).unwrap()).unwrap();
+    let outer_policy = Policy::new("users", outer_limit)
+        .unwrap()
+        .key(ApiKeyHeader::new("x-user").unwrap());
+    let outer = RateLimitLayer::new(memory, outer_policy).unwrap();
+    let resetters = (inner.resetter(), outer.resetter());
+    let app = Router::new()
+        .route(
+            "/login",
+            get(move |req: Request| async move {
+                let req = RequestHead::of(&req);
+                match req.headers().get("x-reset").map(|v| v.as_bytes()) {
+                    Some(b"login") => resetters.0.reset(&req).await.unwrap(),
+                    Some(b"users") => resetters.1.reset(&req).await.unwrap(),
+                    _ => {}
+                }
+                StatusCode::NO_CONTENT
+            }),
+        )
+        .route_layer(inner)
+        .layer(outer);
+    let reset = |user: &str, layer: &str| with_header(attempt(user, "x"), "x-reset", layer);
+    send(&app, attempt("alice", "x")).await;
+    let res = send(&app, reset("alice", "login")).await;
+    assert_eq!(
+        common::header_lines(&res, "ratelimit"),
+        ["\"login\";r=3", "\"users\";r=8;t=6"]
+    );
+    send(&app, attempt("bob", "x")).await;
+    let res = send(&app, reset("bob", "users")).await;
+    assert_eq!(
+        common::header_lines(&res, "ratelimit"),
+        ["\"login\";r=1;t=20", "\"users\";r=10"]
+    );
 }
 
 #[tokio::test]

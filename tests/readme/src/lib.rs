@@ -228,8 +228,18 @@ mod login_reset {
         }
         let signed_in = app.clone().oneshot(attempt("POST", "hunter2")?).await?;
         assert_eq!(signed_in.status(), 204);
-        assert_eq!(signed_in.headers()["ratelimit"], "\"login\";r=0;t=12");
-        assert!(super::README.contains("(`\"login\";r=0;t=12` for the fifth attempt)"));
+        assert_eq!(signed_in.headers()["ratelimit"], "\"login\";r=5");
+        assert!(super::README.contains("attempt starts from (`\"login\";r=5`, where the layer's"));
+        // What the check had left, before the handler's reset: the verdict keeps it.
+        let verdict = signed_in
+            .extensions()
+            .get::<tower_ratelimit::Verdict>()
+            .unwrap();
+        let check = verdict.decision().unwrap();
+        // (None left, and a minute to full again: 12 s to the next unit of a bucket of 5 a minute.)
+        assert_eq!(check.remaining(), 0);
+        assert_eq!(check.reset_after().as_secs_f64().ceil(), 60.0);
+        assert!(super::README.contains("`\"login\";r=0;t=12` for a\nfifth attempt"));
         // The count starts again: five failures, then a 429.
         for _ in 0..5 {
             let res = app.clone().oneshot(attempt("POST", "guess")?).await?;
