@@ -17,7 +17,7 @@ use crate::key::{KeyBuf, KeyPart};
 use crate::layer::RateLimitLayer;
 use crate::metrics::{Metrics, ResetCounters, ResetOutcome};
 use crate::response::VerdictKind;
-use crate::service::{Post, Shared};
+use crate::service::{Post, Rt, Shared};
 use crate::{RequestHead, ResponseHead};
 
 /// Forgets what a client has spent under one layer's policy, so that its next request counts
@@ -85,10 +85,12 @@ pub struct Resetter<St> {
 impl<St, M> RateLimitLayer<St, M> {
     /// A [`Resetter`] of this layer's clients, over its store.
     ///
-    /// From then on, each request the layer lets through with rate-limit fields to add carries
-    /// a mark in its extensions (two small allocations: the mark, shared with the layer, and
-    /// its place among the extensions), so that a handler's
+    /// From then on, each request the layer lets through with rate-limit fields to add, on the
+    /// store's answer, carries a mark in its extensions, so that a handler's
     /// [`reset`](Resetter::reset) of its own client makes the response tell the full quota.
+    /// That costs such a request the key's extraction a second time and three small
+    /// allocations (the mark with the key, its place among the extensions, and the response's
+    /// future, boxed); a layer of which no `Resetter` is made pays one flag read.
     pub fn resetter(&self) -> Resetter<St>
     where
         St: Reset,
@@ -181,19 +183,24 @@ impl<St: Reset> Resetter<St> {
     /// first failure ends it).
     ///
     /// When `req` is the request the layer let through to the handler (its head, or a request
-    /// that keeps its extensions), a reset that completes also makes the layer's rate-limit
-    /// fields on the handler's response tell the full quota the client's next request starts
-    /// from (`r` the binding quota's limit, no `t`), as with
-    /// [`reset_on`](crate::RateLimitLayerBuilder::reset_on); the response's
+    /// that keeps its extensions), and its key is the one the layer checked, a reset that
+    /// completes also makes the layer's rate-limit fields on the handler's response tell the
+    /// full quota the client's next request starts from (`r` the binding quota's limit, no
+    /// `t`), as with [`reset_on`](crate::RateLimitLayerBuilder::reset_on); the response's
     /// [`Verdict`](crate::Verdict) keeps the decision of its own check. The layer marks the
     /// requests it lets through for this (in their extensions) once a `Resetter` of it has been
-    /// made, so make it before serving.
+    /// made, so make it before serving. Not a request let through without the store's answer
+    /// (the store failed and the fallback's local share counted it, say): its fields tell that
+    /// count, which a reset does not refill.
     pub fn reset(
         &self,
         req: &RequestHead<'_>,
     ) -> impl Future<Output = Result<(), ResetError<St::Error>>> + Send + 'static {
-        let mark = ResetMark::of(req, &self.shared);
-        let reset = self.reset_key(self.key_of(req));
+        let key = self.key_of(req);
+        let mark = key
+            .as_ref()
+            .and_then(|key| ResetMark::of(req, &self.shared.rt, key));
+        let reset = self.reset_key(key);
         async move {
             let out = reset.await;
             if let (Ok(()), Some(mark)) = (&out, mark) {
@@ -344,8 +351,11 @@ fn reset_key<St: Reset>(
 /// `Shared::resetters`). In the request's extensions, among those of every layer that marked it
 /// ([`ResetMarks`]), each known by its layer's shared state.
 pub(crate) struct ResetMark {
-    /// The address of the layer's `Shared`: compared, never read through.
-    layer: usize,
+    /// The layer's policy, known by its address (held, so that the address is not another
+    /// layer's while the mark lives).
+    layer: Arc<Rt>,
+    /// The (namespaced) key the layer checked: a reset of another key leaves the mark.
+    key: KeyBuf,
     reset: AtomicBool,
 }
 
@@ -358,10 +368,16 @@ enum ResetMarks {
 }
 
 impl ResetMark {
-    /// A new mark of `layer`'s, put in `extensions`; the layer keeps the returned one.
-    pub(crate) fn put_in<St>(extensions: &mut http::Extensions, layer: &Shared<St>) -> Arc<Self> {
+    /// A new mark of the layer of `layer` for its check of `key`, put in `extensions`; the layer
+    /// keeps the returned one.
+    pub(crate) fn put_in(
+        extensions: &mut http::Extensions,
+        layer: &Arc<Rt>,
+        key: KeyBuf,
+    ) -> Arc<Self> {
         let mark = Arc::new(ResetMark {
-            layer: std::ptr::from_ref(layer).addr(),
+            layer: Arc::clone(layer),
+            key,
             reset: AtomicBool::new(false),
         });
         let new = Arc::clone(&mark);
@@ -377,14 +393,16 @@ impl ResetMark {
         mark
     }
 
-    /// The mark `layer` put in `req`, if any.
-    fn of<St>(req: &RequestHead<'_>, layer: &Arc<Shared<St>>) -> Option<Arc<Self>> {
-        let layer = Arc::as_ptr(layer).addr();
+    /// The mark the layer of `layer` put in `req` for its check of `key`, if any.
+    fn of(req: &RequestHead<'_>, layer: &Arc<Rt>, key: &KeyBuf) -> Option<Arc<Self>> {
         let marks = match req.extensions().get::<ResetMarks>()? {
             ResetMarks::One(mark) => std::slice::from_ref(mark),
             ResetMarks::Many(all) => all.as_slice(),
         };
-        marks.iter().find(|m| m.layer == layer).cloned()
+        marks
+            .iter()
+            .find(|m| Arc::ptr_eq(&m.layer, layer) && m.key.as_bytes() == key.as_bytes())
+            .cloned()
     }
 
     fn set(&self) {

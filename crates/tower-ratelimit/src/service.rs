@@ -340,9 +340,6 @@ pub(crate) struct Post {
     /// Let through without the store's answer (failed open, by the fallback, a dry run's
     /// would-be denial of either, a cached answer while the circuit is open).
     without_store: bool,
-    /// Set once a [`Resetter`](crate::Resetter) has reset the request's client (see
-    /// `Shared::resetters`).
-    mark: Option<Arc<ResetMark>>,
 }
 
 impl fmt::Debug for Post {
@@ -376,7 +373,6 @@ impl Post {
     #[inline(always)]
     fn apply<R>(self, response: &mut Response<R>, after_reset: bool) {
         if let (true, Some(d)) = (self.headers, &self.decision) {
-            let after_reset = after_reset || self.mark.as_ref().is_some_and(|m| m.is_set());
             let tier = &self.rt.tiers[self.tier];
             let full;
             let d = if after_reset {
@@ -418,19 +414,37 @@ impl Post {
 }
 
 impl<St> Shared<St> {
-    /// Marks `req`, let through with `post`, for a [`Resetter`](crate::Resetter) of this layer
-    /// (one has been made): if the response gets rate-limit fields, they tell the full quota
-    /// once the `Resetter` has reset the request's client. Out of line, off the path of a layer
-    /// without one.
+    /// Marks `req`, let through with `post`, for the [`Resetter`](crate::Resetter)s of this
+    /// layer, if one has been made: the returned mark is set once a `Resetter` has reset the
+    /// client the layer checked (the key it extracts now), and the response's rate-limit fields
+    /// then tell the full quota. Not a request without fields to add, nor one let through without
+    /// the store's answer: its fields tell what the layer counted without the store (the
+    /// fallback's local share), which a reset in the store does not refill.
+    #[inline]
+    pub(crate) fn mark<B>(
+        &self,
+        req: &mut Request<B>,
+        post: Option<&Post>,
+    ) -> Option<Arc<ResetMark>> {
+        if !self.resetters.load(Ordering::Relaxed) {
+            return None;
+        }
+        self.mark_for_resetters(req, post?)
+    }
+
     #[cold]
     #[inline(never)]
-    pub(crate) fn mark<B>(&self, req: &mut Request<B>, post: &mut Option<Post>) {
-        if let Some(post) = post
-            && post.headers
-            && post.decision.is_some()
-        {
-            post.mark = Some(ResetMark::put_in(req.extensions_mut(), self));
+    fn mark_for_resetters<B>(&self, req: &mut Request<B>, post: &Post) -> Option<Arc<ResetMark>> {
+        if !post.headers || post.decision.is_none() || post.without_store {
+            return None;
         }
+        let rt = &self.rt;
+        let mut key = rt.key_start.clone();
+        rt.policy
+            .key
+            .extract(&RequestHead::of(req), &mut key)
+            .ok()?;
+        Some(ResetMark::put_in(req.extensions_mut(), rt, key))
     }
 }
 
@@ -461,7 +475,6 @@ impl<St: Store> Shared<St> {
             headers,
             verdict,
             without_store: false,
-            mark: None,
         }))
     }
 
@@ -769,7 +782,7 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, mut req: Request<ReqB>) -> Self::Future {
+    fn call(&mut self, req: Request<ReqB>) -> Self::Future {
         // The request is read in place (a borrowed head, not `into_parts`, which would copy the
         // head out and `from_parts` back in), and passed on as it came.
         // One place builds the future, so that it is written in place, not built and then copied
@@ -778,13 +791,12 @@ where
             // Nothing to add, spelled out so that the empty `Option<Post>` is written as such
             // rather than copied out of the step.
             Step::Forward(None) => ResponseFuture::inner(self.inner.call(req), None),
-            Step::Forward(mut post) => match &self.shared.reset_on {
-                None => {
-                    if self.shared.resetters.load(Ordering::Relaxed) {
-                        self.shared.mark(&mut req, &mut post);
-                    }
+            Step::Forward(post) => match &self.shared.reset_on {
+                None if !self.shared.resetters.load(Ordering::Relaxed) => {
                     ResponseFuture::inner(self.inner.call(req), post)
                 }
+                // Boxed and out of line, as the next.
+                None => ResponseFuture::waiting(self.call_marked(req, post)),
                 // Boxed, built out of line: a second way of building the inner future here
                 // would have it built aside and copied into place on every request.
                 Some(_) => ResponseFuture::waiting(self.call_then_reset(req, post)),
@@ -869,13 +881,11 @@ where
                         }
                     };
                     match step {
-                        Step::Forward(mut post) => {
+                        Step::Forward(post) => {
                             let plan = shared.reset_plan(post.as_ref(), &RequestHead::of(&req));
-                            if shared.resetters.load(Ordering::Relaxed) {
-                                shared.mark(&mut req, &mut post);
-                            }
+                            let mark = shared.mark(&mut req, post.as_ref());
                             let fut = inner.call(req);
-                            forwarded::<M, _, _, _, _>(&shared, fut, post, plan).await
+                            forwarded::<M, _, _, _, _>(&shared, fut, post, plan, mark).await
                         }
                         Step::Respond(response) => {
                             let response = shared
@@ -893,6 +903,33 @@ where
 }
 
 impl<S, St: Store, M> RateLimit<S, St, M> {
+    /// The request let through with `post`, marked first for the layer's
+    /// [`Resetter`](crate::Resetter)s (see `Shared::mark`); its response's fields tell the full
+    /// quota if a `Resetter` has reset its client by then. Boxed and out of line, off the path of
+    /// a layer without a `Resetter`, whose `Post` carries no mark.
+    #[cold]
+    #[inline(never)]
+    fn call_marked<ReqB, ResB>(
+        &mut self,
+        mut req: Request<ReqB>,
+        post: Option<Post>,
+    ) -> Waiting<M::Body, S::Error>
+    where
+        S: Service<Request<ReqB>, Response = Response<ResB>>,
+        S::Future: Send + 'static,
+        S::Error: Send + 'static,
+        ResB: Send + 'static,
+        M: BodyMode<ResB>,
+    {
+        let mark = self.shared.mark(&mut req, post.as_ref());
+        let fut = self.inner.call(req);
+        Box::pin(async move {
+            let response = fut.await?;
+            let reset = mark.is_some_and(|mark| mark.is_set());
+            Ok(Post::apply_some::<M, ResB>(post, response, reset))
+        })
+    }
+
     /// The request let through (with `post`, which a layer that resets always has), then the
     /// client's count reset if the inner service's response meets the layer's condition, before
     /// the response is returned: the client's next request counts from a full quota. Out of
@@ -902,7 +939,7 @@ impl<S, St: Store, M> RateLimit<S, St, M> {
     fn call_then_reset<ReqB, ResB>(
         &mut self,
         mut req: Request<ReqB>,
-        mut post: Option<Post>,
+        post: Option<Post>,
     ) -> Waiting<M::Body, S::Error>
     where
         S: Service<Request<ReqB>, Response = Response<ResB>>,
@@ -914,22 +951,22 @@ impl<S, St: Store, M> RateLimit<S, St, M> {
         let plan = self
             .shared
             .reset_plan(post.as_ref(), &RequestHead::of(&req));
-        if self.shared.resetters.load(Ordering::Relaxed) {
-            self.shared.mark(&mut req, &mut post);
-        }
+        let mark = self.shared.mark(&mut req, post.as_ref());
         let shared = self.shared.clone();
         let fut = self.inner.call(req);
-        Box::pin(async move { forwarded::<M, _, _, _, _>(&shared, fut, post, plan).await })
+        Box::pin(async move { forwarded::<M, _, _, _, _>(&shared, fut, post, plan, mark).await })
     }
 }
 
 /// The inner service's response to a request let through: the reset `plan` asks for if the
-/// response meets the layer's condition (waited for), then what `post` adds.
+/// response meets the layer's condition (waited for), then what `post` adds (the full quota if
+/// either that reset or a `Resetter`'s, which sets `mark`, forgot the client's count).
 async fn forwarded<M, St, F, ResB, E>(
     shared: &Shared<St>,
     fut: F,
     post: Option<Post>,
     plan: Option<ResetPlan>,
+    mark: Option<Arc<ResetMark>>,
 ) -> Result<Response<M::Body>, E>
 where
     M: BodyMode<ResB>,
@@ -940,6 +977,7 @@ where
         Some(reset) => reset.await,
         None => false,
     };
+    let reset = reset || mark.is_some_and(|mark| mark.is_set());
     Ok(Post::apply_some::<M, ResB>(post, response, reset))
 }
 

@@ -116,41 +116,89 @@ async fn a_handlers_reset_response_tells_the_full_quota() {
     signs_in(RateLimitLayer::new(waits, policy()).unwrap()).await;
 }
 
-/// A handler that resets another client (support lifting Bob's block), or whose reset failed,
-/// answers with its own client's count: that count stands.
+/// A response tells the full quota only if the handler reset the very client the layer checked,
+/// through the store the check asked: not after a reset of another client (even one made from a
+/// request carrying this one's extensions), nor after a reset that failed, nor for a request the
+/// fallback let through while the store was down (its fields are the local share's).
 #[tokio::test]
 async fn a_response_tells_the_full_quota_only_after_its_clients_reset() {
     let (_clock, memory) = store();
     let switch = Arc::new(SwitchStore::new(memory));
-    let layer = RateLimitLayer::builder(switch.clone(), login_policy())
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(6).unwrap()).unwrap();
+    let policy = Policy::new("login", limit)
+        .unwrap()
+        .key(ApiKeyHeader::new("x-user").unwrap())
+        .failure(FailurePolicy::fallback(2).unwrap());
+    let layer = RateLimitLayer::builder(switch.clone(), policy)
         .no_circuit_breaker()
         .build()
         .unwrap();
     let resetter = layer.resetter();
-    let down = switch.clone();
+    let store = switch.clone();
     let app = Router::new()
         .route(
             "/login",
             get(move |req: Request| async move {
-                if req.headers().contains_key("x-reset-bob") {
-                    let bob = attempt("bob", "x");
-                    resetter.reset(&RequestHead::of(&bob)).await.unwrap();
-                } else {
-                    down.set_down(true);
-                    let out = resetter.reset(&RequestHead::of(&req)).await;
-                    down.set_down(false);
-                    assert!(matches!(out, Err(ResetError::Store(_))), "{out:?}");
+                let mode = req.headers().get("x-mode").cloned();
+                match mode.as_ref().map(|v| v.as_bytes()) {
+                    Some(b"none") => {}
+                    // Bob's request, built with a copy of this one's extensions.
+                    Some(b"other") => {
+                        let mut bob = attempt("bob", "x");
+                        *bob.extensions_mut() = req.extensions().clone();
+                        resetter.reset(&RequestHead::of(&bob)).await.unwrap();
+                    }
+                    Some(b"failing") => {
+                        store.set_down(true);
+                        let out = resetter.reset(&RequestHead::of(&req)).await;
+                        store.set_down(false);
+                        assert!(matches!(out, Err(ResetError::Store(_))), "{out:?}");
+                    }
+                    // The store back between the check and the reset.
+                    Some(b"back") => {
+                        store.set_down(false);
+                        resetter.reset(&RequestHead::of(&req)).await.unwrap();
+                    }
+                    _ => resetter.reset(&RequestHead::of(&req)).await.unwrap(),
                 }
                 StatusCode::NO_CONTENT
             }),
         )
         .route_layer(layer);
-    let res = send(&app, with_header(attempt("carol", "x"), "x-reset-bob", "1")).await;
-    assert_eq!(res.status(), 204);
-    assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=2;t=20"));
-    let res = send(&app, attempt("dave", "x")).await;
-    assert_eq!(res.status(), 204);
-    assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=2;t=20"));
+    let attempt = |user: &str, mode: &str| with_header(attempt(user, "x"), "x-mode", mode);
+    let fields = |res: &axum::response::Response| {
+        (
+            header(res, "ratelimit").map(str::to_owned),
+            header(res, "ratelimit-policy").map(str::to_owned),
+        )
+    };
+    let told = |ratelimit: &str, policy: &str| (Some(ratelimit.into()), Some(policy.into()));
+    // The client's own reset, for comparison.
+    let res = send(&app, attempt("alice", "self")).await;
+    assert_eq!(fields(&res), told("\"login\";r=6", "\"login\";q=6;w=60"));
+    let res = send(&app, attempt("carol", "other")).await;
+    assert_eq!(
+        fields(&res),
+        told("\"login\";r=5;t=10", "\"login\";q=6;w=60")
+    );
+    let res = send(&app, attempt("dave", "failing")).await;
+    assert_eq!(
+        fields(&res),
+        told("\"login\";r=5;t=10", "\"login\";q=6;w=60")
+    );
+    // Let through by the fallback's local share; the reset then made in the store, which the
+    // check did not ask.
+    switch.set_down(true);
+    let reset = send(&app, attempt("erin", "back")).await;
+    switch.set_down(true);
+    let not_reset = send(&app, attempt("frank", "none")).await;
+    switch.set_down(false);
+    assert_eq!(reset.status(), 204);
+    assert_eq!(fields(&reset), fields(&not_reset));
+    assert_eq!(
+        fields(&reset),
+        told("\"login\";r=2;t=20", "\"login\";q=3;w=60")
+    );
 }
 
 /// Of two nested layers each with a `Resetter`, the one whose client the handler reset tells the
