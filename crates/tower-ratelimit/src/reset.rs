@@ -190,8 +190,8 @@ impl<St: Reset> Resetter<St> {
     /// [`Verdict`](crate::Verdict) keeps the decision of its own check. The layer marks the
     /// requests it lets through for this (in their extensions) once a `Resetter` of it has been
     /// made, so make it before serving. Not a request let through without the store's answer
-    /// (the store failed and the fallback's local share counted it, say): its fields tell that
-    /// count, which a reset does not refill.
+    /// (the store failed and the fallback's local share counted it, say): its fields keep the
+    /// count the layer found, as after a reset on a response.
     pub fn reset(
         &self,
         req: &RequestHead<'_>,
@@ -349,7 +349,7 @@ fn reset_key<St: Reset>(
 /// Set by a [`Resetter`] once it has reset the client of the request that carries it, so that
 /// the layer that let the request through writes the full quota in the response's fields (see
 /// `Shared::resetters`). In the request's extensions, among those of every layer that marked it
-/// ([`ResetMarks`]), each known by its layer's shared state.
+/// ([`ResetMarks`]), each known by its layer's policy and the key the layer checked.
 pub(crate) struct ResetMark {
     /// The layer's policy, known by its address (held, so that the address is not another
     /// layer's while the mark lives).

@@ -136,9 +136,9 @@ pub(crate) struct Shared<St> {
     /// ([`RateLimitLayerBuilder::reset_on`](crate::RateLimitLayerBuilder::reset_on)).
     pub(crate) reset_on: Option<ResetOn<St>>,
     /// A [`Resetter`](crate::Resetter) of this layer has been made: each request let through
-    /// with rate-limit fields to add carries a [`ResetMark`] in its extensions, which the
-    /// `Resetter` sets when it resets that request's client, so that the response tells the
-    /// full quota.
+    /// with rate-limit fields from the store's answer carries a [`ResetMark`] in its extensions,
+    /// which the `Resetter` sets when it resets that request's client, so that the response
+    /// tells the full quota (see `Shared::marks`).
     pub(crate) resetters: AtomicBool,
 }
 
@@ -414,30 +414,36 @@ impl Post {
 }
 
 impl<St> Shared<St> {
-    /// Marks `req`, let through with `post`, for the [`Resetter`](crate::Resetter)s of this
-    /// layer, if one has been made: the returned mark is set once a `Resetter` has reset the
-    /// client the layer checked (the key it extracts now), and the response's rate-limit fields
-    /// then tell the full quota. Not a request without fields to add, nor one let through without
-    /// the store's answer: its fields tell what the layer counted without the store (the
-    /// fallback's local share), which a reset in the store does not refill.
+    /// Whether a request let through with `post` is marked for the
+    /// [`Resetter`](crate::Resetter)s of this layer: one has been made, and the response gets
+    /// rate-limit fields from the store's answer. Not a request let through without the store's
+    /// answer (the fallback's local share counted it, say): its fields keep that count, as they
+    /// do after a reset on a response ([`reset_on`](crate::RateLimitLayerBuilder::reset_on)),
+    /// which skips the store for such a request.
+    #[inline]
+    pub(crate) fn marks(&self, post: Option<&Post>) -> bool {
+        self.resetters.load(Ordering::Relaxed)
+            && post.is_some_and(|p| p.headers && p.decision.is_some() && !p.without_store)
+    }
+
+    /// Marks `req`, let through with `post`, if [`marks`](Self::marks) says so: the returned
+    /// mark is set once a `Resetter` has reset the client the layer checked (the key it extracts
+    /// now), and the response's rate-limit fields then tell the full quota.
     #[inline]
     pub(crate) fn mark<B>(
         &self,
         req: &mut Request<B>,
         post: Option<&Post>,
     ) -> Option<Arc<ResetMark>> {
-        if !self.resetters.load(Ordering::Relaxed) {
+        if !self.marks(post) {
             return None;
         }
-        self.mark_for_resetters(req, post?)
+        self.mark_for_resetters(req)
     }
 
     #[cold]
     #[inline(never)]
-    fn mark_for_resetters<B>(&self, req: &mut Request<B>, post: &Post) -> Option<Arc<ResetMark>> {
-        if !post.headers || post.decision.is_none() || post.without_store {
-            return None;
-        }
+    fn mark_for_resetters<B>(&self, req: &mut Request<B>) -> Option<Arc<ResetMark>> {
         let rt = &self.rt;
         let mut key = rt.key_start.clone();
         rt.policy
@@ -795,11 +801,9 @@ where
                 None if !self.shared.resetters.load(Ordering::Relaxed) => {
                     ResponseFuture::inner(self.inner.call(req), post)
                 }
-                // Boxed and out of line, as the next.
-                None => ResponseFuture::waiting(self.call_marked(req, post)),
-                // Boxed, built out of line: a second way of building the inner future here
-                // would have it built aside and copied into place on every request.
-                Some(_) => ResponseFuture::waiting(self.call_then_reset(req, post)),
+                // Built out of line: a second way of building the inner future here would have
+                // it built aside and copied into place on every request.
+                _ => self.call_resettable(req, post),
             },
             Step::Respond(response) => {
                 let response = self
@@ -903,17 +907,18 @@ where
 }
 
 impl<S, St: Store, M> RateLimit<S, St, M> {
-    /// The request let through with `post`, marked first for the layer's
-    /// [`Resetter`](crate::Resetter)s (see `Shared::mark`); its response's fields tell the full
-    /// quota if a `Resetter` has reset its client by then. Boxed and out of line, off the path of
-    /// a layer without a `Resetter`, whose `Post` carries no mark.
+    /// The request let through with `post` by a layer that resets on a response or of which a
+    /// [`Resetter`](crate::Resetter) has been made: through
+    /// [`call_with_resets`](Self::call_with_resets) if either applies to it, else as by a layer
+    /// without (a request without fields to add, or let through without the store's answer,
+    /// is not marked).
     #[cold]
     #[inline(never)]
-    fn call_marked<ReqB, ResB>(
+    fn call_resettable<ReqB, ResB>(
         &mut self,
-        mut req: Request<ReqB>,
+        req: Request<ReqB>,
         post: Option<Post>,
-    ) -> Waiting<M::Body, S::Error>
+    ) -> ResponseFuture<S::Future, ResB, S::Error, M>
     where
         S: Service<Request<ReqB>, Response = Response<ResB>>,
         S::Future: Send + 'static,
@@ -921,22 +926,22 @@ impl<S, St: Store, M> RateLimit<S, St, M> {
         ResB: Send + 'static,
         M: BodyMode<ResB>,
     {
-        let mark = self.shared.mark(&mut req, post.as_ref());
-        let fut = self.inner.call(req);
-        Box::pin(async move {
-            let response = fut.await?;
-            let reset = mark.is_some_and(|mark| mark.is_set());
-            Ok(Post::apply_some::<M, ResB>(post, response, reset))
-        })
+        if self.shared.reset_on.is_none() && !self.shared.marks(post.as_ref()) {
+            return ResponseFuture::inner(self.inner.call(req), post);
+        }
+        ResponseFuture::waiting(self.call_with_resets(req, post))
     }
 
-    /// The request let through (with `post`, which a layer that resets always has), then the
-    /// client's count reset if the inner service's response meets the layer's condition, before
-    /// the response is returned: the client's next request counts from a full quota. Out of
-    /// line, off the path of a layer without the condition.
+    /// The request let through with `post`, for a layer that resets: with the layer's condition
+    /// ([`reset_on`](crate::RateLimitLayerBuilder::reset_on)), the client's count reset if the
+    /// inner service's response meets it, before the response is returned, so that the client's
+    /// next request counts from a full quota; with a [`Resetter`](crate::Resetter), the request
+    /// marked for it first (see `Shared::mark`). The response's fields tell the full quota if
+    /// either reset forgot the client's count. Boxed and out of line, off the path of a layer
+    /// without either.
     #[cold]
     #[inline(never)]
-    fn call_then_reset<ReqB, ResB>(
+    fn call_with_resets<ReqB, ResB>(
         &mut self,
         mut req: Request<ReqB>,
         post: Option<Post>,

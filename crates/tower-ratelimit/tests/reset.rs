@@ -9,16 +9,17 @@ use std::time::Duration;
 use axum::Router;
 use axum::extract::{Request, State};
 use axum::http::StatusCode;
+use axum::response::IntoResponse;
 use axum::routing::get;
 use common::{
     FailingStore, HangingStore, SwitchStore, header, request, send, statuses, store, with_header,
 };
 use http::HeaderValue;
-use ratelimit_core::{Algorithm, Decision, DenialCache, Limit, ManualClock, MemoryStore, Quota};
+use ratelimit_core::{Algorithm, DenialCache, Limit, ManualClock, MemoryStore, Quota};
 use tower_ratelimit::key::ApiKeyHeader;
 use tower_ratelimit::{
     CircuitBreaker, CircuitState, FailurePolicy, Headers, MissingKey, Policy, RateLimitLayer,
-    RequestHead, ResetError, Resetter, Store, Verdict, VerdictKind,
+    RequestHead, ResetError, Resetter, Store,
 };
 
 fn login_limit() -> Limit {
@@ -97,13 +98,7 @@ async fn a_handlers_reset_response_tells_the_full_quota() {
         );
         let res = send(&app, attempt("alice", "hunter2")).await;
         assert_eq!(res.status(), 204);
-        assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=3"));
-        assert_eq!(header(&res, "ratelimit-policy"), Some("\"login\";q=3;w=60"));
-        assert_eq!(header(&res, "x-ratelimit-remaining"), Some("3"));
-        assert_eq!(header(&res, "x-ratelimit-reset"), Some("0"));
-        let verdict = res.extensions().get::<Verdict>().unwrap();
-        assert_eq!(verdict.kind(), VerdictKind::Allowed);
-        assert_eq!(verdict.decision().map(Decision::remaining), Some(0));
+        common::assert_tells_the_full_quota_after_its_last_unit(&res);
         // And so it is.
         let res = send(&app, attempt("alice", "guess")).await;
         assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=2;t=20"));
@@ -199,6 +194,46 @@ async fn a_response_tells_the_full_quota_only_after_its_clients_reset() {
         fields(&reset),
         told("\"login\";r=2;t=20", "\"login\";q=3;w=60")
     );
+}
+
+/// A layer that also resets on a response: the response tells the full quota after either
+/// reset, the handler's or the layer's own, and the check's count after neither.
+#[tokio::test]
+async fn with_reset_on_either_reset_tells_the_full_quota() {
+    let (_clock, memory) = store();
+    let policy = login_policy().headers(Headers::ietf().legacy(true));
+    let layer = RateLimitLayer::builder(memory, policy)
+        .reset_on(|res| res.headers().contains_key("x-signed-in"))
+        .build()
+        .unwrap();
+    let resetter = layer.resetter();
+    let app = Router::new()
+        .route(
+            "/login",
+            get(move |req: Request| async move {
+                let mode = req.headers().get("x-mode").cloned();
+                match mode.as_ref().map(|v| v.as_bytes()) {
+                    Some(b"handler") => {
+                        resetter.reset(&RequestHead::of(&req)).await.unwrap();
+                        StatusCode::NO_CONTENT.into_response()
+                    }
+                    Some(b"layer") => {
+                        ([("x-signed-in", "1")], StatusCode::NO_CONTENT).into_response()
+                    }
+                    _ => StatusCode::UNAUTHORIZED.into_response(),
+                }
+            }),
+        )
+        .route_layer(layer);
+    let attempt = |mode: &str| with_header(attempt("alice", "x"), "x-mode", mode);
+    for mode in ["handler", "layer"] {
+        assert_eq!(statuses(&app, || attempt("none"), 2).await, [401, 401]);
+        let res = send(&app, attempt(mode)).await;
+        assert_eq!(res.status(), 204, "{mode}");
+        common::assert_tells_the_full_quota_after_its_last_unit(&res);
+    }
+    let res = send(&app, attempt("none")).await;
+    assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=2;t=20"));
 }
 
 /// Of two nested layers each with a `Resetter`, the one whose client the handler reset tells the

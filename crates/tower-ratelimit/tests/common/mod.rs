@@ -76,6 +76,21 @@ pub fn header<'a, B>(res: &'a Response<B>, name: &str) -> Option<&'a str> {
     res.headers().get(name).map(|v| v.to_str().unwrap())
 }
 
+/// Asserts that `res`, a response whose client the layer's `"login"` policy (3 a minute, IETF
+/// and legacy fields) found with its last unit and then reset, tells the full quota the
+/// client's next request starts from, while its verdict keeps the check's decision (none left).
+pub fn assert_tells_the_full_quota_after_its_last_unit<B>(res: &Response<B>) {
+    use tower_ratelimit::{Verdict, VerdictKind};
+    assert_eq!(header(res, "ratelimit"), Some("\"login\";r=3"));
+    assert_eq!(header(res, "ratelimit-policy"), Some("\"login\";q=3;w=60"));
+    assert_eq!(header(res, "x-ratelimit-limit"), Some("3"));
+    assert_eq!(header(res, "x-ratelimit-remaining"), Some("3"));
+    assert_eq!(header(res, "x-ratelimit-reset"), Some("0"));
+    let verdict = res.extensions().get::<Verdict>().unwrap();
+    assert_eq!(verdict.kind(), VerdictKind::Allowed);
+    assert_eq!(verdict.decision().map(Decision::remaining), Some(0));
+}
+
 /// Every line of the field `name`, in order.
 #[allow(dead_code)]
 pub fn header_lines<'a, B>(res: &'a Response<B>, name: &str) -> Vec<&'a str> {
