@@ -2,7 +2,8 @@
 //! Redis; gateway A holds a `DenialCache` in front of its store and serves an admin route that
 //! resets a user through the login layer's `Resetter`; gateway B has no cache. After the reset
 //! both admit the user again (A's cached denial ended with the reset, the shared state is gone),
-//! and another user's count is untouched. With resets announced through Redis and watched, a
+//! and another user's count is untouched. A sign-in handler that resets its own user answers
+//! with the full quota in its fields. With resets announced through Redis and watched, a
 //! reset through either of two caching gateways ends the other's cached denial at once. And a
 //! reset the layer makes itself
 //! (`RateLimitLayerBuilder::reset_on`): two gateways in front of a real sign-in service forget a
@@ -121,6 +122,68 @@ async fn a_reset_on_one_gateway_lets_the_user_in_on_every_gateway() {
         .await
         .expect("request");
     assert_eq!(no_key.status().as_u16(), 400);
+}
+
+/// A sign-in handler that resets its own user through the login layer's `Resetter`, over a real
+/// Redis (whose checks wait for their answer): the success's response tells the full quota, the
+/// user's keys are gone from Redis, and the next attempt counts from there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handlers_reset_over_redis_tells_the_full_quota() {
+    let redis = RedisServer::start();
+    let store = store_builder(&redis.url())
+        .response_timeout(Duration::from_secs(2))
+        .build()
+        .await
+        .expect("store");
+    let layer = login_layer(store.clone());
+    async fn sign_in(
+        State(limits): State<Resetter<ratelimit_redis::RedisStore>>,
+        req: Request,
+    ) -> StatusCode {
+        if req
+            .headers()
+            .get("x-password")
+            .is_none_or(|p| p != "hunter2")
+        {
+            return StatusCode::UNAUTHORIZED;
+        }
+        match limits.reset(&RequestHead::of(&req)).await {
+            Ok(()) => StatusCode::NO_CONTENT,
+            Err(_) => StatusCode::SERVICE_UNAVAILABLE,
+        }
+    }
+    let app = TestApp::serve(
+        Router::new()
+            .route("/login", get(sign_in).route_layer(layer.clone()))
+            .with_state(layer.resetter()),
+    )
+    .await;
+    let client = reqwest::Client::new();
+    let attempt = |password: &str| {
+        client
+            .get(app.url("/login"))
+            .header("x-user", "alice")
+            .header("x-password", password)
+            .send()
+    };
+    let field = |r: &reqwest::Response| {
+        r.headers()
+            .get("ratelimit")
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned)
+    };
+    for _ in 0..2 {
+        assert_eq!(attempt("guess").await.expect("request").status(), 401);
+    }
+    let success = attempt("hunter2").await.expect("request");
+    assert_eq!(success.status().as_u16(), 204);
+    assert_eq!(field(&success).as_deref(), Some("\"login\";r=3"));
+    for key in store.state_keys(b"login\0alice", &per_minute(3)) {
+        assert_eq!(redis.cli(&["exists", &key]), "0", "{key}");
+    }
+    let next = attempt("guess").await.expect("request");
+    assert_eq!(next.status().as_u16(), 401);
+    assert_eq!(field(&next).as_deref(), Some("\"login\";r=2;t=20"));
 }
 
 /// Two gateways, each with a `DenialCache` in front of one real Redis and a reset watch: a user
