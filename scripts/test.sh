@@ -32,6 +32,14 @@ if [ "${#missing[@]}" -gt 0 ]; then
   $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 redis-server --version
+# The build takes about 4.5 GB under target/ (README, "Development"); a full disk shows up as a
+# linker's bus error or "No space left on device" in the middle of it, so say so first.
+target_dir=${CARGO_TARGET_DIR:-target}
+mkdir -p "$target_dir"
+free_kb=$(df -Pk "$target_dir" | awk 'NR == 2 {print $4}')
+if [ -n "$free_kb" ] && [ "$free_kb" -lt $((6 * 1024 * 1024)) ]; then
+  echo "test.sh: warning: $((free_kb / 1024)) MB free for $target_dir; the test build takes about 4.5 GB" >&2
+fi
 # The scripts need Redis 7.0 or later (docs/redis.md): an older one fails the tests confusingly.
 redis_major=$(redis-server --version | sed -n 's/.* v=\([0-9]*\)\..*/\1/p')
 if [ -z "$redis_major" ] || [ "$redis_major" -lt 7 ]; then
