@@ -22,7 +22,7 @@ use crate::body::{BodyMode, WrapBody};
 use crate::circuit_breaker::{
     Admit, Breaker, BreakerCheck, CircuitState, FRESH, Probe, StoreCheck, TimedOut,
 };
-use crate::future::{ResponseFuture, Waiting};
+use crate::future::ResponseFuture;
 use crate::key::KeyBuf;
 use crate::log_gate::LogGate;
 use crate::metrics::{FailureKind, Metrics};
@@ -908,15 +908,19 @@ where
 
 impl<S, St: Store, M> RateLimit<S, St, M> {
     /// The request let through with `post` by a layer that resets on a response or of which a
-    /// [`Resetter`](crate::Resetter) has been made: through
-    /// [`call_with_resets`](Self::call_with_resets) if either applies to it, else as by a layer
-    /// without (a request without fields to add, or let through without the store's answer,
-    /// is not marked).
+    /// [`Resetter`](crate::Resetter) has been made. With the layer's condition
+    /// ([`reset_on`](crate::RateLimitLayerBuilder::reset_on)), the client's count is reset if the
+    /// inner service's response meets it, before the response is returned, so that the client's
+    /// next request counts from a full quota; with a `Resetter`, the request is marked for it
+    /// first (see `Shared::mark`). The response's fields tell the full quota if either reset
+    /// forgot the client's count. Boxed, and out of line, off the path of a layer without
+    /// either; a request neither applies to (no condition, and not marked: no fields to add, or
+    /// let through without the store's answer) goes as through such a layer.
     #[cold]
     #[inline(never)]
     fn call_resettable<ReqB, ResB>(
         &mut self,
-        req: Request<ReqB>,
+        mut req: Request<ReqB>,
         post: Option<Post>,
     ) -> ResponseFuture<S::Future, ResB, S::Error, M>
     where
@@ -929,37 +933,15 @@ impl<S, St: Store, M> RateLimit<S, St, M> {
         if self.shared.reset_on.is_none() && !self.shared.marks(post.as_ref()) {
             return ResponseFuture::inner(self.inner.call(req), post);
         }
-        ResponseFuture::waiting(self.call_with_resets(req, post))
-    }
-
-    /// The request let through with `post`, for a layer that resets: with the layer's condition
-    /// ([`reset_on`](crate::RateLimitLayerBuilder::reset_on)), the client's count reset if the
-    /// inner service's response meets it, before the response is returned, so that the client's
-    /// next request counts from a full quota; with a [`Resetter`](crate::Resetter), the request
-    /// marked for it first (see `Shared::mark`). The response's fields tell the full quota if
-    /// either reset forgot the client's count. Boxed and out of line, off the path of a layer
-    /// without either.
-    #[cold]
-    #[inline(never)]
-    fn call_with_resets<ReqB, ResB>(
-        &mut self,
-        mut req: Request<ReqB>,
-        post: Option<Post>,
-    ) -> Waiting<M::Body, S::Error>
-    where
-        S: Service<Request<ReqB>, Response = Response<ResB>>,
-        S::Future: Send + 'static,
-        S::Error: Send + 'static,
-        ResB: Send + 'static,
-        M: BodyMode<ResB>,
-    {
         let plan = self
             .shared
             .reset_plan(post.as_ref(), &RequestHead::of(&req));
         let mark = self.shared.mark(&mut req, post.as_ref());
         let shared = self.shared.clone();
         let fut = self.inner.call(req);
-        Box::pin(async move { forwarded::<M, _, _, _, _>(&shared, fut, post, plan, mark).await })
+        ResponseFuture::waiting(Box::pin(async move {
+            forwarded::<M, _, _, _, _>(&shared, fut, post, plan, mark).await
+        }))
     }
 }
 
