@@ -76,6 +76,19 @@ fn ours_on(store: MemoryStore, quota: Quota, headers: Headers, lean: bool) -> Ro
     }
 }
 
+/// Our layer with the default policy and the fields, of which a `Resetter` has been made (and
+/// dropped: the layer marks its requests all the same), as a gateway's admin route or a sign-in
+/// route makes one. Every allowed request carries a mark for a handler's reset.
+fn ours_resetting(quota: Quota) -> Router {
+    let limit = Limit::single(Algorithm::TokenBucket, quota).unwrap();
+    let policy = Policy::new("bench", limit)
+        .unwrap()
+        .headers(Headers::ietf());
+    let layer = RateLimitLayer::new(MemoryStore::new(), policy).unwrap();
+    drop(layer.resetter());
+    bare().layer(layer)
+}
+
 fn governor_with_headers(per_nanos: u64, burst: u32) -> Router {
     let config = GovernorConfigBuilder::default()
         .per_nanosecond(per_nanos)
@@ -172,6 +185,7 @@ fn apps() -> Vec<(&'static str, Router, u16)> {
             ours(plenty, Headers::ietf(), false),
             200,
         ),
+        ("ours/allowed/headers/resetter", ours_resetting(plenty), 200),
         (
             "ours/denied/headers",
             ours(scarce, Headers::ietf(), false),

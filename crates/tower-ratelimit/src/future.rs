@@ -4,12 +4,14 @@ use std::fmt;
 use std::future::Future;
 use std::marker::PhantomData;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::Response;
 use pin_project_lite::pin_project;
 
 use crate::body::{BodyMode, WrapBody};
+use crate::reset::ResetMark;
 use crate::service::Post;
 
 pub(crate) type Waiting<R, E> =
@@ -29,7 +31,8 @@ pin_project! {
     {
         #[pin]
         kind: Kind<F, M::Body, E>,
-        // What to add to the inner service's response (`Kind::Inner` only), taken when it comes.
+        // What to add to the inner service's response (`Kind::Inner` and `Kind::Marked` only),
+        // taken when it comes.
         // Beside the enum rather than in its variant, so that the inner future is written in
         // place when `call` builds this one.
         post: Option<Post>,
@@ -41,6 +44,9 @@ pin_project! {
     #[project = KindProj]
     enum Kind<F, R, E> {
         Inner { #[pin] fut: F },
+        // The inner service's future for a request marked for a `Resetter` (see
+        // `Shared::mark`): if a handler reset the client, the fields tell the full quota.
+        Marked { #[pin] fut: F, mark: Arc<ResetMark> },
         Ready { response: Option<Response<R>> },
         Waiting { fut: Waiting<R, E> },
     }
@@ -50,6 +56,15 @@ impl<F, B, E, M: BodyMode<B>> ResponseFuture<F, B, E, M> {
     pub(crate) fn inner(fut: F, post: Option<Post>) -> Self {
         ResponseFuture {
             kind: Kind::Inner { fut },
+            post,
+            _mode: PhantomData,
+        }
+    }
+
+    /// [`inner`](Self::inner) for a request marked for a `Resetter`.
+    pub(crate) fn marked(fut: F, post: Option<Post>, mark: Arc<ResetMark>) -> Self {
+        ResponseFuture {
+            kind: Kind::Marked { fut, mark },
             post,
             _mode: PhantomData,
         }
@@ -77,7 +92,7 @@ impl<F, B, E, M: BodyMode<B>> ResponseFuture<F, B, E, M> {
 impl<F, B, E, M: BodyMode<B>> fmt::Debug for ResponseFuture<F, B, E, M> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.kind {
-            Kind::Inner { .. } => "Inner",
+            Kind::Inner { .. } | Kind::Marked { .. } => "Inner",
             Kind::Ready { .. } => "Ready",
             Kind::Waiting { .. } => "Waiting",
         };
@@ -94,6 +109,7 @@ where
 {
     type Output = Result<Response<M::Body>, E>;
 
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         match this.kind.project() {
@@ -109,6 +125,15 @@ where
                     && let Some(post) = this.post.take()
                 {
                     post.apply_to(response);
+                }
+                out
+            }
+            KindProj::Marked { fut, mark } => {
+                let mut out = M::poll_inner(fut, cx);
+                if let Poll::Ready(Ok(response)) = &mut out
+                    && let Some(post) = this.post.take()
+                {
+                    post.apply_after_reset(response, mark.is_set());
                 }
                 out
             }

@@ -334,7 +334,10 @@ pub(crate) struct Post {
     rt: Arc<Rt>,
     kind: VerdictKind,
     decision: Option<Decision>,
-    tier: usize,
+    /// The tier's index, in 32 bits (a policy's tiers are far fewer, each holding a `Limit`):
+    /// the 8 bytes this saves keep the response future's size when it carries a `Resetter`'s
+    /// mark (`Kind::Marked`), so the future the inner service's router moves is no larger.
+    tier: u32,
     headers: bool,
     verdict: bool,
     /// Let through without the store's answer (failed open, by the fallback, a dry run's
@@ -367,13 +370,19 @@ impl Post {
         self.apply(response, false);
     }
 
+    /// [`apply`](Self::apply), out of line: for a request marked for a `Resetter`.
+    #[inline(never)]
+    pub(crate) fn apply_after_reset<R>(self, response: &mut Response<R>, after_reset: bool) {
+        self.apply(response, after_reset);
+    }
+
     /// [`apply_to`](Self::apply_to); if `after_reset`, the fields tell the full quota the
     /// client's count was reset to instead of the check's decision (the verdict keeps the
     /// check's).
     #[inline(always)]
     fn apply<R>(self, response: &mut Response<R>, after_reset: bool) {
         if let (true, Some(d)) = (self.headers, &self.decision) {
-            let tier = &self.rt.tiers[self.tier];
+            let tier = &self.rt.tiers[self.tier as usize];
             let full;
             let d = if after_reset {
                 full = tier.full();
@@ -393,7 +402,7 @@ impl Post {
                 self.rt,
                 self.kind,
                 self.decision,
-                self.tier,
+                self.tier as usize,
             ));
         }
     }
@@ -477,7 +486,7 @@ impl<St: Store> Shared<St> {
             rt: rt.clone(),
             kind,
             decision,
-            tier,
+            tier: tier as u32,
             headers,
             verdict,
             without_store: false,
@@ -913,9 +922,10 @@ impl<S, St: Store, M> RateLimit<S, St, M> {
     /// inner service's response meets it, before the response is returned, so that the client's
     /// next request counts from a full quota; with a `Resetter`, the request is marked for it
     /// first (see `Shared::mark`). The response's fields tell the full quota if either reset
-    /// forgot the client's count. Boxed, and out of line, off the path of a layer without
-    /// either; a request neither applies to (no condition, and not marked: no fields to add, or
-    /// let through without the store's answer) goes as through such a layer.
+    /// forgot the client's count. Out of line, off the path of a layer without either. With a
+    /// condition the future is boxed (the reset is waited for after the response); a mark alone
+    /// needs no box. A request neither applies to (no condition, and not marked: no fields to
+    /// add, or let through without the store's answer) goes as through such a layer.
     #[cold]
     #[inline(never)]
     fn call_resettable<ReqB, ResB>(
@@ -930,8 +940,12 @@ impl<S, St: Store, M> RateLimit<S, St, M> {
         ResB: Send + 'static,
         M: BodyMode<ResB>,
     {
-        if self.shared.reset_on.is_none() && !self.shared.marks(post.as_ref()) {
-            return ResponseFuture::inner(self.inner.call(req), post);
+        if self.shared.reset_on.is_none() {
+            // A mark alone needs nothing waited for after the response: no box.
+            return match self.shared.mark(&mut req, post.as_ref()) {
+                Some(mark) => ResponseFuture::marked(self.inner.call(req), post, mark),
+                None => ResponseFuture::inner(self.inner.call(req), post),
+            };
         }
         let plan = self
             .shared

@@ -111,6 +111,39 @@ async fn a_handlers_reset_response_tells_the_full_quota() {
     signs_in(RateLimitLayer::new(waits, policy()).unwrap()).await;
 }
 
+/// A handler that waits before and after its reset (its future pending at the layer's polls)
+/// still gets the full quota on its response, and the fields only once: the mark is read when
+/// the response comes, not at the first poll.
+#[tokio::test]
+async fn a_handler_that_waits_around_its_reset_tells_the_full_quota() {
+    async fn login(State(limits): State<Resetter<common::TestStore>>, req: Request) -> StatusCode {
+        tokio::task::yield_now().await;
+        if req.headers().get("x-password") != Some(&HeaderValue::from_static("hunter2")) {
+            return StatusCode::UNAUTHORIZED;
+        }
+        limits.reset(&RequestHead::of(&req)).await.unwrap();
+        tokio::task::yield_now().await;
+        StatusCode::NO_CONTENT
+    }
+    let (_clock, memory) = store();
+    let policy = login_policy().headers(Headers::ietf().legacy(true));
+    let layer = RateLimitLayer::new(memory, policy).unwrap();
+    let app = Router::new()
+        .route("/login", get(login))
+        .route_layer(layer.clone())
+        .with_state(layer.resetter());
+    assert_eq!(
+        statuses(&app, || attempt("alice", "guess"), 2).await,
+        [401, 401]
+    );
+    let res = send(&app, attempt("alice", "hunter2")).await;
+    assert_eq!(res.status(), 204);
+    common::assert_tells_the_full_quota_after_its_last_unit(&res);
+    assert_eq!(res.headers().get_all("ratelimit").iter().count(), 1);
+    let res = send(&app, attempt("alice", "guess")).await;
+    assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=2;t=20"));
+}
+
 /// A response tells the full quota only if the handler reset the very client the layer checked,
 /// through the store the check asked: not after a reset of another client (even one made from a
 /// request carrying this one's extensions), nor after a reset that failed, nor for a request the
