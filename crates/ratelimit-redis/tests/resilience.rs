@@ -278,6 +278,10 @@ async fn a_write_the_user_may_not_make_leaves_nothing_written() {
             without("rpush")
         ))
         .config(format!(
+            "user nolset on >p4ss resetkeys ~acl-rl:* -@all {}",
+            without("lset")
+        ))
+        .config(format!(
             "user nodel on >p4ss resetkeys ~acl-rl:* resetchannels &acl-rl:resets -@all \
              {LEAST_PRIVILEGE} +publish"
         ))
@@ -311,6 +315,31 @@ async fn a_write_the_user_may_not_make_leaves_nothing_written() {
             assert_eq!(peek.remaining(), 3, "{user}");
             assert_eq!(keys(), "", "{user}");
         }
+    }
+
+    // The batch form (what `Coalescing` sends for concurrent checks of one key) is refused the
+    // same way, with nothing written, even where only a later cost of the batch would make the
+    // write refused: at one instant the first cost pushes an entry and the next ones merge into
+    // it (`LSET`). Before, the refusal of one cost was dropped from the batch's reply, so the
+    // whole batch failed as an unexpected reply, the first cost counted.
+    for user in ["nohset", "nopexpire", "norpush", "nolset"] {
+        let store = common::acl_store(server.port(), user, "p4ss")
+            .build()
+            .await
+            .unwrap();
+        let limit = Limit::single(Algorithm::SlidingLog, Quota::per_minute(3).unwrap()).unwrap();
+        for costs in [&[1, 1][..], &[1, 1, 1], &[5, 1]] {
+            let err = store.check_many(b"u", &limit, costs).await.unwrap_err();
+            assert!(err.is_refused_credentials(), "{user} {costs:?}: {err:?}");
+            assert!(
+                matches!(&err, RedisStoreError::Redis(e) if e.code() == Some("NOPERM")),
+                "{user} {costs:?}: {err:?}"
+            );
+            assert_eq!(keys(), "", "{user} {costs:?}");
+        }
+        // A batch of peeks writes nothing, and is answered.
+        let peeks = store.check_many(b"u", &limit, &[0, 0]).await.unwrap();
+        assert!(peeks.iter().all(|d| d.remaining() == 3), "{user}: {peeks:?}");
     }
 
     // An announced reset by a user that may publish but not delete: refused before publishing.

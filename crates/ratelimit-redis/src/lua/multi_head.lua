@@ -6,6 +6,7 @@
 -- Reply: the single-cost reply for each cost (six integers, or the one integer of a level reply),
 -- concatenated, in order.
 
+MULTI_ = true
 local COSTS_ = {}
 for c in string.gmatch(ARGV[2], '[^,]+') do COSTS_[#COSTS_ + 1] = tonumber(c) end
 

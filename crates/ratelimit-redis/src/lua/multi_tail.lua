@@ -7,6 +7,10 @@ for i_ = 1, #COSTS_ do
   local r_ = one_()
   if type(r_) == 'number' then
     out_[#out_ + 1] = r_
+  elseif r_.err then
+    -- A cost refused (the sliding log's `refused`, before the batch's first write): the whole
+    -- batch is, with that error.
+    return r_
   else
     for j_ = 1, 6 do out_[#out_ + 1] = r_[j_] end
   end

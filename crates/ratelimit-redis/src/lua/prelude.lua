@@ -44,6 +44,9 @@ end
 local COST = tonumber(ARGV[2])
 local N = ARGV[3] + 0
 local SLACK_MS = ARGV[4] + 0
+-- The multi-cost form (multi_head.lua) sets MULTI_; the sliding log asks Redis for every write
+-- command it may make once per batch (MULTI_WRITES_OK_ once granted): see sliding_log.lua.
+local MULTI_, MULTI_WRITES_OK_ = false, false
 local floor, ceil = math.floor, math.ceil
 -- Stored state: two or three integers joined by ':', split by one string.match.
 local PAIR, TRIPLE = '^(%-?%d+):(%-?%d+)$', '^(%-?%d+):(%-?%d+):(%-?%d+)$'

@@ -174,10 +174,27 @@ local function refused(command)
     command))
 end
 
+-- In a batch (the multi-cost form) a later cost may make a write this one does not (the first
+-- cost appends an entry, the next ones, at the same instant, rewrite it), and the earlier cost's
+-- writes would stay: every write command the log makes is asked for once, before the batch's
+-- first write, so that a missing right refuses the whole batch with nothing written.
+local function refused_in_batch()
+  if MULTI_WRITES_OK_ then return nil end
+  local no = refused('hset') or refused('pexpire') or refused('rpush') or refused('lset')
+    or refused('ltrim')
+  MULTI_WRITES_OK_ = not no
+  return no
+end
+
 if b[1] == 0 then
   if COST > 0 then
-    local no = refused('hset') or refused('pexpire') or (merges and refused('lset'))
-      or (pushes and refused('rpush')) or (trims and refused('ltrim'))
+    local no
+    if MULTI_ then
+      no = refused_in_batch()
+    else
+      no = refused('hset') or refused('pexpire') or (merges and refused('lset'))
+        or (pushes and refused('rpush')) or (trims and refused('ltrim'))
+    end
     if no then return no end
     local args = {}
     for i = 1, N do
@@ -203,7 +220,8 @@ else
   -- trim), so that the next checks need not recount, and that hash's expiry (a hash lost apart
   -- from its lists comes back without one; the lists keep theirs).
   if repairs then
-    local no = refused('hset') or refused('pexpire')
+    local no
+    if MULTI_ then no = refused_in_batch() else no = refused('hset') or refused('pexpire') end
     if no then return no end
     redis.call('HSET', hkey, unpack(repairs))
     redis.call('PEXPIRE', hkey, ttl_ms(fresh_before))
