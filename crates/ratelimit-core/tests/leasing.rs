@@ -1051,6 +1051,70 @@ impl Store for Distant {
     }
 }
 
+/// A store whose answer takes `delay` of the shared manual clock to come back after the store
+/// decided (the reply's trip across the network).
+struct SlowReply {
+    store: Arc<MemoryStore<ManualClock>>,
+    clock: ManualClock,
+    delay: Duration,
+}
+
+impl Store for SlowReply {
+    type Error = NoError;
+    type Future = std::future::Ready<Result<ratelimit_core::Decision, NoError>>;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        let d = self.store.check_now(key, limit, cost);
+        self.clock.advance(self.delay);
+        std::future::ready(Ok(d))
+    }
+}
+
+/// A `DenialCache` over `Leasing` denies nothing the store would admit. An admission the lease
+/// answered reports the store's reset counted from when the lease's answer came (so that it is
+/// never before the store's), later than the store measured it; a denial implied from it would
+/// outlast the store's by the reply's trip. Before, it did: with a 5 ms reply, the check at
+/// 100 ms of a token bucket of 10 a second, whose store had a unit again, was denied for 5 ms
+/// more, and so was the first check of a fixed window's next second.
+#[test]
+fn a_denial_cache_over_leasing_denies_nothing_the_store_admits() {
+    for (alg, at) in [
+        (Algorithm::TokenBucket, Duration::from_millis(100)),
+        (Algorithm::Gcra, Duration::from_millis(100)),
+        (Algorithm::FixedWindow, Duration::from_secs(1)),
+    ] {
+        let start = Timestamp::from_secs(1_000);
+        let clock = ManualClock::starting_at(start);
+        let store = memory(&clock);
+        let slow = SlowReply {
+            store: Arc::clone(&store),
+            clock: clock.clone(),
+            delay: Duration::from_millis(5),
+        };
+        let leasing = Leasing::builder(slow, clock.clone())
+            .lease_size(10)
+            .build()
+            .unwrap();
+        let cache = DenialCache::new(leasing, clock.clone());
+        let limit = Limit::single(alg, Quota::per_second(10).unwrap()).unwrap();
+        for i in 0..10 {
+            let d = block_on(cache.check(b"k", &limit, 1)).unwrap();
+            assert!(d.is_allowed(), "{alg}: check {i}: {d:?}");
+        }
+        assert_eq!(cache.get_ref().stats().store_calls, 1, "{alg}: one lease");
+        clock.set(Timestamp::from_micros(
+            start.as_micros() + at.as_micros() as u64,
+        ));
+        let peek = store.check_now(b"k", &limit, 0);
+        assert!(
+            peek.remaining() >= 1,
+            "{alg}: the store admits one: {peek:?}"
+        );
+        let d = block_on(cache.check(b"k", &limit, 1)).unwrap();
+        assert!(d.is_allowed(), "{alg}: at {at:?}: {d:?}");
+    }
+}
+
 /// A hot key whose leases would live (`L / r`) no longer than the round trip that brings them:
 /// taken at `L` = 2 as before, each arrived nearly expired, so each check took two units from
 /// the store and used one, and the key was denied at about half its rate. Now such a key stays
@@ -2199,8 +2263,10 @@ fn check_cached_spends_a_lease_and_passes_on_a_cached_denial() {
 
 /// A denial cache over leasing takes a leased unit that `check_cached` spends in as `check` does:
 /// the lease's last unit, with the store's window spent, implies a denial until the window ends,
-/// which the cache then answers (a client spending its lease while the layer's circuit is open is
-/// denied after it, as it would be with the circuit closed).
+/// which the cache then answers to `check_cached` (a client spending its lease while the layer's
+/// circuit is open is denied after it, as it would be with the circuit closed). Not to `check`,
+/// which asks the store (a leased unit's reset counts from when the lease came, so the denial it
+/// implies may outlast the store's by that round trip), and caches the store's denial.
 #[test]
 fn a_denial_cache_over_leasing_takes_in_the_units_check_cached_spends() {
     let clock = ManualClock::new();
@@ -2234,6 +2300,10 @@ fn a_denial_cache_over_leasing_takes_in_the_units_check_cached_spends() {
         (stats.hits, stats.store_calls),
         "no store call was to be made"
     );
-    // And `check` agrees.
-    assert!(block_on(cache.check(b"k", &limit, 1)).unwrap().is_cached());
+    // `check` asks the store, which denies too; its denial is then cached.
+    let asked = block_on(cache.check(b"k", &limit, 1)).unwrap();
+    assert!(asked.is_denied() && !asked.is_cached(), "{asked:?}");
+    assert_eq!(cache.stats().store_calls, stats.store_calls + 1);
+    let again = block_on(cache.check(b"k", &limit, 1)).unwrap();
+    assert!(again.is_denied() && again.is_cached(), "{again:?}");
 }

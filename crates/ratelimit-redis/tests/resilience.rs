@@ -339,7 +339,10 @@ async fn a_write_the_user_may_not_make_leaves_nothing_written() {
         }
         // A batch of peeks writes nothing, and is answered.
         let peeks = store.check_many(b"u", &limit, &[0, 0]).await.unwrap();
-        assert!(peeks.iter().all(|d| d.remaining() == 3), "{user}: {peeks:?}");
+        assert!(
+            peeks.iter().all(|d| d.remaining() == 3),
+            "{user}: {peeks:?}"
+        );
     }
 
     // An announced reset by a user that may publish but not delete: refused before publishing.
