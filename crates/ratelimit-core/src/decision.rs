@@ -47,7 +47,8 @@ pub struct Decision {
     limit: u64,
     remaining: u64,
     /// The kind in the low byte, the quota index in the 32 bits above it, the violated quotas in
-    /// the byte above that (see [`VIOLATED_SHIFT`]), and [`CACHED`] at the top: one word, so
+    /// the byte above that (see [`VIOLATED_SHIFT`]), a cached answer's reset lag above that (see
+    /// [`LAG_SHIFT`]), and [`CACHED`] at the top: one word, so
     /// that a decision is written with whole-word stores and read back without a store-forwarding
     /// stall (a `u32` and a `u8` written apart and then copied as one word stalled every check,
     /// about 2 ns here).
@@ -64,6 +65,18 @@ const CACHED: u64 = 1 << 63;
 const VIOLATED_SHIFT: u32 = 40;
 const VIOLATED: u64 = 0xff << VIOLATED_SHIFT;
 
+/// Where a decision's tag keeps how much later than the store's own its reset may be counted:
+/// an admission [`Leasing`](crate::Leasing) answered from a lease counts the store's reset from
+/// when the lease came back (so that a client is never told a reset before the store's), up to
+/// that round trip after the store measured it. In units of [`LAG_UNIT_US`], rounded up; all
+/// ones for a lag too long to keep. Not part of the decision's value, like [`CACHED`]; read by
+/// [`DenialCache`](crate::DenialCache), whose denials must never outlast the store's.
+const LAG_SHIFT: u32 = 48;
+const LAG_MAX: u64 = 0x7fff;
+const LAG: u64 = LAG_MAX << LAG_SHIFT;
+/// 16 µs: a lag of up to half a second is kept.
+const LAG_UNIT_US: u64 = 16;
+
 impl Decision {
     /// The fields that make the decision's value (the cache mark left out).
     const fn value(&self) -> (u64, u64, u64, u64, u64) {
@@ -72,7 +85,7 @@ impl Decision {
             self.reset_after_us,
             self.limit,
             self.remaining,
-            self.tag & !CACHED,
+            self.tag & !(CACHED | LAG),
         )
     }
 }
@@ -218,7 +231,7 @@ impl Decision {
     #[inline]
     #[must_use]
     pub const fn with_quota_index(mut self, index: usize) -> Self {
-        self.tag = (self.tag & (0xff | CACHED)) | (quota_index_bits(index) << 8);
+        self.tag = (self.tag & (0xff | CACHED | LAG)) | (quota_index_bits(index) << 8);
         self
     }
 
@@ -317,6 +330,30 @@ impl Decision {
     #[inline]
     pub const fn is_cached(&self) -> bool {
         self.tag & CACHED != 0
+    }
+
+    /// The same decision, its reset counted up to `lag_us` µs later than the store's own (see
+    /// [`LAG_SHIFT`]).
+    #[must_use]
+    #[inline]
+    pub(crate) const fn with_reset_lag(mut self, lag_us: u64) -> Self {
+        let units = lag_us.div_ceil(LAG_UNIT_US);
+        let units = if units < LAG_MAX { units } else { LAG_MAX };
+        self.tag = (self.tag & !LAG) | (units << LAG_SHIFT);
+        self
+    }
+
+    /// How much later than the store's own the reset may be counted, in µs (0 for the store's
+    /// own answer); `None` if longer than the decision can say.
+    #[must_use]
+    #[inline]
+    pub(crate) const fn reset_lag_micros(&self) -> Option<u64> {
+        let units = (self.tag & LAG) >> LAG_SHIFT;
+        if units == LAG_MAX {
+            None
+        } else {
+            Some(units * LAG_UNIT_US)
+        }
     }
 
     const fn kind(&self) -> Kind {
@@ -512,6 +549,28 @@ mod tests {
 
     fn d(outcome: Outcome, remaining: u64, i: usize) -> Decision {
         Decision::new(outcome, 10, remaining, Duration::ZERO, i)
+    }
+
+    /// A reset lag is kept rounded up (never less than it was), survives the decision's other
+    /// marks and a change of quota index, is no part of its value, and one too long to keep
+    /// reads as unknown.
+    #[test]
+    fn a_reset_lag_is_kept_rounded_up() {
+        let base = d(Outcome::Allowed, 3, 0);
+        assert_eq!(base.reset_lag_micros(), Some(0));
+        for (lag, kept) in [(0, 0), (1, 16), (16, 16), (5_000, 5_008), (524_256, 524_256)] {
+            let lagged = base.cached().with_reset_lag(lag);
+            assert_eq!(lagged.reset_lag_micros(), Some(kept), "{lag}");
+            assert!(lagged.is_cached() && lagged == base);
+            assert_eq!(lagged.with_quota_index(2).reset_lag_micros(), Some(kept));
+            assert_eq!(lagged.with_quota_index(2).quota_index(), 2);
+        }
+        for lag in [524_257, 1_000_000, u64::MAX] {
+            assert_eq!(base.with_reset_lag(lag).reset_lag_micros(), None, "{lag}");
+        }
+        // Set again, it replaces the last.
+        let twice = base.with_reset_lag(u64::MAX).with_reset_lag(32);
+        assert_eq!(twice.reset_lag_micros(), Some(32));
     }
 
     #[test]

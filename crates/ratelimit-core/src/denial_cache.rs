@@ -168,11 +168,10 @@ const MAX_SHARDS: usize = 16;
 /// [`Leasing`](crate::Leasing) the cache is exact against the shared store, but a unit returned to
 /// a lease (by a check that waited for the lease and was cancelled) is not seen by a denial cached
 /// meanwhile: that unit stays unspent, as part of leasing's under-admission bound, until the
-/// lease expires (see `docs/round-trips.md`). An admission the lease answered (its last unit)
-/// implies a denial that only [`check_cached`](Store::check_cached) takes (the store not to be
-/// asked: the layer's circuit open); a check that may ask the store asks. Leasing counts the
-/// reset it reports from when the lease came, later than the store measured it, so that denial
-/// may outlast the store's by up to the lease's round trip.
+/// lease expires (see `docs/round-trips.md`). An admission the lease answered (its last unit,
+/// say) reports the store's reset counted from when the lease came back, up to that round trip
+/// later than the store measured it, and says by how much: the denial it implies is that much
+/// shorter, so that it ends no later than the store's.
 ///
 /// # Memory
 ///
@@ -554,12 +553,6 @@ enum Kind {
     Denied,
     /// A cost that can never pass.
     Exceeds,
-    /// A denial implied by an admission answered without asking the store (a unit of
-    /// `Leasing`'s lease). Its reset was counted from when the lease's answer came, later than
-    /// the store measured it, so the denial may outlast the store's by up to that round trip:
-    /// it answers only [`check_cached`](Store::check_cached) (the store not to be asked, its
-    /// circuit open), never a check that may ask the store.
-    Leased,
     /// The record of a (key, limit): its current generation, and how long its denials last.
     Key,
 }
@@ -777,19 +770,15 @@ impl Table {
         &self.shards[((kid >> 64) as usize) & (self.shards.len() - 1)].0
     }
 
-    /// The cached denial of the entry `id` of the (key, limit) `kid` at `now`; else what the
-    /// check sent now sees (the key's generation, the shard's resets). For
-    /// [`check`](Store::check) (`from_check`), which may ask the store: counted as a hit or a
-    /// miss, and not answered by a denial a leased unit implied ([`Kind::Leased`]); else for
-    /// [`check_cached`](Store::check_cached).
-    fn lookup(&self, kid: u128, id: u128, now: u64, from_check: bool) -> Result<Decision, Seen> {
+    /// The cached denial of the entry `id` of the (key, limit) `kid` at `now`, counted as a hit if
+    /// `counted`; else a miss (so counted), and what the check sent now sees (the key's
+    /// generation, the shard's resets).
+    fn lookup(&self, kid: u128, id: u128, now: u64, counted: bool) -> Result<Decision, Seen> {
         let mut guard = self.shard(kid).lock();
         let shard = &mut *guard;
         let current = shard.generation_of(kid);
         let resets = shard.resets;
         let found = match shard.map.get(&id) {
-            // A check that may ask the store does not take a denial a leased unit implied.
-            Some(e) if e.kind == Kind::Leased && from_check => None,
             Some(e) if e.kind != Kind::Key => {
                 if e.until > now && Some(e.generation) == current {
                     // Answered here, without asking the store: marked so.
@@ -805,11 +794,11 @@ impl Table {
         };
         match found {
             Some(d) => {
-                shard.hits += u64::from(from_check);
+                shard.hits += u64::from(counted);
                 Ok(d)
             }
             None => {
-                shard.misses += u64::from(from_check);
+                shard.misses += u64::from(counted);
                 Err(Seen {
                     generation: current,
                     resets,
@@ -844,9 +833,15 @@ impl Table {
         let sent = r.sent;
         let allowed = d.is_allowed();
         let until = match d.outcome() {
+            // An admission whose reset may be counted later than the store's (a unit of
+            // `Leasing`'s lease: see `Decision::with_reset_lag`) implies a denial that much
+            // shorter, so that it ends no later than the store's; none if the lag is longer
+            // than the decision can say.
             Outcome::Allowed => r
                 .implied
                 .and_then(|(a, q)| implied_wait(a, &q, r.cost, d))
+                .and_then(|wait| wait.checked_sub(d.reset_lag_micros()?))
+                .filter(|&wait| wait > 0)
                 .map(|wait| sent.saturating_add(wait)),
             Outcome::Denied { retry_after } => Some(sent.saturating_add(micros(retry_after))),
             Outcome::Exceeds => Some(sent.saturating_add(micros(r.exceeds_for).max(1))),
@@ -858,12 +853,10 @@ impl Table {
             remaining: d.remaining(),
             generation: 0,
             quota_index: u32::try_from(d.quota_index()).unwrap_or(u32::MAX),
-            kind: if !d.can_ever_pass() {
-                Kind::Exceeds
-            } else if allowed && d.is_cached() {
-                Kind::Leased
-            } else {
+            kind: if d.can_ever_pass() {
                 Kind::Denied
+            } else {
+                Kind::Exceeds
             },
         });
         let (kid, id) = (r.kid, r.id);

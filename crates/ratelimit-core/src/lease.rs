@@ -296,6 +296,10 @@ struct Entry {
     limit: u64,
     remaining: u64,
     reset_at: u64,
+    /// How much later than the store measured it `reset_at` may be: that answer's round trip
+    /// (µs), which the lease's answers carry (see `Decision::with_reset_lag`) so that a denial
+    /// cache above does not deny past the store's time.
+    reset_lag: u64,
     quota_index: u32,
     answered_seq: u64,
     /// The checks of the key sent to the store (lease requests, and checks straight to the store
@@ -357,11 +361,11 @@ impl Entry {
 
     /// Takes the store's answer `d` to the check of this key numbered `seq` (see `report_seq`),
     /// which came at `at`, as the one the lease's answers report, unless it answered a check
-    /// sent before the last one taken. Its reset counts from when the answer came: the store
-    /// measured it when it ran the check, somewhere between the send and the answer (a queue or
-    /// a slow link may put it well after the send), so that the reset reported is never before
-    /// the store's.
-    fn saw_answer(&mut self, seq: u64, at: u64, d: &Decision) {
+    /// sent before the last one taken, at `sent`. Its reset counts from when the answer came: the
+    /// store measured it when it ran the check, somewhere between the send and the answer (a
+    /// queue or a slow link may put it well after the send), so that the reset reported is never
+    /// before the store's; and up to the round trip after it, which the lease's answers say.
+    fn saw_answer(&mut self, seq: u64, sent: u64, at: u64, d: &Decision) {
         if seq <= self.answered_seq {
             return;
         }
@@ -369,6 +373,7 @@ impl Entry {
         self.limit = d.limit();
         self.remaining = d.remaining();
         self.reset_at = at.saturating_add(micros(d.reset_after()));
+        self.reset_lag = at.saturating_sub(sent);
         self.quota_index = u32::try_from(d.quota_index()).unwrap_or(u32::MAX);
     }
 
@@ -502,8 +507,9 @@ impl<S, C> Shared<S, C> {
             return None;
         }
         e.tokens -= cost;
-        // A unit of the lease, without asking the store: marked so.
-        let d = e.decision(now).cached();
+        // A unit of the lease, without asking the store: marked so, with how late its reset may
+        // be counted.
+        let d = e.decision(now).cached().with_reset_lag(e.reset_lag);
         if e.tokens == 0 {
             let _ = e.settle(0);
             if e.at_rate(now) && e.thrifty() {
@@ -1101,7 +1107,7 @@ impl Seen {
     fn answered(self, d: &mut Decision) {
         let at = self.clock.now_micros();
         let mut e = self.entry.lock();
-        e.saw_answer(self.seq, at, d);
+        e.saw_answer(self.seq, self.sent, at, d);
         // The live lease's units, if it was asked for before the peek was sent (else the store
         // counted them as remaining in the peek's answer).
         if self.peek && e.tokens > 0 && self.sent < e.expires && e.lease_seq < self.seq {
@@ -1346,7 +1352,7 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
                             e.expires = sent.saturating_add(ttl);
                             e.lease_left = d.remaining();
                             e.lease_seq = e.fetch_report_seq;
-                            e.saw_answer(e.fetch_report_seq, answered, &d);
+                            e.saw_answer(e.fetch_report_seq, sent, answered, &d);
                             e.decision(sent)
                         });
                         if want > cost {
