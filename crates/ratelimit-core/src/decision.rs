@@ -558,7 +558,13 @@ mod tests {
     fn a_reset_lag_is_kept_rounded_up() {
         let base = d(Outcome::Allowed, 3, 0);
         assert_eq!(base.reset_lag_micros(), Some(0));
-        for (lag, kept) in [(0, 0), (1, 16), (16, 16), (5_000, 5_008), (524_256, 524_256)] {
+        for (lag, kept) in [
+            (0, 0),
+            (1, 16),
+            (16, 16),
+            (5_000, 5_008),
+            (524_256, 524_256),
+        ] {
             let lagged = base.cached().with_reset_lag(lag);
             assert_eq!(lagged.reset_lag_micros(), Some(kept), "{lag}");
             assert!(lagged.is_cached() && lagged == base);
