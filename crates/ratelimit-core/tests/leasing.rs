@@ -1033,12 +1033,14 @@ fn spread_traffic_below_the_limit_is_not_denied() {
     }
 }
 
-/// A store that takes `rtt` of the shared manual clock to answer (the clock moves on when the
-/// check is made), as a store across the network does in real time.
+/// A store that takes `there` of the shared manual clock to decide and `back` more to answer
+/// (the clock moves on when the check is made), as a store across the network does in real
+/// time: the command's trip there, the answer's trip back.
 struct Distant {
     store: Arc<MemoryStore<ManualClock>>,
     clock: ManualClock,
-    rtt: Duration,
+    there: Duration,
+    back: Duration,
 }
 
 impl Store for Distant {
@@ -1046,26 +1048,9 @@ impl Store for Distant {
     type Future = std::future::Ready<Result<ratelimit_core::Decision, NoError>>;
 
     fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
-        self.clock.advance(self.rtt);
-        std::future::ready(Ok(self.store.check_now(key, limit, cost)))
-    }
-}
-
-/// A store whose answer takes `delay` of the shared manual clock to come back after the store
-/// decided (the reply's trip across the network).
-struct SlowReply {
-    store: Arc<MemoryStore<ManualClock>>,
-    clock: ManualClock,
-    delay: Duration,
-}
-
-impl Store for SlowReply {
-    type Error = NoError;
-    type Future = std::future::Ready<Result<ratelimit_core::Decision, NoError>>;
-
-    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        self.clock.advance(self.there);
         let d = self.store.check_now(key, limit, cost);
-        self.clock.advance(self.delay);
+        self.clock.advance(self.back);
         std::future::ready(Ok(d))
     }
 }
@@ -1087,10 +1072,11 @@ fn a_denial_cache_over_leasing_denies_nothing_the_store_admits() {
         let start = Timestamp::from_secs(1_000);
         let clock = ManualClock::starting_at(start);
         let store = memory(&clock);
-        let slow = SlowReply {
+        let slow = Distant {
             store: Arc::clone(&store),
             clock: clock.clone(),
-            delay: Duration::from_millis(5),
+            there: Duration::ZERO,
+            back: Duration::from_millis(5),
         };
         let leasing = Leasing::builder(slow, clock.clone())
             .lease_size(10)
@@ -1138,7 +1124,8 @@ fn leases_that_would_expire_on_the_way_are_not_taken() {
         let distant = Distant {
             store: Arc::clone(&store),
             clock: clock.clone(),
-            rtt: Duration::from_micros(300),
+            there: Duration::from_micros(300),
+            back: Duration::ZERO,
         };
         let gw = Leasing::new(distant, clock.clone());
         // 5,000 a second (a lease of 2 lives 400 µs); a check every 250 µs between the round
@@ -1325,7 +1312,8 @@ fn fixed_leases_shorter_than_the_round_trip_are_not_taken() {
     let distant = Distant {
         store: Arc::clone(&store),
         clock: clock.clone(),
-        rtt: Duration::from_micros(400),
+        there: Duration::from_micros(400),
+        back: Duration::ZERO,
     };
     let gw = Leasing::builder(distant, clock.clone())
         .lease_size(10)
@@ -1360,7 +1348,8 @@ fn a_second_lease_that_would_expire_on_its_way_is_not_asked_for() {
     let distant = Distant {
         store: Arc::clone(&store),
         clock: clock.clone(),
-        rtt: Duration::from_micros(400),
+        there: Duration::from_micros(400),
+        back: Duration::ZERO,
     };
     let gw = Leasing::builder(distant, clock.clone())
         .lease_size(64)

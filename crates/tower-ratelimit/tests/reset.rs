@@ -90,25 +90,31 @@ async fn a_successful_login_forgets_the_users_failed_attempts() {
 /// Over a store that answers at once and one that makes the check wait.
 #[tokio::test]
 async fn a_handlers_reset_response_tells_the_full_quota() {
-    async fn signs_in<St: Store + ratelimit_core::Reset>(layer: RateLimitLayer<St>) {
-        let app = login_app(layer);
-        assert_eq!(
-            statuses(&app, || attempt("alice", "guess"), 2).await,
-            [401, 401]
-        );
-        let res = send(&app, attempt("alice", "hunter2")).await;
-        assert_eq!(res.status(), 204);
-        common::assert_tells_the_full_quota_after_its_last_unit(&res);
-        // And so it is.
-        let res = send(&app, attempt("alice", "guess")).await;
-        assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=2;t=20"));
-    }
     let policy = || login_policy().headers(Headers::ietf().legacy(true));
     let (_clock, memory) = store();
-    signs_in(RateLimitLayer::new(memory.clone(), policy()).unwrap()).await;
+    signs_in_after_two_failures(&login_app(
+        RateLimitLayer::new(memory.clone(), policy()).unwrap(),
+    ))
+    .await;
     let (_clock, memory) = store();
     let waits = Arc::new(SwitchStore::new(memory));
-    signs_in(RateLimitLayer::new(waits, policy()).unwrap()).await;
+    signs_in_after_two_failures(&login_app(RateLimitLayer::new(waits, policy()).unwrap())).await;
+}
+
+/// Alice fails twice at `app`'s login (a quota of 3 a minute), then signs in: the response tells
+/// the full quota (its one `RateLimit` field), and her next attempt counts from it.
+async fn signs_in_after_two_failures(app: &Router) {
+    assert_eq!(
+        statuses(app, || attempt("alice", "guess"), 2).await,
+        [401, 401]
+    );
+    let res = send(app, attempt("alice", "hunter2")).await;
+    assert_eq!(res.status(), 204);
+    common::assert_tells_the_full_quota_after_its_last_unit(&res);
+    assert_eq!(res.headers().get_all("ratelimit").iter().count(), 1);
+    // And so it is.
+    let res = send(app, attempt("alice", "guess")).await;
+    assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=2;t=20"));
 }
 
 /// A handler that waits before and after its reset (its future pending at the layer's polls)
@@ -132,16 +138,7 @@ async fn a_handler_that_waits_around_its_reset_tells_the_full_quota() {
         .route("/login", get(login))
         .route_layer(layer.clone())
         .with_state(layer.resetter());
-    assert_eq!(
-        statuses(&app, || attempt("alice", "guess"), 2).await,
-        [401, 401]
-    );
-    let res = send(&app, attempt("alice", "hunter2")).await;
-    assert_eq!(res.status(), 204);
-    common::assert_tells_the_full_quota_after_its_last_unit(&res);
-    assert_eq!(res.headers().get_all("ratelimit").iter().count(), 1);
-    let res = send(&app, attempt("alice", "guess")).await;
-    assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=2;t=20"));
+    signs_in_after_two_failures(&app).await;
 }
 
 /// A response tells the full quota only if the handler reset the very client the layer checked,
