@@ -249,8 +249,10 @@ pub enum ClientIpError {
     /// holds every IPv4-mapped address (`::ffff:0:0/96`, `::/64`) or every address of the NAT64
     /// well-known prefix (`64:ff9b::/96`); or entries that together hold every public IPv4 address
     /// (`0.0.0.0/1` and `128.0.0.0/1`, or `0.0.0.0/1`, `128.0.0.0/2` and `192.0.0.0/3`, which
-    /// leave out only the multicast and reserved `224.0.0.0/3`), every address of the NAT64 prefix (`64:ff9b::/97` and
-    /// `64:ff9b::8000:0/97`) or every global unicast IPv6 address (`2000::/3`): every
+    /// leave out only the multicast and reserved `224.0.0.0/3`), every public address of the NAT64
+    /// prefix (`64:ff9b::/97` and `64:ff9b::8000:0/97`, or `64:ff9b::/97`, `64:ff9b::8000:0/98`
+    /// and `64:ff9b::c000:0/99`) or every public global unicast IPv6 address (`2000::/3`, its
+    /// documentation and benchmarking blocks left out or not): every
     /// address (every IPv4 address, every client of a translator) would be a proxy, and any
     /// client could choose its own address with a forwarding header. `input` names the entry, or
     /// every entry when they do it together.
@@ -341,8 +343,11 @@ impl ClientIp {
     /// (`0.0.0.0/1` and `128.0.0.0/1`; or `0.0.0.0/1`, `128.0.0.0/2` and
     /// `192.0.0.0/3`: the private, loopback, link-local, documentation,
     /// multicast and reserved blocks, which no client on the internet
-    /// connects from, need not be among them), every address of `64:ff9b::/96` or
-    /// every global unicast IPv6 address (`2000::/3`).
+    /// connects from, need not be among them), every public address of
+    /// `64:ff9b::/96` (the NAT64 forms of the same blocks need not be among
+    /// them) or every global unicast IPv6 address (`2000::/3`; the
+    /// documentation and benchmarking blocks `2001:db8::/32`, `3fff::/20`
+    /// and `2001:2::/48` need not be among them).
     pub fn behind_proxies(
         trusted: impl IntoIterator<Item = impl AsRef<str>>,
     ) -> Result<Self, ClientIpError> {
@@ -658,19 +663,41 @@ fn ipv6_ranges(nets: &[IpNet]) -> Vec<(u128, u128)> {
         .collect()
 }
 
+/// The blocks of global unicast IPv6 (`2000::/3`) that no client on the internet connects from
+/// (RFC 6890's registry: documentation and benchmarking), each as its first and last address.
+const IPV6_GLOBAL_NOT_PUBLIC: [(u128, u128); 3] = [
+    // 2001:2::/48, benchmarking.
+    (0x2001_0002 << 96, (0x2001_0002 << 96) | ((1 << 80) - 1)),
+    // 2001:db8::/32, documentation.
+    (0x2001_0db8 << 96, (0x2001_0db8 << 96) | ((1 << 96) - 1)),
+    // 3fff::/20, documentation.
+    (0x3fff << 112, (0x3fff << 112) | ((1 << 108) - 1)),
+];
+
 /// Whether the trusted blocks together hold every global unicast IPv6 address (`2000::/3`, the
-/// whole IPv6 internet), alone (`2000::/3`) or together.
+/// whole IPv6 internet), alone (`2000::/3`) or together; as for IPv4, the blocks no client
+/// connects from ([`IPV6_GLOBAL_NOT_PUBLIC`]) need not be among them.
 fn covers_every_global_ipv6(nets: &[IpNet]) -> bool {
     let first = 0x2000_u128 << 112;
-    cover(ipv6_ranges(nets), first, first + (1 << 125) - 1)
+    let mut ranges = ipv6_ranges(nets);
+    ranges.extend(IPV6_GLOBAL_NOT_PUBLIC);
+    cover(ranges, first, first + (1 << 125) - 1)
 }
 
 /// Whether the trusted blocks together hold every address of the NAT64 well-known prefix
 /// `64:ff9b::/96` (`64:ff9b::/97` and `64:ff9b::8000:0/97`), as one block holding it would (see
-/// [`holds_every_nat64_address`]).
+/// [`holds_every_nat64_address`]); as for IPv4, the NAT64 forms of the blocks no client connects
+/// from ([`IPV4_NOT_PUBLIC`]) need not be among them: `64:ff9b::/97`, `64:ff9b::8000:0/98` and
+/// `64:ff9b::c000:0/99` hold every client of a translator.
 fn covers_every_nat64_address(nets: &[IpNet]) -> bool {
     let first = NAT64_WELL_KNOWN << 32;
-    cover(ipv6_ranges(nets), first, first + u128::from(u32::MAX))
+    let mut ranges = ipv6_ranges(nets);
+    ranges.extend(
+        IPV4_NOT_PUBLIC
+            .iter()
+            .map(|&(lo, hi)| (first + u128::from(lo), first + u128::from(hi))),
+    );
+    cover(ranges, first, first + u128::from(u32::MAX))
 }
 
 /// Whether `net` is an IPv6 block holding all of `::ffff:0:0/96`, the
@@ -1832,6 +1859,29 @@ mod tests {
             &["2000::/3", "2001:db8::1"][..],
             &["64:ff9b::/97", "64:ff9b::8000:0/97"][..],
             &["64:ff9b::/98", "64:ff9b::4000:0/98", "64:ff9b::8000:0/97"][..],
+            // Every client of a translator, as for IPv4: only the NAT64 forms of multicast and
+            // reserved (`224.0.0.0/3`) left out.
+            &["64:ff9b::/97", "64:ff9b::8000:0/98", "64:ff9b::c000:0/99"][..],
+            // Every global unicast address but the documentation block `3fff::/20`.
+            &[
+                "2000::/4",
+                "3000::/5",
+                "3800::/6",
+                "3c00::/7",
+                "3e00::/8",
+                "3f00::/9",
+                "3f80::/10",
+                "3fc0::/11",
+                "3fe0::/12",
+                "3ff0::/13",
+                "3ff8::/14",
+                "3ffc::/15",
+                "3ffe::/16",
+                "3fff:1000::/20",
+                "3fff:2000::/19",
+                "3fff:4000::/18",
+                "3fff:8000::/17",
+            ][..],
         ] {
             let err = ClientIp::behind_proxies(together).unwrap_err();
             assert_eq!(
