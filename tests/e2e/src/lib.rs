@@ -82,6 +82,13 @@ pub fn store_builder(url: &str) -> RedisStoreBuilder {
         .response_timeout(Duration::from_millis(200))
 }
 
+/// [`store_builder`] with a response timeout of 2 s: longer than a layer's own, so that the
+/// layer's bounds a check, and room for a script's reload (`NOSCRIPT`, `SCRIPT LOAD`, `EVALSHA`
+/// again) on a loaded machine.
+pub fn patient_store_builder(url: &str) -> RedisStoreBuilder {
+    store_builder(url).response_timeout(Duration::from_secs(2))
+}
+
 /// `true` if `GET url` answers 200 (used to poll for recovery).
 pub async fn answers_ok(client: &reqwest::Client, url: String) -> bool {
     client

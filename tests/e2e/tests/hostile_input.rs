@@ -15,7 +15,7 @@ use ratelimit_core::{Algorithm, ConfigError, Limit, MemoryStore, Quota};
 use ratelimit_e2e::app::TestApp;
 use ratelimit_e2e::load::{self, ms};
 use ratelimit_e2e::observe::Metrics;
-use ratelimit_e2e::{per_minute, store_builder};
+use ratelimit_e2e::{patient_store_builder, per_minute};
 use ratelimit_redis::{RedisStore, RedisStoreError};
 use redis_harness::RedisServer;
 use tower_ratelimit::client_ip::{ClientIp, ClientIpError, ForwardedHeader};
@@ -56,8 +56,7 @@ fn cost_of(req: &RequestHead<'_>) -> u64 {
 async fn start() -> (RedisServer, TestApp, Metrics) {
     let redis = RedisServer::start();
     // The store's response timeout longer than the layer's, so that the layer's bounds a check.
-    let store = store_builder(&redis.url())
-        .response_timeout(Duration::from_secs(2))
+    let store = patient_store_builder(&redis.url())
         .build()
         .await
         .expect("store");

@@ -10,7 +10,9 @@ use axum::routing::get;
 use ratelimit_e2e::app::TestApp;
 use ratelimit_e2e::load::{self, ms};
 use ratelimit_e2e::observe::{Logs, Metrics};
-use ratelimit_e2e::{answers_ok, fault_layer, per_minute, store_builder, wait_until};
+use ratelimit_e2e::{
+    answers_ok, fault_layer, patient_store_builder, per_minute, store_builder, wait_until,
+};
 use ratelimit_redis::RedisStore;
 use redis_harness::RedisServer;
 use tower_ratelimit::{FailurePolicy, Policy, RateLimitLayer};
@@ -206,8 +208,7 @@ async fn script_flush_mid_load_costs_nothing_and_counts_exactly() {
     let redis = RedisServer::start();
     // The store's own timeout too (200 ms in the suite's builder) must leave room for the
     // NOSCRIPT path, EVALSHA, SCRIPT LOAD and EVALSHA again, on a loaded machine.
-    let store = store_builder(&redis.url())
-        .response_timeout(Duration::from_secs(2))
+    let store = patient_store_builder(&redis.url())
         .build()
         .await
         .expect("store");

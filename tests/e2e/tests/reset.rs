@@ -20,7 +20,7 @@ use axum::routing::{get, post};
 use ratelimit_core::{DenialCache, Reset, SystemClock};
 use ratelimit_e2e::app::TestApp;
 use ratelimit_e2e::observe::Metrics;
-use ratelimit_e2e::{per_minute, store_builder};
+use ratelimit_e2e::{patient_store_builder, per_minute, store_builder};
 use ratelimit_redis::ResetNotice;
 use redis_harness::RedisServer;
 use tokio::sync::Notify;
@@ -51,12 +51,17 @@ async fn unblock<S: Reset>(State(limits): State<Resetter<S>>, req: Request) -> S
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reset_on_one_gateway_lets_the_user_in_on_every_gateway() {
     let redis = RedisServer::start();
-    let patient = |url: &str| store_builder(url).response_timeout(Duration::from_secs(2));
     let cached = Arc::new(DenialCache::new(
-        patient(&redis.url()).build().await.expect("store a"),
+        patient_store_builder(&redis.url())
+            .build()
+            .await
+            .expect("store a"),
         SystemClock::new(),
     ));
-    let plain = patient(&redis.url()).build().await.expect("store b");
+    let plain = patient_store_builder(&redis.url())
+        .build()
+        .await
+        .expect("store b");
     let a_layer = login_layer(cached.clone());
     let a = TestApp::serve(
         Router::new()
@@ -130,8 +135,7 @@ async fn a_reset_on_one_gateway_lets_the_user_in_on_every_gateway() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handlers_reset_over_redis_tells_the_full_quota() {
     let redis = RedisServer::start();
-    let store = store_builder(&redis.url())
-        .response_timeout(Duration::from_secs(2))
+    let store = patient_store_builder(&redis.url())
         .build()
         .await
         .expect("store");
@@ -198,8 +202,7 @@ async fn a_reset_through_one_gateway_ends_the_cached_denials_of_the_others() {
     let mut caches = Vec::new();
     let mut watches = Vec::new();
     for _ in 0..2 {
-        let store = store_builder(&redis.url())
-            .response_timeout(Duration::from_secs(2))
+        let store = patient_store_builder(&redis.url())
             .announce_resets(true)
             .build()
             .await
@@ -312,10 +315,18 @@ async fn a_success_behind_the_gateways_resets_the_users_count_on_every_gateway()
             .route("/login", get(forward).route_layer(layer))
             .with_state((reqwest::Client::new(), service.url("/login")))
     };
-    let patient = |url: &str| store_builder(url).response_timeout(Duration::from_secs(2));
-    let store = patient(&redis.url()).build().await.expect("store");
+    let store = patient_store_builder(&redis.url())
+        .build()
+        .await
+        .expect("store");
     let a = TestApp::serve(gateway(store.clone())).await;
-    let b = TestApp::serve(gateway(patient(&redis.url()).build().await.expect("store"))).await;
+    let b = TestApp::serve(gateway(
+        patient_store_builder(&redis.url())
+            .build()
+            .await
+            .expect("store"),
+    ))
+    .await;
     let client = reqwest::Client::new();
     let attempt = |app: &TestApp, user: &str, password: &str| {
         client
