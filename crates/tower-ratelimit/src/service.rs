@@ -138,7 +138,7 @@ pub(crate) struct Shared<St> {
     /// A [`Resetter`](crate::Resetter) of this layer has been made: each request let through
     /// with rate-limit fields from the store's answer carries a [`ResetMark`] in its extensions,
     /// which the `Resetter` sets when it resets that request's client, so that the response
-    /// tells the full quota (see `Shared::marks`).
+    /// tells the full quota (see `Shared::mark`).
     pub(crate) resetters: AtomicBool,
 }
 
@@ -423,28 +423,23 @@ impl Post {
 }
 
 impl<St> Shared<St> {
-    /// Whether a request let through with `post` is marked for the
-    /// [`Resetter`](crate::Resetter)s of this layer: one has been made, and the response gets
-    /// rate-limit fields from the store's answer. Not a request let through without the store's
-    /// answer (the fallback's local share counted it, say): its fields keep that count, as they
-    /// do after a reset on a response ([`reset_on`](crate::RateLimitLayerBuilder::reset_on)),
-    /// which skips the store for such a request.
-    #[inline]
-    pub(crate) fn marks(&self, post: Option<&Post>) -> bool {
-        self.resetters.load(Ordering::Relaxed)
-            && post.is_some_and(|p| p.headers && p.decision.is_some() && !p.without_store)
-    }
-
-    /// Marks `req`, let through with `post`, if [`marks`](Self::marks) says so: the returned
-    /// mark is set once a `Resetter` has reset the client the layer checked (the key it extracts
-    /// now), and the response's rate-limit fields then tell the full quota.
+    /// Marks `req`, let through with `post`, for the [`Resetter`](crate::Resetter)s of this
+    /// layer, if one has been made and the response gets rate-limit fields from the store's
+    /// answer: the returned mark is set once a `Resetter` has reset the client the layer checked
+    /// (the key it extracts now), and the response's fields then tell the full quota. Not a
+    /// request let through without the store's answer (the fallback's local share counted it,
+    /// say): its fields keep that count, as they do after a reset on a response
+    /// ([`reset_on`](crate::RateLimitLayerBuilder::reset_on)), which skips the store for such a
+    /// request.
     #[inline]
     pub(crate) fn mark<B>(
         &self,
         req: &mut Request<B>,
         post: Option<&Post>,
     ) -> Option<Arc<ResetMark>> {
-        if !self.marks(post) {
+        let marks = self.resetters.load(Ordering::Relaxed)
+            && post.is_some_and(|p| p.headers && p.decision.is_some() && !p.without_store);
+        if !marks {
             return None;
         }
         self.mark_for_resetters(req)
