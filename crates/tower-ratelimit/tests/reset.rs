@@ -55,6 +55,11 @@ where
         .with_state(layer.resetter())
 }
 
+/// What a test handler is asked to do: its request's `x-mode` header.
+fn x_mode(req: &Request) -> Option<Vec<u8>> {
+    req.headers().get("x-mode").map(|v| v.as_bytes().to_vec())
+}
+
 fn attempt(user: &str, password: &str) -> http::Request<axum::body::Body> {
     with_header(
         with_header(request("/login"), "x-user", user),
@@ -164,8 +169,7 @@ async fn a_response_tells_the_full_quota_only_after_its_clients_reset() {
         .route(
             "/login",
             get(move |req: Request| async move {
-                let mode = req.headers().get("x-mode").cloned();
-                match mode.as_ref().map(|v| v.as_bytes()) {
+                match x_mode(&req).as_deref() {
                     Some(b"none") => {}
                     // Bob's request, built with a copy of this one's extensions.
                     Some(b"other") => {
@@ -241,8 +245,7 @@ async fn with_reset_on_either_reset_tells_the_full_quota() {
         .route(
             "/login",
             get(move |req: Request| async move {
-                let mode = req.headers().get("x-mode").cloned();
-                match mode.as_ref().map(|v| v.as_bytes()) {
+                match x_mode(&req).as_deref() {
                     Some(b"handler") => {
                         resetter.reset(&RequestHead::of(&req)).await.unwrap();
                         StatusCode::NO_CONTENT.into_response()
