@@ -25,7 +25,7 @@ use axum::http::{HeaderMap, Method, StatusCode, header};
 use axum::response::IntoResponse;
 use axum::routing::{MethodRouter, get, post};
 use metrics_exporter_prometheus::{Matcher, PrometheusBuilder, PrometheusHandle};
-use ratelimit_core::{DenialCache, Forget, MemoryStore, Reset, SystemClock};
+use ratelimit_core::{Clock, DenialCache, Forget, MemoryStore, Reset, SystemClock};
 use ratelimit_redis::{
     Coalescing, LazyRedisStore, RedisStore, RedisStoreBuilder, RedisStoreError, ResetWatch,
 };
@@ -126,6 +126,16 @@ pub fn metrics_handle() -> PrometheusHandle {
 /// Serve it with `into_make_service_with_connect_info::<SocketAddr>()`: IP keys read the peer
 /// address from `ConnectInfo`.
 pub async fn app(config: &Config) -> Result<Router, StartError> {
+    app_with_clock(config, SystemClock::new()).await
+}
+
+/// [`app`], with the in-memory store and the denial caches reading `clock` instead of the
+/// system's monotonic clock: tests drive a `ManualClock` through it, so that refills and waits
+/// are exact whatever the machine's speed. A Redis store still counts on the server's clock.
+pub async fn app_with_clock<C>(config: &Config, clock: C) -> Result<Router, StartError>
+where
+    C: Clock + Clone + 'static,
+{
     config.validate()?;
     let admin_token = config.admin.as_ref().map(|a| a.token()).transpose()?;
     let metrics = metrics_handle();
@@ -140,6 +150,7 @@ pub async fn app(config: &Config) -> Result<Router, StartError> {
         config::StoreKind::Memory => {
             let memory = MemoryStore::builder()
                 .max_keys(store.max_keys())
+                .with_clock(clock)
                 .build()
                 .map_err(|e| ConfigError::new("store.max_keys", e))?;
             Ok(router(
@@ -187,13 +198,12 @@ pub async fn app(config: &Config) -> Result<Router, StartError> {
                     admin_token,
                 )?,
                 (true, false) => {
-                    let cached = DenialCache::new(redis.clone(), SystemClock::new());
+                    let cached = DenialCache::new(redis.clone(), clock);
                     let watch = reset_watch(store, &redis, cached.clone())?;
                     router(config, cached, policies, metrics, watch, admin_token)?
                 }
                 (true, true) => {
-                    let cached =
-                        DenialCache::new(Coalescing::new(redis.clone()), SystemClock::new());
+                    let cached = DenialCache::new(Coalescing::new(redis.clone()), clock);
                     let watch = reset_watch(store, &redis, cached.clone())?;
                     router(config, cached, policies, metrics, watch, admin_token)?
                 }

@@ -9,7 +9,7 @@ use std::process::Command;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, StatusCode};
-use common::{send, status};
+use common::{frozen_app, send, status};
 use example_gateway::{Config, app};
 use http_body_util::BodyExt;
 
@@ -48,7 +48,8 @@ fn bearer() -> String {
 #[tokio::test]
 async fn a_reset_lets_a_client_back_in_and_needs_the_token() {
     let dir = tempfile::tempdir().unwrap();
-    let app = app(&with_admin(MEMORY, &dir)).await.unwrap();
+    // A frozen clock: the counts that must stand (bob's, k2's) get nothing back meanwhile.
+    let (app, _clock) = frozen_app(&with_admin(MEMORY, &dir)).await;
     let (alice, bob) = ("192.0.2.1:5000", "192.0.2.2:5000");
     for who in [alice, bob] {
         for _ in 0..5 {
@@ -206,7 +207,7 @@ async fn mistakes_are_named() {
         "path = \"/login\"\nkey = { source = \"global\" }\n",
     );
     let global = global.replacen("key = { source = \"ip\" }\n", "", 1);
-    let app = app(&with_admin(&global, &dir)).await.unwrap();
+    let (app, _clock) = frozen_app(&with_admin(&global, &dir)).await;
     for peer in [
         "192.0.2.1:1",
         "192.0.2.2:1",

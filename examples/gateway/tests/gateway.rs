@@ -6,9 +6,11 @@ mod common;
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Response, StatusCode};
-use common::{request, send, status};
+use common::{frozen_app, request, send, status};
 use example_gateway::{Config, app};
 use http_body_util::BodyExt;
+use ratelimit_core::ManualClock;
+use std::time::Duration;
 use tower::ServiceExt;
 
 const MEMORY: &str = include_str!("../gateway.toml");
@@ -27,13 +29,14 @@ async fn body(res: Response<Body>) -> String {
     String::from_utf8(res.into_body().collect().await.unwrap().to_bytes().to_vec()).unwrap()
 }
 
-async fn memory_app() -> Router {
-    app(&Config::from_toml(MEMORY).unwrap()).await.unwrap()
+/// The gateway of `gateway.toml`, on a clock the test moves.
+async fn memory_app() -> (Router, ManualClock) {
+    frozen_app(&Config::from_toml(MEMORY).unwrap()).await
 }
 
 #[tokio::test]
 async fn login_allows_5_a_minute_per_ip_then_answers_problem_json() {
-    let app = memory_app().await;
+    let (app, clock) = memory_app().await;
     // A method the endpoint does not serve gets axum's 405, and is not counted: the policy
     // applies to `POST /login` only.
     for _ in 0..10 {
@@ -72,6 +75,19 @@ async fn login_allows_5_a_minute_per_ip_then_answers_problem_json() {
         status(&app, "GET", "/api/items", "192.0.2.1:5000", Some("k1")).await,
         200
     );
+    // The wait said is the wait: a microsecond short of it, still denied (the last second
+    // rounded up); at it, allowed once, and then denied for another 12 s.
+    clock.advance(Duration::from_secs(12) - Duration::from_micros(1));
+    let res = send(&app, request("POST", "/login", "192.0.2.1:5000", None)).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(res.headers()["retry-after"], "1");
+    clock.advance(Duration::from_micros(1));
+    for expected in [200, 429] {
+        assert_eq!(
+            status(&app, "POST", "/login", "192.0.2.1:5000", None).await,
+            expected
+        );
+    }
 }
 
 /// An endpoint under two enforced routes (`/login`, and `/` per IP) gets the IETF items of both
@@ -81,7 +97,7 @@ async fn login_allows_5_a_minute_per_ip_then_answers_problem_json() {
 async fn an_endpoint_under_two_routes_says_both_policies() {
     assert!(MEMORY.contains("dry_run = true\n"));
     let enforced = MEMORY.replace("dry_run = true\n", "dry_run = false\n");
-    let app = app(&Config::from_toml(&enforced).unwrap()).await.unwrap();
+    let (app, _clock) = frozen_app(&Config::from_toml(&enforced).unwrap()).await;
     let lines = |res: &Response<Body>, name: &str| -> Vec<String> {
         res.headers()
             .get_all(name)
@@ -114,7 +130,7 @@ async fn an_endpoint_under_two_routes_says_both_policies() {
 
 #[tokio::test]
 async fn api_is_per_key_with_tiers_and_writes_cost_5() {
-    let app = memory_app().await;
+    let (app, clock) = memory_app().await;
     let peer = "198.51.100.1:4000";
     // No key: 401 with its challenge, not counted against anyone.
     let res = send(&app, request("GET", "/api/items", peer, None)).await;
@@ -149,28 +165,28 @@ async fn api_is_per_key_with_tiers_and_writes_cost_5() {
         429
     );
 
-    // The pro key: bursts of 100, refilled at 10 a second. Send until the first 429; the
-    // tokens that came back while sending (on a slow machine) may add a few.
-    let started = std::time::Instant::now();
-    let mut admitted = 0;
-    let denied = loop {
-        let res = send(
-            &app,
-            request("GET", "/api/items", peer, Some("demo-pro-key")),
-        )
-        .await;
-        if res.status() == 429 {
-            break res;
+    // The pro key: bursts of 100, refilled at 10 a second. A 10 a second refill 1 s later.
+    let pro = |expected: u16| {
+        let app = app.clone();
+        async move {
+            let res = send(
+                &app,
+                request("GET", "/api/items", peer, Some("demo-pro-key")),
+            )
+            .await;
+            assert_eq!(res.status(), expected);
+            res
         }
-        assert_eq!(res.status(), 200);
-        admitted += 1;
-        assert!(admitted <= 1_000, "the pro key is never denied");
     };
-    let refilled = (started.elapsed().as_millis() / 100) as u64 + 1;
-    assert!(
-        (100..=100 + refilled).contains(&admitted),
-        "{admitted} admitted, {refilled} refilled"
-    );
+    for _ in 0..100 {
+        pro(200).await;
+    }
+    pro(429).await;
+    clock.advance(Duration::from_secs(1));
+    for _ in 0..10 {
+        pro(200).await;
+    }
+    let denied = pro(429).await;
     assert_eq!(
         denied.headers()["ratelimit-policy"],
         "\"api.0\";q=600;w=60, \"api.1\";q=100000;w=86400"
@@ -242,7 +258,7 @@ async fn health_and_metrics_are_never_limited() {
 
 #[tokio::test]
 async fn metrics_endpoint_renders_the_decisions() {
-    let app = memory_app().await;
+    let (app, _clock) = memory_app().await;
     for _ in 0..7 {
         send(&app, request("POST", "/login", "203.0.113.50:1", None)).await;
     }
@@ -281,7 +297,7 @@ async fn metrics_endpoint_renders_the_decisions() {
 /// while a route is idle, as the recorder's default summary's quantiles do).
 #[tokio::test]
 async fn store_latency_is_a_histogram() {
-    let app = memory_app().await;
+    let (app, _clock) = memory_app().await;
     // The in-memory store's answers are timed about one in 64.
     for i in 0..2_000u32 {
         let peer = format!("198.51.{}.{}:1", i / 250, i % 250);

@@ -6,7 +6,17 @@ use axum::Router;
 use axum::body::Body;
 use axum::extract::ConnectInfo;
 use axum::http::{Request, Response};
+use example_gateway::{Config, app_with_clock};
+use ratelimit_core::ManualClock;
 use tower::ServiceExt;
+
+/// The gateway of `config` on its in-memory store, with a clock that moves only when the test
+/// advances it: refills and waits come out exact however long the test takes.
+pub(crate) async fn frozen_app(config: &Config) -> (Router, ManualClock) {
+    let clock = ManualClock::new();
+    let app = app_with_clock(config, clock.clone()).await.unwrap();
+    (app, clock)
+}
 
 /// A request from `peer`, with an API key if given. The peer address is what
 /// `into_make_service_with_connect_info` would put in the extensions.
