@@ -206,6 +206,16 @@ fn stamped_at(word: u64) -> Timestamp {
     Timestamp::from_micros(word >> 3)
 }
 
+/// What is left of `wait` begun at `since`, at `now`. A state begun after `now` means the clock
+/// was set back (each state is stamped with a time read before it is seen): it counts as waited
+/// out, or a circuit opened before a step back of an hour would stay open for that hour.
+fn left_of_wait(since: Timestamp, now: Timestamp, wait: Duration) -> Duration {
+    if since > now {
+        return Duration::ZERO;
+    }
+    wait.saturating_sub(now.saturating_since(since))
+}
+
 const CLOSED: u64 = 0;
 const OPEN: u64 = 1;
 const HALF_OPEN: u64 = 2;
@@ -307,11 +317,11 @@ impl Breaker {
         let word = self.part(part).word.load(Ordering::Acquire);
         match word & STATE {
             CLOSED => None,
-            OPEN => {
-                let since = stamped_at(word);
-                let open_for = self.clock.now().saturating_since(since);
-                Some(self.config.cool_down.saturating_sub(open_for))
-            }
+            OPEN => Some(left_of_wait(
+                stamped_at(word),
+                self.clock.now(),
+                self.config.cool_down,
+            )),
             _ => Some(Duration::ZERO),
         }
     }
@@ -465,7 +475,7 @@ impl Breaker {
                 } else {
                     self.lost_after
                 };
-                if now.saturating_since(since) < wait {
+                if !left_of_wait(since, now, wait).is_zero() {
                     return Admit::Reject;
                 }
                 let probe = stamp(now) | (word & QUIET) | HALF_OPEN;
@@ -1081,6 +1091,29 @@ mod tests {
         b.success(0, Some(p));
         assert_eq!(b.state(), CircuitState::Closed);
         assert_eq!(b.admit(0), Admit::Call);
+    }
+
+    /// A clock set back (a custom clock that follows the wall clock, stepped back by an hour)
+    /// does not hold a circuit open, or a lost probe unanswered, until it catches up again: a
+    /// state stamped after `now` counts as waited out, as the log gate's does.
+    #[test]
+    fn a_clock_set_back_does_not_hold_the_circuit_open() {
+        let clock = ManualClock::starting_at(Timestamp::from_micros(7_200_000_000));
+        let b = breaker(&clock);
+        b.failure(0, None, FRESH);
+        b.failure(0, None, FRESH);
+        assert_eq!(b.state(), CircuitState::Open);
+        assert_eq!(b.next_probe_in(0), Some(Duration::from_secs(5)));
+        clock.set(Timestamp::from_micros(3_600_000_000));
+        assert_eq!(b.next_probe_in(0), Some(Duration::ZERO));
+        let _lost = probe(&b);
+        assert_eq!(b.admit(0), Admit::Reject, "one probe at a time");
+        // Half-open, its probe lost, and the clock set back again.
+        clock.set(Timestamp::from_micros(1_800_000_000));
+        assert_eq!(b.next_probe_in(0), Some(Duration::ZERO));
+        let p = probe(&b);
+        b.success(0, Some(p));
+        assert_eq!(b.state(), CircuitState::Closed);
     }
 
     /// A probe that nothing settles (its request's task panicked before its check was made) is
