@@ -50,20 +50,47 @@ pub async fn sweep(config: &Config) -> Result<Sweep, Error> {
     } else {
         config.steps.clone()
     };
+    let steps = run_steps(&rates, config.p99_target, |rate| {
+        let mut step = config.clone();
+        step.rate = rate;
+        async move { run_once(&step).await }
+    })
+    .await?;
+    Ok(Sweep {
+        p99_target: config.p99_target,
+        steps,
+    })
+}
+
+/// The reports of `run_at` each of `rates` in turn, up to and including the first not sustained
+/// under `p99_target`.
+async fn run_steps<F, Fut>(
+    rates: &[f64],
+    p99_target: Duration,
+    mut run_at: F,
+) -> Result<Vec<Report>, Error>
+where
+    F: FnMut(f64) -> Fut,
+    Fut: std::future::Future<Output = Result<Report, Error>>,
+{
     let mut steps = Vec::new();
-    for rate in rates {
-        config.rate = rate;
-        let report = run_once(&config).await?;
-        let ok = report.sustained(config.p99_target);
+    for &rate in rates {
+        let report = run_at(rate).await?;
+        let ok = report.sustained(p99_target);
         steps.push(report);
         if !ok {
             break;
         }
     }
-    Ok(Sweep {
-        p99_target: config.p99_target,
-        steps,
-    })
+    Ok(steps)
+}
+
+/// The rate `completed` answers from the first scheduled request to the last answer, `elapsed`
+/// after it, show for a schedule of `rate` a second. That span holds only `n − 1` of the
+/// schedule's `n` intervals: one interval more, so that a schedule kept to the letter reads as
+/// its rate.
+fn achieved_rate(completed: u64, elapsed: Duration, rate: f64) -> f64 {
+    completed as f64 / (elapsed.as_secs_f64() + 1.0 / rate).max(1e-9)
 }
 
 /// Starts a `redis-server` for the run if it needs one and was given no URL. The harness panics
@@ -1018,9 +1045,7 @@ fn build_report(
         errors: rec.errors,
         timed_out,
         elapsed,
-        // From the first scheduled request to the last answer spans only `n − 1` of the schedule's
-        // `n` intervals: one interval more, so that a schedule kept to the letter reads as its rate.
-        achieved_rate: completed as f64 / (elapsed.as_secs_f64() + 1.0 / config.rate).max(1e-9),
+        achieved_rate: achieved_rate(completed, elapsed, config.rate),
         late_starts: rec.late_starts,
         max_start_lateness: rec.max_start_lateness,
         p50_us: q(&rec.latency, 0.5),
@@ -1136,6 +1161,65 @@ fn users_above_in_some_interval(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Ten requests at 10 a second, the last sent 0.9 s after the first and answered at once:
+    /// the rate kept, 10 a second (not 10 / 0.9). Answers later than that read lower.
+    #[test]
+    fn a_kept_schedule_achieves_its_rate() {
+        assert_eq!(achieved_rate(10, Duration::from_millis(900), 10.0), 10.0);
+        assert_eq!(achieved_rate(10, Duration::from_millis(1_900), 10.0), 5.0);
+        assert_eq!(achieved_rate(0, Duration::ZERO, 10.0), 0.0);
+    }
+
+    /// A sweep goes on past each sustained step and stops after the first that is not, whatever
+    /// the steps after it: the outcome of each step is made up here, not asked of the machine.
+    #[tokio::test]
+    async fn a_sweep_stops_after_its_first_unsustained_step() {
+        // One real run, for a report to copy; its timings are overwritten below.
+        let config = Config {
+            rate: 10.0,
+            duration: Duration::from_millis(100),
+            quiet: true,
+            ..config()
+        };
+        let base = run_once(&config).await.unwrap();
+        let target = Duration::from_millis(5);
+        // A step is sustained below 300 a second, at 400, and at no other rate.
+        let step = |rate: f64| {
+            let mut r = base.clone();
+            r.target_rate = rate;
+            r.achieved_rate = rate;
+            r.p99_us = if rate < 300.0 || rate == 400.0 {
+                1_000
+            } else {
+                9_000
+            };
+            r
+        };
+        let rates = |steps: &[Report]| steps.iter().map(|r| r.target_rate).collect::<Vec<_>>();
+        let sweep = |rates: &'static [f64]| {
+            run_steps(rates, target, move |rate| async move { Ok(step(rate)) })
+        };
+        assert_eq!(
+            rates(&sweep(&[100.0, 200.0]).await.unwrap()),
+            [100.0, 200.0]
+        );
+        assert_eq!(
+            rates(&sweep(&[100.0, 200.0, 300.0, 400.0]).await.unwrap()),
+            [100.0, 200.0, 300.0],
+            "stopped at 300, though 400 would have been sustained"
+        );
+        assert_eq!(rates(&sweep(&[300.0, 100.0]).await.unwrap()), [300.0]);
+        // A step that fails to run ends the sweep with its error.
+        let failing = run_steps(&[100.0, 200.0], target, |rate| async move {
+            if rate > 150.0 {
+                Err(Error::Redis("down".into()))
+            } else {
+                Ok(step(rate))
+            }
+        });
+        assert!(matches!(failing.await, Err(Error::Redis(_))));
+    }
 
     fn config() -> Config {
         Config {
