@@ -7,7 +7,7 @@
 //! for the whole cool-down), or is kept closed by the other masters' successes, and then every
 //! check of the lost master's keys waits out the layer's timeout.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -15,6 +15,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::routing::get;
 use ratelimit_core::{Limit, Store};
+use ratelimit_e2e::observe::Metrics;
 use ratelimit_e2e::per_minute;
 use ratelimit_redis::{CLUSTER_FAILURE_DOMAINS, RedisStore};
 use redis_harness::RedisCluster;
@@ -137,6 +138,9 @@ struct Lost {
     layer: RateLimitLayer<Domains<RedisStore>>,
     app: Router,
     clients: Vec<String>,
+    /// The layer's metrics: its store errors by kind tell a check answered by an open circuit
+    /// from one that waited for the store.
+    metrics: Arc<Metrics>,
 }
 
 /// A circuit per failure domain of the store (the default), or one for the whole store
@@ -167,23 +171,26 @@ impl Lost {
             inner: store,
             seen: Arc::default(),
         };
-        let layer = RateLimitLayer::builder(
-            domains.clone(),
-            Policy::new("api", per_minute(100_000))
-                .expect("policy")
-                .key(ApiKeyHeader::new("x-api-key").expect("header name"))
-                .failure(FailurePolicy::fail_closed(Duration::from_secs(2))),
-        )
-        .timeout(layer_timeout)
-        .circuit_breaker({
-            let breaker = CircuitBreaker::new(3, cool_down).expect("breaker");
-            match circuits {
-                Circuits::PerDomain => breaker,
-                Circuits::Single => breaker.single_circuit(),
-            }
-        })
-        .build()
-        .expect("layer");
+        let metrics = Arc::new(Metrics::new());
+        let layer = metrics.register(|| {
+            RateLimitLayer::builder(
+                domains.clone(),
+                Policy::new("api", per_minute(100_000))
+                    .expect("policy")
+                    .key(ApiKeyHeader::new("x-api-key").expect("header name"))
+                    .failure(FailurePolicy::fail_closed(Duration::from_secs(2))),
+            )
+            .timeout(layer_timeout)
+            .circuit_breaker({
+                let breaker = CircuitBreaker::new(3, cool_down).expect("breaker");
+                match circuits {
+                    Circuits::PerDomain => breaker,
+                    Circuits::Single => breaker.single_circuit(),
+                }
+            })
+            .build()
+            .expect("layer")
+        });
         let app = Router::new()
             .route("/", get(|| async { "ok" }))
             .layer(layer.clone());
@@ -197,6 +204,7 @@ impl Lost {
             layer,
             app,
             clients,
+            metrics,
         }
     }
 
@@ -305,8 +313,16 @@ async fn with_one_circuit_a_lost_master_fails_every_key() {
 
 /// What the checks got while a master was gone from the network.
 struct Gone {
-    /// The lost master's clients' median latency, after the first second.
-    victims_median: Duration,
+    /// The lost master's clients' checks after the first second, all answered 503.
+    victims: u64,
+    /// The checks answered by an open circuit after the first second, without asking the store
+    /// (any client's).
+    by_open_circuit: u64,
+    /// The most checks of the lost master's clients after the first second that may wait for
+    /// the store while its circuits work: per domain, the failures in a row that open it (the
+    /// victims' loop waits out each, so the last domains open after the first second) and one
+    /// probe per cool-down; and the one check under way at the first second.
+    may_wait: u64,
     /// The other masters' clients' checks after the first second, and how many failed.
     then: usize,
     then_failed: usize,
@@ -336,9 +352,19 @@ async fn gone(circuits: Circuits) -> Gone {
     .await;
     let (victim, dead, healthy) = lost.kill_a_master();
     let _hole = redis_harness::blackhole::Blackhole::on(victim);
+    let victim_domains: HashSet<usize> = dead.iter().map(|c| lost.domains.of(c)).collect();
 
     let start = Instant::now();
     let during = Duration::from_secs(4);
+    let settled = Duration::from_secs(1);
+    // The checks answered by an open circuit up to the first second, not counted.
+    let by_open_circuit_settled = {
+        let metrics = lost.metrics.clone();
+        tokio::spawn(async move {
+            tokio::time::sleep_until((start + settled).into()).await;
+            metrics.store_errors("api", "circuit_open")
+        })
+    };
     // An open circuit answers at once: without a pause the victims' loop would never yield, and
     // hold one of the two workers.
     let victims = tokio::spawn(load(
@@ -356,7 +382,14 @@ async fn gone(circuits: Circuits) -> Gone {
     .await;
     let victims = victims.await.expect("the victims' load");
     assert!(!victims.is_empty() && victims.iter().all(|(_, s, _)| *s == 503));
-    let settled = Duration::from_secs(1);
+    let by_open_circuit = lost.metrics.store_errors("api", "circuit_open")
+        - by_open_circuit_settled
+            .await
+            .expect("the count at the first second");
+    let cool_downs = (during - settled)
+        .as_millis()
+        .div_ceil(cool_down.as_millis().max(1)) as u64;
+    let may_wait = victim_domains.len() as u64 * (3 + cool_downs) + 1;
     let victims_settled = latencies_from(&victims, settled);
     let victims_median = victims_settled[victims_settled.len() / 2];
     let failed = |from: Duration, to: Duration| {
@@ -372,16 +405,19 @@ async fn gone(circuits: Circuits) -> Gone {
     let latencies = latencies_from(&answers, settled);
     println!(
         "{circuits:?}, store timeout {response_timeout:?}, cool-down {cool_down:?}: the lost \
-         master's clients: {} checks, all 503 (median {victims_median:?} after {settled:?}); \
-         the others': {first_failed} of {first} failed in the first {settled:?}, {then_failed} \
+         master's clients: {} checks, all 503 (after {settled:?}: median {victims_median:?}, \
+         {by_open_circuit} of {} by an open circuit); the others': {first_failed} of {first} failed in the first {settled:?}, {then_failed} \
          of {then} after, latency after it median {:?}, p99 {:?}, slowest {:?}",
         victims.len(),
+        victims_settled.len(),
         latencies[latencies.len() / 2],
         latencies[latencies.len() * 99 / 100],
         latencies[latencies.len() - 1],
     );
     Gone {
-        victims_median,
+        victims: victims_settled.len() as u64,
+        by_open_circuit,
+        may_wait,
         then,
         then_failed,
     }
@@ -398,16 +434,18 @@ async fn gone(circuits: Circuits) -> Gone {
 async fn a_master_gone_from_the_network_stops_only_its_own_keys() {
     let _one = ONE_AT_A_TIME.lock().await;
     let Gone {
-        victims_median,
+        victims,
+        by_open_circuit,
+        may_wait,
         then,
         then_failed,
     } = gone(Circuits::PerDomain).await;
     // The lost master's keys are answered by their open circuits, without waiting for the
     // layer's timeout (50 ms) as they would behind a circuit that the other masters' successes
-    // keep closed.
+    // keep closed: all but each domain's first failures and probes.
     assert!(
-        victims_median < Duration::from_millis(25),
-        "{victims_median:?}"
+        victims > may_wait && by_open_circuit + may_wait >= victims,
+        "{by_open_circuit} of {victims} answered by an open circuit (at most {may_wait} may wait)"
     );
     assert!(
         then > 100,
@@ -428,12 +466,15 @@ async fn a_master_gone_from_the_network_stops_only_its_own_keys() {
 async fn with_one_circuit_a_master_gone_from_the_network_costs_every_key() {
     let _one = ONE_AT_A_TIME.lock().await;
     let Gone {
-        victims_median,
+        victims,
+        by_open_circuit,
         then_failed,
         ..
     } = gone(Circuits::Single).await;
+    // Most of the lost master's checks waited for the store (the circuit kept closed), or the
+    // other masters' clients failed (it opened).
     assert!(
-        victims_median >= Duration::from_millis(25) || then_failed > 0,
-        "{victims_median:?}, {then_failed}"
+        by_open_circuit * 2 < victims || then_failed > 0,
+        "{by_open_circuit} of {victims} answered by an open circuit, {then_failed} others failed"
     );
 }

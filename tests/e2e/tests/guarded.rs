@@ -52,11 +52,9 @@ async fn a_guarded_redis_fails_fast_while_down_and_recovers_by_itself() {
         );
     }
     assert_eq!(store.circuit_state(), Some(CircuitState::Open));
-    // Open: answered at once, with the cool-down left.
+    // Open: answered without asking the store, with the cool-down left.
     clock.advance(Duration::from_secs(4));
-    let started = Instant::now();
     let e = check().await.expect_err("the circuit is open");
-    assert!(started.elapsed() < MARGIN, "{:?}", started.elapsed());
     assert!(
         matches!(e, GuardError::CircuitOpen { retry_in } if retry_in == Duration::from_secs(6)),
         "{e:?}"
@@ -71,17 +69,15 @@ async fn a_guarded_redis_fails_fast_while_down_and_recovers_by_itself() {
     assert!(d.is_allowed());
     assert_eq!(store.circuit_state(), Some(CircuitState::Closed));
 
-    // Killed: connection refused, fast; three failures open the circuit again.
+    // Killed: connection refused, a store error rather than a wait for the timeout; three
+    // failures open the circuit again.
     redis.kill();
     let opened = wait_until(Duration::from_secs(5), || async {
-        let started = Instant::now();
-        let answer = check().await;
-        assert!(
-            started.elapsed() < TIMEOUT + MARGIN,
-            "{:?}",
-            started.elapsed()
-        );
-        matches!(answer, Err(GuardError::CircuitOpen { .. }))
+        match check().await {
+            Err(GuardError::CircuitOpen { .. }) => true,
+            Err(GuardError::Store(_)) => false,
+            other => panic!("a refused connection: {other:?}"),
+        }
     })
     .await;
     assert!(opened.is_some(), "the circuit opened over a dead Redis");
