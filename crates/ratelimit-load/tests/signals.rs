@@ -1,7 +1,7 @@
 //! The tool stopped by a signal stops the `redis-server` it started.
 
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis_harness::process::{running, send_signal, wait_exit, wait_for_child};
 
@@ -32,9 +32,9 @@ fn sigterm_stops_the_redis_server_the_tool_started() {
         let server = wait_for_child(tool.id(), "redis-server", Duration::from_secs(30))
             .expect("no redis-server started");
         // At once, while the tool may still be waiting for the server to answer (its handlers
-        // must be in place before), or once the run has begun.
+        // must be in place before), or once the run has begun: its checks have written a key.
         if settled {
-            std::thread::sleep(Duration::from_millis(500));
+            wait_for_a_key(server);
         }
         assert!(send_signal(tool.id(), signal));
         // Bounded: a tool that ignored the signal fails the test instead of hanging it.
@@ -56,5 +56,38 @@ fn sigterm_stops_the_redis_server_the_tool_started() {
             !running(server),
             "{signal}: redis-server {server} still runs"
         );
+    }
+}
+
+/// Waits (up to 30 s) until the `redis-server` of process `pid` holds a key. Its port is read from
+/// its process title (`redis-server 127.0.0.1:<port>`), which it sets once started.
+fn wait_for_a_key(pid: u32) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let title = std::fs::read(format!("/proc/{pid}/cmdline")).unwrap_or_default();
+        let title = String::from_utf8_lossy(&title).replace('\0', " ");
+        let port = title
+            .split_once("127.0.0.1:")
+            .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|digits| digits.parse::<u16>().ok());
+        let keys = port.and_then(|port| {
+            let out = Command::new("redis-cli")
+                .args(["-h", "127.0.0.1", "-p", &port.to_string(), "dbsize"])
+                .stdin(Stdio::null())
+                .output()
+                .ok()?;
+            String::from_utf8_lossy(&out.stdout)
+                .trim()
+                .parse::<u64>()
+                .ok()
+        });
+        if keys.is_some_and(|n| n > 0) {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "redis-server {pid} ({title}) holds no key after 30 s"
+        );
+        std::thread::sleep(Duration::from_millis(20));
     }
 }
