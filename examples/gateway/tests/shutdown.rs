@@ -142,7 +142,13 @@ fn a_second_signal_ends_the_drain_at_once() {
     let stalled = stall(&addr);
 
     sigterm(&child.0);
-    std::thread::sleep(Duration::from_millis(300));
+    // The first signal drains: the gateway stops accepting connections (its listener closed),
+    // and the stalled request holds it.
+    let deadline = Instant::now() + EXIT_WITHIN;
+    while TcpStream::connect(&addr).is_ok() {
+        assert!(Instant::now() < deadline, "still accepting after SIGTERM");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     assert!(
         child.0.try_wait().unwrap().is_none(),
         "the first signal drains: the stalled request holds it"
