@@ -62,9 +62,7 @@ fn redis_unreachable_at_start_is_status_3_and_refused_credentials_status_2() {
         ))
     };
     // A port with nothing listening: refused at once.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = closed.local_addr().unwrap().port();
-    drop(closed);
+    let port = redis_harness::closed_port();
     let (status, err) = with_url(&format!("redis://127.0.0.1:{port}"));
     assert_eq!(status, Some(3), "{err}");
     assert!(err.contains("store: "), "{err}");
@@ -137,9 +135,7 @@ fn redis_from_the_command_line() {
     );
 
     // Nothing listening there: the address named, and status 3, as for the file's own.
-    let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let port = closed.local_addr().unwrap().port();
-    drop(closed);
+    let port = redis_harness::closed_port();
     let url = format!("redis://127.0.0.1:{port}");
     let out = gateway(&[
         OsStr::new("--config"),

@@ -107,6 +107,13 @@ fn free_port(with_bus: bool) -> u16 {
     panic!("found no free loopback port in 200 tries");
 }
 
+/// A loopback port with nothing listening on it, that no server of this harness will be started
+/// on: for a test that needs a connection refused. (A port bound and dropped by the test itself
+/// could be handed to a server started meanwhile by another test of the same binary.)
+pub fn closed_port() -> u16 {
+    free_port(false)
+}
+
 fn port_is_free(port: u16) -> bool {
     TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, port)).is_ok()
 }
