@@ -380,3 +380,23 @@ async fn a_watch_whose_handler_panicked_is_not_subscribed() {
         tokio::task::yield_now().await;
     }
 }
+
+/// A primary demoted to a replica behind the same address (a failover behind a DNS name or a
+/// virtual IP) refuses an announced reset's delete: nothing may be announced then, or the
+/// gateways watching it would end their cached denials of a client whose count stands. The
+/// script deletes first, and publishes only once the delete is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_refused_by_a_demoted_primary_announces_nothing() {
+    let old = RedisServer::start();
+    let new = RedisServer::start();
+    let a = store(&old.url(), &unique_prefix("demoted"), true).await;
+    assert!(a.check(b"alice", &limit(), 1).await.unwrap().is_allowed());
+    old.cli(&["REPLICAOF", "127.0.0.1", &new.port().to_string()]);
+    let err = a.reset(b"alice", &limit()).await.unwrap_err();
+    assert!(err.to_string().contains("ReadOnly"), "{err:?}");
+    let stats = old.cli(&["INFO", "commandstats"]);
+    assert!(
+        !stats.lines().any(|l| l.starts_with("cmdstat_publish:")),
+        "published on the replica:\n{stats}"
+    );
+}
