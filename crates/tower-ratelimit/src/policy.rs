@@ -269,8 +269,9 @@ impl Policy {
     /// two quotas), whose items would then be left out. The defaults: the key is
     /// the peer address ([`PeerIp`](crate::key::PeerIp); [`GlobalKey`](crate::key::GlobalKey)
     /// without the `axum` feature), each request costs 1, a missing key is rejected with 400,
-    /// IETF headers on every response the store decided (none on one the allow-list, a missing
-    /// key, a failure policy or a dry run answered or let through), a plain-text 429 body, and
+    /// IETF headers on every response the store or the fallback store decided (those of a
+    /// fallback describing its local share; none on one the allow-list, a missing key, failing
+    /// open or closed, or a dry run answered or let through), a plain-text 429 body, and
     /// [`FailurePolicy::FailOpen`].
     ///
     /// The peer address comes from axum's `ConnectInfo`: serve the app with
