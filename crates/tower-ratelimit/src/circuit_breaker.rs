@@ -701,7 +701,8 @@ pin_project_lite::pin_project! {
     ///
     /// Dropped before the store answered (the client went away, or a caller's timeout shorter than
     /// the layer's fired), it does not guess: the check (its command already sent by the poll in
-    /// `call`) runs on in a task of its own, under the same timeout (counted from when the check was
+    /// `call`, or by a first poll of `Guarded`'s: one dropped before that was never sent, and is
+    /// dropped with it) runs on in a task of its own, under the same timeout (counted from when the check was
     /// sent, not started again), and the store's answer or timeout counts as it would have for the
     /// request. So clients cannot decide the circuit's state by cancelling: a probe they cancel is
     /// still settled by the store, and checks they cancel over a hanging store still time out and
@@ -729,6 +730,11 @@ pin_project_lite::pin_project! {
         // The store's check until it is answered or cut; taken out while it is polled, so that
         // a check whose poll panics is not run on by the drop.
         check: Option<F>,
+        // Whether the check was polled before it was handed over (the layer polls the store's
+        // check once in `call`, which sends a network store's command). A check made unpolled
+        // (`Guarded`'s) and dropped before its first poll was never sent: it is dropped with
+        // this, not run on, and a probe is handed on.
+        sent: bool,
         // The timer, made at the first poll (making the check needs no runtime). In place, not
         // boxed: a drop moves only the check into its task, with a timer of its own at the same
         // deadline.
@@ -751,6 +757,10 @@ pin_project_lite::pin_project! {
                 *this.probe,
                 *this.seen,
             )));
+            if !*this.sent && this.timer.is_none() {
+                // Never polled, so never sent: `unsettled` hands a probe on as it drops.
+                return;
+            }
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                 // No runtime to finish the check on: `unsettled` hands a probe on as it drops.
                 return;
@@ -774,6 +784,8 @@ impl<F> BreakerCheck<F>
 where
     F: StoreCheck,
 {
+    /// The breaker's hold on `check`, which has been polled once (its command sent): dropped
+    /// before its answer, even unpolled since, it runs on in a task of its own.
     pub(crate) fn new(
         breaker: Arc<Breaker>,
         part: usize,
@@ -789,8 +801,24 @@ where
             seen,
             deadline: tokio::time::Instant::now() + timeout,
             check: Some(check),
+            sent: true,
             timer: None,
         }
+    }
+
+    /// [`new`](Self::new) for a `check` not polled yet: dropped before its first poll, it is
+    /// dropped unsent.
+    pub(crate) fn unsent(
+        breaker: Arc<Breaker>,
+        part: usize,
+        probe: Option<Probe>,
+        seen: u64,
+        check: F,
+        timeout: Duration,
+    ) -> Self {
+        let mut unsent = BreakerCheck::new(breaker, part, probe, seen, check, timeout);
+        unsent.sent = false;
+        unsent
     }
 }
 

@@ -26,8 +26,12 @@ use crate::{Error, VerdictKind};
 /// [`GuardError::TimedOut`]; after `failure_threshold` failures in a row the key's circuit
 /// opens, and its checks fail at once with [`GuardError::CircuitOpen`] (saying when the store
 /// will be asked again) without asking the store, until a probe after the cool-down finds it
-/// answering. The circuits, probes, and checks dropped before their answer behave as under the
-/// layer ([`circuit_breaker`](crate::circuit_breaker) says how). What to do on an error is the
+/// answering. The circuits, probes, and checks dropped while they wait for their answer behave
+/// as under the layer ([`circuit_breaker`](crate::circuit_breaker) says how), and are counted in
+/// `ratelimit_checks_cancelled_total`. A check is sent at its first poll (as the layer's is in
+/// `call`): one dropped before it (a `select!` that took another branch) asks the store nothing
+/// (a store that decides as the check is made, as the in-memory store does, has counted it
+/// already), and a probe so dropped is handed on to the next check. What to do on an error is the
 /// caller's: let the message through, refuse it, or count it against a local share of the limit
 /// ([`Limit::divided`]), as the layer's failure policies do.
 ///
@@ -246,6 +250,7 @@ where
                     deadline: tokio::time::Instant::now() + s.timeout,
                     timer: None,
                 },
+                waiting: false,
             };
         };
         let part = if b.parts() == 1 {
@@ -270,11 +275,12 @@ where
                     shared: s.clone(),
                     start,
                     state: State::Done(Some(answer)),
+                    waiting: false,
                 };
             }
         };
         let seen = b.seen();
-        let check = BreakerCheck::new(
+        let check = BreakerCheck::unsent(
             b.clone(),
             part,
             probe,
@@ -291,6 +297,7 @@ where
                 probe,
                 seen,
             },
+            waiting: false,
         }
     }
 
@@ -340,6 +347,18 @@ pub struct GuardedFuture<F, E> {
     shared: Arc<Shared>,
     start: Instant,
     state: State<F, E>,
+    /// Polled, and waiting for the store's answer: dropped now, the check is counted in
+    /// `ratelimit_checks_cancelled_total`, as the layer counts a request dropped while its
+    /// check waits. (Dropped before its first poll, a network store's check was never sent.)
+    waiting: bool,
+}
+
+impl<F, E> Drop for GuardedFuture<F, E> {
+    fn drop(&mut self) {
+        if self.waiting {
+            self.shared.metrics.cancelled.increment(1);
+        }
+    }
 }
 
 impl<F, E> fmt::Debug for GuardedFuture<F, E> {
@@ -403,7 +422,10 @@ where
                     let timer =
                         timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(*deadline)));
                     match timer.as_mut().poll(cx) {
-                        Poll::Pending => return Poll::Pending,
+                        Poll::Pending => {
+                            this.waiting = true;
+                            return Poll::Pending;
+                        }
                         Poll::Ready(()) => Err(GuardError::TimedOut { timeout }),
                     }
                 }
@@ -415,7 +437,10 @@ where
                 seen,
             } => {
                 let answer = match check.as_mut().poll(cx) {
-                    Poll::Pending => return Poll::Pending,
+                    Poll::Pending => {
+                        this.waiting = true;
+                        return Poll::Pending;
+                    }
                     Poll::Ready(answer) => answer,
                 };
                 // This state is made only by a store with a breaker.
@@ -439,6 +464,7 @@ where
             }
         };
         this.state = State::Done(None);
+        this.waiting = false;
         let shared = &this.shared;
         shared.metrics.store_duration(this.start.elapsed());
         Poll::Ready(match answer {

@@ -291,3 +291,111 @@ fn settings_out_of_range_are_typed_errors() {
         assert!(matches!(e, Error::InvalidPolicyName { .. }), "{e:?}");
     }
 }
+
+/// A store whose check sends nothing until it is first polled, as a network store's does (the
+/// Redis store's command goes out at the first poll), and then never answers.
+#[derive(Debug, Default)]
+struct LazyStore {
+    sent: Arc<std::sync::atomic::AtomicU64>,
+}
+
+impl Store for LazyStore {
+    type Error = StoreDown;
+    type Future = std::pin::Pin<
+        Box<dyn std::future::Future<Output = Result<ratelimit_core::Decision, StoreDown>> + Send>,
+    >;
+
+    fn check(&self, _key: &[u8], _limit: &Limit, _cost: u64) -> Self::Future {
+        let sent = self.sent.clone();
+        Box::pin(async move {
+            sent.fetch_add(1, Ordering::SeqCst);
+            std::future::pending().await
+        })
+    }
+}
+
+/// A check dropped before its first poll (a `select!` that took another branch) was never sent:
+/// with a breaker as without, the store is not asked for it, and a probe so dropped is handed on
+/// to the next check rather than sent by the drop.
+#[tokio::test(start_paused = true)]
+async fn a_check_dropped_before_its_first_poll_asks_the_store_nothing() {
+    let limit = per_minute(100);
+    for with_breaker in [false, true] {
+        let lazy = Arc::new(LazyStore::default());
+        let clock = ManualClock::new();
+        let builder = Guarded::builder(lazy.clone(), "jobs")
+            .timeout(Duration::from_millis(50))
+            .clock(clock.clone());
+        let builder = if with_breaker {
+            builder.circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(10)).unwrap())
+        } else {
+            builder.no_circuit_breaker()
+        };
+        let store = builder.build().unwrap();
+        drop(store.check(b"job", &limit, 1));
+        // Long enough for a check run on by a drop to be sent and cut at its timeout.
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(
+            lazy.sent.load(Ordering::SeqCst),
+            0,
+            "breaker: {with_breaker}"
+        );
+        if !with_breaker {
+            continue;
+        }
+        // Three checks sent and cut open the circuit; after the cool-down, the probe is dropped
+        // unpolled: not sent, and the next check probes.
+        for _ in 0..3 {
+            assert!(matches!(
+                store.check(b"job", &limit, 1).await,
+                Err(GuardError::TimedOut { .. })
+            ));
+        }
+        assert_eq!(store.circuit_state(), Some(CircuitState::Open));
+        clock.advance(Duration::from_secs(10));
+        drop(store.check(b"job", &limit, 1));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(lazy.sent.load(Ordering::SeqCst), 3);
+        assert!(matches!(
+            store.check(b"job", &limit, 1).await,
+            Err(GuardError::TimedOut { .. })
+        ));
+        assert_eq!(lazy.sent.load(Ordering::SeqCst), 4, "the next check probed");
+    }
+}
+
+/// A check dropped while it waits for the store is counted in `ratelimit_checks_cancelled_total`,
+/// as under the layer; one answered, or dropped before it was sent, is not.
+#[tokio::test(start_paused = true)]
+async fn a_check_dropped_while_waiting_is_counted_as_cancelled() {
+    for with_breaker in [false, true] {
+        let lazy = Arc::new(LazyStore::default());
+        let (store, snapshotter) = recorded(|| {
+            let builder = Guarded::builder(lazy.clone(), "jobs").timeout(Duration::from_millis(50));
+            let builder = if with_breaker {
+                builder
+            } else {
+                builder.no_circuit_breaker()
+            };
+            builder.build().unwrap()
+        });
+        let limit = per_minute(100);
+        for _ in 0..2 {
+            let given_up =
+                tokio::time::timeout(Duration::from_millis(5), store.check(b"job", &limit, 1))
+                    .await;
+            assert!(given_up.is_err());
+        }
+        drop(store.check(b"job", &limit, 1));
+        assert!(matches!(
+            store.check(b"job", &limit, 1).await,
+            Err(GuardError::TimedOut { .. })
+        ));
+        let m = Recorded::take(&snapshotter);
+        assert_eq!(
+            m.counter("ratelimit_checks_cancelled_total", &[("policy", "jobs")]),
+            2,
+            "breaker: {with_breaker}"
+        );
+    }
+}
