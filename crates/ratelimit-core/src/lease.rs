@@ -93,8 +93,12 @@ const SHARDS: usize = 16;
 /// only its fetching check's cost: when the key is back within that lease's lifetime and the
 /// store had units left) while the key's recent leases dropped at most a quarter of what they
 /// took, and also while a lease is on its way when its units are all counted on and more checks
-/// of the key come within its lifetime (once per lease request). It halves when a lease expires
-/// more than a quarter unused, or the store cannot grant one, and starts again from 1 when the
+/// of the key come within its lifetime (once per lease request); in each case only if a lease of
+/// the doubled size would be spent within its own lifetime at the pace the key was seen at (which
+/// the rate rule implies unless that lifetime is cut short, by `max_ttl` or a fixed window's
+/// end: a daily quota's units take 8.64 s each to refill at 10,000 a day). It halves when a lease
+/// expires more than a quarter unused, or any unit unused if its lifetime was cut short (what it
+/// drops is not refilled within it), or the store cannot grant one, and starts again from 1 when the
 /// check bringing a lease is dropped before its answer (the store may have granted it). While the
 /// recent leases dropped more than a quarter, a check takes only its own cost. A
 /// gateway thus leases only for a key it sees at about the limit's rate or faster: below that
@@ -135,14 +139,19 @@ const SHARDS: usize = 16;
 ///   against 100 a minute), 1.07 for a hot key turned bursty
 ///   (`a_hot_key_turned_bursty_does_not_keep_dropping_large_leases`), 1.0 for steady traffic
 ///   below the limit's rate (no lease). A key below its limit was denied for leasing in none of
-///   the tests' traffic (steady at 90 %, spread unevenly over two gateways, bursty with a second
-///   gateway's traffic) but one: bursts of 8 arriving together every 7 s at one gateway and a
-///   request every 3 s at another (89 a minute against 100) are never denied under the token
-///   bucket and GCRA, but 1.7 % of them are under the sliding log, whose log counts the units a
-///   live lease holds until they slide out (`overlapping_bursts_below_the_limit`). On a quota
-///   that does not refill, with demand above it at every gateway that leases, the total
-///   admitted reaches at least `quota − G × (L − 1)`, less up to `L` for each live lease dropped
-///   with its key when the lease table is full, or lost with its request (below). A check that costs
+///   the tests' traffic: steady at 90 %, spread unevenly over two gateways, bursty with a second
+///   gateway's traffic, and bursts of 8 arriving together every 7 s at one gateway with a request
+///   every 3 s at another (89 a minute against 100, `overlapping_bursts_below_the_limit`, under
+///   the token bucket, GCRA and the sliding log, no unit wasted; before 2026-12-06, when leases
+///   grew past what a lifetime cut to `max_ttl` could spend, 1.7 % were denied under the sliding
+///   log). On a quota that does not refill within a lease's lifetime, with a steady demand above
+///   it at every gateway that leases, the total admitted reaches at least `quota − G × (L − 1)`
+///   (`a_quota_slower_than_a_lease_lives_loses_no_units_to_expired_leases`: a daily quota of
+///   10,000 and a check every 4, 5 or 7 s, each algorithm admitting what the store alone admits
+///   less at most 63; before 2026-12-06 the fixed window admitted 7,501 of its 10,000 at one
+///   check every 4 s), less up to `L − 1` for each lease that expires part unused when the
+///   demand's pace falls (it then shrinks), and up to `L` for each live lease dropped with its
+///   key when the lease table is full, or lost with its request (below). A check that costs
 ///   more than its gateway's lease holds goes to the store on its own and leaves the lease be. A
 ///   check that was fetching a lease and is dropped (a caller's timeout), or whose lease request
 ///   fails (a store timeout, after which the store may have granted it), may lose the whole
@@ -324,6 +333,8 @@ struct Entry {
     /// (its lifetime, but for `max_ttl` and a fixed window's end), µs.
     fetch_sent: u64,
     fetch_refill: u64,
+    /// The units of the lease being asked for beyond its fetching check's cost.
+    fetch_beyond: u64,
     /// The lease size grew for the lease being asked for (once per request).
     grew_in_flight: bool,
     waiters: Vec<Waker>,
@@ -412,6 +423,7 @@ impl Entry {
         self.fetch_resets = self.resets;
         self.fetch_report_seq = self.next_report_seq();
         self.spare = want - cost;
+        self.fetch_beyond = want - cost;
         self.fetch_sent = now;
         self.fetch_refill = refill;
         self.grew_in_flight = false;
@@ -488,9 +500,21 @@ enum Action {
 }
 
 impl<S, C> Shared<S, C> {
-    fn grow(&self, e: &mut Entry) {
-        if let Size::Adaptive(max) = self.size {
-            e.size = e.size.saturating_mul(2).min(max);
+    /// Doubles the key's lease size (adaptive), if a lease of that size would be spent before it
+    /// ends at the pace the key was seen at: `beyond` units beyond a fetching check's cost in
+    /// `elapsed` µs. A lease lives the time the limit takes to refill it, so at the limit's rate
+    /// or faster this holds for any size; but a lifetime cut shorter (by `max_ttl`, as for a
+    /// daily quota, whose unit takes 8.64 s to refill at 10,000 a day) holds fewer units than
+    /// the key spends at the limit's rate, and the units a lease drops then are not refilled
+    /// within the quota's period: lost, lease after lease, for a key above its quota.
+    fn grow(&self, e: &mut Entry, limit: &Limit, beyond: u64, elapsed: u64) {
+        let Size::Adaptive(max) = self.size else {
+            return;
+        };
+        let next = e.size.saturating_mul(2).min(max);
+        let rest = u128::from(next.saturating_sub(e.fetched_for.max(1)));
+        if rest * u128::from(elapsed) < u128::from(self.refill(limit, next)) * u128::from(beyond) {
+            e.size = next;
         }
     }
 
@@ -502,7 +526,7 @@ impl<S, C> Shared<S, C> {
 
     /// `cost` units of `e`'s live lease (`e.tokens > 0 && e.expires > now`), spent without
     /// asking the store; `None` if the lease holds fewer.
-    fn spend(&self, e: &mut Entry, now: u64, cost: u64) -> Option<Decision> {
+    fn spend(&self, e: &mut Entry, limit: &Limit, now: u64, cost: u64) -> Option<Decision> {
         if e.tokens < cost {
             return None;
         }
@@ -514,8 +538,10 @@ impl<S, C> Shared<S, C> {
             let _ = e.settle(0);
             if e.at_rate(now) && e.thrifty() {
                 // Spent at the limit's rate or faster, and the recent leases were not dropped
-                // unused: a larger lease would have been spent too, and saved calls.
-                self.grow(e);
+                // unused: a larger lease would have been spent too (if it lives long enough at
+                // this pace), and saved calls.
+                let beyond = e.granted.saturating_sub(e.fetched_for);
+                self.grow(e, limit, beyond, now.saturating_sub(e.sent));
             }
         }
         self.counters.local.fetch_add(1, Ordering::Relaxed);
@@ -542,7 +568,7 @@ impl<S, C> Shared<S, C> {
             return Action::Direct;
         }
         if e.tokens > 0 && e.expires > now {
-            if let Some(d) = self.spend(e, now, cost) {
+            if let Some(d) = self.spend(e, limit, now, cost) {
                 return Action::Local(d);
             }
             // A live lease too small for this cost is kept for the smaller checks it can serve;
@@ -570,7 +596,10 @@ impl<S, C> Shared<S, C> {
                 && e.thrifty()
             {
                 e.grew_in_flight = true;
-                self.grow(e);
+                // The lease on its way, all counted on, and this check: that many units beyond
+                // its fetching check's cost since it was asked for.
+                let beyond = e.fetch_beyond.saturating_add(cost);
+                self.grow(e, limit, beyond, now.saturating_sub(e.fetch_sent));
             }
             return Action::Direct;
         }
@@ -585,7 +614,12 @@ impl<S, C> Shared<S, C> {
             // the key, the key would be denied below its limit. A quarter or less is let be
             // (the jitter of a key at its rate, whose bursts do not line up with its leases); with
             // the gate on growth (`thrifty`) a gateway then takes about 4/3 of what it admits.
-            if left.saturating_mul(4) > e.granted {
+            // A lease cut shorter than the time the limit takes to refill it (by `max_ttl`, or a
+            // fixed window's end) loses what it drops for longer than it lived: any unit unused
+            // shrinks it.
+            let cut_short =
+                left > 0 && e.expires.saturating_sub(e.sent) < self.refill_uncut(limit, e.granted);
+            if left.saturating_mul(4) > e.granted || cut_short {
                 self.shrink(e);
             }
             self.counters
@@ -606,7 +640,7 @@ impl<S, C> Shared<S, C> {
             // lifetime (`cost / r`): at the limit's rate or faster, a larger lease would have been
             // spent. (A key at its limit, with nothing left, would only have its larger lease
             // denied.)
-            self.grow(e);
+            self.grow(e, limit, cost, now.saturating_sub(e.sent));
         }
         if !may_fetch {
             return Action::Direct;
@@ -636,6 +670,12 @@ impl<S, C> Shared<S, C> {
     /// The time the limit's fastest-refilling quota takes to refill `units`, at most `max_ttl`,
     /// in µs: the lifetime of a lease of `units` (a fixed window's ends it earlier).
     fn refill(&self, limit: &Limit, units: u64) -> u64 {
+        self.refill_uncut(limit, units).min(self.max_ttl_us)
+    }
+
+    /// The time the limit's fastest-refilling quota takes to refill `units`, in µs, whatever
+    /// `max_ttl`.
+    fn refill_uncut(&self, limit: &Limit, units: u64) -> u64 {
         limit
             .quotas()
             .iter()
@@ -645,7 +685,6 @@ impl<S, C> Shared<S, C> {
             })
             .min()
             .unwrap_or(0)
-            .min(self.max_ttl_us)
     }
 
     /// The lifetime of a lease of `units` granted with decision `d`, in µs.
@@ -974,7 +1013,7 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
             if now >= e.starved_until
                 && e.tokens > 0
                 && e.expires > now
-                && let Some(d) = sh.spend(&mut e, now, cost)
+                && let Some(d) = sh.spend(&mut e, limit, now, cost)
             {
                 return Some(d);
             }
