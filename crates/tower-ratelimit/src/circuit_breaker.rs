@@ -806,19 +806,10 @@ where
         }
     }
 
-    /// [`new`](Self::new) for a `check` not polled yet: dropped before its first poll, it is
-    /// dropped unsent.
-    pub(crate) fn unsent(
-        breaker: Arc<Breaker>,
-        part: usize,
-        probe: Option<Probe>,
-        seen: u64,
-        check: F,
-        timeout: Duration,
-    ) -> Self {
-        let mut unsent = BreakerCheck::new(breaker, part, probe, seen, check, timeout);
-        unsent.sent = false;
-        unsent
+    /// This, for a check not polled yet: dropped before its first poll, it is dropped unsent.
+    pub(crate) fn unsent(mut self) -> Self {
+        self.sent = false;
+        self
     }
 }
 

@@ -280,14 +280,15 @@ where
             }
         };
         let seen = b.seen();
-        let check = BreakerCheck::unsent(
+        let check = BreakerCheck::new(
             b.clone(),
             part,
             probe,
             seen,
             self.store.check(key, limit, cost),
             s.timeout,
-        );
+        )
+        .unsent();
         GuardedFuture {
             shared: s.clone(),
             start,
