@@ -9,8 +9,8 @@ use hdrhistogram::Histogram;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use parking_lot::Mutex;
 use ratelimit_core::{
-    Algorithm, Clock, DEFAULT_MAX_LEASE, DenialCache, Leasing, Limit, MemoryStore, Store,
-    SystemClock,
+    Algorithm, Clock, DEFAULT_MAX_LEASE, DEFAULT_MAX_TTL, DenialCache, Leasing, Limit, MemoryStore,
+    Store, SystemClock,
 };
 use ratelimit_redis::{Coalescing, RedisStore};
 use redis::aio::MultiplexedConnection;
@@ -103,7 +103,7 @@ fn start_redis_if_needed(config: &mut Config) -> Result<Option<RedisServer>, Err
     // The usual cause, said plainly (the harness would panic with its own message first).
     if !redis_harness::redis_server_installed() {
         return Err(Error::Redis(
-            "redis-server not found: install it (Debian: apt-get install redis-server), or give \
+            "redis-server or redis-cli not found: install them (Debian: apt-get install redis-server), or give \
              --redis-url"
                 .to_owned(),
         ));
@@ -431,14 +431,30 @@ enum Tolerance {
 impl Tolerance {
     /// Leasing's guarantee for `config`'s algorithm (see `ratelimit_core::Leasing`).
     fn leasing(config: &Config) -> Tolerance {
-        let lease = config.lease_size.unwrap_or(DEFAULT_MAX_LEASE);
+        // A lease holds at most the limit's largest cost (`Limit::max_cost`): a bucket's burst,
+        // a window's limit.
+        let largest = match config.algorithm {
+            Algorithm::TokenBucket | Algorithm::Gcra => config.burst.unwrap_or(config.limit),
+            _ => config.limit,
+        };
+        let lease = config.lease_size.unwrap_or(DEFAULT_MAX_LEASE).min(largest);
+        // With users assigned to a gateway each, a user's units are leased by one gateway.
+        let gateways = match config.assign {
+            Assign::UserHash => 1,
+            Assign::RoundRobin => config.gateways as u64,
+        };
         match config.algorithm {
-            Algorithm::TokenBucket | Algorithm::Gcra => Tolerance::Once(lease),
+            // `burst + r × (T + ttl)`: one lifetime's refill more, and a lease lives at most the
+            // time it takes to refill (so `r × ttl ≤ L`) and at most `DEFAULT_MAX_TTL`.
+            Algorithm::TokenBucket | Algorithm::Gcra => {
+                let period = config.period.as_micros().max(1);
+                let refilled =
+                    (u128::from(config.limit) * DEFAULT_MAX_TTL.as_micros()).div_ceil(period);
+                Tolerance::Once(lease.min(u64::try_from(refilled).unwrap_or(u64::MAX)))
+            }
             // A lease never outlives its window.
             Algorithm::FixedWindow => Tolerance::Exact,
-            _ => Tolerance::PerPeriod(
-                (config.gateways as u64).saturating_mul(lease.saturating_sub(1)),
-            ),
+            _ => Tolerance::PerPeriod(gateways.saturating_mul(lease.saturating_sub(1))),
         }
     }
 
@@ -1283,6 +1299,54 @@ mod tests {
         assert_eq!(t, Tolerance::PerPeriod(36));
         // Two periods and a bit touch three half-open windows of one period.
         assert_eq!(t.over(&sliding, Duration::from_secs(121)), 3 * 36);
+    }
+
+    /// The tolerance counts the leases the library can grant, not the size asked for: never
+    /// more than the limit's largest cost (a bucket's burst, a window's limit), on a bucket never
+    /// more than its rate refills in a lease's longest lifetime (`DEFAULT_MAX_TTL`), and with
+    /// users assigned to one gateway each, one gateway's lease. Before, 10 a second under the
+    /// sliding log at 4 gateways allowed 4 × 63 units a period more, and `--check` passed a store
+    /// admitting 20 times the limit.
+    #[test]
+    fn leasing_tolerance_counts_the_leases_that_can_be_granted() {
+        let per_second = |algorithm, limit| Config {
+            algorithm,
+            limit,
+            period: Duration::from_secs(1),
+            gateways: 4,
+            ..Config::default()
+        };
+        assert_eq!(
+            Tolerance::leasing(&per_second(Algorithm::SlidingLog, 10)),
+            Tolerance::PerPeriod(4 * 9)
+        );
+        assert_eq!(
+            Tolerance::leasing(&per_second(Algorithm::TokenBucket, 10)),
+            Tolerance::Once(10)
+        );
+        // 100 a minute refills 17 (16.7, rounded up) in the 10 s a lease may live at most.
+        let minute = Config {
+            algorithm: Algorithm::Gcra,
+            limit: 100,
+            period: Duration::from_secs(60),
+            ..Config::default()
+        };
+        assert_eq!(Tolerance::leasing(&minute), Tolerance::Once(17));
+        let sticky = Config {
+            algorithm: Algorithm::SlidingLog,
+            limit: 100,
+            period: Duration::from_secs(60),
+            gateways: 20,
+            assign: crate::config::Assign::UserHash,
+            ..Config::default()
+        };
+        assert_eq!(Tolerance::leasing(&sticky), Tolerance::PerPeriod(63));
+        // Over HTTP a user's requests go round-robin over the gateways' connections.
+        let spread = Config {
+            assign: crate::config::Assign::RoundRobin,
+            ..sticky
+        };
+        assert_eq!(Tolerance::leasing(&spread), Tolerance::PerPeriod(20 * 63));
     }
 
     /// Thousands of admissions of one user at the bucket's pace are checked pair by pair and

@@ -290,12 +290,29 @@ fn secs_label(ms: u64, tick_ms: u64) -> String {
     }
 }
 
-fn main() -> Result<(), Box<dyn std::error::Error>> {
+fn main() -> std::process::ExitCode {
+    match cli() {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err((status, message)) => {
+            eprintln!("example-boundary: {message}");
+            std::process::ExitCode::from(status)
+        }
+    }
+}
+
+/// Prints the tables and writes the chart; or the exit status (2 for a wrong command line, 1
+/// for a failure) and what went wrong.
+fn cli() -> Result<(), (u8, String)> {
+    let usage = |message: String| (2, message);
     let mut path = String::from("boundary.svg");
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
-            "--svg" => path = args.next().ok_or("--svg needs a path")?,
+            "--svg" => {
+                path = args
+                    .next()
+                    .ok_or_else(|| usage("--svg needs a path".into()))?;
+            }
             "--help" | "-h" => {
                 println!(
                     "example-boundary: each algorithm at a window's boundary, as a table and a \
@@ -304,15 +321,16 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 );
                 return Ok(());
             }
-            other => return Err(format!("unknown argument `{other}` (try --svg PATH)").into()),
+            other => return Err(usage(format!("unknown argument `{other}` (try --svg PATH)"))),
         }
     }
     let runs = Algorithm::ALL
         .into_iter()
         .map(run)
-        .collect::<Result<Vec<_>, _>>()?;
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| (1, e.to_string()))?;
     print!("{}", tables(&runs));
-    std::fs::write(&path, svg(&runs))?;
+    std::fs::write(&path, svg(&runs)).map_err(|e| (1, format!("cannot write {path}: {e}")))?;
     println!("\nplot written to {path}");
     Ok(())
 }

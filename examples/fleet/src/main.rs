@@ -203,7 +203,7 @@ async fn run(options: Options) -> Result<Report, Box<dyn std::error::Error>> {
             // The harness panics if it cannot start one; the usual cause, said plainly first.
             if !redis_harness::redis_server_installed() {
                 return Err(
-                    "redis-server not found: install it (Debian: apt-get install \
+                    "redis-server or redis-cli not found: install them (Debian: apt-get install \
                             redis-server), give --redis URL, or run with --alone"
                         .into(),
                 );

@@ -108,15 +108,46 @@ async fn demo() -> Result<Vec<String>, Box<dyn Error>> {
     Ok(lines)
 }
 
+/// Why the quickstart stopped: a wrong command line (status 2), or a failure while it ran
+/// (status 1).
+enum Failure {
+    Usage(String),
+    Run(Box<dyn Error>),
+}
+
+impl<E: Into<Box<dyn Error>>> From<E> for Failure {
+    fn from(e: E) -> Self {
+        Failure::Run(e.into())
+    }
+}
+
 #[tokio::main]
-async fn main() -> Result<(), Box<dyn Error>> {
+async fn main() -> std::process::ExitCode {
+    match run().await {
+        Ok(()) => std::process::ExitCode::SUCCESS,
+        Err(Failure::Usage(message)) => {
+            eprintln!("example-quickstart: {message}");
+            std::process::ExitCode::from(2)
+        }
+        Err(Failure::Run(e)) => {
+            eprintln!("example-quickstart: {e}");
+            std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run() -> Result<(), Failure> {
     let mut listen = DEFAULT_LISTEN.to_owned();
     let mut run_demo = false;
     let mut args = std::env::args().skip(1);
     while let Some(arg) = args.next() {
         match arg.as_str() {
             "--demo" => run_demo = true,
-            "--listen" => listen = args.next().ok_or("--listen needs an address")?,
+            "--listen" => {
+                listen = args
+                    .next()
+                    .ok_or_else(|| Failure::Usage("--listen needs an address".into()))?;
+            }
             "--help" | "-h" => {
                 println!(
                     "example-quickstart: an axum app with a rate limit in memory\n\n\
@@ -127,9 +158,9 @@ async fn main() -> Result<(), Box<dyn Error>> {
                 return Ok(());
             }
             other => {
-                return Err(
-                    format!("unknown argument `{other}` (try --demo or --listen ADDR)").into(),
-                );
+                return Err(Failure::Usage(format!(
+                    "unknown argument `{other}` (try --demo or --listen ADDR)"
+                )));
             }
         }
     }

@@ -126,10 +126,12 @@ fn find(name: &str) -> Option<PathBuf> {
     })
 }
 
-/// Whether `redis-server` is on the `PATH`. Starting a server without it panics (as everything
-/// in this harness does, for tests); a program that reports errors instead checks this first.
+/// Whether `redis-server`, and the `redis-cli` the harness talks to it with, are on the `PATH`
+/// (Debian's `redis-server` package brings both). Starting a server without them panics (as
+/// everything in this harness does, for tests); a program that reports errors instead checks
+/// this first.
 pub fn redis_server_installed() -> bool {
-    find("redis-server").is_some()
+    find("redis-server").is_some() && find("redis-cli").is_some()
 }
 
 fn binary(name: &str) -> PathBuf {
