@@ -321,7 +321,11 @@ fn cli() -> Result<(), (u8, String)> {
                 );
                 return Ok(());
             }
-            other => return Err(usage(format!("unknown argument `{other}` (try --svg PATH)"))),
+            other => {
+                return Err(usage(format!(
+                    "unknown argument `{other}` (try --svg PATH)"
+                )));
+            }
         }
     }
     let runs = Algorithm::ALL
