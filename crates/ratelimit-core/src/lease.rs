@@ -95,10 +95,11 @@ const SHARDS: usize = 16;
 /// took, and also while a lease is on its way when its units are all counted on and more checks
 /// of the key come within its lifetime (once per lease request); in each case only if a lease of
 /// the doubled size would be spent within its own lifetime at the pace the key was seen at (which
-/// the rate rule implies unless that lifetime is cut short, by `max_ttl` or a fixed window's
-/// end: a daily quota's units take 8.64 s each to refill at 10,000 a day). It halves when a lease
-/// expires more than a quarter unused, or any unit unused if its lifetime was cut short (what it
-/// drops is not refilled within it), or the store cannot grant one, and starts again from 1 when the
+/// the rate rule implies unless `max_ttl` cuts that lifetime short: a daily quota's units take
+/// 8.64 s each to refill at 10,000 a day; a fixed window's end is not foreseen). It halves when a
+/// lease expires more than a quarter unused, or any unit unused if its lifetime was cut short, by
+/// `max_ttl` or a fixed window's end (what it drops is not refilled within it), or the store
+/// cannot grant one, and starts again from 1 when the
 /// check bringing a lease is dropped before its answer (the store may have granted it). While the
 /// recent leases dropped more than a quarter, a check takes only its own cost. A
 /// gateway thus leases only for a key it sees at about the limit's rate or faster: below that
@@ -333,7 +334,8 @@ struct Entry {
     /// (its lifetime, but for `max_ttl` and a fixed window's end), µs.
     fetch_sent: u64,
     fetch_refill: u64,
-    /// The units of the lease being asked for beyond its fetching check's cost.
+    /// The cost of the check asking for the lease on its way, and the units beyond it.
+    fetch_cost: u64,
     fetch_beyond: u64,
     /// The lease size grew for the lease being asked for (once per request).
     grew_in_flight: bool,
@@ -423,6 +425,7 @@ impl Entry {
         self.fetch_resets = self.resets;
         self.fetch_report_seq = self.next_report_seq();
         self.spare = want - cost;
+        self.fetch_cost = cost;
         self.fetch_beyond = want - cost;
         self.fetch_sent = now;
         self.fetch_refill = refill;
@@ -501,18 +504,18 @@ enum Action {
 
 impl<S, C> Shared<S, C> {
     /// Doubles the key's lease size (adaptive), if a lease of that size would be spent before it
-    /// ends at the pace the key was seen at: `beyond` units beyond a fetching check's cost in
-    /// `elapsed` µs. A lease lives the time the limit takes to refill it, so at the limit's rate
+    /// ends at the pace the key was seen at: `beyond` units beyond the cost of the check that
+    /// fetched the lease seen (`first`, taken as the next lease's) in `elapsed` µs. A lease lives the time the limit takes to refill it, so at the limit's rate
     /// or faster this holds for any size; but a lifetime cut shorter (by `max_ttl`, as for a
     /// daily quota, whose unit takes 8.64 s to refill at 10,000 a day) holds fewer units than
     /// the key spends at the limit's rate, and the units a lease drops then are not refilled
     /// within the quota's period: lost, lease after lease, for a key above its quota.
-    fn grow(&self, e: &mut Entry, limit: &Limit, beyond: u64, elapsed: u64) {
+    fn grow(&self, e: &mut Entry, limit: &Limit, first: u64, beyond: u64, elapsed: u64) {
         let Size::Adaptive(max) = self.size else {
             return;
         };
         let next = e.size.saturating_mul(2).min(max);
-        let rest = u128::from(next.saturating_sub(e.fetched_for.max(1)));
+        let rest = u128::from(next.saturating_sub(first.max(1)));
         if rest * u128::from(elapsed) < u128::from(self.refill(limit, next)) * u128::from(beyond) {
             e.size = next;
         }
@@ -541,7 +544,7 @@ impl<S, C> Shared<S, C> {
                 // unused: a larger lease would have been spent too (if it lives long enough at
                 // this pace), and saved calls.
                 let beyond = e.granted.saturating_sub(e.fetched_for);
-                self.grow(e, limit, beyond, now.saturating_sub(e.sent));
+                self.grow(e, limit, e.fetched_for, beyond, now.saturating_sub(e.sent));
             }
         }
         self.counters.local.fetch_add(1, Ordering::Relaxed);
@@ -599,7 +602,8 @@ impl<S, C> Shared<S, C> {
                 // The lease on its way, all counted on, and this check: that many units beyond
                 // its fetching check's cost since it was asked for.
                 let beyond = e.fetch_beyond.saturating_add(cost);
-                self.grow(e, limit, beyond, now.saturating_sub(e.fetch_sent));
+                let first = e.fetch_cost;
+                self.grow(e, limit, first, beyond, now.saturating_sub(e.fetch_sent));
             }
             return Action::Direct;
         }
@@ -640,7 +644,7 @@ impl<S, C> Shared<S, C> {
             // lifetime (`cost / r`): at the limit's rate or faster, a larger lease would have been
             // spent. (A key at its limit, with nothing left, would only have its larger lease
             // denied.)
-            self.grow(e, limit, cost, now.saturating_sub(e.sent));
+            self.grow(e, limit, e.fetched_for, cost, now.saturating_sub(e.sent));
         }
         if !may_fetch {
             return Action::Direct;

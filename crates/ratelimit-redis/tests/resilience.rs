@@ -820,8 +820,8 @@ async fn refused_connections_are_retried_with_a_gap() {
 }
 
 /// Checks `k` for one second, each of which must fail with an error `expected` accepts, and at
-/// its first poll unless it tried to open a connection; returns how many connections the proxy
-/// accepted meanwhile.
+/// its first poll unless it tried to open a connection (or was the first, sent on the connection
+/// in place); returns how many connections the proxy accepted meanwhile.
 async fn failing_for_a_second(
     store: &RedisStore,
     limit: &Limit,
@@ -849,6 +849,14 @@ async fn failing_for_a_second(
     let opened = proxy.accepted() - before;
     println!(
         "{checks} checks in 1 s, all failed, {at_once} at their first poll, {opened} connections made"
+    );
+    // Only a check that tried to open a connection waited for anything, besides the first,
+    // which found the connection in place broken or demoted: the others failed at once, with
+    // the last attempt's error.
+    assert!(
+        checks - at_once <= opened + 1 && at_once > 0,
+        "{} of {checks} checks waited, for {opened} connections made",
+        checks - at_once
     );
     opened
 }

@@ -758,7 +758,12 @@ pin_project_lite::pin_project! {
                 *this.seen,
             )));
             if !*this.sent && this.timer.is_none() {
-                // Never polled, so never sent: `unsettled` hands a probe on as it drops.
+                // Never polled, so never sent: not a failure, even if dropped by a panic of the
+                // caller's (which `unsettled` would count as the check's own); a probe is handed
+                // on.
+                if let Some((b, part, Some(probe), _)) = unsettled.0.take() {
+                    b.probe_not_asked(part, probe);
+                }
                 return;
             }
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {

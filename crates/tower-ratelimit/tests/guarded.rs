@@ -399,3 +399,37 @@ async fn a_check_dropped_while_waiting_is_counted_as_cancelled() {
         );
     }
 }
+
+/// A check dropped unpolled as its caller panics never reached the store: no failure of the
+/// store's (the circuit is not opened again for a cool-down), and a probe so dropped is handed on
+/// to the next check.
+#[tokio::test(start_paused = true)]
+async fn a_probe_dropped_unpolled_by_a_callers_panic_is_handed_on() {
+    let lazy = Arc::new(LazyStore::default());
+    let clock = ManualClock::new();
+    let store = Guarded::builder(lazy.clone(), "jobs")
+        .timeout(Duration::from_millis(50))
+        .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(10)).unwrap())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let limit = per_minute(100);
+    for _ in 0..3 {
+        assert!(matches!(
+            store.check(b"job", &limit, 1).await,
+            Err(GuardError::TimedOut { .. })
+        ));
+    }
+    clock.advance(Duration::from_secs(10));
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        let _probe = store.check(b"job", &limit, 1);
+        panic!("a bug of the caller's, before the probe is polled");
+    }));
+    assert!(caught.is_err());
+    assert_eq!(lazy.sent.load(Ordering::SeqCst), 3);
+    assert!(matches!(
+        store.check(b"job", &limit, 1).await,
+        Err(GuardError::TimedOut { .. })
+    ));
+    assert_eq!(lazy.sent.load(Ordering::SeqCst), 4, "the next check probed");
+}
