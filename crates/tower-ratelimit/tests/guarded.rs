@@ -41,6 +41,31 @@ fn guarded<St: Store>(
     })
 }
 
+/// `store` guarded as a job dispatcher's: a 50 ms timeout, and a breaker of 3 failures and a
+/// 10 s cool-down on `clock`.
+fn jobs<St: Store>(store: St, clock: &ManualClock) -> Guarded<St> {
+    Guarded::builder(store, "jobs")
+        .timeout(Duration::from_millis(50))
+        .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(10)).unwrap())
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+/// Three checks of `store` (as [`jobs`] guards it), each cut at the timeout: its circuit opens.
+async fn three_timeouts<St: Store>(store: &Guarded<St>)
+where
+    St::Error: std::fmt::Debug,
+{
+    for _ in 0..3 {
+        assert!(matches!(
+            store.check(b"job", &per_minute(100), 1).await,
+            Err(GuardError::TimedOut { .. })
+        ));
+    }
+    assert_eq!(store.circuit_state(), Some(CircuitState::Open));
+}
+
 /// A memory store behind a switch, guarded as [`guarded`] says, on a clock of its own.
 fn switched() -> (
     ManualClock,
@@ -171,13 +196,7 @@ async fn a_hanging_store_is_cut_at_the_timeout_and_opens_the_circuit() {
 #[tokio::test(start_paused = true)]
 async fn checks_dropped_before_the_timeout_still_open_the_circuit() {
     let clock = ManualClock::new();
-    let hanging = Arc::new(HangingStore::default());
-    let store = Guarded::builder(hanging.clone(), "jobs")
-        .timeout(Duration::from_millis(50))
-        .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(10)).unwrap())
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let store = jobs(Arc::new(HangingStore::default()), &clock);
     let limit = per_minute(100);
     for _ in 0..3 {
         let given_up =
@@ -345,13 +364,7 @@ async fn a_check_dropped_before_its_first_poll_asks_the_store_nothing() {
         }
         // Three checks sent and cut open the circuit; after the cool-down, the probe is dropped
         // unpolled: not sent, and the next check probes.
-        for _ in 0..3 {
-            assert!(matches!(
-                store.check(b"job", &limit, 1).await,
-                Err(GuardError::TimedOut { .. })
-            ));
-        }
-        assert_eq!(store.circuit_state(), Some(CircuitState::Open));
+        three_timeouts(&store).await;
         clock.advance(Duration::from_secs(10));
         drop(store.check(b"job", &limit, 1));
         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -407,19 +420,9 @@ async fn a_check_dropped_while_waiting_is_counted_as_cancelled() {
 async fn a_probe_dropped_unpolled_by_a_callers_panic_is_handed_on() {
     let lazy = Arc::new(LazyStore::default());
     let clock = ManualClock::new();
-    let store = Guarded::builder(lazy.clone(), "jobs")
-        .timeout(Duration::from_millis(50))
-        .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(10)).unwrap())
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let store = jobs(lazy.clone(), &clock);
     let limit = per_minute(100);
-    for _ in 0..3 {
-        assert!(matches!(
-            store.check(b"job", &limit, 1).await,
-            Err(GuardError::TimedOut { .. })
-        ));
-    }
+    three_timeouts(&store).await;
     clock.advance(Duration::from_secs(10));
     let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
         let _probe = store.check(b"job", &limit, 1);
