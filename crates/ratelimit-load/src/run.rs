@@ -103,8 +103,8 @@ fn start_redis_if_needed(config: &mut Config) -> Result<Option<RedisServer>, Err
     // The usual cause, said plainly (the harness would panic with its own message first).
     if !redis_harness::redis_server_installed() {
         return Err(Error::Redis(
-            "redis-server or redis-cli not found: install them (Debian: apt-get install redis-server), or give \
-             --redis-url"
+            "redis-server or redis-cli not found: install them (Debian: apt-get install \
+             redis-server), or give --redis-url"
                 .to_owned(),
         ));
     }
@@ -431,13 +431,12 @@ enum Tolerance {
 impl Tolerance {
     /// Leasing's guarantee for `config`'s algorithm (see `ratelimit_core::Leasing`).
     fn leasing(config: &Config) -> Tolerance {
-        // A lease holds at most the limit's largest cost (`Limit::max_cost`): a bucket's burst,
-        // a window's limit.
-        let largest = match config.algorithm {
-            Algorithm::TokenBucket | Algorithm::Gcra => config.burst.unwrap_or(config.limit),
-            _ => config.limit,
-        };
-        let lease = config.lease_size.unwrap_or(DEFAULT_MAX_LEASE).min(largest);
+        // A lease holds at most the limit's largest cost (a bucket's burst, a window's limit).
+        // (The settings were validated before any run: their limit builds.)
+        let lease = config.lease_size.unwrap_or(DEFAULT_MAX_LEASE);
+        let lease = config
+            .build_limit()
+            .map_or(lease, |limit| lease.min(limit.max_cost()));
         // With users assigned to a gateway each, a user's units are leased by one gateway.
         let gateways = match config.assign {
             Assign::UserHash => 1,

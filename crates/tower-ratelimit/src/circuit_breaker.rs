@@ -751,21 +751,20 @@ pin_project_lite::pin_project! {
             let Some(check) = this.check.take() else {
                 return;
             };
+            if !*this.sent && this.timer.is_none() {
+                // Never polled, so never sent: not a failure, even if dropped by a panic of the
+                // caller's; a probe is handed on.
+                if let Some(probe) = *this.probe {
+                    this.breaker.probe_not_asked(*this.part, probe);
+                }
+                return;
+            }
             let mut unsettled = Unsettled(Some((
                 this.breaker.clone(),
                 *this.part,
                 *this.probe,
                 *this.seen,
             )));
-            if !*this.sent && this.timer.is_none() {
-                // Never polled, so never sent: not a failure, even if dropped by a panic of the
-                // caller's (which `unsettled` would count as the check's own); a probe is handed
-                // on.
-                if let Some((b, part, Some(probe), _)) = unsettled.0.take() {
-                    b.probe_not_asked(part, probe);
-                }
-                return;
-            }
             let Ok(runtime) = tokio::runtime::Handle::try_current() else {
                 // No runtime to finish the check on: `unsettled` hands a probe on as it drops.
                 return;
