@@ -85,13 +85,25 @@ const MISSING: &str = "redis-server not found: run ./scripts/test.sh, which inst
 static TAKEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
 
 /// A free loopback TCP port (and, for cluster nodes, its bus port `port + 10000` too).
+///
+/// It is chosen below the kernel's ephemeral range (`net.ipv4.ip_local_port_range`), from which
+/// the kernel picks the port of every `bind` to port 0 and of every outgoing connection. A port
+/// in that range, left free while its server is killed and before it restarts, can be handed to
+/// anything meanwhile: a test's own HTTP server, a proxy, or the local end of a client's
+/// connection. Below that range only an explicit `bind` takes it. (Where the range starts too
+/// low to leave room, the kernel's choice is taken, as before.)
 fn free_port(with_bus: bool) -> u16 {
-    for _ in 0..200 {
-        let listener = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))
-            .expect("bind a loopback port");
-        let port = listener.local_addr().expect("local address").port();
-        drop(listener);
-        if with_bus && (port > 55_535 || !port_is_free(port + 10_000)) {
+    let (low, high) = outside_ephemeral(with_bus);
+    for attempt in 0..200u64 {
+        let port = if low < high {
+            let span = u64::from(high - low);
+            low + u16::try_from(random(attempt) % span).expect("below the span")
+        } else {
+            let listener = TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0))
+                .expect("bind a loopback port");
+            listener.local_addr().expect("local address").port()
+        };
+        if !port_is_free(port) || (with_bus && (port > 55_535 || !port_is_free(port + 10_000))) {
             continue;
         }
         let mut taken = TAKEN.lock().unwrap_or_else(|e| e.into_inner());
@@ -105,6 +117,34 @@ fn free_port(with_bus: bool) -> u16 {
         return port;
     }
     panic!("found no free loopback port in 200 tries");
+}
+
+/// The ports `[low, high)` to choose a server's port from: from 10000 to the start of the
+/// kernel's ephemeral range, less 10000 for a cluster node (its bus port, `port + 10000`, stays
+/// below the range too). Empty when the range starts too low.
+fn outside_ephemeral(with_bus: bool) -> (u16, u16) {
+    const LOWEST: u16 = 10_000;
+    let start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
+        .unwrap_or(32_768);
+    let high = if with_bus {
+        start.saturating_sub(10_000)
+    } else {
+        start
+    };
+    // Fewer than 1000 to choose from: take the kernel's choice instead.
+    if high < LOWEST + 1_000 {
+        (0, 0)
+    } else {
+        (LOWEST, high)
+    }
+}
+
+/// A random number, different for every call (std's randomly keyed SipHash of `n`).
+fn random(n: u64) -> u64 {
+    use std::hash::BuildHasher;
+    std::collections::hash_map::RandomState::new().hash_one(n)
 }
 
 /// A loopback port with nothing listening on it, that no server of this harness will be started
@@ -866,6 +906,45 @@ mod tests {
             .map(|i| c.node_for(&format!("key{i}")).port())
             .collect();
         assert_eq!(owners.len(), 3, "50 keys land on all three masters");
+    }
+
+    /// A killed server's port stays free for its restart: the kernel hands it to no `bind` to
+    /// port 0 (an HTTP server started meanwhile) and to no outgoing connection's local end.
+    #[test]
+    fn a_killed_servers_port_is_not_one_the_kernel_hands_out() {
+        let ephemeral_start: u16 =
+            std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+                .unwrap()
+                .split_whitespace()
+                .next()
+                .unwrap()
+                .parse()
+                .unwrap();
+        let mut s = RedisServer::start();
+        s.kill();
+        assert!(
+            s.port() < ephemeral_start,
+            "port {} is in the kernel's ephemeral range, from {ephemeral_start}",
+            s.port()
+        );
+        let node = free_port(true);
+        assert!(
+            node + 10_000 < ephemeral_start,
+            "bus port {}",
+            node + 10_000
+        );
+        // Every listener below gets a port of the ephemeral range; none gets the killed one.
+        let listeners: Vec<TcpListener> = (0..2_000)
+            .map(|_| TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap())
+            .collect();
+        assert!(
+            listeners
+                .iter()
+                .all(|l| l.local_addr().unwrap().port() != s.port())
+        );
+        drop(listeners);
+        s.restart();
+        assert_eq!(s.cli(&["ping"]), "PONG");
     }
 
     #[test]
