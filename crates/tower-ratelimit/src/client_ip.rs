@@ -201,9 +201,10 @@ const DEFAULT_MAX_HOPS: usize = 32;
 /// Longest quoted `for=` value read: `[` + a 45-character IPv6 address +
 /// `]:65535` is 53 bytes. A longer one is read as unreadable, which stops the
 /// walk at the last trusted address (failing safe). RFC 7239 sets no length
-/// to an obfuscated port (`"192.0.2.1:_a1b2..."`), so a proxy that wrote one
-/// longer than 55 bytes would have its clients keyed by its own address; no
-/// proxy is known to.
+/// to an obfuscated port (`"192.0.2.1:_a1b2..."`), so a proxy that wrote a
+/// quoted value longer than 64 bytes, address and port together (so the
+/// longest port read depends on the address's length), would have its clients
+/// keyed by its own address; no proxy is known to.
 const MAX_NODE_LEN: usize = 64;
 
 /// Which header(s) [`ClientIp`] reads the proxy chain from.
@@ -1419,6 +1420,18 @@ mod tests {
             c.resolve_unmasked(ip("64:ff9b::c000:201"), &h),
             ip("64:ff9b::c000:201")
         );
+    }
+
+    /// A quoted value is read up to `MAX_NODE_LEN` (64) bytes, address and port together; a
+    /// longer one stops the walk at the proxy.
+    #[test]
+    fn forwarded_quoted_value_is_read_up_to_64_bytes() {
+        let c = proxies().header(ForwardedHeader::Forwarded);
+        let fits = format!(r#"for="1.2.3.4:_{}""#, "a".repeat(55));
+        assert_eq!(fits.len() - r#"for="""#.len(), 64);
+        assert_eq!(c.resolve(ip(PROXY), &fwd(&[&fits])), ip("1.2.3.4"));
+        let over = format!(r#"for="1.2.3.4:_{}""#, "a".repeat(56));
+        assert_eq!(c.resolve(ip(PROXY), &fwd(&[&over])), ip(PROXY));
     }
 
     #[test]

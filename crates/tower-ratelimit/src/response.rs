@@ -17,8 +17,8 @@
 //! ([`Decision::more_after`](ratelimit_core::Decision::more_after): a sliding log of 10 per 10 s, 4
 //! spent at 0 s, 3 at 2 s and 3 at 4 s, one more at 10 s: `r=3;t=2`, the three of 2 s back at 12 s;
 //! the quota is full again only at 20 s). Whatever the algorithm, while the quota is full nothing
-//! more can come, and `t`, optional, is left out (`"api";r=5`). An answer that does not say (a
-//! leased one) gives the seconds until the quota is full again, which bounds it. Of a limit of
+//! more can come, and `t`, optional, is left out (`"api";r=5`). A sliding algorithm's answer that
+//! does not say (a leased one) gives the seconds until the quota is full again, which bounds it. Of a limit of
 //! several quotas, the sliding algorithms' `t` waits for every quota with as few left as the
 //! binding one; the buckets' is the binding quota's next unit, and another quota with as few left
 //! may free its own later (the decision does not carry the others' levels). `X-RateLimit-Reset`
@@ -669,8 +669,8 @@ impl Prepared {
     /// denied, the wait `Retry-After` says; when allowed, the time the store gave for it
     /// (`Decision::more_after`: the sliding window and log), else for a bucket algorithm the time
     /// until its next whole unit comes back (none while it is full) and for a fixed window its
-    /// end; for an answer that says neither (a leased one), the time until the quota is full,
-    /// which bounds it.
+    /// end; for a sliding algorithm's answer that does not give it (a leased one), the time
+    /// until the quota is full, which bounds it.
     fn more_in_secs(&self, d: &Decision) -> u64 {
         if let Some(wait) = d.retry_after() {
             return retry_after_secs(wait);
