@@ -337,6 +337,18 @@ fn parse_args() -> Result<Options, String> {
             }
         }
     }
+    // The gateways' configuration would refuse it in their own words (`store.url`, the gateway's
+    // feature): said here in the fleet's.
+    if let Some(url) = &o.redis
+        && url.starts_with("rediss://")
+        && !cfg!(any(feature = "tls", feature = "tls-rustls"))
+    {
+        return Err(format!(
+            "--redis {}: rediss:// (TLS) needs example-fleet built with `--features tls` \
+             (OpenSSL) or `--features tls-rustls` (rustls)",
+            ratelimit_redis::redact_url(url)
+        ));
+    }
     if o.alone && o.redis.is_some() {
         return Err(
             "--redis and --alone do not go together: alone, each gateway counts in its own memory"
