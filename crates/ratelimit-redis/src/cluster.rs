@@ -284,7 +284,7 @@ impl Connection {
         }
     }
 
-    /// `SCRIPT LOAD` on every primary.
+    /// `SCRIPT LOAD` on every node (redis-rs sends it to replicas too).
     pub(crate) async fn load(&mut self, script: &redis::Script) -> Result<(), RedisError> {
         self.turns
             .send(script.load_async(&mut self.conn))

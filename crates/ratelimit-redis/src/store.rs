@@ -281,7 +281,7 @@ impl Conn {
         }
     }
 
-    /// `SCRIPT LOAD` (on a cluster, on every primary).
+    /// `SCRIPT LOAD` (on a cluster, on every node: redis-rs sends it to replicas too).
     async fn load(&mut self, script: &redis::Script) -> Result<(), RedisError> {
         match self {
             Conn::Single(c) => script.load_async(c).await.map(drop),
@@ -451,8 +451,8 @@ impl RedisStore {
         let script = scripts::reset_script();
         let mut cmd = evalsha_on_keys(&self.inner.prefix, script, key, limit);
         if let Some(channel) = &self.inner.reset_channel {
-            // The channel and the notice: the script publishes it, then deletes the keys, in one
-            // step.
+            // The channel and the notice: the script deletes the keys, then publishes it, in one
+            // step (a refused delete publishes nothing).
             cmd.arg(channel)
                 .arg(crate::watch::notice(key, limit.fingerprint()));
         }
@@ -1716,7 +1716,7 @@ impl RedisStoreBuilder {
             connect_timeout: self.connect_timeout,
         });
         // Open every connection now, so a wrong address or password fails here, and load the
-        // scripts (on every primary of a cluster) so the first checks need no NOSCRIPT round trip.
+        // scripts (on every node of a cluster) so the first checks need no NOSCRIPT round trip.
         let mut first = None;
         for i in 0..inner.slots.len() {
             // An opening's error names the URLs already (`Inner::open`).
