@@ -133,8 +133,9 @@ impl AdminConfig {
         let (field, token) = match (&self.token_env, &self.token_file) {
             (Some(name), _) => {
                 let field = "admin.token_env";
+                // The name is not shown: a token written in its place would be.
                 let value = std::env::var_os(name).ok_or_else(|| {
-                    ConfigError::new(field, format!("the environment variable {name} is not set"))
+                    ConfigError::new(field, "the environment variable it names is not set")
                 })?;
                 (field, value.into_encoded_bytes())
             }
@@ -505,12 +506,14 @@ impl Config {
                 field = parent.to_owned();
             }
             // A string of the wrong type under `store` (`urls = "redis://:pw@…"` where an
-            // array belongs) or `api_keys` (`api_keys = "sk_live_…"`) may be a password or a
-            // key: serde's message quotes it whole, so it is not shown.
-            let secret = field == "store"
-                || field.starts_with("store.")
-                || field == "api_keys"
-                || field.starts_with("api_keys.");
+            // array belongs), `api_keys` (`api_keys = "sk_live_…"`) or `admin` (`admin = "<the
+            // token>"`) may be a password, a key or the admin token: serde's message quotes it
+            // whole, so it is not shown.
+            let secret = ["store", "api_keys", "admin"].iter().any(|table| {
+                field
+                    .strip_prefix(table)
+                    .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
+            });
             let field = match field.strip_prefix("api_keys.") {
                 _ if field == "." => String::new(),
                 Some(key) => format!("api_keys.{}", redact_key(key.trim_matches('"'))),

@@ -554,10 +554,15 @@ where
                     );
                 }
             },
-            (ClientKind::Value, None, Some(client)) if !client.is_empty() => {
+            // Without the spaces and tabs around it, as the policy keys the header's value.
+            (ClientKind::Value, None, Some(client))
+                if !client.trim_matches([' ', '\t']).is_empty() =>
+            {
                 // The value is a client's credential (an API key): not logged.
                 tracing::info!(policy = %params.policy, "admin reset of a client");
-                resetter.reset_client(client.as_str()).await
+                resetter
+                    .reset_client(client.trim_matches([' ', '\t']))
+                    .await
             }
             (ClientKind::Everyone, None, None) => {
                 tracing::info!(policy = %params.policy, "admin reset of the shared count");

@@ -142,6 +142,13 @@ async fn a_reset_lets_a_client_back_in_and_needs_the_token() {
         status(&app, "GET", "/api/items", "192.0.2.3:1", Some("k2")).await,
         429
     );
+    // Spaces around the value are not part of it, as they are not of the header's value.
+    let (code, _) = admin(&app, "policy=api&client=%20k2%09+", Some(&bearer())).await;
+    assert_eq!(code, 204);
+    assert_eq!(
+        status(&app, "GET", "/api/items", "192.0.2.3:1", Some("k2")).await,
+        200
+    );
 }
 
 #[tokio::test]
@@ -178,6 +185,11 @@ async fn mistakes_are_named() {
             "\"api\" counts per header value: give client=VALUE",
         ),
         ("policy=api&client=", 400, "\"api\" counts per header value"),
+        (
+            "policy=api&client=%20+",
+            400,
+            "\"api\" counts per header value",
+        ),
         ("ip=192.0.2.1", 400, "missing field `policy`"),
         (
             "policy=login&ip=192.0.2.1&user=x",
@@ -260,7 +272,12 @@ async fn a_missing_or_weak_token_stops_the_gateway() {
         ),
         (
             "[admin]\ntoken_env = \"RATELIMIT_TEST_SURELY_UNSET_TOKEN\"\n".to_owned(),
-            "admin.token_env: the environment variable RATELIMIT_TEST_SURELY_UNSET_TOKEN is not set",
+            "admin.token_env: the environment variable it names is not set",
+        ),
+        // The token written where its source belongs is not shown.
+        (
+            format!("[admin]\ntoken_env = \"{TOKEN}\"\n"),
+            "admin.token_env: the environment variable it names is not set",
         ),
         (
             format!("[admin]\ntoken_file = {missing:?}\n"),
@@ -287,11 +304,18 @@ async fn a_missing_or_weak_token_stops_the_gateway() {
         };
         assert!(err.starts_with(says), "{admin}: {err}");
         assert!(!err.contains("short-secret"), "{err}");
+        assert!(!err.contains(TOKEN), "{err}");
     }
+    // Nor a token given as the table itself.
+    let err = Config::from_toml(&format!("admin = \"{TOKEN}\"\n{MEMORY}"))
+        .unwrap_err()
+        .to_string();
+    assert!(err.starts_with("admin: invalid type: a string"), "{err}");
+    assert!(!err.contains(TOKEN), "{err}");
 }
 
 /// The token from the environment, through the binary (a test cannot set its own environment
-/// safely while others run): `--check` starts with it and stops without it, naming the variable
+/// safely while others run): `--check` starts with it and stops without it, naming the setting
 /// and not echoing anything of a weak token.
 #[cfg(unix)]
 #[test]
@@ -320,7 +344,7 @@ fn the_binary_reads_the_token_from_the_environment() {
     let (code, err) = check(None);
     assert_eq!(code, Some(2));
     assert!(
-        err.contains("admin.token_env: the environment variable GATEWAY_ADMIN_TOKEN is not set"),
+        err.contains("admin.token_env: the environment variable it names is not set"),
         "{err}"
     );
     let (code, err) = check(Some("hunter2hunter2"));
