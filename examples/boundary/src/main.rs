@@ -304,14 +304,16 @@ fn main() -> std::process::ExitCode {
 /// for a failure) and what went wrong.
 fn cli() -> Result<(), (u8, String)> {
     let usage = |message: String| (2, message);
-    let mut path = String::from("boundary.svg");
-    let mut args = std::env::args().skip(1);
+    let mut path = std::path::PathBuf::from("boundary.svg");
+    // `args_os`: a path need not be UTF-8, and `args` would panic on one that is not.
+    let mut args = std::env::args_os().skip(1);
     while let Some(arg) = args.next() {
-        match arg.as_str() {
+        match arg.to_string_lossy().as_ref() {
             "--svg" => {
                 path = args
                     .next()
-                    .ok_or_else(|| usage("--svg needs a path".into()))?;
+                    .ok_or_else(|| usage("--svg needs a path".into()))?
+                    .into();
             }
             "--help" | "-h" => {
                 println!(
@@ -334,8 +336,9 @@ fn cli() -> Result<(), (u8, String)> {
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| (1, e.to_string()))?;
     print!("{}", tables(&runs));
-    std::fs::write(&path, svg(&runs)).map_err(|e| (1, format!("cannot write {path}: {e}")))?;
-    println!("\nplot written to {path}");
+    let shown = path.display();
+    std::fs::write(&path, svg(&runs)).map_err(|e| (1, format!("cannot write {shown}: {e}")))?;
+    println!("\nplot written to {shown}");
     Ok(())
 }
 

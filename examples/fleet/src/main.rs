@@ -304,7 +304,11 @@ fn parse_args() -> Result<Options, String> {
         redis: None,
         alone: false,
     };
-    let mut args = std::env::args().skip(1);
+    // `args_os`: `args` would panic on an argument that is not UTF-8 (taken here lossily: every
+    // value the fleet takes is text, and one that was not is refused as what it became).
+    let mut args = std::env::args_os()
+        .skip(1)
+        .map(|a| a.to_string_lossy().into_owned());
     let number = |flag: &str, v: Option<String>| -> Result<u64, String> {
         let v = v.ok_or(format!("{flag} needs a number"))?;
         match v.parse::<u64>() {

@@ -1,4 +1,5 @@
-//! The fleet's command line: a `rediss://` URL in a build without TLS is refused by name.
+//! The fleet's command line: a `rediss://` URL in a build without TLS is refused by name; an
+//! argument that is not UTF-8 is a usage error.
 
 use std::process::Command;
 
@@ -21,4 +22,18 @@ fn a_rediss_url_without_a_tls_build_names_the_fleets_flag_and_features() {
         "{stderr}"
     );
     assert!(!stderr.contains("store.url"), "{stderr}");
+}
+
+/// An argument that is not UTF-8 is a usage error (status 2) that names it, never a panic.
+#[cfg(unix)]
+#[test]
+fn arguments_that_are_not_utf8_are_usage_errors() {
+    use std::os::unix::ffi::OsStrExt;
+    let out = Command::new(env!("CARGO_BIN_EXE_example-fleet"))
+        .arg(std::ffi::OsStr::from_bytes(b"--\xff"))
+        .output()
+        .expect("the fleet runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("unknown argument"), "{stderr}");
 }

@@ -19,6 +19,7 @@
 //! requests in flight get `shutdown_timeout_ms`, 30 s by default, to finish). The rate
 //! limiter's events go to stderr, filtered by `RUST_LOG` (default `info`).
 
+use std::ffi::{OsStr, OsString};
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -49,16 +50,15 @@ fn parse_args() -> Result<Args, String> {
     // `args_os`: a path need not be UTF-8, and `args` would panic on one that is not.
     let mut args = std::env::args_os().skip(1);
     while let Some(arg) = args.next() {
-        let arg = arg.to_string_lossy().into_owned();
         // `--flag=value` as well as `--flag value` (systemd units and container specs often
         // write the first).
-        let (flag, inline) = match arg.split_once('=') {
-            Some((flag, value)) if flag.starts_with("--") => (flag, Some(value)),
-            _ => (arg.as_str(), None),
-        };
-        let mut value = |missing: &'static str| -> Result<std::ffi::OsString, String> {
-            match inline {
-                Some(v) => Ok(v.into()),
+        let (flag, inline) = split_flag(&arg);
+        let flag = flag.as_str();
+        let has_inline = inline.is_some();
+        let mut inline = inline;
+        let mut value = |missing: &'static str| -> Result<OsString, String> {
+            match inline.take() {
+                Some(v) => Ok(v),
                 None => args.next().ok_or_else(|| missing.to_owned()),
             }
         };
@@ -81,7 +81,7 @@ fn parse_args() -> Result<Args, String> {
                         .map_err(|_| "--redis: the URL is not UTF-8".to_owned())?,
                 );
             }
-            "--check" | "--help" | "-h" if inline.is_some() => {
+            "--check" | "--help" | "-h" if has_inline => {
                 return Err(format!("{flag} takes no value"));
             }
             "--check" => parsed.check = true,
@@ -103,10 +103,10 @@ fn parse_args() -> Result<Args, String> {
             // (`--redis-url=redis://:pw@…`); nor is what follows the `=` of any other argument
             // (`-p=pw`, `password=pw`), nor the password of a URL given without its flag.
             other => {
-                let shown = match (inline, other.split_once('=')) {
-                    (Some(_), _) => format!("{other}=…"),
-                    (None, Some((name, _))) if !name.contains("://") => format!("{name}=…"),
-                    (None, _) => ratelimit_redis::redact_url(other),
+                let shown = match (has_inline, other.split_once('=')) {
+                    (true, _) => format!("{other}=…"),
+                    (false, Some((name, _))) if !name.contains("://") => format!("{name}=…"),
+                    (false, _) => ratelimit_redis::redact_url(other),
                 };
                 return Err(format!(
                     "unknown argument `{shown}` (expected --config PATH, --listen ADDR, \
@@ -116,6 +116,31 @@ fn parse_args() -> Result<Args, String> {
         }
     }
     Ok(parsed)
+}
+
+/// `arg` as a flag and its value if it is `--flag=value`, split at its first `=`: the flag as
+/// text, the value as given (a path need not be UTF-8, and is not made text). Anything else is
+/// the whole argument, as text (lossily: it is matched against the flags, or named as unknown).
+fn split_flag(arg: &OsStr) -> (String, Option<OsString>) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::ffi::OsStrExt;
+        let bytes = arg.as_bytes();
+        if let Some(at) = bytes.iter().position(|&b| b == b'=')
+            && let Ok(flag) = std::str::from_utf8(&bytes[..at])
+            && flag.starts_with("--")
+        {
+            let value = OsStr::from_bytes(&bytes[at + 1..]).to_owned();
+            return (flag.to_owned(), Some(value));
+        }
+    }
+    #[cfg(not(unix))]
+    if let Some((flag, value)) = arg.to_str().and_then(|a| a.split_once('='))
+        && flag.starts_with("--")
+    {
+        return (flag.to_owned(), Some(value.into()));
+    }
+    (arg.to_string_lossy().into_owned(), None)
 }
 
 /// Ctrl-C or SIGTERM (what an orchestrator sends before it stops a container): the first starts a

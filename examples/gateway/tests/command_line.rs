@@ -34,6 +34,24 @@ fn arguments_that_are_not_utf8_are_usage_errors() {
     assert!(err.contains("expected IP:PORT"), "{err}");
 }
 
+/// `--config=PATH` takes a path that is not UTF-8 as it is, as `--config PATH` does; and
+/// `--redis=URL` refuses a URL that is not UTF-8 as `--redis URL` does.
+#[test]
+fn a_flags_inline_value_is_taken_as_given() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(OsStr::from_bytes(b"\xff.toml"));
+    std::fs::write(&path, include_str!("../gateway.toml")).unwrap();
+    let mut inline = std::ffi::OsString::from("--config=");
+    inline.push(&path);
+    let out = gateway(&[&inline, OsStr::new("--check")]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+
+    let out = gateway(&[OsStr::from_bytes(b"--redis=redis://\xff:1")]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("--redis: the URL is not UTF-8"), "{err}");
+}
+
 /// Redis unreachable at start is exit status 3, which a supervisor may retry (Redis may be
 /// restarting); credentials Redis refuses are status 2, as a wrong file is: no retry mends them.
 /// So is an address where something other than a usable Redis answers: another service, a

@@ -139,14 +139,22 @@ async fn main() -> std::process::ExitCode {
 async fn run() -> Result<(), Failure> {
     let mut listen = DEFAULT_LISTEN.to_owned();
     let mut run_demo = false;
-    let mut args = std::env::args().skip(1);
+    // `args_os`: `args` would panic on an argument that is not UTF-8.
+    let mut args = std::env::args_os().skip(1);
     while let Some(arg) = args.next() {
-        match arg.as_str() {
+        match arg.to_string_lossy().as_ref() {
             "--demo" => run_demo = true,
             "--listen" => {
                 listen = args
                     .next()
-                    .ok_or_else(|| Failure::Usage("--listen needs an address".into()))?;
+                    .ok_or_else(|| Failure::Usage("--listen needs an address".into()))?
+                    .into_string()
+                    .map_err(|a| {
+                        Failure::Usage(format!(
+                            "--listen {}: not an address (expected IP:PORT)",
+                            a.to_string_lossy()
+                        ))
+                    })?;
             }
             "--help" | "-h" => {
                 println!(

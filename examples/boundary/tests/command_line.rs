@@ -1,0 +1,32 @@
+//! The boundary example's command line: a chart's path that is not UTF-8 is a path like any
+//! other; an unknown argument that is not UTF-8 is a usage error (status 2), never a panic.
+#![cfg(unix)]
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::process::Command;
+
+fn boundary(args: &[&OsStr]) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_example-boundary"))
+        .args(args)
+        .output()
+        .expect("run the boundary example");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_chart_path_that_is_not_utf8_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join(OsStr::from_bytes(b"\xff.svg"));
+    let (code, err) = boundary(&[OsStr::new("--svg"), path.as_os_str()]);
+    assert_eq!(code, Some(0), "{err}");
+    let svg = std::fs::read_to_string(&path).unwrap();
+    assert!(svg.starts_with("<svg"), "{svg:.80}");
+
+    let (code, err) = boundary(&[OsStr::from_bytes(b"--\xff")]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("unknown argument"), "{err}");
+}

@@ -1,0 +1,29 @@
+//! The quickstart's command line: an argument that is not UTF-8 is a usage error (status 2)
+//! that names it, never a panic.
+#![cfg(unix)]
+
+use std::ffi::OsStr;
+use std::os::unix::ffi::OsStrExt;
+use std::process::Command;
+
+fn quickstart(args: &[&OsStr]) -> (Option<i32>, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_example-quickstart"))
+        .args(args)
+        .output()
+        .expect("run the quickstart");
+    (
+        out.status.code(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn arguments_that_are_not_utf8_are_usage_errors() {
+    let (code, err) = quickstart(&[OsStr::from_bytes(b"--\xff")]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("unknown argument `--\u{fffd}`"), "{err}");
+    let (code, err) = quickstart(&[OsStr::new("--listen"), OsStr::from_bytes(b"\xff:1")]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("--listen"), "{err}");
+    assert!(!err.contains("panicked"), "{err}");
+}
