@@ -293,11 +293,16 @@ impl<S, C> DenialCache<S, C> {
 
     /// Drops every denial (and key record) held: the next check of every key goes to the store. For after a
     /// key's state was deleted from the store (to let a client back in at once), since a held
-    /// denial outlives the state it was read from. A check already waiting for the store may
-    /// still record its denial afterwards. The counters are kept.
+    /// denial outlives the state it was read from. A check already waiting for the store
+    /// records no denial when its answer comes (it may have been read before the deletion: one
+    /// more store call for its key), as after a [`forget`](DenialCache::forget). The counters
+    /// are kept.
     pub fn clear(&self) {
         for shard in self.table.shards.iter() {
-            shard.0.lock().map.clear();
+            let mut shard = shard.0.lock();
+            shard.map.clear();
+            // As a reset of every key: no check sent before now records its denial.
+            shard.resets += 1;
         }
     }
 

@@ -476,6 +476,36 @@ fn a_lease_forgotten_after_a_reset_elsewhere_leaves_a_full_quota() {
     assert_eq!(admitted_until_denied(&a, b"k", &limit), 20);
 }
 
+/// Resets that went unheard (the watch was not subscribed) were made while a check was in
+/// flight: its denial, read before them and taken in after `forget_unheard` (or `clear`), is not
+/// cached. The client, let back in by a reset elsewhere, is admitted at its next check.
+#[test]
+fn a_denial_in_flight_across_forget_unheard_is_not_cached() {
+    use ratelimit_core::Forget;
+    let clock = ManualClock::new();
+    let shared = Arc::new(store(&clock));
+    let cache = DenialCache::new(Arc::clone(&shared), clock.clone());
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(3).unwrap()).unwrap();
+    for forget in [
+        (|c: &DenialCache<_, _>| Forget::forget_unheard(c)) as fn(&DenialCache<_, _>),
+        |c| c.clear(),
+    ] {
+        // Two left: no denial implied, so the key has no record in the cache.
+        assert!(now(cache.check(b"k", &limit, 1)).unwrap().is_allowed());
+        // Decided (denied) when made; taken in at its poll.
+        let early = cache.check(b"k", &limit, 3);
+        assert!(
+            shared.reset_now(b"k", &limit),
+            "another gateway's reset, unheard"
+        );
+        forget(&cache);
+        assert!(!now(early).unwrap().is_allowed());
+        let d = now(cache.check(b"k", &limit, 3)).unwrap();
+        assert!(d.is_allowed() && !d.is_cached(), "{d:?}");
+        assert!(shared.reset_now(b"k", &limit));
+    }
+}
+
 /// Through the `Forget` trait (what a watch of announced resets calls), over an `Arc` as a
 /// gateway shares its cache: `forget` ends one key's denials under one limit, and
 /// `forget_unheard` every denial (resets may have gone unheard), while a `Leasing` keeps its
