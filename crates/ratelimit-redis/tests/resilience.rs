@@ -593,8 +593,26 @@ async fn a_given_up_checks_reply_never_answers_another_check() {
     let calls = server.script_calls();
 
     proxy.set_hold_replies(true);
-    let given_up = tokio::time::timeout(Duration::from_millis(50), store.check(b"x", &day, 1));
-    assert!(given_up.await.is_err(), "no reply while they are held");
+    // Given up once the server has run it (its reply held in the proxy): a check given up
+    // before its connection's task wrote it would never be sent at all.
+    let given_up = tokio::spawn({
+        let store = store.clone();
+        let day = day.clone();
+        async move { store.check(b"x", &day, 1).await }
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while server.script_calls() < calls + 1 {
+        assert!(
+            Instant::now() < deadline,
+            "the first check reaches the server"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    given_up.abort();
+    assert!(
+        given_up.await.is_err_and(|e| e.is_cancelled()),
+        "no reply while they are held"
+    );
     // The next check is sent while the first one's reply is still held.
     let next = tokio::spawn({
         let store = store.clone();
@@ -676,7 +694,7 @@ async fn silent_then_back(name: &str, silent: impl AsyncFnOnce(&RedisStore)) {
 }
 
 /// A store of one connection through `proxy`, checked once; then every chunk takes 500 ms each
-/// way (a round trip is 1 s, within a check's 1.5 s, a margin for a loaded machine; opening a
+/// way (a round trip is 1 s, within a check's 3 s, a margin for a loaded machine; opening a
 /// connection and then checking on it takes two), and the connection is cut: a check fails, and
 /// the next one has to open a connection again.
 async fn broken_behind_a_slow_proxy(proxy: &Proxy, name: &str) -> RedisStore {
@@ -684,7 +702,7 @@ async fn broken_behind_a_slow_proxy(proxy: &Proxy, name: &str) -> RedisStore {
         RedisStore::builder(proxy.url())
             .prefix(unique_prefix(name))
             .pool_size(1)
-            .response_timeout(Duration::from_millis(1_500))
+            .response_timeout(Duration::from_secs(3))
             .connect_timeout(Duration::from_secs(5)),
     )
     .await;
@@ -983,7 +1001,9 @@ async fn a_silent_connection_is_replaced_without_further_checks() {
         "a new connection was made without a check"
     );
     tokio::time::sleep(Duration::from_millis(500)).await;
-    let first = caller(&store).await;
+    // Waited for up to 5 s, not the 50 ms of a caller, so that a loaded machine's pause does
+    // not fail it: one sent on the silent connection would still fail, at the store's 200 ms.
+    let first = tokio::time::timeout(Duration::from_secs(5), store.check(b"k", &limit(), 1)).await;
     assert!(
         matches!(first, Ok(Ok(ref d)) if d.is_allowed()),
         "the first check after the quiet spell: {first:?}"
@@ -1081,7 +1101,9 @@ async fn refused_connections_are_retried_with_a_gap_under_concurrent_checks() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connections_closed_while_idle_fail_no_check() {
     let server = RedisServer::start();
-    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(100).unwrap()).unwrap();
+    // A day's quota: nothing refills while the test runs (a minute's would give a unit back
+    // every 600 ms, which a loaded machine's pauses can reach).
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100).unwrap()).unwrap();
     let store = RedisStore::builder(server.url())
         .prefix(unique_prefix("idle-closed"))
         .pool_size(3)

@@ -103,11 +103,14 @@ fn free_port(with_bus: bool) -> u16 {
                 .expect("bind a loopback port");
             listener.local_addr().expect("local address").port()
         };
-        if !port_is_free(port) || (with_bus && (port > 55_535 || !port_is_free(port + 10_000))) {
-            continue;
-        }
+        // Ports handed out already are left alone, not even bound to be tried: a killed
+        // server's port, bound by a try here at the moment its restart binds it, would fail
+        // the restart.
         let mut taken = TAKEN.lock().unwrap_or_else(|e| e.into_inner());
         if taken.contains(&port) || (with_bus && taken.contains(&(port + 10_000))) {
+            continue;
+        }
+        if !port_is_free(port) || (with_bus && (port > 55_535 || !port_is_free(port + 10_000))) {
             continue;
         }
         taken.push(port);

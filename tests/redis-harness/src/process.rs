@@ -64,6 +64,9 @@ pub fn send_signal(pid: u32, signal: &str) -> bool {
 /// returned, so that a program that ignores a signal fails its test instead of hanging it.
 pub fn wait_exit(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
     let deadline = Instant::now() + timeout;
+    // Asked again after 1 ms, then twice as long each time up to 20 ms: a short-lived command
+    // (a `redis-cli` call, a few milliseconds) is not kept waiting for a whole 20 ms step.
+    let mut pause = Duration::from_millis(1);
     loop {
         if let Ok(Some(status)) = child.try_wait() {
             return Some(status);
@@ -73,7 +76,8 @@ pub fn wait_exit(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
             let _ = child.wait();
             return None;
         }
-        std::thread::sleep(Duration::from_millis(20));
+        std::thread::sleep(pause);
+        pause = (pause * 2).min(Duration::from_millis(20));
     }
 }
 
