@@ -16,7 +16,7 @@
 //!   slot's node: refused before anything ran (a script on a read-only replica fails at its first
 //!   write); sent again after a short pause, within the check's response timeout;
 //! - `NOSCRIPT`: loaded on the node that answered it (the slot's master, or the node named by a
-//!   redirection), then sent again to the same node.
+//!   redirection), then sent again to the same node; up to [`MAX_LOADS`] times in one check.
 //!
 //! Every other error, and every I/O error, is returned: the check fails, and the layer's failure
 //! policy decides what the request gets.
@@ -46,6 +46,11 @@ pub(crate) const MAX_SENDS: u32 = 16;
 /// The first pause after a refusal; each further refusal doubles it, up to [`MAX_PAUSE`].
 pub(crate) const FIRST_PAUSE: Duration = Duration::from_millis(5);
 pub(crate) const MAX_PAUSE: Duration = Duration::from_millis(200);
+/// How many times one check may load its script, each after a `NOSCRIPT` (which proves it did
+/// not run): scripts flushed again while a check reloads (an operator's `SCRIPT FLUSH` run
+/// twice, a failover to a node that lost them) are loaded again, a server that keeps losing
+/// them is not chased further.
+pub(crate) const MAX_LOADS: u32 = 3;
 /// How many side connections (to nodes that redirections named) are kept.
 const MAX_SIDE_CONNECTIONS: usize = 64;
 
@@ -327,7 +332,7 @@ impl Connection {
     ) -> Result<Value, RedisError> {
         let mut route = Route::Slot;
         let mut pause = FIRST_PAUSE;
-        let mut loaded = false;
+        let mut loads = 0;
         let mut sends = 0;
         loop {
             sends += 1;
@@ -353,8 +358,8 @@ impl Connection {
                 // A side connection loads the script itself (`eval_on`): still missing, it
                 // cannot be loaded there.
                 Next::Load if route != Route::Slot => return Err(error),
-                Next::Load if !loaded => {
-                    loaded = true;
+                Next::Load if loads < MAX_LOADS => {
+                    loads += 1;
                     self.load_for(script, cmd).await?;
                 }
                 Next::Load => return Err(error),
@@ -401,7 +406,8 @@ impl Drop for Unanswered<'_> {
 
 /// `cmd` (an `EVALSHA` of `script`) on the connection to one server: a standalone server, or a
 /// cluster node reached directly (after `ASKING`, in the same write, if `asking`). `NOSCRIPT`
-/// proves the script did not run: it is loaded on that server and `cmd` sent once more.
+/// proves the script did not run: it is loaded on that server and `cmd` sent once more, up to
+/// [`MAX_LOADS`] times.
 pub(crate) async fn eval_on(
     conn: &mut MultiplexedConnection,
     script: &redis::Script,
@@ -415,12 +421,18 @@ pub(crate) async fn eval_on(
             cmd.query_async(conn).await
         }
     };
-    match send(conn).await {
-        Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            script.load_async(&mut *conn).await?;
-            send(conn).await
+    let mut loads = 0;
+    loop {
+        match send(conn).await {
+            Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
+                if loads == MAX_LOADS {
+                    return Err(e);
+                }
+                loads += 1;
+                script.load_async(&mut *conn).await?;
+            }
+            reply => return reply,
         }
-        reply => reply,
     }
 }
 
@@ -446,7 +458,7 @@ fn one_reply(mut replies: Vec<Value>) -> Result<Value, RedisError> {
 impl Nodes {
     /// Sends `cmd` (after `ASKING` if `asking`) over a side connection to `host:port`. The node
     /// is not one the cluster client loads scripts on, so `NOSCRIPT` is answered here: the script
-    /// is loaded on that node and sent once more.
+    /// is loaded on that node and sent once more (up to [`MAX_LOADS`] times).
     async fn side_send(
         self: &Arc<Self>,
         host: &str,

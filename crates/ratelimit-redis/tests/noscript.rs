@@ -61,6 +61,62 @@ async fn after_script_flush_the_next_check_succeeds_and_counts_once() {
     }
 }
 
+/// `SCRIPT LOAD` calls the server has run, from INFO commandstats.
+fn script_loads(server: &RedisServer) -> u64 {
+    server
+        .cli(&["info", "commandstats"])
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_script|load:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
+
+/// Scripts flushed again while a check reloads its script (an operator's `SCRIPT FLUSH` run
+/// twice, a failover to a server that lost them): each `NOSCRIPT` proves the script did not
+/// run, so the check loads it again and is answered, counted once. Through a proxy that delays
+/// every chunk by 100 ms, so that a flush lands after each load has run and before the check
+/// sent after it arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_flushed_again_during_a_reload_are_loaded_again() {
+    let server = std::sync::Arc::new(RedisServer::start());
+    let proxy = redis_harness::proxy::Proxy::start(server.port());
+    let store = RedisStore::builder(proxy.url())
+        .prefix(unique_prefix("noscript-again"))
+        .pool_size(1)
+        .response_timeout(Duration::from_secs(10))
+        .build()
+        .await
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(10).unwrap()).unwrap();
+    assert_eq!(store.check(b"k", &limit, 1).await.unwrap().remaining(), 9);
+    assert_eq!(server.cli(&["script", "flush"]), "OK");
+    let loads = script_loads(&server);
+    proxy.set_latency(Duration::from_millis(100));
+    // After each of the check's first two loads, a flush.
+    let flusher = std::thread::spawn({
+        let server = std::sync::Arc::clone(&server);
+        move || {
+            for n in 1..=2 {
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while script_loads(&server) < loads + n {
+                    assert!(std::time::Instant::now() < deadline, "load {n} never came");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                assert_eq!(server.cli(&["script", "flush"]), "OK");
+            }
+        }
+    });
+    let before = evalsha_stats(&server);
+    let d = store.check(b"k", &limit, 1).await;
+    flusher.join().unwrap();
+    let d = d.unwrap();
+    assert_eq!(d.remaining(), 8, "counted exactly once: {d:?}");
+    assert_eq!(script_loads(&server), loads + 3, "three loads");
+    let after = evalsha_stats(&server);
+    assert_eq!(after.2 - before.2, 3, "three NOSCRIPT answers");
+    assert_eq!(after.0 - before.0, 4, "and the one that ran");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn other_errors_are_not_retried() {
     // A server that refuses writes once over its memory limit (noeviction): EVALSHA of a script
