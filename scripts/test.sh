@@ -59,5 +59,7 @@ cargo test -p example-gateway --features tls --test tls
 cargo test -p example-gateway --features tls --test gateway bad_configurations
 echo "== the Redis store and the gateway over rediss:// through rustls (their tls-rustls features): a TLS cluster with a private CA"
 cargo test -p ratelimit-redis --features tls-rustls --test tls
+echo "== the Redis store with both TLS features (a build may unify them): a rediss:// store without a CA is refused"
+cargo test -p ratelimit-redis --features tls,tls-rustls --test tls
 cargo test -p example-gateway --features tls-rustls --test tls
 cargo test -p example-gateway --features tls-rustls --test gateway bad_configurations
