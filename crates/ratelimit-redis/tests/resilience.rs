@@ -593,37 +593,31 @@ async fn a_given_up_checks_reply_never_answers_another_check() {
     let calls = server.script_calls();
 
     proxy.set_hold_replies(true);
-    // Given up once the server has run it (its reply held in the proxy): a check given up
-    // before its connection's task wrote it would never be sent at all.
-    let given_up = tokio::spawn({
-        let store = store.clone();
-        let day = day.clone();
-        async move { store.check(b"x", &day, 1).await }
-    });
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while server.script_calls() < calls + 1 {
-        assert!(
-            Instant::now() < deadline,
-            "the first check reaches the server"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    // A check of `key` on a task of its own, and a wait until the server has run `n` checks
+    // since (their replies held in the proxy).
+    let spawn_check = |key: &'static [u8]| {
+        let (store, day) = (store.clone(), day.clone());
+        tokio::spawn(async move { store.check(key, &day, 1).await })
+    };
+    let ran = async |n: u64, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while server.script_calls() < calls + n {
+            assert!(Instant::now() < deadline, "{what}");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    };
+    // Given up once the server has run it: a check given up before its connection's task wrote
+    // it would never be sent at all.
+    let given_up = spawn_check(b"x");
+    ran(1, "the first check reaches the server").await;
     given_up.abort();
     assert!(
         given_up.await.is_err_and(|e| e.is_cancelled()),
         "no reply while they are held"
     );
     // The next check is sent while the first one's reply is still held.
-    let next = tokio::spawn({
-        let store = store.clone();
-        let day = day.clone();
-        async move { store.check(b"y", &day, 1).await }
-    });
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while server.script_calls() < calls + 2 {
-        assert!(Instant::now() < deadline, "both checks reach the server");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let next = spawn_check(b"y");
+    ran(2, "both checks reach the server").await;
     proxy.set_hold_replies(false);
     let next = next.await.unwrap().unwrap();
     assert_eq!(
