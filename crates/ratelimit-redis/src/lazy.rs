@@ -27,7 +27,7 @@ use crate::store::{
 ///   store can use ([`is_wrong_server`](RedisStoreError::is_wrong_server)), and none is retried;
 /// - otherwise a task tries again every `retry_every` (1 ms to an hour), whether checks come or
 ///   not, each attempt bounded by the builder's timeouts, until one succeeds or the store is
-///   dropped; a failure is logged as a warning at most once a minute (with how many attempts
+///   dropped (which ends the task at once, not at its next attempt); a failure is logged as a warning at most once a minute (with how many attempts
 ///   failed since the last), the others as `DEBUG` events, unless its cause changed (Redis
 ///   reached again but refusing the credentials), which is warned of at once;
 /// - meanwhile every check fails at once with the last attempt's error (a
@@ -74,6 +74,16 @@ struct Inner {
     /// When a failed attempt was last logged as a warning, and the failures since (see
     /// [`log_failure`]).
     warned: Mutex<Warned>,
+    /// Told when the store is dropped, so that the task that retries ends then rather than at
+    /// its next attempt (up to `retry_every` later).
+    dropped: Arc<tokio::sync::Notify>,
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        // A permit if the task is not waiting yet: it ends at its wait all the same.
+        self.dropped.notify_one();
+    }
 }
 
 impl fmt::Debug for LazyRedisStore {
@@ -118,6 +128,7 @@ impl LazyRedisStore {
                 retrying: AtomicBool::new(false),
                 last: Mutex::new((started, error)),
                 warned,
+                dropped: Arc::default(),
             }),
         };
         if !store.is_connected() {
@@ -173,7 +184,7 @@ impl LazyRedisStore {
         // Made before the task: the flag is let go however the task ends (connected, the store
         // dropped, or the task dropped with its runtime, even unrun), so that a later check can
         // start it again.
-        let retrying = Retrying(Arc::downgrade(&self.inner));
+        let retrying = Retrying(Arc::downgrade(&self.inner), Arc::clone(&self.inner.dropped));
         runtime.spawn(retrying.run());
     }
 
@@ -209,14 +220,15 @@ impl From<RedisStore> for LazyRedisStore {
                 retrying: AtomicBool::new(false),
                 last: Mutex::new((Instant::now(), None)),
                 warned: Mutex::new(Warned::default()),
+                dropped: Arc::default(),
             }),
         }
     }
 }
 
-/// The task that retries, holding the store weakly (a store dropped ends it); its flag is let go
-/// when this drops.
-struct Retrying(Weak<Inner>);
+/// The task that retries, holding the store weakly (a store dropped ends it, at once through the
+/// store's `dropped`); its flag is let go when this drops.
+struct Retrying(Weak<Inner>, Arc<tokio::sync::Notify>);
 
 impl Retrying {
     async fn run(self) {
@@ -229,7 +241,10 @@ impl Retrying {
                 }
                 None => return,
             };
-            tokio::time::sleep(wait).await;
+            // Told that the store was dropped: ended now, not after the wait.
+            if tokio::time::timeout(wait, self.1.notified()).await.is_ok() {
+                return;
+            }
             let Some(inner) = self.0.upgrade() else {
                 return;
             };

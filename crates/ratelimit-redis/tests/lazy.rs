@@ -512,3 +512,34 @@ async fn the_response_timeout_is_told_before_and_after_connecting() {
         Some(Duration::from_millis(500))
     );
 }
+
+/// A store dropped while Redis is still down ends its task that retries at once, rather than
+/// when that task next wakes (up to `retry_every`, an hour here).
+#[tokio::test]
+async fn a_dropped_store_ends_its_retrying_task_at_once() {
+    let url = format!("redis://127.0.0.1:{}", redis_harness::closed_port());
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let before = metrics.num_alive_tasks();
+    let store = RedisStore::builder(url)
+        .build_lazy(Duration::from_secs(3_600))
+        .await
+        .unwrap();
+    assert!(!store.is_connected());
+    assert_eq!(
+        metrics.num_alive_tasks(),
+        before + 1,
+        "the task that retries"
+    );
+    // Let it run up to its wait for the next attempt.
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert_eq!(metrics.num_alive_tasks(), before + 1, "the task waits");
+    drop(store);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metrics.num_alive_tasks() > before {
+        assert!(
+            Instant::now() < deadline,
+            "the task still runs 5 s after its store was dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
