@@ -505,8 +505,9 @@ enum Action {
 impl<S, C> Shared<S, C> {
     /// Doubles the key's lease size (adaptive), if a lease of that size would be spent before it
     /// ends at the pace the key was seen at: `beyond` units beyond the cost of the check that
-    /// fetched the lease seen (`first`, taken as the next lease's) in `elapsed` µs. A lease lives the time the limit takes to refill it, so at the limit's rate
-    /// or faster this holds for any size; but a lifetime cut shorter (by `max_ttl`, as for a
+    /// fetched the lease seen (`first`, taken as the next lease's) in `elapsed` µs. A lease
+    /// lives the time the limit takes to refill it, so at the limit's rate or faster this holds
+    /// for any size; but a lifetime cut shorter (by `max_ttl`, as for a
     /// daily quota, whose unit takes 8.64 s to refill at 10,000 a day) holds fewer units than
     /// the key spends at the limit's rate, and the units a lease drops then are not refilled
     /// within the quota's period: lost, lease after lease, for a key above its quota.

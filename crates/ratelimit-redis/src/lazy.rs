@@ -27,9 +27,10 @@ use crate::store::{
 ///   store can use ([`is_wrong_server`](RedisStoreError::is_wrong_server)), and none is retried;
 /// - otherwise a task tries again every `retry_every` (1 ms to an hour), whether checks come or
 ///   not, each attempt bounded by the builder's timeouts, until one succeeds or the store is
-///   dropped (which ends the task at once, not at its next attempt); a failure is logged as a warning at most once a minute (with how many attempts
-///   failed since the last), the others as `DEBUG` events, unless its cause changed (Redis
-///   reached again but refusing the credentials), which is warned of at once;
+///   dropped (which ends the task at once, not at its next attempt); a failure is logged as a
+///   warning at most once a minute (with how many attempts failed since the last), the others
+///   as `DEBUG` events, unless its cause changed (Redis reached again but refusing the
+///   credentials), which is warned of at once;
 /// - meanwhile every check fails at once with the last attempt's error (a
 ///   [`RedisStoreError::Connection`] when the server cannot be reached), so the layer's failure
 ///   policy answers (fail open, fail closed, or the local fallback);

@@ -702,8 +702,8 @@ pin_project_lite::pin_project! {
     /// Dropped before the store answered (the client went away, or a caller's timeout shorter than
     /// the layer's fired), it does not guess: the check (its command already sent by the poll in
     /// `call`, or by a first poll of `Guarded`'s: one dropped before that was never sent, and is
-    /// dropped with it) runs on in a task of its own, under the same timeout (counted from when the check was
-    /// sent, not started again), and the store's answer or timeout counts as it would have for the
+    /// dropped with it) runs on in a task of its own, under the same timeout (counted from when
+    /// the check was sent, not started again), and the store's answer or timeout counts as it would have for the
     /// request. So clients cannot decide the circuit's state by cancelling: a probe they cancel is
     /// still settled by the store, and checks they cancel over a hanging store still time out and
     /// open the circuit (callers with deadlines shorter than the layer's timeout, a gRPC deadline or

@@ -541,7 +541,12 @@ where
                 format!("no route's policy is named {:?}", params.policy),
             );
         };
-        let done = match (kind, params.ip, params.client) {
+        // A client value without the spaces and tabs around it, as the policy keys the header's.
+        let client = params
+            .client
+            .as_deref()
+            .map(|c| c.trim_matches([' ', '\t']));
+        let done = match (kind, params.ip, client) {
             (ClientKind::Ip, Some(ip), None) => match ip.parse::<std::net::IpAddr>() {
                 Ok(addr) => {
                     tracing::info!(policy = %params.policy, ip = %addr, "admin reset");
@@ -554,15 +559,10 @@ where
                     );
                 }
             },
-            // Without the spaces and tabs around it, as the policy keys the header's value.
-            (ClientKind::Value, None, Some(client))
-                if !client.trim_matches([' ', '\t']).is_empty() =>
-            {
+            (ClientKind::Value, None, Some(client)) if !client.is_empty() => {
                 // The value is a client's credential (an API key): not logged.
                 tracing::info!(policy = %params.policy, "admin reset of a client");
-                resetter
-                    .reset_client(client.trim_matches([' ', '\t']))
-                    .await
+                resetter.reset_client(client).await
             }
             (ClientKind::Everyone, None, None) => {
                 tracing::info!(policy = %params.policy, "admin reset of the shared count");

@@ -52,10 +52,9 @@ fn parse_args() -> Result<Args, String> {
     while let Some(arg) = args.next() {
         // `--flag=value` as well as `--flag value` (systemd units and container specs often
         // write the first).
-        let (flag, inline) = split_flag(&arg);
+        let (flag, mut inline) = split_flag(&arg);
         let flag = flag.as_str();
         let has_inline = inline.is_some();
-        let mut inline = inline;
         let mut value = |missing: &'static str| -> Result<OsString, String> {
             match inline.take() {
                 Some(v) => Ok(v),

@@ -127,10 +127,7 @@ fn free_port(with_bus: bool) -> u16 {
 /// below the range too). Empty when the range starts too low.
 fn outside_ephemeral(with_bus: bool) -> (u16, u16) {
     const LOWEST: u16 = 10_000;
-    let start = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-        .ok()
-        .and_then(|range| range.split_whitespace().next()?.parse::<u16>().ok())
-        .unwrap_or(32_768);
+    let start = ephemeral_start().unwrap_or(32_768);
     let high = if with_bus {
         start.saturating_sub(10_000)
     } else {
@@ -142,6 +139,16 @@ fn outside_ephemeral(with_bus: bool) -> (u16, u16) {
     } else {
         (LOWEST, high)
     }
+}
+
+/// The first port of the kernel's ephemeral range (`net.ipv4.ip_local_port_range`), if readable.
+fn ephemeral_start() -> Option<u16> {
+    std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()?
+        .split_whitespace()
+        .next()?
+        .parse()
+        .ok()
 }
 
 /// A random number, different for every call (std's randomly keyed SipHash of `n`).
@@ -915,14 +922,7 @@ mod tests {
     /// port 0 (an HTTP server started meanwhile) and to no outgoing connection's local end.
     #[test]
     fn a_killed_servers_port_is_not_one_the_kernel_hands_out() {
-        let ephemeral_start: u16 =
-            std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
-                .unwrap()
-                .split_whitespace()
-                .next()
-                .unwrap()
-                .parse()
-                .unwrap();
+        let ephemeral_start = ephemeral_start().expect("the kernel's ephemeral range");
         let mut s = RedisServer::start();
         s.kill();
         assert!(
