@@ -65,6 +65,8 @@ struct Slow {
     polls: usize,
     gate: Arc<AtomicBool>,
     calls: Arc<AtomicUsize>,
+    /// The cost of each check sent, in order: the lease sizes asked for.
+    costs: Arc<std::sync::Mutex<Vec<u64>>>,
     early: bool,
 }
 
@@ -104,6 +106,7 @@ impl Store for Slow {
     type Future = SlowFuture;
     fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> SlowFuture {
         self.calls.fetch_add(1, Ordering::Relaxed);
+        self.costs.lock().unwrap().push(cost);
         SlowFuture {
             store: Arc::clone(&self.store),
             key: key.to_vec(),
@@ -123,6 +126,7 @@ fn slow(store: &Arc<MemoryStore<ManualClock>>, polls: usize) -> Slow {
         polls,
         gate: Arc::new(AtomicBool::new(true)),
         calls: Arc::new(AtomicUsize::new(0)),
+        costs: Arc::default(),
         early: false,
     }
 }
@@ -1563,6 +1567,50 @@ fn checks_wait_only_for_units_the_lease_in_flight_can_spare() {
             assert!(block_on(c).unwrap().is_allowed());
         }
         assert_eq!(calls.load(Ordering::Relaxed), 20 - waiting as usize);
+    }
+}
+
+/// A lease on its way with no units to spare, and more checks of the key within the lifetime that
+/// lease will have: the key comes faster than its leases, so its next lease is twice as large
+/// (adaptive sizes); once per lease in flight, however many checks come by, and not for a check
+/// that comes after that lifetime. Each case is told apart by the size of the key's next lease
+/// request, made after the first lease's lifetime, so that nothing else grows it.
+#[test]
+fn a_lease_in_flight_all_counted_on_grows_the_next_once() {
+    // 600 a minute: one unit refills in 100 ms, the lifetime of the key's first lease (one unit).
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(600).unwrap()).unwrap();
+    let cx = &mut Context::from_waker(Waker::noop());
+    // (checks while the first lease is on its way, when they come after it was asked for in ms,
+    // the next lease's size).
+    for (during, after_ms, next) in [(0, 0, 1), (1, 0, 2), (5, 0, 2), (1, 50, 2), (1, 150, 1)] {
+        let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+        let store = memory(&clock);
+        let slow = slow(&store, 0);
+        let (gate, costs) = (Arc::clone(&slow.gate), Arc::clone(&slow.costs));
+        gate.store(false, Ordering::Release);
+        let gw = Leasing::new(slow, clock.clone());
+        let mut first = Box::pin(gw.check(b"k", &limit, 1));
+        assert!(first.as_mut().poll(cx).is_pending());
+        clock.advance(Duration::from_millis(after_ms));
+        let others: Vec<_> = (0..during)
+            .map(|_| Box::pin(gw.check(b"k", &limit, 1)))
+            .collect();
+        gate.store(true, Ordering::Release);
+        assert!(block_on(first).unwrap().is_allowed());
+        for c in others {
+            assert!(block_on(c).unwrap().is_allowed());
+        }
+        // Past the first lease's lifetime: the next check asks for a lease of the key's size.
+        clock.advance(Duration::from_secs(10));
+        assert!(block_on(gw.check(b"k", &limit, 1)).unwrap().is_allowed());
+        let costs = costs.lock().unwrap().clone();
+        assert_eq!(costs.len(), during + 2, "{costs:?}");
+        assert_eq!(costs[0], 1, "a key's first lease is one unit: {costs:?}");
+        assert_eq!(
+            *costs.last().unwrap(),
+            next,
+            "{during} checks {after_ms} ms into the first lease request: {costs:?}"
+        );
     }
 }
 
