@@ -701,10 +701,9 @@ pin_project_lite::pin_project! {
     ///
     /// Dropped before the store answered (the client went away, or a caller's timeout shorter than
     /// the layer's fired), it does not guess: the check (its command already sent by the poll in
-    /// `call`, or by a first poll of `Guarded`'s: one dropped before that was never sent, and is
-    /// dropped with it) runs on in a task of its own, under the same timeout (counted from when
-    /// the check was sent, not started again), and the store's answer or timeout counts as it would have for the
-    /// request. So clients cannot decide the circuit's state by cancelling: a probe they cancel is
+    /// `call`, or by the first poll of `Guarded`'s, which makes this there) runs on in a task of
+    /// its own, under the same timeout (counted from when the check was sent, not started again),
+    /// and the store's answer or timeout counts as it would have for the request. So clients cannot decide the circuit's state by cancelling: a probe they cancel is
     /// still settled by the store, and checks they cancel over a hanging store still time out and
     /// open the circuit (callers with deadlines shorter than the layer's timeout, a gRPC deadline or
     /// an outer timeout, would otherwise wait on a hung store for ever, the failure policy never
@@ -722,19 +721,14 @@ pin_project_lite::pin_project! {
         probe: Option<Probe>,
         // The closes it saw when it was made (see `Breaker::seen`).
         seen: u64,
-        // The layer's timeout, counted from the check's making (so from about when it was sent,
-        // and for a probe when the circuit stamped it): neither the first poll nor a drop starts
-        // it again, and a probe is settled within a timeout of being sent, well inside the
-        // breaker's `lost_after`.
+        // The layer's timeout, counted from the check's making, which is when it was sent (the
+        // layer's first poll of the store's check in `call`, `Guarded`'s first poll): neither a
+        // later poll nor a drop starts it again, and a probe is settled within a timeout of being
+        // sent.
         deadline: tokio::time::Instant,
         // The store's check until it is answered or cut; taken out while it is polled, so that
         // a check whose poll panics is not run on by the drop.
         check: Option<F>,
-        // Whether the check was polled before it was handed over (the layer polls the store's
-        // check once in `call`, which sends a network store's command). A check made unpolled
-        // (`Guarded`'s) and dropped before its first poll was never sent: it is dropped with
-        // this, not run on, and a probe is handed on.
-        sent: bool,
         // The timer, made at the first poll (making the check needs no runtime). In place, not
         // boxed: a drop moves only the check into its task, with a timer of its own at the same
         // deadline.
@@ -751,24 +745,21 @@ pin_project_lite::pin_project! {
             let Some(check) = this.check.take() else {
                 return;
             };
-            if !*this.sent && this.timer.is_none() {
-                // Never polled, so never sent: not a failure, even if dropped by a panic of the
-                // caller's; a probe is handed on.
+            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+                // No runtime to finish the check on: it counts for nothing, and a probe is handed
+                // on; even if dropped by a panic of the caller's (`call` needs no runtime), which
+                // says nothing of the store.
                 if let Some(probe) = *this.probe {
                     this.breaker.probe_not_asked(*this.part, probe);
                 }
                 return;
-            }
+            };
             let mut unsettled = Unsettled(Some((
                 this.breaker.clone(),
                 *this.part,
                 *this.probe,
                 *this.seen,
             )));
-            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-                // No runtime to finish the check on: `unsettled` hands a probe on as it drops.
-                return;
-            };
             let deadline = *this.deadline;
             // The timeout is made in the task (a runtime without timers panics there, not in a
             // drop).
@@ -788,8 +779,9 @@ impl<F> BreakerCheck<F>
 where
     F: StoreCheck,
 {
-    /// The breaker's hold on `check`, which has been polled once (its command sent): dropped
-    /// before its answer, even unpolled since, it runs on in a task of its own.
+    /// The breaker's hold on `check`, sent now (polled once, its command sent; or about to be, by
+    /// the poll that makes this): dropped before its answer, even unpolled since, it runs on in a
+    /// task of its own.
     pub(crate) fn new(
         breaker: Arc<Breaker>,
         part: usize,
@@ -805,15 +797,8 @@ where
             seen,
             deadline: tokio::time::Instant::now() + timeout,
             check: Some(check),
-            sent: true,
             timer: None,
         }
-    }
-
-    /// This, for a check not polled yet: dropped before its first poll, it is dropped unsent.
-    pub(crate) fn unsent(mut self) -> Self {
-        self.sent = false;
-        self
     }
 }
 

@@ -153,7 +153,8 @@ impl<St: Store> Guarded<St> {
 
 impl<St: Store> GuardedBuilder<St> {
     /// How long a check may wait for the store (default [`DEFAULT_TIMEOUT`], 50 ms; 1 ms to an
-    /// hour). A check cut at it fails with [`GuardError::TimedOut`] and counts as a failure of
+    /// hour), counted from the check's first poll, which sends it (checks made together and
+    /// awaited in turn each have the whole timeout). A check cut at it fails with [`GuardError::TimedOut`] and counts as a failure of
     /// its circuit.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
@@ -239,15 +240,12 @@ where
 
     fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
         let s = &self.shared;
-        let start = Instant::now();
         let Some(b) = &s.breaker else {
             return GuardedFuture {
                 shared: s.clone(),
-                start,
+                start: None,
                 state: State::Plain {
                     check: self.store.check(key, limit, cost),
-                    // The timer is made at the first poll (making a check needs no runtime).
-                    deadline: tokio::time::Instant::now() + s.timeout,
                     timer: None,
                 },
                 waiting: false,
@@ -273,30 +271,20 @@ where
                 };
                 return GuardedFuture {
                     shared: s.clone(),
-                    start,
+                    start: None,
                     state: State::Done(Some(answer)),
                     waiting: false,
                 };
             }
         };
-        let seen = b.seen();
-        let check = BreakerCheck::new(
-            b.clone(),
-            part,
-            probe,
-            seen,
-            self.store.check(key, limit, cost),
-            s.timeout,
-        )
-        .unsent();
         GuardedFuture {
             shared: s.clone(),
-            start,
-            state: State::Breaker {
-                check: Box::pin(check),
+            start: None,
+            state: State::Unsent {
+                check: self.store.check(key, limit, cost),
                 part,
                 probe,
-                seen,
+                seen: b.seen(),
             },
             waiting: false,
         }
@@ -346,7 +334,8 @@ impl Shared {
 /// The future of a [`Guarded`] check.
 pub struct GuardedFuture<F, E> {
     shared: Arc<Shared>,
-    start: Instant,
+    /// When the check was sent (its first poll), for its duration in the metrics.
+    start: Option<Instant>,
     state: State<F, E>,
     /// Polled, and waiting for the store's answer: dropped now, the check is counted in
     /// `ratelimit_checks_cancelled_total`, as the layer counts a request dropped while its
@@ -358,6 +347,19 @@ impl<F, E> Drop for GuardedFuture<F, E> {
     fn drop(&mut self) {
         if self.waiting {
             self.shared.metrics.cancelled.increment(1);
+        }
+        if let (
+            State::Unsent {
+                part,
+                probe: Some(probe),
+                ..
+            },
+            Some(b),
+        ) = (&self.state, &self.shared.breaker)
+        {
+            // Never polled, so never sent: not a failure, even if dropped by a panic of the
+            // caller's; the probe is handed on to the next check.
+            b.probe_not_asked(*part, *probe);
         }
     }
 }
@@ -378,14 +380,23 @@ impl<F: Unpin, E> Unpin for GuardedFuture<F, E> {}
 enum State<F, E> {
     /// Answered at once (an open circuit, or a cache in the store); taken by the poll.
     Done(Option<Result<Decision, GuardError<E>>>),
-    /// No breaker: the check and its deadline.
+    /// No breaker: the check, and its timer, made at the first poll (which sends the check: the
+    /// timeout counts from there, and making a check needs no runtime).
     Plain {
         check: F,
-        deadline: tokio::time::Instant,
         timer: Option<Pin<Box<tokio::time::Sleep>>>,
     },
-    /// Through the breaker (the shared one), which the answer settles (boxed: its timer is not
-    /// `Unpin`).
+    /// Admitted by the breaker (`probe`: as its probe), not polled yet: not sent, its timeout
+    /// not started (checks made together and awaited in turn each have the whole timeout).
+    /// Dropped so, a probe is handed on.
+    Unsent {
+        check: F,
+        part: usize,
+        probe: Option<Probe>,
+        seen: u64,
+    },
+    /// Sent through the breaker (the shared one), which the answer settles (boxed: its timer is
+    /// not `Unpin`).
     Breaker {
         check: BoxedCheck<E>,
         part: usize,
@@ -404,6 +415,33 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let timeout = this.shared.timeout;
+        if !matches!(this.state, State::Done(_)) && this.start.is_none() {
+            // The first poll: the check is sent now.
+            this.start = Some(Instant::now());
+        }
+        if matches!(this.state, State::Unsent { .. }) {
+            let State::Unsent {
+                check,
+                part,
+                probe,
+                seen,
+            } = std::mem::replace(&mut this.state, State::Done(None))
+            else {
+                unreachable!("matched above")
+            };
+            // This state is made only by a store with a breaker.
+            let Some(breaker) = &this.shared.breaker else {
+                unreachable!("a breaker check without a breaker")
+            };
+            // Its timeout counts from this poll, which sends it.
+            let check = BreakerCheck::new(breaker.clone(), part, probe, seen, check, timeout);
+            this.state = State::Breaker {
+                check: Box::pin(check),
+                part,
+                probe,
+                seen,
+            };
+        }
         let answer = match &mut this.state {
             State::Done(answer) => {
                 return Poll::Ready(
@@ -412,16 +450,12 @@ where
                         .expect("GuardedFuture polled after completion"),
                 );
             }
-            State::Plain {
-                check,
-                deadline,
-                timer,
-            } => {
+            State::Plain { check, timer } => {
                 if let Poll::Ready(answer) = Pin::new(check).poll(cx) {
                     answer.map_err(GuardError::Store)
                 } else {
-                    let timer =
-                        timer.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(*deadline)));
+                    // Made at the first poll, which sent the check.
+                    let timer = timer.get_or_insert_with(|| Box::pin(tokio::time::sleep(timeout)));
                     match timer.as_mut().poll(cx) {
                         Poll::Pending => {
                             this.waiting = true;
@@ -431,6 +465,7 @@ where
                     }
                 }
             }
+            State::Unsent { .. } => unreachable!("sent above"),
             State::Breaker {
                 check,
                 part,
@@ -467,7 +502,9 @@ where
         this.state = State::Done(None);
         this.waiting = false;
         let shared = &this.shared;
-        shared.metrics.store_duration(this.start.elapsed());
+        if let Some(start) = this.start {
+            shared.metrics.store_duration(start.elapsed());
+        }
         Poll::Ready(match answer {
             Ok(d) => Ok(shared.decided(d)),
             Err(e) => Err(shared.failed(e)),

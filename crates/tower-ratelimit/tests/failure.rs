@@ -364,6 +364,89 @@ fn call_needs_no_runtime_only_the_poll_does() {
     assert_eq!(res.status(), 503);
 }
 
+/// A check dropped where no Tokio runtime is current has nothing to finish it on, and counts for
+/// nothing, a probe being handed on; even when the drop comes from a panic of the caller's (`call`
+/// needs no runtime, so a thread that calls and then panics drops the future as it unwinds).
+/// Before, such a drop counted as a failure of the store: a healthy store's circuit opened, and a
+/// probe so dropped opened its circuit again for a whole cool-down.
+#[test]
+fn a_check_dropped_by_a_callers_panic_outside_a_runtime_counts_for_nothing() {
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    use std::sync::atomic::Ordering;
+    use std::task::{Context, Waker};
+    use tower::Service;
+    fn service<St: Store>(
+        layer: &RateLimitLayer<St>,
+    ) -> impl Service<http::Request<axum::body::Body>, Error = std::convert::Infallible> {
+        tower::Layer::layer(
+            layer,
+            tower::service_fn(|_req: http::Request<axum::body::Body>| async {
+                Ok::<_, std::convert::Infallible>(http::Response::new(axum::body::Body::empty()))
+            }),
+        )
+    }
+    /// A call of `svc`, dropped as the thread panics right after it.
+    fn call_then_panic<Sv: Service<http::Request<axum::body::Body>>>(svc: &mut Sv) {
+        let dropped = catch_unwind(AssertUnwindSafe(|| {
+            assert!(
+                svc.poll_ready(&mut Context::from_waker(Waker::noop()))
+                    .is_ready()
+            );
+            let _sent = svc.call(request("/"));
+            panic!("a bug of the caller's, after its call");
+        }));
+        assert!(dropped.is_err());
+    }
+    let clock = ManualClock::new();
+    let breaker = || CircuitBreaker::new(1, Duration::from_secs(5)).unwrap();
+
+    // A check of a healthy (if slow) store.
+    let hanging = Arc::new(HangingStore::default());
+    let (layer, snapshotter) = recorded(|| {
+        RateLimitLayer::builder(hanging.clone(), Policy::new("nort", per_minute(9)).unwrap())
+            .circuit_breaker(breaker())
+            .clock(clock.clone())
+            .build()
+            .unwrap()
+    });
+    let mut svc = service(&layer);
+    call_then_panic(&mut svc);
+    assert_eq!(hanging.calls.load(Ordering::SeqCst), 1);
+    let errors = Recorded::take(&snapshotter).counter(
+        "ratelimit_store_errors_total",
+        &[("policy", "nort"), ("kind", "error")],
+    );
+    assert_eq!(
+        (errors, layer.circuit_state()),
+        (0, Some(CircuitState::Closed))
+    );
+
+    // A probe: handed on to the next request, which asks the store.
+    let (_, memory) = store();
+    let switch = Arc::new(SwitchStore::new(memory));
+    switch.set_down(true);
+    let layer =
+        RateLimitLayer::builder(switch.clone(), Policy::new("probe", per_minute(9)).unwrap())
+            .circuit_breaker(breaker())
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+    let mut svc = service(&layer);
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    rt.block_on(svc.call(request("/"))).unwrap();
+    drop(rt);
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    assert_eq!(switch.calls(), 1);
+    clock.advance(Duration::from_secs(5));
+    call_then_panic(&mut svc);
+    assert_eq!(switch.calls(), 2, "the probe");
+    drop(svc.call(request("/")));
+    assert_eq!(switch.calls(), 3, "the next request probes in its place");
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_slow_store_that_answers_in_time_decides() {
     let (_clock, memory) = store();

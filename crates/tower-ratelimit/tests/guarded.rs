@@ -230,6 +230,53 @@ async fn without_a_breaker_every_check_asks_the_store_within_the_timeout() {
     assert_eq!(store.circuit_state(), None);
 }
 
+/// A check is sent at its first poll, and its timeout counts from there: checks made together and
+/// awaited in turn (a dispatcher's batch) each have the whole timeout for the store's answer,
+/// with and without a breaker. Before, the timeout counted from the check's making: over a store
+/// answering each in 20 ms under a 50 ms timeout, the third of six timed out after 10 ms and the
+/// rest at once, and the timeouts opened the circuit over a healthy store.
+#[tokio::test(start_paused = true)]
+async fn checks_made_together_and_awaited_in_turn_each_have_the_whole_timeout() {
+    let limit = per_minute(100);
+    for breaker in [true, false] {
+        let clock = ManualClock::new();
+        let (_, memory) = store();
+        let switch = Arc::new(SwitchStore::new(memory));
+        // Each answered 20 ms after its first poll.
+        switch.delay_ms.store(20, Ordering::SeqCst);
+        let store = if breaker {
+            jobs(switch.clone(), &clock)
+        } else {
+            Guarded::builder(switch.clone(), "jobs")
+                .timeout(Duration::from_millis(50))
+                .no_circuit_breaker()
+                .build()
+                .unwrap()
+        };
+        let keys: Vec<String> = (0..6).map(|i| format!("job:{i}")).collect();
+        let checks: Vec<_> = keys
+            .iter()
+            .map(|k| store.check(k.as_bytes(), &limit, 1))
+            .collect();
+        let mut outcomes = Vec::new();
+        for check in checks {
+            let start = tokio::time::Instant::now();
+            let answer = check.await;
+            let answer = match answer {
+                Ok(d) => format!("allowed: {}", d.is_allowed()),
+                Err(e) => e.to_string(),
+            };
+            outcomes.push((start.elapsed().as_millis(), answer));
+        }
+        let expected: Vec<_> = (0..6).map(|_| (20, "allowed: true".to_owned())).collect();
+        assert_eq!(outcomes, expected, "breaker {breaker}");
+        assert_eq!(
+            store.circuit_state(),
+            breaker.then_some(CircuitState::Closed)
+        );
+    }
+}
+
 /// A check made outside any runtime (its timer is made at the first poll) is answered once
 /// polled inside one.
 #[test]
