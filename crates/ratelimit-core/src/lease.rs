@@ -434,11 +434,14 @@ impl Entry {
 
     /// The key is being reset, or was: the lease's units go (the store forgets the state they
     /// were taken from), checks stop going straight to the store for a denial it forgets, and a
-    /// lease request on its way keeps none of its units.
-    fn forget(&mut self) {
-        self.tokens = 0;
+    /// lease request on its way keeps none of its units. Returns the units dropped (wasted).
+    /// The lease is not counted in the recent leases: a reset says nothing of how thrifty the
+    /// key's leases are.
+    fn forget(&mut self) -> u64 {
         self.starved_until = 0;
         self.resets = self.resets.wrapping_add(1);
+        self.settled = true;
+        self.drop_lease()
     }
 
     /// Whether a reset of the key began or ended since the lease request on its way was begun.
@@ -725,7 +728,10 @@ impl<S, C> Shared<S, C> {
     /// [`Entry::forget`]).
     fn end_lease(&self, id: u128) {
         if let Some(entry) = self.existing(id) {
-            entry.lock().forget();
+            let dropped = entry.lock().forget();
+            self.counters
+                .wasted_units
+                .fetch_add(dropped, Ordering::Relaxed);
         }
     }
 
@@ -1383,14 +1389,20 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
                             }
                             // The lease before it, if spent whole by its own check, ends here.
                             let _ = e.settle(0);
-                            // Granted before a reset: only the check's own cost is kept.
-                            e.tokens = if e.fetch_outlived_a_reset() {
+                            // Granted before a reset: only the check's own cost is kept, the rest
+                            // wasted, and the lease not counted in the recent leases (as
+                            // `forget` does).
+                            let outlived = e.fetch_outlived_a_reset();
+                            e.tokens = if outlived {
+                                sh.counters
+                                    .wasted_units
+                                    .fetch_add(want - cost, Ordering::Relaxed);
                                 0
                             } else {
                                 want - cost
                             };
                             e.granted = want;
-                            e.settled = false;
+                            e.settled = outlived;
                             e.fetched_for = cost;
                             e.sent = sent;
                             e.expires = sent.saturating_add(ttl);

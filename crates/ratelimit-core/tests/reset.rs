@@ -315,6 +315,9 @@ fn a_reset_ends_the_keys_lease() {
     assert_eq!(leasing.outstanding_units(), 9);
     now(leasing.reset(b"k", &limit)).unwrap();
     assert_eq!(leasing.outstanding_units(), 0);
+    // The nine dropped are counted as wasted: admitted + wasted + outstanding is what the store
+    // granted.
+    assert_eq!(leasing.stats().wasted_units, 9);
     // A full quota, and not a unit of the old lease on top.
     assert_eq!(admitted_until_denied(&leasing, b"k", &limit), 20);
 }
@@ -332,6 +335,7 @@ fn a_lease_in_flight_across_a_reset_keeps_none_of_its_units() {
     now(leasing.reset(b"k", &limit)).unwrap();
     assert!(now(&mut in_flight).unwrap().is_allowed());
     assert_eq!(leasing.outstanding_units(), 0);
+    assert_eq!(leasing.stats().wasted_units, 9, "the units not kept");
     assert_eq!(admitted_until_denied(&leasing, b"k", &limit), 20);
 }
 
@@ -420,6 +424,11 @@ fn a_lease_granted_while_the_reset_is_on_its_way_ends_with_it() {
     assert_eq!(leasing.outstanding_units(), 9);
     assert!(now(&mut reset).is_ok());
     assert_eq!(leasing.outstanding_units(), 0);
+    assert_eq!(
+        leasing.stats().wasted_units,
+        9,
+        "the units the reset dropped"
+    );
     assert_eq!(admitted_until_denied(&leasing, b"k", &limit), 20);
 }
 
