@@ -703,11 +703,11 @@ pin_project_lite::pin_project! {
     /// the layer's fired), it does not guess: the check (its command already sent by the poll in
     /// `call`, or by the first poll of `Guarded`'s, which makes this there) runs on in a task of
     /// its own, under the same timeout (counted from when the check was sent, not started again),
-    /// and the store's answer or timeout counts as it would have for the request. So clients cannot decide the circuit's state by cancelling: a probe they cancel is
-    /// still settled by the store, and checks they cancel over a hanging store still time out and
-    /// open the circuit (callers with deadlines shorter than the layer's timeout, a gRPC deadline or
-    /// an outer timeout, would otherwise wait on a hung store for ever, the failure policy never
-    /// acting). Where no tokio runtime is current at the drop, or the task is dropped unrun (a
+    /// and the store's answer or timeout counts as it would have for the request. So clients
+    /// cannot decide the circuit's state by cancelling: a probe they cancel is still settled by
+    /// the store, and checks they cancel over a hanging store still time out and open the circuit
+    /// (callers with deadlines shorter than the layer's timeout, a gRPC deadline or an outer
+    /// timeout, would otherwise wait on a hung store for ever, the failure policy never acting). Where no tokio runtime is current at the drop, or the task is dropped unrun (a
     /// runtime shutting down), a probe is handed on (the circuit stays open, cooled down, and the
     /// next request probes) and any other check counts for nothing.
     pub(crate) struct BreakerCheck<F>

@@ -154,8 +154,8 @@ impl<St: Store> Guarded<St> {
 impl<St: Store> GuardedBuilder<St> {
     /// How long a check may wait for the store (default [`DEFAULT_TIMEOUT`], 50 ms; 1 ms to an
     /// hour), counted from the check's first poll, which sends it (checks made together and
-    /// awaited in turn each have the whole timeout). A check cut at it fails with [`GuardError::TimedOut`] and counts as a failure of
-    /// its circuit.
+    /// awaited in turn each have the whole timeout). A check cut at it fails with
+    /// [`GuardError::TimedOut`] and counts as a failure of its circuit.
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
