@@ -169,6 +169,18 @@ fn from_level(v: i64, algorithm: Algorithm, q: &Quota, cost: u64) -> Option<Deci
     if level > cap || (admitted && cost > burst) {
         return None;
     }
+    if admitted {
+        // cost <= burst, so cost * scale <= cap <= 2^52. An admission took `need` from the
+        // bucket (at most cap - need left) or added it to the debt (at least need).
+        let need = cost * scale;
+        let possible = match algorithm {
+            Algorithm::TokenBucket => level <= cap - need,
+            _ => level >= need,
+        };
+        if !possible {
+            return None;
+        }
+    }
     let micros = |units: u64| Duration::from_micros(units.div_ceil(rate));
     let (remaining, reset) = match algorithm {
         Algorithm::TokenBucket => (level / scale, micros(cap - level)),
@@ -298,7 +310,16 @@ mod tests {
         let limit = Limit::single(Algorithm::TokenBucket, q).unwrap();
         let shape = Shape::of(&limit);
         let cap = i64::try_from(q.capacity_units()).unwrap();
-        assert!(decision(&Value::Int(cap), shape, 1).is_ok());
+        assert!(decision(&Value::Int(cap), shape, 0).is_ok());
+        // A full bucket after an admission of 1: it took a token.
+        assert!(decision(&Value::Int(cap), shape, 1).is_err());
+        assert!(decision(&Value::Int(cap - 100_000), shape, 1).is_ok());
+        assert!(decision(&Value::Int(cap - 99_999), shape, 1).is_err());
+        // GCRA: a debt after an admission of 1 holds at least its 100,000 units.
+        let gcra = Shape::of(&Limit::single(Algorithm::Gcra, q).unwrap());
+        assert!(decision(&Value::Int(0), gcra, 0).is_ok());
+        assert!(decision(&Value::Int(99_999), gcra, 1).is_err());
+        assert!(decision(&Value::Int(100_000), gcra, 1).is_ok());
         // Above the capacity, either way.
         assert!(decision(&Value::Int(cap + 1), shape, 1).is_err());
         assert!(decision(&Value::Int(-2 - cap), shape, 1).is_err());

@@ -40,6 +40,7 @@ if N == 1 then
   local s_start, s_count
   if raw then
     local x, y = string.match(raw, PAIR)
+    if not x then error(MALFORMED .. key) end
     s_start, s_count = x + 0, y + 0
   end
   local code, retry, rem, reset, start, count, after = window(limit, period, s_start, s_count)

@@ -13,6 +13,7 @@ if N == 1 then
   local d = 0
   if raw then
     local x, y = string.match(raw, PAIR)
+    if not x then error(MALFORMED .. key) end
     local tat, frac = x + 0, y + 0
     if tat >= NOW then
       local ahead = tat - NOW

@@ -54,19 +54,12 @@ local function helpers()
   -- the key exists.
   local function load_numbers(key, count)
     local raw = redis.call('GET', key)
-    local v = {}
-    if not raw then return v, false end
-    local pos = 1
-    for j = 1, count do
-      local sep = string.find(raw, ':', pos, true)
-      if sep then
-        v[j] = tonumber(string.sub(raw, pos, sep - 1))
-        pos = sep + 1
-      else
-        v[j] = tonumber(string.sub(raw, pos))
-        break
-      end
-    end
+    if not raw then return {}, false end
+    -- Exactly `count` integers, as the scripts write them (at most 24: within Lua's 32 captures),
+    -- or the script fails (see MALFORMED in prelude.lua).
+    local v = { string.match(raw, '^' .. string.rep('(%d+):', count - 1) .. '(%d+)$') }
+    if #v ~= count then error(MALFORMED .. key) end
+    for j = 1, count do v[j] = v[j] + 0 end
     return v, true
   end
 

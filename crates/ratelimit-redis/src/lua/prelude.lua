@@ -48,5 +48,9 @@ local SLACK_MS = ARGV[4] + 0
 -- command it may make once per batch (MULTI_WRITES_OK_ once granted): see sliding_log.lua.
 local MULTI_, MULTI_WRITES_OK_ = false, false
 local floor, ceil = math.floor, math.ceil
--- Stored state: two or three integers joined by ':', split by one string.match.
-local PAIR, TRIPLE = '^(%-?%d+):(%-?%d+)$', '^(%-?%d+):(%-?%d+):(%-?%d+)$'
+-- Stored state: two or three integers joined by ':', split by one string.match. Only what the
+-- scripts write matches (digits, no sign): a state written by hand or by another tool, say a
+-- negative level (whose level reply would read as an admission), fails the script with
+-- MALFORMED in the read phase, nothing written, rather than be decided from.
+local PAIR, TRIPLE = '^(%d+):(%d+)$', '^(%d+):(%d+):(%d+)$'
+local MALFORMED = 'ratelimit: malformed state (not written by these scripts): '

@@ -13,8 +13,9 @@ local CHUNK = 32
 local RECOUNT_CHUNK = 1024
 
 local function parse(entry)
-  local sep = string.find(entry, ':', 1, true)
-  return tonumber(string.sub(entry, 1, sep - 1)), tonumber(string.sub(entry, sep + 1))
+  local t, c = string.match(entry, PAIR)
+  if not t then error(MALFORMED .. 'a sliding log entry ' .. entry) end
+  return t + 0, c + 0
 end
 
 -- The sum of the costs in a log. Only for a total lost apart from its log (the hash evicted or
@@ -76,7 +77,9 @@ for i = 1, N do
   local last = redis.call('LINDEX', lkey, -1)
   if last then
     newest, newest_cost = parse(last)
-    total = tonumber(stored[i])
+    -- A total not as the scripts write it (damaged by hand) is recounted from the log, below.
+    local raw = stored[i]
+    total = raw and string.find(raw, '^%d+$') and raw + 0 or nil
     if newest + p > fresh_before then fresh_before = newest + p end
   end
   local now = NOW
@@ -91,7 +94,7 @@ for i = 1, N do
       total = 0
       newest = nil
     else
-      if total == nil or total < 0 then
+      if total == nil then
         total = recount(lkey)
         repairs = repairs or {}
         repairs[#repairs + 1] = FIELDS[i]

@@ -71,6 +71,7 @@ if N == 1 then
   local s_start, s_cur, s_prev
   if raw then
     local x, y, z = string.match(raw, TRIPLE)
+    if not x then error(MALFORMED .. key) end
     s_start, s_cur, s_prev = x + 0, y + 0, z + 0
   end
   local code, retry, rem, reset, start, cur, prev, after =

@@ -12,6 +12,7 @@ if N == 1 then
   local level, last = cap, NOW
   if raw then
     local x, y = string.match(raw, PAIR)
+    if not x then error(MALFORMED .. key) end
     level, last = x + 0, y + 0
     if level > cap then level = cap end
   end
