@@ -410,7 +410,12 @@ impl Config {
             return fail("--abuse-factor must be between 1 and 1000000");
         }
         // Each scheduled request takes a record of 24 bytes, reserved at the start.
-        let steps_max = self.steps.iter().copied().fold(self.rate, f64::max);
+        // A sweep runs its steps' rates only, not `--rate`.
+        let steps_max = if self.steps.is_empty() {
+            self.rate
+        } else {
+            self.steps.iter().copied().fold(0.0, f64::max)
+        };
         if steps_max * self.duration.as_secs_f64() > 100_000_000.0 {
             return fail(
                 "--rate (or a --steps rate) times --duration must be at most 100000000 requests",
@@ -633,6 +638,24 @@ mod tests {
         )
         .unwrap();
         ok.validate().unwrap();
+    }
+
+    /// The cap of 100,000,000 requests counts the rates that run: a sweep's steps, not the
+    /// `--rate` it does not use (which refused a sweep of 360,000-request steps).
+    #[test]
+    fn the_request_cap_counts_the_rates_that_run() {
+        let checked =
+            |args: &str| Config::from_args(args.split_whitespace()).and_then(|c| c.validate());
+        checked("--rate 50000 --steps 100,200 --duration 3600").unwrap();
+        for refused in [
+            "--rate 50000 --duration 3600",
+            "--rate 10 --steps 100,50000 --duration 3600",
+        ] {
+            assert!(
+                matches!(checked(refused), Err(Error::Usage(_))),
+                "{refused}"
+            );
+        }
     }
 
     #[test]

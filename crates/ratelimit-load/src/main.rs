@@ -6,7 +6,20 @@ use std::process::ExitCode;
 use ratelimit_load::{Config, Error, USAGE};
 
 fn main() -> ExitCode {
-    let config = match Config::from_args(std::env::args().skip(1)) {
+    // Read as given, so that an argument that is not UTF-8 (a file name may be anything but a
+    // 0 byte) is a usage error, not a panic.
+    let args: Result<Vec<String>, Error> = std::env::args_os()
+        .skip(1)
+        .map(|a| {
+            a.into_string().map_err(|a| {
+                Error::Usage(format!(
+                    "{} is not UTF-8: every argument, --svg's path too, must be",
+                    a.to_string_lossy()
+                ))
+            })
+        })
+        .collect();
+    let config = match args.and_then(Config::from_args) {
         Ok(c) => c,
         Err(Error::Help) => {
             print!("{USAGE}");

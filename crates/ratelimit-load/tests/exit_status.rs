@@ -63,3 +63,20 @@ fn check_refuses_a_sweep() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("--check checks one run"), "{stderr}");
 }
+
+/// An argument that is not UTF-8 (a file name may be any bytes but 0) is a usage error, exit 2,
+/// not a panic (exit 101).
+#[cfg(unix)]
+#[test]
+fn an_argument_that_is_not_utf8_is_a_usage_error() {
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+    let out = Command::new(env!("CARGO_BIN_EXE_ratelimit-load"))
+        .args(["--quiet", "--duration", "0.1", "--rate", "10", "--svg"])
+        .arg(OsStr::from_bytes(b"plot-\xff.svg"))
+        .output()
+        .expect("the tool runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("is not UTF-8"), "{stderr}");
+}

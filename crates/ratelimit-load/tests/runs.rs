@@ -162,7 +162,9 @@ async fn http_gateways_bare_and_layered() {
     // Nor in the JSON: no figure a script could read as a limiter's failure.
     let json = bare.to_json();
     assert!(json["exactness"].is_null(), "{json}");
+    assert!(json["check_failures"].is_null(), "{json}");
     assert!(layered.to_json()["exactness"]["users_above_bound"].is_u64());
+    assert!(layered.to_json()["check_failures"].is_array());
 }
 
 /// A real sweep stops after a step it could not sustain. Whether a step is sustained is the

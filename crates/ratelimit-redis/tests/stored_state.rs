@@ -107,5 +107,8 @@ async fn a_stored_state_no_script_writes_fails_the_check_and_is_left_as_it_was()
     server.cli(&["set", &key, "-1:1"]);
     let error = store.check(b"k", &limit, 1).await.unwrap_err().to_string();
     println!("{error}");
-    assert!(error.contains("malformed state") && error.contains(&key), "{error}");
+    assert!(
+        error.contains("malformed state") && error.contains(&key),
+        "{error}"
+    );
 }
