@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{manual, run_conformance, table, unique_prefix};
+use common::{evalsha_stats, manual, run_conformance, script_loads, table, unique_prefix};
 use futures::future::join_all;
 use ratelimit_core::{Algorithm, Limit, ManualClock, Quota};
 use ratelimit_redis::RedisStore;
@@ -450,15 +450,9 @@ async fn sliding_log_keys_stay_whole_through_a_slot_migration() {
     assert_eq!((count(source), count(target)), (0, 6));
 }
 
-/// A check whose reply is lost after its script ran on the master (the connection drops while
-/// the reply is on its way) fails, and is not sent again: the master counted it once, and once
-/// only. A client that re-sent it on the new connection would spend two tokens for one request.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_check_whose_reply_is_lost_fails_and_counts_once() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = RedisCluster::start(3);
-    let node = &cluster.nodes()[0];
-    // Clients reach the first master only through a proxy: it announces the proxy's port.
+/// A proxy in front of `node`, whose port the node announces: clients reach that master only
+/// through the proxy once every node of `cluster` has learnt the port.
+async fn proxied(cluster: &RedisCluster, node: &redis_harness::RedisServer) -> Proxy {
     let proxy = Proxy::start(node.port());
     let bus = (node.port() + 10_000).to_string();
     assert_eq!(
@@ -484,7 +478,92 @@ async fn a_check_whose_reply_is_lost_fails_and_counts_once() {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    proxy
+}
 
+/// A user whose state under `limit` lives on the master `node`.
+fn user_of(
+    cluster: &RedisCluster,
+    store: &RedisStore,
+    limit: &Limit,
+    node: &redis_harness::RedisServer,
+) -> String {
+    (0..)
+        .map(|i| format!("user-{i}"))
+        .find(|u| {
+            cluster
+                .node_for(&store.state_keys(u.as_bytes(), limit)[0])
+                .port()
+                == node.port()
+        })
+        .unwrap()
+}
+
+/// Scripts flushed again on a master while a check reloads its script there: each `NOSCRIPT`
+/// proves the script did not run, so the check loads it again on that master and is answered,
+/// counted once, as on a standalone server (`noscript.rs`). Through a proxy in front of the
+/// master that delays every chunk by 100 ms, so that a flush lands after each load has run and
+/// before the check sent after it arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scripts_flushed_again_on_a_master_during_a_reload_are_loaded_again() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = std::sync::Arc::new(RedisCluster::start(3));
+    let node = &cluster.nodes()[0];
+    let proxy = proxied(&cluster, node).await;
+    let store = RedisStore::cluster([cluster.urls()[1].clone()])
+        .prefix(unique_prefix("noscript-again"))
+        .response_timeout(Duration::from_secs(10))
+        .build()
+        .await
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(10).unwrap()).unwrap();
+    let user = user_of(&cluster, &store, &limit, node);
+    assert_eq!(
+        store
+            .check(user.as_bytes(), &limit, 1)
+            .await
+            .unwrap()
+            .remaining(),
+        9
+    );
+    assert_eq!(node.cli(&["script", "flush"]), "OK");
+    let loads = script_loads(node);
+    proxy.set_latency(Duration::from_millis(100));
+    // After each of the check's first two loads on the master, a flush there.
+    let flusher = std::thread::spawn({
+        let cluster = std::sync::Arc::clone(&cluster);
+        move || {
+            let node = &cluster.nodes()[0];
+            for n in 1..=2 {
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while script_loads(node) < loads + n {
+                    assert!(std::time::Instant::now() < deadline, "load {n} never came");
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+                assert_eq!(node.cli(&["script", "flush"]), "OK");
+            }
+        }
+    });
+    let before = evalsha_stats(node);
+    let d = store.check(user.as_bytes(), &limit, 1).await;
+    flusher.join().unwrap();
+    let d = d.unwrap();
+    assert_eq!(d.remaining(), 8, "counted exactly once: {d:?}");
+    assert_eq!(script_loads(node), loads + 3, "three loads");
+    let after = evalsha_stats(node);
+    assert_eq!(after.2 - before.2, 3, "three NOSCRIPT answers");
+    assert_eq!(after.0 - before.0, 4, "and the one that ran");
+}
+
+/// A check whose reply is lost after its script ran on the master (the connection drops while
+/// the reply is on its way) fails, and is not sent again: the master counted it once, and once
+/// only. A client that re-sent it on the new connection would spend two tokens for one request.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_whose_reply_is_lost_fails_and_counts_once() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = RedisCluster::start(3);
+    let node = &cluster.nodes()[0];
+    let proxy = proxied(&cluster, node).await;
     let store = RedisStore::cluster([cluster.urls()[1].clone()])
         .prefix(unique_prefix("lost"))
         .response_timeout(Duration::from_secs(10))
@@ -492,16 +571,7 @@ async fn a_check_whose_reply_is_lost_fails_and_counts_once() {
         .await
         .unwrap();
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100).unwrap()).unwrap();
-    // A user whose state lives on the proxied master.
-    let user = (0..)
-        .map(|i| format!("user-{i}"))
-        .find(|u| {
-            cluster
-                .node_for(&store.state_keys(u.as_bytes(), &limit)[0])
-                .port()
-                == node.port()
-        })
-        .unwrap();
+    let user = user_of(&cluster, &store, &limit, node);
     let check = |cost| store.check(user.as_bytes(), &limit, cost);
     assert_eq!(check(1).await.unwrap().remaining(), 99);
 

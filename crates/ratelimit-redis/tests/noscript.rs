@@ -5,31 +5,10 @@ mod common;
 
 use std::time::Duration;
 
-use common::unique_prefix;
+use common::{evalsha_stats, script_loads, unique_prefix};
 use ratelimit_core::{Algorithm, Limit, Quota};
 use ratelimit_redis::{RedisStore, RedisStoreError, script_sha};
 use redis_harness::RedisServer;
-
-/// (calls, rejected_calls, failed_calls) of EVALSHA, from INFO commandstats. A call that ran and
-/// failed counts in both `calls` and `failed_calls`; one refused before running only in
-/// `rejected_calls`.
-fn evalsha_stats(server: &RedisServer) -> (u64, u64, u64) {
-    let info = server.cli(&["info", "commandstats"]);
-    let line = info
-        .lines()
-        .find(|l| l.starts_with("cmdstat_evalsha:"))
-        .unwrap_or("cmdstat_evalsha:calls=0,rejected_calls=0,failed_calls=0");
-    let field = |name: &str| -> u64 {
-        line.split([':', ','])
-            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
-            .map_or(0, |v| v.parse().unwrap())
-    };
-    (
-        field("calls"),
-        field("rejected_calls"),
-        field("failed_calls"),
-    )
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn after_script_flush_the_next_check_succeeds_and_counts_once() {
@@ -59,16 +38,6 @@ async fn after_script_flush_the_next_check_succeeds_and_counts_once() {
         // And the state agrees: a peek sees 8 left.
         assert_eq!(store.check(b"k", &limit, 0).await.unwrap().remaining(), 8);
     }
-}
-
-/// `SCRIPT LOAD` calls the server has run, from INFO commandstats.
-fn script_loads(server: &RedisServer) -> u64 {
-    server
-        .cli(&["info", "commandstats"])
-        .lines()
-        .find_map(|l| l.strip_prefix("cmdstat_script|load:calls="))
-        .and_then(|rest| rest.split(',').next())
-        .map_or(0, |n| n.parse().unwrap())
 }
 
 /// Scripts flushed again while a check reloads its script (an operator's `SCRIPT FLUSH` run

@@ -180,3 +180,34 @@ pub async fn assert_refused_as_wrong_server(url: &str, name: &str, says: &str) {
         .unwrap_err();
     assert!(lazy.is_wrong_server(), "{lazy:?}");
 }
+
+/// (calls, rejected_calls, failed_calls) of EVALSHA, from INFO commandstats. A call that ran and
+/// failed counts in both `calls` and `failed_calls`; one refused before running only in
+/// `rejected_calls`.
+pub fn evalsha_stats(server: &redis_harness::RedisServer) -> (u64, u64, u64) {
+    let info = server.cli(&["info", "commandstats"]);
+    let line = info
+        .lines()
+        .find(|l| l.starts_with("cmdstat_evalsha:"))
+        .unwrap_or("cmdstat_evalsha:calls=0,rejected_calls=0,failed_calls=0");
+    let field = |name: &str| -> u64 {
+        line.split([':', ','])
+            .find_map(|kv| kv.strip_prefix(&format!("{name}=")))
+            .map_or(0, |v| v.parse().unwrap())
+    };
+    (
+        field("calls"),
+        field("rejected_calls"),
+        field("failed_calls"),
+    )
+}
+
+/// `SCRIPT LOAD` calls the server has run, from INFO commandstats.
+pub fn script_loads(server: &redis_harness::RedisServer) -> u64 {
+    server
+        .cli(&["info", "commandstats"])
+        .lines()
+        .find_map(|l| l.strip_prefix("cmdstat_script|load:calls="))
+        .and_then(|rest| rest.split(',').next())
+        .map_or(0, |n| n.parse().unwrap())
+}
