@@ -288,6 +288,8 @@ fn reset_key<St: Reset>(
     });
     let timeout = shared.timeout;
     let name = rt.name.clone();
+    let failed_log = Arc::clone(&shared.reset_failed_log);
+    let timed_out_log = Arc::clone(&shared.reset_timed_out_log);
     let counters = Arc::clone(counters);
     let count = move |o: ResetOutcome| counters[o as usize].increment(1);
     async move {
@@ -328,7 +330,9 @@ fn reset_key<St: Reset>(
                 match tokio::time::timeout(timeout, all).await {
                     Ok(out) => out,
                     Err(_) => {
-                        tracing::warn!(policy = %name, "rate-limit reset timed out");
+                        if let Some(held_back) = timed_out_log.pass() {
+                            tracing::warn!(policy = %name, held_back, "rate-limit reset timed out");
+                        }
                         count(ResetOutcome::Timeout);
                         return Err(ResetError::Timeout(timeout));
                     }
@@ -337,7 +341,9 @@ fn reset_key<St: Reset>(
             Poll::Pending => all.await,
         };
         if let Err(error) = out {
-            tracing::warn!(policy = %name, %error, "rate-limit reset failed");
+            if let Some(held_back) = failed_log.pass() {
+                tracing::warn!(policy = %name, %error, held_back, "rate-limit reset failed");
+            }
             count(ResetOutcome::Error);
             return Err(ResetError::Store(error));
         }

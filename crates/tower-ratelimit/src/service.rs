@@ -132,6 +132,11 @@ pub(crate) struct Shared<St> {
     /// every request of an outage would log one).
     pub(crate) failed_log: LogGate,
     pub(crate) timed_out_log: LogGate,
+    /// A reset failed, or timed out: logged at most once a second each too (resets are no
+    /// checks, so the breaker never stops them: a reset on every response of a login route,
+    /// while resets fail, would log one a request). Shared with the resets' futures.
+    pub(crate) reset_failed_log: Arc<LogGate>,
+    pub(crate) reset_timed_out_log: Arc<LogGate>,
     /// The condition on the inner service's response that resets the client's count
     /// ([`RateLimitLayerBuilder::reset_on`](crate::RateLimitLayerBuilder::reset_on)).
     pub(crate) reset_on: Option<ResetOn<St>>,
@@ -1183,6 +1188,10 @@ mod tests {
             fallback: None,
             failed_log: LogGate::new(Arc::new(ratelimit_core::SystemClock::new())),
             timed_out_log: LogGate::new(Arc::new(ratelimit_core::SystemClock::new())),
+            reset_failed_log: Arc::new(LogGate::new(Arc::new(ratelimit_core::SystemClock::new()))),
+            reset_timed_out_log: Arc::new(LogGate::new(Arc::new(
+                ratelimit_core::SystemClock::new(),
+            ))),
             reset_on: None,
             resetters: AtomicBool::new(false),
         }

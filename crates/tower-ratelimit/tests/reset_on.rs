@@ -16,7 +16,7 @@ use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
 use common::{
-    StoreDown, SwitchStore, TestStore, header, request, send, statuses, store, with_header,
+    Lines, StoreDown, SwitchStore, TestStore, header, request, send, statuses, store, with_header,
 };
 use http::HeaderValue;
 use ratelimit_core::{Algorithm, Decision, Limit, Quota, Reset, Store};
@@ -348,6 +348,53 @@ async fn a_reset_that_hangs_is_cut_at_the_timeout() {
     assert_eq!(header(&res, "ratelimit"), Some("\"login\";r=1;t=20"));
     assert_eq!(failures_let_through(&app, "alice").await, 1);
     assert_eq!(resets(&snapshotter)("timeout"), 1);
+}
+
+/// Resets that fail or time out are written at most once a second each per layer (by the
+/// layer's clock), with `held_back=` the failures not written, as the check's failures are:
+/// resets are no checks, so the breaker never stops them, and a login route whose successes each
+/// reset (while resets fail and checks do not: an ACL user without a command a reset needs)
+/// wrote a warning per request, as many as its clients made it. Each is counted all the same.
+#[tokio::test(start_paused = true)]
+async fn failed_resets_are_logged_at_most_once_a_second() {
+    for (reset, line) in [
+        (ResetIs::Failing, "rate-limit reset failed"),
+        (ResetIs::Hanging, "rate-limit reset timed out"),
+    ] {
+        let (clock, memory) = store();
+        let (app, snapshotter) = common::recorded(|| {
+            let store = OddReset {
+                inner: memory,
+                reset,
+            };
+            app(RateLimitLayer::builder(store, login_policy())
+                .timeout(Duration::from_millis(40))
+                .clock(clock.clone()))
+        });
+        let (lines, _guard) = Lines::capture();
+        let sign_in = |n: usize| {
+            let app = app.clone();
+            async move {
+                for i in 0..n {
+                    let res = send(&app, attempt(&format!("user-{i}"), "hunter2")).await;
+                    assert_eq!(res.status(), 204);
+                }
+            }
+        };
+        sign_in(50).await;
+        let written = |lines: &Lines| lines.text().matches(line).count();
+        assert_eq!(written(&lines), 1, "{}", lines.text());
+        clock.advance(Duration::from_secs(1));
+        sign_in(1).await;
+        assert_eq!(written(&lines), 2, "{}", lines.text());
+        assert!(lines.text().contains("held_back=49"), "{}", lines.text());
+        let outcome = if line.ends_with("failed") {
+            "error"
+        } else {
+            "timeout"
+        };
+        assert_eq!(resets(&snapshotter)(outcome), 51);
+    }
 }
 
 /// While the store is down, a request let through by the fallback's local share resets that
