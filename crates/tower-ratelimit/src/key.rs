@@ -385,6 +385,20 @@ pub trait KeyExtractor: Send + Sync + 'static {
     fn client_hint(&self) -> Option<String> {
         None
     }
+
+    /// Whether this extractor's key is one value that names the client (a header's value, an
+    /// extension's `T`), written by its [`KeyPart`] and nothing else: what
+    /// [`Resetter::reset_client`](crate::Resetter::reset_client) writes in its place. `true`,
+    /// the default, as for a closure that returns one `KeyPart`. `false` for keys of several
+    /// parts (a tuple, [`or`]: reset those with [`Resetter::reset`](crate::Resetter::reset) and a
+    /// request that carries them), of the client's address ([`PeerIp`], [`ClientIpKey`]: with
+    /// [`Resetter::reset_ip`](crate::Resetter::reset_ip)) or of no client value ([`GlobalKey`],
+    /// [`RouteKey`]): `reset_client` then answers
+    /// [`ResetError::NotOneValue`](crate::ResetError::NotOneValue) instead of resetting a key
+    /// no request has. Say `false` for an extractor of your own that writes anything else.
+    fn one_value(&self) -> bool {
+        true
+    }
 }
 
 /// The hints of all of `parts` that there are, joined with "and" (", and" if one is an "either
@@ -465,6 +479,10 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for (A, B) {
     fn client_hint(&self) -> Option<String> {
         all_hints(&[self.0.client_hint(), self.1.client_hint()])
     }
+
+    fn one_value(&self) -> bool {
+        false
+    }
 }
 
 impl<A: KeyExtractor, B: KeyExtractor, C: KeyExtractor> KeyExtractor for (A, B, C) {
@@ -490,6 +508,10 @@ impl<A: KeyExtractor, B: KeyExtractor, C: KeyExtractor> KeyExtractor for (A, B, 
             self.1.client_hint(),
             self.2.client_hint(),
         ])
+    }
+
+    fn one_value(&self) -> bool {
+        false
     }
 }
 
@@ -586,6 +608,10 @@ impl<A: KeyExtractor, B: KeyExtractor> KeyExtractor for Or<A, B> {
             (Some(first), Some(second)) => Some(format!("either {first} or {second}")),
             (first, second) => first.or(second),
         }
+    }
+
+    fn one_value(&self) -> bool {
+        false
     }
 }
 
@@ -883,6 +909,12 @@ impl KeyExtractor for GlobalKey {
     fn extract(&self, _req: &RequestHead<'_>, _key: &mut KeyBuf) -> Result<(), NoKey> {
         Ok(())
     }
+
+    /// No client value: reset the one key with [`Resetter::reset`](crate::Resetter::reset) and
+    /// any request.
+    fn one_value(&self) -> bool {
+        false
+    }
 }
 
 /// The request's method and matched route (axum's `MatchedPath`, such as `/users/{id}`), never
@@ -923,6 +955,10 @@ impl KeyExtractor for RouteKey {
         }
         key.push(b"<unmatched>");
         Ok(())
+    }
+
+    fn one_value(&self) -> bool {
+        false
     }
 }
 
@@ -1028,6 +1064,10 @@ impl KeyExtractor for PeerIp {
     fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
         self.inner.extract(req, key)
     }
+
+    fn one_value(&self) -> bool {
+        false
+    }
 }
 
 /// The client's address behind trusted reverse proxies: the TCP peer from axum's
@@ -1108,6 +1148,10 @@ impl KeyExtractor for ClientIpKey {
             _ => client_ip.resolve(peer.ip(), req.headers()).write_to(key),
         }
         Ok(())
+    }
+
+    fn one_value(&self) -> bool {
+        false
     }
 }
 

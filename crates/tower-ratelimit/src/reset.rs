@@ -128,6 +128,15 @@ pub enum ResetError<E> {
     /// The request carries no key for the policy's extractor: there is no client to reset.
     #[error("the request carries no rate-limit key")]
     NoKey,
+    /// [`Resetter::reset_client`] of a policy whose key is not one client value
+    /// ([`KeyExtractor::one_value`](crate::key::KeyExtractor::one_value)): several parts, an
+    /// address or no client at all. Nothing was reset; reset with [`Resetter::reset`] and a
+    /// request that carries the key, or [`Resetter::reset_ip`] for an address.
+    #[error(
+        "the policy's rate-limit key is not one client value (several parts, an address, or no \
+         client): reset it with a request that carries the key, or by IP address"
+    )]
+    NotOneValue,
     /// The store did not answer within the layer's timeout. The reset may still happen.
     #[error("the rate-limit store did not answer the reset within {0:?}")]
     Timeout(Duration),
@@ -151,6 +160,8 @@ impl<St: Reset> Resetter<St> {
     /// the extractors group by network, are reset with [`reset_ip`](Resetter::reset_ip); keys
     /// made of several parts (a tuple, [`or`](crate::key::or)) are not one value: reset those
     /// with [`reset`](Resetter::reset) and a request built to carry what the extractor reads.
+    /// For any of these (see [`KeyExtractor::one_value`](crate::key::KeyExtractor::one_value)),
+    /// this answers [`ResetError::NotOneValue`] (counted as `no_key`) and resets nothing.
     ///
     /// ```
     /// use tower_ratelimit::{Algorithm, Limit, MemoryStore, Policy, Quota, RateLimitLayer};
@@ -171,9 +182,20 @@ impl<St: Reset> Resetter<St> {
         &self,
         client: &(impl KeyPart + ?Sized),
     ) -> impl Future<Output = Result<(), ResetError<St::Error>>> + Send + 'static {
-        let mut key = self.shared.rt.key_start.clone();
-        client.write_to(&mut key);
-        self.reset_key(Some(key))
+        let one_value = self.shared.rt.policy.key.one_value();
+        let key = one_value.then(|| {
+            let mut key = self.shared.rt.key_start.clone();
+            client.write_to(&mut key);
+            key
+        });
+        // Without a key, counted and answered as `NoKey`, told apart here.
+        let reset = self.reset_key(key);
+        async move {
+            match reset.await {
+                Err(ResetError::NoKey) if !one_value => Err(ResetError::NotOneValue),
+                out => out,
+            }
+        }
     }
 
     /// Forgets what the client of `req` has spent: its key as the layer extracts it, under

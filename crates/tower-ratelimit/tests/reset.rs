@@ -591,6 +591,97 @@ async fn a_client_is_reset_by_the_value_its_key_is_made_of() {
     );
 }
 
+/// A policy whose key is not one client value (several parts, an address, or no client) cannot
+/// be reset by a value: `reset_client` answers `NotOneValue` (counted as `no_key`) and the
+/// client's count stands. Before, it answered `Ok(())` and reset a key no request has: with the
+/// README's `or(user, address)`, an admin tool reported a user unblocked who was still denied.
+/// With a request that carries the key, `reset` resets it.
+#[tokio::test]
+async fn a_key_that_is_not_one_value_is_not_reset_by_a_value() {
+    use tower_ratelimit::key::{ClientIpKey, ExtensionKey, GlobalKey, PeerIp, RouteKey, or};
+    #[derive(Clone)]
+    struct User(&'static str);
+    impl tower_ratelimit::key::KeyPart for User {
+        fn write_to(&self, key: &mut tower_ratelimit::key::KeyBuf) {
+            self.0.write_to(key);
+        }
+    }
+    let header = || ApiKeyHeader::new("x-user").unwrap();
+    let policy =
+        |key: Box<dyn FnOnce(Policy) -> Policy>| key(Policy::new("login", login_limit()).unwrap());
+    let ip = || tower_ratelimit::client_ip::ClientIp::behind_proxies(["10.0.0.1/32"]).unwrap();
+    let policies: Vec<(&str, Policy)> = vec![
+        (
+            "or",
+            policy(Box::new(|p| {
+                p.key(or(ExtensionKey::<User>::new(), PeerIp::new()))
+            })),
+        ),
+        (
+            "tuple",
+            policy(Box::new(move |p| p.key((RouteKey::new(), header())))),
+        ),
+        ("peer ip", policy(Box::new(|p| p.key(PeerIp::new())))),
+        (
+            "client ip",
+            policy(Box::new(move |p| p.key(ClientIpKey::new(ip())))),
+        ),
+        ("global", policy(Box::new(|p| p.key(GlobalKey)))),
+        ("route", policy(Box::new(|p| p.key(RouteKey::new())))),
+    ];
+    for (name, policy) in policies {
+        let (_clock, store) = store();
+        let (resetter, snapshotter) =
+            common::recorded(|| RateLimitLayer::new(store, policy).unwrap().resetter());
+        let out = resetter.reset_client("alice").await;
+        assert!(
+            matches!(out, Err(ResetError::NotOneValue)),
+            "{name}: {out:?}"
+        );
+        assert_eq!(common::resets(&snapshotter, "login")("no_key"), 1, "{name}");
+    }
+
+    // The `or` of the README, over a user who spent her quota: still denied after the refused
+    // reset, let in after a reset with a request that carries her key.
+    let (_clock, memory) = store();
+    let policy = Policy::new("login", login_limit())
+        .unwrap()
+        .key(or(ExtensionKey::<User>::new(), PeerIp::new()));
+    let layer = RateLimitLayer::new(memory, policy).unwrap();
+    let app = Router::new()
+        .route("/login", get(|| async { "ok" }))
+        .layer(layer.clone());
+    let alice = || {
+        let mut req = request("/login");
+        req.extensions_mut().insert(User("alice"));
+        req
+    };
+    assert_eq!(statuses(&app, alice, 4).await, [200, 200, 200, 429]);
+    assert!(layer.resetter().reset_client(&User("alice")).await.is_err());
+    assert_eq!(statuses(&app, alice, 1).await, [429]);
+    let carrier = alice();
+    layer
+        .resetter()
+        .reset(&RequestHead::of(&carrier))
+        .await
+        .unwrap();
+    assert_eq!(statuses(&app, alice, 4).await, [200, 200, 200, 429]);
+    // One value: a header's, an extension's, a closure's one part.
+    for policy in [
+        Policy::new("login", login_limit()).unwrap().key(header()),
+        Policy::new("login", login_limit())
+            .unwrap()
+            .key(ExtensionKey::<User>::new()),
+        Policy::new("login", login_limit())
+            .unwrap()
+            .key(|req: &RequestHead<'_>| req.headers().get("x-user").cloned()),
+    ] {
+        let (_clock, store) = store();
+        let layer = RateLimitLayer::new(store, policy).unwrap();
+        layer.resetter().reset_client("alice").await.unwrap();
+    }
+}
+
 /// Over the in-memory store a reset completes at once: like the layer's checks, it needs no
 /// runtime with a timer (a hand-built runtime without `enable_time`), and none at all.
 #[test]

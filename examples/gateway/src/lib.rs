@@ -566,7 +566,11 @@ where
             }
             (ClientKind::Everyone, None, None) => {
                 tracing::info!(policy = %params.policy, "admin reset of the shared count");
-                resetter.reset_client("").await
+                // The one key every request has: any request's.
+                let any = axum::http::Request::new(());
+                resetter
+                    .reset(&tower_ratelimit::RequestHead::of(&any))
+                    .await
             }
             (kind, ..) => {
                 return answer(StatusCode::BAD_REQUEST, kind.needs(&params.policy));
