@@ -41,9 +41,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    // Ctrl-C or SIGTERM drops the run, and with it the `redis-server` it started (the harness
-    // kills it when dropped), before the tool exits: killed by a signal's default action, the
-    // tool would leave the server running.
+    // Ctrl-C, SIGTERM, SIGHUP (a closed terminal) or SIGQUIT drops the run, and with it the
+    // `redis-server` it started (the harness kills it when dropped), before the tool exits:
+    // killed by a signal's default action, the tool would leave the server running.
     let outcome = runtime.block_on(async {
         // Listened for before the run starts: starting `redis-server` blocks the thread until it
         // answers, and a signal then must find its handler in place (a handler made at the first

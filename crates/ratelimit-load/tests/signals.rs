@@ -10,10 +10,12 @@ fn sigterm_stops_the_redis_server_the_tool_started() {
     if !redis_harness::redis_server_installed() {
         panic!("redis-server is needed (Debian: apt-get install redis-server)");
     }
-    // Once the run has begun (`settled`), and three times each at once.
+    // Once the run has begun (`settled`), and three times each at once; SIGHUP (a closed
+    // terminal) and SIGQUIT once the run has begun.
     let runs = [true, false, false, false]
         .into_iter()
-        .flat_map(|s| [("-TERM", s), ("-INT", s)]);
+        .flat_map(|s| [("-TERM", s), ("-INT", s)])
+        .chain([("-HUP", true), ("-QUIT", true)]);
     for (signal, settled) in runs {
         let mut tool = Command::new(env!("CARGO_BIN_EXE_ratelimit-load"))
             .args([

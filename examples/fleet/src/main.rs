@@ -372,10 +372,10 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(2);
         }
     };
-    // Ctrl-C or SIGTERM drops the run, and with it the `redis-server` it may have started (the
-    // harness kills it when dropped): killed by a signal's default action, the example would
-    // leave that server running. Listened for before the run starts, so that a signal sent while
-    // the server starts finds its handler in place.
+    // Ctrl-C, SIGTERM, SIGHUP (a closed terminal) or SIGQUIT drops the run, and with it the
+    // `redis-server` it may have started (the harness kills it when dropped): killed by a
+    // signal's default action, the example would leave that server running. Listened for before
+    // the run starts, so that a signal sent while the server starts finds its handler in place.
     let interrupted = redis_harness::process::interrupted();
     let outcome = tokio::select! {
         biased;

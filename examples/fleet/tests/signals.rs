@@ -6,11 +6,13 @@ use std::time::Duration;
 use redis_harness::process::{running, send_signal, wait_exit, wait_for_child};
 
 #[test]
-fn sigterm_and_ctrl_c_stop_the_redis_server_the_fleet_started() {
+fn sigterm_ctrl_c_and_a_closed_terminal_stop_the_redis_server_the_fleet_started() {
     if !redis_harness::redis_server_installed() {
         panic!("redis-server is needed (Debian: apt-get install redis-server)");
     }
-    for signal in ["-TERM", "-INT"] {
+    // SIGHUP: the terminal closed (its default action left the server running, as redis-server
+    // ignores SIGHUP); SIGQUIT: Ctrl-\.
+    for signal in ["-TERM", "-INT", "-HUP", "-QUIT"] {
         // Enough users that the run lasts seconds: the signal comes while it runs.
         let mut fleet = Command::new(env!("CARGO_BIN_EXE_example-fleet"))
             .args(["--users", "5000"])

@@ -81,10 +81,11 @@ pub fn wait_exit(child: &mut Child, timeout: Duration) -> Option<ExitStatus> {
     }
 }
 
-/// Resolves at the first SIGINT or SIGTERM from now on (the handlers are in place when this
-/// returns); never if neither could be listened for. A program that started a `redis-server`
-/// selects on it and drops its run, and with it the server (killed when dropped): killed by a
-/// signal's default action, the program would leave the server running. Made before the run
+/// Resolves at the first SIGINT, SIGTERM, SIGHUP (its terminal closed) or SIGQUIT from now on (the
+/// handlers are in place when this returns); never if none could be listened for. A program that
+/// started a `redis-server` selects on it and drops its run, and with it the server (killed when
+/// dropped): killed by a signal's default action, the program would leave the server running
+/// (`redis-server` ignores SIGHUP). Made before the run
 /// starts, so that a signal sent while a server starts finds its handler in place.
 pub fn interrupted() -> impl std::future::Future<Output = ()> {
     use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -99,10 +100,14 @@ pub fn interrupted() -> impl std::future::Future<Output = ()> {
     }
     let terminate = next(signal(SignalKind::terminate()).ok());
     let interrupt = next(signal(SignalKind::interrupt()).ok());
+    let hangup = next(signal(SignalKind::hangup()).ok());
+    let quit = next(signal(SignalKind::quit()).ok());
     async move {
         tokio::select! {
             () = terminate => {}
             () = interrupt => {}
+            () = hangup => {}
+            () = quit => {}
         }
     }
 }
