@@ -353,6 +353,16 @@ fn parse_args() -> Result<Options, String> {
             ratelimit_redis::redact_url(url)
         ));
     }
+    // Pasted into the gateways' TOML: a control character (a newline) would end the string, and
+    // be reported in a file the user never wrote, or add a setting.
+    if let Some(url) = &o.redis
+        && url.chars().any(char::is_control)
+    {
+        return Err(format!(
+            "--redis {:?}: a URL holds no control characters",
+            ratelimit_redis::redact_url(url)
+        ));
+    }
     if o.alone && o.redis.is_some() {
         return Err(
             "--redis and --alone do not go together: alone, each gateway counts in its own memory"

@@ -155,6 +155,13 @@ async fn run() -> Result<(), Failure> {
                             a.to_string_lossy()
                         ))
                     })?;
+                // Read now, so that a malformed address is a wrong command line (status 2), not a
+                // failure of the run (1, kept for an address in use).
+                if let Err(e) = std::net::ToSocketAddrs::to_socket_addrs(listen.as_str()) {
+                    return Err(Failure::Usage(format!(
+                        "--listen {listen}: not an address (expected IP:PORT): {e}"
+                    )));
+                }
             }
             "--help" | "-h" => {
                 println!(

@@ -27,3 +27,16 @@ fn arguments_that_are_not_utf8_are_usage_errors() {
     assert!(err.contains("--listen"), "{err}");
     assert!(!err.contains("panicked"), "{err}");
 }
+
+/// A malformed `--listen` address is a wrong command line (status 2), as a missing one is.
+#[test]
+fn a_malformed_listen_address_is_a_usage_error() {
+    for addr in ["foo", "127.0.0.1:99999", "127.0.0.1"] {
+        let (code, err) = quickstart(&[OsStr::new("--listen"), OsStr::new(addr)]);
+        assert_eq!(code, Some(2), "{addr}: {err}");
+        assert!(
+            err.contains("--listen") && err.contains("not an address"),
+            "{err}"
+        );
+    }
+}
