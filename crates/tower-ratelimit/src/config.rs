@@ -59,6 +59,10 @@ pub struct PolicyConfig {
     /// [`Policy::verdict`]).
     #[serde(default = "yes")]
     pub verdict: bool,
+    /// Whether to put the `Verdict` in the extensions of each request let through, for the
+    /// handler (default `false`; see [`Policy::verdict_in_request`]).
+    #[serde(default)]
+    pub verdict_in_request: bool,
     /// The body of a 429.
     #[serde(default)]
     pub body: BodyConfig,
@@ -394,6 +398,7 @@ impl PolicyConfig {
         Ok(policy
             .dry_run(self.dry_run)
             .verdict(self.verdict)
+            .verdict_in_request(self.verdict_in_request)
             .headers(
                 Headers::ietf()
                     .with_ietf(h.ietf)

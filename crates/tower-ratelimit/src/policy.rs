@@ -254,6 +254,7 @@ pub struct Policy {
     pub(crate) dry_run: bool,
     pub(crate) headers: Headers,
     pub(crate) verdict: bool,
+    pub(crate) verdict_in_request: bool,
     pub(crate) body: DenialBody,
     pub(crate) failure: FailurePolicy,
 }
@@ -298,6 +299,7 @@ impl Policy {
             dry_run: false,
             headers: Headers::default(),
             verdict: true,
+            verdict_in_request: false,
             body: DenialBody::default(),
             failure: FailurePolicy::default(),
         })
@@ -472,6 +474,39 @@ impl Policy {
         self
     }
 
+    /// Whether to put the [`Verdict`](crate::Verdict) in the extensions of each request the
+    /// layer lets through, for the handler (default `false`): its kind, and the store's
+    /// [`Decision`](crate::Decision) with the requests left, for a body that tells them or a log
+    /// line. Independent of [`verdict`](Self::verdict), which puts it on the response.
+    ///
+    /// It is the verdict of the request's own check: under nested layers that both put one, the
+    /// handler sees the innermost's (the last put in). A request answered in place of the
+    /// handler (a 429, a fail-closed 503) reaches no handler. Each request let through makes
+    /// http allocate its extensions' map, if nothing else has, and the verdict's box.
+    ///
+    /// ```
+    /// use axum::{Extension, Router, routing::get};
+    /// use tower_ratelimit::{Algorithm, Limit, MemoryStore, Policy, Quota, RateLimitLayer, Verdict};
+    ///
+    /// async fn search(Extension(verdict): Extension<Verdict>) -> String {
+    ///     let left = verdict.decision().map_or(0, |d| d.remaining());
+    ///     format!("results... ({left} searches left this minute)")
+    /// }
+    ///
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let limit = Limit::single(Algorithm::Gcra, Quota::per_minute(30)?)?;
+    /// let policy = Policy::new("search", limit)?.verdict_in_request(true);
+    /// let app: Router = Router::new()
+    ///     .route("/search", get(search))
+    ///     .layer(RateLimitLayer::new(MemoryStore::new(), policy)?);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn verdict_in_request(mut self, verdict_in_request: bool) -> Self {
+        self.verdict_in_request = verdict_in_request;
+        self
+    }
+
     /// The body of a 429.
     pub fn body(mut self, body: DenialBody) -> Self {
         self.body = body;
@@ -497,6 +532,7 @@ impl fmt::Debug for Policy {
             .field("dry_run", &self.dry_run)
             .field("headers", &self.headers)
             .field("verdict", &self.verdict)
+            .field("verdict_in_request", &self.verdict_in_request)
             .field("body", &self.body)
             .field("failure", &self.failure)
             .finish_non_exhaustive()

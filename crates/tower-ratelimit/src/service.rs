@@ -254,8 +254,10 @@ impl Rt {
             tiers: tiers.into_boxed_slice(),
             key_start,
             headers_on_allowed,
-            nothing_on_allowed: !headers_on_allowed && !policy.verdict,
-            nothing_on_other: !policy.verdict,
+            nothing_on_allowed: !headers_on_allowed
+                && !policy.verdict
+                && !policy.verdict_in_request,
+            nothing_on_other: !policy.verdict && !policy.verdict_in_request,
             shared_prefix: shared_prefix.into_boxed_slice(),
             unknown_tier_warned: AtomicBool::new(false),
             name,
@@ -428,6 +430,21 @@ impl Post {
 }
 
 impl<St> Shared<St> {
+    /// Puts `post`'s verdict in `req`'s extensions, for the handler, if the policy says so
+    /// ([`Policy::verdict_in_request`](crate::Policy::verdict_in_request)).
+    pub(crate) fn lend_verdict<B>(&self, req: &mut Request<B>, post: Option<&Post>) {
+        if let Some(post) = post
+            && self.rt.policy.verdict_in_request
+        {
+            req.extensions_mut().insert(Verdict::new(
+                post.rt.clone(),
+                post.kind,
+                post.decision,
+                post.tier as usize,
+            ));
+        }
+    }
+
     /// Marks `req`, let through with `post`, for the [`Resetter`](crate::Resetter)s of this
     /// layer, if one has been made and the response gets rate-limit fields from the store's
     /// answer: the returned mark is set once a `Resetter` has reset the client the layer checked
@@ -807,7 +824,9 @@ where
             // rather than copied out of the step.
             Step::Forward(None) => ResponseFuture::inner(self.inner.call(req), None),
             Step::Forward(post) => match &self.shared.reset_on {
-                None if !self.shared.resetters.load(Ordering::Relaxed) => {
+                None if !self.shared.resetters.load(Ordering::Relaxed)
+                    && !self.shared.rt.policy.verdict_in_request =>
+                {
                     ResponseFuture::inner(self.inner.call(req), post)
                 }
                 // Built out of line: a second way of building the inner future here would have
@@ -895,6 +914,7 @@ where
                     };
                     match step {
                         Step::Forward(post) => {
+                            shared.lend_verdict(&mut req, post.as_ref());
                             let plan = shared.reset_plan(post.as_ref(), &RequestHead::of(&req));
                             let mark = shared.mark(&mut req, post.as_ref());
                             let fut = inner.call(req);
@@ -916,8 +936,9 @@ where
 }
 
 impl<S, St: Store, M> RateLimit<S, St, M> {
-    /// The request let through with `post` by a layer that resets on a response or of which a
-    /// [`Resetter`](crate::Resetter) has been made. With the layer's condition
+    /// The request let through with `post` by a layer that resets on a response, of which a
+    /// [`Resetter`](crate::Resetter) has been made, or that puts its verdict in the request
+    /// ([`Policy::verdict_in_request`](crate::Policy::verdict_in_request)): put there first. With the layer's condition
     /// ([`reset_on`](crate::RateLimitLayerBuilder::reset_on)), the client's count is reset if the
     /// inner service's response meets it, before the response is returned, so that the client's
     /// next request counts from a full quota; with a `Resetter`, the request is marked for it
@@ -940,6 +961,7 @@ impl<S, St: Store, M> RateLimit<S, St, M> {
         ResB: Send + 'static,
         M: BodyMode<ResB>,
     {
+        self.shared.lend_verdict(&mut req, post.as_ref());
         if self.shared.reset_on.is_none() {
             // A mark alone needs nothing waited for after the response: no box.
             return match self.shared.mark(&mut req, post.as_ref()) {

@@ -236,6 +236,86 @@ async fn dry_run_never_denies_but_counts() {
     assert_eq!(m.outcome("shadow", "denied"), 0);
 }
 
+/// What the handler of a request sees of the layer's verdict: nothing by default; with
+/// `verdict_in_request`, the request's own verdict (its kind, and the requests left), whatever
+/// `verdict` says of the response, over a store that answers at once and one that makes the
+/// request wait, for an admission, a dry run's would-be denial and a request let through failing
+/// open.
+#[tokio::test]
+async fn the_handler_sees_the_verdict_when_the_policy_lends_it() {
+    /// The handler: the verdict it was given, as text.
+    async fn seen(verdict: Option<axum::Extension<Verdict>>) -> String {
+        match verdict {
+            None => "none".to_owned(),
+            Some(axum::Extension(v)) => format!(
+                "{}:{:?}:{:?}",
+                v.policy(),
+                v.kind(),
+                v.decision().map(|d| d.remaining())
+            ),
+        }
+    }
+    async fn body(res: http::Response<Body>) -> String {
+        let bytes = axum::body::to_bytes(res.into_body(), 1 << 16)
+            .await
+            .unwrap();
+        String::from_utf8(bytes.to_vec()).unwrap()
+    }
+    fn app<St: tower_ratelimit::Store>(store: St, policy: Policy) -> Router {
+        Router::new()
+            .route("/", get(seen))
+            .layer(RateLimitLayer::new(store, policy).unwrap())
+    }
+    // By default, nothing: the verdict is the response's.
+    let plain = app(store().1, Policy::new("plain", per_minute(2)).unwrap());
+    let res = send(&plain, request("/")).await;
+    assert!(res.extensions().get::<Verdict>().is_some());
+    assert_eq!(body(res).await, "none");
+
+    for verdict in [true, false] {
+        let lend = |name| {
+            Policy::new(name, per_minute(2))
+                .unwrap()
+                .verdict(verdict)
+                .verdict_in_request(true)
+        };
+        let waiting = std::sync::Arc::new(SwitchStore::new(store().1));
+        for (name, app) in [
+            ("at once", app(store().1, lend("lent"))),
+            ("waits", app(waiting, lend("lent"))),
+        ] {
+            let res = send(&app, request("/")).await;
+            assert_eq!(
+                res.extensions().get::<Verdict>().is_some(),
+                verdict,
+                "{name}: the response's verdict is `verdict`'s"
+            );
+            assert_eq!(body(res).await, "lent:Allowed:Some(1)", "{name}");
+        }
+        let shadow = app(store().1, lend("shadow").dry_run(true));
+        let mut seen = Vec::new();
+        for _ in 0..3 {
+            seen.push(body(send(&shadow, request("/")).await).await);
+        }
+        assert_eq!(
+            seen,
+            [
+                "shadow:Allowed:Some(1)",
+                "shadow:Allowed:Some(0)",
+                "shadow:ShadowDenied:Some(0)"
+            ],
+            "verdict {verdict}"
+        );
+        let down = std::sync::Arc::new(SwitchStore::new(store().1));
+        down.set_down(true);
+        let open = app(down, lend("open"));
+        assert_eq!(
+            body(send(&open, request("/")).await).await,
+            "open:FailedOpen:None"
+        );
+    }
+}
+
 /// Each series is described to the recorder when the layer is built: a Prometheus exporter's
 /// `# HELP` line, and the store histogram's unit (seconds).
 #[test]
@@ -802,6 +882,27 @@ async fn a_policy_from_a_configuration_file() {
     let res = send(&app, request("/")).await;
     assert_eq!(res.status(), 200);
     assert!(res.extensions().get::<tower_ratelimit::Verdict>().is_none());
+    // The verdict lent to the handler instead.
+    let lent: PolicyConfig = toml::from_str(
+        "name = \"x\"\nquotas = [{ limit = 1, per = \"second\" }]\nverdict = false\n\
+         verdict_in_request = true",
+    )
+    .unwrap();
+    assert!(lent.verdict_in_request && !lent.verdict);
+    let app = Router::new()
+        .route(
+            "/",
+            get(
+                |v: Option<axum::Extension<tower_ratelimit::Verdict>>| async move {
+                    v.map_or("none", |_| "lent")
+                },
+            ),
+        )
+        .layer(RateLimitLayer::new(common::store().1, lent.into_policy().unwrap()).unwrap());
+    let res = send(&app, request("/")).await;
+    assert!(res.extensions().get::<tower_ratelimit::Verdict>().is_none());
+    let bytes = axum::body::to_bytes(res.into_body(), 64).await.unwrap();
+    assert_eq!(&bytes[..], b"lent");
 
     let bad: Result<PolicyConfig, _> = toml::from_str("name = \"x\"\nquotas = []\nfoo = 1");
     assert!(bad.is_err(), "unknown fields are refused");
