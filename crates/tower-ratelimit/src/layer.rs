@@ -379,6 +379,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
             rt.nothing_on_allowed = false;
             rt.nothing_on_other = false;
         }
+        let verdict_in_request = rt.policy.verdict_in_request;
         let rt = Arc::new(rt);
         let breaker = self.breaker.filter(|_| !always_answers).map(|config| {
             Arc::new(Breaker::new(
@@ -403,6 +404,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 reset_timed_out_log: Arc::new(LogGate::new(self.clock)),
                 reset_on: self.reset_on,
                 resetters: std::sync::atomic::AtomicBool::new(false),
+                aside: std::sync::atomic::AtomicBool::new(verdict_in_request),
             }),
             _mode: PhantomData,
         })

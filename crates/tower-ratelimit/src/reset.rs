@@ -97,6 +97,7 @@ impl<St, M> RateLimitLayer<St, M> {
         St: Reset,
     {
         self.shared.resetters.store(true, Ordering::Relaxed);
+        self.shared.aside.store(true, Ordering::Relaxed);
         Resetter {
             shared: Arc::clone(&self.shared),
             counters: Arc::new(Metrics::reset_counters(&self.shared.rt.name)),

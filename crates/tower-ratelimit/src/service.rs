@@ -145,6 +145,11 @@ pub(crate) struct Shared<St> {
     /// which the `Resetter` sets when it resets that request's client, so that the response
     /// tells the full quota (see `Shared::mark`).
     pub(crate) resetters: AtomicBool,
+    /// Requests let through go out of line (`call_resettable`), to be marked or given their
+    /// verdict: `resetters`, or the policy's
+    /// [`verdict_in_request`](crate::Policy::verdict_in_request). One flag, so that the path of
+    /// a layer with neither tests one.
+    pub(crate) aside: AtomicBool,
 }
 
 /// The policy and everything computed from it once.
@@ -824,9 +829,7 @@ where
             // rather than copied out of the step.
             Step::Forward(None) => ResponseFuture::inner(self.inner.call(req), None),
             Step::Forward(post) => match &self.shared.reset_on {
-                None if !self.shared.resetters.load(Ordering::Relaxed)
-                    && !self.shared.rt.policy.verdict_in_request =>
-                {
+                None if !self.shared.aside.load(Ordering::Relaxed) => {
                     ResponseFuture::inner(self.inner.call(req), post)
                 }
                 // Built out of line: a second way of building the inner future here would have
@@ -938,12 +941,13 @@ where
 impl<S, St: Store, M> RateLimit<S, St, M> {
     /// The request let through with `post` by a layer that resets on a response, of which a
     /// [`Resetter`](crate::Resetter) has been made, or that puts its verdict in the request
-    /// ([`Policy::verdict_in_request`](crate::Policy::verdict_in_request)): put there first. With the layer's condition
-    /// ([`reset_on`](crate::RateLimitLayerBuilder::reset_on)), the client's count is reset if the
-    /// inner service's response meets it, before the response is returned, so that the client's
-    /// next request counts from a full quota; with a `Resetter`, the request is marked for it
-    /// first (see `Shared::mark`). The response's fields tell the full quota if either reset
-    /// forgot the client's count. Out of line, off the path of a layer without either. With a
+    /// ([`Policy::verdict_in_request`](crate::Policy::verdict_in_request)): put there first.
+    /// With the layer's condition ([`reset_on`](crate::RateLimitLayerBuilder::reset_on)), the
+    /// client's count is reset if the inner service's response meets it, before the response is
+    /// returned, so that the client's next request counts from a full quota; with a `Resetter`,
+    /// the request is marked for it first (see `Shared::mark`). The response's fields tell the
+    /// full quota if either reset forgot the client's count. Out of line, off the path of a layer
+    /// with none of these. With a
     /// condition the future is boxed (the reset is waited for after the response); a mark alone
     /// needs no box. A request neither applies to (no condition, and not marked: no fields to
     /// add, or let through without the store's answer) goes as through such a layer.
@@ -1216,6 +1220,7 @@ mod tests {
             ))),
             reset_on: None,
             resetters: AtomicBool::new(false),
+            aside: AtomicBool::new(false),
         }
     }
 
