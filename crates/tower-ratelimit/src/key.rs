@@ -135,6 +135,86 @@
 //!
 //! The client address behind proxies is the job of [`ClientIpKey`], which only trusts
 //! `Forwarded` / `X-Forwarded-For` entries appended by proxies in a configured CIDR list.
+//!
+//! ## A value in the body (a sign-in form's user name)
+//!
+//! Extractors see the request's head only: the body is the handler's to read, and has not
+//! arrived when the layer decides. To key a sign-in route on the user name in its form (so that
+//! guessing one user's password from many addresses counts as one client), read it in a
+//! middleware in front of the layer: buffer the body (bounded), put the name in the extensions,
+//! and pass the request on with the same bytes. The layer keys on [`ExtensionKey`]; with
+//! [`or`]`(ExtensionKey::<SignInUser>::new(), PeerIp::new())` a form without the field counts
+//! against the client's address instead of getting the missing-key answer.
+//!
+//! ```
+//! use std::collections::HashMap;
+//! use axum::body::Body;
+//! use axum::extract::{FromRequest, Request};
+//! use axum::http::{StatusCode, header};
+//! use axum::middleware::{self, Next};
+//! use axum::response::Response;
+//! use axum::{Form, Router, routing::post};
+//! use tower::ServiceExt;
+//! use tower_ratelimit::key::{ExtensionKey, KeyBuf, KeyPart};
+//! use tower_ratelimit::{Algorithm, Limit, MemoryStore, Policy, Quota, RateLimitLayer};
+//!
+//! /// The user name a sign-in form gives, as the limit counts it.
+//! #[derive(Clone)]
+//! struct SignInUser(String);
+//! impl KeyPart for SignInUser {
+//!     fn write_to(&self, key: &mut KeyBuf) {
+//!         self.0.write_to(key)
+//!     }
+//! }
+//!
+//! /// Reads the form's `user` into the extensions; the handler gets the body as it came.
+//! async fn sign_in_user(req: Request, next: Next) -> Result<Response, StatusCode> {
+//!     let (mut parts, body) = req.into_parts();
+//!     // A sign-in form is small: a larger body is refused, never buffered whole.
+//!     let bytes = axum::body::to_bytes(body, 16 * 1024)
+//!         .await
+//!         .map_err(|_| StatusCode::PAYLOAD_TOO_LARGE)?;
+//!     // (A POST: axum's `Form` reads a GET's query string instead.)
+//!     let form = Request::post("/")
+//!         .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+//!         .body(Body::from(bytes.clone()))
+//!         .map_err(|_| StatusCode::BAD_REQUEST)?;
+//!     if let Ok(Form(fields)) = Form::<HashMap<String, String>>::from_request(form, &()).await
+//!         && let Some(user) = fields.get("user")
+//!     {
+//!         // One client whatever the case the name is typed in.
+//!         parts.extensions.insert(SignInUser(user.trim().to_lowercase()));
+//!     }
+//!     Ok(next.run(Request::from_parts(parts, Body::from(bytes))).await)
+//! }
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(2)?)?;
+//! let policy = Policy::new("sign-in", limit)?.key(ExtensionKey::<SignInUser>::new());
+//! let app = Router::new().route(
+//!     "/sign-in",
+//!     post(|body: String| async move { format!("checked {} bytes", body.len()) })
+//!         // The last layer added runs first: the name is read before the limit is checked.
+//!         .route_layer(RateLimitLayer::new(MemoryStore::new(), policy)?)
+//!         .route_layer(middleware::from_fn(sign_in_user)),
+//! );
+//! let sign_in = |form: &'static str| {
+//!     Request::post("/sign-in")
+//!         .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+//!         .body(Body::from(form))
+//! };
+//! let mut statuses = Vec::new();
+//! for form in ["user=alice&password=a", "user=Alice&password=b", "user=alice&password=c"] {
+//!     statuses.push(app.clone().oneshot(sign_in(form)?).await?.status().as_u16());
+//! }
+//! // Bob is another client; a form without a user has no key (400 by default).
+//! statuses.push(app.clone().oneshot(sign_in("user=bob&password=d")?).await?.status().as_u16());
+//! statuses.push(app.clone().oneshot(sign_in("password=e")?).await?.status().as_u16());
+//! assert_eq!(statuses, [200, 200, 429, 200, 400]);
+//! # Ok(())
+//! # }
+//! ```
 
 use std::fmt;
 use std::marker::PhantomData;
