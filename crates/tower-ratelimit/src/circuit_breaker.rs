@@ -719,7 +719,7 @@ pin_project_lite::pin_project! {
         part: usize,
         // The probe this check is, if the circuit sent it half-open.
         probe: Option<Probe>,
-        // The closes it saw when it was made (see `Breaker::seen`).
+        // The closes it saw when it was made, which is when it was sent (see `Breaker::seen`).
         seen: u64,
         // The layer's timeout, counted from the check's making, which is when it was sent (the
         // layer's first poll of the store's check in `call`, `Guarded`'s first poll): neither a

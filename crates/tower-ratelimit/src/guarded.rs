@@ -284,7 +284,6 @@ where
                 check: self.store.check(key, limit, cost),
                 part,
                 probe,
-                seen: b.seen(),
             },
             waiting: false,
         }
@@ -393,7 +392,6 @@ enum State<F, E> {
         check: F,
         part: usize,
         probe: Option<Probe>,
-        seen: u64,
     },
     /// Sent through the breaker (the shared one), which the answer settles (boxed: its timer is
     /// not `Unpin`).
@@ -420,12 +418,8 @@ where
             this.start = Some(Instant::now());
         }
         if matches!(this.state, State::Unsent { .. }) {
-            let State::Unsent {
-                check,
-                part,
-                probe,
-                seen,
-            } = std::mem::replace(&mut this.state, State::Done(None))
+            let State::Unsent { check, part, probe } =
+                std::mem::replace(&mut this.state, State::Done(None))
             else {
                 unreachable!("matched above")
             };
@@ -433,7 +427,10 @@ where
             let Some(breaker) = &this.shared.breaker else {
                 unreachable!("a breaker check without a breaker")
             };
-            // Its timeout counts from this poll, which sends it.
+            // Sent now: its timeout counts from this poll, and the closes it has seen are read
+            // now (a check made before a close and sent after it is a check of the closed
+            // circuit, whose failure counts).
+            let seen = breaker.seen();
             let check = BreakerCheck::new(breaker.clone(), part, probe, seen, check, timeout);
             this.state = State::Breaker {
                 check: Box::pin(check),

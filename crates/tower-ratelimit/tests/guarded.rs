@@ -277,6 +277,62 @@ async fn checks_made_together_and_awaited_in_turn_each_have_the_whole_timeout() 
     }
 }
 
+/// A check made before its circuit closed and sent (first polled) after it counts as a check of
+/// the closed circuit: its failure counts, as a failure of a check made after the close. The
+/// breaker ignores only failures of checks sent before the last close (a late answer from the
+/// outage the close ended); before, a `Guarded` check read what it had seen when it was made.
+#[tokio::test]
+async fn a_check_made_before_a_close_and_sent_after_it_counts() {
+    /// The switch's check made at the first poll, as a network store sends its command then.
+    struct AtFirstPoll(Arc<SwitchStore>);
+    impl Store for AtFirstPoll {
+        type Error = StoreDown;
+        type Future = std::pin::Pin<
+            Box<
+                dyn std::future::Future<Output = Result<ratelimit_core::Decision, StoreDown>>
+                    + Send,
+            >,
+        >;
+        fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+            let (switch, key, limit) = (self.0.clone(), key.to_vec(), limit.clone());
+            Box::pin(async move { switch.check(&key, &limit, cost).await })
+        }
+    }
+    for made_after_the_close in [false, true] {
+        let clock = ManualClock::new();
+        let (_, memory) = store();
+        let switch = Arc::new(SwitchStore::new(memory));
+        let store = Guarded::builder(AtFirstPoll(switch.clone()), "jobs")
+            .circuit_breaker(CircuitBreaker::new(1, Duration::from_secs(5)).unwrap())
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let limit = per_minute(100);
+        let early = store.check(b"job", &limit, 1);
+        // An outage: the circuit opens; a probe after the cool-down closes it.
+        switch.set_down(true);
+        assert!(store.check(b"job", &limit, 1).await.is_err());
+        assert_eq!(store.circuit_state(), Some(CircuitState::Open));
+        clock.advance(Duration::from_secs(5));
+        switch.set_down(false);
+        assert!(store.check(b"job", &limit, 1).await.is_ok());
+        assert_eq!(store.circuit_state(), Some(CircuitState::Closed));
+        // Down again: the check sent now fails, and opens the circuit.
+        switch.set_down(true);
+        let check = if made_after_the_close {
+            store.check(b"job", &limit, 1)
+        } else {
+            early
+        };
+        assert!(check.await.is_err());
+        assert_eq!(
+            store.circuit_state(),
+            Some(CircuitState::Open),
+            "made after the close: {made_after_the_close}"
+        );
+    }
+}
+
 /// A check made outside any runtime (its timer is made at the first poll) is answered once
 /// polled inside one.
 #[test]
