@@ -51,6 +51,8 @@ local floor, ceil = math.floor, math.ceil
 -- Stored state: two or three integers joined by ':', split by one string.match. Only what the
 -- scripts write matches (digits, no sign): a state written by hand or by another tool, say a
 -- negative level (whose level reply would read as an admission), fails the script with
--- MALFORMED in the read phase, nothing written, rather than be decided from.
+-- MALFORMED in the read phase, nothing written, rather than be decided from (in the multi-cost
+-- form, the read phase of the cost that reads it: a sliding-log entry that only a later cost of
+-- the batch reads leaves the earlier costs' writes; docs/redis.md, "What atomic means here").
 local PAIR, TRIPLE = '^(%d+):(%d+)$', '^(%d+):(%d+):(%d+)$'
 local MALFORMED = 'ratelimit: malformed state (not written by these scripts): '
