@@ -481,6 +481,17 @@ async fn proxied(cluster: &RedisCluster, node: &redis_harness::RedisServer) -> P
     proxy
 }
 
+/// A store on `cluster` seeded by its second node (not the first, which [`proxied`] puts behind
+/// a proxy), with a 10 s response timeout, its keys under a prefix made from `name`.
+async fn seeded_past(cluster: &RedisCluster, name: &str) -> RedisStore {
+    RedisStore::cluster([cluster.urls()[1].clone()])
+        .prefix(unique_prefix(name))
+        .response_timeout(Duration::from_secs(10))
+        .build()
+        .await
+        .unwrap()
+}
+
 /// A user whose state under `limit` lives on the master `node`.
 fn user_of(
     cluster: &RedisCluster,
@@ -510,12 +521,7 @@ async fn scripts_flushed_again_on_a_master_during_a_reload_are_loaded_again() {
     let cluster = std::sync::Arc::new(RedisCluster::start(3));
     let node = &cluster.nodes()[0];
     let proxy = proxied(&cluster, node).await;
-    let store = RedisStore::cluster([cluster.urls()[1].clone()])
-        .prefix(unique_prefix("noscript-again"))
-        .response_timeout(Duration::from_secs(10))
-        .build()
-        .await
-        .unwrap();
+    let store = seeded_past(&cluster, "noscript-again").await;
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(10).unwrap()).unwrap();
     let user = user_of(&cluster, &store, &limit, node);
     assert_eq!(
@@ -564,12 +570,7 @@ async fn a_check_whose_reply_is_lost_fails_and_counts_once() {
     let cluster = RedisCluster::start(3);
     let node = &cluster.nodes()[0];
     let proxy = proxied(&cluster, node).await;
-    let store = RedisStore::cluster([cluster.urls()[1].clone()])
-        .prefix(unique_prefix("lost"))
-        .response_timeout(Duration::from_secs(10))
-        .build()
-        .await
-        .unwrap();
+    let store = seeded_past(&cluster, "lost").await;
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(100).unwrap()).unwrap();
     let user = user_of(&cluster, &store, &limit, node);
     let check = |cost| store.check(user.as_bytes(), &limit, cost);
