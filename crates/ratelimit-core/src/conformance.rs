@@ -22,7 +22,17 @@
 //!   next: a store that counts each check at the time it is given (the example store, the Redis
 //!   store on a client clock) runs them all on one store with [`check_store`]; a store that
 //!   never counts at a time before one it counted at (the in-memory store) runs the
-//!   [`monotone`](Scenario::monotone) ones, each on a fresh store, with [`check_scenario`].
+//!   [`monotone`](Scenario::monotone) ones, each on a fresh store, with [`check_scenario`]. So
+//!   does a store that drops a key's state once it is fresh (at [`Limit::fresh_at`]) by the
+//!   time its checks are given: where time goes back, the algorithms still count a state it
+//!   dropped at a later time.
+//!
+//! Beside the table, [`check_limits_apart`] checks one key under several limits (a store keeps
+//! a state per key and limit). What the kit cannot show: that a check is one atomic step (it
+//! checks one at a time, so a store that reads, decides and writes in three steps passes it;
+//! run checks of one key side by side in a test of your own, and count the admissions, as this
+//! workspace's `concurrency.rs` and the Redis store's `race.rs` do), and what a
+//! [`Reset`](crate::Reset) does.
 //!
 //! ```
 //! use ratelimit_core::conformance::{check_scenario, scenarios};
@@ -491,6 +501,89 @@ pub async fn check_scenario<S: Store>(
         report.decisions += 1;
         if expected.violated_quotas().len() > 1 {
             report.several_violated += 1;
+        }
+    }
+    Ok(report)
+}
+
+/// Runs `store` through one key checked under several limits in turn, and compares each decision
+/// with the algorithms': a store keeps a state per key *and limit* (`Limit::fingerprint` in its
+/// key, as [Writing a store](Store#writing-a-store) says), so that a key's count under one limit
+/// is not read under another (a client moved to another tier, two policies keying on the same
+/// value). [`check_store`]'s scenarios each check their keys under one limit, and do not show it.
+///
+/// For every algorithm, at one instant then a second later (each algorithm ten seconds after the
+/// one before: time never goes back), a client spends a strict limit (3
+/// a minute) and is denied, while under a looser one (1,000 an hour, and that with a second quota
+/// of 10 a second) its checks go on being admitted from that limit's own count; then a peek
+/// under each. The keys are `prefix`, `"limits apart: "`, the algorithm's name and `": client"`;
+/// the clock is set as by [`check_scenario`].
+pub async fn check_limits_apart<S: Store>(
+    store: &S,
+    clock: &ManualClock,
+    prefix: &[u8],
+) -> Result<Report, Mismatch<S::Error>> {
+    let mut report = Report::default();
+    for (i, alg) in Algorithm::ALL.into_iter().enumerate() {
+        let quota = |n, per_secs| {
+            Quota::per_period(n, Duration::from_secs(per_secs))
+                .unwrap_or_else(|_| unreachable!("a valid quota"))
+        };
+        let limits = [
+            Limit::single(alg, quota(3, 60)),
+            Limit::single(alg, quota(1_000, 3_600)),
+            Limit::new(alg, [quota(1_000, 3_600), quota(10, 1)]),
+        ]
+        .map(|l| l.unwrap_or_else(|_| unreachable!("limits every algorithm accepts")));
+        let name = format!("limits apart: {alg}");
+        let mut key = prefix.to_vec();
+        key.extend_from_slice(name.as_bytes());
+        key.extend_from_slice(b": client");
+        // The reference keeps each limit's state apart, by its fingerprint.
+        let mut reference = Reference::default();
+        let mut steps = Vec::new();
+        // Time never goes back, from one algorithm to the next either: a store that never counts
+        // at a time before one it counted at (the in-memory store) passes too.
+        let start = T0 + i as u64 * 10_000_000;
+        for second in [0, 1] {
+            let at = Timestamp::from_micros(start + second * 1_000_000);
+            for (limit, cost) in [(0, 1), (1, 1), (0, 2), (2, 3), (0, 1), (1, 4), (2, 1)] {
+                steps.push((at, limit, cost));
+            }
+            steps.extend([(at, 0, 0), (at, 1, 0), (at, 2, 0)]);
+        }
+        report.scenarios += 1;
+        for (i, (at, l, cost)) in steps.into_iter().enumerate() {
+            let limit = &limits[l];
+            let mut apart = key.clone();
+            apart.extend_from_slice(&limit.fingerprint().to_le_bytes());
+            let expected = reference.check(&apart, limit, cost, at);
+            clock.set(at);
+            let got = store
+                .check(&key, limit, cost)
+                .await
+                .map_err(|error| Mismatch::Store {
+                    scenario: name.clone(),
+                    step: i,
+                    error,
+                })?;
+            if got != expected {
+                return Err(Mismatch::Decision(Box::new(DecisionMismatch {
+                    scenario: format!("{name} (limit {l} of 3)"),
+                    step: i,
+                    check: Step {
+                        at,
+                        key: key.clone(),
+                        cost,
+                    },
+                    expected,
+                    got,
+                })));
+            }
+            report.decisions += 1;
+            if expected.violated_quotas().len() > 1 {
+                report.several_violated += 1;
+            }
         }
     }
     Ok(report)

@@ -68,6 +68,9 @@ use crate::{Decision, Limit};
 ///   each decision, every field, with the algorithms'. The Redis store (on a client clock) and
 ///   the example below pass all of it; the in-memory store, which never counts at a time before
 ///   one it counted at, passes the scenarios whose time never goes back.
+///   [`conformance::check_limits_apart`](crate::conformance::check_limits_apart) checks one key
+///   under several limits. Neither shows that a check is one atomic step: see the
+///   [kit's docs](crate::conformance).
 /// - **Resetting.** A store that can forget a client implements [`Reset`](crate::Reset) as well:
 ///   delete the key's state under the limit in one step, and let a missing state decide as a
 ///   fresh one.
@@ -124,11 +127,16 @@ use crate::{Decision, Limit};
 /// let table = ratelimit_core::conformance::scenarios();
 /// let report = now(ratelimit_core::conformance::check_store(&store, &clock, b"kit:", &table));
 /// assert_eq!(report.unwrap().decisions, 19_275);
+/// // And one key under several limits, each counted apart.
+/// let apart = now(ratelimit_core::conformance::check_limits_apart(&store, &clock, b"kit:"));
+/// assert_eq!(apart.unwrap().decisions, 100);
 /// # Ok::<(), ratelimit_core::ConfigError>(())
 /// ```
 ///
 /// (A real one also drops states once fresh, as [`MemoryStore`](crate::MemoryStore) does, or lets
-/// its backend expire them.)
+/// its backend expire them; one that drops them by the time its checks are given then runs the
+/// kit's [monotone](crate::conformance::Scenario::monotone) scenarios, as the in-memory store
+/// does: see the [kit's docs](crate::conformance).)
 pub trait Store: Send + Sync + 'static {
     /// Why a check could not be made (the store could not be reached, say). A denial is never an
     /// error: it is a [`Decision`]. See [Writing a store](Store#writing-a-store) for what a caller

@@ -6,8 +6,10 @@ use std::pin::pin;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
-use ratelimit_core::conformance::{Mismatch, Report, check_scenario, check_store, scenarios};
-use ratelimit_core::{Decision, Limit, ManualClock, MemoryStore, NoError, Outcome, Store};
+use ratelimit_core::conformance::{
+    Mismatch, Report, check_limits_apart, check_scenario, check_store, scenarios,
+};
+use ratelimit_core::{Decision, Limit, ManualClock, MemoryStore, NoError, Outcome, State, Store};
 
 fn block_on<F: Future>(f: F) -> F::Output {
     let mut f = pin!(f);
@@ -154,4 +156,53 @@ fn a_failure_is_reported_with_its_step() {
         err.to_string().ends_with("step 2: the store failed: down"),
         "{err}"
     );
+}
+
+/// A store that keeps one state per key, whatever the limit: the shape of a store written
+/// without `Limit::fingerprint` in its keys. (A state of another number of quotas is taken as
+/// none, so that the algorithms are not handed one they cannot read.)
+#[derive(Default)]
+struct OneStatePerKey(
+    std::sync::Mutex<std::collections::HashMap<Vec<u8>, Vec<State>>>,
+    ManualClock,
+);
+
+impl Store for OneStatePerKey {
+    type Error = NoError;
+    type Future = Ready<Result<Decision, NoError>>;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        let now = ratelimit_core::Clock::now(&self.1);
+        let mut map = self.0.lock().unwrap();
+        let mut states = map
+            .get(key)
+            .filter(|s| s.len() == limit.quotas().len())
+            .cloned()
+            .unwrap_or_else(|| limit.fresh_states(now));
+        let d = limit.check(&mut states, now, cost);
+        if d.is_allowed() && cost > 0 {
+            map.insert(key.to_vec(), states);
+        }
+        ready(Ok(d))
+    }
+}
+
+/// One key under several limits keeps a count under each: the in-memory store passes, a store
+/// that keeps one state per key is caught, though it passes every scenario of the table (each of
+/// which checks its keys under one limit).
+#[test]
+fn a_key_under_two_limits_is_counted_apart() {
+    let clock = ManualClock::new();
+    let report = block_on(check_limits_apart(&memory(&clock), &clock, b"")).unwrap();
+    assert_eq!(report.scenarios, 5);
+    assert_eq!(report.decisions, 5 * 20);
+
+    let one_state = OneStatePerKey(Default::default(), clock.clone());
+    let table = block_on(check_store(&one_state, &clock, b"table ", &scenarios())).unwrap();
+    assert_eq!(table.decisions, 19_275, "the table does not see it");
+    let err = block_on(check_limits_apart(&one_state, &clock, b"")).unwrap_err();
+    match &err {
+        Mismatch::Decision(m) => assert!(m.scenario.starts_with("limits apart: "), "{err}"),
+        other => panic!("not caught: {other:?}"),
+    }
 }

@@ -152,4 +152,10 @@ async fn the_conformance_kit_passes_on_one_store() {
         table.iter().map(|s| s.steps.len()).sum::<usize>()
     );
     println!("{report:?}");
+    // One key under several limits: a state per key and limit (the limit's fingerprint is in the
+    // Redis key).
+    let apart = ratelimit_core::conformance::check_limits_apart(&store, &clock, b"")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((apart.scenarios, apart.decisions), (5, 100));
 }
