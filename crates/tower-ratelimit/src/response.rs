@@ -284,6 +284,13 @@ pub enum DenialBody {
     /// `google.rpc.Code`'s HTTP mapping: failing closed is `UNAVAILABLE` (with its wait), a
     /// missing key rejected with 400 is `INVALID_ARGUMENT`, with 401 `UNAUTHENTICATED`, with 403
     /// `PERMISSION_DENIED` (with a pushback of `-1`: the same call would meet the same answer).
+    ///
+    /// Behind tonic's own server (`tonic::transport::Server`, not axum's `serve`), the default
+    /// key, [`PeerIp`](crate::key::PeerIp), finds none: tonic puts its `TcpConnectInfo` in the
+    /// extensions, not axum's `ConnectInfo`, and every call would get the missing-key answer
+    /// (`INVALID_ARGUMENT`). Key such a server on what its calls carry (an API key in the
+    /// metadata, [`ApiKeyHeader`](crate::key::ApiKeyHeader)), or on the peer with a closure:
+    /// `|req: &RequestHead<'_>| req.extensions().get::<TcpConnectInfo>()?.remote_addr().map(|a| a.ip())`.
     Grpc,
     /// A response built by a closure. Its status (if 4xx or 5xx; any other becomes 429) and
     /// headers are kept; `Retry-After` and the rate-limit fields are added where absent. A

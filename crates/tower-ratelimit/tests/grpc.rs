@@ -370,3 +370,52 @@ async fn an_answer_made_after_waiting_for_the_store_is_a_grpc_status() {
     assert_eq!(common::header(&res, "retry-after"), Some("3"));
     assert!(common::body_text(res).await.is_empty());
 }
+
+/// Behind tonic's own server the default key (`PeerIp`, axum's `ConnectInfo`) finds none, and
+/// every call gets the missing-key answer, `INVALID_ARGUMENT`; keyed by a closure on tonic's
+/// `TcpConnectInfo`, as `DenialBody::Grpc`'s docs show, calls count against their peer.
+#[tokio::test]
+async fn behind_tonics_own_server_a_closure_keys_calls_by_their_peer() {
+    use tonic::transport::server::TcpConnectInfo;
+    use tower_ratelimit::RequestHead;
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(1).unwrap()).unwrap();
+    let default_key = Policy::new("tonic", limit.clone())
+        .unwrap()
+        .body(DenialBody::Grpc);
+    let by_peer = Policy::new("tonic", limit)
+        .unwrap()
+        .body(DenialBody::Grpc)
+        .key(|req: &RequestHead<'_>| {
+            req.extensions()
+                .get::<TcpConnectInfo>()?
+                .remote_addr()
+                .map(|a| a.ip())
+        });
+    let mut codes = Vec::new();
+    for policy in [default_key, by_peer] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let incoming = tonic::transport::server::TcpIncoming::from(listener);
+        let layer = RateLimitLayer::new(MemoryStore::new(), policy).unwrap();
+        tokio::spawn(
+            tonic::transport::Server::builder()
+                .layer(layer)
+                .add_routes(tonic::service::Routes::default())
+                .serve_with_incoming(incoming),
+        );
+        codes.push(
+            calls(addr, 2)
+                .await
+                .iter()
+                .map(Status::code)
+                .collect::<Vec<_>>(),
+        );
+    }
+    assert_eq!(
+        codes,
+        [
+            [Code::InvalidArgument, Code::InvalidArgument],
+            [Code::Unimplemented, Code::ResourceExhausted]
+        ]
+    );
+}
