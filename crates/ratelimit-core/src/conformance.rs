@@ -28,11 +28,11 @@
 //!   dropped at a later time.
 //!
 //! Beside the table, [`check_limits_apart`] checks one key under several limits (a store keeps
-//! a state per key and limit). What the kit cannot show: that a check is one atomic step (it
-//! checks one at a time, so a store that reads, decides and writes in three steps passes it;
-//! run checks of one key side by side in a test of your own, and count the admissions, as this
-//! workspace's `concurrency.rs` and the Redis store's `race.rs` do), and what a
-//! [`Reset`](crate::Reset) does.
+//! a state per key and limit), and [`check_reset`] a store's [`Reset`](crate::Reset) (one key
+//! under one limit forgotten, nothing else). What the kit cannot show: that a check is one
+//! atomic step (it checks one at a time, so a store that reads, decides and writes in three
+//! steps passes it; run checks of one key side by side in a test of your own, and count the
+//! admissions, as this workspace's `concurrency.rs` and the Redis store's `race.rs` do).
 //!
 //! ```
 //! use ratelimit_core::conformance::{check_scenario, scenarios};
@@ -513,11 +513,11 @@ pub async fn check_scenario<S: Store>(
 /// value). [`check_store`]'s scenarios each check their keys under one limit, and do not show it.
 ///
 /// For every algorithm, at one instant then a second later (each algorithm ten seconds after the
-/// one before: time never goes back), a client spends a strict limit (3
-/// a minute) and is denied, while under a looser one (1,000 an hour, and that with a second quota
-/// of 10 a second) its checks go on being admitted from that limit's own count; then a peek
-/// under each. The keys are `prefix`, `"limits apart: "`, the algorithm's name and `": client"`;
-/// the clock is set as by [`check_scenario`].
+/// one before: time never goes back), a client spends a strict limit (3 a minute) and is denied,
+/// while under a looser one (1,000 an hour, and that with a second quota of 10 a second) its
+/// checks go on being admitted from that limit's own count; then a peek under each. The keys are
+/// `prefix`, `"limits apart: "`, the algorithm's name and `": client"`; the clock is set as by
+/// [`check_scenario`].
 pub async fn check_limits_apart<S: Store>(
     store: &S,
     clock: &ManualClock,
@@ -525,66 +525,178 @@ pub async fn check_limits_apart<S: Store>(
 ) -> Result<Report, Mismatch<S::Error>> {
     let mut report = Report::default();
     for (i, alg) in Algorithm::ALL.into_iter().enumerate() {
-        let quota = |n, per_secs| {
-            Quota::per_period(n, Duration::from_secs(per_secs))
-                .unwrap_or_else(|_| unreachable!("a valid quota"))
-        };
-        let limits = [
-            Limit::single(alg, quota(3, 60)),
-            Limit::single(alg, quota(1_000, 3_600)),
-            Limit::new(alg, [quota(1_000, 3_600), quota(10, 1)]),
-        ]
-        .map(|l| l.unwrap_or_else(|_| unreachable!("limits every algorithm accepts")));
+        let limits = three_limits(alg);
         let name = format!("limits apart: {alg}");
-        let mut key = prefix.to_vec();
-        key.extend_from_slice(name.as_bytes());
-        key.extend_from_slice(b": client");
-        // The reference keeps each limit's state apart, by its fingerprint.
-        let mut reference = Reference::default();
-        let mut steps = Vec::new();
+        let mut kit = Kit::new(store, clock, prefix, &name, &mut report);
         // Time never goes back, from one algorithm to the next either: a store that never counts
         // at a time before one it counted at (the in-memory store) passes too.
         let start = T0 + i as u64 * 10_000_000;
         for second in [0, 1] {
             let at = Timestamp::from_micros(start + second * 1_000_000);
-            for (limit, cost) in [(0, 1), (1, 1), (0, 2), (2, 3), (0, 1), (1, 4), (2, 1)] {
-                steps.push((at, limit, cost));
+            for (l, cost) in [(0, 1), (1, 1), (0, 2), (2, 3), (0, 1), (1, 4), (2, 1)] {
+                kit.check(b"client", &limits[l], cost, at).await?;
             }
-            steps.extend([(at, 0, 0), (at, 1, 0), (at, 2, 0)]);
-        }
-        report.scenarios += 1;
-        for (i, (at, l, cost)) in steps.into_iter().enumerate() {
-            let limit = &limits[l];
-            let mut apart = key.clone();
-            apart.extend_from_slice(&limit.fingerprint().to_le_bytes());
-            let expected = reference.check(&apart, limit, cost, at);
-            clock.set(at);
-            let got = store
-                .check(&key, limit, cost)
-                .await
-                .map_err(|error| Mismatch::Store {
-                    scenario: name.clone(),
-                    step: i,
-                    error,
-                })?;
-            if got != expected {
-                return Err(Mismatch::Decision(Box::new(DecisionMismatch {
-                    scenario: format!("{name} (limit {l} of 3)"),
-                    step: i,
-                    check: Step {
-                        at,
-                        key: key.clone(),
-                        cost,
-                    },
-                    expected,
-                    got,
-                })));
-            }
-            report.decisions += 1;
-            if expected.violated_quotas().len() > 1 {
-                report.several_violated += 1;
+            for limit in &limits {
+                kit.check(b"client", limit, 0, at).await?;
             }
         }
     }
     Ok(report)
+}
+
+/// Runs `store`'s [`Reset`](crate::Reset) through the resets a store must make: for every
+/// algorithm, a client that spent a limit (3 a minute) and was denied is reset under it and
+/// admitted from a full quota again, while its count under another limit (1,000 an hour) and
+/// another client's count under the same limit stand; a reset of a key with no state succeeds
+/// and changes nothing. Each decision, before and after the resets, is compared with the
+/// algorithms'. The keys are `prefix`, `"reset: "`, the algorithm's name and `": "` with
+/// `client` or `other`; the clock is set as by [`check_scenario`], and time never goes back.
+pub async fn check_reset<S: crate::Reset>(
+    store: &S,
+    clock: &ManualClock,
+    prefix: &[u8],
+) -> Result<Report, Mismatch<S::Error>> {
+    let mut report = Report::default();
+    for (i, alg) in Algorithm::ALL.into_iter().enumerate() {
+        let [strict, loose, _] = three_limits(alg);
+        let name = format!("reset: {alg}");
+        let mut kit = Kit::new(store, clock, prefix, &name, &mut report);
+        let at = Timestamp::from_micros(T0 + 100_000_000 + i as u64 * 10_000_000);
+        for _ in 0..4 {
+            kit.check(b"client", &strict, 1, at).await?;
+        }
+        kit.check(b"other", &strict, 2, at).await?;
+        kit.check(b"client", &loose, 5, at).await?;
+        kit.reset(b"client", &strict).await?;
+        kit.reset(b"nobody", &strict).await?;
+        for _ in 0..4 {
+            kit.check(b"client", &strict, 1, at).await?;
+        }
+        for (key, limit) in [(&b"other"[..], &strict), (&b"client"[..], &loose)] {
+            kit.check(key, limit, 0, at).await?;
+        }
+        kit.check(b"nobody", &strict, 0, at).await?;
+    }
+    Ok(report)
+}
+
+/// A strict limit, a looser one, and the looser one with a second quota, of `alg`.
+fn three_limits(alg: Algorithm) -> [Limit; 3] {
+    let quota = |n, per_secs| {
+        Quota::per_period(n, Duration::from_secs(per_secs))
+            .unwrap_or_else(|_| unreachable!("a valid quota"))
+    };
+    [
+        Limit::single(alg, quota(3, 60)),
+        Limit::single(alg, quota(1_000, 3_600)),
+        Limit::new(alg, [quota(1_000, 3_600), quota(10, 1)]),
+    ]
+    .map(|l| l.unwrap_or_else(|_| unreachable!("limits every algorithm accepts")))
+}
+
+/// One named run of the kit's checks beyond the table: each check of the store compared with
+/// the algorithms' on a state per key and limit, counted in `report`.
+struct Kit<'a, S> {
+    store: &'a S,
+    clock: &'a ManualClock,
+    prefix: &'a [u8],
+    name: &'a str,
+    reference: Reference,
+    step: usize,
+    report: &'a mut Report,
+}
+
+impl<'a, S: Store> Kit<'a, S> {
+    fn new(
+        store: &'a S,
+        clock: &'a ManualClock,
+        prefix: &'a [u8],
+        name: &'a str,
+        report: &'a mut Report,
+    ) -> Self {
+        report.scenarios += 1;
+        Kit {
+            store,
+            clock,
+            prefix,
+            name,
+            reference: Reference::default(),
+            step: 0,
+            report,
+        }
+    }
+
+    /// The store's key for `key`, and the reference's (with the limit's fingerprint).
+    fn keys(&self, key: &[u8], limit: &Limit) -> (Vec<u8>, Vec<u8>) {
+        let mut full = self.prefix.to_vec();
+        full.extend_from_slice(self.name.as_bytes());
+        full.extend_from_slice(b": ");
+        full.extend_from_slice(key);
+        let mut apart = full.clone();
+        apart.extend_from_slice(&limit.fingerprint().to_le_bytes());
+        (full, apart)
+    }
+
+    async fn check(
+        &mut self,
+        key: &[u8],
+        limit: &Limit,
+        cost: u64,
+        at: Timestamp,
+    ) -> Result<(), Mismatch<S::Error>> {
+        let (full, apart) = self.keys(key, limit);
+        let step = self.step;
+        self.step += 1;
+        let expected = self.reference.check(&apart, limit, cost, at);
+        self.clock.set(at);
+        let got = self
+            .store
+            .check(&full, limit, cost)
+            .await
+            .map_err(|error| Mismatch::Store {
+                scenario: self.name.to_owned(),
+                step,
+                error,
+            })?;
+        if got != expected {
+            return Err(Mismatch::Decision(Box::new(DecisionMismatch {
+                scenario: format!(
+                    "{} (limit of {} quota(s), fingerprint {:x})",
+                    self.name,
+                    limit.quotas().len(),
+                    limit.fingerprint()
+                ),
+                step,
+                check: Step {
+                    at,
+                    key: full,
+                    cost,
+                },
+                expected,
+                got,
+            })));
+        }
+        self.report.decisions += 1;
+        if expected.violated_quotas().len() > 1 {
+            self.report.several_violated += 1;
+        }
+        Ok(())
+    }
+}
+
+impl<S: crate::Reset> Kit<'_, S> {
+    async fn reset(&mut self, key: &[u8], limit: &Limit) -> Result<(), Mismatch<S::Error>> {
+        let (full, apart) = self.keys(key, limit);
+        let step = self.step;
+        self.step += 1;
+        self.reference.states.remove(&apart);
+        self.store
+            .reset(&full, limit)
+            .await
+            .map_err(|error| Mismatch::Store {
+                scenario: self.name.to_owned(),
+                step,
+                error,
+            })
+    }
 }

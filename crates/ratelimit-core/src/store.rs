@@ -73,7 +73,7 @@ use crate::{Decision, Limit};
 ///   [kit's docs](crate::conformance).
 /// - **Resetting.** A store that can forget a client implements [`Reset`](crate::Reset) as well:
 ///   delete the key's state under the limit in one step, and let a missing state decide as a
-///   fresh one.
+///   fresh one ([`conformance::check_reset`](crate::conformance::check_reset) shows it).
 ///
 /// A store over a map in this process (the shape of one over a database: load, check, write
 /// back, in one step under a lock):

@@ -7,7 +7,7 @@ use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use ratelimit_core::conformance::{
-    Mismatch, Report, check_limits_apart, check_scenario, check_store, scenarios,
+    Mismatch, Report, check_limits_apart, check_reset, check_scenario, check_store, scenarios,
 };
 use ratelimit_core::{Decision, Limit, ManualClock, MemoryStore, NoError, Outcome, State, Store};
 
@@ -204,5 +204,59 @@ fn a_key_under_two_limits_is_counted_apart() {
     match &err {
         Mismatch::Decision(m) => assert!(m.scenario.starts_with("limits apart: "), "{err}"),
         other => panic!("not caught: {other:?}"),
+    }
+}
+
+/// The memory store with a reset that does too little or too much: none, or one that forgets
+/// the key under every limit (as a store keyed without the limit's fingerprint would).
+struct OddReset(MemoryStore<ManualClock>, Vec<Limit>, bool);
+
+impl Store for OddReset {
+    type Error = NoError;
+    type Future = <MemoryStore<ManualClock> as Store>::Future;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        self.0.check(key, limit, cost)
+    }
+}
+
+impl ratelimit_core::Reset for OddReset {
+    type ResetFuture = Ready<Result<(), NoError>>;
+
+    fn reset(&self, key: &[u8], limit: &Limit) -> Self::ResetFuture {
+        if self.2 {
+            for any in &self.1 {
+                self.0.reset_now(key, any);
+            }
+            self.0.reset_now(key, limit);
+        }
+        ready(Ok(()))
+    }
+}
+
+/// The memory store's reset forgets a key under one limit, and nothing else; a reset that does
+/// nothing, and one that forgets the key under every limit, are caught.
+#[test]
+fn a_reset_forgets_one_key_under_one_limit() {
+    let clock = ManualClock::new();
+    let report = block_on(check_reset(&memory(&clock), &clock, b"")).unwrap();
+    assert_eq!((report.scenarios, report.decisions), (5, 5 * 13));
+    let every_limit: Vec<Limit> = ratelimit_core::Algorithm::ALL
+        .into_iter()
+        .map(|alg| {
+            Limit::single(
+                alg,
+                ratelimit_core::Quota::per_period(1_000, Duration::from_secs(3_600)).unwrap(),
+            )
+            .unwrap()
+        })
+        .collect();
+    for (forgets, what) in [(false, "nothing"), (true, "every limit")] {
+        let store = OddReset(memory(&clock), every_limit.clone(), forgets);
+        let err = block_on(check_reset(&store, &clock, b"")).unwrap_err();
+        assert!(
+            matches!(&err, Mismatch::Decision(m) if m.scenario.starts_with("reset: ")),
+            "a reset of {what} not caught: {err:?}"
+        );
     }
 }

@@ -158,4 +158,9 @@ async fn the_conformance_kit_passes_on_one_store() {
         .await
         .unwrap_or_else(|e| panic!("{e}"));
     assert_eq!((apart.scenarios, apart.decisions), (5, 100));
+    // Its resets: one key under one limit, nothing else.
+    let reset = ratelimit_core::conformance::check_reset(&store, &clock, b"")
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    assert_eq!((reset.scenarios, reset.decisions), (5, 65));
 }
