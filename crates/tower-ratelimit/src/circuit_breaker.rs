@@ -707,9 +707,11 @@ pin_project_lite::pin_project! {
     /// cannot decide the circuit's state by cancelling: a probe they cancel is still settled by
     /// the store, and checks they cancel over a hanging store still time out and open the circuit
     /// (callers with deadlines shorter than the layer's timeout, a gRPC deadline or an outer
-    /// timeout, would otherwise wait on a hung store for ever, the failure policy never acting). Where no tokio runtime is current at the drop, or the task is dropped unrun (a
-    /// runtime shutting down), a probe is handed on (the circuit stays open, cooled down, and the
-    /// next request probes) and any other check counts for nothing.
+    /// timeout, would otherwise wait on a hung store for ever, the failure policy never acting).
+    /// Where no tokio runtime is current at the drop (even one made by a panic of the caller's),
+    /// or the task is dropped unrun (a runtime shutting down), a probe is handed on (the circuit
+    /// stays open, cooled down, and the next request probes) and any other check counts for
+    /// nothing.
     pub(crate) struct BreakerCheck<F>
     where
         F: StoreCheck,
