@@ -169,39 +169,37 @@ fn from_level(v: i64, algorithm: Algorithm, q: &Quota, cost: u64) -> Option<Deci
     if level > cap || (admitted && cost > burst) {
         return None;
     }
-    if admitted {
-        // cost <= burst, so cost * scale <= cap <= 2^52. An admission took `need` from the
-        // bucket (at most cap - need left) or added it to the debt (at least need).
-        let need = cost * scale;
-        let possible = match algorithm {
-            Algorithm::TokenBucket => level <= cap - need,
-            _ => level >= need,
-        };
-        if !possible {
-            return None;
-        }
-    }
     let micros = |units: u64| Duration::from_micros(units.div_ceil(rate));
     let (remaining, reset) = match algorithm {
         Algorithm::TokenBucket => (level / scale, micros(cap - level)),
         Algorithm::Gcra => ((cap - level) / scale, micros(level)),
         _ => return None,
     };
-    let outcome = if admitted {
-        Outcome::Allowed
-    } else if cost > burst {
+    let outcome = if cost > burst {
+        // Not admitted (refused above).
         Outcome::Exceeds
     } else {
         // cost <= burst, so cost * scale <= cap <= 2^52.
         let need = cost * scale;
-        let short = match algorithm {
-            // The bucket holds less than the cost.
-            Algorithm::TokenBucket => need.checked_sub(level).filter(|&s| s > 0)?,
-            // The debt after the cost would pass the capacity.
-            _ => (level + need).checked_sub(cap).filter(|&s| s > 0)?,
-        };
-        Outcome::Denied {
-            retry_after: micros(short),
+        let tb = algorithm == Algorithm::TokenBucket;
+        if admitted {
+            // An admission took `need` from the bucket (at most cap - need left) or added it to
+            // the debt (at least need).
+            if (tb && level > cap - need) || (!tb && level < need) {
+                return None;
+            }
+            Outcome::Allowed
+        } else {
+            let short = if tb {
+                // The bucket holds less than the cost.
+                need.checked_sub(level).filter(|&s| s > 0)?
+            } else {
+                // The debt after the cost would pass the capacity.
+                (level + need).checked_sub(cap).filter(|&s| s > 0)?
+            };
+            Outcome::Denied {
+                retry_after: micros(short),
+            }
         }
     };
     Some(Decision::new(outcome, burst, remaining, reset, 0))
