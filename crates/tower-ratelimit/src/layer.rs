@@ -15,7 +15,7 @@ use crate::body::{SameBody, WrapBody};
 use crate::circuit_breaker::{Breaker, CircuitBreaker, CircuitState};
 use crate::log_gate::LogGate;
 use crate::reset::ResetOn;
-use crate::service::{RateLimit, Rt, Shared};
+use crate::service::{RateLimit, ResetLogs, Rt, Shared};
 use crate::{Error, FailurePolicy, Policy, ResponseHead};
 
 /// The default store timeout: 50 ms.
@@ -400,8 +400,7 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 fallback,
                 failed_log: LogGate::new(self.clock.clone()),
                 timed_out_log: LogGate::new(self.clock.clone()),
-                reset_failed_log: Arc::new(LogGate::new(self.clock.clone())),
-                reset_timed_out_log: Arc::new(LogGate::new(self.clock)),
+                reset_logs: Arc::new(ResetLogs::new(self.clock)),
                 reset_on: self.reset_on,
                 resetters: std::sync::atomic::AtomicBool::new(false),
                 aside: std::sync::atomic::AtomicBool::new(verdict_in_request),

@@ -311,8 +311,7 @@ fn reset_key<St: Reset>(
     });
     let timeout = shared.timeout;
     let name = rt.name.clone();
-    let failed_log = Arc::clone(&shared.reset_failed_log);
-    let timed_out_log = Arc::clone(&shared.reset_timed_out_log);
+    let logs = Arc::clone(&shared.reset_logs);
     let counters = Arc::clone(counters);
     let count = move |o: ResetOutcome| counters[o as usize].increment(1);
     async move {
@@ -353,7 +352,7 @@ fn reset_key<St: Reset>(
                 match tokio::time::timeout(timeout, all).await {
                     Ok(out) => out,
                     Err(_) => {
-                        if let Some(held_back) = timed_out_log.pass() {
+                        if let Some(held_back) = logs.timed_out.pass() {
                             tracing::warn!(policy = %name, held_back, "rate-limit reset timed out");
                         }
                         count(ResetOutcome::Timeout);
@@ -364,7 +363,7 @@ fn reset_key<St: Reset>(
             Poll::Pending => all.await,
         };
         if let Err(error) = out {
-            if let Some(held_back) = failed_log.pass() {
+            if let Some(held_back) = logs.failed.pass() {
                 tracing::warn!(policy = %name, %error, held_back, "rate-limit reset failed");
             }
             count(ResetOutcome::Error);

@@ -135,8 +135,7 @@ pub(crate) struct Shared<St> {
     /// A reset failed, or timed out: logged at most once a second each too (resets are no
     /// checks, so the breaker never stops them: a reset on every response of a login route,
     /// while resets fail, would log one a request). Shared with the resets' futures.
-    pub(crate) reset_failed_log: Arc<LogGate>,
-    pub(crate) reset_timed_out_log: Arc<LogGate>,
+    pub(crate) reset_logs: Arc<ResetLogs>,
     /// The condition on the inner service's response that resets the client's count
     /// ([`RateLimitLayerBuilder::reset_on`](crate::RateLimitLayerBuilder::reset_on)).
     pub(crate) reset_on: Option<ResetOn<St>>,
@@ -150,6 +149,21 @@ pub(crate) struct Shared<St> {
     /// [`verdict_in_request`](crate::Policy::verdict_in_request). One flag, so that the path of
     /// a layer with neither tests one.
     pub(crate) aside: AtomicBool,
+}
+
+/// The log gates of a layer's resets: failed (the store's error), and timed out.
+pub(crate) struct ResetLogs {
+    pub(crate) failed: LogGate,
+    pub(crate) timed_out: LogGate,
+}
+
+impl ResetLogs {
+    pub(crate) fn new(clock: Arc<dyn Clock>) -> Self {
+        ResetLogs {
+            failed: LogGate::new(clock.clone()),
+            timed_out: LogGate::new(clock),
+        }
+    }
 }
 
 /// The policy and everything computed from it once.
@@ -1214,10 +1228,7 @@ mod tests {
             fallback: None,
             failed_log: LogGate::new(Arc::new(ratelimit_core::SystemClock::new())),
             timed_out_log: LogGate::new(Arc::new(ratelimit_core::SystemClock::new())),
-            reset_failed_log: Arc::new(LogGate::new(Arc::new(ratelimit_core::SystemClock::new()))),
-            reset_timed_out_log: Arc::new(LogGate::new(Arc::new(
-                ratelimit_core::SystemClock::new(),
-            ))),
+            reset_logs: Arc::new(ResetLogs::new(Arc::new(ratelimit_core::SystemClock::new()))),
             reset_on: None,
             resetters: AtomicBool::new(false),
             aside: AtomicBool::new(false),
