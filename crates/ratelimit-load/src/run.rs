@@ -1038,11 +1038,13 @@ fn build_report(
     }
     let users_above_in_some_interval =
         users_above_in_some_interval(config, by_user, tolerance, clocks);
-    let q = |h: &Histogram<u64>, q: f64| {
+    // A percentile of `h`, whose measured max is `max`: the top of its value's bucket, so never
+    // said above the max.
+    let q = |h: &Histogram<u64>, q: f64, max: u64| {
         if h.is_empty() {
             0
         } else {
-            h.value_at_quantile(q)
+            h.value_at_quantile(q).min(max)
         }
     };
     let per_second = rec
@@ -1050,13 +1052,15 @@ fn build_report(
         .iter()
         .enumerate()
         .filter(|(_, h)| !h.is_empty())
-        .map(|(s, h)| SecondStats {
-            second: s as u64,
-            completed: h.len(),
-            // A percentile is the top of its value's bucket: never above the measured max.
-            p50_us: q(h, 0.5).min(rec.second_max_us[s]),
-            p99_us: q(h, 0.99).min(rec.second_max_us[s]),
-            max_us: rec.second_max_us[s],
+        .map(|(s, h)| {
+            let max = rec.second_max_us[s];
+            SecondStats {
+                second: s as u64,
+                completed: h.len(),
+                p50_us: q(h, 0.5, max),
+                p99_us: q(h, 0.99, max),
+                max_us: max,
+            }
         })
         .collect();
     Report {
@@ -1081,10 +1085,10 @@ fn build_report(
         achieved_rate: achieved_rate(completed, elapsed, config.rate),
         late_starts: rec.late_starts,
         max_start_lateness: rec.max_start_lateness,
-        p50_us: q(&rec.latency, 0.5).min(rec.max_us),
-        p90_us: q(&rec.latency, 0.9).min(rec.max_us),
-        p99_us: q(&rec.latency, 0.99).min(rec.max_us),
-        p999_us: q(&rec.latency, 0.999).min(rec.max_us),
+        p50_us: q(&rec.latency, 0.5, rec.max_us),
+        p90_us: q(&rec.latency, 0.9, rec.max_us),
+        p99_us: q(&rec.latency, 0.99, rec.max_us),
+        p999_us: q(&rec.latency, 0.999, rec.max_us),
         max_us: rec.max_us,
         mean_us: rec.latency.mean(),
         per_second,
