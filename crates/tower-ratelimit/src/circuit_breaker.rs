@@ -188,12 +188,13 @@ fn state_of(word: u64) -> CircuitState {
 /// [`MAX_FAILURE_THRESHOLD`].
 const COUNT_BITS: u32 = 20;
 const COUNT: u64 = (1 << COUNT_BITS) - 1;
-/// The time of the last failure, in milliseconds modulo 2⁴⁴ (557 years).
+/// The time of the last failure, in microseconds modulo 2⁴⁴ (203 days; two failures count in a
+/// row only within a cool-down of each other, at most an hour, so the wrap is harmless).
 const TIME: u64 = (1 << (64 - COUNT_BITS)) - 1;
 
 /// `t` as [`Part::failures`] keeps it.
 fn failure_time(t: Timestamp) -> u64 {
-    (t.as_micros() / 1_000) & TIME
+    t.as_micros() & TIME
 }
 
 /// `t` in the breaker's word, above the state's bits and [`QUIET`].
@@ -288,7 +289,7 @@ struct Part {
     /// (`since_µs << 3 | quiet | state`), so that the two always change together.
     word: AtomicU64,
     /// The failures counted in a row (the low [`COUNT_BITS`]) and when the last came (the rest,
-    /// in milliseconds of the clock, modulo 2⁴⁴), in one word, so that a failure reads and
+    /// in microseconds of the clock, modulo 2⁴⁴), in one word, so that a failure reads and
     /// writes both at once; 0 while none is counted.
     failures: AtomicU64,
     /// [`Breaker::closes`] as this part's last close left it: a check made before it (its `seen`
@@ -457,6 +458,24 @@ impl Breaker {
         self.summary().1
     }
 
+    /// Whether a part whose word is `word` still waits at `now` before a check may probe it: open
+    /// and cooling down, or half-open with its probe out for less than `lost_after`.
+    fn waits(&self, word: u64, now: Timestamp) -> bool {
+        let wait = if word & STATE == OPEN {
+            self.config.cool_down
+        } else {
+            self.lost_after
+        };
+        !left_of_wait(stamped_at(word), now, wait).is_zero()
+    }
+
+    /// Whether [`admit`](Breaker::admit) would reject a check of part `part` now, without taking
+    /// a probe: for a check made now and sent later, which is admitted when it is sent.
+    pub(crate) fn rejects(&self, part: usize) -> bool {
+        let word = self.part(part).word.load(Ordering::Acquire);
+        word & STATE != CLOSED && self.waits(word, self.clock.now())
+    }
+
     pub(crate) fn admit(&self, part: usize) -> Admit {
         let (index, part) = self.indexed(part);
         let word = part.word.load(Ordering::Acquire);
@@ -468,14 +487,8 @@ impl Breaker {
             // settle it) and the next request probes again, so that no lost probe can keep the
             // circuit from closing.
             state => {
-                let since = stamped_at(word);
                 let now = self.clock.now();
-                let wait = if state == OPEN {
-                    self.config.cool_down
-                } else {
-                    self.lost_after
-                };
-                if !left_of_wait(since, now, wait).is_zero() {
+                if self.waits(word, now) {
                     return Admit::Reject;
                 }
                 let probe = stamp(now) | (word & QUIET) | HALF_OPEN;
@@ -584,19 +597,21 @@ impl Breaker {
         // Raised first (see `dirty`), and lowered again unless this was the part's first.
         self.dirty.fetch_add(1, Ordering::AcqRel);
         let now = failure_time(self.clock.now());
-        let window = u64::try_from(self.config.cool_down.as_millis()).unwrap_or(u64::MAX);
+        let window = u64::try_from(self.config.cool_down.as_micros()).unwrap_or(u64::MAX);
         let mut n = 0;
         let before = circuit
             .failures
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| {
                 let (count, last) = (f & COUNT, f >> COUNT_BITS);
-                // Another thread's failure, stamped just after this one read the clock, is as
-                // recent as this one: not a gap.
+                // Within a cool-down of the last, either way: another thread's failure, stamped
+                // just after this one read the clock, is as recent as this one.
                 let gap = now.wrapping_sub(last) & TIME;
-                let recent = gap <= window || gap > TIME / 2;
+                let back = last.wrapping_sub(now) & TIME;
+                let later = gap <= back;
+                let recent = gap.min(back) <= window;
                 let streak = if count != 0 && recent { count } else { 0 };
                 n = (streak + 1).min(COUNT);
-                let at = if gap > TIME / 2 { last } else { now };
+                let at = if later { now } else { last };
                 Some((at << COUNT_BITS) | n)
             })
             .unwrap_or_else(|f| f);

@@ -29,11 +29,18 @@ use crate::{Error, VerdictKind};
 /// answering. The circuits, probes, and checks dropped while they wait for their answer behave
 /// as under the layer ([`circuit_breaker`](crate::circuit_breaker) says how), and are counted in
 /// `ratelimit_checks_cancelled_total`. A check is sent at its first poll (as the layer's is in
-/// `call`): one dropped before it (a `select!` that took another branch) asks the store nothing
-/// (a store that decides as the check is made, as the in-memory store does, has counted it
-/// already), and a probe so dropped is handed on to the next check. What to do on an error is the
-/// caller's: let the message through, refuse it, or count it against a local share of the limit
-/// ([`Limit::divided`]), as the layer's failure policies do.
+/// `call`), and the breaker admits it then:
+/// - one dropped before it (a `select!` that took another branch) asks the store nothing (a
+///   store that decides as the check is made, as the in-memory store does, has counted it
+///   already) and takes no probe;
+/// - one made while its circuit was closed and first polled after it opened is a check of the
+///   open circuit: it fails at once with [`GuardError::CircuitOpen`], the store not asked, so
+///   that a batch of checks made together over a hanging store waits `failure_threshold`
+///   timeouts, not one per check;
+/// - a probe's timeout, and the time after which it is taken as lost, run from its sending.
+///
+/// What to do on an error is the caller's: let the message through, refuse it, or count it
+/// against a local share of the limit ([`Limit::divided`]), as the layer's failure policies do.
 ///
 /// ```
 /// use std::time::Duration;
@@ -82,7 +89,9 @@ use crate::{Error, VerdictKind};
 /// An answer from a cache in front of the store ([`Decision::is_cached`]: a `DenialCache` hit,
 /// a `Leasing` unit) is no evidence of the store's health, as under the layer; and while a key's
 /// circuit is open, such a cache inside this wrapper still answers what it holds
-/// ([`Store::check_cached`]) before the check fails.
+/// ([`Store::check_cached`]) to a check made then, before the check fails. (A check made before
+/// the circuit opened asked the store's own `check` when it was made, whose cache may have
+/// answered then; first polled after the circuit opened, that answer is not used.)
 #[derive(Clone)]
 pub struct Guarded<St> {
     store: St,
@@ -256,34 +265,25 @@ where
         } else {
             self.store.failure_domain(key) % b.parts()
         };
-        let probe = match b.admit(part) {
-            Admit::Call => None,
-            Admit::Probe(p) => Some(p),
-            Admit::Reject => {
-                let answer = match self.store.check_cached(key, limit, cost) {
-                    Some(d) => Ok(s.decided(d)),
-                    None => {
-                        s.metrics.failure(FailureKind::CircuitOpen);
-                        Err(GuardError::CircuitOpen {
-                            retry_in: b.next_probe_in(part).unwrap_or_default(),
-                        })
-                    }
-                };
-                return GuardedFuture {
-                    shared: s.clone(),
-                    start: None,
-                    state: State::Done(Some(answer)),
-                    waiting: false,
-                };
-            }
-        };
+        if b.rejects(part) {
+            let answer = match self.store.check_cached(key, limit, cost) {
+                Some(d) => Ok(s.decided(d)),
+                None => Err(s.circuit_open(b, part)),
+            };
+            return GuardedFuture {
+                shared: s.clone(),
+                start: None,
+                state: State::Done(Some(answer)),
+                waiting: false,
+            };
+        }
+        // Admitted (or not, or as the probe) at the first poll, which sends it.
         GuardedFuture {
             shared: s.clone(),
             start: None,
             state: State::Unsent {
                 check: self.store.check(key, limit, cost),
                 part,
-                probe,
             },
             waiting: false,
         }
@@ -318,6 +318,14 @@ impl Shared {
         d
     }
 
+    /// Counts a check not sent because part `part`'s circuit is open, and returns its error.
+    fn circuit_open<E>(&self, b: &Breaker, part: usize) -> GuardError<E> {
+        self.metrics.failure(FailureKind::CircuitOpen);
+        GuardError::CircuitOpen {
+            retry_in: b.next_probe_in(part).unwrap_or_default(),
+        }
+    }
+
     /// Counts and logs a failure of the store, and returns it.
     fn failed<E: std::error::Error>(&self, error: GuardError<E>) -> GuardError<E> {
         let kind = match error {
@@ -344,21 +352,10 @@ pub struct GuardedFuture<F, E> {
 
 impl<F, E> Drop for GuardedFuture<F, E> {
     fn drop(&mut self) {
+        // Dropped unpolled (`State::Unsent`), a check was never sent nor admitted by the
+        // breaker: it counts for nothing, and holds no probe.
         if self.waiting {
             self.shared.metrics.cancelled.increment(1);
-        }
-        if let (
-            State::Unsent {
-                part,
-                probe: Some(probe),
-                ..
-            },
-            Some(b),
-        ) = (&self.state, &self.shared.breaker)
-        {
-            // Never polled, so never sent: not a failure, even if dropped by a panic of the
-            // caller's; the probe is handed on to the next check.
-            b.probe_not_asked(*part, *probe);
         }
     }
 }
@@ -385,14 +382,11 @@ enum State<F, E> {
         check: F,
         timer: Option<Pin<Box<tokio::time::Sleep>>>,
     },
-    /// Admitted by the breaker (`probe`: as its probe), not polled yet: not sent, its timeout
-    /// not started (checks made together and awaited in turn each have the whole timeout).
-    /// Dropped so, a probe is handed on.
-    Unsent {
-        check: F,
-        part: usize,
-        probe: Option<Probe>,
-    },
+    /// Not polled yet: not sent, its timeout not started (checks made together and awaited in
+    /// turn each have the whole timeout), and not yet admitted by the breaker, which is asked at
+    /// the first poll (a check made before its circuit opened and sent after is a check of the
+    /// open circuit, and a probe's time runs from its sending).
+    Unsent { check: F, part: usize },
     /// Sent through the breaker (the shared one), which the answer settles (boxed: its timer is
     /// not `Unpin`).
     Breaker {
@@ -413,12 +407,8 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let timeout = this.shared.timeout;
-        if !matches!(this.state, State::Done(_)) && this.start.is_none() {
-            // The first poll: the check is sent now.
-            this.start = Some(Instant::now());
-        }
         if matches!(this.state, State::Unsent { .. }) {
-            let State::Unsent { check, part, probe } =
+            let State::Unsent { check, part } =
                 std::mem::replace(&mut this.state, State::Done(None))
             else {
                 unreachable!("matched above")
@@ -426,6 +416,15 @@ where
             // This state is made only by a store with a breaker.
             let Some(breaker) = &this.shared.breaker else {
                 unreachable!("a breaker check without a breaker")
+            };
+            let probe = match breaker.admit(part) {
+                Admit::Call => None,
+                Admit::Probe(p) => Some(p),
+                Admit::Reject => {
+                    // The circuit opened (or its probe went out) since the check was made: not
+                    // sent (its cache, if any, was asked when it was made).
+                    return Poll::Ready(Err(this.shared.circuit_open(breaker, part)));
+                }
             };
             // Sent now: its timeout counts from this poll, and the closes it has seen are read
             // now (a check made before a close and sent after it is a check of the closed
@@ -438,6 +437,10 @@ where
                 probe,
                 seen,
             };
+        }
+        if !matches!(this.state, State::Done(_)) && this.start.is_none() {
+            // The first poll: the check is sent now.
+            this.start = Some(Instant::now());
         }
         let answer = match &mut this.state {
             State::Done(answer) => {

@@ -437,8 +437,8 @@ impl Store for LazyStore {
 }
 
 /// A check dropped before its first poll (a `select!` that took another branch) was never sent:
-/// with a breaker as without, the store is not asked for it, and a probe so dropped is handed on
-/// to the next check rather than sent by the drop.
+/// with a breaker as without, the store is not asked for it, and a check so dropped after the
+/// cool-down takes no probe (the breaker admits a check when it is sent): the next check probes.
 #[tokio::test(start_paused = true)]
 async fn a_check_dropped_before_its_first_poll_asks_the_store_nothing() {
     let limit = per_minute(100);
@@ -465,7 +465,7 @@ async fn a_check_dropped_before_its_first_poll_asks_the_store_nothing() {
         if !with_breaker {
             continue;
         }
-        // Three checks sent and cut open the circuit; after the cool-down, the probe is dropped
+        // Three checks sent and cut open the circuit; after the cool-down, a check is dropped
         // unpolled: not sent, and the next check probes.
         three_timeouts(&store).await;
         clock.advance(Duration::from_secs(10));
@@ -517,8 +517,8 @@ async fn a_check_dropped_while_waiting_is_counted_as_cancelled() {
 }
 
 /// A check dropped unpolled as its caller panics never reached the store: no failure of the
-/// store's (the circuit is not opened again for a cool-down), and a probe so dropped is handed on
-/// to the next check.
+/// store's (the circuit is not opened again for a cool-down), and, made after the cool-down, it
+/// took no probe: the next check probes.
 #[tokio::test(start_paused = true)]
 async fn a_probe_dropped_unpolled_by_a_callers_panic_is_handed_on() {
     let lazy = Arc::new(LazyStore::default());
@@ -538,4 +538,140 @@ async fn a_probe_dropped_unpolled_by_a_callers_panic_is_handed_on() {
         Err(GuardError::TimedOut { .. })
     ));
     assert_eq!(lazy.sent.load(Ordering::SeqCst), 4, "the next check probed");
+}
+
+/// The first poll of `check`, which sends it: whether it is still waiting after it.
+async fn poll_once<F: std::future::Future + Unpin>(check: &mut F) -> bool {
+    std::future::poll_fn(|cx| {
+        std::task::Poll::Ready(std::pin::Pin::new(&mut *check).poll(cx).is_pending())
+    })
+    .await
+}
+
+/// Checks made while the circuit was closed and sent (first polled) after it opened are checks
+/// of an open circuit: they fail at once without asking the store, so that a batch of checks
+/// made together over a hanging store costs `failure_threshold` timeouts, not one per check.
+#[tokio::test(start_paused = true)]
+async fn checks_made_before_the_circuit_opened_and_sent_after_do_not_ask_the_store() {
+    let lazy = Arc::new(LazyStore::default());
+    let clock = ManualClock::new();
+    let store = jobs(lazy.clone(), &clock);
+    let limit = per_minute(100);
+    let checks: Vec<_> = (0..6).map(|_| store.check(b"job", &limit, 1)).collect();
+    let mut outcomes = Vec::new();
+    for check in checks {
+        let start = tokio::time::Instant::now();
+        let kind = match check.await {
+            Ok(_) => "answered",
+            Err(GuardError::TimedOut { .. }) => "timed out",
+            Err(GuardError::CircuitOpen { retry_in }) => {
+                assert_eq!(retry_in, Duration::from_secs(10));
+                "circuit open"
+            }
+            Err(GuardError::Store(_)) => "failed",
+            Err(_) => "other",
+        };
+        outcomes.push((start.elapsed().as_millis(), kind));
+    }
+    assert_eq!(
+        outcomes,
+        [
+            (50, "timed out"),
+            (50, "timed out"),
+            (50, "timed out"),
+            (0, "circuit open"),
+            (0, "circuit open"),
+            (0, "circuit open"),
+        ]
+    );
+    assert_eq!(store.circuit_state(), Some(CircuitState::Open));
+    assert_eq!(
+        lazy.sent.load(Ordering::SeqCst),
+        3,
+        "checks sent to the store"
+    );
+}
+
+/// A probe made a while before it is sent (first polled) is not taken as lost while it still
+/// waits within its timeout, counted from its sending: no second probe goes out beside it.
+#[tokio::test(start_paused = true)]
+async fn a_probe_sent_late_is_not_doubled_while_it_waits() {
+    let lazy = Arc::new(LazyStore::default());
+    let clock = ManualClock::new();
+    // A probe is taken as lost after max(cool-down, 2 × timeout) = 2 s without an answer.
+    let store = Guarded::builder(lazy.clone(), "jobs")
+        .timeout(Duration::from_secs(1))
+        .circuit_breaker(CircuitBreaker::new(1, Duration::from_secs(2)).unwrap())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let limit = per_minute(100);
+    let advance = |d: Duration| {
+        clock.advance(d);
+        tokio::time::advance(d)
+    };
+    assert!(matches!(
+        store.check(b"job", &limit, 1).await,
+        Err(GuardError::TimedOut { .. })
+    ));
+    assert_eq!(store.circuit_state(), Some(CircuitState::Open));
+    advance(Duration::from_secs(2)).await;
+    let mut probe = store.check(b"job", &limit, 1);
+    advance(Duration::from_millis(1_500)).await;
+    assert!(poll_once(&mut probe).await);
+    assert_eq!(lazy.sent.load(Ordering::SeqCst), 2, "the probe is sent");
+    // 0.6 s into the probe's 1 s timeout, 2.1 s after it was made.
+    advance(Duration::from_millis(600)).await;
+    let other = store.check(b"job", &limit, 1).await;
+    assert_eq!(
+        lazy.sent.load(Ordering::SeqCst),
+        2,
+        "a second probe was sent"
+    );
+    assert!(
+        matches!(other, Err(GuardError::CircuitOpen { retry_in }) if retry_in.is_zero()),
+        "{other:?}"
+    );
+    assert!(matches!(probe.await, Err(GuardError::TimedOut { .. })));
+    assert_eq!(store.circuit_state(), Some(CircuitState::Open));
+}
+
+/// Failures count in a row only within a cool-down of each other, to the microsecond: two
+/// failures a cool-down and 1 µs apart do not open a circuit of two failures; two exactly a
+/// cool-down apart do.
+#[tokio::test]
+async fn failures_count_in_a_row_within_a_cool_down_to_the_microsecond() {
+    for cool_down in [Duration::from_millis(1), Duration::from_secs(5)] {
+        for (apart, opens) in [
+            (cool_down + Duration::from_micros(1), false),
+            (cool_down + Duration::from_micros(999), false),
+            (cool_down, true),
+        ] {
+            let clock = ManualClock::new();
+            let (_, memory) = store();
+            let switch = Arc::new(SwitchStore::new(memory));
+            switch.set_down(true);
+            let store = Guarded::builder(switch.clone(), "jobs")
+                .circuit_breaker(CircuitBreaker::new(2, cool_down).unwrap())
+                .clock(clock.clone())
+                .build()
+                .unwrap();
+            let limit = per_minute(100);
+            // Not on a whole millisecond, so that truncating to one would move it.
+            clock.advance(Duration::from_micros(700));
+            assert!(store.check(b"job", &limit, 1).await.is_err());
+            clock.advance(apart);
+            assert!(store.check(b"job", &limit, 1).await.is_err());
+            let expected = if opens {
+                CircuitState::Open
+            } else {
+                CircuitState::Closed
+            };
+            assert_eq!(
+                store.circuit_state(),
+                Some(expected),
+                "two failures {apart:?} apart, cool-down {cool_down:?}"
+            );
+        }
+    }
 }
