@@ -560,13 +560,24 @@ impl ClientIp {
     }
 }
 
-/// Parses one trusted-proxy entry: a CIDR block or a bare address.
+/// Parses one trusted-proxy entry: a CIDR block or a bare address. The address is read by std's
+/// parser in both (ipnet's own reads `010.0.0.8/32` as 10.0.0.8, where `inet_aton`, curl and
+/// browsers read the octal 8.0.0.8; std refuses such parts, in a bare entry as in a hop), and
+/// the prefix length is decimal digits only.
 fn parse_trusted(input: &str) -> Result<IpNet, ClientIpError> {
     let s = input.trim();
-    let net = if s.contains('/') {
-        s.parse::<IpNet>().ok()
-    } else {
-        s.parse::<IpAddr>().ok().map(IpNet::from)
+    let net = match s.split_once('/') {
+        Some((addr, len)) => {
+            let len =
+                (!len.is_empty() && len.len() <= 3 && len.bytes().all(|b| b.is_ascii_digit()))
+                    .then(|| len.parse::<u8>().ok())
+                    .flatten();
+            match (addr.parse::<IpAddr>(), len) {
+                (Ok(addr), Some(len)) => IpNet::new(addr, len).ok(),
+                _ => None,
+            }
+        }
+        None => s.parse::<IpAddr>().ok().map(IpNet::from),
     };
     let Some(written) = net else {
         return Err(ClientIpError::InvalidProxy {
@@ -1806,6 +1817,14 @@ mod tests {
             "example.com",
             "10.0.0.0/8/8",
             "10.0.0.0/-1",
+            "10.0.0.0/+8",
+            "10.0.0.0/",
+            // Zero-padded parts, which many tools read as octal (8.0.0.8): refused with a
+            // prefix as without one (ipnet's parser read them as decimal).
+            "010.0.0.8",
+            "010.0.0.8/32",
+            "10.0.0.010/32",
+            "::ffff:010.0.0.1/128",
         ] {
             let err = ClientIp::behind_proxies(["127.0.0.1", bad]).unwrap_err();
             assert_eq!(
