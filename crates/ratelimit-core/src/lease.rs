@@ -188,9 +188,12 @@ const SHARDS: usize = 16;
 /// gateway saw (to the lease, or to a check of the key that went straight to the store since: a
 /// cost larger than the lease, a peek): its limit, quota index and reset, and as `remaining` the
 /// units left in the lease + what that answer said remained. Answers are taken in the order their
-/// checks were sent (`answers_taken_in_the_order_their_checks_were_sent`), which is the order the
-/// store ran them when they share a connection; other gateways may have consumed since, and the
-/// refill since is not counted. The reset is the store's, never earlier: the store counted the
+/// checks were made (`answers_taken_in_the_order_their_checks_were_sent`), which is the order the
+/// store ran them when they share a connection and are sent as made; an answer to a check made
+/// before the one taken, which the store may have run after it (two threads, or checks polled
+/// out of their making order), only lowers the `remaining` taken and moves its reset later
+/// (`answers_run_by_the_store_out_of_their_sending_order_report_no_more_than_it_has`). Other
+/// gateways may have consumed since, and the refill since is not counted. The reset is the store's, never earlier: the store counted the
 /// lease's unspent units as spent, and they serve only checks no larger than what is left of the
 /// lease while it lives, so the whole burst may not pass before the store's reset. It is at most
 /// the refill time of those units later than a store alone would say
@@ -373,21 +376,40 @@ impl Entry {
     }
 
     /// Takes the store's answer `d` to the check of this key numbered `seq` (see `report_seq`),
-    /// which came at `at`, as the one the lease's answers report, unless it answered a check
-    /// sent before the last one taken, at `sent`. Its reset counts from when the answer came: the
-    /// store measured it when it ran the check, somewhere between the send and the answer (a
-    /// queue or a slow link may put it well after the send), so that the reset reported is never
-    /// before the store's; and up to the round trip after it, which the lease's answers say.
+    /// sent at `sent`, which came at `at`, as the one the lease's answers report. Its reset counts
+    /// from when the answer came: the store measured it when it ran the check, somewhere between
+    /// the send and the answer (a queue or a slow link may put it well after the send), so that
+    /// the reset reported is never before the store's; and up to the round trip after it, which
+    /// the lease's answers say.
+    ///
+    /// An answer to a check numbered before the last one taken may still be the store's later
+    /// one: checks are numbered when made, and a check may reach the store after one made after
+    /// it (another thread's slipping in between a lease request's numbering and its sending, or
+    /// one task polling a store that sends at the first poll out of their making order). Of two
+    /// answers, the one the store gave last has the fewer units left (but for the refill between
+    /// the two) and the later reset: the older-numbered answer lowers what is taken and moves its
+    /// reset later, never the other way, so that the lease's answers report neither the lease's
+    /// units twice nor a reset before the store's.
     fn saw_answer(&mut self, seq: u64, sent: u64, at: u64, d: &Decision) {
-        if seq <= self.answered_seq {
+        let reset_at = at.saturating_add(micros(d.reset_after()));
+        let reset_lag = at.saturating_sub(sent);
+        let quota_index = u32::try_from(d.quota_index()).unwrap_or(u32::MAX);
+        if seq > self.answered_seq {
+            self.answered_seq = seq;
+            self.limit = d.limit();
+            self.remaining = d.remaining();
+            self.reset_at = reset_at;
+            self.reset_lag = reset_lag;
+            self.quota_index = quota_index;
             return;
         }
-        self.answered_seq = seq;
-        self.limit = d.limit();
-        self.remaining = d.remaining();
-        self.reset_at = at.saturating_add(micros(d.reset_after()));
-        self.reset_lag = at.saturating_sub(sent);
-        self.quota_index = u32::try_from(d.quota_index()).unwrap_or(u32::MAX);
+        if d.remaining() < self.remaining {
+            self.limit = d.limit();
+            self.remaining = d.remaining();
+            self.quota_index = quota_index;
+        }
+        self.reset_at = self.reset_at.max(reset_at);
+        self.reset_lag = self.reset_lag.max(reset_lag);
     }
 
     /// The waiting checks' wakers, taken out to be woken once the key's lock is let go: a waker

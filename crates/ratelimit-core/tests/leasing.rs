@@ -414,6 +414,149 @@ fn answers_taken_in_the_order_their_checks_were_sent() {
     }
 }
 
+/// Answers to checks the store ran in another order than they were sent in: a lease request
+/// made (and numbered) first, a larger check made second but run first by the store (one task
+/// polling them in that order over a store that sends at the first poll; or another thread's
+/// check slipping in between a lease request's numbering and its sending). The lease's answers
+/// then report neither the lease's units twice nor a reset before the store's, and at their reset
+/// the whole burst passes.
+#[test]
+fn answers_run_by_the_store_out_of_their_sending_order_report_no_more_than_it_has() {
+    for threads in [true, false] {
+        let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+        let store = memory(&clock);
+        // Lease requests (cost 4) wait at the door until let in: a thread preempted between
+        // numbering its request and sending it.
+        let door = Arc::new(Door::default());
+        let gateway = DoorStore {
+            store: Arc::clone(&store),
+            hold: threads.then_some(4),
+            door: Arc::clone(&door),
+        };
+        let leasing = Arc::new(
+            Leasing::builder(gateway, clock.clone())
+                .lease_size(4)
+                .build()
+                .unwrap(),
+        );
+        // 36 s a unit.
+        let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(100).unwrap()).unwrap();
+        if threads {
+            door.open_after(1);
+        }
+        for _ in 0..4 {
+            assert!(
+                block_on(leasing.check(b"k", &limit, 1))
+                    .unwrap()
+                    .is_allowed()
+            );
+        }
+        let fetched = if threads {
+            let (l, lim) = (Arc::clone(&leasing), limit.clone());
+            let fetcher = thread::spawn(move || block_on(l.check(b"k", &lim, 1)).unwrap());
+            door.wait_for_one_held();
+            assert!(
+                block_on(leasing.check(b"k", &limit, 10))
+                    .unwrap()
+                    .is_allowed()
+            );
+            door.open_after(1);
+            fetcher.join().unwrap()
+        } else {
+            let lease = leasing.check(b"k", &limit, 1);
+            assert!(
+                block_on(leasing.check(b"k", &limit, 10))
+                    .unwrap()
+                    .is_allowed()
+            );
+            block_on(lease).unwrap()
+        };
+        assert!(fetched.is_allowed());
+        let local = block_on(leasing.check(b"k", &limit, 1)).unwrap();
+        assert!(local.is_allowed() && local.is_cached(), "{local:?}");
+        let truth = store.check_now(b"k", &limit, 0);
+        // 100 − 4 − 10 − 4 = 82 in the store, and 2 units left in the lease.
+        assert_eq!(truth.remaining(), 82);
+        assert_eq!(leasing.outstanding_units(), 2);
+        assert_eq!(fetched.remaining(), 82 + 3, "threads: {threads}");
+        assert_eq!(local.remaining(), 82 + 2, "threads: {threads}");
+        assert!(
+            local.reset_after() >= truth.reset_after(),
+            "threads: {threads}: the leased reset {:?} is before the store's {:?}",
+            local.reset_after(),
+            truth.reset_after()
+        );
+        clock.advance(local.reset_after());
+        let burst = block_on(leasing.check(b"k", &limit, 100)).unwrap();
+        assert!(burst.is_allowed(), "threads: {threads}: {burst:?}");
+    }
+}
+
+/// Where a thread's check of the store waits until let in: a thread preempted between its lease
+/// request's numbering and its sending.
+#[derive(Default)]
+struct Door {
+    /// Checks held at the door, and how many more may go in.
+    state: std::sync::Mutex<(usize, usize)>,
+    changed: std::sync::Condvar,
+}
+
+impl Door {
+    /// Lets the next `n` held checks in.
+    fn open_after(&self, n: usize) {
+        self.state.lock().unwrap().1 += n;
+        self.changed.notify_all();
+    }
+
+    /// Waits until a check is held at the door.
+    fn wait_for_one_held(&self) {
+        let mut s = self.state.lock().unwrap();
+        while s.0 == 0 {
+            s = self.changed.wait(s).unwrap();
+        }
+    }
+
+    /// Holds the calling thread until it may go in.
+    fn pass(&self) {
+        let mut s = self.state.lock().unwrap();
+        s.0 += 1;
+        self.changed.notify_all();
+        while s.1 == 0 {
+            s = self.changed.wait(s).unwrap();
+        }
+        s.0 -= 1;
+        s.1 -= 1;
+    }
+}
+
+/// A memory store's checks, decided at their first poll (as a network store sends its command
+/// then); checks of cost `hold` first wait at the door, in `check`.
+struct DoorStore {
+    store: Arc<MemoryStore<ManualClock>>,
+    hold: Option<u64>,
+    door: Arc<Door>,
+}
+
+impl Store for DoorStore {
+    type Error = NoError;
+    type Future = SlowFuture;
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> SlowFuture {
+        if self.hold == Some(cost) {
+            self.door.pass();
+        }
+        SlowFuture {
+            store: Arc::clone(&self.store),
+            key: key.to_vec(),
+            limit: limit.clone(),
+            cost,
+            left: 0,
+            gate: Arc::new(AtomicBool::new(true)),
+            early: false,
+            decided: None,
+        }
+    }
+}
+
 #[test]
 fn with_a_denial_cache_an_over_limit_key_costs_almost_nothing() {
     let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
