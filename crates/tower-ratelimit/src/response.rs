@@ -16,7 +16,10 @@
 //! end; for the sliding window and log, when the next unit frees, which the store computes
 //! ([`Decision::more_after`](ratelimit_core::Decision::more_after): a sliding log of 10 per 10 s, 4
 //! spent at 0 s, 3 at 2 s and 3 at 4 s, one more at 10 s: `r=3;t=2`, the three of 2 s back at 12 s;
-//! the quota is full again only at 20 s). Whatever the algorithm, while the quota is full nothing
+//! the quota is full again only at 20 s). A bucket's `t` is never before its next unit, and at
+//! most a second after it: when a unit takes a fractional number of microseconds (3 per 10 s),
+//! the decision's time to full, in whole microseconds, leaves the unit's time uncertain by one,
+//! and `t` takes the later (a unit back at exactly 3 s may read `t=4`). Whatever the algorithm, while the quota is full nothing
 //! more can come, and `t`, optional, is left out (`"api";r=5`). A sliding algorithm's answer that
 //! does not say (a leased one) gives the seconds until the quota is full again, which bounds it. Of a limit of
 //! several quotas, the sliding algorithms' `t` waits for every quota with as few left as the
@@ -693,8 +696,12 @@ impl Prepared {
             Some((period, limit)) if d.remaining() < d.limit() && !full_in.is_zero() => {
                 let full_in = u64::try_from(full_in.as_micros()).unwrap_or(u64::MAX);
                 let units = d.limit() - d.remaining() - 1;
-                // In 64 bits when the product fits (over a day's period, a burst of up to about
-                // 2^27), which spares the allowed path a 128-bit division.
+                // Rounded down, so that the difference is never before the unit: the time to
+                // full is rounded up to the microsecond, and whether the unit's own time rounds
+                // the same way is not in the decision (its level is not); so when a unit takes
+                // a fractional number of microseconds, one due exactly on a whole second reads
+                // a second more. In 64 bits when the product fits (over a day's period, a burst
+                // of up to about 2^27), which spares the allowed path a 128-bit division.
                 let after = match units.checked_mul(period) {
                     Some(n) => n / limit.max(1),
                     None => units_time_wide(units, period, limit),

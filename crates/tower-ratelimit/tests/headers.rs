@@ -10,7 +10,7 @@ use axum::routing::get;
 use bytes::Bytes;
 use common::*;
 use http_body_util::Full;
-use ratelimit_core::{Algorithm, Limit, Quota};
+use ratelimit_core::{Algorithm, Clock, Limit, Quota};
 use tower::{ServiceExt, service_fn};
 use tower_ratelimit::key::GlobalKey;
 use tower_ratelimit::{DenialBody, Headers, Policy, RateLimitLayer, Verdict, VerdictKind};
@@ -901,5 +901,123 @@ async fn an_inner_future_that_waits_still_gets_the_fields_and_the_verdict() {
         let verdict = res.extensions().get::<Verdict>().unwrap();
         assert_eq!(verdict.kind(), VerdictKind::Allowed);
         assert_eq!(body_text(res).await, "ok");
+    }
+}
+
+/// `t` of an allowed bucket answer is never before the next whole unit comes back, and at most
+/// one second after (whole seconds, rounded up; when a unit takes a fractional number of
+/// microseconds, as 3 per 10 s does, the decision's time to full leaves the unit's time uncertain
+/// by a microsecond, and `t` takes the later). Each answer's `t` is checked on a replay of the
+/// same requests: `r + 1` requests pass at `t` seconds, and not 1 µs before `t − 1`.
+#[tokio::test]
+async fn t_is_never_before_the_next_unit_and_at_most_a_second_after() {
+    /// The requests' times (µs after the start), and each answer's `r` and `t`.
+    async fn run(
+        limit: &Limit,
+        steps: &[u64],
+        then: Option<(u64, u64)>,
+    ) -> (Vec<(u64, u64)>, Option<bool>) {
+        let (clock, store) = store();
+        let start = clock.now().as_micros();
+        let since_start = |clock: &ratelimit_core::ManualClock| {
+            Duration::from_micros(clock.now().as_micros() - start)
+        };
+        let policy = Policy::new("b", limit.clone())
+            .unwrap()
+            .key(tower_ratelimit::key::GlobalKey);
+        let app = app(store, policy);
+        let mut answers = Vec::new();
+        for &at in steps {
+            clock.advance(Duration::from_micros(at) - since_start(&clock));
+            let res = send(&app, request("/")).await;
+            if res.status() != 200 {
+                answers.push((u64::MAX, 0));
+                continue;
+            }
+            let field = header(&res, "ratelimit").unwrap().to_owned();
+            let r = field
+                .split(";r=")
+                .nth(1)
+                .unwrap()
+                .split(';')
+                .next()
+                .unwrap();
+            let t = field.split(";t=").nth(1).map_or(0, |t| t.parse().unwrap());
+            answers.push((r.parse().unwrap(), t));
+        }
+        // Then, at `at`, whether `n` requests in a row all pass.
+        let passed = match then {
+            None => None,
+            Some((at, n)) => {
+                clock.advance(Duration::from_micros(at) - since_start(&clock));
+                let mut all = true;
+                for _ in 0..n {
+                    all &= send(&app, request("/")).await.status() == 200;
+                }
+                Some(all)
+            }
+        };
+        (answers, passed)
+    }
+    let mut x = 0x2545_f491_4f6c_dd1d_u64;
+    let mut next = move || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    for algorithm in [Algorithm::TokenBucket, Algorithm::Gcra] {
+        for (n, period) in [(3, 10), (7, 60), (5, 60)] {
+            let quota = Quota::per_period(n, Duration::from_secs(period)).unwrap();
+            let limit = Limit::single(algorithm, quota).unwrap();
+            // Requests at random instants, some on whole seconds; and a review's case: all spent
+            // at 0 s, one more at 7 s, 3 per 10 s, which leaves 1.1 units: the next is back at
+            // exactly 3 s, which a time to full of 6,333,334 µs (rounded up from 6,333,333⅓)
+            // cannot tell from 3 s and 1 µs, so `t` says 4.
+            let mut steps = vec![0; n as usize];
+            let mut at = 0;
+            for _ in 0..12 {
+                at += if next() % 2 == 0 {
+                    (next() % 8) * 1_000_000
+                } else {
+                    next() % 8_000_000
+                };
+                steps.push(at);
+            }
+            let reviewed = [0, 0, 0, 7_000_000];
+            let runs: &[&[u64]] = if (n, period) == (3, 10) {
+                &[&reviewed, &steps]
+            } else {
+                &[&steps]
+            };
+            for &steps in runs {
+                let (answers, _) = run(&limit, steps, None).await;
+                if steps == reviewed {
+                    assert_eq!(answers[3], (1, 4), "{algorithm:?}");
+                }
+                for (i, &(r, t)) in answers.iter().enumerate() {
+                    if r == u64::MAX || t == 0 {
+                        continue;
+                    }
+                    let at = steps[i];
+                    let upto = &steps[..=i];
+                    let (_, on_time) = run(&limit, upto, Some((at + t * 1_000_000, r + 1))).await;
+                    assert_eq!(
+                        on_time,
+                        Some(true),
+                        "{algorithm:?} {n}/{period}s step {i}: t={t}, r={r}"
+                    );
+                    if t >= 1 {
+                        let early = (at + (t - 1) * 1_000_000).saturating_sub(1).max(at);
+                        let (_, before) = run(&limit, upto, Some((early, r + 1))).await;
+                        assert_eq!(
+                            before,
+                            Some(false),
+                            "{algorithm:?} {n}/{period}s step {i}: t={t}, r={r}"
+                        );
+                    }
+                }
+            }
+        }
     }
 }
