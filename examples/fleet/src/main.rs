@@ -38,6 +38,12 @@ const SPREAD_WORKERS: u64 = 8;
 /// limit.
 const USERS_AT_ONCE: usize = 256;
 
+/// The most gateways a run builds (each a router with its own store connections, all in this
+/// process), and the most users it sends for (each `PER_GATEWAY` requests per gateway it uses):
+/// beyond them a run would take hours or all the memory.
+const MAX_GATEWAYS: u64 = 1_000;
+const MAX_USERS: u64 = 100_000;
+
 /// What to run.
 #[derive(Debug, Clone)]
 struct Options {
@@ -309,25 +315,27 @@ fn parse_args() -> Result<Options, String> {
     let mut args = std::env::args_os()
         .skip(1)
         .map(|a| a.to_string_lossy().into_owned());
-    let number = |flag: &str, v: Option<String>| -> Result<u64, String> {
+    let number = |flag: &str, v: Option<String>, max: u64| -> Result<u64, String> {
         let v = v.ok_or(format!("{flag} needs a number"))?;
         match v.parse::<u64>() {
-            Ok(n) if n >= 1 => Ok(n),
-            _ => Err(format!("{flag} {v:?}: expected a number of at least 1")),
+            Ok(n) if (1..=max).contains(&n) => Ok(n),
+            _ => Err(format!(
+                "{flag} {v:?}: expected a number of at least 1 and at most {max}"
+            )),
         }
     };
     while let Some(arg) = args.next() {
         match arg.as_str() {
-            "--gateways" => o.gateways = number("--gateways", args.next())?,
-            "--users" => o.users = number("--users", args.next())?,
+            "--gateways" => o.gateways = number("--gateways", args.next(), MAX_GATEWAYS)?,
+            "--users" => o.users = number("--users", args.next(), MAX_USERS)?,
             "--redis" => o.redis = Some(args.next().ok_or("--redis needs a URL")?),
             "--alone" => o.alone = true,
             "--help" | "-h" => {
                 println!(
                     "example-fleet: gateways sharing one limit through a store\n\n\
                      Usage: example-fleet [--gateways N] [--users N] [--redis URL | --alone]\n\n  \
-                     --gateways N  how many gateways (default 20)\n  \
-                     --users N     how many users spread over them (default 50)\n  \
+                     --gateways N  how many gateways (default 20, at most 1000)\n  \
+                     --users N     how many users spread over them (default 50, at most 100000)\n  \
                      --redis URL   share the limit through this Redis (default: a redis-server \
                      the example starts on a free loopback port)\n  \
                      --alone       each gateway counts in its own memory"

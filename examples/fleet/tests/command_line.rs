@@ -60,3 +60,42 @@ fn arguments_that_are_not_utf8_are_usage_errors() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("unknown argument"), "{stderr}");
 }
+
+/// A count beyond what the fleet can run is a usage error, at once: before, `--gateways` of
+/// 2^64 − 1 built gateways until the memory ran out (15 GB in minutes, seen), deaf to SIGTERM,
+/// and the requests' count overflowed.
+#[test]
+fn counts_out_of_range_are_usage_errors() {
+    for (flag, value) in [
+        ("--gateways", "18446744073709551615"),
+        ("--gateways", "1001"),
+        ("--users", "18446744073709551615"),
+        ("--users", "100001"),
+    ] {
+        let mut fleet = Command::new(env!("CARGO_BIN_EXE_example-fleet"))
+            .args([flag, value, "--alone"])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("the fleet runs");
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        let status = loop {
+            if let Some(status) = fleet.try_wait().unwrap() {
+                break status;
+            }
+            if std::time::Instant::now() > deadline {
+                let _ = fleet.kill();
+                let _ = fleet.wait();
+                panic!("{flag} {value}: still running after 20 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        };
+        let mut stderr = String::new();
+        std::io::Read::read_to_string(&mut fleet.stderr.take().unwrap(), &mut stderr).unwrap();
+        assert_eq!(status.code(), Some(2), "{flag} {value}: {stderr}");
+        assert!(
+            stderr.contains(flag) && stderr.contains("at most"),
+            "{flag} {value}: {stderr}"
+        );
+    }
+}
