@@ -48,6 +48,16 @@ Debian 12 (bookworm) and later package it" >&2
   exit 1
 fi
 
+# The tests' redis-server processes keep their files in temporary directories, which a test
+# process killed by a signal (Ctrl-C, a CI timeout) cannot remove: they go in one directory for
+# the run, removed when the script ends, however it ends.
+TMPDIR=$(mktemp -d "${TMPDIR:-/tmp}/ratelimit-tests.XXXXXX")
+export TMPDIR
+trap 'rm -rf "$TMPDIR"' EXIT
+trap 'exit 130' INT
+trap 'exit 143' TERM
+trap 'exit 129' HUP
+
 echo "== cargo test (workspace, all targets)"
 cargo test --workspace --all-targets
 echo "== doc tests"
