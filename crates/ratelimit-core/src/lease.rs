@@ -193,9 +193,10 @@ const SHARDS: usize = 16;
 /// before the one taken, which the store may have run after it (two threads, or checks polled
 /// out of their making order), only lowers the `remaining` taken and moves its reset later
 /// (`answers_run_by_the_store_out_of_their_sending_order_report_no_more_than_it_has`). Other
-/// gateways may have consumed since, and the refill since is not counted. The reset is the store's, never earlier: the store counted the
-/// lease's unspent units as spent, and they serve only checks no larger than what is left of the
-/// lease while it lives, so the whole burst may not pass before the store's reset. It is at most
+/// gateways may have consumed since, and the refill since is not counted. The reset is the
+/// store's, never earlier: the store counted the lease's unspent units as spent, and they serve
+/// only checks no larger than what is left of the lease while it lives, so the whole burst may
+/// not pass before the store's reset. It is at most
 /// the refill time of those units later than a store alone would say
 /// (`a_leased_answer_never_resets_before_the_store_does`). A peek (cost 0) counts the live lease's
 /// units as remaining if the lease was asked for before the peek. Denials always come from the

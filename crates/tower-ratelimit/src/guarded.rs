@@ -422,7 +422,7 @@ where
                 Admit::Probe(p) => Some(p),
                 Admit::Reject => {
                     // The circuit opened (or its probe went out) since the check was made: not
-                    // sent (its cache, if any, was asked when it was made).
+                    // sent (the store's future, made with it, is dropped unpolled).
                     return Poll::Ready(Err(this.shared.circuit_open(breaker, part)));
                 }
             };

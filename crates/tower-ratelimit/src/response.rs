@@ -19,8 +19,8 @@
 //! the quota is full again only at 20 s). A bucket's `t` is never before its next unit, and at
 //! most a second after it: when a unit takes a fractional number of microseconds (3 per 10 s),
 //! the decision's time to full, in whole microseconds, leaves the unit's time uncertain by one,
-//! and `t` takes the later (a unit back at exactly 3 s may read `t=4`). Whatever the algorithm, while the quota is full nothing
-//! more can come, and `t`, optional, is left out (`"api";r=5`). A sliding algorithm's answer that
+//! and `t` takes the later (a unit back at exactly 3 s may read `t=4`). Whatever the algorithm,
+//! while the quota is full nothing more can come, and `t`, optional, is left out (`"api";r=5`). A sliding algorithm's answer that
 //! does not say (a leased one) gives the seconds until the quota is full again, which bounds it. Of a limit of
 //! several quotas, the sliding algorithms' `t` waits for every quota with as few left as the
 //! binding one; the buckets' is the binding quota's next unit, and another quota with as few left
