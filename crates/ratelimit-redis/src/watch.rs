@@ -12,9 +12,13 @@
 //! connection lost, Redis restarting) is not delivered later. So the watch tells its handler each
 //! time it has (re)subscribed ([`ResetNotice::Subscribed`]), and the handler drops everything its
 //! wrappers hold that a missed reset may have ended (`DenialCache::clear`, through
-//! [`Forget::forget_unheard`]): one more store call per client, never a stale denial. A subscription that goes silent (a frozen server, a
-//! partition that closes nothing) is found by a `PING` after a second without a message, given
-//! up after the store's response timeout, and made again.
+//! [`Forget::forget_unheard`]): one more store call per client, never a stale denial. A
+//! subscription that goes silent (a frozen server, a partition that closes nothing) is found by a
+//! `PING` after a second without a message, given up after the store's response timeout, and
+//! made again. One on a server that its address no longer leads to (a failover behind a proxy or
+//! a DNS name: the old primary, made a replica, answers the `PING`s, but resets are published on
+//! the new one) is found by asking, every 5 s on a new connection, which server the address leads
+//! to (`INFO server`'s `run_id`; a user without `+info` is not checked so), and made again there.
 
 use std::fmt;
 use std::future::poll_fn;
@@ -32,6 +36,8 @@ use crate::{LazyRedisStore, RedisStore, RedisStoreError, metrics};
 
 /// How long a subscription may be silent before the watch sends a `PING` to see it is alive.
 const PING_AFTER: Duration = Duration::from_secs(1);
+/// How often the watch asks, on a new connection, which server its address leads to now.
+const SERVER_CHECK_EVERY: Duration = Duration::from_secs(5);
 /// The first wait before subscribing again after a failure; doubled after each, up to
 /// [`RETRY_MAX`].
 const RETRY_MIN: Duration = Duration::from_millis(100);
@@ -83,7 +89,9 @@ impl ResetNotice<'_> {
     /// [`forget_unheard`](Forget::forget_unheard) (a `DenialCache` then drops every denial, since
     /// resets may have gone unheard before it). The handler of a watch over a `DenialCache`
     /// (or an `Arc` of one) is then `move |notice| notice.apply(&cache)`; over a `DenialCache` and
-    /// a `Leasing`, apply it to each.
+    /// a `Leasing`, apply it to each, the innermost first (`apply(&leasing)`, then
+    /// `apply(&cache)`): applied to the cache first, a check between the two can spend a unit of
+    /// the old lease, which leaves none, and the cache then holds a denial that outlives the reset.
     pub fn apply(&self, to: &(impl Forget + ?Sized)) {
         match *self {
             ResetNotice::Reset {
@@ -166,7 +174,8 @@ impl RedisStore {
     ///
     /// The watch subscribes on a connection of its own (a cluster's seed nodes in turn; a
     /// cluster delivers a publication to every node), and again whenever that connection is lost
-    /// or goes silent, waiting 100 ms doubled up to 5 s between failed attempts; after each
+    /// or goes silent, or its address leads to another server (a failover behind a proxy or a DNS
+    /// name, asked every 5 s), waiting 100 ms doubled up to 5 s between failed attempts; after each
     /// subscription it tells the handler [`ResetNotice::Subscribed`] (see the
     /// [module docs](crate::watch) for why).
     ///
@@ -230,6 +239,10 @@ async fn watch(
     let _unsubscribed = Unsubscribed(Arc::clone(&subscribed));
     let mut wait = RETRY_MIN;
     for info in infos.iter().cycle() {
+        // Which server the address leads to, asked before subscribing (a failover between the
+        // two makes the next check find another server, and subscribe again: the safe side).
+        // Unknown (`INFO` refused to the user, say): not checked.
+        let server = run_id(info, subscribe_within).await.ok();
         match subscribe(info, &channel, subscribe_within).await {
             Ok((sink, stream)) => {
                 subscribed.store(true, Ordering::Release);
@@ -237,7 +250,14 @@ async fn watch(
                 tracing::debug!(%channel, "the reset watch is subscribed");
                 handler(ResetNotice::Subscribed);
                 wait = RETRY_MIN;
-                let lost = listen(sink, stream, &*handler, response_timeout).await;
+                let lost = listen(
+                    sink,
+                    stream,
+                    &*handler,
+                    response_timeout,
+                    server.map(|id| (info, id, subscribe_within)),
+                )
+                .await;
                 subscribed.store(false, Ordering::Release);
                 tracing::warn!(%channel, reason = %lost, "the reset watch lost its subscription: subscribing again");
             }
@@ -269,17 +289,59 @@ async fn subscribe(
     }
 }
 
+/// The `run_id` of the server that `info`'s address leads to now, asked on a new connection
+/// (`INFO server`), within `within`.
+async fn run_id(info: &ConnectionInfo, within: Duration) -> Result<String, String> {
+    let attempt = async {
+        let client = redis::Client::open(info.clone())?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        redis::cmd("INFO")
+            .arg("server")
+            .query_async::<String>(&mut conn)
+            .await
+    };
+    match tokio::time::timeout(within, attempt).await {
+        Ok(Ok(text)) => text
+            .lines()
+            .find_map(|l| l.strip_prefix("run_id:"))
+            .map(|id| id.trim().to_owned())
+            .ok_or_else(|| "no run_id in INFO server".to_owned()),
+        Ok(Err(error)) => Err(error.to_string()),
+        Err(_) => Err(format!("no answer within {within:?}")),
+    }
+}
+
 /// Hands each message of `stream` to `handler` until the subscription is lost: the connection
 /// closed, or a `PING` sent after [`PING_AFTER`] of silence went unanswered for
-/// `response_timeout`. Returns why.
+/// `response_timeout`; or, with `server` (the address, the `run_id` of the server subscribed
+/// to, and how long to wait for an answer), the address leads to another server now, asked every
+/// [`SERVER_CHECK_EVERY`]: a failover behind one address (a proxy, a DNS name), whose old
+/// primary, made a replica, keeps the subscription and answers its `PING`s, but is not where
+/// resets are published now. Returns why.
 async fn listen(
     mut sink: PubSubSink,
     mut stream: PubSubStream,
     handler: &Handler,
     response_timeout: Duration,
+    server: Option<(&ConnectionInfo, String, Duration)>,
 ) -> String {
     let heard = ::metrics::counter!(metrics::RESET_NOTICES_TOTAL);
+    let mut check_at = tokio::time::Instant::now() + SERVER_CHECK_EVERY;
     loop {
+        if let Some((info, subscribed_to, within)) = &server
+            && tokio::time::Instant::now() >= check_at
+        {
+            check_at = tokio::time::Instant::now() + SERVER_CHECK_EVERY;
+            // Not known now (the server down, a refusal): the `PING`s say whether the
+            // subscription is alive.
+            if let Ok(now) = run_id(info, *within).await
+                && now != *subscribed_to
+            {
+                return format!(
+                    "its address now leads to another server (run_id {now}, subscribed on {subscribed_to})"
+                );
+            }
+        }
         let next = poll_fn(|cx| Pin::new(&mut stream).poll_next(cx));
         match tokio::time::timeout(PING_AFTER, next).await {
             Ok(Some(message)) => match parse(message.get_payload_bytes()) {

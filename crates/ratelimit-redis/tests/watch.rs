@@ -400,3 +400,113 @@ async fn a_reset_refused_by_a_demoted_primary_announces_nothing() {
         "published on the replica:\n{stats}"
     );
 }
+
+/// A failover behind one address (a proxy, a DNS name, a virtual IP): the old primary is made a
+/// replica of the new one, and the address now leads to the new primary. The watch's connection
+/// to the old server neither closes nor goes silent (the replica answers its `PING`s), and a
+/// notice published on the new primary before the replica has synced never reaches it. The
+/// watch finds that the address leads to another server, subscribes there, and says so: the
+/// other gateway's cached denial of a client reset meanwhile ends.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_follows_a_failover_behind_its_address() {
+    let old = RedisServer::start();
+    let new = RedisServer::start();
+    let proxy = Proxy::start(old.port());
+    let prefix = unique_prefix("watch-failover");
+    let redis_a = store(&proxy.url(), &prefix, true).await;
+    let redis_b = store(&proxy.url(), &prefix, true).await;
+    let b = DenialCache::new(redis_b.clone(), SystemClock::new());
+    let (tx, mut heard) = mpsc::unbounded_channel();
+    let heard_by = b.clone();
+    let watch = redis_b
+        .watch_resets(move |notice| {
+            notice.apply(&heard_by);
+            let _ = tx.send(matches!(notice, ResetNotice::Subscribed));
+        })
+        .unwrap();
+    assert_eq!(
+        tokio::time::timeout(SOON, heard.recv()).await.unwrap(),
+        Some(true)
+    );
+    // An hour-long quota: B's cached denial would stand for most of it.
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(2).unwrap()).unwrap();
+    while b.check(b"alice", &limit, 1).await.unwrap().is_allowed() {}
+    assert!(b.check(b"alice", &limit, 1).await.unwrap().is_cached());
+
+    // The failover, then a reset through A on the new primary.
+    old.cli(&["REPLICAOF", "127.0.0.1", &new.port().to_string()]);
+    proxy.set_upstream(new.port());
+    let deadline = tokio::time::Instant::now() + SOON;
+    while redis_a.reset(b"alice", &limit).await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "no reset");
+    }
+    // B's watch subscribes on the new primary and says so (its cache then drops its denials),
+    // within the watch's check of where its address leads, plus the subscription.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(15);
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        match tokio::time::timeout(left, heard.recv()).await {
+            Ok(Some(true)) => break,
+            Ok(Some(false)) => continue,
+            Ok(None) => panic!("the watch ended"),
+            Err(_) => panic!(
+                "no new subscription within 15 s of the failover (subscribed: {})",
+                watch.is_subscribed()
+            ),
+        }
+    }
+    // B's own store connection still leads to the old server: its first write there fails
+    // (`READONLY`), and the store connects again.
+    let deadline = tokio::time::Instant::now() + SOON;
+    let d = loop {
+        match b.check(b"alice", &limit, 1).await {
+            Ok(d) => break d,
+            Err(e) => assert!(tokio::time::Instant::now() < deadline, "{e:?}"),
+        }
+    };
+    assert!(d.is_allowed() && !d.is_cached(), "{d:?}");
+    // And it hears the resets made after.
+    redis_a.reset(b"bob", &limit).await.unwrap();
+    assert_eq!(
+        tokio::time::timeout(SOON, heard.recv()).await.unwrap(),
+        Some(false)
+    );
+}
+
+/// A notice handed to a `DenialCache` over a `Leasing` innermost first (the lease ended, then
+/// the cache's denials): a check between the two goes past the lease to the store, which admits
+/// the reset client, and no denial outlives the reset. (Outer first, a check between the two
+/// spent a unit of the old lease, which left none, and the cache held that denial for 15
+/// minutes.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_notice_applied_innermost_first_leaves_no_denial_behind() {
+    use ratelimit_core::Leasing;
+    let server = RedisServer::start();
+    let prefix = unique_prefix("watch-stack");
+    let a = store(&server.url(), &prefix, true).await;
+    let b = store(&server.url(), &prefix, true).await;
+    let leasing = Leasing::builder(b.clone(), SystemClock::new())
+        .lease_size(4)
+        .build()
+        .unwrap();
+    let cache = DenialCache::new(leasing.clone(), SystemClock::new());
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(4).unwrap()).unwrap();
+    for _ in 0..3 {
+        assert!(cache.check(b"alice", &limit, 1).await.unwrap().is_allowed());
+    }
+    // Reset through another gateway; its notice, applied in the documented order, with a check
+    // of this gateway's between the two.
+    a.reset(b"alice", &limit).await.unwrap();
+    let notice = ResetNotice::Reset {
+        key: b"alice",
+        limit_fingerprint: limit.fingerprint(),
+    };
+    notice.apply(&leasing);
+    let between = cache.check(b"alice", &limit, 1).await.unwrap();
+    assert!(between.is_allowed(), "{between:?}");
+    notice.apply(&cache);
+    for i in 0..3 {
+        let d = cache.check(b"alice", &limit, 1).await.unwrap();
+        assert!(d.is_allowed(), "check {i} after the reset: {d:?}");
+    }
+}
