@@ -300,3 +300,56 @@ async fn a_sliding_log_short_of_its_total_never_answers_a_zero_wait() {
         "{d:?}"
     );
 }
+
+/// A single quota's state full again in less than a millisecond, or in a fraction of one more:
+/// its expiry is rounded up to the next whole millisecond, never down (down, a bucket full again
+/// in 500 µs was written with `SET ... PX 0`, which Redis refuses, and the check failed; a
+/// fraction above a whole millisecond let the key go before the state was fresh). No expiry
+/// slack, the default.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_single_quotas_expiry_rounds_up_to_the_millisecond() {
+    let server = RedisServer::start();
+    let (_clock, store) = client_clock_store(&server, "ttl-round").await;
+    for alg in Algorithm::ALL {
+        // A unit every 500 µs, 333⅓ µs, 250 µs; bursts of 1: full again within a millisecond.
+        for per_second in [2_000, 3_000, 4_000] {
+            let limit = Limit::single(alg, Quota::per_second(per_second).unwrap()).unwrap();
+            let key = format!("user-{per_second}");
+            let d = store.check(key.as_bytes(), &limit, 1).await;
+            assert!(
+                matches!(&d, Ok(d) if d.is_allowed()),
+                "{alg} {per_second}/s: {d:?}"
+            );
+        }
+        // 3 every 10 s: full again 3,333,333⅓ µs after one request, so 3,334 ms, not 3,333: the
+        // key's expiry, read against the server's clock around the write, is at least that.
+        let limit =
+            Limit::single(alg, Quota::per_period(3, Duration::from_secs(10)).unwrap()).unwrap();
+        let key = "user-thirds";
+        let before = server_millis(&server);
+        assert!(
+            store
+                .check(key.as_bytes(), &limit, 1)
+                .await
+                .unwrap()
+                .is_allowed()
+        );
+        for state_key in store.state_keys(key.as_bytes(), &limit) {
+            let expires = pexpiretime(&server, &state_key);
+            assert!(
+                expires >= before + 3_334,
+                "{alg}: expires {} ms after the write began, not 3,334",
+                expires - before
+            );
+        }
+    }
+}
+
+/// The server's clock, in Unix milliseconds.
+fn server_millis(server: &RedisServer) -> i64 {
+    let time = server.cli(&["time"]);
+    let mut parts = time.lines();
+    let secs: i64 = parts.next().unwrap().trim().parse().unwrap();
+    let micros: i64 = parts.next().unwrap().trim().parse().unwrap();
+    secs * 1_000 + micros / 1_000
+}
