@@ -188,8 +188,8 @@ fn state_of(word: u64) -> CircuitState {
 /// [`MAX_FAILURE_THRESHOLD`].
 const COUNT_BITS: u32 = 20;
 const COUNT: u64 = (1 << COUNT_BITS) - 1;
-/// The time of the last failure, in microseconds modulo 2⁴⁴ (203 days; two failures count in a
-/// row only within a cool-down of each other, at most an hour, so the wrap is harmless).
+/// The time of the last failure, in microseconds modulo 2⁴⁴ (203 days): two failures count in a
+/// row only within a cool-down of each other (at most an hour), either way round the wrap.
 const TIME: u64 = (1 << (64 - COUNT_BITS)) - 1;
 
 /// `t` as [`Part::failures`] keeps it.
@@ -604,14 +604,16 @@ impl Breaker {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| {
                 let (count, last) = (f & COUNT, f >> COUNT_BITS);
                 // Within a cool-down of the last, either way: another thread's failure, stamped
-                // just after this one read the clock, is as recent as this one.
+                // just after this one read the clock, is as recent as this one. Only a streak's
+                // last failure counts (a word with none holds time 0), and only a recent one
+                // earlier than this failure keeps its time: else this failure's is kept, so that
+                // an old time, read across the wrap of 2⁴⁴ µs, never stays.
                 let gap = now.wrapping_sub(last) & TIME;
                 let back = last.wrapping_sub(now) & TIME;
-                let later = gap <= back;
-                let recent = gap.min(back) <= window;
-                let streak = if count != 0 && recent { count } else { 0 };
+                let recent = count != 0 && gap.min(back) <= window;
+                let streak = if recent { count } else { 0 };
                 n = (streak + 1).min(COUNT);
-                let at = if later { now } else { last };
+                let at = if recent && back < gap { last } else { now };
                 Some((at << COUNT_BITS) | n)
             })
             .unwrap_or_else(|f| f);

@@ -675,3 +675,40 @@ async fn failures_count_in_a_row_within_a_cool_down_to_the_microsecond() {
         }
     }
 }
+
+/// Failures count in a row whatever the clock reads: their times are kept modulo 2⁴⁴ µs (about
+/// 203 days), and a circuit with no failure counted (its word 0) in the upper half of that
+/// cycle (2026-10-01, say) still opens after the threshold; so does one whose last failure came
+/// 120 days before the streak, with no success since.
+#[tokio::test]
+async fn failures_open_the_circuit_at_any_time_of_the_clock() {
+    for (start_micros, idle_before) in [
+        (1_790_812_800_000_000, None),
+        (1_000_000, Some(Duration::from_secs(120 * 86_400))),
+        ((1 << 44) - 3_000, None),
+    ] {
+        let clock = ManualClock::starting_at(ratelimit_core::Timestamp::from_micros(start_micros));
+        let (_, memory) = store();
+        let switch = Arc::new(SwitchStore::new(memory));
+        switch.set_down(true);
+        let store = Guarded::builder(switch.clone(), "jobs")
+            .circuit_breaker(CircuitBreaker::new(3, Duration::from_secs(10)).unwrap())
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        let limit = per_minute(100);
+        if let Some(idle) = idle_before {
+            assert!(store.check(b"job", &limit, 1).await.is_err());
+            clock.advance(idle);
+        }
+        for _ in 0..3 {
+            assert!(store.check(b"job", &limit, 1).await.is_err());
+            clock.advance(Duration::from_millis(5));
+        }
+        assert_eq!(
+            store.circuit_state(),
+            Some(CircuitState::Open),
+            "clock from {start_micros} µs, idle {idle_before:?}"
+        );
+    }
+}
