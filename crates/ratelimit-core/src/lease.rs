@@ -391,7 +391,13 @@ impl Entry {
     /// the two) and the later reset: the older-numbered answer lowers what is taken and moves its
     /// reset later, never the other way, so that the lease's answers report neither the lease's
     /// units twice nor a reset before the store's.
-    fn saw_answer(&mut self, seq: u64, sent: u64, at: u64, d: &Decision) {
+    ///
+    /// An answer to a check sent before a reset of the key (`resets`, the key's resets when it
+    /// was sent, is not the count now) describes the state the reset forgot: not taken at all.
+    fn saw_answer(&mut self, seq: u64, resets: u64, sent: u64, at: u64, d: &Decision) {
+        if resets != self.resets {
+            return;
+        }
         let reset_at = at.saturating_add(micros(d.reset_after()));
         let reset_lag = at.saturating_sub(sent);
         let quota_index = u32::try_from(d.quota_index()).unwrap_or(u32::MAX);
@@ -1157,6 +1163,8 @@ struct Seen {
     entry: EntryRef,
     /// Its number among the key's checks sent to the store (see `Entry::report_seq`).
     seq: u64,
+    /// The key's resets seen when it was sent (`Entry::resets`).
+    resets: u64,
     /// When the check was sent (µs).
     sent: u64,
     peek: bool,
@@ -1167,10 +1175,14 @@ struct Seen {
 impl Seen {
     /// A check of `entry`'s key sent to the store now.
     fn new(entry: EntryRef, sent: u64, peek: bool, clock: Arc<dyn NowMicros>) -> Self {
-        let seq = entry.lock().next_report_seq();
+        let (seq, resets) = {
+            let mut e = entry.lock();
+            (e.next_report_seq(), e.resets)
+        };
         Seen {
             entry,
             seq,
+            resets,
             sent,
             peek,
             clock,
@@ -1180,7 +1192,7 @@ impl Seen {
     fn answered(self, d: &mut Decision) {
         let at = self.clock.now_micros();
         let mut e = self.entry.lock();
-        e.saw_answer(self.seq, self.sent, at, d);
+        e.saw_answer(self.seq, self.resets, self.sent, at, d);
         // The live lease's units, if it was asked for before the peek was sent (else the store
         // counted them as remaining in the peek's answer).
         if self.peek && e.tokens > 0 && self.sent < e.expires && e.lease_seq < self.seq {
@@ -1431,7 +1443,7 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
                             e.expires = sent.saturating_add(ttl);
                             e.lease_left = d.remaining();
                             e.lease_seq = e.fetch_report_seq;
-                            e.saw_answer(e.fetch_report_seq, sent, answered, &d);
+                            e.saw_answer(e.fetch_report_seq, e.fetch_resets, sent, answered, &d);
                             e.decision(sent)
                         });
                         if want > cost {

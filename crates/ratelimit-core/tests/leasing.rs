@@ -492,6 +492,62 @@ fn answers_run_by_the_store_out_of_their_sending_order_report_no_more_than_it_ha
     }
 }
 
+/// An answer to a check made before a reset of its key, taken after the reset (its task polled
+/// late): it describes the state the reset forgot, and the lease's answers do not report it
+/// (neither its units as spent nor its reset), however it is numbered against the answers
+/// since.
+#[test]
+fn an_answer_from_before_a_reset_is_not_reported_after_it() {
+    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+    let store = memory(&clock);
+    // Decided at the first poll, answered three polls later.
+    let slow = Slow {
+        early: true,
+        ..slow(&store, 3)
+    };
+    let leasing = Leasing::builder(slow, clock.clone())
+        .lease_size(4)
+        .build()
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(100).unwrap()).unwrap();
+    assert!(
+        block_on(leasing.check(b"k", &limit, 1))
+            .unwrap()
+            .is_allowed()
+    );
+    // A check of 50 straight to the store (larger than the lease), run there before the reset,
+    // its answer not yet taken.
+    let mut direct = Box::pin(leasing.check(b"k", &limit, 50));
+    let waker = Waker::noop();
+    assert!(
+        direct
+            .as_mut()
+            .poll(&mut Context::from_waker(waker))
+            .is_pending()
+    );
+    // The key is reset (the store forgets it; the wrapper is told), and a new lease taken.
+    store.reset_now(b"k", &limit);
+    leasing.forget(b"k", limit.fingerprint());
+    for _ in 0..3 {
+        assert!(
+            block_on(leasing.check(b"k", &limit, 1))
+                .unwrap()
+                .is_allowed()
+        );
+    }
+    // The old answer comes now.
+    assert!(block_on(direct).unwrap().is_allowed());
+    let local = block_on(leasing.check(b"k", &limit, 1)).unwrap();
+    assert!(local.is_cached(), "{local:?}");
+    let truth = store.check_now(b"k", &limit, 0);
+    let admits = truth.remaining() + leasing.outstanding_units();
+    assert_eq!(local.remaining(), admits, "{local:?} against {truth:?}");
+    assert!(
+        local.reset_after() <= truth.reset_after() + Duration::from_secs(36 * 4),
+        "{local:?} against {truth:?}"
+    );
+}
+
 /// Where a thread's check of the store waits until let in: a thread preempted between its lease
 /// request's numbering and its sending.
 #[derive(Default)]
