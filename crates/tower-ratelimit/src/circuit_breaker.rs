@@ -596,12 +596,17 @@ impl Breaker {
         }
         // Raised first (see `dirty`), and lowered again unless this was the part's first.
         self.dirty.fetch_add(1, Ordering::AcqRel);
-        let now = failure_time(self.clock.now());
         let window = u64::try_from(self.config.cool_down.as_micros()).unwrap_or(u64::MAX);
         let mut n = 0;
         let before = circuit
             .failures
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |f| {
+                // Read at each attempt: one whose compare-and-swap failed (another failure came
+                // in between) reads it again, so that a thread preempted after reading it never
+                // writes an older time over a later failure's.
+                let now = failure_time(self.clock.now());
+                #[cfg(test)]
+                tests::hold_after_reading_the_clock();
                 let (count, last) = (f & COUNT, f >> COUNT_BITS);
                 // Within a cool-down of the last, either way: another thread's failure, stamped
                 // just after this one read the clock, is as recent as this one. Only a streak's
@@ -1347,6 +1352,50 @@ mod tests {
         /// Set by a test's threads: `admit` then waits half a millisecond between reading the
         /// circuit and swapping in the probe, so that threads let go together overlap there.
         static WIDEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+    }
+
+    thread_local! {
+        /// Set by a test's thread: `failure` then tells the test it has read the clock, and waits
+        /// for its go, once.
+        static HOLD: std::cell::RefCell<Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+
+    /// Called by `failure` once it has read the clock, before its compare-and-swap (test builds
+    /// only): a thread preempted there.
+    pub(super) fn hold_after_reading_the_clock() {
+        if let Some((reached, go)) = HOLD.with(|h| h.borrow_mut().take()) {
+            let _ = reached.send(());
+            let _ = go.recv();
+        }
+    }
+
+    /// A failure whose thread read the clock, was preempted, and records it after another
+    /// failure a cool-down later: the streak that follows that later failure still opens the
+    /// circuit (the held failure does not write its older time over the later one's).
+    #[test]
+    fn a_failure_held_after_reading_the_clock_does_not_hide_the_streak_after_it() {
+        let clock = ManualClock::new();
+        let b = Arc::new(breaker(&clock));
+        let (reached_tx, reached) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel();
+        let held = {
+            let b = Arc::clone(&b);
+            std::thread::spawn(move || {
+                HOLD.with(|h| *h.borrow_mut() = Some((reached_tx, go_rx)));
+                b.failure(0, None, FRESH);
+            })
+        };
+        reached.recv().unwrap();
+        // Another failure 6 s later (the cool-down is 5 s), recorded first.
+        clock.advance(Duration::from_secs(6));
+        b.failure(0, None, FRESH);
+        go.send(()).unwrap();
+        held.join().unwrap();
+        // One more a second after the later one: two in a row within the cool-down.
+        clock.advance(Duration::from_secs(1));
+        b.failure(0, None, FRESH);
+        assert_eq!(b.state(), CircuitState::Open);
     }
 
     /// Called by `admit` between its read and its compare-and-swap (test builds only).
