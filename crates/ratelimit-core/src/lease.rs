@@ -1444,7 +1444,9 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
                             e.lease_left = d.remaining();
                             e.lease_seq = e.fetch_report_seq;
                             e.saw_answer(e.fetch_report_seq, e.fetch_resets, sent, answered, &d);
-                            e.decision(sent)
+                            // Outlived a reset: no unit kept, and the key's last answer taken
+                            // may be from before the reset: this check's is the store's own.
+                            if outlived { d } else { e.decision(sent) }
                         });
                         if want > cost {
                             sh.counters.leases.fetch_add(1, Ordering::Relaxed);

@@ -548,6 +548,51 @@ fn an_answer_from_before_a_reset_is_not_reported_after_it() {
     );
 }
 
+/// A lease request made before a reset of its key and sent after it (a store that decides at
+/// the first poll): its units are not kept (the wrapper cannot tell which side of the reset the
+/// store granted them on), and its own answer tells what the store said to it, not what the
+/// key's last answer from before the reset said.
+#[test]
+fn a_lease_request_made_before_a_reset_answers_with_its_own_answer() {
+    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+    let store = memory(&clock);
+    let leasing = Leasing::builder(slow(&store, 0), clock.clone())
+        .lease_size(4)
+        .build()
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(100).unwrap()).unwrap();
+    assert!(
+        block_on(leasing.check(b"k", &limit, 1))
+            .unwrap()
+            .is_allowed()
+    );
+    assert_eq!(
+        block_on(leasing.check(b"k", &limit, 50))
+            .unwrap()
+            .remaining(),
+        46
+    );
+    for _ in 0..3 {
+        assert!(
+            block_on(leasing.check(b"k", &limit, 1))
+                .unwrap()
+                .is_cached()
+        );
+    }
+    // A lease request made now, sent at its first poll, after the reset.
+    let fetch = leasing.check(b"k", &limit, 1);
+    store.reset_now(b"k", &limit);
+    leasing.forget(b"k", limit.fingerprint());
+    let d = block_on(fetch).unwrap();
+    let truth = store.check_now(b"k", &limit, 0);
+    assert_eq!(truth.remaining(), 96);
+    assert_eq!(
+        d.remaining(),
+        truth.remaining() + leasing.outstanding_units(),
+        "{d:?} against {truth:?}"
+    );
+}
+
 /// Where a thread's check of the store waits until let in: a thread preempted between its lease
 /// request's numbering and its sending.
 #[derive(Default)]
