@@ -106,6 +106,25 @@ async fn fail_closed_answers_503_with_retry_after() {
     assert_eq!(verdict(&res), VerdictKind::FailedClosed);
 }
 
+/// A dry run never denies, not even when its store fails and its failure policy would fail
+/// closed: the request goes through, marked as a shadow denial. (A mutation answering 503 there
+/// survived the tests of this file.)
+#[tokio::test]
+async fn a_dry_run_that_would_fail_closed_lets_the_request_through() {
+    let layer = RateLimitLayer::new(
+        FailingStore::default(),
+        Policy::new("login", per_minute(5))
+            .unwrap()
+            .dry_run(true)
+            .failure(FailurePolicy::fail_closed(Duration::from_millis(1_500))),
+    )
+    .unwrap();
+    let res = send(&app(layer), request("/")).await;
+    assert_eq!(res.status(), 200);
+    assert!(res.headers().get("retry-after").is_none());
+    assert_eq!(verdict(&res), VerdictKind::ShadowDenied);
+}
+
 #[tokio::test]
 async fn fallback_counts_locally_against_a_share_of_the_limit() {
     let clock = ManualClock::new();

@@ -747,6 +747,32 @@ async fn two_policies_on_one_store_never_share_state() {
     assert_eq!(statuses(&app, k, 3).await, [200, 200, 429]);
 }
 
+/// Policy names that are prefixes of each other ("api", "api-admin") never share a key: the
+/// name ends before the client's key, so "api" with the key "-adminvictim" is not "api-admin"
+/// with "victim". (A mutation dropping the name's end survived every test of this crate.)
+#[tokio::test]
+async fn policy_names_that_prefix_each_other_never_share_state() {
+    let (_clock, store) = store();
+    let key = || ApiKeyHeader::new("x-api-key").unwrap();
+    let api = RateLimitLayer::new(
+        store.clone(),
+        Policy::new("api", two_a_minute()).unwrap().key(key()),
+    )
+    .unwrap();
+    let admin = RateLimitLayer::new(
+        store,
+        Policy::new("api-admin", two_a_minute()).unwrap().key(key()),
+    )
+    .unwrap();
+    let app = Router::new()
+        .route("/api", get(|| async { "ok" }).route_layer(api))
+        .route("/admin", get(|| async { "ok" }).route_layer(admin));
+    let attacker = || with_header(request("/api"), "x-api-key", "-adminvictim");
+    assert_eq!(statuses(&app, attacker, 3).await, [200, 200, 429]);
+    let victim = || with_header(request("/admin"), "x-api-key", "victim");
+    assert_eq!(statuses(&app, victim, 3).await, [200, 200, 429]);
+}
+
 #[tokio::test]
 async fn forwarded_from_a_trusted_proxy_groups_ipv6_clients() {
     use tower_ratelimit::ForwardedHeader;
