@@ -463,45 +463,10 @@ pub async fn check_scenario<S: Store>(
     prefix: &[u8],
     sc: &Scenario,
 ) -> Result<Report, Mismatch<S::Error>> {
-    let mut report = Report {
-        scenarios: 1,
-        ..Report::default()
-    };
-    let mut reference = Reference::default();
-    let mut tag = prefix.to_vec();
-    tag.extend_from_slice(sc.name.as_bytes());
-    tag.extend_from_slice(b": ");
-    for (i, step) in sc.steps.iter().enumerate() {
-        let mut key = tag.clone();
-        key.extend_from_slice(&step.key);
-        let expected = reference.check(&key, &sc.limit, step.cost, step.at);
-        clock.set(step.at);
-        let got = match store.check(&key, &sc.limit, step.cost).await {
-            Ok(d) => d,
-            Err(error) => {
-                return Err(Mismatch::Store {
-                    scenario: sc.name.clone(),
-                    step: i,
-                    error,
-                });
-            }
-        };
-        if got != expected {
-            return Err(Mismatch::Decision(Box::new(DecisionMismatch {
-                scenario: sc.name.clone(),
-                step: i,
-                check: Step {
-                    key,
-                    ..step.clone()
-                },
-                expected,
-                got,
-            })));
-        }
-        report.decisions += 1;
-        if expected.violated_quotas().len() > 1 {
-            report.several_violated += 1;
-        }
+    let mut report = Report::default();
+    let mut kit = Kit::new(store, clock, prefix, &sc.name, &mut report);
+    for step in &sc.steps {
+        kit.check(&step.key, &sc.limit, step.cost, step.at).await?;
     }
     Ok(report)
 }
@@ -594,8 +559,9 @@ fn three_limits(alg: Algorithm) -> [Limit; 3] {
     .map(|l| l.unwrap_or_else(|_| unreachable!("limits every algorithm accepts")))
 }
 
-/// One named run of the kit's checks beyond the table: each check of the store compared with
-/// the algorithms' on a state per key and limit, counted in `report`.
+/// One named run of the kit's checks (a scenario of the table, or the checks beyond it): each
+/// check of the store compared with the algorithms' on a state per key and limit, counted in
+/// `report`.
 struct Kit<'a, S> {
     store: &'a S,
     clock: &'a ManualClock,
