@@ -141,8 +141,9 @@ impl AdminConfig {
             }
             (None, Some(path)) => {
                 let field = "admin.token_file";
+                // The path is not shown either: a token written in its place would be.
                 let mut bytes = std::fs::read(path).map_err(|e| {
-                    ConfigError::new(field, format!("cannot read {}: {e}", path.display()))
+                    ConfigError::new(field, format!("cannot read the file it names: {e}"))
                 })?;
                 if bytes.ends_with(b"\r\n") {
                     bytes.truncate(bytes.len() - 2);
@@ -545,7 +546,10 @@ impl Config {
         let can_fail = self.store.kind != StoreKind::Memory;
         for (i, route) in self.routes.iter().enumerate() {
             let _ = route.validate(&format!("routes[{i}]"), can_fail, &mut warnings);
-            if let Some(j) = self.routes[..i].iter().position(|r| r.path == route.path) {
+            // Compared as `covers` matches them: "/api/" covers what "/api" does.
+            let same =
+                |r: &RouteConfig| r.path.trim_end_matches('/') == route.path.trim_end_matches('/');
+            if let Some(j) = self.routes[..i].iter().position(same) {
                 warnings.push(format!(
                     "routes[{i}].path: {:?} is routes[{j}]'s path too: each request there goes \
                      through both routes' limits, routes[{j}]'s first (a second route does not \

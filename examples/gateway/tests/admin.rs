@@ -283,6 +283,11 @@ async fn a_missing_or_weak_token_stops_the_gateway() {
             format!("[admin]\ntoken_file = {missing:?}\n"),
             "admin.token_file: cannot read",
         ),
+        // Nor the token written where its file's path belongs.
+        (
+            format!("[admin]\ntoken_file = \"{TOKEN}\"\n"),
+            "admin.token_file: cannot read the file it names",
+        ),
         (
             file("short-secret\n"),
             "admin.token_file: the token has 12 bytes, fewer than 16",

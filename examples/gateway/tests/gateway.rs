@@ -786,6 +786,21 @@ async fn bad_configurations_fail_naming_the_field() {
              both routes' limits, routes[0]'s first (a second route does not replace the first)"
         ]
     );
+    // A trailing slash covers the same endpoints (`covers` trims it): warned of alike.
+    let config = Config::from_toml(
+        "[[routes]]\npath = \"/api\"\n[routes.policy]\nname = \"a\"\n\
+         quotas = [{ limit = 600, per = \"minute\" }]\n\
+         [[routes]]\npath = \"/api/\"\n[routes.policy]\nname = \"c\"\n\
+         quotas = [{ limit = 60, per = \"minute\" }]\n",
+    )
+    .unwrap();
+    assert_eq!(
+        config.warnings(),
+        [
+            "routes[1].path: \"/api/\" is routes[0]'s path too: each request there goes through \
+             both routes' limits, routes[0]'s first (a second route does not replace the first)"
+        ]
+    );
     // "both" forwarding headers let a client behind a proxy that writes only X-Forwarded-For
     // pick its key with a Forwarded header of its own: loaded (a proxy may write both), with a
     // warning.
