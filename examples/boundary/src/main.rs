@@ -300,6 +300,27 @@ fn main() -> std::process::ExitCode {
     }
 }
 
+/// Writes `text` and a newline on stdout. A reader that went away (`| head -n 1`) is not a
+/// failure: the rest of the output is not wanted, and the program carries on. Any other write
+/// error (a full disk) is.
+fn say(text: std::fmt::Arguments<'_>) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out
+        .write_fmt(text)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush())
+    {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        written => written,
+    }
+}
+
+/// A failure to write stdout, as `cli` returns it.
+fn cannot_print(e: std::io::Error) -> (u8, String) {
+    (1, format!("cannot write the output: {e}"))
+}
+
 /// Prints the tables and writes the chart; or the exit status (2 for a wrong command line, 1
 /// for a failure) and what went wrong.
 fn cli() -> Result<(), (u8, String)> {
@@ -316,11 +337,12 @@ fn cli() -> Result<(), (u8, String)> {
                     .into();
             }
             "--help" | "-h" => {
-                println!(
+                say(format_args!(
                     "example-boundary: each algorithm at a window's boundary, as a table and a \
                      chart\n\nUsage: example-boundary [--svg PATH]\n\n  \
                      --svg PATH  where to write the chart (default boundary.svg)"
-                );
+                ))
+                .map_err(cannot_print)?;
                 return Ok(());
             }
             other => {
@@ -335,10 +357,10 @@ fn cli() -> Result<(), (u8, String)> {
         .map(run)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| (1, e.to_string()))?;
-    print!("{}", tables(&runs));
+    // The chart first: a reader of the tables that goes away early (`| head`) does not cost it.
     let shown = path.display();
     std::fs::write(&path, svg(&runs)).map_err(|e| (1, format!("cannot write {shown}: {e}")))?;
-    println!("\nplot written to {shown}");
+    say(format_args!("{}\nplot written to {shown}", tables(&runs))).map_err(cannot_print)?;
     Ok(())
 }
 

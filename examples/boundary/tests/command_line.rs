@@ -30,3 +30,28 @@ fn a_chart_path_that_is_not_utf8_is_written() {
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("unknown argument"), "{err}");
 }
+
+/// Output to a pipe closed early (`example-boundary | head -1`) ends it quietly, never a panic
+/// (status 101), and the chart is written all the same.
+#[test]
+fn a_closed_stdout_is_not_a_panic() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("chart.svg");
+    for args in [
+        vec![OsStr::new("--help")],
+        vec![OsStr::new("--svg"), path.as_os_str()],
+    ] {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        let out = Command::new(env!("CARGO_BIN_EXE_example-boundary"))
+            .args(&args)
+            .stdout(writer)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .expect("it runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+    }
+    let svg = std::fs::read_to_string(&path).unwrap();
+    assert!(svg.starts_with("<svg"), "{svg:.80}");
+}

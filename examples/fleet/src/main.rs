@@ -331,7 +331,7 @@ fn parse_args() -> Result<Options, String> {
             "--redis" => o.redis = Some(args.next().ok_or("--redis needs a URL")?),
             "--alone" => o.alone = true,
             "--help" | "-h" => {
-                println!(
+                say(format_args!(
                     "example-fleet: gateways sharing one limit through a store\n\n\
                      Usage: example-fleet [--gateways N] [--users N] [--redis URL | --alone]\n\n  \
                      --gateways N  how many gateways (default 20, at most 1000)\n  \
@@ -339,7 +339,8 @@ fn parse_args() -> Result<Options, String> {
                      --redis URL   share the limit through this Redis (default: a redis-server \
                      the example starts on a free loopback port)\n  \
                      --alone       each gateway counts in its own memory"
-                );
+                ))
+                .map_err(|e| format!("cannot write the output: {e}"))?;
                 std::process::exit(0);
             }
             other => {
@@ -371,6 +372,17 @@ fn parse_args() -> Result<Options, String> {
             ratelimit_redis::redact_url(url)
         ));
     }
+    // Read now, as the store will read it, so that a malformed URL (or a flag taken for one,
+    // `--redis --alone`) is a wrong command line (status 2) named by the fleet's flag, not a
+    // failure of the run (1) in terms of `store.url`.
+    if let Some(url) = &o.redis
+        && let Err(e) = redis::IntoConnectionInfo::into_connection_info(url.as_str())
+    {
+        return Err(format!(
+            "--redis {}: not a Redis URL (expected redis://HOST:PORT): {e}",
+            ratelimit_redis::redact_url(url)
+        ));
+    }
     if o.alone && o.redis.is_some() {
         return Err(
             "--redis and --alone do not go together: alone, each gateway counts in its own memory"
@@ -378,6 +390,21 @@ fn parse_args() -> Result<Options, String> {
         );
     }
     Ok(o)
+}
+
+/// Writes `text` and a newline on stdout. A reader that went away (`| head -n 1`) is not a
+/// failure: the rest of the output is not wanted. Any other write error (a full disk) is.
+fn say(text: std::fmt::Arguments<'_>) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out
+        .write_fmt(text)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush())
+    {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        written => written,
+    }
 }
 
 #[tokio::main]
@@ -411,11 +438,17 @@ async fn main() -> std::process::ExitCode {
             return std::process::ExitCode::from(130);
         }
     };
-    print!("{}", report.table());
+    let mut printed = say(format_args!("{}", report.table().trim_end_matches('\n')));
     if report.elapsed > Duration::from_secs(50) {
-        println!(
-            "note: the run took most of a minute; the limit is per minute, so runs this long can admit more"
-        );
+        printed = printed.and_then(|()| {
+            say(format_args!(
+                "note: the run took most of a minute; the limit is per minute, so runs this long can admit more"
+            ))
+        });
+    }
+    if let Err(e) = printed {
+        eprintln!("error: cannot write the output: {e}");
+        return std::process::ExitCode::FAILURE;
     }
     std::process::ExitCode::SUCCESS
 }

@@ -99,3 +99,43 @@ fn counts_out_of_range_are_usage_errors() {
         );
     }
 }
+
+/// A `--redis` value that is not a Redis URL is a wrong command line (status 2) named by the
+/// fleet's flag, as a `rediss://` URL without TLS is: not a failure of the run (1) in terms of
+/// `store.url`, a setting of a file the user never wrote.
+#[test]
+fn a_malformed_redis_url_is_a_usage_error() {
+    for url in [
+        "notaurl",
+        "--alone",
+        "redis://127.0.0.1:notaport",
+        "redis://user:hunter2@127.0.0.1:1/notadb",
+    ] {
+        let out = Command::new(env!("CARGO_BIN_EXE_example-fleet"))
+            .args(["--redis", url, "--users", "1", "--gateways", "1"])
+            .output()
+            .expect("the fleet runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{url}: {stderr}");
+        assert!(stderr.contains("--redis"), "{url}: {stderr}");
+        assert!(!stderr.contains("store.url"), "{url}: {stderr}");
+        assert!(!stderr.contains("hunter2"), "{url}: {stderr}");
+    }
+}
+
+/// Output to a pipe closed early (`example-fleet | head -1`) ends the fleet quietly, never a
+/// panic (status 101): it ends as it would have, status 0.
+#[test]
+fn a_closed_stdout_is_not_a_panic() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_example-fleet"))
+        .args(["--alone", "--users", "2", "--gateways", "1"])
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("the fleet runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+}

@@ -136,6 +136,22 @@ async fn main() -> std::process::ExitCode {
     }
 }
 
+/// Writes `text` and a newline on stdout. A reader that went away (`| head -n 1`) is not a
+/// failure: the rest of the output is not wanted, and the program carries on. Any other write
+/// error (a full disk) is.
+fn say(text: std::fmt::Arguments<'_>) -> std::io::Result<()> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    match out
+        .write_fmt(text)
+        .and_then(|()| out.write_all(b"\n"))
+        .and_then(|()| out.flush())
+    {
+        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+        written => written,
+    }
+}
+
 async fn run() -> Result<(), Failure> {
     let mut listen = DEFAULT_LISTEN.to_owned();
     let mut run_demo = false;
@@ -164,12 +180,12 @@ async fn run() -> Result<(), Failure> {
                 }
             }
             "--help" | "-h" => {
-                println!(
+                say(format_args!(
                     "example-quickstart: an axum app with a rate limit in memory\n\n\
                      Usage: example-quickstart [--demo] [--listen ADDR]\n\n  \
                      --demo         send a few requests to itself and print the answers\n  \
                      --listen ADDR  serve on ADDR (default {DEFAULT_LISTEN})"
-                );
+                ))?;
                 return Ok(());
             }
             other => {
@@ -181,12 +197,12 @@ async fn run() -> Result<(), Failure> {
     }
 
     if run_demo {
-        println!(
+        say(format_args!(
             "{LIMIT} requests per {} s per client IP; sending 7 at once:",
             WINDOW.as_secs()
-        );
+        ))?;
         for line in demo().await? {
-            println!("{line}");
+            say(format_args!("{line}"))?;
         }
         return Ok(());
     }
@@ -195,14 +211,16 @@ async fn run() -> Result<(), Failure> {
         format!("cannot listen on {listen}: {e} (try --listen 127.0.0.1:3001, or --demo)")
     })?;
     let addr = listener.local_addr()?;
-    println!(
+    say(format_args!(
         "quickstart listening on http://{addr}/ ({LIMIT} requests per {} s per client IP)",
         WINDOW.as_secs()
-    );
-    println!("try it: for i in 1 2 3 4 5 6; do curl -si http://{addr}/ | head -n 1; done");
-    println!(
+    ))?;
+    say(format_args!(
+        "try it: for i in 1 2 3 4 5 6; do curl -si http://{addr}/ | head -n 1; done"
+    ))?;
+    say(format_args!(
         "        curl -i http://{addr}/    # right after: 429 Too Many Requests, Retry-After (a token comes back every 2 s)"
-    );
+    ))?;
     serve(listener, app()?).await?;
     Ok(())
 }

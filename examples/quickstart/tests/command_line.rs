@@ -40,3 +40,20 @@ fn a_malformed_listen_address_is_a_usage_error() {
         );
     }
 }
+
+/// Output to a pipe closed early (`example-quickstart | head -1`) ends it quietly, never a panic
+/// (status 101): it ends as it would have, status 0.
+#[test]
+fn a_closed_stdout_is_not_a_panic() {
+    let (reader, writer) = std::io::pipe().unwrap();
+    drop(reader);
+    let out = Command::new(env!("CARGO_BIN_EXE_example-quickstart"))
+        .arg("--help")
+        .stdout(writer)
+        .stderr(std::process::Stdio::piped())
+        .output()
+        .expect("it runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(0), "{stderr}");
+}
