@@ -642,6 +642,15 @@ fn quota_args(limit: &Limit, slack_ms: u64, mut push: impl FnMut(u64)) {
     }
 }
 
+/// Whether `conn`'s task has ended (its peer closed it), told without waiting: a command on it
+/// then fails at its first poll, as it is queued.
+fn closed_now(conn: &mut MultiplexedConnection) -> bool {
+    let cmd = redis::cmd("PING");
+    let mut ping = std::pin::pin!(cmd.query_async::<Value>(conn));
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    matches!(ping.as_mut().poll(&mut cx), Poll::Ready(Err(ref e)) if is_broken(e))
+}
+
 /// Errors after which a connection is replaced.
 pub(crate) fn is_broken(e: &RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error()
@@ -729,9 +738,21 @@ impl Inner {
         let mut unanswered = self.sending(slot, generation, &conn, sent);
         let reply = match tokio::time::timeout_at(deadline, conn.eval(script, &cmd)).await {
             Ok(reply) => reply,
-            // The command stays unanswered: the next check on this slot finds it so, and the
-            // watch that `unanswered` starts as it drops does if none comes.
-            Err(_) => return Err(timeout()),
+            Err(_) => {
+                // A command sent just as the connection's task ended (its peer closed it) can be
+                // neither answered nor failed: redis-rs queues it on a tokio channel whose
+                // receiver is being dropped, and a value sent on a permit taken before that drop
+                // is never drained (tokio-rs/tokio#7714). The connection is dead all the same:
+                // emptied now, as after a broken reply, not left for the next check to fail on.
+                if let Conn::Single(c) = &mut conn
+                    && closed_now(c)
+                {
+                    self.discard(slot, generation);
+                }
+                // Otherwise the command stays unanswered: the next check on this slot finds it
+                // so, and the watch that `unanswered` starts as it drops does if none comes.
+                return Err(timeout());
+            }
         };
         unanswered.answered = true;
         // A standalone connection that broke is replaced, and so is one to a server that answers
