@@ -357,10 +357,12 @@ fn cli() -> Result<(), (u8, String)> {
         .map(run)
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| (1, e.to_string()))?;
-    // The chart first: a reader of the tables that goes away early (`| head`) does not cost it.
+    // The tables first, so that a chart that cannot be written costs them nothing (and a reader
+    // that goes away early, `| head`, costs the chart nothing: `say` carries on).
+    say(format_args!("{}", tables(&runs).trim_end_matches('\n'))).map_err(cannot_print)?;
     let shown = path.display();
     std::fs::write(&path, svg(&runs)).map_err(|e| (1, format!("cannot write {shown}: {e}")))?;
-    say(format_args!("{}\nplot written to {shown}", tables(&runs))).map_err(cannot_print)?;
+    say(format_args!("\nplot written to {shown}")).map_err(cannot_print)?;
     Ok(())
 }
 

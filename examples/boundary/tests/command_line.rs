@@ -55,3 +55,19 @@ fn a_closed_stdout_is_not_a_panic() {
     let svg = std::fs::read_to_string(&path).unwrap();
     assert!(svg.starts_with("<svg"), "{svg:.80}");
 }
+
+/// A chart that cannot be written fails the run (status 1), after the tables are printed.
+#[test]
+fn the_tables_are_printed_when_the_chart_cannot_be_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("missing").join("chart.svg");
+    let out = Command::new(env!("CARGO_BIN_EXE_example-boundary"))
+        .args([OsStr::new("--svg"), path.as_os_str()])
+        .output()
+        .expect("it runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot write"), "{stderr}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("token_bucket"), "{stdout}");
+}

@@ -331,7 +331,7 @@ fn parse_args() -> Result<Options, String> {
             "--redis" => o.redis = Some(args.next().ok_or("--redis needs a URL")?),
             "--alone" => o.alone = true,
             "--help" | "-h" => {
-                say(format_args!(
+                let help = say(format_args!(
                     "example-fleet: gateways sharing one limit through a store\n\n\
                      Usage: example-fleet [--gateways N] [--users N] [--redis URL | --alone]\n\n  \
                      --gateways N  how many gateways (default 20, at most 1000)\n  \
@@ -339,8 +339,12 @@ fn parse_args() -> Result<Options, String> {
                      --redis URL   share the limit through this Redis (default: a redis-server \
                      the example starts on a free loopback port)\n  \
                      --alone       each gateway counts in its own memory"
-                ))
-                .map_err(|e| format!("cannot write the output: {e}"))?;
+                ));
+                // Help that cannot be written is a failure (1), not a wrong command line (2).
+                if let Err(e) = help {
+                    eprintln!("error: cannot write the output: {e}");
+                    std::process::exit(1);
+                }
                 std::process::exit(0);
             }
             other => {
@@ -353,7 +357,9 @@ fn parse_args() -> Result<Options, String> {
     // The gateways' configuration would refuse it in their own words (`store.url`, the gateway's
     // feature): said here in the fleet's.
     if let Some(url) = &o.redis
-        && url.starts_with("rediss://")
+        && url
+            .get(.."rediss://".len())
+            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("rediss://"))
         && !cfg!(any(feature = "tls", feature = "tls-rustls"))
     {
         return Err(format!(

@@ -5,23 +5,26 @@ use std::process::Command;
 
 #[test]
 fn a_rediss_url_without_a_tls_build_names_the_fleets_flag_and_features() {
-    let out = Command::new(env!("CARGO_BIN_EXE_example-fleet"))
-        .args(["--redis", "rediss://127.0.0.1:1"])
-        .output()
-        .expect("the fleet runs");
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    if cfg!(any(feature = "tls", feature = "tls-rustls")) {
-        // Built with TLS, the URL is taken and the connection then fails, not the setting.
-        assert!(!stderr.contains("--features"), "{stderr}");
-        return;
+    // The scheme in any case, as the URL parser takes it.
+    for url in ["rediss://127.0.0.1:1", "REDISS://127.0.0.1:1"] {
+        let out = Command::new(env!("CARGO_BIN_EXE_example-fleet"))
+            .args(["--redis", url])
+            .output()
+            .expect("the fleet runs");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        if cfg!(any(feature = "tls", feature = "tls-rustls")) {
+            // Built with TLS, the URL is taken and the connection then fails, not the setting.
+            assert!(!stderr.contains("--features"), "{url}: {stderr}");
+            continue;
+        }
+        assert_eq!(out.status.code(), Some(2), "{url}: {stderr}");
+        assert!(stderr.contains("--redis"), "{url}: {stderr}");
+        assert!(
+            stderr.contains("example-fleet") && stderr.contains("--features tls"),
+            "{url}: {stderr}"
+        );
+        assert!(!stderr.contains("store.url"), "{url}: {stderr}");
     }
-    assert_eq!(out.status.code(), Some(2), "{stderr}");
-    assert!(stderr.contains("--redis"), "{stderr}");
-    assert!(
-        stderr.contains("example-fleet") && stderr.contains("--features tls"),
-        "{stderr}"
-    );
-    assert!(!stderr.contains("store.url"), "{stderr}");
 }
 
 /// A `--redis` URL with a control character (a newline that would end the gateways' TOML string
@@ -138,4 +141,23 @@ fn a_closed_stdout_is_not_a_panic() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(out.status.code(), Some(0), "{stderr}");
+}
+
+/// Help that cannot be written (a full disk: `/dev/full`) is a failure of the run (status 1),
+/// not a wrong command line (2).
+#[cfg(target_os = "linux")]
+#[test]
+fn help_that_cannot_be_written_is_a_failure_not_a_usage_error() {
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_example-fleet"))
+        .arg("--help")
+        .stdout(full)
+        .output()
+        .expect("the fleet runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("cannot write the output"), "{stderr}");
 }
