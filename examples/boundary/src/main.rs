@@ -12,6 +12,10 @@
 
 use std::fmt::Write as _;
 
+#[path = "../../common/say.rs"]
+mod say;
+use say::say;
+
 use ratelimit_core::{Algorithm, Limit, ManualClock, MemoryStore, Quota, Timestamp};
 
 /// Requests per burst.
@@ -297,22 +301,6 @@ fn main() -> std::process::ExitCode {
             eprintln!("example-boundary: {message}");
             std::process::ExitCode::from(status)
         }
-    }
-}
-
-/// Writes `text` and a newline on stdout. A reader that went away (`| head -n 1`) is not a
-/// failure: the rest of the output is not wanted, and the program carries on. Any other write
-/// error (a full disk) is.
-fn say(text: std::fmt::Arguments<'_>) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let mut out = std::io::stdout().lock();
-    match out
-        .write_fmt(text)
-        .and_then(|()| out.write_all(b"\n"))
-        .and_then(|()| out.flush())
-    {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        written => written,
     }
 }
 

@@ -17,6 +17,10 @@
 //! so the numbers do not depend on how fast this machine is.
 
 use std::fmt::Write as _;
+
+#[path = "../../common/say.rs"]
+mod say;
+use say::say;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -396,21 +400,6 @@ fn parse_args() -> Result<Options, String> {
         );
     }
     Ok(o)
-}
-
-/// Writes `text` and a newline on stdout. A reader that went away (`| head -n 1`) is not a
-/// failure: the rest of the output is not wanted. Any other write error (a full disk) is.
-fn say(text: std::fmt::Arguments<'_>) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let mut out = std::io::stdout().lock();
-    match out
-        .write_fmt(text)
-        .and_then(|()| out.write_all(b"\n"))
-        .and_then(|()| out.flush())
-    {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        written => written,
-    }
 }
 
 #[tokio::main]

@@ -20,10 +20,15 @@
 //! limiter's events go to stderr, filtered by `RUST_LOG` (default `info`).
 
 use std::ffi::{OsStr, OsString};
+use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
+
+#[path = "../../common/say.rs"]
+mod say;
+use say::say;
 
 use example_gateway::config::{KeyConfig, StoreKind};
 use example_gateway::{Config, app, metrics_handle};
@@ -85,7 +90,7 @@ fn parse_args() -> Result<Args, String> {
             }
             "--check" => parsed.check = true,
             "--help" | "-h" => {
-                println!(
+                let help = say(format_args!(
                     "example-gateway: an HTTP gateway whose rate limits come from a TOML file\n\n\
                      Usage: example-gateway [--config PATH] [--listen ADDR] [--redis URL] \
                      [--check]\n\n  \
@@ -95,7 +100,12 @@ fn parse_args() -> Result<Args, String> {
                      --redis URL    the Redis server, instead of the file's [store] url \
                      (a kind = \"redis\" store)\n  \
                      --check        check the configuration, print `ok` and exit"
-                );
+                ));
+                // Help that cannot be written is a failure (1), not a wrong command line (2).
+                if let Err(e) = help {
+                    eprintln!("error: cannot write the output: {e}");
+                    std::process::exit(1);
+                }
                 std::process::exit(0);
             }
             // The value of an unknown `--flag=value` is not echoed: it may be a password
@@ -293,7 +303,10 @@ async fn main() -> ExitCode {
         }
     };
     if args.check {
-        println!("{}: ok", args.config.display());
+        if let Err(e) = say(format_args!("{}: ok", args.config.display())) {
+            eprintln!("error: cannot write the output: {e}");
+            return ExitCode::FAILURE;
+        }
         return ExitCode::SUCCESS;
     }
 
@@ -318,9 +331,12 @@ async fn main() -> ExitCode {
         std::process::exit(130);
     });
     let addr = listener.local_addr().unwrap_or(config.listen);
-    println!("gateway listening on http://{addr}/");
-    println!("  config: {}", args.config.display());
-    println!("  store:  {}", describe_store(&config));
+    // Written at once, when made: a banner that cannot be written (a full disk) fails the start,
+    // a reader gone (`| head -n 1`) does not.
+    let mut banner = String::new();
+    let _ = writeln!(banner, "gateway listening on http://{addr}/");
+    let _ = writeln!(banner, "  config: {}", args.config.display());
+    let _ = writeln!(banner, "  store:  {}", describe_store(&config));
     for route in &config.routes {
         let p = &route.policy;
         let key = match &route.key {
@@ -346,7 +362,8 @@ async fn main() -> ExitCode {
             })
             .collect();
         let tiers: Vec<&str> = p.tiers.iter().map(|t| t.name.as_str()).collect();
-        println!(
+        let _ = writeln!(
+            banner,
             "  route {:<8} policy {:?}: {} per {key}{}{}",
             route.path,
             p.name,
@@ -365,14 +382,25 @@ async fn main() -> ExitCode {
             (None, Some(path)) => path.display().to_string(),
             (None, None) => String::new(),
         };
-        println!(
+        let _ = writeln!(
+            banner,
             "  admin:  POST /admin/reset?policy=NAME&ip=ADDR|client=VALUE (token from {source})"
         );
     }
-    println!("try:");
-    println!("  curl -i -X POST http://{addr}/login");
-    println!("  curl -i -H 'x-api-key: demo-free' http://{addr}/api/items");
-    println!("  curl -s http://{addr}/metrics | grep ratelimit_decisions_total");
+    let _ = writeln!(banner, "try:");
+    let _ = writeln!(banner, "  curl -i -X POST http://{addr}/login");
+    let _ = writeln!(
+        banner,
+        "  curl -i -H 'x-api-key: demo-free' http://{addr}/api/items"
+    );
+    let _ = writeln!(
+        banner,
+        "  curl -s http://{addr}/metrics | grep ratelimit_decisions_total"
+    );
+    if let Err(e) = say(format_args!("{}", banner.trim_end_matches('\n'))) {
+        eprintln!("error: cannot write the output: {e}");
+        return ExitCode::FAILURE;
+    }
 
     // Without the exporter's own HTTP listener, its upkeep (draining histograms) is ours to run.
     let handle = metrics_handle();

@@ -234,3 +234,65 @@ fn an_unknown_flags_value_is_not_echoed() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--check takes no value"), "{err}");
 }
+
+/// Output to a pipe closed early (`example-gateway --check | head -0`, a supervisor that closed
+/// its end) is not a panic (status 101): `--help` and `--check` end as they would have, and a
+/// gateway that cannot print its banner serves all the same.
+#[test]
+fn a_closed_stdout_is_not_a_panic() {
+    let closed = || {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        writer
+    };
+    for args in [vec!["--help"], vec!["--check"]] {
+        let out = Command::new(env!("CARGO_BIN_EXE_example-gateway"))
+            .args(&args)
+            .stdout(closed())
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .expect("run the gateway");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {err}");
+    }
+    // A port that was free a moment ago: the banner that would say which is not readable.
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_example-gateway"))
+        .args(["--listen", &format!("127.0.0.1:{port}")])
+        .env("RUST_LOG", "warn")
+        .stdout(closed())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .expect("start the gateway");
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let answered = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the gateway exited ({status}) instead of serving");
+        }
+        if let Ok(mut conn) = std::net::TcpStream::connect(("127.0.0.1", port)) {
+            use std::io::{Read, Write};
+            conn.write_all(b"GET /api/items HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+                .unwrap();
+            let mut answer = String::new();
+            let _ = conn.read_to_string(&mut answer);
+            break answer;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the gateway never served"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    assert!(answered.starts_with("HTTP/1.1 "), "{answered:?}");
+    let running = child.try_wait().unwrap();
+    let _ = child.kill();
+    let _ = child.wait();
+    assert!(
+        running.is_none(),
+        "the gateway exited after its banner: {running:?}"
+    );
+}

@@ -11,6 +11,10 @@
 //!   send one more, print what each got, and exit.
 
 use std::error::Error;
+
+#[path = "../../common/say.rs"]
+mod say;
+use say::say;
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -133,22 +137,6 @@ async fn main() -> std::process::ExitCode {
             eprintln!("example-quickstart: {e}");
             std::process::ExitCode::FAILURE
         }
-    }
-}
-
-/// Writes `text` and a newline on stdout. A reader that went away (`| head -n 1`) is not a
-/// failure: the rest of the output is not wanted, and the program carries on. Any other write
-/// error (a full disk) is.
-fn say(text: std::fmt::Arguments<'_>) -> std::io::Result<()> {
-    use std::io::Write as _;
-    let mut out = std::io::stdout().lock();
-    match out
-        .write_fmt(text)
-        .and_then(|()| out.write_all(b"\n"))
-        .and_then(|()| out.flush())
-    {
-        Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-        written => written,
     }
 }
 
