@@ -473,7 +473,8 @@ pub trait KeyExtractor: Send + Sync + 'static {
     /// parts (a tuple, [`or`]: reset those with [`Resetter::reset`](crate::Resetter::reset) and a
     /// request that carries them), of the client's address ([`PeerIp`], [`ClientIpKey`]: with
     /// [`Resetter::reset_ip`](crate::Resetter::reset_ip)) or of no client value ([`GlobalKey`],
-    /// [`RouteKey`]): `reset_client` then answers
+    /// [`RouteKey`]), or written by a [`from_fn`] closure not said to write one
+    /// ([`FromFn::one_part`]): `reset_client` then answers
     /// [`ResetError::NotOneValue`](crate::ResetError::NotOneValue) instead of resetting a key
     /// no request has. Say `false` for an extractor of your own that writes anything else.
     fn one_value(&self) -> bool {
@@ -952,7 +953,10 @@ where
 /// A key extractor made of a closure that writes the key into the buffer itself (see
 /// [`from_fn`]).
 #[derive(Clone, Copy)]
-pub struct FromFn<F>(F);
+pub struct FromFn<F> {
+    f: F,
+    one_part: bool,
+}
 
 impl<F> fmt::Debug for FromFn<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -965,11 +969,43 @@ impl<F> fmt::Debug for FromFn<F> {
 /// closure that returns its key, its argument types are inferred, and it can write bytes it
 /// borrows from the request without copying them into an owned value first. What it wrote before
 /// answering `NoKey` is not used.
+///
+/// Since the closure may write anything (a tenant and a user, say),
+/// [`Resetter::reset_client`](crate::Resetter::reset_client) answers
+/// [`ResetError::NotOneValue`](crate::ResetError::NotOneValue) for its key unless told otherwise
+/// with [`FromFn::one_part`]; [`Resetter::reset`](crate::Resetter::reset) resets it with a
+/// request that carries it.
 pub fn from_fn<F>(f: F) -> FromFn<F>
 where
     F: Fn(&RequestHead<'_>, &mut KeyBuf) -> Result<(), NoKey> + Send + Sync + 'static,
 {
-    FromFn(f)
+    FromFn { f, one_part: false }
+}
+
+impl<F> FromFn<F> {
+    /// Says that the closure writes one value that names the client, with its [`KeyPart`]'s
+    /// `write_to` and nothing else (a header's value, a user id): then
+    /// [`Resetter::reset_client`](crate::Resetter::reset_client) resets the client by that
+    /// value, written the same way. A closure that writes anything more (a second part, a
+    /// separator) would have `reset_client` reset a key no request has: leave this unsaid for it.
+    ///
+    /// ```
+    /// use tower_ratelimit::key::{KeyPart, NoKey, from_fn};
+    ///
+    /// let user = from_fn(|req, key| {
+    ///     req.headers().get("x-user").ok_or(NoKey)?.write_to(key);
+    ///     Ok(())
+    /// })
+    /// .one_part();
+    /// # let _ = user;
+    /// ```
+    #[must_use]
+    pub fn one_part(self) -> Self {
+        FromFn {
+            one_part: true,
+            ..self
+        }
+    }
 }
 
 impl<F> KeyExtractor for FromFn<F>
@@ -977,7 +1013,11 @@ where
     F: Fn(&RequestHead<'_>, &mut KeyBuf) -> Result<(), NoKey> + Send + Sync + 'static,
 {
     fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
-        (self.0)(req, key)
+        (self.f)(req, key)
+    }
+
+    fn one_value(&self) -> bool {
+        self.one_part
     }
 }
 

@@ -591,6 +591,29 @@ async fn a_client_is_reset_by_the_value_its_key_is_made_of() {
     );
 }
 
+/// A `from_fn` closure said to write one value ([`FromFn::one_part`]) is reset by that value:
+/// `reset_client` writes it as the closure does, and the client is let in again.
+#[tokio::test]
+async fn a_from_fn_key_said_to_be_one_part_is_reset_by_its_value() {
+    use tower_ratelimit::key::{KeyPart, NoKey, from_fn};
+    let (_clock, memory) = store();
+    let policy = Policy::new("login", login_limit()).unwrap().key(
+        from_fn(|req, key| {
+            req.headers().get("x-user").ok_or(NoKey)?.write_to(key);
+            Ok(())
+        })
+        .one_part(),
+    );
+    let layer = RateLimitLayer::new(memory, policy).unwrap();
+    let app = Router::new()
+        .route("/login", get(|| async { "ok" }))
+        .layer(layer.clone());
+    let alice = || with_header(request("/login"), "x-user", "alice");
+    assert_eq!(statuses(&app, alice, 4).await, [200, 200, 200, 429]);
+    layer.resetter().reset_client("alice").await.unwrap();
+    assert_eq!(statuses(&app, alice, 1).await, [200]);
+}
+
 /// A policy whose key is not one client value (several parts, an address, or no client) cannot
 /// be reset by a value: `reset_client` answers `NotOneValue` (counted as `no_key`) and the
 /// client's count stands. Before, it answered `Ok(())` and reset a key no request has: with the
@@ -628,6 +651,19 @@ async fn a_key_that_is_not_one_value_is_not_reset_by_a_value() {
         ),
         ("global", policy(Box::new(|p| p.key(GlobalKey)))),
         ("route", policy(Box::new(|p| p.key(RouteKey::new())))),
+        // A closure may write anything: here a tenant and a user, as a tuple would.
+        (
+            "from_fn",
+            policy(Box::new(|p| {
+                p.key(tower_ratelimit::key::from_fn(|req, key| {
+                    use tower_ratelimit::key::{KeyPart, NoKey};
+                    req.headers().get("x-tenant").ok_or(NoKey)?.write_to(key);
+                    key.push_byte(0);
+                    req.headers().get("x-user").ok_or(NoKey)?.write_to(key);
+                    Ok(())
+                }))
+            })),
+        ),
     ];
     for (name, policy) in policies {
         let (_clock, store) = store();
