@@ -1,5 +1,5 @@
-//! Printing on stdout without a panic when its reader has gone, for the examples' binaries (each
-//! includes this file as a module: `#[path = "../../common/say.rs"] mod say;`).
+//! Printing on stdout without a panic when its reader has gone, for the examples' binaries and
+//! the load tool (each includes this file as a module: `#[path = "../../common/say.rs"] mod say;`).
 //!
 //! `println!` panics when stdout is a pipe whose reader has gone (`example | head -n 1`): Rust
 //! ignores `SIGPIPE`, so the write fails with `BrokenPipe`, and `println!` turns every failure

@@ -41,8 +41,10 @@ pub(crate) struct Server {
     handle: tokio::task::JoinHandle<()>,
 }
 
-impl Server {
-    pub(crate) fn stop(self) {
+/// Stops the server when dropped, however the run ends (an error while opening connections
+/// included): a detached task would serve on.
+impl Drop for Server {
+    fn drop(&mut self) {
         self.handle.abort();
     }
 }
@@ -148,10 +150,12 @@ fn parse_response(buf: &[u8]) -> io::Result<Option<(u16, usize)>> {
     if head.len() < 12 || !head.starts_with(b"HTTP/1.") {
         return Err(bad("not an HTTP/1.x response"));
     }
-    let status = std::str::from_utf8(&head[9..12])
-        .ok()
-        .and_then(|s| s.parse::<u16>().ok())
-        .ok_or_else(|| bad("bad status code"))?;
+    // Three digits, then a space or the line's end (`2001` is not 200).
+    let code = &head[9..12];
+    if !code.iter().all(u8::is_ascii_digit) || !matches!(head.get(12), None | Some(b' ' | b'\r')) {
+        return Err(bad("bad status code"));
+    }
+    let status = code.iter().fold(0u16, |n, &d| n * 10 + u16::from(d - b'0'));
     let body_start = head_end + 4;
     let mut content_length = None;
     let mut chunked = false;
@@ -162,9 +166,12 @@ fn parse_response(buf: &[u8]) -> io::Result<Option<(u16, usize)>> {
         };
         let (name, value) = (&line[..colon], line[colon + 1..].trim_ascii());
         if name.eq_ignore_ascii_case(b"content-length") {
-            content_length = std::str::from_utf8(value)
+            let length = std::str::from_utf8(value)
                 .ok()
-                .and_then(|v| v.parse::<usize>().ok());
+                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                .and_then(|v| v.parse::<usize>().ok())
+                .ok_or_else(|| bad("bad content-length"))?;
+            content_length = Some(length);
         } else if name.eq_ignore_ascii_case(b"transfer-encoding")
             && value.eq_ignore_ascii_case(b"chunked")
         {
@@ -175,7 +182,9 @@ fn parse_response(buf: &[u8]) -> io::Result<Option<(u16, usize)>> {
         // Only the terminating chunk is looked for: bodies here are small and never contain it.
         return Ok(find(&buf[body_start..], b"0\r\n\r\n").map(|end| (status, body_start + end + 5)));
     }
-    let len = body_start + content_length.unwrap_or(0);
+    let len = body_start
+        .checked_add(content_length.unwrap_or(0))
+        .ok_or_else(|| bad("bad content-length"))?;
     Ok((buf.len() >= len).then_some((status, len)))
 }
 
@@ -198,6 +207,43 @@ mod tests {
         let chunked = b"HTTP/1.1 429 Too Many Requests\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nno\r\n0\r\n\r\n";
         assert_eq!(parse_response(chunked).unwrap(), Some((429, chunked.len())));
         assert!(parse_response(b"SSH-2.0-x\r\n\r\n").is_err());
+    }
+
+    /// A status is three digits followed by a space or the line's end: `2001` is not 200, nor
+    /// `+20` 20. A `Content-Length` that is not a length, or no body could have, is an error,
+    /// not a whole response (it overflowed: a panic in a debug build, a response "complete"
+    /// before its body in a release one).
+    #[test]
+    fn malformed_responses_are_errors() {
+        let bare = b"HTTP/1.1 200\r\ncontent-length: 0\r\n\r\n";
+        assert_eq!(parse_response(bare).unwrap(), Some((200, bare.len())));
+        for bad in [
+            &b"HTTP/1.1 2001 OK\r\ncontent-length: 0\r\n\r\n"[..],
+            b"HTTP/1.1 4290\r\ncontent-length: 0\r\n\r\n",
+            b"HTTP/1.1 +20 OK\r\ncontent-length: 0\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length: 18446744073709551615\r\n\r\n",
+            b"HTTP/1.1 200 OK\r\ncontent-length: two\r\n\r\nok",
+        ] {
+            let got = parse_response(bad);
+            assert!(got.is_err(), "{:?}: {got:?}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    /// A server stops listening when dropped: a run that fails after starting its gateways (a
+    /// connection it cannot open) leaves none behind.
+    #[tokio::test]
+    async fn a_dropped_server_stops_listening() {
+        let servers = serve_all(vec![Router::new()]).await.unwrap();
+        let addr = servers[0].addr;
+        drop(TcpStream::connect(addr).await.unwrap());
+        drop(servers);
+        // The task is aborted at the runtime's next turn: polled until then (for 10 s at most,
+        // a bound for a loaded machine, not a timing).
+        let since = std::time::Instant::now();
+        while TcpStream::connect(addr).await.is_ok() {
+            assert!(since.elapsed() < Duration::from_secs(10), "still listening");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
     }
 
     /// A request that timed out may still be answered on its connection: that answer is never

@@ -5,6 +5,19 @@ use std::process::ExitCode;
 
 use ratelimit_load::{Config, Error, USAGE};
 
+// The examples' stdout writer: a reader gone (`| head`) is not a failure, a full disk is.
+#[path = "../../../examples/common/say.rs"]
+mod say;
+use say::say;
+
+/// Writes `text` and a newline on stderr, as `eprintln!` would without its panic when stderr
+/// cannot be written (`2>&1 | head`): the exit status says the rest.
+fn tell(text: std::fmt::Arguments<'_>) {
+    use std::io::Write as _;
+    let mut err = std::io::stderr().lock();
+    let _ = err.write_fmt(text).and_then(|()| err.write_all(b"\n"));
+}
+
 fn main() -> ExitCode {
     // Read as given, so that an argument that is not UTF-8 (a file name may be anything but a
     // 0 byte) is a usage error, not a panic.
@@ -22,11 +35,16 @@ fn main() -> ExitCode {
     let config = match args.and_then(Config::from_args) {
         Ok(c) => c,
         Err(Error::Help) => {
-            print!("{USAGE}");
-            return ExitCode::SUCCESS;
+            return match say(format_args!("{}", USAGE.trim_end_matches('\n'))) {
+                Ok(()) => ExitCode::SUCCESS,
+                Err(e) => {
+                    tell(format_args!("ratelimit-load: cannot write the output: {e}"));
+                    ExitCode::FAILURE
+                }
+            };
         }
         Err(e) => {
-            eprintln!("ratelimit-load: {e}\n\n{USAGE}");
+            tell(format_args!("ratelimit-load: {e}\n\n{USAGE}"));
             return ExitCode::from(2);
         }
     };
@@ -37,7 +55,9 @@ fn main() -> ExitCode {
     {
         Ok(rt) => rt,
         Err(e) => {
-            eprintln!("ratelimit-load: cannot start the runtime: {e}");
+            tell(format_args!(
+                "ratelimit-load: cannot start the runtime: {e}"
+            ));
             return ExitCode::FAILURE;
         }
     };
@@ -61,15 +81,15 @@ fn main() -> ExitCode {
     match outcome {
         Some(Ok(())) => ExitCode::SUCCESS,
         Some(Err(e @ Error::Check(_))) => {
-            eprintln!("ratelimit-load: {e}");
+            tell(format_args!("ratelimit-load: {e}"));
             ExitCode::from(3)
         }
         Some(Err(e)) => {
-            eprintln!("ratelimit-load: {e}");
+            tell(format_args!("ratelimit-load: {e}"));
             ExitCode::FAILURE
         }
         None => {
-            eprintln!("ratelimit-load: interrupted");
+            tell(format_args!("ratelimit-load: interrupted"));
             ExitCode::from(130)
         }
     }
@@ -79,12 +99,12 @@ async fn main_async(config: &Config) -> Result<(), Error> {
     if !config.steps.is_empty() {
         let sweep = ratelimit_load::sweep(config).await?;
         if config.json {
-            println!("{}", sweep.to_json());
+            say(format_args!("{}", sweep.to_json()))?;
         } else {
             for r in &sweep.steps {
-                println!("{}", r.text());
+                say(format_args!("{}", r.text()))?;
             }
-            print!("{}", sweep.text());
+            say(format_args!("{}", sweep.text().trim_end_matches('\n')))?;
         }
         if let (Some(path), Some(last)) = (&config.svg, sweep.steps.last()) {
             std::fs::write(path, last.svg())?;
@@ -93,9 +113,9 @@ async fn main_async(config: &Config) -> Result<(), Error> {
     }
     let report = ratelimit_load::run(config).await?;
     if config.json {
-        println!("{}", report.to_json());
+        say(format_args!("{}", report.to_json()))?;
     } else {
-        print!("{}", report.text());
+        say(format_args!("{}", report.text().trim_end_matches('\n')))?;
     }
     if let Some(path) = &config.svg {
         std::fs::write(path, report.svg())?;

@@ -831,9 +831,8 @@ async fn drive_http(
         })
     };
     let report = drive(config, setup, config.effective_concurrency(), spawn).await;
-    for s in servers {
-        s.stop();
-    }
+    // Stopped here, as on every early return above (`Server`'s drop).
+    drop(servers);
     report
 }
 

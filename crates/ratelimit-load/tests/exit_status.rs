@@ -80,3 +80,52 @@ fn an_argument_that_is_not_utf8_is_a_usage_error() {
     assert_eq!(out.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("is not UTF-8"), "{stderr}");
 }
+
+/// Output that cannot be written is not a panic (status 101): to a reader gone (`| head`) the
+/// run ends as it would have, with `--check`'s 0 here; to a full disk (`/dev/full`) it is a
+/// failure, 1.
+#[test]
+fn output_that_cannot_be_written_is_not_a_panic() {
+    let closed = || {
+        let (reader, writer) = std::io::pipe().unwrap();
+        drop(reader);
+        writer
+    };
+    let run = |args: &[&str], stdout: std::process::Stdio| {
+        Command::new(env!("CARGO_BIN_EXE_ratelimit-load"))
+            .args(args)
+            .stdout(stdout)
+            .stderr(std::process::Stdio::piped())
+            .output()
+            .expect("the tool runs")
+    };
+    let short = [
+        "--quiet",
+        "--store",
+        "memory",
+        "--duration",
+        "0.1",
+        "--rate",
+        "10",
+    ];
+    for args in [
+        &["--help"][..],
+        &short[..],
+        &[&short[..], &["--json"]].concat(),
+    ] {
+        let out = run(args, closed().into());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
+    }
+    #[cfg(target_os = "linux")]
+    for args in [&["--help"][..], &short[..]] {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let out = run(args, full.into());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+    }
+}
