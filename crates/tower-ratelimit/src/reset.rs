@@ -159,7 +159,9 @@ impl<St: Reset> Resetter<St> {
     /// `HeaderValue`, without surrounding spaces); for
     /// [`ExtensionKey<T>`](crate::key::ExtensionKey), the `T` (its [`KeyPart`]). IP keys, which
     /// the extractors group by network, are reset with [`reset_ip`](Resetter::reset_ip); keys
-    /// made of several parts (a tuple, [`or`](crate::key::or)) are not one value: reset those
+    /// made of several parts (a tuple, [`or`](crate::key::or)), and keys written by a
+    /// [`from_fn`](crate::key::from_fn) closure not said to write one value
+    /// ([`FromFn::one_part`](crate::key::FromFn::one_part)), are not one value: reset those
     /// with [`reset`](Resetter::reset) and a request built to carry what the extractor reads.
     /// For any of these (see [`KeyExtractor::one_value`](crate::key::KeyExtractor::one_value)),
     /// this answers [`ResetError::NotOneValue`] (counted as `no_key`) and resets nothing.
