@@ -361,9 +361,7 @@ fn parse_args() -> Result<Options, String> {
     // The gateways' configuration would refuse it in their own words (`store.url`, the gateway's
     // feature): said here in the fleet's.
     if let Some(url) = &o.redis
-        && url
-            .get(.."rediss://".len())
-            .is_some_and(|scheme| scheme.eq_ignore_ascii_case("rediss://"))
+        && ratelimit_redis::is_tls_url(url)
         && !cfg!(any(feature = "tls", feature = "tls-rustls"))
     {
         return Err(format!(
