@@ -5,18 +5,11 @@ use std::process::ExitCode;
 
 use ratelimit_load::{Config, Error, USAGE};
 
-// The examples' stdout writer: a reader gone (`| head`) is not a failure, a full disk is.
+// The examples' writers: on stdout a reader gone (`| head`) is not a failure, a full disk is;
+// on stderr nothing that cannot be written is a panic.
 #[path = "../../../examples/common/say.rs"]
 mod say;
-use say::say;
-
-/// Writes `text` and a newline on stderr, as `eprintln!` would without its panic when stderr
-/// cannot be written (`2>&1 | head`): the exit status says the rest.
-fn tell(text: std::fmt::Arguments<'_>) {
-    use std::io::Write as _;
-    let mut err = std::io::stderr().lock();
-    let _ = err.write_fmt(text).and_then(|()| err.write_all(b"\n"));
-}
+use say::{say, tell};
 
 fn main() -> ExitCode {
     // Read as given, so that an argument that is not UTF-8 (a file name may be anything but a

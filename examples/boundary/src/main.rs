@@ -14,7 +14,7 @@ use std::fmt::Write as _;
 
 #[path = "../../common/say.rs"]
 mod say;
-use say::say;
+use say::{say, tell};
 
 use ratelimit_core::{Algorithm, Limit, ManualClock, MemoryStore, Quota, Timestamp};
 
@@ -298,7 +298,7 @@ fn main() -> std::process::ExitCode {
     match cli() {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err((status, message)) => {
-            eprintln!("example-boundary: {message}");
+            tell(format_args!("example-boundary: {message}"));
             std::process::ExitCode::from(status)
         }
     }

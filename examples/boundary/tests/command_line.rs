@@ -71,3 +71,26 @@ fn the_tables_are_printed_when_the_chart_cannot_be_written() {
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("token_bucket"), "{stdout}");
 }
+
+/// With stdout and stderr both unwritable, a wrong command line still ends with its status (2),
+/// not a panic (101) on the message that cannot be written.
+#[cfg(target_os = "linux")]
+#[test]
+fn nothing_writable_is_not_a_panic() {
+    let out = Command::new(env!("CARGO_BIN_EXE_example-boundary"))
+        .arg("--bogus")
+        .stdout(full())
+        .stderr(full())
+        .status()
+        .expect("it runs");
+    assert_eq!(out.code(), Some(2));
+}
+
+/// `/dev/full`: every write fails (`ENOSPC`).
+#[cfg(target_os = "linux")]
+fn full() -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap()
+}

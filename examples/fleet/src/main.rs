@@ -20,7 +20,7 @@ use std::fmt::Write as _;
 
 #[path = "../../common/say.rs"]
 mod say;
-use say::say;
+use say::{say, tell};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -346,7 +346,7 @@ fn parse_args() -> Result<Options, String> {
                 ));
                 // Help that cannot be written is a failure (1), not a wrong command line (2).
                 if let Err(e) = help {
-                    eprintln!("error: cannot write the output: {e}");
+                    tell(format_args!("error: cannot write the output: {e}"));
                     std::process::exit(1);
                 }
                 std::process::exit(0);
@@ -406,7 +406,7 @@ async fn main() -> std::process::ExitCode {
     let options = match parse_args() {
         Ok(options) => options,
         Err(e) => {
-            eprintln!("error: {e}");
+            tell(format_args!("error: {e}"));
             return std::process::ExitCode::from(2);
         }
     };
@@ -423,11 +423,11 @@ async fn main() -> std::process::ExitCode {
     let report = match outcome {
         Some(Ok(report)) => report,
         Some(Err(e)) => {
-            eprintln!("error: {e}");
+            tell(format_args!("error: {e}"));
             return std::process::ExitCode::FAILURE;
         }
         None => {
-            eprintln!("interrupted");
+            tell(format_args!("interrupted"));
             return std::process::ExitCode::from(130);
         }
     };
@@ -440,7 +440,7 @@ async fn main() -> std::process::ExitCode {
         });
     }
     if let Err(e) = printed {
-        eprintln!("error: cannot write the output: {e}");
+        tell(format_args!("error: cannot write the output: {e}"));
         return std::process::ExitCode::FAILURE;
     }
     std::process::ExitCode::SUCCESS

@@ -161,3 +161,26 @@ fn help_that_cannot_be_written_is_a_failure_not_a_usage_error() {
     assert_eq!(out.status.code(), Some(1), "{stderr}");
     assert!(stderr.contains("cannot write the output"), "{stderr}");
 }
+
+/// With stdout and stderr both unwritable, a wrong command line still ends with its status (2),
+/// not a panic (101) on the message that cannot be written.
+#[cfg(target_os = "linux")]
+#[test]
+fn nothing_writable_is_not_a_panic() {
+    let out = Command::new(env!("CARGO_BIN_EXE_example-fleet"))
+        .arg("--bogus")
+        .stdout(full())
+        .stderr(full())
+        .status()
+        .expect("the fleet runs");
+    assert_eq!(out.code(), Some(2));
+}
+
+/// `/dev/full`: every write fails (`ENOSPC`).
+#[cfg(target_os = "linux")]
+fn full() -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap()
+}

@@ -113,7 +113,7 @@ pub fn metrics_handle() -> PrometheusHandle {
             // Fails only if another recorder was installed first; then /metrics stays empty
             // rather than the gateway refusing to start.
             if metrics::set_global_recorder(recorder).is_err() {
-                eprintln!("warning: a metrics recorder was already installed; /metrics is empty");
+                tracing::warn!("a metrics recorder was already installed; /metrics is empty");
             }
             handle
         })

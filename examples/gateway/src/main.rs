@@ -28,7 +28,7 @@ use std::time::Duration;
 
 #[path = "../../common/say.rs"]
 mod say;
-use say::say;
+use say::{say, tell};
 
 use example_gateway::config::{KeyConfig, StoreKind};
 use example_gateway::{Config, app, metrics_handle};
@@ -103,7 +103,7 @@ fn parse_args() -> Result<Args, String> {
                 ));
                 // Help that cannot be written is a failure (1), not a wrong command line (2).
                 if let Err(e) = help {
-                    eprintln!("error: cannot write the output: {e}");
+                    tell(format_args!("error: cannot write the output: {e}"));
                     std::process::exit(1);
                 }
                 std::process::exit(0);
@@ -257,19 +257,22 @@ async fn main() -> ExitCode {
     let args = match parse_args() {
         Ok(a) => a,
         Err(e) => {
-            eprintln!("error: {e}");
+            tell(format_args!("error: {e}"));
             return ExitCode::from(2);
         }
     };
     let mut config = match Config::load(&args.config) {
         Ok(c) => c,
         Err(e) => {
-            eprintln!("error in {}: {e}", args.config.display());
+            tell(format_args!("error in {}: {e}", args.config.display()));
             return ExitCode::from(2);
         }
     };
     for warning in config.warnings() {
-        eprintln!("warning in {}: {warning}", args.config.display());
+        tell(format_args!(
+            "warning in {}: {warning}",
+            args.config.display()
+        ));
     }
     if let Some(listen) = args.listen {
         config.listen = listen;
@@ -282,11 +285,11 @@ async fn main() -> ExitCode {
     };
     if let Some(url) = args.redis {
         if config.store.kind != StoreKind::Redis {
-            eprintln!(
+            tell(format_args!(
                 "error: --redis replaces the url of a `kind = \"redis\"` store; the [store] of \
                  {} is not one (try examples/gateway/gateway-redis.toml)",
                 args.config.display()
-            );
+            ));
             return ExitCode::from(2);
         }
         config.store.url = Some(url);
@@ -298,13 +301,13 @@ async fn main() -> ExitCode {
     let router = match app(&config).await {
         Ok(r) => r,
         Err(e) => {
-            eprintln!("error in {source}: {e}");
+            tell(format_args!("error in {source}: {e}"));
             return ExitCode::from(e.exit_status());
         }
     };
     if args.check {
         if let Err(e) = say(format_args!("{}: ok", args.config.display())) {
-            eprintln!("error: cannot write the output: {e}");
+            tell(format_args!("error: cannot write the output: {e}"));
             return ExitCode::FAILURE;
         }
         return ExitCode::SUCCESS;
@@ -313,7 +316,10 @@ async fn main() -> ExitCode {
     let listener = match tokio::net::TcpListener::bind(config.listen).await {
         Ok(l) => l,
         Err(e) => {
-            eprintln!("error: cannot listen on {}: {e}", config.listen);
+            tell(format_args!(
+                "error: cannot listen on {}: {e}",
+                config.listen
+            ));
             return ExitCode::FAILURE;
         }
     };
@@ -398,7 +404,7 @@ async fn main() -> ExitCode {
         "  curl -s http://{addr}/metrics | grep ratelimit_decisions_total"
     );
     if let Err(e) = say(format_args!("{}", banner.trim_end_matches('\n'))) {
-        eprintln!("error: cannot write the output: {e}");
+        tell(format_args!("error: cannot write the output: {e}"));
         return ExitCode::FAILURE;
     }
 
@@ -436,7 +442,7 @@ async fn main() -> ExitCode {
         served = std::future::IntoFuture::into_future(served) => match served {
             Ok(()) => ExitCode::SUCCESS,
             Err(e) => {
-                eprintln!("error: {e}");
+                tell(format_args!("error: {e}"));
                 ExitCode::FAILURE
             }
         },

@@ -296,3 +296,47 @@ fn a_closed_stdout_is_not_a_panic() {
         "the gateway exited after its banner: {running:?}"
     );
 }
+
+/// With stderr unwritable, a wrong command line still ends with its status (2), and a
+/// configuration's warning (which the gateway writes on stderr, then carries on) does not stop
+/// it: both were panics (101) on the message that could not be written.
+#[cfg(target_os = "linux")]
+#[test]
+fn an_unwritable_stderr_is_not_a_panic() {
+    let out = Command::new(env!("CARGO_BIN_EXE_example-gateway"))
+        .arg("--bogus")
+        .stdout(full())
+        .stderr(full())
+        .status()
+        .expect("run the gateway");
+    assert_eq!(out.code(), Some(2));
+    // Two routes of one path: loaded, with a warning.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("gateway.toml");
+    std::fs::write(
+        &path,
+        "[[routes]]\npath = \"/api\"\n[routes.policy]\nname = \"a\"\n\
+         quotas = [{ limit = 600, per = \"minute\" }]\n\
+         [[routes]]\npath = \"/api/\"\n[routes.policy]\nname = \"b\"\n\
+         quotas = [{ limit = 60, per = \"minute\" }]\n",
+    )
+    .unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_example-gateway"))
+        .args(["--check", "--config"])
+        .arg(&path)
+        .stderr(full())
+        .output()
+        .expect("run the gateway");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}");
+    assert!(stdout.ends_with(": ok\n"), "{stdout}");
+}
+
+/// `/dev/full`: every write fails (`ENOSPC`).
+#[cfg(target_os = "linux")]
+fn full() -> std::fs::File {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap()
+}

@@ -14,7 +14,7 @@ use std::error::Error;
 
 #[path = "../../common/say.rs"]
 mod say;
-use say::say;
+use say::{say, tell};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -130,11 +130,11 @@ async fn main() -> std::process::ExitCode {
     match run().await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(Failure::Usage(message)) => {
-            eprintln!("example-quickstart: {message}");
+            tell(format_args!("example-quickstart: {message}"));
             std::process::ExitCode::from(2)
         }
         Err(Failure::Run(e)) => {
-            eprintln!("example-quickstart: {e}");
+            tell(format_args!("example-quickstart: {e}"));
             std::process::ExitCode::FAILURE
         }
     }
