@@ -803,15 +803,19 @@ impl Prepared {
     }
 
     /// Whether a field line of the inner service's names an item as this policy does: an item
-    /// of the list (not text within a string: `"a\"up";` names `a"up`, not `up`) that starts
-    /// with one of this policy's item names.
+    /// of the list (not text within a string: `"a\"up";` names `a"up`, not `up`) that is one
+    /// of this policy's item names, with parameters or without.
     #[cold]
     fn names_an_item(&self, value: &HeaderValue) -> bool {
         let value = value.as_bytes();
         item_starts(value).any(|start| {
             self.items.iter().any(|item| {
-                // `"name";r=` up to and including the `;`: the item's name as a whole.
-                value[start..].starts_with(&item[..item.len() - 2])
+                // `"name";r=` up to the closing quote: the item's name as a whole, followed by
+                // its parameters, the next item, or the end.
+                let name = &item[..item.len() - 3];
+                value[start..].strip_prefix(name).is_some_and(|after| {
+                    matches!(after.first(), None | Some(b';' | b',' | b' ' | b'\t'))
+                })
             })
         })
     }
@@ -1360,6 +1364,12 @@ mod tests {
         assert!(names("\"up\";r=1;t=2"));
         assert!(names("\"inner\";r=1;t=2, \"up\";r=3;t=4"));
         assert!(names("\"inner\";r=1;t=2,\t\"up\";q=3;w=4"));
+        // An item without parameters (the draft requires some, but a list item may have none):
+        // still this policy's name.
+        assert!(names("\"up\""));
+        assert!(names("\"up\", \"inner\";r=1"));
+        assert!(names("\"up\"\t,\"inner\";r=1"));
+        assert!(names("\"inner\";r=1, \"up\""));
         assert!(
             !names("\"a\\\"up\";r=1;t=2"),
             "inside a string, after an escaped quote"
@@ -1369,6 +1379,7 @@ mod tests {
             "inside a parameter's string"
         );
         assert!(!names("\"upstream\";r=1;t=2"));
+        assert!(!names("\"upstream\""));
         assert!(!names("\"inner\";r=1;t=2"));
     }
 

@@ -145,10 +145,11 @@ impl Algorithm {
         }
     }
 
-    /// Checks `cost` at `now` against `state` and, if it is admitted, updates `state` in place
-    /// (a state of another algorithm counts as none and is replaced). A denied check, and a peek
-    /// (cost 0), leave a state of this algorithm as it was: a peek at a later time must not move
-    /// the state forward, nor one at an earlier time move it back.
+    /// Checks `cost` at `now` against `state` and, if it is admitted, updates `state` in place.
+    /// A state of another algorithm counts as none: the check is decided as on a fresh key, and
+    /// an admission replaces that state with this algorithm's. A denied check, and a peek
+    /// (cost 0), leave any state as it was: a peek at a later time must not move the state
+    /// forward, nor one at an earlier time move it back.
     #[must_use]
     pub fn check_in_place(
         self,
