@@ -970,7 +970,8 @@ impl Inner {
     /// Asks slot `i`'s connection (of `generation`), which has left a command unanswered for the
     /// response timeout, whether it still answers: a `PING` (on a cluster, to every master),
     /// given the response timeout. Answered, the connection is kept: the command's answer came
-    /// after its caller had given up, or came late. Not answered, or broken, it is replaced.
+    /// after its caller had given up, or came late. Not answered, it is replaced; broken, a
+    /// standalone server's is dropped (the next check opens one) and a cluster's replaced.
     async fn probe(self: Arc<Self>, i: usize, generation: u64, mut conn: Conn, probing: Claimed) {
         // Lets the next probe start however this one ends: done, panicked, or dropped with its
         // runtime, run or not.
@@ -981,6 +982,15 @@ impl Inner {
             // An answer, even an error reply: the connection works, and is kept.
             Ok(Ok(())) => {}
             Ok(Err(e)) if !is_broken(&e) && !e.is_timeout() => {}
+            // A standalone connection found broken serves nothing more: emptied at once, as after
+            // a check's broken reply, so that checks wait for a new one (the next opens it)
+            // instead of failing on this one while a replacement is made. A cluster connection
+            // may still reach the masters that answer: replaced first, as a silent one is.
+            Ok(Err(error)) if is_broken(&error) && !matches!(self.backend, Backend::Cluster(_)) => {
+                tracing::warn!(slot = i, %error, "ratelimit-redis: a silent connection's probe found it broken");
+                self.discard(i, generation);
+                return;
+            }
             Ok(Err(error)) => {
                 tracing::warn!(slot = i, %error, "ratelimit-redis: a silent connection's probe failed");
                 return self.reopen(i, generation).await;

@@ -1004,6 +1004,56 @@ async fn a_silent_connection_is_replaced_without_further_checks() {
     );
 }
 
+/// A probe whose `PING` finds the connection broken (cut, not silent) empties the slot at once:
+/// a check made while a new connection is being opened waits for one instead of being sent on
+/// the dead connection and failing. (The probe had left the dead connection in its slot until
+/// its replacement opened: a check in between failed on it, emptied the slot, and the probe's
+/// new connection was then dropped.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_that_finds_its_connection_broken_empties_the_slot() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    // 3 s: the probe's PING waits that long, while the test cuts the connection under it.
+    let store = one_connection_through(&proxy, "probe-broken", Duration::from_secs(3)).await;
+    let pings = || {
+        server
+            .cli(&["INFO", "commandstats"])
+            .lines()
+            .find_map(|l| l.strip_prefix("cmdstat_ping:calls="))
+            .and_then(|l| l.split(',').next())
+            .map_or(0, |n| n.parse::<u64>().unwrap())
+    };
+    let before = pings();
+    // Requests still reach the server; its replies stay in the proxy.
+    proxy.set_hold_replies(true);
+    assert!(
+        caller(&store).await.is_err(),
+        "a silent connection answered"
+    );
+    // After 3 s of silence the store probes the connection: its PING reaches the server.
+    let started = Instant::now();
+    while pings() == before {
+        assert!(
+            started.elapsed() < Duration::from_secs(15),
+            "no probe in 15 s"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Cut under the probe: its PING fails as broken. New connections take 100 ms a chunk each
+    // way, so a replacement opened now takes at least 200 ms.
+    proxy.set_latency(Duration::from_millis(100));
+    proxy.drop_connections();
+    proxy.set_hold_replies(false);
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let checked = tokio::time::timeout(Duration::from_secs(10), store.check(b"k", &limit(), 1))
+        .await
+        .expect("the store answers within its timeouts");
+    assert!(
+        matches!(checked, Ok(ref d) if d.is_allowed()),
+        "a check made while the connection is replaced: {checked:?}"
+    );
+}
+
 /// A check waiting for its slot's connection, whose opening is slow (its first chunk takes 3 s
 /// through the proxy), takes another slot's connection as soon as that one opens: it does not
 /// wait for its own slot's opening until its response timeout (1.5 s), and fail, while a
