@@ -1783,23 +1783,29 @@ proptest! {
                 let added_r = &r[up_r.len()..];
                 assert!(added_p.len() <= 1 && added_r.len() <= 1, "{added_p:?} {added_r:?}");
                 // Our two lines go together, and are left out exactly when an upstream line of either
-                // field names an item `"up"` (with parameters) already: an item of the list, not
-                // text inside another item's string (`"a\"up";` names `a"up`). A line that does
-                // not parse is read tolerantly: it may name us only if `"up";` is in it at all.
+                // field names an item `"up"` already (with parameters or without): an item of the
+                // list, not text inside another item's string (`"a\"up";` names `a"up`). A line
+                // that does not parse is read tolerantly: it may name us only if `"up"` is in it
+                // at all, followed by what may follow an item's name.
                 assert_eq!(added_p.len(), added_r.len(), "{p:?} {r:?}");
                 let names_us: Vec<Option<bool>> = up_p
                     .iter()
                     .chain(&up_r)
                     .map(|v| {
                         parse_sf_list(&[v]).ok().map(|items| {
-                            items.iter().any(|it| it.name == "up" && !it.params.is_empty())
+                            items.iter().any(|it| it.name == "up")
                         })
                     })
                     .collect();
                 let maybe = up_p
                     .iter()
                     .chain(&up_r)
-                    .any(|v| v.windows(5).any(|w| w == b"\"up\";"));
+                    .any(|v| {
+                        v.windows(4).enumerate().any(|(i, w)| {
+                            w == b"\"up\""
+                                && matches!(v.get(i + 4), None | Some(b';' | b',' | b' ' | b'\t'))
+                        })
+                    });
                 if names_us.contains(&Some(true)) {
                     assert!(added_p.is_empty(), "{p:?} {r:?}");
                 } else if names_us.iter().all(Option::is_some) || !maybe {
