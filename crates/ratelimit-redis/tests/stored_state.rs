@@ -1,5 +1,5 @@
-//! A stored state the scripts never write (a number below zero, a word that is not a number,
-//! too few or too many numbers), written by hand or by another tool under the store's prefix:
+//! A stored state the scripts never write (a number below zero or past 2^53, a word that is not a
+//! number, too few or too many numbers), written by hand or by another tool under the store's prefix:
 //! the check fails with an error, in the scripts' read phase, and the value is left as it was.
 //! Never a decision made from it: a negative token-bucket level was read as a denial by the
 //! script and as an admission by the client (the level reply's sign), every check admitted and
@@ -27,7 +27,20 @@ fn malformed(fields: usize, quotas: usize) -> Vec<String> {
         .collect();
     let mut values = Vec::new();
     for at in 0..n {
-        for bad in ["-500000", "-1", "x", "", "1.5", "0x10"] {
+        // The last three: digits only, but past 2^53, which no script writes and a double
+        // cannot hold exactly (2^53 + 1 reads as 2^53): read, they were decided from, and an
+        // admission wrote back a negative number and an expiry of millions of years.
+        for bad in [
+            "-500000",
+            "-1",
+            "x",
+            "",
+            "1.5",
+            "0x10",
+            "99999999999999999999",
+            "9007199254740993",
+            "9007199254740992",
+        ] {
             let mut v = well_formed.clone();
             v[at] = bad.to_owned();
             values.push(v.join(":"));
@@ -89,6 +102,8 @@ async fn a_stored_state_no_script_writes_fails_the_check_and_is_left_as_it_was()
         &format!("{T0}:-1"),
         &format!("{T0}:1.5"),
         &format!("{T0}"),
+        &format!("{T0}:99999999999999999999"),
+        "99999999999999999999:1",
     ] {
         server.cli(&["del", &keys[1]]);
         server.cli(&["hset", &keys[0], "n1", "1"]);
@@ -100,6 +115,14 @@ async fn a_stored_state_no_script_writes_fails_the_check_and_is_left_as_it_was()
             checked += 1;
         }
     }
+    // A total past 2^53 beside a well-formed log is recounted from the log, as any damaged
+    // total is: not decided from (it denied the key for good).
+    server.cli(&["del", &keys[1]]);
+    server.cli(&["hset", &keys[0], "n1", "99999999999999999999"]);
+    server.cli(&["rpush", &keys[1], &format!("{T0}:1")]);
+    let d = store.check(b"k", &limit, 1).await.unwrap();
+    assert!(d.is_allowed(), "{d:?}");
+    assert_eq!(d.remaining(), 8, "{d:?}");
     println!("{checked} checks of malformed states");
     // The error names the key, and what is wrong with it.
     let limit = Limit::single(Algorithm::TokenBucket, q1).unwrap();

@@ -42,6 +42,7 @@ if N == 1 then
     local x, y = string.match(raw, PAIR)
     if not x then error(MALFORMED .. key) end
     s_start, s_count = x + 0, y + 0
+    if s_start >= STORED_LIMIT or s_count >= STORED_LIMIT then error(MALFORMED .. key) end
   end
   local code, retry, rem, reset, start, count, after = window(limit, period, s_start, s_count)
   if code == 0 and COST > 0 then

@@ -15,6 +15,7 @@ if N == 1 then
     local x, y = string.match(raw, PAIR)
     if not x then error(MALFORMED .. key) end
     local tat, frac = x + 0, y + 0
+    if tat >= STORED_LIMIT or frac >= STORED_LIMIT then error(MALFORMED .. key) end
     if tat >= NOW then
       local ahead = tat - NOW
       if ahead > floor(cap / rate) + 1 then

@@ -59,7 +59,11 @@ local function helpers()
     -- or the script fails (see MALFORMED in prelude.lua).
     local v = { string.match(raw, '^' .. string.rep('(%d+):', count - 1) .. '(%d+)$') }
     if #v ~= count then error(MALFORMED .. key) end
-    for j = 1, count do v[j] = v[j] + 0 end
+    for j = 1, count do
+      local n = v[j] + 0
+      if n >= STORED_LIMIT then error(MALFORMED .. key) end
+      v[j] = n
+    end
     return v, true
   end
 

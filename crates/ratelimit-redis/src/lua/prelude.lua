@@ -56,3 +56,8 @@ local floor, ceil = math.floor, math.ceil
 -- the batch reads leaves the earlier costs' writes; docs/redis.md, "What atomic means here").
 local PAIR, TRIPLE = '^(%d+):(%d+)$', '^(%d+):(%d+):(%d+)$'
 local MALFORMED = 'ratelimit: malformed state (not written by these scripts): '
+-- 2^53: every stored number the scripts write is below it (times and levels are bounded by 2^52,
+-- see above). A run of digits at or past it was written by someone else, and a double cannot hold
+-- it exactly (2^53 + 1 reads as 2^53): MALFORMED too, not decided from, nor written back (a
+-- number past 2^63 formats as a negative one).
+local STORED_LIMIT = 9007199254740992

@@ -15,7 +15,11 @@ local RECOUNT_CHUNK = 1024
 local function parse(entry)
   local t, c = string.match(entry, PAIR)
   if not t then error(MALFORMED .. 'a sliding log entry ' .. entry) end
-  return t + 0, c + 0
+  t, c = t + 0, c + 0
+  if t >= STORED_LIMIT or c >= STORED_LIMIT then
+    error(MALFORMED .. 'a sliding log entry ' .. entry)
+  end
+  return t, c
 end
 
 -- The sum of the costs in a log. Only for a total lost apart from its log (the hash evicted or
@@ -80,6 +84,7 @@ for i = 1, N do
     -- A total not as the scripts write it (damaged by hand) is recounted from the log, below.
     local raw = stored[i]
     total = raw and string.find(raw, '^%d+$') and raw + 0 or nil
+    if total and total >= STORED_LIMIT then total = nil end
     if newest + p > fresh_before then fresh_before = newest + p end
   end
   local now = NOW

@@ -73,6 +73,9 @@ if N == 1 then
     local x, y, z = string.match(raw, TRIPLE)
     if not x then error(MALFORMED .. key) end
     s_start, s_cur, s_prev = x + 0, y + 0, z + 0
+    if s_start >= STORED_LIMIT or s_cur >= STORED_LIMIT or s_prev >= STORED_LIMIT then
+      error(MALFORMED .. key)
+    end
   end
   local code, retry, rem, reset, start, cur, prev, after =
     window(limit, p, s_start, s_cur, s_prev)

@@ -14,6 +14,7 @@ if N == 1 then
     local x, y = string.match(raw, PAIR)
     if not x then error(MALFORMED .. key) end
     level, last = x + 0, y + 0
+    if level >= STORED_LIMIT or last >= STORED_LIMIT then error(MALFORMED .. key) end
     if level > cap then level = cap end
   end
   local now = NOW
