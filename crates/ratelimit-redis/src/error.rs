@@ -56,9 +56,9 @@ pub enum RedisStoreError {
     /// made outside a runtime and awaited inside one is answered as any other.
     #[error("a Redis check was polled outside a Tokio runtime")]
     NoRuntime,
-    /// The client clock gave a time this store cannot compute with exactly (after 2^52 µs since
-    /// its epoch, about the year 2112 for Unix time).
-    #[error("the client clock's time {micros} us is beyond 2^52 us")]
+    /// The client clock gave a time this store cannot compute with exactly (2^52 µs since its
+    /// epoch or later, about the year 2112 for Unix time).
+    #[error("the client clock's time {micros} us is not below 2^52 us")]
     ClockOutOfRange {
         /// The time the clock gave, in microseconds.
         micros: u64,

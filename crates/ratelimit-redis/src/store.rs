@@ -581,7 +581,9 @@ fn command(
         None => None,
         Some(clock) => {
             let micros = clock.now().as_micros();
-            if micros > MAX_EXACT {
+            // From 2^52 on: GCRA's stored time, the time plus up to 2^52 µs of debt, would
+            // reach 2^53, which the scripts refuse as malformed state (see prelude.lua).
+            if micros >= MAX_EXACT {
                 return Err(RedisStoreError::ClockOutOfRange { micros });
             }
             Some(micros)

@@ -135,3 +135,70 @@ async fn a_stored_state_no_script_writes_fails_the_check_and_is_left_as_it_was()
         "{error}"
     );
 }
+
+/// The largest numbers a script writes are read back as state, not refused as malformed: GCRA's
+/// theoretical arrival time is the time plus up to 2^52 µs of debt, below 2^53 (the scripts'
+/// bound on a stored number) because the client clock is refused from 2^52 µs on. (A clock at
+/// 2^52 was taken, GCRA stored 2^53, and every later check of the key failed as malformed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_largest_states_a_script_writes_are_read_back() {
+    let server = RedisServer::start();
+    let last = (1u64 << 52) - 1;
+    let clock = ManualClock::starting_at(Timestamp::from_micros(last));
+    let store = manual(RedisStore::builder(server.url()), &clock)
+        .prefix(unique_prefix("largest"))
+        .build()
+        .await
+        .unwrap();
+    let quotas = [
+        // A debt of 2^52 µs at once.
+        (
+            Quota::per_period(1, std::time::Duration::from_micros(1 << 52)).unwrap(),
+            1,
+        ),
+        // 2^32 requests of 2^20 µs each: 2^52 µs.
+        (
+            Quota::per_period(1, std::time::Duration::from_micros(1 << 20))
+                .unwrap()
+                .with_burst(1 << 32)
+                .unwrap(),
+            1 << 32,
+        ),
+    ];
+    for (i, (quota, cost)) in quotas.into_iter().enumerate() {
+        for limit in [
+            Limit::single(Algorithm::Gcra, quota).unwrap(),
+            // Beside a second quota that admits the cost too.
+            Limit::new(
+                Algorithm::Gcra,
+                vec![
+                    quota,
+                    Quota::per_period(1 << 33, std::time::Duration::from_secs(60)).unwrap(),
+                ],
+            )
+            .unwrap(),
+        ] {
+            let key = format!("k{i}-{}", limit.quotas().len());
+            let first = store.check(key.as_bytes(), &limit, cost).await.unwrap();
+            assert!(first.is_allowed(), "{limit:?}: {first:?}");
+            for cost in [1, 0] {
+                let next = store.check(key.as_bytes(), &limit, cost).await;
+                assert!(
+                    matches!(next, Ok(ref d) if d.is_allowed() == (cost == 0)),
+                    "{limit:?}, then cost {cost}: {next:?}"
+                );
+            }
+        }
+    }
+    // From 2^52 µs on, the client clock's time is refused, before anything is sent.
+    clock.set(Timestamp::from_micros(1 << 52));
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_second(10).unwrap()).unwrap();
+    let refused = store.check(b"k", &limit, 1).await;
+    assert!(
+        matches!(
+            refused,
+            Err(ratelimit_redis::RedisStoreError::ClockOutOfRange { micros }) if micros == 1 << 52
+        ),
+        "{refused:?}"
+    );
+}

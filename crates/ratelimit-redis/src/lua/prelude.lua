@@ -1,8 +1,8 @@
 -- ratelimit-redis: shared prelude, prepended to each algorithm's script.
 --
 -- Numbers are doubles, exact for integers up to 2^53. ratelimit-core's Quota and Limit
--- validation bounds every value the algorithms form by 2^52, and the client clock is refused past
--- 2^52 us. For integers 0 <= a, b <= 2^52, math.floor(a / b) and math.ceil(a / b) are the exact
+-- validation bounds every value the algorithms form by 2^52, and the client clock is refused from
+-- 2^52 us on. For integers 0 <= a, b <= 2^52, math.floor(a / b) and math.ceil(a / b) are the exact
 -- integer quotients: a non-integer a/b lies at least 1/b from the nearest integers, more than
 -- half an ulp since (a + b) < 2^53, so the rounded division never crosses an integer.
 --
@@ -56,8 +56,9 @@ local floor, ceil = math.floor, math.ceil
 -- the batch reads leaves the earlier costs' writes; docs/redis.md, "What atomic means here").
 local PAIR, TRIPLE = '^(%d+):(%d+)$', '^(%d+):(%d+):(%d+)$'
 local MALFORMED = 'ratelimit: malformed state (not written by these scripts): '
--- 2^53: every stored number the scripts write is below it (times and levels are bounded by 2^52,
--- see above). A run of digits at or past it was written by someone else, and a double cannot hold
+-- 2^53: every stored number the scripts write is below it (times below 2^52, levels, counts and
+-- debts at most 2^52, see above; GCRA's arrival time, a time plus up to 2^52 us of debt, is the
+-- largest, below 2^53 because the time is). A run of digits at or past it was written by someone else, and a double cannot hold
 -- it exactly (2^53 + 1 reads as 2^53): MALFORMED too, not decided from, nor written back (a
 -- number past 2^63 formats as a negative one).
 local STORED_LIMIT = 9007199254740992
