@@ -59,8 +59,9 @@
 //! stops waiting does not cancel. One that has left a command unanswered for the response timeout
 //! is probed (a `PING`, sent when the next check finds the silence, or by a task that watches
 //! the connection once a check has ended without its answer, even if no other check comes) and
-//! replaced if the probe fails or stays unanswered for another response timeout (a cluster
-//! connection is kept when no new one can be made that reaches every master, since it still
+//! replaced if the probe fails or stays unanswered for another response timeout (a standalone
+//! connection the probe finds broken is dropped at once instead, as any broken one is, and the
+//! next check opens a new one; a cluster connection is kept when no new one can be made that reaches every master, since it still
 //! serves the masters that answer; the attempts are then spaced out, up to 8 s apart). One that
 //! has carried nothing for [`ping_after_idle`](RedisStoreBuilder::ping_after_idle) (10 s) gets a
 //! `PING` before the next check, so that a connection Redis or a proxy closed while it was idle
