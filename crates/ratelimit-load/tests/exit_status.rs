@@ -1,6 +1,9 @@
 //! The tool's exit status under `--check`: 0 when the run shows the mode's guarantee, 3 when it
 //! does not (here: nobody sent enough to test it), 2 for a check it cannot make (a sweep).
 
+#[path = "../../../examples/common/unwritable.rs"]
+mod unwritable;
+
 use std::process::{Command, Output};
 
 fn tool(args: &[&str]) -> Output {
@@ -86,11 +89,6 @@ fn an_argument_that_is_not_utf8_is_a_usage_error() {
 /// failure, 1.
 #[test]
 fn output_that_cannot_be_written_is_not_a_panic() {
-    let closed = || {
-        let (reader, writer) = std::io::pipe().unwrap();
-        drop(reader);
-        writer
-    };
     let run = |args: &[&str], stdout: std::process::Stdio| {
         Command::new(env!("CARGO_BIN_EXE_ratelimit-load"))
             .args(args)
@@ -113,19 +111,22 @@ fn output_that_cannot_be_written_is_not_a_panic() {
         &short[..],
         &[&short[..], &["--json"]].concat(),
     ] {
-        let out = run(args, closed().into());
+        let out = run(args, unwritable::closed_pipe().into());
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(0), "{args:?}: {stderr}");
     }
     #[cfg(target_os = "linux")]
     for args in [&["--help"][..], &short[..]] {
-        let full = std::fs::OpenOptions::new()
-            .write(true)
-            .open("/dev/full")
-            .unwrap();
-        let out = run(args, full.into());
+        let out = run(args, unwritable::full().into());
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
         assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
     }
+}
+
+/// With stdout and stderr both unwritable, a wrong command line still ends with its status (2).
+#[cfg(target_os = "linux")]
+#[test]
+fn a_usage_error_with_nothing_writable_is_not_a_panic() {
+    unwritable::assert_usage_error_with_nothing_writable(env!("CARGO_BIN_EXE_ratelimit-load"));
 }

@@ -2,6 +2,9 @@
 //! other; an unknown argument that is not UTF-8 is a usage error (status 2), never a panic.
 #![cfg(unix)]
 
+#[path = "../../common/unwritable.rs"]
+mod unwritable;
+
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::process::Command;
@@ -41,8 +44,7 @@ fn a_closed_stdout_is_not_a_panic() {
         vec![OsStr::new("--help")],
         vec![OsStr::new("--svg"), path.as_os_str()],
     ] {
-        let (reader, writer) = std::io::pipe().unwrap();
-        drop(reader);
+        let writer = unwritable::closed_pipe();
         let out = Command::new(env!("CARGO_BIN_EXE_example-boundary"))
             .args(&args)
             .stdout(writer)
@@ -77,20 +79,5 @@ fn the_tables_are_printed_when_the_chart_cannot_be_written() {
 #[cfg(target_os = "linux")]
 #[test]
 fn nothing_writable_is_not_a_panic() {
-    let out = Command::new(env!("CARGO_BIN_EXE_example-boundary"))
-        .arg("--bogus")
-        .stdout(full())
-        .stderr(full())
-        .status()
-        .expect("it runs");
-    assert_eq!(out.code(), Some(2));
-}
-
-/// `/dev/full`: every write fails (`ENOSPC`).
-#[cfg(target_os = "linux")]
-fn full() -> std::fs::File {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open("/dev/full")
-        .unwrap()
+    unwritable::assert_usage_error_with_nothing_writable(env!("CARGO_BIN_EXE_example-boundary"));
 }

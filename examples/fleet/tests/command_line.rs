@@ -1,6 +1,9 @@
 //! The fleet's command line: a `rediss://` URL in a build without TLS is refused by name; an
 //! argument that is not UTF-8 is a usage error.
 
+#[path = "../../common/unwritable.rs"]
+mod unwritable;
+
 use std::process::Command;
 
 #[test]
@@ -130,8 +133,7 @@ fn a_malformed_redis_url_is_a_usage_error() {
 /// panic (status 101): it ends as it would have, status 0.
 #[test]
 fn a_closed_stdout_is_not_a_panic() {
-    let (reader, writer) = std::io::pipe().unwrap();
-    drop(reader);
+    let writer = unwritable::closed_pipe();
     let out = Command::new(env!("CARGO_BIN_EXE_example-fleet"))
         .args(["--alone", "--users", "2", "--gateways", "1"])
         .stdout(writer)
@@ -148,10 +150,7 @@ fn a_closed_stdout_is_not_a_panic() {
 #[cfg(target_os = "linux")]
 #[test]
 fn help_that_cannot_be_written_is_a_failure_not_a_usage_error() {
-    let full = std::fs::OpenOptions::new()
-        .write(true)
-        .open("/dev/full")
-        .unwrap();
+    let full = unwritable::full();
     let out = Command::new(env!("CARGO_BIN_EXE_example-fleet"))
         .arg("--help")
         .stdout(full)
@@ -167,20 +166,5 @@ fn help_that_cannot_be_written_is_a_failure_not_a_usage_error() {
 #[cfg(target_os = "linux")]
 #[test]
 fn nothing_writable_is_not_a_panic() {
-    let out = Command::new(env!("CARGO_BIN_EXE_example-fleet"))
-        .arg("--bogus")
-        .stdout(full())
-        .stderr(full())
-        .status()
-        .expect("the fleet runs");
-    assert_eq!(out.code(), Some(2));
-}
-
-/// `/dev/full`: every write fails (`ENOSPC`).
-#[cfg(target_os = "linux")]
-fn full() -> std::fs::File {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open("/dev/full")
-        .unwrap()
+    unwritable::assert_usage_error_with_nothing_writable(env!("CARGO_BIN_EXE_example-fleet"));
 }

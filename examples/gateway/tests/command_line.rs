@@ -2,6 +2,9 @@
 //! never a panic, whatever bytes the arguments hold.
 #![cfg(unix)]
 
+#[path = "../../common/unwritable.rs"]
+mod unwritable;
+
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::process::{Command, Output};
@@ -240,15 +243,10 @@ fn an_unknown_flags_value_is_not_echoed() {
 /// gateway that cannot print its banner serves all the same.
 #[test]
 fn a_closed_stdout_is_not_a_panic() {
-    let closed = || {
-        let (reader, writer) = std::io::pipe().unwrap();
-        drop(reader);
-        writer
-    };
     for args in [vec!["--help"], vec!["--check"]] {
         let out = Command::new(env!("CARGO_BIN_EXE_example-gateway"))
             .args(&args)
-            .stdout(closed())
+            .stdout(unwritable::closed_pipe())
             .stderr(std::process::Stdio::piped())
             .output()
             .expect("run the gateway");
@@ -264,7 +262,7 @@ fn a_closed_stdout_is_not_a_panic() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_example-gateway"))
         .args(["--listen", &format!("127.0.0.1:{port}")])
         .env("RUST_LOG", "warn")
-        .stdout(closed())
+        .stdout(unwritable::closed_pipe())
         .stderr(std::process::Stdio::null())
         .spawn()
         .expect("start the gateway");
@@ -303,13 +301,7 @@ fn a_closed_stdout_is_not_a_panic() {
 #[cfg(target_os = "linux")]
 #[test]
 fn an_unwritable_stderr_is_not_a_panic() {
-    let out = Command::new(env!("CARGO_BIN_EXE_example-gateway"))
-        .arg("--bogus")
-        .stdout(full())
-        .stderr(full())
-        .status()
-        .expect("run the gateway");
-    assert_eq!(out.code(), Some(2));
+    unwritable::assert_usage_error_with_nothing_writable(env!("CARGO_BIN_EXE_example-gateway"));
     // Two routes of one path: loaded, with a warning.
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("gateway.toml");
@@ -324,19 +316,10 @@ fn an_unwritable_stderr_is_not_a_panic() {
     let out = Command::new(env!("CARGO_BIN_EXE_example-gateway"))
         .args(["--check", "--config"])
         .arg(&path)
-        .stderr(full())
+        .stderr(unwritable::full())
         .output()
         .expect("run the gateway");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert_eq!(out.status.code(), Some(0), "{stdout}");
     assert!(stdout.ends_with(": ok\n"), "{stdout}");
-}
-
-/// `/dev/full`: every write fails (`ENOSPC`).
-#[cfg(target_os = "linux")]
-fn full() -> std::fs::File {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open("/dev/full")
-        .unwrap()
 }

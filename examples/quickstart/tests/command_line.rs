@@ -2,6 +2,9 @@
 //! that names it, never a panic.
 #![cfg(unix)]
 
+#[path = "../../common/unwritable.rs"]
+mod unwritable;
+
 use std::ffi::OsStr;
 use std::os::unix::ffi::OsStrExt;
 use std::process::Command;
@@ -45,8 +48,7 @@ fn a_malformed_listen_address_is_a_usage_error() {
 /// (status 101): it ends as it would have, status 0.
 #[test]
 fn a_closed_stdout_is_not_a_panic() {
-    let (reader, writer) = std::io::pipe().unwrap();
-    drop(reader);
+    let writer = unwritable::closed_pipe();
     let out = Command::new(env!("CARGO_BIN_EXE_example-quickstart"))
         .arg("--help")
         .stdout(writer)
@@ -63,20 +65,5 @@ fn a_closed_stdout_is_not_a_panic() {
 #[cfg(target_os = "linux")]
 #[test]
 fn nothing_writable_is_not_a_panic() {
-    let out = Command::new(env!("CARGO_BIN_EXE_example-quickstart"))
-        .arg("--bogus")
-        .stdout(full())
-        .stderr(full())
-        .status()
-        .expect("it runs");
-    assert_eq!(out.code(), Some(2));
-}
-
-/// `/dev/full`: every write fails (`ENOSPC`).
-#[cfg(target_os = "linux")]
-fn full() -> std::fs::File {
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open("/dev/full")
-        .unwrap()
+    unwritable::assert_usage_error_with_nothing_writable(env!("CARGO_BIN_EXE_example-quickstart"));
 }
