@@ -19,6 +19,7 @@ use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use axum::Router;
+use axum::extract::RawQuery;
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Path, Query};
 use axum::http::{HeaderMap, Method, StatusCode, header};
@@ -425,9 +426,11 @@ where
         app = app.route(
             "/admin/reset",
             post(
-                move |headers: HeaderMap, query: Result<Query<ResetParams>, QueryRejection>| {
+                move |headers: HeaderMap,
+                      RawQuery(raw): RawQuery,
+                      query: Result<Query<ResetParams>, QueryRejection>| {
                     let admin = Arc::clone(&admin);
-                    async move { admin.reset(&headers, query).await }
+                    async move { admin.reset(&headers, raw.as_deref(), query).await }
                 },
             ),
         );
@@ -503,6 +506,26 @@ struct ResetParams {
     ip: Option<String>,
 }
 
+/// The value of `query`'s `client` parameter as the bytes it encodes (`+` a space, `%XX` a byte),
+/// UTF-8 or not; empty if there is none. `Query` has read the query already, so `client` is in it
+/// at most once.
+fn client_value(query: &str) -> Vec<u8> {
+    let decoded = |s: &str| -> Vec<u8> {
+        let spaced: Vec<u8> = s
+            .bytes()
+            .map(|b| if b == b'+' { b' ' } else { b })
+            .collect();
+        percent_encoding::percent_decode(&spaced).collect()
+    };
+    query
+        .split('&')
+        .find_map(|pair| {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            (decoded(name) == b"client").then(|| decoded(value))
+        })
+        .unwrap_or_default()
+}
+
 /// An answer of the admin route: a status and one line of text.
 fn answer(status: StatusCode, text: impl Into<String>) -> axum::response::Response {
     let mut text = text.into();
@@ -521,6 +544,7 @@ where
     async fn reset(
         &self,
         headers: &HeaderMap,
+        raw_query: Option<&str>,
         query: Result<Query<ResetParams>, QueryRejection>,
     ) -> axum::response::Response {
         if !self.authorized(headers) {
@@ -541,11 +565,15 @@ where
                 format!("no route's policy is named {:?}", params.policy),
             );
         };
-        // A client value without the spaces and tabs around it, as the policy keys the header's.
+        // The client value as the bytes the query encodes, not `params.client`: decoded as text,
+        // each byte that is not UTF-8 (a header value may hold any from 0x80 up) became U+FFFD,
+        // and the reset named a client no request has, or another one. Without the spaces and
+        // tabs around it, as the policy keys the header's.
         let client = params
             .client
-            .as_deref()
-            .map(|c| c.trim_matches([' ', '\t']));
+            .as_ref()
+            .map(|_| client_value(raw_query.unwrap_or_default()));
+        let client = client.as_deref().map(<[u8]>::trim_ascii);
         let done = match (kind, params.ip, client) {
             (ClientKind::Ip, Some(ip), None) => match ip.parse::<std::net::IpAddr>() {
                 Ok(addr) => {

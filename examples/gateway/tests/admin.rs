@@ -4,11 +4,13 @@
 
 mod common;
 
+use std::net::SocketAddr;
 use std::process::Command;
 
 use axum::Router;
 use axum::body::Body;
-use axum::http::{Request, StatusCode};
+use axum::extract::ConnectInfo;
+use axum::http::{HeaderValue, Request, StatusCode};
 use common::{frozen_app, send, status};
 use example_gateway::{Config, app};
 use http_body_util::BodyExt;
@@ -149,6 +151,55 @@ async fn a_reset_lets_a_client_back_in_and_needs_the_token() {
         status(&app, "GET", "/api/items", "192.0.2.3:1", Some("k2")).await,
         200
     );
+}
+
+/// A client value is the bytes the query encodes: a header value may hold any byte from 0x80 up,
+/// and `client=k%FF` resets the client that sent `k` and the byte 0xFF, not the one whose value is
+/// `k` and the UTF-8 of U+FFFD (what decoding the query as text made of it: that reset answered
+/// 204, let that other client back in, and left the named one denied).
+#[tokio::test]
+async fn a_client_value_that_is_not_utf8_is_reset_by_its_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (app, _clock) = frozen_app(&with_admin(MEMORY, &dir)).await;
+    let get = |key: &'static [u8]| {
+        let mut req = Request::get("/api/items")
+            .header("x-api-key", HeaderValue::from_bytes(key).unwrap())
+            .body(Body::empty())
+            .unwrap();
+        let peer: SocketAddr = "192.0.2.3:1".parse().unwrap();
+        req.extensions_mut().insert(ConnectInfo(peer));
+        req
+    };
+    let raw: &'static [u8] = b"k\xff";
+    let replaced: &'static [u8] = "k\u{FFFD}".as_bytes();
+    for key in [raw, replaced] {
+        for _ in 0..20 {
+            assert_eq!(send(&app, get(key)).await.status(), 200);
+        }
+        assert_eq!(send(&app, get(key)).await.status(), 429);
+    }
+    assert_eq!(
+        admin(&app, "policy=api&client=k%FF", Some(&bearer())).await,
+        (204, String::new())
+    );
+    assert_eq!(send(&app, get(raw)).await.status(), 200, "the named client");
+    assert_eq!(
+        send(&app, get(replaced)).await.status(),
+        429,
+        "another client"
+    );
+    // Spaces around it, encoded or as `+`, are not part of it, as for any value.
+    for _ in 0..19 {
+        assert_eq!(send(&app, get(raw)).await.status(), 200);
+    }
+    assert_eq!(send(&app, get(raw)).await.status(), 429);
+    assert_eq!(
+        admin(&app, "policy=api&client=+k%FF%09", Some(&bearer()))
+            .await
+            .0,
+        204
+    );
+    assert_eq!(send(&app, get(raw)).await.status(), 200);
 }
 
 #[tokio::test]
