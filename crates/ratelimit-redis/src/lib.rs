@@ -63,11 +63,10 @@
 //! connection the probe finds broken is dropped at once instead, as any broken one is, and the
 //! next check opens a new one; a cluster connection is kept when no new one can be made that
 //! reaches every master, since it still serves the masters that answer; the attempts are then
-//! spaced out, up to 8 s apart). One that
-//! has carried nothing for [`ping_after_idle`](RedisStoreBuilder::ping_after_idle) (10 s) gets a
-//! `PING` before the next check, so that a connection Redis or a proxy closed while it was idle
-//! is replaced before a check is written on it; every connection has TCP keepalive probes after
-//! 60 s idle.
+//! spaced out, up to 8 s apart). One that has carried nothing for
+//! [`ping_after_idle`](RedisStoreBuilder::ping_after_idle) (10 s) gets a `PING` before the next
+//! check, so that a connection Redis or a proxy closed while it was idle is replaced before a
+//! check is written on it; every connection has TCP keepalive probes after 60 s idle.
 //!
 //! Starting while Redis is down: [`build`](RedisStoreBuilder::build) fails when it cannot
 //! connect, so that a wrong address is found at start-up;

@@ -58,7 +58,7 @@ local PAIR, TRIPLE = '^(%d+):(%d+)$', '^(%d+):(%d+):(%d+)$'
 local MALFORMED = 'ratelimit: malformed state (not written by these scripts): '
 -- 2^53: every stored number the scripts write is below it (times below 2^52, levels, counts and
 -- debts at most 2^52, see above; GCRA's arrival time, a time plus up to 2^52 us of debt, is the
--- largest, below 2^53 because the time is). A run of digits at or past it was written by someone else, and a double cannot hold
--- it exactly (2^53 + 1 reads as 2^53): MALFORMED too, not decided from, nor written back (a
--- number past 2^63 formats as a negative one).
+-- largest, below 2^53 because the time is). A run of digits at or past it was written by someone
+-- else, and a double cannot hold it exactly (2^53 + 1 reads as 2^53): MALFORMED too, not decided
+-- from, nor written back (a number past 2^63 formats as a negative one).
 local STORED_LIMIT = 9007199254740992
