@@ -182,7 +182,7 @@ impl RedisStoreError {
 
 /// Whether Redis refused the connection's credentials or rights (see
 /// [`RedisStoreError::is_refused_credentials`]).
-fn refused(r: &redis::RedisError) -> bool {
+pub(crate) fn refused(r: &redis::RedisError) -> bool {
     r.kind() == redis::ErrorKind::AuthenticationFailed
         || matches!(r.code(), Some("WRONGPASS" | "NOPERM" | "NOAUTH"))
         || {

@@ -19,6 +19,9 @@
 //! a DNS name: the old primary, made a replica, answers the `PING`s, but resets are published on
 //! the new one) is found by asking, every 5 s on a new connection, which server the address leads
 //! to (`INFO server`'s `run_id`; a user without `+info` is not checked so), and made again there.
+//! If that question goes unanswered before a subscription (a timeout, a connection that fails),
+//! it is asked again every 5 s while subscribed, and the subscription is made again once it is
+//! answered, so that the watch knows which server it is on.
 
 use std::fmt;
 use std::future::poll_fn;
@@ -241,8 +244,7 @@ async fn watch(
     for info in infos.iter().cycle() {
         // Which server the address leads to, asked before subscribing (a failover between the
         // two makes the next check find another server, and subscribe again: the safe side).
-        // Unknown (`INFO` refused to the user, say): not checked.
-        let server = run_id(info, subscribe_within).await.ok();
+        let server = run_id(info, subscribe_within).await;
         match subscribe(info, &channel, subscribe_within).await {
             Ok((sink, stream)) => {
                 subscribed.store(true, Ordering::Release);
@@ -255,7 +257,7 @@ async fn watch(
                     stream,
                     &*handler,
                     response_timeout,
-                    server.map(|id| (info, id, subscribe_within)),
+                    (info, server, subscribe_within),
                 )
                 .await;
                 subscribed.store(false, Ordering::Release);
@@ -289,9 +291,20 @@ async fn subscribe(
     }
 }
 
-/// The `run_id` of the server that `info`'s address leads to now, asked on a new connection
-/// (`INFO server`), within `within`.
-async fn run_id(info: &ConnectionInfo, within: Duration) -> Result<String, String> {
+/// What a question of which server an address leads to found.
+enum Server {
+    /// The server's `run_id`.
+    Is(String),
+    /// No answer (a timeout, a connection that failed): asked again.
+    Unanswered,
+    /// Not to be asked: `INFO` refused to the user (no `+info`), or a server that tells no
+    /// `run_id`.
+    Untold,
+}
+
+/// Which server `info`'s address leads to now, asked on a new connection (`INFO server`'s
+/// `run_id`), within `within`.
+async fn run_id(info: &ConnectionInfo, within: Duration) -> Server {
     let attempt = async {
         let client = redis::Client::open(info.clone())?;
         let mut conn = client.get_multiplexed_async_connection().await?;
@@ -304,42 +317,49 @@ async fn run_id(info: &ConnectionInfo, within: Duration) -> Result<String, Strin
         Ok(Ok(text)) => text
             .lines()
             .find_map(|l| l.strip_prefix("run_id:"))
-            .map(|id| id.trim().to_owned())
-            .ok_or_else(|| "no run_id in INFO server".to_owned()),
-        Ok(Err(error)) => Err(error.to_string()),
-        Err(_) => Err(format!("no answer within {within:?}")),
+            .map_or(Server::Untold, |id| Server::Is(id.trim().to_owned())),
+        Ok(Err(error)) if crate::error::refused(&error) => Server::Untold,
+        Ok(Err(_)) | Err(_) => Server::Unanswered,
     }
 }
 
 /// Hands each message of `stream` to `handler` until the subscription is lost: the connection
 /// closed, or a `PING` sent after [`PING_AFTER`] of silence went unanswered for
-/// `response_timeout`; or, with `server` (the address, the `run_id` of the server subscribed
-/// to, and how long to wait for an answer), the address leads to another server now, asked every
-/// [`SERVER_CHECK_EVERY`]: a failover behind one address (a proxy, a DNS name), whose old
-/// primary, made a replica, keeps the subscription and answers its `PING`s, but is not where
-/// resets are published now. Returns why.
+/// `response_timeout`; or, `server` being the address, which server it led to when the
+/// subscription was made, and how long to wait for an answer, the address leads to another
+/// server now, asked every [`SERVER_CHECK_EVERY`]: a failover behind one address (a proxy, a DNS
+/// name), whose old primary, made a replica, keeps the subscription and answers its `PING`s, but
+/// is not where resets are published now. If the question had gone unanswered, the first answer
+/// ends the subscription too, to be made again where the server is known. Returns why.
 async fn listen(
     mut sink: PubSubSink,
     mut stream: PubSubStream,
     handler: &Handler,
     response_timeout: Duration,
-    server: Option<(&ConnectionInfo, String, Duration)>,
+    mut server: (&ConnectionInfo, Server, Duration),
 ) -> String {
     let heard = ::metrics::counter!(metrics::RESET_NOTICES_TOTAL);
     let mut check_at = tokio::time::Instant::now() + SERVER_CHECK_EVERY;
     loop {
-        if let Some((info, subscribed_to, within)) = &server
-            && tokio::time::Instant::now() >= check_at
-        {
+        let (info, subscribed_to, within) = &mut server;
+        if !matches!(subscribed_to, Server::Untold) && tokio::time::Instant::now() >= check_at {
             check_at = tokio::time::Instant::now() + SERVER_CHECK_EVERY;
-            // Not known now (the server down, a refusal): the `PING`s say whether the
-            // subscription is alive.
-            if let Ok(now) = run_id(info, *within).await
-                && now != *subscribed_to
-            {
-                return format!(
-                    "its address now leads to another server (run_id {now}, subscribed on {subscribed_to})"
-                );
+            // Not known now (the server down): the `PING`s say whether the subscription is alive.
+            match (run_id(info, *within).await, &*subscribed_to) {
+                (Server::Is(now), Server::Is(was)) if now != *was => {
+                    return format!(
+                        "its address now leads to another server (run_id {now}, subscribed on {was})"
+                    );
+                }
+                (Server::Is(now), Server::Unanswered) => {
+                    return format!(
+                        "which server it subscribed on was not known (no answer then); its \
+                         address leads to run_id {now}"
+                    );
+                }
+                // Refused now (the user's rights changed): no longer checked.
+                (Server::Untold, _) => *subscribed_to = Server::Untold,
+                _ => {}
             }
         }
         let next = poll_fn(|cx| Pin::new(&mut stream).poll_next(cx));

@@ -473,6 +473,53 @@ async fn a_watch_follows_a_failover_behind_its_address() {
     );
 }
 
+/// The same failover, on a watch whose first question of where its address leads went
+/// unanswered (the server's replies held in the proxy until the watch's second connection, its
+/// `SUBSCRIBE`'s, is accepted: the `INFO server` before it times out). The watch asks again while
+/// subscribed, and follows the failover all the same. (It took the one unanswered question as
+/// "not to be checked", as for a user without `+info`, and never asked again: the address led
+/// to the new server, and the watch stayed subscribed on the old one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_whose_first_question_went_unanswered_still_follows_a_failover() {
+    let old = RedisServer::start();
+    let new = RedisServer::start();
+    let proxy = std::sync::Arc::new(Proxy::start(old.port()));
+    let prefix = unique_prefix("watch-failover-unanswered");
+    let redis_a = store(&new.url(), &prefix, true).await;
+    let redis_b = store(&proxy.url(), &prefix, true).await;
+    let accepted = proxy.accepted();
+    proxy.set_hold_replies(true);
+    let released = std::thread::spawn({
+        let proxy = std::sync::Arc::clone(&proxy);
+        move || {
+            let started = std::time::Instant::now();
+            while proxy.accepted() < accepted + 2 && started.elapsed() < Duration::from_secs(30) {
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            proxy.set_hold_replies(false);
+        }
+    });
+    let (watch, mut heard) = watch(&redis_b);
+    assert_eq!(next(&mut heard, SOON * 2).await, Heard::Subscribed);
+    released.join().unwrap();
+    // The failover: the address leads to the new server from now on, where A resets a client.
+    proxy.set_upstream(new.port());
+    redis_a.reset(b"alice", &limit()).await.unwrap();
+    // Nothing is heard on the old server meanwhile (A's reset was published on the new one).
+    match tokio::time::timeout(Duration::from_secs(15), heard.recv()).await {
+        Ok(Some(Heard::Subscribed)) => {}
+        Ok(Some(other)) => panic!("heard {other:?} on the old server"),
+        Ok(None) => panic!("the watch ended"),
+        Err(_) => panic!(
+            "no new subscription within 15 s of the failover (subscribed: {})",
+            watch.is_subscribed()
+        ),
+    }
+    // Subscribed where the address leads now: it hears the resets made there.
+    redis_a.reset(b"bob", &limit()).await.unwrap();
+    assert!(matches!(next(&mut heard, SOON).await, Heard::Reset(key, _) if key.ends_with(b"bob")));
+}
+
 /// A notice handed to a `DenialCache` over a `Leasing` innermost first (the lease ended, then
 /// the cache's denials): a check between the two goes past the lease to the store, which admits
 /// the reset client, and no denial outlives the reset. (Outer first, a check between the two
