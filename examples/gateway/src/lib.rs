@@ -567,8 +567,9 @@ where
         };
         // The client value as the bytes the query encodes, not `params.client`: decoded as text,
         // each byte that is not UTF-8 (a header value may hold any from 0x80 up) became U+FFFD,
-        // and the reset named a client no request has, or another one. Without the spaces and
-        // tabs around it, as the policy keys the header's.
+        // and the reset named a client no request has, or another one. Without the ASCII
+        // whitespace around it, as the policy keys the header's (`header_value_trimmed`; of
+        // that, a header value can hold spaces and tabs only).
         let client = params
             .client
             .as_ref()
