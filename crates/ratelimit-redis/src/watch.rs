@@ -19,9 +19,10 @@
 //! a DNS name: the old primary, made a replica, answers the `PING`s, but resets are published on
 //! the new one) is found by asking, every 5 s on a new connection, which server the address leads
 //! to (`INFO server`'s `run_id`; a user without `+info` is not checked so), and made again there.
-//! If that question goes unanswered before a subscription (a timeout, a connection that fails),
-//! it is asked again every 5 s while subscribed, and the subscription is made again once it is
-//! answered, so that the watch knows which server it is on.
+//! If that question goes unanswered before a subscription (a timeout, a connection that fails,
+//! an error reply other than a refusal such as `LOADING`), it is asked again every 5 s while
+//! subscribed, and the subscription is made again once it is answered, so that the watch knows
+//! which server it is on.
 
 use std::fmt;
 use std::future::poll_fn;
@@ -295,7 +296,8 @@ async fn subscribe(
 enum Server {
     /// The server's `run_id`.
     Is(String),
-    /// No answer (a timeout, a connection that failed): asked again.
+    /// No answer (a timeout, a connection that failed, an error reply other than a refusal):
+    /// asked again.
     Unanswered,
     /// Not to be asked: `INFO` refused to the user (no `+info`), or a server that tells no
     /// `run_id`.
