@@ -500,8 +500,10 @@ impl ClientKind {
 #[serde(deny_unknown_fields)]
 struct ResetParams {
     policy: String,
+    /// Only whether it is there: its value is read as bytes from the raw query
+    /// ([`client_value`]), since decoding it as text would replace every byte that is not UTF-8.
     #[serde(default)]
-    client: Option<String>,
+    client: Option<serde::de::IgnoredAny>,
     #[serde(default)]
     ip: Option<String>,
 }
@@ -565,9 +567,9 @@ where
                 format!("no route's policy is named {:?}", params.policy),
             );
         };
-        // The client value as the bytes the query encodes, not `params.client`: decoded as text,
-        // each byte that is not UTF-8 (a header value may hold any from 0x80 up) became U+FFFD,
-        // and the reset named a client no request has, or another one. Without the ASCII
+        // The client value as the bytes the query encodes: decoded as text, each byte that is
+        // not UTF-8 (a header value may hold any from 0x80 up) became U+FFFD, and the reset
+        // named a client no request has, or another one. Without the ASCII
         // whitespace around it, as the policy keys the header's (`header_value_trimmed`; of
         // that, a header value can hold spaces and tabs only).
         let client = params

@@ -242,6 +242,12 @@ async fn mistakes_are_named() {
             "\"api\" counts per header value",
         ),
         ("ip=192.0.2.1", 400, "missing field `policy`"),
+        // Named twice, even once encoded: which one was meant is not guessed.
+        (
+            "policy=api&client=k1&cl%69ent=k2",
+            400,
+            "duplicate field `client`",
+        ),
         (
             "policy=login&ip=192.0.2.1&user=x",
             400,
