@@ -812,6 +812,67 @@ async fn a_connection_to_a_demoted_primary_is_replaced() {
     }
 }
 
+/// A check that writes nothing (a denial, a peek of cost 0) on a connection to a demoted primary
+/// is refused with `READONLY` as an admission is, and the connection replaced: the demoted
+/// server's data is not the new primary's (it is stale until it has synced from it, and what a
+/// reset deleted on the new primary stays there meanwhile). Before the scripts declared
+/// themselves with a shebang, Redis ran them on the replica and only a write was refused, so a
+/// connection left on the demoted server went on answering denials from its data. Here the
+/// demoted server follows an address where nothing answers, so it never syncs, and the new
+/// primary starts empty, as after a reset of the client there.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_denial_or_a_peek_on_a_demoted_primary_replaces_its_connection() {
+    for cost in [1, 0] {
+        let old = RedisServer::start();
+        let new = RedisServer::start();
+        let proxy = Proxy::start(old.port());
+        let store = RedisStore::builder(proxy.url())
+            .prefix(unique_prefix("demoted-denial"))
+            .pool_size(1)
+            .build()
+            .await
+            .unwrap();
+        let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(2).unwrap()).unwrap();
+        for _ in 0..2 {
+            assert!(store.check(b"k", &limit, 1).await.unwrap().is_allowed());
+        }
+        assert!(!store.check(b"k", &limit, 1).await.unwrap().is_allowed());
+        // The old primary is demoted and keeps its data; the new one has none of the client's
+        // (as after an operator's reset there), and the address moves to it.
+        let nowhere = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let nowhere_port = nowhere.local_addr().unwrap().port().to_string();
+        drop(nowhere);
+        old.cli(&["REPLICAOF", "127.0.0.1", &nowhere_port]);
+        proxy.set_upstream(new.port());
+
+        let first = store.check(b"k", &limit, cost).await;
+        assert!(
+            matches!(&first, Err(e) if e.to_string().contains("ReadOnly")),
+            "cost {cost}: the demoted server answered {first:?}"
+        );
+        // The connection was made less than the reconnect gap before, so the store takes the
+        // address for one still leading to a replica and waits the gap before opening another:
+        // meanwhile checks fail with that READONLY, and none is answered by the demoted server.
+        let start = Instant::now();
+        let d = loop {
+            match store.check(b"k", &limit, cost).await {
+                Ok(d) => break d,
+                Err(e) => assert!(e.to_string().contains("ReadOnly"), "cost {cost}: {e}"),
+            }
+            assert!(
+                start.elapsed() < Duration::from_secs(5),
+                "cost {cost}: no recovery"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert!(
+            d.is_allowed(),
+            "cost {cost}: the new primary's answer {d:?}"
+        );
+        assert_eq!(d.remaining(), 2 - cost, "cost {cost}");
+    }
+}
+
 /// A server that refuses connections (restarting, its port closed) refuses them in microseconds:
 /// the store waits a moment between failed openings, and the checks meanwhile fail at once with
 /// the last opening's error, instead of every check opening a connection of its own.

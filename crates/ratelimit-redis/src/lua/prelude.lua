@@ -1,4 +1,14 @@
+#!lua
 -- ratelimit-redis: shared prelude, prepended to each algorithm's script.
+--
+-- The shebang (Redis 7) declares the script with no flags: Redis refuses it before it runs on a
+-- read-only replica (READONLY) and when over `maxmemory` (OOM), rather than refusing only its
+-- first write. A denial and a peek write nothing, so without it a connection left on a primary
+-- demoted to a replica would go on answering them from the replica's data (stale until it has
+-- synced, and without what a reset deleted on the new primary); with it, every check there is
+-- refused and the store replaces the connection. No flag is wanted: `no-writes` would let it run
+-- on replicas, `allow-oom` would let its writes past `maxmemory`, and every key a check touches
+-- is in one slot.
 --
 -- Numbers are doubles, exact for integers up to 2^53. ratelimit-core's Quota and Limit
 -- validation bounds every value the algorithms form by 2^52, and the client clock is refused from
