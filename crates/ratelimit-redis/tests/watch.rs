@@ -524,6 +524,47 @@ async fn a_watch_whose_first_question_went_unanswered_still_follows_a_failover()
     assert!(matches!(next(&mut heard, SOON).await, Heard::Reset(key, _) if key.ends_with(b"bob")));
 }
 
+/// A watch whose question of where its address leads, asked before subscribing again, went
+/// unanswered (its connection refused) takes the address to lead where it did at the latest
+/// answer, and does not subscribe again when the next answer names that server. (It took the
+/// subscription's server for unknown, and the first answer made it subscribe again: with every
+/// other question unanswered, a review saw 4 subscriptions in 21 s, each of which makes a
+/// `DenialCache` drop its denials.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_does_not_subscribe_again_when_its_server_answers_after_an_unanswered_question() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    let prefix = unique_prefix("watch-known");
+    let watched = store(&proxy.url(), &prefix, true).await;
+    let direct = store(&server.url(), &prefix, true).await;
+    let (watch, mut heard) = watch(&watched);
+    assert_eq!(next(&mut heard, SOON).await, Heard::Subscribed);
+    // The subscription is lost; the question asked before subscribing again is refused.
+    let accepted = proxy.accepted();
+    proxy.refuse_next(1);
+    proxy.drop_connections();
+    assert_eq!(next(&mut heard, SOON).await, Heard::Subscribed);
+    assert_eq!(
+        proxy.accepted(),
+        accepted + 2,
+        "the refused question and the subscription"
+    );
+    // The question asked 5 s after subscribing is answered, by the same server.
+    match tokio::time::timeout(Duration::from_secs(8), heard.recv()).await {
+        Err(_) => {}
+        Ok(other) => panic!("heard {other:?}: subscribed again on the same server"),
+    }
+    assert!(
+        proxy.accepted() > accepted + 2,
+        "no question asked while subscribed"
+    );
+    assert!(watch.is_subscribed());
+    direct.reset(b"alice", &limit()).await.unwrap();
+    assert!(
+        matches!(next(&mut heard, SOON).await, Heard::Reset(key, _) if key.ends_with(b"alice"))
+    );
+}
+
 /// A notice handed to a `DenialCache` over a `Leasing` innermost first (the lease ended, then
 /// the cache's denials): a check between the two goes past the lease to the store, which admits
 /// the reset client, and no denial outlives the reset. (Outer first, a check between the two

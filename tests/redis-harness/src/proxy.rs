@@ -10,6 +10,7 @@
 //! proxy.set_latency(Duration::from_millis(30)); // every chunk arrives 30 ms late
 //! proxy.drop_connections(); // cut every open connection
 //! proxy.set_refuse(true); // new connections are closed at once
+//! proxy.refuse_next(1); // the next new connection only
 //! proxy.set_upstream(server.port()); // new connections go to this port
 //! proxy.set_hold_replies(true); // the server's replies wait in the proxy until set back
 //! ```
@@ -44,6 +45,8 @@ struct Shared {
     hold_replies: AtomicBool,
     latency_micros: AtomicU64,
     refuse: AtomicBool,
+    /// How many of the next new connections to refuse (as `refuse` does), whatever `refuse` says.
+    refuse_next: AtomicU64,
     stopped: AtomicBool,
     /// Both ends of every connection, to cut them.
     streams: Mutex<Vec<TcpStream>>,
@@ -104,6 +107,12 @@ impl Proxy {
         self.shared.refuse.store(refuse, Ordering::Relaxed);
     }
 
+    /// Refuses the next `count` new connections as [`set_refuse`](Proxy::set_refuse) does, then
+    /// accepts again (replaces a count not yet used up).
+    pub fn refuse_next(&self, count: u64) {
+        self.shared.refuse_next.store(count, Ordering::Relaxed);
+    }
+
     /// Cuts every open connection (both ends are shut down); new ones are still accepted unless
     /// [`set_refuse`](Proxy::set_refuse) says otherwise.
     pub fn drop_connections(&self) {
@@ -142,7 +151,11 @@ fn accept_loop(listener: &TcpListener, shared: &Arc<Shared>) {
         }
         let Ok(client) = client else { continue };
         shared.accepted.fetch_add(1, Ordering::Relaxed);
-        if shared.refuse.load(Ordering::Relaxed) {
+        let next = shared
+            .refuse_next
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |n| n.checked_sub(1))
+            .is_ok();
+        if next || shared.refuse.load(Ordering::Relaxed) {
             let _ = client.shutdown(Shutdown::Both);
             continue;
         }
