@@ -55,8 +55,7 @@
 //! cluster the store's own manager, whose client never re-sends a command by itself) and hands
 //! them out in turn, so concurrent checks are pipelined instead of each taking a pooled
 //! connection (which would add a health-check round trip per check). A connection that breaks,
-//! or (standalone) that answers `READONLY` (a primary demoted to a replica refuses every check,
-//! denials included: the scripts declare themselves with a shebang), is replaced by a task of its slot, which a check that
+//! or (standalone) that answers `READONLY`, is replaced by a task of its slot, which a check that
 //! stops waiting does not cancel. One that has left a command unanswered for the response timeout
 //! is probed (a `PING`, sent when the next check finds the silence, or by a task that watches
 //! the connection once a check has ended without its answer, even if no other check comes) and

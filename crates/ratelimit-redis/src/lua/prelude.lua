@@ -1,14 +1,15 @@
-#!lua
 -- ratelimit-redis: shared prelude, prepended to each algorithm's script.
 --
--- The shebang (Redis 7) declares the script with no flags: Redis refuses it before it runs on a
--- read-only replica (READONLY) and when over `maxmemory` (OOM), rather than refusing only its
--- first write. A denial and a peek write nothing, so without it a connection left on a primary
--- demoted to a replica would go on answering them from the replica's data (stale until it has
--- synced, and without what a reset deleted on the new primary); with it, every check there is
--- refused and the store replaces the connection. No flag is wanted: `no-writes` would let it run
--- on replicas, `allow-oom` would let its writes past `maxmemory`, and every key a check touches
--- is in one slot.
+-- No shebang (`#!lua`, Redis 7's script flags), on purpose. Declared with one and without
+-- `no-writes`, a script is refused before it runs on a read-only replica (READONLY), over
+-- `maxmemory` with `noeviction` (OOM), with too few replicas for `min-replicas-to-write`
+-- (NOREPLICAS) and after a failed RDB save (MISCONF), so a denial would fail there too, and a
+-- fail-open layer would let every denied client through while it lasted. Without one, Redis
+-- refuses only the first write: a denial and a peek, which write nothing, are still answered
+-- (resilience.rs, a_server_refusing_writes_still_answers_denials_and_peeks). The cost: a
+-- connection left on a primary demoted to a replica behind the same address is replaced only
+-- when an admission's write gets READONLY, and until then answers denials and peeks from the
+-- replica's data (see docs/redis.md, Connections).
 --
 -- Numbers are doubles, exact for integers up to 2^53. ratelimit-core's Quota and Limit
 -- validation bounds every value the algorithms form by 2^52, and the client clock is refused from
