@@ -336,7 +336,7 @@ impl Connection {
         let mut sends = 0;
         loop {
             sends += 1;
-            let error = match self.send(&route, script, cmd).await {
+            let error = match self.send(&route, script, cmd, &mut loads).await {
                 Ok(value) => return Ok(value),
                 Err(e) => e,
             };
@@ -367,11 +367,14 @@ impl Connection {
         }
     }
 
+    /// `loads`: how many times the check has loaded its script so far (a side connection loads it
+    /// itself, within the same [`MAX_LOADS`]).
     async fn send(
         &mut self,
         route: &Route,
         script: &redis::Script,
         cmd: &Cmd,
+        loads: &mut u32,
     ) -> Result<Value, RedisError> {
         match route {
             Route::Slot => self.turns.send(cmd.query_async(&mut self.conn)).await,
@@ -380,8 +383,16 @@ impl Connection {
             // other nodes redirect to it until it fails over; a new master), the client rebuilds
             // every connection from its seed list, stalling every key, and did so at every such
             // check (`a_dead_masters_checks_do_not_reconnect_the_whole_cluster`).
-            Route::Node(host, port) => self.nodes.side_send(host, *port, false, script, cmd).await,
-            Route::Asking(host, port) => self.nodes.side_send(host, *port, true, script, cmd).await,
+            Route::Node(host, port) => {
+                self.nodes
+                    .side_send(host, *port, false, script, cmd, loads)
+                    .await
+            }
+            Route::Asking(host, port) => {
+                self.nodes
+                    .side_send(host, *port, true, script, cmd, loads)
+                    .await
+            }
         }
     }
 }
@@ -406,13 +417,15 @@ impl Drop for Unanswered<'_> {
 
 /// `cmd` (an `EVALSHA` of `script`) on the connection to one server: a standalone server, or a
 /// cluster node reached directly (after `ASKING`, in the same write, if `asking`). `NOSCRIPT`
-/// proves the script did not run: it is loaded on that server and `cmd` sent once more, up to
-/// [`MAX_LOADS`] times.
+/// proves the script did not run: it is loaded on that server and `cmd` sent once more, while
+/// the check has loaded it fewer than [`MAX_LOADS`] times (`loads`, which a cluster check
+/// redirected here after loading it on its slot's master carries on counting).
 pub(crate) async fn eval_on(
     conn: &mut MultiplexedConnection,
     script: &redis::Script,
     cmd: &Cmd,
     asking: bool,
+    loads: &mut u32,
 ) -> Result<Value, RedisError> {
     let send = async |conn: &mut MultiplexedConnection| {
         if asking {
@@ -421,14 +434,13 @@ pub(crate) async fn eval_on(
             cmd.query_async(conn).await
         }
     };
-    let mut loads = 0;
     loop {
         match send(conn).await {
             Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-                if loads == MAX_LOADS {
+                if *loads >= MAX_LOADS {
                     return Err(e);
                 }
-                loads += 1;
+                *loads += 1;
                 script.load_async(&mut *conn).await?;
             }
             reply => return reply,
@@ -458,7 +470,8 @@ fn one_reply(mut replies: Vec<Value>) -> Result<Value, RedisError> {
 impl Nodes {
     /// Sends `cmd` (after `ASKING` if `asking`) over a side connection to `host:port`. The node
     /// is not one the cluster client loads scripts on, so `NOSCRIPT` is answered here: the script
-    /// is loaded on that node and sent once more (up to [`MAX_LOADS`] times).
+    /// is loaded on that node and sent once more (while the check has made fewer than
+    /// [`MAX_LOADS`] loads, counted in `loads`).
     async fn side_send(
         self: &Arc<Self>,
         host: &str,
@@ -466,6 +479,7 @@ impl Nodes {
         asking: bool,
         script: &redis::Script,
         cmd: &Cmd,
+        loads: &mut u32,
     ) -> Result<Value, RedisError> {
         let key = (host.to_owned(), port);
         let mut cell = self.cell(&key);
@@ -511,7 +525,7 @@ impl Nodes {
             cell: &cell,
             armed: true,
         };
-        let reply = eval_on(&mut conn, script, cmd, asking).await;
+        let reply = eval_on(&mut conn, script, cmd, asking, loads).await;
         unanswered.armed = matches!(&reply, Err(e) if is_broken(e));
         reply
     }
@@ -804,7 +818,12 @@ mod tests {
         let proxy = Proxy::start(server.port());
         let (nodes, script, cmd) =
             side_nodes_idle(&proxy, Duration::from_secs(1), Duration::from_millis(100));
-        let send = || nodes.side_send("127.0.0.1", proxy.port(), false, &script, &cmd);
+        let send = async || {
+            let mut loads = 0;
+            nodes
+                .side_send("127.0.0.1", proxy.port(), false, &script, &cmd, &mut loads)
+                .await
+        };
         assert_eq!(send().await.unwrap(), Value::Int(7));
         // Closed at both ends while idle.
         let accepted = proxy.accepted();
@@ -827,7 +846,12 @@ mod tests {
         let server = RedisServer::start();
         let proxy = Proxy::start(server.port());
         let (nodes, script, cmd) = side_nodes(&proxy, Duration::from_secs(1));
-        let send = || nodes.side_send("127.0.0.1", proxy.port(), false, &script, &cmd);
+        let send = async || {
+            let mut loads = 0;
+            nodes
+                .side_send("127.0.0.1", proxy.port(), false, &script, &cmd, &mut loads)
+                .await
+        };
         assert_eq!(send().await.unwrap(), Value::Int(7));
         let accepted = proxy.accepted();
         silent_then_back(&proxy, send, accepted).await;
@@ -842,7 +866,12 @@ mod tests {
         let server = RedisServer::start();
         let proxy = Proxy::start(server.port());
         let (nodes, script, cmd) = side_nodes(&proxy, Duration::from_secs(10));
-        let send = || nodes.side_send("127.0.0.1", proxy.port(), false, &script, &cmd);
+        let send = async || {
+            let mut loads = 0;
+            nodes
+                .side_send("127.0.0.1", proxy.port(), false, &script, &cmd, &mut loads)
+                .await
+        };
         // Every chunk of the opening's exchange takes 200 ms each way.
         proxy.set_latency(Duration::from_millis(200));
         let gave_up = tokio::time::timeout(Duration::from_millis(50), send()).await;

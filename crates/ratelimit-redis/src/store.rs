@@ -263,7 +263,7 @@ impl Conn {
     /// and refusals: see [`cluster`]); never after any other error, since the script may have run.
     async fn eval(&mut self, script: &redis::Script, cmd: &Cmd) -> Result<Value, RedisError> {
         match self {
-            Conn::Single(c) => cluster::eval_on(c, script, cmd, false).await,
+            Conn::Single(c) => cluster::eval_on(c, script, cmd, false, &mut 0).await,
             Conn::Cluster(c) => c.eval(script, cmd).await,
         }
     }

@@ -21,7 +21,10 @@
 //! is let go then. A command that finds every turn held for [`SCOUT_AFTER`] takes one of the
 //! [`SCOUTS`] spare turns instead: if every turn is held by a silent master's commands, a scout
 //! to another master gets answered and lets them all go. While the client refreshes its slot map
-//! no command is answered, so at most [`TURNS`] + [`SCOUTS`] wait to be taken in when it ends.
+//! no command is answered, so at most [`TURNS`] + [`SCOUTS`] commands whose callers still wait
+//! are taken in when it ends. A caller that gives up meanwhile lets its turn go unanswered, and
+//! its command stays in the client's queue; the client drops such a command unsent (its caller
+//! gone) before it asks for the table's lock, so it does not count towards the stall.
 //!
 //! The cost: a connection has at most 16 commands in flight that are less than 5 ms old, and 24
 //! with the scouts, so about 16 a round trip (16,000 checks a second at a 1 ms round trip) before

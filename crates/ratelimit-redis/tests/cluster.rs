@@ -561,6 +561,71 @@ async fn scripts_flushed_again_on_a_master_during_a_reload_are_loaded_again() {
     assert_eq!(after.0 - before.0, 4, "and the one that ran");
 }
 
+/// One check loads its script at most `MAX_LOADS` (3) times in all, on its slot's master and on
+/// the node a redirection sends it to together. Here its slot's master has lost its scripts; the
+/// slot moves to another master right after the check loaded the script there, and that master's
+/// scripts are flushed after each of the check's loads on it: the third load is the last, and
+/// the check then fails with `NOSCRIPT`, nothing counted. (The side connection to the new owner
+/// kept a count of its own, and the check made a fourth load there and was answered.) Through
+/// proxies that delay every chunk by 100 ms, so that each flush lands between a load and the
+/// check sent after it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_check_loads_its_script_at_most_three_times_across_a_redirection() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = std::sync::Arc::new(RedisCluster::start(3));
+    let (a, b) = (&cluster.nodes()[0], &cluster.nodes()[1]);
+    let proxy_a = proxied(&cluster, a).await;
+    let proxy_b = proxied(&cluster, b).await;
+    let store = store_on(&cluster, "loads-across", Duration::from_secs(10)).await;
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(10).unwrap()).unwrap();
+    // A user with no state yet, so that its slot can be handed over as it is.
+    let user = user_of(&cluster, &store, &limit, a);
+    let slot = a.cli(&[
+        "cluster",
+        "keyslot",
+        &store.state_keys(user.as_bytes(), &limit)[0],
+    ]);
+    assert_eq!(a.cli(&["script", "flush"]), "OK");
+    assert_eq!(b.cli(&["script", "flush"]), "OK");
+    let (loads_a, loads_b) = (script_loads(a), script_loads(b));
+    proxy_a.set_latency(Duration::from_millis(100));
+    proxy_b.set_latency(Duration::from_millis(100));
+    let mover = std::thread::spawn({
+        let cluster = std::sync::Arc::clone(&cluster);
+        move || {
+            let (a, b) = (&cluster.nodes()[0], &cluster.nodes()[1]);
+            let wait_for = |node: &redis_harness::RedisServer, loads: u64| {
+                let deadline = std::time::Instant::now() + Duration::from_secs(10);
+                while script_loads(node) < loads {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "load {loads} never came"
+                    );
+                    std::thread::sleep(Duration::from_millis(1));
+                }
+            };
+            wait_for(a, loads_a + 1);
+            give_slot(&cluster, &slot, b);
+            for n in 1..=2 {
+                wait_for(b, loads_b + n);
+                assert_eq!(b.cli(&["script", "flush"]), "OK");
+            }
+        }
+    });
+    let failed = store.check(user.as_bytes(), &limit, 1).await;
+    mover.join().unwrap();
+    let loads = (script_loads(a) - loads_a, script_loads(b) - loads_b);
+    assert_eq!(loads, (1, 2), "loads on the old and the new owner");
+    assert!(
+        matches!(&failed, Err(e) if e.to_string().contains("NoScript")),
+        "{failed:?}"
+    );
+    proxy_a.set_latency(Duration::ZERO);
+    proxy_b.set_latency(Duration::ZERO);
+    let d = store.check(user.as_bytes(), &limit, 1).await.unwrap();
+    assert_eq!(d.remaining(), 9, "the failed check counted nothing: {d:?}");
+}
+
 /// A check whose reply is lost after its script ran on the master (the connection drops while
 /// the reply is on its way) fails, and is not sent again: the master counted it once, and once
 /// only. A client that re-sent it on the new connection would spend two tokens for one request.
