@@ -266,7 +266,7 @@ impl Config {
                         other => return Err(bad("--store", other)),
                     }
                 }
-                "--redis-url" => c.redis_url = Some(value("--redis-url")?),
+                "--redis-url" => c.redis_url = Some(redis_url(&value("--redis-url")?)?),
                 "--pool-size" => c.pool_size = num("--pool-size", &value("--pool-size")?)?,
                 "--lease-size" => {
                     c.lease_size = Some(num("--lease-size", &value("--lease-size")?)?);
@@ -610,6 +610,23 @@ fn parse_limit(v: &str) -> Result<(u64, Duration), Error> {
         }
     };
     Ok((n, period))
+}
+
+/// `--redis-url`'s value, if it is a `redis://` URL (the tool is built without TLS). What is
+/// shown of a wrong one has its password replaced.
+fn redis_url(url: &str) -> Result<String, Error> {
+    let scheme = redis::parse_redis_url(url).map(|u| u.scheme().to_owned());
+    match scheme.as_deref() {
+        Some("redis" | "valkey" | "redis+unix" | "valkey+unix" | "unix") => Ok(url.to_owned()),
+        Some(_) => Err(Error::Usage(format!(
+            "--redis-url {}: the tool is built without TLS; give a redis:// URL",
+            ratelimit_redis::redact_url(url)
+        ))),
+        None => Err(Error::Usage(format!(
+            "--redis-url {}: not a Redis URL (redis://[[user]:password@]host[:port][/db])",
+            ratelimit_redis::redact_url(url)
+        ))),
+    }
 }
 
 #[cfg(test)]

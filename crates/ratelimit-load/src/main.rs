@@ -73,6 +73,12 @@ fn main() -> ExitCode {
     runtime.shutdown_background();
     match outcome {
         Some(Ok(())) => ExitCode::SUCCESS,
+        // A setting found wrong only when used (a Redis URL the store refuses, a `--redis-config`
+        // line the server refuses): a bad argument, as at parsing.
+        Some(Err(e @ Error::Usage(_))) => {
+            tell(format_args!("ratelimit-load: {e}\n\n{USAGE}"));
+            ExitCode::from(2)
+        }
         Some(Err(e @ Error::Check(_))) => {
             tell(format_args!("ratelimit-load: {e}"));
             ExitCode::from(3)

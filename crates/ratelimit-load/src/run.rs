@@ -93,9 +93,9 @@ fn achieved_rate(completed: u64, elapsed: Duration, rate: f64) -> f64 {
     completed as f64 / (elapsed.as_secs_f64() + 1.0 / rate).max(1e-9)
 }
 
-/// Starts a `redis-server` for the run if it needs one and was given no URL. The harness panics
-/// when the server cannot start (no `redis-server`, a bad `--redis-config` line); that becomes an
-/// error here, so the tool exits with its usual message and status.
+/// Starts a `redis-server` for the run if it needs one and was given no URL. A server that does
+/// not start is an error (a `--redis-config` line it refused, a usage error); so is a panic of
+/// the harness's (no temporary directory), so the tool exits with its usual message and status.
 fn start_redis_if_needed(config: &mut Config) -> Result<Option<RedisServer>, Error> {
     if config.store != StoreKind::Redis || config.redis_url.is_some() {
         return Ok(None);
@@ -113,7 +113,7 @@ fn start_redis_if_needed(config: &mut Config) -> Result<Option<RedisServer>, Err
         lines
             .iter()
             .fold(RedisServer::builder(), |b, line| b.config(line.as_str()))
-            .start()
+            .try_start()
     })
     .map_err(|panic| {
         let why = panic
@@ -122,6 +122,14 @@ fn start_redis_if_needed(config: &mut Config) -> Result<Option<RedisServer>, Err
             .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
             .unwrap_or_else(|| "unknown reason".to_owned());
         Error::Redis(format!("could not start redis-server: {why}"))
+    })?
+    .map_err(|why| {
+        // A line of `--redis-config` that the server refuses is a bad argument (exit status 2).
+        if !config.redis_config.is_empty() && why.contains("FATAL CONFIG FILE ERROR") {
+            Error::Usage(format!("--redis-config: redis-server refused it: {why}"))
+        } else {
+            Error::Redis(format!("could not start redis-server: {why}"))
+        }
     })?;
     config.redis_url = Some(server.url());
     Ok(Some(server))
@@ -502,8 +510,10 @@ const CLOCK_SLACK: Duration = Duration::from_micros(2);
 /// server's wall clock within the run counts fully in a short interval. A run at 2026-12-01 16:15
 /// UTC reported one user above the bound in some interval in both Redis runs of `tests/runs.rs`
 /// at once (a request 0.5 ms before a refill by the tool's clock, admitted by the server), and
-/// none of three runs right after did; the cause was not established. It allows, at most, one
-/// refill more in an interval than the exact bound.
+/// none of three runs right after did; the cause was not established. It lets through what the
+/// limit admits in 1 ms more than the exact bound: one refill for a bucket that refills at most
+/// every millisecond (up to 1,000 a second per user), ⌈1 ms / refill interval⌉ for a faster one,
+/// and for a window, a whole window's limit more in an interval within 1 ms of spanning another.
 const SERVER_CLOCK_SLACK: Duration = Duration::from_millis(1);
 
 /// How the store's clock may differ from the tool's, for the bounds: it may run up to `faster`
@@ -613,7 +623,13 @@ async fn run_once(config: &Config) -> Result<Report, Error> {
                     .expiry_slack(slack)
                     .build()
                     .await
-                    .map_err(|e| Error::Redis(e.to_string()))?;
+                    .map_err(|e| match e {
+                        // A URL the store cannot use is a bad argument (exit status 2).
+                        ratelimit_redis::RedisStoreError::Config { .. } => {
+                            Error::Usage(format!("--redis-url: {e}"))
+                        }
+                        e => Error::Redis(e.to_string()),
+                    })?;
                 stores.push(s);
             }
             Ok::<_, Error>(stores)

@@ -67,6 +67,34 @@ fn check_refuses_a_sweep() {
     assert!(stderr.contains("--check checks one run"), "{stderr}");
 }
 
+/// A Redis setting found wrong is a usage error (2), with what is wrong and no panic: a URL that
+/// is not one, a `rediss://` URL (the tool has no TLS; the store's own message named features the
+/// tool does not have), a `--redis-config` line the server refuses (the harness's panic message
+/// was printed before the tool's, and the status was 1). The password is not echoed.
+#[test]
+fn a_redis_setting_found_wrong_is_a_usage_error() {
+    let cases: [(&[&str], &str); 4] = [
+        (&["--redis-url", "notaurl"], "not a Redis URL"),
+        (&["--redis-url", "http://127.0.0.1:6379"], "not a Redis URL"),
+        (
+            &["--redis-url", "rediss://user:secret@127.0.0.1:6379"],
+            "built without TLS",
+        ),
+        (
+            &["--redis-config", "bogus-directive"],
+            "redis-server refused it",
+        ),
+    ];
+    for (args, says) in cases {
+        let out = tool(&[&["--store", "redis", "--rate", "10"][..], args].concat());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains(says), "{args:?}: {stderr}");
+        assert!(!stderr.contains("panicked"), "{args:?}: {stderr}");
+        assert!(!stderr.contains("secret"), "{args:?}: {stderr}");
+    }
+}
+
 /// An argument that is not UTF-8 (a file name may be any bytes but 0) is a usage error, exit 2,
 /// not a panic (exit 101).
 #[cfg(unix)]

@@ -240,12 +240,25 @@ impl RedisServerBuilder {
     /// (any program that asks the kernel for a free port may be given it): a server that exits
     /// because its address is in use is started again on another port, up to five times.
     pub fn start(self) -> RedisServer {
+        self.try_start().unwrap_or_else(|why| panic!("{why}"))
+    }
+
+    /// [`start`](Self::start), returning why the server did not start (its log: a configuration
+    /// line it refused, say) instead of panicking. It still panics if no temporary directory can
+    /// be made or `redis-server` cannot be run at all.
+    pub fn try_start(self) -> Result<RedisServer, String> {
         let port = free_port(self.cluster);
-        self.start_on(port)
+        self.try_start_on(port)
     }
 
     /// [`start`](Self::start), trying `port` first.
+    #[cfg(test)]
     fn start_on(self, port: u16) -> RedisServer {
+        self.try_start_on(port)
+            .unwrap_or_else(|why| panic!("{why}"))
+    }
+
+    fn try_start_on(self, port: u16) -> Result<RedisServer, String> {
         let dir = tempfile::Builder::new()
             .prefix("redis-harness-")
             .tempdir()
@@ -260,18 +273,18 @@ impl RedisServerBuilder {
         };
         for _ in 1..PORT_ATTEMPTS {
             match server.try_spawn() {
-                Ok(()) => return server,
+                Ok(()) => return Ok(server),
                 Err(Exit::AddressInUse) => {
                     for file in ["redis.log", "nodes.conf"] {
                         let _ = std::fs::remove_file(server.dir.path().join(file));
                     }
                     server.port = free_port(server.cluster);
                 }
-                Err(Exit::Other(why)) => panic!("{why}"),
+                Err(Exit::Other(why)) => return Err(why),
             }
         }
-        server.spawn();
-        server
+        server.spawn_or_why()?;
+        Ok(server)
     }
 }
 
@@ -355,14 +368,21 @@ impl RedisServer {
 
     /// Starts the process on `self.port`; panics (with the reason) if it does not answer.
     fn spawn(&mut self) {
+        if let Err(why) = self.spawn_or_why() {
+            panic!("{why}");
+        }
+    }
+
+    /// Starts the process on `self.port`; why not, if it does not answer.
+    fn spawn_or_why(&mut self) -> Result<(), String> {
         match self.try_spawn() {
-            Ok(()) => {}
-            Err(Exit::AddressInUse) => panic!(
+            Ok(()) => Ok(()),
+            Err(Exit::AddressInUse) => Err(format!(
                 "redis-server could not bind port {} (in use); log:\n{}",
                 self.port,
                 self.log()
-            ),
-            Err(Exit::Other(why)) => panic!("{why}"),
+            )),
+            Err(Exit::Other(why)) => Err(why),
         }
     }
 
