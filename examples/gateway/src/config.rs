@@ -1170,10 +1170,31 @@ impl RouteConfig {
                 })?);
             }
         }
+        // `cost` is what the methods served under the route without a cost of their own pay
+        // (HEAD pays GET's, if GET has one). If every method served has its own, it never
+        // applies: not checked against the limit below, and warned of if it was set.
+        let own = |m: &str| {
+            self.cost_by_method.contains_key(m)
+                || (m == "HEAD" && self.cost_by_method.contains_key("GET"))
+        };
+        let mut served = ENDPOINTS
+            .iter()
+            .filter(|e| covers(&self.path, e))
+            .flat_map(|e| methods(e).iter().copied())
+            .peekable();
+        let cost_applies = served.peek().is_none() || served.any(|m| !own(m));
+        if !cost_applies && self.cost != 1 {
+            warnings.push(format!(
+                "{at}.cost: every method served under {:?} has a cost of its own in \
+                 cost_by_method (HEAD pays GET's): this cost never applies",
+                self.path
+            ));
+        }
         // A cost no quota can ever hold is a 429 for every such request, for good: a mistake,
         // refused here. Over a fallback share it is so only while the store is down, which may
         // be meant (writes refused in degraded mode): a warning.
-        let costs = std::iter::once(("cost".to_owned(), self.cost)).chain(
+        let default_cost = cost_applies.then(|| ("cost".to_owned(), self.cost));
+        let costs = default_cost.into_iter().chain(
             self.cost_by_method
                 .iter()
                 .map(|(m, &c)| (format!("cost_by_method.{m}"), c)),

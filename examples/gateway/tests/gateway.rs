@@ -767,6 +767,32 @@ async fn bad_configurations_fail_naming_the_field() {
              answered 405, never counted): this cost never applies"
         ]
     );
+    // A `cost` that no method served under the route pays (each has its own; HEAD pays GET's)
+    // never applies: not refused for being more than the limit admits, which no request would
+    // be, but warned of. (It was refused, as if every such request would be denied.)
+    let config = Config::from_toml(
+        "[[routes]]\npath = \"/api/items/{id}\"\ncost = 10\ncost_by_method = { GET = 1 }\n\
+         [routes.policy]\nname = \"a\"\nquotas = [{ limit = 5, per = \"minute\" }]\n",
+    )
+    .unwrap();
+    assert_eq!(
+        config.warnings(),
+        [
+            "routes[0].cost: every method served under \"/api/items/{id}\" has a cost of its own \
+             in cost_by_method (HEAD pays GET's): this cost never applies"
+        ]
+    );
+    // Where a method pays it (POST under /api/items), the same cost is refused as before.
+    let err = Config::from_toml(
+        "[[routes]]\npath = \"/api/items\"\ncost = 10\ncost_by_method = { GET = 1 }\n\
+         [routes.policy]\nname = \"a\"\nquotas = [{ limit = 5, per = \"minute\" }]\n",
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        err.contains("routes[0].cost: 10 is more than the limit"),
+        "{err}"
+    );
     // Two routes of one path both apply to its endpoints (stacked, the first listed checked
     // first): loaded, since it may be meant (a per-address limit and a per-key one), with a
     // warning, since a second entry is more often a copy meant to replace the first.
