@@ -20,11 +20,9 @@
 //! the new one) is found by asking, every 5 s on a new connection, which server the address leads
 //! to (`INFO server`'s `run_id`; a user without `+info` is not checked so), and made again there.
 //! If that question goes unanswered before a subscription (a timeout, a connection that fails,
-//! an error reply other than a refusal such as `LOADING`), the address is taken to lead where it
-//! did at its latest answer, and the subscription is made again only if a later answer names
-//! another server; for an address never answered for, the question is asked again every 5 s
-//! while subscribed, and the subscription is made again once it is answered, so that the watch
-//! knows which server it is on.
+//! an error reply other than a refusal such as `LOADING`), it is asked again every 5 s while
+//! subscribed, and the subscription is made again once it is answered, so that the watch knows
+//! which server it is on.
 
 use std::fmt;
 use std::future::poll_fn;
@@ -244,23 +242,10 @@ async fn watch(
     }
     let _unsubscribed = Unsubscribed(Arc::clone(&subscribed));
     let mut wait = RETRY_MIN;
-    // The server each address led to at its latest answer.
-    let mut known: Vec<Option<String>> = vec![None; infos.len()];
-    for (i, info) in infos.iter().enumerate().cycle() {
+    for info in infos.iter().cycle() {
         // Which server the address leads to, asked before subscribing (a failover between the
         // two makes the next check find another server, and subscribe again: the safe side).
-        // Unanswered now, it is taken to lead where it did at the latest answer: the next answer
-        // that names another server makes the watch subscribe again, and one that names the same
-        // does not (taken as unknown, every answer after an unanswered question made it subscribe
-        // again, and each subscription makes a `DenialCache` drop its denials).
-        let server = match run_id(info, subscribe_within).await {
-            Server::Is(id) => {
-                known[i] = Some(id.clone());
-                Server::Is(id)
-            }
-            Server::Unanswered => known[i].clone().map_or(Server::Unanswered, Server::Is),
-            Server::Untold => Server::Untold,
-        };
+        let server = run_id(info, subscribe_within).await;
         match subscribe(info, &channel, subscribe_within).await {
             Ok((sink, stream)) => {
                 subscribed.store(true, Ordering::Release);
@@ -274,7 +259,6 @@ async fn watch(
                     &*handler,
                     response_timeout,
                     (info, server, subscribe_within),
-                    &mut known[i],
                 )
                 .await;
                 subscribed.store(false, Ordering::Release);
@@ -347,16 +331,14 @@ async fn run_id(info: &ConnectionInfo, within: Duration) -> Server {
 /// subscription was made, and how long to wait for an answer, the address leads to another
 /// server now, asked every [`SERVER_CHECK_EVERY`]: a failover behind one address (a proxy, a DNS
 /// name), whose old primary, made a replica, keeps the subscription and answers its `PING`s, but
-/// is not where resets are published now. If the question had gone unanswered (and the address
-/// had never been answered for), the first answer ends the subscription too, to be made again
-/// where the server is known. Every answer is kept in `known`. Returns why.
+/// is not where resets are published now. If the question had gone unanswered, the first answer
+/// ends the subscription too, to be made again where the server is known. Returns why.
 async fn listen(
     mut sink: PubSubSink,
     mut stream: PubSubStream,
     handler: &Handler,
     response_timeout: Duration,
     mut server: (&ConnectionInfo, Server, Duration),
-    known: &mut Option<String>,
 ) -> String {
     let heard = ::metrics::counter!(metrics::RESET_NOTICES_TOTAL);
     let mut check_at = tokio::time::Instant::now() + SERVER_CHECK_EVERY;
@@ -365,11 +347,7 @@ async fn listen(
         if !matches!(subscribed_to, Server::Untold) && tokio::time::Instant::now() >= check_at {
             check_at = tokio::time::Instant::now() + SERVER_CHECK_EVERY;
             // Not known now (the server down): the `PING`s say whether the subscription is alive.
-            let now = run_id(info, *within).await;
-            if let Server::Is(id) = &now {
-                *known = Some(id.clone());
-            }
-            match (now, &*subscribed_to) {
+            match (run_id(info, *within).await, &*subscribed_to) {
                 (Server::Is(now), Server::Is(was)) if now != *was => {
                     return format!(
                         "its address now leads to another server (run_id {now}, subscribed on {was})"
