@@ -94,8 +94,10 @@ fn achieved_rate(completed: u64, elapsed: Duration, rate: f64) -> f64 {
 }
 
 /// Starts a `redis-server` for the run if it needs one and was given no URL. A server that does
-/// not start is an error (a `--redis-config` line it refused, a usage error); so is a panic of
-/// the harness's (no temporary directory), so the tool exits with its usual message and status.
+/// not start is an error: a usage error if it starts without the `--redis-config` lines (one of
+/// them is what it refused); so is a panic of the harness's (no temporary directory, a
+/// `redis-server` that cannot be run), without the panic's own message, so that the tool exits
+/// with its usual message and status.
 fn start_redis_if_needed(config: &mut Config) -> Result<Option<RedisServer>, Error> {
     if config.store != StoreKind::Redis || config.redis_url.is_some() {
         return Ok(None);
@@ -108,24 +110,32 @@ fn start_redis_if_needed(config: &mut Config) -> Result<Option<RedisServer>, Err
                 .to_owned(),
         ));
     }
-    let lines = config.redis_config.clone();
-    let server = std::panic::catch_unwind(move || {
-        lines
-            .iter()
-            .fold(RedisServer::builder(), |b, line| b.config(line.as_str()))
-            .try_start()
-    })
-    .map_err(|panic| {
-        let why = panic
-            .downcast_ref::<String>()
-            .cloned()
-            .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-            .unwrap_or_else(|| "unknown reason".to_owned());
-        Error::Redis(format!("could not start redis-server: {why}"))
-    })?
-    .map_err(|why| {
-        // A line of `--redis-config` that the server refuses is a bad argument (exit status 2).
-        if !config.redis_config.is_empty() && why.contains("FATAL CONFIG FILE ERROR") {
+    let start = |lines: &[String]| -> Result<RedisServer, String> {
+        let lines = lines.to_vec();
+        // The harness's panic becomes the tool's message: the default hook, which would print
+        // it first, is set aside meanwhile (nothing else runs yet to panic in that moment).
+        let hook = std::panic::take_hook();
+        std::panic::set_hook(Box::new(|_| {}));
+        let started = std::panic::catch_unwind(move || {
+            lines
+                .iter()
+                .fold(RedisServer::builder(), |b, line| b.config(line.as_str()))
+                .try_start()
+        });
+        std::panic::set_hook(hook);
+        started.unwrap_or_else(|panic| {
+            Err(panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
+                .unwrap_or_else(|| "unknown reason".to_owned()))
+        })
+    };
+    let server = start(&config.redis_config).map_err(|why| {
+        // A server that starts without the `--redis-config` lines refused one of them: a bad
+        // argument (exit status 2), whatever its message (a bad directive, an `include` or a
+        // `loadmodule` it cannot read, a socket path it cannot bind).
+        if !config.redis_config.is_empty() && start(&[]).is_ok() {
             Error::Usage(format!("--redis-config: redis-server refused it: {why}"))
         } else {
             Error::Redis(format!("could not start redis-server: {why}"))
@@ -624,9 +634,16 @@ async fn run_once(config: &Config) -> Result<Report, Error> {
                     .build()
                     .await
                     .map_err(|e| match e {
-                        // A URL the store cannot use is a bad argument (exit status 2).
-                        ratelimit_redis::RedisStoreError::Config { .. } => {
-                            Error::Usage(format!("--redis-url: {e}"))
+                        // A setting the store refuses is a bad argument (exit status 2), named
+                        // as the tool's argument.
+                        ratelimit_redis::RedisStoreError::Config { name, .. } => {
+                            let argument = match name {
+                                "url" => "--redis-url",
+                                "pool_size" => "--pool-size",
+                                "expiry_slack" => "--expiry-slack-ms",
+                                _ => "a Redis setting",
+                            };
+                            Error::Usage(format!("{argument}: {e}"))
                         }
                         e => Error::Redis(e.to_string()),
                     })?;

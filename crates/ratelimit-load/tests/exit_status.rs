@@ -69,11 +69,24 @@ fn check_refuses_a_sweep() {
 
 /// A Redis setting found wrong is a usage error (2), with what is wrong and no panic: a URL that
 /// is not one, a `rediss://` URL (the tool has no TLS; the store's own message named features the
-/// tool does not have), a `--redis-config` line the server refuses (the harness's panic message
+/// tool does not have), a pool size the store refuses (named as such, not as the URL), a
+/// `--redis-config` line the server refuses, whatever its message (the harness's panic message
 /// was printed before the tool's, and the status was 1). The password is not echoed.
 #[test]
 fn a_redis_setting_found_wrong_is_a_usage_error() {
-    let cases: [(&[&str], &str); 4] = [
+    let cases: [(&[&str], &str); 7] = [
+        (
+            &["--pool-size", "2000"],
+            "--pool-size: invalid setting `pool_size`",
+        ),
+        (
+            &["--redis-config", "include /nonexistent/redis.conf"],
+            "redis-server refused it",
+        ),
+        (
+            &["--redis-config", "loadmodule /nonexistent/module.so"],
+            "redis-server refused it",
+        ),
         (&["--redis-url", "notaurl"], "not a Redis URL"),
         (&["--redis-url", "http://127.0.0.1:6379"], "not a Redis URL"),
         (

@@ -1193,10 +1193,18 @@ impl RouteConfig {
         // A cost no quota can ever hold is a 429 for every such request, for good: a mistake,
         // refused here. Over a fallback share it is so only while the store is down, which may
         // be meant (writes refused in degraded mode): a warning.
+        // Nor a method's that no endpoint under the route serves (warned of above).
+        let served = |m: &str| {
+            ENDPOINTS
+                .iter()
+                .filter(|e| covers(&self.path, e))
+                .any(|e| methods(e).contains(&m))
+        };
         let default_cost = cost_applies.then(|| ("cost".to_owned(), self.cost));
         let costs = default_cost.into_iter().chain(
             self.cost_by_method
                 .iter()
+                .filter(|(m, _)| served(m))
                 .map(|(m, &c)| (format!("cost_by_method.{m}"), c)),
         );
         for (field, cost) in costs {

@@ -782,6 +782,20 @@ async fn bad_configurations_fail_naming_the_field() {
              in cost_by_method (HEAD pays GET's): this cost never applies"
         ]
     );
+    // Nor is a cost above the limit refused for a method no endpoint under the route serves
+    // (answered 405, never counted): it is warned of as never applying.
+    let config = Config::from_toml(
+        "[[routes]]\npath = \"/login\"\ncost_by_method = { GET = 10 }\n\
+         [routes.policy]\nname = \"a\"\nquotas = [{ limit = 5, per = \"minute\" }]\n",
+    )
+    .unwrap();
+    assert_eq!(
+        config.warnings(),
+        [
+            "routes[0].cost_by_method.GET: no endpoint under \"/login\" serves GET (it is \
+             answered 405, never counted): this cost never applies"
+        ]
+    );
     // Where a method pays it (POST under /api/items), the same cost is refused as before.
     let err = Config::from_toml(
         "[[routes]]\npath = \"/api/items\"\ncost = 10\ncost_by_method = { GET = 1 }\n\
