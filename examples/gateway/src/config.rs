@@ -1192,9 +1192,10 @@ impl RouteConfig {
         }
         // A cost no quota can ever hold is a 429 for every such request, for good: a mistake,
         // refused here. Over a fallback share it is so only while the store is down, which may
-        // be meant (writes refused in degraded mode): a warning.
-        // Nor a method's that no endpoint under the route serves (warned of above).
-        let served = |m: &str| {
+        // be meant (writes refused in degraded mode): a warning. Only costs that apply are
+        // checked: not `cost` when every method has its own, nor the cost of a method that no
+        // endpoint under the route serves (both warned of above).
+        let serves = |m: &str| {
             ENDPOINTS
                 .iter()
                 .filter(|e| covers(&self.path, e))
@@ -1204,7 +1205,7 @@ impl RouteConfig {
         let costs = default_cost.into_iter().chain(
             self.cost_by_method
                 .iter()
-                .filter(|(m, _)| served(m))
+                .filter(|(m, _)| serves(m))
                 .map(|(m, &c)| (format!("cost_by_method.{m}"), c)),
         );
         for (field, cost) in costs {
