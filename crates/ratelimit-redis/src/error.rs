@@ -110,7 +110,8 @@ impl RedisStoreError {
     /// `true` if the address answered, but not as a Redis server this store can use: its reply
     /// did not parse (another service listens there: a web server, a database), or the server
     /// refused the set-up as a setting it can never accept (`RedisStore::cluster` pointed at a
-    /// server without cluster support, a database number it does not have), or is a Redis
+    /// server without cluster support, a database number it does not have or one past the 32
+    /// bits `SELECT` takes), or is a Redis
     /// Cluster node or a Redis Sentinel given to `RedisStore::builder` (its `HELLO` says `mode`
     /// `cluster` or `sentinel`). Like
     /// [`is_refused_credentials`](Self::is_refused_credentials), waiting will not help; a
@@ -137,6 +138,10 @@ impl RedisStoreError {
             ]
             .iter()
             .any(|wrong| text.contains(wrong))
+                // A database number past what `SELECT` takes (32 bits): "value is out of range".
+                // Only with the client's "refused to switch database": a server still loading
+                // refuses `SELECT` too, and that passes.
+                || (text.contains("refused to switch database") && text.contains("out of range"))
         }
     }
 
@@ -199,6 +204,9 @@ pub(crate) fn refused(r: &redis::RedisError) -> bool {
                 // A command a script calls that the user may not run: Redis 7 answers it with
                 // this text and no `NOPERM` code.
                 "user executing the script can't run",
+                // `NOPERM`'s own text, where the client drops the code: a `SELECT` the user may
+                // not run, for a URL's database ("refused to switch database").
+                "has no permissions to run",
             ]
             .iter()
             .any(|refusal| text.contains(refusal))

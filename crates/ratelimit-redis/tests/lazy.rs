@@ -282,6 +282,12 @@ async fn a_wrong_server_fails_a_lazy_build_at_once() {
             "no database 99",
             RedisStore::builder(format!("{}/99", plain.url())),
         ),
+        // Past what `SELECT` takes (a 32-bit number): refused with another text ("value is
+        // out of range"), which was taken for an outage and retried for ever.
+        (
+            "a database number past 32 bits",
+            RedisStore::builder(format!("{}/99999999999", plain.url())),
+        ),
     ] {
         let err = lazily(builder)
             .await
@@ -542,4 +548,32 @@ async fn a_dropped_store_ends_its_retrying_task_at_once() {
         );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
+}
+
+/// A user that may not run `SELECT` (an ACL without it), given a database in the URL, has a right
+/// missing: refused credentials, which waiting will not mend, so the lazy build is refused too.
+/// (The client's error, "Redis server refused to switch database" with "this user has no
+/// permissions to run the 'select' command", carries no `NOPERM` code, and was taken for an
+/// outage: the lazy build started and retried it for ever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_user_refused_select_is_refused_credentials() {
+    let server = RedisServer::start();
+    server.cli(&[
+        "ACL", "SETUSER", "limited", "on", ">pw12345", "~*", "&*", "+@all", "-select",
+    ]);
+    let url = format!("redis://limited:pw12345@127.0.0.1:{}/1", server.port());
+    let err = RedisStore::builder(url.as_str())
+        .prefix(unique_prefix("no-select"))
+        .build()
+        .await
+        .unwrap_err();
+    assert!(err.is_refused_credentials(), "{err:?}");
+    assert!(!err.is_unavailable(), "{err:?}");
+    let lazy = RedisStore::builder(url.as_str())
+        .prefix(unique_prefix("no-select"))
+        .build_lazy(Duration::from_secs(3_600))
+        .await
+        .err()
+        .expect("a lazy build refused");
+    assert!(lazy.is_refused_credentials(), "{lazy:?}");
 }

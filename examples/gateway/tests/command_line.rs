@@ -117,6 +117,21 @@ fn redis_unreachable_at_start_is_status_3_and_refused_credentials_status_2() {
     let plain = redis_harness::RedisServer::start();
     let (status, err) = with_url(&format!("{}/99", plain.url()));
     assert_eq!(status, Some(2), "{err}");
+    // Past what `SELECT` takes, and a user that may not run it: 2 as well (they were 3).
+    let (status, err) = with_url(&format!("{}/99999999999", plain.url()));
+    assert_eq!(status, Some(2), "{err}");
+    plain.cli(&[
+        "ACL", "SETUSER", "limited", "on", ">pw12345", "~*", "&*", "+@all", "-select",
+    ]);
+    let (status, err) = with_url(&format!(
+        "redis://limited:pw12345@127.0.0.1:{}/1",
+        plain.port()
+    ));
+    assert_eq!(status, Some(2), "{err}");
+    assert!(
+        err.contains("no permissions to run the 'select' command"),
+        "{err}"
+    );
     let cluster_of = |url: &str| {
         redis.replace(
             "kind = \"redis\"\nurl = \"redis://127.0.0.1:6379\"",
