@@ -573,7 +573,6 @@ async fn a_user_refused_select_is_refused_credentials() {
         .prefix(unique_prefix("no-select"))
         .build_lazy(Duration::from_secs(3_600))
         .await
-        .err()
-        .expect("a lazy build refused");
+        .expect_err("a lazy build refused");
     assert!(lazy.is_refused_credentials(), "{lazy:?}");
 }
