@@ -246,8 +246,12 @@ fn describe_store(config: &Config) -> String {
 async fn main() -> ExitCode {
     // The rate limiter's events (store failures and timeouts, the circuit breaker) and the
     // gateway's own, on stderr; `RUST_LOG` chooses (default `info`; `debug` adds every denial).
+    // A line that cannot be written (`2>/dev/full`, a log pipe whose reader has gone) is lost,
+    // not reported: tracing-subscriber reports it with `eprintln!`, which panics there, in
+    // whatever task logged (a request's, the signal handler's).
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
+        .log_internal_errors(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()

@@ -199,3 +199,68 @@ fn stderr(child: &mut Child) -> String {
     }
     text
 }
+
+/// With stderr unwritable (`2>/dev/full`, a log pipe whose reader has gone), a request that logs
+/// (an admin reset) is answered and SIGTERM stops the gateway. (tracing-subscriber reported each
+/// line it could not write with `eprintln!`, which panicked there: the reset's connection was
+/// dropped unanswered and nothing reset, a store failure's request was dropped instead of getting
+/// its route's failure answer, and the signal task's panic left SIGTERM ignored.)
+#[test]
+fn an_unwritable_stderr_leaves_requests_answered_and_sigterm_obeyed() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = dir.path().join("gateway.toml");
+    let text = include_str!("../gateway.toml")
+        .replace("# [admin]\n", "[admin]\n")
+        .replace("# token_env", "token_env");
+    assert!(
+        text.contains("\n[admin]\ntoken_env"),
+        "the example's admin lines moved"
+    );
+    std::fs::write(&config, text).unwrap();
+    let full = std::fs::OpenOptions::new()
+        .write(true)
+        .open("/dev/full")
+        .unwrap();
+    let mut child = Command::new(env!("CARGO_BIN_EXE_example-gateway"))
+        .args(["--config"])
+        .arg(&config)
+        .args(["--listen", "127.0.0.1:0"])
+        .env("RUST_LOG", "info")
+        .env("GATEWAY_ADMIN_TOKEN", "0123456789abcdef0123")
+        .stdout(Stdio::piped())
+        .stderr(full)
+        .spawn()
+        .expect("start the gateway");
+    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
+    let child = Gateway(child);
+    let addr = lines
+        .find_map(|l| {
+            l.ok()?
+                .strip_prefix("gateway listening on http://")
+                .map(|a| a.trim_end_matches('/').to_owned())
+        })
+        .expect("the gateway prints its address");
+    std::thread::spawn(move || lines.for_each(drop));
+    let mut reset = TcpStream::connect(&addr).unwrap();
+    reset
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    reset
+        .write_all(
+            b"POST /admin/reset?policy=login&ip=127.0.0.1 HTTP/1.1\r\nHost: x\r\n\
+              Authorization: Bearer 0123456789abcdef0123\r\nContent-Length: 0\r\n\
+              Connection: close\r\n\r\n",
+        )
+        .unwrap();
+    let mut answer = String::new();
+    let _ = reset.read_to_string(&mut answer);
+    assert!(
+        answer.starts_with("HTTP/1.1 204"),
+        "the reset's answer: {answer:?}"
+    );
+    let mut child = child;
+    sigterm(&child.0);
+    let status = process::wait_exit(&mut child.0, EXIT_WITHIN)
+        .expect("the gateway exits after SIGTERM with stderr unwritable");
+    assert_eq!(status.code(), Some(0));
+}
