@@ -113,7 +113,7 @@ impl RedisStoreError {
     /// server without cluster support, a database number it does not have or one past the 32
     /// bits `SELECT` takes), or is a Redis
     /// Cluster node or a Redis Sentinel given to `RedisStore::builder` (its `HELLO` says `mode`
-    /// `cluster` or `sentinel`). Like
+    /// `cluster` or `sentinel`; with a database in the URL, its refused `SELECT` says so). Like
     /// [`is_refused_credentials`](Self::is_refused_credentials), waiting will not help; a
     /// corrected setting will. Errors that may pass (a server loading its data, one at its
     /// client limit, a cluster that is down) are not this.
@@ -138,10 +138,19 @@ impl RedisStoreError {
             ]
             .iter()
             .any(|wrong| text.contains(wrong))
-                // A database number past what `SELECT` takes (32 bits): "value is out of range".
-                // Only with the client's "refused to switch database": a server still loading
-                // refuses `SELECT` too, and that passes.
-                || (text.contains("refused to switch database") && text.contains("out of range"))
+                // A `SELECT` of the URL's database refused for good (the client drops the code,
+                // so the server's words are read, and only after the client's own): a number
+                // past the 32 bits it takes, a Redis Cluster node (which has no databases), a
+                // Sentinel (which has no `SELECT`). Given without a database, the last two are
+                // told apart by `HELLO` (above); with one, the `SELECT` fails first.
+                || (text.contains(SELECT_REFUSED)
+                    && [
+                        "out of range",
+                        "SELECT is not allowed in cluster mode",
+                        "unknown command 'SELECT'",
+                    ]
+                    .iter()
+                    .any(|wrong| text.contains(wrong)))
         }
     }
 
@@ -187,6 +196,10 @@ impl RedisStoreError {
 
 /// Whether Redis refused the connection's credentials or rights (see
 /// [`RedisStoreError::is_refused_credentials`]).
+/// The client's words for a `SELECT` of the URL's database that the server refused (followed by
+/// the server's, without its error code).
+const SELECT_REFUSED: &str = "Redis server refused to switch database";
+
 pub(crate) fn refused(r: &redis::RedisError) -> bool {
     r.kind() == redis::ErrorKind::AuthenticationFailed
         || matches!(r.code(), Some("WRONGPASS" | "NOPERM" | "NOAUTH"))
@@ -210,6 +223,9 @@ pub(crate) fn refused(r: &redis::RedisError) -> bool {
             ]
             .iter()
             .any(|refusal| text.contains(refusal))
+                // `NOAUTH`'s text, its code dropped the same way: a URL with a database and
+                // without the password the server asks.
+                || (text.contains(SELECT_REFUSED) && text.contains("Authentication required"))
         }
 }
 

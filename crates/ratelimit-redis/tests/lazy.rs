@@ -265,6 +265,8 @@ async fn a_wrong_server_fails_a_lazy_build_at_once() {
         }
     });
     let plain = RedisServer::start();
+    let node = RedisServer::builder().config("cluster-enabled yes").start();
+    let sentinel = RedisServer::builder().sentinel_of(plain.port()).start();
     let lazily = |builder: ratelimit_redis::RedisStoreBuilder| async move {
         builder
             .prefix(unique_prefix("lazy-wrong"))
@@ -287,6 +289,16 @@ async fn a_wrong_server_fails_a_lazy_build_at_once() {
         (
             "a database number past 32 bits",
             RedisStore::builder(format!("{}/99999999999", plain.url())),
+        ),
+        // A cluster node and a Sentinel given with a database: the `SELECT` fails before the
+        // `HELLO` that tells them apart without one (they were taken for outages).
+        (
+            "a cluster node, with a database",
+            RedisStore::builder(format!("{}/1", node.url())),
+        ),
+        (
+            "a Sentinel, with a database",
+            RedisStore::builder(format!("{}/1", sentinel.url())),
         ),
     ] {
         let err = lazily(builder)
@@ -555,24 +567,31 @@ async fn a_dropped_store_ends_its_retrying_task_at_once() {
 /// (The client's error, "Redis server refused to switch database" with "this user has no
 /// permissions to run the 'select' command", carries no `NOPERM` code, and was taken for an
 /// outage: the lazy build started and retried it for ever.)
+/// So is a URL with a database and without the password the server asks (`NOAUTH`'s code
+/// dropped the same way, where without a database it is kept).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_user_refused_select_is_refused_credentials() {
     let server = RedisServer::start();
     server.cli(&[
         "ACL", "SETUSER", "limited", "on", ">pw12345", "~*", "&*", "+@all", "-select",
     ]);
-    let url = format!("redis://limited:pw12345@127.0.0.1:{}/1", server.port());
-    let err = RedisStore::builder(url.as_str())
-        .prefix(unique_prefix("no-select"))
-        .build()
-        .await
-        .unwrap_err();
-    assert!(err.is_refused_credentials(), "{err:?}");
-    assert!(!err.is_unavailable(), "{err:?}");
-    let lazy = RedisStore::builder(url.as_str())
-        .prefix(unique_prefix("no-select"))
-        .build_lazy(Duration::from_secs(3_600))
-        .await
-        .expect_err("a lazy build refused");
-    assert!(lazy.is_refused_credentials(), "{lazy:?}");
+    let locked = RedisServer::builder().password("s3cret").start();
+    for url in [
+        format!("redis://limited:pw12345@127.0.0.1:{}/1", server.port()),
+        format!("redis://127.0.0.1:{}/1", locked.port()),
+    ] {
+        let err = RedisStore::builder(url.as_str())
+            .prefix(unique_prefix("no-select"))
+            .build()
+            .await
+            .unwrap_err();
+        assert!(err.is_refused_credentials(), "{url}: {err:?}");
+        assert!(!err.is_unavailable(), "{url}: {err:?}");
+        let lazy = RedisStore::builder(url.as_str())
+            .prefix(unique_prefix("no-select"))
+            .build_lazy(Duration::from_secs(3_600))
+            .await
+            .expect_err("a lazy build refused");
+        assert!(lazy.is_refused_credentials(), "{url}: {lazy:?}");
+    }
 }
