@@ -36,6 +36,12 @@ fn start(config: &std::path::Path) -> (Gateway, String) {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start the gateway");
+    let addr = address(&mut child);
+    (Gateway(child), addr)
+}
+
+/// The address a gateway started with its stdout piped prints, its stdout read on meanwhile.
+fn address(child: &mut Child) -> String {
     let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
     // (A gateway that never prints its address ends the output, and this, when it exits.)
     let addr = lines
@@ -47,7 +53,7 @@ fn start(config: &std::path::Path) -> (Gateway, String) {
         .expect("the gateway prints its address");
     // Keep reading its output, so that it never blocks on a full pipe.
     std::thread::spawn(move || lines.for_each(drop));
-    (Gateway(child), addr)
+    addr
 }
 
 /// The gateway with the example configuration and a drain of `ms`, its configuration in a
@@ -221,26 +227,19 @@ fn an_unwritable_stderr_leaves_requests_answered_and_sigterm_obeyed() {
         .write(true)
         .open("/dev/full")
         .unwrap();
-    let mut child = Command::new(env!("CARGO_BIN_EXE_example-gateway"))
-        .args(["--config"])
-        .arg(&config)
-        .args(["--listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "info")
-        .env("GATEWAY_ADMIN_TOKEN", "0123456789abcdef0123")
-        .stdout(Stdio::piped())
-        .stderr(full)
-        .spawn()
-        .expect("start the gateway");
-    let mut lines = BufReader::new(child.stdout.take().expect("stdout")).lines();
-    let child = Gateway(child);
-    let addr = lines
-        .find_map(|l| {
-            l.ok()?
-                .strip_prefix("gateway listening on http://")
-                .map(|a| a.trim_end_matches('/').to_owned())
-        })
-        .expect("the gateway prints its address");
-    std::thread::spawn(move || lines.for_each(drop));
+    let mut child = Gateway(
+        Command::new(env!("CARGO_BIN_EXE_example-gateway"))
+            .args(["--config"])
+            .arg(&config)
+            .args(["--listen", "127.0.0.1:0"])
+            .env("RUST_LOG", "info")
+            .env("GATEWAY_ADMIN_TOKEN", "0123456789abcdef0123")
+            .stdout(Stdio::piped())
+            .stderr(full)
+            .spawn()
+            .expect("start the gateway"),
+    );
+    let addr = address(&mut child.0);
     let mut reset = TcpStream::connect(&addr).unwrap();
     reset
         .set_read_timeout(Some(Duration::from_secs(10)))
@@ -258,7 +257,6 @@ fn an_unwritable_stderr_leaves_requests_answered_and_sigterm_obeyed() {
         answer.starts_with("HTTP/1.1 204"),
         "the reset's answer: {answer:?}"
     );
-    let mut child = child;
     sigterm(&child.0);
     let status = process::wait_exit(&mut child.0, EXIT_WITHIN)
         .expect("the gateway exits after SIGTERM with stderr unwritable");
