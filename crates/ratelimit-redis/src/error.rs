@@ -194,12 +194,12 @@ impl RedisStoreError {
     }
 }
 
-/// Whether Redis refused the connection's credentials or rights (see
-/// [`RedisStoreError::is_refused_credentials`]).
 /// The client's words for a `SELECT` of the URL's database that the server refused (followed by
 /// the server's, without its error code).
 const SELECT_REFUSED: &str = "Redis server refused to switch database";
 
+/// Whether Redis refused the connection's credentials or rights (see
+/// [`RedisStoreError::is_refused_credentials`]).
 pub(crate) fn refused(r: &redis::RedisError) -> bool {
     r.kind() == redis::ErrorKind::AuthenticationFailed
         || matches!(r.code(), Some("WRONGPASS" | "NOPERM" | "NOAUTH"))

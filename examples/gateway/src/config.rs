@@ -1125,15 +1125,17 @@ impl RouteConfig {
                 ));
             }
         }
+        // The methods the endpoints under the route serve (a method may be listed more than once).
+        let served: Vec<&str> = ENDPOINTS
+            .iter()
+            .filter(|e| covers(&self.path, e))
+            .flat_map(|e| methods(e).iter().copied())
+            .collect();
         // A method no endpoint under the route serves is answered 405 and never counted: its
         // cost can never apply (loaded, with a warning, as the configuration may be shared with
         // a gateway that serves more).
         for method in self.cost_by_method.keys() {
-            let served = ENDPOINTS
-                .iter()
-                .filter(|e| covers(&self.path, e))
-                .any(|e| methods(e).contains(&method.as_str()));
-            if !served {
+            if !served.contains(&method.as_str()) {
                 warnings.push(format!(
                     "{at}.cost_by_method.{method}: no endpoint under {:?} serves {method} (it is \
                      answered 405, never counted): this cost never applies",
@@ -1177,12 +1179,7 @@ impl RouteConfig {
             self.cost_by_method.contains_key(m)
                 || (m == "HEAD" && self.cost_by_method.contains_key("GET"))
         };
-        let mut served = ENDPOINTS
-            .iter()
-            .filter(|e| covers(&self.path, e))
-            .flat_map(|e| methods(e).iter().copied())
-            .peekable();
-        let cost_applies = served.peek().is_none() || served.any(|m| !own(m));
+        let cost_applies = served.is_empty() || served.iter().any(|m| !own(m));
         if !cost_applies && self.cost != 1 {
             warnings.push(format!(
                 "{at}.cost: every method served under {:?} has a cost of its own in \
@@ -1195,17 +1192,11 @@ impl RouteConfig {
         // be meant (writes refused in degraded mode): a warning. Only costs that apply are
         // checked: not `cost` when every method has its own, nor the cost of a method that no
         // endpoint under the route serves (both warned of above).
-        let serves = |m: &str| {
-            ENDPOINTS
-                .iter()
-                .filter(|e| covers(&self.path, e))
-                .any(|e| methods(e).contains(&m))
-        };
         let default_cost = cost_applies.then(|| ("cost".to_owned(), self.cost));
         let costs = default_cost.into_iter().chain(
             self.cost_by_method
                 .iter()
-                .filter(|(m, _)| serves(m))
+                .filter(|(m, _)| served.contains(&m.as_str()))
                 .map(|(m, &c)| (format!("cost_by_method.{m}"), c)),
         );
         for (field, cost) in costs {
