@@ -67,7 +67,9 @@ pub enum RedisStoreError {
 
 impl RedisStoreError {
     /// `true` if the store could not be reached (connection or timeout; on a cluster, no
-    /// connection to the node that holds the key), as opposed to Redis answering with an error.
+    /// connection to the node that holds the key), or was reached but still loading its data
+    /// after a start (`LOADING`, which it answers to nearly every command until it is done), as
+    /// opposed to Redis answering with an error that waiting will not mend.
     /// A connection that Redis refused for its credentials
     /// ([`is_refused_credentials`](Self::is_refused_credentials)), or an address where something
     /// other than a usable Redis answered ([`is_wrong_server`](Self::is_wrong_server)), is not
@@ -84,6 +86,7 @@ impl RedisStoreError {
                     || e.is_connection_dropped()
                     || e.is_timeout()
                     || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
+                    || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading)
             }
             _ => false,
         }

@@ -1267,3 +1267,50 @@ async fn a_sentinel_given_as_the_server_is_refused() {
     let sentinel = RedisServer::builder().sentinel_of(primary.port()).start();
     common::assert_refused_as_wrong_server(&sentinel.url(), "sentinel", "a Redis Sentinel").await;
 }
+
+/// A server still loading its data (restarted with a dump to load) refuses commands with
+/// `LOADING` until it is done: waiting will help, so the build's error and a check's are
+/// `is_unavailable`, as for a server not yet listening.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_server_loading_its_data_is_unavailable_while_it_loads() {
+    // 20,000 keys at 500 µs each: about 10 s of loading, answered during (every 1 KB loaded).
+    let mut server = RedisServer::builder()
+        .config("key-load-delay 500")
+        .config("loading-process-events-interval-bytes 1024")
+        .start();
+    let store = checked(RedisStore::builder(server.url()).prefix(unique_prefix("loading"))).await;
+    server.cli(&[
+        "eval",
+        "for i = 1, 20000 do redis.call('SET', 'filler:' .. i, i) end",
+        "0",
+    ]);
+    server.cli(&["save"]);
+    server.restart_loading();
+
+    let loading =
+        |e: &RedisStoreError| matches!(e, RedisStoreError::Redis(r) if r.code() == Some("LOADING"));
+    let err = RedisStore::builder(server.url())
+        .prefix(unique_prefix("loading"))
+        .build()
+        .await
+        .expect_err("no store is built while the server loads its data");
+    assert!(loading(&err), "{err:?}");
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(
+        !err.is_refused_credentials() && !err.is_wrong_server(),
+        "{err:?}"
+    );
+
+    // The store built before: its connection was cut by the restart, and the new one is refused.
+    let mut refused = None;
+    for _ in 0..50 {
+        let err = store.check(b"k", &limit(), 1).await.unwrap_err();
+        assert!(err.is_unavailable(), "{err:?}");
+        if loading(&err) {
+            refused = Some(err);
+            break;
+        }
+    }
+    let err = refused.expect("a check answered LOADING");
+    assert!(err.to_string().contains("loading the dataset"), "{err}");
+}

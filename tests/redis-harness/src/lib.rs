@@ -283,9 +283,18 @@ impl RedisServerBuilder {
                 Err(Exit::Other(why)) => return Err(why),
             }
         }
-        server.spawn_or_why()?;
+        server.spawn_or_why(Ready::Serving)?;
         Ok(server)
     }
+}
+
+/// What a started server is waited for to do.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ready {
+    /// Answer commands.
+    Serving,
+    /// Answer, if only `LOADING` while it loads its data.
+    Loading,
 }
 
 /// Why a server did not start.
@@ -345,6 +354,11 @@ impl RedisServer {
 
     /// Starts the process on `self.port` and waits until it answers.
     fn try_spawn(&mut self) -> Result<(), Exit> {
+        self.try_spawn_until(Ready::Serving)
+    }
+
+    /// Starts the process on `self.port` and waits until it is `ready`.
+    fn try_spawn_until(&mut self, ready: Ready) -> Result<(), Exit> {
         let conf = self.dir.path().join("redis.conf");
         let mut text = format!(
             "port {port}\nbind 127.0.0.1\nprotected-mode no\ndir {dir}\nsave \"\"\nappendonly no\n\
@@ -363,19 +377,12 @@ impl RedisServer {
             text.push('\n');
         }
         self.child = Some(spawn_server(&conf, &text, self.sentinel));
-        self.wait_ready()
+        self.wait_ready(ready)
     }
 
-    /// Starts the process on `self.port`; panics (with the reason) if it does not answer.
-    fn spawn(&mut self) {
-        if let Err(why) = self.spawn_or_why() {
-            panic!("{why}");
-        }
-    }
-
-    /// Starts the process on `self.port`; why not, if it does not answer.
-    fn spawn_or_why(&mut self) -> Result<(), String> {
-        match self.try_spawn() {
+    /// Starts the process on `self.port`; why not, if it is not `ready`.
+    fn spawn_or_why(&mut self, ready: Ready) -> Result<(), String> {
+        match self.try_spawn_until(ready) {
             Ok(()) => Ok(()),
             Err(Exit::AddressInUse) => Err(format!(
                 "redis-server could not bind port {} (in use); log:\n{}",
@@ -386,7 +393,7 @@ impl RedisServer {
         }
     }
 
-    fn wait_ready(&mut self) -> Result<(), Exit> {
+    fn wait_ready(&mut self, ready: Ready) -> Result<(), Exit> {
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
             if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
@@ -401,10 +408,13 @@ impl RedisServer {
                 )));
             }
             // Any reply to PING (PONG, or NOAUTH when a password is set) means a server is
-            // serving; its process id says whether it is this one, not another that took the
-            // port first (a proxy or a server of another test, given it by the kernel).
+            // serving (`LOADING`: loading its data, when that is what is waited for); its process
+            // id says whether it is this one, not another that took the port first (a proxy or a
+            // server of another test, given it by the kernel).
             if let Ok(reply) = raw_command(self.port, &["PING"])
-                && (reply.starts_with("+PONG") || reply.starts_with("-NOAUTH"))
+                && (reply.starts_with("+PONG")
+                    || reply.starts_with("-NOAUTH")
+                    || (ready == Ready::Loading && reply.starts_with("-LOADING")))
             {
                 let ours = self.child.as_ref().map(Child::id);
                 match self.process_id() {
@@ -456,6 +466,19 @@ impl RedisServer {
 
     /// Starts the server again on the same port, empty (there is no persistence).
     pub fn restart(&mut self) {
+        self.restart_until(Ready::Serving);
+    }
+
+    /// Starts the server again on the same port, returning as soon as it answers, even if only
+    /// `LOADING` (a server loading its data refuses most commands with it). For a server that
+    /// was told to `SAVE` (its dump is loaded at start) and given `key-load-delay` and
+    /// `loading-process-events-interval-bytes 1024` at start, so that the loading lasts and is
+    /// answered during. Panics if it does not answer.
+    pub fn restart_loading(&mut self) {
+        self.restart_until(Ready::Loading);
+    }
+
+    fn restart_until(&mut self, ready: Ready) {
         self.kill();
         let _ = std::fs::remove_file(self.dir.path().join("nodes.conf"));
         let deadline = Instant::now() + START_TIMEOUT;
@@ -467,7 +490,9 @@ impl RedisServer {
             );
             std::thread::sleep(Duration::from_millis(20));
         }
-        self.spawn();
+        if let Err(why) = self.spawn_or_why(ready) {
+            panic!("{why}");
+        }
     }
 
     /// Freezes the process (SIGSTOP): connections stay open but nothing is answered.
