@@ -18,6 +18,9 @@ use denial_memo::DenialMemo;
 pub const DEFAULT_MAX_KEYS: usize = 1_000_000;
 
 const DEFAULT_SHARDS: usize = 64;
+/// The most shards a store takes: 12 MB of shards and memos before any key, far past the cores
+/// that could contend for them.
+const MAX_SHARDS: usize = 1 << 16;
 /// A shard is not swept before it holds this many keys.
 const MIN_SWEEP: usize = 64;
 
@@ -116,7 +119,8 @@ impl<C> MemoryStoreBuilder<C> {
         self
     }
 
-    /// How many independently locked shards (a power of two; default 64, fewer for small caps).
+    /// How many independently locked shards (a power of two up to 65,536, and at most
+    /// `max_keys`; default 64, fewer for small caps).
     pub fn shards(mut self, shards: usize) -> Self {
         self.shards = Some(shards);
         self
@@ -144,6 +148,12 @@ impl<C> MemoryStoreBuilder<C> {
                 return Err(ConfigError::InvalidSetting {
                     name: "shards",
                     reason: "must be a power of two",
+                });
+            }
+            Some(n) if n > MAX_SHARDS => {
+                return Err(ConfigError::InvalidSetting {
+                    name: "shards",
+                    reason: "must be at most 65,536",
                 });
             }
             Some(n) if n > self.max_keys => {

@@ -189,6 +189,24 @@ fn bad_store_settings_are_typed_errors() {
             .build()
             .is_err()
     );
+    // Past the most shards a store takes (each is 192 bytes with its memo): an error, not an
+    // allocation that overflows or aborts the process.
+    for shards in [1 << 17, 1 << 40, 1 << 60, 1 << 63] {
+        assert!(
+            MemoryStore::builder()
+                .max_keys(usize::MAX)
+                .shards(shards)
+                .build()
+                .is_err(),
+            "{shards} shards"
+        );
+    }
+    let most = MemoryStore::builder()
+        .max_keys(usize::MAX)
+        .shards(1 << 16)
+        .build()
+        .unwrap();
+    assert_eq!(most.max_keys(), usize::MAX - usize::MAX % (1 << 16));
 }
 
 /// Regression: a per-shard cap below the sweep threshold (64) once panicked on `clamp`.
