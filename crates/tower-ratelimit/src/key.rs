@@ -1073,6 +1073,13 @@ impl KeyExtractor for RouteKey {
             key.push(path.as_str().as_bytes());
             return Ok(());
         }
+        // A request that only carries a client's address, made by `Resetter::reset_ip`, has
+        // no route: none of the client's requests has the key `<unmatched>` would make
+        // (looked for only here, off the path of matched requests).
+        #[cfg(feature = "axum")]
+        if req.extensions().get::<AddressOnly>().is_some() {
+            return Err(NoKey);
+        }
         key.push(b"<unmatched>");
         Ok(())
     }
@@ -1081,6 +1088,13 @@ impl KeyExtractor for RouteKey {
         false
     }
 }
+
+/// In the extensions of the request [`Resetter::reset_ip`](crate::Resetter::reset_ip) makes of
+/// an address: it carries nothing else of a client's requests, so [`RouteKey`] finds no route
+/// in it.
+#[cfg(feature = "axum")]
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct AddressOnly;
 
 /// The method as [`RouteKey`] writes it: `HEAD` as `GET`, and any method that is not standard as
 /// `OTHER`, so that neither multiplies a route's quota.

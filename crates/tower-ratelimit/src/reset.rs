@@ -242,7 +242,9 @@ impl<St: Reset> Resetter<St> {
     /// groups addresses, so an IPv6 address resets its whole prefix (/64 by default), as the
     /// limit counts it. A key with other parts (a header, an extension, the route) finds none
     /// in such a request: [`ResetError::NoKey`]; reset those with [`reset`](Resetter::reset)
-    /// and a request that carries them.
+    /// and a request that carries them. (The request is a `GET /` with no headers: a
+    /// [`from_fn`](crate::key::from_fn) closure that reads the method or the path finds them
+    /// there, and its key is one no request of the client may have.)
     ///
     /// ```
     /// use tower_ratelimit::{Algorithm, Limit, MemoryStore, Policy, Quota, RateLimitLayer};
@@ -266,6 +268,7 @@ impl<St: Reset> Resetter<St> {
         let mut req = http::Request::new(());
         req.extensions_mut()
             .insert(axum::extract::ConnectInfo(std::net::SocketAddr::new(ip, 0)));
+        req.extensions_mut().insert(crate::key::AddressOnly);
         self.reset_key(self.key_of(&RequestHead::of(&req)))
     }
 

@@ -913,4 +913,30 @@ async fn reset_ip_of_a_key_with_other_parts_is_no_key() {
         .reset_ip("203.0.113.9".parse().unwrap())
         .await;
     assert!(matches!(result, Err(ResetError::NoKey)), "{result:?}");
+    // Nor the route: a request made of an address has none, though a real request that matches
+    // no route has `<unmatched>` (the key of the fallback's answers). Answered `NoKey`, not
+    // `Ok` for a key no request of the client has, with the client still limited.
+    use tower_ratelimit::key::{PeerIp, RouteKey};
+    let limit = || Limit::single(Algorithm::TokenBucket, Quota::per_minute(2).unwrap()).unwrap();
+    let route_first = Policy::new("ip", limit())
+        .unwrap()
+        .key((RouteKey::new(), PeerIp::new()));
+    let route_last = Policy::new("ip", limit())
+        .unwrap()
+        .key((PeerIp::new(), RouteKey::new()));
+    for policy in [route_first, route_last] {
+        let (_clock, memory) = store();
+        let layer = RateLimitLayer::new(memory, policy).unwrap();
+        let app = Router::new()
+            .route("/login", get(|| async { "ok" }))
+            .route_layer(layer.clone());
+        let from = || common::request_from("/login", "203.0.113.9:1000");
+        assert_eq!(statuses(&app, from, 3).await, [200, 200, 429]);
+        let result = layer
+            .resetter()
+            .reset_ip("203.0.113.9".parse().unwrap())
+            .await;
+        assert!(matches!(result, Err(ResetError::NoKey)), "{result:?}");
+        assert_eq!(statuses(&app, from, 1).await, [429]);
+    }
 }
