@@ -69,9 +69,11 @@ use crate::{RequestHead, ResponseHead};
 ///
 /// A reset is not a check: it is counted in `ratelimit_resets_total` by how it ended (see
 /// [`metrics`](crate::metrics)), in no decision metric, and leaves the circuit breaker as it is.
-/// It does look at it: while the client's circuit is open (or half-open, its one call a check's
-/// probe) the store is taken to be down and not asked; the fallback's local share is reset and
-/// the reset ends at once with [`ResetError::CircuitOpen`].
+/// It does look at it: while the client's circuit is open and cooling down (or half-open, its one
+/// call a check's probe) the store is taken to be down and not asked; the fallback's local share
+/// is reset and the reset ends at once with [`ResetError::CircuitOpen`]. Once the cool-down is
+/// over the store is asked again, before any check has probed it (a route without traffic since
+/// its outage), and the circuit stays open until a check's probe closes it.
 /// Each store call that does not complete at once is bounded by the layer's timeout (when polled
 /// in a Tokio runtime; elsewhere by the store's own), so that, as for the layer's checks, the
 /// in-memory store needs no runtime with a timer. See [`ratelimit_core::Reset`] for what a reset
@@ -144,9 +146,10 @@ pub enum ResetError<E> {
     /// The store failed. The state may or may not have been forgotten.
     #[error("the rate-limit store failed to reset: {0}")]
     Store(#[source] E),
-    /// The circuit breaker's circuit for this client is open (or half-open, its one call a
-    /// check's probe): the store, taken to be down, was not asked, and the client's count there
-    /// stands. The fallback's local share, if the policy has one, was reset.
+    /// The circuit breaker's circuit for this client is open and cooling down (or half-open, its
+    /// one call a check's probe): the store, taken to be down, was not asked, and the client's
+    /// count there stands. The fallback's local share, if the policy has one, was reset. Once
+    /// the cool-down is over, the store is asked again.
     #[error("the rate-limit store's circuit is open: the reset was not sent")]
     CircuitOpen,
 }
@@ -293,7 +296,8 @@ impl<St: Reset> Resetter<St> {
 /// made now (a network store sends its command when the future is first polled); the future
 /// waits for all the store's calls together, under one timeout. The store is asked only if
 /// `ask_store` (false: the layer let the request through without its answer) and the key's
-/// circuit is closed: else it is taken to be down, and the reset is skipped.
+/// circuit lets it through (`Shared::circuit_lets_through`): else it is taken to be down, and
+/// the reset is skipped.
 fn reset_key<St: Reset>(
     shared: &Shared<St>,
     counters: &Arc<ResetCounters>,
@@ -307,7 +311,7 @@ fn reset_key<St: Reset>(
     let calls: Option<Calls<St::ResetFuture>> = key.map(|key| {
         let key = key.as_bytes();
         shared.reset_local(key);
-        (ask_store && shared.circuit_closed(key)).then(|| {
+        (ask_store && shared.circuit_lets_through(key)).then(|| {
             rt.tiers
                 .iter()
                 .map(|tier| Some(shared.store.reset(key, &tier.limit)))

@@ -768,14 +768,14 @@ impl<St: Store> Shared<St> {
         }
     }
 
-    /// Whether `key`'s circuit is closed (or there is no breaker). A call other than a check (a
-    /// reset) asks the store only then: an open circuit's store is taken to be down, and a
-    /// half-open one's single call is its probe, a check.
-    pub(crate) fn circuit_closed(&self, key: &[u8]) -> bool {
+    /// Whether a call other than a check (a reset) of `key` asks the store: its circuit is
+    /// closed (or there is no breaker), or open and cooled down, its probe not yet taken (a
+    /// route without checks since its outage: the store is asked again, as a check would ask
+    /// it, without taking the probe, which stays a check's). Not while it cools down (its store
+    /// is taken to be down), nor while a probe is out (its single call is the probe's).
+    pub(crate) fn circuit_lets_through(&self, key: &[u8]) -> bool {
         match &self.breaker {
-            Some(b) if !b.is_clean() => {
-                b.part_state(self.part(PART_UNKNOWN, key)) == CircuitState::Closed
-            }
+            Some(b) if !b.is_clean() => !b.rejects(self.part(PART_UNKNOWN, key)),
             _ => true,
         }
     }

@@ -466,6 +466,44 @@ async fn an_open_circuit_is_not_asked_to_reset() {
     );
 }
 
+/// Once its cool-down is over, an open circuit's store is asked again, by a reset as by a check,
+/// though no check has probed it yet (a route without traffic since the outage): the reset is
+/// sent, without taking the probe, which stays a check's.
+#[tokio::test]
+async fn a_cooled_down_circuit_is_asked_to_reset() {
+    let (clock, memory) = store();
+    let switch = Arc::new(SwitchStore::new(memory));
+    let layer = RateLimitLayer::builder(switch.clone(), login_policy())
+        .circuit_breaker(CircuitBreaker::new(1, Duration::from_secs(10)).unwrap())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let resetter = layer.resetter();
+    let app = Router::new()
+        .route("/login", get(|| async { "ok" }))
+        .layer(layer.clone());
+    let alice = || attempt("alice", "x");
+    assert_eq!(statuses(&app, alice, 4).await, [200, 200, 200, 429]);
+    // Bob's check fails (failing open) and opens the circuit; the store is back at once.
+    switch.set_down(true);
+    assert_eq!(send(&app, attempt("bob", "x")).await.status(), 200);
+    switch.set_down(false);
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    let err = resetter
+        .reset(&RequestHead::of(&alice()))
+        .await
+        .unwrap_err();
+    assert!(matches!(err, ResetError::CircuitOpen), "{err:?}");
+    // After the cool-down, no request having come: the reset reaches the store.
+    clock.advance(Duration::from_secs(15));
+    resetter.reset(&RequestHead::of(&alice())).await.unwrap();
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
+    // Her count was forgotten (15 s alone gave her back three quarters of one request of
+    // three); the first check probes, and closes the circuit.
+    assert_eq!(statuses(&app, alice, 4).await, [200, 200, 200, 429]);
+    assert_eq!(layer.circuit_state(), Some(CircuitState::Closed));
+}
+
 /// While the circuit is half-open, its one call to the store is the probe's (a check): a reset
 /// is not sent either, and ends at once rather than at the timeout.
 #[tokio::test(start_paused = true)]
