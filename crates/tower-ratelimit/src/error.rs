@@ -19,9 +19,10 @@ pub enum Error {
         /// The name that was given.
         name: String,
     },
-    /// A policy name was empty, too long, or had a character other than printable ASCII.
+    /// A policy name was empty, too long, or had a character other than printable ASCII, or
+    /// `"` or `\`.
     #[error(
-        "invalid policy name {}: it must be 1 to {max} printable ASCII characters",
+        "invalid policy name {}: it must be 1 to {max} printable ASCII characters, neither '\"' nor '\\'",
         Given(name),
         max = crate::policy::MAX_NAME_LEN
     )]
@@ -113,7 +114,8 @@ mod tests {
         assert_eq!(
             policy.to_string(),
             format!(
-                "invalid policy name (empty): it must be 1 to {} printable ASCII characters",
+                "invalid policy name (empty): it must be 1 to {} printable ASCII characters, \
+                 neither '\"' nor '\\'",
                 crate::policy::MAX_NAME_LEN
             )
         );

@@ -189,8 +189,8 @@ impl<St: Store> GuardedBuilder<St> {
     }
 
     /// The guarded store, or the setting that is out of range: a timeout outside 1 ms to an
-    /// hour, or a name that is not 1 to 64 printable ASCII characters (it goes in the metrics'
-    /// labels, as a policy's name).
+    /// hour, or a name that is not 1 to 64 printable ASCII characters, neither `"` nor `\` (it
+    /// goes in the metrics' labels, as a policy's name).
     pub fn build(self) -> Result<Guarded<St>, Error> {
         crate::layer::check_timeout(self.timeout)?;
         crate::policy::validate_name(&self.name)?;

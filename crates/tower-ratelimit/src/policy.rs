@@ -262,7 +262,9 @@ pub struct Policy {
 impl Policy {
     /// A policy named `name` holding each key to `limit`.
     ///
-    /// The name must be 1 to [`MAX_NAME_LEN`] printable ASCII characters. It names the policy's
+    /// The name must be 1 to [`MAX_NAME_LEN`] printable ASCII characters, neither `"` nor `\`
+    /// (it is a label of the [metrics](crate::metrics), which some exporters would not tell
+    /// apart from another name with them escaped). It names the policy's
     /// items in the IETF fields: the name itself for a limit of one quota, `<name>.0`,
     /// `<name>.1`, ... for each quota of several. Layers a request passes through one inside the
     /// other each add their items, unless an item of the same name is there already (the same
@@ -354,14 +356,22 @@ impl Policy {
     }
 
     /// Adds a tier: another limit, chosen per request by [`resolve_tier`](Policy::resolve_tier).
-    /// Tier names must be distinct and not empty (the name is the `tier` label of the
-    /// [metrics](crate::metrics), where `""` stands for the policy's own limit).
+    /// Tier names must be distinct, not empty, and hold neither `"` nor `\` (the name is the
+    /// `tier` label of the [metrics](crate::metrics), where `""` stands for the policy's own
+    /// limit, and some exporters would not tell `a"b` from `a\"b` there).
     pub fn tier(mut self, name: impl Into<Cow<'static, str>>, limit: Limit) -> Result<Self, Error> {
         let name = name.into();
         if name.is_empty() {
             return Err(Error::InvalidSetting {
                 name: "tier",
                 reason: "a tier's name is empty: give it the name the resolver returns",
+            });
+        }
+        if name.contains(['"', '\\']) {
+            return Err(Error::InvalidSetting {
+                name: "tier",
+                reason: "a tier's name holds `\"` or `\\`: a metrics label that some exporters \
+                         would not tell apart from another name's",
             });
         }
         if self.tiers.iter().any(|(n, _)| *n == name) {
@@ -539,10 +549,16 @@ impl fmt::Debug for Policy {
     }
 }
 
+/// A policy's name: 1 to [`MAX_NAME_LEN`] printable ASCII characters, neither `"` nor `\`. It
+/// goes in the metrics' `policy` label, where a Prometheus exporter takes a `\"` for an escaped
+/// `"` (metrics-exporter-prometheus: `a"b` and `a\"b` were written as one series), and in the
+/// IETF fields' strings, which escape both.
 pub(crate) fn validate_name(name: &str) -> Result<(), Error> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
-        && name.bytes().all(|b| (0x20..0x7f).contains(&b));
+        && name
+            .bytes()
+            .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\');
     if ok {
         Ok(())
     } else {
@@ -562,7 +578,17 @@ mod tests {
     #[test]
     fn names_are_validated() {
         assert!(Policy::new("api v1", limit()).is_ok());
-        for bad in ["", "caf\u{e9}", "a\nb", &"x".repeat(65)] {
+        // Neither `"` nor `\`: a Prometheus exporter takes `\"` in a label for an escaped `"`,
+        // and would give `a"b` and `a\"b` one series.
+        for bad in [
+            "",
+            "caf\u{e9}",
+            "a\nb",
+            &"x".repeat(65),
+            "a\"b",
+            "a\\b",
+            "a\\\"b",
+        ] {
             assert!(matches!(
                 Policy::new(bad, limit()),
                 Err(Error::InvalidPolicyName { .. })
@@ -580,6 +606,13 @@ mod tests {
             p.clone().tier("pro", limit()),
             Err(Error::DuplicateTier { .. })
         ));
+        // A metrics label, as the policy's name.
+        for bad in ["p\"ro", "p\\ro"] {
+            assert!(matches!(
+                p.clone().tier(bad, limit()),
+                Err(Error::InvalidSetting { name: "tier", .. })
+            ));
+        }
         // `""` is the policy's own limit in the metrics' `tier` label.
         assert!(matches!(
             p.tier("", limit()),

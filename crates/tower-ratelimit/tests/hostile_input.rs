@@ -501,8 +501,10 @@ fn setup_with(config: usize, algorithm: Algorithm, three: Limit) -> Setup {
                 .verdict(false)
         }
         4 => {
-            // A name that needs escaping in a structured-field string and in JSON.
-            s.name = "we\"ird\\name";
+            // A name with the structured fields' separators (`;`, `,`, `=`, a space), which must
+            // stay inside its string. (`"` and `\`, which would need escaping, are refused: a
+            // Prometheus exporter would not tell `a"b` from `a\"b` in the metrics' label.)
+            s.name = "we'ird name;q=1,x";
             s.ietf = false;
             s.legacy = true;
             let limit = Limit::new(

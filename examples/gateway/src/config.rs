@@ -1223,12 +1223,16 @@ impl RouteConfig {
         }
         let name_ok = !policy.name.is_empty()
             && policy.name.len() <= tower_ratelimit::policy::MAX_NAME_LEN
-            && policy.name.bytes().all(|b| (0x20..0x7f).contains(&b));
+            && policy
+                .name
+                .bytes()
+                .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\');
         if !name_ok {
             return Err(ConfigError::new(
                 format!("{at}.policy.name"),
                 format!(
-                    "{:?} must be 1 to {} printable ASCII characters",
+                    "{:?} must be 1 to {} printable ASCII characters, neither '\"' nor '\\' \
+                     (the name is a metrics label)",
                     policy.name,
                     tower_ratelimit::policy::MAX_NAME_LEN
                 ),

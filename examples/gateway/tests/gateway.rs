@@ -467,6 +467,21 @@ async fn bad_configurations_fail_naming_the_field() {
                 .to_owned(),
             "routes[0].key.source: must be \"header\" for a route with tiers",
         ),
+        // A metrics label: a Prometheus exporter would write `a"b` and `a\"b` as one series.
+        (
+            "[[routes]]\npath = \"/login\"\n[routes.policy]\nname = 'a\\\"b'\n\
+             quotas = [{ limit = 1, per = \"second\" }]\n"
+                .to_owned(),
+            "routes[0].policy.name: \"a\\\\\\\"b\" must be 1 to 64 printable ASCII characters, \
+             neither '\"' nor '\\' (the name is a metrics label)",
+        ),
+        (
+            "[[routes]]\npath = \"/\"\nkey = { source = \"header\", name = \"x-api-key\" }\n\
+             [routes.policy]\nname = \"api\"\nquotas = [{ limit = 5, per = \"minute\" }]\n\
+             [[routes.policy.tiers]]\nname = 'p\"ro'\nquotas = [{ limit = 50, per = \"minute\" }]\n"
+                .to_owned(),
+            "routes[0].policy.tiers[0].name: a tier's name holds `\"` or `\\`",
+        ),
         (
             with_policy("quotas = [{ limit = 5, per = \"minute\" }]")
                 + "[[routes]]\npath = \"/login\"\n[routes.policy]\nname = \"api\"\nquotas = [{ limit = 1, per = \"second\" }]\n",
