@@ -1759,9 +1759,13 @@ impl RedisStoreBuilder {
         if let Some(mut conn) = first {
             // Asked first: a Sentinel would fail the scripts' loading with an error that does
             // not say what it is.
-            if let Conn::Single(c) = &mut conn
-                && let Ok(Some(mode)) =
-                    tokio::time::timeout(self.response_timeout, server_mode(c)).await
+            let hello = match &mut conn {
+                Conn::Single(c) => tokio::time::timeout(self.response_timeout, server_hello(c))
+                    .await
+                    .unwrap_or_default(),
+                _ => Hello::default(),
+            };
+            if let Some(mode) = &hello.mode
                 && let Some((what, advice)) = match mode.as_str() {
                     "cluster" => Some((
                         CLUSTER_NODE_AS_STANDALONE,
@@ -1780,6 +1784,22 @@ impl RedisStoreBuilder {
                 return Err(RedisStoreError::Connection {
                     message: format!("{what}: {advice}"),
                     source: Some(RedisError::from((ErrorKind::InvalidClientConfig, what))),
+                }
+                .connecting_to(&inner.urls));
+            }
+            // Every admission would be refused (`READONLY`, at its first write). Unavailable
+            // rather than a wrong server: a failover may promote it, or move a name or address
+            // to the primary, so a lazy store tries again.
+            if hello.role.as_deref() == Some("replica") {
+                return Err(RedisStoreError::Connection {
+                    message: format!(
+                        "{REPLICA_AS_PRIMARY}: give the primary's address (or a name that moves \
+                         with it); every check would be refused"
+                    ),
+                    source: Some(RedisError::from((
+                        ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
+                        REPLICA_AS_PRIMARY,
+                    ))),
                 }
                 .connecting_to(&inner.urls));
             }
@@ -1872,21 +1892,43 @@ pub(crate) const CLUSTER_NODE_AS_STANDALONE: &str =
 /// What a standalone store's `build` says of a server that is a Redis Sentinel.
 pub(crate) const SENTINEL_AS_SERVER: &str = "a Redis Sentinel given as the server";
 
-/// The server's mode as `HELLO` (without arguments: the protocol is not changed) tells it:
-/// `standalone`, `cluster` or `sentinel`; `None` if it does not say (Redis before 6 knows no
-/// `HELLO`; Redis 7.0 answers it to any user, whatever its ACL rights) or the connection failed
-/// (the next check will tell).
-async fn server_mode(conn: &mut MultiplexedConnection) -> Option<String> {
-    let reply: Value = redis::cmd("HELLO").query_async(conn).await.ok()?;
-    let mode = |k: &Value, v: &Value| {
-        let key: String = redis::from_redis_value_ref(k).ok()?;
-        (key == "mode").then(|| redis::from_redis_value_ref::<String>(v).ok())?
+/// What a standalone store's `build` says of a server that is a read-only replica.
+pub(crate) const REPLICA_AS_PRIMARY: &str = "a read-only replica given as the server";
+
+/// What the server's `HELLO` (without arguments: the protocol is not changed) tells of it: its
+/// `mode` (`standalone`, `cluster` or `sentinel`) and `role` (`master` or `replica`), each
+/// `None` if it does not say (Redis before 6 knows no `HELLO`; Redis 7.0 answers it to any user,
+/// whatever its ACL rights) or the connection failed (the next check will tell).
+#[derive(Default)]
+struct Hello {
+    mode: Option<String>,
+    role: Option<String>,
+}
+
+async fn server_hello(conn: &mut MultiplexedConnection) -> Hello {
+    let Ok(reply) = redis::cmd("HELLO").query_async::<Value>(conn).await else {
+        return Hello::default();
+    };
+    let mut hello = Hello::default();
+    let mut read = |k: &Value, v: &Value| {
+        let (Ok(key), Ok(value)) = (
+            redis::from_redis_value_ref::<String>(k),
+            redis::from_redis_value_ref::<String>(v),
+        ) else {
+            return;
+        };
+        match key.as_str() {
+            "mode" => hello.mode = Some(value),
+            "role" => hello.role = Some(value),
+            _ => {}
+        }
     };
     match &reply {
-        Value::Array(items) => items.chunks_exact(2).find_map(|kv| mode(&kv[0], &kv[1])),
-        Value::Map(pairs) => pairs.iter().find_map(|(k, v)| mode(k, v)),
-        _ => None,
+        Value::Array(items) => items.chunks_exact(2).for_each(|kv| read(&kv[0], &kv[1])),
+        Value::Map(pairs) => pairs.iter().for_each(|(k, v)| read(k, v)),
+        _ => {}
     }
+    hello
 }
 
 /// `url` with its user and password replaced by `***`, for logs and error messages:

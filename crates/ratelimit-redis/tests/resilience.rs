@@ -1314,3 +1314,35 @@ async fn a_server_loading_its_data_is_unavailable_while_it_loads() {
     let err = refused.expect("a check answered LOADING");
     assert!(err.to_string().contains("loading the dataset"), "{err}");
 }
+
+/// A read-only replica given as the server: every admission would fail with `READONLY`, so the
+/// build says so, as an unavailable server (a failover may promote it, or move the address to
+/// the primary: a lazy store retries it), and builds once it is a primary.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_given_as_the_server_fails_the_build_until_promoted() {
+    let primary = RedisServer::start();
+    let replica = RedisServer::builder()
+        .config(format!("replicaof 127.0.0.1 {}", primary.port()))
+        .start();
+    let build = || {
+        RedisStore::builder(replica.url())
+            .prefix(unique_prefix("replica"))
+            .build()
+    };
+    let err = build()
+        .await
+        .expect_err("no store is built on a read-only replica");
+    assert!(err.is_unavailable(), "{err:?}");
+    assert!(
+        !err.is_refused_credentials() && !err.is_wrong_server(),
+        "{err:?}"
+    );
+    let text = err.to_string();
+    assert!(
+        text.contains(&replica.url()) && text.contains("read-only replica"),
+        "{text}"
+    );
+    replica.cli(&["replicaof", "no", "one"]);
+    let store = build().await.unwrap();
+    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+}
