@@ -24,8 +24,8 @@ pub enum ConfigError {
     /// The period was longer than the largest supported (2^52 microseconds, about 142 years).
     #[error("a quota's period must be at most 2^52 microseconds (got {micros} µs)")]
     PeriodTooLong {
-        /// The period that was given, in microseconds (saturated).
-        micros: u64,
+        /// The period that was given, in whole microseconds.
+        micros: u128,
     },
     /// A quota's limit or burst is above 2^52, the largest count every store computes exactly
     /// (Redis runs its scripts on doubles, exact to 2^53, and the remaining bit is headroom).

@@ -106,7 +106,7 @@ impl Quota {
         }
         if period_micros > MAX_EXACT {
             return Err(ConfigError::PeriodTooLong {
-                micros: period_micros,
+                micros: period.as_micros(),
             });
         }
         if burst == 0 {
@@ -273,6 +273,19 @@ mod tests {
             Quota::per_period(1, Duration::MAX),
             Err(ConfigError::PeriodTooLong { .. })
         ));
+        // The period given, or where it was past what the field holds, not that bound as if given.
+        assert_eq!(
+            Quota::per_period(1, Duration::from_secs(1 << 53))
+                .unwrap_err()
+                .to_string(),
+            "a quota's period must be at most 2^52 microseconds (got 9007199254740992000000 µs)"
+        );
+        assert_eq!(
+            Quota::per_period(1, Duration::from_millis(18_446_744_073_709_552))
+                .unwrap_err()
+                .to_string(),
+            "a quota's period must be at most 2^52 microseconds (got 18446744073709552000 µs)"
+        );
         assert_eq!(
             Quota::per_second(1).unwrap().with_burst(0),
             Err(ConfigError::ZeroBurst)
