@@ -287,22 +287,34 @@ impl<St: Reset> Resetter<St> {
         &self,
         key: Option<KeyBuf>,
     ) -> impl Future<Output = Result<(), ResetError<St::Error>>> + Send + 'static {
-        reset_key(&self.shared, &self.counters, key, true)
+        reset_key(&self.shared, &self.counters, key, Ask::IfCooledDown)
     }
+}
+
+/// Whether a reset asks the store.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ask {
+    /// Not: the layer let the request through without the store's answer.
+    No,
+    /// If the key's circuit is closed: a `reset_on` reset, which holds its response, does not
+    /// wait for a store that has not answered a check since its circuit opened.
+    IfClosed,
+    /// If the key's circuit is closed, or open and cooled down (`Shared::circuit_lets_through`):
+    /// a `Resetter`'s, which no response waits for, and which would otherwise be skipped for as
+    /// long as no check probes the store.
+    IfCooledDown,
 }
 
 /// Resets the (namespaced) `key` under every limit of `shared`'s policy, counting the outcome in
 /// `counters`; `None`: no key. The fallback's local share is reset at once and each store call
 /// made now (a network store sends its command when the future is first polled); the future
-/// waits for all the store's calls together, under one timeout. The store is asked only if
-/// `ask_store` (false: the layer let the request through without its answer) and the key's
-/// circuit lets it through (`Shared::circuit_lets_through`): else it is taken to be down, and
-/// the reset is skipped.
+/// waits for all the store's calls together, under one timeout. The store is asked as `ask`
+/// says: else it is taken to be down, and the reset is skipped.
 fn reset_key<St: Reset>(
     shared: &Shared<St>,
     counters: &Arc<ResetCounters>,
     key: Option<KeyBuf>,
-    ask_store: bool,
+    ask: Ask,
 ) -> impl Future<Output = Result<(), ResetError<St::Error>>> + Send + 'static {
     let rt = &*shared.rt;
     // The fallback's local share at once; per tier, the store's reset to wait for, unless the
@@ -311,7 +323,12 @@ fn reset_key<St: Reset>(
     let calls: Option<Calls<St::ResetFuture>> = key.map(|key| {
         let key = key.as_bytes();
         shared.reset_local(key);
-        (ask_store && shared.circuit_lets_through(key)).then(|| {
+        let ask_store = match ask {
+            Ask::No => false,
+            Ask::IfClosed => shared.circuit_closed(key),
+            Ask::IfCooledDown => shared.circuit_lets_through(key),
+        };
+        ask_store.then(|| {
             rt.tiers
                 .iter()
                 .map(|tier| Some(shared.store.reset(key, &tier.limit)))
@@ -485,8 +502,9 @@ impl<St: Reset> ResetOn<St> {
             key: Option<KeyBuf>,
             ask_store: bool,
         ) -> AfterResponse {
+            let ask = if ask_store { Ask::IfClosed } else { Ask::No };
             // Its error is logged and counted where it ends; the response goes out as it is.
-            let mut reset = Box::pin(reset_key(shared, counters, key, ask_store));
+            let mut reset = Box::pin(reset_key(shared, counters, key, ask));
             Box::pin(async move {
                 // Done at once (the in-memory store's): nothing to wait for.
                 if let Poll::Ready(done) = poll_fn(|cx| Poll::Ready(reset.as_mut().poll(cx))).await

@@ -768,11 +768,22 @@ impl<St: Store> Shared<St> {
         }
     }
 
-    /// Whether a call other than a check (a reset) of `key` asks the store: its circuit is
-    /// closed (or there is no breaker), or open and cooled down, its probe not yet taken (a
-    /// route without checks since its outage: the store is asked again, as a check would ask
-    /// it, without taking the probe, which stays a check's). Not while it cools down (its store
-    /// is taken to be down), nor while a probe is out (its single call is the probe's).
+    /// Whether `key`'s circuit is closed (or there is no breaker): a `reset_on` reset, which
+    /// holds its response, asks the store only then.
+    pub(crate) fn circuit_closed(&self, key: &[u8]) -> bool {
+        match &self.breaker {
+            Some(b) if !b.is_clean() => {
+                b.part_state(self.part(PART_UNKNOWN, key)) == CircuitState::Closed
+            }
+            _ => true,
+        }
+    }
+
+    /// Whether a `Resetter`'s reset of `key` asks the store: its circuit is closed (or there is
+    /// no breaker), or open and cooled down, its probe not yet taken (a route without checks
+    /// since its outage: the store is asked again, as a check would ask it, without taking the
+    /// probe, which stays a check's). Not while it cools down (its store is taken to be down),
+    /// nor while a probe is out (its single call is the probe's).
     pub(crate) fn circuit_lets_through(&self, key: &[u8]) -> bool {
         match &self.breaker {
             Some(b) if !b.is_clean() => !b.rejects(self.part(PART_UNKNOWN, key)),

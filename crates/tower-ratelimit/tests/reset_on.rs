@@ -494,57 +494,67 @@ async fn an_answer_held_in_front_of_an_open_circuit_leaves_the_store_alone() {
 }
 
 /// A success whose check was made before the circuit opened: by its response the store is
-/// taken to be down, and its reset is not sent (it would wait for the store up to the timeout).
+/// taken to be down, and its reset is not sent (it would wait for the store up to the timeout),
+/// even once the circuit has cooled down (a `Resetter`'s reset would then be sent: no response
+/// waits for it).
 #[tokio::test]
 async fn a_circuit_opened_while_the_request_was_served_is_not_asked_to_reset() {
-    let (_clock, memory) = store();
-    let switch = Arc::new(SwitchStore::new(memory));
-    let breaker = tower_ratelimit::CircuitBreaker::new(1, Duration::from_secs(600)).unwrap();
-    let (layer, snapshotter) = common::recorded(|| {
-        RateLimitLayer::builder(switch.clone(), login_policy())
-            .circuit_breaker(breaker)
-            .reset_on(|res| res.status().is_success())
-            .build()
-            .unwrap()
-    });
-    // A request with `x-held` waits in the handler, after its check, until let go.
-    let (entered, go) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
-    let handler = {
-        let (entered, go) = (entered.clone(), go.clone());
-        move |req: Request| async move {
-            if req.headers().contains_key("x-held") {
-                entered.notify_one();
-                go.notified().await;
+    for cooled_down in [false, true] {
+        let (clock, memory) = store();
+        let switch = Arc::new(SwitchStore::new(memory));
+        let breaker = tower_ratelimit::CircuitBreaker::new(1, Duration::from_secs(10)).unwrap();
+        let (layer, snapshotter) = common::recorded(|| {
+            RateLimitLayer::builder(switch.clone(), login_policy())
+                .circuit_breaker(breaker)
+                .clock(clock.clone())
+                .reset_on(|res| res.status().is_success())
+                .build()
+                .unwrap()
+        });
+        // A request with `x-held` waits in the handler, after its check, until let go.
+        let (entered, go) = (Arc::new(Notify::new()), Arc::new(Notify::new()));
+        let handler = {
+            let (entered, go) = (entered.clone(), go.clone());
+            move |req: Request| async move {
+                if req.headers().contains_key("x-held") {
+                    entered.notify_one();
+                    go.notified().await;
+                }
+                login(req).await
             }
-            login(req).await
+        };
+        let app = Router::new()
+            .route("/login", get(handler))
+            .route_layer(layer.clone());
+        assert_eq!(send(&app, attempt("alice", "guess")).await.status(), 401);
+        let signing_in = tokio::spawn({
+            let app = app.clone();
+            async move {
+                let held = with_header(attempt("alice", "hunter2"), "x-held", "1");
+                send(&app, held).await.status()
+            }
+        });
+        entered.notified().await;
+        // While Alice's sign-in is served, the store goes down and Bob's check opens the
+        // circuit.
+        switch.set_down(true);
+        assert_eq!(send(&app, attempt("bob", "guess")).await.status(), 401);
+        assert_eq!(
+            layer.circuit_state(),
+            Some(tower_ratelimit::CircuitState::Open)
+        );
+        if cooled_down {
+            clock.advance(Duration::from_secs(15));
         }
-    };
-    let app = Router::new()
-        .route("/login", get(handler))
-        .route_layer(layer.clone());
-    assert_eq!(send(&app, attempt("alice", "guess")).await.status(), 401);
-    let signing_in = tokio::spawn({
-        let app = app.clone();
-        async move {
-            let held = with_header(attempt("alice", "hunter2"), "x-held", "1");
-            send(&app, held).await.status()
-        }
-    });
-    entered.notified().await;
-    // While Alice's sign-in is served, the store goes down and Bob's check opens the circuit.
-    switch.set_down(true);
-    assert_eq!(send(&app, attempt("bob", "guess")).await.status(), 401);
-    assert_eq!(
-        layer.circuit_state(),
-        Some(tower_ratelimit::CircuitState::Open)
-    );
-    go.notify_one();
-    assert_eq!(signing_in.await.unwrap(), 204);
-    let count = resets(&snapshotter);
-    assert_eq!(
-        [count("skipped"), count("reset"), count("error")],
-        [1, 0, 0]
-    );
+        go.notify_one();
+        assert_eq!(signing_in.await.unwrap(), 204);
+        let count = resets(&snapshotter);
+        assert_eq!(
+            [count("skipped"), count("reset"), count("error")],
+            [1, 0, 0],
+            "cooled down: {cooled_down}"
+        );
+    }
 }
 
 /// Failing open, there is no local count to reset and the store is not asked: skipped.
