@@ -288,8 +288,8 @@ const WARN_EVERY: Duration = Duration::from_secs(60);
 struct Warned {
     /// When, if ever.
     at: Option<Instant>,
-    /// Whether it was refused credentials (else Redis not reached).
-    refused: bool,
+    /// Why the attempt failed.
+    cause: Cause,
     /// The failed attempts since.
     failed: u64,
 }
@@ -298,26 +298,68 @@ struct Warned {
 /// which says how many failed since the last; `DEBUG` for the rest. A change of cause (Redis
 /// reached again but refusing the credentials, rotated during the outage) is warned of at once.
 fn log_failure(warned: &Mutex<Warned>, error: &RedisStoreError) {
-    let refused = error.is_refused_credentials();
+    let cause = Cause::of(error);
     let since = {
         let mut w = warned.lock().unwrap_or_else(PoisonError::into_inner);
         w.failed += 1;
-        if w.refused == refused && w.at.is_some_and(|at| at.elapsed() < WARN_EVERY) {
+        if w.cause == cause && w.at.is_some_and(|at| at.elapsed() < WARN_EVERY) {
             tracing::debug!(%error, "ratelimit-redis: an attempt to reach Redis failed");
             return;
         }
         let since = w.failed;
         *w = Warned {
             at: Some(Instant::now()),
-            refused,
+            cause,
             failed: 0,
         };
         since
     };
-    if refused {
-        tracing::warn!(%error, failed = since, "ratelimit-redis: Redis refused the credentials; retrying in the background");
-    } else {
-        tracing::warn!(%error, failed = since, "ratelimit-redis: Redis cannot be reached yet; retrying in the background");
+    match cause {
+        Cause::Refused => {
+            tracing::warn!(%error, failed = since, "ratelimit-redis: Redis refused the credentials; retrying in the background");
+        }
+        Cause::NotServing => {
+            tracing::warn!(%error, failed = since, "ratelimit-redis: Redis was reached but cannot serve checks yet; retrying in the background");
+        }
+        Cause::Unreachable => {
+            tracing::warn!(%error, failed = since, "ratelimit-redis: Redis cannot be reached yet; retrying in the background");
+        }
+    }
+}
+
+/// Why an attempt failed, as its warning tells it.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+enum Cause {
+    #[default]
+    Unreachable,
+    /// Reached, and refusing the credentials.
+    Refused,
+    /// Reached, and not serving: still loading its data (`LOADING`), or a replica.
+    NotServing,
+}
+
+impl Cause {
+    fn of(error: &RedisStoreError) -> Cause {
+        use redis::{ErrorKind, ServerErrorKind};
+        let kind = match error {
+            RedisStoreError::Redis(e)
+            | RedisStoreError::Connection {
+                source: Some(e), ..
+            } => Some(e.kind()),
+            _ => None,
+        };
+        if error.is_refused_credentials() {
+            Cause::Refused
+        } else if matches!(
+            kind,
+            Some(ErrorKind::Server(
+                ServerErrorKind::BusyLoading | ServerErrorKind::ReadOnly
+            ))
+        ) {
+            Cause::NotServing
+        } else {
+            Cause::Unreachable
+        }
     }
 }
 

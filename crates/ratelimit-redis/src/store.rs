@@ -1787,14 +1787,17 @@ impl RedisStoreBuilder {
                 }
                 .connecting_to(&inner.urls));
             }
-            // Every admission would be refused (`READONLY`, at its first write). Unavailable
-            // rather than a wrong server: a failover may promote it, or move a name or address
-            // to the primary, so a lazy store tries again.
+            // Every admission would be refused (`READONLY`, at its first write), or, on a
+            // replica that takes writes (`replica-read-only no`), counted apart from every other
+            // gateway and lost at its next sync with the primary. Unavailable rather than a
+            // wrong server: a failover may promote it, or move a name or address to the
+            // primary, so a lazy store tries again.
             if hello.role.as_deref() == Some("replica") {
                 return Err(RedisStoreError::Connection {
                     message: format!(
                         "{REPLICA_AS_PRIMARY}: give the primary's address (or a name that moves \
-                         with it); every check would be refused"
+                         with it); a replica refuses the checks' writes, or keeps them apart from \
+                         the primary's data until its next sync"
                     ),
                     source: Some(RedisError::from((
                         ErrorKind::Server(redis::ServerErrorKind::ReadOnly),
@@ -1892,8 +1895,8 @@ pub(crate) const CLUSTER_NODE_AS_STANDALONE: &str =
 /// What a standalone store's `build` says of a server that is a Redis Sentinel.
 pub(crate) const SENTINEL_AS_SERVER: &str = "a Redis Sentinel given as the server";
 
-/// What a standalone store's `build` says of a server that is a read-only replica.
-pub(crate) const REPLICA_AS_PRIMARY: &str = "a read-only replica given as the server";
+/// What a standalone store's `build` says of a server that is a replica.
+pub(crate) const REPLICA_AS_PRIMARY: &str = "a replica given as the server";
 
 /// What the server's `HELLO` (without arguments: the protocol is not changed) tells of it: its
 /// `mode` (`standalone`, `cluster` or `sentinel`) and `role` (`master` or `replica`), each

@@ -429,6 +429,50 @@ async fn a_change_of_cause_is_warned_of_at_once() {
     );
 }
 
+/// A replica given as the server is reached but cannot serve checks: warned of as such (not as
+/// a Redis that cannot be reached), retried, and connected once it is promoted.
+#[tokio::test]
+async fn a_replica_is_warned_of_as_reached_and_connected_once_promoted() {
+    let (lines, _guard) = Lines::capture();
+    let primary = RedisServer::start();
+    let replica = RedisServer::builder()
+        .config(format!("replicaof 127.0.0.1 {}", primary.port()))
+        .start();
+    let store = RedisStore::builder(replica.url())
+        .prefix(unique_prefix("lazy-replica"))
+        .build_lazy(Duration::from_millis(20))
+        .await
+        .unwrap();
+    let text = || String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let warned = |what: &str| {
+        text()
+            .lines()
+            .filter(|l| l.contains(" WARN ") && l.contains(what))
+            .count()
+    };
+    assert_eq!(
+        warned("Redis was reached but cannot serve checks yet"),
+        1,
+        "{}",
+        text()
+    );
+    assert!(
+        text().contains("a replica given as the server"),
+        "{}",
+        text()
+    );
+    assert_eq!(warned("cannot be reached yet"), 0, "{}", text());
+    assert!(!store.is_connected());
+    replica.cli(&["replicaof", "no", "one"]);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !store.is_connected() && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(store.is_connected());
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(5).unwrap()).unwrap();
+    assert!(store.check(b"k", &limit, 1).await.unwrap().is_allowed());
+}
+
 /// A store built by `build` serves through the lazy type as it is: connected, and never
 /// attempting anything.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
