@@ -37,6 +37,11 @@ use crate::{Error, VerdictKind};
 ///   open circuit: it fails at once with [`GuardError::CircuitOpen`], the store not asked, so
 ///   that a batch of checks made together over a hanging store waits `failure_threshold`
 ///   timeouts, not one per check;
+/// - one made while its circuit was open is not sent, even if polled after the cool-down or
+///   the circuit's close (the store's future is not made: a store such as the in-memory one
+///   counts a check as it is made): it fails with [`GuardError::CircuitOpen`] at its first
+///   poll, whose `retry_in` is the time to the next probe then (zero once the cool-down is
+///   over: the next check made asks the store), and counts for nothing if dropped unpolled;
 /// - a probe's timeout, and the time after which it is taken as lost, run from its sending.
 ///
 /// What to do on an error is the caller's: let the message through, refuse it, or count it
@@ -266,14 +271,16 @@ where
             self.store.failure_domain(key) % b.parts()
         };
         if b.rejects(part) {
-            let answer = match self.store.check_cached(key, limit, cost) {
-                Some(d) => Ok(s.decided(d)),
-                None => Err(s.circuit_open(b, part)),
+            // Not made of the store (one such as the in-memory store counts a check as it is
+            // made): a cache's answer, or the refusal, told and counted at the first poll.
+            let state = match self.store.check_cached(key, limit, cost) {
+                Some(d) => State::Done(Some(Ok(s.decided(d)))),
+                None => State::Refused { part },
             };
             return GuardedFuture {
                 shared: s.clone(),
                 start: None,
-                state: State::Done(Some(answer)),
+                state,
                 waiting: false,
             };
         }
@@ -374,8 +381,12 @@ type BoxedCheck<E> = Pin<Box<dyn Future<Output = Result<Result<Decision, E>, Tim
 impl<F: Unpin, E> Unpin for GuardedFuture<F, E> {}
 
 enum State<F, E> {
-    /// Answered at once (an open circuit, or a cache in the store); taken by the poll.
+    /// Answered at once (a cache in the store, or a refusal being told); taken by the poll.
     Done(Option<Result<Decision, GuardError<E>>>),
+    /// Made while part `part`'s circuit was open: not sent, and answered `CircuitOpen` at the
+    /// first poll, with the time to the next probe as it is then (counted then too: dropped
+    /// unpolled, it counts for nothing).
+    Refused { part: usize },
     /// No breaker: the check, and its timer, made at the first poll (which sends the check: the
     /// timeout counts from there, and making a check needs no runtime).
     Plain {
@@ -407,6 +418,13 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.get_mut();
         let timeout = this.shared.timeout;
+        if let State::Refused { part } = this.state {
+            this.state = State::Done(None);
+            let Some(breaker) = &this.shared.breaker else {
+                unreachable!("a refusal without a breaker")
+            };
+            return Poll::Ready(Err(this.shared.circuit_open(breaker, part)));
+        }
         if matches!(this.state, State::Unsent { .. }) {
             let State::Unsent { check, part } =
                 std::mem::replace(&mut this.state, State::Done(None))
@@ -465,7 +483,7 @@ where
                     }
                 }
             }
-            State::Unsent { .. } => unreachable!("sent above"),
+            State::Unsent { .. } | State::Refused { .. } => unreachable!("taken above"),
             State::Breaker {
                 check,
                 part,

@@ -712,3 +712,40 @@ async fn failures_open_the_circuit_at_any_time_of_the_clock() {
         );
     }
 }
+
+/// A check made while its circuit is open is not sent (a store such as the in-memory one counts
+/// a check as it is made), and is answered `CircuitOpen` as the circuit stands when it is first
+/// polled: dropped unpolled it counts for nothing, and polled after the cool-down it says that
+/// the next check asks the store (`retry_in` zero), not the cool-down it was made in.
+#[tokio::test]
+async fn a_check_made_while_open_is_told_as_the_circuit_stands_when_polled() {
+    let (clock, switch, store, snapshotter) = switched();
+    let limit = per_minute(100);
+    switch.set_down(true);
+    for _ in 0..3 {
+        assert!(store.check(b"user:1", &limit, 1).await.is_err());
+    }
+    assert_eq!(store.circuit_state(), Some(CircuitState::Open));
+    let calls = switch.calls();
+    drop(store.check(b"user:1", &limit, 1));
+    let made_while_open = store.check(b"user:1", &limit, 1);
+    clock.advance(Duration::from_secs(10));
+    switch.set_down(false);
+    match made_while_open.await {
+        Err(GuardError::CircuitOpen { retry_in }) => assert_eq!(retry_in, Duration::ZERO),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(switch.calls(), calls, "not sent");
+    // The next check made is the probe, and closes the circuit.
+    assert!(allowed(&store).await);
+    assert_eq!(store.circuit_state(), Some(CircuitState::Closed));
+    let m = Recorded::take(&snapshotter);
+    assert_eq!(
+        m.counter(
+            "ratelimit_store_errors_total",
+            &[("policy", "chat"), ("kind", "circuit_open")]
+        ),
+        1,
+        "the check dropped unpolled is not counted"
+    );
+}
