@@ -29,8 +29,11 @@ use crate::store::{
 ///   not, each attempt bounded by the builder's timeouts, until one succeeds or the store is
 ///   dropped (which ends the task at once, not at its next attempt); a failure is logged as a
 ///   warning at most once a minute (with how many attempts failed since the last), the others
-///   as `DEBUG` events, unless its cause changed (Redis reached again but refusing the
-///   credentials), which is warned of at once;
+///   as `DEBUG` events, unless its cause changed, which is warned of at once: Redis unreachable,
+///   reached but not serving checks yet (still loading its data, or a replica), reached but
+///   refusing the credentials (rotated during an outage), or reached but not a Redis the store
+///   can use (a database it lacks, say: retried all the same, as only the first attempt's
+///   refusal ends the building);
 /// - meanwhile every check fails at once with the last attempt's error (a
 ///   [`RedisStoreError::Connection`] when the server cannot be reached), so the layer's failure
 ///   policy answers (fail open, fail closed, or the local fallback);
@@ -321,6 +324,9 @@ fn log_failure(warned: &Mutex<Warned>, error: &RedisStoreError) {
         Cause::NotServing => {
             tracing::warn!(%error, failed = since, "ratelimit-redis: Redis was reached but cannot serve checks yet; retrying in the background");
         }
+        Cause::WrongServer => {
+            tracing::warn!(%error, failed = since, "ratelimit-redis: what answers is not a Redis this store can use; retrying in the background");
+        }
         Cause::Unreachable => {
             tracing::warn!(%error, failed = since, "ratelimit-redis: Redis cannot be reached yet; retrying in the background");
         }
@@ -336,6 +342,9 @@ enum Cause {
     Refused,
     /// Reached, and not serving: still loading its data (`LOADING`), or a replica.
     NotServing,
+    /// Reached, and not a Redis the store can use (`is_wrong_server`): refused at the first
+    /// attempt, and retried only when reached after an outage.
+    WrongServer,
 }
 
 impl Cause {
@@ -350,6 +359,8 @@ impl Cause {
         };
         if error.is_refused_credentials() {
             Cause::Refused
+        } else if error.is_wrong_server() {
+            Cause::WrongServer
         } else if matches!(
             kind,
             Some(ErrorKind::Server(

@@ -429,6 +429,36 @@ async fn a_change_of_cause_is_warned_of_at_once() {
     );
 }
 
+/// Reached after an outage, a server that is not one the store can use (here, without the
+/// URL's database) is warned of at once as such, not as the outage going on.
+#[tokio::test]
+async fn a_wrong_server_reached_after_an_outage_is_warned_of_at_once() {
+    let (lines, _guard) = Lines::capture();
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    proxy.set_refuse(true);
+    let store = RedisStore::builder(format!("redis://127.0.0.1:{}/99", proxy.port()))
+        .prefix(unique_prefix("lazy-wrong"))
+        .build_lazy(Duration::from_millis(20))
+        .await
+        .unwrap();
+    let text = || String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+    let warned = |what: &str| {
+        text()
+            .lines()
+            .filter(|l| l.contains(" WARN ") && l.contains(what))
+            .count()
+    };
+    assert_eq!(warned("cannot be reached yet"), 1, "{}", text());
+    proxy.set_refuse(false);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while warned("not a Redis this store can use") == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(warned("not a Redis this store can use"), 1, "{}", text());
+    assert!(!store.is_connected());
+}
+
 /// A replica given as the server is reached but cannot serve checks: warned of as such (not as
 /// a Redis that cannot be reached), retried, and connected once it is promoted.
 #[tokio::test]
