@@ -41,7 +41,9 @@ use crate::{Error, VerdictKind};
 ///   the circuit's close (the store's future is not made: a store such as the in-memory one
 ///   counts a check as it is made): it fails with [`GuardError::CircuitOpen`] at its first
 ///   poll, whose `retry_in` is the time to the next probe then (zero once the cool-down is
-///   over: the next check made asks the store), and counts for nothing if dropped unpolled;
+///   over: the next check made asks the store), and counts for nothing if dropped unpolled (a
+///   cache inside the store, asked instead, answers it as it is made: a `Leasing` unit is
+///   spent then, and the decision counted at the first poll);
 /// - a probe's timeout, and the time after which it is taken as lost, run from its sending.
 ///
 /// What to do on an error is the caller's: let the message through, refuse it, or count it
@@ -274,7 +276,7 @@ where
             // Not made of the store (one such as the in-memory store counts a check as it is
             // made): a cache's answer, or the refusal, told and counted at the first poll.
             let state = match self.store.check_cached(key, limit, cost) {
-                Some(d) => State::Done(Some(Ok(s.decided(d)))),
+                Some(d) => State::Cached(d),
                 None => State::Refused { part },
             };
             return GuardedFuture {
@@ -381,12 +383,15 @@ type BoxedCheck<E> = Pin<Box<dyn Future<Output = Result<Result<Decision, E>, Tim
 impl<F: Unpin, E> Unpin for GuardedFuture<F, E> {}
 
 enum State<F, E> {
-    /// Answered at once (a cache in the store, or a refusal being told); taken by the poll.
-    Done(Option<Result<Decision, GuardError<E>>>),
+    /// Answered.
+    Done,
     /// Made while part `part`'s circuit was open: not sent, and answered `CircuitOpen` at the
     /// first poll, with the time to the next probe as it is then (counted then too: dropped
     /// unpolled, it counts for nothing).
     Refused { part: usize },
+    /// Made while the circuit was open, and answered by a cache in the store as it was made:
+    /// counted at the first poll.
+    Cached(Decision),
     /// No breaker: the check, and its timer, made at the first poll (which sends the check: the
     /// timeout counts from there, and making a check needs no runtime).
     Plain {
@@ -419,15 +424,18 @@ where
         let this = self.get_mut();
         let timeout = this.shared.timeout;
         if let State::Refused { part } = this.state {
-            this.state = State::Done(None);
+            this.state = State::Done;
             let Some(breaker) = &this.shared.breaker else {
                 unreachable!("a refusal without a breaker")
             };
             return Poll::Ready(Err(this.shared.circuit_open(breaker, part)));
         }
+        if let State::Cached(d) = this.state {
+            this.state = State::Done;
+            return Poll::Ready(Ok(this.shared.decided(d)));
+        }
         if matches!(this.state, State::Unsent { .. }) {
-            let State::Unsent { check, part } =
-                std::mem::replace(&mut this.state, State::Done(None))
+            let State::Unsent { check, part } = std::mem::replace(&mut this.state, State::Done)
             else {
                 unreachable!("matched above")
             };
@@ -456,18 +464,12 @@ where
                 seen,
             };
         }
-        if !matches!(this.state, State::Done(_)) && this.start.is_none() {
+        if !matches!(this.state, State::Done) && this.start.is_none() {
             // The first poll: the check is sent now.
             this.start = Some(Instant::now());
         }
         let answer = match &mut this.state {
-            State::Done(answer) => {
-                return Poll::Ready(
-                    answer
-                        .take()
-                        .expect("GuardedFuture polled after completion"),
-                );
-            }
+            State::Done => panic!("GuardedFuture polled after completion"),
             State::Plain { check, timer } => {
                 if let Poll::Ready(answer) = Pin::new(check).poll(cx) {
                     answer.map_err(GuardError::Store)
@@ -483,7 +485,9 @@ where
                     }
                 }
             }
-            State::Unsent { .. } | State::Refused { .. } => unreachable!("taken above"),
+            State::Unsent { .. } | State::Refused { .. } | State::Cached(_) => {
+                unreachable!("taken above")
+            }
             State::Breaker {
                 check,
                 part,
@@ -517,7 +521,7 @@ where
                 }
             }
         };
-        this.state = State::Done(None);
+        this.state = State::Done;
         this.waiting = false;
         let shared = &this.shared;
         if let Some(start) = this.start {

@@ -366,7 +366,7 @@ async fn an_open_circuit_still_answers_from_a_cache_inside() {
     let (store_clock, memory) = store();
     let switch = Arc::new(SwitchStore::new(memory));
     let cached = DenialCache::new(switch.clone(), store_clock.clone());
-    let (store, _) = guarded(cached, &clock);
+    let (store, snapshotter) = guarded(cached, &clock);
     let limit = per_minute(1);
     assert!(
         store
@@ -381,8 +381,14 @@ async fn an_open_circuit_still_answers_from_a_cache_inside() {
         assert!(store.check(b"user:2", &limit, 1).await.is_err());
     }
     assert_eq!(store.circuit_state(), Some(CircuitState::Open));
+    // A check made then and dropped unpolled is counted for nothing, as one the store would
+    // have answered (a snapshot takes the counts so far).
+    let _ = Recorded::take(&snapshotter);
+    drop(store.check(b"abuser", &limit, 1));
+    assert_eq!(Recorded::take(&snapshotter).outcome("chat", "denied"), 0);
     let d = store.check(b"abuser", &limit, 1).await.unwrap();
     assert!(d.is_denied() && d.is_cached());
+    assert_eq!(Recorded::take(&snapshotter).outcome("chat", "denied"), 1);
     assert!(matches!(
         store.check(b"user:2", &limit, 1).await,
         Err(GuardError::CircuitOpen { .. })
