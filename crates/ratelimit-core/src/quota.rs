@@ -273,7 +273,7 @@ mod tests {
             Quota::per_period(1, Duration::MAX),
             Err(ConfigError::PeriodTooLong { .. })
         ));
-        // The period given, or where it was past what the field holds, not that bound as if given.
+        // The period given, also past what a u64 of microseconds holds (was: u64::MAX µs).
         assert_eq!(
             Quota::per_period(1, Duration::from_secs(1 << 53))
                 .unwrap_err()

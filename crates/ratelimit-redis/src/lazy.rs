@@ -298,8 +298,9 @@ struct Warned {
 }
 
 /// Logs a failed attempt: a warning for the first, and then at most one per [`WARN_EVERY`],
-/// which says how many failed since the last; `DEBUG` for the rest. A change of cause (Redis
-/// reached again but refusing the credentials, rotated during the outage) is warned of at once.
+/// which says how many failed since the last; `DEBUG` for the rest. A change of [`Cause`] (Redis
+/// reached again but refusing the credentials, rotated during the outage, say) is warned of at
+/// once.
 fn log_failure(warned: &Mutex<Warned>, error: &RedisStoreError) {
     let cause = Cause::of(error);
     let since = {
