@@ -293,7 +293,7 @@ impl<St: Reset> Resetter<St> {
 
 /// Whether a reset asks the store.
 #[derive(Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Ask {
+enum Ask {
     /// Not: the layer let the request through without the store's answer.
     No,
     /// If the key's circuit is closed: a `reset_on` reset, which holds its response, does not
