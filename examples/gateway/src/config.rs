@@ -494,6 +494,13 @@ fn default_ipv6_prefix() -> u8 {
 impl Config {
     /// Parses and checks a configuration, or says which field is wrong.
     pub fn from_toml(text: &str) -> Result<Config, ConfigError> {
+        let config = Config::parse(text)?;
+        config.validate()?;
+        Ok(config)
+    }
+
+    /// Parses a configuration, not yet checked.
+    fn parse(text: &str) -> Result<Config, ConfigError> {
         let de = toml::Deserializer::parse(text).map_err(|e| toml_error("", &e, text))?;
         let config: Config = serde_path_to_error::deserialize(de).map_err(|e| {
             let mut field = e.path().to_string();
@@ -526,15 +533,29 @@ impl Config {
             }
             error
         })?;
-        config.validate()?;
         Ok(config)
     }
 
     /// Reads, parses and checks the file at `path`.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        Config::load_with_redis(path, None)
+    }
+
+    /// [`load`](Config::load), with `redis_url` (the command line's `--redis`) as the `url` of
+    /// a `kind = "redis"` store, whether the file gives one or not (so that a URL holding a
+    /// password can stay out of the file). Not applied to another kind of store, whose check
+    /// is the caller's.
+    pub fn load_with_redis(path: &Path, redis_url: Option<&str>) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::new("", format!("cannot read {}: {e}", path.display())))?;
-        Config::from_toml(&text)
+        let mut config = Config::parse(&text)?;
+        if let Some(url) = redis_url
+            && config.store.kind == StoreKind::Redis
+        {
+            config.store.url = Some(url.to_owned());
+        }
+        config.validate()?;
+        Ok(config)
     }
 
     /// What a valid configuration may not mean to do, one line each (printed at start and by

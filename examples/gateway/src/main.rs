@@ -8,7 +8,8 @@
 //! Flags:
 //! - `--config PATH`: the configuration file;
 //! - `--listen ADDR`: where to listen, overriding the file's `listen`;
-//! - `--redis URL`: the Redis server, instead of the file's `[store] url`;
+//! - `--redis URL`: the Redis server, instead of the file's `[store] url` (which may then be left
+//!   out);
 //! - `--check`: check the configuration (and connect to Redis if configured), then exit.
 //!
 //! A flag's value may also follow an `=` (`--config=PATH`).
@@ -265,7 +266,7 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let mut config = match Config::load(&args.config) {
+    let mut config = match Config::load_with_redis(&args.config, args.redis.as_deref()) {
         Ok(c) => c,
         Err(e) => {
             tell(format_args!("error in {}: {e}", args.config.display()));
@@ -287,16 +288,14 @@ async fn main() -> ExitCode {
         Some(_) => format!("{} with --redis", args.config.display()),
         None => args.config.display().to_string(),
     };
-    if let Some(url) = args.redis {
-        if config.store.kind != StoreKind::Redis {
-            tell(format_args!(
-                "error: --redis replaces the url of a `kind = \"redis\"` store; the [store] of \
-                 {} is not one (try examples/gateway/gateway-redis.toml)",
-                args.config.display()
-            ));
-            return ExitCode::from(2);
-        }
-        config.store.url = Some(url);
+    // Applied as the file was loaded, to a `kind = "redis"` store only.
+    if args.redis.is_some() && config.store.kind != StoreKind::Redis {
+        tell(format_args!(
+            "error: --redis replaces the url of a `kind = \"redis\"` store; the [store] of {} \
+             is not one (try examples/gateway/gateway-redis.toml)",
+            args.config.display()
+        ));
+        return ExitCode::from(2);
     }
     if args.check {
         // A check of the configuration also checks that Redis can be reached.

@@ -207,6 +207,32 @@ fn redis_from_the_command_line() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("--redis replaces the url"), "{err}");
 
+    // A file without the url, the server given on the command line only (a URL with a
+    // password kept out of the file).
+    let text = std::fs::read_to_string(redis_toml).unwrap();
+    let line = "url = \"redis://127.0.0.1:6379\"\n";
+    assert!(text.contains(line));
+    let dir = tempfile::tempdir().unwrap();
+    let without_url = dir.path().join("gateway.toml");
+    std::fs::write(&without_url, text.replace(line, "")).unwrap();
+    let out = gateway(&[
+        OsStr::new("--config"),
+        without_url.as_os_str(),
+        OsStr::new("--redis"),
+        OsStr::new(&server.url()),
+        OsStr::new("--check"),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    // Without the flag, the file lacks it.
+    let out = gateway(&[
+        OsStr::new("--config"),
+        without_url.as_os_str(),
+        OsStr::new("--check"),
+    ]);
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("store.url: required"), "{err}");
+
     // `--flag=value` works as `--flag value` does.
     let config = format!("--config={redis_toml}");
     let redis = format!("--redis={}", server.url());
