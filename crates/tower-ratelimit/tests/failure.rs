@@ -374,8 +374,10 @@ fn call_needs_no_runtime_only_the_poll_does() {
     })
     .join()
     .expect("call made outside a runtime");
+    // Paused time: the timeout is not waited for.
     let res = tokio::runtime::Builder::new_current_thread()
         .enable_time()
+        .start_paused(true)
         .build()
         .unwrap()
         .block_on(fut)

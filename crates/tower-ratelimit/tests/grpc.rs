@@ -344,8 +344,8 @@ async fn a_wait_past_what_a_pushback_can_say_is_do_not_retry() {
 }
 
 /// The answer made after waiting for the store (here its timeout, failing closed) is a gRPC
-/// status too, in the call's own content-type.
-#[tokio::test]
+/// status too, in the call's own content-type. (Paused time: the timeout is not waited for.)
+#[tokio::test(start_paused = true)]
 async fn an_answer_made_after_waiting_for_the_store_is_a_grpc_status() {
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(1).unwrap()).unwrap();
     let policy = Policy::new("waits", limit)

@@ -1170,9 +1170,10 @@ fn a_cool_down_is_between_a_millisecond_and_an_hour() {
 }
 
 /// Any configuration that parses, with numbers anywhere in their types (0, 1, around 2^52, up to
-/// `u64::MAX`) and names of any characters, is either refused by `into_policy` or
-/// `RateLimitLayer::new` with a typed error that names where it is, or serves: never a panic. A
-/// served policy answers each request with a 200 or a 429, its fields well formed.
+/// `u64::MAX`) and names of any characters, is either refused by `into_policy` with a typed error
+/// that names where it is, or taken by `RateLimitLayer::new` and served (a tier's, given its
+/// resolver, for every other request): never a panic. A served policy answers each request with
+/// a 200 or a 429, its fields well formed.
 #[cfg(feature = "serde")]
 mod any_configuration {
     use super::*;
@@ -1305,17 +1306,34 @@ mod any_configuration {
                         .and_then(|v| v.to_str().ok()?.parse().ok())
                         .unwrap_or(1)
                 });
-            let Ok(layer) = RateLimitLayer::new(ratelimit_core::MemoryStore::new(), policy) else {
-                return Ok(());
+            // A policy with a tier needs its resolver (the layer refuses one without): the
+            // tier for requests marked `x-tiered`, the policy's own limit for the others.
+            let tier = toml::from_str::<toml::Value>(&toml).ok().and_then(|v| {
+                Some(v.get("tiers")?.get(0)?.get("name")?.as_str()?.to_owned())
+            });
+            let tiered = tier.is_some();
+            let policy = match tier {
+                Some(tier) => policy.resolve_tier_with(tier, |tier, req| {
+                    req.headers().contains_key("x-tiered").then_some(tier.as_str())
+                }),
+                None => policy,
+            };
+            // What `into_policy` accepts, the layer takes.
+            let layer = match RateLimitLayer::new(ratelimit_core::MemoryStore::new(), policy) {
+                Ok(layer) => layer,
+                Err(e) => panic!("{toml}: accepted by into_policy, refused by the layer: {e:?}"),
             };
             let app = Router::new().route("/", get(|| async { "ok" })).layer(layer);
             let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
             rt.block_on(async {
-                for cost in costs {
-                    let req = http::Request::get("/")
+                for (i, cost) in costs.into_iter().enumerate() {
+                    let mut req = http::Request::get("/")
                         .header("x-cost", cost)
                         .body(Body::empty())
                         .unwrap();
+                    if tiered && i % 2 == 0 {
+                        req.headers_mut().insert("x-tiered", http::HeaderValue::from_static("1"));
+                    }
                     let res = app.clone().oneshot(req).await.unwrap();
                     let status = res.status().as_u16();
                     assert!(status == 200 || status == 429, "{toml}: {status}");
