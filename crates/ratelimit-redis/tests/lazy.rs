@@ -350,6 +350,45 @@ impl Lines {
             .finish();
         (lines, tracing::subscriber::set_default(subscriber))
     }
+
+    /// What was logged so far.
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+
+    /// How many warnings logged so far say `what`.
+    fn warned(&self, what: &str) -> usize {
+        self.text()
+            .lines()
+            .filter(|l| l.contains(" WARN ") && l.contains(what))
+            .count()
+    }
+}
+
+/// A lazy store of `url`, whose server is behind `proxy` (refusing at first): warned of once as
+/// unreachable; then, the proxy forwarding, warned of at once as `then` says (within 20 s), and
+/// still not connected.
+async fn warned_at_once_when_reached(
+    lines: &Lines,
+    proxy: &Proxy,
+    url: String,
+    prefix: &str,
+    then: &str,
+) {
+    proxy.set_refuse(true);
+    let store = RedisStore::builder(url)
+        .prefix(unique_prefix(prefix))
+        .build_lazy(Duration::from_millis(20))
+        .await
+        .unwrap();
+    assert_eq!(lines.warned("cannot be reached yet"), 1, "{}", lines.text());
+    proxy.set_refuse(false);
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while lines.warned(then) == 0 && Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(lines.warned(then), 1, "{}", lines.text());
+    assert!(!store.is_connected());
 }
 
 impl std::io::Write for Lines {
@@ -387,9 +426,7 @@ async fn failed_attempts_are_warned_of_once_a_minute_at_most() {
     }
     assert!(proxy.accepted() >= 6, "{} attempts", proxy.accepted());
     assert!(!store.is_connected());
-    let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-    let warnings = text.lines().filter(|l| l.contains(" WARN ")).count();
-    assert_eq!(warnings, 1, "{text}");
+    assert_eq!(lines.warned(""), 1, "{}", lines.text());
 }
 
 /// A change of cause is warned of at once, not up to a minute later: Redis unreachable, then
@@ -399,33 +436,13 @@ async fn a_change_of_cause_is_warned_of_at_once() {
     let (lines, _guard) = Lines::capture();
     let server = RedisServer::builder().password("rotated").start();
     let proxy = Proxy::start(server.port());
-    proxy.set_refuse(true);
-    let url = format!("redis://:expired-pw@127.0.0.1:{}", proxy.port());
-    let store = RedisStore::builder(url)
-        .prefix(unique_prefix("lazy-cause"))
-        .build_lazy(Duration::from_millis(20))
-        .await
-        .unwrap();
-    let text = || String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-    let warned = |what: &str| {
-        text()
-            .lines()
-            .filter(|l| l.contains(" WARN ") && l.contains(what))
-            .count()
-    };
-    assert_eq!(warned("cannot be reached yet"), 1, "{}", text());
     // Reachable again, with the password changed.
-    proxy.set_refuse(false);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while warned("refused the credentials") == 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(warned("refused the credentials"), 1, "{}", text());
-    assert!(!store.is_connected());
+    let url = format!("redis://:expired-pw@127.0.0.1:{}", proxy.port());
+    warned_at_once_when_reached(&lines, &proxy, url, "lazy-cause", "refused the credentials").await;
     assert!(
-        !text().contains("expired-pw"),
+        !lines.text().contains("expired-pw"),
         "the password is not echoed: {}",
-        text()
+        lines.text()
     );
 }
 
@@ -436,27 +453,15 @@ async fn a_wrong_server_reached_after_an_outage_is_warned_of_at_once() {
     let (lines, _guard) = Lines::capture();
     let server = RedisServer::start();
     let proxy = Proxy::start(server.port());
-    proxy.set_refuse(true);
-    let store = RedisStore::builder(format!("redis://127.0.0.1:{}/99", proxy.port()))
-        .prefix(unique_prefix("lazy-wrong"))
-        .build_lazy(Duration::from_millis(20))
-        .await
-        .unwrap();
-    let text = || String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-    let warned = |what: &str| {
-        text()
-            .lines()
-            .filter(|l| l.contains(" WARN ") && l.contains(what))
-            .count()
-    };
-    assert_eq!(warned("cannot be reached yet"), 1, "{}", text());
-    proxy.set_refuse(false);
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while warned("not a Redis this store can use") == 0 && Instant::now() < deadline {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    assert_eq!(warned("not a Redis this store can use"), 1, "{}", text());
-    assert!(!store.is_connected());
+    let url = format!("redis://127.0.0.1:{}/99", proxy.port());
+    warned_at_once_when_reached(
+        &lines,
+        &proxy,
+        url,
+        "lazy-wrong",
+        "not a Redis this store can use",
+    )
+    .await;
 }
 
 /// A replica given as the server is reached but cannot serve checks: warned of as such (not as
@@ -473,25 +478,18 @@ async fn a_replica_is_warned_of_as_reached_and_connected_once_promoted() {
         .build_lazy(Duration::from_millis(20))
         .await
         .unwrap();
-    let text = || String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
-    let warned = |what: &str| {
-        text()
-            .lines()
-            .filter(|l| l.contains(" WARN ") && l.contains(what))
-            .count()
-    };
     assert_eq!(
-        warned("Redis was reached but cannot serve checks yet"),
+        lines.warned("Redis was reached but cannot serve checks yet"),
         1,
         "{}",
-        text()
+        lines.text()
     );
     assert!(
-        text().contains("a replica given as the server"),
+        lines.text().contains("a replica given as the server"),
         "{}",
-        text()
+        lines.text()
     );
-    assert_eq!(warned("cannot be reached yet"), 0, "{}", text());
+    assert_eq!(lines.warned("cannot be reached yet"), 0, "{}", lines.text());
     assert!(!store.is_connected());
     replica.cli(&["replicaof", "no", "one"]);
     let deadline = Instant::now() + Duration::from_secs(20);
