@@ -549,11 +549,20 @@ impl fmt::Debug for Policy {
     }
 }
 
-/// A policy's name: 1 to [`MAX_NAME_LEN`] printable ASCII characters, neither `"` nor `\`. It
-/// goes in the metrics' `policy` label, where a Prometheus exporter takes a `\"` for an escaped
-/// `"` (metrics-exporter-prometheus: `a"b` and `a\"b` were written as one series), and in the
-/// IETF fields' strings, which escape both.
-pub(crate) fn validate_name(name: &str) -> Result<(), Error> {
+/// Checks a policy's name as [`Policy::new`] does: 1 to [`MAX_NAME_LEN`] printable ASCII
+/// characters, neither `"` nor `\` ([`Error::InvalidPolicyName`] if not), for a name checked
+/// before its policy is made (a configuration file's). It goes in the metrics' `policy` label,
+/// where a Prometheus exporter takes a `\"` for an escaped `"` (metrics-exporter-prometheus:
+/// `a"b` and `a\"b` were written as one series), and in the IETF fields' strings, which escape
+/// both.
+///
+/// ```
+/// use tower_ratelimit::policy::validate_name;
+///
+/// assert!(validate_name("login").is_ok());
+/// assert!(validate_name("a\"b").is_err());
+/// ```
+pub fn validate_name(name: &str) -> Result<(), Error> {
     let ok = !name.is_empty()
         && name.len() <= MAX_NAME_LEN
         && name

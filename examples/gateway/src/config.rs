@@ -1242,13 +1242,8 @@ impl RouteConfig {
                 ));
             }
         }
-        let name_ok = !policy.name.is_empty()
-            && policy.name.len() <= tower_ratelimit::policy::MAX_NAME_LEN
-            && policy
-                .name
-                .bytes()
-                .all(|b| (0x20..0x7f).contains(&b) && b != b'"' && b != b'\\');
-        if !name_ok {
+        // The library's rule, worded for the file.
+        if tower_ratelimit::policy::validate_name(&policy.name).is_err() {
             return Err(ConfigError::new(
                 format!("{at}.policy.name"),
                 format!(

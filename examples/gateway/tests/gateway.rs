@@ -769,48 +769,40 @@ async fn bad_configurations_fail_naming_the_field() {
         ]
     );
     assert!(Config::from_toml(MEMORY).unwrap().warnings().is_empty());
-    // A cost for a method that no endpoint under the route serves never applies.
-    let config = Config::from_toml(
-        "[[routes]]\npath = \"/api\"\ncost_by_method = { POST = 5, DELETE = 10 }\n\
-         [routes.policy]\nname = \"a\"\nquotas = [{ limit = 600, per = \"minute\" }]\n",
-    )
-    .unwrap();
-    assert_eq!(
-        config.warnings(),
-        [
+    // Costs that never apply are loaded and warned of: not refused for being more than the
+    // limit admits, which no request would be. (The last two were refused, as if every such
+    // request would be denied.)
+    for (toml, warning) in [
+        // A cost for a method that no endpoint under the route serves.
+        (
+            "[[routes]]\npath = \"/api\"\ncost_by_method = { POST = 5, DELETE = 10 }\n\
+             [routes.policy]\nname = \"a\"\nquotas = [{ limit = 600, per = \"minute\" }]\n",
             "routes[0].cost_by_method.DELETE: no endpoint under \"/api\" serves DELETE (it is \
-             answered 405, never counted): this cost never applies"
-        ]
-    );
-    // A `cost` that no method served under the route pays (each has its own; HEAD pays GET's)
-    // never applies: not refused for being more than the limit admits, which no request would
-    // be, but warned of. (It was refused, as if every such request would be denied.)
-    let config = Config::from_toml(
-        "[[routes]]\npath = \"/api/items/{id}\"\ncost = 10\ncost_by_method = { GET = 1 }\n\
-         [routes.policy]\nname = \"a\"\nquotas = [{ limit = 5, per = \"minute\" }]\n",
-    )
-    .unwrap();
-    assert_eq!(
-        config.warnings(),
-        [
+             answered 405, never counted): this cost never applies",
+        ),
+        // A `cost` that no method served under the route pays (each has its own; HEAD pays
+        // GET's).
+        (
+            "[[routes]]\npath = \"/api/items/{id}\"\ncost = 10\ncost_by_method = { GET = 1 }\n\
+             [routes.policy]\nname = \"a\"\nquotas = [{ limit = 5, per = \"minute\" }]\n",
             "routes[0].cost: every method served under \"/api/items/{id}\" has a cost of its own \
-             in cost_by_method (HEAD pays GET's): this cost never applies"
-        ]
-    );
-    // Nor is a cost above the limit refused for a method no endpoint under the route serves
-    // (answered 405, never counted): it is warned of as never applying.
-    let config = Config::from_toml(
-        "[[routes]]\npath = \"/login\"\ncost_by_method = { GET = 10 }\n\
-         [routes.policy]\nname = \"a\"\nquotas = [{ limit = 5, per = \"minute\" }]\n",
-    )
-    .unwrap();
-    assert_eq!(
-        config.warnings(),
-        [
+             in cost_by_method (HEAD pays GET's): this cost never applies",
+        ),
+        // A cost above the limit for a method no endpoint under the route serves (answered
+        // 405, never counted).
+        (
+            "[[routes]]\npath = \"/login\"\ncost_by_method = { GET = 10 }\n\
+             [routes.policy]\nname = \"a\"\nquotas = [{ limit = 5, per = \"minute\" }]\n",
             "routes[0].cost_by_method.GET: no endpoint under \"/login\" serves GET (it is \
-             answered 405, never counted): this cost never applies"
-        ]
-    );
+             answered 405, never counted): this cost never applies",
+        ),
+    ] {
+        assert_eq!(
+            Config::from_toml(toml).unwrap().warnings(),
+            [warning],
+            "{toml}"
+        );
+    }
     // Where a method pays it (POST under /api/items), the same cost is refused as before.
     let err = Config::from_toml(
         "[[routes]]\npath = \"/api/items\"\ncost = 10\ncost_by_method = { GET = 1 }\n\
