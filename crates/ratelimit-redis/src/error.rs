@@ -67,9 +67,13 @@ pub enum RedisStoreError {
 
 impl RedisStoreError {
     /// `true` if the store could not be reached (connection or timeout; on a cluster, no
-    /// connection to the node that holds the key), or was reached but still loading its data
-    /// after a start (`LOADING`, which it answers to nearly every command until it is done), as
-    /// opposed to Redis answering with an error that waiting will not mend.
+    /// connection to the node that holds the key), or was reached but cannot answer yet: still
+    /// loading its data after a start (`LOADING`, which it answers to nearly every command until
+    /// it is done), or, on a cluster, down (`CLUSTERDOWN`: a slot without a master), in a slot
+    /// migration that holds part of a check's keys (`TRYAGAIN`), or a replica cut off from its
+    /// master (`MASTERDOWN`), each answered until the cluster mends (the client resends such a
+    /// check for about 2 s, then gives the error). As opposed to Redis answering with an error
+    /// that waiting will not mend.
     /// A connection that Redis refused for its credentials
     /// ([`is_refused_credentials`](Self::is_refused_credentials)), or an address where something
     /// other than a usable Redis answered ([`is_wrong_server`](Self::is_wrong_server)), is not
@@ -86,7 +90,15 @@ impl RedisStoreError {
                     || e.is_connection_dropped()
                     || e.is_timeout()
                     || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
-                    || e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::BusyLoading)
+                    || matches!(
+                        e.kind(),
+                        redis::ErrorKind::Server(
+                            redis::ServerErrorKind::BusyLoading
+                                | redis::ServerErrorKind::ClusterDown
+                                | redis::ServerErrorKind::TryAgain
+                                | redis::ServerErrorKind::MasterDown
+                        )
+                    )
             }
             _ => false,
         }

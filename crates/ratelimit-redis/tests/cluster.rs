@@ -429,7 +429,8 @@ async fn sliding_log_keys_stay_whole_through_a_slot_migration() {
         cluster.nodes()[0].cli(&["cluster", "keyslot", &store.state_keys(b"mover", &other)[0]]),
         slot
     );
-    assert!(check(&other).await.is_err(), "TRYAGAIN until the timeout");
+    let err = check(&other).await.unwrap_err();
+    assert!(err.is_unavailable(), "TRYAGAIN until the timeout: {err:?}");
 
     for node in cluster.nodes() {
         assert_eq!(
@@ -1559,4 +1560,81 @@ async fn a_cluster_node_given_as_a_standalone_server_is_refused() {
         "RedisStore::cluster",
     )
     .await;
+}
+
+/// A cluster that is down (a slot left without a master, under Redis's default
+/// `cluster-require-full-coverage yes`) answers every check `CLUSTERDOWN`, which a slot's new
+/// master mends: the check fails as unavailable whether the client's resends or the response
+/// timeout end it first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_that_is_down_is_unavailable() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = RedisCluster::start(3);
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(10).unwrap()).unwrap();
+    // A timeout far past the client's resends (about 2 s of pauses), and the default one.
+    let patient = store_on(&cluster, "down", PATIENT).await;
+    let prompt = store_on(&cluster, "down", Duration::from_millis(500)).await;
+    assert!(
+        patient
+            .check(b"user", &limit, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
+    let key = &patient.state_keys(b"user", &limit)[0];
+    let slot: u16 = cluster.nodes()[0]
+        .cli(&["cluster", "keyslot", key])
+        .parse()
+        .unwrap();
+    let unassigned = ((slot + 100) % 16_384).to_string();
+    for node in cluster.nodes() {
+        node.cli(&["cluster", "delslots", &unassigned]);
+    }
+    let owner = cluster.node_for(key);
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !owner
+        .cli(&["cluster", "info"])
+        .contains("cluster_state:fail")
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cluster stayed up"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(owner.cli(&["get", key]).starts_with("CLUSTERDOWN"));
+
+    let resent = patient.check(b"user", &limit, 1).await.unwrap_err();
+    assert!(
+        matches!(resent, ratelimit_redis::RedisStoreError::Redis(_)),
+        "the resends ended it: {resent:?}"
+    );
+    assert!(resent.is_unavailable(), "{resent:?}");
+    let timed_out = prompt.check(b"user", &limit, 1).await.unwrap_err();
+    assert!(timed_out.is_unavailable(), "{timed_out:?}");
+
+    // The slot given a master again, the cluster serves.
+    let id = owner.cli(&["cluster", "myid"]);
+    for node in cluster.nodes() {
+        node.cli(&["cluster", "setslot", &unassigned, "node", &id]);
+    }
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while !cluster
+        .nodes()
+        .iter()
+        .all(|n| n.cli(&["cluster", "info"]).contains("cluster_state:ok"))
+    {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the cluster stayed down"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        patient
+            .check(b"user", &limit, 1)
+            .await
+            .unwrap()
+            .is_allowed()
+    );
 }
