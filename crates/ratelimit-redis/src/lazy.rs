@@ -27,7 +27,8 @@ use crate::store::{
 ///   store can use ([`is_wrong_server`](RedisStoreError::is_wrong_server)), and none is retried;
 /// - otherwise a task tries again every `retry_every` (1 ms to an hour), whether checks come or
 ///   not, each attempt bounded by the builder's timeouts, until one succeeds or the store is
-///   dropped (which ends the task at once, not at its next attempt); a failure is logged as a
+///   dropped (which ends the task at once, not at its next attempt, and abandons an attempt
+///   under way rather than let it build a store nobody holds); a failure is logged as a
 ///   warning at most once a minute (with how many attempts failed since the last), the others
 ///   as `DEBUG` events, unless its cause changed, which is warned of at once: Redis unreachable,
 ///   reached but not serving checks yet (still loading its data, or a replica), reached but
@@ -249,17 +250,35 @@ impl Retrying {
             if tokio::time::timeout(wait, self.1.notified()).await.is_ok() {
                 return;
             }
-            let Some(inner) = self.0.upgrade() else {
+            let attempt = {
+                let Some(inner) = self.0.upgrade() else {
+                    return;
+                };
+                let Some(builder) = &inner.builder else {
+                    return;
+                };
+                if inner.store.get().is_some() {
+                    return;
+                }
+                inner.last.lock().unwrap_or_else(PoisonError::into_inner).0 = Instant::now();
+                builder.clone().build()
+                // The store is let go while the attempt runs, so that it can be dropped then.
+            };
+            // Told that the store was dropped: the attempt is abandoned (its connections closed)
+            // rather than run to the end of its timeouts.
+            let mut attempt = std::pin::pin!(attempt);
+            let mut dropped = std::pin::pin!(self.1.notified());
+            let built = std::future::poll_fn(|cx| {
+                if dropped.as_mut().poll(cx).is_ready() {
+                    return std::task::Poll::Ready(None);
+                }
+                attempt.as_mut().poll(cx).map(Some)
+            })
+            .await;
+            let (Some(built), Some(inner)) = (built, self.0.upgrade()) else {
                 return;
             };
-            let Some(builder) = &inner.builder else {
-                return;
-            };
-            if inner.store.get().is_some() {
-                return;
-            }
-            inner.last.lock().unwrap_or_else(PoisonError::into_inner).0 = Instant::now();
-            match builder.clone().build().await {
+            match built {
                 Ok(store) => {
                     let _ = inner.store.set(store);
                     tracing::info!("ratelimit-redis: connected to Redis");

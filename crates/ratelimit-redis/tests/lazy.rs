@@ -634,6 +634,62 @@ async fn a_dropped_store_ends_its_retrying_task_at_once() {
     }
 }
 
+/// A store dropped while an attempt waits on a server that accepted the connection and never
+/// answers ends its task at once, rather than when the attempt's timeouts (an hour here) end it.
+/// The client's own task that drives the attempt's connection waits for the answer it asked for
+/// until the server answers or closes the connection (redis-rs completes requests in flight
+/// before closing), then ends too.
+#[tokio::test]
+async fn a_store_dropped_during_an_attempt_ends_its_task_at_once() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let url = format!("redis://{}", listener.local_addr().unwrap());
+    let (accepted, told_accepted) = std::sync::mpsc::channel();
+    let (close, told_close) = std::sync::mpsc::channel::<()>();
+    let server = std::thread::spawn(move || {
+        // The first attempt (`build_lazy`'s own) is closed at once: unavailable, so retried.
+        drop(listener.accept());
+        // The next is kept without a word until the test says.
+        let held = listener.accept().unwrap();
+        accepted.send(()).unwrap();
+        let _ = told_close.recv();
+        drop(held);
+    });
+    let metrics = tokio::runtime::Handle::current().metrics();
+    let before = metrics.num_alive_tasks();
+    let store = RedisStore::builder(url)
+        .connect_timeout(Duration::from_secs(3_600))
+        .response_timeout(Duration::from_secs(3_600))
+        .build_lazy(Duration::from_millis(10))
+        .await
+        .unwrap();
+    assert!(!store.is_connected());
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while told_accepted.try_recv().is_err() {
+        assert!(Instant::now() < deadline, "the retried attempt never came");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let during = metrics.num_alive_tasks();
+    drop(store);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metrics.num_alive_tasks() >= during {
+        assert!(
+            Instant::now() < deadline,
+            "the task still runs 5 s after its store was dropped"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    close.send(()).unwrap();
+    server.join().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while metrics.num_alive_tasks() > before {
+        assert!(
+            Instant::now() < deadline,
+            "the attempt's connection task outlived its connection"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
 /// A user that may not run `SELECT` (an ACL without it), given a database in the URL, has a right
 /// missing: refused credentials, which waiting will not mend, so the lazy build is refused too.
 /// (The client's error, "Redis server refused to switch database" with "this user has no
