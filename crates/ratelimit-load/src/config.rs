@@ -328,7 +328,7 @@ impl Config {
                     let ms: f64 = num("--p99-target-ms", &value("--p99-target-ms")?)?;
                     if !(ms.is_finite() && ms > 0.0 && ms <= 3_600_000.0) {
                         return Err(Error::Usage(
-                            "--p99-target-ms must be between 0 and 3600000".to_owned(),
+                            "--p99-target-ms must be more than 0 and at most 3600000".to_owned(),
                         ));
                     }
                     c.p99_target = Duration::from_secs_f64(ms / 1e3);
@@ -716,6 +716,7 @@ mod tests {
             "--lease-size 8",
             "--mode leasing --lease-size 0",
             "--p99-target-ms -1",
+            "--p99-target-ms 0",
             "--p99-target-ms nan",
             "--p99-target-ms 1e30",
             "--abuse-factor inf",

@@ -1,5 +1,6 @@
 //! The store's own counters, through the `metrics` facade (the layer's are tower-ratelimit's).
-//! Each appears at its first event; it is described to the recorder when a store is built (a
+//! Each appears at its first event, but for [`RESET_NOTICES_TOTAL`], which appears at 0 once a
+//! reset watch has first subscribed; each is described to the recorder when a store is built (a
 //! Prometheus exporter's `# HELP` line).
 
 use ::metrics::describe_counter;
