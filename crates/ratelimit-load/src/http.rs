@@ -79,8 +79,9 @@ pub(crate) struct Conn {
     buf: Vec<u8>,
     /// The request being written.
     req: Vec<u8>,
-    /// An exchange failed or timed out on this stream: a late answer may still arrive on it, and
-    /// would be read as the next request's. Never used again; the next request reconnects.
+    /// An exchange failed or timed out on this stream (a late answer may still arrive on it, and
+    /// would be read as the next request's), or the server said it closes it
+    /// (`connection: close`). Never used again; the next request reconnects.
     broken: bool,
     /// How long one exchange may take ([`REQUEST_TIMEOUT`]).
     timeout: Duration,
@@ -114,7 +115,7 @@ impl Conn {
                 "no response in time",
             ))),
         };
-        self.broken = outcome.is_err();
+        self.broken |= outcome.is_err();
         outcome
     }
 
@@ -126,9 +127,11 @@ impl Conn {
         self.req.extend_from_slice(b"\r\n\r\n");
         self.stream.write_all(&self.req).await?;
         loop {
-            if let Some((status, len)) = parse_response(&self.buf)? {
-                self.buf.drain(..len);
-                return Ok(status);
+            if let Some(whole) = parse_response(&self.buf)? {
+                self.buf.drain(..whole.len);
+                // The server closes this connection: the next request opens another.
+                self.broken |= whole.close;
+                return Ok(whole.status);
             }
             if self.stream.read_buf(&mut self.buf).await? == 0 {
                 return Err(io::Error::new(
@@ -140,52 +143,105 @@ impl Conn {
     }
 }
 
-/// If `buf` holds a whole response, its status and length in bytes.
-fn parse_response(buf: &[u8]) -> io::Result<Option<(u16, usize)>> {
-    let Some(head_end) = find(buf, b"\r\n\r\n") else {
-        return Ok(None);
-    };
-    let head = &buf[..head_end];
+/// A whole response found at the start of the read buffer.
+#[derive(Debug, PartialEq, Eq)]
+struct Whole {
+    status: u16,
+    /// Its length in bytes, head and body.
+    len: usize,
+    /// It said `connection: close`: the server closes the connection after it.
+    close: bool,
+}
+
+/// If `buf` holds a whole response, its status, length and whether it closes the connection.
+/// The head is parsed by `httparse`; a chunked body is read chunk by chunk (sizes, extensions
+/// and trailers), so that a chunk whose data holds `0\r\n\r\n` does not end it.
+fn parse_response(buf: &[u8]) -> io::Result<Option<Whole>> {
     let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, m.to_owned());
-    if head.len() < 12 || !head.starts_with(b"HTTP/1.") {
-        return Err(bad("not an HTTP/1.x response"));
-    }
-    // Three digits, then a space or the line's end (`2001` is not 200).
-    let code = &head[9..12];
-    if !code.iter().all(u8::is_ascii_digit) || !matches!(head.get(12), None | Some(b' ' | b'\r')) {
+    let mut headers = [httparse::EMPTY_HEADER; 32];
+    let mut response = httparse::Response::new(&mut headers);
+    let body_start = match response.parse(buf) {
+        Ok(httparse::Status::Complete(n)) => n,
+        Ok(httparse::Status::Partial) => return Ok(None),
+        Err(httparse::Error::TooManyHeaders) => return Err(bad("too many header fields")),
+        Err(_) => return Err(bad("not an HTTP/1.x response")),
+    };
+    let status = response.code.ok_or_else(|| bad("bad status code"))?;
+    if !(100..=999).contains(&status) {
         return Err(bad("bad status code"));
     }
-    let status = code.iter().fold(0u16, |n, &d| n * 10 + u16::from(d - b'0'));
-    let body_start = head_end + 4;
     let mut content_length = None;
     let mut chunked = false;
-    for line in head.split(|&b| b == b'\n').skip(1) {
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let Some(colon) = line.iter().position(|&b| b == b':') else {
-            continue;
-        };
-        let (name, value) = (&line[..colon], line[colon + 1..].trim_ascii());
-        if name.eq_ignore_ascii_case(b"content-length") {
+    let mut close = false;
+    for header in response.headers.iter() {
+        let value = header.value.trim_ascii();
+        if header.name.eq_ignore_ascii_case("content-length") {
             let length = std::str::from_utf8(value)
                 .ok()
                 .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
                 .and_then(|v| v.parse::<usize>().ok())
                 .ok_or_else(|| bad("bad content-length"))?;
             content_length = Some(length);
-        } else if name.eq_ignore_ascii_case(b"transfer-encoding")
-            && value.eq_ignore_ascii_case(b"chunked")
-        {
-            chunked = true;
+        } else if header.name.eq_ignore_ascii_case("transfer-encoding") {
+            chunked = value
+                .rsplit(|&b| b == b',')
+                .next()
+                .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+        } else if header.name.eq_ignore_ascii_case("connection") {
+            close |= value
+                .split(|&b| b == b',')
+                .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"close"));
         }
     }
+    let whole = |len| Some(Whole { status, len, close });
+    // No body: informational, 204 and 304 answers (a `GET` never gets a `HEAD`'s).
+    if matches!(status, 100..=199 | 204 | 304) {
+        return Ok(whole(body_start));
+    }
     if chunked {
-        // Only the terminating chunk is looked for: bodies here are small and never contain it.
-        return Ok(find(&buf[body_start..], b"0\r\n\r\n").map(|end| (status, body_start + end + 5)));
+        return Ok(chunked_end(buf, body_start)?.and_then(whole));
     }
     let len = body_start
         .checked_add(content_length.unwrap_or(0))
         .ok_or_else(|| bad("bad content-length"))?;
-    Ok((buf.len() >= len).then_some((status, len)))
+    Ok((buf.len() >= len).then(|| whole(len)).flatten())
+}
+
+/// Where a chunked body that starts at `at` ends (after its last chunk and trailers), if `buf`
+/// holds all of it.
+fn chunked_end(buf: &[u8], mut at: usize) -> io::Result<Option<usize>> {
+    let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, m.to_owned());
+    loop {
+        let (line, size) = match httparse::parse_chunk_size(&buf[at..]) {
+            Ok(httparse::Status::Complete(found)) => found,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(_) => return Err(bad("bad chunk size")),
+        };
+        at += line;
+        if size == 0 {
+            // Trailer fields, if any, then an empty line.
+            let rest = &buf[at..];
+            if rest.len() < 2 {
+                return Ok(None);
+            }
+            if rest.starts_with(b"\r\n") {
+                return Ok(Some(at + 2));
+            }
+            return Ok(find(rest, b"\r\n\r\n").map(|end| at + end + 4));
+        }
+        let data_end = usize::try_from(size)
+            .ok()
+            .and_then(|size| at.checked_add(size))
+            .and_then(|end| end.checked_add(2))
+            .ok_or_else(|| bad("bad chunk size"))?;
+        if buf.len() < data_end {
+            return Ok(None);
+        }
+        if &buf[data_end - 2..data_end] != b"\r\n" {
+            return Err(bad("a chunk not ended by CRLF"));
+        }
+        at = data_end;
+    }
 }
 
 fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
@@ -196,17 +252,103 @@ fn find(haystack: &[u8], needle: &[u8]) -> Option<usize> {
 mod tests {
     use super::*;
 
+    /// The status and length of a whole response that keeps its connection.
+    fn kept(status: u16, len: usize) -> Option<Whole> {
+        Some(Whole {
+            status,
+            len,
+            close: false,
+        })
+    }
+
     #[test]
     fn parses_whole_responses_only() {
         let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-        assert_eq!(parse_response(ok).unwrap(), Some((200, ok.len())));
+        assert_eq!(parse_response(ok).unwrap(), kept(200, ok.len()));
         assert_eq!(parse_response(&ok[..ok.len() - 1]).unwrap(), None);
         assert_eq!(parse_response(&ok[..10]).unwrap(), None);
         let two = [&ok[..], b"HTTP/1.1 429 Too Many"].concat();
-        assert_eq!(parse_response(&two).unwrap(), Some((200, ok.len())));
+        assert_eq!(parse_response(&two).unwrap(), kept(200, ok.len()));
         let chunked = b"HTTP/1.1 429 Too Many Requests\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nno\r\n0\r\n\r\n";
-        assert_eq!(parse_response(chunked).unwrap(), Some((429, chunked.len())));
+        assert_eq!(parse_response(chunked).unwrap(), kept(429, chunked.len()));
         assert!(parse_response(b"SSH-2.0-x\r\n\r\n").is_err());
+    }
+
+    /// A chunked body ends at its last chunk, read chunk by chunk: not at a `0\r\n\r\n` inside
+    /// a chunk's data, and after trailer fields and chunk extensions. Every prefix of each is
+    /// incomplete, and the next response after it is left alone.
+    #[test]
+    fn chunked_bodies_end_at_their_last_chunk() {
+        let head = "HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n";
+        for body in [
+            // Data ending in `0\r\n`, then CRLF: `0\r\n\r\n` inside the chunk.
+            "5\r\nab0\r\n\r\n0\r\n\r\n",
+            // Data holding the whole terminator.
+            "10\r\n\r\n0\r\n\r\n012345678\r\n0\r\n\r\n",
+            // Trailer fields.
+            "2\r\nok\r\n0\r\nx-t: 1\r\nx-u: 2\r\n\r\n",
+            // Chunk extensions, an upper-case size.
+            "A;name=value\r\n0123456789\r\n0;e=1\r\n\r\n",
+        ] {
+            let whole = format!("{head}{body}");
+            let next = "HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\n\r\n";
+            let two = format!("{whole}{next}");
+            assert_eq!(
+                parse_response(two.as_bytes()).unwrap(),
+                kept(200, whole.len()),
+                "{body:?}"
+            );
+            for cut in 0..whole.len() {
+                assert_eq!(
+                    parse_response(&whole.as_bytes()[..cut]).unwrap(),
+                    None,
+                    "{body:?} cut at {cut}"
+                );
+            }
+        }
+        for bad in ["zz\r\nok\r\n0\r\n\r\n", "2\r\nokXX0\r\n\r\n"] {
+            let got = parse_response(format!("{head}{bad}").as_bytes());
+            assert!(got.is_err(), "{bad:?}: {got:?}");
+        }
+    }
+
+    /// A response saying `connection: close` is told so; the next request goes over a new
+    /// connection instead of the closed one.
+    #[tokio::test]
+    async fn a_connection_the_server_closes_is_not_used_again() {
+        let closing =
+            b"HTTP/1.1 200 OK\r\nconnection: keep-alive, Close\r\ncontent-length: 0\r\n\r\n";
+        assert_eq!(
+            parse_response(closing).unwrap(),
+            Some(Whole {
+                status: 200,
+                len: closing.len(),
+                close: true
+            })
+        );
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            let (mut first, _) = listener.accept().await.unwrap();
+            let _ = first.read(&mut buf).await.unwrap();
+            first.write_all(closing).await.unwrap();
+            drop(first);
+            let (mut second, _) = listener.accept().await.unwrap();
+            let _ = second.read(&mut buf).await.unwrap();
+            let denied = b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\n\r\n";
+            second.write_all(denied).await.unwrap();
+            let _ = second.read(&mut buf).await;
+        });
+        let mut conn = Conn::connect(addr).await.unwrap();
+        assert_eq!(conn.request(b"a").await.unwrap(), 200);
+        assert_eq!(
+            conn.request(b"b").await.unwrap(),
+            429,
+            "over a new connection"
+        );
+        drop(conn);
+        server.await.unwrap();
     }
 
     /// A status is three digits followed by a space or the line's end: `2001` is not 200, nor
@@ -216,7 +358,7 @@ mod tests {
     #[test]
     fn malformed_responses_are_errors() {
         let bare = b"HTTP/1.1 200\r\ncontent-length: 0\r\n\r\n";
-        assert_eq!(parse_response(bare).unwrap(), Some((200, bare.len())));
+        assert_eq!(parse_response(bare).unwrap(), kept(200, bare.len()));
         for bad in [
             &b"HTTP/1.1 2001 OK\r\ncontent-length: 0\r\n\r\n"[..],
             b"HTTP/1.1 4290\r\ncontent-length: 0\r\n\r\n",
