@@ -210,7 +210,7 @@ async fn run(options: Options) -> Result<Report, Box<dyn std::error::Error>> {
     // A redis-server for the run, unless one was given or the gateways count alone.
     let server = match (&options.redis, options.alone) {
         (None, false) => {
-            // The harness panics if it cannot start one; the usual cause, said plainly first.
+            // The usual cause, said plainly first.
             if !redis_harness::redis_server_installed() {
                 return Err(
                     "redis-server or redis-cli not found: install them (Debian: apt-get install \
@@ -218,7 +218,10 @@ async fn run(options: Options) -> Result<Report, Box<dyn std::error::Error>> {
                         .into(),
                 );
             }
-            Some(redis_harness::RedisServer::start())
+            let server = redis_harness::RedisServer::builder()
+                .try_start()
+                .map_err(|why| format!("could not start redis-server: {why}"))?;
+            Some(server)
         }
         _ => None,
     };

@@ -168,3 +168,22 @@ fn help_that_cannot_be_written_is_a_failure_not_a_usage_error() {
 fn nothing_writable_is_not_a_panic() {
     unwritable::assert_usage_error_with_nothing_writable(env!("CARGO_BIN_EXE_example-fleet"));
 }
+
+/// A `redis-server` the fleet cannot start (here, no temporary directory for its files) ends the
+/// run with a message and status 1, never a panic (status 101).
+#[test]
+fn a_redis_server_that_cannot_start_is_a_failure_not_a_panic() {
+    let out = Command::new(env!("CARGO_BIN_EXE_example-fleet"))
+        .args(["--users", "2", "--gateways", "1"])
+        .env("TMPDIR", "/nonexistent/ratelimit-fleet-test")
+        .output()
+        .expect("the fleet runs");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("could not start redis-server")
+            && stderr.contains("create a temporary directory"),
+        "{stderr}"
+    );
+}

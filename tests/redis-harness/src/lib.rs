@@ -42,12 +42,14 @@ const PORT_ATTEMPTS: usize = 5;
 /// Writes `text` as the configuration file `conf` and starts `redis-server` on it. It logs to the
 /// file the configuration names; what it writes before it opens that file (a configuration
 /// error, `*** FATAL CONFIG FILE ERROR`) goes to `redis.stderr` beside `conf`, which
-/// [`server_log`] adds to the log.
-fn spawn_server(conf: &Path, text: &str, sentinel: bool) -> Child {
-    std::fs::write(conf, text).expect("write redis.conf");
-    let stderr =
-        std::fs::File::create(conf.with_file_name("redis.stderr")).expect("create redis.stderr");
-    let mut command = Command::new(binary("redis-server"));
+/// [`server_log`] adds to the log. Why not, if the files cannot be written or the process
+/// cannot be run.
+fn spawn_server(conf: &Path, text: &str, sentinel: bool) -> Result<Child, String> {
+    std::fs::write(conf, text).map_err(|e| format!("write {}: {e}", conf.display()))?;
+    let stderr_path = conf.with_file_name("redis.stderr");
+    let stderr = std::fs::File::create(&stderr_path)
+        .map_err(|e| format!("create {}: {e}", stderr_path.display()))?;
+    let mut command = Command::new(find("redis-server").ok_or(MISSING)?);
     command.arg(conf);
     if sentinel {
         command.arg("--sentinel");
@@ -57,7 +59,7 @@ fn spawn_server(conf: &Path, text: &str, sentinel: bool) -> Child {
         .stdout(Stdio::null())
         .stderr(stderr)
         .spawn()
-        .expect("spawn redis-server")
+        .map_err(|e| format!("run redis-server: {e}"))
 }
 
 /// The log of the server whose files are in `dir`: its `redis.log`, and what it wrote to stderr
@@ -185,11 +187,9 @@ pub fn redis_server_installed() -> bool {
 }
 
 fn binary(name: &str) -> PathBuf {
-    match find(name) {
-        Some(p) => p,
-        None if name == "redis-server" => panic!("{MISSING}"),
-        None => panic!("{name} not found: run ./scripts/test.sh, which installs redis-tools"),
-    }
+    find(name).unwrap_or_else(|| {
+        panic!("{name} not found: run ./scripts/test.sh, which installs redis-tools")
+    })
 }
 
 /// Settings for a [`RedisServer`]: extra `redis.conf` lines.
@@ -243,9 +243,10 @@ impl RedisServerBuilder {
         self.try_start().unwrap_or_else(|why| panic!("{why}"))
     }
 
-    /// [`start`](Self::start), returning why the server did not start (its log: a configuration
-    /// line it refused, say) instead of panicking. It still panics if no temporary directory can
-    /// be made or `redis-server` cannot be run at all.
+    /// [`start`](Self::start), returning why the server did not start instead of panicking:
+    /// its log (a configuration line it refused, say), or the temporary directory or files it
+    /// could not make, or `redis-server` missing or not runnable. It still panics if it finds
+    /// no free port in 200 tries.
     pub fn try_start(self) -> Result<RedisServer, String> {
         let port = free_port(self.cluster);
         self.try_start_on(port)
@@ -262,7 +263,7 @@ impl RedisServerBuilder {
         let dir = tempfile::Builder::new()
             .prefix("redis-harness-")
             .tempdir()
-            .expect("create a temporary directory");
+            .map_err(|e| format!("create a temporary directory: {e}"))?;
         let mut server = RedisServer {
             port,
             dir,
@@ -376,7 +377,7 @@ impl RedisServer {
             text.push_str(line);
             text.push('\n');
         }
-        self.child = Some(spawn_server(&conf, &text, self.sentinel));
+        self.child = Some(spawn_server(&conf, &text, self.sentinel).map_err(Exit::Other)?);
         self.wait_ready(ready)
     }
 

@@ -202,11 +202,10 @@ impl TlsRedisServer {
             for file in ["redis.log", "nodes.conf"] {
                 let _ = std::fs::remove_file(server.dir.path().join(file));
             }
-            server.child = Some(crate::spawn_server(
-                &server.dir.path().join("redis.conf"),
-                &conf,
-                false,
-            ));
+            server.child = Some(
+                crate::spawn_server(&server.dir.path().join("redis.conf"), &conf, false)
+                    .unwrap_or_else(|why| panic!("{why}")),
+            );
             if server.wait_ready() {
                 return server;
             }
