@@ -28,7 +28,9 @@ use crate::store::{
 /// - otherwise a task tries again every `retry_every` (1 ms to an hour), whether checks come or
 ///   not, each attempt bounded by the builder's timeouts, until one succeeds or the store is
 ///   dropped (which ends the task at once, not at its next attempt, and abandons an attempt
-///   under way rather than let it build a store nobody holds); a failure is logged as a
+///   under way rather than let it build a store nobody holds: a connection that attempt was
+///   opening is still opened or given up within the builder's `connect_timeout`, then closed);
+///   a failure is logged as a
 ///   warning at most once a minute (with how many attempts failed since the last), the others
 ///   as `DEBUG` events, unless its cause changed, which is warned of at once: Redis unreachable,
 ///   reached but not serving checks yet (still loading its data, or a replica), reached but
@@ -264,8 +266,9 @@ impl Retrying {
                 builder.clone().build()
                 // The store is let go while the attempt runs, so that it can be dropped then.
             };
-            // Told that the store was dropped: the attempt is abandoned (its connections closed)
-            // rather than run to the end of its timeouts.
+            // Told that the store was dropped: the attempt is abandoned rather than run to the
+            // end of its timeouts (the store's own task opening its connection ends within the
+            // connect timeout).
             let mut attempt = std::pin::pin!(attempt);
             let mut dropped = std::pin::pin!(self.1.notified());
             let built = std::future::poll_fn(|cx| {

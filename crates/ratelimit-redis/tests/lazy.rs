@@ -636,9 +636,9 @@ async fn a_dropped_store_ends_its_retrying_task_at_once() {
 
 /// A store dropped while an attempt waits on a server that accepted the connection and never
 /// answers ends its task at once, rather than when the attempt's timeouts (an hour here) end it.
-/// The client's own task that drives the attempt's connection waits for the answer it asked for
-/// until the server answers or closes the connection (redis-rs completes requests in flight
-/// before closing), then ends too.
+/// The store's own task that opens the attempt's connection runs on until the connection opens
+/// or fails (here, when the server closes it; at the latest, at the connect timeout), then ends
+/// too.
 #[tokio::test]
 async fn a_store_dropped_during_an_attempt_ends_its_task_at_once() {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
