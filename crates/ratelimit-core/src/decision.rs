@@ -470,8 +470,9 @@ impl Decision {
     /// Denied if any is denied; then the binding quota is the one that can never pass, or else
     /// the one with the longest wait (waiting that long lets every quota pass, since waiting only
     /// ever helps). Allowed otherwise; the binding quota is the one with the fewest left. Ties
-    /// (same outcome and wait) go to the quota with fewer left, then to the one with the longer
-    /// time to full, then to the earlier quota. The result is the binding quota's decision as it
+    /// (same outcome and wait) go to the quota with fewer left, then to one that is full (it caps
+    /// the limit where it stands: nothing more is coming), then to the one with the longer time
+    /// to full, then to the earlier quota. The result is the binding quota's decision as it
     /// is: on a denial, another quota may have fewer left than its `remaining`. A denial's
     /// [`violated_quotas`](Self::violated_quotas) are those of every decision combined; an
     /// admission's [`more_after`](Self::more_after) is the latest of the quotas with as few left
@@ -525,10 +526,16 @@ impl Decision {
         if a != b {
             return a > b;
         }
-        // Same outcome and wait: fewer remaining binds tighter, then the longer time to full (a
-        // client told "0 left" should hear of the quota that takes longest to come back).
+        // Same outcome and wait: fewer remaining binds tighter; then a quota that is full (the
+        // limit can have no more while it holds as few as it does: nothing more is coming); then
+        // the longer time to full (a client told "0 left" should hear of the quota that takes
+        // longest to come back).
         if self.remaining != other.remaining {
             return self.remaining < other.remaining;
+        }
+        let (full, other_full) = (self.remaining >= self.limit, other.remaining >= other.limit);
+        if full != other_full {
+            return full;
         }
         self.reset_after_us > other.reset_after_us
     }
@@ -610,6 +617,28 @@ mod tests {
         assert!(Decision::combine(&[]).is_none());
         let ok = Decision::combine(&[ok, ok2]).unwrap();
         assert!(ok.violated_quotas().is_empty());
+    }
+
+    /// Among quotas with as few left, a full one binds: it caps the limit where it stands, so
+    /// nothing more is coming (no `more_after`, no time to full), however long the other takes
+    /// to fill.
+    #[test]
+    fn a_full_quota_binds_among_those_with_as_few_left() {
+        let filling = Decision::new(Outcome::Allowed, 5, 2, Duration::from_secs(57), 0)
+            .with_more_after(Duration::from_secs(54));
+        let full = Decision::new(Outcome::Allowed, 2, 2, Duration::ZERO, 1);
+        for pair in [
+            [filling, full],
+            [full.with_quota_index(0), filling.with_quota_index(1)],
+        ] {
+            let c = Decision::combine(&pair).unwrap();
+            assert_eq!((c.limit(), c.remaining()), (2, 2), "{pair:?}");
+            assert_eq!(c.reset_after(), Duration::ZERO);
+            assert_eq!(c.more_after(), None);
+        }
+        // Fewer left still binds first.
+        let fewer = Decision::new(Outcome::Allowed, 5, 1, Duration::from_secs(57), 0);
+        assert_eq!(Decision::combine(&[fewer, full]).unwrap().quota_index(), 0);
     }
 
     /// A set is written one way only: the binding quota alone, given or implied, makes equal

@@ -680,6 +680,41 @@ async fn a_full_quota_has_no_t() {
     }
 }
 
+/// Of a limit of several quotas, one that is full and has as few left as the others caps the
+/// limit for good: nothing more is coming, so no `t`, whatever the other quota's time to full
+/// (it was told as the time more comes). Every algorithm: 2 a second and 5 a minute, 2 spent at
+/// once, 1 three seconds later, then a peek three seconds after that: 2 left of each, the
+/// per-second quota full.
+#[tokio::test]
+async fn a_full_quota_that_caps_a_limit_of_several_leaves_out_t() {
+    for algorithm in Algorithm::ALL {
+        let (clock, store) = store();
+        let limit = Limit::new(
+            algorithm,
+            [Quota::per_second(2).unwrap(), Quota::per_minute(5).unwrap()],
+        )
+        .unwrap();
+        let policy = Policy::new("api", limit).unwrap().cost(|req| {
+            req.headers()
+                .get("x-cost")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(1)
+        });
+        let app = app(store, policy);
+        let spend = |cost: &str| with_header(request("/"), "x-cost", cost);
+        assert_eq!(send(&app, spend("2")).await.status(), 200);
+        clock.advance(Duration::from_secs(3));
+        assert_eq!(send(&app, spend("1")).await.status(), 200);
+        clock.advance(Duration::from_secs(3));
+        let peek = send(&app, spend("0")).await;
+        assert_eq!(
+            header(&peek, "ratelimit"),
+            Some("\"api.0\";r=2"),
+            "{algorithm:?}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_cost_that_can_never_pass_is_denied_without_retry_after() {
     let (_clock, store) = store();

@@ -15,7 +15,8 @@ local function helpers()
 
   -- The binding quota, exactly as ratelimit-core's Decision::combine: outcome code first
   -- (exceeds > denied > allowed), then the longer retry_after among denials, then fewer
-  -- remaining, then the longer reset_after; ties keep the earlier quota. An admission's retry
+  -- remaining, then a full quota (remaining = limit), then the longer reset_after; ties keep the
+  -- earlier quota. An admission's retry
   -- slot (the time until more is available) is the latest of those with the fewest left. b[6]
   -- is the binding quota's index plus 256 times the bits of the quotas that did not admit the
   -- cost (bit i - 1 for quota i), which the client reads as the decision's violated quotas.
@@ -34,7 +35,8 @@ local function helpers()
     elseif rem ~= b[4] then
       tighter = rem < b[4]
     else
-      tighter = reset > b[5]
+      local full, bfull = rem >= limit, b[4] >= b[3]
+      if full ~= bfull then tighter = full else tighter = reset > b[5] end
       if code == 0 then
         -- Allowed with as many left as the binding quota: more comes when it comes for the last
         -- of them, never if one says none (0), as Decision::combine.
