@@ -183,11 +183,12 @@ impl Decision {
         }
     }
 
-    /// The same, with the time until more of the quota is available if allowed (see
-    /// [`more_after`](Decision::more_after); 0 for unknown or none), in microseconds.
+    /// The same, with the time until more of the quota is available if allowed or if the cost
+    /// can never pass (see [`more_after`](Decision::more_after); 0 for unknown or none), in
+    /// microseconds.
     #[inline]
     pub(crate) const fn with_more_after_micros(mut self, us: u64) -> Self {
-        if matches!(self.kind(), Kind::Allowed) {
+        if matches!(self.kind(), Kind::Allowed | Kind::Exceeds) {
             self.retry_after_us = us;
         }
         self
@@ -217,8 +218,8 @@ impl Decision {
         self.tag
     }
 
-    /// [`retry_after`](Decision::retry_after) in microseconds when denied; when allowed,
-    /// [`more_after`](Decision::more_after)'s (0 if it says none); 0 for a cost that never passes.
+    /// [`retry_after`](Decision::retry_after) in microseconds when denied; otherwise
+    /// [`more_after`](Decision::more_after)'s (0 if it says none).
     #[inline]
     pub(crate) const fn retry_after_micros(&self) -> u64 {
         self.retry_after_us
@@ -401,14 +402,17 @@ impl Decision {
     /// a limit of several quotas, the latest of the quotas with as few left, see
     /// [`combine`](Self::combine)), if the store said: the sliding window and the sliding log say
     /// it, as a unit may come back long before the quota is full again (the `t` of
-    /// draft-ietf-httpapi-ratelimit-headers-10's `RateLimit` field). `None` when denied, when the
-    /// quota is full, and when the store did not say (the bucket algorithms, whose next unit
-    /// follows from the limit, `remaining` and [`reset_after`](Self::reset_after); a fixed window,
-    /// whose units all come back at its end; a store of another crate; a leased answer).
+    /// draft-ietf-httpapi-ratelimit-headers-10's `RateLimit` field). The same for a cost that can
+    /// never pass ([`can_ever_pass`](Self::can_ever_pass) `false`: nothing was taken, and the
+    /// quota it names is told as it stands). `None` when denied otherwise (the wait is
+    /// [`retry_after`](Self::retry_after)), when the quota is full, and when the store did not say
+    /// (the bucket algorithms, whose next unit follows from the limit, `remaining` and
+    /// [`reset_after`](Self::reset_after); a fixed window, whose units all come back at its end; a
+    /// store of another crate; a leased answer).
     #[must_use]
     pub const fn more_after(&self) -> Option<Duration> {
         match self.kind() {
-            Kind::Allowed if self.retry_after_us > 0 => {
+            Kind::Allowed | Kind::Exceeds if self.retry_after_us > 0 => {
                 Some(Duration::from_micros(self.retry_after_us))
             }
             _ => None,
@@ -416,8 +420,9 @@ impl Decision {
     }
 
     /// Says when more of the quota is available, for a store that computes it (see
-    /// [`more_after`](Self::more_after)): kept on an allowed decision, counted in whole
-    /// microseconds (zero says nothing); ignored on a denial, whose wait is its retry-after.
+    /// [`more_after`](Self::more_after)): kept on an allowed decision and on one whose cost can
+    /// never pass, counted in whole microseconds (zero says nothing); ignored on any other
+    /// denial, whose wait is its retry-after.
     #[must_use]
     pub fn with_more_after(self, more_after: Duration) -> Self {
         self.with_more_after_micros(micros(more_after))

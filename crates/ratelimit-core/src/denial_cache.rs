@@ -130,7 +130,8 @@ const MAX_SHARDS: usize = 16;
 /// asked again at that earlier instant. A check that went to the store and whose answer never came
 /// back through the cache (dropped by a caller's timeout, or failed) may have been admitted: it
 /// ends the key's cached denials, as an admission does. A cached [`Outcome::Exceeds`] keeps the
-/// fields the store reported with it, `reset_after` counting down to 0, until an admission of the
+/// fields the store reported with it (but its [`more_after`](Decision::more_after), which it
+/// does not keep), `reset_after` counting down to 0, until an admission of the
 /// key ends it or the limit's longest period has passed; the store's own report may move on
 /// meanwhile as windows end (of several quotas, it may name another). Of a limit of several quotas,
 /// a cached denial names the binding quota alone in [`violated_quotas`](Decision::violated_quotas):

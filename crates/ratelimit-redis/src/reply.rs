@@ -110,7 +110,8 @@ fn from_items(
     }
 }
 
-/// A six-integer reply: outcome, retry-after µs (when allowed, the time until more is available,
+/// A six-integer reply: outcome, retry-after µs (when allowed or never passing, the time until
+/// more is available,
 /// or 0), limit, remaining, reset-after µs, and the quota
 /// index (below `quotas`, the limit's number of quotas) plus 256 times the bits of the violated
 /// quotas (none but quotas of the limit, none when allowed; zero from the single-quota paths,
@@ -145,8 +146,8 @@ pub(crate) fn from_six(reply: &[i64], quotas: usize) -> Result<Decision, RedisSt
         Duration::from_micros(nonneg(reset)?),
         index,
     )
-    // Allowed: the time until more is available, which the sliding algorithms' scripts give in
-    // the retry slot (0, saying nothing, from the others).
+    // Allowed or never passing: the time until more is available, which the sliding algorithms'
+    // scripts give in the retry slot (0, saying nothing, from the others).
     .with_more_after(retry)
     .with_violated_quotas(QuotaSet::from_bits(violated)))
 }

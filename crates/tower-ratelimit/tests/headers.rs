@@ -744,6 +744,46 @@ async fn a_cost_that_can_never_pass_is_denied_without_retry_after() {
     );
 }
 
+/// A 429 for a cost the limit can never admit tells the quota as it stands, as a peek at the same
+/// instant does: under the sliding algorithms too, whose `t` is when the next unit frees (it was
+/// the time until the whole quota is back). 10 per 10 s, 5 spent at once and 5 more 5 s later;
+/// a second after that, the first 5 free in 4 s and the quota is whole in 9.
+#[tokio::test]
+async fn a_cost_that_can_never_pass_tells_the_quota_as_a_peek_does() {
+    for algorithm in Algorithm::ALL {
+        let (clock, store) = store();
+        let limit = Limit::single(
+            algorithm,
+            Quota::per_period(10, Duration::from_secs(10)).unwrap(),
+        )
+        .unwrap();
+        let policy = Policy::new("api", limit).unwrap().cost(|req| {
+            req.headers()
+                .get("x-cost")
+                .and_then(|v| v.to_str().ok()?.parse().ok())
+                .unwrap_or(1)
+        });
+        let app = app(store, policy);
+        let costing = |cost: &str| with_header(request("/"), "x-cost", cost);
+        assert_eq!(send(&app, costing("5")).await.status(), 200);
+        clock.advance(Duration::from_secs(5));
+        assert_eq!(send(&app, costing("5")).await.status(), 200);
+        clock.advance(Duration::from_secs(1));
+        let peek = send(&app, costing("0")).await;
+        let never = send(&app, costing("11")).await;
+        assert_eq!(never.status(), 429, "{algorithm:?}");
+        assert_eq!(header(&never, "retry-after"), None, "{algorithm:?}");
+        assert_eq!(
+            header(&never, "ratelimit"),
+            header(&peek, "ratelimit"),
+            "{algorithm:?}"
+        );
+        if matches!(algorithm, Algorithm::SlidingLog) {
+            assert_eq!(header(&never, "ratelimit"), Some("\"api\";r=0;t=4"));
+        }
+    }
+}
+
 #[tokio::test]
 async fn multi_quota_fields_name_the_binding_quota() {
     let (_clock, store) = store();

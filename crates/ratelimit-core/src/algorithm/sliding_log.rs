@@ -121,13 +121,14 @@ pub fn decide(quota: &Quota, log: &SlidingLogState, now: Timestamp, cost: u64) -
     };
     let reset = newest.map_or(0, |t| t.saturating_add(p).saturating_sub(now));
     let remaining = limit.saturating_sub(total);
-    // Allowed and not full: more is available when enough of the oldest entries, this check's
-    // among them, have slid out for one more than is left to pass: the oldest alone, unless the
-    // log holds more than this limit (a state kept under a larger one). 0 if no entry frees it
-    // (a state whose total its entries do not hold).
+    // Allowed, or a cost that can never pass (told the quota as it stands), and not full: more
+    // is available when enough of the oldest entries, an admitted check's among them, have slid
+    // out for one more than is left to pass: the oldest alone, unless the log holds more than
+    // this limit (a state kept under a larger one). 0 if no entry frees it (a state whose total
+    // its entries do not hold).
     let more = match outcome {
-        Verdict::Allowed if remaining < limit => {
-            let admitted = (cost > 0).then_some((now, cost));
+        Verdict::Allowed | Verdict::Exceeds if remaining < limit => {
+            let admitted = (matches!(outcome, Verdict::Allowed) && cost > 0).then_some((now, cost));
             let need = total.saturating_add(remaining + 1) - limit;
             freed_at(live.copied().chain(admitted), need, p).map_or(0, |at| at.saturating_sub(now))
         }

@@ -117,9 +117,10 @@ pub fn check(
     } else {
         0
     };
-    // Allowed and not full: more is available when one more unit than is left would pass (it
-    // does not now, `remaining` being whole units left).
-    let more = if matches!(outcome, Verdict::Allowed) && remaining < limit {
+    // Allowed, or a cost that can never pass (told the quota as it stands), and not full: more
+    // is available when one more unit than is left would pass (it does not now, `remaining`
+    // being whole units left).
+    let more = if matches!(outcome, Verdict::Allowed | Verdict::Exceeds) && remaining < limit {
         wait(current, remaining + 1)
     } else {
         0

@@ -153,10 +153,10 @@ for i = 1, N do
   local reset = 0
   if back then reset = back + p - now end
   local rem = math.max(limit - total, 0)
-  if code == 0 and rem < limit then
-    -- Allowed and not full: in the retry slot, the time until more is available, when enough of
-    -- the oldest entries (this check's among them) have slid out for one more than is left to
-    -- pass, as the core's Decision::more_after.
+  if code ~= 1 and rem < limit then
+    -- Allowed, or a cost that can never pass, and not full: in the retry slot, the time until
+    -- more is available, when enough of the oldest entries (an admitted check's among them) have
+    -- slid out for one more than is left to pass, as the core's Decision::more_after.
     local extra_t = nil
     if merge or push then extra_t = now end
     local at = freed_at(lkey, window, pruned, newest ~= nil, p, total + rem + 1 - limit, extra_t,

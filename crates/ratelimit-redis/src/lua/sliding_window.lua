@@ -23,8 +23,8 @@ local function wait(limit, p, e, cur, prev, c)
 end
 
 -- One quota's decision. `s_start` is nil for a key never seen. Returns the outcome code, retry
--- (when allowed, the time until more is available), remaining, reset, the new (start, current,
--- previous), and the time the new state is fresh.
+-- (when allowed or never passing, the time until more is available), remaining, reset, the new
+-- (start, current, previous), and the time the new state is fresh.
 local function window(limit, p, s_start, s_cur, s_prev)
   local now = NOW
   local start = floor(now / p) * p
@@ -53,9 +53,9 @@ local function window(limit, p, s_start, s_cur, s_prev)
   local used = prev * (p - e) + cur * p
   local rem = 0
   if limit * p > used then rem = floor((limit * p - used) / p) end
-  -- Allowed and not full: in the retry slot, the time until more is available (one more unit
-  -- than is left passes), as the core's Decision::more_after.
-  if code == 0 and rem < limit then retry = wait(limit, p, e, cur, prev, rem + 1) end
+  -- Allowed, or a cost that can never pass, and not full: in the retry slot, the time until
+  -- more is available (one more unit than is left passes), as the core's Decision::more_after.
+  if code ~= 1 and rem < limit then retry = wait(limit, p, e, cur, prev, rem + 1) end
   local reset, after = 0, start
   if cur > 0 then
     reset, after = 2 * p - e, start + 2 * p
