@@ -21,7 +21,10 @@
 //! the decision's time to full, in whole microseconds, leaves the unit's time uncertain by one,
 //! and `t` takes the later (a unit back at exactly 3 s may read `t=4`). Whatever the algorithm,
 //! while the quota is full nothing more can come, and `t`, optional, is left out (`"api";r=5`). A sliding algorithm's answer that
-//! does not say (a leased one) gives the seconds until the quota is full again, which bounds it. Of a limit of
+//! does not say (a leased one) gives the seconds until the quota is full again, which bounds it;
+//! behind a `Leasing` store a bucket's `t` is later than its next unit by up to the refill time
+//! of the lease's unspent units, which the store's reset counts as spent and `r` as left
+//! (`docs/round-trips.md`). Of a limit of
 //! several quotas, the sliding algorithms' `t` waits for every quota with as few left as the
 //! binding one; the buckets' is the binding quota's next unit, and another quota with as few left
 //! may free its own later (the decision does not carry the others' levels). `X-RateLimit-Reset`

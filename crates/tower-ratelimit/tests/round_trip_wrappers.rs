@@ -1,5 +1,6 @@
 //! The round-trip saving store wrappers of ratelimit-core (`DenialCache`, `Leasing`) plug into the
-//! layer unchanged: the same responses as over the plain store.
+//! layer unchanged: the same statuses as over the plain store, and under `DenialCache` the same
+//! fields (under `Leasing`, a bucket's `t` may be later: docs/round-trips.md).
 
 mod common;
 
