@@ -30,13 +30,12 @@ use crate::store::{
 ///   dropped (which ends the task at once, not at its next attempt, and abandons an attempt
 ///   under way rather than let it build a store nobody holds: a connection that attempt was
 ///   opening is still opened or given up within the builder's `connect_timeout`, then closed);
-///   a failure is logged as a
-///   warning at most once a minute (with how many attempts failed since the last), the others
-///   as `DEBUG` events, unless its cause changed, which is warned of at once: Redis unreachable,
-///   reached but not serving checks yet (still loading its data, or a replica), reached but
-///   refusing the credentials (rotated during an outage), or reached but not a Redis the store
-///   can use (a database it lacks, say: retried all the same, as only the first attempt's
-///   refusal ends the building);
+///   a failure is logged as a warning at most once a minute (with how many attempts failed
+///   since the last), the others as `DEBUG` events, unless its cause changed, which is warned
+///   of at once: Redis unreachable, reached but not serving checks yet (still loading its data,
+///   or a replica), reached but refusing the credentials (rotated during an outage), or reached
+///   but not a Redis the store can use (a database it lacks, say: retried all the same, as only
+///   the first attempt's refusal ends the building);
 /// - meanwhile every check fails at once with the last attempt's error (a
 ///   [`RedisStoreError::Connection`] when the server cannot be reached), so the layer's failure
 ///   policy answers (fail open, fail closed, or the local fallback);

@@ -680,10 +680,10 @@ impl Prepared {
 
     /// The `t` of `RateLimit` (draft-10: seconds until more of the quota is available): when
     /// denied, the wait `Retry-After` says; when allowed or for a cost that can never pass, the
-    /// time the store gave for it (`Decision::more_after`: the sliding window and log), else for a bucket algorithm the time
-    /// until its next whole unit comes back (none while it is full) and for a fixed window its
-    /// end; for a sliding algorithm's answer that does not give it (a leased one), the time
-    /// until the quota is full, which bounds it.
+    /// time the store gave for it (`Decision::more_after`: the sliding window and log), else for
+    /// a bucket algorithm the time until its next whole unit comes back (none while it is full)
+    /// and for a fixed window its end; for a sliding algorithm's answer that does not give it (a
+    /// leased one), the time until the quota is full, which bounds it.
     fn more_in_secs(&self, d: &Decision) -> u64 {
         if let Some(wait) = d.retry_after() {
             return retry_after_secs(wait);

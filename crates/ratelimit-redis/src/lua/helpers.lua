@@ -16,8 +16,8 @@ local function helpers()
   -- The binding quota, exactly as ratelimit-core's Decision::combine: outcome code first
   -- (exceeds > denied > allowed), then the longer retry_after among denials, then fewer
   -- remaining, then a full quota (remaining = limit), then the longer reset_after; ties keep the
-  -- earlier quota. An admission's retry
-  -- slot (the time until more is available) is the latest of those with the fewest left. b[6]
+  -- earlier quota. An admission's retry slot (the time until more is available) is the latest of
+  -- those with the fewest left. b[6]
   -- is the binding quota's index plus 256 times the bits of the quotas that did not admit the
   -- cost (bit i - 1 for quota i), which the client reads as the decision's violated quotas.
   local b = {}
