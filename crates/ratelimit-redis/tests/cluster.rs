@@ -1590,18 +1590,20 @@ async fn a_cluster_that_is_down_is_unavailable() {
     for node in cluster.nodes() {
         node.cli(&["cluster", "delslots", &unassigned]);
     }
+    // Each node's `CLUSTER INFO` says `state` within 10 s.
+    let all_say = async |state: &str| {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while !cluster
+            .nodes()
+            .iter()
+            .all(|n| n.cli(&["cluster", "info"]).contains(state))
+        {
+            assert!(std::time::Instant::now() < deadline, "not yet {state}");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    };
+    all_say("cluster_state:fail").await;
     let owner = cluster.node_for(key);
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !owner
-        .cli(&["cluster", "info"])
-        .contains("cluster_state:fail")
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the cluster stayed up"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
     assert!(owner.cli(&["get", key]).starts_with("CLUSTERDOWN"));
 
     let resent = patient.check(b"user", &limit, 1).await.unwrap_err();
@@ -1618,18 +1620,7 @@ async fn a_cluster_that_is_down_is_unavailable() {
     for node in cluster.nodes() {
         node.cli(&["cluster", "setslot", &unassigned, "node", &id]);
     }
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while !cluster
-        .nodes()
-        .iter()
-        .all(|n| n.cli(&["cluster", "info"]).contains("cluster_state:ok"))
-    {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the cluster stayed down"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    all_say("cluster_state:ok").await;
     assert!(
         patient
             .check(b"user", &limit, 1)

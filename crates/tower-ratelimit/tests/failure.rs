@@ -169,14 +169,6 @@ async fn fallback_counts_locally_against_a_share_of_the_limit() {
     assert_eq!(m.outcome("fb", "fallback_denied"), 1);
 }
 
-/// The cost of a request, from its `x-cost` header (1 without).
-fn cost_header(req: &tower_ratelimit::RequestHead<'_>) -> u64 {
-    req.headers()
-        .get("x-cost")
-        .and_then(|v| v.to_str().ok()?.parse().ok())
-        .unwrap_or(1)
-}
-
 /// `policy` (6 a minute, costs from `x-cost`) falling back to a third of its limit on `store`,
 /// behind a breaker that opens after 2 failures for 7 s.
 fn fallback_behind_breaker<St: Store>(

@@ -58,12 +58,7 @@ proptest! {
         let policy = Policy::new("fb", limit.clone())
             .unwrap()
             .key(ApiKeyHeader::new("x-api-key").unwrap())
-            .cost(|req: &tower_ratelimit::RequestHead<'_>| {
-                req.headers()
-                    .get("x-cost")
-                    .and_then(|v| v.to_str().ok()?.parse().ok())
-                    .unwrap_or(1)
-            })
+            .cost(cost_header)
             .failure(FailurePolicy::fallback(gateways).unwrap());
         let layer = RateLimitLayer::builder(FailingStore::default(), policy)
             .no_circuit_breaker()

@@ -251,12 +251,7 @@ async fn calls_that_a_retry_cannot_mend_are_told_not_to_retry() {
             .insert("x-cost", HeaderValue::from_static(cost));
         req
     };
-    let cost = |req: &tower_ratelimit::RequestHead<'_>| {
-        req.headers()
-            .get("x-cost")
-            .and_then(|v| v.to_str().ok()?.parse().ok())
-            .unwrap_or(1)
-    };
+    let cost = common::cost_header;
     let pushback = |res: &Response<axum::body::Body>| {
         common::header(res, "grpc-retry-pushback-ms").map(str::to_owned)
     };

@@ -694,12 +694,7 @@ async fn a_full_quota_that_caps_a_limit_of_several_leaves_out_t() {
             [Quota::per_second(2).unwrap(), Quota::per_minute(5).unwrap()],
         )
         .unwrap();
-        let policy = Policy::new("api", limit).unwrap().cost(|req| {
-            req.headers()
-                .get("x-cost")
-                .and_then(|v| v.to_str().ok()?.parse().ok())
-                .unwrap_or(1)
-        });
+        let policy = Policy::new("api", limit).unwrap().cost(cost_header);
         let app = app(store, policy);
         let spend = |cost: &str| with_header(request("/"), "x-cost", cost);
         assert_eq!(send(&app, spend("2")).await.status(), 200);
@@ -757,12 +752,7 @@ async fn a_cost_that_can_never_pass_tells_the_quota_as_a_peek_does() {
             Quota::per_period(10, Duration::from_secs(10)).unwrap(),
         )
         .unwrap();
-        let policy = Policy::new("api", limit).unwrap().cost(|req| {
-            req.headers()
-                .get("x-cost")
-                .and_then(|v| v.to_str().ok()?.parse().ok())
-                .unwrap_or(1)
-        });
+        let policy = Policy::new("api", limit).unwrap().cost(cost_header);
         let app = app(store, policy);
         let costing = |cost: &str| with_header(request("/"), "x-cost", cost);
         assert_eq!(send(&app, costing("5")).await.status(), 200);

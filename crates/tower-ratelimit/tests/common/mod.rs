@@ -72,6 +72,14 @@ pub async fn statuses(app: &Router, make: impl Fn() -> Request<Body>, n: usize) 
     out
 }
 
+/// The cost of a request, from its `x-cost` header (1 without): a cost function for policies.
+pub fn cost_header(req: &tower_ratelimit::RequestHead<'_>) -> u64 {
+    req.headers()
+        .get("x-cost")
+        .and_then(|v| v.to_str().ok()?.parse().ok())
+        .unwrap_or(1)
+}
+
 pub fn header<'a, B>(res: &'a Response<B>, name: &str) -> Option<&'a str> {
     res.headers().get(name).map(|v| v.to_str().unwrap())
 }
