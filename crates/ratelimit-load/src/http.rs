@@ -126,19 +126,21 @@ impl Conn {
         self.req.extend_from_slice(key);
         self.req.extend_from_slice(b"\r\n\r\n");
         self.stream.write_all(&self.req).await?;
+        let mut eof = false;
         loop {
-            if let Some(whole) = parse_response(&self.buf)? {
+            if let Some(whole) = parse_response(&self.buf, eof)? {
                 self.buf.drain(..whole.len);
                 // The server closes this connection: the next request opens another.
                 self.broken |= whole.close;
                 return Ok(whole.status);
             }
-            if self.stream.read_buf(&mut self.buf).await? == 0 {
+            if eof {
                 return Err(io::Error::new(
                     io::ErrorKind::UnexpectedEof,
                     "connection closed mid-response",
                 ));
             }
+            eof = self.stream.read_buf(&mut self.buf).await? == 0;
         }
     }
 }
@@ -153,58 +155,78 @@ struct Whole {
     close: bool,
 }
 
-/// If `buf` holds a whole response, its status, length and whether it closes the connection.
-/// The head is parsed by `httparse`; a chunked body is read chunk by chunk (sizes, extensions
-/// and trailers), so that a chunk whose data holds `0\r\n\r\n` does not end it.
-fn parse_response(buf: &[u8]) -> io::Result<Option<Whole>> {
+/// If `buf` holds a whole response, its status, length and whether it closes the connection;
+/// `eof`: the server has closed the connection after the bytes in `buf`. The head is parsed by
+/// `httparse`; interim (1xx) responses before the final one are counted in its length; a chunked
+/// body is read chunk by chunk (sizes, extensions and trailers), so that a chunk whose data holds
+/// `0\r\n\r\n` does not end it; a body with neither a length nor chunks runs to the close
+/// (RFC 9112, 6.3).
+fn parse_response(buf: &[u8], eof: bool) -> io::Result<Option<Whole>> {
     let bad = |m: &str| io::Error::new(io::ErrorKind::InvalidData, m.to_owned());
-    let mut headers = [httparse::EMPTY_HEADER; 32];
-    let mut response = httparse::Response::new(&mut headers);
-    let body_start = match response.parse(buf) {
-        Ok(httparse::Status::Complete(n)) => n,
-        Ok(httparse::Status::Partial) => return Ok(None),
-        Err(httparse::Error::TooManyHeaders) => return Err(bad("too many header fields")),
-        Err(_) => return Err(bad("not an HTTP/1.x response")),
-    };
-    let status = response.code.ok_or_else(|| bad("bad status code"))?;
-    if !(100..=999).contains(&status) {
-        return Err(bad("bad status code"));
-    }
-    let mut content_length = None;
-    let mut chunked = false;
-    let mut close = false;
-    for header in response.headers.iter() {
-        let value = header.value.trim_ascii();
-        if header.name.eq_ignore_ascii_case("content-length") {
-            let length = std::str::from_utf8(value)
-                .ok()
-                .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
-                .and_then(|v| v.parse::<usize>().ok())
-                .ok_or_else(|| bad("bad content-length"))?;
-            content_length = Some(length);
-        } else if header.name.eq_ignore_ascii_case("transfer-encoding") {
-            chunked = value
-                .rsplit(|&b| b == b',')
-                .next()
-                .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
-        } else if header.name.eq_ignore_ascii_case("connection") {
-            close |= value
-                .split(|&b| b == b',')
-                .any(|token| token.trim_ascii().eq_ignore_ascii_case(b"close"));
+    let mut start = 0;
+    loop {
+        let mut headers = [httparse::EMPTY_HEADER; 32];
+        let mut response = httparse::Response::new(&mut headers);
+        let body_start = match response.parse(&buf[start..]) {
+            Ok(httparse::Status::Complete(n)) => start + n,
+            Ok(httparse::Status::Partial) => return Ok(None),
+            Err(httparse::Error::TooManyHeaders) => return Err(bad("too many header fields")),
+            Err(_) => return Err(bad("not an HTTP/1.x response")),
+        };
+        let status = response.code.ok_or_else(|| bad("bad status code"))?;
+        if !(100..=999).contains(&status) {
+            return Err(bad("bad status code"));
         }
+        // An interim response (103 Early Hints, say) has no body, and the final one follows.
+        if (100..=199).contains(&status) {
+            start = body_start;
+            continue;
+        }
+        let mut content_length = None;
+        let mut chunked = false;
+        // HTTP/1.0 closes the connection after the response unless it says keep-alive.
+        let (mut close, mut keep_alive) = (response.version == Some(0), false);
+        for header in response.headers.iter() {
+            let value = header.value.trim_ascii();
+            if header.name.eq_ignore_ascii_case("content-length") {
+                let length = std::str::from_utf8(value)
+                    .ok()
+                    .filter(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+                    .and_then(|v| v.parse::<usize>().ok())
+                    .ok_or_else(|| bad("bad content-length"))?;
+                content_length = Some(length);
+            } else if header.name.eq_ignore_ascii_case("transfer-encoding") {
+                chunked = value
+                    .rsplit(|&b| b == b',')
+                    .next()
+                    .is_some_and(|last| last.trim_ascii().eq_ignore_ascii_case(b"chunked"));
+            } else if header.name.eq_ignore_ascii_case("connection") {
+                for token in value.split(|&b| b == b',').map(<[u8]>::trim_ascii) {
+                    close |= token.eq_ignore_ascii_case(b"close");
+                    keep_alive |= token.eq_ignore_ascii_case(b"keep-alive");
+                }
+            }
+        }
+        if response.version == Some(0) && keep_alive {
+            close = false;
+        }
+        let whole = |len, close| Some(Whole { status, len, close });
+        // No body: 204 and 304 answers (a `GET` never gets a `HEAD`'s).
+        if matches!(status, 204 | 304) {
+            return Ok(whole(body_start, close));
+        }
+        if chunked {
+            return Ok(chunked_end(buf, body_start)?.and_then(|len| whole(len, close)));
+        }
+        let Some(length) = content_length else {
+            // The body runs to the close: whole once the server has closed.
+            return Ok(eof.then(|| whole(buf.len(), true)).flatten());
+        };
+        let len = body_start
+            .checked_add(length)
+            .ok_or_else(|| bad("bad content-length"))?;
+        return Ok((buf.len() >= len).then(|| whole(len, close)).flatten());
     }
-    let whole = |len| Some(Whole { status, len, close });
-    // No body: informational, 204 and 304 answers (a `GET` never gets a `HEAD`'s).
-    if matches!(status, 100..=199 | 204 | 304) {
-        return Ok(whole(body_start));
-    }
-    if chunked {
-        return Ok(chunked_end(buf, body_start)?.and_then(whole));
-    }
-    let len = body_start
-        .checked_add(content_length.unwrap_or(0))
-        .ok_or_else(|| bad("bad content-length"))?;
-    Ok((buf.len() >= len).then(|| whole(len)).flatten())
 }
 
 /// Where a chunked body that starts at `at` ends (after its last chunk and trailers), if `buf`
@@ -264,14 +286,17 @@ mod tests {
     #[test]
     fn parses_whole_responses_only() {
         let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-        assert_eq!(parse_response(ok).unwrap(), kept(200, ok.len()));
-        assert_eq!(parse_response(&ok[..ok.len() - 1]).unwrap(), None);
-        assert_eq!(parse_response(&ok[..10]).unwrap(), None);
+        assert_eq!(parse_response(ok, false).unwrap(), kept(200, ok.len()));
+        assert_eq!(parse_response(&ok[..ok.len() - 1], false).unwrap(), None);
+        assert_eq!(parse_response(&ok[..10], false).unwrap(), None);
         let two = [&ok[..], b"HTTP/1.1 429 Too Many"].concat();
-        assert_eq!(parse_response(&two).unwrap(), kept(200, ok.len()));
+        assert_eq!(parse_response(&two, false).unwrap(), kept(200, ok.len()));
         let chunked = b"HTTP/1.1 429 Too Many Requests\r\nTransfer-Encoding: chunked\r\n\r\n2\r\nno\r\n0\r\n\r\n";
-        assert_eq!(parse_response(chunked).unwrap(), kept(429, chunked.len()));
-        assert!(parse_response(b"SSH-2.0-x\r\n\r\n").is_err());
+        assert_eq!(
+            parse_response(chunked, false).unwrap(),
+            kept(429, chunked.len())
+        );
+        assert!(parse_response(b"SSH-2.0-x\r\n\r\n", false).is_err());
     }
 
     /// A chunked body ends at its last chunk, read chunk by chunk: not at a `0\r\n\r\n` inside
@@ -294,22 +319,65 @@ mod tests {
             let next = "HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\n\r\n";
             let two = format!("{whole}{next}");
             assert_eq!(
-                parse_response(two.as_bytes()).unwrap(),
+                parse_response(two.as_bytes(), false).unwrap(),
                 kept(200, whole.len()),
                 "{body:?}"
             );
             for cut in 0..whole.len() {
                 assert_eq!(
-                    parse_response(&whole.as_bytes()[..cut]).unwrap(),
+                    parse_response(&whole.as_bytes()[..cut], false).unwrap(),
                     None,
                     "{body:?} cut at {cut}"
                 );
             }
         }
         for bad in ["zz\r\nok\r\n0\r\n\r\n", "2\r\nokXX0\r\n\r\n"] {
-            let got = parse_response(format!("{head}{bad}").as_bytes());
+            let got = parse_response(format!("{head}{bad}").as_bytes(), false);
             assert!(got.is_err(), "{bad:?}: {got:?}");
         }
+    }
+
+    /// Interim (1xx) responses are read past to the final one, whose status counts and whose
+    /// length includes them; an incomplete final response is not whole.
+    #[test]
+    fn interim_responses_are_read_past() {
+        let interim = "HTTP/1.1 103 Early Hints\r\nlink: </a>; rel=preload\r\n\r\n\
+                       HTTP/1.1 100 Continue\r\n\r\n";
+        let last = "HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
+        let whole = format!("{interim}{last}");
+        assert_eq!(
+            parse_response(whole.as_bytes(), false).unwrap(),
+            kept(200, whole.len())
+        );
+        assert_eq!(parse_response(interim.as_bytes(), false).unwrap(), None);
+    }
+
+    /// An HTTP/1.0 response closes its connection unless it says keep-alive; a body with
+    /// neither a length nor chunks runs to the close, and is whole only then.
+    #[test]
+    fn responses_that_end_with_the_connection_close_it() {
+        let old = b"HTTP/1.0 200 OK\r\ncontent-length: 2\r\n\r\nok";
+        let closes = |buf: &[u8], eof| parse_response(buf, eof).unwrap().map(|w| w.close);
+        assert_eq!(closes(old, false), Some(true));
+        let kept_alive =
+            b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 2\r\n\r\nok";
+        assert_eq!(closes(kept_alive, false), Some(false));
+        let to_close = b"HTTP/1.1 200 OK\r\n\r\nok";
+        assert_eq!(parse_response(to_close, false).unwrap(), None);
+        assert_eq!(
+            parse_response(to_close, true).unwrap(),
+            Some(Whole {
+                status: 200,
+                len: to_close.len(),
+                close: true
+            })
+        );
+        // 204 and 304 have no body, whatever they say.
+        let empty = b"HTTP/1.1 204 No Content\r\n\r\n";
+        assert_eq!(
+            parse_response(empty, false).unwrap(),
+            kept(204, empty.len())
+        );
     }
 
     /// A response saying `connection: close` is told so; the next request goes over a new
@@ -319,7 +387,7 @@ mod tests {
         let closing =
             b"HTTP/1.1 200 OK\r\nconnection: keep-alive, Close\r\ncontent-length: 0\r\n\r\n";
         assert_eq!(
-            parse_response(closing).unwrap(),
+            parse_response(closing, false).unwrap(),
             Some(Whole {
                 status: 200,
                 len: closing.len(),
@@ -358,7 +426,7 @@ mod tests {
     #[test]
     fn malformed_responses_are_errors() {
         let bare = b"HTTP/1.1 200\r\ncontent-length: 0\r\n\r\n";
-        assert_eq!(parse_response(bare).unwrap(), kept(200, bare.len()));
+        assert_eq!(parse_response(bare, false).unwrap(), kept(200, bare.len()));
         for bad in [
             &b"HTTP/1.1 2001 OK\r\ncontent-length: 0\r\n\r\n"[..],
             b"HTTP/1.1 4290\r\ncontent-length: 0\r\n\r\n",
@@ -366,7 +434,7 @@ mod tests {
             b"HTTP/1.1 200 OK\r\ncontent-length: 18446744073709551615\r\n\r\n",
             b"HTTP/1.1 200 OK\r\ncontent-length: two\r\n\r\nok",
         ] {
-            let got = parse_response(bad);
+            let got = parse_response(bad, false);
             assert!(got.is_err(), "{:?}: {got:?}", String::from_utf8_lossy(bad));
         }
     }

@@ -245,8 +245,8 @@ impl RedisServerBuilder {
 
     /// [`start`](Self::start), returning why the server did not start instead of panicking:
     /// its log (a configuration line it refused, say), or the temporary directory or files it
-    /// could not make, or `redis-server` missing or not runnable. It still panics if it finds
-    /// no free port in 200 tries.
+    /// could not make, or `redis-server` or `redis-cli` missing, or `redis-server` not runnable.
+    /// It still panics if it finds no free port in 200 tries.
     pub fn try_start(self) -> Result<RedisServer, String> {
         let port = free_port(self.cluster);
         self.try_start_on(port)
@@ -260,6 +260,12 @@ impl RedisServerBuilder {
     }
 
     fn try_start_on(self, port: u16) -> Result<RedisServer, String> {
+        // Asked once the server runs (its readiness, its process id).
+        if find("redis-cli").is_none() {
+            return Err(
+                "redis-cli not found: run ./scripts/test.sh, which installs redis-tools".into(),
+            );
+        }
         let dir = tempfile::Builder::new()
             .prefix("redis-harness-")
             .tempdir()
