@@ -1051,6 +1051,13 @@ impl KeyExtractor for GlobalKey {
 /// `Router::nest` instead (its routes are matched: `/api/users/{id}`), or key such a mount with a
 /// closure on a fixed prefix. Combine it with a client key to limit each client per route:
 /// `(RouteKey::new(), ApiKeyHeader::new("x-api-key")?)`.
+///
+/// A request built to reset a client ([`Resetter::reset`](crate::Resetter::reset) from an admin
+/// route) has no `MatchedPath`, which only a router sets: it names its route with a
+/// [`ResetRoute`] in its extensions, else it names `<unmatched>`. A handler's reset with its
+/// own request finds the route its router matched: under a `nest_service` mount, the mounted
+/// router's (`/login`), not the `<unmatched>` a layer outside the mount counted; there, build
+/// the request without a route, or put the layer inside the mount.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RouteKey {
     _priv: (),
@@ -1064,6 +1071,39 @@ impl RouteKey {
     }
 }
 
+/// The route a request built for a reset names, for [`RouteKey`]: put in its extensions in place
+/// of axum's `MatchedPath`, which only a router sets, so that an admin route can reset a client
+/// of a policy keyed by the route (a router's `MatchedPath` comes first). Only for requests
+/// built for a [`Resetter`](crate::Resetter): in a request the layer checks, it would name the
+/// key counted.
+///
+/// ```
+/// use tower_ratelimit::key::{ApiKeyHeader, ResetRoute, RouteKey};
+/// use tower_ratelimit::{Algorithm, Limit, MemoryStore, Policy, Quota, RateLimitLayer, RequestHead, http};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(3)?)?;
+/// let policy = Policy::new("login", limit)?.key((RouteKey::new(), ApiKeyHeader::new("x-user")?));
+/// let layer = RateLimitLayer::new(MemoryStore::new(), policy)?;
+/// // Support lets alice try `GET /login` again (the route as the router declares it).
+/// let mut alice = http::Request::get("/login").header("x-user", "alice").body(())?;
+/// alice.extensions_mut().insert(ResetRoute::new("/login"));
+/// layer.resetter().reset(&RequestHead::of(&alice)).await?;
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Debug, Clone)]
+pub struct ResetRoute(std::sync::Arc<str>);
+
+impl ResetRoute {
+    /// `route` as the router declares it (`/users/{id}`), as axum's `MatchedPath` gives it.
+    #[must_use]
+    pub fn new(route: &str) -> Self {
+        ResetRoute(route.into())
+    }
+}
+
 impl KeyExtractor for RouteKey {
     fn extract(&self, req: &RequestHead<'_>, key: &mut KeyBuf) -> Result<(), NoKey> {
         key.push(method_name(req.method()).as_bytes());
@@ -1071,6 +1111,12 @@ impl KeyExtractor for RouteKey {
         #[cfg(feature = "axum")]
         if let Some(path) = req.extensions().get::<axum::extract::MatchedPath>() {
             key.push(path.as_str().as_bytes());
+            return Ok(());
+        }
+        // A request built for a reset, naming its route (looked for only here, off the path of
+        // matched requests).
+        if let Some(route) = req.extensions().get::<ResetRoute>() {
+            key.push(route.0.as_bytes());
             return Ok(());
         }
         // A request that only carries a client's address, made by `Resetter::reset_ip`, has

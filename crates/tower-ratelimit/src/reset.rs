@@ -165,7 +165,8 @@ impl<St: Reset> Resetter<St> {
     /// made of several parts (a tuple, [`or`](crate::key::or)), and keys written by a
     /// [`from_fn`](crate::key::from_fn) closure not said to write one value
     /// ([`FromFn::one_part`](crate::key::FromFn::one_part)), are not one value: reset those
-    /// with [`reset`](Resetter::reset) and a request built to carry what the extractor reads.
+    /// with [`reset`](Resetter::reset) and a request built to carry what the extractor reads
+    /// (the route of [`RouteKey`](crate::key::RouteKey): a [`ResetRoute`](crate::key::ResetRoute)).
     /// For any of these (see [`KeyExtractor::one_value`](crate::key::KeyExtractor::one_value)),
     /// this answers [`ResetError::NotOneValue`] (counted as `no_key`) and resets nothing.
     ///

@@ -90,6 +90,44 @@ async fn a_successful_login_forgets_the_users_failed_attempts() {
     assert_eq!(send(&app, attempt("bob", "hunter2")).await.status(), 429);
 }
 
+/// An admin route resets a client of a policy keyed by route and user with a request built for
+/// it: axum's `MatchedPath` is set only by a router, so the request names its route with
+/// `key::ResetRoute`. Without it, the built request names no route (`<unmatched>`), a key that
+/// no request to `/login` has, and the client stays limited.
+#[tokio::test]
+async fn an_admin_resets_a_route_keyed_client_with_a_request_naming_the_route() {
+    use tower_ratelimit::key::{ResetRoute, RouteKey};
+    async fn unblock<St: ratelimit_core::Reset>(
+        State(limits): State<Resetter<St>>,
+        req: Request,
+    ) -> StatusCode {
+        let mut target = attempt("alice", "");
+        if req.headers().contains_key("x-name-route") {
+            target.extensions_mut().insert(ResetRoute::new("/login"));
+        }
+        match limits.reset(&RequestHead::of(&target)).await {
+            Ok(()) => StatusCode::NO_CONTENT,
+            Err(_) => StatusCode::INTERNAL_SERVER_ERROR,
+        }
+    }
+    let (_clock, store) = store();
+    let policy = Policy::new("login", login_limit())
+        .unwrap()
+        .key((RouteKey::new(), ApiKeyHeader::new("x-user").unwrap()));
+    let layer = RateLimitLayer::new(store, policy).unwrap();
+    let app = Router::new()
+        .route("/login", get(|| async { "ok" }).route_layer(layer.clone()))
+        .route("/admin/unblock", get(unblock::<common::TestStore>))
+        .with_state(layer.resetter());
+    let login = || attempt("alice", "");
+    assert_eq!(statuses(&app, login, 4).await, [200, 200, 200, 429]);
+    assert_eq!(send(&app, request("/admin/unblock")).await.status(), 204);
+    assert_eq!(statuses(&app, login, 1).await, [429], "no route named");
+    let named = with_header(request("/admin/unblock"), "x-name-route", "1");
+    assert_eq!(send(&app, named).await.status(), 204);
+    assert_eq!(statuses(&app, login, 4).await, [200, 200, 200, 429]);
+}
+
 /// The response of a handler that reset its own client tells the full quota the client's next
 /// request starts from, as a `reset_on` layer's does; its verdict keeps the check's decision.
 /// Over a store that answers at once and one that makes the check wait.
