@@ -1528,13 +1528,23 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
 }
 
 /// [`forget`](Leasing::forget); resets unheard leave the leases as they are (see
-/// [`Forget::forget_unheard`]).
+/// [`Forget::forget_unheard`]), but their answers no longer say how late their reset may be.
 impl<S, C> Forget for Leasing<S, C> {
     fn forget(&self, key: &[u8], limit_fingerprint: u64) {
         Leasing::forget(self, key, limit_fingerprint);
     }
 
-    fn forget_unheard(&self) {}
+    fn forget_unheard(&self) {
+        // The store's answer each lease reports (its remaining and reset) may describe a state a
+        // missed reset forgot: its lag unknown (see `Decision::with_reset_lag`), so that a
+        // `DenialCache` above implies no denial from the lease's admissions, which would outlast
+        // the store's. The key's next store answer says it again.
+        for shard in &self.shared.shards {
+            for entry in shard.lock().values() {
+                entry.lock().reset_lag = u64::MAX;
+            }
+        }
+    }
 }
 
 /// Resets the key in the wrapped store. The key's lease on this gateway ends when the reset is

@@ -95,7 +95,9 @@ pub trait Forget {
     /// every denial ([`clear`](crate::DenialCache::clear): one more store call per client, never
     /// a stale denial); `Leasing` keeps its leases (a lease a missed reset should have ended
     /// admits at most its own units beyond a full quota, within leasing's bound of one lease per
-    /// gateway, and ends when spent or expired).
+    /// gateway, and ends when spent or expired), whose answers, until the key's next store
+    /// answer, imply no denial to a `DenialCache` above (their reset may be the forgotten
+    /// state's).
     fn forget_unheard(&self);
 }
 

@@ -549,3 +549,32 @@ fn forget_through_the_trait() {
     Forget::forget(&leasing, b"k", limit.fingerprint());
     assert_eq!(leasing.outstanding_units(), 0);
 }
+
+/// A lease a missed reset should have ended is kept (`forget_unheard`), and admits its units; but
+/// a `DenialCache` above it implies no denial from its last unit's answer, whose reset is the
+/// forgotten state's: it would deny a client the store admits, for as long as that state would
+/// have. Four an hour, a lease of four: one spent, a reset unheard, three more from the lease;
+/// the fifth is admitted (the store, reset, has room).
+#[test]
+fn a_cache_over_a_lease_kept_across_unheard_resets_implies_no_stale_denial() {
+    use ratelimit_core::{Forget, Leasing};
+    let clock = ManualClock::new();
+    let shared = Arc::new(store(&clock));
+    let leasing = Leasing::builder(Arc::clone(&shared), clock.clone())
+        .lease_size(4)
+        .build()
+        .unwrap();
+    let cache = DenialCache::new(leasing.clone(), clock.clone());
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(4).unwrap()).unwrap();
+    assert!(now(cache.check(b"alice", &limit, 1)).unwrap().is_allowed());
+    // Another gateway resets alice; this one's watch, subscribed again, applies what it may
+    // have missed, innermost first.
+    shared.reset_now(b"alice", &limit);
+    Forget::forget_unheard(&leasing);
+    Forget::forget_unheard(&cache);
+    for _ in 0..3 {
+        assert!(now(cache.check(b"alice", &limit, 1)).unwrap().is_allowed());
+    }
+    let fifth = now(cache.check(b"alice", &limit, 1)).unwrap();
+    assert!(fifth.is_allowed(), "{fifth:?}");
+}
