@@ -177,6 +177,10 @@ fn parse_response(buf: &[u8], eof: bool) -> io::Result<Option<Whole>> {
         if !(100..=999).contains(&status) {
             return Err(bad("bad status code"));
         }
+        // 101 Switching Protocols ends HTTP on the connection; this client never asks for it.
+        if status == 101 {
+            return Err(bad("101 Switching Protocols, never asked for"));
+        }
         // An interim response (103 Early Hints, say) has no body, and the final one follows.
         if (100..=199).contains(&status) {
             start = body_start;
@@ -184,8 +188,7 @@ fn parse_response(buf: &[u8], eof: bool) -> io::Result<Option<Whole>> {
         }
         let mut content_length = None;
         let mut chunked = false;
-        // HTTP/1.0 closes the connection after the response unless it says keep-alive.
-        let (mut close, mut keep_alive) = (response.version == Some(0), false);
+        let (mut close, mut keep_alive) = (false, false);
         for header in response.headers.iter() {
             let value = header.value.trim_ascii();
             if header.name.eq_ignore_ascii_case("content-length") {
@@ -207,9 +210,9 @@ fn parse_response(buf: &[u8], eof: bool) -> io::Result<Option<Whole>> {
                 }
             }
         }
-        if response.version == Some(0) && keep_alive {
-            close = false;
-        }
+        // HTTP/1.0 closes the connection after the response unless it says keep-alive; `close`
+        // wins over `keep-alive` (RFC 9112, 9.3).
+        close |= response.version == Some(0) && !keep_alive;
         let whole = |len, close| Some(Whole { status, len, close });
         // No body: 204 and 304 answers (a `GET` never gets a `HEAD`'s).
         if matches!(status, 204 | 304) {
@@ -362,6 +365,11 @@ mod tests {
         let kept_alive =
             b"HTTP/1.0 200 OK\r\nconnection: keep-alive\r\ncontent-length: 2\r\n\r\nok";
         assert_eq!(closes(kept_alive, false), Some(false));
+        let both =
+            b"HTTP/1.0 200 OK\r\nconnection: close, keep-alive\r\ncontent-length: 2\r\n\r\nok";
+        assert_eq!(closes(both, false), Some(true), "close wins");
+        // A protocol switch, never asked for, is an error rather than a wait for a final answer.
+        assert!(parse_response(b"HTTP/1.1 101 Switching Protocols\r\n\r\n", false).is_err());
         let to_close = b"HTTP/1.1 200 OK\r\n\r\nok";
         assert_eq!(parse_response(to_close, false).unwrap(), None);
         assert_eq!(

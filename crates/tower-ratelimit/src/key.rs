@@ -1055,9 +1055,9 @@ impl KeyExtractor for GlobalKey {
 /// A request built to reset a client ([`Resetter::reset`](crate::Resetter::reset) from an admin
 /// route) has no `MatchedPath`, which only a router sets: it names its route with a
 /// [`ResetRoute`] in its extensions, else it names `<unmatched>`. A handler's reset with its
-/// own request finds the route its router matched: under a `nest_service` mount, the mounted
-/// router's (`/login`), not the `<unmatched>` a layer outside the mount counted; there, build
-/// the request without a route, or put the layer inside the mount.
+/// own request finds the route its router matched: under a `nest_service("/auth", ..)` mount,
+/// the mounted router's (`/auth/login`), not the `<unmatched>` a layer outside the mount
+/// counted; there, build the request without a route, or put the layer inside the mount.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct RouteKey {
     _priv: (),
@@ -1086,7 +1086,7 @@ impl RouteKey {
 /// let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(3)?)?;
 /// let policy = Policy::new("login", limit)?.key((RouteKey::new(), ApiKeyHeader::new("x-user")?));
 /// let layer = RateLimitLayer::new(MemoryStore::new(), policy)?;
-/// // Support lets alice try `GET /login` again (the route as the router declares it).
+/// // Support lets alice try `GET /login` again (the route as `MatchedPath` gives it).
 /// let mut alice = http::Request::get("/login").header("x-user", "alice").body(())?;
 /// alice.extensions_mut().insert(ResetRoute::new("/login"));
 /// layer.resetter().reset(&RequestHead::of(&alice)).await?;
@@ -1097,7 +1097,8 @@ impl RouteKey {
 pub struct ResetRoute(std::sync::Arc<str>);
 
 impl ResetRoute {
-    /// `route` as the router declares it (`/users/{id}`), as axum's `MatchedPath` gives it.
+    /// `route` as axum's `MatchedPath` gives it: the route as declared, after the prefixes of
+    /// the `Router::nest` calls above it (`/api/users/{id}` for `/users/{id}` nested at `/api`).
     #[must_use]
     pub fn new(route: &str) -> Self {
         ResetRoute(route.into())
