@@ -316,6 +316,10 @@ struct Entry {
     reset_lag: u64,
     quota_index: u32,
     answered_seq: u64,
+    /// The last check number given (`report_seq`) when resets may have gone unheard
+    /// (`forget_unheard`): an answer to a check numbered up to it may be of a state a missed
+    /// reset forgot, and leaves `reset_lag` unknown.
+    unheard_seq: u64,
     /// The checks of the key sent to the store (lease requests, and checks straight to the store
     /// while the key has an entry), numbered in the order they were sent: the last number given.
     report_seq: u64,
@@ -399,7 +403,12 @@ impl Entry {
             return;
         }
         let reset_at = at.saturating_add(micros(d.reset_after()));
-        let reset_lag = at.saturating_sub(sent);
+        // Sent before resets went unheard: its reset may be the forgotten state's.
+        let reset_lag = if seq <= self.unheard_seq {
+            u64::MAX
+        } else {
+            at.saturating_sub(sent)
+        };
         let quota_index = u32::try_from(d.quota_index()).unwrap_or(u32::MAX);
         if seq > self.answered_seq {
             self.answered_seq = seq;
@@ -1538,10 +1547,13 @@ impl<S, C> Forget for Leasing<S, C> {
         // The store's answer each lease reports (its remaining and reset) may describe a state a
         // missed reset forgot: its lag unknown (see `Decision::with_reset_lag`), so that a
         // `DenialCache` above implies no denial from the lease's admissions, which would outlast
-        // the store's. The key's next store answer says it again.
+        // the store's. The answer to the key's next check sent to the store says it again.
+        // Answers to checks sent before now, come later, keep it unknown (`unheard_seq`).
         for shard in &self.shared.shards {
             for entry in shard.lock().values() {
-                entry.lock().reset_lag = u64::MAX;
+                let mut e = entry.lock();
+                e.reset_lag = u64::MAX;
+                e.unheard_seq = e.report_seq;
             }
         }
     }

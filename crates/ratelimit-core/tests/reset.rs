@@ -578,3 +578,90 @@ fn a_cache_over_a_lease_kept_across_unheard_resets_implies_no_stale_denial() {
     let fifth = now(cache.check(b"alice", &limit, 1)).unwrap();
     assert!(fifth.is_allowed(), "{fifth:?}");
 }
+
+/// A store decided by `store` when a check is sent, answered only once `open`.
+struct Gated {
+    store: Arc<MemoryStore<ManualClock>>,
+    open: Arc<AtomicBool>,
+}
+
+struct GatedCheck {
+    decided: ratelimit_core::Decision,
+    open: Arc<AtomicBool>,
+}
+
+impl Future for GatedCheck {
+    type Output = Result<ratelimit_core::Decision, std::convert::Infallible>;
+
+    fn poll(self: std::pin::Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+        if self.open.load(Ordering::Acquire) {
+            Poll::Ready(Ok(self.decided))
+        } else {
+            Poll::Pending
+        }
+    }
+}
+
+impl Store for Gated {
+    type Error = std::convert::Infallible;
+    type Future = GatedCheck;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> GatedCheck {
+        GatedCheck {
+            decided: self.store.check_now(key, limit, cost),
+            open: Arc::clone(&self.open),
+        }
+    }
+}
+
+/// The same, for checks decided before the missed reset and answered after `forget_unheard`: a
+/// lease request (its lease is of the forgotten state too), and a check straight to the store
+/// (a cost above what the lease holds), whose answer must not make the kept lease's answers
+/// trusted again. 4 (then 8) an hour, leases of 4.
+#[test]
+fn answers_in_flight_across_unheard_resets_imply_no_stale_denial() {
+    use ratelimit_core::{Forget, Leasing};
+    for (per_hour, first_cost) in [(4, None), (8, Some(4))] {
+        let clock = ManualClock::new();
+        let shared = Arc::new(store(&clock));
+        let open = Arc::new(AtomicBool::new(true));
+        let gated = Gated {
+            store: Arc::clone(&shared),
+            open: Arc::clone(&open),
+        };
+        let leasing = Leasing::builder(gated, clock.clone())
+            .lease_size(4)
+            .build()
+            .unwrap();
+        let cache = DenialCache::new(leasing.clone(), clock.clone());
+        let limit =
+            Limit::single(Algorithm::TokenBucket, Quota::per_hour(per_hour).unwrap()).unwrap();
+        if first_cost.is_some() {
+            // A lease of 4 taken, 3 left in it.
+            assert!(now(cache.check(b"alice", &limit, 1)).unwrap().is_allowed());
+        }
+        open.store(false, Ordering::Release);
+        // A lease request (or, with 3 left in the lease, a check of 4 straight to the store),
+        // decided now, answered after the reset and the forget.
+        let mut in_flight = pin!(cache.check(b"alice", &limit, first_cost.unwrap_or(1)));
+        let mut cx = Context::from_waker(Waker::noop());
+        assert!(in_flight.as_mut().poll(&mut cx).is_pending());
+        shared.reset_now(b"alice", &limit);
+        Forget::forget_unheard(&leasing);
+        Forget::forget_unheard(&cache);
+        open.store(true, Ordering::Release);
+        let Poll::Ready(answer) = in_flight.as_mut().poll(&mut cx) else {
+            panic!("answered once open");
+        };
+        assert!(answer.unwrap().is_allowed());
+        for i in 0..3 {
+            let d = now(cache.check(b"alice", &limit, 1)).unwrap();
+            assert!(d.is_allowed(), "{per_hour}: {i}: {d:?}");
+        }
+        let next = now(cache.check(b"alice", &limit, 1)).unwrap();
+        assert!(
+            next.is_allowed(),
+            "{per_hour}: the store, reset, has room: {next:?}"
+        );
+    }
+}
