@@ -1455,8 +1455,15 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
                             e.saw_answer(e.fetch_report_seq, e.fetch_resets, sent, answered, &d);
                             // Outlived a reset: no unit kept, and the key's last answer taken
                             // may be from before the reset: this check's is the store's own.
-                            if outlived { d } else { e.decision(sent) }
+                            // Else the remaining reported is the key's, which an answer sent
+                            // before resets went unheard may have lowered (its lag then unknown).
+                            if outlived {
+                                (d, false)
+                            } else {
+                                (e.decision(sent), e.reset_lag == u64::MAX)
+                            }
                         });
+                        let (local, lag_unknown) = local;
                         if want > cost {
                             sh.counters.leases.fetch_add(1, Ordering::Relaxed);
                             sh.counters.leased_units.fetch_add(want, Ordering::Relaxed);
@@ -1468,7 +1475,12 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
                             local.remaining(),
                             d.reset_after(),
                             d.quota_index(),
-                        );
+                        )
+                        .with_reset_lag(if lag_unknown {
+                            u64::MAX
+                        } else {
+                            0
+                        });
                         self.as_mut().project().state.set(St::Done);
                         return Poll::Ready(Ok(answer));
                     }

@@ -579,10 +579,34 @@ fn a_cache_over_a_lease_kept_across_unheard_resets_implies_no_stale_denial() {
     assert!(fifth.is_allowed(), "{fifth:?}");
 }
 
-/// A store decided by `store` when a check is sent, answered only once `open`.
+/// A store decided by `store` when a check is sent, and answered once its gate is open: each
+/// check's gate is open from the start unless `gating`, and kept in `gates` in sending order.
+#[derive(Clone)]
 struct Gated {
     store: Arc<MemoryStore<ManualClock>>,
-    open: Arc<AtomicBool>,
+    gating: Arc<AtomicBool>,
+    gates: Arc<std::sync::Mutex<Vec<Arc<AtomicBool>>>>,
+}
+
+impl Gated {
+    fn new(store: &Arc<MemoryStore<ManualClock>>) -> Self {
+        Gated {
+            store: Arc::clone(store),
+            gating: Arc::default(),
+            gates: Arc::default(),
+        }
+    }
+
+    /// Checks sent from now on wait for their gate (`true`), or not.
+    fn hold(&self, hold: bool) {
+        self.gating.store(hold, Ordering::Release);
+    }
+
+    /// Answers the check sent `back` checks ago (0: the last).
+    fn answer(&self, back: usize) {
+        let gates = self.gates.lock().unwrap();
+        gates[gates.len() - 1 - back].store(true, Ordering::Release);
+    }
 }
 
 struct GatedCheck {
@@ -607,10 +631,20 @@ impl Store for Gated {
     type Future = GatedCheck;
 
     fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> GatedCheck {
+        let open = Arc::new(AtomicBool::new(!self.gating.load(Ordering::Acquire)));
+        self.gates.lock().unwrap().push(Arc::clone(&open));
         GatedCheck {
             decided: self.store.check_now(key, limit, cost),
-            open: Arc::clone(&self.open),
+            open,
         }
+    }
+}
+
+/// Polls `check` once: its answer if it has come.
+fn poll_once<F: Future>(check: std::pin::Pin<&mut F>) -> Option<F::Output> {
+    match check.poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(out) => Some(out),
+        Poll::Pending => None,
     }
 }
 
@@ -624,12 +658,8 @@ fn answers_in_flight_across_unheard_resets_imply_no_stale_denial() {
     for (per_hour, first_cost) in [(4, None), (8, Some(4))] {
         let clock = ManualClock::new();
         let shared = Arc::new(store(&clock));
-        let open = Arc::new(AtomicBool::new(true));
-        let gated = Gated {
-            store: Arc::clone(&shared),
-            open: Arc::clone(&open),
-        };
-        let leasing = Leasing::builder(gated, clock.clone())
+        let gated = Gated::new(&shared);
+        let leasing = Leasing::builder(gated.clone(), clock.clone())
             .lease_size(4)
             .build()
             .unwrap();
@@ -640,19 +670,17 @@ fn answers_in_flight_across_unheard_resets_imply_no_stale_denial() {
             // A lease of 4 taken, 3 left in it.
             assert!(now(cache.check(b"alice", &limit, 1)).unwrap().is_allowed());
         }
-        open.store(false, Ordering::Release);
+        gated.hold(true);
         // A lease request (or, with 3 left in the lease, a check of 4 straight to the store),
         // decided now, answered after the reset and the forget.
         let mut in_flight = pin!(cache.check(b"alice", &limit, first_cost.unwrap_or(1)));
-        let mut cx = Context::from_waker(Waker::noop());
-        assert!(in_flight.as_mut().poll(&mut cx).is_pending());
+        assert!(poll_once(in_flight.as_mut()).is_none());
         shared.reset_now(b"alice", &limit);
         Forget::forget_unheard(&leasing);
         Forget::forget_unheard(&cache);
-        open.store(true, Ordering::Release);
-        let Poll::Ready(answer) = in_flight.as_mut().poll(&mut cx) else {
-            panic!("answered once open");
-        };
+        gated.hold(false);
+        gated.answer(0);
+        let answer = poll_once(in_flight.as_mut()).expect("answered once open");
         assert!(answer.unwrap().is_allowed());
         for i in 0..3 {
             let d = now(cache.check(b"alice", &limit, 1)).unwrap();
@@ -664,4 +692,52 @@ fn answers_in_flight_across_unheard_resets_imply_no_stale_denial() {
             "{per_hour}: the store, reset, has room: {next:?}"
         );
     }
+}
+
+/// A lease request sent after `forget_unheard`, whose answer comes after a check sent before it
+/// (of the forgotten state: "0 left" of its window) and one sent after it: the lease's own answer
+/// reports the key's remaining as the older answer lowered it, and implies no denial to the
+/// cache above. A fixed window of 4 an hour, leases of 1: two spent, then a lease request (A) and
+/// a direct check (D, the window's last unit) in flight across the reset and the forget; A
+/// answered; then a lease request (F) and a direct check (E); answered E, D, F.
+#[test]
+fn a_lease_answered_after_an_older_check_implies_no_stale_denial() {
+    use ratelimit_core::{Forget, Leasing};
+    let clock = ManualClock::new();
+    let shared = Arc::new(store(&clock));
+    let gated = Gated::new(&shared);
+    let leasing = Leasing::builder(gated.clone(), clock.clone())
+        .lease_size(1)
+        .build()
+        .unwrap();
+    let cache = DenialCache::new(leasing.clone(), clock.clone());
+    let limit = Limit::single(Algorithm::FixedWindow, Quota::per_hour(4).unwrap()).unwrap();
+    for _ in 0..2 {
+        assert!(now(cache.check(b"alice", &limit, 1)).unwrap().is_allowed());
+    }
+    gated.hold(true);
+    let mut a = pin!(cache.check(b"alice", &limit, 1));
+    assert!(poll_once(a.as_mut()).is_none());
+    let mut d = pin!(cache.check(b"alice", &limit, 1));
+    assert!(poll_once(d.as_mut()).is_none());
+    shared.reset_now(b"alice", &limit);
+    Forget::forget_unheard(&leasing);
+    Forget::forget_unheard(&cache);
+    gated.answer(1);
+    assert!(poll_once(a.as_mut()).unwrap().unwrap().is_allowed());
+    let mut f = pin!(cache.check(b"alice", &limit, 1));
+    assert!(poll_once(f.as_mut()).is_none());
+    let mut e = pin!(cache.check(b"alice", &limit, 1));
+    assert!(poll_once(e.as_mut()).is_none());
+    gated.answer(0);
+    assert!(poll_once(e.as_mut()).unwrap().unwrap().is_allowed());
+    gated.answer(2);
+    let old = poll_once(d.as_mut()).unwrap().unwrap();
+    assert!(old.is_allowed() && old.remaining() == 0, "{old:?}");
+    gated.answer(1);
+    assert!(poll_once(f.as_mut()).unwrap().unwrap().is_allowed());
+    gated.hold(false);
+    assert_eq!(shared.check_now(b"alice", &limit, 0).remaining(), 2);
+    let next = now(cache.check(b"alice", &limit, 1)).unwrap();
+    assert!(next.is_allowed(), "the store, reset, has room: {next:?}");
 }
