@@ -1423,7 +1423,7 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
                         let answered = sh.clock.now().as_micros();
                         let rtt = answered.saturating_sub(sent);
                         sh.saw_round_trip(rtt);
-                        let local = finish(&ctx.entry, |e| {
+                        let (local, lag_unknown) = finish(&ctx.entry, |e| {
                             e.rtt = rtt;
                             if want > cost && sent.saturating_add(ttl) <= answered {
                                 // Expired on its way: the checks that waited for its units go to
@@ -1463,7 +1463,6 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
                                 (e.decision(sent), e.reset_lag == u64::MAX)
                             }
                         });
-                        let (local, lag_unknown) = local;
                         if want > cost {
                             sh.counters.leases.fetch_add(1, Ordering::Relaxed);
                             sh.counters.leased_units.fetch_add(want, Ordering::Relaxed);
