@@ -557,21 +557,11 @@ fn forget_through_the_trait() {
 /// the fifth is admitted (the store, reset, has room).
 #[test]
 fn a_cache_over_a_lease_kept_across_unheard_resets_implies_no_stale_denial() {
-    use ratelimit_core::{Forget, Leasing};
-    let clock = ManualClock::new();
-    let shared = Arc::new(store(&clock));
-    let leasing = Leasing::builder(Arc::clone(&shared), clock.clone())
-        .lease_size(4)
-        .build()
-        .unwrap();
-    let cache = DenialCache::new(leasing.clone(), clock.clone());
+    let gw = &Gateway::new(4);
+    let cache = &gw.cache;
     let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(4).unwrap()).unwrap();
     assert!(now(cache.check(b"alice", &limit, 1)).unwrap().is_allowed());
-    // Another gateway resets alice; this one's watch, subscribed again, applies what it may
-    // have missed, innermost first.
-    shared.reset_now(b"alice", &limit);
-    Forget::forget_unheard(&leasing);
-    Forget::forget_unheard(&cache);
+    gw.reset_unheard(b"alice", &limit);
     for _ in 0..3 {
         assert!(now(cache.check(b"alice", &limit, 1)).unwrap().is_allowed());
     }
@@ -640,6 +630,43 @@ impl Store for Gated {
     }
 }
 
+/// A gateway's stack over the shared store: a `DenialCache` over `Leasing` (leases of the size
+/// given) over the store behind a `Gated` link.
+struct Gateway {
+    shared: Arc<MemoryStore<ManualClock>>,
+    gated: Gated,
+    leasing: ratelimit_core::Leasing<Gated, ManualClock>,
+    cache: DenialCache<ratelimit_core::Leasing<Gated, ManualClock>, ManualClock>,
+}
+
+impl Gateway {
+    fn new(lease_size: u64) -> Self {
+        let clock = ManualClock::new();
+        let shared = Arc::new(store(&clock));
+        let gated = Gated::new(&shared);
+        let leasing = ratelimit_core::Leasing::builder(gated.clone(), clock.clone())
+            .lease_size(lease_size)
+            .build()
+            .unwrap();
+        let cache = DenialCache::new(leasing.clone(), clock);
+        Gateway {
+            shared,
+            gated,
+            leasing,
+            cache,
+        }
+    }
+
+    /// Another gateway resets `key`; this one's watch, subscribed again, applies what it may
+    /// have missed, innermost first.
+    fn reset_unheard(&self, key: &[u8], limit: &Limit) {
+        use ratelimit_core::Forget;
+        self.shared.reset_now(key, limit);
+        Forget::forget_unheard(&self.leasing);
+        Forget::forget_unheard(&self.cache);
+    }
+}
+
 /// Polls `check` once: its answer if it has come.
 fn poll_once<F: Future>(check: std::pin::Pin<&mut F>) -> Option<F::Output> {
     match check.poll(&mut Context::from_waker(Waker::noop())) {
@@ -654,16 +681,9 @@ fn poll_once<F: Future>(check: std::pin::Pin<&mut F>) -> Option<F::Output> {
 /// trusted again. 4 (then 8) an hour, leases of 4.
 #[test]
 fn answers_in_flight_across_unheard_resets_imply_no_stale_denial() {
-    use ratelimit_core::{Forget, Leasing};
     for (per_hour, first_cost) in [(4, None), (8, Some(4))] {
-        let clock = ManualClock::new();
-        let shared = Arc::new(store(&clock));
-        let gated = Gated::new(&shared);
-        let leasing = Leasing::builder(gated.clone(), clock.clone())
-            .lease_size(4)
-            .build()
-            .unwrap();
-        let cache = DenialCache::new(leasing.clone(), clock.clone());
+        let gw = &Gateway::new(4);
+        let (gated, cache) = (&gw.gated, &gw.cache);
         let limit =
             Limit::single(Algorithm::TokenBucket, Quota::per_hour(per_hour).unwrap()).unwrap();
         if first_cost.is_some() {
@@ -675,9 +695,7 @@ fn answers_in_flight_across_unheard_resets_imply_no_stale_denial() {
         // decided now, answered after the reset and the forget.
         let mut in_flight = pin!(cache.check(b"alice", &limit, first_cost.unwrap_or(1)));
         assert!(poll_once(in_flight.as_mut()).is_none());
-        shared.reset_now(b"alice", &limit);
-        Forget::forget_unheard(&leasing);
-        Forget::forget_unheard(&cache);
+        gw.reset_unheard(b"alice", &limit);
         gated.hold(false);
         gated.answer(0);
         let answer = poll_once(in_flight.as_mut()).expect("answered once open");
@@ -702,15 +720,8 @@ fn answers_in_flight_across_unheard_resets_imply_no_stale_denial() {
 /// answered; then a lease request (F) and a direct check (E); answered E, D, F.
 #[test]
 fn a_lease_answered_after_an_older_check_implies_no_stale_denial() {
-    use ratelimit_core::{Forget, Leasing};
-    let clock = ManualClock::new();
-    let shared = Arc::new(store(&clock));
-    let gated = Gated::new(&shared);
-    let leasing = Leasing::builder(gated.clone(), clock.clone())
-        .lease_size(1)
-        .build()
-        .unwrap();
-    let cache = DenialCache::new(leasing.clone(), clock.clone());
+    let gw = &Gateway::new(1);
+    let (gated, cache) = (&gw.gated, &gw.cache);
     let limit = Limit::single(Algorithm::FixedWindow, Quota::per_hour(4).unwrap()).unwrap();
     for _ in 0..2 {
         assert!(now(cache.check(b"alice", &limit, 1)).unwrap().is_allowed());
@@ -720,9 +731,7 @@ fn a_lease_answered_after_an_older_check_implies_no_stale_denial() {
     assert!(poll_once(a.as_mut()).is_none());
     let mut d = pin!(cache.check(b"alice", &limit, 1));
     assert!(poll_once(d.as_mut()).is_none());
-    shared.reset_now(b"alice", &limit);
-    Forget::forget_unheard(&leasing);
-    Forget::forget_unheard(&cache);
+    gw.reset_unheard(b"alice", &limit);
     gated.answer(1);
     assert!(poll_once(a.as_mut()).unwrap().unwrap().is_allowed());
     let mut f = pin!(cache.check(b"alice", &limit, 1));
@@ -737,7 +746,7 @@ fn a_lease_answered_after_an_older_check_implies_no_stale_denial() {
     gated.answer(1);
     assert!(poll_once(f.as_mut()).unwrap().unwrap().is_allowed());
     gated.hold(false);
-    assert_eq!(shared.check_now(b"alice", &limit, 0).remaining(), 2);
+    assert_eq!(gw.shared.check_now(b"alice", &limit, 0).remaining(), 2);
     let next = now(cache.check(b"alice", &limit, 1)).unwrap();
     assert!(next.is_allowed(), "the store, reset, has room: {next:?}");
 }
