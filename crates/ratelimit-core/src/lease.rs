@@ -279,6 +279,11 @@ struct Shared<S, C> {
     round_trip: AtomicU64,
 }
 
+/// An entry's `reset_lag` when its reset may be of a state a missed reset forgot (see
+/// [`Forget::forget_unheard`]): too long for a decision to say, so that a `DenialCache` above
+/// implies no denial from it.
+const UNKNOWN_LAG: u64 = u64::MAX;
+
 type EntryRef = Arc<Mutex<Entry>>;
 type Map = HashMap<u128, EntryRef, BuildIdHasher>;
 
@@ -405,7 +410,7 @@ impl Entry {
         let reset_at = at.saturating_add(micros(d.reset_after()));
         // Sent before resets went unheard: its reset may be the forgotten state's.
         let reset_lag = if seq <= self.unheard_seq {
-            u64::MAX
+            UNKNOWN_LAG
         } else {
             at.saturating_sub(sent)
         };
@@ -1423,7 +1428,7 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
                         let answered = sh.clock.now().as_micros();
                         let rtt = answered.saturating_sub(sent);
                         sh.saw_round_trip(rtt);
-                        let (local, lag_unknown) = finish(&ctx.entry, |e| {
+                        let (local, lag) = finish(&ctx.entry, |e| {
                             e.rtt = rtt;
                             if want > cost && sent.saturating_add(ttl) <= answered {
                                 // Expired on its way: the checks that waited for its units go to
@@ -1458,9 +1463,11 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
                             // Else the remaining reported is the key's, which an answer sent
                             // before resets went unheard may have lowered (its lag then unknown).
                             if outlived {
-                                (d, false)
+                                (d, 0)
+                            } else if e.reset_lag == UNKNOWN_LAG {
+                                (e.decision(sent), UNKNOWN_LAG)
                             } else {
-                                (e.decision(sent), e.reset_lag == u64::MAX)
+                                (e.decision(sent), 0)
                             }
                         });
                         if want > cost {
@@ -1475,11 +1482,7 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
                             d.reset_after(),
                             d.quota_index(),
                         )
-                        .with_reset_lag(if lag_unknown {
-                            u64::MAX
-                        } else {
-                            0
-                        });
+                        .with_reset_lag(lag);
                         self.as_mut().project().state.set(St::Done);
                         return Poll::Ready(Ok(answer));
                     }
@@ -1563,7 +1566,7 @@ impl<S, C> Forget for Leasing<S, C> {
         for shard in &self.shared.shards {
             for entry in shard.lock().values() {
                 let mut e = entry.lock();
-                e.reset_lag = u64::MAX;
+                e.reset_lag = UNKNOWN_LAG;
                 e.unheard_seq = e.report_seq;
             }
         }

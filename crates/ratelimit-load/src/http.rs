@@ -151,7 +151,8 @@ struct Whole {
     status: u16,
     /// Its length in bytes, head and body.
     len: usize,
-    /// It said `connection: close`: the server closes the connection after it.
+    /// The server closes the connection after it (`connection: close`, HTTP/1.0 without
+    /// keep-alive, a body that runs to the close).
     close: bool,
 }
 

@@ -94,10 +94,9 @@ fn achieved_rate(completed: u64, elapsed: Duration, rate: f64) -> f64 {
 }
 
 /// Starts a `redis-server` for the run if it needs one and was given no URL. A server that does
-/// not start is an error: a usage error if it starts without the `--redis-config` lines (one of
-/// them is what it refused); so is a panic of the harness's (no temporary directory, a
-/// `redis-server` that cannot be run), without the panic's own message, so that the tool exits
-/// with its usual message and status.
+/// not start (the harness says why: its log, no temporary directory, a `redis-server` that
+/// cannot be run) is an error: a usage error if it starts without the `--redis-config` lines
+/// (one of them is what it refused).
 fn start_redis_if_needed(config: &mut Config) -> Result<Option<RedisServer>, Error> {
     if config.store != StoreKind::Redis || config.redis_url.is_some() {
         return Ok(None);
@@ -110,26 +109,11 @@ fn start_redis_if_needed(config: &mut Config) -> Result<Option<RedisServer>, Err
                 .to_owned(),
         ));
     }
-    let start = |lines: &[String]| -> Result<RedisServer, String> {
-        let lines = lines.to_vec();
-        // The harness's panic becomes the tool's message: the default hook, which would print
-        // it first, is set aside meanwhile (nothing else runs yet to panic in that moment).
-        let hook = std::panic::take_hook();
-        std::panic::set_hook(Box::new(|_| {}));
-        let started = std::panic::catch_unwind(move || {
-            lines
-                .iter()
-                .fold(RedisServer::builder(), |b, line| b.config(line.as_str()))
-                .try_start()
-        });
-        std::panic::set_hook(hook);
-        started.unwrap_or_else(|panic| {
-            Err(panic
-                .downcast_ref::<String>()
-                .cloned()
-                .or_else(|| panic.downcast_ref::<&str>().map(|s| (*s).to_owned()))
-                .unwrap_or_else(|| "unknown reason".to_owned()))
-        })
+    let start = |lines: &[String]| {
+        lines
+            .iter()
+            .fold(RedisServer::builder(), |b, line| b.config(line.as_str()))
+            .try_start()
     };
     let server = start(&config.redis_config).map_err(|why| {
         // A server that starts without the `--redis-config` lines refused one of them: a bad

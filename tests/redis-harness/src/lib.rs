@@ -186,10 +186,11 @@ pub fn redis_server_installed() -> bool {
     find("redis-server").is_some() && find("redis-cli").is_some()
 }
 
-fn binary(name: &str) -> PathBuf {
-    find(name).unwrap_or_else(|| {
-        panic!("{name} not found: run ./scripts/test.sh, which installs redis-tools")
-    })
+const CLI_MISSING: &str = "redis-cli not found: run ./scripts/test.sh, which installs redis-tools";
+
+/// `redis-cli` (the harness's one other binary), found on the `PATH`.
+fn redis_cli() -> PathBuf {
+    find("redis-cli").unwrap_or_else(|| panic!("{CLI_MISSING}"))
 }
 
 /// Settings for a [`RedisServer`]: extra `redis.conf` lines.
@@ -262,9 +263,7 @@ impl RedisServerBuilder {
     fn try_start_on(self, port: u16) -> Result<RedisServer, String> {
         // Asked once the server runs (its readiness, its process id).
         if find("redis-cli").is_none() {
-            return Err(
-                "redis-cli not found: run ./scripts/test.sh, which installs redis-tools".into(),
-            );
+            return Err(CLI_MISSING.into());
         }
         let dir = tempfile::Builder::new()
             .prefix("redis-harness-")
@@ -651,7 +650,7 @@ fn output_within(command: &mut Command, timeout: Duration) -> Result<Output, Str
 /// come before `args`: the credentials, or the TLS settings.
 fn try_cli(port: u16, options: &[String], args: &[&str]) -> Result<String, String> {
     let out = output_within(
-        Command::new(binary("redis-cli"))
+        Command::new(redis_cli())
             .arg("-h")
             .arg("127.0.0.1")
             .arg("-p")

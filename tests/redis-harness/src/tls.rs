@@ -458,7 +458,7 @@ mod tests {
         let s = TlsRedisServer::start_requiring_client_certificates();
         assert_eq!(s.cli(&["ping"]), "PONG");
         let out = crate::output_within(
-            Command::new(crate::binary("redis-cli"))
+            Command::new(crate::redis_cli())
                 .args(["--tls", "--cacert"])
                 .arg(s.ca_path())
                 .args(["-h", "127.0.0.1", "-p", &s.port().to_string(), "ping"]),
