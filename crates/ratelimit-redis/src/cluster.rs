@@ -68,6 +68,7 @@ impl Manager {
     /// `certs`, with the `tls-rustls` feature only, are the roots the client verifies the nodes
     /// against and the certificate it presents to them.
     pub(crate) fn new(
+        runtime: tokio::runtime::Handle,
         infos: Vec<ConnectionInfo>,
         certs: Option<crate::store::ClusterCertificates>,
         connect_timeout: Duration,
@@ -99,6 +100,7 @@ impl Manager {
         Ok(Manager {
             client,
             nodes: Arc::new(Nodes {
+                runtime,
                 template,
                 connect_timeout,
                 ping_after_idle,
@@ -182,6 +184,9 @@ pub(crate) struct Connection {
 /// The store's own connections to nodes that redirections name (`MOVED`, `ASK`), made from the
 /// first node's settings, kept per node and shared by the store's connections.
 struct Nodes {
+    /// The store's runtime, where side connections are made (and so driven) unless the check
+    /// that needs one is on a multi-thread runtime (see [`crate::spawn`]).
+    runtime: tokio::runtime::Handle,
     /// The first node's settings (credentials, TLS), for connecting to other nodes.
     template: Option<ConnectionInfo>,
     connect_timeout: Duration,
@@ -572,7 +577,8 @@ impl Nodes {
                     state.opening = Some(rx.clone());
                     let (nodes, cell, (host, port)) =
                         (Arc::clone(self), Arc::clone(cell), key.clone());
-                    tokio::spawn(async move {
+                    let runtime = nodes.runtime.clone();
+                    crate::spawn::spawn(&runtime, async move {
                         let made = nodes.connect(&host, port).await;
                         {
                             let mut state = lock(&cell);
@@ -776,6 +782,7 @@ mod tests {
     ) -> (Arc<Nodes>, redis::Script, Cmd) {
         use redis::IntoConnectionInfo;
         let nodes = Arc::new(Nodes {
+            runtime: tokio::runtime::Handle::current(),
             template: Some(proxy.url().into_connection_info().unwrap()),
             connect_timeout,
             ping_after_idle,

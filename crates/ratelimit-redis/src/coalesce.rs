@@ -88,11 +88,16 @@ pub const DEFAULT_QUEUE_CALLS: usize = 4;
 /// freed when their turn comes, not for new checks: those would join the back of a queue whose
 /// front is already waiting too long.)
 ///
-/// Needs a Tokio runtime to coalesce: each busy key is served by a spawned task.
+/// Needs a Tokio runtime to coalesce: each busy key is served by a spawned task, on the runtime
+/// of the check that starts it if that is a multi-thread runtime, else on the runtime the store
+/// was built on (a current-thread runtime whose `block_on` returned would leave the task
+/// unpolled, and the key's checks from every other runtime waiting: see
+/// [`RedisStoreBuilder::build`](crate::RedisStoreBuilder::build)).
 ///
 /// Metrics: `ratelimit_redis_coalesced_checks_total` counts the checks that rode in another's
 /// call (store calls saved), `ratelimit_redis_coalescing_overflow_total` the checks sent on their
-/// own (past a full queue, or made outside a runtime); [`stats`](Coalescing::stats) gives the
+/// own (past a full queue, or made outside a runtime; counted when sent, at their first poll in a
+/// runtime); [`stats`](Coalescing::stats) gives the
 /// same counts (once the calls in flight have ended: a check whose caller gave up is counted as
 /// abandoned when its turn comes).
 ///
@@ -120,9 +125,21 @@ pub trait ScriptStore:
 }
 
 mod sealed {
-    pub trait Sealed {}
-    impl Sealed for crate::RedisStore {}
-    impl Sealed for crate::LazyRedisStore {}
+    pub trait Sealed {
+        /// The runtime the store was made on, where a key's task runs unless the check that
+        /// starts it is on a multi-thread runtime (see [`crate::spawn`]).
+        fn home(&self) -> &tokio::runtime::Handle;
+    }
+    impl Sealed for crate::RedisStore {
+        fn home(&self) -> &tokio::runtime::Handle {
+            self.runtime()
+        }
+    }
+    impl Sealed for crate::LazyRedisStore {
+        fn home(&self) -> &tokio::runtime::Handle {
+            self.runtime()
+        }
+    }
 }
 
 impl ScriptStore for RedisStore {
@@ -319,20 +336,20 @@ impl<S: ScriptStore> Coalescing<S> {
             qk,
             armed: true,
         };
-        tokio::spawn(drive(guard, self.store.clone()));
+        crate::spawn::spawn(self.store.home(), drive(guard, self.store.clone()));
         CoalesceFuture {
             state: Answer::Later(rx),
         }
     }
 
-    /// `key`'s check sent on its own (a full queue, or no runtime).
+    /// `key`'s check sent on its own (a full queue, or no runtime): counted as a call when it
+    /// is sent (see [`Answer::Alone`]).
     fn alone(&self, key: &[u8], limit: &Limit, cost: u64) -> CoalesceFuture {
-        metrics::counter!(crate::metrics::COALESCING_OVERFLOW_TOTAL).increment(1);
-        self.shared.overflowed.fetch_add(1, Ordering::Relaxed);
-        self.shared.calls.fetch_add(1, Ordering::Relaxed);
-        self.shared.largest.fetch_max(1, Ordering::Relaxed);
         CoalesceFuture {
-            state: Answer::Alone(self.store.check(key, limit, cost)),
+            state: Answer::Alone {
+                check: self.store.check(key, limit, cost),
+                uncounted: Some(Arc::clone(&self.shared)),
+            },
         }
     }
 }
@@ -482,15 +499,20 @@ pub struct CoalesceFuture {
 
 enum Answer {
     Later(oneshot::Receiver<Result<Decision, RedisStoreError>>),
-    /// Sent on its own (a full queue, or no runtime).
-    Alone(CheckFuture),
+    /// Sent on its own (a full queue, or no runtime). Counted as a call (and an overflow) at its
+    /// first poll inside a Tokio runtime, where the store's future starts sending it (a poll
+    /// outside one only yields; see `in_runtime`): a caller that gives up before sends nothing.
+    Alone {
+        check: CheckFuture,
+        uncounted: Option<Arc<Shared>>,
+    },
 }
 
 impl fmt::Debug for CoalesceFuture {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match self.state {
             Answer::Later(_) => "queued",
-            Answer::Alone(_) => "alone",
+            Answer::Alone { .. } => "alone",
         };
         f.debug_struct("CoalesceFuture")
             .field("state", &state)
@@ -512,7 +534,18 @@ impl Future for CoalesceFuture {
                 })),
                 Poll::Pending => Poll::Pending,
             },
-            Answer::Alone(check) => check.as_mut().poll(cx),
+            Answer::Alone { check, uncounted } => {
+                if uncounted.is_some()
+                    && tokio::runtime::Handle::try_current().is_ok()
+                    && let Some(shared) = uncounted.take()
+                {
+                    metrics::counter!(crate::metrics::COALESCING_OVERFLOW_TOTAL).increment(1);
+                    shared.overflowed.fetch_add(1, Ordering::Relaxed);
+                    shared.calls.fetch_add(1, Ordering::Relaxed);
+                    shared.largest.fetch_max(1, Ordering::Relaxed);
+                }
+                check.as_mut().poll(cx)
+            }
         }
     }
 }

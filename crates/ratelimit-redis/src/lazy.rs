@@ -42,8 +42,10 @@ use crate::store::{
 /// - once an attempt succeeds, every check goes to the [`RedisStore`] it built, which mends its
 ///   own connections from then on.
 ///
-/// The task runs on the runtime that made the store. If that runtime shuts down first (a store
-/// shared by several runtimes), the next check made on another runtime starts the task again.
+/// The task runs on the runtime that made the store, or, started again by a check on a
+/// multi-thread runtime, on that one (see [`build`](RedisStoreBuilder::build) for why not a
+/// current-thread runtime's). If its runtime shuts down first (a store shared by several
+/// runtimes), the next check starts the task again.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -83,6 +85,9 @@ struct Inner {
     /// Told when the store is dropped, so that the task that retries ends then rather than at
     /// its next attempt (up to `retry_every` later).
     dropped: Arc<tokio::sync::Notify>,
+    /// The runtime the store was made on, where the task that retries runs unless the check
+    /// that starts it is on a multi-thread runtime (see [`crate::spawn`]).
+    runtime: tokio::runtime::Handle,
 }
 
 impl Drop for Inner {
@@ -113,6 +118,9 @@ impl LazyRedisStore {
                 "must be from 1 ms to an hour",
             ));
         }
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            RedisStoreError::config("runtime", "the store must be built inside a Tokio runtime")
+        })?;
         let started = Instant::now();
         let warned = Mutex::new(Warned::default());
         let (store, error) = match builder.clone().build().await {
@@ -135,6 +143,7 @@ impl LazyRedisStore {
                 last: Mutex::new((started, error)),
                 warned,
                 dropped: Arc::default(),
+                runtime,
             }),
         };
         if !store.is_connected() {
@@ -162,6 +171,11 @@ impl LazyRedisStore {
         self.inner.store.get().is_some()
     }
 
+    /// The runtime the store was made on (see [`crate::spawn`]).
+    pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.inner.runtime
+    }
+
     /// The built store, once an attempt reached Redis: for [`RedisStore::state_keys`] and the
     /// like.
     #[must_use]
@@ -179,11 +193,8 @@ impl LazyRedisStore {
         }
     }
 
-    /// Starts the task that retries, unless it runs (or there is no runtime to run it on).
+    /// Starts the task that retries, unless it runs.
     fn retry(&self) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
         if self.inner.retrying.swap(true, Ordering::AcqRel) {
             return;
         }
@@ -191,7 +202,7 @@ impl LazyRedisStore {
         // dropped, or the task dropped with its runtime, even unrun), so that a later check can
         // start it again.
         let retrying = Retrying(Arc::downgrade(&self.inner), Arc::clone(&self.inner.dropped));
-        runtime.spawn(retrying.run());
+        crate::spawn::spawn(&self.inner.runtime, retrying.run());
     }
 
     /// The last attempt's error (and the task that retries started again, if it no longer runs).
@@ -218,6 +229,7 @@ impl From<RedisStore> for LazyRedisStore {
     fn from(store: RedisStore) -> Self {
         LazyRedisStore {
             inner: Arc::new(Inner {
+                runtime: store.runtime().clone(),
                 cluster: store.is_cluster(),
                 response_timeout: Store::response_timeout(&store).unwrap_or(MAX_TIMEOUT),
                 builder: None,

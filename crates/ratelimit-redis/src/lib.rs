@@ -102,6 +102,7 @@ pub mod metrics;
 mod reply;
 mod scripts;
 mod silence;
+mod spawn;
 mod store;
 mod turns;
 pub mod watch;

@@ -90,6 +90,9 @@ struct Inner {
     /// The nodes' connection settings, for [`RedisStore::watch_resets`]'s own connection.
     infos: Box<[redis::ConnectionInfo]>,
     connect_timeout: Duration,
+    /// The runtime the store was built on, where its own tasks run unless the check that needs
+    /// one is on a multi-thread runtime (see [`crate::spawn`]).
+    runtime: tokio::runtime::Handle,
     /// The origin of the slots' [`Silence`] times.
     epoch: tokio::time::Instant,
     /// Woken whenever a slot's connection is installed: a check waiting for its own slot's
@@ -366,6 +369,12 @@ impl RedisStore {
     /// Whether this store is on a Redis Cluster.
     pub fn is_cluster(&self) -> bool {
         matches!(self.inner.backend, Backend::Cluster(_))
+    }
+
+    /// The runtime the store was built on, where its own tasks run (see
+    /// [`build`](RedisStoreBuilder::build)).
+    pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
+        &self.inner.runtime
     }
 
     /// Settings for a store on one Redis server (or a primary behind a proxy), from a URL:
@@ -816,7 +825,8 @@ impl Inner {
         {
             // Silent for the response timeout: a probe, in a task of its own so that this
             // check's caller giving up does not cancel it.
-            tokio::spawn(Arc::clone(self).probe(slot, generation, conn.clone(), probing));
+            let probe = Arc::clone(self).probe(slot, generation, conn.clone(), probing);
+            crate::spawn::spawn(&self.runtime, probe);
         }
         Unanswered {
             inner: self,
@@ -913,11 +923,7 @@ impl Inner {
         let Some(watching) = Claimed::claim(self, i, watching) else {
             return;
         };
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            // No runtime (a check dropped outside one): the next check probes, as before.
-            return;
-        };
-        runtime.spawn(async move {
+        crate::spawn::spawn(&self.runtime, async move {
             let mut watching = watching;
             loop {
                 let inner = Arc::clone(&watching.inner);
@@ -1183,7 +1189,7 @@ impl Inner {
                     slot: i,
                     done: false,
                 };
-                tokio::spawn(async move {
+                crate::spawn::spawn(&self.runtime, async move {
                     opening.inner.open_slot(opening.slot).await;
                     opening.finished();
                 });
@@ -1579,8 +1585,19 @@ impl RedisStoreBuilder {
     }
 
     /// Checks the settings, opens the connections and loads the scripts.
+    ///
+    /// The store's own tasks (its connections' openings and I/O, the probes of a silent
+    /// connection, [`Coalescing`](crate::Coalescing)'s batches) run on the runtime of the check
+    /// that needs one if it is a multi-thread runtime, else on the Tokio runtime this is awaited
+    /// in (a current-thread runtime runs its tasks only while something drives it: a check's
+    /// task left there after its `block_on` returned would keep other runtimes' checks waiting).
+    /// For checks made on current-thread runtimes, keep the runtime the store was built on
+    /// running. Awaited outside a Tokio runtime, it fails with a `Config` error (`runtime`).
     pub async fn build(mut self) -> Result<RedisStore, RedisStoreError> {
         crate::metrics::describe();
+        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+            RedisStoreError::config("runtime", "the store must be built inside a Tokio runtime")
+        })?;
         validate_prefix(&self.prefix)?;
         // The cluster client makes its own connections from the node addresses, and with
         // native-tls it takes no certificate: refused rather than silently unused.
@@ -1675,6 +1692,7 @@ impl RedisStoreBuilder {
                 cluster::client_connect_timeout(self.connect_timeout, self.response_timeout)
             };
             let manager = cluster::Manager::new(
+                runtime.clone(),
                 infos,
                 self.cluster_certificates(),
                 self.connect_timeout,
@@ -1747,6 +1765,7 @@ impl RedisStoreBuilder {
             reset_channel,
             infos: watch_infos,
             connect_timeout: self.connect_timeout,
+            runtime,
         });
         // Open every connection now, so a wrong address or password fails here, and load the
         // scripts (on every node of a cluster) so the first checks need no NOSCRIPT round trip.

@@ -1344,3 +1344,71 @@ async fn a_replica_given_as_the_server_fails_the_build_until_promoted() {
     let store = build().await.unwrap();
     assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
 }
+
+/// A connection reopened for a check made on a current-thread runtime that then goes idle is not
+/// driven from that runtime: the opening (and with it the connection's I/O task, which redis-rs
+/// spawns where the connection is made) runs on the store's runtime, so that the main runtime's
+/// checks on it are answered. Before, they timed out until the silence probe replaced the
+/// connection, each counted as a failure by a circuit breaker.
+#[test]
+fn a_connection_reopened_for_a_runtime_that_goes_idle_serves_the_others() {
+    let main = common::runtime();
+    let server = RedisServer::start();
+    let store = main.block_on(async {
+        RedisStore::builder(server.url())
+            .prefix(unique_prefix("idle-rt-conn"))
+            .pool_size(1)
+            .response_timeout(Duration::from_millis(500))
+            .build()
+            .await
+            .unwrap()
+    });
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
+    main.block_on(store.check(b"k", &limit, 1)).unwrap();
+    server.cli(&["client", "kill", "type", "normal"]);
+    let side = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    // The first check on the side runtime finds the connection closed; a later one finds it
+    // reopened (within the reconnect gap's retries).
+    let reopened = side.block_on(async {
+        for _ in 0..50 {
+            if let Ok(d) = store.check(b"k", &limit, 1).await {
+                return Some(d.remaining());
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        None
+    });
+    assert_eq!(reopened, Some(998), "reopened for the side runtime's check");
+    // The side runtime is idle from here on; the main runtime's checks use the connection.
+    let remaining: Vec<_> = main.block_on(async {
+        let mut out = Vec::new();
+        for _ in 0..3 {
+            out.push(store.check(b"k", &limit, 1).await.map(|d| d.remaining()));
+        }
+        out
+    });
+    assert_eq!(
+        remaining.into_iter().map(Result::ok).collect::<Vec<_>>(),
+        [Some(997), Some(996), Some(995)]
+    );
+}
+
+/// A store built outside a Tokio runtime (its tasks would have nowhere to run) is a typed
+/// configuration error, not a panic; the lazy store's too.
+#[test]
+fn a_store_built_outside_a_tokio_runtime_is_a_configuration_error() {
+    let server = RedisServer::start();
+    let builder = || RedisStore::builder(server.url()).prefix(unique_prefix("no-rt"));
+    for result in [
+        futures::executor::block_on(builder().build()).map(|_| ()),
+        futures::executor::block_on(builder().build_lazy(Duration::from_secs(1))).map(|_| ()),
+    ] {
+        match result {
+            Err(RedisStoreError::Config { name, .. }) => assert_eq!(name, "runtime"),
+            other => panic!("{other:?}"),
+        }
+    }
+}

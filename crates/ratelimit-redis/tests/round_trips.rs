@@ -591,8 +591,10 @@ fn coalescing_recovers_from_a_task_that_ended_with_its_runtime() {
         "coalesce-shutdown",
         Duration::from_millis(500),
         |c, limit| {
-            // The key's task is spawned on this runtime, which shuts down during its window.
-            let gave_up = tokio::runtime::Builder::new_current_thread()
+            // The key's task is spawned on this (multi-thread) runtime, which shuts down during
+            // its window.
+            let gave_up = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(1)
                 .enable_all()
                 .build()
                 .unwrap()
@@ -604,29 +606,108 @@ fn coalescing_recovers_from_a_task_that_ended_with_its_runtime() {
     );
 }
 
-/// The same when the key's task never ran at all: spawned on a runtime that is dropped before it
-/// polls the task (the check gave up at once). The queue it was made for is removed with it.
+/// The same when the key's task never ran at all: spawned on a runtime that has shut down, which
+/// drops it unpolled. The queue it was made for is removed with it, and its check fails at once.
 #[test]
 fn coalescing_recovers_from_a_task_dropped_before_its_first_poll() {
     abandoned_then_answered("coalesce-unpolled", Duration::ZERO, |c, limit| {
-        // A current-thread runtime runs its spawned tasks only when the future it blocks on
-        // waits; this one is done at its first poll, so the key's task is dropped with the
-        // runtime unpolled.
-        let pending = tokio::runtime::Builder::new_current_thread()
+        // A multi-thread runtime's handle, entered after the runtime is gone: the key's task is
+        // spawned there (a check's own multi-thread runtime is preferred) and dropped at once.
+        let gone = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
             .enable_all()
             .build()
-            .unwrap()
-            .block_on(async {
-                // Polled once, then dropped: the caller gave up at once.
-                let mut check = std::pin::pin!(c.check(b"k", limit, 1));
-                std::future::poll_fn(|cx| {
-                    let polled = std::future::Future::poll(check.as_mut(), cx);
-                    std::task::Poll::Ready(polled.is_pending())
-                })
-                .await
-            });
-        assert!(pending, "not answered at its first poll");
+            .unwrap();
+        let handle = gone.handle().clone();
+        drop(gone);
+        let check = {
+            let _in = handle.enter();
+            c.check(b"k", limit, 1)
+        };
+        let failed = common::runtime().block_on(check);
+        assert!(failed.is_err(), "its task is gone: {failed:?}");
     });
+}
+
+/// A key's task is not left on a current-thread runtime that stops being driven: the first check
+/// of the key, made on one whose `block_on` returns once it is answered, has the task run on the
+/// store's runtime, so that the key's checks from another runtime, queued behind it, are answered
+/// (on the idle runtime, the batch after the first was sent, spending its tokens, and never
+/// answered; and every later check of the key queued behind it).
+#[test]
+fn coalescing_a_key_first_checked_on_a_runtime_that_goes_idle_answers_the_others() {
+    let main = common::runtime();
+    let server = RedisServer::start();
+    let store = main.block_on(async {
+        RedisStore::builder(server.url())
+            .prefix(unique_prefix("coalesce-idle-rt"))
+            .response_timeout(Duration::from_secs(5))
+            .build()
+            .await
+            .unwrap()
+    });
+    let coalescing = Coalescing::new(store);
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
+    // Kept to the end, never driven again once its `block_on` returns.
+    let side = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    server.pause();
+    let (first, second) = std::thread::scope(|s| {
+        // Made inside the side runtime (made outside any, it would go on its own).
+        let first = s.spawn(|| side.block_on(async { coalescing.check(b"k", &limit, 1).await }));
+        main.block_on(common::until_sent(&coalescing, 1));
+        // Made on the main runtime: queued behind the first.
+        let second = {
+            let _in = main.enter();
+            coalescing.check(b"k", &limit, 1)
+        };
+        server.resume();
+        (first.join().unwrap(), second)
+    });
+    assert_eq!(first.unwrap().remaining(), 999);
+    assert_eq!(
+        coalescing.stats().overflowed,
+        0,
+        "the first started the key's task"
+    );
+    let answer = |check: ratelimit_redis::CoalesceFuture| {
+        main.block_on(async { tokio::time::timeout(Duration::from_secs(10), check).await })
+            .expect("answered")
+            .unwrap()
+    };
+    assert_eq!(answer(second).remaining(), 998);
+    assert_eq!(answer(coalescing.check(b"k", &limit, 1)).remaining(), 997);
+}
+
+/// A check sent on its own (past a full queue) and dropped before it is ever polled sends nothing
+/// and is counted as no call: `store_calls` counts the calls Redis ran.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn coalescing_counts_a_check_sent_alone_as_a_call_only_once_sent() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("coalesce-unsent"))
+        .build()
+        .await
+        .unwrap();
+    let coalescing = Coalescing::new(store).max_queue(0);
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
+    reset_stats(&server);
+    for _ in 0..5 {
+        drop(coalescing.check(b"k", &limit, 1));
+    }
+    assert_eq!(
+        coalescing.check(b"k", &limit, 1).await.unwrap().remaining(),
+        999
+    );
+    let stats = coalescing.stats();
+    assert_eq!(
+        (stats.checks, stats.store_calls, stats.overflowed),
+        (6, 1, 1),
+        "{stats:?}"
+    );
+    assert_eq!(server.script_calls(), 1);
 }
 
 /// A check of key `k` that `abandon` starts and gives up on, on a short-lived runtime, then one

@@ -69,9 +69,14 @@
 //! use tower_ratelimit::{RequestHead, http};
 //! use tower_ratelimit::key::{KeyBuf, KeyExtractor, RouteKey};
 //!
-//! let tenant = |req: &RequestHead<'_>| req.headers().get("x-tenant").cloned();
+//! // A tenant an authentication layer in front checked and put in the request's extensions.
+//! #[derive(Clone)]
+//! struct Tenant(String);
+//!
+//! let tenant = |req: &RequestHead<'_>| req.extensions().get::<Tenant>().map(|t| t.0.clone());
 //! let key = (RouteKey::new(), tenant);
-//! let req = http::Request::post("/upload").header("x-tenant", "acme").body(())?;
+//! let mut req = http::Request::post("/upload").body(())?;
+//! req.extensions_mut().insert(Tenant("acme".into()));
 //! let mut buf = KeyBuf::new();
 //! key.extract(&RequestHead::of(&req), &mut buf)?;
 //! // Outside a router there is no matched route: the route part is the method and the
@@ -86,7 +91,11 @@
 //! takes a closure that writes the key itself: its types are inferred, and it can push bytes it
 //! borrows, with no copy. A header read by hand should be read as [`ApiKeyHeader`] reads one:
 //! once, without the spaces around it (else `acme` and ` acme` are two keys over HTTP/2, and of a
-//! header sent twice an authentication layer may check one value while the key is the other):
+//! header sent twice an authentication layer may check one value while the key is the other).
+//! A closure can only answer [`NoKey`], which cannot tell a header sent twice from none: under
+//! [`or`] or a policy's [`MissingKey::SharedKey`](crate::MissingKey::SharedKey), where such a
+//! request must not count as anonymous (see [`KeyExtractor::unusable`]), read a header with
+//! [`ApiKeyHeader`] (alone or in a tuple), or implement [`KeyExtractor`] with `unusable`:
 //!
 //! ```
 //! use tower_ratelimit::{RequestHead, http};
@@ -975,6 +984,11 @@ impl<F> fmt::Debug for FromFn<F> {
 /// [`ResetError::NotOneValue`](crate::ResetError::NotOneValue) for its key unless told otherwise
 /// with [`FromFn::one_part`]; [`Resetter::reset`](crate::Resetter::reset) resets it with a
 /// request that carries it.
+///
+/// It never says that a request sent its key in a form it cannot use
+/// ([`KeyExtractor::unusable`]): its `NoKey` reads as no key at all, which [`or`] and a policy's
+/// [`MissingKey::SharedKey`](crate::MissingKey::SharedKey) serve as an anonymous request. For a
+/// header, use [`ApiKeyHeader`] (see [the module docs](self)).
 pub fn from_fn<F>(f: F) -> FromFn<F>
 where
     F: Fn(&RequestHead<'_>, &mut KeyBuf) -> Result<(), NoKey> + Send + Sync + 'static,

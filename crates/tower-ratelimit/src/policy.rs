@@ -110,17 +110,19 @@ where
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum MissingKey {
-    /// Reject the request with this status (400 by default) and a plain-text body (`No
-    /// rate-limit key in the request`, followed by what to send if the key's extractor says:
-    /// see [`KeyExtractor::client_hint`]);
+    /// Reject the request with this status (400 by default) and a body in the policy's
+    /// [`DenialBody`](crate::DenialBody) format (plain text by default: `No rate-limit key in
+    /// the request`, followed by what to send if the key's extractor says: see
+    /// [`KeyExtractor::client_hint`]; a gRPC call gets its status mapping, as
+    /// [`DenialBody::Grpc`](crate::DenialBody::Grpc) says);
     /// counted as `outcome="no_key"`. Not 401, 405, 407 or 426, which HTTP requires to carry a
     /// header of their own (for 401 see [`Unauthorized`](MissingKey::Unauthorized)).
     Reject(StatusCode),
     /// Reject the request with `401 Unauthorized`, which HTTP requires to carry a
     /// `WWW-Authenticate` challenge: this value (`Bearer realm="api"`, `ApiKey
-    /// header="x-api-key"`), and a plain-text body (`Unauthorized: this request needs
-    /// credentials`, followed by what to send as for [`Reject`](MissingKey::Reject)). Counted as
-    /// `outcome="no_key"`.
+    /// header="x-api-key"`), and a body in the policy's format as for
+    /// [`Reject`](MissingKey::Reject) (plain text by default: `Unauthorized: this request needs
+    /// credentials`, followed by what to send). Counted as `outcome="no_key"`.
     Unauthorized(http::HeaderValue),
     /// Count every keyless request against this one shared key (kept apart from every extracted
     /// key, even an equal one). A request that sent its key in a form the extractor cannot use
@@ -427,13 +429,18 @@ impl Policy {
     /// use std::collections::HashMap;
     /// use tower_ratelimit::{Algorithm, Limit, Quota};
     /// use tower_ratelimit::Policy;
+    /// use tower_ratelimit::key::{ApiKeyHeader, header_value_trimmed};
     ///
-    /// let plans: HashMap<String, String> =
-    ///     [("key-of-acme".to_owned(), "pro".to_owned())].into_iter().collect();
+    /// // Keyed by the API key's bytes, looked up as `ApiKeyHeader` keys on them (trimmed): a
+    /// // lookup that read the value otherwise (` key-of-acme` over HTTP/2) would count the same
+    /// // key under another tier's limit, a budget of its own.
+    /// let plans: HashMap<Vec<u8>, String> =
+    ///     [(b"key-of-acme".to_vec(), "pro".to_owned())].into_iter().collect();
     /// let policy = Policy::new("api", Limit::single(Algorithm::Gcra, Quota::per_minute(60)?)?)?
     ///     .tier("pro", Limit::single(Algorithm::Gcra, Quota::per_minute(6_000)?)?)?
+    ///     .key(ApiKeyHeader::new("x-api-key")?)
     ///     .resolve_tier_with(plans, |plans, req| {
-    ///         let key = req.headers().get("x-api-key")?.to_str().ok()?;
+    ///         let key = header_value_trimmed(req.headers().get("x-api-key")?);
     ///         plans.get(key).map(String::as_str)
     ///     });
     /// # let _ = policy;
