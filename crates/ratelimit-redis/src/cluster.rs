@@ -68,7 +68,7 @@ impl Manager {
     /// `certs`, with the `tls-rustls` feature only, are the roots the client verifies the nodes
     /// against and the certificate it presents to them.
     pub(crate) fn new(
-        runtime: tokio::runtime::Handle,
+        home: crate::spawn::Home,
         infos: Vec<ConnectionInfo>,
         certs: Option<crate::store::ClusterCertificates>,
         connect_timeout: Duration,
@@ -100,7 +100,7 @@ impl Manager {
         Ok(Manager {
             client,
             nodes: Arc::new(Nodes {
-                runtime,
+                home,
                 template,
                 connect_timeout,
                 ping_after_idle,
@@ -184,9 +184,9 @@ pub(crate) struct Connection {
 /// The store's own connections to nodes that redirections name (`MOVED`, `ASK`), made from the
 /// first node's settings, kept per node and shared by the store's connections.
 struct Nodes {
-    /// The store's runtime, where side connections are made (and so driven) unless the check
-    /// that needs one is on a multi-thread runtime (see [`crate::spawn`]).
-    runtime: tokio::runtime::Handle,
+    /// The store's runtime, where side connections are made (and so driven) if it is a
+    /// multi-thread runtime still running (see [`crate::spawn`]).
+    home: crate::spawn::Home,
     /// The first node's settings (credentials, TLS), for connecting to other nodes.
     template: Option<ConnectionInfo>,
     connect_timeout: Duration,
@@ -577,8 +577,8 @@ impl Nodes {
                     state.opening = Some(rx.clone());
                     let (nodes, cell, (host, port)) =
                         (Arc::clone(self), Arc::clone(cell), key.clone());
-                    let runtime = nodes.runtime.clone();
-                    crate::spawn::spawn(&runtime, async move {
+                    let home = nodes.home.clone();
+                    home.spawn(async move {
                         let made = nodes.connect(&host, port).await;
                         {
                             let mut state = lock(&cell);
@@ -782,7 +782,7 @@ mod tests {
     ) -> (Arc<Nodes>, redis::Script, Cmd) {
         use redis::IntoConnectionInfo;
         let nodes = Arc::new(Nodes {
-            runtime: tokio::runtime::Handle::current(),
+            home: crate::spawn::Home::current().unwrap(),
             template: Some(proxy.url().into_connection_info().unwrap()),
             connect_timeout,
             ping_after_idle,

@@ -89,15 +89,13 @@ pub const DEFAULT_QUEUE_CALLS: usize = 4;
 /// front is already waiting too long.)
 ///
 /// Needs a Tokio runtime to coalesce: each busy key is served by a spawned task, on the runtime
-/// of the check that starts it if that is a multi-thread runtime, else on the runtime the store
-/// was built on (a current-thread runtime whose `block_on` returned would leave the task
-/// unpolled, and the key's checks from every other runtime waiting: see
-/// [`RedisStoreBuilder::build`](crate::RedisStoreBuilder::build)).
+/// the store was built on if that is a multi-thread runtime still running, else on the runtime
+/// of the check that starts it (see [`RedisStoreBuilder::build`](crate::RedisStoreBuilder::build)).
 ///
 /// Metrics: `ratelimit_redis_coalesced_checks_total` counts the checks that rode in another's
 /// call (store calls saved), `ratelimit_redis_coalescing_overflow_total` the checks sent on their
-/// own (past a full queue, or made outside a runtime; counted when sent, at their first poll in a
-/// runtime); [`stats`](Coalescing::stats) gives the
+/// own (past a full queue, or made outside a runtime; counted at their first poll in a runtime);
+/// [`stats`](Coalescing::stats) gives the
 /// same counts (once the calls in flight have ended: a check whose caller gave up is counted as
 /// abandoned when its turn comes).
 ///
@@ -128,16 +126,16 @@ mod sealed {
     pub trait Sealed {
         /// The runtime the store was made on, where a key's task runs unless the check that
         /// starts it is on a multi-thread runtime (see [`crate::spawn`]).
-        fn home(&self) -> &tokio::runtime::Handle;
+        fn home(&self) -> &crate::spawn::Home;
     }
     impl Sealed for crate::RedisStore {
-        fn home(&self) -> &tokio::runtime::Handle {
-            self.runtime()
+        fn home(&self) -> &crate::spawn::Home {
+            self.home()
         }
     }
     impl Sealed for crate::LazyRedisStore {
-        fn home(&self) -> &tokio::runtime::Handle {
-            self.runtime()
+        fn home(&self) -> &crate::spawn::Home {
+            self.home()
         }
     }
 }
@@ -187,15 +185,18 @@ pub struct CoalescingStats {
     /// Checks made.
     pub checks: u64,
     /// Script calls sent to Redis for them (batches, and the checks sent on their own). Over a
-    /// [`LazyRedisStore`] not connected yet, the calls it failed at once count too.
+    /// [`LazyRedisStore`] not connected yet, the calls it failed at once count too. A check sent
+    /// on its own counts from its first poll in a runtime, where the store starts on it, even if
+    /// it is given up before its command is written (its connection still opening).
     pub store_calls: u64,
     /// The most checks sent in one call.
     pub largest_batch: u64,
     /// Checks sent on their own because their key's queue was full, or because they were made
     /// outside a Tokio runtime.
     pub overflowed: u64,
-    /// Queued checks never sent: their callers gave up before their call, or the key's task
-    /// ended without answering (its runtime shut down).
+    /// Checks never sent: queued ones whose callers gave up before their call, or whose key's
+    /// task ended without answering (its runtime shut down); and checks to be sent on their own
+    /// whose callers gave up before polling them in a runtime.
     pub abandoned: u64,
 }
 
@@ -336,14 +337,14 @@ impl<S: ScriptStore> Coalescing<S> {
             qk,
             armed: true,
         };
-        crate::spawn::spawn(self.store.home(), drive(guard, self.store.clone()));
+        sealed::Sealed::home(&self.store).spawn(drive(guard, self.store.clone()));
         CoalesceFuture {
             state: Answer::Later(rx),
         }
     }
 
-    /// `key`'s check sent on its own (a full queue, or no runtime): counted as a call when it
-    /// is sent (see [`Answer::Alone`]).
+    /// `key`'s check sent on its own (a full queue, or no runtime): counted as a call at its
+    /// first poll in a runtime (see [`Answer::Alone`]).
     fn alone(&self, key: &[u8], limit: &Limit, cost: u64) -> CoalesceFuture {
         CoalesceFuture {
             state: Answer::Alone {
@@ -500,8 +501,10 @@ pub struct CoalesceFuture {
 enum Answer {
     Later(oneshot::Receiver<Result<Decision, RedisStoreError>>),
     /// Sent on its own (a full queue, or no runtime). Counted as a call (and an overflow) at its
-    /// first poll inside a Tokio runtime, where the store's future starts sending it (a poll
-    /// outside one only yields; see `in_runtime`): a caller that gives up before sends nothing.
+    /// first poll inside a Tokio runtime, where the store's future starts on it (a poll outside
+    /// one only yields; see `in_runtime`): a caller that gives up before sends nothing, and its
+    /// check is counted as abandoned (see `Drop`). A check given up after that poll is a call,
+    /// whether or not its command was written yet (its connection may still be opening).
     Alone {
         check: CheckFuture,
         uncounted: Option<Arc<Shared>>,
@@ -517,6 +520,21 @@ impl fmt::Debug for CoalesceFuture {
         f.debug_struct("CoalesceFuture")
             .field("state", &state)
             .finish()
+    }
+}
+
+/// A check sent on its own and given up before its first poll in a runtime sent nothing: counted
+/// as abandoned, so that `checks − abandoned − store_calls` stays the checks that rode in
+/// another's call.
+impl Drop for CoalesceFuture {
+    fn drop(&mut self) {
+        if let Answer::Alone {
+            uncounted: Some(shared),
+            ..
+        } = &self.state
+        {
+            shared.abandoned.fetch_add(1, Ordering::Relaxed);
+        }
     }
 }
 

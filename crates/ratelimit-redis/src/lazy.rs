@@ -42,10 +42,10 @@ use crate::store::{
 /// - once an attempt succeeds, every check goes to the [`RedisStore`] it built, which mends its
 ///   own connections from then on.
 ///
-/// The task runs on the runtime that made the store, or, started again by a check on a
-/// multi-thread runtime, on that one (see [`build`](RedisStoreBuilder::build) for why not a
-/// current-thread runtime's). If its runtime shuts down first (a store shared by several
-/// runtimes), the next check starts the task again.
+/// The task runs on the runtime that made the store if that is a multi-thread runtime still
+/// running, else on the runtime of the check that starts it (see
+/// [`build`](RedisStoreBuilder::build)). If its runtime shuts down first (a store shared by
+/// several runtimes), the next check starts the task again, on its own runtime.
 ///
 /// ```no_run
 /// use std::time::Duration;
@@ -85,9 +85,9 @@ struct Inner {
     /// Told when the store is dropped, so that the task that retries ends then rather than at
     /// its next attempt (up to `retry_every` later).
     dropped: Arc<tokio::sync::Notify>,
-    /// The runtime the store was made on, where the task that retries runs unless the check
-    /// that starts it is on a multi-thread runtime (see [`crate::spawn`]).
-    runtime: tokio::runtime::Handle,
+    /// The runtime the store was made on, where the task that retries runs if it is a
+    /// multi-thread runtime still running (see [`crate::spawn`]).
+    home: crate::spawn::Home,
 }
 
 impl Drop for Inner {
@@ -118,7 +118,7 @@ impl LazyRedisStore {
                 "must be from 1 ms to an hour",
             ));
         }
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+        let home = crate::spawn::Home::current().ok_or_else(|| {
             RedisStoreError::config("runtime", "the store must be built inside a Tokio runtime")
         })?;
         let started = Instant::now();
@@ -143,7 +143,7 @@ impl LazyRedisStore {
                 last: Mutex::new((started, error)),
                 warned,
                 dropped: Arc::default(),
-                runtime,
+                home,
             }),
         };
         if !store.is_connected() {
@@ -172,8 +172,8 @@ impl LazyRedisStore {
     }
 
     /// The runtime the store was made on (see [`crate::spawn`]).
-    pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
-        &self.inner.runtime
+    pub(crate) fn home(&self) -> &crate::spawn::Home {
+        &self.inner.home
     }
 
     /// The built store, once an attempt reached Redis: for [`RedisStore::state_keys`] and the
@@ -202,7 +202,7 @@ impl LazyRedisStore {
         // dropped, or the task dropped with its runtime, even unrun), so that a later check can
         // start it again.
         let retrying = Retrying(Arc::downgrade(&self.inner), Arc::clone(&self.inner.dropped));
-        crate::spawn::spawn(&self.inner.runtime, retrying.run());
+        self.inner.home.spawn(retrying.run());
     }
 
     /// The last attempt's error (and the task that retries started again, if it no longer runs).
@@ -229,7 +229,7 @@ impl From<RedisStore> for LazyRedisStore {
     fn from(store: RedisStore) -> Self {
         LazyRedisStore {
             inner: Arc::new(Inner {
-                runtime: store.runtime().clone(),
+                home: store.home().clone(),
                 cluster: store.is_cluster(),
                 response_timeout: Store::response_timeout(&store).unwrap_or(MAX_TIMEOUT),
                 builder: None,

@@ -1,30 +1,94 @@
-//! [`spawn`]: where a store's own tasks run (connections' openings, probes and watches,
+//! [`Home`]: where a store's own tasks run (connections' openings, probes and watches,
 //! [`Coalescing`](crate::Coalescing)'s batches, [`LazyRedisStore`](crate::LazyRedisStore)'s
 //! attempts).
 //!
 //! Other runtimes' checks wait on these tasks, and a connection's I/O is driven by a task that
-//! redis-rs spawns where the connection is made. A current-thread runtime runs its tasks only
-//! while something drives it: a check made in one whose `block_on` then returned would leave
-//! its task unpolled, and every other runtime's checks of its key, or on its connection, waiting
-//! for good. A multi-thread runtime runs its tasks on its workers until it shuts down.
+//! redis-rs spawns where the connection is made. A multi-thread runtime runs its tasks on its
+//! workers until it shuts down; a current-thread runtime only while something drives it (a
+//! check's task left on one whose `block_on` then returned stays unpolled, and every other
+//! runtime's checks of its key, or on its connection, wait for it). So a task goes to the
+//! runtime the store was built on if that is a multi-thread runtime still running, else to the
+//! runtime of the check that needs it (the store's runtime may be gone: a store built on a
+//! set-up runtime and used on others), else, outside any runtime, to the store's.
 
 use std::future::Future;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::task::JoinHandle;
 
-/// Spawns `task` on the current runtime if it is a multi-thread one, else on `home`, the runtime
-/// the store was made on. The current runtime first, so that a store whose home runtime shut
-/// down (a store shared by several runtimes) still mends its connections on the others.
-pub(crate) fn spawn<F>(home: &Handle, task: F) -> JoinHandle<F::Output>
-where
-    F: Future + Send + 'static,
-    F::Output: Send + 'static,
-{
-    match Handle::try_current() {
-        Ok(current) if current.runtime_flavor() != RuntimeFlavor::CurrentThread => {
-            current.spawn(task)
+/// The runtime a store was built on, and whether it still runs. Public in a private module only
+/// for the sealed trait of the stores `Coalescing` wraps.
+#[derive(Clone)]
+pub struct Home {
+    handle: Handle,
+    watch: Arc<Watch>,
+}
+
+impl std::fmt::Debug for Home {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Home")
+            .field("gone", &self.is_gone())
+            .finish_non_exhaustive()
+    }
+}
+
+/// Set when the runtime shuts down: by the drop of a task that waits on it for as long as the
+/// store lives (a runtime drops its tasks as it shuts down). Dropped with the store's last
+/// `Home`, which ends that task.
+struct Watch {
+    gone: Arc<AtomicBool>,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+/// Held by the waiting task: its drop marks the runtime gone (or the store dropped, when no one
+/// reads the mark any more).
+struct Sentinel(Arc<AtomicBool>);
+
+impl Drop for Sentinel {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::Release);
+    }
+}
+
+impl Home {
+    /// The current runtime, or `None` outside one.
+    pub(crate) fn current() -> Option<Home> {
+        let handle = Handle::try_current().ok()?;
+        let gone = Arc::new(AtomicBool::new(false));
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let sentinel = Sentinel(Arc::clone(&gone));
+        handle.spawn(async move {
+            let _sentinel = sentinel;
+            // Ends when the store's last `Home` drops its sender (or with the runtime).
+            let _ = stopped.await;
+        });
+        Some(Home {
+            handle,
+            watch: Arc::new(Watch { gone, _stop: stop }),
+        })
+    }
+
+    /// Whether the runtime has shut down.
+    pub(crate) fn is_gone(&self) -> bool {
+        self.watch.gone.load(Ordering::Acquire)
+    }
+
+    /// Spawns `task`: on this runtime if it is a multi-thread runtime still running, else on the
+    /// current runtime, else (outside any) on this one, running or not (a task dropped unrun
+    /// there is ended by its own guard, as every one of the store's tasks has).
+    pub(crate) fn spawn<F>(&self, task: F) -> JoinHandle<F::Output>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        if self.handle.runtime_flavor() != RuntimeFlavor::CurrentThread && !self.is_gone() {
+            return self.handle.spawn(task);
         }
-        _ => home.spawn(task),
+        match Handle::try_current() {
+            Ok(current) => current.spawn(task),
+            Err(_) => self.handle.spawn(task),
+        }
     }
 }

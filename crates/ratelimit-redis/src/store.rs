@@ -90,9 +90,9 @@ struct Inner {
     /// The nodes' connection settings, for [`RedisStore::watch_resets`]'s own connection.
     infos: Box<[redis::ConnectionInfo]>,
     connect_timeout: Duration,
-    /// The runtime the store was built on, where its own tasks run unless the check that needs
-    /// one is on a multi-thread runtime (see [`crate::spawn`]).
-    runtime: tokio::runtime::Handle,
+    /// The runtime the store was built on, where its own tasks run if it is a multi-thread
+    /// runtime still running (see [`crate::spawn`]).
+    home: crate::spawn::Home,
     /// The origin of the slots' [`Silence`] times.
     epoch: tokio::time::Instant,
     /// Woken whenever a slot's connection is installed: a check waiting for its own slot's
@@ -373,8 +373,8 @@ impl RedisStore {
 
     /// The runtime the store was built on, where its own tasks run (see
     /// [`build`](RedisStoreBuilder::build)).
-    pub(crate) fn runtime(&self) -> &tokio::runtime::Handle {
-        &self.inner.runtime
+    pub(crate) fn home(&self) -> &crate::spawn::Home {
+        &self.inner.home
     }
 
     /// Settings for a store on one Redis server (or a primary behind a proxy), from a URL:
@@ -826,7 +826,7 @@ impl Inner {
             // Silent for the response timeout: a probe, in a task of its own so that this
             // check's caller giving up does not cancel it.
             let probe = Arc::clone(self).probe(slot, generation, conn.clone(), probing);
-            crate::spawn::spawn(&self.runtime, probe);
+            self.home.spawn(probe);
         }
         Unanswered {
             inner: self,
@@ -923,7 +923,7 @@ impl Inner {
         let Some(watching) = Claimed::claim(self, i, watching) else {
             return;
         };
-        crate::spawn::spawn(&self.runtime, async move {
+        self.home.spawn(async move {
             let mut watching = watching;
             loop {
                 let inner = Arc::clone(&watching.inner);
@@ -1189,7 +1189,7 @@ impl Inner {
                     slot: i,
                     done: false,
                 };
-                crate::spawn::spawn(&self.runtime, async move {
+                self.home.spawn(async move {
                     opening.inner.open_slot(opening.slot).await;
                     opening.finished();
                 });
@@ -1587,15 +1587,16 @@ impl RedisStoreBuilder {
     /// Checks the settings, opens the connections and loads the scripts.
     ///
     /// The store's own tasks (its connections' openings and I/O, the probes of a silent
-    /// connection, [`Coalescing`](crate::Coalescing)'s batches) run on the runtime of the check
-    /// that needs one if it is a multi-thread runtime, else on the Tokio runtime this is awaited
-    /// in (a current-thread runtime runs its tasks only while something drives it: a check's
-    /// task left there after its `block_on` returned would keep other runtimes' checks waiting).
-    /// For checks made on current-thread runtimes, keep the runtime the store was built on
-    /// running. Awaited outside a Tokio runtime, it fails with a `Config` error (`runtime`).
+    /// connection, [`Coalescing`](crate::Coalescing)'s batches) run on the Tokio runtime this is
+    /// awaited in if that is a multi-thread runtime still running, else on the runtime of the
+    /// check that needs one. A current-thread runtime runs its tasks only while something drives
+    /// it: a task left on one whose `block_on` returned keeps the other runtimes' checks that
+    /// need it waiting (on its connection, or queued for its key), so where checks come from
+    /// several runtimes, build the store on a multi-thread one that outlives them. Awaited
+    /// outside a Tokio runtime, it fails with a `Config` error (`runtime`).
     pub async fn build(mut self) -> Result<RedisStore, RedisStoreError> {
         crate::metrics::describe();
-        let runtime = tokio::runtime::Handle::try_current().map_err(|_| {
+        let home = crate::spawn::Home::current().ok_or_else(|| {
             RedisStoreError::config("runtime", "the store must be built inside a Tokio runtime")
         })?;
         validate_prefix(&self.prefix)?;
@@ -1692,7 +1693,7 @@ impl RedisStoreBuilder {
                 cluster::client_connect_timeout(self.connect_timeout, self.response_timeout)
             };
             let manager = cluster::Manager::new(
-                runtime.clone(),
+                home.clone(),
                 infos,
                 self.cluster_certificates(),
                 self.connect_timeout,
@@ -1765,7 +1766,7 @@ impl RedisStoreBuilder {
             reset_channel,
             infos: watch_infos,
             connect_timeout: self.connect_timeout,
-            runtime,
+            home,
         });
         // Open every connection now, so a wrong address or password fails here, and load the
         // scripts (on every node of a cluster) so the first checks need no NOSCRIPT round trip.

@@ -615,14 +615,14 @@ async fn a_dropped_store_ends_its_retrying_task_at_once() {
         .await
         .unwrap();
     assert!(!store.is_connected());
+    // Let it run up to its wait for the next attempt (and the failed attempt's watch of the
+    // runtime end).
+    tokio::time::sleep(Duration::from_millis(50)).await;
     assert_eq!(
         metrics.num_alive_tasks(),
-        before + 1,
-        "the task that retries"
+        before + 2,
+        "the task that retries, waiting, and the store's watch of its runtime"
     );
-    // Let it run up to its wait for the next attempt.
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    assert_eq!(metrics.num_alive_tasks(), before + 1, "the task waits");
     drop(store);
     let deadline = Instant::now() + Duration::from_secs(5);
     while metrics.num_alive_tasks() > before {
@@ -722,4 +722,35 @@ async fn a_user_refused_select_is_refused_credentials() {
             .expect_err("a lazy build refused");
         assert!(lazy.is_refused_credentials(), "{url}: {lazy:?}");
     }
+}
+
+/// A lazy store made on a runtime that is then dropped (a set-up runtime), while Redis refuses:
+/// its task that retries went with that runtime, and a check on a current-thread runtime starts
+/// it again there, so that the store connects once Redis accepts.
+#[test]
+fn a_lazy_store_whose_runtime_is_gone_connects_for_a_current_thread_runtime() {
+    let server = RedisServer::start();
+    let proxy = Proxy::start(server.port());
+    proxy.set_refuse(true);
+    let store = common::current_thread_runtime().block_on(async {
+        RedisStore::builder(proxy.url())
+            .prefix(unique_prefix("lazy-gone-rt"))
+            .build_lazy(Duration::from_millis(100))
+            .await
+            .unwrap()
+    });
+    assert!(!store.is_connected());
+    proxy.set_refuse(false);
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
+    let connected = common::current_thread_runtime().block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(d) = store.check(b"k", &limit, 1).await {
+                return d.remaining();
+            }
+            assert!(Instant::now() < deadline, "never connected");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    assert_eq!(connected, 999);
 }

@@ -1366,10 +1366,7 @@ fn a_connection_reopened_for_a_runtime_that_goes_idle_serves_the_others() {
     let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
     main.block_on(store.check(b"k", &limit, 1)).unwrap();
     server.cli(&["client", "kill", "type", "normal"]);
-    let side = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let side = common::current_thread_runtime();
     // The first check on the side runtime finds the connection closed; a later one finds it
     // reopened (within the reconnect gap's retries).
     let reopened = side.block_on(async {
@@ -1411,4 +1408,78 @@ fn a_store_built_outside_a_tokio_runtime_is_a_configuration_error() {
             other => panic!("{other:?}"),
         }
     }
+}
+
+/// A store built on a runtime that is then dropped (a set-up runtime), used from a current-thread
+/// runtime: its first connection went with the set-up runtime, and the one reopened for the
+/// checks is made (and driven) on theirs, so that the store mends itself as before.
+#[test]
+fn a_store_whose_runtime_is_gone_reconnects_for_a_current_thread_runtime() {
+    let server = RedisServer::start();
+    let store = common::current_thread_runtime().block_on(async {
+        RedisStore::builder(server.url())
+            .prefix(unique_prefix("gone-rt"))
+            .pool_size(1)
+            .response_timeout(Duration::from_millis(500))
+            .build()
+            .await
+            .unwrap()
+    });
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
+    let remaining = common::current_thread_runtime().block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            // A peek: the failed attempts spend nothing whatever they were.
+            if let Ok(d) = store.check(b"k", &limit, 0).await {
+                break d.remaining();
+            }
+            assert!(Instant::now() < deadline, "never reconnected");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    assert_eq!(remaining, 1_000);
+}
+
+/// A connection reopened for a check made on a short-lived multi-thread runtime is made on the
+/// store's own (multi-thread) runtime, not on the short-lived one, whose shutdown would take the
+/// connection's I/O with it and fail the store's next checks.
+#[test]
+fn a_connection_reopened_for_a_short_lived_runtime_serves_the_store_s_own() {
+    let main = common::runtime();
+    let server = RedisServer::start();
+    let store = main.block_on(async {
+        RedisStore::builder(server.url())
+            .prefix(unique_prefix("short-rt"))
+            .pool_size(1)
+            .response_timeout(Duration::from_millis(500))
+            .build()
+            .await
+            .unwrap()
+    });
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
+    main.block_on(store.check(b"k", &limit, 1)).unwrap();
+    server.cli(&["client", "kill", "type", "normal"]);
+    let reopened = common::runtime().block_on(async {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        loop {
+            if let Ok(d) = store.check(b"k", &limit, 1).await {
+                break d.remaining();
+            }
+            assert!(Instant::now() < deadline, "never reopened");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    assert_eq!(reopened, 998);
+    // The short-lived runtime is gone; the connection serves the main runtime's checks.
+    let remaining: Vec<_> = main.block_on(async {
+        let mut out = Vec::new();
+        for _ in 0..3 {
+            out.push(store.check(b"k", &limit, 1).await.map(|d| d.remaining()));
+        }
+        out
+    });
+    assert_eq!(
+        remaining.into_iter().map(Result::ok).collect::<Vec<_>>(),
+        [Some(997), Some(996), Some(995)]
+    );
 }

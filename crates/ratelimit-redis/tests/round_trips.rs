@@ -489,6 +489,8 @@ async fn coalescing_sends_checks_past_a_full_queue_on_their_own() {
     // Two queued callers give up; the next check still goes on its own.
     queued.truncate(2);
     let alone_too = tokio::spawn(coalescing.check(b"k", &limit, 1));
+    // Counted as they are sent, at their first poll in their tasks.
+    common::until_sent(&coalescing, 3).await;
     assert_eq!(coalescing.stats().overflowed, 2);
     server.resume();
     assert!(first.await.unwrap().unwrap().is_allowed());
@@ -591,16 +593,11 @@ fn coalescing_recovers_from_a_task_that_ended_with_its_runtime() {
         "coalesce-shutdown",
         Duration::from_millis(500),
         |c, limit| {
-            // The key's task is spawned on this (multi-thread) runtime, which shuts down during
-            // its window.
-            let gave_up = tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(1)
-                .enable_all()
-                .build()
-                .unwrap()
-                .block_on(async {
-                    tokio::time::timeout(Duration::from_millis(20), c.check(b"k", limit, 1)).await
-                });
+            // The key's task is spawned on this runtime (the store's is gone), which shuts down
+            // during its window.
+            let gave_up = common::current_thread_runtime().block_on(async {
+                tokio::time::timeout(Duration::from_millis(20), c.check(b"k", limit, 1)).await
+            });
             assert!(gave_up.is_err(), "still in the batch window");
         },
     );
@@ -611,8 +608,8 @@ fn coalescing_recovers_from_a_task_that_ended_with_its_runtime() {
 #[test]
 fn coalescing_recovers_from_a_task_dropped_before_its_first_poll() {
     abandoned_then_answered("coalesce-unpolled", Duration::ZERO, |c, limit| {
-        // A multi-thread runtime's handle, entered after the runtime is gone: the key's task is
-        // spawned there (a check's own multi-thread runtime is preferred) and dropped at once.
+        // A runtime's handle, entered after the runtime is gone: the key's task is spawned there
+        // (the store's runtime is gone too) and dropped at once.
         let gone = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .enable_all()
@@ -649,10 +646,7 @@ fn coalescing_a_key_first_checked_on_a_runtime_that_goes_idle_answers_the_others
     let coalescing = Coalescing::new(store);
     let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
     // Kept to the end, never driven again once its `block_on` returns.
-    let side = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .build()
-        .unwrap();
+    let side = common::current_thread_runtime();
     server.pause();
     let (first, second) = std::thread::scope(|s| {
         // Made inside the side runtime (made outside any, it would go on its own).
@@ -697,21 +691,38 @@ async fn coalescing_counts_a_check_sent_alone_as_a_call_only_once_sent() {
     for _ in 0..5 {
         drop(coalescing.check(b"k", &limit, 1));
     }
+    // Made and polled once outside a runtime (where it only yields), then dropped.
+    std::thread::scope(|s| {
+        s.spawn(|| {
+            let mut check = std::pin::pin!(coalescing.check(b"k", &limit, 1));
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            assert!(std::future::Future::poll(check.as_mut(), &mut cx).is_pending());
+        });
+    });
     assert_eq!(
         coalescing.check(b"k", &limit, 1).await.unwrap().remaining(),
         999
     );
     let stats = coalescing.stats();
     assert_eq!(
-        (stats.checks, stats.store_calls, stats.overflowed),
-        (6, 1, 1),
+        (
+            stats.checks,
+            stats.store_calls,
+            stats.overflowed,
+            stats.abandoned
+        ),
+        (7, 1, 1, 6),
         "{stats:?}"
     );
     assert_eq!(server.script_calls(), 1);
+    // None rode in another's call.
+    assert_eq!(stats.checks - stats.abandoned - stats.store_calls, 0);
 }
 
 /// A check of key `k` that `abandon` starts and gives up on, on a short-lived runtime, then one
-/// on the main runtime: answered (not queued forever), and the first never sent.
+/// on the main runtime: answered (not queued forever), and the first never sent. The store is
+/// built on a runtime dropped before (else the key's task would run there, not on the
+/// short-lived one), and its connection reopened on the main runtime.
 fn abandoned_then_answered(
     prefix: &str,
     window: Duration,
@@ -719,15 +730,23 @@ fn abandoned_then_answered(
 ) {
     let main = common::runtime();
     let server = RedisServer::start();
-    let store = main.block_on(async {
+    let store = common::current_thread_runtime().block_on(async {
         RedisStore::builder(server.url())
             .prefix(unique_prefix(prefix))
             .build()
             .await
             .unwrap()
     });
-    let coalescing = Coalescing::new(store).batch_window(window);
     let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
+    main.block_on(async {
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        // Peeks, which spend nothing, until the connection is open again.
+        while store.check(b"k", &limit, 0).await.is_err() {
+            assert!(std::time::Instant::now() < deadline, "never reconnected");
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    });
+    let coalescing = Coalescing::new(store).batch_window(window);
     abandon(&coalescing, &limit);
     let answered = main.block_on(async {
         tokio::time::timeout(Duration::from_secs(5), coalescing.check(b"k", &limit, 1)).await

@@ -156,6 +156,14 @@ pub fn assert_each_remaining_once(decisions: &[Decision], n: u64, context: &str)
     assert_eq!(remaining, (0..n).collect::<Vec<_>>(), "{context}");
 }
 
+/// A current-thread runtime, with its drivers: runs its tasks only inside its `block_on`.
+pub fn current_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 /// A runtime of two worker threads, for the tests that run checks on more than one runtime.
 pub fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
