@@ -71,9 +71,10 @@ use crate::{RequestHead, ResponseHead};
 /// [`metrics`](crate::metrics)), in no decision metric, and leaves the circuit breaker as it is.
 /// It does look at it: while the client's circuit is open and cooling down (or half-open, its one
 /// call a check's probe) the store is taken to be down and not asked; the fallback's local share
-/// is reset and the reset ends at once with [`ResetError::CircuitOpen`]. Once the cool-down is
-/// over the store is asked again, before any check has probed it (a route without traffic since
-/// its outage), and the circuit stays open until a check's probe closes it.
+/// is reset and the reset ends at once with [`ResetError::CircuitOpen`] (nothing sends it later:
+/// make it again). A reset made once the cool-down is over asks the store, before any check has
+/// probed it (a route without traffic since its outage), and the circuit stays open until a
+/// check's probe closes it.
 /// Each store call that does not complete at once is bounded by the layer's timeout (when polled
 /// in a Tokio runtime; elsewhere by the store's own), so that, as for the layer's checks, the
 /// in-memory store needs no runtime with a timer. See [`ratelimit_core::Reset`] for what a reset

@@ -296,11 +296,14 @@ fn tls_files(
                     "certificate",
                 )?,
                 // `BEGIN PRIVATE KEY`, `BEGIN EC PRIVATE KEY`, `BEGIN RSA PRIVATE KEY`.
-                read_pem(
-                    "store.tls_client_key_file",
+                usable_key(
                     key,
-                    "PRIVATE KEY-----",
-                    "private key",
+                    read_pem(
+                        "store.tls_client_key_file",
+                        key,
+                        "PRIVATE KEY-----",
+                        "private key",
+                    )?,
                 )?,
             ),
             // The configuration has both or neither (`StoreConfig::validate`).
@@ -327,6 +330,35 @@ fn read_pem(
             "{} holds no PEM {what} (no \"{marker}\" line)",
             path.display()
         )));
+    }
+    Ok(pem)
+}
+
+/// `pem`, the private key read from `path`, if this build's TLS can use it: not encrypted, and
+/// with `tls` (native-tls) PKCS#8. Checked here so that the error names the key's file: the
+/// store checks the certificate and its key together, as one setting, which the gateway would
+/// name after the certificate's file.
+#[cfg(any(feature = "tls", feature = "tls-rustls"))]
+fn usable_key(path: &std::path::Path, pem: Vec<u8>) -> Result<Vec<u8>, StartError> {
+    let has = |marker: &str| pem.windows(marker.len()).any(|w| w == marker.as_bytes());
+    let bad = |reason: String| {
+        StartError::Config(ConfigError::new(
+            "store.tls_client_key_file",
+            format!("{} {reason}", path.display()),
+        ))
+    };
+    if has("-----BEGIN ENCRYPTED PRIVATE KEY-----") {
+        return Err(bad(
+            "holds an encrypted private key, which the gateway cannot decrypt: give it the key              unencrypted (`openssl pkcs8 -in <file> -out <new file>`)"
+                .into(),
+        ));
+    }
+    #[cfg(all(feature = "tls", not(feature = "tls-rustls")))]
+    if !has("-----BEGIN PRIVATE KEY-----") {
+        return Err(bad(
+            "holds a private key in a form the `tls` build (native-tls) cannot use: it takes              PKCS#8 (`-----BEGIN PRIVATE KEY-----`; convert with `openssl pkcs8 -topk8 -nocrypt              -in <file> -out <new file>`)"
+                .into(),
+        ));
     }
     Ok(pem)
 }

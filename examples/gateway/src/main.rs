@@ -266,10 +266,23 @@ async fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    // Where a store error comes from: the file, or the file with the URL given on the command
+    // line.
+    let source = match args.redis {
+        Some(_) => format!("{} with --redis", args.config.display()),
+        None => args.config.display().to_string(),
+    };
     let mut config = match Config::load_with_redis(&args.config, args.redis.as_deref()) {
         Ok(c) => c,
         Err(e) => {
-            tell(format_args!("error in {}: {e}", args.config.display()));
+            // The URL refused at load (a `rediss://` one without a TLS feature, say) may be the
+            // command line's.
+            let from = if e.field == "store.url" {
+                source.as_str()
+            } else {
+                &args.config.display().to_string()
+            };
+            tell(format_args!("error in {from}: {e}"));
             return ExitCode::from(2);
         }
     };
@@ -282,12 +295,6 @@ async fn main() -> ExitCode {
     if let Some(listen) = args.listen {
         config.listen = listen;
     }
-    // Where a store error comes from: the file, or the file with the URL given on the command
-    // line.
-    let source = match args.redis {
-        Some(_) => format!("{} with --redis", args.config.display()),
-        None => args.config.display().to_string(),
-    };
     // Applied as the file was loaded, to a `kind = "redis"` store only.
     if args.redis.is_some() && config.store.kind != StoreKind::Redis {
         tell(format_args!(

@@ -201,6 +201,24 @@ fn redis_from_the_command_line() {
         "{err}"
     );
 
+    // A URL refused as the file is loaded (TLS without the gateway's TLS feature): the error
+    // says it came from the command line too, not from the file (whose own URL is fine).
+    if cfg!(not(any(feature = "tls", feature = "tls-rustls"))) {
+        let out = gateway(&[
+            OsStr::new("--config"),
+            OsStr::new(redis_toml),
+            OsStr::new("--redis"),
+            OsStr::new("rediss://127.0.0.1:1"),
+            OsStr::new("--check"),
+        ]);
+        assert_eq!(out.status.code(), Some(2), "{out:?}");
+        let err = String::from_utf8_lossy(&out.stderr);
+        assert!(
+            err.starts_with(&format!("error in {redis_toml} with --redis: store.url: ")),
+            "{err}"
+        );
+    }
+
     // The default configuration keeps its counters in memory.
     let out = gateway(&[OsStr::new("--redis"), OsStr::new(&server.url())]);
     assert_eq!(out.status.code(), Some(2), "{out:?}");

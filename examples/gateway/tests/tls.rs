@@ -111,6 +111,30 @@ async fn a_client_certificate_for_a_redis_that_asks_for_one() {
         err.starts_with("store.tls_client_key_file: ") && err.contains("holds no PEM private key"),
         "{err}"
     );
+    // An encrypted key, which the gateway cannot use: named as the key file's problem (the store
+    // checks the pair as one setting, which would name the certificate's file). With `tls`, a
+    // key that is not PKCS#8 too (native-tls takes no other); rustls takes SEC1 and PKCS#1.
+    let dir = tempfile::tempdir().unwrap();
+    let relabelled = |label: &str| {
+        let pem = std::fs::read_to_string(server.client_key_path()).unwrap();
+        let path = dir.path().join(format!("{}.key", label.replace(' ', "-")));
+        std::fs::write(&path, pem.replace("PRIVATE KEY", label)).unwrap();
+        path
+    };
+    let encrypted = relabelled("ENCRYPTED PRIVATE KEY");
+    let err = start_error(&with(&files(&server.client_cert_path(), &encrypted))).await;
+    assert!(
+        err.starts_with("store.tls_client_key_file: ") && err.contains("encrypted"),
+        "{err}"
+    );
+    if cfg!(not(feature = "tls-rustls")) {
+        let sec1 = relabelled("EC PRIVATE KEY");
+        let err = start_error(&with(&files(&server.client_cert_path(), &sec1))).await;
+        assert!(
+            err.starts_with("store.tls_client_key_file: ") && err.contains("PKCS#8"),
+            "{err}"
+        );
+    }
     // A key, but not the certificate's (the server's): rustls tells at start, naming the
     // setting; native-tls at the handshake, as a Redis that cannot be reached.
     let other_key = ca.with_file_name("server.key");
