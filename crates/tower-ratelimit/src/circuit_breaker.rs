@@ -20,7 +20,10 @@
 //!   `cool_down`. Only the store decides: a probe whose request is dropped before the store
 //!   answered (its client went away, or a caller's timeout fired) runs on in a task of its own,
 //!   under the layer's timeout, and its answer settles the circuit, so clients that cancel their
-//!   requests cannot keep it open. (With no tokio runtime current at the drop, the probe is
+//!   requests cannot keep it open. (The task runs on the runtime the layer was built on if that
+//!   is a multi-thread runtime still running, else on the one current at the drop: a
+//!   current-thread runtime whose `block_on` returned would leave it unpolled, the circuit
+//!   half-open until the probe is taken as lost. With no runtime to take it, the probe is
 //!   handed on: the circuit stays open, cooled down, and the next request probes.) A probe that
 //!   nothing settles within a cool-down, or twice the layer's timeout if that is longer (its
 //!   store panicked before there was a check to wait for), is taken as lost, and the next
@@ -47,8 +50,8 @@
 //! the layer's timeout (a gRPC deadline, an outer timeout) still open the circuit over a hanging
 //! store, instead of each waiting on it until it gives up while the failure policy never acts.
 //! Left uncounted: a lost probe's failure that arrives after another probe was sent (older
-//! evidence than that probe's), and a dropped check with no tokio runtime current to finish it
-//! on; and the failure of a check sent before its circuit last closed (one that times out after
+//! evidence than that probe's), and a dropped check with no runtime to finish it on (neither the
+//! layer's nor one current at the drop); and the failure of a check sent before its circuit last closed (one that times out after
 //! the probe that closed it, its timer late on a loaded machine, or sent just before the
 //! opening with a cool-down near the timeout): older evidence than that probe's, it would
 //! otherwise open a circuit over a store that had just answered.
@@ -276,6 +279,9 @@ pub(crate) struct Breaker {
     /// part's last close (see [`Part::closed_at`]).
     closes: AtomicU64,
     policy: Arc<str>,
+    /// Where a check dropped before its answer runs on (see [`crate::home`]): the runtime the
+    /// layer was built on, if that is a multi-thread runtime still running, else the current one.
+    home: crate::home::Home,
     /// The line of a check that failed after its request was dropped: one a second at most, as
     /// the layer's own failure lines (when every request's client gives up before the layer's
     /// timeout, each failure is one of these).
@@ -363,6 +369,7 @@ impl Breaker {
             dirty: AtomicI64::new(0),
             closes: AtomicU64::new(0),
             policy,
+            home: crate::home::Home::current(),
         }
     }
 
@@ -730,10 +737,13 @@ pin_project_lite::pin_project! {
     /// the store, and checks they cancel over a hanging store still time out and open the circuit
     /// (callers with deadlines shorter than the layer's timeout, a gRPC deadline or an outer
     /// timeout, would otherwise wait on a hung store for ever, the failure policy never acting).
-    /// Where no tokio runtime is current at the drop (even one made by a panic of the caller's),
-    /// or the task is dropped unrun (a runtime shutting down), a probe is handed on (the circuit
-    /// stays open, cooled down, and the next request probes) and any other check counts for
-    /// nothing.
+    /// The task runs on the runtime the layer was built on if that is a multi-thread runtime
+    /// still running, else on the one current at the drop (see [`crate::home`]: a current-thread
+    /// runtime whose `block_on` returned would leave it unpolled). Where neither can take it (no
+    /// runtime current at the drop, even one made by a panic of the caller's), or the task is
+    /// dropped unrun (a runtime shutting down, even by a panic's unwinding), a probe is handed on
+    /// (the circuit stays open, cooled down, and the next request probes) and any other check
+    /// counts for nothing.
     pub(crate) struct BreakerCheck<F>
     where
         F: StoreCheck,
@@ -769,28 +779,32 @@ pin_project_lite::pin_project! {
             let Some(check) = this.check.take() else {
                 return;
             };
-            let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-                // No runtime to finish the check on: it counts for nothing, and a probe is handed
-                // on; even if dropped by a panic of the caller's (`call` needs no runtime), which
-                // says nothing of the store.
-                if let Some(probe) = *this.probe {
-                    this.breaker.probe_not_asked(*this.part, probe);
-                }
-                return;
+            let mut unsettled = Unsettled {
+                held: Some((this.breaker.clone(), *this.part, *this.probe, *this.seen)),
+                running: false,
             };
-            let mut unsettled = Unsettled(Some((
-                this.breaker.clone(),
-                *this.part,
-                *this.probe,
-                *this.seen,
-            )));
             let deadline = *this.deadline;
-            // The timeout is made in the task (a runtime without timers panics there, not in a
-            // drop).
-            runtime.spawn(async move {
-                let answer = tokio::time::timeout_at(deadline, check).await;
-                unsettled.settle(answer.map_err(|_| TimedOut));
-            });
+            let mut check = check;
+            let task = async move {
+                unsettled.running = true;
+                // An answer already there settles the check without a timer. The timeout is made
+                // in the task (a runtime without timers panics there, not in a drop).
+                let answer = match std::future::poll_fn(|cx| {
+                    Poll::Ready(Pin::new(&mut check).poll(cx))
+                })
+                .await
+                {
+                    Poll::Ready(answer) => Ok(answer),
+                    Poll::Pending => tokio::time::timeout_at(deadline, check)
+                        .await
+                        .map_err(|_| TimedOut),
+                };
+                unsettled.settle(answer);
+            };
+            // No runtime to finish the check on (`call` needs none): dropped unrun, it counts
+            // for nothing, and a probe is handed on; even if dropped by a panic of the caller's,
+            // which says nothing of the store.
+            let _ = this.breaker.home.spawn(task);
         }
     }
 }
@@ -875,11 +889,17 @@ impl Drop for FailOnPanic<'_> {
 
 /// A check (a probe, or not) whose answer is still to come: settled by it, or, if dropped without
 /// one, a probe is handed on.
-struct Unsettled(Option<(Arc<Breaker>, usize, Option<Probe>, u64)>);
+struct Unsettled {
+    held: Option<(Arc<Breaker>, usize, Option<Probe>, u64)>,
+    /// Set when its task first runs: dropped while its thread panics after that, the check (its
+    /// store's future, or making the timer) panicked; before, the task was dropped unrun, by the
+    /// unwinding of a panic that says nothing of the store (a runtime dropped by it).
+    running: bool,
+}
 
 impl Unsettled {
     fn settle<E>(&mut self, answer: Result<Result<Decision, E>, TimedOut>) {
-        let Some((b, part, probe, seen)) = self.0.take() else {
+        let Some((b, part, probe, seen)) = self.held.take() else {
             return;
         };
         let kind = match answer {
@@ -913,8 +933,8 @@ impl Unsettled {
 
 impl Drop for Unsettled {
     fn drop(&mut self) {
-        if let Some((b, part, probe, seen)) = self.0.take() {
-            if std::thread::panicking() {
+        if let Some((b, part, probe, seen)) = self.held.take() {
+            if self.running && std::thread::panicking() {
                 // The check panicked in its task: a failure, as in the request's own future.
                 b.failure_unseen(FailureKind::Error, part, probe, seen);
             } else if let Some(probe) = probe {

@@ -401,6 +401,10 @@ impl<St: Store> RateLimitLayerBuilder<St> {
                 failed_log: LogGate::new(self.clock.clone()),
                 timed_out_log: LogGate::new(self.clock.clone()),
                 reset_logs: Arc::new(ResetLogs::new(self.clock)),
+                home: match self.reset_on {
+                    Some(_) => crate::home::Home::current(),
+                    None => crate::home::Home::none(),
+                },
                 reset_on: self.reset_on,
                 resetters: std::sync::atomic::AtomicBool::new(false),
                 aside: std::sync::atomic::AtomicBool::new(verdict_in_request),

@@ -129,6 +129,7 @@ mod error;
 pub mod failure;
 mod future;
 mod guarded;
+mod home;
 pub mod key;
 mod layer;
 mod log_gate;

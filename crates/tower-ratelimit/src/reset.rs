@@ -507,20 +507,20 @@ impl<St: Reset> ResetOn<St> {
             let ask = if ask_store { Ask::IfClosed } else { Ask::No };
             // Its error is logged and counted where it ends; the response goes out as it is.
             let mut reset = Box::pin(reset_key(shared, counters, key, ask));
+            let home = shared.home.clone();
             Box::pin(async move {
                 // Done at once (the in-memory store's): nothing to wait for.
                 if let Poll::Ready(done) = poll_fn(|cx| Poll::Ready(reset.as_mut().poll(cx))).await
                 {
                     return done.is_ok();
                 }
-                // A network store's: in a task of its own where there is a runtime, so that it
-                // is made even if the response is dropped first (the client went away); the
-                // response waits for it all the same.
-                match tokio::runtime::Handle::try_current() {
-                    Ok(runtime) => {
-                        matches!(runtime.spawn(reset.in_current_span()).await, Ok(Ok(())))
-                    }
-                    Err(_) => reset.await.is_ok(),
+                // A network store's: in a task of its own where there is a runtime (the layer's,
+                // if a multi-thread one still running, else the current one: see `crate::home`),
+                // so that it is made even if the response is dropped first (the client went
+                // away); the response waits for it all the same.
+                match home.spawn(reset.in_current_span()) {
+                    Ok(task) => matches!(task.await, Ok(Ok(()))),
+                    Err(reset) => reset.await.is_ok(),
                 }
             })
         }

@@ -149,6 +149,9 @@ pub(crate) struct Shared<St> {
     /// [`verdict_in_request`](crate::Policy::verdict_in_request). One flag, so that the path of
     /// a layer with neither tests one.
     pub(crate) aside: AtomicBool,
+    /// Where a `reset_on` reset runs on after its response was dropped (see [`crate::home`]);
+    /// none without `reset_on`.
+    pub(crate) home: crate::home::Home,
 }
 
 /// The log gates of a layer's resets: failed (the store's error), and timed out.
@@ -1243,6 +1246,7 @@ mod tests {
             reset_on: None,
             resetters: AtomicBool::new(false),
             aside: AtomicBool::new(false),
+            home: crate::home::Home::none(),
         }
     }
 

@@ -1,0 +1,337 @@
+//! The layer's background tasks (a check run on to its answer after its request was dropped, a
+//! `reset_on` reset made after its response was dropped) and the runtimes they run on: a
+//! current-thread runtime whose `block_on` returned runs nothing, so they go to the runtime the
+//! layer was built on while that is a multi-thread runtime still running; a task dropped unrun
+//! (its runtime dropped, even by a panic's unwinding) counts for nothing.
+//!
+//! The store is a double whose checks answer when a gate says (the breaker's logic, not a
+//! store's behaviour, is under test); the runtimes are real.
+
+mod common;
+
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::task::{Context, Poll};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::http::StatusCode;
+use axum::routing::get;
+use common::{StoreDown, request, with_header};
+use ratelimit_core::{
+    Algorithm, Decision, DenialCache, Limit, ManualClock, MemoryStore, Quota, Reset, Store,
+    SystemClock,
+};
+use tokio::sync::watch;
+use tower::{Service, ServiceExt};
+use tower_ratelimit::key::ApiKeyHeader;
+use tower_ratelimit::{CircuitBreaker, CircuitState, GuardError, Guarded, Policy, RateLimitLayer};
+
+fn limit() -> Limit {
+    Limit::single(Algorithm::TokenBucket, Quota::per_minute(1000).unwrap()).unwrap()
+}
+
+/// A store whose checks answer when the gate says: `None` hangs, `Some(true)` allows,
+/// `Some(false)` fails. A check made while the gate is `None` answers when it is set.
+#[derive(Clone)]
+struct Gated {
+    gate: Arc<watch::Sender<Option<bool>>>,
+    calls: Arc<AtomicU64>,
+}
+
+impl Gated {
+    fn new() -> Self {
+        Gated {
+            gate: Arc::new(watch::channel(None).0),
+            calls: Arc::new(AtomicU64::new(0)),
+        }
+    }
+
+    fn set(&self, answer: Option<bool>) {
+        self.gate.send_replace(answer);
+    }
+}
+
+impl Store for Gated {
+    type Error = StoreDown;
+    type Future = Pin<Box<dyn Future<Output = Result<Decision, StoreDown>> + Send>>;
+
+    fn check(&self, _key: &[u8], _limit: &Limit, _cost: u64) -> Self::Future {
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        let mut rx = self.gate.subscribe();
+        Box::pin(async move {
+            match *rx.wait_for(Option::is_some).await.unwrap() {
+                Some(true) => Ok(MemoryStore::new().check_now(b"k", &limit(), 1)),
+                _ => Err(StoreDown),
+            }
+        })
+    }
+}
+
+/// Threshold 1, cool-down 10 s on `clock`, timeout 50 ms. Built where it is called: in a
+/// multi-thread runtime, that runtime is the layer's for its background tasks.
+fn guarded(store: &Gated, clock: &ManualClock) -> Guarded<Gated> {
+    Guarded::builder(store.clone(), "runtimes")
+        .timeout(Duration::from_millis(50))
+        .circuit_breaker(CircuitBreaker::new(1, Duration::from_secs(10)).unwrap())
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+/// Opens the circuit with one failure, then cools it down (the next check probes); the gate is
+/// left hanging.
+async fn opened_and_cooled(store: &Gated, g: &Guarded<Gated>, clock: &ManualClock) {
+    store.set(Some(false));
+    assert!(matches!(
+        g.check(b"k", &limit(), 1).await,
+        Err(GuardError::Store(_))
+    ));
+    assert_eq!(g.circuit_state(), Some(CircuitState::Open));
+    store.set(None);
+    clock.advance(Duration::from_secs(10));
+}
+
+fn poll_once<F: Future + Unpin>(f: &mut F) -> Poll<F::Output> {
+    Pin::new(f).poll(&mut Context::from_waker(std::task::Waker::noop()))
+}
+
+fn current_thread(timers: bool) -> tokio::runtime::Runtime {
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    if timers {
+        builder.enable_all();
+    }
+    builder.build().unwrap()
+}
+
+/// On a thread of its own, a current-thread runtime in whose `block_on` a check is sent (polled
+/// once) and dropped before its answer; the runtime is returned, never driven again, to be
+/// dropped by the caller. With `panic`, the thread panics instead of returning it (a caller's bug
+/// that says nothing of the store), so that the runtime is dropped by the unwinding.
+fn dropped_on_a_side_runtime(g: &Guarded<Gated>, panic: bool) -> Option<tokio::runtime::Runtime> {
+    let g = g.clone();
+    let joined = std::thread::spawn(move || {
+        let side = current_thread(true);
+        side.block_on(async {
+            let mut check = g.check(b"k", &limit(), 1);
+            assert!(poll_once(&mut check).is_pending());
+        });
+        if panic {
+            panic!("a caller's bug, nothing to do with the store");
+        }
+        side
+    })
+    .join();
+    assert_eq!(joined.is_err(), panic);
+    joined.ok()
+}
+
+/// Waits (up to 5 s) until `g`'s circuit is `state`.
+async fn until_circuit(g: &Guarded<Gated>, state: CircuitState) {
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while g.circuit_state() != Some(state) {
+        assert!(
+            Instant::now() < deadline,
+            "still {:?}, not {state:?}",
+            g.circuit_state()
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// A probe whose request is dropped on a current-thread runtime that then goes idle is settled by
+/// the store's answer: run on in the layer's (multi-thread) runtime, not left unpolled on the
+/// idle one, where the circuit stayed half-open, refusing every check on every runtime, until
+/// the probe was taken as lost a cool-down later.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_dropped_on_a_runtime_gone_idle_is_settled_by_its_answer() {
+    let clock = ManualClock::new();
+    let store = Gated::new();
+    let g = guarded(&store, &clock);
+    opened_and_cooled(&store, &g, &clock).await;
+    let side = dropped_on_a_side_runtime(&g, false);
+    assert_eq!(store.calls.load(Ordering::SeqCst), 2, "the probe was sent");
+    assert_eq!(g.circuit_state(), Some(CircuitState::HalfOpen));
+    store.set(Some(true));
+    until_circuit(&g, CircuitState::Closed).await;
+    assert!(g.check(b"k", &limit(), 1).await.is_ok());
+    std::thread::spawn(move || drop(side)).join().unwrap();
+}
+
+/// A check dropped on a current-thread runtime that then goes idle, over a hanging store: its
+/// timeout counts (threshold 1: the circuit opens), as a dropped check's does on the layer's
+/// runtime.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_check_dropped_on_a_runtime_gone_idle_times_out() {
+    let clock = ManualClock::new();
+    let store = Gated::new();
+    let g = guarded(&store, &clock);
+    let side = dropped_on_a_side_runtime(&g, false);
+    until_circuit(&g, CircuitState::Open).await;
+    std::thread::spawn(move || drop(side)).join().unwrap();
+}
+
+/// A layer built outside any runtime has none of its own: a dropped check runs on in the runtime
+/// current at the drop. That runtime dropped by the unwinding of a caller's panic, before it ran
+/// the task: the task counts for nothing (a probe is handed on; an ordinary check leaves the
+/// circuit closed), where it was counted as a store failure (the probe reopened the circuit for
+/// a cool-down, the check opened a healthy one).
+#[test]
+fn a_task_dropped_unrun_by_a_callers_panic_counts_for_nothing() {
+    for probe in [true, false] {
+        let clock = ManualClock::new();
+        let store = Gated::new();
+        let g = guarded(&store, &clock);
+        let main = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(2)
+            .enable_all()
+            .build()
+            .unwrap();
+        if probe {
+            main.block_on(opened_and_cooled(&store, &g, &clock));
+        }
+        assert!(dropped_on_a_side_runtime(&g, true).is_none());
+        store.set(Some(true));
+        let state = g.circuit_state();
+        let next = main.block_on(g.check(b"k", &limit(), 1));
+        assert!(next.is_ok(), "probe {probe}: {next:?}");
+        let expected = if probe {
+            // Handed on: still open, cooled down; the next check probed and closed it.
+            CircuitState::Open
+        } else {
+            CircuitState::Closed
+        };
+        assert_eq!(state, Some(expected), "probe {probe}");
+        assert_eq!(g.circuit_state(), Some(CircuitState::Closed));
+    }
+}
+
+/// A probe sent, answered, and then dropped before its answer was read, on a runtime without
+/// timers (a layer built outside any runtime, so that its task runs there): settled by the
+/// answer, not by the panic of a timer it no longer needs (which reopened the circuit).
+#[test]
+fn a_probe_answered_before_its_drop_needs_no_timer() {
+    let clock = ManualClock::new();
+    let store = Gated::new();
+    let g = guarded(&store, &clock);
+    let main = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    main.block_on(opened_and_cooled(&store, &g, &clock));
+    let mut probe = {
+        let _in = main.enter();
+        g.check(b"k", &limit(), 1)
+    };
+    main.block_on(async { assert!(poll_once(&mut probe).is_pending()) });
+    store.set(Some(true));
+    std::thread::spawn(move || {
+        current_thread(false).block_on(async move {
+            drop(probe);
+            for _ in 0..10 {
+                tokio::task::yield_now().await;
+            }
+        });
+    })
+    .join()
+    .unwrap();
+    assert_eq!(g.circuit_state(), Some(CircuitState::Closed));
+}
+
+/// A store that resets as a network store does: the reset is made at its first poll (the
+/// command sent), and its reply comes when the gate says; checks answer at once.
+#[derive(Clone)]
+struct Replying {
+    inner: Arc<MemoryStore>,
+    reply: Arc<watch::Sender<bool>>,
+    checks: Arc<AtomicU64>,
+}
+
+impl Store for Replying {
+    type Error = StoreDown;
+    type Future = std::future::Ready<Result<Decision, StoreDown>>;
+
+    fn check(&self, key: &[u8], limit: &Limit, cost: u64) -> Self::Future {
+        self.checks.fetch_add(1, Ordering::SeqCst);
+        std::future::ready(Ok(self.inner.check_now(key, limit, cost)))
+    }
+}
+
+impl Reset for Replying {
+    type ResetFuture = Pin<Box<dyn Future<Output = Result<(), StoreDown>> + Send>>;
+
+    fn reset(&self, key: &[u8], limit: &Limit) -> Self::ResetFuture {
+        let (inner, key, limit) = (self.inner.clone(), key.to_vec(), limit.clone());
+        let mut reply = self.reply.subscribe();
+        Box::pin(async move {
+            inner.reset_now(&key, &limit);
+            let _ = reply.wait_for(|r| *r).await;
+            Ok(())
+        })
+    }
+}
+
+/// A `reset_on` reset whose response is dropped on a current-thread runtime that then goes idle
+/// is made to its end on the layer's runtime: the denial cache in front of the store forgets the
+/// client when it ends, as the store did. Left on the idle runtime, it never ended, and the cache
+/// denied the client the store had reset, without asking it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_dropped_on_a_runtime_gone_idle_is_made() {
+    let reply = Arc::new(watch::channel(false).0);
+    let checks = Arc::new(AtomicU64::new(0));
+    let store = DenialCache::new(
+        Replying {
+            inner: Arc::new(MemoryStore::new()),
+            reply: reply.clone(),
+            checks: checks.clone(),
+        },
+        SystemClock::new(),
+    );
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(1).unwrap()).unwrap();
+    let policy = Policy::new("login", limit)
+        .unwrap()
+        .key(ApiKeyHeader::new("x-user").unwrap());
+    let layer = RateLimitLayer::builder(store, policy)
+        .reset_on(|res| res.status().is_success())
+        .build()
+        .unwrap();
+    let app: Router = Router::new()
+        .route("/login", get(|| async { StatusCode::NO_CONTENT }))
+        .route_layer(layer);
+    let login = || with_header(request("/login"), "x-user", "alice");
+    // The first login succeeds (taking alice's one unit, which the cache takes to deny her
+    // next); its reset is sent, and the response, waiting for the reply, dropped.
+    let side_app = app.clone();
+    let side = std::thread::spawn(move || {
+        let side = current_thread(true);
+        side.block_on(async move {
+            let mut app = side_app;
+            let mut response = ServiceExt::<http::Request<axum::body::Body>>::ready(&mut app)
+                .await
+                .unwrap()
+                .call(login());
+            assert!(poll_once(&mut response).is_pending(), "waits for the reset");
+        });
+        side
+    })
+    .join()
+    .unwrap();
+    reply.send_replace(true);
+    let deadline = Instant::now() + Duration::from_secs(5);
+    loop {
+        let status = app.clone().oneshot(login()).await.unwrap().status();
+        if status == StatusCode::NO_CONTENT {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "alice, reset, still denied ({status}); the store asked {} times",
+            checks.load(Ordering::SeqCst)
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    std::thread::spawn(move || drop(side)).join().unwrap();
+}
