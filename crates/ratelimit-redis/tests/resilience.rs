@@ -1352,45 +1352,7 @@ async fn a_replica_given_as_the_server_fails_the_build_until_promoted() {
 /// connection, each counted as a failure by a circuit breaker.
 #[test]
 fn a_connection_reopened_for_a_runtime_that_goes_idle_serves_the_others() {
-    let main = common::runtime();
-    let server = RedisServer::start();
-    let store = main.block_on(async {
-        RedisStore::builder(server.url())
-            .prefix(unique_prefix("idle-rt-conn"))
-            .pool_size(1)
-            .response_timeout(Duration::from_millis(500))
-            .build()
-            .await
-            .unwrap()
-    });
-    let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
-    main.block_on(store.check(b"k", &limit, 1)).unwrap();
-    server.cli(&["client", "kill", "type", "normal"]);
-    let side = common::current_thread_runtime();
-    // The first check on the side runtime finds the connection closed; a later one finds it
-    // reopened (within the reconnect gap's retries).
-    let reopened = side.block_on(async {
-        for _ in 0..50 {
-            if let Ok(d) = store.check(b"k", &limit, 1).await {
-                return Some(d.remaining());
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
-        None
-    });
-    assert_eq!(reopened, Some(998), "reopened for the side runtime's check");
-    // The side runtime is idle from here on; the main runtime's checks use the connection.
-    let remaining: Vec<_> = main.block_on(async {
-        let mut out = Vec::new();
-        for _ in 0..3 {
-            out.push(store.check(b"k", &limit, 1).await.map(|d| d.remaining()));
-        }
-        out
-    });
-    assert_eq!(
-        remaining.into_iter().map(Result::ok).collect::<Vec<_>>(),
-        [Some(997), Some(996), Some(995)]
-    );
+    reopened_for_another_runtime("idle-rt-conn", common::current_thread_runtime(), false);
 }
 
 /// A store built outside a Tokio runtime (its tasks would have nowhere to run) is a typed
@@ -1426,17 +1388,8 @@ fn a_store_whose_runtime_is_gone_reconnects_for_a_current_thread_runtime() {
             .unwrap()
     });
     let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
-    let remaining = common::current_thread_runtime().block_on(async {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            // A peek: the failed attempts spend nothing whatever they were.
-            if let Ok(d) = store.check(b"k", &limit, 0).await {
-                break d.remaining();
-            }
-            assert!(Instant::now() < deadline, "never reconnected");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    });
+    // A peek: the failed attempts spend nothing whatever they were.
+    let remaining = common::current_thread_runtime().block_on(until_answered(&store, &limit, 0));
     assert_eq!(remaining, 1_000);
 }
 
@@ -1445,11 +1398,18 @@ fn a_store_whose_runtime_is_gone_reconnects_for_a_current_thread_runtime() {
 /// connection's I/O with it and fail the store's next checks.
 #[test]
 fn a_connection_reopened_for_a_short_lived_runtime_serves_the_store_s_own() {
+    reopened_for_another_runtime("short-rt", common::runtime(), true);
+}
+
+/// A store of one connection, built on a multi-thread runtime (`main`): its connection killed,
+/// reopened for the checks made on `side`, then used by `main`'s checks, which are answered
+/// whatever became of `side` (shut down with `drop_side`; else kept, never driven again).
+fn reopened_for_another_runtime(prefix: &str, side: tokio::runtime::Runtime, drop_side: bool) {
     let main = common::runtime();
     let server = RedisServer::start();
     let store = main.block_on(async {
         RedisStore::builder(server.url())
-            .prefix(unique_prefix("short-rt"))
+            .prefix(unique_prefix(prefix))
             .pool_size(1)
             .response_timeout(Duration::from_millis(500))
             .build()
@@ -1459,18 +1419,11 @@ fn a_connection_reopened_for_a_short_lived_runtime_serves_the_store_s_own() {
     let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
     main.block_on(store.check(b"k", &limit, 1)).unwrap();
     server.cli(&["client", "kill", "type", "normal"]);
-    let reopened = common::runtime().block_on(async {
-        let deadline = Instant::now() + Duration::from_secs(10);
-        loop {
-            if let Ok(d) = store.check(b"k", &limit, 1).await {
-                break d.remaining();
-            }
-            assert!(Instant::now() < deadline, "never reopened");
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    });
-    assert_eq!(reopened, 998);
-    // The short-lived runtime is gone; the connection serves the main runtime's checks.
+    // The first check on `side` finds the connection closed; a later one finds it reopened.
+    assert_eq!(side.block_on(until_answered(&store, &limit, 1)), 998);
+    if drop_side {
+        drop(side);
+    }
     let remaining: Vec<_> = main.block_on(async {
         let mut out = Vec::new();
         for _ in 0..3 {
@@ -1482,4 +1435,16 @@ fn a_connection_reopened_for_a_short_lived_runtime_serves_the_store_s_own() {
         remaining.into_iter().map(Result::ok).collect::<Vec<_>>(),
         [Some(997), Some(996), Some(995)]
     );
+}
+
+/// `remaining` after the first check of `cost` for `k` that `store` answers, within 10 s.
+async fn until_answered(store: &RedisStore, limit: &Limit, cost: u64) -> u64 {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        if let Ok(d) = store.check(b"k", limit, cost).await {
+            return d.remaining();
+        }
+        assert!(Instant::now() < deadline, "never answered");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }

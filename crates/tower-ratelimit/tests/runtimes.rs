@@ -98,6 +98,14 @@ fn poll_once<F: Future + Unpin>(f: &mut F) -> Poll<F::Output> {
     Pin::new(f).poll(&mut Context::from_waker(std::task::Waker::noop()))
 }
 
+fn multi_thread() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
 fn current_thread(timers: bool) -> tokio::runtime::Runtime {
     let mut builder = tokio::runtime::Builder::new_current_thread();
     if timers {
@@ -184,11 +192,7 @@ fn a_task_dropped_unrun_by_a_callers_panic_counts_for_nothing() {
         let clock = ManualClock::new();
         let store = Gated::new();
         let g = guarded(&store, &clock);
-        let main = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(2)
-            .enable_all()
-            .build()
-            .unwrap();
+        let main = multi_thread();
         if probe {
             main.block_on(opened_and_cooled(&store, &g, &clock));
         }
@@ -216,11 +220,7 @@ fn a_probe_answered_before_its_drop_needs_no_timer() {
     let clock = ManualClock::new();
     let store = Gated::new();
     let g = guarded(&store, &clock);
-    let main = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
+    let main = multi_thread();
     main.block_on(opened_and_cooled(&store, &g, &clock));
     let mut probe = {
         let _in = main.enter();
