@@ -12,8 +12,8 @@
 //! set-up runtime and used on others), else, outside any runtime, to the store's.
 
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::task::JoinHandle;
@@ -24,6 +24,31 @@ use tokio::task::JoinHandle;
 pub struct Home {
     handle: Handle,
     watch: Arc<Watch>,
+}
+
+/// Spawns `task` on `handle`, or gives it back if the runtime refused it: tokio cancels a task
+/// spawned on a runtime that is shutting down at once, unrun, so that its handle is finished
+/// before `spawn` returns, with the task still in its slot (a task that ran took it out).
+fn spawn_unless_refused<F>(handle: &Handle, task: F) -> Result<JoinHandle<Option<F::Output>>, F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let slot = Arc::new(Mutex::new(Some(task)));
+    let theirs = Arc::clone(&slot);
+    let spawned = handle.spawn(async move {
+        let task = theirs.lock().unwrap_or_else(PoisonError::into_inner).take();
+        match task {
+            Some(task) => Some(task.await),
+            None => None,
+        }
+    });
+    if spawned.is_finished()
+        && let Some(task) = slot.lock().unwrap_or_else(PoisonError::into_inner).take()
+    {
+        return Err(task);
+    }
+    Ok(spawned)
 }
 
 impl std::fmt::Debug for Home {
@@ -77,18 +102,29 @@ impl Home {
 
     /// Spawns `task`: on this runtime if it is a multi-thread runtime still running, else on the
     /// current runtime, else (outside any) on this one, running or not (a task dropped unrun
-    /// there is ended by its own guard, as every one of the store's tasks has).
-    pub(crate) fn spawn<F>(&self, task: F) -> JoinHandle<F::Output>
+    /// there is ended by its own guard, as every one of the store's tasks has). A runtime that
+    /// refuses the task (shutting down, which may take a while before the watch's own task is
+    /// dropped) is marked gone there and then, and the task goes on as if it had been.
+    pub(crate) fn spawn<F>(&self, task: F)
     where
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        if self.handle.runtime_flavor() != RuntimeFlavor::CurrentThread && !self.is_gone() {
-            return self.handle.spawn(task);
-        }
+        let task =
+            if self.handle.runtime_flavor() != RuntimeFlavor::CurrentThread && !self.is_gone() {
+                match spawn_unless_refused(&self.handle, task) {
+                    Ok(_) => return,
+                    Err(task) => {
+                        self.watch.gone.store(true, Ordering::Release);
+                        task
+                    }
+                }
+            } else {
+                task
+            };
         match Handle::try_current() {
-            Ok(current) => current.spawn(task),
-            Err(_) => self.handle.spawn(task),
+            Ok(current) => drop(current.spawn(task)),
+            Err(_) => drop(self.handle.spawn(task)),
         }
     }
 }

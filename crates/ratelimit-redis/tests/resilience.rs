@@ -1448,3 +1448,75 @@ async fn until_answered(store: &RedisStore, limit: &Limit, cost: u64) -> u64 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
+
+/// A task that takes 0.5 ms to drop: a runtime holding a few thousand of them takes a second or
+/// so to shut down, as a busy server's runtime, with many connections' tasks, may.
+struct SlowDrop;
+
+impl Drop for SlowDrop {
+    fn drop(&mut self) {
+        std::thread::sleep(Duration::from_micros(500));
+    }
+}
+
+/// The store is built on a multi-thread runtime whose shutdown takes a while; its checks come
+/// from another, long-lived runtime. Once the store's runtime is shutting down, its connection
+/// (driven there) breaks: one failed check, and the next reopens the connection on the checks'
+/// runtime, however long the shutdown goes on. (The store's watch of its runtime is dropped at
+/// some point of the shutdown, and the runtime refuses new tasks from its start: each opening
+/// sent there was dropped unrun, failing its check, until the watch went. `offset` shifts the
+/// tasks' ids, so that the watch is dropped after the connection's driver in some runs.)
+#[test]
+fn a_store_s_runtime_shutting_down_fails_one_check_on_another() {
+    let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
+    let server = RedisServer::start();
+    let mut unfinished = Vec::new();
+    for offset in 0..4 {
+        let home = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .enable_all()
+            .build()
+            .unwrap();
+        for _ in 0..offset {
+            home.spawn(async {});
+        }
+        let store = home.block_on(async {
+            RedisStore::builder(server.url())
+                .prefix(unique_prefix("home-shutting-down"))
+                .pool_size(1)
+                .response_timeout(Duration::from_millis(200))
+                .build()
+                .await
+                .unwrap()
+        });
+        for _ in 0..2_000 {
+            let slow = SlowDrop;
+            home.spawn(async move {
+                let _slow = slow;
+                std::future::pending::<()>().await
+            });
+        }
+        let main = common::runtime();
+        main.block_on(store.check(b"k", &limit, 0)).unwrap();
+        let dropper = std::thread::spawn(move || drop(home));
+        unfinished.push(main.block_on(async {
+            let started = Instant::now();
+            let mut unfinished = 0;
+            while started.elapsed() < Duration::from_secs(2) {
+                if let Err(e) = store.check(b"k", &limit, 0).await
+                    && e.to_string().contains("opening ended before it finished")
+                {
+                    unfinished += 1;
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            unfinished
+        }));
+        dropper.join().unwrap();
+    }
+    assert!(
+        unfinished.iter().all(|&n| n <= 1),
+        "checks failed as their connection's opening was sent to the store's runtime shutting \
+         down (per offset): {unfinished:?}"
+    );
+}

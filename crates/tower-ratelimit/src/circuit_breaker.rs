@@ -20,11 +20,12 @@
 //!   `cool_down`. Only the store decides: a probe whose request is dropped before the store
 //!   answered (its client went away, or a caller's timeout fired) runs on in a task of its own,
 //!   under the layer's timeout, and its answer settles the circuit, so clients that cancel their
-//!   requests cannot keep it open. (The task runs on the runtime the layer was built on if that
-//!   is a multi-thread runtime still running, else on the one current at the drop: a
-//!   current-thread runtime whose `block_on` returned would leave it unpolled, the circuit
-//!   half-open until the probe is taken as lost. With no runtime to take it, the probe is
-//!   handed on: the circuit stays open, cooled down, and the next request probes.) A probe that
+//!   requests cannot keep it open. (The task runs on the runtime current at the drop if it is a
+//!   multi-thread one, else on the runtime the layer was built on if that is a multi-thread
+//!   runtime still running, else on the current one: a current-thread runtime whose `block_on`
+//!   returned would leave it unpolled, the circuit half-open until the probe is taken as lost.
+//!   With no runtime to take it, the probe is handed on: the circuit stays open, cooled down,
+//!   and the next request probes.) A probe that
 //!   nothing settles within a cool-down, or twice the layer's timeout if that is longer (its
 //!   store panicked before there was a check to wait for), is taken as lost, and the next
 //!   request probes again; a probe still waiting for the store is never doubled. A probe taken as
@@ -279,8 +280,8 @@ pub(crate) struct Breaker {
     /// part's last close (see [`Part::closed_at`]).
     closes: AtomicU64,
     policy: Arc<str>,
-    /// Where a check dropped before its answer runs on (see [`crate::home`]): the runtime the
-    /// layer was built on, if that is a multi-thread runtime still running, else the current one.
+    /// The runtime the layer was built on, where a check dropped before its answer may run on
+    /// (see [`crate::home`]).
     home: crate::home::Home,
     /// The line of a check that failed after its request was dropped: one a second at most, as
     /// the layer's own failure lines (when every request's client gives up before the layer's
@@ -737,13 +738,14 @@ pin_project_lite::pin_project! {
     /// the store, and checks they cancel over a hanging store still time out and open the circuit
     /// (callers with deadlines shorter than the layer's timeout, a gRPC deadline or an outer
     /// timeout, would otherwise wait on a hung store for ever, the failure policy never acting).
-    /// The task runs on the runtime the layer was built on if that is a multi-thread runtime
-    /// still running, else on the one current at the drop (see [`crate::home`]: a current-thread
-    /// runtime whose `block_on` returned would leave it unpolled). Where neither can take it (no
-    /// runtime current at the drop, even one made by a panic of the caller's), or the task is
-    /// dropped unrun (a runtime shutting down, even by a panic's unwinding), a probe is handed on
-    /// (the circuit stays open, cooled down, and the next request probes) and any other check
-    /// counts for nothing.
+    /// The task runs on the runtime current at the drop if it is a multi-thread one, else on the
+    /// runtime the layer was built on if that is a multi-thread runtime still running, else on
+    /// the current one (see [`crate::home`]: a current-thread runtime whose `block_on` returned
+    /// would leave it unpolled). Where none can take it (no runtime current at the drop, even
+    /// one made by a panic of the caller's), or the task is dropped while it waits or unrun (its
+    /// runtime shutting down, even by a panic's unwinding), a probe is handed on (the circuit
+    /// stays open, cooled down, and the next request probes) and any other check counts for
+    /// nothing.
     pub(crate) struct BreakerCheck<F>
     where
         F: StoreCheck,
@@ -781,24 +783,30 @@ pin_project_lite::pin_project! {
             };
             let mut unsettled = Unsettled {
                 held: Some((this.breaker.clone(), *this.part, *this.probe, *this.seen)),
-                running: false,
+                polling: false,
             };
             let deadline = *this.deadline;
             let mut check = check;
             let task = async move {
-                unsettled.running = true;
-                // An answer already there settles the check without a timer. The timeout is made
-                // in the task (a runtime without timers panics there, not in a drop).
-                let answer = match std::future::poll_fn(|cx| {
-                    Poll::Ready(Pin::new(&mut check).poll(cx))
+                // The timer is made in the task (a runtime without timers panics there, not in a
+                // drop), and only if the check has no answer yet.
+                let mut timer: Option<Pin<Box<tokio::time::Sleep>>> = None;
+                let answer = std::future::poll_fn(|cx| {
+                    // Set while the check, or the timer, is polled: a panic meanwhile is the
+                    // check's (see `Unsettled`).
+                    unsettled.polling = true;
+                    let polled = match Pin::new(&mut check).poll(cx) {
+                        Poll::Ready(answer) => Poll::Ready(Ok(answer)),
+                        Poll::Pending => timer
+                            .get_or_insert_with(|| Box::pin(tokio::time::sleep_until(deadline)))
+                            .as_mut()
+                            .poll(cx)
+                            .map(|()| Err(TimedOut)),
+                    };
+                    unsettled.polling = false;
+                    polled
                 })
-                .await
-                {
-                    Poll::Ready(answer) => Ok(answer),
-                    Poll::Pending => tokio::time::timeout_at(deadline, check)
-                        .await
-                        .map_err(|_| TimedOut),
-                };
+                .await;
                 unsettled.settle(answer);
             };
             // No runtime to finish the check on (`call` needs none): dropped unrun, it counts
@@ -891,10 +899,11 @@ impl Drop for FailOnPanic<'_> {
 /// one, a probe is handed on.
 struct Unsettled {
     held: Option<(Arc<Breaker>, usize, Option<Probe>, u64)>,
-    /// Set when its task first runs: dropped while its thread panics after that, the check (its
-    /// store's future, or making the timer) panicked; before, the task was dropped unrun, by the
-    /// unwinding of a panic that says nothing of the store (a runtime dropped by it).
-    running: bool,
+    /// Set while its task polls the check or its timer: dropped while its thread panics then, the
+    /// check (its store's future, or making the timer) panicked; otherwise the task was dropped
+    /// between polls or unrun, by the unwinding of a panic that says nothing of the store (a
+    /// runtime dropped by it).
+    polling: bool,
 }
 
 impl Unsettled {
@@ -934,7 +943,7 @@ impl Unsettled {
 impl Drop for Unsettled {
     fn drop(&mut self) {
         if let Some((b, part, probe, seen)) = self.held.take() {
-            if self.running && std::thread::panicking() {
+            if self.polling && std::thread::panicking() {
                 // The check panicked in its task: a failure, as in the request's own future.
                 b.failure_unseen(FailureKind::Error, part, probe, seen);
             } else if let Some(probe) = probe {

@@ -6,14 +6,18 @@
 //! runtime only while something drives it. A task spawned on one whose `block_on` then returned
 //! stays unpolled: a probe's answer never settles its circuit (which refuses every check, on
 //! every runtime, until the probe is taken as lost), a dropped check's timeout never counts, a
-//! reset's caches never forget the client. So such a task goes to the runtime the layer was
-//! built on if that is a multi-thread runtime still running, else to the current runtime, as
-//! before. (ratelimit-redis places its store's tasks by the same rule; the two crates share no
-//! code, tower-ratelimit depending on no store.)
+//! reset's caches never forget the client. So such a task goes to the current runtime if it is a
+//! multi-thread one (running: the drop happens in it), else to the runtime the layer was built on
+//! if that is a multi-thread runtime still running, else to the current (current-thread) runtime,
+//! as before. These tasks end within the layer's timeout, so the runtime at hand is preferred to
+//! one that may have been configured otherwise (without timers, say) or be shutting down.
+//! (ratelimit-redis places its store's long-lived tasks, connections among them, by a like rule
+//! that prefers the store's own runtime; the crates share no code, tower-ratelimit depending on
+//! no store.)
 
 use std::future::Future;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::task::JoinHandle;
@@ -66,23 +70,66 @@ impl Home {
         Home(Some((handle, Arc::new(Watch { gone, _stop: stop }))))
     }
 
-    /// Spawns `task` on the layer's runtime if it is a multi-thread runtime still running, else
-    /// on the current runtime; `Err(task)` outside any runtime, when neither can take it.
-    pub(crate) fn spawn<F>(&self, task: F) -> Result<JoinHandle<F::Output>, F>
+    /// Spawns `task` on the current runtime if it is a multi-thread one, else on the layer's
+    /// runtime if it is a multi-thread runtime still running, else on the current runtime;
+    /// `Err(task)` outside any runtime, when none can take it. A layer's runtime that refuses
+    /// the task (shutting down, which may take a while before the watch's own task is dropped)
+    /// is marked gone there and then, and the task goes on as if it had been. The handle's
+    /// output is `None` only for a task refused there and by the current runtime too (dropped
+    /// unrun).
+    pub(crate) fn spawn<F>(&self, task: F) -> Result<JoinHandle<Option<F::Output>>, F>
     where
         F: Future + Send + 'static,
         F::Output: Send + 'static,
     {
-        if let Some((handle, watch)) = &self.0
-            && !watch.gone.load(Ordering::Acquire)
+        let current = Handle::try_current().ok();
+        if let Some(current) = &current
+            && current.runtime_flavor() != RuntimeFlavor::CurrentThread
         {
-            return Ok(handle.spawn(task));
+            return Ok(current.spawn(async move { Some(task.await) }));
         }
-        match Handle::try_current() {
-            Ok(current) => Ok(current.spawn(task)),
-            Err(_) => Err(task),
+        let task = match &self.0 {
+            Some((handle, watch)) if !watch.gone.load(Ordering::Acquire) => {
+                match spawn_unless_refused(handle, task) {
+                    Ok(spawned) => return Ok(spawned),
+                    Err(task) => {
+                        watch.gone.store(true, Ordering::Release);
+                        task
+                    }
+                }
+            }
+            _ => task,
+        };
+        match current {
+            Some(current) => Ok(current.spawn(async move { Some(task.await) })),
+            None => Err(task),
         }
     }
+}
+
+/// Spawns `task` on `handle`, or gives it back if the runtime refused it: tokio cancels a task
+/// spawned on a runtime that is shutting down at once, unrun, so that its handle is finished
+/// before `spawn` returns, with the task still in its slot (a task that ran took it out).
+fn spawn_unless_refused<F>(handle: &Handle, task: F) -> Result<JoinHandle<Option<F::Output>>, F>
+where
+    F: Future + Send + 'static,
+    F::Output: Send + 'static,
+{
+    let slot = Arc::new(Mutex::new(Some(task)));
+    let theirs = Arc::clone(&slot);
+    let spawned = handle.spawn(async move {
+        let task = theirs.lock().unwrap_or_else(PoisonError::into_inner).take();
+        match task {
+            Some(task) => Some(task.await),
+            None => None,
+        }
+    });
+    if spawned.is_finished()
+        && let Some(task) = slot.lock().unwrap_or_else(PoisonError::into_inner).take()
+    {
+        return Err(task);
+    }
+    Ok(spawned)
 }
 
 impl std::fmt::Debug for Home {

@@ -377,7 +377,22 @@ fn reset_key<St: Reset>(
         let out = match first {
             Poll::Ready(out) => out,
             Poll::Pending if tokio::runtime::Handle::try_current().is_ok() => {
-                match tokio::time::timeout(timeout, all).await {
+                // The timer runs from the calls' sending, but is made at the next poll: a
+                // `reset_on` reset is moved into a task of its own after this first poll, maybe
+                // to another runtime, and a timer stays on the runtime it was made on (one that
+                // may stop being driven, or shut down).
+                let deadline = tokio::time::Instant::now() + timeout;
+                let mut yielded = false;
+                poll_fn(|cx| {
+                    if std::mem::replace(&mut yielded, true) {
+                        Poll::Ready(())
+                    } else {
+                        cx.waker().wake_by_ref();
+                        Poll::Pending
+                    }
+                })
+                .await;
+                match tokio::time::timeout_at(deadline, all).await {
                     Ok(out) => out,
                     Err(_) => {
                         if let Some(held_back) = logs.timed_out.pass() {
@@ -519,7 +534,7 @@ impl<St: Reset> ResetOn<St> {
                 // so that it is made even if the response is dropped first (the client went
                 // away); the response waits for it all the same.
                 match home.spawn(reset.in_current_span()) {
-                    Ok(task) => matches!(task.await, Ok(Ok(()))),
+                    Ok(task) => matches!(task.await, Ok(Some(Ok(())))),
                     Err(reset) => reset.await.is_ok(),
                 }
             })

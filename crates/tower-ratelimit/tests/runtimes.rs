@@ -115,16 +115,27 @@ fn current_thread(timers: bool) -> tokio::runtime::Runtime {
 }
 
 /// On a thread of its own, a current-thread runtime in whose `block_on` a check is sent (polled
-/// once) and dropped before its answer; the runtime is returned, never driven again, to be
-/// dropped by the caller. With `panic`, the thread panics instead of returning it (a caller's bug
-/// that says nothing of the store), so that the runtime is dropped by the unwinding.
-fn dropped_on_a_side_runtime(g: &Guarded<Gated>, panic: bool) -> Option<tokio::runtime::Runtime> {
+/// once) and dropped before its answer (with `ran`, the task it goes on in, if on this runtime,
+/// is then run until it waits); the runtime is returned, never driven again, to be dropped by the
+/// caller. With `panic`, the thread panics instead of returning it (a caller's bug that says
+/// nothing of the store), so that the runtime is dropped by the unwinding.
+fn dropped_on_a_side_runtime(
+    g: &Guarded<Gated>,
+    panic: bool,
+    ran: bool,
+) -> Option<tokio::runtime::Runtime> {
     let g = g.clone();
     let joined = std::thread::spawn(move || {
         let side = current_thread(true);
         side.block_on(async {
             let mut check = g.check(b"k", &limit(), 1);
             assert!(poll_once(&mut check).is_pending());
+            drop(check);
+            if ran {
+                for _ in 0..10 {
+                    tokio::task::yield_now().await;
+                }
+            }
         });
         if panic {
             panic!("a caller's bug, nothing to do with the store");
@@ -159,7 +170,7 @@ async fn a_probe_dropped_on_a_runtime_gone_idle_is_settled_by_its_answer() {
     let store = Gated::new();
     let g = guarded(&store, &clock);
     opened_and_cooled(&store, &g, &clock).await;
-    let side = dropped_on_a_side_runtime(&g, false);
+    let side = dropped_on_a_side_runtime(&g, false, false);
     assert_eq!(store.calls.load(Ordering::SeqCst), 2, "the probe was sent");
     assert_eq!(g.circuit_state(), Some(CircuitState::HalfOpen));
     store.set(Some(true));
@@ -176,19 +187,19 @@ async fn a_check_dropped_on_a_runtime_gone_idle_times_out() {
     let clock = ManualClock::new();
     let store = Gated::new();
     let g = guarded(&store, &clock);
-    let side = dropped_on_a_side_runtime(&g, false);
+    let side = dropped_on_a_side_runtime(&g, false, false);
     until_circuit(&g, CircuitState::Open).await;
     std::thread::spawn(move || drop(side)).join().unwrap();
 }
 
 /// A layer built outside any runtime has none of its own: a dropped check runs on in the runtime
 /// current at the drop. That runtime dropped by the unwinding of a caller's panic, before it ran
-/// the task: the task counts for nothing (a probe is handed on; an ordinary check leaves the
-/// circuit closed), where it was counted as a store failure (the probe reopened the circuit for
-/// a cool-down, the check opened a healthy one).
+/// the task or while the task waits for the store: the task counts for nothing (a probe is handed
+/// on; an ordinary check leaves the circuit closed), where it was counted as a store failure
+/// (the probe reopened the circuit for a cool-down, the check opened a healthy one).
 #[test]
-fn a_task_dropped_unrun_by_a_callers_panic_counts_for_nothing() {
-    for probe in [true, false] {
+fn a_task_dropped_by_a_callers_panic_counts_for_nothing() {
+    for (probe, ran) in [(true, false), (false, false), (true, true), (false, true)] {
         let clock = ManualClock::new();
         let store = Gated::new();
         let g = guarded(&store, &clock);
@@ -196,18 +207,18 @@ fn a_task_dropped_unrun_by_a_callers_panic_counts_for_nothing() {
         if probe {
             main.block_on(opened_and_cooled(&store, &g, &clock));
         }
-        assert!(dropped_on_a_side_runtime(&g, true).is_none());
+        assert!(dropped_on_a_side_runtime(&g, true, ran).is_none());
         store.set(Some(true));
         let state = g.circuit_state();
         let next = main.block_on(g.check(b"k", &limit(), 1));
-        assert!(next.is_ok(), "probe {probe}: {next:?}");
+        assert!(next.is_ok(), "probe {probe}, ran {ran}: {next:?}");
         let expected = if probe {
             // Handed on: still open, cooled down; the next check probed and closed it.
             CircuitState::Open
         } else {
             CircuitState::Closed
         };
-        assert_eq!(state, Some(expected), "probe {probe}");
+        assert_eq!(state, Some(expected), "probe {probe}, ran {ran}");
         assert_eq!(g.circuit_state(), Some(CircuitState::Closed));
     }
 }
@@ -274,13 +285,12 @@ impl Reset for Replying {
     }
 }
 
-/// A `reset_on` reset whose response is dropped on a current-thread runtime that then goes idle
-/// is made to its end on the layer's runtime: the denial cache in front of the store forgets the
-/// client when it ends, as the store did. Left on the idle runtime, it never ended, and the cache
-/// denied the client the store had reset, without asking it.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_reset_dropped_on_a_runtime_gone_idle_is_made() {
-    let reply = Arc::new(watch::channel(false).0);
+/// A login route of one request a minute per `x-user`, reset on success, over a `DenialCache` in
+/// front of a store whose resets reply when `reply` says; its recorded metrics; the checks that
+/// reached the store.
+fn reset_app(
+    reply: &Arc<watch::Sender<bool>>,
+) -> (Router, metrics_util::debugging::Snapshotter, Arc<AtomicU64>) {
     let checks = Arc::new(AtomicU64::new(0));
     let store = DenialCache::new(
         Replying {
@@ -294,21 +304,31 @@ async fn a_reset_dropped_on_a_runtime_gone_idle_is_made() {
     let policy = Policy::new("login", limit)
         .unwrap()
         .key(ApiKeyHeader::new("x-user").unwrap());
-    let layer = RateLimitLayer::builder(store, policy)
-        .reset_on(|res| res.status().is_success())
-        .build()
-        .unwrap();
-    let app: Router = Router::new()
+    let (layer, metrics) = common::recorded(|| {
+        RateLimitLayer::builder(store, policy)
+            .reset_on(|res| res.status().is_success())
+            .build()
+            .unwrap()
+    });
+    let app = Router::new()
         .route("/login", get(|| async { StatusCode::NO_CONTENT }))
         .route_layer(layer);
-    let login = || with_header(request("/login"), "x-user", "alice");
-    // The first login succeeds (taking alice's one unit, which the cache takes to deny her
-    // next); its reset is sent, and the response, waiting for the reply, dropped.
-    let side_app = app.clone();
-    let side = std::thread::spawn(move || {
+    (app, metrics, checks)
+}
+
+fn login() -> http::Request<axum::body::Body> {
+    with_header(request("/login"), "x-user", "alice")
+}
+
+/// Alice's first login, on a current-thread runtime of its own thread: it succeeds (taking her
+/// one unit, which the cache takes to deny her next), its reset is sent, and the response,
+/// waiting for the reply, dropped. The runtime is returned, never driven again.
+fn login_dropped_on_a_side_runtime(app: &Router) -> tokio::runtime::Runtime {
+    let app = app.clone();
+    std::thread::spawn(move || {
         let side = current_thread(true);
         side.block_on(async move {
-            let mut app = side_app;
+            let mut app = app;
             let mut response = ServiceExt::<http::Request<axum::body::Body>>::ready(&mut app)
                 .await
                 .unwrap()
@@ -318,20 +338,112 @@ async fn a_reset_dropped_on_a_runtime_gone_idle_is_made() {
         side
     })
     .join()
-    .unwrap();
-    reply.send_replace(true);
+    .unwrap()
+}
+
+/// Waits (up to 5 s) until the layer has counted one reset of `outcome`.
+async fn until_reset(metrics: &metrics_util::debugging::Snapshotter, outcome: &str) {
     let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let status = app.clone().oneshot(login()).await.unwrap().status();
-        if status == StatusCode::NO_CONTENT {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "alice, reset, still denied ({status}); the store asked {} times",
-            checks.load(Ordering::SeqCst)
-        );
+    while common::resets(metrics, "login")(outcome) == 0 {
+        assert!(Instant::now() < deadline, "no reset counted {outcome}");
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
+}
+
+/// A `reset_on` reset whose response is dropped on a current-thread runtime that then goes idle
+/// is made to its end on the layer's runtime: the denial cache in front of the store forgets the
+/// client when it ends, as the store did. Left on the idle runtime, it never ended, and the cache
+/// denied the client the store had reset, without asking it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_dropped_on_a_runtime_gone_idle_is_made() {
+    let reply = Arc::new(watch::channel(false).0);
+    let (app, metrics, checks) = reset_app(&reply);
+    let side = login_dropped_on_a_side_runtime(&app);
+    reply.send_replace(true);
+    until_reset(&metrics, "reset").await;
+    let status = app.clone().oneshot(login()).await.unwrap().status();
+    assert_eq!(
+        status,
+        StatusCode::NO_CONTENT,
+        "alice, reset, still denied; the store asked {} times",
+        checks.load(Ordering::SeqCst)
+    );
     std::thread::spawn(move || drop(side)).join().unwrap();
+}
+
+/// The same reset over a store that never replies times out (and is counted so) within the
+/// layer's timeout: its timer is made where it runs, not on the idle runtime, where it never
+/// fired and the reset waited for ever.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_dropped_on_a_runtime_gone_idle_times_out() {
+    let reply = Arc::new(watch::channel(false).0);
+    let (app, metrics, _) = reset_app(&reply);
+    let side = login_dropped_on_a_side_runtime(&app);
+    until_reset(&metrics, "timeout").await;
+    std::thread::spawn(move || drop(side)).join().unwrap();
+}
+
+/// The same reset, its response's runtime dropped before the store replies: made and counted
+/// (its timer, made on the dropped runtime, panicked as that runtime shut down, and the reset
+/// was never counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reset_dropped_on_a_runtime_then_dropped_is_made() {
+    let reply = Arc::new(watch::channel(false).0);
+    let (app, metrics, _) = reset_app(&reply);
+    let side = login_dropped_on_a_side_runtime(&app);
+    std::thread::spawn(move || drop(side)).join().unwrap();
+    reply.send_replace(true);
+    until_reset(&metrics, "reset").await;
+}
+
+/// A layer built on a runtime that shuts down while a request is served on another, running
+/// one: the request's `reset_on` reset, and a check dropped there, run on the running one (on
+/// the layer's, they were dropped with it: the reset never counted, the response's fields not
+/// the full quota; the check's timeout never counted).
+#[test]
+fn the_layers_runtime_shut_down_takes_no_task_of_a_running_one() {
+    let reply = Arc::new(watch::channel(false).0);
+    let first = multi_thread();
+    let (app, metrics, _) = first.block_on(async { reset_app(&reply) });
+    let clock = ManualClock::new();
+    let store = Gated::new();
+    let g = first.block_on(async { guarded(&store, &clock) });
+    let serving = multi_thread();
+    let response = serving.spawn(app.oneshot(login()));
+    serving.block_on(async {
+        let mut check = g.check(b"k", &limit(), 1);
+        assert!(poll_once(&mut check).is_pending());
+    });
+    drop(first);
+    reply.send_replace(true);
+    let response = serving.block_on(response).unwrap().unwrap();
+    assert_eq!(response.status(), StatusCode::NO_CONTENT);
+    serving.block_on(until_reset(&metrics, "reset"));
+    serving.block_on(until_circuit(&g, CircuitState::Open));
+}
+
+/// A layer built on a multi-thread runtime without timers, its requests served on one with
+/// them: a check dropped before its answer runs on where timers are (on the layer's runtime,
+/// making its timer panicked, which counted as a store failure and opened a healthy circuit).
+#[test]
+fn a_layer_built_on_a_runtime_without_timers_settles_on_the_serving_one() {
+    let clock = ManualClock::new();
+    let store = Gated::new();
+    let timerless = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .build()
+        .unwrap();
+    let g = {
+        let _in = timerless.enter();
+        guarded(&store, &clock)
+    };
+    multi_thread().block_on(async {
+        let mut check = g.check(b"k", &limit(), 1);
+        assert!(poll_once(&mut check).is_pending());
+        drop(check);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        store.set(Some(true));
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    });
+    assert_eq!(g.circuit_state(), Some(CircuitState::Closed));
 }
