@@ -7,9 +7,9 @@
 //! stays unpolled: a probe's answer never settles its circuit (which refuses every check, on
 //! every runtime, until the probe is taken as lost), a dropped check's timeout never counts, a
 //! reset's caches never forget the client. So such a task goes to the current runtime if it is a
-//! multi-thread one (running: the drop happens in it), else to the runtime the layer was built on
-//! if that is a multi-thread runtime still running, else to the current (current-thread) runtime,
-//! as before. These tasks end within the layer's timeout, so the runtime at hand is preferred to
+//! multi-thread one (unless it refuses it, shutting down), else to the runtime the layer was built
+//! on if that is a multi-thread runtime with timers still running, else to the current
+//! (current-thread) runtime, as before. These tasks end within the layer's timeout, so the runtime at hand is preferred to
 //! one that may have been configured otherwise (without timers, say) or be shutting down.
 //! (ratelimit-redis places its store's long-lived tasks, connections among them, by a like rule
 //! that prefers the store's own runtime; the crates share no code, tower-ratelimit depending on
@@ -18,6 +18,7 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
+use std::time::Duration;
 
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::task::JoinHandle;
@@ -55,8 +56,12 @@ impl Home {
         let Ok(handle) = Handle::try_current() else {
             return Home(None);
         };
-        // Only a multi-thread runtime is ever preferred: no need to watch another.
-        if handle.runtime_flavor() == RuntimeFlavor::CurrentThread {
+        // Only a multi-thread runtime with timers is ever preferred: no need to watch another.
+        // Whether it has timers is told only by making one, which panics without (tokio has no
+        // other way to ask): once, as the layer is built.
+        if handle.runtime_flavor() == RuntimeFlavor::CurrentThread
+            || std::panic::catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO))).is_err()
+        {
             return Home(None);
         }
         let gone = Arc::new(AtomicBool::new(false));
@@ -72,11 +77,12 @@ impl Home {
 
     /// Spawns `task` on the current runtime if it is a multi-thread one, else on the layer's
     /// runtime if it is a multi-thread runtime still running, else on the current runtime;
-    /// `Err(task)` outside any runtime, when none can take it. A layer's runtime that refuses
-    /// the task (shutting down, which may take a while before the watch's own task is dropped)
-    /// is marked gone there and then, and the task goes on as if it had been. The handle's
-    /// output is `None` only for a task refused there and by the current runtime too (dropped
-    /// unrun).
+    /// `Err(task)` when none can take it (outside any runtime, or the current multi-thread
+    /// runtime shutting down without the layer's to take over). A runtime that refuses the task
+    /// (shutting down: the drop that makes it may be its own shutdown's) hands it on to the
+    /// next; the layer's, refusing, is marked gone there and then (its watch's own task may be
+    /// dropped well after). The handle's output is `None` only for a task that a current-thread
+    /// runtime refused (dropped unrun).
     pub(crate) fn spawn<F>(&self, task: F) -> Result<JoinHandle<Option<F::Output>>, F>
     where
         F: Future + Send + 'static,
@@ -86,23 +92,31 @@ impl Home {
         if let Some(current) = &current
             && current.runtime_flavor() != RuntimeFlavor::CurrentThread
         {
-            return Ok(current.spawn(async move { Some(task.await) }));
+            return match spawn_unless_refused(current, task) {
+                Ok(spawned) => Ok(spawned),
+                Err(task) => self.spawn_home(task),
+            };
         }
-        let task = match &self.0 {
+        match (self.spawn_home(task), current) {
+            (Ok(spawned), _) => Ok(spawned),
+            (Err(task), Some(current)) => Ok(current.spawn(async move { Some(task.await) })),
+            (Err(task), None) => Err(task),
+        }
+    }
+
+    /// Spawns `task` on the layer's runtime if it is still running, else gives it back.
+    fn spawn_home<F>(&self, task: F) -> Result<JoinHandle<Option<F::Output>>, F>
+    where
+        F: Future + Send + 'static,
+        F::Output: Send + 'static,
+    {
+        match &self.0 {
             Some((handle, watch)) if !watch.gone.load(Ordering::Acquire) => {
-                match spawn_unless_refused(handle, task) {
-                    Ok(spawned) => return Ok(spawned),
-                    Err(task) => {
-                        watch.gone.store(true, Ordering::Release);
-                        task
-                    }
-                }
+                spawn_unless_refused(handle, task).inspect_err(|_| {
+                    watch.gone.store(true, Ordering::Release);
+                })
             }
-            _ => task,
-        };
-        match current {
-            Some(current) => Ok(current.spawn(async move { Some(task.await) })),
-            None => Err(task),
+            _ => Err(task),
         }
     }
 }

@@ -447,3 +447,64 @@ fn a_layer_built_on_a_runtime_without_timers_settles_on_the_serving_one() {
     });
     assert_eq!(g.circuit_state(), Some(CircuitState::Closed));
 }
+
+fn timerless() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .build()
+        .unwrap()
+}
+
+/// A layer built on a multi-thread runtime without timers, its requests served on a
+/// current-thread runtime (kept driven): its tasks stay on the serving runtime, which has timers.
+/// A `reset_on` reset is made and counted (on the layer's runtime its timer panicked, and it was
+/// counted under no outcome), and a check dropped before its answer is settled by it (its timer
+/// panicked there, counted as a store failure that opened a healthy circuit).
+#[test]
+fn a_layer_built_on_a_runtime_without_timers_leaves_a_current_thread_one_its_tasks() {
+    let reply = Arc::new(watch::channel(false).0);
+    let clock = ManualClock::new();
+    let store = Gated::new();
+    let timerless = timerless();
+    let ((app, metrics, _), g) = {
+        let _in = timerless.enter();
+        (reset_app(&reply), guarded(&store, &clock))
+    };
+    current_thread(true).block_on(async {
+        let response = tokio::spawn(app.clone().oneshot(login()));
+        let mut check = g.check(b"k", &limit(), 1);
+        assert!(poll_once(&mut check).is_pending());
+        drop(check);
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        reply.send_replace(true);
+        store.set(Some(true));
+        let response = response.await.unwrap().unwrap();
+        assert_eq!(response.status(), StatusCode::NO_CONTENT);
+        until_reset(&metrics, "reset").await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    });
+    assert_eq!(g.circuit_state(), Some(CircuitState::Closed));
+}
+
+/// A check in flight on a multi-thread runtime that shuts down, the layer's own runtime running:
+/// the check, dropped by that shutdown, runs on in the layer's runtime (refused by the runtime
+/// shutting down, it was dropped unrun, and its timeout over a hanging store never counted).
+#[test]
+fn a_check_dropped_by_its_runtime_s_shutdown_runs_on_in_the_layer_s() {
+    let clock = ManualClock::new();
+    let store = Gated::new();
+    let main = multi_thread();
+    let g = main.block_on(async { guarded(&store, &clock) });
+    let serving = multi_thread();
+    let check = g.clone();
+    serving.spawn(async move {
+        let _ = check.check(b"k", &limit(), 1).await;
+    });
+    let deadline = Instant::now() + Duration::from_secs(5);
+    while store.calls.load(Ordering::SeqCst) == 0 {
+        assert!(Instant::now() < deadline, "the check was never sent");
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    drop(serving);
+    main.block_on(until_circuit(&g, CircuitState::Open));
+}
