@@ -1378,15 +1378,8 @@ fn a_store_built_outside_a_tokio_runtime_is_a_configuration_error() {
 #[test]
 fn a_store_whose_runtime_is_gone_reconnects_for_a_current_thread_runtime() {
     let server = RedisServer::start();
-    let store = common::current_thread_runtime().block_on(async {
-        RedisStore::builder(server.url())
-            .prefix(unique_prefix("gone-rt"))
-            .pool_size(1)
-            .response_timeout(Duration::from_millis(500))
-            .build()
-            .await
-            .unwrap()
-    });
+    let store = common::current_thread_runtime()
+        .block_on(async { one_connection(&server, "gone-rt", 500).await });
     let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
     // A peek: the failed attempts spend nothing whatever they were.
     let remaining = common::current_thread_runtime().block_on(until_answered(&store, &limit, 0));
@@ -1407,15 +1400,7 @@ fn a_connection_reopened_for_a_short_lived_runtime_serves_the_store_s_own() {
 fn reopened_for_another_runtime(prefix: &str, side: tokio::runtime::Runtime, drop_side: bool) {
     let main = common::runtime();
     let server = RedisServer::start();
-    let store = main.block_on(async {
-        RedisStore::builder(server.url())
-            .prefix(unique_prefix(prefix))
-            .pool_size(1)
-            .response_timeout(Duration::from_millis(500))
-            .build()
-            .await
-            .unwrap()
-    });
+    let store = main.block_on(async { one_connection(&server, prefix, 500).await });
     let limit = Limit::single(Algorithm::Gcra, Quota::per_day(1_000).unwrap()).unwrap();
     main.block_on(store.check(b"k", &limit, 1)).unwrap();
     server.cli(&["client", "kill", "type", "normal"]);
@@ -1435,6 +1420,18 @@ fn reopened_for_another_runtime(prefix: &str, side: tokio::runtime::Runtime, dro
         remaining.into_iter().map(Result::ok).collect::<Vec<_>>(),
         [Some(997), Some(996), Some(995)]
     );
+}
+
+/// A store of one connection to `server`, under a prefix made from `prefix`, with a response
+/// timeout of `timeout_ms`.
+async fn one_connection(server: &RedisServer, prefix: &str, timeout_ms: u64) -> RedisStore {
+    RedisStore::builder(server.url())
+        .prefix(unique_prefix(prefix))
+        .pool_size(1)
+        .response_timeout(Duration::from_millis(timeout_ms))
+        .build()
+        .await
+        .unwrap()
 }
 
 /// `remaining` after the first check of `cost` for `k` that `store` answers, within 10 s.
@@ -1480,15 +1477,8 @@ fn a_store_s_runtime_shutting_down_fails_one_check_on_another() {
         for _ in 0..offset {
             home.spawn(async {});
         }
-        let store = home.block_on(async {
-            RedisStore::builder(server.url())
-                .prefix(unique_prefix("home-shutting-down"))
-                .pool_size(1)
-                .response_timeout(Duration::from_millis(200))
-                .build()
-                .await
-                .unwrap()
-        });
+        let store =
+            home.block_on(async { one_connection(&server, "home-shutting-down", 200).await });
         for _ in 0..2_000 {
             let slow = SlowDrop;
             home.spawn(async move {
