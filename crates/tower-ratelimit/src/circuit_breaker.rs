@@ -22,7 +22,7 @@
 //!   under the layer's timeout, and its answer settles the circuit, so clients that cancel their
 //!   requests cannot keep it open. (The task runs on the runtime current at the drop if it is a
 //!   multi-thread one, else on the runtime the layer was built on if that is a multi-thread
-//!   runtime with timers still running, else on the current one: a current-thread runtime whose `block_on`
+//!   runtime still running, else on the current one: a current-thread runtime whose `block_on`
 //!   returned would leave it unpolled, the circuit half-open until the probe is taken as lost.
 //!   With no runtime to take it, the probe is handed on: the circuit stays open, cooled down,
 //!   and the next request probes.) A probe that
@@ -739,8 +739,8 @@ pin_project_lite::pin_project! {
     /// (callers with deadlines shorter than the layer's timeout, a gRPC deadline or an outer
     /// timeout, would otherwise wait on a hung store for ever, the failure policy never acting).
     /// The task runs on the runtime current at the drop if it is a multi-thread one, else on the
-    /// runtime the layer was built on if that is a multi-thread runtime with timers still
-    /// running, else on the current one (see [`crate::home`]: a current-thread runtime whose `block_on` returned
+    /// runtime the layer was built on if that is a multi-thread runtime still running, else on
+    /// the current one (see [`crate::home`]: a current-thread runtime whose `block_on` returned
     /// would leave it unpolled). Where none can take it (no runtime current at the drop, even
     /// one made by a panic of the caller's), or the task is dropped while it waits or unrun (its
     /// runtime shutting down, even by a panic's unwinding), a probe is handed on (the circuit

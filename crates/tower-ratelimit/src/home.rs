@@ -8,8 +8,10 @@
 //! every runtime, until the probe is taken as lost), a dropped check's timeout never counts, a
 //! reset's caches never forget the client. So such a task goes to the current runtime if it is a
 //! multi-thread one (unless it refuses it, shutting down), else to the runtime the layer was built
-//! on if that is a multi-thread runtime with timers still running, else to the current
-//! (current-thread) runtime, as before. These tasks end within the layer's timeout, so the runtime at hand is preferred to
+//! on if that is a multi-thread runtime still running, else to the current (current-thread)
+//! runtime, as before. The layer's runtime must then have timers (`Runtime::new` and
+//! `#[tokio::main]` enable them): a task's timer made on one without panics there, a dropped
+//! check counting as a store failure. These tasks end within the layer's timeout, so the runtime at hand is preferred to
 //! one that may have been configured otherwise (without timers, say) or be shutting down.
 //! (ratelimit-redis places its store's long-lived tasks, connections among them, by a like rule
 //! that prefers the store's own runtime; the crates share no code, tower-ratelimit depending on
@@ -18,7 +20,6 @@
 use std::future::Future;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
-use std::time::Duration;
 
 use tokio::runtime::{Handle, RuntimeFlavor};
 use tokio::task::JoinHandle;
@@ -56,12 +57,10 @@ impl Home {
         let Ok(handle) = Handle::try_current() else {
             return Home(None);
         };
-        // Only a multi-thread runtime with timers is ever preferred: no need to watch another.
-        // Whether it has timers is told only by making one, which panics without (tokio has no
-        // other way to ask): once, as the layer is built.
-        if handle.runtime_flavor() == RuntimeFlavor::CurrentThread
-            || std::panic::catch_unwind(|| drop(tokio::time::sleep(Duration::ZERO))).is_err()
-        {
+        // Only a multi-thread runtime is ever preferred: no need to watch another. (Its timers
+        // are taken on trust: tokio tells whether a runtime has them only by panicking at the
+        // making of one, which a panic hook sees, and `panic = "abort"` cannot catch.)
+        if handle.runtime_flavor() == RuntimeFlavor::CurrentThread {
             return Home(None);
         }
         let gone = Arc::new(AtomicBool::new(false));
@@ -77,8 +76,8 @@ impl Home {
 
     /// Spawns `task` on the current runtime if it is a multi-thread one, else on the layer's
     /// runtime if it is a multi-thread runtime still running, else on the current runtime;
-    /// `Err(task)` when none can take it (outside any runtime, or the current multi-thread
-    /// runtime shutting down without the layer's to take over). A runtime that refuses the task
+    /// `Err(task)` when none can take it: outside any runtime, or every runtime at hand shutting
+    /// down (then the task is not to be run in place either). A runtime that refuses the task
     /// (shutting down: the drop that makes it may be its own shutdown's) hands it on to the
     /// next; the layer's, refusing, is marked gone there and then (its watch's own task may be
     /// dropped well after). The handle's output is `None` only for a task that a current-thread

@@ -529,13 +529,20 @@ impl<St: Reset> ResetOn<St> {
                 {
                     return done.is_ok();
                 }
-                // A network store's: in a task of its own where there is a runtime (the layer's,
-                // if a multi-thread one still running, else the current one: see `crate::home`),
+                // A network store's: in a task of its own where there is a runtime (the current
+                // one if multi-thread, else the layer's if a multi-thread one still running,
+                // else the current one: see `crate::home`),
                 // so that it is made even if the response is dropped first (the client went
                 // away); the response waits for it all the same.
                 match home.spawn(reset.in_current_span()) {
                     Ok(task) => matches!(task.await, Ok(Some(Ok(())))),
-                    Err(reset) => reset.await.is_ok(),
+                    // No runtime: made here (without a timer), as the response is awaited.
+                    Err(reset) if tokio::runtime::Handle::try_current().is_err() => {
+                        reset.await.is_ok()
+                    }
+                    // Refused by every runtime at hand, shutting down (its timer would panic
+                    // here): not made.
+                    Err(_) => false,
                 }
             })
         }
