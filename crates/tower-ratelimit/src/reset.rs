@@ -523,6 +523,7 @@ impl<St: Reset> ResetOn<St> {
             // Its error is logged and counted where it ends; the response goes out as it is.
             let mut reset = Box::pin(reset_key(shared, counters, key, ask));
             let home = shared.home.clone();
+            let counters = Arc::clone(counters);
             Box::pin(async move {
                 // Done at once (the in-memory store's): nothing to wait for.
                 if let Poll::Ready(done) = poll_fn(|cx| Poll::Ready(reset.as_mut().poll(cx))).await
@@ -541,8 +542,12 @@ impl<St: Reset> ResetOn<St> {
                         reset.await.is_ok()
                     }
                     // Refused by every runtime at hand, shutting down (its timer would panic
-                    // here): not made.
-                    Err(_) => false,
+                    // here): its calls were sent at its first poll, but no answer will be
+                    // waited for, counted as a reset that got none in time.
+                    Err(_) => {
+                        counters[ResetOutcome::Timeout as usize].increment(1);
+                        false
+                    }
                 }
             })
         }

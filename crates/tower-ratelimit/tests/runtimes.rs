@@ -476,13 +476,14 @@ fn a_check_dropped_by_its_runtime_s_shutdown_runs_on_in_the_layer_s() {
 }
 
 /// A request served, through its handle, on the layer's multi-thread runtime once that has shut
-/// down: its reset is refused by every runtime at hand and is not made; the response is answered
-/// (the reset, then awaited in place, panicked at its timer on the runtime shutting down).
+/// down: its reset, sent, is refused by every runtime at hand, not waited for, and counted as
+/// timed out; the response is answered (the reset, awaited in place, panicked at its timer on the
+/// runtime shutting down).
 #[test]
-fn a_reset_refused_by_every_runtime_is_not_made_and_the_response_answered() {
+fn a_reset_refused_by_every_runtime_is_counted_and_the_response_answered() {
     let reply = Arc::new(watch::channel(false).0);
     let rt = multi_thread();
-    let (app, _, _) = rt.block_on(async { reset_app(&reply) });
+    let (app, metrics, _) = rt.block_on(async { reset_app(&reply) });
     let handle = rt.handle().clone();
     drop(rt);
     let served = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
@@ -491,5 +492,12 @@ fn a_reset_refused_by_every_runtime_is_not_made_and_the_response_answered() {
     assert_eq!(
         served.expect("the response panicked").unwrap(),
         StatusCode::NO_CONTENT
+    );
+    // Its calls were sent (its first poll), its answer not waited for: counted once, as timed
+    // out.
+    let resets = common::resets(&metrics, "login");
+    assert_eq!(
+        ["reset", "no_key", "timeout", "error", "skipped"].map(resets),
+        [0, 0, 1, 0, 0]
     );
 }
