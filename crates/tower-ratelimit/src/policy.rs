@@ -111,10 +111,10 @@ where
 #[non_exhaustive]
 pub enum MissingKey {
     /// Reject the request with this status (400 by default) and a body in the policy's
-    /// [`DenialBody`](crate::DenialBody) format (plain text by default: `No rate-limit key in
+    /// [`DenialBody`] format (plain text by default: `No rate-limit key in
     /// the request`, followed by what to send if the key's extractor says: see
     /// [`KeyExtractor::client_hint`]; a gRPC call gets its status mapping, as
-    /// [`DenialBody::Grpc`](crate::DenialBody::Grpc) says);
+    /// [`DenialBody::Grpc`] says);
     /// counted as `outcome="no_key"`. Not 401, 405, 407 or 426, which HTTP requires to carry a
     /// header of their own (for 401 see [`Unauthorized`](MissingKey::Unauthorized)).
     Reject(StatusCode),
