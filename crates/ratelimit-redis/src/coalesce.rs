@@ -124,8 +124,8 @@ pub trait ScriptStore:
 
 mod sealed {
     pub trait Sealed {
-        /// The runtime the store was made on, where a key's task runs unless the check that
-        /// starts it is on a multi-thread runtime (see [`crate::spawn`]).
+        /// The runtime the store was made on, where a key's task runs if that is a
+        /// multi-thread runtime still running (see [`crate::spawn`]).
         fn home(&self) -> &crate::spawn::Home;
     }
     impl Sealed for crate::RedisStore {

@@ -325,7 +325,7 @@ fn read_pem(
     let bad = |reason: String| StartError::Config(ConfigError::new(field, reason));
     let pem =
         std::fs::read(path).map_err(|e| bad(format!("cannot read {}: {e}", path.display())))?;
-    if !pem.windows(marker.len()).any(|w| w == marker.as_bytes()) {
+    if !holds(&pem, marker) {
         return Err(bad(format!(
             "{} holds no PEM {what} (no \"{marker}\" line)",
             path.display()
@@ -340,7 +340,7 @@ fn read_pem(
 /// name after the certificate's file.
 #[cfg(any(feature = "tls", feature = "tls-rustls"))]
 fn usable_key(path: &std::path::Path, pem: Vec<u8>) -> Result<Vec<u8>, StartError> {
-    let has = |marker: &str| pem.windows(marker.len()).any(|w| w == marker.as_bytes());
+    let has = |marker: &str| holds(&pem, marker);
     let bad = |reason: String| {
         StartError::Config(ConfigError::new(
             "store.tls_client_key_file",
@@ -361,6 +361,12 @@ fn usable_key(path: &std::path::Path, pem: Vec<u8>) -> Result<Vec<u8>, StartErro
         ));
     }
     Ok(pem)
+}
+
+/// Whether `pem` holds the text `marker`.
+#[cfg(any(feature = "tls", feature = "tls-rustls"))]
+fn holds(pem: &[u8], marker: &str) -> bool {
+    pem.windows(marker.len()).any(|w| w == marker.as_bytes())
 }
 
 /// The first line of a PEM certificate.
