@@ -327,7 +327,9 @@ pub struct RedisStoreBuilder {
     wait_timeout: Duration,
     pub(crate) response_timeout: Duration,
     clock: Option<Arc<dyn Clock>>,
-    expiry_slack: Duration,
+    /// `None` until set: then zero with the server's clock, the check's timeout with a client
+    /// clock (see `client_clock`).
+    expiry_slack: Option<Duration>,
     announce_resets: bool,
     ping_after_idle: Duration,
     #[cfg(any(feature = "tls", feature = "tls-rustls"))]
@@ -1334,7 +1336,7 @@ impl RedisStoreBuilder {
             wait_timeout: DEFAULT_WAIT_TIMEOUT,
             response_timeout: DEFAULT_RESPONSE_TIMEOUT,
             clock: None,
-            expiry_slack: Duration::ZERO,
+            expiry_slack: None,
             announce_resets: false,
             ping_after_idle: DEFAULT_PING_AFTER_IDLE,
             #[cfg(any(feature = "tls", feature = "tls-rustls"))]
@@ -1521,19 +1523,29 @@ impl RedisStoreBuilder {
     /// [`WallClock`](ratelimit_core::WallClock), which reads the system clock that NTP keeps in
     /// step, not a [`SystemClock`](ratelimit_core::SystemClock), which drifts from it by up to
     /// seconds a day.
+    ///
+    /// A check's time is then read on the gateway before its command is sent, while Redis counts
+    /// a key's expiry from when the script runs: a check that waits `d` between the two (in a
+    /// queue, on the network) reads the key as of `d` ago, and would find it expired up to `d`
+    /// before its state is fresh, and decide on a fresh state. So unless
+    /// [`expiry_slack`](Self::expiry_slack) is set, a client-clock store adds its
+    /// [`response_timeout`](Self::response_timeout) to every expiry: any check whose answer is
+    /// used ran within it of its time.
     pub fn client_clock(mut self, clock: impl Clock + 'static) -> Self {
         self.clock = Some(Arc::new(clock));
         self
     }
 
-    /// Extra time added to every key's expiry (default zero: a key expires as soon as its state is
-    /// fresh again, rounded up to the millisecond).
+    /// Extra time added to every key's expiry (default zero with the server's clock: a key expires
+    /// as soon as its state is fresh again, rounded up to the millisecond; with a
+    /// [`client_clock`](Self::client_clock), the [`response_timeout`](Self::response_timeout)).
     ///
     /// Expiry runs on the Redis server's real time. With a client clock that does not follow real
-    /// time (a `ManualClock` in tests), or gateways whose clocks disagree, a slack keeps states
+    /// time (a `ManualClock` in tests), gateways whose clocks disagree, or checks that wait longer
+    /// than the response timeout between reading their time and running, a slack keeps states
     /// alive until every clock agrees they are fresh.
     pub fn expiry_slack(mut self, d: Duration) -> Self {
-        self.expiry_slack = d;
+        self.expiry_slack = Some(d);
         self
     }
 
@@ -1670,8 +1682,12 @@ impl RedisStoreBuilder {
                 "a standalone store takes one URL; use RedisStore::cluster for several nodes",
             ));
         }
-        let slack_ms =
-            u64::try_from(self.expiry_slack.as_micros().div_ceil(1_000)).unwrap_or(u64::MAX);
+        let slack = self.expiry_slack.unwrap_or(if self.clock.is_some() {
+            self.response_timeout
+        } else {
+            Duration::ZERO
+        });
+        let slack_ms = u64::try_from(slack.as_micros().div_ceil(1_000)).unwrap_or(u64::MAX);
         if slack_ms > 1 << 40 {
             return Err(RedisStoreError::config("expiry_slack", "is too long"));
         }

@@ -35,10 +35,47 @@ async fn client_clock_store(server: &RedisServer, name: &str) -> (ManualClock, R
     let store = RedisStore::builder(server.url())
         .prefix(unique_prefix(name))
         .client_clock(clock.clone())
+        .expiry_slack(Duration::ZERO)
         .build()
         .await
         .unwrap();
     (clock, store)
+}
+
+/// With a client clock, a check's time is read before its command is sent and the expiry counts
+/// from when the script runs: a check that waits in between must still find the state, so by
+/// default a client-clock store's keys outlive their fresh time by the response timeout; the
+/// server's clock needs no slack.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_clock_store_keeps_keys_for_its_response_timeout_past_fresh() {
+    let server = RedisServer::start();
+    let limit = Limit::single(
+        Algorithm::TokenBucket,
+        Quota::per_minute(6).unwrap().with_burst(5).unwrap(),
+    )
+    .unwrap();
+    let timeout = Duration::from_secs(5);
+    let client = RedisStore::builder(server.url())
+        .prefix(unique_prefix("client-slack"))
+        .client_clock(ManualClock::starting_at(Timestamp::from_micros(T0)))
+        .response_timeout(timeout)
+        .build()
+        .await
+        .unwrap();
+    let d = client.check(b"u", &limit, 1).await.unwrap();
+    assert_eq!(d.reset_after(), Duration::from_secs(10));
+    let key = &client.state_keys(b"u", &limit)[0];
+    assert_ttl_close(pttl(&server, key), 15_000, "client clock, default slack");
+
+    let server_time = RedisStore::builder(server.url())
+        .prefix(unique_prefix("server-slack"))
+        .response_timeout(timeout)
+        .build()
+        .await
+        .unwrap();
+    server_time.check(b"u", &limit, 1).await.unwrap();
+    let key = &server_time.state_keys(b"u", &limit)[0];
+    assert_ttl_close(pttl(&server, key), 10_000, "server clock, default slack");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
