@@ -241,7 +241,9 @@ pub struct LeasingStats {
     pub leases: u64,
     /// Units granted in leases (including each first request's own cost).
     pub leased_units: u64,
-    /// Lease requests the store denied (each followed by a check of the request's own cost).
+    /// Lease requests the store denied (each followed by a check of the request's own cost, or,
+    /// when the denial said more than that cost was left, by one request for exactly what was
+    /// left).
     pub lease_denials: u64,
     /// Granted units dropped unspent (expired leases, leases replaced or evicted), and the units
     /// beyond their own cost of lease requests dropped before their answer or failed, which the
@@ -310,8 +312,9 @@ struct Entry {
     sent: u64,
     /// The store's last answer for the key that this gateway saw (to the lease, or to a check
     /// that went straight to the store since), which the lease's answers report: its limit,
-    /// remaining units and reset time (µs), and the order its check was sent in (see
-    /// `report_seq`; an answer to a check sent earlier, come later, is not taken).
+    /// remaining units and reset time (µs), and the last check number given (`report_seq`) when
+    /// the latest answer taken came (`None` before the first, and again once the key is reset;
+    /// see `saw_answer`).
     limit: u64,
     remaining: u64,
     reset_at: u64,
@@ -320,7 +323,7 @@ struct Entry {
     /// cache above does not deny past the store's time.
     reset_lag: u64,
     quota_index: u32,
-    answered_seq: u64,
+    answered_upto: Option<u64>,
     /// The last check number given (`report_seq`) when resets may have gone unheard
     /// (`forget_unheard`): an answer to a check numbered up to it may be of a state a missed
     /// reset forgot, and leaves `reset_lag` unknown.
@@ -328,9 +331,11 @@ struct Entry {
     /// The checks of the key sent to the store (lease requests, and checks straight to the store
     /// while the key has an entry), numbered in the order they were sent: the last number given.
     report_seq: u64,
-    /// The number of the lease request on its way, and of the one that brought the current lease.
+    /// The number of the lease request on its way.
     fetch_report_seq: u64,
-    lease_seq: u64,
+    /// The last check number given (`report_seq`) when the answer that brought the current lease
+    /// came: a check numbered after it reached the store after the lease was granted.
+    lease_came: u64,
     /// The store's remaining units in its answer to the last lease (not refreshed by direct
     /// checks): whether the store had units left beyond the lease, for the lease size.
     lease_left: u64,
@@ -392,14 +397,15 @@ impl Entry {
     /// the reset reported is never before the store's; and up to the round trip after it, which
     /// the lease's answers say.
     ///
-    /// An answer to a check numbered before the last one taken may still be the store's later
-    /// one: checks are numbered when made, and a check may reach the store after one made after
-    /// it (another thread's slipping in between a lease request's numbering and its sending, or
-    /// one task polling a store that sends at the first poll out of their making order). Of two
-    /// answers, the one the store gave last has the fewer units left (but for the refill between
-    /// the two) and the later reset: the older-numbered answer lowers what is taken and moves its
-    /// reset later, never the other way, so that the lease's answers report neither the lease's
-    /// units twice nor a reset before the store's.
+    /// A check numbered after every answer taken came (numbers are given before a check is sent)
+    /// is one the store ran after them all: its answer replaces theirs (the store may have
+    /// refilled since). Of checks in flight together, neither the order they were made in nor
+    /// the order their answers are taken in says which the store ran first (a check may reach the
+    /// store after one made after it, and one task may take its answer before another takes an
+    /// earlier one's); of two answers, the one the store gave last has the fewer units left (but
+    /// for the refill between the two) and the later reset: such an answer lowers what is taken
+    /// and moves its reset later, never the other way, so that the lease's answers report
+    /// neither the lease's units twice nor a reset before the store's.
     ///
     /// An answer to a check sent before a reset of the key (`resets`, the key's resets when it
     /// was sent, is not the count now) describes the state the reset forgot: not taken at all.
@@ -415,8 +421,9 @@ impl Entry {
             at.saturating_sub(sent)
         };
         let quota_index = u32::try_from(d.quota_index()).unwrap_or(u32::MAX);
-        if seq > self.answered_seq {
-            self.answered_seq = seq;
+        let later = self.answered_upto.is_none_or(|upto| seq > upto);
+        self.answered_upto = Some(self.report_seq);
+        if later {
             self.limit = d.limit();
             self.remaining = d.remaining();
             self.reset_at = reset_at;
@@ -483,6 +490,9 @@ impl Entry {
     fn forget(&mut self) -> u64 {
         self.starved_until = 0;
         self.resets = self.resets.wrapping_add(1);
+        // The answers taken describe the state the store forgets: the next one (of a check sent
+        // after the reset) replaces them, whatever its number.
+        self.answered_upto = None;
         self.settled = true;
         self.drop_lease()
     }
@@ -1207,9 +1217,10 @@ impl Seen {
         let at = self.clock.now_micros();
         let mut e = self.entry.lock();
         e.saw_answer(self.seq, self.resets, self.sent, at, d);
-        // The live lease's units, if it was asked for before the peek was sent (else the store
-        // counted them as remaining in the peek's answer).
-        if self.peek && e.tokens > 0 && self.sent < e.expires && e.lease_seq < self.seq {
+        // The live lease's units, if the store granted them before it ran the peek: their answer
+        // came before the peek was numbered. Else the store may have counted them as remaining in
+        // the peek's answer, and they are not added (the peek may then say fewer than there are).
+        if self.peek && e.tokens > 0 && self.sent < e.expires && e.lease_came < self.seq {
             *d = Decision::new(
                 d.outcome(),
                 d.limit(),
@@ -1456,7 +1467,7 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
                             e.sent = sent;
                             e.expires = sent.saturating_add(ttl);
                             e.lease_left = d.remaining();
-                            e.lease_seq = e.fetch_report_seq;
+                            e.lease_came = e.report_seq;
                             e.saw_answer(e.fetch_report_seq, e.fetch_resets, sent, answered, &d);
                             // Outlived a reset: no unit kept, and the key's last answer taken
                             // may be from before the reset: this check's is the store's own.

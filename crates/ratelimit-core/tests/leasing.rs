@@ -492,6 +492,165 @@ fn answers_run_by_the_store_out_of_their_sending_order_report_no_more_than_it_ha
     }
 }
 
+/// A store whose checks the test runs (`run`, in the shared memory store) and answers (`answer`)
+/// one by one, each in the order it chooses: the order checks are made, run and answered in may
+/// all differ.
+#[derive(Clone)]
+struct Gated {
+    store: Arc<MemoryStore<ManualClock>>,
+    calls: Arc<parking_lot::Mutex<Vec<Arc<parking_lot::Mutex<GatedCall>>>>>,
+}
+
+struct GatedCall {
+    limit: Limit,
+    cost: u64,
+    decided: Option<ratelimit_core::Decision>,
+    answered: bool,
+}
+
+impl Gated {
+    fn new(store: &Arc<MemoryStore<ManualClock>>) -> Self {
+        Gated {
+            store: Arc::clone(store),
+            calls: Arc::default(),
+        }
+    }
+
+    /// The store runs its `i`th call.
+    fn run(&self, i: usize) {
+        let call = Arc::clone(&self.calls.lock()[i]);
+        let mut call = call.lock();
+        call.decided = Some(self.store.check_now(b"k", &call.limit, call.cost));
+    }
+
+    /// The answer to its `i`th call (run before) reaches the gateway.
+    fn answer(&self, i: usize) {
+        self.calls.lock()[i].lock().answered = true;
+    }
+}
+
+struct GatedFuture(Arc<parking_lot::Mutex<GatedCall>>);
+
+impl Future for GatedFuture {
+    type Output = Result<ratelimit_core::Decision, NoError>;
+
+    fn poll(self: Pin<&mut Self>, _: &mut Context<'_>) -> Poll<Self::Output> {
+        match &*self.0.lock() {
+            GatedCall {
+                decided: Some(d),
+                answered: true,
+                ..
+            } => Poll::Ready(Ok(*d)),
+            _ => Poll::Pending,
+        }
+    }
+}
+
+impl Store for Gated {
+    type Error = NoError;
+    type Future = GatedFuture;
+
+    fn check(&self, _key: &[u8], limit: &Limit, cost: u64) -> GatedFuture {
+        let call = Arc::new(parking_lot::Mutex::new(GatedCall {
+            limit: limit.clone(),
+            cost,
+            decided: None,
+            answered: false,
+        }));
+        self.calls.lock().push(Arc::clone(&call));
+        GatedFuture(call)
+    }
+}
+
+/// Polls `f` once.
+fn poll_once<F: Future + Unpin>(f: &mut F) -> Option<F::Output> {
+    match Pin::new(f).poll(&mut Context::from_waker(Waker::noop())) {
+        Poll::Ready(v) => Some(v),
+        Poll::Pending => None,
+    }
+}
+
+/// Two checks of a key the store ran in another order than they were made, whose answers were
+/// taken in yet another (two tasks woken in either order): a check larger than a lease made
+/// first, then a lease request; the store runs the lease request first; the large check's
+/// answer is taken first. Neither order says which answer is the store's later one: the lease's
+/// answers report neither the large check's units as still there nor a reset before the store's.
+#[test]
+fn answers_taken_in_another_order_than_the_store_ran_them_report_no_more_than_it_has() {
+    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+    let store = memory(&clock);
+    let gated = Gated::new(&store);
+    let leasing = Leasing::builder(gated.clone(), clock.clone())
+        .lease_size(3)
+        .build()
+        .unwrap();
+    // 10 a second, a bucket of 20.
+    let limit = Limit::single(
+        Algorithm::TokenBucket,
+        Quota::per_second(10).unwrap().with_burst(20).unwrap(),
+    )
+    .unwrap();
+    // A first lease of 3, spent: 17 left in the store.
+    let mut first = leasing.check(b"k", &limit, 1);
+    gated.run(0);
+    gated.answer(0);
+    assert!(poll_once(&mut first).unwrap().unwrap().is_allowed());
+    for _ in 0..2 {
+        let d = poll_once(&mut leasing.check(b"k", &limit, 1)).unwrap();
+        assert!(d.unwrap().is_cached());
+    }
+    let mut large = leasing.check(b"k", &limit, 5);
+    let mut lease = leasing.check(b"k", &limit, 1);
+    // Run: the lease request (17 − 3 = 14), then the large check (14 − 5 = 9).
+    gated.run(2);
+    gated.run(1);
+    // Taken: the large check's answer, then the lease's.
+    gated.answer(1);
+    assert!(poll_once(&mut large).unwrap().unwrap().is_allowed());
+    gated.answer(2);
+    assert!(poll_once(&mut lease).unwrap().unwrap().is_allowed());
+    let local = poll_once(&mut leasing.check(b"k", &limit, 1))
+        .unwrap()
+        .unwrap();
+    assert!(local.is_allowed() && local.is_cached(), "{local:?}");
+    let truth = store.check_now(b"k", &limit, 0);
+    assert_eq!(truth.remaining(), 9);
+    assert_eq!(leasing.outstanding_units(), 1);
+    assert_eq!(local.remaining(), 9 + 1, "{local:?}");
+    assert!(
+        local.reset_after() >= truth.reset_after(),
+        "the leased reset {:?} is before the store's {:?}",
+        local.reset_after(),
+        truth.reset_after()
+    );
+
+    // A peek made after a lease request, run by the store before it, its answer taken after the
+    // lease's: the store counted the lease's units as remaining, and they are not added to its
+    // answer, nor is its answer taken as the store's later one.
+    let spent = poll_once(&mut leasing.check(b"k", &limit, 1)).unwrap();
+    assert!(spent.unwrap().is_cached());
+    clock.advance(Duration::from_millis(500));
+    assert_eq!(store.check_now(b"k", &limit, 0).remaining(), 14);
+    let mut lease = leasing.check(b"k", &limit, 1);
+    let mut peek = leasing.check(b"k", &limit, 0);
+    let calls = gated.calls.lock().len();
+    // Run: the peek (14 left), then the lease request (14 − 3 = 11).
+    gated.run(calls - 1);
+    gated.run(calls - 2);
+    gated.answer(calls - 2);
+    assert!(poll_once(&mut lease).unwrap().unwrap().is_allowed());
+    gated.answer(calls - 1);
+    let peeked = poll_once(&mut peek).unwrap().unwrap();
+    assert_eq!(peeked.remaining(), 14, "{peeked:?}");
+    let local = poll_once(&mut leasing.check(b"k", &limit, 1))
+        .unwrap()
+        .unwrap();
+    assert!(local.is_allowed() && local.is_cached(), "{local:?}");
+    assert_eq!(store.check_now(b"k", &limit, 0).remaining(), 11);
+    assert_eq!(leasing.outstanding_units(), 1);
+    assert_eq!(local.remaining(), 11 + 1, "{local:?}");
+}
+
 /// An answer to a check made before a reset of its key, taken after the reset (its task polled
 /// late): it describes the state the reset forgot, and the lease's answers do not report it
 /// (neither its units as spent nor its reset), however it is numbered against the answers
