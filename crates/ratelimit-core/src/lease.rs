@@ -187,20 +187,23 @@ const SHARDS: usize = 16;
 /// An allowed decision answered from a lease reports the store's last answer for the key that this
 /// gateway saw (to the lease, or to a check of the key that went straight to the store since: a
 /// cost larger than the lease, a peek): its limit, quota index and reset, and as `remaining` the
-/// units left in the lease + what that answer said remained. Answers are taken in the order their
-/// checks were made (`answers_taken_in_the_order_their_checks_were_sent`), which is the order the
-/// store ran them when they share a connection and are sent as made; an answer to a check made
-/// before the one taken, which the store may have run after it (two threads, or checks polled
-/// out of their making order), only lowers the `remaining` taken and moves its reset later
-/// (`answers_run_by_the_store_out_of_their_sending_order_report_no_more_than_it_has`). Other
+/// units left in the lease + what that answer said remained. Answers are taken in the order the
+/// store ran their checks where their resets tell it (a quota's full time never moves earlier as
+/// the store runs checks), else in the order their checks were made
+/// (`answers_taken_in_the_order_their_checks_were_sent`), which is the order the store ran them
+/// when they share a connection and are sent as made; an answer judged to be of a check the
+/// store ran before the one taken (two threads, checks polled out of their making order, answers
+/// taken in either order) only lowers the `remaining` taken and moves its reset later
+/// (`answers_run_by_the_store_out_of_their_sending_order_report_no_more_than_it_has`,
+/// `answers_taken_in_another_order_than_the_store_ran_them_report_no_more_than_it_has`). Other
 /// gateways may have consumed since, and the refill since is not counted. The reset is the
 /// store's, never earlier: the store counted the lease's unspent units as spent, and they serve
 /// only checks no larger than what is left of the lease while it lives, so the whole burst may
 /// not pass before the store's reset. It is at most
 /// the refill time of those units later than a store alone would say
 /// (`a_leased_answer_never_resets_before_the_store_does`). A peek (cost 0) counts the live lease's
-/// units as remaining if the lease was asked for before the peek. Denials always come from the
-/// store and are exact.
+/// units as remaining if the store granted the lease before it ran the peek, as told above.
+/// Denials always come from the store and are exact.
 pub struct Leasing<S, C> {
     shared: Arc<Shared<S, C>>,
 }
@@ -312,9 +315,10 @@ struct Entry {
     sent: u64,
     /// The store's last answer for the key that this gateway saw (to the lease, or to a check
     /// that went straight to the store since), which the lease's answers report: its limit,
-    /// remaining units and reset time (µs), and the last check number given (`report_seq`) when
-    /// the latest answer taken came (`None` before the first, and again once the key is reset;
-    /// see `saw_answer`).
+    /// remaining units and reset time (µs; the latest `at + reset_after` of the answers taken),
+    /// the earliest that reset can be (the latest `sent + reset_after`; zero again once the key
+    /// is reset), and the highest number (`report_seq`) of the checks whose answers were taken
+    /// (see `saw_answer`).
     limit: u64,
     remaining: u64,
     reset_at: u64,
@@ -323,7 +327,8 @@ struct Entry {
     /// cache above does not deny past the store's time.
     reset_lag: u64,
     quota_index: u32,
-    answered_upto: Option<u64>,
+    reset_floor: u64,
+    answered_seq: u64,
     /// The last check number given (`report_seq`) when resets may have gone unheard
     /// (`forget_unheard`): an answer to a check numbered up to it may be of a state a missed
     /// reset forgot, and leaves `reset_lag` unknown.
@@ -331,11 +336,14 @@ struct Entry {
     /// The checks of the key sent to the store (lease requests, and checks straight to the store
     /// while the key has an entry), numbered in the order they were sent: the last number given.
     report_seq: u64,
-    /// The number of the lease request on its way.
+    /// The number of the lease request on its way, and of the one that brought the current lease.
     fetch_report_seq: u64,
+    lease_seq: u64,
     /// The last check number given (`report_seq`) when the answer that brought the current lease
-    /// came: a check numbered after it reached the store after the lease was granted.
+    /// came (a check numbered after it reached the store after the lease was granted), and the
+    /// earliest the reset in that answer can be (`sent + reset_after`, µs).
     lease_came: u64,
+    lease_floor: u64,
     /// The store's remaining units in its answer to the last lease (not refreshed by direct
     /// checks): whether the store had units left beyond the lease, for the lease size.
     lease_left: u64,
@@ -397,15 +405,19 @@ impl Entry {
     /// the reset reported is never before the store's; and up to the round trip after it, which
     /// the lease's answers say.
     ///
-    /// A check numbered after every answer taken came (numbers are given before a check is sent)
-    /// is one the store ran after them all: its answer replaces theirs (the store may have
-    /// refilled since). Of checks in flight together, neither the order they were made in nor
-    /// the order their answers are taken in says which the store ran first (a check may reach the
-    /// store after one made after it, and one task may take its answer before another takes an
-    /// earlier one's); of two answers, the one the store gave last has the fewer units left (but
-    /// for the refill between the two) and the later reset: such an answer lowers what is taken
-    /// and moves its reset later, never the other way, so that the lease's answers report
-    /// neither the lease's units twice nor a reset before the store's.
+    /// Which answer is the store's later one: the store ran each check between its `sent` and its
+    /// `at`, and the time its quota is full again (`reset_after` from then) never moves earlier as
+    /// it runs checks (an admission moves it later, time passing leaves it; with several quotas,
+    /// the binding one's may). So an answer whose reset can be no later than `at + reset_after`
+    /// is of a check run before one whose reset is at least `sent + reset_after` if the first is
+    /// below the second, and of one run after if the other way round. Otherwise answers are
+    /// taken in the order their checks were made (numbered before they are sent), the order the
+    /// store runs checks sent as made on one connection. An answer judged earlier than one taken
+    /// (a check made later, run first: another thread's slipping in between a lease request's
+    /// numbering and its sending, checks polled out of their making order, answers taken by two
+    /// tasks in either order) only lowers the `remaining` taken and moves its reset later, never
+    /// the other way, so that the lease's answers report neither the lease's units twice nor a
+    /// reset before the store's.
     ///
     /// An answer to a check sent before a reset of the key (`resets`, the key's resets when it
     /// was sent, is not the count now) describes the state the reset forgot: not taken at all.
@@ -421,8 +433,11 @@ impl Entry {
             at.saturating_sub(sent)
         };
         let quota_index = u32::try_from(d.quota_index()).unwrap_or(u32::MAX);
-        let later = self.answered_upto.is_none_or(|upto| seq > upto);
-        self.answered_upto = Some(self.report_seq);
+        let floor = sent.saturating_add(micros(d.reset_after()));
+        let earlier = reset_at < self.reset_floor;
+        let later = !earlier && (seq > self.answered_seq || floor > self.reset_at);
+        self.answered_seq = self.answered_seq.max(seq);
+        self.reset_floor = self.reset_floor.max(floor);
         if later {
             self.limit = d.limit();
             self.remaining = d.remaining();
@@ -491,8 +506,8 @@ impl Entry {
         self.starved_until = 0;
         self.resets = self.resets.wrapping_add(1);
         // The answers taken describe the state the store forgets: the next one (of a check sent
-        // after the reset) replaces them, whatever its number.
-        self.answered_upto = None;
+        // after the reset) replaces them, whatever its reset.
+        self.reset_floor = 0;
         self.settled = true;
         self.drop_lease()
     }
@@ -1218,9 +1233,13 @@ impl Seen {
         let mut e = self.entry.lock();
         e.saw_answer(self.seq, self.resets, self.sent, at, d);
         // The live lease's units, if the store granted them before it ran the peek: their answer
-        // came before the peek was numbered. Else the store may have counted them as remaining in
-        // the peek's answer, and they are not added (the peek may then say fewer than there are).
-        if self.peek && e.tokens > 0 && self.sent < e.expires && e.lease_came < self.seq {
+        // came before the peek was numbered, or the lease was asked for first and the peek's
+        // reset is not below the lease's (see `Entry::saw_answer`). Else the store counted them
+        // as remaining in the peek's answer.
+        let peek_reset = at.saturating_add(micros(d.reset_after()));
+        let lease_first =
+            e.lease_came < self.seq || (e.lease_seq < self.seq && peek_reset >= e.lease_floor);
+        if self.peek && e.tokens > 0 && self.sent < e.expires && lease_first {
             *d = Decision::new(
                 d.outcome(),
                 d.limit(),
@@ -1467,7 +1486,9 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
                             e.sent = sent;
                             e.expires = sent.saturating_add(ttl);
                             e.lease_left = d.remaining();
+                            e.lease_seq = e.fetch_report_seq;
                             e.lease_came = e.report_seq;
+                            e.lease_floor = sent.saturating_add(micros(d.reset_after()));
                             e.saw_answer(e.fetch_report_seq, e.fetch_resets, sent, answered, &d);
                             // Outlived a reset: no unit kept, and the key's last answer taken
                             // may be from before the reset: this check's is the store's own.

@@ -651,6 +651,67 @@ fn answers_taken_in_another_order_than_the_store_ran_them_report_no_more_than_it
     assert_eq!(local.remaining(), 11 + 1, "{local:?}");
 }
 
+/// Checks in flight together whose answers tell which the store ran last by their resets: the
+/// later one's is taken whole, refill and all. Here a large check answered at the end of a fixed
+/// window (none left), and another made with it but run in the next window: the lease's answers
+/// report the new window's units, and a `DenialCache` above implies no denial from them while the
+/// store has units left.
+#[test]
+fn an_answer_whose_reset_shows_it_ran_later_replaces_one_in_flight_with_it() {
+    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+    let store = memory(&clock);
+    let gated = Gated::new(&store);
+    let leasing = Leasing::builder(gated.clone(), clock.clone())
+        .lease_size(3)
+        .build()
+        .unwrap();
+    let cache = DenialCache::new(leasing, clock.clone());
+    let limit = Limit::single(Algorithm::FixedWindow, Quota::per_second(10).unwrap()).unwrap();
+    let check = |cost| Box::pin(cache.check(b"k", &limit, cost));
+    // A lease of 3 (7 left in the window), spent.
+    let mut first = check(1);
+    gated.run(0);
+    gated.answer(0);
+    assert!(poll_once(&mut first).unwrap().unwrap().is_allowed());
+    for _ in 0..2 {
+        assert!(poll_once(&mut check(1)).unwrap().unwrap().is_cached());
+    }
+    // Two checks larger than a lease, made together 1 ms before the window ends: the first
+    // takes the window's last 7.
+    clock.advance(Duration::from_millis(999));
+    let mut x = check(7);
+    let mut y = check(4);
+    gated.run(1);
+    gated.answer(1);
+    assert!(poll_once(&mut x).unwrap().unwrap().is_allowed());
+    // The next window: a lease request made while the second is on its way, which the store
+    // runs first in the new window (6 left), then the lease (3 left).
+    clock.advance(Duration::from_millis(1));
+    let mut lease = check(1);
+    gated.run(2);
+    gated.answer(2);
+    assert!(poll_once(&mut y).unwrap().unwrap().is_allowed());
+    gated.run(3);
+    gated.answer(3);
+    let leased = poll_once(&mut lease).unwrap().unwrap();
+    assert_eq!(leased.remaining(), 3 + 2, "{leased:?}");
+    for left in [1, 0] {
+        let d = poll_once(&mut check(1)).unwrap().unwrap();
+        assert!(d.is_allowed() && d.is_cached(), "{d:?}");
+        assert_eq!(d.remaining(), 3 + left, "{d:?}");
+    }
+    // 3 left in the store's window: the next check passes (a lease of the 3).
+    let mut next = check(1);
+    if let Some(d) = poll_once(&mut next) {
+        panic!("answered without the store, with 3 left in it: {d:?}");
+    }
+    let calls = gated.calls.lock().len();
+    gated.run(calls - 1);
+    gated.answer(calls - 1);
+    let d = poll_once(&mut next).unwrap().unwrap();
+    assert!(d.is_allowed(), "{d:?}");
+}
+
 /// An answer to a check made before a reset of its key, taken after the reset (its task polled
 /// late): it describes the state the reset forgot, and the lease's answers do not report it
 /// (neither its units as spent nor its reset), however it is numbered against the answers

@@ -467,15 +467,22 @@ impl RedisStore {
             cmd.arg(channel)
                 .arg(crate::watch::notice(key, limit.fingerprint()));
         }
-        self.send(script, cmd, |value| match value {
-            Value::Int(_) => Ok(()),
-            other => Err(RedisStoreError::UnexpectedReply(format!("{other:?}"))),
-        })
+        self.send(
+            script,
+            move |_| Ok(cmd),
+            |value| match value {
+                Value::Int(_) => Ok(()),
+                other => Err(RedisStoreError::UnexpectedReply(format!("{other:?}"))),
+            },
+        )
     }
 
     /// One `EVALSHA` of `script` with `cost` (one cost, or several joined), its reply decoded by
     /// `decode`, all within the response timeout. Everything the script needs is encoded now,
-    /// into one command the future owns.
+    /// into one command the future owns; but a client clock's time, which is read when the
+    /// response timeout starts (the future's first poll in a runtime): a future polled late
+    /// would otherwise send a time from before it, older than the expiry slack covers (see
+    /// `RedisStoreBuilder::client_clock`).
     fn call<T: Send + 'static>(
         &self,
         script: Option<&'static redis::Script>,
@@ -493,20 +500,29 @@ impl RedisStore {
                 ))
             });
         };
-        let cmd = match command(&self.inner, script, key, limit, cost) {
-            Ok(cmd) => cmd,
-            Err(e) => return Box::pin(async move { Err(e) }),
-        };
         let shape = Shape::of(limit);
-        self.send(script, cmd, move |value| decode(value, shape))
+        let decode = move |value: &Value| decode(value, shape);
+        if self.inner.clock.is_none() {
+            let cmd = command(&self.inner, script, key, limit, cost, None);
+            return self.send(script, move |_| Ok(cmd), decode);
+        }
+        let (key, limit, cost) = (key.to_vec(), limit.clone(), cost.to_redis_args());
+        self.send(
+            script,
+            move |inner| {
+                let now = client_time(inner)?;
+                Ok(command(inner, script, &key, &limit, cost, now))
+            },
+            decode,
+        )
     }
 
-    /// Sends `cmd`, an `EVALSHA` of `script`, its reply decoded by `decode`, within the response
-    /// timeout.
+    /// Sends the command `cmd` makes when the response timeout starts, an `EVALSHA` of `script`,
+    /// its reply decoded by `decode`, within the response timeout.
     fn send<T: Send + 'static>(
         &self,
         script: &'static redis::Script,
-        cmd: Cmd,
+        cmd: impl FnOnce(&Inner) -> Result<Cmd, RedisStoreError> + Send + 'static,
         decode: impl FnOnce(&Value) -> Result<T, RedisStoreError> + Send + 'static,
     ) -> Pin<Box<dyn Future<Output = Result<T, RedisStoreError>> + Send>> {
         let inner = Arc::clone(&self.inner);
@@ -515,6 +531,7 @@ impl RedisStore {
             // thread without one), it yields there, and its time counts from the next poll.
             in_runtime().await?;
             let deadline = tokio::time::Instant::now() + inner.response_timeout;
+            let cmd = cmd(&inner)?;
             decode(&inner.eval_value(script, cmd, deadline).await?)
         })
     }
@@ -579,27 +596,31 @@ fn domain_of_slot(slot: u16) -> usize {
     usize::from(slot) / (16_384 / CLUSTER_FAILURE_DOMAINS)
 }
 
-/// The `EVALSHA` of `script` on `key`'s state under `limit`: the keys, the time (the server's, or
-/// the client clock's), then `cost` (one cost, or several joined by commas) and the quotas.
+/// The client clock's time (µs), if the store has one.
+fn client_time(inner: &Inner) -> Result<Option<u64>, RedisStoreError> {
+    let Some(clock) = &inner.clock else {
+        return Ok(None);
+    };
+    let micros = clock.now().as_micros();
+    // From 2^52 on: GCRA's stored time, the time plus up to 2^52 µs of debt, would reach 2^53,
+    // which the scripts refuse as malformed state (see prelude.lua).
+    if micros >= MAX_EXACT {
+        return Err(RedisStoreError::ClockOutOfRange { micros });
+    }
+    Ok(Some(micros))
+}
+
+/// The `EVALSHA` of `script` on `key`'s state under `limit`: the keys, the time (`now`, the
+/// client clock's; else the server's), then `cost` (one cost, or several joined by commas) and
+/// the quotas.
 fn command(
     inner: &Inner,
     script: &redis::Script,
     key: &[u8],
     limit: &Limit,
     cost: impl redis::ToRedisArgs,
-) -> Result<redis::Cmd, RedisStoreError> {
-    let now = match &inner.clock {
-        None => None,
-        Some(clock) => {
-            let micros = clock.now().as_micros();
-            // From 2^52 on: GCRA's stored time, the time plus up to 2^52 µs of debt, would
-            // reach 2^53, which the scripts refuse as malformed state (see prelude.lua).
-            if micros >= MAX_EXACT {
-                return Err(RedisStoreError::ClockOutOfRange { micros });
-            }
-            Some(micros)
-        }
-    };
+    now: Option<u64>,
+) -> redis::Cmd {
     let mut cmd = evalsha_on_keys(&inner.prefix, script, key, limit);
     match now {
         None => cmd.arg("s"),
@@ -609,7 +630,7 @@ fn command(
     quota_args(limit, inner.expiry_slack_ms, |a| {
         cmd.arg(a);
     });
-    Ok(cmd)
+    cmd
 }
 
 /// `EVALSHA` of `script` on every Redis key of `key`'s checks under `limit` (see
@@ -1524,13 +1545,13 @@ impl RedisStoreBuilder {
     /// step, not a [`SystemClock`](ratelimit_core::SystemClock), which drifts from it by up to
     /// seconds a day.
     ///
-    /// A check's time is then read on the gateway before its command is sent, while Redis counts
-    /// a key's expiry from when the script runs: a check that waits `d` between the two (in a
-    /// queue, on the network) reads the key as of `d` ago, and would find it expired up to `d`
-    /// before its state is fresh, and decide on a fresh state. So unless
-    /// [`expiry_slack`](Self::expiry_slack) is set, a client-clock store adds its
-    /// [`response_timeout`](Self::response_timeout) to every expiry: any check whose answer is
-    /// used ran within it of its time.
+    /// A check's time is then read on the gateway when its response timeout starts (its future's
+    /// first poll in a runtime), while Redis counts a key's expiry from when the script runs: a
+    /// check that waits `d` between the two (for a connection, on the network) reads the key as
+    /// of `d` ago, and would find it expired up to `d` before its state is fresh, and decide on a
+    /// fresh state. So unless [`expiry_slack`](Self::expiry_slack) is set, a client-clock store
+    /// adds its [`response_timeout`](Self::response_timeout) to every expiry: any check whose
+    /// answer is used ran within it of its time.
     pub fn client_clock(mut self, clock: impl Clock + 'static) -> Self {
         self.clock = Some(Arc::new(clock));
         self

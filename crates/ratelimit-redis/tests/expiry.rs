@@ -78,6 +78,27 @@ async fn a_client_clock_store_keeps_keys_for_its_response_timeout_past_fresh() {
     assert_ttl_close(pttl(&server, key), 10_000, "server clock, default slack");
 }
 
+/// A client clock's time is read when the check is sent (its response timeout starts), not when
+/// its future is made: a future polled late would send a time older than the slack covers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_clock_is_read_when_the_check_is_sent() {
+    let server = RedisServer::start();
+    let clock = ManualClock::starting_at(Timestamp::from_micros(T0));
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("client-read"))
+        .client_clock(clock.clone())
+        .build()
+        .await
+        .unwrap();
+    // One a second, a bucket of one.
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(1).unwrap()).unwrap();
+    assert!(store.check(b"u", &limit, 1).await.unwrap().is_allowed());
+    let made = store.check(b"u", &limit, 1);
+    clock.advance(Duration::from_secs(1));
+    let d = made.await.unwrap();
+    assert!(d.is_allowed(), "decided at the time it was made: {d:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ttl_is_the_time_to_fresh_for_every_algorithm() {
     let server = RedisServer::start();
