@@ -203,21 +203,24 @@ USAGE: ratelimit-load [OPTIONS]
   --abusive K                K abusive users (the last K ids) [0]
   --abuse-factor F           an abusive user sends F times a normal user's mean rate [100]
   --rate R                   target decisions per second [10000]
-  --duration S               seconds of schedule (decimals allowed) [10]
+  --duration S               seconds of schedule (decimals allowed; at most 3600, and at most
+                             100,000,000 requests in all) [10]
   --limit N/PERIOD           per-user limit; PERIOD = second|minute|hour|day|<n>s|<n>ms [100/minute]
   --burst B                  bucket capacity (token_bucket, gcra) [= limit]
   --algorithm NAME           token_bucket|gcra|fixed_window|sliding_window|sliding_log [token_bucket]
   --concurrency N            store: most checks in flight [1024]; http: connections [64]
   --steps R1,R2,...          sweep: one run per rate, stops after the first that fails
   --p99-target-ms MS         sweep: a step is sustained if p99 <= MS, >= 95% of the rate is
-                             achieved and under 0.1% errors [10]
-  --tick-us US               the scheduler releases due requests at most every US µs [250]
+                             achieved, under 0.1% errors and every request answered [10]
+  --tick-us US               the scheduler releases due requests at most every US µs, 1 to
+                             100000 [250]
   --seed N                   seed of the request-to-user schedule [1]
   --threads N                tokio worker threads, 1 to 1024 [2]
   --json                     print the report as JSON
   --check                    exit 3 unless the run shows the mode's guarantee (no user above
-                             the bound + tolerance, some user testing it, no failed request,
-                             nothing cut short)
+                             the bound + tolerance over the run or in any interval of it, some
+                             user testing it, no failed request, nothing cut short, no live key
+                             evicted from a memory store)
   --svg PATH                 write p50/p99 latency per second as an SVG plot
   --quiet                    no progress bar
   -h, --help                 this help

@@ -1,6 +1,7 @@
 //! `ratelimit-load`: open-loop load for the rate limiter. Run with
 //! `cargo run --release -p ratelimit-load -- --help`; see `docs/load-tool.md`.
 
+use std::path::PathBuf;
 use std::process::ExitCode;
 
 use ratelimit_load::{Config, Error, USAGE};
@@ -95,30 +96,26 @@ fn main() -> ExitCode {
 }
 
 async fn main_async(config: &Config) -> Result<(), Error> {
+    let mut lines = Vec::new();
     if !config.steps.is_empty() {
         let sweep = ratelimit_load::sweep(config).await?;
         if config.json {
-            say(format_args!("{}", sweep.to_json()))?;
+            lines.push(sweep.to_json().to_string());
         } else {
-            for r in &sweep.steps {
-                say(format_args!("{}", r.text()))?;
-            }
-            say(format_args!("{}", sweep.text().trim_end_matches('\n')))?;
+            lines.extend(sweep.steps.iter().map(|r| r.text()));
+            lines.push(sweep.text().trim_end_matches('\n').to_owned());
         }
-        if let (Some(path), Some(last)) = (&config.svg, sweep.steps.last()) {
-            std::fs::write(path, last.svg())?;
-        }
-        return Ok(());
+        let svg = sweep.steps.last().map(|last| last.svg());
+        return write_out(lines, config.svg.clone().zip(svg)).await;
     }
     let report = ratelimit_load::run(config).await?;
     if config.json {
-        say(format_args!("{}", report.to_json()))?;
+        lines.push(report.to_json().to_string());
     } else {
-        say(format_args!("{}", report.text().trim_end_matches('\n')))?;
+        lines.push(report.text().trim_end_matches('\n').to_owned());
     }
-    if let Some(path) = &config.svg {
-        std::fs::write(path, report.svg())?;
-    }
+    let svg = config.svg.clone().map(|path| (path, report.svg()));
+    write_out(lines, svg).await?;
     if config.check {
         let failed = report.check();
         if !failed.is_empty() {
@@ -126,4 +123,21 @@ async fn main_async(config: &Config) -> Result<(), Error> {
         }
     }
     Ok(())
+}
+
+/// Writes the report's `lines` to stdout and the chart to its file, on a blocking thread: a write
+/// that blocks (a reader of the pipe that stopped reading, a FIFO for `--svg`) leaves the signals
+/// heard, and the tool stops on one as documented instead of waiting for the reader.
+async fn write_out(lines: Vec<String>, svg: Option<(PathBuf, String)>) -> Result<(), Error> {
+    tokio::task::spawn_blocking(move || -> Result<(), Error> {
+        for line in &lines {
+            say(format_args!("{line}"))?;
+        }
+        if let Some((path, chart)) = svg {
+            std::fs::write(path, chart)?;
+        }
+        Ok(())
+    })
+    .await
+    .map_err(|e| Error::Io(std::io::Error::other(e)))?
 }

@@ -93,3 +93,42 @@ fn wait_for_a_key(pid: u32) {
         std::thread::sleep(Duration::from_millis(20));
     }
 }
+
+/// A report written where no one reads (here `--svg` to a FIFO no one opens; or a full pipe)
+/// leaves the signals heard: the tool stops on SIGTERM with its status 130, instead of waiting for
+/// a reader and then exiting 0 as if nothing had happened.
+#[test]
+fn sigterm_stops_the_tool_blocked_writing_its_report() {
+    let fifo = std::env::temp_dir().join(format!("ratelimit-load-{}.svg", std::process::id()));
+    let _ = std::fs::remove_file(&fifo);
+    let made = Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("mkfifo runs");
+    assert!(made.success(), "mkfifo {}", fifo.display());
+    let mut tool = Command::new(env!("CARGO_BIN_EXE_ratelimit-load"))
+        .args(["--quiet", "--json", "--duration", "0.2", "--svg"])
+        .arg(&fifo)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the tool starts");
+    // The report on stdout comes first (one line of JSON); then the chart, whose file no one
+    // opens for reading.
+    let mut report = String::new();
+    let stdout = tool.stdout.take().expect("piped");
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(stdout), &mut report)
+        .expect("the report is read");
+    assert!(report.starts_with('{'), "{report}");
+    assert!(send_signal(tool.id(), "-TERM"));
+    let status = wait_exit(&mut tool, Duration::from_secs(30));
+    let _ = std::fs::remove_file(&fifo);
+    let status = status.unwrap_or_else(|| panic!("the tool did not exit within 30 s of SIGTERM"));
+    let mut stderr = String::new();
+    if let Some(mut e) = tool.stderr.take() {
+        use std::io::Read;
+        let _ = e.read_to_string(&mut stderr);
+    }
+    assert_eq!(status.code(), Some(130), "{status:?} {stderr}");
+    assert!(stderr.contains("interrupted"), "{stderr}");
+}
