@@ -360,19 +360,19 @@ impl<C> MemoryStore<C> {
                 }
                 return decision;
             }
-            let mut next = None;
+            let mut next = compact::Out::new();
             let decision = compact::check(limit, Some(word), now, cost, &mut next);
-            match next {
+            if next.word != compact::NO_WORD {
                 // The common case written here, in registers.
-                Some(compact::Next::Inline(word)) => table.buckets[i].word = word,
-                Some(next) => table.replace(i, next),
-                None => {}
+                table.buckets[i].word = next.word;
+            } else if let Some(next) = next.into_next() {
+                table.replace(i, next);
             }
             return decision;
         }
-        let mut next = None;
+        let mut next = compact::Out::new();
         let decision = compact::check(limit, None, now, cost, &mut next);
-        if let Some(next) = next {
+        if let Some(next) = next.into_next() {
             let held = table.len;
             let evicted = table.insert(id, next, now.as_micros(), self.per_shard_cap);
             shard.publish(table);

@@ -59,7 +59,7 @@ use std::sync::Arc;
 use http::StatusCode;
 use ratelimit_core::Limit;
 
-use crate::key::KeyExtractor;
+use crate::key::{FastKey, KeyExtractor};
 use crate::response::{DenialBody, Headers};
 use crate::{Error, FailurePolicy, RequestHead};
 
@@ -250,6 +250,8 @@ pub struct Policy {
     pub(crate) tiers: Vec<(Cow<'static, str>, Limit)>,
     pub(crate) resolve_tier: Option<TierFn>,
     pub(crate) key: Arc<dyn KeyExtractor>,
+    /// `key` again if it is a built-in extractor the layer runs without the dynamic call.
+    pub(crate) fast_key: FastKey,
     pub(crate) missing_key: MissingKey,
     pub(crate) cost: Option<CostFn>,
     pub(crate) allow: Option<AllowFn>,
@@ -288,15 +290,21 @@ impl Policy {
     pub fn new(name: &str, limit: Limit) -> Result<Self, Error> {
         validate_name(name)?;
         #[cfg(feature = "axum")]
-        let key: Arc<dyn KeyExtractor> = Arc::new(crate::key::PeerIp::new());
+        let (key, fast_key): (Arc<dyn KeyExtractor>, _) = {
+            let key = crate::key::PeerIp::new();
+            let fast_key = FastKey::of(&key);
+            (Arc::new(key), fast_key)
+        };
         #[cfg(not(feature = "axum"))]
-        let key: Arc<dyn KeyExtractor> = Arc::new(crate::key::GlobalKey);
+        let (key, fast_key): (Arc<dyn KeyExtractor>, _) =
+            (Arc::new(crate::key::GlobalKey), FastKey::Dyn);
         Ok(Policy {
             name: name.into(),
             limit,
             tiers: Vec::new(),
             resolve_tier: None,
             key,
+            fast_key,
             missing_key: MissingKey::default(),
             cost: None,
             allow: None,
@@ -323,6 +331,7 @@ impl Policy {
 
     /// Which client a request counts against.
     pub fn key(mut self, key: impl KeyExtractor) -> Self {
+        self.fast_key = FastKey::of(&key);
         self.key = Arc::new(key);
         self
     }

@@ -23,7 +23,7 @@ use crate::circuit_breaker::{
     Admit, Breaker, BreakerCheck, CircuitState, FRESH, Probe, StoreCheck, TimedOut,
 };
 use crate::future::ResponseFuture;
-use crate::key::KeyBuf;
+use crate::key::{FastKey, KeyBuf};
 use crate::log_gate::LogGate;
 use crate::metrics::{FailureKind, Metrics};
 use crate::policy::{MissingKey, Policy};
@@ -503,8 +503,10 @@ impl<St> Shared<St> {
 }
 
 impl<St: Store> Shared<St> {
+    /// `decision` by reference, copied only into a `Post`: taken by value, it was copied in
+    /// before the check that there is nothing to add.
     #[inline]
-    fn forward<W>(&self, kind: VerdictKind, decision: Option<Decision>, tier: usize) -> Step<W> {
+    fn forward<W>(&self, kind: VerdictKind, decision: Option<&Decision>, tier: usize) -> Step<W> {
         let rt = &self.rt;
         rt.metrics.decision(kind, tier);
         let allowed = matches!(kind, VerdictKind::Allowed | VerdictKind::FallbackAllowed);
@@ -524,7 +526,7 @@ impl<St: Store> Shared<St> {
         Step::Forward(Some(Post {
             rt: rt.clone(),
             kind,
-            decision,
+            decision: decision.copied(),
             tier: tier as u32,
             headers,
             verdict,
@@ -548,9 +550,11 @@ impl<St: Store> Shared<St> {
         Step::Respond(response)
     }
 
-    /// A decision from the store (or the fallback).
+    /// A decision from the store (or the fallback). By reference, copied only into what needs
+    /// it: moved through here, it was copied twice on every request (12 instructions), with
+    /// nothing to add.
     #[inline]
-    fn decide<W>(&self, d: Decision, tier: usize, fallback: bool) -> Step<W> {
+    fn decide<W>(&self, d: &Decision, tier: usize, fallback: bool) -> Step<W> {
         if d.is_allowed() {
             let kind = if fallback {
                 VerdictKind::FallbackAllowed
@@ -559,7 +563,7 @@ impl<St: Store> Shared<St> {
             };
             self.forward(kind, Some(d), tier)
         } else {
-            self.deny(d, tier, fallback, None)
+            self.deny(*d, tier, fallback, None)
         }
     }
 
@@ -578,7 +582,7 @@ impl<St: Store> Shared<St> {
         let rt = &self.rt;
         if rt.policy.dry_run {
             tracing::debug!(policy = %rt.name, fallback, "rate limit would deny (dry run)");
-            return self.forward(VerdictKind::ShadowDenied, Some(d), tier);
+            return self.forward(VerdictKind::ShadowDenied, Some(&d), tier);
         }
         let kind = if fallback {
             VerdictKind::FallbackDenied
@@ -650,7 +654,7 @@ impl<St: Store> Shared<St> {
             .check_cached(key, &self.rt.tiers[tier].limit, cost)
         {
             // Answered without the store, which is taken to be down.
-            return self.decide(d, tier, false).without_store();
+            return self.decide(&d, tier, false).without_store();
         }
         self.on_failure(FailureKind::CircuitOpen, PART_UNKNOWN, tier, key, cost)
     }
@@ -682,7 +686,7 @@ impl<St: Store> Shared<St> {
                     (Some(store), Some((limit, _))) => {
                         let d = store.check_now(key, limit, cost);
                         if d.is_allowed() || d.can_ever_pass() || cost > t.limit.max_cost() {
-                            self.decide(d, tier, true)
+                            self.decide(&d, tier, true)
                         } else {
                             // A cost above the local share that the shared limit can admit:
                             // denied only until the store is back, so the client is told when
@@ -722,10 +726,10 @@ impl<St: Store> Shared<St> {
         key: &[u8],
         cost: u64,
     ) -> Step<W> {
-        match result {
+        match &result {
             Ok(d) => {
                 if let Some(b) = &self.breaker {
-                    self.answered(b, part, &d, probe, key);
+                    self.answered(b, part, d, probe, key);
                 }
                 self.decide(d, tier, false)
             }
@@ -852,17 +856,26 @@ where
         // head out and `from_parts` back in), and passed on as it came.
         // One place builds the future, so that it is written in place, not built and then copied
         // out (a memcpy of the whole future per request).
-        match self.shared.next(&RequestHead::of(&req)) {
+        let step = self.shared.next(&RequestHead::of(&req));
+        if let Step::Forward(None) = &step {
             // Nothing to add, spelled out so that the empty `Option<Post>` is written as such
-            // rather than copied out of the step.
-            Step::Forward(None) => ResponseFuture::inner(self.inner.call(req), None),
+            // rather than copied out of the step. The step holds nothing to drop: forgotten, so
+            // that its variant is not tested again after the inner call, for its drop.
+            std::mem::forget(step);
+            return ResponseFuture::inner(self.inner.call(req), None);
+        }
+        match step {
             Step::Forward(post) => match &self.shared.reset_on {
                 None if !self.shared.aside.load(Ordering::Relaxed) => {
                     ResponseFuture::inner(self.inner.call(req), post)
                 }
                 // Built out of line: a second way of building the inner future here would have
-                // it built aside and copied into place on every request.
-                _ => self.call_resettable(req, post),
+                // it built aside and copied into place on every request. Unwrapped here rather
+                // than returned as it is: with a call writing this function's return place,
+                // rustc marks that place as one whose address may be captured, and the router's
+                // `MapFuture::call` then copied the whole future once more before boxing it (392
+                // bytes, 64 instructions a request, whichever way this call went).
+                _ => self.call_resettable(req, post).0,
             },
             Step::Respond(response) => {
                 let response = self
@@ -985,7 +998,7 @@ impl<S, St: Store, M> RateLimit<S, St, M> {
         &mut self,
         mut req: Request<ReqB>,
         post: Option<Post>,
-    ) -> ResponseFuture<S::Future, ResB, S::Error, M>
+    ) -> Built<ResponseFuture<S::Future, ResB, S::Error, M>>
     where
         S: Service<Request<ReqB>, Response = Response<ResB>>,
         S::Future: Send + 'static,
@@ -996,10 +1009,10 @@ impl<S, St: Store, M> RateLimit<S, St, M> {
         self.shared.lend_verdict(&mut req, post.as_ref());
         if self.shared.reset_on.is_none() {
             // A mark alone needs nothing waited for after the response: no box.
-            return match self.shared.mark(&mut req, post.as_ref()) {
+            return Built(match self.shared.mark(&mut req, post.as_ref()) {
                 Some(mark) => ResponseFuture::marked(self.inner.call(req), post, mark),
                 None => ResponseFuture::inner(self.inner.call(req), post),
-            };
+            });
         }
         let plan = self
             .shared
@@ -1007,11 +1020,14 @@ impl<S, St: Store, M> RateLimit<S, St, M> {
         let mark = self.shared.mark(&mut req, post.as_ref());
         let shared = self.shared.clone();
         let fut = self.inner.call(req);
-        ResponseFuture::waiting(Box::pin(async move {
+        Built(ResponseFuture::waiting(Box::pin(async move {
             forwarded::<M, _, _, _, _>(&shared, fut, post, plan, mark).await
-        }))
+        })))
     }
 }
+
+/// A response future built out of line, for `call` to take out of this wrapper (see there).
+struct Built<F>(F);
 
 /// The inner service's response to a request let through: the reset `plan` asks for if the
 /// response meets the layer's condition (waited for), then what `post` adds (the full quota if
@@ -1102,7 +1118,12 @@ impl<St: Store> Shared<St> {
 
         let mut tier = rt.tier_for(req);
         let mut key = rt.key_start.clone();
-        if rt.policy.key.extract(req, &mut key).is_err() {
+        let found = match &rt.policy.fast_key {
+            #[cfg(feature = "axum")]
+            FastKey::ClientIp(k) => crate::key::KeyExtractor::extract(k, req, &mut key),
+            FastKey::Dyn => rt.policy.key.extract(req, &mut key),
+        };
+        if found.is_err() {
             if let Some(step) = self.missing_key(tier, &mut key, req) {
                 return step;
             }
@@ -1135,9 +1156,9 @@ impl<St: Store> Shared<St> {
         // sampled, else from its end, which leaves out the time the poll took to hand the
         // command over (not the round trip).
         let sampled = sample_timing().then(Instant::now);
-        let mut check = self
-            .store
-            .check(key.as_bytes(), &rt.tiers[tier].limit, cost);
+        // Read once for the check and its answer (each `as_bytes` tests where the key is).
+        let key_bytes = key.as_bytes();
+        let mut check = self.store.check(key_bytes, &rt.tiers[tier].limit, cost);
         // The in-memory store's future is already complete: poll it once here, so that an
         // immediate answer needs no timer, no allocation and no waker. This poll may be outside
         // any runtime (`call` needs none): a store that needs one yields there (the Redis
@@ -1148,7 +1169,7 @@ impl<St: Store> Shared<St> {
                 rt.metrics.store_duration(start.elapsed());
             }
             // Answered at once: a failure as fresh as the check (`FRESH`).
-            return self.after_check(result, part, probe, FRESH, tier, key.as_bytes(), cost);
+            return self.after_check(result, part, probe, FRESH, tier, key_bytes, cost);
         }
         Step::Wait(Pending {
             check,
@@ -1279,14 +1300,14 @@ mod tests {
     fn a_request_with_nothing_to_add_carries_nothing() {
         let lean = shared(policy().headers(Headers::none()).verdict(false));
         let d = lean.store.check_now(b"k", &lean.rt.tiers[0].limit, 1);
-        let step: Step = lean.decide(d, 0, false);
+        let step: Step = lean.decide(&d, 0, false);
         assert!(matches!(step, Step::Forward(None)));
         assert_eq!(Arc::strong_count(&lean.rt), 1);
 
         for (headers, verdict) in [(Headers::none(), true), (Headers::ietf(), false)] {
             let s = shared(policy().headers(headers).verdict(verdict));
             let d = s.store.check_now(b"k", &s.rt.tiers[0].limit, 1);
-            match s.decide::<Infallible>(d, 0, false) {
+            match s.decide::<Infallible>(&d, 0, false) {
                 Step::Forward(Some(post)) => {
                     assert_eq!((post.headers, post.verdict), (headers.any(), verdict));
                     assert_eq!(Arc::strong_count(&s.rt), 2);
