@@ -562,6 +562,26 @@ impl Store for Gated {
     }
 }
 
+/// A clock, a memory store on it, a `Gated` store over it, and a gateway leasing `lease` units
+/// at a time from the gated store.
+fn gated_leases(
+    lease: u64,
+) -> (
+    ManualClock,
+    Arc<MemoryStore<ManualClock>>,
+    Gated,
+    Leasing<Gated, ManualClock>,
+) {
+    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
+    let store = memory(&clock);
+    let gated = Gated::new(&store);
+    let leasing = Leasing::builder(gated.clone(), clock.clone())
+        .lease_size(lease)
+        .build()
+        .unwrap();
+    (clock, store, gated, leasing)
+}
+
 /// Polls `f` once.
 fn poll_once<F: Future + Unpin>(f: &mut F) -> Option<F::Output> {
     match Pin::new(f).poll(&mut Context::from_waker(Waker::noop())) {
@@ -577,13 +597,7 @@ fn poll_once<F: Future + Unpin>(f: &mut F) -> Option<F::Output> {
 /// answers report neither the large check's units as still there nor a reset before the store's.
 #[test]
 fn answers_taken_in_another_order_than_the_store_ran_them_report_no_more_than_it_has() {
-    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
-    let store = memory(&clock);
-    let gated = Gated::new(&store);
-    let leasing = Leasing::builder(gated.clone(), clock.clone())
-        .lease_size(3)
-        .build()
-        .unwrap();
+    let (clock, store, gated, leasing) = gated_leases(3);
     // 10 a second, a bucket of 20.
     let limit = Limit::single(
         Algorithm::TokenBucket,
@@ -658,13 +672,7 @@ fn answers_taken_in_another_order_than_the_store_ran_them_report_no_more_than_it
 /// store has units left.
 #[test]
 fn an_answer_whose_reset_shows_it_ran_later_replaces_one_in_flight_with_it() {
-    let clock = ManualClock::starting_at(Timestamp::from_secs(1_000));
-    let store = memory(&clock);
-    let gated = Gated::new(&store);
-    let leasing = Leasing::builder(gated.clone(), clock.clone())
-        .lease_size(3)
-        .build()
-        .unwrap();
+    let (clock, store, gated, leasing) = gated_leases(3);
     let cache = DenialCache::new(leasing, clock.clone());
     let limit = Limit::single(Algorithm::FixedWindow, Quota::per_second(10).unwrap()).unwrap();
     let check = |cost| Box::pin(cache.check(b"k", &limit, cost));
@@ -701,6 +709,7 @@ fn an_answer_whose_reset_shows_it_ran_later_replaces_one_in_flight_with_it() {
         assert_eq!(d.remaining(), 3 + left, "{d:?}");
     }
     // 3 left in the store's window: the next check passes (a lease of the 3).
+    assert_eq!(store.check_now(b"k", &limit, 0).remaining(), 3);
     let mut next = check(1);
     if let Some(d) = poll_once(&mut next) {
         panic!("answered without the store, with 3 left in it: {d:?}");
