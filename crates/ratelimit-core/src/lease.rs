@@ -187,22 +187,25 @@ const SHARDS: usize = 16;
 /// An allowed decision answered from a lease reports the store's last answer for the key that this
 /// gateway saw (to the lease, or to a check of the key that went straight to the store since: a
 /// cost larger than the lease, a peek): its limit, quota index and reset, and as `remaining` the
-/// units left in the lease + what that answer said remained. Answers are taken in the order the
-/// store ran their checks where their resets tell it (a quota's full time never moves earlier as
-/// the store runs checks), else in the order their checks were made
-/// (`answers_taken_in_the_order_their_checks_were_sent`), which is the order the store ran them
-/// when they share a connection and are sent as made; an answer judged to be of a check the
-/// store ran before the one taken (two threads, checks polled out of their making order, answers
+/// units left in the lease + what that answer said remained. An answer replaces the one taken
+/// when the store surely ran its check later: the check was made after that answer came
+/// (`answers_taken_in_the_order_their_checks_were_sent`), or, with one quota, its reset shows it
+/// (a quota's full time never moves earlier as the store runs checks:
+/// `an_answer_whose_reset_shows_it_ran_later_replaces_one_in_flight_with_it`). Any other answer
+/// (checks in flight together: two threads, checks polled out of their making order, answers
 /// taken in either order) only lowers the `remaining` taken and moves its reset later
 /// (`answers_run_by_the_store_out_of_their_sending_order_report_no_more_than_it_has`,
-/// `answers_taken_in_another_order_than_the_store_ran_them_report_no_more_than_it_has`). Other
-/// gateways may have consumed since, and the refill since is not counted. The reset is the
+/// `answers_taken_in_another_order_than_the_store_ran_them_report_no_more_than_it_has`,
+/// `answers_with_equal_resets_taken_in_another_order_report_no_more_than_the_store_has`,
+/// `with_several_quotas_a_stale_answer_does_not_replace_a_later_one`). Other gateways may have
+/// consumed since, and the refill since is not counted. The reset is the
 /// store's, never earlier: the store counted the lease's unspent units as spent, and they serve
 /// only checks no larger than what is left of the lease while it lives, so the whole burst may
 /// not pass before the store's reset. It is at most
 /// the refill time of those units later than a store alone would say
 /// (`a_leased_answer_never_resets_before_the_store_does`). A peek (cost 0) counts the live lease's
-/// units as remaining if the store granted the lease before it ran the peek, as told above.
+/// units as remaining if the store surely granted the lease before it ran the peek, as told
+/// above (else the peek may say fewer than there are).
 /// Denials always come from the store and are exact.
 pub struct Leasing<S, C> {
     shared: Arc<Shared<S, C>>,
@@ -316,9 +319,9 @@ struct Entry {
     /// The store's last answer for the key that this gateway saw (to the lease, or to a check
     /// that went straight to the store since), which the lease's answers report: its limit,
     /// remaining units and reset time (µs; the latest `at + reset_after` of the answers taken),
-    /// the earliest that reset can be (the latest `sent + reset_after`; zero again once the key
-    /// is reset), and the highest number (`report_seq`) of the checks whose answers were taken
-    /// (see `saw_answer`).
+    /// the earliest that reset can be (the latest `sent + reset_after`), and the last check
+    /// number given (`report_seq`) when the latest answer taken came (`None` before the first);
+    /// the last two start again once the key is reset (see `saw_answer`).
     limit: u64,
     remaining: u64,
     reset_at: u64,
@@ -328,7 +331,7 @@ struct Entry {
     reset_lag: u64,
     quota_index: u32,
     reset_floor: u64,
-    answered_seq: u64,
+    answered_upto: Option<u64>,
     /// The last check number given (`report_seq`) when resets may have gone unheard
     /// (`forget_unheard`): an answer to a check numbered up to it may be of a state a missed
     /// reset forgot, and leaves `reset_lag` unknown.
@@ -336,14 +339,13 @@ struct Entry {
     /// The checks of the key sent to the store (lease requests, and checks straight to the store
     /// while the key has an entry), numbered in the order they were sent: the last number given.
     report_seq: u64,
-    /// The number of the lease request on its way, and of the one that brought the current lease.
+    /// The number of the lease request on its way.
     fetch_report_seq: u64,
-    lease_seq: u64,
     /// The last check number given (`report_seq`) when the answer that brought the current lease
     /// came (a check numbered after it reached the store after the lease was granted), and the
-    /// earliest the reset in that answer can be (`sent + reset_after`, µs).
+    /// latest the reset in that answer can be (`at + reset_after`, µs).
     lease_came: u64,
-    lease_floor: u64,
+    lease_reset_at: u64,
     /// The store's remaining units in its answer to the last lease (not refreshed by direct
     /// checks): whether the store had units left beyond the lease, for the lease size.
     lease_left: u64,
@@ -405,23 +407,33 @@ impl Entry {
     /// the reset reported is never before the store's; and up to the round trip after it, which
     /// the lease's answers say.
     ///
-    /// Which answer is the store's later one: the store ran each check between its `sent` and its
-    /// `at`, and the time its quota is full again (`reset_after` from then) never moves earlier as
-    /// it runs checks (an admission moves it later, time passing leaves it; with several quotas,
-    /// the binding one's may). So an answer whose reset can be no later than `at + reset_after`
-    /// is of a check run before one whose reset is at least `sent + reset_after` if the first is
-    /// below the second, and of one run after if the other way round. Otherwise answers are
-    /// taken in the order their checks were made (numbered before they are sent), the order the
-    /// store runs checks sent as made on one connection. An answer judged earlier than one taken
-    /// (a check made later, run first: another thread's slipping in between a lease request's
-    /// numbering and its sending, checks polled out of their making order, answers taken by two
-    /// tasks in either order) only lowers the `remaining` taken and moves its reset later, never
-    /// the other way, so that the lease's answers report neither the lease's units twice nor a
-    /// reset before the store's.
+    /// Which answer is the store's later one. A check numbered after every answer taken came
+    /// (numbers are given before a check is sent) is one the store ran after them all. With one
+    /// quota (`single`), resets tell it too: the store ran each check between its `sent` and its
+    /// `at`, and the time the quota is full again (`reset_after` from then) never moves earlier
+    /// as it runs checks (an admission moves it later, time passing leaves it; with several
+    /// quotas, the binding one's may move earlier), so an answer whose reset is at most
+    /// `at + reset_after` is of a check run before one whose reset is at least
+    /// `sent + reset_after` if the first is below the second. A later answer replaces the
+    /// state taken (the store may have refilled since). Of the others (checks in flight together
+    /// with equal resets, or with several quotas: a check may reach the store after one made
+    /// after it, and one task may take its answer before another takes an earlier one's), an
+    /// answer only lowers the `remaining` taken and moves its reset later, never the other way,
+    /// so that the lease's answers report neither the lease's units twice nor a reset before the
+    /// store's. (In one window, or at one instant, the fewer left is the later state; across a
+    /// window's end or a refill, resets order them.)
     ///
     /// An answer to a check sent before a reset of the key (`resets`, the key's resets when it
     /// was sent, is not the count now) describes the state the reset forgot: not taken at all.
-    fn saw_answer(&mut self, seq: u64, resets: u64, sent: u64, at: u64, d: &Decision) {
+    fn saw_answer(
+        &mut self,
+        seq: u64,
+        resets: u64,
+        sent: u64,
+        at: u64,
+        single: bool,
+        d: &Decision,
+    ) {
         if resets != self.resets {
             return;
         }
@@ -434,9 +446,14 @@ impl Entry {
         };
         let quota_index = u32::try_from(d.quota_index()).unwrap_or(u32::MAX);
         let floor = sent.saturating_add(micros(d.reset_after()));
-        let earlier = reset_at < self.reset_floor;
-        let later = !earlier && (seq > self.answered_seq || floor > self.reset_at);
-        self.answered_seq = self.answered_seq.max(seq);
+        let later = if single && reset_at < self.reset_floor {
+            false
+        } else if single && floor > self.reset_at {
+            true
+        } else {
+            self.answered_upto.is_none_or(|upto| seq > upto)
+        };
+        self.answered_upto = Some(self.report_seq);
         self.reset_floor = self.reset_floor.max(floor);
         if later {
             self.limit = d.limit();
@@ -508,6 +525,7 @@ impl Entry {
         // The answers taken describe the state the store forgets: the next one (of a check sent
         // after the reset) replaces them, whatever its reset.
         self.reset_floor = 0;
+        self.answered_upto = None;
         self.settled = true;
         self.drop_lease()
     }
@@ -1120,7 +1138,9 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
             Err(existing) => {
                 sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
                 // Numbered before it is sent (see `Entry::report_seq`).
-                let seen = existing.map(|entry| Seen::new(entry, now, cost == 0, sh.clone()));
+                let single = limit.quotas().len() == 1;
+                let seen =
+                    existing.map(|entry| Seen::new(entry, now, cost == 0, single, sh.clone()));
                 return LeaseFuture {
                     state: St::Direct {
                         fut: sh.inner.check(key, limit, cost),
@@ -1147,7 +1167,8 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
             },
             Action::Direct => {
                 sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
-                let seen = Some(Seen::new(entry, now, false, sh.clone()));
+                let single = limit.quotas().len() == 1;
+                let seen = Some(Seen::new(entry, now, false, single, sh.clone()));
                 LeaseFuture {
                     state: St::Direct {
                         fut: sh.inner.check(key, limit, cost),
@@ -1207,13 +1228,21 @@ struct Seen {
     /// When the check was sent (µs).
     sent: u64,
     peek: bool,
+    /// The limit has one quota (see `Entry::saw_answer`).
+    single: bool,
     /// The wrapper's clock, read when the answer comes (see `Entry::saw_answer`).
     clock: Arc<dyn NowMicros>,
 }
 
 impl Seen {
     /// A check of `entry`'s key sent to the store now.
-    fn new(entry: EntryRef, sent: u64, peek: bool, clock: Arc<dyn NowMicros>) -> Self {
+    fn new(
+        entry: EntryRef,
+        sent: u64,
+        peek: bool,
+        single: bool,
+        clock: Arc<dyn NowMicros>,
+    ) -> Self {
         let (seq, resets) = {
             let mut e = entry.lock();
             (e.next_report_seq(), e.resets)
@@ -1224,6 +1253,7 @@ impl Seen {
             resets,
             sent,
             peek,
+            single,
             clock,
         }
     }
@@ -1231,14 +1261,14 @@ impl Seen {
     fn answered(self, d: &mut Decision) {
         let at = self.clock.now_micros();
         let mut e = self.entry.lock();
-        e.saw_answer(self.seq, self.resets, self.sent, at, d);
-        // The live lease's units, if the store granted them before it ran the peek: their answer
-        // came before the peek was numbered, or the lease was asked for first and the peek's
-        // reset is not below the lease's (see `Entry::saw_answer`). Else the store counted them
-        // as remaining in the peek's answer.
-        let peek_reset = at.saturating_add(micros(d.reset_after()));
-        let lease_first =
-            e.lease_came < self.seq || (e.lease_seq < self.seq && peek_reset >= e.lease_floor);
+        e.saw_answer(self.seq, self.resets, self.sent, at, self.single, d);
+        // The live lease's units, if the store surely granted them before it ran the peek: their
+        // answer came before the peek was numbered, or (one quota) the peek's reset is past the
+        // lease's (see `Entry::saw_answer`). Else the store may have counted them as remaining in
+        // the peek's answer, and they are not added (the peek may then say fewer than there are;
+        // a peek implies no denial).
+        let peek_floor = self.sent.saturating_add(micros(d.reset_after()));
+        let lease_first = e.lease_came < self.seq || (self.single && peek_floor > e.lease_reset_at);
         if self.peek && e.tokens > 0 && self.sent < e.expires && lease_first {
             *d = Decision::new(
                 d.outcome(),
@@ -1257,6 +1287,13 @@ struct Ctx<S, C> {
     limit: Limit,
     cost: u64,
     entry: EntryRef,
+}
+
+impl<S, C> Ctx<S, C> {
+    /// The limit has one quota (see `Entry::saw_answer`).
+    fn single(&self) -> bool {
+        self.limit.quotas().len() == 1
+    }
 }
 
 pin_project! {
@@ -1409,8 +1446,13 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
                         Action::Direct => {
                             drop(e);
                             sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
-                            let seen =
-                                Some(Seen::new(Arc::clone(&ctx.entry), now, false, sh.clone()));
+                            let seen = Some(Seen::new(
+                                Arc::clone(&ctx.entry),
+                                now,
+                                false,
+                                ctx.single(),
+                                sh.clone(),
+                            ));
                             let fut = sh.inner.check(&ctx.key, &ctx.limit, ctx.cost);
                             self.as_mut().project().state.set(St::Direct { fut, seen });
                         }
@@ -1486,10 +1528,17 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
                             e.sent = sent;
                             e.expires = sent.saturating_add(ttl);
                             e.lease_left = d.remaining();
-                            e.lease_seq = e.fetch_report_seq;
                             e.lease_came = e.report_seq;
-                            e.lease_floor = sent.saturating_add(micros(d.reset_after()));
-                            e.saw_answer(e.fetch_report_seq, e.fetch_resets, sent, answered, &d);
+                            e.lease_reset_at = answered.saturating_add(micros(d.reset_after()));
+                            let single = ctx.single();
+                            e.saw_answer(
+                                e.fetch_report_seq,
+                                e.fetch_resets,
+                                sent,
+                                answered,
+                                single,
+                                &d,
+                            );
                             // Outlived a reset: no unit kept, and the key's last answer taken
                             // may be from before the reset: this check's is the store's own.
                             // Else the remaining reported is the key's, which an answer sent
@@ -1573,7 +1622,13 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
                         }
                     });
                     sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
-                    let seen = Some(Seen::new(Arc::clone(&ctx.entry), now, false, sh.clone()));
+                    let seen = Some(Seen::new(
+                        Arc::clone(&ctx.entry),
+                        now,
+                        false,
+                        ctx.single(),
+                        sh.clone(),
+                    ));
                     let fut = sh.inner.check(&ctx.key, &ctx.limit, cost);
                     self.as_mut().project().state.set(St::Direct { fut, seen });
                 }

@@ -665,6 +665,128 @@ fn answers_taken_in_another_order_than_the_store_ran_them_report_no_more_than_it
     assert_eq!(local.remaining(), 11 + 1, "{local:?}");
 }
 
+/// With several quotas the binding one's reset can move earlier as the store runs checks (from a
+/// slow quota's to a fast one's), so resets do not order answers: here a peek the store ran
+/// first, bound by the slow quota, whose answer is taken after a later lease request's, bound by
+/// the fast one. The peek's answer does not replace the lease's (check numbers and the moment
+/// answers came tell it is not the later one).
+#[test]
+fn with_several_quotas_a_stale_answer_does_not_replace_a_later_one() {
+    let (clock, store, gated, leasing) = gated_leases(3);
+    // S: 10 a second (full within 1 s); L: 60 a minute (1 a second).
+    let limit = Limit::new(
+        Algorithm::TokenBucket,
+        [
+            Quota::per_second(10).unwrap(),
+            Quota::per_period(60, Duration::from_secs(60)).unwrap(),
+        ],
+    )
+    .unwrap();
+    // Other traffic before this gateway's first check drains L: 15 in L, S full.
+    for _ in 0..5 {
+        assert!(store.check_now(b"k", &limit, 10).is_allowed());
+        clock.advance(Duration::from_secs(1));
+    }
+    // A lease of 3 (L 12, S 7), spent.
+    let mut first = leasing.check(b"k", &limit, 1);
+    gated.run(0);
+    gated.answer(0);
+    assert!(poll_once(&mut first).unwrap().unwrap().is_allowed());
+    for _ in 0..2 {
+        assert!(
+            poll_once(&mut leasing.check(b"k", &limit, 1))
+                .unwrap()
+                .unwrap()
+                .is_cached()
+        );
+    }
+    // A direct check of 4 a second later (L 9, S 6).
+    clock.advance(Duration::from_secs(1));
+    let mut direct = leasing.check(b"k", &limit, 4);
+    gated.run(1);
+    gated.answer(1);
+    assert!(poll_once(&mut direct).unwrap().unwrap().is_allowed());
+    // A peek 0.4 s later, run at once (L 9.4: 9 left, bound by L, full in 50.6 s); its answer
+    // is slow.
+    clock.advance(Duration::from_millis(400));
+    let mut peek = leasing.check(b"k", &limit, 0);
+    gated.run(2);
+    // 3 s later a lease request, run and answered (L 12.4 - 3, S 10 - 3 = 7: bound by S).
+    clock.advance(Duration::from_secs(3));
+    let mut lease = leasing.check(b"k", &limit, 1);
+    gated.run(3);
+    gated.answer(3);
+    let leased = poll_once(&mut lease).unwrap().unwrap();
+    assert!(leased.is_allowed());
+    // Now the peek's answer comes.
+    gated.answer(2);
+    let peeked = poll_once(&mut peek).unwrap().unwrap();
+    assert!(peeked.is_allowed());
+    let local = poll_once(&mut leasing.check(b"k", &limit, 1))
+        .unwrap()
+        .unwrap();
+    assert!(local.is_allowed() && local.is_cached(), "{local:?}");
+    let truth = store.check_now(b"k", &limit, 0);
+    assert!(
+        local.remaining() <= truth.remaining() + leasing.outstanding_units(),
+        "the lease reports {} left; the store has {} + {} leased",
+        local.remaining(),
+        truth.remaining(),
+        leasing.outstanding_units()
+    );
+}
+
+/// `answers_taken_in_another_order_than_the_store_ran_them_report_no_more_than_it_has` for every
+/// algorithm: with the windows and the log, every check in a window (or at one instant) has the
+/// same full time, so resets cannot order the answers; nor can the check numbers, as the answers
+/// are taken in another order than the store ran them.
+#[test]
+fn answers_with_equal_resets_taken_in_another_order_report_no_more_than_the_store_has() {
+    let mut bad = Vec::new();
+    for algorithm in [
+        Algorithm::FixedWindow,
+        Algorithm::SlidingWindow,
+        Algorithm::SlidingLog,
+        Algorithm::TokenBucket,
+        Algorithm::Gcra,
+    ] {
+        let (_clock, store, gated, leasing) = gated_leases(3);
+        let limit = Limit::single(algorithm, Quota::per_second(20).unwrap()).unwrap();
+        // A first lease of 3, spent: 17 left in the store.
+        let mut first = leasing.check(b"k", &limit, 1);
+        gated.run(0);
+        gated.answer(0);
+        assert!(poll_once(&mut first).unwrap().unwrap().is_allowed());
+        for _ in 0..2 {
+            let d = poll_once(&mut leasing.check(b"k", &limit, 1)).unwrap();
+            assert!(d.unwrap().is_cached());
+        }
+        let mut large = leasing.check(b"k", &limit, 5);
+        let mut lease = leasing.check(b"k", &limit, 1);
+        // Run: the lease request (17 − 3 = 14), then the large check (14 − 5 = 9).
+        gated.run(2);
+        gated.run(1);
+        // Taken: the large check's answer, then the lease's.
+        gated.answer(1);
+        assert!(poll_once(&mut large).unwrap().unwrap().is_allowed());
+        gated.answer(2);
+        assert!(poll_once(&mut lease).unwrap().unwrap().is_allowed());
+        let local = poll_once(&mut leasing.check(b"k", &limit, 1))
+            .unwrap()
+            .unwrap();
+        assert!(local.is_allowed() && local.is_cached(), "{local:?}");
+        let truth = store.check_now(b"k", &limit, 0);
+        assert_eq!(truth.remaining(), 9, "{algorithm:?}");
+        assert_eq!(leasing.outstanding_units(), 1);
+        bad.push((algorithm, local.remaining()));
+    }
+    bad.retain(|&(_, r)| r > 9 + 1);
+    assert!(
+        bad.is_empty(),
+        "reported above the store's 9 + 1 leased: {bad:?}"
+    );
+}
+
 /// Checks in flight together whose answers tell which the store ran last by their resets: the
 /// later one's is taken whole, refill and all. Here a large check answered at the end of a fixed
 /// window (none left), and another made with it but run in the next window: the lease's answers
