@@ -446,14 +446,15 @@ impl Entry {
         };
         let quota_index = u32::try_from(d.quota_index()).unwrap_or(u32::MAX);
         let floor = sent.saturating_add(micros(d.reset_after()));
-        let later = if single && reset_at < self.reset_floor {
-            false
-        } else if single && floor > self.reset_at {
-            true
-        } else {
-            self.answered_upto.is_none_or(|upto| seq > upto)
-        };
+        let earlier = single && reset_at < self.reset_floor;
+        let later = !earlier
+            && ((single && floor > self.reset_at)
+                || self.answered_upto.is_none_or(|upto| seq > upto));
         self.answered_upto = Some(self.report_seq);
+        if earlier {
+            // Of a state the one taken came after: nothing to take from it.
+            return;
+        }
         self.reset_floor = self.reset_floor.max(floor);
         if later {
             self.limit = d.limit();
@@ -462,6 +463,13 @@ impl Entry {
             self.reset_lag = reset_lag;
             self.quota_index = quota_index;
             return;
+        }
+        if d.remaining() != self.remaining {
+            // Which of the two is the store's later state is not known: the fewer is reported,
+            // but it may be an earlier window's count (or the larger may have been a refill), so
+            // that a denial cache above implies no denial from it (as after resets unheard)
+            // until an answer known to be later replaces it.
+            self.reset_lag = UNKNOWN_LAG;
         }
         if d.remaining() < self.remaining {
             self.limit = d.limit();
@@ -1128,8 +1136,17 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
         // A check straight to the store still tells a key with a lease what the store has left
         // (its answer is then the one the lease's answers report), and a peek counts the lease's
         // units as remaining.
+        // A check of a positive cost straight to the store makes the key's entry (if the table
+        // has room), so that a lease request made after it and run before it by the store does
+        // not report its units as still there.
         let entry = if direct {
-            Err(sh.existing(id))
+            let leasable = cost > 0
+                && !(limit.algorithm() == Algorithm::FixedWindow && limit.quotas().len() > 1);
+            Err(if leasable {
+                sh.entry(id, now)
+            } else {
+                sh.existing(id)
+            })
         } else {
             sh.entry(id, now).ok_or(None)
         };

@@ -787,6 +787,122 @@ fn answers_with_equal_resets_taken_in_another_order_report_no_more_than_the_stor
     );
 }
 
+/// A check larger than a lease, made while the key has no lease yet, and a lease request made
+/// just after it, which the store runs first: the large check's answer is taken too, so the
+/// lease's answers count its units as spent.
+#[test]
+fn a_large_check_made_before_the_keys_first_lease_is_counted() {
+    let (_clock, store, gated, leasing) = gated_leases(3);
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_second(8).unwrap()).unwrap();
+    let mut large = leasing.check(b"k", &limit, 4);
+    let mut lease = leasing.check(b"k", &limit, 1);
+    // Run: the lease request (8 − 3 = 5), then the large check (5 − 4 = 1).
+    gated.run(1);
+    gated.run(0);
+    gated.answer(0);
+    gated.answer(1);
+    assert!(poll_once(&mut large).unwrap().unwrap().is_allowed());
+    assert!(poll_once(&mut lease).unwrap().unwrap().is_allowed());
+    let local = poll_once(&mut leasing.check(b"k", &limit, 1))
+        .unwrap()
+        .unwrap();
+    assert!(local.is_cached(), "{local:?}");
+    let truth = store.check_now(b"k", &limit, 0);
+    assert_eq!((truth.remaining(), leasing.outstanding_units()), (1, 1));
+    assert!(local.remaining() <= 1 + 1, "{local:?}");
+    assert!(
+        local.reset_after() >= truth.reset_after(),
+        "{local:?} {truth:?}"
+    );
+}
+
+/// An answer whose reset shows the store ran it in an earlier fixed window than the answer taken
+/// (a large check run 100 ms before the window's end, answered after a lease request run in the
+/// next window) changes nothing the lease's answers report: a `DenialCache` above implies no
+/// denial from the earlier window's count.
+#[test]
+fn an_answer_from_an_earlier_window_taken_late_changes_nothing() {
+    let (clock, store, gated, leasing) = gated_leases(3);
+    let cache = DenialCache::new(leasing, clock.clone());
+    let limit = Limit::single(Algorithm::FixedWindow, Quota::per_second(5).unwrap()).unwrap();
+    let check = |cost| Box::pin(cache.check(b"k", &limit, cost));
+    // The key's lease: one request, answered.
+    let mut first = check(1);
+    gated.run(0);
+    gated.answer(0);
+    assert!(poll_once(&mut first).unwrap().unwrap().is_allowed());
+    // 100 ms before a window's end: a check of the whole limit, run (none left), its answer slow.
+    clock.advance(Duration::from_millis(20_900));
+    let mut large = check(5);
+    gated.run(1);
+    // The next window: a lease of 3, run (2 left) and answered.
+    clock.advance(Duration::from_millis(200));
+    let mut lease = check(1);
+    gated.run(2);
+    gated.answer(2);
+    assert!(poll_once(&mut lease).unwrap().unwrap().is_allowed());
+    gated.answer(1);
+    assert!(poll_once(&mut large).unwrap().unwrap().is_allowed());
+    for left in [1, 0] {
+        let d = poll_once(&mut check(1)).unwrap().unwrap();
+        assert!(d.is_allowed() && d.is_cached(), "{d:?}");
+        assert_eq!(d.remaining(), 2 + left, "{d:?}");
+    }
+    assert_eq!(store.check_now(b"k", &limit, 0).remaining(), 2);
+    let mut next = check(1);
+    if let Some(d) = poll_once(&mut next) {
+        panic!(
+            "answered without the store, with 2 left in it: {:?}",
+            d.unwrap()
+        );
+    }
+}
+
+/// A denial the store gave at the end of a fixed window, answered a window later together with a
+/// lease request run in the new window: neither its reset nor the check numbers order the two,
+/// so the reported `remaining` is unsure (the old window's 0 or the new one's 7), and a
+/// `DenialCache` above implies no denial from it.
+#[test]
+fn a_late_answer_from_the_last_window_leaves_no_implied_denial() {
+    let (clock, store, gated, leasing) = gated_leases(1);
+    let cache = DenialCache::new(leasing, clock.clone());
+    let limit = Limit::single(Algorithm::FixedWindow, Quota::per_second(8).unwrap()).unwrap();
+    let check = |cost| Box::pin(cache.check(b"k", &limit, cost));
+    let mut first = check(1);
+    gated.run(0);
+    gated.answer(0);
+    assert!(poll_once(&mut first).unwrap().unwrap().is_allowed());
+    // A window's start: five checks larger than the lease, run in order: four admitted (none
+    // left), the fifth denied, its answer slow.
+    clock.advance(Duration::from_secs(20));
+    let mut large: Vec<_> = (0..5).map(|_| check(2)).collect();
+    for i in 1..=5 {
+        gated.run(i);
+    }
+    for (i, f) in large.iter_mut().take(4).enumerate() {
+        gated.answer(i + 1);
+        assert!(poll_once(f).unwrap().unwrap().is_allowed());
+    }
+    let mut late = large.pop().unwrap();
+    // The next window: a lease request, run (7 left); both answers come, the late one first.
+    clock.advance(Duration::from_secs(1));
+    let mut lease = check(1);
+    gated.run(6);
+    gated.answer(5);
+    gated.answer(6);
+    assert!(poll_once(&mut late).unwrap().unwrap().is_denied());
+    assert!(poll_once(&mut lease).unwrap().unwrap().is_allowed());
+    assert_eq!(store.check_now(b"k", &limit, 0).remaining(), 7);
+    let mut next = check(1);
+    if let Some(d) = poll_once(&mut next) {
+        let d = d.unwrap();
+        assert!(
+            d.is_allowed(),
+            "a cached denial with 7 left in the store: {d:?}"
+        );
+    }
+}
+
 /// Checks in flight together whose answers tell which the store ran last by their resets: the
 /// later one's is taken whole, refill and all. Here a large check answered at the end of a fixed
 /// window (none left), and another made with it but run in the next window: the lease's answers
