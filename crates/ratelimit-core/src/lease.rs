@@ -193,7 +193,9 @@ const SHARDS: usize = 16;
 /// (a quota's full time never moves earlier as the store runs checks:
 /// `an_answer_whose_reset_shows_it_ran_later_replaces_one_in_flight_with_it`). Any other answer
 /// (checks in flight together: two threads, checks polled out of their making order, answers
-/// taken in either order) only lowers the `remaining` taken and moves its reset later
+/// taken in either order) only lowers the `remaining` taken and moves its reset later, and, if the
+/// two disagree, makes the reported reset's lag unknown, so that a [`DenialCache`](crate::DenialCache) above implies
+/// no denial from it (the fewer may be an earlier window's count)
 /// (`answers_run_by_the_store_out_of_their_sending_order_report_no_more_than_it_has`,
 /// `answers_taken_in_another_order_than_the_store_ran_them_report_no_more_than_it_has`,
 /// `answers_with_equal_resets_taken_in_another_order_report_no_more_than_the_store_has`,
