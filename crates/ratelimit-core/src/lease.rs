@@ -1138,17 +1138,11 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
         // A check straight to the store still tells a key with a lease what the store has left
         // (its answer is then the one the lease's answers report), and a peek counts the lease's
         // units as remaining.
-        // A check of a positive cost straight to the store makes the key's entry (if the table
-        // has room), so that a lease request made after it and run before it by the store does
-        // not report its units as still there.
+        // Only a key with an entry: a check straight to the store makes none, so that a flood of
+        // them in flight cannot crowd a hot key's lease out of the table (an answer to one made
+        // before the key's first lease is then not taken).
         let entry = if direct {
-            let leasable = cost > 0
-                && !(limit.algorithm() == Algorithm::FixedWindow && limit.quotas().len() > 1);
-            Err(if leasable {
-                sh.entry(id, now)
-            } else {
-                sh.existing(id)
-            })
+            Err(sh.existing(id))
         } else {
             sh.entry(id, now).ok_or(None)
         };
