@@ -1309,6 +1309,19 @@ impl<S, C> Ctx<S, C> {
     }
 }
 
+impl<S: Store, C: Clock + 'static> Ctx<S, C> {
+    /// This check, sent straight to the store now, to be seen by the key's entry.
+    fn seen(&self, now: u64) -> Seen {
+        Seen::new(
+            Arc::clone(&self.entry),
+            now,
+            false,
+            self.single(),
+            self.shared.clone(),
+        )
+    }
+}
+
 pin_project! {
     #[project = StProj]
     enum St<F> {
@@ -1459,13 +1472,7 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
                         Action::Direct => {
                             drop(e);
                             sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
-                            let seen = Some(Seen::new(
-                                Arc::clone(&ctx.entry),
-                                now,
-                                false,
-                                ctx.single(),
-                                sh.clone(),
-                            ));
+                            let seen = Some(ctx.seen(now));
                             let fut = sh.inner.check(&ctx.key, &ctx.limit, ctx.cost);
                             self.as_mut().project().state.set(St::Direct { fut, seen });
                         }
@@ -1635,13 +1642,7 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
                         }
                     });
                     sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
-                    let seen = Some(Seen::new(
-                        Arc::clone(&ctx.entry),
-                        now,
-                        false,
-                        ctx.single(),
-                        sh.clone(),
-                    ));
+                    let seen = Some(ctx.seen(now));
                     let fut = sh.inner.check(&ctx.key, &ctx.limit, cost);
                     self.as_mut().project().state.set(St::Direct { fut, seen });
                 }

@@ -582,6 +582,41 @@ fn gated_leases(
     (clock, store, gated, leasing)
 }
 
+/// With 20 in the store: a lease of 3 is taken and spent (17 left); a check of 5 (larger than a
+/// lease) is made, then a lease request; the store runs the lease request first (14 left), then
+/// the check of 5 (9 left), whose answer is taken first. Returns the next check, answered from
+/// the new lease (whose one unit is left).
+fn large_and_lease_run_in_reverse(
+    store: &MemoryStore<ManualClock>,
+    gated: &Gated,
+    leasing: &Leasing<Gated, ManualClock>,
+    limit: &Limit,
+) -> ratelimit_core::Decision {
+    let mut first = leasing.check(b"k", limit, 1);
+    gated.run(0);
+    gated.answer(0);
+    assert!(poll_once(&mut first).unwrap().unwrap().is_allowed());
+    for _ in 0..2 {
+        let d = poll_once(&mut leasing.check(b"k", limit, 1)).unwrap();
+        assert!(d.unwrap().is_cached());
+    }
+    let mut large = leasing.check(b"k", limit, 5);
+    let mut lease = leasing.check(b"k", limit, 1);
+    gated.run(2);
+    gated.run(1);
+    gated.answer(1);
+    assert!(poll_once(&mut large).unwrap().unwrap().is_allowed());
+    gated.answer(2);
+    assert!(poll_once(&mut lease).unwrap().unwrap().is_allowed());
+    let local = poll_once(&mut leasing.check(b"k", limit, 1))
+        .unwrap()
+        .unwrap();
+    assert!(local.is_allowed() && local.is_cached(), "{local:?}");
+    assert_eq!(store.check_now(b"k", limit, 0).remaining(), 9);
+    assert_eq!(leasing.outstanding_units(), 1);
+    local
+}
+
 /// Polls `f` once.
 fn poll_once<F: Future + Unpin>(f: &mut F) -> Option<F::Output> {
     match Pin::new(f).poll(&mut Context::from_waker(Waker::noop())) {
@@ -604,32 +639,8 @@ fn answers_taken_in_another_order_than_the_store_ran_them_report_no_more_than_it
         Quota::per_second(10).unwrap().with_burst(20).unwrap(),
     )
     .unwrap();
-    // A first lease of 3, spent: 17 left in the store.
-    let mut first = leasing.check(b"k", &limit, 1);
-    gated.run(0);
-    gated.answer(0);
-    assert!(poll_once(&mut first).unwrap().unwrap().is_allowed());
-    for _ in 0..2 {
-        let d = poll_once(&mut leasing.check(b"k", &limit, 1)).unwrap();
-        assert!(d.unwrap().is_cached());
-    }
-    let mut large = leasing.check(b"k", &limit, 5);
-    let mut lease = leasing.check(b"k", &limit, 1);
-    // Run: the lease request (17 − 3 = 14), then the large check (14 − 5 = 9).
-    gated.run(2);
-    gated.run(1);
-    // Taken: the large check's answer, then the lease's.
-    gated.answer(1);
-    assert!(poll_once(&mut large).unwrap().unwrap().is_allowed());
-    gated.answer(2);
-    assert!(poll_once(&mut lease).unwrap().unwrap().is_allowed());
-    let local = poll_once(&mut leasing.check(b"k", &limit, 1))
-        .unwrap()
-        .unwrap();
-    assert!(local.is_allowed() && local.is_cached(), "{local:?}");
+    let local = large_and_lease_run_in_reverse(&store, &gated, &leasing, &limit);
     let truth = store.check_now(b"k", &limit, 0);
-    assert_eq!(truth.remaining(), 9);
-    assert_eq!(leasing.outstanding_units(), 1);
     assert_eq!(local.remaining(), 9 + 1, "{local:?}");
     assert!(
         local.reset_after() >= truth.reset_after(),
@@ -752,32 +763,7 @@ fn answers_with_equal_resets_taken_in_another_order_report_no_more_than_the_stor
     ] {
         let (_clock, store, gated, leasing) = gated_leases(3);
         let limit = Limit::single(algorithm, Quota::per_second(20).unwrap()).unwrap();
-        // A first lease of 3, spent: 17 left in the store.
-        let mut first = leasing.check(b"k", &limit, 1);
-        gated.run(0);
-        gated.answer(0);
-        assert!(poll_once(&mut first).unwrap().unwrap().is_allowed());
-        for _ in 0..2 {
-            let d = poll_once(&mut leasing.check(b"k", &limit, 1)).unwrap();
-            assert!(d.unwrap().is_cached());
-        }
-        let mut large = leasing.check(b"k", &limit, 5);
-        let mut lease = leasing.check(b"k", &limit, 1);
-        // Run: the lease request (17 − 3 = 14), then the large check (14 − 5 = 9).
-        gated.run(2);
-        gated.run(1);
-        // Taken: the large check's answer, then the lease's.
-        gated.answer(1);
-        assert!(poll_once(&mut large).unwrap().unwrap().is_allowed());
-        gated.answer(2);
-        assert!(poll_once(&mut lease).unwrap().unwrap().is_allowed());
-        let local = poll_once(&mut leasing.check(b"k", &limit, 1))
-            .unwrap()
-            .unwrap();
-        assert!(local.is_allowed() && local.is_cached(), "{local:?}");
-        let truth = store.check_now(b"k", &limit, 0);
-        assert_eq!(truth.remaining(), 9, "{algorithm:?}");
-        assert_eq!(leasing.outstanding_units(), 1);
+        let local = large_and_lease_run_in_reverse(&store, &gated, &leasing, &limit);
         bad.push((algorithm, local.remaining()));
     }
     bad.retain(|&(_, r)| r > 9 + 1);
