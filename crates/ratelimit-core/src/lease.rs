@@ -193,9 +193,10 @@ const SHARDS: usize = 16;
 /// (a quota's full time never moves earlier as the store runs checks:
 /// `an_answer_whose_reset_shows_it_ran_later_replaces_one_in_flight_with_it`). Any other answer
 /// (checks in flight together: two threads, checks polled out of their making order, answers
-/// taken in either order) only lowers the `remaining` taken and moves its reset later, and, if the
-/// two disagree, makes the reported reset's lag unknown, so that a [`DenialCache`](crate::DenialCache) above implies
-/// no denial from it (the fewer may be an earlier window's count)
+/// taken in either order) only lowers the `remaining` taken and moves its reset later, and, if
+/// the two disagree, makes the reported reset's lag unknown, so that a
+/// [`DenialCache`](crate::DenialCache) above implies no denial from it (the fewer may be an
+/// earlier window's count)
 /// (`answers_run_by_the_store_out_of_their_sending_order_report_no_more_than_it_has`,
 /// `answers_taken_in_another_order_than_the_store_ran_them_report_no_more_than_it_has`,
 /// `answers_with_equal_resets_taken_in_another_order_report_no_more_than_the_store_has`,
@@ -423,7 +424,8 @@ impl Entry {
     /// answer only lowers the `remaining` taken and moves its reset later, never the other way,
     /// so that the lease's answers report neither the lease's units twice nor a reset before the
     /// store's. (In one window, or at one instant, the fewer left is the later state; across a
-    /// window's end or a refill, resets order them.)
+    /// window's end or a refill, resets order them unless an answer came about a window late, and
+    /// then the reported remaining, unsure, carries an unknown lag.)
     ///
     /// An answer to a check sent before a reset of the key (`resets`, the key's resets when it
     /// was sent, is not the count now) describes the state the reset forgot: not taken at all.
