@@ -1153,7 +1153,7 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
             Err(existing) => {
                 sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
                 // Numbered before it is sent (see `Entry::report_seq`).
-                let single = limit.quotas().len() == 1;
+                let single = one_quota(limit);
                 let seen =
                     existing.map(|entry| Seen::new(entry, now, cost == 0, single, sh.clone()));
                 return LeaseFuture {
@@ -1182,7 +1182,7 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
             },
             Action::Direct => {
                 sh.counters.store_calls.fetch_add(1, Ordering::Relaxed);
-                let single = limit.quotas().len() == 1;
+                let single = one_quota(limit);
                 let seen = Some(Seen::new(entry, now, false, single, sh.clone()));
                 LeaseFuture {
                     state: St::Direct {
@@ -1307,8 +1307,14 @@ struct Ctx<S, C> {
 impl<S, C> Ctx<S, C> {
     /// The limit has one quota (see `Entry::saw_answer`).
     fn single(&self) -> bool {
-        self.limit.quotas().len() == 1
+        one_quota(&self.limit)
     }
+}
+
+/// Whether `limit` has one quota, whose reset orders the store's answers (see
+/// `Entry::saw_answer`).
+fn one_quota(limit: &Limit) -> bool {
+    limit.quotas().len() == 1
 }
 
 impl<S: Store, C: Clock + 'static> Ctx<S, C> {

@@ -295,8 +295,9 @@ fn general(limit: &Limit, now: Timestamp, cost: u64, next: &mut Out) -> Decision
     d
 }
 
-/// Sets `next`, empty until then, without calling the drop glue of the `None` it replaces
-/// (assigning over it compiled to that call, out of line, on every admission).
+/// Sets `next`, empty until then: the word in place, or the side states without calling the drop
+/// glue of the empty `Option` they replace (assigning over it compiled to that call, out of
+/// line).
 #[inline(always)]
 fn put(next: &mut Out, value: Next) {
     debug_assert!(
