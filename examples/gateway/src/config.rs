@@ -716,11 +716,20 @@ fn hide_strings(message: &str) -> String {
 /// `unknown variant `…``. (toml's `duplicate key` does not quote the key.)
 const QUOTED_NAMES: [&str; 2] = ["unknown field `", "unknown variant `"];
 
-/// Where the name quoted at the start of `quoted` ends: where the message goes on (`, expected
-/// …`), or at its last backtick.
+/// How the key and failure tables' messages go on after the setting they quote as unknown (a
+/// setting of another source or mode): `` unknown field `name`: source "ip" takes … ``.
+const OWN_MESSAGES: [&str; 2] = ["`: source \"", "`: mode \""];
+
+/// Where the name quoted at the start of `quoted` ends: where the message goes on (serde's
+/// `` `, expected … `` or `` `, there are no … ``; the key and failure tables' `` `: source "ip"
+/// takes `a`, `b` ``), else at its last backtick. The last such place, not the first: the names
+/// listed after it are known ones, which hold none of these, while a name written in the file
+/// may hold any of them, and ended early it would show the rest of itself as the message.
 fn quoted_name_end(quoted: &str) -> usize {
-    quoted
-        .find("`, ")
+    ["`, expected ", "`, there are no ", "`: "]
+        .iter()
+        .filter_map(|goes_on| quoted.rfind(goes_on))
+        .max()
         .or_else(|| quoted.rfind('`'))
         .unwrap_or(quoted.len())
 }
@@ -761,7 +770,10 @@ fn hide_unknown_names(message: &str) -> String {
         let end = quoted_name_end(quoted);
         let name = &quoted[..end];
         let meant = meant_variant(name, &quoted[end..]);
-        if could_be_misspelt(name) || meant.is_some() {
+        // The key and failure tables' own messages quote a setting of theirs, never the file's
+        // text (`ipv6_prefix`, which holds a digit, included).
+        let own = OWN_MESSAGES.iter().any(|m| quoted[end..].starts_with(m));
+        if could_be_misspelt(name) || meant.is_some() || own {
             out.push_str(name);
         } else {
             out.push_str(redact_key(name.trim_matches('"')).trim_matches('"'));

@@ -559,6 +559,35 @@ async fn bad_configurations_fail_naming_the_field() {
                 .to_owned(),
             "routes[0].key: unknown field `name`",
         ),
+        // A setting of another source or mode: the message names it whole and says what the
+        // table takes (the names it lists once cut the setting's name short, as a secret's).
+        (
+            "[[routes]]\npath = \"/api\"\nkey = { source = \"ip\", name = \"x\" }\n\
+             [routes.policy]\nname = \"a\"\nquotas = [{ limit = 1, per = \"second\" }]\n"
+                .to_owned(),
+            "routes[0].key: unknown field `name`: source \"ip\" takes `trusted_proxies`, \
+             `forwarded_header`, `ipv6_prefix` (line 3",
+        ),
+        (
+            "[[routes]]\npath = \"/api\"\nkey = { source = \"header\", name = \"x-api-key\", ipv6_prefix = 48 }\n\
+             [routes.policy]\nname = \"a\"\nquotas = [{ limit = 1, per = \"second\" }]\n"
+                .to_owned(),
+            "routes[0].key: unknown field `ipv6_prefix`: source \"header\" takes `name` (line 3",
+        ),
+        (
+            with_policy(
+                "quotas = [{ limit = 5, per = \"minute\" }]\nfailure = { mode = \"closed\", gateways = 4 }",
+            ),
+            "routes[0].policy.failure: unknown field `gateways`: mode \"closed\" takes \
+             `retry_after_secs` only (line",
+        ),
+        (
+            with_policy(
+                "quotas = [{ limit = 5, per = \"minute\" }]\nfailure = { mode = \"fallback\", retry_after_secs = 4 }",
+            ),
+            "routes[0].policy.failure: unknown field `retry_after_secs`: mode \"fallback\" \
+             takes `gateways` only (line",
+        ),
         (
             "[[routes]]\npath = \"/login\"\nkey = { source = \"ip\", trusted_proxies = [\"0.0.0.0/0\"] }\n\
              [routes.policy]\nname = \"login\"\nquotas = [{ limit = 1, per = \"second\" }]\n"
@@ -713,6 +742,16 @@ async fn bad_configurations_fail_naming_the_field() {
         (
             format!("{policy}\"sk_live_s3cret0123456789\" = \"gold\"\n"),
             "routes[0].policy: unknown field `sk_l…`, expected one of ",
+        ),
+        // A name holding what the message goes on with (`` `, `` or `` `: ``) is still the whole
+        // name: no part of it shown as the message's rest.
+        (
+            format!("{policy}\"pw`, s3cret\" = 1\n"),
+            "routes[0].policy: unknown field `pw`,…`, expected one of ",
+        ),
+        (
+            format!("{policy}\"pw`: s3cret\" = 1\n"),
+            "routes[0].policy: unknown field `pw`:…`, expected one of ",
         ),
         (
             format!("[store]\nkind = \"redis://:s3cret@10.0.0.5:6379\"\n{policy}"),
