@@ -71,8 +71,8 @@
 
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -304,6 +304,20 @@ struct Part {
     /// comes (a timer late on a loaded machine), is older evidence than the probe that closed the
     /// circuit: it counts for nothing.
     closed_at: AtomicU64,
+    /// Held by a failure counted from closed (its test that the circuit is closed and has not
+    /// closed since its check was made, its count, and the opening it may make) and by a probe's
+    /// close: one cannot fall between the other's steps. Without it, a failure that passed its
+    /// test and was preempted could be counted after the circuit opened, cooled down and closed
+    /// again meanwhile (older evidence than the probe that closed it, counted in the new streak),
+    /// or re-open that circuit, over a store whose probe had just answered. Neither path is a
+    /// request's path while the store answers: only failures and closes take it.
+    turn: Mutex<()>,
+}
+
+impl Part {
+    fn turn(&self) -> MutexGuard<'_, ()> {
+        self.turn.lock().unwrap_or_else(PoisonError::into_inner)
+    }
 }
 
 impl std::fmt::Debug for Breaker {
@@ -539,6 +553,9 @@ impl Breaker {
             // Only a half-open circuit closes: a probe taken as lost that answers after the one
             // sent after it failed (its future polled late) would close a circuit opened on
             // newer evidence. Any probe's success closes it: the store answered.
+            // The close, its mark and the failures cleared as one step for a failure counted
+            // from closed (see `Part::turn`).
+            let turn = part.turn();
             let closed = part
                 .word
                 .fetch_update(Ordering::AcqRel, Ordering::Acquire, |w| {
@@ -554,6 +571,7 @@ impl Breaker {
                 part.closed_at.fetch_max(closes, Ordering::SeqCst);
                 self.dirty.fetch_sub(1, Ordering::AcqRel);
                 self.clear_failures(part);
+                drop(turn);
                 self.publish();
                 tracing::info!(
                     policy = %self.policy,
@@ -593,13 +611,21 @@ impl Breaker {
             return;
         }
         let circuit = self.part(part);
-        if circuit.closed_at.load(Ordering::SeqCst) > seen
-            || circuit.word.load(Ordering::Acquire) & STATE != CLOSED
-        {
-            // Sent before the circuit last closed: older evidence than the probe that closed it.
-            // Or the circuit is open, or its probe out: only the probe's answer counts then
-            // (failures counted meanwhile would all be cleared at the close, and one counted as it
-            // closes could open it again at once).
+        let stale = || {
+            circuit.closed_at.load(Ordering::SeqCst) > seen
+                || circuit.word.load(Ordering::Acquire) & STATE != CLOSED
+        };
+        // Sent before the circuit last closed: older evidence than the probe that closed it. Or
+        // the circuit is open, or its probe out: only the probe's answer counts then (failures
+        // counted meanwhile would all be cleared at the close, and one counted as it closes could
+        // open it again at once). Tested without the part's turn first (a store that is down
+        // fails every request while its circuit is open), then again holding it, until the
+        // count and the opening are done: no close comes in between.
+        if stale() {
+            return;
+        }
+        let _turn = circuit.turn();
+        if stale() {
             return;
         }
         // Raised first (see `dirty`), and lowered again unless this was the part's first.
@@ -1399,32 +1425,101 @@ mod tests {
         }
     }
 
-    /// A failure whose thread read the clock, was preempted, and records it after another
+    /// A failure (with `seen`) held in `failure` after reading the clock, while `meanwhile`
+    /// runs on a thread of its own; then let go. The held failure has the part's turn: a
+    /// `meanwhile` that fails or closes the circuit waits for it (which is what is tested), so it
+    /// is given a while (200 ms) to finish first, as it would without the turn, before the held
+    /// failure is let go.
+    fn failure_held_while(b: &Arc<Breaker>, seen: u64, meanwhile: impl FnOnce() + Send + 'static) {
+        let (reached_tx, reached) = std::sync::mpsc::channel();
+        let (go, go_rx) = std::sync::mpsc::channel();
+        let held = {
+            let b = Arc::clone(b);
+            std::thread::spawn(move || {
+                HOLD.with(|h| *h.borrow_mut() = Some((reached_tx, go_rx)));
+                b.failure(0, None, seen);
+            })
+        };
+        reached.recv().unwrap();
+        let (done_tx, done) = std::sync::mpsc::channel();
+        let other = std::thread::spawn(move || {
+            meanwhile();
+            let _ = done_tx.send(());
+        });
+        let _ = done.recv_timeout(Duration::from_millis(200));
+        go.send(()).unwrap();
+        held.join().unwrap();
+        other.join().unwrap();
+    }
+
+    /// A failure whose thread read the clock, was preempted, and records it around another
     /// failure a cool-down later: the streak that follows that later failure still opens the
     /// circuit (the held failure does not write its older time over the later one's).
     #[test]
     fn a_failure_held_after_reading_the_clock_does_not_hide_the_streak_after_it() {
         let clock = ManualClock::new();
         let b = Arc::new(breaker(&clock));
-        let (reached_tx, reached) = std::sync::mpsc::channel();
-        let (go, go_rx) = std::sync::mpsc::channel();
-        let held = {
-            let b = Arc::clone(&b);
-            std::thread::spawn(move || {
-                HOLD.with(|h| *h.borrow_mut() = Some((reached_tx, go_rx)));
-                b.failure(0, None, FRESH);
-            })
-        };
-        reached.recv().unwrap();
-        // Another failure 6 s later (the cool-down is 5 s), recorded first.
+        // Another failure 6 s later (the cool-down is 5 s).
         clock.advance(Duration::from_secs(6));
-        b.failure(0, None, FRESH);
-        go.send(()).unwrap();
-        held.join().unwrap();
+        let later = Arc::clone(&b);
+        failure_held_while(&b, FRESH, move || later.failure(0, None, FRESH));
         // One more a second after the later one: two in a row within the cool-down.
         clock.advance(Duration::from_secs(1));
         b.failure(0, None, FRESH);
         assert_eq!(b.state(), CircuitState::Open);
+    }
+
+    /// A failure made while the circuit was closed, held inside `failure` while others open the
+    /// circuit and, after the cool-down, a probe closes it: its count and its opening do not
+    /// land after that close (older evidence than the probe's, the store had just answered).
+    #[test]
+    fn a_failure_held_across_an_open_and_a_close_does_not_reopen_the_circuit() {
+        let clock = ManualClock::new();
+        let b = Arc::new(Breaker::new(
+            CircuitBreaker::new(1, Duration::from_secs(5)).unwrap(),
+            Duration::from_millis(50),
+            Arc::new(clock.clone()),
+            &Metrics::new("p", std::iter::empty()),
+            "p".into(),
+            1,
+        ));
+        let seen = b.seen();
+        let (other, clock2) = (Arc::clone(&b), clock.clone());
+        failure_held_while(&b, seen, move || {
+            other.failure(0, None, seen);
+            clock2.advance(Duration::from_secs(5));
+            let p = probe(&other);
+            other.success(0, Some(p));
+        });
+        assert_eq!(
+            b.state(),
+            CircuitState::Closed,
+            "re-opened by a failure older than the probe that closed it"
+        );
+    }
+
+    /// The same with a threshold of 2 and one failure before: the held one is not counted in
+    /// the streak after the close, where one failure more would then open the circuit.
+    #[test]
+    fn a_failure_held_across_an_open_and_a_close_is_not_counted_after_it() {
+        let clock = ManualClock::new();
+        let b = Arc::new(breaker(&clock));
+        let seen = b.seen();
+        b.failure(0, None, seen);
+        let (other, clock2) = (Arc::clone(&b), clock.clone());
+        failure_held_while(&b, seen, move || {
+            other.failure(0, None, seen);
+            clock2.advance(Duration::from_secs(5));
+            let p = probe(&other);
+            other.success(0, Some(p));
+        });
+        assert_eq!(b.state(), CircuitState::Closed);
+        b.failure(0, None, b.seen());
+        assert_eq!(
+            b.state(),
+            CircuitState::Closed,
+            "opened by one failure after the close"
+        );
     }
 
     /// Called by `admit` between its read and its compare-and-swap (test builds only).

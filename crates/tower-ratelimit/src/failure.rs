@@ -45,7 +45,8 @@
 //! [`Limit::divided`](ratelimit_core::Limit::divided)), never up. A request whose cost fits the
 //! shared limit but not the local share is denied until the store is back, its `Retry-After`
 //! saying when the layer asks the store again: what is left of the cool-down of the key's
-//! circuit while it is open, else 1 s (the next request asks it). Meanwhile the
+//! circuit while it is open, else 1 s (closed, the next request asks it; half-open, its
+//! probe is out, answered or failed within the layer's timeout). Meanwhile the
 //! `RateLimit-Policy` and `RateLimit` fields describe that local share (`q=25` below), the quota
 //! the answer was made against, as the legacy `X-RateLimit-Limit` does. The local store holds
 //! at most 1,000,000 keys by default

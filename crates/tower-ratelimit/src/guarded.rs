@@ -229,8 +229,12 @@ impl<St: Store> GuardedBuilder<St> {
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum GuardError<E> {
-    /// The key's circuit is open: the store was not asked. It will be at the first check after
-    /// `retry_in` (what is left of the cool-down; zero while a probe is out).
+    /// The key's circuit is open: the store was not asked. While the circuit cools down,
+    /// `retry_in` is what is left of the cool-down, and the first check after it asks the store
+    /// (the probe). While that probe is out, `retry_in` is zero, but checks are refused until the
+    /// probe settles (answered, or failed at the timeout from its sending): a caller that waits
+    /// `retry_in` and tries again should wait a little more than zero then (the layer's
+    /// `Retry-After` is at least 1 s).
     #[error("the store's circuit is open: not asked (the next probe in {retry_in:?})")]
     CircuitOpen {
         /// How long until a check asks the store again.
