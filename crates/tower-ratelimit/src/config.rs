@@ -261,9 +261,10 @@ impl TryFrom<FailureTable> for FailureConfig {
 }
 
 /// The missing-key answer: `{ reject = 400 }`, `{ unauthorized = 'Bearer realm="api"' }` (401
-/// with this `WWW-Authenticate` challenge) or `{ shared_key = "anonymous" }`.
+/// with this `WWW-Authenticate` challenge) or `{ shared_key = "anonymous" }`: exactly one of the
+/// three (a table with two, or none, is refused, naming them).
 #[derive(Debug, Clone, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "snake_case", deny_unknown_fields)]
+#[serde(try_from = "MissingKeyTable")]
 #[non_exhaustive]
 pub enum MissingKeyConfig {
     /// Reject with this status (not 401, 405, 407 or 426).
@@ -272,6 +273,47 @@ pub enum MissingKeyConfig {
     Unauthorized(String),
     /// Use this shared key.
     SharedKey(String),
+}
+
+/// A missing-key table as written: the three answers, of which `TryFrom` takes the one set.
+/// (Read as an enum, a table with two or none was refused as "wanted exactly 1 element", which
+/// names neither the answers nor what was wrong.)
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct MissingKeyTable {
+    reject: Option<u16>,
+    unauthorized: Option<String>,
+    shared_key: Option<String>,
+}
+
+impl TryFrom<MissingKeyTable> for MissingKeyConfig {
+    type Error = String;
+
+    fn try_from(t: MissingKeyTable) -> Result<Self, String> {
+        let set: Vec<&str> = [
+            ("reject", t.reject.is_some()),
+            ("unauthorized", t.unauthorized.is_some()),
+            ("shared_key", t.shared_key.is_some()),
+        ]
+        .into_iter()
+        .filter_map(|(name, set)| set.then_some(name))
+        .collect();
+        match (t.reject, t.unauthorized, t.shared_key) {
+            (Some(status), None, None) => Ok(MissingKeyConfig::Reject(status)),
+            (None, Some(challenge), None) => Ok(MissingKeyConfig::Unauthorized(challenge)),
+            (None, None, Some(key)) => Ok(MissingKeyConfig::SharedKey(key)),
+            _ if set.is_empty() => Err(
+                "takes one of `reject`, `unauthorized` or `shared_key`, and has none".to_owned(),
+            ),
+            _ => Err(format!(
+                "takes one of `reject`, `unauthorized` or `shared_key`, and has {}",
+                set.iter()
+                    .map(|name| format!("`{name}`"))
+                    .collect::<Vec<_>>()
+                    .join(" and ")
+            )),
+        }
+    }
 }
 
 impl Default for MissingKeyConfig {

@@ -976,6 +976,44 @@ async fn a_policy_from_a_configuration_file() {
         parse("{ mode = \"open\" }").unwrap().failure,
         tower_ratelimit::config::FailureConfig::Open {}
     );
+    // The missing-key answer is one of three: two, or none, is refused naming them.
+    let missing = |answer: &str| {
+        toml::from_str::<PolicyConfig>(&format!(
+            "name = \"x\"\nquotas = [{{ limit = 1, per = \"second\" }}]\nmissing_key = {answer}"
+        ))
+    };
+    for (answer, says) in [
+        (
+            "{ reject = 400, shared_key = \"anon\" }",
+            "takes one of `reject`, `unauthorized` or `shared_key`, and has `reject` and `shared_key`",
+        ),
+        (
+            "{}",
+            "takes one of `reject`, `unauthorized` or `shared_key`, and has none",
+        ),
+        ("{ status = 400 }", "unknown field `status`"),
+        (
+            "{ reject = \"400\" }",
+            "invalid type: string \"400\", expected u16",
+        ),
+    ] {
+        let err = missing(answer).expect_err(answer).to_string();
+        assert!(err.contains(says), "{answer}: {err}");
+    }
+    use tower_ratelimit::config::MissingKeyConfig;
+    for (answer, config) in [
+        ("{ reject = 403 }", MissingKeyConfig::Reject(403)),
+        (
+            "{ unauthorized = 'Bearer realm=\"api\"' }",
+            MissingKeyConfig::Unauthorized("Bearer realm=\"api\"".to_owned()),
+        ),
+        (
+            "{ shared_key = \"anon\" }",
+            MissingKeyConfig::SharedKey("anon".to_owned()),
+        ),
+    ] {
+        assert_eq!(missing(answer).expect(answer).missing_key, config);
+    }
     // A gRPC service's denials: the gRPC status instead of a 429.
     let grpc: PolicyConfig =
         toml::from_str("name = \"x\"\nquotas = [{ limit = 1, per = \"hour\" }]\nbody = \"grpc\"")
