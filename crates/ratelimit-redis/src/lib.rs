@@ -80,7 +80,8 @@
 //! See `docs/redis.md` for the key layout, the scripts, expiry and the cluster rules.
 //!
 //! # Features
-//! - `tls`: `rediss://` URLs (TLS, as managed Redis services use), through the system's OpenSSL
+//! - `tls`: `rediss://` URLs (TLS, as managed Redis services use; `valkeys://`, which redis-rs
+//!   takes as the same, likewise), through the system's OpenSSL
 //!   (native-tls; building needs `libssl-dev` and `pkg-config`). Without it, a `rediss://` URL is
 //!   refused by [`build`](RedisStoreBuilder::build) with a
 //!   [`RedisStoreError::Config`] that says so.

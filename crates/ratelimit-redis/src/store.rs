@@ -2062,11 +2062,14 @@ fn redact_params(query: &str) -> String {
     params.join("&")
 }
 
-/// Whether `url` is a `rediss://` (TLS) one, its scheme in any case, as the URL parser takes it:
-/// one that needs the `tls` or `tls-rustls` feature.
+/// Whether `url` is a `rediss://` (TLS) one, or redis-rs's other name for it, `valkeys://`, its
+/// scheme in any case, as the URL parser takes it: one that needs the `tls` or `tls-rustls`
+/// feature.
 pub fn is_tls_url(url: &str) -> bool {
-    url.get(..9)
-        .is_some_and(|scheme| scheme.eq_ignore_ascii_case("rediss://"))
+    ["rediss://", "valkeys://"].iter().any(|tls| {
+        url.get(..tls.len())
+            .is_some_and(|scheme| scheme.eq_ignore_ascii_case(tls))
+    })
 }
 
 /// Whether rustls can present `client`: at least one certificate, and a private key it can sign
@@ -2110,20 +2113,48 @@ mod tests {
     use super::*;
     use ratelimit_core::Quota;
 
-    /// `rediss://` in any case is a TLS URL, as the URL parser takes it (an upper-case one went
-    /// past the check for the TLS feature); a URL cut inside a multi-byte character is not.
+    /// `rediss://` (or `valkeys://`, which redis-rs takes as the same) in any case is a TLS URL,
+    /// as the URL parser takes it (an upper-case one went past the check for the TLS feature); a
+    /// URL cut inside a multi-byte character is not.
     #[test]
     fn tls_urls_are_told_by_their_scheme_in_any_case() {
-        for url in ["rediss://h:6380", "REDISS://h", "Rediss://h/#insecure"] {
+        for url in [
+            "rediss://h:6380",
+            "REDISS://h",
+            "Rediss://h/#insecure",
+            "valkeys://h:6380",
+            "VALKEYS://h",
+        ] {
             assert!(is_tls_url(url), "{url}");
+            // As redis-rs takes it: a TLS connection, which it refuses without a TLS feature.
+            let info = url.parse::<redis::ConnectionInfo>();
+            #[cfg(any(feature = "tls", feature = "tls-rustls"))]
+            assert!(
+                matches!(
+                    info.as_ref().map(|i| i.addr()),
+                    Ok(redis::ConnectionAddr::TcpTls { .. })
+                ),
+                "{url}"
+            );
+            #[cfg(not(any(feature = "tls", feature = "tls-rustls")))]
+            assert!(info.is_err(), "{url}");
+        }
+        for url in ["redis://h", "valkey://h", "VALKEY://h"] {
+            assert!(!is_tls_url(url), "{url}");
+            let info = url.parse::<redis::ConnectionInfo>().expect(url);
+            assert!(
+                matches!(info.addr(), redis::ConnectionAddr::Tcp(..)),
+                "{url}"
+            );
         }
         for url in [
-            "redis://h",
+            "valkeys:/h",
             "rediss:/h",
             "rediss",
             "",
             "unix:///tmp/r.sock",
             "redisé://h",
+            "valkeyé://h",
         ] {
             assert!(!is_tls_url(url), "{url}");
         }
