@@ -142,7 +142,7 @@ impl AdminConfig {
             (None, Some(path)) => {
                 let field = "admin.token_file";
                 // The path is not shown either: a token written in its place would be.
-                let mut bytes = std::fs::read(path).map_err(|e| {
+                let mut bytes = read_capped(path).map_err(|e| {
                     ConfigError::new(field, format!("cannot read the file it names: {e}"))
                 })?;
                 if bytes.ends_with(b"\r\n") {
@@ -546,7 +546,15 @@ impl Config {
     /// password can stay out of the file). Not applied to another kind of store, whose check
     /// is the caller's.
     pub fn load_with_redis(path: &Path, redis_url: Option<&str>) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
+        let text = read_capped(path)
+            .and_then(|bytes| {
+                String::from_utf8(bytes).map_err(|_| {
+                    std::io::Error::new(
+                        std::io::ErrorKind::InvalidData,
+                        "stream did not contain valid UTF-8",
+                    )
+                })
+            })
             .map_err(|e| ConfigError::new("", format!("cannot read {}: {e}", path.display())))?;
         let mut config = Config::parse(&text)?;
         if let Some(url) = redis_url
@@ -710,6 +718,27 @@ fn hide_strings(message: &str) -> String {
     }
     out.push_str(rest);
     out
+}
+
+/// The most bytes a file the gateway reads at start (its configuration, the admin token, a PEM
+/// file) may hold: 16 MiB. Each is a few KiB; a path to `/dev/zero`, a device or a growing log
+/// would otherwise be read until memory runs out, the gateway never starting nor saying why.
+pub const MAX_FILE_BYTES: u64 = 16 << 20;
+
+/// The file at `path`, refused (`InvalidData`) past [`MAX_FILE_BYTES`].
+pub(crate) fn read_capped(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    std::fs::File::open(path)?
+        .take(MAX_FILE_BYTES + 1)
+        .read_to_end(&mut bytes)?;
+    if bytes.len() as u64 > MAX_FILE_BYTES {
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::InvalidData,
+            format!("larger than {} MiB", MAX_FILE_BYTES >> 20),
+        ));
+    }
+    Ok(bytes)
 }
 
 /// The names an error message quotes from the file as unknown: serde's `unknown field `…`` and

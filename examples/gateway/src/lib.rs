@@ -323,8 +323,8 @@ fn read_pem(
     what: &str,
 ) -> Result<Vec<u8>, StartError> {
     let bad = |reason: String| StartError::Config(ConfigError::new(field, reason));
-    let pem =
-        std::fs::read(path).map_err(|e| bad(format!("cannot read {}: {e}", path.display())))?;
+    let pem = config::read_capped(path)
+        .map_err(|e| bad(format!("cannot read {}: {e}", path.display())))?;
     if !holds(&pem, marker) {
         return Err(bad(format!(
             "{} holds no PEM {what} (no \"{marker}\" line)",

@@ -37,6 +37,25 @@ fn arguments_that_are_not_utf8_are_usage_errors() {
     assert!(err.contains("expected IP:PORT"), "{err}");
 }
 
+/// A configuration path to a file that never ends (`/dev/zero`) is refused past 16 MiB, at
+/// once, instead of being read until memory runs out.
+#[test]
+fn an_endless_configuration_file_is_refused() {
+    // Killed after a minute (far more than reading 16 MiB takes) should it read on.
+    let out = Command::new("timeout")
+        .args(["-s", "KILL", "60"])
+        .arg(env!("CARGO_BIN_EXE_example-gateway"))
+        .args(["--config", "/dev/zero", "--check"])
+        .output()
+        .expect("run the gateway under timeout(1)");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        err.contains("cannot read /dev/zero: larger than 16 MiB"),
+        "{err}"
+    );
+}
+
 /// `--config=PATH` takes a path that is not UTF-8 as it is, as `--config PATH` does; and
 /// `--redis=URL` refuses a URL that is not UTF-8 as `--redis URL` does.
 #[test]
