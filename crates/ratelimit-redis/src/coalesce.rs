@@ -187,7 +187,9 @@ pub struct CoalescingStats {
     /// Script calls sent to Redis for them (batches, and the checks sent on their own). Over a
     /// [`LazyRedisStore`] not connected yet, the calls it failed at once count too. A check sent
     /// on its own counts from its first poll in a runtime, where the store starts on it, even if
-    /// it is given up before its command is written (its connection still opening).
+    /// it is given up before its command is written (its connection still opening, or its
+    /// command still queued for the connection: redis-rs then drops it, which a busy gateway
+    /// whose callers time out sees often), so this may exceed the calls Redis ran.
     pub store_calls: u64,
     /// The most checks sent in one call.
     pub largest_batch: u64,

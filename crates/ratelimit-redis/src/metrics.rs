@@ -10,7 +10,9 @@ pub const CONNECTIONS_REPLACED_TOTAL: &str = "ratelimit_redis_connections_replac
 /// Checks that [`Coalescing`](crate::Coalescing) answered in a batch with others instead of a
 /// script call of their own.
 pub const COALESCED_CHECKS_TOTAL: &str = "ratelimit_redis_coalesced_checks_total";
-/// Checks that [`Coalescing`](crate::Coalescing) sent on their own, as without it.
+/// Checks that [`Coalescing`](crate::Coalescing) sent on their own, as without it: counted at
+/// their first poll in a runtime, so one whose caller gave up before its command was written
+/// (which redis-rs then drops) counts too.
 pub const COALESCING_OVERFLOW_TOTAL: &str = "ratelimit_redis_coalescing_overflow_total";
 /// Resets that [`watch_resets`](crate::RedisStore::watch_resets) watches heard (each notice, by
 /// each watch).
