@@ -563,6 +563,8 @@ impl Breaker {
                 })
                 .is_ok();
             if closed {
+                #[cfg(test)]
+                tests::hold("close");
                 // After the close, so that only a close that happened marks the checks sent
                 // before it (a check made in between reads the count before this: its failure,
                 // should it come, is taken for an older one).
@@ -640,7 +642,7 @@ impl Breaker {
                 // writes an older time over a later failure's.
                 let now = failure_time(self.clock.now());
                 #[cfg(test)]
-                tests::hold_after_reading_the_clock();
+                tests::hold("failure");
                 let (count, last) = (f & COUNT, f >> COUNT_BITS);
                 // Within a cool-down of the last, either way: another thread's failure, stamped
                 // just after this one read the clock, is as recent as this one. Only a streak's
@@ -1409,17 +1411,32 @@ mod tests {
         static WIDEN: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
     }
 
+    /// A place where a test's thread is held: where it was set for, it tells the test it got
+    /// there, and waits for its go, once.
+    type Hold = (
+        &'static str,
+        std::sync::mpsc::Sender<()>,
+        std::sync::mpsc::Receiver<()>,
+    );
+
     thread_local! {
-        /// Set by a test's thread: `failure` then tells the test it has read the clock, and waits
-        /// for its go, once.
-        static HOLD: std::cell::RefCell<Option<(std::sync::mpsc::Sender<()>, std::sync::mpsc::Receiver<()>)>> =
-            const { std::cell::RefCell::new(None) };
+        /// Set by a test's thread: the place `hold` stops it at.
+        static HOLD: std::cell::RefCell<Option<Hold>> = const { std::cell::RefCell::new(None) };
     }
 
-    /// Called by `failure` once it has read the clock, before its compare-and-swap (test builds
-    /// only): a thread preempted there.
-    pub(super) fn hold_after_reading_the_clock() {
-        if let Some((reached, go)) = HOLD.with(|h| h.borrow_mut().take()) {
+    /// Called (test builds only) by `failure` once it has read the clock, before its
+    /// compare-and-swap (`"failure"`), and by a probe's `success` between its close and the
+    /// close's mark (`"close"`): a thread preempted there.
+    pub(super) fn hold(place: &'static str) {
+        let held = HOLD.with(|h| {
+            let mut h = h.borrow_mut();
+            if h.as_ref().is_some_and(|(at, ..)| *at == place) {
+                h.take()
+            } else {
+                None
+            }
+        });
+        if let Some((_, reached, go)) = held {
             let _ = reached.send(());
             let _ = go.recv();
         }
@@ -1431,15 +1448,23 @@ mod tests {
     /// is given a while (200 ms) to finish first, as it would without the turn, before the held
     /// failure is let go.
     fn failure_held_while(b: &Arc<Breaker>, seen: u64, meanwhile: impl FnOnce() + Send + 'static) {
+        let b = Arc::clone(b);
+        held_while("failure", move || b.failure(0, None, seen), meanwhile);
+    }
+
+    /// `act` run on a thread of its own and held at `place` (see `hold`) while `meanwhile` runs
+    /// on another, given 200 ms to finish first; then let go.
+    fn held_while(
+        place: &'static str,
+        act: impl FnOnce() + Send + 'static,
+        meanwhile: impl FnOnce() + Send + 'static,
+    ) {
         let (reached_tx, reached) = std::sync::mpsc::channel();
         let (go, go_rx) = std::sync::mpsc::channel();
-        let held = {
-            let b = Arc::clone(b);
-            std::thread::spawn(move || {
-                HOLD.with(|h| *h.borrow_mut() = Some((reached_tx, go_rx)));
-                b.failure(0, None, seen);
-            })
-        };
+        let held = std::thread::spawn(move || {
+            HOLD.with(|h| *h.borrow_mut() = Some((place, reached_tx, go_rx)));
+            act();
+        });
         reached.recv().unwrap();
         let (done_tx, done) = std::sync::mpsc::channel();
         let other = std::thread::spawn(move || {
@@ -1459,10 +1484,14 @@ mod tests {
     fn a_failure_held_after_reading_the_clock_does_not_hide_the_streak_after_it() {
         let clock = ManualClock::new();
         let b = Arc::new(breaker(&clock));
-        // Another failure 6 s later (the cool-down is 5 s).
-        clock.advance(Duration::from_secs(6));
-        let later = Arc::clone(&b);
-        failure_held_while(&b, FRESH, move || later.failure(0, None, FRESH));
+        // Another failure 6 s after the held one read the clock (the cool-down is 5 s): not in
+        // a row with it.
+        let (later, clock2) = (Arc::clone(&b), clock.clone());
+        failure_held_while(&b, FRESH, move || {
+            clock2.advance(Duration::from_secs(6));
+            later.failure(0, None, FRESH);
+        });
+        assert_eq!(b.state(), CircuitState::Closed);
         // One more a second after the later one: two in a row within the cool-down.
         clock.advance(Duration::from_secs(1));
         b.failure(0, None, FRESH);
@@ -1475,14 +1504,7 @@ mod tests {
     #[test]
     fn a_failure_held_across_an_open_and_a_close_does_not_reopen_the_circuit() {
         let clock = ManualClock::new();
-        let b = Arc::new(Breaker::new(
-            CircuitBreaker::new(1, Duration::from_secs(5)).unwrap(),
-            Duration::from_millis(50),
-            Arc::new(clock.clone()),
-            &Metrics::new("p", std::iter::empty()),
-            "p".into(),
-            1,
-        ));
+        let b = Arc::new(opened_by_one_failure(&clock));
         let seen = b.seen();
         let (other, clock2) = (Arc::clone(&b), clock.clone());
         failure_held_while(&b, seen, move || {
@@ -1495,6 +1517,44 @@ mod tests {
             b.state(),
             CircuitState::Closed,
             "re-opened by a failure older than the probe that closed it"
+        );
+    }
+
+    /// A breaker of one part whose circuit opens at one failure.
+    fn opened_by_one_failure(clock: &ManualClock) -> Breaker {
+        Breaker::new(
+            CircuitBreaker::new(1, Duration::from_secs(5)).unwrap(),
+            Duration::from_millis(50),
+            Arc::new(clock.clone()),
+            &Metrics::new("p", std::iter::empty()),
+            "p".into(),
+            1,
+        )
+    }
+
+    /// A probe's close held between closing the circuit and marking the close, while a failure
+    /// of a check sent before the close comes: that failure waits for the mark, and is then
+    /// known to be older than the close (without the close's turn it found the circuit closed
+    /// and not yet marked, counted, and re-opened it).
+    #[test]
+    fn a_failure_from_before_a_close_that_comes_during_it_is_not_counted() {
+        let clock = ManualClock::new();
+        let b = Arc::new(opened_by_one_failure(&clock));
+        b.failure(0, None, FRESH);
+        assert_eq!(b.state(), CircuitState::Open);
+        clock.advance(Duration::from_secs(5));
+        let p = probe(&b);
+        let seen = b.seen();
+        let (closer, other) = (Arc::clone(&b), Arc::clone(&b));
+        held_while(
+            "close",
+            move || closer.success(0, Some(p)),
+            move || other.failure(0, None, seen),
+        );
+        assert_eq!(
+            b.state(),
+            CircuitState::Closed,
+            "re-opened by a failure sent before the close"
         );
     }
 
