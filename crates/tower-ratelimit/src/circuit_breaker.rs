@@ -626,7 +626,7 @@ impl Breaker {
         if stale() {
             return;
         }
-        let _turn = circuit.turn();
+        let turn = circuit.turn();
         if stale() {
             return;
         }
@@ -663,8 +663,12 @@ impl Breaker {
         }
         if n >= u64::from(self.config.failure_threshold)
             && circuit.word.load(Ordering::Acquire) & STATE == CLOSED
+            && self.turn_open(part, CLOSED)
         {
-            self.open(part, CLOSED);
+            // Told once the turn is let go: a subscriber's or a recorder's time (a log line
+            // written to a slow terminal) is not another failure's wait.
+            drop(turn);
+            self.opened(part);
         }
     }
 
@@ -699,7 +703,14 @@ impl Breaker {
     /// Opens the circuit if it is still `from`: closed (`CLOSED`, a thread that saw it closed long
     /// ago must not re-open a circuit whose probe is out), or a probe's own word.
     fn open(&self, part: usize, from: u64) {
-        let (index, part) = self.indexed(part);
+        if self.turn_open(part, from) {
+            self.opened(part);
+        }
+    }
+
+    /// [`open`](Breaker::open)'s change of state, without its news: whether it opened.
+    fn turn_open(&self, part: usize, from: u64) -> bool {
+        let part = self.part(part);
         let stamped = stamp(self.clock.now()) | OPEN;
         // An opening from closed makes the part dirty: counted first (see `dirty`).
         if from == CLOSED {
@@ -721,9 +732,15 @@ impl Breaker {
                 self.dirty.fetch_sub(1, Ordering::AcqRel);
             }
             // Someone else moved it: a late failure must not restart the cool-down either.
-            return;
+            return false;
         }
         self.clear_failures(part);
+        true
+    }
+
+    /// The news of an opening: the gauges, and a log line.
+    fn opened(&self, part: usize) {
+        let (index, _) = self.indexed(part);
         self.publish();
         tracing::warn!(
             policy = %self.policy,
