@@ -1006,8 +1006,13 @@ mod tests {
     /// A breaker of 2 failures and a 5 s cool-down, for a layer timeout of 50 ms, of `parts`
     /// circuits.
     fn breaker_of(clock: &ManualClock, parts: usize) -> Breaker {
+        breaker_opened_by(clock, 2, parts)
+    }
+
+    /// The same, its circuits opened by `failures` in a row.
+    fn breaker_opened_by(clock: &ManualClock, failures: u32, parts: usize) -> Breaker {
         Breaker::new(
-            CircuitBreaker::new(2, Duration::from_secs(5)).unwrap(),
+            CircuitBreaker::new(failures, Duration::from_secs(5)).unwrap(),
             Duration::from_millis(50),
             Arc::new(clock.clone()),
             &Metrics::new("p", std::iter::empty()),
@@ -1515,6 +1520,18 @@ mod tests {
         assert_eq!(b.state(), CircuitState::Open);
     }
 
+    /// A failure with `seen` held inside `failure` while another opens the circuit (it fails
+    /// too) and, after the cool-down, a probe closes it.
+    fn failure_held_across_an_open_and_a_close(b: &Arc<Breaker>, clock: &ManualClock, seen: u64) {
+        let (other, clock) = (Arc::clone(b), clock.clone());
+        failure_held_while(b, seen, move || {
+            other.failure(0, None, seen);
+            clock.advance(Duration::from_secs(5));
+            let p = probe(&other);
+            other.success(0, Some(p));
+        });
+    }
+
     /// A failure made while the circuit was closed, held inside `failure` while others open the
     /// circuit and, after the cool-down, a probe closes it: its count and its opening do not
     /// land after that close (older evidence than the probe's, the store had just answered).
@@ -1522,14 +1539,7 @@ mod tests {
     fn a_failure_held_across_an_open_and_a_close_does_not_reopen_the_circuit() {
         let clock = ManualClock::new();
         let b = Arc::new(opened_by_one_failure(&clock));
-        let seen = b.seen();
-        let (other, clock2) = (Arc::clone(&b), clock.clone());
-        failure_held_while(&b, seen, move || {
-            other.failure(0, None, seen);
-            clock2.advance(Duration::from_secs(5));
-            let p = probe(&other);
-            other.success(0, Some(p));
-        });
+        failure_held_across_an_open_and_a_close(&b, &clock, b.seen());
         assert_eq!(
             b.state(),
             CircuitState::Closed,
@@ -1537,16 +1547,27 @@ mod tests {
         );
     }
 
+    /// The same with a threshold of 2 and one failure before: the held one is not counted in
+    /// the streak after the close, where one failure more would then open the circuit.
+    #[test]
+    fn a_failure_held_across_an_open_and_a_close_is_not_counted_after_it() {
+        let clock = ManualClock::new();
+        let b = Arc::new(breaker(&clock));
+        let seen = b.seen();
+        b.failure(0, None, seen);
+        failure_held_across_an_open_and_a_close(&b, &clock, seen);
+        assert_eq!(b.state(), CircuitState::Closed);
+        b.failure(0, None, b.seen());
+        assert_eq!(
+            b.state(),
+            CircuitState::Closed,
+            "opened by one failure after the close"
+        );
+    }
+
     /// A breaker of one part whose circuit opens at one failure.
     fn opened_by_one_failure(clock: &ManualClock) -> Breaker {
-        Breaker::new(
-            CircuitBreaker::new(1, Duration::from_secs(5)).unwrap(),
-            Duration::from_millis(50),
-            Arc::new(clock.clone()),
-            &Metrics::new("p", std::iter::empty()),
-            "p".into(),
-            1,
-        )
+        breaker_opened_by(clock, 1, 1)
     }
 
     /// A probe's close held between closing the circuit and marking the close, while a failure
@@ -1572,30 +1593,6 @@ mod tests {
             b.state(),
             CircuitState::Closed,
             "re-opened by a failure sent before the close"
-        );
-    }
-
-    /// The same with a threshold of 2 and one failure before: the held one is not counted in
-    /// the streak after the close, where one failure more would then open the circuit.
-    #[test]
-    fn a_failure_held_across_an_open_and_a_close_is_not_counted_after_it() {
-        let clock = ManualClock::new();
-        let b = Arc::new(breaker(&clock));
-        let seen = b.seen();
-        b.failure(0, None, seen);
-        let (other, clock2) = (Arc::clone(&b), clock.clone());
-        failure_held_while(&b, seen, move || {
-            other.failure(0, None, seen);
-            clock2.advance(Duration::from_secs(5));
-            let p = probe(&other);
-            other.success(0, Some(p));
-        });
-        assert_eq!(b.state(), CircuitState::Closed);
-        b.failure(0, None, b.seen());
-        assert_eq!(
-            b.state(),
-            CircuitState::Closed,
-            "opened by one failure after the close"
         );
     }
 
