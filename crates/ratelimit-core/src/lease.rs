@@ -1660,7 +1660,8 @@ impl<S: Store, C: Clock + 'static> Future for LeaseFuture<S, C> {
 }
 
 /// [`forget`](Leasing::forget); resets unheard leave the leases as they are (see
-/// [`Forget::forget_unheard`]), but their answers no longer say how late their reset may be.
+/// [`Forget::forget_unheard`]), but their answers no longer say how late their reset may be,
+/// and a key starved of leases (its last lease request denied) may lease again at once.
 impl<S, C> Forget for Leasing<S, C> {
     fn forget(&self, key: &[u8], limit_fingerprint: u64) {
         Leasing::forget(self, key, limit_fingerprint);
@@ -1677,6 +1678,10 @@ impl<S, C> Forget for Leasing<S, C> {
                 let mut e = entry.lock();
                 e.reset_lag = UNKNOWN_LAG;
                 e.unheard_seq = e.report_seq;
+                // A key starved of leases (its last lease request denied) leases again: the
+                // denial may be of a forgotten state, and going straight to the store for the
+                // rest of its wait would cost a store call a check (each answer exact either way).
+                e.starved_until = 0;
             }
         }
     }

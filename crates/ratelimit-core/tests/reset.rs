@@ -550,6 +550,34 @@ fn forget_through_the_trait() {
     assert_eq!(leasing.outstanding_units(), 0);
 }
 
+/// A key whose lease request the store denied goes straight to the store until that denial's
+/// wait is over; after a reset that may have gone unheard (`forget_unheard`), it leases again at
+/// once, instead of costing a store call a check for the rest of the wait (every answer the
+/// store's own either way).
+#[test]
+fn a_key_starved_of_leases_leases_again_after_unheard_resets() {
+    use ratelimit_core::Forget;
+    let clock = ManualClock::new();
+    let leasing = leasing(&clock);
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_hour(10).unwrap()).unwrap();
+    for _ in 0..10 {
+        assert!(now(leasing.check(b"k", &limit, 1)).unwrap().is_allowed());
+    }
+    // The lease spent: the next lease request is denied, and the key starved of leases.
+    assert!(!now(leasing.check(b"k", &limit, 1)).unwrap().is_allowed());
+    assert!(!now(leasing.check(b"k", &limit, 1)).unwrap().is_allowed());
+    let before = leasing.stats();
+    assert_eq!((before.leases, before.lease_denials), (1, 1), "{before:?}");
+    // The store reset where this gateway did not hear of it.
+    assert!(now(leasing.get_ref().reset(b"k", &limit)).is_ok());
+    Forget::forget_unheard(&leasing);
+    assert!(now(leasing.check(b"k", &limit, 1)).unwrap().is_allowed());
+    assert!(now(leasing.check(b"k", &limit, 1)).unwrap().is_allowed());
+    let after = leasing.stats();
+    assert_eq!(after.leases, 2, "leased again: {after:?}");
+    assert_eq!(after.store_calls, before.store_calls + 1, "{after:?}");
+}
+
 /// A lease a missed reset should have ended is kept (`forget_unheard`), and admits its units; but
 /// a `DenialCache` above it implies no denial from its last unit's answer, whose reset is the
 /// forgotten state's: it would deny a client the store admits, for as long as that state would
