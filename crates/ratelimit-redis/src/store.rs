@@ -2062,14 +2062,12 @@ fn redact_params(query: &str) -> String {
     params.join("&")
 }
 
-/// Whether `url` is a `rediss://` (TLS) one, or redis-rs's other name for it, `valkeys://`, its
-/// scheme in any case, as the URL parser takes it: one that needs the `tls` or `tls-rustls`
+/// Whether `url` is a `rediss://` (TLS) one, or redis-rs's other name for it, `valkeys://`, as
+/// redis-rs's URL parser takes it (its scheme in any case; spaces and control characters before
+/// it, and tabs and newlines within it, left out): one that needs the `tls` or `tls-rustls`
 /// feature.
 pub fn is_tls_url(url: &str) -> bool {
-    ["rediss://", "valkeys://"].iter().any(|tls| {
-        url.get(..tls.len())
-            .is_some_and(|scheme| scheme.eq_ignore_ascii_case(tls))
-    })
+    redis::parse_redis_url(url).is_some_and(|u| matches!(u.scheme(), "rediss" | "valkeys"))
 }
 
 /// Whether rustls can present `client`: at least one certificate, and a private key it can sign
@@ -2124,8 +2122,13 @@ mod tests {
             "Rediss://h/#insecure",
             "valkeys://h:6380",
             "VALKEYS://h",
+            " valkeys://h",
+            "\trediss://h",
+            "\0rediss://h",
+            "redi\tss://h",
+            "valk\neys://h",
         ] {
-            assert!(is_tls_url(url), "{url}");
+            assert!(is_tls_url(url), "{url:?}");
             // As redis-rs takes it: a TLS connection, which it refuses without a TLS feature.
             let info = url.parse::<redis::ConnectionInfo>();
             #[cfg(any(feature = "tls", feature = "tls-rustls"))]
@@ -2147,9 +2150,9 @@ mod tests {
                 "{url}"
             );
         }
+        // (`rediss:/h`, without a host, is a TLS URL too, as redis-rs parses it, which then
+        // refuses it for its missing host.)
         for url in [
-            "valkeys:/h",
-            "rediss:/h",
             "rediss",
             "",
             "unix:///tmp/r.sock",
