@@ -509,7 +509,8 @@ impl Config {
             if let Some(parent) = unknown_field(e.inner().message())
                 .filter(|name| !could_be_misspelt(name))
                 .and_then(|name| field.strip_suffix(name))
-                .and_then(|parent| parent.strip_suffix('.'))
+                // At the top level the path is the name alone: no table to name.
+                .and_then(|parent| parent.strip_suffix('.').or(parent.is_empty().then_some("")))
             {
                 field = parent.to_owned();
             }

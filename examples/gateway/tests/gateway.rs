@@ -745,6 +745,15 @@ async fn bad_configurations_fail_naming_the_field() {
         ),
         // A name holding what the message goes on with (`` `, `` or `` `: ``) is still the whole
         // name: no part of it shown as the message's rest.
+        // Above the first table: the file's top level, which the message names by nothing.
+        (
+            format!("\"sk_live_s3cret0123456789\" = \"gold\"\n{policy}"),
+            "unknown field `sk_l…`, expected one of ",
+        ),
+        (
+            format!("\"Pw9`, expected s3cret\" = 1\n{policy}"),
+            "unknown field `Pw9`…`, expected one of ",
+        ),
         (
             format!("{policy}\"pw`, s3cret\" = 1\n"),
             "routes[0].policy: unknown field `pw`,…`, expected one of ",
