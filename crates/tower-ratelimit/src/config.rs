@@ -277,13 +277,63 @@ pub enum MissingKeyConfig {
 
 /// A missing-key table as written: the three answers, of which `TryFrom` takes the one set.
 /// (Read as an enum, a table with two or none was refused as "wanted exactly 1 element", which
-/// names neither the answers nor what was wrong.)
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
+/// names neither the answers nor what was wrong.) Read as a map only, each answer's value as its
+/// type, as the enum was: not from a sequence, and not `null` (as a derived struct of `Option`s
+/// would take them, in JSON say).
 struct MissingKeyTable {
     reject: Option<u16>,
     unauthorized: Option<String>,
     shared_key: Option<String>,
+}
+
+/// The names of a missing-key table's answers (`unknown field` for any other).
+#[derive(Deserialize)]
+#[serde(field_identifier, rename_all = "snake_case")]
+enum MissingKeyAnswer {
+    Reject,
+    Unauthorized,
+    SharedKey,
+}
+
+impl<'de> Deserialize<'de> for MissingKeyTable {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Table;
+        impl<'de> serde::de::Visitor<'de> for Table {
+            type Value = MissingKeyTable;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("a table of one of `reject`, `unauthorized` or `shared_key`")
+            }
+
+            fn visit_map<A: serde::de::MapAccess<'de>>(
+                self,
+                mut map: A,
+            ) -> Result<MissingKeyTable, A::Error> {
+                use serde::de::Error as _;
+                let mut t = MissingKeyTable {
+                    reject: None,
+                    unauthorized: None,
+                    shared_key: None,
+                };
+                while let Some(answer) = map.next_key::<MissingKeyAnswer>()? {
+                    let twice = match answer {
+                        MissingKeyAnswer::Reject => t.reject.replace(map.next_value()?).is_some(),
+                        MissingKeyAnswer::Unauthorized => {
+                            t.unauthorized.replace(map.next_value()?).is_some()
+                        }
+                        MissingKeyAnswer::SharedKey => {
+                            t.shared_key.replace(map.next_value()?).is_some()
+                        }
+                    };
+                    if twice {
+                        return Err(A::Error::custom("an answer given twice"));
+                    }
+                }
+                Ok(t)
+            }
+        }
+        d.deserialize_map(Table)
+    }
 }
 
 impl TryFrom<MissingKeyTable> for MissingKeyConfig {

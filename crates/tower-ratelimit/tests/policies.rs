@@ -1014,6 +1014,29 @@ async fn a_policy_from_a_configuration_file() {
     ] {
         assert_eq!(missing(answer).expect(answer).missing_key, config);
     }
+    // In JSON too, and only as a map of one answer, each of its own type (as the enum it is
+    // read as took it): not a sequence, not `null`.
+    #[derive(Debug, serde::Deserialize)]
+    struct Holder {
+        #[allow(dead_code)]
+        m: MissingKeyConfig,
+    }
+    let json = |v: &str| serde_json::from_str::<Holder>(&format!(r#"{{"m": {v}}}"#));
+    assert_eq!(
+        json(r#"{"reject": 429}"#).unwrap().m,
+        MissingKeyConfig::Reject(429)
+    );
+    for refused in [
+        r#"[400, null, null]"#,
+        r#"[null, null, "anon"]"#,
+        r#"{"reject": 400, "shared_key": null}"#,
+        r#"{"reject": null, "unauthorized": null, "shared_key": "anon"}"#,
+        r#"{"reject": 400, "reject": 401}"#,
+        r#""reject""#,
+        r#"null"#,
+    ] {
+        assert!(json(refused).is_err(), "{refused}");
+    }
     // A gRPC service's denials: the gRPC status instead of a 429.
     let grpc: PolicyConfig =
         toml::from_str("name = \"x\"\nquotas = [{ limit = 1, per = \"hour\" }]\nbody = \"grpc\"")
