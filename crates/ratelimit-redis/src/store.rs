@@ -2062,12 +2062,18 @@ fn redact_params(query: &str) -> String {
     params.join("&")
 }
 
-/// Whether `url` is a `rediss://` (TLS) one, or redis-rs's other name for it, `valkeys://`, as
-/// redis-rs's URL parser takes it (its scheme in any case; spaces and control characters before
-/// it, and tabs and newlines within it, left out): one that needs the `tls` or `tls-rustls`
-/// feature.
+/// Whether `url` is a `rediss://` (TLS) one, or redis-rs's other name for it, `valkeys://`: one
+/// that needs the `tls` or `tls-rustls` feature. Its scheme in any case, as written or as
+/// redis-rs's URL parser takes it (spaces and control characters before it, and tabs and
+/// newlines within it, left out); a URL written `rediss://` that does not parse (a bad port) is
+/// one too, so that its error is the URL's, not a TLS setting's said to need one.
 pub fn is_tls_url(url: &str) -> bool {
-    redis::parse_redis_url(url).is_some_and(|u| matches!(u.scheme(), "rediss" | "valkeys"))
+    let written = ["rediss://", "valkeys://"].iter().any(|tls| {
+        url.get(..tls.len())
+            .is_some_and(|scheme| scheme.eq_ignore_ascii_case(tls))
+    });
+    written
+        || redis::parse_redis_url(url).is_some_and(|u| matches!(u.scheme(), "rediss" | "valkeys"))
 }
 
 /// Whether rustls can present `client`: at least one certificate, and a private key it can sign
@@ -2141,6 +2147,11 @@ mod tests {
             );
             #[cfg(not(any(feature = "tls", feature = "tls-rustls")))]
             assert!(info.is_err(), "{url}");
+        }
+        // Written so, but not parsed: TLS URLs all the same, refused for what is wrong in them.
+        for url in ["rediss://h:99999", "rediss://[::1", "VALKEYS://h:port"] {
+            assert!(is_tls_url(url), "{url:?}");
+            assert!(url.parse::<redis::ConnectionInfo>().is_err(), "{url}");
         }
         for url in ["redis://h", "valkey://h", "VALKEY://h"] {
             assert!(!is_tls_url(url), "{url}");

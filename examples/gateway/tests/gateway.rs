@@ -974,6 +974,24 @@ async fn bad_configurations_fail_naming_the_field() {
             },
         ));
     }
+    // A rediss:// URL that does not parse (its port out of range) is still one: what is wrong
+    // is the URL (or the build), not a CA file said to need a rediss:// URL.
+    let bad_port = format!(
+        "[store]\nkind = \"redis\"\nurl = \"rediss://127.0.0.1:99999\"\n\
+         tls_ca_file = \"ca.pem\"\n{policy}"
+    );
+    let err = Config::from_toml(&bad_port).err().map(|e| e.to_string());
+    assert!(
+        !err.as_deref()
+            .is_some_and(|e| e.contains("only used with a rediss:// url")),
+        "{err:?}"
+    );
+    if !tls {
+        tls_cases.push((
+            bad_port,
+            "store.url: rediss:// (TLS) needs the gateway built with its `tls` feature",
+        ));
+    }
     // A client certificate comes with its key, and goes where the CA file goes.
     let standalone = "[store]\nkind = \"redis\"\nurl = \"rediss://127.0.0.1:6379\"\n";
     tls_cases.extend([
