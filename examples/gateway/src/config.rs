@@ -526,7 +526,14 @@ impl Config {
             let field = match field.strip_prefix("api_keys.") {
                 _ if field == "." => String::new(),
                 Some(key) => format!("api_keys.{}", redact_key(key.trim_matches('"'))),
-                None => field,
+                // A method's name is the file's own text too (an API key pasted below a
+                // `[routes.cost_by_method]` table belongs to it).
+                None => match field.split_once(".cost_by_method.") {
+                    Some((route, method)) => {
+                        format!("{route}.cost_by_method.{}", shown_method(method))
+                    }
+                    None => field,
+                },
             };
             let mut error = toml_error(&field, e.inner(), text);
             if secret {
@@ -740,6 +747,19 @@ pub(crate) fn read_capped(path: &Path) -> std::io::Result<Vec<u8>> {
         ));
     }
     Ok(bytes)
+}
+
+/// A `cost_by_method` key as an error names it: whole if it could be a method, misspelt or in
+/// the wrong case (letters and `-` in one case, 32 at most: `PSOT`, `post`); else, as it may be
+/// an API key pasted in the wrong place, by its first characters, as an API key is shown.
+pub(crate) fn shown_method(method: &str) -> String {
+    let one_case = method.bytes().all(|b| b.is_ascii_uppercase() || b == b'-')
+        || method.bytes().all(|b| b.is_ascii_lowercase() || b == b'-');
+    if !method.is_empty() && method.len() <= 32 && one_case {
+        method.to_owned()
+    } else {
+        redact_key(method.trim_matches('"'))
+    }
 }
 
 /// The names an error message quotes from the file as unknown: serde's `unknown field `…`` and
@@ -1176,7 +1196,7 @@ impl RouteConfig {
                 && axum::http::Method::from_bytes(method.as_bytes()).is_ok();
             if !ok {
                 return Err(ConfigError::new(
-                    format!("{at}.cost_by_method.{method}"),
+                    format!("{at}.cost_by_method.{}", shown_method(method)),
                     "expected an HTTP method in capitals, such as POST",
                 ));
             }

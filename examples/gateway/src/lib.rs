@@ -759,7 +759,10 @@ fn policy(config: &Config, i: usize) -> Result<Policy, ConfigError> {
             .map(|(m, c)| {
                 Method::from_bytes(m.as_bytes())
                     .map(|m| (m, *c))
-                    .map_err(|e| ConfigError::new(format!("{at}.cost_by_method.{m}"), e))
+                    .map_err(|e| {
+                        let m = config::shown_method(m);
+                        ConfigError::new(format!("{at}.cost_by_method.{m}"), e)
+                    })
             })
             .collect::<Result<_, _>>()?;
         // A HEAD request runs the GET handler (axum answers it so): it costs what a GET does,

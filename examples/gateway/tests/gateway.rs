@@ -745,6 +745,24 @@ async fn bad_configurations_fail_naming_the_field() {
         ),
         // A name holding what the message goes on with (`` `, `` or `` `: ``) is still the whole
         // name: no part of it shown as the message's rest.
+        // Below a `[routes.cost_by_method]` table, or in it inline: named as a method only if
+        // it could be one.
+        (
+            format!("{policy}[routes.cost_by_method]\n\"sk_live_s3cret0123456789\" = \"gold\"\n"),
+            "routes[0].cost_by_method.\"sk_l…\": invalid type: ",
+        ),
+        (
+            format!("{policy}[routes.cost_by_method]\n\"sk_live_s3cret0123456789\" = 1\n"),
+            "routes[0].cost_by_method.\"sk_l…\": expected an HTTP method in capitals",
+        ),
+        (
+            format!("{policy}[routes.cost_by_method]\nPost = 1\n"),
+            "routes[0].cost_by_method.\"Po…\": expected an HTTP method in capitals",
+        ),
+        (
+            format!("{policy}[routes.cost_by_method]\npost = 1\n"),
+            "routes[0].cost_by_method.post: expected an HTTP method in capitals",
+        ),
         // Above the first table: the file's top level, which the message names by nothing.
         (
             format!("\"sk_live_s3cret0123456789\" = \"gold\"\n{policy}"),
