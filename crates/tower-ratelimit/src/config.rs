@@ -305,6 +305,15 @@ impl<'de> Deserialize<'de> for MissingKeyTable {
                 f.write_str("a table of one of `reject`, `unauthorized` or `shared_key`")
             }
 
+            // A string where the table belongs is not quoted back (an API key pasted as
+            // `missing_key = "…"`, say), as the enum's unknown variant was not by the gateway.
+            fn visit_str<E: serde::de::Error>(self, _: &str) -> Result<MissingKeyTable, E> {
+                Err(E::invalid_type(
+                    serde::de::Unexpected::Other("a string"),
+                    &self,
+                ))
+            }
+
             fn visit_map<A: serde::de::MapAccess<'de>>(
                 self,
                 mut map: A,
