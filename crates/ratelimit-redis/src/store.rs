@@ -2068,8 +2068,17 @@ fn redact_params(query: &str) -> String {
 /// newlines within it, left out); a URL written `rediss://` that does not parse (a bad port) is
 /// one too, so that its error is the URL's, not a TLS setting's said to need one.
 pub fn is_tls_url(url: &str) -> bool {
+    // The URL's start as the parser reads it: without the spaces and control characters before
+    // it, and the tabs and newlines in it.
+    let start: String = url
+        .trim_start_matches(|c: char| c <= ' ')
+        .chars()
+        .filter(|c| !matches!(c, '\t' | '\n' | '\r'))
+        .take("valkeys://".len())
+        .collect();
     let written = ["rediss://", "valkeys://"].iter().any(|tls| {
-        url.get(..tls.len())
+        start
+            .get(..tls.len())
             .is_some_and(|scheme| scheme.eq_ignore_ascii_case(tls))
     });
     written
@@ -2149,7 +2158,14 @@ mod tests {
             assert!(info.is_err(), "{url}");
         }
         // Written so, but not parsed: TLS URLs all the same, refused for what is wrong in them.
-        for url in ["rediss://h:99999", "rediss://[::1", "VALKEYS://h:port"] {
+        for url in [
+            "rediss://h:99999",
+            "rediss://[::1",
+            "VALKEYS://h:port",
+            " rediss://h:99999",
+            "redi\tss://h:99999",
+            "\u{1}valk\neys://h:port",
+        ] {
             assert!(is_tls_url(url), "{url:?}");
             assert!(url.parse::<redis::ConnectionInfo>().is_err(), "{url}");
         }

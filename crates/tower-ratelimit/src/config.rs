@@ -279,7 +279,8 @@ pub enum MissingKeyConfig {
 /// (Read as an enum, a table with two or none was refused as "wanted exactly 1 element", which
 /// names neither the answers nor what was wrong.) Read as a map only, each answer's value as its
 /// type, as the enum was: not from a sequence, and not `null` (as a derived struct of `Option`s
-/// would take them, in JSON say).
+/// would take them, in JSON say). Read through `deserialize_any`, as a self-describing format
+/// (TOML, JSON, YAML) can: a configuration's.
 struct MissingKeyTable {
     reject: Option<u16>,
     unauthorized: Option<String>,
@@ -341,7 +342,9 @@ impl<'de> Deserialize<'de> for MissingKeyTable {
                 Ok(t)
             }
         }
-        d.deserialize_map(Table)
+        // `any`, not `map`: a format's own map reading (serde_json's) refuses a string quoting
+        // it, before this visitor could say otherwise.
+        d.deserialize_any(Table)
     }
 }
 

@@ -1044,6 +1044,12 @@ async fn a_policy_from_a_configuration_file() {
     ] {
         assert!(json(refused).is_err(), "{refused}");
     }
+    // A string is not quoted back in JSON either (an API key pasted there).
+    let err = json(r#""sk_live_s3cret""#).unwrap_err().to_string();
+    assert!(
+        err.contains("invalid type: a string, expected a table") && !err.contains("s3cret"),
+        "{err}"
+    );
     // A gRPC service's denials: the gRPC status instead of a 429.
     let grpc: PolicyConfig =
         toml::from_str("name = \"x\"\nquotas = [{ limit = 1, per = \"hour\" }]\nbody = \"grpc\"")

@@ -1202,7 +1202,7 @@ impl RouteConfig {
             }
             if *cost == 0 {
                 return Err(ConfigError::new(
-                    format!("{at}.cost_by_method.{method}"),
+                    format!("{at}.cost_by_method.{}", shown_method(method)),
                     "must be at least 1 (a cost of 0 counts nothing: the method would be \
                      unlimited)",
                 ));
@@ -1219,6 +1219,7 @@ impl RouteConfig {
         // a gateway that serves more).
         for method in self.cost_by_method.keys() {
             if !served.contains(&method.as_str()) {
+                let method = shown_method(method);
                 warnings.push(format!(
                     "{at}.cost_by_method.{method}: no endpoint under {:?} serves {method} (it is \
                      answered 405, never counted): this cost never applies",

@@ -756,6 +756,12 @@ async fn bad_configurations_fail_naming_the_field() {
             "routes[0].cost_by_method.\"sk_l…\": expected an HTTP method in capitals",
         ),
         (
+            format!(
+                "{policy}[routes.cost_by_method]\nSKLIVEABCDEFGHIJKLMNOPQRSTUVWXYZSECRET = 0\n"
+            ),
+            "routes[0].cost_by_method.\"SKLI…\": must be at least 1",
+        ),
+        (
             format!("{policy}[routes.cost_by_method]\nPost = 1\n"),
             "routes[0].cost_by_method.\"Po…\": expected an HTTP method in capitals",
         ),
@@ -860,6 +866,14 @@ async fn bad_configurations_fail_naming_the_field() {
             "[[routes]]\npath = \"/login\"\ncost_by_method = { GET = 10 }\n\
              [routes.policy]\nname = \"a\"\nquotas = [{ limit = 5, per = \"minute\" }]\n",
             "routes[0].cost_by_method.GET: no endpoint under \"/login\" serves GET (it is \
+             answered 405, never counted): this cost never applies",
+        ),
+        // A key that passes as a method but could be an API key pasted there (capitals, too
+        // long for a method's name) is named by its first characters.
+        (
+            "[[routes]]\npath = \"/api\"\ncost_by_method = { SKLIVEABCDEFGHIJKLMNOPQRSTUVWXYZSECRET = 1 }\n\
+             [routes.policy]\nname = \"a\"\nquotas = [{ limit = 600, per = \"minute\" }]\n",
+            "routes[0].cost_by_method.\"SKLI…\": no endpoint under \"/api\" serves \"SKLI…\" (it is \
              answered 405, never counted): this cost never applies",
         ),
     ] {
@@ -994,16 +1008,28 @@ async fn bad_configurations_fail_naming_the_field() {
     }
     // A rediss:// URL that does not parse (its port out of range) is still one: what is wrong
     // is the URL (or the build), not a CA file said to need a rediss:// URL.
-    let bad_port = format!(
-        "[store]\nkind = \"redis\"\nurl = \"rediss://127.0.0.1:99999\"\n\
-         tls_ca_file = \"ca.pem\"\n{policy}"
-    );
-    let err = Config::from_toml(&bad_port).err().map(|e| e.to_string());
-    assert!(
-        !err.as_deref()
-            .is_some_and(|e| e.contains("only used with a rediss:// url")),
-        "{err:?}"
-    );
+    // (Also with what the URL parser leaves out: a space before it, a tab in its scheme.)
+    let with_ca = |url: &str| {
+        format!(
+            "[store]\nkind = \"redis\"\nurl = \"{}\"\ntls_ca_file = \"ca.pem\"\n{policy}",
+            url.escape_debug()
+        )
+    };
+    for url in [
+        "rediss://127.0.0.1:99999",
+        " rediss://127.0.0.1:99999",
+        "redi\tss://127.0.0.1:99999",
+    ] {
+        let err = Config::from_toml(&with_ca(url))
+            .err()
+            .map(|e| e.to_string());
+        assert!(
+            !err.as_deref()
+                .is_some_and(|e| e.contains("only used with a rediss:// url")),
+            "{url:?}: {err:?}"
+        );
+    }
+    let bad_port = with_ca("rediss://127.0.0.1:99999");
     if !tls {
         tls_cases.push((
             bad_port,
