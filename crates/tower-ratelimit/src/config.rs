@@ -287,13 +287,45 @@ struct MissingKeyTable {
     shared_key: Option<String>,
 }
 
-/// The names of a missing-key table's answers (`unknown field` for any other).
-#[derive(Deserialize)]
-#[serde(field_identifier, rename_all = "snake_case")]
-enum MissingKeyAnswer {
+/// The names of a missing-key table's answers.
+const MISSING_KEY_ANSWERS: &[&str] = &["reject", "unauthorized", "shared_key"];
+
+/// How the `toml` crate passes a date or time: as a table of one key of this name, which the
+/// file never wrote.
+const TOML_DATETIME_KEY: &str = "$__toml_private_datetime";
+
+/// A key of a missing-key table: an answer's name, or the key a date or time comes as. Any
+/// other is refused as it is read (`unknown field`), so that a path-tracking deserializer names
+/// it (`missing_key.status`).
+enum MissingKeyName {
     Reject,
     Unauthorized,
     SharedKey,
+    TomlDatetime,
+}
+
+impl<'de> Deserialize<'de> for MissingKeyName {
+    fn deserialize<D: serde::Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct Name;
+        impl serde::de::Visitor<'_> for Name {
+            type Value = MissingKeyName;
+
+            fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("`reject`, `unauthorized` or `shared_key`")
+            }
+
+            fn visit_str<E: serde::de::Error>(self, name: &str) -> Result<MissingKeyName, E> {
+                Ok(match name {
+                    "reject" => MissingKeyName::Reject,
+                    "unauthorized" => MissingKeyName::Unauthorized,
+                    "shared_key" => MissingKeyName::SharedKey,
+                    TOML_DATETIME_KEY => MissingKeyName::TomlDatetime,
+                    other => return Err(E::unknown_field(other, MISSING_KEY_ANSWERS)),
+                })
+            }
+        }
+        d.deserialize_identifier(Name)
+    }
 }
 
 impl<'de> Deserialize<'de> for MissingKeyTable {
@@ -325,14 +357,20 @@ impl<'de> Deserialize<'de> for MissingKeyTable {
                     unauthorized: None,
                     shared_key: None,
                 };
-                while let Some(answer) = map.next_key::<MissingKeyAnswer>()? {
+                while let Some(answer) = map.next_key::<MissingKeyName>()? {
                     let twice = match answer {
-                        MissingKeyAnswer::Reject => t.reject.replace(map.next_value()?).is_some(),
-                        MissingKeyAnswer::Unauthorized => {
+                        MissingKeyName::Reject => t.reject.replace(map.next_value()?).is_some(),
+                        MissingKeyName::Unauthorized => {
                             t.unauthorized.replace(map.next_value()?).is_some()
                         }
-                        MissingKeyAnswer::SharedKey => {
+                        MissingKeyName::SharedKey => {
                             t.shared_key.replace(map.next_value()?).is_some()
+                        }
+                        MissingKeyName::TomlDatetime => {
+                            return Err(A::Error::invalid_type(
+                                serde::de::Unexpected::Other("a date or time"),
+                                &self,
+                            ));
                         }
                     };
                     if twice {

@@ -996,6 +996,11 @@ async fn a_policy_from_a_configuration_file() {
             "\"sk_live_s3cret\"",
             "invalid type: a string, expected a table of one of `reject`",
         ),
+        // A date: toml passes it as a table of a private key, not named back.
+        (
+            "1979-05-27",
+            "invalid type: a date or time, expected a table of one of `reject`",
+        ),
         (
             "{ reject = \"400\" }",
             "invalid type: string \"400\", expected u16",
