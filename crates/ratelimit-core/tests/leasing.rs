@@ -582,6 +582,30 @@ fn gated_leases(
     (clock, store, gated, leasing)
 }
 
+/// A `DenialCache` over a gateway leasing from a `Gated` store.
+type CachedGated = DenialCache<Leasing<Gated, ManualClock>, ManualClock>;
+
+/// `gated_leases(lease)` with a `DenialCache` over the gateway, whose first check of `k` under
+/// `limit` (its lease request) has been run and answered.
+fn cached_gated_leases(
+    lease: u64,
+    limit: &Limit,
+) -> (
+    ManualClock,
+    Arc<MemoryStore<ManualClock>>,
+    Gated,
+    CachedGated,
+) {
+    let (clock, store, gated, leasing) = gated_leases(lease);
+    let cache = DenialCache::new(leasing, clock.clone());
+    let mut first = Box::pin(cache.check(b"k", limit, 1));
+    gated.run(0);
+    gated.answer(0);
+    assert!(poll_once(&mut first).unwrap().unwrap().is_allowed());
+    drop(first);
+    (clock, store, gated, cache)
+}
+
 /// With 20 in the store: a lease of 3 is taken and spent (17 left); a check of 5 (larger than a
 /// lease) is made, then a lease request; the store runs the lease request first (14 left), then
 /// the check of 5 (9 left), whose answer is taken first. Returns the next check, answered from
@@ -813,15 +837,10 @@ fn large_checks_in_flight_do_not_crowd_out_a_hot_lease() {
 /// denial from the earlier window's count.
 #[test]
 fn an_answer_from_an_earlier_window_taken_late_changes_nothing() {
-    let (clock, store, gated, leasing) = gated_leases(3);
-    let cache = DenialCache::new(leasing, clock.clone());
     let limit = Limit::single(Algorithm::FixedWindow, Quota::per_second(5).unwrap()).unwrap();
-    let check = |cost| Box::pin(cache.check(b"k", &limit, cost));
     // The key's lease: one request, answered.
-    let mut first = check(1);
-    gated.run(0);
-    gated.answer(0);
-    assert!(poll_once(&mut first).unwrap().unwrap().is_allowed());
+    let (clock, store, gated, cache) = cached_gated_leases(3, &limit);
+    let check = |cost| Box::pin(cache.check(b"k", &limit, cost));
     // 100 ms before a window's end: a check of the whole limit, run (none left), its answer slow.
     clock.advance(Duration::from_millis(20_900));
     let mut large = check(5);
@@ -855,14 +874,9 @@ fn an_answer_from_an_earlier_window_taken_late_changes_nothing() {
 /// `DenialCache` above implies no denial from it.
 #[test]
 fn a_late_answer_from_the_last_window_leaves_no_implied_denial() {
-    let (clock, store, gated, leasing) = gated_leases(1);
-    let cache = DenialCache::new(leasing, clock.clone());
     let limit = Limit::single(Algorithm::FixedWindow, Quota::per_second(8).unwrap()).unwrap();
+    let (clock, store, gated, cache) = cached_gated_leases(1, &limit);
     let check = |cost| Box::pin(cache.check(b"k", &limit, cost));
-    let mut first = check(1);
-    gated.run(0);
-    gated.answer(0);
-    assert!(poll_once(&mut first).unwrap().unwrap().is_allowed());
     // A window's start: five checks larger than the lease, run in order: four admitted (none
     // left), the fifth denied, its answer slow.
     clock.advance(Duration::from_secs(20));
@@ -901,15 +915,10 @@ fn a_late_answer_from_the_last_window_leaves_no_implied_denial() {
 /// store has units left.
 #[test]
 fn an_answer_whose_reset_shows_it_ran_later_replaces_one_in_flight_with_it() {
-    let (clock, store, gated, leasing) = gated_leases(3);
-    let cache = DenialCache::new(leasing, clock.clone());
     let limit = Limit::single(Algorithm::FixedWindow, Quota::per_second(10).unwrap()).unwrap();
-    let check = |cost| Box::pin(cache.check(b"k", &limit, cost));
     // A lease of 3 (7 left in the window), spent.
-    let mut first = check(1);
-    gated.run(0);
-    gated.answer(0);
-    assert!(poll_once(&mut first).unwrap().unwrap().is_allowed());
+    let (clock, store, gated, cache) = cached_gated_leases(3, &limit);
+    let check = |cost| Box::pin(cache.check(b"k", &limit, cost));
     for _ in 0..2 {
         assert!(poll_once(&mut check(1)).unwrap().unwrap().is_cached());
     }
