@@ -2063,26 +2063,23 @@ fn redact_params(query: &str) -> String {
 }
 
 /// Whether `url` is a `rediss://` (TLS) one, or redis-rs's other name for it, `valkeys://`: one
-/// that needs the `tls` or `tls-rustls` feature. Its scheme in any case, as written or as
-/// redis-rs's URL parser takes it (spaces and control characters before it, and tabs and
-/// newlines within it, left out); a URL written `rediss://` that does not parse (a bad port) is
-/// one too, so that its error is the URL's, not a TLS setting's said to need one.
+/// that needs the `tls` or `tls-rustls` feature. Told by its scheme, in any case, as redis-rs's
+/// URL parser reads it (spaces and control characters before it, and tabs and newlines within
+/// it, left out); a URL of that scheme that does not parse (a bad port) is one too, so that its
+/// error is the URL's, not a TLS setting's said to need one.
 pub fn is_tls_url(url: &str) -> bool {
-    // The URL's start as the parser reads it: without the spaces and control characters before
-    // it, and the tabs and newlines in it.
+    // The URL's start as the parser reads it: the scheme is what comes before the first `:`.
     let start: String = url
         .trim_start_matches(|c: char| c <= ' ')
         .chars()
         .filter(|c| !matches!(c, '\t' | '\n' | '\r'))
-        .take("valkeys://".len())
+        .take("valkeys:".len())
         .collect();
-    let written = ["rediss://", "valkeys://"].iter().any(|tls| {
+    ["rediss:", "valkeys:"].iter().any(|tls| {
         start
             .get(..tls.len())
             .is_some_and(|scheme| scheme.eq_ignore_ascii_case(tls))
-    });
-    written
-        || redis::parse_redis_url(url).is_some_and(|u| matches!(u.scheme(), "rediss" | "valkeys"))
+    })
 }
 
 /// Whether rustls can present `client`: at least one certificate, and a private key it can sign
@@ -2165,6 +2162,7 @@ mod tests {
             " rediss://h:99999",
             "redi\tss://h:99999",
             "\u{1}valk\neys://h:port",
+            "rediss:/h",
         ] {
             assert!(is_tls_url(url), "{url:?}");
             assert!(url.parse::<redis::ConnectionInfo>().is_err(), "{url}");
@@ -2177,8 +2175,6 @@ mod tests {
                 "{url}"
             );
         }
-        // (`rediss:/h`, without a host, is a TLS URL too, as redis-rs parses it, which then
-        // refuses it for its missing host.)
         for url in [
             "rediss",
             "",
