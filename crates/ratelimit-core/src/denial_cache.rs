@@ -145,14 +145,22 @@ const MAX_SHARDS: usize = 16;
 /// Redis store on server time), the two must advance at the same rate; a clock running fast on the
 /// store's side by a fraction `f` makes a cached denial last up to `f × retry_after` too long.
 ///
-/// Caveat: a clock set back (a step of NTP, or a `ManualClock` moved back). A cached denial still
-/// ends at the same reading of the clock as the store's, but its `retry_after` counts down to that
-/// reading from the clock's, while a store that never counts at a time before one it counted at
-/// (as `MemoryStore`) reports it from the latest time it saw: longer, by up to the step. Such a
-/// store in front of which a cache answers some checks sees fewer of them, so its latest time may
-/// be earlier than without the cache, and until the clock has passed the latest time it read
-/// before the step, it may deny a cost that it would have admitted without the cache (found by
-/// proptest; `tests/wrapper_properties.rs` checks the rest with a clock that only moves on).
+/// Caveat: a store counting ahead of this clock. A cached denial ends at this clock's reading
+/// when its check was sent plus the store's `retry_after`. A store that never counts at a time
+/// before one it counted at (`MemoryStore`, per shard; the Redis scripts, per key) may be counting
+/// ahead of this clock: after this clock was set back (a step of NTP on a
+/// [`WallClock`](crate::WallClock), a `ManualClock` moved back; [`SystemClock`](crate::SystemClock)
+/// never goes back); over a Redis store on client time, when another gateway's clock is ahead of
+/// this one's; on server time, after the server's clock stepped forward. The store then admits the
+/// key before the cached denial ends, and the cache denies it until its deadline: later than the
+/// store's by up to the step, or the skew between the gateways' clocks (with client clocks 20 ms
+/// apart, a denial cached by the gateway behind can outlast the store's by 20 ms), and its
+/// `retry_after` is longer by as much. Keep client clocks in step (NTP), or use the server's clock.
+/// And a store in front of which a cache answers some checks sees fewer of them, so after a step
+/// back its latest time may be earlier than without the cache: until the clock has passed the
+/// latest time it read before the step, it may deny a cost that it would have admitted without
+/// the cache (found by proptest; `tests/wrapper_properties.rs` checks the rest with a clock that
+/// only moves on).
 ///
 /// Caveat: "consumption only hurts" assumes the store keeps the key's state. When the store loses
 /// it (an evicted key of a full `MemoryStore`, a Redis failover to a replica that had not received

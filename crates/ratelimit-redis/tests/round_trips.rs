@@ -83,6 +83,58 @@ async fn denial_cache_abusive_key_same_decisions_few_calls() {
     }
 }
 
+/// The denial cache's skew caveat, on client clocks: gateway B's clock runs 20 ms ahead of A's.
+/// B's check moves the key's time in Redis 20 ms ahead of A's clock, so Redis admits the key while
+/// A's cache still holds its denial; that denial ends at its own deadline (A's clock when the check
+/// was sent plus the `retry_after` Redis gave), no later, and then A asks Redis again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn denial_cache_outlasts_redis_by_at_most_the_gateways_skew() {
+    let server = RedisServer::start();
+    let prefix = unique_prefix("skew");
+    let clock_a = ManualClock::starting_at(Timestamp::from_micros(T0));
+    let clock_b = ManualClock::starting_at(Timestamp::from_micros(T0 + 20_000));
+    let build = |clock: &ManualClock| {
+        manual(RedisStore::builder(server.url()), clock)
+            .prefix(prefix.clone())
+            .build()
+    };
+    let (store_a, store_b) = (
+        build(&clock_a).await.unwrap(),
+        build(&clock_b).await.unwrap(),
+    );
+    let cache_a = DenialCache::new(store_a.clone(), clock_a.clone());
+    // 100 a second, burst 200: the 200th admission implies a denial of cost 1 for 10 ms.
+    let quota = Quota::per_second(100).unwrap().with_burst(200).unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, quota).unwrap();
+    for _ in 0..200 {
+        assert!(cache_a.check(b"k", &limit, 1).await.unwrap().is_allowed());
+    }
+    let d = cache_a.check(b"k", &limit, 1).await.unwrap();
+    assert!(d.is_cached(), "{d:?}");
+    assert_eq!(d.retry_after(), Some(Duration::from_millis(10)), "{d:?}");
+
+    // B, 20 ms ahead, finds 2 units refilled by its clock and takes one.
+    assert!(store_b.check(b"k", &limit, 1).await.unwrap().is_allowed());
+    clock_a.advance(Duration::from_millis(1));
+    clock_b.advance(Duration::from_millis(1));
+    // Redis now counts at B's time: it admits A's check, where A's cache still denies, with what
+    // is left of its own deadline.
+    let cached = cache_a.check(b"k", &limit, 1).await.unwrap();
+    assert!(cached.is_cached(), "{cached:?}");
+    assert_eq!(
+        cached.retry_after(),
+        Some(Duration::from_millis(9)),
+        "{cached:?}"
+    );
+    assert!(store_a.check(b"k", &limit, 1).await.unwrap().is_allowed());
+
+    // At its deadline the cached denial ends: A asks Redis, which decides.
+    clock_a.advance(Duration::from_millis(9));
+    clock_b.advance(Duration::from_millis(9));
+    let after = cache_a.check(b"k", &limit, 1).await.unwrap();
+    assert!(!after.is_cached(), "{after:?}");
+}
+
 /// Twenty gateways, each with its own Redis store and token leasing (leases of 10), share a quota
 /// of 1,000 a day: never more than 1,000 admitted, and the shortfall (units leased but not yet
 /// spent when demand stops) at most 20 x (10 - 1).
