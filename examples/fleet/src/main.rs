@@ -36,8 +36,8 @@ const LIMIT: u64 = 100;
 const PER_GATEWAY: u64 = 150;
 /// Concurrent senders for the spread user.
 const SPREAD_WORKERS: u64 = 8;
-/// The most pinned users sending at once. Without a bound, `--users 20000` would put three
-/// million requests in flight on the gateways' few Redis connections, and most would wait past
+/// The most pinned users sending at once. Without a bound, `--users 20000` would put 20,000
+/// requests in flight (each user's one at a time) on the gateways' few Redis connections, and most would wait past
 /// the store's timeout and be answered 503 (fail closed): a measure of the overload, not of the
 /// limit.
 const USERS_AT_ONCE: usize = 256;

@@ -1,7 +1,7 @@
 //! The fleet stopped by a signal stops the `redis-server` it started.
 
 use std::process::{Command, Stdio};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use redis_harness::process::{running, send_signal, wait_exit, wait_for_child};
 
@@ -13,7 +13,7 @@ fn sigterm_ctrl_c_and_a_closed_terminal_stop_the_redis_server_the_fleet_started(
     // SIGHUP: the terminal closed (its default action left the server running, as redis-server
     // ignores SIGHUP); SIGQUIT: Ctrl-\.
     for signal in ["-TERM", "-INT", "-HUP", "-QUIT"] {
-        // Enough users that the run lasts seconds: the signal comes while it runs.
+        // Enough users that the run lasts seconds: the signal comes while its requests are sent.
         let mut fleet = Command::new(env!("CARGO_BIN_EXE_example-fleet"))
             .args(["--users", "5000"])
             .stdout(Stdio::null())
@@ -22,6 +22,16 @@ fn sigterm_ctrl_c_and_a_closed_terminal_stop_the_redis_server_the_fleet_started(
             .expect("the fleet starts");
         let server = wait_for_child(fleet.id(), "redis-server", Duration::from_secs(30))
             .expect("no redis-server started");
+        // Sent once the gateways' checks reach the server (a thousand commands: the start's few
+        // script loads and checks of connections are long past), not while the fleet starts.
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while commands_run(server) < 1_000 {
+            assert!(
+                Instant::now() < deadline,
+                "{signal}: no traffic within 60 s"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
         assert!(send_signal(fleet.id(), signal));
         let status = wait_exit(&mut fleet, Duration::from_secs(30))
             .unwrap_or_else(|| panic!("{signal}: the fleet did not exit within 30 s"));
@@ -37,4 +47,27 @@ fn sigterm_ctrl_c_and_a_closed_terminal_stop_the_redis_server_the_fleet_started(
             "{signal}: redis-server {server} still runs"
         );
     }
+}
+
+/// The commands the `redis-server` of pid `server` has run (`INFO stats`), asked on the port its
+/// process title gives (`redis-server 127.0.0.1:<port>`); 0 while it cannot tell.
+fn commands_run(server: u32) -> u64 {
+    let title = std::fs::read_to_string(format!("/proc/{server}/cmdline")).unwrap_or_default();
+    let Some(port) = title.split("127.0.0.1:").nth(1).and_then(|rest| {
+        let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
+        digits.parse::<u16>().ok()
+    }) else {
+        return 0;
+    };
+    let Ok(out) = Command::new("redis-cli")
+        .args(["-p", &port.to_string(), "info", "stats"])
+        .output()
+    else {
+        return 0;
+    };
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("total_commands_processed:"))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or(0)
 }

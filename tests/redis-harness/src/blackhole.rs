@@ -22,7 +22,7 @@ impl Blackhole {
                     .inspect_err(|_| std::thread::sleep(Duration::from_millis(20)))
                     .ok()
             })
-            .unwrap_or_else(|| panic!("port {port} is free again"));
+            .unwrap_or_else(|| panic!("port {port} still taken after 2 s"));
         let address: SocketAddr = ([127, 0, 0, 1], port).into();
         let mut queued = Vec::new();
         while let Ok(s) = TcpStream::connect_timeout(&address, Duration::from_millis(100)) {

@@ -17,6 +17,10 @@
 //!
 //! Every wait is bounded (a few seconds), so a broken environment fails the test instead of
 //! hanging it.
+//!
+//! Test processes may run at once (`cargo nextest`, two runs of the tests): each claims the ports
+//! it hands out with a lock the others respect (kept through a server's kill and restart), and a
+//! test process's first server kills those a process killed by a signal left running.
 
 use std::fmt;
 use std::io::{BufRead, BufReader, Write};
@@ -44,6 +48,9 @@ const PORT_ATTEMPTS: usize = 5;
 /// error, `*** FATAL CONFIG FILE ERROR`) goes to `redis.stderr` beside `conf`, which
 /// [`server_log`] adds to the log. Why not, if the files cannot be written or the process
 /// cannot be run.
+///
+/// The server runs in `conf`'s directory, made by [`server_dir`], whose name tells which process
+/// started it ([`process::kill_orphans`]).
 fn spawn_server(conf: &Path, text: &str, sentinel: bool) -> Result<Child, String> {
     std::fs::write(conf, text).map_err(|e| format!("write {}: {e}", conf.display()))?;
     let stderr_path = conf.with_file_name("redis.stderr");
@@ -54,12 +61,33 @@ fn spawn_server(conf: &Path, text: &str, sentinel: bool) -> Result<Child, String
     if sentinel {
         command.arg("--sentinel");
     }
+    if let Some(dir) = conf.parent() {
+        command.current_dir(dir);
+    }
     command
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(stderr)
         .spawn()
         .map_err(|e| format!("run redis-server: {e}"))
+}
+
+/// A new directory for a server's files (`redis-harness-<kind>owner-<pid>.<start>-…`), its working
+/// directory, named for this process ([`process::identity`]). The first in a process kills, before
+/// it is made, the servers left by processes that ended without stopping them (a test process
+/// killed by a signal).
+pub(crate) fn server_dir(kind: &str) -> std::io::Result<TempDir> {
+    static OWNER: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let owner = OWNER.get_or_init(|| {
+        process::kill_orphans();
+        process::identity(std::process::id()).unwrap_or_default()
+    });
+    let prefix = if owner.is_empty() {
+        format!("redis-harness-{kind}")
+    } else {
+        format!("redis-harness-{kind}{}{owner}-", process::OWNER_TAG)
+    };
+    tempfile::Builder::new().prefix(&prefix).tempdir()
 }
 
 /// The log of the server whose files are in `dir`: its `redis.log`, and what it wrote to stderr
@@ -85,6 +113,47 @@ const MISSING: &str = "redis-server not found: run ./scripts/test.sh, which inst
 
 /// Ports handed out by this process, so two servers started at once never pick the same one.
 static TAKEN: Mutex<Vec<u16>> = Mutex::new(Vec::new());
+
+/// The lock files of the ports this process handed out, held locked until it ends.
+static CLAIMS: Mutex<Vec<std::fs::File>> = Mutex::new(Vec::new());
+
+/// Where every process of this harness on the machine claims its ports: a fixed place, not the
+/// temporary directory, which `./scripts/test.sh` makes anew for each run.
+const CLAIMS_DIR: &str = "/tmp/redis-harness-ports";
+
+/// Whether `port` is this process's now, among the processes of this harness on the machine
+/// (test binaries run at once by `cargo nextest`, or by two runs of the tests): an advisory lock
+/// (`flock`) on the port's file in [`CLAIMS_DIR`], which the kernel lets go when the process
+/// ends, however it ends. A port another process holds is not taken, even while its server is
+/// killed and before its restart, when nothing listens on it. Where the lock file cannot be made
+/// or locked (another user's directory, a file system without locks), the claim is this
+/// process's own alone, as [`TAKEN`] is.
+fn claim(port: u16) -> bool {
+    use std::fs::{File, OpenOptions, TryLockError};
+    if std::fs::create_dir(CLAIMS_DIR).is_ok() {
+        // Shared by every user, as /tmp is (each may only remove its own files).
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::set_permissions(CLAIMS_DIR, std::fs::Permissions::from_mode(0o1777));
+    }
+    let path = Path::new(CLAIMS_DIR).join(port.to_string());
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&path)
+        // Another user's file: a lock needs it open, not writable.
+        .or_else(|_| File::open(&path));
+    let Ok(file) = file else { return true };
+    match file.try_lock() {
+        Ok(()) => {
+            CLAIMS.lock().unwrap_or_else(|e| e.into_inner()).push(file);
+            true
+        }
+        Err(TryLockError::WouldBlock) => false,
+        Err(TryLockError::Error(_)) => true,
+    }
+}
 
 /// A free loopback TCP port (and, for cluster nodes, its bus port `port + 10000` too).
 ///
@@ -113,6 +182,11 @@ fn free_port(with_bus: bool) -> u16 {
             continue;
         }
         if !port_is_free(port) || (with_bus && (port > 55_535 || !port_is_free(port + 10_000))) {
+            continue;
+        }
+        // Another process's port is skipped; a node's port whose bus port is another's stays
+        // claimed, and unused, for this process's life (rare: two random picks 10000 apart).
+        if !claim(port) || (with_bus && !claim(port + 10_000)) {
             continue;
         }
         taken.push(port);
@@ -265,10 +339,7 @@ impl RedisServerBuilder {
         if find("redis-cli").is_none() {
             return Err(CLI_MISSING.into());
         }
-        let dir = tempfile::Builder::new()
-            .prefix("redis-harness-")
-            .tempdir()
-            .map_err(|e| format!("create a temporary directory: {e}"))?;
+        let dir = server_dir("").map_err(|e| format!("create a temporary directory: {e}"))?;
         let mut server = RedisServer {
             port,
             dir,
@@ -460,7 +531,9 @@ impl RedisServer {
         server_log(self.dir.path())
     }
 
-    /// Kills the process (SIGKILL) and waits for it. The port stays reserved for [`restart`].
+    /// Kills the process (SIGKILL) and waits for it. The port stays reserved for [`restart`]: no
+    /// server of this harness, in this process or another, is given it meanwhile (it is below
+    /// the kernel's ephemeral range, so only an explicit `bind` takes it).
     ///
     /// [`restart`]: RedisServer::restart
     pub fn kill(&mut self) {
@@ -865,6 +938,104 @@ fn own_slots(nodes: &str) -> Vec<std::ops::RangeInclusive<u16>> {
 mod tests {
     use super::*;
 
+    /// A server whose process ended without stopping it (killed by a signal, which runs no
+    /// `Drop`) is killed by the next process's first start; one of a process that runs is not.
+    #[test]
+    fn a_server_left_by_an_ended_process_is_killed_and_one_of_a_running_process_is_not() {
+        // Started first: the first server of a process sweeps, which would find the orphan below.
+        let kept = RedisServer::start();
+        let mut ended = Command::new("sleep").arg("30").spawn().unwrap();
+        let owner = process::identity(ended.id()).expect("a running process's identity");
+        ended.kill().unwrap();
+        ended.wait().unwrap();
+        let dir = tempfile::Builder::new()
+            .prefix(&format!("redis-harness-{}{owner}-", process::OWNER_TAG))
+            .tempdir()
+            .unwrap();
+        let port = free_port(false);
+        let conf = format!(
+            "port {port}\nbind 127.0.0.1\nsave \"\"\ndir {}\nlogfile {}/redis.log\n",
+            dir.path().display(),
+            dir.path().display()
+        );
+        let mut orphan = spawn_server(&dir.path().join("redis.conf"), &conf, false).unwrap();
+        let deadline = Instant::now() + START_TIMEOUT;
+        while raw_command(port, &["PING"]).is_err() {
+            assert!(Instant::now() < deadline, "the orphan never answered");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+
+        let killed = process::kill_orphans();
+        assert!(killed.contains(&orphan.id()), "{killed:?}");
+        assert!(!killed.contains(&kept.child.as_ref().unwrap().id()));
+        let status = process::wait_exit(&mut orphan, Duration::from_secs(5)).expect("killed");
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(9));
+        assert_eq!(kept.cli(&["ping"]), "PONG");
+    }
+
+    /// A port this harness hands out is locked against every other process of it: its lock
+    /// file, opened again (as another process opens it), cannot be locked.
+    #[test]
+    fn a_port_handed_out_is_claimed_against_other_processes() {
+        let port = closed_port();
+        let again = std::fs::File::open(Path::new(CLAIMS_DIR).join(port.to_string()))
+            .expect("the port's lock file");
+        assert!(matches!(
+            again.try_lock(),
+            Err(std::fs::TryLockError::WouldBlock)
+        ));
+    }
+
+    /// A port another process holds (here `flock(1)`, as another test binary's harness holds
+    /// its servers' ports, killed or not) is not this process's until that process ends.
+    #[test]
+    fn a_port_another_process_holds_is_not_claimed_until_it_ends() {
+        let (low, high) = outside_ephemeral(false);
+        let (low, high) = if low < high {
+            (low, high)
+        } else {
+            (20_000, 30_000)
+        };
+        let _ = std::fs::create_dir(CLAIMS_DIR);
+        for attempt in 0..100 {
+            let port = low + u16::try_from(random(attempt) % u64::from(high - low)).unwrap();
+            if TAKEN.lock().unwrap().contains(&port) {
+                continue;
+            }
+            let path = Path::new(CLAIMS_DIR).join(port.to_string());
+            let mut holder = Command::new("flock")
+                .arg("-n")
+                .arg(&path)
+                .args(["-c", "echo held; cat >/dev/null"])
+                .stdin(Stdio::piped())
+                .stdout(Stdio::piped())
+                .spawn()
+                .expect("run flock(1), of util-linux");
+            let mut said = String::new();
+            BufReader::new(holder.stdout.take().unwrap())
+                .read_line(&mut said)
+                .unwrap();
+            if said.trim() != "held" {
+                // Held already (by another process, or by this one): try another port.
+                holder.wait().unwrap();
+                continue;
+            }
+            assert!(
+                !claim(port),
+                "port {port} claimed while another process holds it"
+            );
+            drop(holder.stdin.take());
+            assert!(holder.wait().unwrap().success());
+            assert!(
+                claim(port),
+                "port {port} not claimed after its holder ended"
+            );
+            return;
+        }
+        panic!("no port to try in 100 picks");
+    }
+
     #[test]
     fn script_calls_are_summed_from_commandstats() {
         let info = "# Commandstats\r\ncmdstat_evalsha:calls=120,usec=300,usec_per_call=2.50,\
@@ -969,8 +1140,9 @@ mod tests {
         assert_eq!(owners.len(), 3, "50 keys land on all three masters");
     }
 
-    /// A killed server's port stays free for its restart: the kernel hands it to no `bind` to
-    /// port 0 (an HTTP server started meanwhile) and to no outgoing connection's local end.
+    /// A killed server's port stays free for its restart: it lies below the kernel's ephemeral
+    /// range, from which every `bind` to port 0 (an HTTP server started meanwhile) and every
+    /// outgoing connection's local end is given a port.
     #[test]
     fn a_killed_servers_port_is_not_one_the_kernel_hands_out() {
         let ephemeral_start = ephemeral_start().expect("the kernel's ephemeral range");
@@ -987,16 +1159,6 @@ mod tests {
             "bus port {}",
             node + 10_000
         );
-        // Every listener below gets a port of the ephemeral range; none gets the killed one.
-        let listeners: Vec<TcpListener> = (0..2_000)
-            .map(|_| TcpListener::bind(SocketAddrV4::new(Ipv4Addr::LOCALHOST, 0)).unwrap())
-            .collect();
-        assert!(
-            listeners
-                .iter()
-                .all(|l| l.local_addr().unwrap().port() != s.port())
-        );
-        drop(listeners);
         s.restart();
         assert_eq!(s.cli(&["ping"]), "PONG");
     }

@@ -27,6 +27,67 @@ pub fn children_named(parent: u32, name: &str) -> Vec<u32> {
         .collect()
 }
 
+/// `pid` as `<pid>.<start time>` (the start time in clock ticks since boot, `/proc/<pid>/stat`'s
+/// 22nd field), so that a process given the pid of one that ended is not taken for it; `None` if
+/// no such process runs.
+pub(crate) fn identity(pid: u32) -> Option<String> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // Fields from the 3rd (the state) on, after the name in parentheses.
+    let (_, rest) = stat.rsplit_once(')')?;
+    let start = rest.split_whitespace().nth(19)?;
+    Some(format!("{pid}.{start}"))
+}
+
+/// What a server's directory name holds before the [`identity`] of the process that started it
+/// (`redis-harness-owner-<pid>.<start>-…`), the server's working directory: so that a server left
+/// behind by a process that ended without stopping it can be told ([`kill_orphans`]). (Not its
+/// environment: `redis-server` writes its process title over it.)
+pub(crate) const OWNER_TAG: &str = "owner-";
+
+/// Kills (SIGKILL) the servers this harness started from processes that have ended without
+/// stopping them: a test process killed by a signal (a `kill` of it alone, an out-of-memory
+/// kill) runs no `Drop`, and its servers would run on, each holding its port and memory, until
+/// the machine stops. Found by the owner their working directory's name gives ([`OWNER_TAG`]),
+/// removed or not (`./scripts/test.sh` removes the run's temporary directory as it ends); the
+/// servers of processes that still run, and every process of another user (whose working
+/// directory cannot be read), are left alone. Returns the pids killed.
+pub(crate) fn kill_orphans() -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else {
+        return Vec::new();
+    };
+    entries
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+        .filter(|&pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            if !comm.starts_with("redis") {
+                return false;
+            }
+            let Ok(cwd) = std::fs::read_link(format!("/proc/{pid}/cwd")) else {
+                return false;
+            };
+            let Some(owner) = cwd
+                .file_name()
+                .and_then(|n| n.to_str())
+                .and_then(|n| n.strip_prefix("redis-harness-"))
+                .and_then(|n| n.split_once(OWNER_TAG))
+                .and_then(|(_, rest)| rest.split_once('-'))
+                .map(|(owner, _)| owner)
+            else {
+                return false;
+            };
+            let Some(owner_pid) = owner
+                .split_once('.')
+                .and_then(|(p, _)| p.parse::<u32>().ok())
+            else {
+                return false;
+            };
+            identity(owner_pid).is_none_or(|alive| alive != owner)
+                && running(pid)
+                && send_signal(pid, "-KILL")
+        })
+        .collect()
+}
+
 /// Whether `pid` still runs (a zombie, killed and not yet reaped, does not).
 pub fn running(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {

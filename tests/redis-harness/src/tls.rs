@@ -167,10 +167,7 @@ impl TlsRedisServer {
     /// Starts a server with the certificates of `certs`, cluster-enabled (over TLS) if `cluster`,
     /// asking clients for a certificate if `client_certificates`.
     fn start_with(certs: Arc<TempDir>, cluster: bool, client_certificates: bool) -> TlsRedisServer {
-        let dir = tempfile::Builder::new()
-            .prefix("redis-harness-tls-")
-            .tempdir()
-            .expect("create a temporary directory");
+        let dir = crate::server_dir("tls-").expect("create a temporary directory");
         let mut server = TlsRedisServer {
             port: 0,
             dir,
