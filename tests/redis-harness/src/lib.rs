@@ -958,7 +958,16 @@ mod tests {
             dir.path().display(),
             dir.path().display()
         );
-        let mut orphan = spawn_server(&dir.path().join("redis.conf"), &conf, false).unwrap();
+        // Stopped however the test ends (a failed assertion must not leave it running).
+        struct Stopped(Child);
+        impl Drop for Stopped {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let mut orphan =
+            Stopped(spawn_server(&dir.path().join("redis.conf"), &conf, false).unwrap());
         let deadline = Instant::now() + START_TIMEOUT;
         while raw_command(port, &["PING"]).is_err() {
             assert!(Instant::now() < deadline, "the orphan never answered");
@@ -966,9 +975,9 @@ mod tests {
         }
 
         let killed = process::kill_orphans();
-        assert!(killed.contains(&orphan.id()), "{killed:?}");
+        assert!(killed.contains(&orphan.0.id()), "{killed:?}");
         assert!(!killed.contains(&kept.child.as_ref().unwrap().id()));
-        let status = process::wait_exit(&mut orphan, Duration::from_secs(5)).expect("killed");
+        let status = process::wait_exit(&mut orphan.0, Duration::from_secs(5)).expect("killed");
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(status.signal(), Some(9));
         assert_eq!(kept.cli(&["ping"]), "PONG");
