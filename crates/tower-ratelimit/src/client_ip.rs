@@ -66,7 +66,12 @@
 //! cannot be told from the address's groups. `2001:db8::5:4711` is read as
 //! the address `2001:db8::5:4711`: a client in a group of its own for each
 //! source port under a `/128` prefix, or in the wrong `/64` when the `::`
-//! stands in its first half. A full address with a port
+//! stands in its first half: one the client chooses, as the groups after the
+//! `::` shift into the prefix (`2001:db8::1:2:3:4:4711` is read in
+//! `2001:db8:0:1::/64`, and each value of that `1` is another group, up to
+//! 65,536 for one client). A proxy that writes such addresses leaves its IPv6
+//! clients their choice of key: have it write brackets (or no port). A full
+//! address with a port
 //! (`2001:db8:1:2:3:4:5:6:4711`) does not parse at all, which stops the walk
 //! there: every such client is keyed by that proxy's address.
 //!
