@@ -148,13 +148,15 @@ const MAX_SHARDS: usize = 16;
 /// Caveat: a store counting ahead of this clock. A cached denial ends at this clock's reading
 /// when its check was sent plus the store's `retry_after`. A store that never counts at a time
 /// before one it counted at (`MemoryStore`, per shard; the Redis scripts, per key) may be counting
-/// ahead of this clock: after this clock was set back (a step of NTP on a
-/// [`WallClock`](crate::WallClock), a `ManualClock` moved back; [`SystemClock`](crate::SystemClock)
-/// never goes back); over a Redis store on client time, when another gateway's clock is ahead of
-/// this one's; on server time, after the server's clock stepped forward. The store then admits the
+/// ahead of this clock: after this clock was set back (a `ManualClock` moved back, or a `Clock` of
+/// your own; [`SystemClock`](crate::SystemClock) and [`WallClock`](crate::WallClock) never go
+/// back); over a Redis store on client time, when another gateway's clock is ahead of this one's;
+/// on server time, after the server's clock stepped forward (or this clock stood still, as a
+/// `WallClock` does after the system clock steps back). The store then admits the
 /// key before the cached denial ends, and the cache denies it until its deadline: later than the
-/// store's by up to the step, or the skew between the gateways' clocks (with client clocks 20 ms
-/// apart, a denial cached by the gateway behind can outlast the store's by 20 ms), and its
+/// store's by up to the step, or the skew between the gateways' clocks, or their sum when both
+/// happen (with client clocks 20 ms apart, a denial cached by the gateway behind can outlast the
+/// store's by 20 ms), and its
 /// `retry_after` is longer by as much. Keep client clocks in step (NTP), or use the server's clock.
 /// And a store in front of which a cache answers some checks sees fewer of them, so after a step
 /// back its latest time may be earlier than without the cache: until the clock has passed the

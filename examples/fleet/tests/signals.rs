@@ -22,10 +22,10 @@ fn sigterm_ctrl_c_and_a_closed_terminal_stop_the_redis_server_the_fleet_started(
             .expect("the fleet starts");
         let server = wait_for_child(fleet.id(), "redis-server", Duration::from_secs(30))
             .expect("no redis-server started");
-        // Sent once the gateways' checks reach the server (a thousand commands: the start's few
-        // script loads and checks of connections are long past), not while the fleet starts.
+        // Sent once the gateways' checks reach the server (a thousand scripts run: each check is
+        // one, and nothing else runs one), not while the fleet starts.
         let deadline = Instant::now() + Duration::from_secs(60);
-        while commands_run(server) < 1_000 {
+        while scripts_run(server) < 1_000 {
             assert!(
                 Instant::now() < deadline,
                 "{signal}: no traffic within 60 s"
@@ -49,9 +49,10 @@ fn sigterm_ctrl_c_and_a_closed_terminal_stop_the_redis_server_the_fleet_started(
     }
 }
 
-/// The commands the `redis-server` of pid `server` has run (`INFO stats`), asked on the port its
-/// process title gives (`redis-server 127.0.0.1:<port>`); 0 while it cannot tell.
-fn commands_run(server: u32) -> u64 {
+/// The scripts the `redis-server` of pid `server` has run (`INFO commandstats`; not the commands
+/// it has run, which this question adds to), asked on the port its process title gives
+/// (`redis-server 127.0.0.1:<port>`); 0 while it cannot tell.
+fn scripts_run(server: u32) -> u64 {
     let title = std::fs::read_to_string(format!("/proc/{server}/cmdline")).unwrap_or_default();
     let Some(port) = title.split("127.0.0.1:").nth(1).and_then(|rest| {
         let digits: String = rest.chars().take_while(char::is_ascii_digit).collect();
@@ -60,14 +61,10 @@ fn commands_run(server: u32) -> u64 {
         return 0;
     };
     let Ok(out) = Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "info", "stats"])
+        .args(["-p", &port.to_string(), "info", "commandstats"])
         .output()
     else {
         return 0;
     };
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix("total_commands_processed:"))
-        .and_then(|n| n.trim().parse().ok())
-        .unwrap_or(0)
+    redis_harness::script_calls(&String::from_utf8_lossy(&out.stdout))
 }

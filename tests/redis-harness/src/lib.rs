@@ -121,6 +121,21 @@ static CLAIMS: Mutex<Vec<std::fs::File>> = Mutex::new(Vec::new());
 /// temporary directory, which `./scripts/test.sh` makes anew for each run.
 const CLAIMS_DIR: &str = "/tmp/redis-harness-ports";
 
+/// [`CLAIMS_DIR`], made if missing, and open to every user as /tmp is (sticky: each may remove
+/// only its own files), also if a process of its owner made it without.
+fn claims_dir() -> &'static Path {
+    static MADE: std::sync::Once = std::sync::Once::new();
+    MADE.call_once(|| {
+        use std::os::unix::fs::PermissionsExt;
+        let _ = std::fs::create_dir(CLAIMS_DIR);
+        if std::fs::metadata(CLAIMS_DIR).is_ok_and(|m| m.permissions().mode() & 0o7777 != 0o1777) {
+            // Only its owner may: another user's claims are then its own alone (`claim`).
+            let _ = std::fs::set_permissions(CLAIMS_DIR, std::fs::Permissions::from_mode(0o1777));
+        }
+    });
+    Path::new(CLAIMS_DIR)
+}
+
 /// Whether `port` is this process's now, among the processes of this harness on the machine
 /// (test binaries run at once by `cargo nextest`, or by two runs of the tests): an advisory lock
 /// (`flock`) on the port's file in [`CLAIMS_DIR`], which the kernel lets go when the process
@@ -129,13 +144,9 @@ const CLAIMS_DIR: &str = "/tmp/redis-harness-ports";
 /// or locked (another user's directory, a file system without locks), the claim is this
 /// process's own alone, as [`TAKEN`] is.
 fn claim(port: u16) -> bool {
-    use std::fs::{File, OpenOptions, TryLockError};
-    if std::fs::create_dir(CLAIMS_DIR).is_ok() {
-        // Shared by every user, as /tmp is (each may only remove its own files).
-        use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::set_permissions(CLAIMS_DIR, std::fs::Permissions::from_mode(0o1777));
-    }
-    let path = Path::new(CLAIMS_DIR).join(port.to_string());
+    use rustix::fs::{FlockOperation, flock};
+    use std::fs::{File, OpenOptions};
+    let path = claims_dir().join(port.to_string());
     let file = OpenOptions::new()
         .read(true)
         .write(true)
@@ -145,13 +156,13 @@ fn claim(port: u16) -> bool {
         // Another user's file: a lock needs it open, not writable.
         .or_else(|_| File::open(&path));
     let Ok(file) = file else { return true };
-    match file.try_lock() {
+    match flock(&file, FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => {
             CLAIMS.lock().unwrap_or_else(|e| e.into_inner()).push(file);
             true
         }
-        Err(TryLockError::WouldBlock) => false,
-        Err(TryLockError::Error(_)) => true,
+        Err(rustix::io::Errno::WOULDBLOCK) => false,
+        Err(_) => true,
     }
 }
 
@@ -181,12 +192,17 @@ fn free_port(with_bus: bool) -> u16 {
         if taken.contains(&port) || (with_bus && taken.contains(&(port + 10_000))) {
             continue;
         }
-        if !port_is_free(port) || (with_bus && (port > 55_535 || !port_is_free(port + 10_000))) {
+        if with_bus && port > 55_535 {
             continue;
         }
-        // Another process's port is skipped; a node's port whose bus port is another's stays
-        // claimed, and unused, for this process's life (rare: two random picks 10000 apart).
+        // Another process's port is skipped, before it is bound to be tried (a killed server's,
+        // bound here as its restart binds it, would fail the restart). A port claimed and then
+        // found taken stays claimed, and unused, for this process's life (rare: bound by a
+        // program outside this harness, or a node's port whose bus port is another's).
         if !claim(port) || (with_bus && !claim(port + 10_000)) {
+            continue;
+        }
+        if !port_is_free(port) || (with_bus && !port_is_free(port + 10_000)) {
             continue;
         }
         taken.push(port);
@@ -944,10 +960,10 @@ mod tests {
     fn a_server_left_by_an_ended_process_is_killed_and_one_of_a_running_process_is_not() {
         // Started first: the first server of a process sweeps, which would find the orphan below.
         let kept = RedisServer::start();
+        // The owner runs until its server answers: another process's first server, started
+        // meanwhile, would otherwise find the orphan first.
         let mut ended = Command::new("sleep").arg("30").spawn().unwrap();
         let owner = process::identity(ended.id()).expect("a running process's identity");
-        ended.kill().unwrap();
-        ended.wait().unwrap();
         let dir = tempfile::Builder::new()
             .prefix(&format!("redis-harness-{}{owner}-", process::OWNER_TAG))
             .tempdir()
@@ -973,9 +989,15 @@ mod tests {
             assert!(Instant::now() < deadline, "the orphan never answered");
             std::thread::sleep(Duration::from_millis(20));
         }
+        ended.kill().unwrap();
+        ended.wait().unwrap();
 
         let killed = process::kill_orphans();
-        assert!(killed.contains(&orphan.0.id()), "{killed:?}");
+        // (Or by another process's first server, in the instant since its owner ended.)
+        assert!(
+            killed.contains(&orphan.0.id()) || !process::running(orphan.0.id()),
+            "{killed:?}"
+        );
         assert!(!killed.contains(&kept.child.as_ref().unwrap().id()));
         let status = process::wait_exit(&mut orphan.0, Duration::from_secs(5)).expect("killed");
         use std::os::unix::process::ExitStatusExt;
@@ -987,13 +1009,14 @@ mod tests {
     /// file, opened again (as another process opens it), cannot be locked.
     #[test]
     fn a_port_handed_out_is_claimed_against_other_processes() {
+        use rustix::fs::{FlockOperation, flock};
         let port = closed_port();
-        let again = std::fs::File::open(Path::new(CLAIMS_DIR).join(port.to_string()))
-            .expect("the port's lock file");
-        assert!(matches!(
-            again.try_lock(),
-            Err(std::fs::TryLockError::WouldBlock)
-        ));
+        let again =
+            std::fs::File::open(claims_dir().join(port.to_string())).expect("the port's lock file");
+        assert_eq!(
+            flock(&again, FlockOperation::NonBlockingLockExclusive),
+            Err(rustix::io::Errno::WOULDBLOCK)
+        );
     }
 
     /// A port another process holds (here `flock(1)`, as another test binary's harness holds
@@ -1006,13 +1029,12 @@ mod tests {
         } else {
             (20_000, 30_000)
         };
-        let _ = std::fs::create_dir(CLAIMS_DIR);
         for attempt in 0..100 {
             let port = low + u16::try_from(random(attempt) % u64::from(high - low)).unwrap();
             if TAKEN.lock().unwrap().contains(&port) {
                 continue;
             }
-            let path = Path::new(CLAIMS_DIR).join(port.to_string());
+            let path = claims_dir().join(port.to_string());
             let mut holder = Command::new("flock")
                 .arg("-n")
                 .arg(&path)

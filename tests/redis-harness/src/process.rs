@@ -48,16 +48,22 @@ pub(crate) const OWNER_TAG: &str = "owner-";
 /// stopping them: a test process killed by a signal (a `kill` of it alone, an out-of-memory
 /// kill) runs no `Drop`, and its servers would run on, each holding its port and memory, until
 /// the machine stops. Found by the owner their working directory's name gives ([`OWNER_TAG`]),
-/// removed or not (`./scripts/test.sh` removes the run's temporary directory as it ends); the
-/// servers of processes that still run, and every process of another user (whose working
-/// directory cannot be read), are left alone. Returns the pids killed.
+/// removed or not (`./scripts/test.sh` removes the run's temporary directory as it ends). Left
+/// alone: the servers of processes that still run, those started in another pid namespace (a
+/// container, whose pids mean other processes), and, unless the sweep runs as root, every
+/// process of another user (whose working directory cannot be read). Returns the pids killed.
 pub(crate) fn kill_orphans() -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else {
         return Vec::new();
     };
+    let namespace = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok();
+    let ours = namespace("self");
     entries
         .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
         .filter(|&pid| {
+            if namespace(&pid.to_string()) != ours {
+                return false;
+            }
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
             if !comm.starts_with("redis") {
                 return false;
