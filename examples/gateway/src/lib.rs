@@ -349,14 +349,17 @@ fn usable_key(path: &std::path::Path, pem: Vec<u8>) -> Result<Vec<u8>, StartErro
     };
     if has("-----BEGIN ENCRYPTED PRIVATE KEY-----") {
         return Err(bad(
-            "holds an encrypted private key, which the gateway cannot decrypt: give it the key              unencrypted (`openssl pkcs8 -in <file> -out <new file>`)"
+            "holds an encrypted private key, which the gateway cannot decrypt: give it the key \
+             unencrypted (`openssl pkcs8 -in <file> -out <new file>`)"
                 .into(),
         ));
     }
     #[cfg(all(feature = "tls", not(feature = "tls-rustls")))]
     if !has("-----BEGIN PRIVATE KEY-----") {
         return Err(bad(
-            "holds a private key in a form the `tls` build (native-tls) cannot use: it takes              PKCS#8 (`-----BEGIN PRIVATE KEY-----`; convert with `openssl pkcs8 -topk8 -nocrypt              -in <file> -out <new file>`)"
+            "holds a private key in a form the `tls` build (native-tls) cannot use: it takes \
+             PKCS#8 (`-----BEGIN PRIVATE KEY-----`; convert with `openssl pkcs8 -topk8 -nocrypt \
+             -in <file> -out <new file>`)"
                 .into(),
         ));
     }

@@ -123,16 +123,26 @@ async fn a_client_certificate_for_a_redis_that_asks_for_one() {
     };
     let encrypted = relabelled("ENCRYPTED PRIVATE KEY");
     let err = start_error(&with(&files(&server.client_cert_path(), &encrypted))).await;
-    assert!(
-        err.starts_with("store.tls_client_key_file: ") && err.contains("encrypted"),
-        "{err}"
+    assert_eq!(
+        err,
+        format!(
+            "store.tls_client_key_file: {} holds an encrypted private key, which the gateway \
+             cannot decrypt: give it the key unencrypted (`openssl pkcs8 -in <file> -out <new \
+             file>`)",
+            encrypted.display()
+        )
     );
     if cfg!(not(feature = "tls-rustls")) {
         let sec1 = relabelled("EC PRIVATE KEY");
         let err = start_error(&with(&files(&server.client_cert_path(), &sec1))).await;
-        assert!(
-            err.starts_with("store.tls_client_key_file: ") && err.contains("PKCS#8"),
-            "{err}"
+        assert_eq!(
+            err,
+            format!(
+                "store.tls_client_key_file: {} holds a private key in a form the `tls` build \
+                 (native-tls) cannot use: it takes PKCS#8 (`-----BEGIN PRIVATE KEY-----`; \
+                 convert with `openssl pkcs8 -topk8 -nocrypt -in <file> -out <new file>`)",
+                sec1.display()
+            )
         );
     }
     // A key, but not the certificate's (the server's): rustls tells at start, naming the
