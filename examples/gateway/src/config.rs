@@ -515,14 +515,15 @@ impl Config {
                 field = parent.to_owned();
             }
             // A string of the wrong type under `store` (`urls = "redis://:pw@…"` where an
-            // array belongs), `api_keys` (`api_keys = "sk_live_…"`) or `admin` (`admin = "<the
-            // token>"`) may be a password, a key or the admin token: serde's message quotes it
-            // whole, so it is not shown.
+            // array belongs), `api_keys` (`api_keys = "sk_live_…"`), `admin` (`admin = "<the
+            // token>"`) or a route's `missing_key` (`reject = "sk_live_…"`, a key pasted where
+            // its shared key was meant) may be a password, a key or the admin token: serde's
+            // message quotes it whole, so it is not shown.
             let secret = ["store", "api_keys", "admin"].iter().any(|table| {
                 field
                     .strip_prefix(table)
                     .is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
-            });
+            }) || field.split('.').any(|part| part == "missing_key");
             let field = match field.strip_prefix("api_keys.") {
                 _ if field == "." => String::new(),
                 Some(key) => format!("api_keys.{}", redact_key(key.trim_matches('"'))),

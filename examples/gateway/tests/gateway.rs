@@ -737,6 +737,14 @@ async fn bad_configurations_fail_naming_the_field() {
             format!("api_keys = \"sk_live_s3cret\\\" more\"\n{policy}"),
             "api_keys: invalid type: a string, expected a map (line 1",
         ),
+        // A key pasted as the missing key's status (where the shared key was meant).
+        (
+            with_policy(
+                "quotas = [{ limit = 5, per = \"minute\" }]\n\
+                 missing_key = { reject = \"sk_live_s3cret\" }",
+            ),
+            "routes[0].policy.missing_key.reject: invalid type: a string, expected u16 (line 7",
+        ),
         // A key pasted after the last table belongs to that table: an unknown field, named by
         // its first characters only (a misspelt field is named whole, above).
         (
