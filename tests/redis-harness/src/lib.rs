@@ -121,15 +121,14 @@ static CLAIMS: Mutex<Vec<std::fs::File>> = Mutex::new(Vec::new());
 /// temporary directory, which `./scripts/test.sh` makes anew for each run.
 const CLAIMS_DIR: &str = "/tmp/redis-harness-ports";
 
-/// [`CLAIMS_DIR`], made if missing, and open to every user as /tmp is (sticky: each may remove
-/// only its own files), also if a process of its owner made it without.
+/// [`CLAIMS_DIR`], made if missing, and then open to every user as /tmp is (sticky: each may
+/// remove only its own files). Only a directory this process made is changed: what another user
+/// put there (a symbolic link to a directory of theirs) is not followed to be made writable.
 fn claims_dir() -> &'static Path {
     static MADE: std::sync::Once = std::sync::Once::new();
     MADE.call_once(|| {
         use std::os::unix::fs::PermissionsExt;
-        let _ = std::fs::create_dir(CLAIMS_DIR);
-        if std::fs::metadata(CLAIMS_DIR).is_ok_and(|m| m.permissions().mode() & 0o7777 != 0o1777) {
-            // Only its owner may: another user's claims are then its own alone (`claim`).
+        if std::fs::create_dir(CLAIMS_DIR).is_ok() {
             let _ = std::fs::set_permissions(CLAIMS_DIR, std::fs::Permissions::from_mode(0o1777));
         }
     });
@@ -142,20 +141,24 @@ fn claims_dir() -> &'static Path {
 /// ends, however it ends. A port another process holds is not taken, even while its server is
 /// killed and before its restart, when nothing listens on it. Where the lock file cannot be made
 /// or locked (another user's directory, a file system without locks), the claim is this
-/// process's own alone, as [`TAKEN`] is.
+/// process's own alone, as [`TAKEN`] is. A symbolic link in its place (another user's, aimed at
+/// a file of someone else's) is not followed: that port is not taken.
 fn claim(port: u16) -> bool {
-    use rustix::fs::{FlockOperation, flock};
-    use std::fs::{File, OpenOptions};
+    use rustix::fs::{FlockOperation, Mode, OFlags, flock, open};
     let path = claims_dir().join(port.to_string());
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&path)
-        // Another user's file: a lock needs it open, not writable.
-        .or_else(|_| File::open(&path));
-    let Ok(file) = file else { return true };
+    let flags = OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let opened = open(
+        &path,
+        flags | OFlags::RDWR | OFlags::CREATE,
+        Mode::from_raw_mode(0o644),
+    )
+    // Another user's file: a lock needs it open, not writable.
+    .or_else(|_| open(&path, flags | OFlags::RDONLY, Mode::empty()));
+    let file = match opened {
+        Ok(fd) => std::fs::File::from(fd),
+        Err(rustix::io::Errno::LOOP) => return false,
+        Err(_) => return true,
+    };
     match flock(&file, FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => {
             CLAIMS.lock().unwrap_or_else(|e| e.into_inner()).push(file);
@@ -1003,6 +1006,28 @@ mod tests {
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(status.signal(), Some(9));
         assert_eq!(kept.cli(&["ping"]), "PONG");
+    }
+
+    /// A symbolic link in a port's place (another user's, aimed at a file elsewhere) is not
+    /// followed: nothing is made where it points, and that port is not taken.
+    #[test]
+    fn a_symbolic_link_in_a_ports_place_is_not_followed() {
+        let elsewhere = tempfile::tempdir().unwrap();
+        let target = elsewhere.path().join("made");
+        for attempt in 0..100 {
+            let port = 10_000 + u16::try_from(random(attempt) % 20_000).unwrap();
+            let path = claims_dir().join(port.to_string());
+            // Made only where nothing is (no port of another process's).
+            if std::os::unix::fs::symlink(&target, &path).is_err() {
+                continue;
+            }
+            let claimed = claim(port);
+            let _ = std::fs::remove_file(&path);
+            assert!(!claimed, "port {port} claimed through a symbolic link");
+            assert!(!target.exists(), "a file made where the link points");
+            return;
+        }
+        panic!("no port without a lock file in 100 picks");
     }
 
     /// A port this harness hands out is locked against every other process of it: its lock
