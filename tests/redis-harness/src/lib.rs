@@ -121,44 +121,82 @@ static CLAIMS: Mutex<Vec<std::fs::File>> = Mutex::new(Vec::new());
 /// temporary directory, which `./scripts/test.sh` makes anew for each run.
 const CLAIMS_DIR: &str = "/tmp/redis-harness-ports";
 
-/// [`CLAIMS_DIR`], made if missing, and then open to every user as /tmp is (sticky: each may
-/// remove only its own files). Only a directory this process made is changed: what another user
-/// put there (a symbolic link to a directory of theirs) is not followed to be made writable.
-fn claims_dir() -> &'static Path {
-    static MADE: std::sync::Once = std::sync::Once::new();
-    MADE.call_once(|| {
-        use std::os::unix::fs::PermissionsExt;
-        if std::fs::create_dir(CLAIMS_DIR).is_ok() {
-            let _ = std::fs::set_permissions(CLAIMS_DIR, std::fs::Permissions::from_mode(0o1777));
+/// [`CLAIMS_DIR`], made if missing (then open to every user as /tmp is: sticky, each may remove
+/// only its own files), and opened once: `None` if it is not a directory of root's or of this
+/// user's (another user's directory, or a symbolic link in its place, is not trusted: its owner
+/// could swap the files in it, or lead a root process to make files elsewhere), or cannot be
+/// opened. Every lock file is then opened relative to it.
+fn claims_dir() -> Option<&'static rustix::fd::OwnedFd> {
+    use rustix::fs::{FileType, Mode, OFlags, fchmod, fstat, open};
+    static DIR: std::sync::OnceLock<Option<rustix::fd::OwnedFd>> = std::sync::OnceLock::new();
+    DIR.get_or_init(|| {
+        let made = std::fs::create_dir(CLAIMS_DIR).is_ok();
+        let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let dir = open(CLAIMS_DIR, flags, Mode::empty()).ok()?;
+        let stat = fstat(&dir).ok()?;
+        let uid = rustix::process::geteuid().as_raw();
+        if FileType::from_raw_mode(stat.st_mode) != FileType::Directory
+            || (stat.st_uid != 0 && stat.st_uid != uid)
+        {
+            return None;
         }
-    });
-    Path::new(CLAIMS_DIR)
+        if made {
+            let _ = fchmod(&dir, Mode::from_raw_mode(0o1777));
+        }
+        Some(dir)
+    })
+    .as_ref()
 }
 
 /// Whether `port` is this process's now, among the processes of this harness on the machine
 /// (test binaries run at once by `cargo nextest`, or by two runs of the tests): an advisory lock
 /// (`flock`) on the port's file in [`CLAIMS_DIR`], which the kernel lets go when the process
 /// ends, however it ends. A port another process holds is not taken, even while its server is
-/// killed and before its restart, when nothing listens on it. Where the lock file cannot be made
-/// or locked (another user's directory, a file system without locks), the claim is this
-/// process's own alone, as [`TAKEN`] is. A symbolic link in its place (another user's, aimed at
-/// a file of someone else's) is not followed: that port is not taken.
+/// killed and before its restart, when nothing listens on it. Without a directory to claim in
+/// ([`claims_dir`]), or on a file system without locks, the claim is this process's own alone, as
+/// [`TAKEN`] is. A port whose file cannot be used (not a regular file: a symbolic link, a FIFO;
+/// or one this user may not open) is not taken.
 fn claim(port: u16) -> bool {
-    use rustix::fs::{FlockOperation, Mode, OFlags, flock, open};
-    let path = claims_dir().join(port.to_string());
-    let flags = OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let opened = open(
-        &path,
+    use rustix::fs::{FileType, FlockOperation, Mode, OFlags, fchmod, flock, fstat, openat};
+    use rustix::io::Errno;
+    let Some(dir) = claims_dir() else {
+        return true;
+    };
+    let name = port.to_string();
+    // Not followed if a link, not waited on if a FIFO.
+    let flags = OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
+    let fd = match openat(
+        dir,
+        &name,
         flags | OFlags::RDWR | OFlags::CREATE,
         Mode::from_raw_mode(0o644),
-    )
-    // Another user's file: a lock needs it open, not writable.
-    .or_else(|_| open(&path, flags | OFlags::RDONLY, Mode::empty()));
-    let file = match opened {
-        Ok(fd) => std::fs::File::from(fd),
-        Err(rustix::io::Errno::LOOP) => return false,
+    ) {
+        Ok(fd) => {
+            // Readable by every user whatever the umask (a lock needs the file open, not
+            // writable); only its owner may change it, which may be another user.
+            let _ = fchmod(&fd, Mode::from_raw_mode(0o644));
+            fd
+        }
+        // Another user's file, or a directory this user may not write to.
+        Err(Errno::ACCESS | Errno::PERM) => {
+            match openat(dir, &name, flags | OFlags::RDONLY, Mode::empty()) {
+                Ok(fd) => fd,
+                // Not there, and not to be made here.
+                Err(Errno::NOENT) => return true,
+                Err(_) => return false,
+            }
+        }
+        // Something else in its place.
+        Err(Errno::LOOP | Errno::ISDIR) => return false,
+        // Nowhere to claim (the directory removed meanwhile, a full or read-only disk).
         Err(_) => return true,
     };
+    if fstat(&fd).map_or(true, |s| {
+        FileType::from_raw_mode(s.st_mode) != FileType::RegularFile
+    }) {
+        return false;
+    }
+    let file = std::fs::File::from(fd);
     match flock(&file, FlockOperation::NonBlockingLockExclusive) {
         Ok(()) => {
             CLAIMS.lock().unwrap_or_else(|e| e.into_inner()).push(file);
@@ -1012,11 +1050,15 @@ mod tests {
     /// followed: nothing is made where it points, and that port is not taken.
     #[test]
     fn a_symbolic_link_in_a_ports_place_is_not_followed() {
+        if claims_dir().is_none() {
+            eprintln!("skipped: no claims can be made in {CLAIMS_DIR} here");
+            return;
+        }
         let elsewhere = tempfile::tempdir().unwrap();
         let target = elsewhere.path().join("made");
         for attempt in 0..100 {
             let port = 10_000 + u16::try_from(random(attempt) % 20_000).unwrap();
-            let path = claims_dir().join(port.to_string());
+            let path = Path::new(CLAIMS_DIR).join(port.to_string());
             // Made only where nothing is (no port of another process's).
             if std::os::unix::fs::symlink(&target, &path).is_err() {
                 continue;
@@ -1035,9 +1077,13 @@ mod tests {
     #[test]
     fn a_port_handed_out_is_claimed_against_other_processes() {
         use rustix::fs::{FlockOperation, flock};
+        if claims_dir().is_none() {
+            eprintln!("skipped: no claims can be made in {CLAIMS_DIR} here");
+            return;
+        }
         let port = closed_port();
-        let again =
-            std::fs::File::open(claims_dir().join(port.to_string())).expect("the port's lock file");
+        let again = std::fs::File::open(Path::new(CLAIMS_DIR).join(port.to_string()))
+            .expect("the port's lock file");
         assert_eq!(
             flock(&again, FlockOperation::NonBlockingLockExclusive),
             Err(rustix::io::Errno::WOULDBLOCK)
@@ -1048,6 +1094,10 @@ mod tests {
     /// its servers' ports, killed or not) is not this process's until that process ends.
     #[test]
     fn a_port_another_process_holds_is_not_claimed_until_it_ends() {
+        if claims_dir().is_none() {
+            eprintln!("skipped: no claims can be made in {CLAIMS_DIR} here");
+            return;
+        }
         let (low, high) = outside_ephemeral(false);
         let (low, high) = if low < high {
             (low, high)
@@ -1059,7 +1109,7 @@ mod tests {
             if TAKEN.lock().unwrap().contains(&port) {
                 continue;
             }
-            let path = claims_dir().join(port.to_string());
+            let path = Path::new(CLAIMS_DIR).join(port.to_string());
             let mut holder = Command::new("flock")
                 .arg("-n")
                 .arg(&path)
