@@ -248,7 +248,10 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// Drops every state that is fresh now, by this store's clock. Never needed for correctness
-    /// or for the bound; useful to return memory after a burst of keys. Unlike
+    /// or for the bound; useful to return memory after a burst of keys: their slots, and a
+    /// shard's side storage (of the states a bucket's word cannot hold, as a sliding log's or
+    /// several quotas') once none of the shard's keys left uses it; one that does keeps it all
+    /// ([`memory_bytes`](Self::memory_bytes) tells). Unlike
     /// [`sweep`](Self::sweep) with a time read from the clock beforehand, it changes no decision
     /// of a concurrent [`check_now`](Self::check_now): each shard is swept at the latest time it
     /// has counted at, which a check that read the clock earlier then counts at too.
@@ -418,7 +421,8 @@ impl<C> MemoryStore<C> {
     }
 
     /// Drops every state that is fresh at `now`. Never needed for correctness or for the bound;
-    /// useful to return memory after a burst of keys. For a store checked at explicit times
+    /// useful to return memory after a burst of keys (with the side storage's limit of
+    /// [`sweep_now`](Self::sweep_now)). For a store checked at explicit times
     /// ([`check_at`](Self::check_at)); a store checked by its own clock is swept with
     /// [`sweep_now`](Self::sweep_now), which cannot drop a state that a concurrent check, having
     /// read the clock a moment before, still counts against.
