@@ -852,18 +852,24 @@ impl Prepared {
 }
 
 /// Where the items of a structured-field list (RFC 9651) start in `value`: at its start and after
-/// each comma outside a string, past the whitespace. Tolerant: a malformed value (an unclosed
-/// string) only has fewer starts.
+/// each comma outside a string, past the whitespace. A string (`"…"`) escapes with `\\`; a display
+/// string (`%"…"`) does not (a byte is written `%xx` there, and a `\\` is itself). Tolerant: a
+/// malformed value (an unclosed string) only has fewer starts.
 fn item_starts(value: &[u8]) -> impl Iterator<Item = usize> + '_ {
     let mut in_string = false;
+    let mut display = false;
     let mut escaped = false;
     let mut at_start = true;
+    let mut prev = 0u8;
     value.iter().enumerate().filter_map(move |(i, &b)| {
         if in_string {
             match b {
                 _ if escaped => escaped = false,
-                b'\\' => escaped = true,
-                b'"' => in_string = false,
+                b'\\' if !display => escaped = true,
+                b'"' => {
+                    in_string = false;
+                    prev = b;
+                }
                 _ => {}
             }
             return None;
@@ -873,10 +879,14 @@ fn item_starts(value: &[u8]) -> impl Iterator<Item = usize> + '_ {
             at_start = false;
         }
         match b {
-            b'"' => in_string = true,
+            b'"' => {
+                in_string = true;
+                display = prev == b'%';
+            }
             b',' => at_start = true,
             _ => {}
         }
+        prev = b;
         start.then_some(i)
     })
 }
@@ -1267,6 +1277,28 @@ pub(crate) fn plain(status: StatusCode, text: Bytes, retry_after: Option<u64>) -
 mod tests {
     use super::*;
     use ratelimit_core::{Algorithm, Outcome, Quota};
+
+    /// A display string (`%"…"`) does not escape with `\\`: one ending in a backslash ends at its
+    /// quote, and the items after it are found (the layer adds no second item of a name the inner
+    /// service wrote after one). In a string, `\\"` is still an escaped quote.
+    #[test]
+    fn items_after_a_display_string_ending_in_a_backslash_are_found() {
+        let limit = Limit::single(Algorithm::TokenBucket, Quota::per_minute(10).unwrap()).unwrap();
+        let p = Prepared::new("api", &limit);
+        let after_display = HeaderValue::from_static("\"inner\";x=%\"a\\\", \"api\";r=1;t=2");
+        assert!(p.names_an_item(&after_display));
+        let in_a_string = HeaderValue::from_static("\"inner\";x=\"a\\\", \\\"api\";r=1;t=2\"");
+        assert!(!p.names_an_item(&in_a_string));
+
+        let mut h = HeaderMap::new();
+        h.insert(RATELIMIT.clone(), after_display.clone());
+        let d = Decision::new(Outcome::Allowed, 10, 9, Duration::from_secs(6), 0);
+        p.write(&mut h, Headers::ietf(), &d);
+        assert_eq!(
+            h.get_all(RATELIMIT.clone()).iter().collect::<Vec<_>>(),
+            [&after_display]
+        );
+    }
 
     /// The problem bodies of the layer's own error answers are made once: each answer shares
     /// them (a fail-closed route answers every request so while the store is down). Both answers
