@@ -248,9 +248,9 @@ impl<C: Clock> MemoryStore<C> {
     }
 
     /// Drops every state that is fresh now, by this store's clock. Never needed for correctness
-    /// or for the bound; useful to return memory after a burst of keys: their slots, and a
-    /// shard's side storage (of the states a bucket's word cannot hold, as a sliding log's or
-    /// several quotas') once none of the shard's keys left uses it; one that does keeps it all
+    /// or for the bound; useful to return memory after a burst of keys: their slots and their
+    /// states, those a bucket's word cannot hold too (a sliding log's, several quotas'); the
+    /// shard's table of slots for such states is returned once none of its keys left uses one
     /// ([`memory_bytes`](Self::memory_bytes) tells). Unlike
     /// [`sweep`](Self::sweep) with a time read from the clock beforehand, it changes no decision
     /// of a concurrent [`check_now`](Self::check_now): each shard is swept at the latest time it

@@ -154,8 +154,8 @@ fn claims_dir() -> Option<&'static rustix::fd::OwnedFd> {
 /// ends, however it ends. A port another process holds is not taken, even while its server is
 /// killed and before its restart, when nothing listens on it. Without a directory to claim in
 /// ([`claims_dir`]), or on a file system without locks, the claim is this process's own alone, as
-/// [`TAKEN`] is. A port whose file cannot be used (not a regular file: a symbolic link, a FIFO;
-/// or one this user may not open) is not taken.
+/// [`TAKEN`] is. A port whose file cannot be used (not a regular file: a symbolic link, a FIFO,
+/// a socket; or one this user may not open) is not taken. Only a file made here is changed.
 fn claim(port: u16) -> bool {
     use rustix::fs::{FileType, FlockOperation, Mode, OFlags, fchmod, flock, fstat, openat};
     use rustix::io::Errno;
@@ -165,30 +165,25 @@ fn claim(port: u16) -> bool {
     let name = port.to_string();
     // Not followed if a link, not waited on if a FIFO.
     let flags = OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-    let fd = match openat(
-        dir,
-        &name,
-        flags | OFlags::RDWR | OFlags::CREATE,
-        Mode::from_raw_mode(0o644),
-    ) {
+    let open = |how: OFlags| openat(dir, &name, flags | how, Mode::from_raw_mode(0o644));
+    let fd = match open(OFlags::RDWR | OFlags::CREATE | OFlags::EXCL) {
         Ok(fd) => {
-            // Readable by every user whatever the umask (a lock needs the file open, not
-            // writable); only its owner may change it, which may be another user.
+            // Made here: readable by every user whatever the umask (a lock needs the file
+            // open, not writable).
             let _ = fchmod(&fd, Mode::from_raw_mode(0o644));
             fd
         }
-        // Another user's file, or a directory this user may not write to.
-        Err(Errno::ACCESS | Errno::PERM) => {
-            match openat(dir, &name, flags | OFlags::RDONLY, Mode::empty()) {
-                Ok(fd) => fd,
-                // Not there, and not to be made here.
-                Err(Errno::NOENT) => return true,
-                Err(_) => return false,
-            }
-        }
-        // Something else in its place.
-        Err(Errno::LOOP | Errno::ISDIR) => return false,
-        // Nowhere to claim (the directory removed meanwhile, a full or read-only disk).
+        // There already: opened as it is (another user's, readable only), never changed (it
+        // may be a hard link to a file elsewhere).
+        Err(Errno::EXIST) => match open(OFlags::RDWR).or_else(|_| open(OFlags::RDONLY)) {
+            Ok(fd) => fd,
+            // Removed meanwhile.
+            Err(Errno::NOENT) => return true,
+            // A link, a socket, or a file this user may not open.
+            Err(_) => return false,
+        },
+        // Not to be made here (a directory this user may not write to, a full or read-only
+        // disk, the directory removed meanwhile): nowhere to claim.
         Err(_) => return true,
     };
     if fstat(&fd).map_or(true, |s| {
@@ -995,6 +990,28 @@ fn own_slots(nodes: &str) -> Vec<std::ops::RangeInclusive<u16>> {
 mod tests {
     use super::*;
 
+    /// Whether a test of claims can run here: not where [`CLAIMS_DIR`] is, as documented, not to
+    /// be trusted (another user's, or not a directory) or not to be written to by this user (a
+    /// directory root made 0755). Anywhere else (a fresh machine, as root or not) the claims
+    /// directory must be there to claim in.
+    fn claims_can_be_made() -> bool {
+        use std::os::unix::fs::MetadataExt;
+        claims_dir();
+        let euid = rustix::process::geteuid().as_raw();
+        let usable = std::fs::symlink_metadata(CLAIMS_DIR)
+            .is_ok_and(|m| m.is_dir() && (m.uid() == 0 || m.uid() == euid))
+            && rustix::fs::access(CLAIMS_DIR, rustix::fs::Access::WRITE_OK).is_ok();
+        if usable {
+            assert!(
+                claims_dir().is_some(),
+                "{CLAIMS_DIR} is usable, and not opened"
+            );
+        } else {
+            eprintln!("skipped: {CLAIMS_DIR} is another user's, or not writable by this one");
+        }
+        usable
+    }
+
     /// A server whose process ended without stopping it (killed by a signal, which runs no
     /// `Drop`) is killed by the next process's first start; one of a process that runs is not.
     #[test]
@@ -1050,8 +1067,7 @@ mod tests {
     /// followed: nothing is made where it points, and that port is not taken.
     #[test]
     fn a_symbolic_link_in_a_ports_place_is_not_followed() {
-        if claims_dir().is_none() {
-            eprintln!("skipped: no claims can be made in {CLAIMS_DIR} here");
+        if !claims_can_be_made() {
             return;
         }
         let elsewhere = tempfile::tempdir().unwrap();
@@ -1072,13 +1088,51 @@ mod tests {
         panic!("no port without a lock file in 100 picks");
     }
 
+    /// A socket in a port's place is not taken, and a hard link there (to a file elsewhere) is
+    /// locked as it is, its file's mode left alone.
+    #[test]
+    fn a_socket_or_a_hard_link_in_a_ports_place_is_not_made_a_claim_of() {
+        use std::os::unix::fs::PermissionsExt;
+        if !claims_can_be_made() {
+            return;
+        }
+        let elsewhere = tempfile::tempdir_in("/tmp").unwrap();
+        let outside = elsewhere.path().join("outside");
+        std::fs::write(&outside, "").unwrap();
+        std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o600)).unwrap();
+        let (mut socket, mut link) = (false, false);
+        for attempt in 0..200 {
+            let port = 10_000 + u16::try_from(random(attempt) % 20_000).unwrap();
+            let path = Path::new(CLAIMS_DIR).join(port.to_string());
+            if !socket {
+                // Made only where nothing is (no port of another process's).
+                if let Ok(listener) = std::os::unix::net::UnixListener::bind(&path) {
+                    let claimed = claim(port);
+                    drop(listener);
+                    let _ = std::fs::remove_file(&path);
+                    assert!(!claimed, "port {port} claimed with a socket in its place");
+                    socket = true;
+                }
+            } else if std::fs::hard_link(&outside, &path).is_ok() {
+                claim(port);
+                let _ = std::fs::remove_file(&path);
+                let mode = std::fs::metadata(&outside).unwrap().permissions().mode();
+                assert_eq!(mode & 0o777, 0o600, "the linked file's mode changed");
+                link = true;
+            }
+            if socket && link {
+                return;
+            }
+        }
+        panic!("no port without a lock file in 200 picks");
+    }
+
     /// A port this harness hands out is locked against every other process of it: its lock
     /// file, opened again (as another process opens it), cannot be locked.
     #[test]
     fn a_port_handed_out_is_claimed_against_other_processes() {
         use rustix::fs::{FlockOperation, flock};
-        if claims_dir().is_none() {
-            eprintln!("skipped: no claims can be made in {CLAIMS_DIR} here");
+        if !claims_can_be_made() {
             return;
         }
         let port = closed_port();
@@ -1094,8 +1148,7 @@ mod tests {
     /// its servers' ports, killed or not) is not this process's until that process ends.
     #[test]
     fn a_port_another_process_holds_is_not_claimed_until_it_ends() {
-        if claims_dir().is_none() {
-            eprintln!("skipped: no claims can be made in {CLAIMS_DIR} here");
+        if !claims_can_be_made() {
             return;
         }
         let (low, high) = outside_ephemeral(false);
