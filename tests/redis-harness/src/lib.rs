@@ -1063,6 +1063,32 @@ mod tests {
         assert_eq!(kept.cli(&["ping"]), "PONG");
     }
 
+    /// Runs `check` on a port no process has a file for, with what `make` made in the file's
+    /// place (a link, a socket), removed after however `check` ends.
+    fn in_a_free_ports_place<T>(
+        make: impl Fn(&Path) -> std::io::Result<T>,
+        check: impl FnOnce(u16, T),
+    ) {
+        struct Removed(PathBuf);
+        impl Drop for Removed {
+            fn drop(&mut self) {
+                let _ = std::fs::remove_file(&self.0);
+            }
+        }
+        for attempt in 0..100 {
+            let port = 10_000 + u16::try_from(random(attempt) % 20_000).unwrap();
+            let path = Path::new(CLAIMS_DIR).join(port.to_string());
+            // Made only where nothing is (no port of another process's).
+            let Ok(made) = make(&path) else {
+                continue;
+            };
+            let _removed = Removed(path);
+            check(port, made);
+            return;
+        }
+        panic!("no port without a lock file in 100 picks");
+    }
+
     /// A symbolic link in a port's place (another user's, aimed at a file elsewhere) is not
     /// followed: nothing is made where it points, and that port is not taken.
     #[test]
@@ -1072,26 +1098,36 @@ mod tests {
         }
         let elsewhere = tempfile::tempdir().unwrap();
         let target = elsewhere.path().join("made");
-        for attempt in 0..100 {
-            let port = 10_000 + u16::try_from(random(attempt) % 20_000).unwrap();
-            let path = Path::new(CLAIMS_DIR).join(port.to_string());
-            // Made only where nothing is (no port of another process's).
-            if std::os::unix::fs::symlink(&target, &path).is_err() {
-                continue;
-            }
-            let claimed = claim(port);
-            let _ = std::fs::remove_file(&path);
-            assert!(!claimed, "port {port} claimed through a symbolic link");
-            assert!(!target.exists(), "a file made where the link points");
-            return;
-        }
-        panic!("no port without a lock file in 100 picks");
+        in_a_free_ports_place(
+            |path| std::os::unix::fs::symlink(&target, path),
+            |port, ()| {
+                assert!(!claim(port), "port {port} claimed through a symbolic link");
+                assert!(!target.exists(), "a file made where the link points");
+            },
+        );
     }
 
-    /// A socket in a port's place is not taken, and a hard link there (to a file elsewhere) is
-    /// locked as it is, its file's mode left alone.
+    /// A socket in a port's place is not taken.
     #[test]
-    fn a_socket_or_a_hard_link_in_a_ports_place_is_not_made_a_claim_of() {
+    fn a_socket_in_a_ports_place_is_not_taken() {
+        if !claims_can_be_made() {
+            return;
+        }
+        in_a_free_ports_place(
+            |path| std::os::unix::net::UnixListener::bind(path),
+            |port, _socket| {
+                assert!(
+                    !claim(port),
+                    "port {port} claimed with a socket in its place"
+                );
+            },
+        );
+    }
+
+    /// A hard link in a port's place (to a file elsewhere) is locked as it is: its file's mode
+    /// is left alone.
+    #[test]
+    fn a_hard_link_in_a_ports_place_is_not_changed() {
         use std::os::unix::fs::PermissionsExt;
         if !claims_can_be_made() {
             return;
@@ -1100,31 +1136,18 @@ mod tests {
         let outside = elsewhere.path().join("outside");
         std::fs::write(&outside, "").unwrap();
         std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o600)).unwrap();
-        let (mut socket, mut link) = (false, false);
-        for attempt in 0..200 {
-            let port = 10_000 + u16::try_from(random(attempt) % 20_000).unwrap();
-            let path = Path::new(CLAIMS_DIR).join(port.to_string());
-            if !socket {
-                // Made only where nothing is (no port of another process's).
-                if let Ok(listener) = std::os::unix::net::UnixListener::bind(&path) {
-                    let claimed = claim(port);
-                    drop(listener);
-                    let _ = std::fs::remove_file(&path);
-                    assert!(!claimed, "port {port} claimed with a socket in its place");
-                    socket = true;
-                }
-            } else if std::fs::hard_link(&outside, &path).is_ok() {
+        in_a_free_ports_place(
+            |path| std::fs::hard_link(&outside, path),
+            |port, ()| {
                 claim(port);
-                let _ = std::fs::remove_file(&path);
                 let mode = std::fs::metadata(&outside).unwrap().permissions().mode();
-                assert_eq!(mode & 0o777, 0o600, "the linked file's mode changed");
-                link = true;
-            }
-            if socket && link {
-                return;
-            }
-        }
-        panic!("no port without a lock file in 200 picks");
+                assert_eq!(
+                    mode & 0o777,
+                    0o600,
+                    "port {port}: the linked file's mode changed"
+                );
+            },
+        );
     }
 
     /// A port this harness hands out is locked against every other process of it: its lock
