@@ -157,15 +157,46 @@ fn claims_dir() -> Option<&'static rustix::fd::OwnedFd> {
 /// [`TAKEN`] is. A port whose file cannot be used (not a regular file: a symbolic link, a FIFO,
 /// a socket; or one this user may not open) is not taken. Only a file made here is changed.
 fn claim(port: u16) -> bool {
-    use rustix::fs::{FileType, FlockOperation, Mode, OFlags, fchmod, flock, fstat, openat};
-    use rustix::io::Errno;
     let Some(dir) = claims_dir() else {
         return true;
     };
     let name = port.to_string();
+    // A name removed or replaced between the steps of a claim (another process's test puts a
+    // link or a socket there for a moment) is claimed again, from the start.
+    for _ in 0..3 {
+        match claim_once(dir, &name) {
+            Claim::Held(file) => {
+                CLAIMS.lock().unwrap_or_else(|e| e.into_inner()).push(file);
+                return true;
+            }
+            Claim::Local => return true,
+            Claim::Refused => return false,
+            Claim::Again => {}
+        }
+    }
+    false
+}
+
+/// What one try at claiming a port's file gave.
+enum Claim {
+    /// The file, locked: the port is this process's among all.
+    Held(std::fs::File),
+    /// Nowhere to claim: this process's alone.
+    Local,
+    /// Another process's, or not a usable file.
+    Refused,
+    /// Changed while it was claimed: try again.
+    Again,
+}
+
+/// One try of [`claim`] at the file `name` in the claims directory `dir`.
+fn claim_once(dir: &rustix::fd::OwnedFd, name: &str) -> Claim {
+    use rustix::fs::{AtFlags, FileType, FlockOperation, Mode, OFlags, fchmod, flock, fstat};
+    use rustix::fs::{openat, statat};
+    use rustix::io::Errno;
     // Not followed if a link, not waited on if a FIFO.
     let flags = OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::CLOEXEC;
-    let open = |how: OFlags| openat(dir, &name, flags | how, Mode::from_raw_mode(0o644));
+    let open = |how: OFlags| openat(dir, name, flags | how, Mode::from_raw_mode(0o644));
     let fd = match open(OFlags::RDWR | OFlags::CREATE | OFlags::EXCL) {
         Ok(fd) => {
             // Made here: readable by every user whatever the umask (a lock needs the file
@@ -178,27 +209,32 @@ fn claim(port: u16) -> bool {
         Err(Errno::EXIST) => match open(OFlags::RDWR).or_else(|_| open(OFlags::RDONLY)) {
             Ok(fd) => fd,
             // Removed meanwhile.
-            Err(Errno::NOENT) => return true,
+            Err(Errno::NOENT) => return Claim::Again,
             // A link, a socket, or a file this user may not open.
-            Err(_) => return false,
+            Err(_) => return Claim::Refused,
         },
         // Not to be made here (a directory this user may not write to, a full or read-only
         // disk, the directory removed meanwhile): nowhere to claim.
-        Err(_) => return true,
+        Err(_) => return Claim::Local,
     };
-    if fstat(&fd).map_or(true, |s| {
-        FileType::from_raw_mode(s.st_mode) != FileType::RegularFile
-    }) {
-        return false;
+    let Ok(opened) = fstat(&fd) else {
+        return Claim::Refused;
+    };
+    if FileType::from_raw_mode(opened.st_mode) != FileType::RegularFile {
+        return Claim::Refused;
     }
     let file = std::fs::File::from(fd);
     match flock(&file, FlockOperation::NonBlockingLockExclusive) {
-        Ok(()) => {
-            CLAIMS.lock().unwrap_or_else(|e| e.into_inner()).push(file);
-            true
-        }
-        Err(rustix::io::Errno::WOULDBLOCK) => false,
-        Err(_) => true,
+        Ok(()) => {}
+        Err(Errno::WOULDBLOCK) => return Claim::Refused,
+        // A file system without locks.
+        Err(_) => return Claim::Local,
+    }
+    // The name must still be the file locked: one removed meanwhile (or a hard link taken
+    // away) would leave the next process to make another file there and lock that.
+    match statat(dir, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(now) if (now.st_dev, now.st_ino) == (opened.st_dev, opened.st_ino) => Claim::Held(file),
+        _ => Claim::Again,
     }
 }
 
@@ -1124,10 +1160,11 @@ mod tests {
         );
     }
 
-    /// A hard link in a port's place (to a file elsewhere) is locked as it is: its file's mode
-    /// is left alone.
+    /// A hard link in a port's place (to a file elsewhere) is opened as it is, its file's mode
+    /// left alone.
     #[test]
     fn a_hard_link_in_a_ports_place_is_not_changed() {
+        use rustix::fs::{FlockOperation, flock};
         use std::os::unix::fs::PermissionsExt;
         if !claims_can_be_made() {
             return;
@@ -1136,10 +1173,14 @@ mod tests {
         let outside = elsewhere.path().join("outside");
         std::fs::write(&outside, "").unwrap();
         std::fs::set_permissions(&outside, std::fs::Permissions::from_mode(0o600)).unwrap();
+        // Held here while it is linked: no process claims the port through the link (and keeps
+        // it claimed after the link is gone, when another would claim a new file there).
+        let held = std::fs::File::open(&outside).unwrap();
+        flock(&held, FlockOperation::NonBlockingLockExclusive).unwrap();
         in_a_free_ports_place(
             |path| std::fs::hard_link(&outside, path),
             |port, ()| {
-                claim(port);
+                assert!(!claim(port), "port {port} claimed while its file is held");
                 let mode = std::fs::metadata(&outside).unwrap().permissions().mode();
                 assert_eq!(
                     mode & 0o777,
