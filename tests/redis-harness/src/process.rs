@@ -5,24 +5,31 @@
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
 
+/// The pids of the processes running now (those `/proc` lists).
+fn pids() -> impl Iterator<Item = u32> {
+    std::fs::read_dir("/proc")
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+}
+
+/// `pid`'s name and the fields of `/proc/<pid>/stat` after it (from the 3rd, its state), or
+/// `None` if no such process runs. (`pid (name) state ppid ...`; the name may hold spaces and
+/// parentheses: the last `)` ends it.)
+fn stat(pid: u32) -> Option<(String, Vec<String>)> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let (head, rest) = stat.rsplit_once(')')?;
+    let name = head.split_once('(').map_or("", |(_, c)| c).to_owned();
+    Some((name, rest.split_whitespace().map(str::to_owned).collect()))
+}
+
 /// The pids of the processes whose parent is `parent` and whose name is `name`.
 pub fn children_named(parent: u32, name: &str) -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+    pids()
         .filter(|&pid| {
-            // `pid (comm) state ppid ...`; the name may hold spaces, the last ')' ends it.
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                return false;
-            };
-            let Some((head, rest)) = stat.rsplit_once(')') else {
-                return false;
-            };
-            let comm = head.split_once('(').map_or("", |(_, c)| c);
-            let ppid = rest.split_whitespace().nth(1).and_then(|p| p.parse().ok());
-            comm == name && ppid == Some(parent)
+            stat(pid).is_some_and(|(comm, fields)| {
+                comm == name && fields.get(1).and_then(|p| p.parse().ok()) == Some(parent)
+            })
         })
         .collect()
 }
@@ -31,11 +38,8 @@ pub fn children_named(parent: u32, name: &str) -> Vec<u32> {
 /// 22nd field), so that a process given the pid of one that ended is not taken for it; `None` if
 /// no such process runs.
 pub(crate) fn identity(pid: u32) -> Option<String> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // Fields from the 3rd (the state) on, after the name in parentheses.
-    let (_, rest) = stat.rsplit_once(')')?;
-    let start = rest.split_whitespace().nth(19)?;
-    Some(format!("{pid}.{start}"))
+    let (_, fields) = stat(pid)?;
+    Some(format!("{pid}.{}", fields.get(19)?))
 }
 
 /// What a server's directory name holds before the [`identity`] of the process that started it
@@ -53,13 +57,9 @@ pub(crate) const OWNER_TAG: &str = "owner-";
 /// container, whose pids mean other processes), and, unless the sweep runs as root, every
 /// process of another user (whose working directory cannot be read). Returns the pids killed.
 pub(crate) fn kill_orphans() -> Vec<u32> {
-    let Ok(entries) = std::fs::read_dir("/proc") else {
-        return Vec::new();
-    };
     let namespace = |pid: &str| std::fs::read_link(format!("/proc/{pid}/ns/pid")).ok();
     let ours = namespace("self");
-    entries
-        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok())
+    let orphans: Vec<u32> = pids()
         .filter(|&pid| {
             if namespace(&pid.to_string()) != ours {
                 return false;
@@ -87,21 +87,19 @@ pub(crate) fn kill_orphans() -> Vec<u32> {
             else {
                 return false;
             };
-            identity(owner_pid).is_none_or(|alive| alive != owner)
-                && running(pid)
-                && send_signal(pid, "-KILL")
+            identity(owner_pid).is_none_or(|alive| alive != owner) && running(pid)
         })
+        .collect();
+    orphans
+        .into_iter()
+        .filter(|&pid| send_signal(pid, "-KILL"))
         .collect()
 }
 
 /// Whether `pid` still runs (a zombie, killed and not yet reaped, does not).
 pub fn running(pid: u32) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
-        let state = stat
-            .rsplit_once(')')
-            .and_then(|(_, r)| r.split_whitespace().next());
-        !matches!(state, Some("Z" | "X"))
-    })
+    stat(pid)
+        .is_some_and(|(_, fields)| !matches!(fields.first().map(String::as_str), Some("Z" | "X")))
 }
 
 /// The first child of `parent` named `name`, waited for up to `timeout`.
