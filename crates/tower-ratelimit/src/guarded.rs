@@ -89,7 +89,8 @@ use crate::{Error, VerdictKind};
 /// A check may be made outside a Tokio runtime (its timer is made at its first poll), but is
 /// polled inside one with timers (`#[tokio::main]`'s). Its answer or failure is counted in the
 /// metrics of the layer, under the `policy` label given as the name: `ratelimit_decisions_total` (`allowed`,
-/// `denied`), `ratelimit_store_duration_seconds`, `ratelimit_store_errors_total` (`error`,
+/// `denied`), `ratelimit_store_duration_seconds` (every answer, those ready at once too, which the
+/// layer times one in about 64 of), `ratelimit_store_errors_total` (`error`,
 /// `timeout`, `circuit_open`) and the circuit gauges (docs/operations.md). Under the layer, give
 /// the layer the plain store: it has this timeout and breaker of its own.
 ///
