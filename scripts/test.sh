@@ -64,6 +64,8 @@ echo "== doc tests"
 cargo test --workspace --doc
 echo "== tower-ratelimit with every feature (serde configuration)"
 cargo test -p tower-ratelimit --all-features
+echo "== tower-ratelimit without its default axum feature (no peer-address keys), with serde"
+cargo test -p tower-ratelimit --no-default-features --features serde
 echo "== the gateway over rediss:// (its tls feature), and its TLS settings checked with it"
 cargo test -p example-gateway --features tls --test tls
 cargo test -p example-gateway --features tls --test gateway bad_configurations

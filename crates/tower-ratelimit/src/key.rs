@@ -118,7 +118,11 @@
 //!
 //! ## The peer address
 //!
+//! (With the default `axum` feature, as [`PeerIp`] reads axum's `ConnectInfo`.)
+//!
 //! ```
+//! # #[cfg(feature = "axum")]
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! use std::net::SocketAddr;
 //! use axum::extract::ConnectInfo;
 //! use tower_ratelimit::{RequestHead, http};
@@ -139,7 +143,10 @@
 //! // Without `into_make_service_with_connect_info` there is no peer address: no key.
 //! let req = http::Request::new(());
 //! assert_eq!(key.extract(&RequestHead::of(&req), &mut KeyBuf::new()), Err(NoKey));
-//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # Ok(())
+//! # }
+//! # #[cfg(not(feature = "axum"))]
+//! # fn main() {}
 //! ```
 //!
 //! The client address behind proxies is the job of [`ClientIpKey`], which only trusts
@@ -618,9 +625,12 @@ impl<A: KeyExtractor, B: KeyExtractor, C: KeyExtractor> KeyExtractor for (A, B, 
 }
 
 /// The key of the first of two extractors that finds one: `first`'s if the request has it, else
-/// `second`'s. For a user id when the client is signed in and its address when it is not:
+/// `second`'s. For a user id when the client is signed in and its address when it is not (with
+/// the default `axum` feature, for [`PeerIp`]):
 ///
 /// ```
+/// # #[cfg(feature = "axum")]
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// use std::net::SocketAddr;
 /// use axum::extract::ConnectInfo;
 /// use tower_ratelimit::{RequestHead, http};
@@ -643,7 +653,10 @@ impl<A: KeyExtractor, B: KeyExtractor, C: KeyExtractor> KeyExtractor for (A, B, 
 /// let mut signed_in = KeyBuf::new();
 /// key.extract(&RequestHead::of(&req), &mut signed_in)?;
 /// assert_ne!(anonymous.as_bytes(), signed_in.as_bytes());
-/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # Ok(())
+/// # }
+/// # #[cfg(not(feature = "axum"))]
+/// # fn main() {}
 /// ```
 ///
 /// The two are told apart by a last byte (1 after `first`'s key, 2 after `second`'s), so a user

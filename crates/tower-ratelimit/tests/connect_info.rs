@@ -2,6 +2,9 @@
 //! server's setup is at fault, not the client, so the library says so in the log, once per process
 //! (a test binary of its own, so that no other test has said it first).
 
+// The peer-address key, the policy's default here, comes with the default `axum` feature.
+#![cfg(feature = "axum")]
+
 mod common;
 
 use axum::Router;

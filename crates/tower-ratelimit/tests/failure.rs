@@ -125,6 +125,8 @@ async fn a_dry_run_that_would_fail_closed_lets_the_request_through() {
     assert_eq!(verdict(&res), VerdictKind::ShadowDenied);
 }
 
+// The policy's default key, the peer address, comes with the default `axum` feature.
+#[cfg(feature = "axum")]
 #[tokio::test]
 async fn fallback_counts_locally_against_a_share_of_the_limit() {
     let clock = ManualClock::new();
@@ -975,6 +977,8 @@ async fn a_probe_lost_to_a_panicking_store_is_sent_again() {
     assert_eq!(layer.circuit_state(), Some(CircuitState::Open));
 }
 
+// The policy's default key, the peer address, comes with the default `axum` feature.
+#[cfg(feature = "axum")]
 #[tokio::test]
 async fn the_fallback_store_size_is_configurable_and_validated() {
     let policy = || {
@@ -1042,6 +1046,8 @@ async fn the_fallback_store_size_is_configurable_and_validated() {
 /// Answers that never asked the store (denial-cache hits under the layer) are no evidence that it
 /// is healthy: between real failures they do not keep the circuit closed, and a probe answered
 /// that way does not close it; the next request probes the store instead.
+// The policy's default key, the peer address, comes with the default `axum` feature.
+#[cfg(feature = "axum")]
 #[tokio::test(start_paused = true)]
 async fn answers_that_never_asked_the_store_neither_keep_the_circuit_closed_nor_close_it() {
     let (clock, memory) = store();
@@ -1087,6 +1093,7 @@ async fn answers_that_never_asked_the_store_neither_keep_the_circuit_closed_nor_
 }
 
 /// No check reached `switch` since it counted `calls`, and `layer`'s circuit is still open.
+#[cfg(feature = "axum")]
 fn kept_from_the_store<St: Store>(switch: &SwitchStore, calls: u64, layer: &RateLimitLayer<St>) {
     assert_eq!(
         switch.calls(),
@@ -1100,6 +1107,8 @@ fn kept_from_the_store<St: Store>(switch: &SwitchStore, calls: u64, layer: &Rate
 /// still answers (`Store::check_cached`): a client the denial cache knows to be over its limit
 /// is denied, not let through by the fail-open policy; units a lease holds are spent, not
 /// refused by the fail-closed one. Neither asks the store, nor closes the circuit.
+// The policy's default key, the peer address, comes with the default `axum` feature.
+#[cfg(feature = "axum")]
 #[tokio::test(start_paused = true)]
 async fn an_open_circuit_still_answers_what_is_cached_in_front_of_the_store() {
     let (a, b) = ("192.0.2.1:1", "192.0.2.2:1");

@@ -2,6 +2,9 @@
 //! client, which reads a denial as the gRPC status `RESOURCE_EXHAUSTED` with the wait in its
 //! metadata.
 
+// The peer-address extractors these tests use come with the default `axum` feature.
+#![cfg(feature = "axum")]
+
 mod common;
 
 use std::net::SocketAddr;

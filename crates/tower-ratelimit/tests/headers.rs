@@ -514,6 +514,8 @@ async fn problem_json_body() {
 
 /// The layer's other answers follow a problem+json policy too: a request without a key (400)
 /// gets a problem of type `about:blank` with the plain text's words as its title.
+// The policy's default key, the peer address, comes with the default `axum` feature.
+#[cfg(feature = "axum")]
 #[tokio::test]
 async fn a_problem_json_policy_answers_a_missing_key_in_problem_json() {
     let (_clock, store) = store();
@@ -917,6 +919,8 @@ async fn same_body_keeps_the_inner_body_type() {
     assert_eq!(&text(res).await[..], b"{\"policy\":\"api\"}");
 }
 
+// The policy's default key, the peer address, comes with the default `axum` feature.
+#[cfg(feature = "axum")]
 #[tokio::test]
 async fn same_body_on_an_axum_router_answers_with_axum_bodies() {
     let (_clock, memory) = store();

@@ -8,6 +8,9 @@
 //! [`Verdict`] when the policy asks for one, and every decision counted. And spoofed forwarding
 //! headers never multiply a client's quota.
 
+// The peer-address extractors these tests use come with the default `axum` feature.
+#![cfg(feature = "axum")]
+
 mod common;
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV6};

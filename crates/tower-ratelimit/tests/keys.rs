@@ -1,6 +1,9 @@
 //! Key extraction through an axum `Router`: API keys, users, peers, clients behind proxies,
 //! combinations, and the answer when there is no key.
 
+// The peer-address extractors these tests use come with the default `axum` feature.
+#![cfg(feature = "axum")]
+
 mod common;
 
 use axum::Router;

@@ -808,6 +808,15 @@ fn a_configuration_error_names_where_it_is() {
         "quotas[1]"
     );
     assert_eq!(refused_at("name = \"x\"\nquotas = []"), "quotas");
+    // Nine quotas are the list's error, even where one of them would be refused alone too.
+    let mut nine = ["{ limit = 1, per = \"second\" }"; 9];
+    nine[3] = "{ limit = 2000000, per = \"day\" }";
+    let (at, e) = config_refused(&format!(
+        "name = \"x\"\nalgorithm = \"sliding_window\"\nquotas = [{}]",
+        nine.join(", ")
+    ));
+    assert_eq!(at, "quotas", "{e}");
+    assert!(e.to_string().contains("at most 8 quotas (got 9)"), "{e}");
     assert_eq!(
         refused_at(&format!(
             "{base}[[tiers]]\nname = \"pro\"\nquotas = [{{ limit = 5, per = \"second\" }}]\n\

@@ -1,6 +1,9 @@
 //! `Resetter`: a client's count forgotten through a real axum `Router`, under every limit of the
 //! policy, and the answers when it cannot be.
 
+// The peer-address extractors these tests use come with the default `axum` feature.
+#![cfg(feature = "axum")]
+
 mod common;
 
 use std::sync::Arc;
