@@ -47,7 +47,8 @@ pub enum ConfigError {
     /// [`Limit::new`](crate::Limit::new), which knows the algorithm; the message says which
     /// bound, and what to change.
     #[error(
-        "the quota {limit} per {period_micros} µs (burst {burst}) is too large for the {} algorithm: {}",
+        "the quota {limit} per {period_micros} µs{} is too large for the {} algorithm: {}",
+        BurstNote(*algorithm, *burst),
         algorithm.name(),
         too_large_hint(*algorithm)
     )]
@@ -91,6 +92,21 @@ pub enum ConfigError {
 }
 
 /// What bounds a quota under `algorithm`, and what to change, for [`ConfigError::TooLarge`].
+/// A quota's burst in [`ConfigError::TooLarge`]'s message, for the algorithms that have one (the
+/// window algorithms refuse a burst setting: naming one there would send the reader looking for
+/// it).
+struct BurstNote(Algorithm, u64);
+
+impl std::fmt::Display for BurstNote {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.0.uses_burst() {
+            write!(f, " (burst {})", self.1)
+        } else {
+            Ok(())
+        }
+    }
+}
+
 fn too_large_hint(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::TokenBucket | Algorithm::Gcra => {

@@ -424,6 +424,27 @@ mod tests {
         assert!(msg.contains("smaller limit"), "{msg}");
     }
 
+    /// A quota too large for its algorithm is named with its burst only where the algorithm has
+    /// one: the window algorithms refuse a burst setting, so naming one would send the reader
+    /// looking for it.
+    #[test]
+    fn a_too_large_quota_names_its_burst_only_for_the_bucket_algorithms() {
+        let day = Quota::per_day(2_000_000).unwrap();
+        let sliding = Limit::single(Algorithm::SlidingWindow, day).unwrap_err();
+        assert_eq!(
+            sliding.to_string(),
+            "the quota 2000000 per 86400000000 µs is too large for the sliding_window algorithm: \
+             limit × period (µs) must be at most 2^52; use a shorter period or a smaller limit"
+        );
+        let bucket = Limit::single(Algorithm::Gcra, Quota::per_day(52_127).unwrap()).unwrap_err();
+        assert!(
+            bucket
+                .to_string()
+                .starts_with("the quota 52127 per 86400000000 µs (burst 52127) is too large"),
+            "{bucket}"
+        );
+    }
+
     /// The bucket's bound (`burst × period / gcd(limit, period)` within 2^52) holds only the
     /// algorithms that count in a bucket: 52,127 a day (prime to a day's microseconds) is refused
     /// to them, with their bound, and taken by the window algorithms, whose shares are not
