@@ -91,7 +91,6 @@ pub enum ConfigError {
     },
 }
 
-/// What bounds a quota under `algorithm`, and what to change, for [`ConfigError::TooLarge`].
 /// A quota's burst in [`ConfigError::TooLarge`]'s message, for the algorithms that have one (the
 /// window algorithms refuse a burst setting: naming one there would send the reader looking for
 /// it).
@@ -107,6 +106,7 @@ impl std::fmt::Display for BurstNote {
     }
 }
 
+/// What bounds a quota under `algorithm`, and what to change, for [`ConfigError::TooLarge`].
 fn too_large_hint(algorithm: Algorithm) -> &'static str {
     match algorithm {
         Algorithm::TokenBucket | Algorithm::Gcra => {

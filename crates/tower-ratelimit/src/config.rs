@@ -474,8 +474,8 @@ fn limit(algorithm: Algorithm, quotas: &[QuotaConfig], prefix: &str) -> Result<L
         .collect::<Result<Vec<_>, _>>()?;
     Limit::new(algorithm, quotas.iter().copied()).map_err(|e| {
         // A quota its algorithm cannot count is named, by the very error it gives alone; any
-        // other error (the number of quotas, two quotas that contradict each other) is the
-        // list's, even where a quota of it would be refused too.
+        // other error (the number of quotas) is the list's, even where a quota of it would be
+        // refused alone too.
         let i = quotas
             .iter()
             .position(|&q| Limit::single(algorithm, q).err().as_ref() == Some(&e));
