@@ -9,7 +9,8 @@
 //!
 //! When no key can be found (no API-key header, no user in the extensions, no peer address), the
 //! answer is the policy's [`MissingKey`](crate::MissingKey) setting: reject with a chosen status
-//! (400 by default) or count the request against one shared fallback key. It is never a 500.
+//! (400 by default) or count the request against one shared fallback key. It is never an
+//! internal error: no 500 unless one was chosen as that status.
 //!
 //! # Built-in extractors
 //!
@@ -806,7 +807,11 @@ impl KeyPart for IpAddr {
 /// A request without the header, with an empty value, or with the header more than once has no
 /// key: of two values, an authentication layer in front might check one and this layer count the
 /// other, so a client could spend someone else's quota under its own valid key. The last two are
-/// [`unusable`](KeyExtractor::unusable) keys, which neither [`or`] nor a shared key takes.
+/// [`unusable`](KeyExtractor::unusable) keys, which neither [`or`] nor a shared key takes. One
+/// line holding two values (`x-api-key: k1, k2`, which HTTP takes as the header sent twice, and a
+/// proxy merging repeated lines writes) is one key here, `k1, k2`, made of both: an
+/// authentication layer that reads such a line as a list, or only its first value, must refuse
+/// it, or the client counts under a key no other request of its has.
 ///
 /// Spaces and tabs around the value are not part of it ([`header_value_trimmed`]): HTTP/1's
 /// parser drops them, but HTTP/2's and HTTP/3's need not, and `"k"`, `"k "` and `" k"` would
@@ -1084,11 +1089,12 @@ impl KeyExtractor for GlobalKey {
 /// and `PATCH` shares the marker `OTHER`. The standard methods count apart, so a route that
 /// serves several (`any(..)`) has a quota per method; leave `RouteKey` out of the key, or key
 /// on `MatchedPath` alone with a closure, to count them together. Requests with no matched route
-/// (outside a router, or a fallback) share the marker `<unmatched>`, and so do the requests of a
-/// service mounted with `Router::nest_service` (axum sets no `MatchedPath` for them): every
-/// `nest_service` mount then shares one key per client with the 404s. Mount a `Router` with
-/// `Router::nest` instead (its routes are matched: `/api/users/{id}`), or key such a mount with a
-/// closure on a fixed prefix. Combine it with a client key to limit each client per route:
+/// (outside a router, or a fallback) share the marker `<unmatched>`, and so do the requests below
+/// a service mounted with `Router::nest_service` (axum sets no `MatchedPath` for its
+/// `{prefix}/{*tail}` route): the paths under every `nest_service` mount share one key per client
+/// with the 404s, while the mount's own path and that path with a slash (`/auth`, `/auth/`) are
+/// matched routes with a key each (axum 0.8). Mount a `Router` with `Router::nest` instead (its
+/// routes are matched: `/api/users/{id}`), or key such a mount with a closure on a fixed prefix. Combine it with a client key to limit each client per route:
 /// `(RouteKey::new(), ApiKeyHeader::new("x-api-key")?)`.
 ///
 /// A request built to reset a client ([`Resetter::reset`](crate::Resetter::reset) from an admin

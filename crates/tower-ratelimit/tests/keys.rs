@@ -591,6 +591,43 @@ async fn route_and_user_combined() {
     assert_eq!(statuses(&app, other, 3).await, [200, 200, 429]);
 }
 
+/// Under a `nest_service` mount, axum sets no `MatchedPath` for the paths below the mount: they
+/// share `<unmatched>` with the 404s, while the mount's own path and that path with a slash are
+/// matched routes of their own (as `RouteKey`'s docs say).
+#[tokio::test]
+async fn route_keys_under_a_nest_service_mount() {
+    let (_clock, store) = store();
+    let one_a_minute =
+        Limit::single(Algorithm::TokenBucket, Quota::per_minute(1).unwrap()).unwrap();
+    let policy = Policy::new("per-route", one_a_minute)
+        .unwrap()
+        .key((RouteKey::new(), ApiKeyHeader::new("x-api-key").unwrap()));
+    let mounted = Router::new()
+        .route("/", get(|| async { "root" }))
+        .route("/login", get(|| async { "login" }));
+    let app = Router::new()
+        .route("/other", get(|| async { "other" }))
+        .nest_service("/auth", mounted)
+        .layer(RateLimitLayer::new(store, policy).unwrap());
+    let status = |path: &'static str| {
+        let app = app.clone();
+        async move {
+            send(&app, with_header(request(path), "x-api-key", "k"))
+                .await
+                .status()
+                .as_u16()
+        }
+    };
+    // A 404 spends the client's `<unmatched>` unit, which the paths below the mount share.
+    assert_eq!(status("/nope").await, 404);
+    assert_eq!(status("/auth/login").await, 429);
+    // The mount's own path, with and without its slash, and another route: a key each.
+    assert_eq!(status("/auth").await, 200);
+    assert_eq!(status("/auth").await, 429);
+    assert_eq!(status("/auth/").await, 200);
+    assert_eq!(status("/other").await, 200);
+}
+
 #[tokio::test]
 async fn a_client_choosing_methods_does_not_multiply_a_route_quota() {
     let (_clock, store) = store();
