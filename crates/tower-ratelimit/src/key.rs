@@ -811,7 +811,8 @@ impl KeyPart for IpAddr {
 /// line holding two values (`x-api-key: k1, k2`, which HTTP takes as the header sent twice, and a
 /// proxy merging repeated lines writes) is one key here, `k1, k2`, made of both: an
 /// authentication layer that reads such a line as a list, or only its first value, must refuse
-/// it, or the client counts under a key no other request of its has.
+/// it: else a client authenticated as `k1` is counted under a key it can make anew with every
+/// request (`k1, 1`, `k1, 2`, ...), and never reaches a limit.
 ///
 /// Spaces and tabs around the value are not part of it ([`header_value_trimmed`]): HTTP/1's
 /// parser drops them, but HTTP/2's and HTTP/3's need not, and `"k"`, `"k "` and `" k"` would
