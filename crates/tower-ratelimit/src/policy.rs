@@ -342,8 +342,9 @@ impl Policy {
         self
     }
 
-    /// The cost of each request (default 1). A cost of 0 checks without consuming, and is always
-    /// let through: a cost computed from the request (say its body's length in KiB) should be at
+    /// The cost of each request (default 1). A cost of 0 checks without consuming, and the limit
+    /// always lets it through (a store that cannot answer still gets the failure policy's answer,
+    /// a 503 when failing closed): a cost computed from the request (say its body's length in KiB) should be at
     /// least 1 (`(len / 1024).max(1)`) unless small requests are meant to be free. A cost larger
     /// than the limit can ever hold is denied with no `Retry-After` (it would never pass); its
     /// `RateLimit` field reports the quota as it stands (no `t` when it is full), and the body (or

@@ -104,6 +104,18 @@ async fn fail_closed_answers_503_with_retry_after() {
     assert_eq!(res.status(), 503);
     assert_eq!(header(&res, "retry-after"), Some("2"));
     assert_eq!(verdict(&res), VerdictKind::FailedClosed);
+    // A cost of 0, which the limit always lets through, still needs the store's answer.
+    let free = RateLimitLayer::new(
+        FailingStore::default(),
+        Policy::new("login", per_minute(5))
+            .unwrap()
+            .cost(|_| 0)
+            .failure(FailurePolicy::fail_closed(Duration::from_millis(1_500))),
+    )
+    .unwrap();
+    let res = send(&app(free), request("/")).await;
+    assert_eq!(res.status(), 503);
+    assert_eq!(verdict(&res), VerdictKind::FailedClosed);
 }
 
 /// A dry run never denies, not even when its store fails and its failure policy would fail
