@@ -1095,7 +1095,8 @@ impl KeyExtractor for GlobalKey {
 /// `{prefix}/{*tail}` route): the paths under every `nest_service` mount share one key per client
 /// with the 404s, while the mount's own path and that path with a slash (`/auth`, `/auth/`) are
 /// matched routes with a key each (axum 0.8). Mount a `Router` with `Router::nest` instead (its
-/// routes are matched: `/api/users/{id}`), or key such a mount with a closure on a fixed prefix. Combine it with a client key to limit each client per route:
+/// routes are matched: `/api/users/{id}`), or key such a mount with a closure on a fixed prefix.
+/// Combine it with a client key to limit each client per route:
 /// `(RouteKey::new(), ApiKeyHeader::new("x-api-key")?)`.
 ///
 /// A request built to reset a client ([`Resetter::reset`](crate::Resetter::reset) from an admin

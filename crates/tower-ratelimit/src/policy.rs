@@ -343,13 +343,13 @@ impl Policy {
     }
 
     /// The cost of each request (default 1). A cost of 0 checks without consuming, and the limit
-    /// always lets it through (a store that cannot answer still gets the failure policy's answer,
-    /// a 503 when failing closed): a cost computed from the request (say its body's length in KiB) should be at
-    /// least 1 (`(len / 1024).max(1)`) unless small requests are meant to be free. A cost larger
-    /// than the limit can ever hold is denied with no `Retry-After` (it would never pass); its
-    /// `RateLimit` field reports the quota as it stands (no `t` when it is full), and the body (or
-    /// the problem's `detail`, or the gRPC message) says that the request costs more than the
-    /// limit can ever admit at once.
+    /// always lets it through (a store that cannot answer still gets the failure policy's answer, a
+    /// 503 when failing closed): a cost computed from the request (say its body's length in KiB)
+    /// should be at least 1 (`(len / 1024).max(1)`) unless small requests are meant to be free. A
+    /// cost larger than the limit can ever hold is denied with no `Retry-After` (it would never
+    /// pass); its `RateLimit` field reports the quota as it stands (no `t` when it is full), and
+    /// the body (or the problem's `detail`, or the gRPC message) says that the request costs more
+    /// than the limit can ever admit at once.
     ///
     /// The cost is decided from the request's head, before its body is read: a body's length is
     /// its `Content-Length`, which a chunked request (HTTP/1.1 `Transfer-Encoding: chunked`, or
