@@ -1104,11 +1104,12 @@ impl<S: Store, C: Clock + 'static> Store for Leasing<S, C> {
         self.shared.inner.failure_domain(key)
     }
 
-    /// The wrapped store's: each call this store sends is bounded by it. A check can wait
-    /// longer: one that waits for another check's lease request and then goes to the store
-    /// itself (the lease failed, or could not spare its cost) waits for both calls, up to twice
-    /// this (more over a store that queues a check behind the call in flight, as the Redis
-    /// crate's coalescing store does). The tower layer's own timeout bounds the whole wait.
+    /// The wrapped store's: each call this store sends is bounded by it. A check can wait for
+    /// up to three calls in a row, so up to three times this: a lease request denied, the
+    /// request for exactly the units the denial said were left, denied too, then its own cost
+    /// (a check waiting on another's lease request waits through the same calls); more over a
+    /// store that queues a check behind the call in flight, as the Redis crate's coalescing
+    /// store does. The tower layer's own timeout bounds the whole wait.
     fn response_timeout(&self) -> Option<std::time::Duration> {
         self.shared.inner.response_timeout()
     }

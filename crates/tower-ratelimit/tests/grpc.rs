@@ -2,9 +2,6 @@
 //! client, which reads a denial as the gRPC status `RESOURCE_EXHAUSTED` with the wait in its
 //! metadata.
 
-// The peer-address extractors these tests use come with the default `axum` feature.
-#![cfg(feature = "axum")]
-
 mod common;
 
 use std::net::SocketAddr;
@@ -372,6 +369,8 @@ async fn an_answer_made_after_waiting_for_the_store_is_a_grpc_status() {
 /// Behind tonic's own server the default key (`PeerIp`, axum's `ConnectInfo`) finds none, and
 /// every call gets the missing-key answer, `INVALID_ARGUMENT`; keyed by a closure on tonic's
 /// `TcpConnectInfo`, as `DenialBody::Grpc`'s docs show, calls count against their peer.
+// The policy's default key, the peer address, comes with the default `axum` feature.
+#[cfg(feature = "axum")]
 #[tokio::test]
 async fn behind_tonics_own_server_a_closure_keys_calls_by_their_peer() {
     use tonic::transport::server::TcpConnectInfo;
