@@ -866,10 +866,8 @@ fn item_starts(value: &[u8]) -> impl Iterator<Item = usize> + '_ {
             match b {
                 _ if escaped => escaped = false,
                 b'\\' if !display => escaped = true,
-                b'"' => {
-                    in_string = false;
-                    prev = b;
-                }
+                // `prev` is still the opening quote.
+                b'"' => in_string = false,
                 _ => {}
             }
             return None;
