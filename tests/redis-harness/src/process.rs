@@ -2,8 +2,10 @@
 //! that the servers they started go with them), and processes seen from `/proc`, for the tests
 //! that check it.
 
-use std::process::{Child, Command, ExitStatus};
+use std::process::{Child, ExitStatus};
 use std::time::{Duration, Instant};
+
+use rustix::process::{Pid, Signal, kill_process};
 
 /// The pids of the processes running now (those `/proc` lists).
 fn pids() -> impl Iterator<Item = u32> {
@@ -116,13 +118,28 @@ pub fn wait_for_child(parent: u32, name: &str, timeout: Duration) -> Option<u32>
     }
 }
 
-/// Sends `signal` (`"-TERM"`, `"-INT"`) to `pid`, through `sh`, whose `kill` is a builtin:
-/// minimal images have `sh` but not always `/bin/kill` (Debian's `procps`).
+/// Sends `signal`, named as `kill` names it (`"-TERM"`, `"-INT"`, `"-HUP"`, `"-QUIT"`,
+/// `"-KILL"`, `"-STOP"`, `"-CONT"`), to `pid` with the `kill` system call. False when it could
+/// not be sent (the process is gone, or the pid is not one).
+///
+/// # Panics
+///
+/// On a name not in that list: a test's mistake, not a process that could not be signalled.
 pub fn send_signal(pid: u32, signal: &str) -> bool {
-    Command::new("sh")
-        .args(["-c", "kill \"$0\" \"$1\"", signal, &pid.to_string()])
-        .status()
-        .is_ok_and(|s| s.success())
+    let signal = match signal {
+        "-TERM" => Signal::TERM,
+        "-INT" => Signal::INT,
+        "-HUP" => Signal::HUP,
+        "-QUIT" => Signal::QUIT,
+        "-KILL" => Signal::KILL,
+        "-STOP" => Signal::STOP,
+        "-CONT" => Signal::CONT,
+        other => panic!("send_signal: no signal named {other:?}"),
+    };
+    let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw) else {
+        return false;
+    };
+    kill_process(pid, signal).is_ok()
 }
 
 /// `child`'s exit status, waited for up to `timeout`; past it, the child is killed and `None`
