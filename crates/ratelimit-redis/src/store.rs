@@ -690,6 +690,13 @@ pub(crate) fn is_broken(e: &RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error()
 }
 
+/// Whether the server took the connection as unauthenticated: `NOAUTH`, or, for a command of
+/// more than a few arguments (as the scripts' calls are), "Protocol error: unauthenticated
+/// multibulk length", after which it closes the connection.
+fn unauthenticated(e: &RedisError) -> bool {
+    e.code() == Some("NOAUTH") || e.to_string().contains("unauthenticated")
+}
+
 /// A slot's opening in progress: ended (and its waiters woken) when this drops. An opening that
 /// did not run to its end (its task dropped with its runtime, even unrun) counts as a failed one,
 /// so that its waiters return an error rather than start another opening at once (on a runtime
@@ -796,10 +803,15 @@ impl Inner {
         // other masters' keys go on being served over it, and a new one could only be made from
         // the seed list, which may be the dead node alone. A cluster connection that stops
         // answering is probed and replaced as a silent one is (see `probe`).
-        let readonly =
-            matches!(&reply, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly));
+        //
+        // So is one that the server takes as unauthenticated (`NOAUTH`, or "unauthenticated
+        // multibulk length", after which the server closes it): a password set on the server
+        // that the URL does not give (rotated server first). redis-rs lets a new connection's
+        // set-up commands be refused without failing the opening, so the refusal comes here.
+        let unusable = matches!(&reply, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
+            || unauthenticated(e));
         let replace = matches!(conn, Conn::Single(_))
-            && (readonly || matches!(&reply, Err(e) if is_broken(e)));
+            && (unusable || matches!(&reply, Err(e) if is_broken(e)));
         if replace {
             // Sent on a connection made less than the gap before: judged by when the command
             // went, not by when the answer came, so that a long round trip does not hide it.
@@ -808,12 +820,14 @@ impl Inner {
                 Duration::from_micros(sent.saturating_sub(installed)) < RECONNECT_GAP
             };
             // A connection just made answered READONLY too: the address still leads to a replica
-            // (a DNS name or virtual IP not yet moved after a failover). The next opening waits
-            // the reconnect gap, as after a failed one, rather than every check making a
-            // connection to the same replica. Recorded as the slot is emptied, under its lock: a
-            // check that found it empty before the record would open at once, skipping the gap.
+            // (a DNS name or virtual IP not yet moved after a failover); or was refused as
+            // unauthenticated: the server still asks a password the URL does not give. The next
+            // opening waits the reconnect gap, as after a failed one, rather than every check
+            // making a connection to the same server. Recorded as the slot is emptied, under its
+            // lock: a check that found it empty before the record would open at once, skipping
+            // the gap.
             let failure = match &reply {
-                Err(e) if readonly && young() => Some(RedisStoreError::Redis(e.clone())),
+                Err(e) if unusable && young() => Some(RedisStoreError::Redis(e.clone())),
                 _ => None,
             };
             self.discard_with(slot, generation, failure);
