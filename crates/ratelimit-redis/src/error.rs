@@ -72,8 +72,9 @@ impl RedisStoreError {
     /// it is done), or, on a cluster, down (`CLUSTERDOWN`: a slot without a master), in a slot
     /// migration that holds part of a check's keys (`TRYAGAIN`), or a replica cut off from its
     /// master (`MASTERDOWN`), each answered until the cluster mends (the client resends such a
-    /// check for about 2 s, then gives the error). As opposed to Redis answering with an error
-    /// that waiting will not mend.
+    /// check for about 2 s, then gives the error); or busy running another client's script past
+    /// its `busy-reply-threshold` (`BUSY`, answered until that script ends or is killed). As
+    /// opposed to Redis answering with an error that waiting will not mend.
     /// A connection that Redis refused for its credentials
     /// ([`is_refused_credentials`](Self::is_refused_credentials)), or an address where something
     /// other than a usable Redis answered ([`is_wrong_server`](Self::is_wrong_server)), is not
@@ -90,6 +91,7 @@ impl RedisStoreError {
                     || e.is_connection_dropped()
                     || e.is_timeout()
                     || e.kind() == redis::ErrorKind::ClusterConnectionNotFound
+                    || e.code() == Some("BUSY")
                     || matches!(
                         e.kind(),
                         redis::ErrorKind::Server(

@@ -247,6 +247,51 @@ async fn a_password_set_while_running_waits_the_reconnect_gap_between_openings()
     );
 }
 
+/// Another client's script running past `busy-reply-threshold` has Redis answer `BUSY` to every
+/// command until it ends or is killed: the check's script did not run, and waiting mends it, so
+/// the error is `is_unavailable`, as `LOADING` is. The store checks again once it is killed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_with_another_script_is_unavailable() {
+    let server = RedisServer::start();
+    let store = RedisStore::builder(server.url())
+        .prefix(unique_prefix("busy"))
+        .build()
+        .await
+        .unwrap();
+    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+    server.cli(&["config", "set", "busy-reply-threshold", "100"]);
+    let port = server.port().to_string();
+    let mut busy = std::process::Command::new("redis-cli")
+        .args(["-p", &port, "eval", "while true do end", "0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .unwrap();
+    // Checks answered before the script starts; those sent before the threshold wait for it
+    // (and may time out); then `BUSY`.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    let err = loop {
+        assert!(Instant::now() < deadline, "no BUSY answer within 10 s");
+        match store.check(b"k", &limit(), 1).await {
+            Err(e) if e.to_string().contains("BUSY") => break e,
+            Ok(_) | Err(RedisStoreError::Timeout { .. }) => {}
+            Err(other) => panic!("a check while a script runs: {other:?}"),
+        }
+    };
+    assert!(err.is_unavailable(), "{err}");
+    assert!(
+        !err.is_refused_credentials() && !err.is_wrong_server(),
+        "{err}"
+    );
+    let killed = std::process::Command::new("redis-cli")
+        .args(["-p", &port, "script", "kill"])
+        .output()
+        .unwrap();
+    assert!(killed.status.success(), "{killed:?}");
+    busy.wait().unwrap();
+    assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
+}
+
 /// The least a Redis user needs (docs/redis.md, "Access control"): the store's own commands, the
 /// commands its scripts call (ACLs apply to those too), and its prefix's keys. Every algorithm,
 /// admitted and denied, single and several quotas, works under that user; a key outside the
