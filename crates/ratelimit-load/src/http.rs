@@ -129,9 +129,11 @@ impl Conn {
         let mut eof = false;
         loop {
             if let Some(whole) = parse_response(&self.buf, eof)? {
+                // The server closes this connection: the next request opens another. So does
+                // one that sent more than this response: only one request is ever in flight, so
+                // the bytes after it answer none, and would be read as the next request's answer.
+                self.broken |= whole.close || whole.len < self.buf.len();
                 self.buf.drain(..whole.len);
-                // The server closes this connection: the next request opens another.
-                self.broken |= whole.close;
                 return Ok(whole.status);
             }
             if eof {
@@ -424,6 +426,39 @@ mod tests {
             429,
             "over a new connection"
         );
+        drop(conn);
+        server.await.unwrap();
+    }
+
+    /// A server that sends more than the one response asked for: the bytes after it answer no
+    /// request (only one is ever in flight), so the next request goes over a new connection
+    /// and gets its own answer, not the extra one.
+    #[tokio::test]
+    async fn bytes_after_a_response_are_never_read_as_the_next_answer() {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            let (mut first, _) = listener.accept().await.unwrap();
+            let _ = first.read(&mut buf).await.unwrap();
+            first
+                .write_all(
+                    b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\n\r\n\
+                      HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+                )
+                .await
+                .unwrap();
+            let (mut second, _) = listener.accept().await.unwrap();
+            let _ = second.read(&mut buf).await.unwrap();
+            let denied = b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\n\r\n";
+            second.write_all(denied).await.unwrap();
+            // Keeps both open until the client is done.
+            let _ = second.read(&mut buf).await;
+            drop(first);
+        });
+        let mut conn = Conn::connect(addr).await.unwrap();
+        assert_eq!(conn.request(b"a").await.unwrap(), 429);
+        assert_eq!(conn.request(b"b").await.unwrap(), 429, "b's own answer");
         drop(conn);
         server.await.unwrap();
     }
