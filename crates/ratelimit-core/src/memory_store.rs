@@ -113,7 +113,10 @@ impl<C> MemoryStoreBuilder<C> {
     ///
     /// The cap is split evenly over the store's shards, so the store holds at most `max_keys`
     /// rounded down to a multiple of their number (1,000 over the 32 shards of a store of that
-    /// size is 992), never more: [`MemoryStore::max_keys`] tells the cap in force.
+    /// size is 992), never more: [`MemoryStore::max_keys`] tells the cap in force. Keys do not
+    /// fall evenly over the shards, so evictions begin when the first shard fills, before the
+    /// store holds that many (from about 98% of a 1,000,000 cap, 83% of 10,000 in
+    /// `docs/memory-store.md`'s runs): size it above the live keys expected.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self
@@ -406,7 +409,9 @@ impl<C> MemoryStore<C> {
         self.per_shard_cap * self.shards.len()
     }
 
-    /// How many states a sweep could not show fresh were dropped because the store was full. Each
+    /// How many states a sweep could not show fresh were dropped because their shard was full
+    /// (the cap is split over the shards, so this can start before [`len`](Self::len) reaches
+    /// [`max_keys`](Self::max_keys): see `docs/memory-store.md`). Each
     /// may have let its key pass up to its quota's capacity more than an unbounded store would
     /// have. (A window state's fresh time is kept rounded up, by less than its period: one fresh
     /// already within that rounding counts too; see `docs/memory-store.md`.)

@@ -242,8 +242,10 @@ impl<St: Store> RateLimitLayerBuilder<St> {
     }
 
     /// The most keys the local fallback store holds (with [`FailurePolicy::Fallback`]; default
-    /// 1,000,000, at least 1; docs/memory-store.md gives the memory per key). At the cap it
-    /// drops the keys nearest to fresh.
+    /// 1,000,000, at least 1; docs/memory-store.md gives the memory per key). The cap is split
+    /// over the store's shards: when a shard is full, which can come a little before the store
+    /// holds `max_keys` keys (docs/memory-store.md), it drops that shard's keys nearest to
+    /// fresh.
     pub fn fallback_max_keys(mut self, max_keys: usize) -> Self {
         self.fallback_max_keys = max_keys;
         self
