@@ -243,6 +243,47 @@ fn describe_store(config: &Config) -> String {
     store + &extras
 }
 
+/// The log filter `RUST_LOG` gives (`info` if it is unset). A directive that does not parse (a
+/// mistyped level, `hyper=warnn`) is left out with a warning, and the others kept: not the whole
+/// variable dropped for `info` without a word, as `EnvFilter::try_from_default_env` would have
+/// it. (tracing-subscriber's own lenient parse warns with `eprintln!`, which panics on a stderr
+/// that cannot be written.)
+fn log_filter() -> tracing_subscriber::EnvFilter {
+    use tracing_subscriber::EnvFilter;
+    use tracing_subscriber::filter::Directive;
+    let Some(value) = std::env::var_os("RUST_LOG") else {
+        return EnvFilter::new("info");
+    };
+    let Some(value) = value.to_str() else {
+        tell(format_args!(
+            "warning: RUST_LOG is not UTF-8: logging at info"
+        ));
+        return EnvFilter::new("info");
+    };
+    if let Ok(filter) = EnvFilter::builder().parse(value) {
+        return filter;
+    }
+    let mut kept = Vec::new();
+    for directive in value.split(',').filter(|d| !d.is_empty()) {
+        match directive.parse::<Directive>() {
+            Ok(_) => kept.push(directive),
+            Err(e) => tell(format_args!(
+                "warning: RUST_LOG: ignoring `{}`: {e}",
+                directive.escape_debug()
+            )),
+        }
+    }
+    match EnvFilter::builder().parse(kept.join(",")) {
+        Ok(filter) if !kept.is_empty() => filter,
+        _ => {
+            tell(format_args!(
+                "warning: RUST_LOG has no directive that parses: logging at info"
+            ));
+            EnvFilter::new("info")
+        }
+    }
+}
+
 #[tokio::main]
 async fn main() -> ExitCode {
     // The rate limiter's events (store failures and timeouts, the circuit breaker) and the
@@ -254,10 +295,7 @@ async fn main() -> ExitCode {
         .with_writer(std::io::stderr)
         .log_internal_errors(false)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
+        .with_env_filter(log_filter())
         .init();
     let args = match parse_args() {
         Ok(a) => a,

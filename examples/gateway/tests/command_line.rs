@@ -58,6 +58,36 @@ fn an_endless_configuration_file_is_refused() {
 
 /// `--config=PATH` takes a path that is not UTF-8 as it is, as `--config PATH` does; and
 /// `--redis=URL` refuses a URL that is not UTF-8 as `--redis URL` does.
+/// A `RUST_LOG` directive that does not parse is named in a warning and left out; the others
+/// are kept (was: the whole variable dropped for `info`, without a word).
+#[test]
+fn a_rust_log_directive_that_does_not_parse_is_named_and_the_others_kept() {
+    let check = |rust_log: &str| {
+        let out = Command::new(env!("CARGO_BIN_EXE_example-gateway"))
+            .args(["--config", "gateway.toml", "--check"])
+            .env("RUST_LOG", rust_log)
+            .output()
+            .expect("run the gateway");
+        assert_eq!(out.status.code(), Some(0), "{out:?}");
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let err = check("debug,hyper=warnn");
+    assert!(
+        err.contains("warning: RUST_LOG: ignoring `hyper=warnn`"),
+        "{err}"
+    );
+    assert!(!err.contains("no directive that parses"), "{err}");
+    // (`warnn` alone would be a target's name, and parse.)
+    let err = check("hyper=warnn");
+    assert!(err.contains("ignoring `hyper=warnn`"), "{err}");
+    assert!(
+        err.contains("no directive that parses: logging at info"),
+        "{err}"
+    );
+    let err = check("debug");
+    assert!(!err.contains("RUST_LOG"), "{err}");
+}
+
 #[test]
 fn a_flags_inline_value_is_taken_as_given() {
     let dir = tempfile::tempdir().unwrap();
