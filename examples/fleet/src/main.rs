@@ -13,8 +13,9 @@
 //! Without `--redis URL`, a redis-server is started on a free loopback port for the run (it
 //! must be installed: `apt-get install redis-server`), and stopped at the end.
 //!
-//! The limit uses the sliding log, which is exact over any minute: the run takes a few seconds,
-//! so the numbers do not depend on how fast this machine is.
+//! The limit uses the sliding log, which is exact over any minute: the run takes a few seconds at
+//! the default size (longer for fleets of hundreds of gateways), so the numbers do not depend on
+//! how fast this machine is.
 
 use std::fmt::Write as _;
 
@@ -104,7 +105,7 @@ impl Report {
         );
         let _ = writeln!(
             s,
-            "{:<10}{:>9}{:>7}{:>10}{:>8}{:>8}{:>8}",
+            "{:<10}{:>9}{:>7}{:>10}{:>8}{:>8}{:>10}",
             "user", "gateways", "sent", "admitted", "denied", "errors", "limit"
         );
         for r in &self.rows {
@@ -115,7 +116,7 @@ impl Report {
             };
             let _ = writeln!(
                 s,
-                "{:<10}{:>9}{:>7}{:>10}{:>8}{:>8}{:>8}",
+                "{:<10}{:>9}{:>7}{:>10}{:>8}{:>8}{:>10}",
                 r.user, r.gateways, r.sent, r.admitted, r.denied, r.errors, limit
             );
         }
@@ -205,8 +206,47 @@ async fn send_all(gateways: Arc<Vec<Router>>, user: String, targets: Vec<usize>)
     row
 }
 
+/// Open files a fleet of `gateways` sharing Redis needs: each gateway's two connections (its
+/// store's `pool_size`), and a margin for the rest. The `redis-server` the run starts needs as
+/// many for their other ends, and inherits this process's limit.
+fn open_files_needed(gateways: u64) -> u64 {
+    gateways * 2 + 64
+}
+
+/// Raises this process's soft limit of open files to `needed` if it is lower (a soft limit of
+/// 1,024 is a common default, about 480 gateways), up to its hard limit; past that, says what
+/// to do, rather than the run failing midway with "Too many open files" or a `redis-server`
+/// that lowered its `maxclients` resetting connections.
+fn raise_open_files(gateways: u64, needed: u64) -> Result<(), String> {
+    use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let limit = getrlimit(Resource::Nofile);
+    let soft = limit.current.unwrap_or(u64::MAX);
+    if soft >= needed {
+        return Ok(());
+    }
+    let hard = limit.maximum.unwrap_or(u64::MAX);
+    if hard < needed {
+        return Err(format!(
+            "{gateways} gateways sharing Redis need about {needed} open files, and this process \
+             may open at most {hard} (its hard limit: `ulimit -Hn`): run fewer gateways, or \
+             raise the limit"
+        ));
+    }
+    setrlimit(
+        Resource::Nofile,
+        Rlimit {
+            current: Some(needed),
+            maximum: limit.maximum,
+        },
+    )
+    .map_err(|e| format!("cannot raise the open-file limit from {soft} to {needed}: {e}"))
+}
+
 /// Starts the fleet and drives the traffic.
 async fn run(options: Options) -> Result<Report, Box<dyn std::error::Error>> {
+    if !options.alone {
+        raise_open_files(options.gateways, open_files_needed(options.gateways))?;
+    }
     // A redis-server for the run, unless one was given or the gateways count alone.
     let server = match (&options.redis, options.alone) {
         (None, false) => {
@@ -493,7 +533,41 @@ mod tests {
         }
         let table = alone.table();
         assert!(
-            table.contains("spread            4    600       400     200       0   4x100"),
+            table.contains("spread            4    600       400     200       0     4x100"),
+            "{table}"
+        );
+    }
+
+    /// The widest cells the command line allows keep a space between columns: `--gateways
+    /// 1000 --alone` makes a limit of `1000x100`, which ran into the errors column's `0`.
+    #[test]
+    fn the_widest_cells_keep_their_columns_apart() {
+        let report = Report {
+            options: Options {
+                gateways: MAX_GATEWAYS,
+                users: 1,
+                redis: None,
+                alone: true,
+            },
+            store: String::new(),
+            rows: vec![Row {
+                user: "spread".to_owned(),
+                gateways: MAX_GATEWAYS,
+                sent: MAX_GATEWAYS * PER_GATEWAY,
+                admitted: MAX_GATEWAYS * LIMIT,
+                denied: MAX_GATEWAYS * (PER_GATEWAY - LIMIT),
+                errors: 0,
+            }],
+            elapsed: Duration::from_secs(1),
+        };
+        let table = report.table();
+        let line = table.lines().find(|l| l.starts_with("spread")).unwrap();
+        let cells: Vec<&str> = line.split_whitespace().collect();
+        assert_eq!(
+            cells,
+            [
+                "spread", "1000", "150000", "100000", "50000", "0", "1000x100"
+            ],
             "{table}"
         );
     }

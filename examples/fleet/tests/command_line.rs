@@ -53,6 +53,41 @@ fn a_redis_url_with_a_control_character_is_a_usage_error() {
     }
 }
 
+/// A fleet that needs more open files than the soft limit (a common 1,024 is about 480
+/// gateways) raises it up to the hard limit and runs; past the hard limit it says so at once,
+/// rather than failing midway with "Too many open files".
+#[cfg(unix)]
+#[test]
+fn a_low_open_file_limit_is_raised_or_named() {
+    if !redis_harness::redis_server_installed() {
+        panic!("redis-server is needed (Debian: apt-get install redis-server)");
+    }
+    let under = |ulimit: &str| {
+        Command::new("sh")
+            .args(["-c", &format!("ulimit {ulimit} && exec \"$0\" \"$@\"")])
+            .arg(env!("CARGO_BIN_EXE_example-fleet"))
+            .args(["--gateways", "100", "--users", "2"])
+            .output()
+            .expect("the fleet runs")
+    };
+    // 100 gateways need about 264 open files.
+    let out = under("-Sn 200");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{out:?}");
+    assert!(
+        stdout.contains("2 of 2 users admitted exactly their limit"),
+        "{stdout}"
+    );
+    let out = under("-n 200");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(1), "{stderr}");
+    assert!(
+        stderr.contains("100 gateways sharing Redis need about 264 open files")
+            && stderr.contains("at most 200"),
+        "{stderr}"
+    );
+}
+
 /// An argument that is not UTF-8 is a usage error (status 2) that names it, never a panic.
 #[cfg(unix)]
 #[test]
