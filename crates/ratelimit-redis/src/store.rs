@@ -1413,7 +1413,8 @@ impl RedisStoreBuilder {
     /// KEY`) with `tls` (native-tls); `tls-rustls` also takes PKCS#1 and SEC1 keys. With
     /// `tls-rustls`, for standalone servers and clusters alike; with `tls`, standalone servers
     /// only, as [`tls_root_certificate`](Self::tls_root_certificate). A certificate or key that
-    /// cannot be read is a [`RedisStoreError::Config`] of `build` naming this setting.
+    /// cannot be read is a [`RedisStoreError::Config`] of `build` naming this setting; so is,
+    /// with `tls-rustls`, an X.509 v1 certificate (rustls presents v3 only; `tls` takes both).
     #[cfg(any(feature = "tls", feature = "tls-rustls"))]
     pub fn tls_client_certificate(
         mut self,
@@ -2116,7 +2117,21 @@ fn rustls_client_identity(client: &redis::ClientTlsConfig) -> Result<(), String>
         .with_root_certificates(rustls::RootCertStore::empty())
         .with_client_auth_cert(chain, key)
         .map(drop)
-        .map_err(|e| e.to_string())
+        .map_err(|e| {
+            let text = e.to_string();
+            // rustls (webpki) parses X.509 v3 only, and words the refusal of this process's own
+            // certificate as of a peer's.
+            if matches!(e, rustls::Error::InvalidCertificate(_))
+                && text.contains("UnsupportedCertVersion")
+            {
+                "the certificate is X.509 v1, and rustls presents v3 certificates only: issue it \
+                 again with extensions (`openssl x509 -req` with an `-extfile` holding, say, \
+                 `extendedKeyUsage=clientAuth`), or build with the `tls` feature (native-tls)"
+                    .to_owned()
+            } else {
+                text
+            }
+        })
 }
 
 /// Installs aws-lc-rs's rustls provider as the process's default, unless one is installed already.

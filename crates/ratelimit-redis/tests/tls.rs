@@ -156,6 +156,62 @@ async fn a_client_certificate_for_a_server_that_asks_for_one() {
     }
 }
 
+/// rustls presents X.509 v3 certificates only; a v1 one (what `openssl x509 -req` writes without
+/// `-extfile`) is refused at `build` in words that say so, not rustls's "invalid peer
+/// certificate", which reads as the server's.
+#[cfg(feature = "tls-rustls")]
+#[tokio::test]
+async fn a_version_1_client_certificate_is_refused_by_name_under_rustls() {
+    let dir = tempfile::tempdir().unwrap();
+    let openssl = |args: &[&str]| {
+        let out = std::process::Command::new("openssl")
+            .current_dir(dir.path())
+            .args(args)
+            .output()
+            .expect("openssl runs");
+        assert!(out.status.success(), "openssl {args:?}: {out:?}");
+    };
+    openssl(&[
+        "req",
+        "-new",
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:P-256",
+        "-nodes",
+        "-keyout",
+        "client.key",
+        "-out",
+        "client.csr",
+        "-subj",
+        "/CN=client",
+    ]);
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "client.csr",
+        "-key",
+        "client.key",
+        "-days",
+        "2",
+        "-out",
+        "client.pem",
+    ]);
+    let read = |name: &str| std::fs::read(dir.path().join(name)).unwrap();
+    let err = RedisStore::builder("rediss://127.0.0.1:1")
+        .tls_client_certificate(read("client.pem"), read("client.key"))
+        .build()
+        .await
+        .unwrap_err();
+    assert_config(&err, "tls_client_certificate");
+    let text = err.to_string();
+    assert!(
+        text.contains("X.509 v1") && text.contains("v3") && !text.contains("peer"),
+        "{text}"
+    );
+}
+
 /// On native-tls the cluster client takes no certificate (it verifies against the system's roots
 /// only, and presents none): a cluster builder given one is refused at `build`, rather than the
 /// certificate being silently unused and every connection failing its handshake.
