@@ -39,7 +39,12 @@ use crate::{Limit, Store};
 ///   [`Leasing::forget`](crate::Leasing::forget); the Redis store announces its resets and
 ///   watches for other gateways' when asked to).
 /// - **Failure.** `Err` means the store could not be reached: the state may or may not have been
-///   forgotten (a reset that timed out may still run). Resetting again is harmless.
+///   forgotten (a reset that timed out may still run). Resetting again is harmless. A wrapper's
+///   reset dropped before its answer (a caller's timeout) that the store runs later ends the
+///   key's cached denials and lease at the drop, not at that run: a denial cached or a lease
+///   taken in between outlives the reset (a cached denial up to its `retry_after`; a lease's
+///   units on top of the fresh quota). Reset again once the store answers, or, over Redis, watch
+///   resets: the late reset's own announcement then ends them.
 ///
 /// ```
 /// use std::future::Future;

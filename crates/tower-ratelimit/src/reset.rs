@@ -141,7 +141,9 @@ pub enum ResetError<E> {
          client): reset it with a request that carries the key, or by IP address"
     )]
     NotOneValue,
-    /// The store did not answer within the layer's timeout. The reset may still happen.
+    /// The store did not answer within the layer's timeout. The reset may still happen; if it
+    /// does, a denial this process cached or a lease it took before it ran may outlive it
+    /// (`ratelimit_core::Reset`, "Failure"): reset again once the store answers.
     #[error("the rate-limit store did not answer the reset within {0:?}")]
     Timeout(Duration),
     /// The store failed. The state may or may not have been forgotten.
