@@ -807,18 +807,23 @@ impl Prepared {
 
     /// Whether a field line of the inner service's names an item as this policy does: an item
     /// of the list (not text within a string: `"a\"up";` names `a"up`, not `up`) that is one
-    /// of this policy's item names, with parameters or without.
+    /// of this policy's item names, with parameters or without, as a String (`"api"`, as this
+    /// layer writes it) or as a Token (`api`, which the draft's revisions after -10 take too).
     #[cold]
     fn names_an_item(&self, value: &HeaderValue) -> bool {
         let value = value.as_bytes();
+        // The name as a whole, followed by its parameters, the next item, or the end.
+        let names = |start: usize, name: &[u8]| {
+            value[start..].strip_prefix(name).is_some_and(|after| {
+                matches!(after.first(), None | Some(b';' | b',' | b' ' | b'\t'))
+            })
+        };
         item_starts(value).any(|start| {
             self.items.iter().any(|item| {
-                // `"name";r=` up to the closing quote: the item's name as a whole, followed by
-                // its parameters, the next item, or the end.
-                let name = &item[..item.len() - 3];
-                value[start..].strip_prefix(name).is_some_and(|after| {
-                    matches!(after.first(), None | Some(b';' | b',' | b' ' | b'\t'))
-                })
+                // `"name";r=` up to the closing quote, and the name inside the quotes.
+                let quoted = &item[..item.len() - 3];
+                let bare = &quoted[1..quoted.len() - 1];
+                names(start, quoted) || (is_token(bare) && names(start, bare))
             })
         })
     }
@@ -849,6 +854,15 @@ impl Prepared {
             }
         }
     }
+}
+
+/// Whether `s` is a structured-field Token (RFC 9651, 3.3.4): a letter or `*`, then token
+/// characters (RFC 9110's `tchar`), `:` or `/`. A name with a `"` or `\\`, escaped in its String
+/// form, is none.
+fn is_token(s: &[u8]) -> bool {
+    let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b);
+    matches!(s.first(), Some(b) if b.is_ascii_alphabetic() || *b == b'*')
+        && s.iter().all(|&b| tchar(b))
 }
 
 /// Where the items of a structured-field list (RFC 9651) start in `value`: at its start and after

@@ -279,6 +279,37 @@ async fn headers_set_by_the_inner_service_are_kept() {
     .await;
     assert_eq!(header_lines(&res, "ratelimit"), ["\"api\";r=8;t=1"]);
     assert!(header_lines(&res, "ratelimit-policy").is_empty());
+    // The same name as a Token (`api`, not `"api"`: the draft's later revisions take either
+    // form for a policy's name) is the same name: none added.
+    let res = send(
+        &inner_sets(&[
+            ("ratelimit-policy", "api;q=9;w=9"),
+            ("ratelimit", "api;r=8;t=1"),
+        ]),
+        request("/"),
+    )
+    .await;
+    assert_eq!(header_lines(&res, "ratelimit-policy"), ["api;q=9;w=9"]);
+    assert_eq!(header_lines(&res, "ratelimit"), ["api;r=8;t=1"]);
+    let res = send(
+        &inner_sets(&[("ratelimit", "other, api ;r=8;t=1")]),
+        request("/"),
+    )
+    .await;
+    assert_eq!(header_lines(&res, "ratelimit"), ["other, api ;r=8;t=1"]);
+    assert!(header_lines(&res, "ratelimit-policy").is_empty());
+    // A Token that only starts like it, or the name within a string, is another policy.
+    for fields in [
+        &[("ratelimit-policy", "api2;q=9;w=9")][..],
+        &[("ratelimit-policy", "\"x api\";q=9;w=9")],
+        &[("ratelimit-policy", "ap;q=9;w=9")],
+    ] {
+        let res = send(&inner_sets(fields), request("/")).await;
+        assert_eq!(
+            header_lines(&res, "ratelimit-policy"),
+            [fields[0].1, "\"api\";q=5;w=60"]
+        );
+    }
     // A name that only starts like it is another policy.
     let res = send(
         &inner_sets(&[("ratelimit-policy", "\"api2\";q=9;w=9")]),
