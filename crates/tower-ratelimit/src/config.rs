@@ -358,14 +358,20 @@ impl<'de> Deserialize<'de> for MissingKeyTable {
                     shared_key: None,
                 };
                 while let Some(answer) = map.next_key::<MissingKeyName>()? {
+                    // The answer's name if it was given already (a format that lets a key come
+                    // twice: JSON, YAML), named as serde's derived tables name theirs.
                     let twice = match answer {
-                        MissingKeyName::Reject => t.reject.replace(map.next_value()?).is_some(),
-                        MissingKeyName::Unauthorized => {
-                            t.unauthorized.replace(map.next_value()?).is_some()
+                        MissingKeyName::Reject => {
+                            t.reject.replace(map.next_value()?).map(|_| "reject")
                         }
-                        MissingKeyName::SharedKey => {
-                            t.shared_key.replace(map.next_value()?).is_some()
-                        }
+                        MissingKeyName::Unauthorized => t
+                            .unauthorized
+                            .replace(map.next_value()?)
+                            .map(|_| "unauthorized"),
+                        MissingKeyName::SharedKey => t
+                            .shared_key
+                            .replace(map.next_value()?)
+                            .map(|_| "shared_key"),
                         MissingKeyName::TomlDatetime => {
                             return Err(A::Error::invalid_type(
                                 serde::de::Unexpected::Other("a date or time"),
@@ -373,8 +379,8 @@ impl<'de> Deserialize<'de> for MissingKeyTable {
                             ));
                         }
                     };
-                    if twice {
-                        return Err(A::Error::custom("an answer given twice"));
+                    if let Some(name) = twice {
+                        return Err(A::Error::duplicate_field(name));
                     }
                 }
                 Ok(t)

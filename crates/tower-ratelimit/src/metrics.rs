@@ -15,9 +15,10 @@
 //! ([`RateLimitLayerBuilder::reset_on`](crate::RateLimitLayerBuilder::reset_on)), by how they
 //! ended; its series are registered when the layer's first resetter is made, or its builder's
 //! `reset_on` is set (a layer with neither has none). `skipped` is a reset that did not ask the
-//! store, so that the client's count there stands: its circuit was open (or half-open), or the
-//! layer let its request through without the store's answer; the fallback's local share, if
-//! any, was reset.
+//! store, so that the client's count there stands: its circuit was open and cooling down, or
+//! half-open (for a `reset_on` reset: open at all; a `Resetter`'s reset asks a store whose
+//! circuit has cooled down), or the layer let its request through without the store's answer;
+//! the fallback's local share, if any, was reset.
 //!
 //! A layer keeps a circuit per failure domain of its store
 //! ([`Store::failure_domains`](ratelimit_core::Store::failure_domains): one for a single Redis

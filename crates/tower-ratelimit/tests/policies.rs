@@ -1058,6 +1058,18 @@ async fn a_policy_from_a_configuration_file() {
     ] {
         assert!(json(refused).is_err(), "{refused}");
     }
+    // An answer given twice is named, as serde's derived tables name a field given twice.
+    for (twice, name) in [
+        (r#"{"reject": 400, "reject": 401}"#, "reject"),
+        (
+            r#"{"unauthorized": "Bearer", "unauthorized": "Basic"}"#,
+            "unauthorized",
+        ),
+        (r#"{"shared_key": "a", "shared_key": "b"}"#, "shared_key"),
+    ] {
+        let err = json(twice).unwrap_err().to_string();
+        assert!(err.contains(&format!("duplicate field `{name}`")), "{err}");
+    }
     // A string is not quoted back in JSON either (an API key pasted there).
     let err = json(r#""sk_live_s3cret""#).unwrap_err().to_string();
     assert!(
