@@ -164,7 +164,7 @@ fn describe() {
     describe_histogram!(
         STORE_DURATION_SECONDS,
         Unit::Seconds,
-        "Rate-limit store check time, to the answer or the failure (every check that waited, timeouts and errors included; about 1 in 64 of those answered at once)"
+        "Rate-limit store check time, to the answer or the failure (every check that waited, timeouts and errors included; of a layer's checks answered at once, about 1 in 64; a Guarded store's, every one)"
     );
     describe_counter!(
         STORE_ERRORS_TOTAL,
