@@ -211,7 +211,7 @@ USAGE: ratelimit-load [OPTIONS]
   --concurrency N            store: most checks in flight [1024]; http: connections [64]
   --steps R1,R2,...          sweep: one run per rate, stops after the first that fails
   --p99-target-ms MS         sweep: a step is sustained if p99 <= MS, >= 95% of the rate is
-                             achieved, under 0.1% errors and every request answered [10]
+                             achieved, under 0.1% errors and every request completed [10]
   --tick-us US               the scheduler releases due requests at most every US µs, 1 to
                              100000 [250]
   --seed N                   seed of the request-to-user schedule [1]

@@ -103,6 +103,16 @@ impl Conn {
     /// After a failed exchange the stream is replaced first (an error if that fails: the old
     /// stream is never written to again, so no answer is ever read as another request's).
     pub(crate) async fn request(&mut self, key: &[u8]) -> Result<u16, Error> {
+        // Anything the server sent since the last answer (bytes no request asked for, which came
+        // after it: those in the same read are seen in `exchange`), or its close, breaks the
+        // connection: they would be read as this request's answer. One `recv` that finds
+        // nothing, on a kept connection.
+        if !self.broken {
+            match self.stream.try_read_buf(&mut self.buf) {
+                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
+                _ => self.broken = true,
+            }
+        }
         if self.broken {
             self.stream = open(self.addr).await?;
             self.buf.clear();
@@ -458,6 +468,34 @@ mod tests {
         });
         let mut conn = Conn::connect(addr).await.unwrap();
         assert_eq!(conn.request(b"a").await.unwrap(), 429);
+        assert_eq!(conn.request(b"b").await.unwrap(), 429, "b's own answer");
+        drop(conn);
+        server.await.unwrap();
+
+        // The same, the unasked response written a moment after the answer (read apart from it).
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            let (mut first, _) = listener.accept().await.unwrap();
+            let _ = first.read(&mut buf).await.unwrap();
+            let denied = b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\n\r\n";
+            first.write_all(denied).await.unwrap();
+            tokio::time::sleep(Duration::from_millis(20)).await;
+            first
+                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
+                .await
+                .unwrap();
+            let (mut second, _) = listener.accept().await.unwrap();
+            let _ = second.read(&mut buf).await.unwrap();
+            second.write_all(denied).await.unwrap();
+            let _ = second.read(&mut buf).await;
+            drop(first);
+        });
+        let mut conn = Conn::connect(addr).await.unwrap();
+        assert_eq!(conn.request(b"a").await.unwrap(), 429);
+        // Let the unasked response arrive.
+        tokio::time::sleep(Duration::from_millis(200)).await;
         assert_eq!(conn.request(b"b").await.unwrap(), 429, "b's own answer");
         drop(conn);
         server.await.unwrap();

@@ -56,8 +56,6 @@ fn an_endless_configuration_file_is_refused() {
     );
 }
 
-/// `--config=PATH` takes a path that is not UTF-8 as it is, as `--config PATH` does; and
-/// `--redis=URL` refuses a URL that is not UTF-8 as `--redis URL` does.
 /// A `RUST_LOG` directive that does not parse is named in a warning and left out; the others
 /// are kept (was: the whole variable dropped for `info`, without a word).
 #[test]
@@ -88,6 +86,8 @@ fn a_rust_log_directive_that_does_not_parse_is_named_and_the_others_kept() {
     assert!(!err.contains("RUST_LOG"), "{err}");
 }
 
+/// `--config=PATH` takes a path that is not UTF-8 as it is, as `--config PATH` does; and
+/// `--redis=URL` refuses a URL that is not UTF-8 as `--redis URL` does.
 #[test]
 fn a_flags_inline_value_is_taken_as_given() {
     let dir = tempfile::tempdir().unwrap();
