@@ -857,7 +857,7 @@ impl Prepared {
 }
 
 /// Whether `s` is a structured-field Token (RFC 9651, 3.3.4): a letter or `*`, then token
-/// characters (RFC 9110's `tchar`), `:` or `/`. A name with a `"` or `\\`, escaped in its String
+/// characters (RFC 9110's `tchar`), `:` or `/`. A name with a `"` or `\`, escaped in its String
 /// form, is none.
 fn is_token(s: &[u8]) -> bool {
     let tchar = |b: u8| b.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(&b);
