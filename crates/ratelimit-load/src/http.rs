@@ -440,65 +440,52 @@ mod tests {
         server.await.unwrap();
     }
 
+    /// A server on 127.0.0.1 for two connections, one after the other: on the first it reads a
+    /// request and writes each of `first`'s byte strings after its pause in milliseconds; on the
+    /// second it reads a request and answers `second`. Both stay open until the client is done.
+    async fn serve_two(
+        first: &'static [(u64, &'static [u8])],
+        second: &'static [u8],
+    ) -> (SocketAddr, tokio::task::JoinHandle<()>) {
+        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(async move {
+            let mut buf = [0u8; 1024];
+            let (mut one, _) = listener.accept().await.unwrap();
+            let _ = one.read(&mut buf).await.unwrap();
+            for (pause, bytes) in first {
+                tokio::time::sleep(Duration::from_millis(*pause)).await;
+                one.write_all(bytes).await.unwrap();
+            }
+            let (mut two, _) = listener.accept().await.unwrap();
+            let _ = two.read(&mut buf).await.unwrap();
+            two.write_all(second).await.unwrap();
+            let _ = two.read(&mut buf).await;
+            drop(one);
+        });
+        (addr, server)
+    }
+
     /// A server that sends more than the one response asked for: the bytes after it answer no
     /// request (only one is ever in flight), so the next request goes over a new connection
-    /// and gets its own answer, not the extra one.
+    /// and gets its own answer, not the extra one; whether they come with the answer or a
+    /// moment after it (read apart from it).
     #[tokio::test]
     async fn bytes_after_a_response_are_never_read_as_the_next_answer() {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(async move {
-            let mut buf = [0u8; 1024];
-            let (mut first, _) = listener.accept().await.unwrap();
-            let _ = first.read(&mut buf).await.unwrap();
-            first
-                .write_all(
-                    b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\n\r\n\
-                      HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
-                )
-                .await
-                .unwrap();
-            let (mut second, _) = listener.accept().await.unwrap();
-            let _ = second.read(&mut buf).await.unwrap();
-            let denied = b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\n\r\n";
-            second.write_all(denied).await.unwrap();
-            // Keeps both open until the client is done.
-            let _ = second.read(&mut buf).await;
-            drop(first);
-        });
-        let mut conn = Conn::connect(addr).await.unwrap();
-        assert_eq!(conn.request(b"a").await.unwrap(), 429);
-        assert_eq!(conn.request(b"b").await.unwrap(), 429, "b's own answer");
-        drop(conn);
-        server.await.unwrap();
-
-        // The same, the unasked response written a moment after the answer (read apart from it).
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(async move {
-            let mut buf = [0u8; 1024];
-            let (mut first, _) = listener.accept().await.unwrap();
-            let _ = first.read(&mut buf).await.unwrap();
-            let denied = b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\n\r\n";
-            first.write_all(denied).await.unwrap();
-            tokio::time::sleep(Duration::from_millis(20)).await;
-            first
-                .write_all(b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n")
-                .await
-                .unwrap();
-            let (mut second, _) = listener.accept().await.unwrap();
-            let _ = second.read(&mut buf).await.unwrap();
-            second.write_all(denied).await.unwrap();
-            let _ = second.read(&mut buf).await;
-            drop(first);
-        });
-        let mut conn = Conn::connect(addr).await.unwrap();
-        assert_eq!(conn.request(b"a").await.unwrap(), 429);
-        // Let the unasked response arrive.
-        tokio::time::sleep(Duration::from_millis(200)).await;
-        assert_eq!(conn.request(b"b").await.unwrap(), 429, "b's own answer");
-        drop(conn);
-        server.await.unwrap();
+        const DENIED: &[u8] = b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\n\r\n";
+        const OK: &[u8] = b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+        const BOTH: &[u8] = b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\n\r\n\
+                              HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n";
+        for first in [&[(0, BOTH)][..], &[(0, DENIED), (20, OK)]] {
+            let (addr, server) = serve_two(first, DENIED).await;
+            let mut conn = Conn::connect(addr).await.unwrap();
+            assert_eq!(conn.request(b"a").await.unwrap(), 429);
+            // Let an unasked response written later arrive.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            assert_eq!(conn.request(b"b").await.unwrap(), 429, "b's own answer");
+            drop(conn);
+            server.await.unwrap();
+        }
     }
 
     /// A status is three digits followed by a space or the line's end: `2001` is not 200, nor
@@ -543,24 +530,15 @@ mod tests {
     /// none can be made (it wrote to the old one and read the late 429 before).
     #[tokio::test]
     async fn a_late_answer_is_never_read_as_the_next_requests() {
-        let listener = TcpListener::bind(("127.0.0.1", 0)).await.unwrap();
-        let addr = listener.local_addr().unwrap();
-        let server = tokio::spawn(async move {
-            let (mut first, _) = listener.accept().await.unwrap();
-            let mut buf = [0u8; 1024];
-            let _ = first.read(&mut buf).await.unwrap();
-            // The first request's answer, late; then 200 to whatever else comes on it.
-            tokio::time::sleep(Duration::from_millis(300)).await;
-            let late = b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\n\r\n";
-            first.write_all(late).await.unwrap();
-            let (mut second, _) = listener.accept().await.unwrap();
-            let _ = second.read(&mut buf).await.unwrap();
-            let ok = b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok";
-            second.write_all(ok).await.unwrap();
-            // Keeps both open until the client is done.
-            let _ = second.read(&mut buf).await;
-            drop(first);
-        });
+        // The first request's answer, late; then 200 to the next, on a new connection.
+        let (addr, server) = serve_two(
+            &[(
+                300,
+                b"HTTP/1.1 429 Too Many Requests\r\ncontent-length: 0\r\n\r\n",
+            )],
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\nok",
+        )
+        .await;
         let mut conn = Conn::connect(addr).await.unwrap();
         conn.timeout = Duration::from_millis(100);
         assert!(conn.request(b"a").await.is_err(), "no answer in time");

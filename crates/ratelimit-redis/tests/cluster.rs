@@ -1015,13 +1015,7 @@ async fn a_silent_master_gets_a_new_connection_tried_while_the_others_stay_serve
 
 /// Connections a node has accepted so far (`redis-cli` counts one for each call).
 fn connections_received(node: &redis_harness::RedisServer) -> u64 {
-    node.cli(&["info", "stats"])
-        .lines()
-        .find_map(|l| l.strip_prefix("total_connections_received:"))
-        .unwrap()
-        .trim()
-        .parse()
-        .unwrap()
+    common::connections_received(&node.cli(&["info", "stats"]))
 }
 
 /// A dead master, not failed over: its keys' checks fail, at once, and cost the other masters

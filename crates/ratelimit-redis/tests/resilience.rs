@@ -4,7 +4,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{LEAST_PRIVILEGE, unique_prefix};
+use common::{LEAST_PRIVILEGE, cli_with_password, connections_received, unique_prefix};
 use ratelimit_core::{Algorithm, Limit, Quota};
 use ratelimit_redis::{RedisStore, RedisStoreBuilder, RedisStoreError};
 use redis_harness::RedisServer;
@@ -145,18 +145,11 @@ async fn a_password_set_while_running_is_told_as_refused_credentials() {
         .unwrap();
     assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
     server.cli(&["config", "set", "requirepass", "rotated"]);
-    let killed = std::process::Command::new("redis-cli")
-        .args([
-            "-p",
-            &server.port().to_string(),
-            "--no-auth-warning",
-            "-a",
-            "rotated",
-        ])
-        .args(["client", "kill", "type", "normal"])
-        .output()
-        .unwrap();
-    assert!(killed.status.success(), "{killed:?}");
+    cli_with_password(
+        server.port(),
+        "rotated",
+        &["client", "kill", "type", "normal"],
+    );
     let mut told = None;
     for _ in 0..20 {
         if let Err(e) = store.check(b"k", &limit(), 1).await
@@ -190,30 +183,8 @@ async fn a_password_set_while_running_waits_the_reconnect_gap_between_openings()
         .unwrap();
     assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
     server.cli(&["config", "set", "requirepass", "rotated"]);
-    let authed = |args: &[&str]| {
-        let out = std::process::Command::new("redis-cli")
-            .args([
-                "-p",
-                &server.port().to_string(),
-                "--no-auth-warning",
-                "-a",
-                "rotated",
-            ])
-            .args(args)
-            .output()
-            .unwrap();
-        assert!(out.status.success(), "{out:?}");
-        String::from_utf8(out.stdout).unwrap()
-    };
-    let connections = || -> u64 {
-        authed(&["info", "stats"])
-            .lines()
-            .find_map(|l| l.strip_prefix("total_connections_received:"))
-            .unwrap()
-            .trim()
-            .parse()
-            .unwrap()
-    };
+    let authed = |args: &[&str]| cli_with_password(server.port(), "rotated", args);
+    let connections = || connections_received(&authed(&["info", "stats"]));
     authed(&["client", "kill", "type", "normal"]);
     let before = connections();
     let started = std::time::Instant::now();
