@@ -46,6 +46,16 @@ struct SfItem {
 /// Parses the field lines `lines` (joined with `, ` as RFC 9651 says) as a list whose every member
 /// is a string with integer parameters; `Err` says what is wrong.
 fn parse_sf_list(lines: &[&[u8]]) -> Result<Vec<SfItem>, String> {
+    parse_list(lines, false)
+}
+
+/// As [`parse_sf_list`], members also taken as Tokens (`up;r=1`: a letter or `*`, then token
+/// characters, `:` or `/`), as an upstream may name its items.
+fn parse_sf_list_with_tokens(lines: &[&[u8]]) -> Result<Vec<SfItem>, String> {
+    parse_list(lines, true)
+}
+
+fn parse_list(lines: &[&[u8]], tokens: bool) -> Result<Vec<SfItem>, String> {
     let joined = lines.join(&b", "[..]);
     let s = &joined[..];
     let mut i = 0;
@@ -65,31 +75,46 @@ fn parse_sf_list(lines: &[&[u8]]) -> Result<Vec<SfItem>, String> {
         return Err("empty list".into());
     }
     loop {
-        // sf-string
-        if s.get(i) != Some(&b'"') {
-            return Err(format!("member at {i} is not a string"));
-        }
-        i += 1;
         let mut name = String::new();
-        loop {
-            match s.get(i) {
-                None => return Err("unterminated string".into()),
-                Some(b'"') => {
-                    i += 1;
-                    break;
-                }
-                Some(b'\\') => match s.get(i + 1) {
-                    Some(&c @ (b'"' | b'\\')) => {
-                        name.push(char::from(c));
-                        i += 2;
+        if tokens
+            && s.get(i)
+                .is_some_and(|c| c.is_ascii_alphabetic() || *c == b'*')
+        {
+            // sf-token
+            let start = i;
+            while s
+                .get(i)
+                .is_some_and(|c| c.is_ascii_alphanumeric() || b"!#$%&'*+-.^_`|~:/".contains(c))
+            {
+                i += 1;
+            }
+            name = String::from_utf8(s[start..i].to_vec()).unwrap();
+        } else {
+            // sf-string
+            if s.get(i) != Some(&b'"') {
+                return Err(format!("member at {i} is not a string"));
+            }
+            i += 1;
+            loop {
+                match s.get(i) {
+                    None => return Err("unterminated string".into()),
+                    Some(b'"') => {
+                        i += 1;
+                        break;
                     }
-                    _ => return Err("bad escape".into()),
-                },
-                Some(&c) if (0x20..0x7f).contains(&c) => {
-                    name.push(char::from(c));
-                    i += 1;
+                    Some(b'\\') => match s.get(i + 1) {
+                        Some(&c @ (b'"' | b'\\')) => {
+                            name.push(char::from(c));
+                            i += 2;
+                        }
+                        _ => return Err("bad escape".into()),
+                    },
+                    Some(&c) if (0x20..0x7f).contains(&c) => {
+                        name.push(char::from(c));
+                        i += 1;
+                    }
+                    Some(c) => return Err(format!("byte {c:#x} in a string")),
                 }
-                Some(c) => return Err(format!("byte {c:#x} in a string")),
             }
         }
         // parameters
@@ -1788,16 +1813,17 @@ proptest! {
                 let added_r = &r[up_r.len()..];
                 assert!(added_p.len() <= 1 && added_r.len() <= 1, "{added_p:?} {added_r:?}");
                 // Our two lines go together, and are left out exactly when an upstream line of either
-                // field names an item `"up"` already (with parameters or without): an item of the
-                // list, not text inside another item's string (`"a\"up";` names `a"up`). A line
-                // that does not parse is read tolerantly: it may name us only if `"up"` is in it
-                // at all, followed by what may follow an item's name.
+                // field names an item `up` already, as the String `"up"` or the Token `up` (with
+                // parameters or without): an item of the list, not text inside another item's
+                // string (`"a\"up";` names `a"up`). A line that does not parse is read
+                // tolerantly: it may name us only if `"up"` is in it at all, or `up` where an item
+                // may start, followed by what may follow an item's name.
                 assert_eq!(added_p.len(), added_r.len(), "{p:?} {r:?}");
                 let names_us: Vec<Option<bool>> = up_p
                     .iter()
                     .chain(&up_r)
                     .map(|v| {
-                        parse_sf_list(&[v]).ok().map(|items| {
+                        parse_sf_list_with_tokens(&[v]).ok().map(|items| {
                             items.iter().any(|it| it.name == "up")
                         })
                     })
@@ -1806,10 +1832,17 @@ proptest! {
                     .iter()
                     .chain(&up_r)
                     .any(|v| {
-                        v.windows(4).enumerate().any(|(i, w)| {
-                            w == b"\"up\""
-                                && matches!(v.get(i + 4), None | Some(b';' | b',' | b' ' | b'\t'))
-                        })
+                        let ends = |at: usize| {
+                            matches!(v.get(at), None | Some(b';' | b',' | b' ' | b'\t'))
+                        };
+                        let item_start = |at: usize| {
+                            v[..at].iter().rev().find(|c| !matches!(c, b' ' | b'\t'))
+                                .is_none_or(|c| *c == b',')
+                        };
+                        v.windows(4).enumerate().any(|(i, w)| w == b"\"up\"" && ends(i + 4))
+                            || v.windows(2)
+                                .enumerate()
+                                .any(|(i, w)| w == b"up" && item_start(i) && ends(i + 2))
                     });
                 if names_us.contains(&Some(true)) {
                     assert!(added_p.is_empty(), "{p:?} {r:?}");
