@@ -103,15 +103,15 @@ impl Conn {
     /// After a failed exchange the stream is replaced first (an error if that fails: the old
     /// stream is never written to again, so no answer is ever read as another request's).
     pub(crate) async fn request(&mut self, key: &[u8]) -> Result<u16, Error> {
-        // Anything the server sent since the last answer (bytes no request asked for, which came
-        // after it: those in the same read are seen in `exchange`), or its close, breaks the
-        // connection: they would be read as this request's answer. One `recv` that finds
-        // nothing, on a kept connection.
+        // Bytes no request asked for (one is in flight at a time), left after the last answer
+        // or sent since, or the server's close, break the connection: they would be read as
+        // this request's answer. One `recv` that finds nothing, on a kept connection.
         if !self.broken {
-            match self.stream.try_read_buf(&mut self.buf) {
-                Err(e) if e.kind() == io::ErrorKind::WouldBlock => {}
-                _ => self.broken = true,
-            }
+            self.broken = !self.buf.is_empty()
+                || !matches!(
+                    self.stream.try_read_buf(&mut self.buf),
+                    Err(e) if e.kind() == io::ErrorKind::WouldBlock
+                );
         }
         if self.broken {
             self.stream = open(self.addr).await?;
@@ -139,10 +139,9 @@ impl Conn {
         let mut eof = false;
         loop {
             if let Some(whole) = parse_response(&self.buf, eof)? {
-                // The server closes this connection: the next request opens another. So does
-                // one that sent more than this response: only one request is ever in flight, so
-                // the bytes after it answer none, and would be read as the next request's answer.
-                self.broken |= whole.close || whole.len < self.buf.len();
+                // The server closes this connection: the next request opens another (bytes
+                // after this response break it too, at the next request).
+                self.broken |= whole.close;
                 self.buf.drain(..whole.len);
                 return Ok(whole.status);
             }

@@ -219,18 +219,15 @@ const SELECT_REFUSED: &str = "Redis server refused to switch database";
 /// [`RedisStoreError::is_refused_credentials`]).
 pub(crate) fn refused(r: &redis::RedisError) -> bool {
     r.kind() == redis::ErrorKind::AuthenticationFailed
-        || matches!(r.code(), Some("WRONGPASS" | "NOPERM" | "NOAUTH"))
+        || matches!(r.code(), Some("WRONGPASS" | "NOPERM"))
+        || unauthenticated(r)
         || {
-            // `unauthenticated`: a server that asks a password the connection did not give
-            // closes it on a command of more than a few arguments with "Protocol error:
-            // unauthenticated multibulk length" (the scripts' calls have more).
             let text = r.to_string();
             [
                 "WRONGPASS",
                 "NOPERM",
                 "NOAUTH",
                 "AuthenticationFailed",
-                "unauthenticated",
                 // A command a script calls that the user may not run: Redis 7 answers it with
                 // this text and no `NOPERM` code.
                 "user executing the script can't run",
@@ -244,6 +241,14 @@ pub(crate) fn refused(r: &redis::RedisError) -> bool {
                 // without the password the server asks.
                 || (text.contains(SELECT_REFUSED) && text.contains("Authentication required"))
         }
+}
+
+/// Whether the server took the connection as unauthenticated (a password it asks that the
+/// connection did not give): `NOAUTH`, or, on a command of more than a few arguments (as the
+/// scripts' calls are), "Protocol error: unauthenticated multibulk length", after which it
+/// closes the connection. The store gives such a connection up.
+pub(crate) fn unauthenticated(r: &redis::RedisError) -> bool {
+    r.code() == Some("NOAUTH") || r.to_string().contains("unauthenticated")
 }
 
 /// What a Redis error's message says first when it is a refusal of the credentials: the

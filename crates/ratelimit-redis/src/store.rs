@@ -690,13 +690,6 @@ pub(crate) fn is_broken(e: &RedisError) -> bool {
     e.is_io_error() || e.is_connection_dropped() || e.is_unrecoverable_error()
 }
 
-/// Whether the server took the connection as unauthenticated: `NOAUTH`, or, for a command of
-/// more than a few arguments (as the scripts' calls are), "Protocol error: unauthenticated
-/// multibulk length", after which it closes the connection.
-fn unauthenticated(e: &RedisError) -> bool {
-    e.code() == Some("NOAUTH") || e.to_string().contains("unauthenticated")
-}
-
 /// A slot's opening in progress: ended (and its waiters woken) when this drops. An opening that
 /// did not run to its end (its task dropped with its runtime, even unrun) counts as a failed one,
 /// so that its waiters return an error rather than start another opening at once (on a runtime
@@ -809,7 +802,7 @@ impl Inner {
         // that the URL does not give (rotated server first). redis-rs lets a new connection's
         // set-up commands be refused without failing the opening, so the refusal comes here.
         let unusable = matches!(&reply, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
-            || unauthenticated(e));
+            || crate::error::unauthenticated(e));
         let replace = matches!(conn, Conn::Single(_))
             && (unusable || matches!(&reply, Err(e) if is_broken(e)));
         if replace {

@@ -4,7 +4,7 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::{LEAST_PRIVILEGE, cli_with_password, connections_received, unique_prefix};
+use common::{LEAST_PRIVILEGE, connections_received, unique_prefix};
 use ratelimit_core::{Algorithm, Limit, Quota};
 use ratelimit_redis::{RedisStore, RedisStoreBuilder, RedisStoreError};
 use redis_harness::RedisServer;
@@ -145,11 +145,7 @@ async fn a_password_set_while_running_is_told_as_refused_credentials() {
         .unwrap();
     assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
     server.cli(&["config", "set", "requirepass", "rotated"]);
-    cli_with_password(
-        server.port(),
-        "rotated",
-        &["client", "kill", "type", "normal"],
-    );
+    server.cli_with_password("rotated", &["client", "kill", "type", "normal"]);
     let mut told = None;
     for _ in 0..20 {
         if let Err(e) = store.check(b"k", &limit(), 1).await
@@ -183,7 +179,7 @@ async fn a_password_set_while_running_waits_the_reconnect_gap_between_openings()
         .unwrap();
     assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
     server.cli(&["config", "set", "requirepass", "rotated"]);
-    let authed = |args: &[&str]| cli_with_password(server.port(), "rotated", args);
+    let authed = |args: &[&str]| server.cli_with_password("rotated", args);
     let connections = || connections_received(&authed(&["info", "stats"]));
     authed(&["client", "kill", "type", "normal"]);
     let before = connections();
@@ -254,11 +250,7 @@ async fn busy_with_another_script_is_unavailable() {
         !err.is_refused_credentials() && !err.is_wrong_server(),
         "{err}"
     );
-    let killed = std::process::Command::new("redis-cli")
-        .args(["-p", &port, "script", "kill"])
-        .output()
-        .unwrap();
-    assert!(killed.status.success(), "{killed:?}");
+    assert_eq!(server.cli(&["script", "kill"]), "OK");
     busy.wait().unwrap();
     assert!(store.check(b"k", &limit(), 1).await.unwrap().is_allowed());
 }

@@ -163,14 +163,7 @@ async fn a_client_certificate_for_a_server_that_asks_for_one() {
 #[tokio::test]
 async fn a_version_1_client_certificate_is_refused_by_name_under_rustls() {
     let dir = tempfile::tempdir().unwrap();
-    let openssl = |args: &[&str]| {
-        let out = std::process::Command::new("openssl")
-            .current_dir(dir.path())
-            .args(args)
-            .output()
-            .expect("openssl runs");
-        assert!(out.status.success(), "openssl {args:?}: {out:?}");
-    };
+    let openssl = |args: &[&str]| redis_harness::tls::openssl(dir.path(), args);
     openssl(&[
         "req",
         "-new",

@@ -206,19 +206,15 @@ async fn send_all(gateways: Arc<Vec<Router>>, user: String, targets: Vec<usize>)
     row
 }
 
-/// Open files a fleet of `gateways` sharing Redis needs: each gateway's two connections (its
-/// store's `pool_size`), and a margin for the rest. The `redis-server` the run starts needs as
-/// many for their other ends, and inherits this process's limit.
-fn open_files_needed(gateways: u64) -> u64 {
-    gateways * 2 + 64
-}
-
-/// Raises this process's soft limit of open files to `needed` if it is lower (a soft limit of
-/// 1,024 is a common default, about 480 gateways), up to its hard limit; past that, says what
-/// to do, rather than the run failing midway with "Too many open files" or a `redis-server`
-/// that lowered its `maxclients` resetting connections.
-fn raise_open_files(gateways: u64, needed: u64) -> Result<(), String> {
+/// Raises this process's soft limit of open files to what a fleet of `gateways` sharing Redis
+/// needs if it is lower (a soft limit of 1,024 is a common default, about 480 gateways), up to
+/// its hard limit; past that, says what to do, rather than the run failing midway with "Too many
+/// open files" or a `redis-server` that lowered its `maxclients` resetting connections. Needed:
+/// each gateway's two connections (its store's `pool_size`) and a margin for the rest; the
+/// `redis-server` the run starts needs as many for their other ends, and inherits this limit.
+fn raise_open_files(gateways: u64) -> Result<(), String> {
     use rustix::process::{Resource, Rlimit, getrlimit, setrlimit};
+    let needed = gateways * 2 + 64;
     let limit = getrlimit(Resource::Nofile);
     let soft = limit.current.unwrap_or(u64::MAX);
     if soft >= needed {
@@ -245,7 +241,7 @@ fn raise_open_files(gateways: u64, needed: u64) -> Result<(), String> {
 /// Starts the fleet and drives the traffic.
 async fn run(options: Options) -> Result<Report, Box<dyn std::error::Error>> {
     if !options.alone {
-        raise_open_files(options.gateways, open_files_needed(options.gateways))?;
+        raise_open_files(options.gateways)?;
     }
     // A redis-server for the run, unless one was given or the gateways count alone.
     let server = match (&options.redis, options.alone) {

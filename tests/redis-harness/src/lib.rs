@@ -683,6 +683,13 @@ impl RedisServer {
         cli(self.port, &self.auth_args(), args)
     }
 
+    /// As [`cli`](Self::cli), with `password` in place of the one the server was started with:
+    /// for one a test set since (`CONFIG SET requirepass`).
+    pub fn cli_with_password(&self, password: &str, args: &[&str]) -> String {
+        let auth = ["--no-auth-warning", "-a", password].map(str::to_owned);
+        cli(self.port, &auth, args)
+    }
+
     /// Waits (up to 10 s) until this master has at least one replica and every replica is online
     /// (done with its initial sync) and has acknowledged everything the master has written so
     /// far: each `slaveN` line of `INFO replication` says `state=online` and its offset reaches

@@ -53,7 +53,8 @@ impl fmt::Debug for TlsRedisServer {
     }
 }
 
-fn openssl(dir: &Path, args: &[&str]) {
+/// Runs `openssl` with `args` in `dir`; panics, with its stderr, if it fails.
+pub fn openssl(dir: &Path, args: &[&str]) {
     let out = Command::new("openssl")
         .current_dir(dir)
         .args(args)

@@ -231,16 +231,3 @@ pub fn connections_received(info_stats: &str) -> u64 {
         .parse()
         .unwrap()
 }
-
-/// Runs one command through `redis-cli` on 127.0.0.1:`port` with `password`, and returns its
-/// output, having checked that it succeeded: for a server whose password the harness does not
-/// know (one set by `CONFIG SET requirepass` in the test).
-pub fn cli_with_password(port: u16, password: &str, args: &[&str]) -> String {
-    let out = std::process::Command::new("redis-cli")
-        .args(["-p", &port.to_string(), "--no-auth-warning", "-a", password])
-        .args(args)
-        .output()
-        .unwrap();
-    assert!(out.status.success(), "{out:?}");
-    String::from_utf8(out.stdout).unwrap()
-}
