@@ -98,6 +98,22 @@ struct Inner {
     /// Woken whenever a slot's connection is installed: a check waiting for its own slot's
     /// opening takes the new one instead (see [`Inner::slot_connection`]).
     installed_any: tokio::sync::Notify,
+    /// On a cluster, one per failure domain: a refusal as unauthenticated, which the domain's
+    /// checks get at once for the reconnect gap (see [`Hold`]). Empty for a standalone server.
+    holds: Box<[Hold]>,
+}
+
+/// A cluster failure domain held after its master refused a check's connection as
+/// unauthenticated (a password set on the node that the store's URLs do not give). The cluster
+/// client opens its link to the node again by itself after each refusal, so every second check
+/// would make a connection; for [`RECONNECT_GAP`] after a refusal, the domain's checks fail at
+/// once with it instead, without being sent. A standalone connection gets the same gap through
+/// its slot's failed openings (see [`Failed`]).
+#[derive(Default)]
+struct Hold {
+    /// Until when, in the store's microseconds (`Inner::micros`); 0 for none.
+    until: AtomicU64,
+    error: Mutex<Option<RedisStoreError>>,
 }
 
 enum Backend {
@@ -744,6 +760,9 @@ impl Inner {
                 cluster::first_key(&cmd).map_or(0, |k| domain_of_slot(key::slot_of_redis_key(k)))
             }
         };
+        if let Some(refused) = self.held(domain) {
+            return Err(refused);
+        }
         let (slot, generation, mut conn, sent) = loop {
             let (slot, generation, mut conn) =
                 match tokio::time::timeout_at(deadline, self.connection()).await {
@@ -801,6 +820,8 @@ impl Inner {
         // multibulk length", after which the server closes it): a password set on the server
         // that the URL does not give (rotated server first). redis-rs lets a new connection's
         // set-up commands be refused without failing the opening, so the refusal comes here.
+        // A cluster connection is kept then too (its client reconnects to the node by itself):
+        // the key's failure domain is held for the reconnect gap instead (see `Hold`).
         let unusable = matches!(&reply, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
             || crate::error::unauthenticated(e));
         let replace = matches!(conn, Conn::Single(_))
@@ -824,6 +845,10 @@ impl Inner {
                 _ => None,
             };
             self.discard_with(slot, generation, failure);
+        } else if let Err(e) = &reply
+            && crate::error::unauthenticated(e)
+        {
+            self.hold(domain, RedisStoreError::Redis(e.clone()));
         } else if matches!(conn, Conn::Single(_)) {
             // An answer, even an error reply: the connection works, and has answered every
             // command sent before this one.
@@ -1159,6 +1184,33 @@ impl Inner {
     /// Microseconds since the store's epoch.
     fn micros(&self) -> u64 {
         u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX - 1)
+    }
+
+    /// The refusal that holds cluster failure domain `domain`, if one does (see [`Hold`]).
+    fn held(&self, domain: usize) -> Option<RedisStoreError> {
+        let hold = self.holds.get(domain)?;
+        let until = hold.until.load(Ordering::Acquire);
+        if until == 0 {
+            return None;
+        }
+        if self.micros() < until {
+            return lock(&hold.error).clone();
+        }
+        // Over: the next checks skip the clock read. A hold set again meanwhile stays.
+        let _ = hold
+            .until
+            .compare_exchange(until, 0, Ordering::Relaxed, Ordering::Relaxed);
+        None
+    }
+
+    /// Holds cluster failure domain `domain` for the reconnect gap with `refused` (see [`Hold`]).
+    fn hold(&self, domain: usize, refused: RedisStoreError) {
+        if let Some(hold) = self.holds.get(domain) {
+            *lock(&hold.error) = Some(refused);
+            let gap = u64::try_from(RECONNECT_GAP.as_micros()).unwrap_or(u64::MAX);
+            hold.until
+                .store(self.micros().saturating_add(gap).max(1), Ordering::Release);
+        }
     }
 
     /// A connection, round-robin over the slots. A slot without one is re-opened by a task of its
@@ -1806,6 +1858,13 @@ impl RedisStoreBuilder {
             ping_after_idle_us: u64::try_from(self.ping_after_idle.as_micros()).unwrap_or(u64::MAX),
             epoch: tokio::time::Instant::now(),
             installed_any: tokio::sync::Notify::new(),
+            holds: (0..if self.cluster {
+                CLUSTER_FAILURE_DOMAINS
+            } else {
+                0
+            })
+                .map(|_| Hold::default())
+                .collect(),
             clock: self.clock,
             expiry_slack_ms: slack_ms,
             reset_channel,

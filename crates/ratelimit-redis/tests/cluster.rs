@@ -1623,3 +1623,59 @@ async fn a_cluster_that_is_down_is_unavailable() {
             .is_allowed()
     );
 }
+
+/// A password set on a master while the store runs (a rotation done server first, the store's
+/// URLs not yet given it): the cluster client opens its link to that node again by itself after
+/// each refusal, so without a hold every second check of its keys made a connection (about 200 a
+/// second from one store). The store holds the key's failure domain for the reconnect gap after
+/// a refusal: its checks fail at once with the refusal, at most one connection a gap is opened,
+/// and the other masters' keys go on being served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_password_set_on_a_master_while_running_waits_the_reconnect_gap() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let (cluster, store, limit, victim, bystander) =
+        victim_to_lose("cluster-requirepass-gap", PATIENT).await;
+    let node = cluster.nodes().iter().find(|n| n.port() == victim).unwrap();
+    node.cli(&["config", "set", "requirepass", "rotated"]);
+    let connections =
+        || common::connections_received(&node.cli_with_password("rotated", &["info", "stats"]));
+    node.cli_with_password("rotated", &["client", "kill", "type", "normal"]);
+    let before = connections();
+    let started = std::time::Instant::now();
+    let (mut refused, mut unavailable) = (0, 0);
+    // A check each millisecond for half a second at least, so that several gaps pass.
+    let mut i = 0;
+    while i < 300 || started.elapsed() < Duration::from_millis(500) {
+        i += 1;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let err = store.check(b"victim", &limit, 1).await.unwrap_err();
+        if err.is_refused_credentials() {
+            refused += 1;
+        } else {
+            assert!(err.is_unavailable(), "check {i}: {err}");
+            unavailable += 1;
+        }
+        // The other masters' keys are not held.
+        assert!(
+            store
+                .check(bystander.as_bytes(), &limit, 1)
+                .await
+                .unwrap()
+                .is_allowed()
+        );
+    }
+    let elapsed = started.elapsed();
+    // Less the `redis-cli` connection that counts them.
+    let opened = connections() - before - 1;
+    // One at once, then at most one a gap (100 ms), and one more for the edge.
+    let most = 2 + elapsed.as_millis() / 100;
+    println!(
+        "{refused} refused and {unavailable} unavailable of {i} checks; {opened} connections \
+         opened in {elapsed:?}"
+    );
+    assert!(refused > 0, "no refusal in {i} checks");
+    assert!(
+        u128::from(opened) <= most,
+        "{opened} connections opened in {elapsed:?} (at most {most})"
+    );
+}
