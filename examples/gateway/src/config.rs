@@ -1192,8 +1192,9 @@ impl RouteConfig {
             ));
         }
         for (method, cost) in &self.cost_by_method {
-            let ok = !method.is_empty()
-                && method.bytes().all(|b| b.is_ascii_uppercase())
+            // Capitals, and `-` between them (a token character: `M-SEARCH`).
+            let ok = method.bytes().any(|b| b.is_ascii_uppercase())
+                && method.bytes().all(|b| b.is_ascii_uppercase() || b == b'-')
                 && axum::http::Method::from_bytes(method.as_bytes()).is_ok();
             if !ok {
                 return Err(ConfigError::new(

@@ -876,6 +876,13 @@ async fn bad_configurations_fail_naming_the_field() {
             "routes[0].cost_by_method.GET: no endpoint under \"/login\" serves GET (it is \
              answered 405, never counted): this cost never applies",
         ),
+        // A method whose name holds a `-` (a token character, as in `M-SEARCH`) is a method.
+        (
+            "[[routes]]\npath = \"/api\"\ncost_by_method = { M-SEARCH = 3 }\n\
+             [routes.policy]\nname = \"a\"\nquotas = [{ limit = 600, per = \"minute\" }]\n",
+            "routes[0].cost_by_method.M-SEARCH: no endpoint under \"/api\" serves M-SEARCH (it is \
+             answered 405, never counted): this cost never applies",
+        ),
         // A key that passes as a method but could be an API key pasted there (capitals, too
         // long for a method's name) is named by its first characters.
         (
