@@ -822,8 +822,16 @@ async fn drive_http(
     // Every connection is opened (and answers once) before the clock starts.
     let mut conns = Vec::with_capacity(config.effective_concurrency());
     for c in 0..config.effective_concurrency() {
-        let mut conn = http::Conn::connect(addrs[c % addrs.len()]).await?;
-        conn.request(b"warmup").await?;
+        let addr = addrs[c % addrs.len()];
+        let mut conn = http::Conn::connect(addr).await?;
+        // Admitted, or denied by another connection's warm-up of the same key; anything else (a
+        // store failing behind the layer, a broken router) would be measured as the run's errors.
+        let status = conn.request(b"warmup").await?;
+        if !matches!(status, 200 | 429) {
+            return Err(Error::Io(std::io::Error::other(format!(
+                "the warm-up request to {addr} was answered {status} (200 or 429 expected)"
+            ))));
+        }
         conns.push(Mutex::new(Some(conn)));
     }
     let conns = Arc::new(conns);
@@ -1280,6 +1288,39 @@ mod tests {
             period: Duration::from_secs(60),
             ..Config::default()
         }
+    }
+
+    /// A warm-up answered neither 200 nor 429 (a store failing behind the layer, a broken
+    /// router) stops the run before it starts, naming the status, instead of being measured as
+    /// the run's errors.
+    #[tokio::test]
+    async fn a_warm_up_answered_with_an_error_stops_the_run() {
+        let config = Config {
+            rate: 10.0,
+            duration: Duration::from_millis(100),
+            quiet: true,
+            ..config()
+        };
+        let failing = axum::Router::new().route(
+            "/",
+            axum::routing::get(|| async { axum::http::StatusCode::SERVICE_UNAVAILABLE }),
+        );
+        let err = drive_http(&config, vec![failing], Setup::plain())
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("warm-up") && err.contains("503"), "{err}");
+        // A warm-up denied (429) is a warm-up: the run goes on.
+        let denying = axum::Router::new().route(
+            "/",
+            axum::routing::get(|| async { axum::http::StatusCode::TOO_MANY_REQUESTS }),
+        );
+        let report = drive_http(&config, vec![denying], Setup::plain())
+            .await
+            .unwrap();
+        assert_eq!((report.admitted, report.errors), (0, 0));
+        assert_eq!(report.denied, report.completed);
+        assert!(report.denied > 0);
     }
 
     /// The longest latency is reported as measured, for the run and for each second: the
