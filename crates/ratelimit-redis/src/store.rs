@@ -98,23 +98,54 @@ struct Inner {
     /// Woken whenever a slot's connection is installed: a check waiting for its own slot's
     /// opening takes the new one instead (see [`Inner::slot_connection`]).
     installed_any: tokio::sync::Notify,
-    /// On a cluster, one per failure domain: a refusal as unauthenticated, which the domain's
-    /// checks get at once for the reconnect gap (see [`Hold`]). Empty for a standalone server.
-    holds: Box<[Hold]>,
+    /// On a cluster, the refusals as unauthenticated that hold checks for the reconnect gap
+    /// (see [`Refusals`]).
+    refusals: Refusals,
 }
 
-/// A cluster failure domain held after its master refused a check's connection as
-/// unauthenticated (a password set on the node that the store's URLs do not give). The cluster
-/// client opens its link to the node again by itself after each refusal, so every second check
-/// would make a connection; for [`RECONNECT_GAP`] after a refusal, the domain's checks fail at
-/// once with it instead, without being sent. A standalone connection gets the same gap through
-/// its slot's failed openings (see [`Failed`]).
-#[derive(Default)]
-struct Hold {
-    /// Until when, in the store's microseconds (`Inner::micros`); 0 for none.
+/// A cluster master refusing checks' connections as unauthenticated (a password set on the node
+/// that the store's URLs do not give). The cluster client opens its link to the node again by
+/// itself after each refusal (and after the broken link the server's closing leaves), so every
+/// second check of the node's keys would make a connection.
+///
+/// Which master a failure domain's keys are on is not known here, so the domains are told apart
+/// by what their checks get: a domain whose check is refused, or fails on a broken link while
+/// refusals go on, is a suspect until one of its checks is answered. For [`RECONNECT_GAP`] after
+/// each such failure, the suspects' checks fail at once, without being sent (with the refusal,
+/// or for a domain whose own check was not refused, as an unavailable store's),
+/// but for one check of each suspect a [`SUSPECT_RETRY`], which clears it if answered (a master
+/// that serves the store, whose link broke for another reason). The other domains' checks are
+/// sent as always. So the refusing master gets about one connection every two gaps, plus two or
+/// so a second for each of its failure domains in use, whatever its number of keys, while the
+/// other masters' keys are served. A standalone connection gets its gap through its slot's
+/// failed openings (see [`Failed`]).
+struct Refusals {
+    /// Until when the suspects are held, in the store's microseconds (`Inner::micros`); 0 for
+    /// none.
     until: AtomicU64,
+    /// When the last refusal came (0 for none yet).
+    last: AtomicU64,
     error: Mutex<Option<RedisStoreError>>,
+    /// Per failure domain.
+    domains: Box<[Suspect]>,
 }
+
+#[derive(Default)]
+struct Suspect {
+    suspect: AtomicBool,
+    /// The domain's own check was refused (else its link broke while another's was): its held
+    /// checks get the refusal, else an unavailable store's error.
+    refused: AtomicBool,
+    /// When a check of the domain last went to its master while it was a suspect (µs).
+    tried: AtomicU64,
+}
+
+/// How long after the last refusal as unauthenticated a broken link still makes its domain a
+/// suspect (see [`Refusals`]).
+const REFUSALS_REMEMBERED: Duration = Duration::from_secs(10);
+
+/// How often a suspect domain's check is sent all the same (see [`Refusals`]).
+const SUSPECT_RETRY: Duration = Duration::from_secs(1);
 
 enum Backend {
     Single(deadpool_redis::Pool),
@@ -227,6 +258,11 @@ impl Failed {
 /// refuses connections (restarting, its port closed) refuses in microseconds: without a gap, every
 /// check would open one, thousands a second per gateway, against a server coming back up.
 const RECONNECT_GAP: Duration = Duration::from_millis(100);
+
+/// `d` in microseconds.
+fn micros_of(d: Duration) -> u64 {
+    u64::try_from(d.as_micros()).unwrap_or(u64::MAX)
+}
 
 /// One long-lived multiplexed connection. Checks share it (it pipelines their commands); it is
 /// replaced, through the pool, when it breaks or stops answering.
@@ -821,7 +857,7 @@ impl Inner {
         // that the URL does not give (rotated server first). redis-rs lets a new connection's
         // set-up commands be refused without failing the opening, so the refusal comes here.
         // A cluster connection is kept then too (its client reconnects to the node by itself):
-        // the key's failure domain is held for the reconnect gap instead (see `Hold`).
+        // the refusing master's checks are held for the reconnect gap instead (see `Refusals`).
         let unusable = matches!(&reply, Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly)
             || crate::error::unauthenticated(e));
         let replace = matches!(conn, Conn::Single(_))
@@ -845,11 +881,9 @@ impl Inner {
                 _ => None,
             };
             self.discard_with(slot, generation, failure);
-        } else if let Err(e) = &reply
-            && crate::error::unauthenticated(e)
-        {
-            self.hold(domain, RedisStoreError::Redis(e.clone()));
-        } else if matches!(conn, Conn::Single(_)) {
+        } else if matches!(conn, Conn::Cluster(_)) {
+            self.heard(domain, &reply);
+        } else {
             // An answer, even an error reply: the connection works, and has answered every
             // command sent before this one.
             self.slots[slot].silence.answered(generation, sent);
@@ -1186,31 +1220,87 @@ impl Inner {
         u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX - 1)
     }
 
-    /// The refusal that holds cluster failure domain `domain`, if one does (see [`Hold`]).
+    /// The refusal that holds a check of cluster failure domain `domain`, if one does (see
+    /// [`Refusals`]).
     fn held(&self, domain: usize) -> Option<RedisStoreError> {
-        let hold = self.holds.get(domain)?;
-        let until = hold.until.load(Ordering::Acquire);
+        let r = &self.refusals;
+        let until = r.until.load(Ordering::Acquire);
         if until == 0 {
             return None;
         }
-        if self.micros() < until {
-            return lock(&hold.error).clone();
+        let d = r.domains.get(domain)?;
+        if !d.suspect.load(Ordering::Relaxed) {
+            return None;
         }
-        // Over: the next checks skip the clock read. A hold set again meanwhile stays.
-        let _ = hold
-            .until
-            .compare_exchange(until, 0, Ordering::Relaxed, Ordering::Relaxed);
-        None
+        let now = self.micros();
+        if now >= until {
+            // Over: the next checks skip the clock read. A hold set again meanwhile stays.
+            let _ = r
+                .until
+                .compare_exchange(until, 0, Ordering::Relaxed, Ordering::Relaxed);
+            return None;
+        }
+        let tried = d.tried.load(Ordering::Relaxed);
+        if now.saturating_sub(tried) >= micros_of(SUSPECT_RETRY)
+            && d.tried
+                .compare_exchange(tried, now, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            // This domain's retry: sent, and its answer clears it.
+            return None;
+        }
+        if d.refused.load(Ordering::Relaxed) {
+            lock(&r.error).clone()
+        } else {
+            Some(RedisStoreError::Connection {
+                message: "the link to the key's master broke while a master refuses the \
+                          store's credentials: its checks are held for the reconnect gap"
+                    .into(),
+                source: None,
+            })
+        }
     }
 
-    /// Holds cluster failure domain `domain` for the reconnect gap with `refused` (see [`Hold`]).
-    fn hold(&self, domain: usize, refused: RedisStoreError) {
-        if let Some(hold) = self.holds.get(domain) {
-            *lock(&hold.error) = Some(refused);
-            let gap = u64::try_from(RECONNECT_GAP.as_micros()).unwrap_or(u64::MAX);
-            hold.until
-                .store(self.micros().saturating_add(gap).max(1), Ordering::Release);
+    /// What a check of cluster failure domain `domain` got tells whether its master refuses
+    /// the store (see [`Refusals`]).
+    fn heard(&self, domain: usize, reply: &Result<Value, RedisError>) {
+        let r = &self.refusals;
+        let Some(d) = r.domains.get(domain) else {
+            return;
+        };
+        match reply {
+            Ok(_) => {
+                if d.suspect.load(Ordering::Relaxed) {
+                    d.suspect.store(false, Ordering::Relaxed);
+                    d.refused.store(false, Ordering::Relaxed);
+                }
+            }
+            Err(e) if crate::error::unauthenticated(e) => {
+                let now = self.micros().max(1);
+                r.last.store(now, Ordering::Relaxed);
+                *lock(&r.error) = Some(RedisStoreError::Redis(e.clone()));
+                d.refused.store(true, Ordering::Relaxed);
+                self.suspected(d, now);
+            }
+            Err(e) if is_broken(e) => {
+                let last = r.last.load(Ordering::Relaxed);
+                let now = self.micros().max(1);
+                if last != 0 && now.saturating_sub(last) < micros_of(REFUSALS_REMEMBERED) {
+                    self.suspected(d, now);
+                }
+            }
+            Err(_) => {}
         }
+    }
+
+    /// Domain `d` is a suspect, tried at `now`: suspects are held for the reconnect gap.
+    fn suspected(&self, d: &Suspect, now: u64) {
+        d.tried.store(now, Ordering::Relaxed);
+        d.suspect.store(true, Ordering::Relaxed);
+        self.refusals.until.store(
+            now.saturating_add(micros_of(RECONNECT_GAP)),
+            Ordering::Release,
+        );
     }
 
     /// A connection, round-robin over the slots. A slot without one is re-opened by a task of its
@@ -1858,13 +1948,18 @@ impl RedisStoreBuilder {
             ping_after_idle_us: u64::try_from(self.ping_after_idle.as_micros()).unwrap_or(u64::MAX),
             epoch: tokio::time::Instant::now(),
             installed_any: tokio::sync::Notify::new(),
-            holds: (0..if self.cluster {
-                CLUSTER_FAILURE_DOMAINS
-            } else {
-                0
-            })
-                .map(|_| Hold::default())
-                .collect(),
+            refusals: Refusals {
+                until: AtomicU64::new(0),
+                last: AtomicU64::new(0),
+                error: Mutex::new(None),
+                domains: (0..if self.cluster {
+                    CLUSTER_FAILURE_DOMAINS
+                } else {
+                    0
+                })
+                    .map(|_| Suspect::default())
+                    .collect(),
+            },
             clock: self.clock,
             expiry_slack_ms: slack_ms,
             reset_channel,

@@ -1626,16 +1626,36 @@ async fn a_cluster_that_is_down_is_unavailable() {
 
 /// A password set on a master while the store runs (a rotation done server first, the store's
 /// URLs not yet given it): the cluster client opens its link to that node again by itself after
-/// each refusal, so without a hold every second check of its keys made a connection (about 200 a
-/// second from one store). The store holds the key's failure domain for the reconnect gap after
-/// a refusal: its checks fail at once with the refusal, at most one connection a gap is opened,
-/// and the other masters' keys go on being served.
+/// each refusal, so without a hold every second check of its keys made a connection. The store
+/// holds the checks of the failure domains that were refused (or found the link broken while
+/// refusals go on) for the reconnect gap after each such failure, but for one check of each a
+/// second: the master's keys, spread over all its domains, make a few connections a second, and
+/// the other masters' keys are served throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_password_set_on_a_master_while_running_waits_the_reconnect_gap() {
     let _one = ONE_AT_A_TIME.lock().await;
     let (cluster, store, limit, victim, bystander) =
         victim_to_lose("cluster-requirepass-gap", PATIENT).await;
     let node = cluster.nodes().iter().find(|n| n.port() == victim).unwrap();
+    // One key in each failure domain (found here, without a server), then those of the victim's.
+    let mut by_domain = std::collections::BTreeMap::new();
+    for i in 0.. {
+        let user = format!("victim-{i}");
+        by_domain
+            .entry(ratelimit_core::Store::failure_domain(
+                &store,
+                user.as_bytes(),
+            ))
+            .or_insert(user);
+        if by_domain.len() == ratelimit_redis::CLUSTER_FAILURE_DOMAINS {
+            break;
+        }
+    }
+    let users: Vec<String> = by_domain
+        .into_values()
+        .filter(|u| master_of(&cluster, &store, &limit, u) == victim)
+        .collect();
+    assert!(users.len() >= 15, "{} domains", users.len());
     node.cli(&["config", "set", "requirepass", "rotated"]);
     let connections =
         || common::connections_received(&node.cli_with_password("rotated", &["info", "stats"]));
@@ -1643,12 +1663,13 @@ async fn a_password_set_on_a_master_while_running_waits_the_reconnect_gap() {
     let before = connections();
     let started = std::time::Instant::now();
     let (mut refused, mut unavailable) = (0, 0);
-    // A check each millisecond for half a second at least, so that several gaps pass.
+    // A check each millisecond for a second and a half at least, so that many gaps pass.
     let mut i = 0;
-    while i < 300 || started.elapsed() < Duration::from_millis(500) {
-        i += 1;
+    while i < 300 || started.elapsed() < Duration::from_millis(1_500) {
         tokio::time::sleep(Duration::from_millis(1)).await;
-        let err = store.check(b"victim", &limit, 1).await.unwrap_err();
+        let user = &users[i % users.len()];
+        i += 1;
+        let err = store.check(user.as_bytes(), &limit, 1).await.unwrap_err();
         if err.is_refused_credentials() {
             refused += 1;
         } else {
@@ -1667,15 +1688,72 @@ async fn a_password_set_on_a_master_while_running_waits_the_reconnect_gap() {
     let elapsed = started.elapsed();
     // Less the `redis-cli` connection that counts them.
     let opened = connections() - before - 1;
-    // One at once, then at most one a gap (100 ms), and one more for the edge.
-    let most = 2 + elapsed.as_millis() / 100;
+    // At most one for each domain at once; then one each gap (100 ms), and one for each domain's
+    // retry each second, and one more for the edges. (Without the hold: one every second check.)
+    let domains = users.len() as u128;
+    let most =
+        domains + 2 + elapsed.as_millis() / 100 + domains * (1 + elapsed.as_millis() / 1_000);
     println!(
-        "{refused} refused and {unavailable} unavailable of {i} checks; {opened} connections \
-         opened in {elapsed:?}"
+        "{refused} refused and {unavailable} unavailable of {i} checks over {domains} domains; \
+         {opened} connections opened in {elapsed:?} (at most {most})"
     );
     assert!(refused > 0, "no refusal in {i} checks");
     assert!(
         u128::from(opened) <= most,
         "{opened} connections opened in {elapsed:?} (at most {most})"
     );
+    // Another master's link broken while the refusals go on: its domain is a suspect too, until
+    // its retry (a second) is answered; then served again. (Its checks meanwhile fail as an
+    // unavailable store's.)
+    let other = master_of(&cluster, &store, &limit, &bystander);
+    let other = cluster.nodes().iter().find(|n| n.port() == other).unwrap();
+    other.cli(&["client", "kill", "type", "normal"]);
+    let broke = std::time::Instant::now();
+    let mut served_again = None;
+    while broke.elapsed() < Duration::from_secs(3) {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        let user = &users[i % users.len()];
+        i += 1;
+        assert!(store.check(user.as_bytes(), &limit, 1).await.is_err());
+        match store.check(bystander.as_bytes(), &limit, 1).await {
+            Ok(d) => {
+                assert!(d.is_allowed());
+                served_again.get_or_insert(broke.elapsed());
+            }
+            Err(e) => {
+                // Its own master never refused: told as unavailable, not as refused credentials.
+                assert!(e.is_unavailable() && !e.is_refused_credentials(), "{e}");
+                assert!(
+                    served_again.is_none(),
+                    "the bystander failed after it was served again: {e}"
+                );
+            }
+        }
+    }
+    println!("the other master's key served again after {served_again:?}");
+    assert!(
+        served_again.is_some_and(|t| t < Duration::from_secs(2)),
+        "{served_again:?}"
+    );
+    // The password taken off again: every domain of the master is served again, within a retry
+    // (a second) or so.
+    node.cli_with_password("rotated", &["config", "set", "requirepass", ""]);
+    let back = std::time::Instant::now();
+    for user in &users {
+        loop {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+            match store.check(user.as_bytes(), &limit, 1).await {
+                Ok(d) => {
+                    assert!(d.is_allowed());
+                    break;
+                }
+                Err(e) => assert!(
+                    back.elapsed() < Duration::from_secs(5),
+                    "{user} still fails {:?} after the password was taken off: {e}",
+                    back.elapsed()
+                ),
+            }
+        }
+    }
+    println!("every domain served again in {:?}", back.elapsed());
 }
