@@ -468,6 +468,7 @@ impl RedisStore {
         let inner = &self.inner;
         crate::watch::Settings {
             infos: inner.infos.clone(),
+            cluster: self.is_cluster(),
             prefix: inner.prefix.clone(),
             connect_timeout: inner.connect_timeout,
             response_timeout: inner.response_timeout,
@@ -1525,6 +1526,7 @@ impl RedisStoreBuilder {
                 .iter()
                 .map(|url| self.connection_info(url))
                 .collect::<Result<_, _>>()?,
+            cluster: self.cluster,
             prefix: self.prefix.clone(),
             connect_timeout: self.connect_timeout,
             response_timeout: self.response_timeout,

@@ -19,6 +19,8 @@
 //! a DNS name: the old primary, made a replica, answers the `PING`s, but resets are published on
 //! the new one) is found by asking, every 5 s on a new connection, which server the address leads
 //! to (`INFO server`'s `run_id`; a user without `+info` is not checked so), and made again there.
+//! (Not on a Redis Cluster, whose every node hears every publication: an address that leads to
+//! another node of it loses nothing.)
 //! If that question goes unanswered before a subscription (a timeout, a connection that fails,
 //! an error reply other than a refusal such as `LOADING`), it is asked again every 5 s while
 //! subscribed, and the subscription is made again once it is answered, so that the watch knows
@@ -141,6 +143,9 @@ type Handler = dyn Fn(ResetNotice<'_>) + Send + Sync + 'static;
 /// What a watch needs of a store's settings.
 pub(crate) struct Settings {
     pub(crate) infos: Box<[ConnectionInfo]>,
+    /// The nodes are a Redis Cluster's: a publication reaches every node, so which node an
+    /// address leads to is not asked.
+    pub(crate) cluster: bool,
     pub(crate) prefix: String,
     pub(crate) connect_timeout: Duration,
     pub(crate) response_timeout: Duration,
@@ -158,6 +163,7 @@ impl Settings {
         let subscribed = Arc::new(AtomicBool::new(false));
         let task = runtime.spawn(watch(
             self.infos,
+            self.cluster,
             channel(&self.prefix),
             self.connect_timeout + self.response_timeout,
             self.response_timeout,
@@ -178,8 +184,9 @@ impl RedisStore {
     ///
     /// The watch subscribes on a connection of its own (a cluster's seed nodes in turn; a
     /// cluster delivers a publication to every node), and again whenever that connection is lost
-    /// or goes silent, or its address leads to another server (a failover behind a proxy or a DNS
-    /// name, asked every 5 s), waiting 100 ms doubled up to 5 s between failed attempts; after each
+    /// or goes silent, or a standalone server's address leads to another server (a failover
+    /// behind a proxy or a DNS name, asked every 5 s; not on a cluster, where any node hears every
+    /// reset), waiting 100 ms doubled up to 5 s between failed attempts; after each
     /// subscription it tells the handler [`ResetNotice::Subscribed`] (see the
     /// [module docs](crate::watch) for why).
     ///
@@ -226,6 +233,7 @@ impl LazyRedisStore {
 /// subscribes again when the subscription is lost, for as long as the task runs.
 async fn watch(
     infos: Box<[ConnectionInfo]>,
+    cluster: bool,
     channel: String,
     subscribe_within: Duration,
     response_timeout: Duration,
@@ -245,7 +253,15 @@ async fn watch(
     for info in infos.iter().cycle() {
         // Which server the address leads to, asked before subscribing (a failover between the
         // two makes the next check find another server, and subscribe again: the safe side).
-        let server = run_id(info, subscribe_within).await;
+        // Not on a cluster, whose every node hears every publication: an address that leads to
+        // another node of it (a load balancer or a DNS name in front of the nodes) loses
+        // nothing, and subscribing again there would only tell the handler to forget all it
+        // holds (`Subscribed`).
+        let server = if cluster {
+            Server::Untold
+        } else {
+            run_id(info, subscribe_within).await
+        };
         match subscribe(info, &channel, subscribe_within).await {
             Ok((sink, stream)) => {
                 subscribed.store(true, Ordering::Release);

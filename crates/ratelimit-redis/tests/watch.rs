@@ -266,6 +266,39 @@ async fn a_watch_on_a_cluster_hears_the_resets_of_every_master() {
     assert_eq!(got, want);
 }
 
+/// A cluster behind one address that leads to any of its nodes (a load balancer, a DNS name
+/// with every node's address): the watch's subscription on one node hears every reset, so the
+/// address leading to another node is no failover, and the watch stays subscribed. (It took it
+/// as one, asked every 5 s: it subscribed again, and each `Subscribed` made a gateway's
+/// `DenialCache` forget every denial, so that each abusive client cost the store a call again.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_on_a_cluster_behind_one_address_stays_subscribed_as_the_address_moves() {
+    let cluster = RedisCluster::start(3);
+    let ports: Vec<u16> = cluster.nodes().iter().map(|n| n.port()).collect();
+    let proxy = Proxy::start(ports[0]);
+    let store = RedisStore::cluster([proxy.url()])
+        .prefix(unique_prefix("watch-cluster-lb"))
+        .announce_resets(true)
+        .response_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap();
+    let (_w, mut heard) = watch(&store);
+    assert_eq!(next(&mut heard, SOON).await, Heard::Subscribed);
+    // The address leads to another node, then to the third, past the watch's 5 s check.
+    proxy.set_upstream(ports[1]);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    proxy.set_upstream(ports[2]);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let limit = limit();
+    store.reset(b"alice", &limit).await.unwrap();
+    assert_eq!(
+        next(&mut heard, SOON).await,
+        Heard::Reset(b"alice".to_vec(), limit.fingerprint()),
+        "the watch subscribed again (or heard nothing) as its address moved"
+    );
+}
+
 /// A lazy store's watch starts while Redis cannot be reached (a proxy refusing connections),
 /// and subscribes once it can, without waiting for a check to build the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
