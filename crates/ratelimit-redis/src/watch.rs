@@ -182,8 +182,9 @@ impl RedisStore {
     /// client. The handler runs on the watch's task, one notice at a time: keep it short (ending a
     /// key's entry is), and do not let it panic (the watch's task would end with it).
     ///
-    /// The watch subscribes on a connection of its own (a cluster's seed nodes in turn; a
-    /// cluster delivers a publication to every node), and again whenever that connection is lost
+    /// The watch subscribes on a connection of its own (a cluster's seed nodes in turn, then the
+    /// nodes it names in `CLUSTER SLOTS`, learned at each subscription, so that a watch given one
+    /// seed goes on once that node is gone; a cluster delivers a publication to every node), and again whenever that connection is lost
     /// or goes silent, or a standalone server's address leads to another server (a failover
     /// behind a proxy or a DNS name, asked every 5 s; not on a cluster, where any node hears every
     /// reset), waiting 100 ms doubled up to 5 s between failed attempts; after each
@@ -250,7 +251,17 @@ async fn watch(
     }
     let _unsubscribed = Unsubscribed(Arc::clone(&subscribed));
     let mut wait = RETRY_MIN;
-    for info in infos.iter().cycle() {
+    // A cluster's seeds, then the nodes it names (learned at each subscription): a watch given
+    // one seed subscribes on another node once that one is gone, as the store's cluster client
+    // goes on without it.
+    let mut nodes = infos.into_vec();
+    let mut turn = 0;
+    loop {
+        let Some(info) = nodes.get(turn % nodes.len().max(1)).cloned() else {
+            return;
+        };
+        turn += 1;
+        let info = &info;
         // Which server the address leads to, asked before subscribing (a failover between the
         // two makes the next check find another server, and subscribe again: the safe side).
         // Not on a cluster, whose every node hears every publication: an address that leads to
@@ -267,6 +278,11 @@ async fn watch(
                 subscribed.store(true, Ordering::Release);
                 ::metrics::counter!(metrics::RESET_WATCH_SUBSCRIPTIONS_TOTAL).increment(1);
                 tracing::debug!(%channel, "the reset watch is subscribed");
+                // Learned before the handler hears of the subscription: a seed lost just after
+                // it leaves the nodes known.
+                if cluster {
+                    learn_nodes(&mut nodes, info, subscribe_within).await;
+                }
                 handler(ResetNotice::Subscribed);
                 wait = RETRY_MIN;
                 let lost = listen(
@@ -306,6 +322,82 @@ async fn subscribe(
         Ok(Err(error)) => Err(error.to_string()),
         Err(_) => Err(format!("no subscription within {within:?}")),
     }
+}
+
+/// The most nodes a cluster's watch learns beyond its seeds.
+const MAX_LEARNED_NODES: usize = 64;
+
+/// Adds to `nodes` (a cluster's seeds and the nodes learned so far) the nodes that `info`'s node
+/// names in `CLUSTER SLOTS` (masters and replicas, every one of which hears every publication),
+/// asked on a new connection within `within`, each reached with `info`'s settings (its TLS and
+/// credentials) at its own address. Unanswered, nothing is learned: the watch goes on with the
+/// nodes it has.
+async fn learn_nodes(nodes: &mut Vec<ConnectionInfo>, info: &ConnectionInfo, within: Duration) {
+    let attempt = async {
+        let client = redis::Client::open(info.clone())?;
+        let mut conn = client.get_multiplexed_async_connection().await?;
+        redis::cmd("CLUSTER")
+            .arg("SLOTS")
+            .query_async::<Value>(&mut conn)
+            .await
+    };
+    let Ok(Ok(slots)) = tokio::time::timeout(within, attempt).await else {
+        return;
+    };
+    let seeds = nodes.len().min(MAX_LEARNED_NODES);
+    for (host, port) in nodes_of(&slots) {
+        if nodes.len() >= seeds + MAX_LEARNED_NODES {
+            break;
+        }
+        let addr = match info.addr() {
+            redis::ConnectionAddr::Tcp(..) => redis::ConnectionAddr::Tcp(host, port),
+            redis::ConnectionAddr::TcpTls {
+                insecure,
+                tls_params,
+                ..
+            } => redis::ConnectionAddr::TcpTls {
+                host,
+                port,
+                insecure: *insecure,
+                tls_params: tls_params.clone(),
+            },
+            _ => return,
+        };
+        if !nodes.iter().any(|n| *n.addr() == addr) {
+            nodes.push(info.clone().set_addr(addr));
+        }
+    }
+}
+
+/// Every node a `CLUSTER SLOTS` reply names (each slot range's master and replicas), by the
+/// address it announces; those without a usable one (an empty or wildcard host, `?`) left out.
+fn nodes_of(slots: &Value) -> Vec<(String, u16)> {
+    let mut found = Vec::new();
+    let Value::Array(ranges) = slots else {
+        return found;
+    };
+    for range in ranges {
+        let Value::Array(range) = range else { continue };
+        for node in range.iter().skip(2) {
+            let Value::Array(node) = node else { continue };
+            let host = match node.first() {
+                Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+                Some(Value::SimpleString(s)) => s.clone(),
+                _ => continue,
+            };
+            let port = match node.get(1) {
+                Some(Value::Int(p)) => u16::try_from(*p).ok(),
+                _ => None,
+            };
+            let unusable = host.is_empty() || host == "?" || host == "0.0.0.0" || host == "::";
+            if let (false, Some(port)) = (unusable, port)
+                && !found.contains(&(host.clone(), port))
+            {
+                found.push((host, port));
+            }
+        }
+    }
+    found
 }
 
 /// What a question of which server an address leads to found.
@@ -407,6 +499,47 @@ async fn listen(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every node of every range, masters and replicas, once each; none without a usable
+    /// address.
+    #[test]
+    fn the_nodes_a_cluster_names_are_read_from_cluster_slots() {
+        let node = |host: &str, port: i64| {
+            Value::Array(vec![
+                Value::BulkString(host.as_bytes().to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let range = |from: i64, to: i64, nodes: Vec<Value>| {
+            let mut r = vec![Value::Int(from), Value::Int(to)];
+            r.extend(nodes);
+            Value::Array(r)
+        };
+        let slots = Value::Array(vec![
+            range(
+                0,
+                5460,
+                vec![node("10.0.0.1", 7000), node("10.0.0.4", 7003)],
+            ),
+            range(5461, 10922, vec![node("10.0.0.2", 7001), node("?", 7004)]),
+            range(10923, 12000, vec![node("", 7002), node("10.0.0.1", 7000)]),
+            range(
+                12001,
+                16383,
+                vec![node("0.0.0.0", 7005), node("10.0.0.3", 70_000)],
+            ),
+        ]);
+        assert_eq!(
+            nodes_of(&slots),
+            [
+                ("10.0.0.1".to_owned(), 7000),
+                ("10.0.0.4".to_owned(), 7003),
+                ("10.0.0.2".to_owned(), 7001),
+            ]
+        );
+        assert!(nodes_of(&Value::Nil).is_empty());
+    }
 
     #[test]
     fn a_notice_reads_back_as_it_was_written() {

@@ -299,6 +299,56 @@ async fn a_watch_on_a_cluster_behind_one_address_stays_subscribed_as_the_address
     );
 }
 
+/// A cluster store given one seed node goes on serving the other masters' keys once that node
+/// is gone, and so does its watch: it learns the cluster's nodes as it subscribes, and subscribes
+/// on another once its seed is gone. (It tried the dead seed alone, for as long as it was gone,
+/// while other gateways' resets went unheard.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_given_one_seed_subscribes_on_another_node_once_the_seed_is_gone() {
+    let mut cluster =
+        RedisCluster::start_with_replicas(3, 0, &["cluster-require-full-coverage no"]);
+    let seed = cluster.nodes()[0].port();
+    let prefix = unique_prefix("watch-one-seed");
+    let build = |urls: Vec<String>| {
+        RedisStore::cluster(urls)
+            .prefix(prefix.clone())
+            .announce_resets(true)
+            .response_timeout(Duration::from_secs(2))
+            .build()
+    };
+    let a = build(vec![cluster.nodes()[0].url()]).await.unwrap();
+    let b = build(cluster.urls()).await.unwrap();
+    let (watch_a, mut heard) = watch(&a);
+    assert_eq!(next(&mut heard, SOON).await, Heard::Subscribed);
+    cluster.kill_node(seed);
+    // A user whose key is on a master still up.
+    let limit = limit();
+    let user = (0..)
+        .map(|i| format!("user-{i}"))
+        .find(|u| {
+            cluster
+                .node_for(&b.state_keys(u.as_bytes(), &limit)[0])
+                .port()
+                != seed
+        })
+        .unwrap();
+    let got = next(&mut heard, Duration::from_secs(15)).await;
+    assert_eq!(
+        got,
+        Heard::Subscribed,
+        "subscribed: {}",
+        watch_a.is_subscribed()
+    );
+    let deadline = tokio::time::Instant::now() + SOON;
+    while b.reset(user.as_bytes(), &limit).await.is_err() {
+        assert!(tokio::time::Instant::now() < deadline, "no reset");
+    }
+    assert_eq!(
+        next(&mut heard, SOON).await,
+        Heard::Reset(user.into_bytes(), limit.fingerprint())
+    );
+}
+
 /// A lazy store's watch starts while Redis cannot be reached (a proxy refusing connections),
 /// and subscribes once it can, without waiting for a check to build the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
