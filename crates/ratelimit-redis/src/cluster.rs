@@ -623,24 +623,11 @@ impl Nodes {
                 "no node settings to connect with",
             )));
         };
-        let addr = match template.addr() {
-            ConnectionAddr::Tcp(..) => ConnectionAddr::Tcp(host.to_owned(), port),
-            ConnectionAddr::TcpTls {
-                insecure,
-                tls_params,
-                ..
-            } => ConnectionAddr::TcpTls {
-                host: host.to_owned(),
-                port,
-                insecure: *insecure,
-                tls_params: tls_params.clone(),
-            },
-            _ => {
-                return Err(RedisError::from((
-                    ErrorKind::InvalidClientConfig,
-                    "cluster nodes are reached over TCP",
-                )));
-            }
+        let Some(addr) = address_like(template.addr(), host, port) else {
+            return Err(RedisError::from((
+                ErrorKind::InvalidClientConfig,
+                "cluster nodes are reached over TCP",
+            )));
         };
         let client = redis::Client::open(template.clone().set_addr(addr))?;
         let config = AsyncConnectionConfig::new()
@@ -664,24 +651,54 @@ fn masters_of(slots: &Value) -> std::collections::BTreeSet<(String, u16)> {
     };
     for range in ranges {
         let Value::Array(range) = range else { continue };
-        let Some(Value::Array(master)) = range.get(2) else {
-            continue;
-        };
-        let host = match master.first() {
-            Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-            Some(Value::SimpleString(s)) => s.clone(),
-            _ => continue,
-        };
-        let port = match master.get(1) {
-            Some(Value::Int(p)) => u16::try_from(*p).ok(),
-            _ => None,
-        };
-        let unusable = host.is_empty() || host == "?" || host == "0.0.0.0" || host == "::";
-        if let (false, Some(port)) = (unusable, port) {
-            masters.insert((host, port));
+        if let Some(master) = range.get(2).and_then(node_address) {
+            masters.insert(master);
         }
     }
     masters
+}
+
+/// A node's address in a `CLUSTER SLOTS` range (`[host, port, id, ...]`), if it has a usable one:
+/// not an empty or wildcard host (which the client replaces with the answering node's), nor `?`
+/// (an unknown endpoint, which it skips).
+pub(crate) fn node_address(node: &Value) -> Option<(String, u16)> {
+    let Value::Array(node) = node else {
+        return None;
+    };
+    let host = match node.first() {
+        Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
+        Some(Value::SimpleString(s)) => s.clone(),
+        _ => return None,
+    };
+    let port = match node.get(1) {
+        Some(Value::Int(p)) => u16::try_from(*p).ok()?,
+        _ => return None,
+    };
+    let unusable = host.is_empty() || host == "?" || host == "0.0.0.0" || host == "::";
+    (!unusable).then_some((host, port))
+}
+
+/// `host:port` reached as `template` reaches its node (plain TCP, or TLS with its settings);
+/// `None` for a template that is not TCP.
+pub(crate) fn address_like(
+    template: &ConnectionAddr,
+    host: &str,
+    port: u16,
+) -> Option<ConnectionAddr> {
+    match template {
+        ConnectionAddr::Tcp(..) => Some(ConnectionAddr::Tcp(host.to_owned(), port)),
+        ConnectionAddr::TcpTls {
+            insecure,
+            tls_params,
+            ..
+        } => Some(ConnectionAddr::TcpTls {
+            host: host.to_owned(),
+            port,
+            insecure: *insecure,
+            tls_params: tls_params.clone(),
+        }),
+        _ => None,
+    }
 }
 
 /// The nodes that answered a `PING` sent to every primary with no response policy (a map of

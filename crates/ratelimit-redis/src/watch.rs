@@ -349,19 +349,8 @@ async fn learn_nodes(nodes: &mut Vec<ConnectionInfo>, info: &ConnectionInfo, wit
         if nodes.len() >= seeds + MAX_LEARNED_NODES {
             break;
         }
-        let addr = match info.addr() {
-            redis::ConnectionAddr::Tcp(..) => redis::ConnectionAddr::Tcp(host, port),
-            redis::ConnectionAddr::TcpTls {
-                insecure,
-                tls_params,
-                ..
-            } => redis::ConnectionAddr::TcpTls {
-                host,
-                port,
-                insecure: *insecure,
-                tls_params: tls_params.clone(),
-            },
-            _ => return,
+        let Some(addr) = crate::cluster::address_like(info.addr(), &host, port) else {
+            return;
         };
         if !nodes.iter().any(|n| *n.addr() == addr) {
             nodes.push(info.clone().set_addr(addr));
@@ -379,21 +368,10 @@ fn nodes_of(slots: &Value) -> Vec<(String, u16)> {
     for range in ranges {
         let Value::Array(range) = range else { continue };
         for node in range.iter().skip(2) {
-            let Value::Array(node) = node else { continue };
-            let host = match node.first() {
-                Some(Value::BulkString(b)) => String::from_utf8_lossy(b).into_owned(),
-                Some(Value::SimpleString(s)) => s.clone(),
-                _ => continue,
-            };
-            let port = match node.get(1) {
-                Some(Value::Int(p)) => u16::try_from(*p).ok(),
-                _ => None,
-            };
-            let unusable = host.is_empty() || host == "?" || host == "0.0.0.0" || host == "::";
-            if let (false, Some(port)) = (unusable, port)
-                && !found.contains(&(host.clone(), port))
+            if let Some(addr) = crate::cluster::node_address(node)
+                && !found.contains(&addr)
             {
-                found.push((host, port));
+                found.push(addr);
             }
         }
     }
