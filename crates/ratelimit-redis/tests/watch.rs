@@ -62,6 +62,17 @@ async fn store(url: &str, prefix: &str, announce: bool) -> RedisStore {
 
 const SOON: Duration = Duration::from_secs(5);
 
+/// A store on the cluster whose seed nodes are `urls`, announcing its resets under `prefix`.
+async fn cluster_store(urls: Vec<String>, prefix: &str) -> RedisStore {
+    RedisStore::cluster(urls)
+        .prefix(prefix)
+        .announce_resets(true)
+        .response_timeout(Duration::from_secs(5))
+        .build()
+        .await
+        .unwrap()
+}
+
 /// Heard: the resets of every announcing store of the prefix (its own included), with the key
 /// and the limit's fingerprint, in order. Not heard: a store that does not announce, and one of
 /// another prefix.
@@ -229,13 +240,7 @@ async fn a_reset_through_one_gateway_ends_anothers_cached_denial() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_watch_on_a_cluster_hears_the_resets_of_every_master() {
     let cluster = RedisCluster::start(3);
-    let store = RedisStore::cluster(cluster.urls())
-        .prefix(unique_prefix("watch-cluster"))
-        .announce_resets(true)
-        .response_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let store = cluster_store(cluster.urls(), &unique_prefix("watch-cluster")).await;
     let (_w, mut heard) = watch(&store);
     assert_eq!(next(&mut heard, SOON).await, Heard::Subscribed);
     let limit = limit();
@@ -276,13 +281,7 @@ async fn a_watch_on_a_cluster_behind_one_address_stays_subscribed_as_the_address
     let cluster = RedisCluster::start(3);
     let ports: Vec<u16> = cluster.nodes().iter().map(|n| n.port()).collect();
     let proxy = Proxy::start(ports[0]);
-    let store = RedisStore::cluster([proxy.url()])
-        .prefix(unique_prefix("watch-cluster-lb"))
-        .announce_resets(true)
-        .response_timeout(Duration::from_secs(5))
-        .build()
-        .await
-        .unwrap();
+    let store = cluster_store(vec![proxy.url()], &unique_prefix("watch-cluster-lb")).await;
     let (_w, mut heard) = watch(&store);
     assert_eq!(next(&mut heard, SOON).await, Heard::Subscribed);
     // The address leads to another node, then to the third, past the watch's 5 s check.
@@ -309,15 +308,8 @@ async fn a_watch_given_one_seed_subscribes_on_another_node_once_the_seed_is_gone
         RedisCluster::start_with_replicas(3, 0, &["cluster-require-full-coverage no"]);
     let seed = cluster.nodes()[0].port();
     let prefix = unique_prefix("watch-one-seed");
-    let build = |urls: Vec<String>| {
-        RedisStore::cluster(urls)
-            .prefix(prefix.clone())
-            .announce_resets(true)
-            .response_timeout(Duration::from_secs(2))
-            .build()
-    };
-    let a = build(vec![cluster.nodes()[0].url()]).await.unwrap();
-    let b = build(cluster.urls()).await.unwrap();
+    let a = cluster_store(vec![cluster.nodes()[0].url()], &prefix).await;
+    let b = cluster_store(cluster.urls(), &prefix).await;
     let (watch_a, mut heard) = watch(&a);
     assert_eq!(next(&mut heard, SOON).await, Heard::Subscribed);
     cluster.kill_node(seed);
