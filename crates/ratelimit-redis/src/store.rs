@@ -4,7 +4,7 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::task::Poll;
 use std::time::Duration;
 
@@ -108,17 +108,18 @@ struct Inner {
 /// itself after each refusal (and after the broken link the server's closing leaves), so every
 /// second check of the node's keys would make a connection.
 ///
-/// Which master a failure domain's keys are on is not known here, so the domains are told apart
-/// by what their checks get: a domain whose check is refused, or fails on a broken link while
-/// refusals go on, is a suspect until one of its checks is answered. For [`RECONNECT_GAP`] after
-/// each such failure, the suspects' checks fail at once, without being sent (with the refusal,
-/// or for a domain whose own check was not refused, as an unavailable store's),
-/// but for one check of each suspect a [`SUSPECT_RETRY`], which clears it if answered (a master
-/// that serves the store, whose link broke for another reason). The other domains' checks are
-/// sent as always. So the refusing master gets about one connection every two gaps, plus two or
-/// so a second for each of its failure domains in use, whatever its number of keys, while the
-/// other masters' keys are served. A standalone connection gets its gap through its slot's
-/// failed openings (see [`Failed`]).
+/// Which master a key's hash slot is on is not known here, so the slots are told apart by what
+/// their checks get: a slot whose check is refused is a suspect, and so is one whose check fails
+/// on a broken link while refusals go on (within [`REFUSALS_REMEMBERED`] of the last), until one
+/// of its checks is answered. For [`RECONNECT_GAP`] after each such failure, while refusals go
+/// on, the suspects' checks fail at once, without being sent: with the refusal, or for a slot
+/// whose own check was not refused, as an unavailable store's, and one check of such a slot a
+/// [`SUSPECT_RETRY`] is sent all the same, which clears it if answered (a master that serves the
+/// store, whose link broke for another reason). The other slots' checks are sent as always. So
+/// the refusing master gets about one connection every two gaps once each of its slots in use
+/// has been refused, whatever its number of keys, while the other masters' keys are served; and
+/// once it accepts the store again, nothing is held a second after its last refusal. A
+/// standalone connection gets its gap through its slot's failed openings (see [`Failed`]).
 struct Refusals {
     /// Until when the suspects are held, in the store's microseconds (`Inner::micros`); 0 for
     /// none.
@@ -126,25 +127,18 @@ struct Refusals {
     /// When the last refusal came (0 for none yet).
     last: AtomicU64,
     error: Mutex<Option<RedisStoreError>>,
-    /// Per failure domain.
-    domains: Box<[Suspect]>,
+    /// Per hash slot, made at the first refusal: 0 for a slot that is no suspect; else when a
+    /// check of the slot last went to its master while it was one (µs), shifted left by one,
+    /// with the low bit set if the slot's own check was refused.
+    slots: OnceLock<Box<[AtomicU64]>>,
 }
 
-#[derive(Default)]
-struct Suspect {
-    suspect: AtomicBool,
-    /// The domain's own check was refused (else its link broke while another's was): its held
-    /// checks get the refusal, else an unavailable store's error.
-    refused: AtomicBool,
-    /// When a check of the domain last went to its master while it was a suspect (µs).
-    tried: AtomicU64,
-}
+/// How long after the last refusal as unauthenticated suspects are held, and a broken link makes
+/// its slot a suspect (see [`Refusals`]).
+const REFUSALS_REMEMBERED: Duration = Duration::from_secs(1);
 
-/// How long after the last refusal as unauthenticated a broken link still makes its domain a
-/// suspect (see [`Refusals`]).
-const REFUSALS_REMEMBERED: Duration = Duration::from_secs(10);
-
-/// How often a suspect domain's check is sent all the same (see [`Refusals`]).
+/// How often a check of a suspect slot whose own check was not refused is sent all the same (see
+/// [`Refusals`]).
 const SUSPECT_RETRY: Duration = Duration::from_secs(1);
 
 enum Backend {
@@ -791,13 +785,12 @@ impl Inner {
         // another. Bounded, so that a server closing every new connection at once cannot keep a
         // check here until its deadline (it is sent on the last one taken, and fails).
         let mut closed = 0;
-        let domain = match self.backend {
-            Backend::Single(_) => 0,
-            Backend::Cluster(_) => {
-                cluster::first_key(&cmd).map_or(0, |k| domain_of_slot(key::slot_of_redis_key(k)))
-            }
+        let hash_slot = match self.backend {
+            Backend::Single(_) => None,
+            Backend::Cluster(_) => cluster::first_key(&cmd).map(key::slot_of_redis_key),
         };
-        if let Some(refused) = self.held(domain) {
+        let domain = hash_slot.map_or(0, domain_of_slot);
+        if let Some(refused) = hash_slot.and_then(|s| self.held(s)) {
             return Err(refused);
         }
         let (slot, generation, mut conn, sent) = loop {
@@ -883,7 +876,9 @@ impl Inner {
             };
             self.discard_with(slot, generation, failure);
         } else if matches!(conn, Conn::Cluster(_)) {
-            self.heard(domain, &reply);
+            if let Some(hash_slot) = hash_slot {
+                self.heard(hash_slot, &reply);
+            }
         } else {
             // An answer, even an error reply: the connection works, and has answered every
             // command sent before this one.
@@ -1221,16 +1216,17 @@ impl Inner {
         u64::try_from(self.epoch.elapsed().as_micros()).unwrap_or(u64::MAX - 1)
     }
 
-    /// The refusal that holds a check of cluster failure domain `domain`, if one does (see
+    /// The refusal that holds a check of cluster hash slot `hash_slot`, if one does (see
     /// [`Refusals`]).
-    fn held(&self, domain: usize) -> Option<RedisStoreError> {
+    fn held(&self, hash_slot: u16) -> Option<RedisStoreError> {
         let r = &self.refusals;
         let until = r.until.load(Ordering::Acquire);
         if until == 0 {
             return None;
         }
-        let d = r.domains.get(domain)?;
-        if !d.suspect.load(Ordering::Relaxed) {
+        let state = r.slots.get()?.get(usize::from(hash_slot))?;
+        let v = state.load(Ordering::Relaxed);
+        if v == 0 {
             return None;
         }
         let now = self.micros();
@@ -1241,63 +1237,76 @@ impl Inner {
                 .compare_exchange(until, 0, Ordering::Relaxed, Ordering::Relaxed);
             return None;
         }
-        let tried = d.tried.load(Ordering::Relaxed);
-        if now.saturating_sub(tried) >= micros_of(SUSPECT_RETRY)
-            && d.tried
-                .compare_exchange(tried, now, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
-        {
-            // This domain's retry: sent, and its answer clears it.
+        if now.saturating_sub(r.last.load(Ordering::Relaxed)) >= micros_of(REFUSALS_REMEMBERED) {
+            // No refusal for a while (the master accepts the store again, or has not been asked):
+            // the check is sent.
             return None;
         }
-        if d.refused.load(Ordering::Relaxed) {
-            lock(&r.error).clone()
-        } else {
-            Some(RedisStoreError::Connection {
-                message: "the link to the key's master broke while a master refuses the \
-                          store's credentials: its checks are held for the reconnect gap"
-                    .into(),
-                source: None,
-            })
+        if v & 1 == 1 {
+            return lock(&r.error).clone();
         }
+        if now.saturating_sub(v >> 1) >= micros_of(SUSPECT_RETRY)
+            && state
+                .compare_exchange(v, now.max(1) << 1, Ordering::Relaxed, Ordering::Relaxed)
+                .is_ok()
+        {
+            // This slot's retry: sent, and its answer clears it.
+            return None;
+        }
+        Some(RedisStoreError::Connection {
+            message: "the link to the key's master broke while a master refuses the store's \
+                      credentials: its checks are held for the reconnect gap"
+                .into(),
+            source: None,
+        })
     }
 
-    /// What a check of cluster failure domain `domain` got tells whether its master refuses
-    /// the store (see [`Refusals`]).
-    fn heard(&self, domain: usize, reply: &Result<Value, RedisError>) {
+    /// What a check of cluster hash slot `hash_slot` got tells whether its master refuses the
+    /// store (see [`Refusals`]).
+    fn heard(&self, hash_slot: u16, reply: &Result<Value, RedisError>) {
         let r = &self.refusals;
-        let Some(d) = r.domains.get(domain) else {
-            return;
-        };
+        let i = usize::from(hash_slot);
         match reply {
             Ok(_) => {
-                if d.suspect.load(Ordering::Relaxed) {
-                    d.suspect.store(false, Ordering::Relaxed);
-                    d.refused.store(false, Ordering::Relaxed);
+                if let Some(state) = r.slots.get().and_then(|t| t.get(i))
+                    && state.load(Ordering::Relaxed) != 0
+                {
+                    state.store(0, Ordering::Relaxed);
                 }
             }
             Err(e) if crate::error::unauthenticated(e) => {
                 let now = self.micros().max(1);
-                r.last.store(now, Ordering::Relaxed);
                 *lock(&r.error) = Some(RedisStoreError::Redis(e.clone()));
-                d.refused.store(true, Ordering::Relaxed);
-                self.suspected(d, now);
+                r.last.store(now, Ordering::Relaxed);
+                let table = r
+                    .slots
+                    .get_or_init(|| (0..16_384).map(|_| AtomicU64::new(0)).collect());
+                if let Some(state) = table.get(i) {
+                    state.store(now << 1 | 1, Ordering::Relaxed);
+                }
+                self.hold_suspects(now);
             }
             Err(e) if is_broken(e) => {
                 let last = r.last.load(Ordering::Relaxed);
                 let now = self.micros().max(1);
-                if last != 0 && now.saturating_sub(last) < micros_of(REFUSALS_REMEMBERED) {
-                    self.suspected(d, now);
+                if last == 0 || now.saturating_sub(last) >= micros_of(REFUSALS_REMEMBERED) {
+                    return;
                 }
+                if let Some(state) = r.slots.get().and_then(|t| t.get(i)) {
+                    // A slot refused before stays so; another is tried now.
+                    let v = state.load(Ordering::Relaxed);
+                    if v & 1 == 0 {
+                        state.store(now << 1, Ordering::Relaxed);
+                    }
+                }
+                self.hold_suspects(now);
             }
             Err(_) => {}
         }
     }
 
-    /// Domain `d` is a suspect, tried at `now`: suspects are held for the reconnect gap.
-    fn suspected(&self, d: &Suspect, now: u64) {
-        d.tried.store(now, Ordering::Relaxed);
-        d.suspect.store(true, Ordering::Relaxed);
+    /// Suspects are held for the reconnect gap from `now`.
+    fn hold_suspects(&self, now: u64) {
         self.refusals.until.store(
             now.saturating_add(micros_of(RECONNECT_GAP)),
             Ordering::Release,
@@ -1954,13 +1963,7 @@ impl RedisStoreBuilder {
                 until: AtomicU64::new(0),
                 last: AtomicU64::new(0),
                 error: Mutex::new(None),
-                domains: (0..if self.cluster {
-                    CLUSTER_FAILURE_DOMAINS
-                } else {
-                    0
-                })
-                    .map(|_| Suspect::default())
-                    .collect(),
+                slots: OnceLock::new(),
             },
             clock: self.clock,
             expiry_slack_ms: slack_ms,
