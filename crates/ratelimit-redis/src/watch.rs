@@ -255,6 +255,7 @@ async fn watch(
     // one seed subscribes on another node once that one is gone, as the store's cluster client
     // goes on without it.
     let mut nodes = infos.into_vec();
+    let seeds = nodes.len();
     let mut turn = 0;
     loop {
         let Some(info) = nodes.get(turn % nodes.len().max(1)).cloned() else {
@@ -274,15 +275,17 @@ async fn watch(
             run_id(info, subscribe_within).await
         };
         match subscribe(info, &channel, subscribe_within).await {
+            // On a cluster, the nodes it names, learned before the handler hears of the
+            // subscription (a seed lost just after it leaves them known). A node that names none
+            // has left the cluster (or not joined it): it hears no publication, and another is
+            // tried.
+            Ok(_) if cluster && !learn_nodes(&mut nodes, seeds, info, subscribe_within).await => {
+                tracing::warn!(%channel, retry_in = ?wait, "the reset watch could not subscribe: the node serves no slot of a cluster");
+            }
             Ok((sink, stream)) => {
                 subscribed.store(true, Ordering::Release);
                 ::metrics::counter!(metrics::RESET_WATCH_SUBSCRIPTIONS_TOTAL).increment(1);
                 tracing::debug!(%channel, "the reset watch is subscribed");
-                // Learned before the handler hears of the subscription: a seed lost just after
-                // it leaves the nodes known.
-                if cluster {
-                    learn_nodes(&mut nodes, info, subscribe_within).await;
-                }
                 handler(ResetNotice::Subscribed);
                 wait = RETRY_MIN;
                 let lost = listen(
@@ -290,7 +293,7 @@ async fn watch(
                     stream,
                     &*handler,
                     response_timeout,
-                    (info, server, subscribe_within),
+                    (info, server, subscribe_within, cluster),
                 )
                 .await;
                 subscribed.store(false, Ordering::Release);
@@ -327,12 +330,42 @@ async fn subscribe(
 /// The most nodes a cluster's watch learns beyond its seeds.
 const MAX_LEARNED_NODES: usize = 64;
 
-/// Adds to `nodes` (a cluster's seeds and the nodes learned so far) the nodes that `info`'s node
-/// names in `CLUSTER SLOTS` (masters and replicas, every one of which hears every publication),
-/// asked on a new connection within `within`, each reached with `info`'s settings (its TLS and
-/// credentials) at its own address. Unanswered, nothing is learned: the watch goes on with the
-/// nodes it has.
-async fn learn_nodes(nodes: &mut Vec<ConnectionInfo>, info: &ConnectionInfo, within: Duration) {
+/// Learns the nodes that `info`'s node names in `CLUSTER SLOTS` (masters and replicas, every one
+/// of which hears every publication), asked on a new connection within `within`: `nodes` becomes
+/// its first `seeds` (the cluster's seed nodes) and those, each reached with `info`'s settings
+/// (its TLS and credentials) at its own address. `false` if the node names none: it serves no
+/// slot of a cluster (it left one, or never joined). Unanswered, nothing is learned, and the
+/// node is taken as it is (`true`).
+async fn learn_nodes(
+    nodes: &mut Vec<ConnectionInfo>,
+    seeds: usize,
+    info: &ConnectionInfo,
+    within: Duration,
+) -> bool {
+    let Some(named) = cluster_nodes(info, within).await else {
+        return true;
+    };
+    if named.is_empty() {
+        return false;
+    }
+    nodes.truncate(seeds);
+    for (host, port) in named {
+        if nodes.len() >= seeds + MAX_LEARNED_NODES {
+            break;
+        }
+        let Some(addr) = crate::cluster::address_like(info.addr(), &host, port) else {
+            break;
+        };
+        if !nodes.iter().any(|n| *n.addr() == addr) {
+            nodes.push(info.clone().set_addr(addr));
+        }
+    }
+    true
+}
+
+/// The nodes that `info`'s node names in `CLUSTER SLOTS`, asked on a new connection within
+/// `within`; `None` if unanswered.
+async fn cluster_nodes(info: &ConnectionInfo, within: Duration) -> Option<Vec<(String, u16)>> {
     let attempt = async {
         let client = redis::Client::open(info.clone())?;
         let mut conn = client.get_multiplexed_async_connection().await?;
@@ -341,20 +374,9 @@ async fn learn_nodes(nodes: &mut Vec<ConnectionInfo>, info: &ConnectionInfo, wit
             .query_async::<Value>(&mut conn)
             .await
     };
-    let Ok(Ok(slots)) = tokio::time::timeout(within, attempt).await else {
-        return;
-    };
-    let seeds = nodes.len().min(MAX_LEARNED_NODES);
-    for (host, port) in nodes_of(&slots) {
-        if nodes.len() >= seeds + MAX_LEARNED_NODES {
-            break;
-        }
-        let Some(addr) = crate::cluster::address_like(info.addr(), &host, port) else {
-            return;
-        };
-        if !nodes.iter().any(|n| *n.addr() == addr) {
-            nodes.push(info.clone().set_addr(addr));
-        }
+    match tokio::time::timeout(within, attempt).await {
+        Ok(Ok(slots)) => Some(nodes_of(&slots)),
+        _ => None,
     }
 }
 
@@ -418,18 +440,30 @@ async fn run_id(info: &ConnectionInfo, within: Duration) -> Server {
 /// server now, asked every [`SERVER_CHECK_EVERY`]: a failover behind one address (a proxy, a DNS
 /// name), whose old primary, made a replica, keeps the subscription and answers its `PING`s, but
 /// is not where resets are published now. If the question had gone unanswered, the first answer
-/// ends the subscription too, to be made again where the server is known. Returns why.
+/// ends the subscription too, to be made again where the server is known. On a cluster (the
+/// last of `server`), the address's node is asked instead, as often, whether it still serves a
+/// slot of the cluster: one that left it hears no publication. Returns why.
 async fn listen(
     mut sink: PubSubSink,
     mut stream: PubSubStream,
     handler: &Handler,
     response_timeout: Duration,
-    mut server: (&ConnectionInfo, Server, Duration),
+    mut server: (&ConnectionInfo, Server, Duration, bool),
 ) -> String {
     let heard = ::metrics::counter!(metrics::RESET_NOTICES_TOTAL);
     let mut check_at = tokio::time::Instant::now() + SERVER_CHECK_EVERY;
     loop {
-        let (info, subscribed_to, within) = &mut server;
+        let (info, subscribed_to, within, cluster) = &mut server;
+        // A cluster's node: whether it still serves the cluster (not reset out of it).
+        if *cluster && tokio::time::Instant::now() >= check_at {
+            check_at = tokio::time::Instant::now() + SERVER_CHECK_EVERY;
+            if cluster_nodes(info, *within)
+                .await
+                .is_some_and(|named| named.is_empty())
+            {
+                return "its node serves no slot of a cluster now (it left the cluster)".to_owned();
+            }
+        }
         if !matches!(subscribed_to, Server::Untold) && tokio::time::Instant::now() >= check_at {
             check_at = tokio::time::Instant::now() + SERVER_CHECK_EVERY;
             // Not known now (the server down): the `PING`s say whether the subscription is alive.

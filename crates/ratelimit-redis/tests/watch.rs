@@ -341,6 +341,67 @@ async fn a_watch_given_one_seed_subscribes_on_another_node_once_the_seed_is_gone
     );
 }
 
+/// A cluster node that leaves the cluster (`CLUSTER RESET HARD`, forgotten by the others) but
+/// runs on hears no publication: a watch does not stay subscribed there. Its seed, the master of
+/// slot 0, names its replica first among the nodes the watch learns; every replica leaves the
+/// cluster, then the masters drop the watch's subscriptions, round after round. The watch tries
+/// the replicas that left, finds them serving no slot, and subscribes on a node of the cluster,
+/// where it hears the resets. (It subscribed on a node that left and heard nothing.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_does_not_stay_on_a_node_that_left_the_cluster() {
+    let cluster = RedisCluster::start_with_replicas(3, 1, &[]);
+    let role = |n: &RedisServer, role: &str| {
+        n.cli(&["cluster", "nodes"])
+            .lines()
+            .any(|l| l.contains("myself") && l.contains(role))
+    };
+    // Every replica named by the seed's `CLUSTER SLOTS` (once each has synced), so that the
+    // watch learns them.
+    let seed = cluster
+        .nodes()
+        .iter()
+        .find(|n| cluster.slots_of(n).iter().any(|r| r.contains(&0)))
+        .unwrap();
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while seed.cli(&["cluster", "slots"]).matches("127.0.0.1").count() < 6 {
+        assert!(std::time::Instant::now() < deadline, "replicas not known");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let prefix = unique_prefix("watch-left");
+    let a = cluster_store(vec![seed.url()], &prefix).await;
+    let b = cluster_store(cluster.urls(), &prefix).await;
+    let (_w, mut heard) = watch(&a);
+    assert_eq!(next(&mut heard, SOON).await, Heard::Subscribed);
+    let (replicas, masters): (Vec<_>, Vec<_>) =
+        cluster.nodes().iter().partition(|n| role(n, "slave"));
+    for r in &replicas {
+        let id = r.cli(&["cluster", "myid"]);
+        r.cli(&["cluster", "reset", "hard"]);
+        for m in &masters {
+            m.cli(&["cluster", "forget", id.trim()]);
+        }
+    }
+    // Subscriptions on the cluster's nodes dropped, round after round: the watch goes through
+    // the nodes it knows, and each time subscribes where it hears the resets.
+    let limit = limit();
+    for round in 0..6 {
+        for m in &masters {
+            m.cli(&["client", "kill", "type", "pubsub"]);
+        }
+        assert_eq!(
+            next(&mut heard, Duration::from_secs(15)).await,
+            Heard::Subscribed
+        );
+        let user = format!("user-{round}");
+        b.reset(user.as_bytes(), &limit).await.unwrap();
+        assert_eq!(
+            next(&mut heard, SOON).await,
+            Heard::Reset(user.into_bytes(), limit.fingerprint()),
+            "round {round}: the watch subscribed where resets are not heard"
+        );
+    }
+}
+
 /// A lazy store's watch starts while Redis cannot be reached (a proxy refusing connections),
 /// and subscribes once it can, without waiting for a check to build the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
