@@ -113,13 +113,15 @@ struct Inner {
 /// on a broken link while refusals go on (within [`REFUSALS_REMEMBERED`] of the last), until one
 /// of its checks is answered. For [`RECONNECT_GAP`] after each such failure, while refusals go
 /// on, the suspects' checks fail at once, without being sent: with the refusal, or for a slot
-/// whose own check was not refused, as an unavailable store's, and one check of such a slot a
-/// [`SUSPECT_RETRY`] is sent all the same, which clears it if answered (a master that serves the
-/// store, whose link broke for another reason). The other slots' checks are sent as always. So
-/// the refusing master gets about one connection every two gaps once each of its slots in use
-/// has been refused, whatever its number of keys, while the other masters' keys are served; and
-/// once it accepts the store again, nothing is held a second after its last refusal. A
-/// standalone connection gets its gap through its slot's failed openings (see [`Failed`]).
+/// whose own check was not refused, as an unavailable store's. One check of each suspect a
+/// [`SUSPECT_RETRY`] is sent all the same, which clears it if answered (its master accepts the
+/// store again while another still refuses it, or its link broke for another reason). The
+/// other slots' checks are sent as always. So the refusing master gets about one connection
+/// every two gaps, and one for each two of its slots in use a second, whatever its number of
+/// keys, while the other masters' keys are served; a slot whose master accepts the store again
+/// is served from its next retry, within a second, and nothing is held a second after the last
+/// refusal. A standalone connection gets its gap through its slot's failed openings (see
+/// [`Failed`]).
 struct Refusals {
     /// Until when the suspects are held, in the store's microseconds (`Inner::micros`); 0 for
     /// none.
@@ -137,8 +139,7 @@ struct Refusals {
 /// its slot a suspect (see [`Refusals`]).
 const REFUSALS_REMEMBERED: Duration = Duration::from_secs(1);
 
-/// How often a check of a suspect slot whose own check was not refused is sent all the same (see
-/// [`Refusals`]).
+/// How often a check of a suspect slot is sent all the same (see [`Refusals`]).
 const SUSPECT_RETRY: Duration = Duration::from_secs(1);
 
 enum Backend {
@@ -1242,16 +1243,22 @@ impl Inner {
             // the check is sent.
             return None;
         }
-        if v & 1 == 1 {
-            return lock(&r.error).clone();
-        }
         if now.saturating_sub(v >> 1) >= micros_of(SUSPECT_RETRY)
             && state
-                .compare_exchange(v, now.max(1) << 1, Ordering::Relaxed, Ordering::Relaxed)
+                .compare_exchange(
+                    v,
+                    now.max(1) << 1 | (v & 1),
+                    Ordering::Relaxed,
+                    Ordering::Relaxed,
+                )
                 .is_ok()
         {
-            // This slot's retry: sent, and its answer clears it.
+            // This slot's retry: sent, and its answer clears it (its master accepts the store
+            // again, or never refused it).
             return None;
+        }
+        if v & 1 == 1 {
+            return lock(&r.error).clone();
         }
         Some(RedisStoreError::Connection {
             message: "the link to the key's master broke while a master refuses the store's \

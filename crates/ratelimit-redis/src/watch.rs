@@ -333,19 +333,20 @@ const MAX_LEARNED_NODES: usize = 64;
 /// Learns the nodes that `info`'s node names in `CLUSTER SLOTS` (masters and replicas, every one
 /// of which hears every publication), asked on a new connection within `within`: `nodes` becomes
 /// its first `seeds` (the cluster's seed nodes) and those, each reached with `info`'s settings
-/// (its TLS and credentials) at its own address. `false` if the node names none: it serves no
-/// slot of a cluster (it left one, or never joined). Unanswered, nothing is learned, and the
-/// node is taken as it is (`true`).
+/// (its TLS and credentials) at its own address. `false` if the node names no slot range: it
+/// serves no slot of a cluster (it left one, or never joined). Unanswered, nothing is learned,
+/// and the node is taken as it is (`true`); so is one whose ranges name no usable address (a
+/// cluster announcing unknown endpoints behind one address), though nothing is learned from it.
 async fn learn_nodes(
     nodes: &mut Vec<ConnectionInfo>,
     seeds: usize,
     info: &ConnectionInfo,
     within: Duration,
 ) -> bool {
-    let Some(named) = cluster_nodes(info, within).await else {
+    let Some((ranges, named)) = cluster_nodes(info, within).await else {
         return true;
     };
-    if named.is_empty() {
+    if ranges == 0 {
         return false;
     }
     nodes.truncate(seeds);
@@ -363,9 +364,13 @@ async fn learn_nodes(
     true
 }
 
-/// The nodes that `info`'s node names in `CLUSTER SLOTS`, asked on a new connection within
-/// `within`; `None` if unanswered.
-async fn cluster_nodes(info: &ConnectionInfo, within: Duration) -> Option<Vec<(String, u16)>> {
+/// How many slot ranges `info`'s node names in `CLUSTER SLOTS`, and the nodes it names there that
+/// have a usable address (a cluster that announces unknown endpoints, `?`, names none), asked on
+/// a new connection within `within`; `None` if unanswered.
+async fn cluster_nodes(
+    info: &ConnectionInfo,
+    within: Duration,
+) -> Option<(usize, Vec<(String, u16)>)> {
     let attempt = async {
         let client = redis::Client::open(info.clone())?;
         let mut conn = client.get_multiplexed_async_connection().await?;
@@ -375,7 +380,13 @@ async fn cluster_nodes(info: &ConnectionInfo, within: Duration) -> Option<Vec<(S
             .await
     };
     match tokio::time::timeout(within, attempt).await {
-        Ok(Ok(slots)) => Some(nodes_of(&slots)),
+        Ok(Ok(slots)) => {
+            let ranges = match &slots {
+                Value::Array(ranges) => ranges.len(),
+                _ => 0,
+            };
+            Some((ranges, nodes_of(&slots)))
+        }
         _ => None,
     }
 }
@@ -459,7 +470,7 @@ async fn listen(
             check_at = tokio::time::Instant::now() + SERVER_CHECK_EVERY;
             if cluster_nodes(info, *within)
                 .await
-                .is_some_and(|named| named.is_empty())
+                .is_some_and(|(ranges, _)| ranges == 0)
             {
                 return "its node serves no slot of a cluster now (it left the cluster)".to_owned();
             }

@@ -1843,3 +1843,89 @@ async fn no_refusal_is_told_once_the_master_accepts_the_store_again() {
         "refusals told after the master accepted the store again"
     );
 }
+
+/// Two masters refuse the store; one of them accepts it again while the other goes on refusing:
+/// the first one's keys are served again from their slots' next retry, within a second or so,
+/// under sixteen tasks over four pooled connections. (A slot refused once was held for as long
+/// as any master refused: a review's run told 16,395 refusals of a master that had accepted the
+/// store 1.5 s before.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_that_accepts_the_store_again_is_served_while_another_refuses() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let cluster = RedisCluster::start_with_replicas(3, 0, &["cluster-require-full-coverage no"]);
+    let store = RedisStore::cluster(cluster.urls())
+        .prefix(unique_prefix("refusals-one-back"))
+        .pool_size(4)
+        .response_timeout(PATIENT)
+        .build()
+        .await
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(10_000_000).unwrap()).unwrap();
+    let (back, still) = (&cluster.nodes()[0], &cluster.nodes()[1]);
+    // The users whose failure domain lies whole in `back`'s slots (found without a server).
+    let ranges = cluster.slots_of(back);
+    let inside = |d: usize| {
+        let (from, to) = ((d * 256) as u16, (d * 256 + 255) as u16);
+        ranges.iter().any(|r| r.contains(&from) && r.contains(&to))
+    };
+    let users: Vec<String> = (0..400).map(|i| format!("user-{i}")).collect();
+    let backs: std::collections::HashSet<String> = users
+        .iter()
+        .filter(|u| inside(ratelimit_core::Store::failure_domain(&store, u.as_bytes())))
+        .cloned()
+        .collect();
+    assert!(backs.len() > 50, "{} users", backs.len());
+    for u in &users {
+        store.check(u.as_bytes(), &limit, 1).await.unwrap();
+    }
+    for n in [back, still] {
+        n.cli(&["config", "set", "requirepass", "rotated"]);
+        n.cli_with_password("rotated", &["client", "kill", "type", "normal"]);
+    }
+    let started = std::time::Instant::now();
+    let accepted_at = Duration::from_secs(2);
+    // Sixteen tasks for 6 s; the refusals of `back`'s keys told after `accepted_at` plus
+    // `late`, and those of the other refusing master's keys.
+    let late = Duration::from_millis(1_500);
+    let tasks: Vec<_> = (0..16)
+        .map(|t| {
+            let (store, limit, users, backs) =
+                (store.clone(), limit.clone(), users.clone(), backs.clone());
+            tokio::spawn(async move {
+                let (mut back_late, mut others, mut i) = (0u64, 0u64, t);
+                while started.elapsed() < Duration::from_secs(6) {
+                    let user = &users[i % users.len()];
+                    i += 16;
+                    match store.check(user.as_bytes(), &limit, 1).await {
+                        Err(e) if e.is_refused_credentials() => {
+                            if !backs.contains(user) {
+                                others += 1;
+                            } else if started.elapsed() > accepted_at + late {
+                                back_late += 1;
+                            }
+                        }
+                        _ => {}
+                    }
+                }
+                (back_late, others)
+            })
+        })
+        .collect();
+    tokio::time::sleep(accepted_at).await;
+    back.cli_with_password("rotated", &["config", "set", "requirepass", ""]);
+    let (mut back_late, mut others) = (0, 0);
+    for t in tasks {
+        let (b, o) = t.await.unwrap();
+        back_late += b;
+        others += o;
+    }
+    println!(
+        "refusals of the master that accepted the store again, later than {late:?} after: \
+         {back_late}; of the other masters' keys: {others}"
+    );
+    assert!(others > 0, "the other master's refusals were told");
+    assert_eq!(
+        back_late, 0,
+        "a master that accepts the store again is still held"
+    );
+}

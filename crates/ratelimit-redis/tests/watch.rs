@@ -402,6 +402,32 @@ async fn a_watch_does_not_stay_on_a_node_that_left_the_cluster() {
     }
 }
 
+/// A cluster that announces unknown endpoints (`cluster-preferred-endpoint-type
+/// unknown-endpoint`, for nodes behind one address): its `CLUSTER SLOTS` names slot ranges with
+/// no usable address. The watch subscribes and hears the resets; it learns no node from it. (It
+/// took the node for one that serves no slot, and never subscribed.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_watch_on_a_cluster_announcing_unknown_endpoints_subscribes() {
+    let cluster = RedisCluster::start(3);
+    for n in cluster.nodes() {
+        n.cli(&[
+            "config",
+            "set",
+            "cluster-preferred-endpoint-type",
+            "unknown-endpoint",
+        ]);
+    }
+    let store = cluster_store(cluster.urls(), &unique_prefix("watch-unknown-endpoints")).await;
+    let (_w, mut heard) = watch(&store);
+    assert_eq!(next(&mut heard, SOON).await, Heard::Subscribed);
+    let limit = limit();
+    store.reset(b"alice", &limit).await.unwrap();
+    assert_eq!(
+        next(&mut heard, SOON).await,
+        Heard::Reset(b"alice".to_vec(), limit.fingerprint())
+    );
+}
+
 /// A lazy store's watch starts while Redis cannot be reached (a proxy refusing connections),
 /// and subscribes once it can, without waiting for a check to build the store.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
