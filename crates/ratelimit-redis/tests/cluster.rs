@@ -1776,6 +1776,28 @@ async fn a_password_set_on_a_master_while_running_waits_the_reconnect_gap() {
     println!("every domain served again in {:?}", back.elapsed());
 }
 
+/// A 3-master cluster that serves while a master is lost, a store on it with four pooled
+/// connections (its keys under a prefix made from `name`), a day's limit that nothing here
+/// spends, and 400 users, each checked once.
+async fn four_connections_and_400_users(
+    name: &str,
+) -> (RedisCluster, RedisStore, Limit, Vec<String>) {
+    let cluster = RedisCluster::start_with_replicas(3, 0, &["cluster-require-full-coverage no"]);
+    let store = RedisStore::cluster(cluster.urls())
+        .prefix(unique_prefix(name))
+        .pool_size(4)
+        .response_timeout(PATIENT)
+        .build()
+        .await
+        .unwrap();
+    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(10_000_000).unwrap()).unwrap();
+    let users: Vec<String> = (0..400).map(|i| format!("user-{i}")).collect();
+    for u in &users {
+        store.check(u.as_bytes(), &limit, 1).await.unwrap();
+    }
+    (cluster, store, limit, users)
+}
+
 /// The same refusals under concurrent checks over four pooled connections, then the password
 /// taken off and the store left idle a second and a half: no check after gets the refusal (the
 /// master no longer refuses). Before, a check that found its link broken after the idle spell
@@ -1784,20 +1806,8 @@ async fn a_password_set_on_a_master_while_running_waits_the_reconnect_gap() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_refusal_is_told_once_the_master_accepts_the_store_again() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = RedisCluster::start_with_replicas(3, 0, &["cluster-require-full-coverage no"]);
-    let store = RedisStore::cluster(cluster.urls())
-        .prefix(unique_prefix("refusals-over"))
-        .pool_size(4)
-        .response_timeout(PATIENT)
-        .build()
-        .await
-        .unwrap();
-    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(10_000_000).unwrap()).unwrap();
+    let (cluster, store, limit, users) = four_connections_and_400_users("refusals-over").await;
     let node = &cluster.nodes()[0];
-    let users: Vec<String> = (0..400).map(|i| format!("user-{i}")).collect();
-    for u in &users {
-        store.check(u.as_bytes(), &limit, 1).await.unwrap();
-    }
     node.cli(&["config", "set", "requirepass", "rotated"]);
     node.cli_with_password("rotated", &["client", "kill", "type", "normal"]);
     // Sixteen tasks checking the users for `run`; what they got: (refused, other errors).
@@ -1852,15 +1862,7 @@ async fn no_refusal_is_told_once_the_master_accepts_the_store_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_master_that_accepts_the_store_again_is_served_while_another_refuses() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let cluster = RedisCluster::start_with_replicas(3, 0, &["cluster-require-full-coverage no"]);
-    let store = RedisStore::cluster(cluster.urls())
-        .prefix(unique_prefix("refusals-one-back"))
-        .pool_size(4)
-        .response_timeout(PATIENT)
-        .build()
-        .await
-        .unwrap();
-    let limit = Limit::single(Algorithm::TokenBucket, Quota::per_day(10_000_000).unwrap()).unwrap();
+    let (cluster, store, limit, users) = four_connections_and_400_users("refusals-one-back").await;
     let (back, still) = (&cluster.nodes()[0], &cluster.nodes()[1]);
     // The users whose failure domain lies whole in `back`'s slots (found without a server).
     let ranges = cluster.slots_of(back);
@@ -1868,16 +1870,12 @@ async fn a_master_that_accepts_the_store_again_is_served_while_another_refuses()
         let (from, to) = ((d * 256) as u16, (d * 256 + 255) as u16);
         ranges.iter().any(|r| r.contains(&from) && r.contains(&to))
     };
-    let users: Vec<String> = (0..400).map(|i| format!("user-{i}")).collect();
     let backs: std::collections::HashSet<String> = users
         .iter()
         .filter(|u| inside(ratelimit_core::Store::failure_domain(&store, u.as_bytes())))
         .cloned()
         .collect();
     assert!(backs.len() > 50, "{} users", backs.len());
-    for u in &users {
-        store.check(u.as_bytes(), &limit, 1).await.unwrap();
-    }
     for n in [back, still] {
         n.cli(&["config", "set", "requirepass", "rotated"]);
         n.cli_with_password("rotated", &["client", "kill", "type", "normal"]);
