@@ -184,12 +184,13 @@ impl RedisStore {
     ///
     /// The watch subscribes on a connection of its own (a cluster's seed nodes in turn, then the
     /// nodes it names in `CLUSTER SLOTS`, learned at each subscription, so that a watch given one
-    /// seed goes on once that node is gone; a cluster delivers a publication to every node), and again whenever that connection is lost
-    /// or goes silent, or a standalone server's address leads to another server (a failover
-    /// behind a proxy or a DNS name, asked every 5 s; not on a cluster, where any node hears every
-    /// reset), waiting 100 ms doubled up to 5 s between failed attempts; after each
-    /// subscription it tells the handler [`ResetNotice::Subscribed`] (see the
-    /// [module docs](crate::watch) for why).
+    /// seed goes on once that node is gone; a cluster delivers a publication to every node, and a
+    /// node that serves no slot of it is left), and again whenever that connection is lost or
+    /// goes silent, or a standalone server's address leads to another server (a failover behind
+    /// a proxy or a DNS name, asked every 5 s; not on a cluster, where any node hears every
+    /// reset), waiting 100 ms doubled up to 5 s between failed attempts; after each subscription
+    /// it tells the handler [`ResetNotice::Subscribed`] (see the [module docs](crate::watch) for
+    /// why).
     ///
     /// Must be called within a Tokio runtime (the watch is spawned on it); outside one, it is a
     /// [`RedisStoreError::Config`] error.
