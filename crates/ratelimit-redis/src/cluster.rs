@@ -645,17 +645,21 @@ impl Nodes {
 /// endpoint, which it skips) are left out: the client's own map is what they are checked against,
 /// and it cannot be matched without the answering node.
 fn masters_of(slots: &Value) -> std::collections::BTreeSet<(String, u16)> {
-    let mut masters = std::collections::BTreeSet::new();
-    let Value::Array(ranges) = slots else {
-        return masters;
+    slot_ranges(slots)
+        .filter_map(|range| range.get(2).and_then(node_address))
+        .collect()
+}
+
+/// The slot ranges of a `CLUSTER SLOTS` reply, each `[first, last, master, replicas...]`.
+pub(crate) fn slot_ranges(slots: &Value) -> impl Iterator<Item = &[Value]> {
+    let ranges: &[Value] = match slots {
+        Value::Array(ranges) => ranges,
+        _ => &[],
     };
-    for range in ranges {
-        let Value::Array(range) = range else { continue };
-        if let Some(master) = range.get(2).and_then(node_address) {
-            masters.insert(master);
-        }
-    }
-    masters
+    ranges.iter().filter_map(|range| match range {
+        Value::Array(range) => Some(range.as_slice()),
+        _ => None,
+    })
 }
 
 /// A node's address in a `CLUSTER SLOTS` range (`[host, port, id, ...]`), if it has a usable one:

@@ -1014,7 +1014,7 @@ impl Inner {
             loop {
                 let inner = Arc::clone(&watching.inner);
                 let slot = &inner.slots[i];
-                let rt_us = u64::try_from(inner.response_timeout.as_micros()).unwrap_or(u64::MAX);
+                let rt_us = micros_of(inner.response_timeout);
                 // The slot's current connection, whichever it is: one installed while this watch
                 // ran and left unanswered found the watch taken.
                 let due = loop {
@@ -1148,7 +1148,7 @@ impl Inner {
                 // cluster connection made, and let go, every few seconds for as long as it lasts.
                 let kept = slot.kept.fetch_add(1, Ordering::Relaxed).saturating_add(1);
                 let wait = reopen_backoff(kept, self.response_timeout);
-                let wait_us = u64::try_from(wait.as_micros()).unwrap_or(u64::MAX);
+                let wait_us = micros_of(wait);
                 slot.silence.restart(
                     generation,
                     self.micros().saturating_add(1).saturating_add(wait_us),
@@ -1963,7 +1963,7 @@ impl RedisStoreBuilder {
             prefix: self.prefix,
             urls: std::mem::take(&mut self.urls).into_boxed_slice(),
             response_timeout: self.response_timeout,
-            ping_after_idle_us: u64::try_from(self.ping_after_idle.as_micros()).unwrap_or(u64::MAX),
+            ping_after_idle_us: micros_of(self.ping_after_idle),
             epoch: tokio::time::Instant::now(),
             installed_any: tokio::sync::Notify::new(),
             refusals: Refusals {

@@ -266,12 +266,10 @@ async fn watch(
         let info = &info;
         // Which server the address leads to, asked before subscribing (a failover between the
         // two makes the next check find another server, and subscribe again: the safe side).
-        // Not on a cluster, whose every node hears every publication: an address that leads to
-        // another node of it (a load balancer or a DNS name in front of the nodes) loses
-        // nothing, and subscribing again there would only tell the handler to forget all it
-        // holds (`Subscribed`).
+        // Not on a cluster (see `Server::ClusterNode`): subscribing again on another node of it
+        // would only tell the handler to forget all it holds (`Subscribed`).
         let server = if cluster {
-            Server::Untold
+            Server::ClusterNode
         } else {
             run_id(info, subscribe_within).await
         };
@@ -294,7 +292,7 @@ async fn watch(
                     stream,
                     &*handler,
                     response_timeout,
-                    (info, server, subscribe_within, cluster),
+                    (info, server, subscribe_within),
                 )
                 .await;
                 subscribed.store(false, Ordering::Release);
@@ -372,41 +370,40 @@ async fn cluster_nodes(
     info: &ConnectionInfo,
     within: Duration,
 ) -> Option<(usize, Vec<(String, u16)>)> {
+    let mut cmd = redis::cmd("CLUSTER");
+    cmd.arg("SLOTS");
+    let slots = ask::<Value>(info, &cmd, within).await?.ok()?;
+    Some((
+        crate::cluster::slot_ranges(&slots).count(),
+        nodes_of(&slots),
+    ))
+}
+
+/// `cmd`'s answer from `info`'s node, asked on a new connection of its own; `None` if none came
+/// within `within`.
+async fn ask<T: redis::FromRedisValue>(
+    info: &ConnectionInfo,
+    cmd: &redis::Cmd,
+    within: Duration,
+) -> Option<Result<T, RedisError>> {
     let attempt = async {
         let client = redis::Client::open(info.clone())?;
         let mut conn = client.get_multiplexed_async_connection().await?;
-        redis::cmd("CLUSTER")
-            .arg("SLOTS")
-            .query_async::<Value>(&mut conn)
-            .await
+        cmd.query_async::<T>(&mut conn).await
     };
-    match tokio::time::timeout(within, attempt).await {
-        Ok(Ok(slots)) => {
-            let ranges = match &slots {
-                Value::Array(ranges) => ranges.len(),
-                _ => 0,
-            };
-            Some((ranges, nodes_of(&slots)))
-        }
-        _ => None,
-    }
+    tokio::time::timeout(within, attempt).await.ok()
 }
 
 /// Every node a `CLUSTER SLOTS` reply names (each slot range's master and replicas), by the
 /// address it announces; those without a usable one (an empty or wildcard host, `?`) left out.
 fn nodes_of(slots: &Value) -> Vec<(String, u16)> {
     let mut found = Vec::new();
-    let Value::Array(ranges) = slots else {
-        return found;
-    };
-    for range in ranges {
-        let Value::Array(range) = range else { continue };
-        for node in range.iter().skip(2) {
-            if let Some(addr) = crate::cluster::node_address(node)
-                && !found.contains(&addr)
-            {
-                found.push(addr);
-            }
+    let named = crate::cluster::slot_ranges(slots)
+        .flat_map(|range| range.iter().skip(2))
+        .filter_map(crate::cluster::node_address);
+    for addr in named {
+        if !found.contains(&addr) {
+            found.push(addr);
         }
     }
     found
@@ -422,26 +419,24 @@ enum Server {
     /// Not to be asked: `INFO` refused to the user (no `+info`), or a server that tells no
     /// `run_id`.
     Untold,
+    /// A Redis Cluster's node: which one is not asked (every node hears every publication, and
+    /// an address that leads to another node of it loses nothing), but whether it still serves
+    /// a slot of the cluster.
+    ClusterNode,
 }
 
 /// Which server `info`'s address leads to now, asked on a new connection (`INFO server`'s
 /// `run_id`), within `within`.
 async fn run_id(info: &ConnectionInfo, within: Duration) -> Server {
-    let attempt = async {
-        let client = redis::Client::open(info.clone())?;
-        let mut conn = client.get_multiplexed_async_connection().await?;
-        redis::cmd("INFO")
-            .arg("server")
-            .query_async::<String>(&mut conn)
-            .await
-    };
-    match tokio::time::timeout(within, attempt).await {
-        Ok(Ok(text)) => text
+    let mut cmd = redis::cmd("INFO");
+    cmd.arg("server");
+    match ask::<String>(info, &cmd, within).await {
+        Some(Ok(text)) => text
             .lines()
             .find_map(|l| l.strip_prefix("run_id:"))
             .map_or(Server::Untold, |id| Server::Is(id.trim().to_owned())),
-        Ok(Err(error)) if crate::error::refused(&error) => Server::Untold,
-        Ok(Err(_)) | Err(_) => Server::Unanswered,
+        Some(Err(error)) if crate::error::refused(&error) => Server::Untold,
+        Some(Err(_)) | None => Server::Unanswered,
     }
 }
 
@@ -452,48 +447,48 @@ async fn run_id(info: &ConnectionInfo, within: Duration) -> Server {
 /// server now, asked every [`SERVER_CHECK_EVERY`]: a failover behind one address (a proxy, a DNS
 /// name), whose old primary, made a replica, keeps the subscription and answers its `PING`s, but
 /// is not where resets are published now. If the question had gone unanswered, the first answer
-/// ends the subscription too, to be made again where the server is known. On a cluster (the
-/// last of `server`), the address's node is asked instead, as often, whether it still serves a
-/// slot of the cluster: one that left it hears no publication. Returns why.
+/// ends the subscription too, to be made again where the server is known. A cluster's node
+/// ([`Server::ClusterNode`]) is asked instead, as often, whether it still serves a slot of the
+/// cluster: one that left it hears no publication. Returns why.
 async fn listen(
     mut sink: PubSubSink,
     mut stream: PubSubStream,
     handler: &Handler,
     response_timeout: Duration,
-    mut server: (&ConnectionInfo, Server, Duration, bool),
+    mut server: (&ConnectionInfo, Server, Duration),
 ) -> String {
     let heard = ::metrics::counter!(metrics::RESET_NOTICES_TOTAL);
     let mut check_at = tokio::time::Instant::now() + SERVER_CHECK_EVERY;
     loop {
-        let (info, subscribed_to, within, cluster) = &mut server;
-        // A cluster's node: whether it still serves the cluster (not reset out of it).
-        if *cluster && tokio::time::Instant::now() >= check_at {
-            check_at = tokio::time::Instant::now() + SERVER_CHECK_EVERY;
-            if cluster_nodes(info, *within)
-                .await
-                .is_some_and(|(ranges, _)| ranges == 0)
-            {
-                return "its node serves no slot of a cluster now (it left the cluster)".to_owned();
-            }
-        }
+        let (info, subscribed_to, within) = &mut server;
         if !matches!(subscribed_to, Server::Untold) && tokio::time::Instant::now() >= check_at {
             check_at = tokio::time::Instant::now() + SERVER_CHECK_EVERY;
             // Not known now (the server down): the `PING`s say whether the subscription is alive.
-            match (run_id(info, *within).await, &*subscribed_to) {
-                (Server::Is(now), Server::Is(was)) if now != *was => {
-                    return format!(
-                        "its address now leads to another server (run_id {now}, subscribed on {was})"
-                    );
+            if let Server::ClusterNode = subscribed_to {
+                if cluster_nodes(info, *within)
+                    .await
+                    .is_some_and(|(ranges, _)| ranges == 0)
+                {
+                    return "its node serves no slot of a cluster now (it left the cluster)"
+                        .to_owned();
                 }
-                (Server::Is(now), Server::Unanswered) => {
-                    return format!(
-                        "which server it subscribed on was not known (no answer then); its \
+            } else {
+                match (run_id(info, *within).await, &*subscribed_to) {
+                    (Server::Is(now), Server::Is(was)) if now != *was => {
+                        return format!(
+                            "its address now leads to another server (run_id {now}, subscribed on {was})"
+                        );
+                    }
+                    (Server::Is(now), Server::Unanswered) => {
+                        return format!(
+                            "which server it subscribed on was not known (no answer then); its \
                          address leads to run_id {now}"
-                    );
+                        );
+                    }
+                    // Refused now (the user's rights changed): no longer checked.
+                    (Server::Untold, _) => *subscribed_to = Server::Untold,
+                    _ => {}
                 }
-                // Refused now (the user's rights changed): no longer checked.
-                (Server::Untold, _) => *subscribed_to = Server::Untold,
-                _ => {}
             }
         }
         let next = poll_fn(|cx| Pin::new(&mut stream).poll_next(cx));
