@@ -856,9 +856,35 @@ fn meant_variant<'m>(name: &str, after: &'m str) -> Option<&'m str> {
         .find(|&known| known == wanted)
 }
 
+/// How the `toml` crate passes a date or time: as a table of one key of this name, which the
+/// file never wrote.
+const TOML_DATETIME_KEY: &str = "$__toml_private_datetime";
+
+/// `message`, or, if it refuses the key a date or time comes as (a date where a table belongs:
+/// `failure = 1979-05-27`), what it is: `` invalid type: a date or time, expected a table of one
+/// of `mode`, … `` rather than an unknown field the file never wrote.
+fn date_for_table(message: &str) -> std::borrow::Cow<'_, str> {
+    let quoted = format!("{}{TOML_DATETIME_KEY}`", QUOTED_NAMES[0]);
+    let Some(at) = message.find(&quoted) else {
+        return message.into();
+    };
+    let after = &message[at + quoted.len()..];
+    let expected = after.strip_prefix(", expected ").unwrap_or("");
+    let table = if expected.is_empty() {
+        "a table".to_owned()
+    } else {
+        format!("a table of {expected}")
+    };
+    format!(
+        "{}invalid type: a date or time, expected {table}",
+        &message[..at]
+    )
+    .into()
+}
+
 /// `field: message (line L, column C)`, from one of toml's errors.
 fn toml_error(field: &str, e: &toml::de::Error, text: &str) -> ConfigError {
-    let mut message = hide_unknown_names(e.message().trim_end());
+    let mut message = hide_unknown_names(&date_for_table(e.message().trim_end()));
     if let Some(span) = e.span() {
         // The text before the error, cut at a character boundary (a span inside a character
         // would make the slice panic).

@@ -243,7 +243,9 @@ fn describe_store(config: &Config) -> String {
     store + &extras
 }
 
-/// The log filter `RUST_LOG` gives (`info` if it is unset). A directive that does not parse (a
+/// The log filter `RUST_LOG` gives (`info` if it is unset, or names no directive: empty, as
+/// `Environment=RUST_LOG=` in a systemd unit sets it, which tracing-subscriber would take for a
+/// filter that lets nothing through, warnings included). A directive that does not parse (a
 /// mistyped level, `hyper=warnn`) is left out with a warning, and the others kept: not the whole
 /// variable dropped for `info` without a word, as `EnvFilter::try_from_default_env` would have
 /// it. (tracing-subscriber's own lenient parse warns with `eprintln!`, which panics on a stderr
@@ -260,6 +262,9 @@ fn log_filter() -> tracing_subscriber::EnvFilter {
         ));
         return EnvFilter::new("info");
     };
+    if value.split(',').all(|d| d.trim().is_empty()) {
+        return EnvFilter::new("info");
+    }
     if let Ok(filter) = EnvFilter::builder().parse(value) {
         return filter;
     }

@@ -715,6 +715,28 @@ async fn bad_configurations_fail_naming_the_field() {
             ),
             "routes[0].policy.failure: missing field `gateways` (mode \"fallback\")",
         ),
+        // A date or time where a table belongs: toml passes it as a table of a private key,
+        // which is not named back as an unknown field the file never wrote.
+        (
+            with_policy("quotas = [{ limit = 5, per = \"minute\" }]\nfailure = 1979-05-27"),
+            "routes[0].policy.failure: invalid type: a date or time, expected a table of one of \
+             `mode`",
+        ),
+        (
+            with_policy("quotas = [1979-05-27T07:32:00Z]"),
+            "routes[0].policy.quotas[0]: invalid type: a date or time, expected a table of one of \
+             `limit`",
+        ),
+        (
+            "[store]\ncircuit_breaker = 07:32:00\n".to_owned()
+                + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
+            "store.circuit_breaker: invalid type: a date or time, expected a table of",
+        ),
+        (
+            "admin = 1979-05-27\n".to_owned()
+                + &with_policy("quotas = [{ limit = 5, per = \"minute\" }]"),
+            "admin: invalid type: a date or time, expected a table of",
+        ),
     ];
     for (text, expected) in cases {
         let err = Config::from_toml(&text).expect_err(&text).to_string();

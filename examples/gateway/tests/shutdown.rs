@@ -27,11 +27,16 @@ impl Drop for Gateway {
 }
 
 fn start(config: &std::path::Path) -> (Gateway, String) {
+    start_logging(config, "warn")
+}
+
+/// [`start`] with `RUST_LOG` set to `rust_log`.
+fn start_logging(config: &std::path::Path, rust_log: &str) -> (Gateway, String) {
     let mut child = Command::new(env!("CARGO_BIN_EXE_example-gateway"))
         .args(["--config"])
         .arg(config)
         .args(["--listen", "127.0.0.1:0"])
-        .env("RUST_LOG", "warn")
+        .env("RUST_LOG", rust_log)
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
         .spawn()
@@ -195,6 +200,28 @@ fn sigterm_stops_an_idle_gateway_at_once() {
         !stderr(&mut child.0).contains("still in flight"),
         "nothing was in flight"
     );
+}
+
+/// `RUST_LOG` set but empty (`Environment=RUST_LOG=` in a systemd unit, `docker run -e
+/// RUST_LOG=`), or holding only commas and blanks, names no directive: the gateway logs at
+/// `info`, as with the variable unset. (Was: tracing-subscriber's parse took it as a filter that
+/// lets nothing through, so the store's failures and the circuit breaker went unlogged.)
+#[test]
+fn an_empty_rust_log_logs_at_info() {
+    let config = std::path::Path::new(concat!(env!("CARGO_MANIFEST_DIR"), "/gateway.toml"));
+    for rust_log in ["", ",", " , ,"] {
+        let (mut child, _addr) = start_logging(config, rust_log);
+        sigterm(&child.0);
+        let status =
+            process::wait_exit(&mut child.0, EXIT_WITHIN).expect("the gateway exits after SIGTERM");
+        assert!(status.success(), "{status}");
+        let err = stderr(&mut child.0);
+        assert!(
+            err.contains("INFO") && err.contains("shutting down"),
+            "RUST_LOG={rust_log:?}: {err:?}"
+        );
+        assert!(!err.contains("RUST_LOG"), "no warning for it: {err:?}");
+    }
 }
 
 /// What an exited process wrote to stderr.
