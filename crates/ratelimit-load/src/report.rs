@@ -122,6 +122,10 @@ pub struct Report {
     pub abusive_admitted: u64,
     /// EVAL/EVALSHA calls Redis answered during the run (Redis store only).
     pub redis_calls: Option<u64>,
+    /// Why the Redis server could not be read after the run (gone by its end: killed, stopped,
+    /// unreachable), if it could not: its calls and its clock's rate are then unknown, and the
+    /// exactness checks allow for the server's clock by 1 ms in any span only.
+    pub redis_unread: Option<String>,
     /// How much faster the Redis server's clock ran than the tool's over the run, at most (parts
     /// per million, the readings' uncertainty included; 0 if slower): the bounds of the
     /// exactness checks are taken over spans that much longer, and 1 ms more (Redis store only).
@@ -185,6 +189,9 @@ impl Report {
         }
         if self.errors > 0 {
             failed.push(format!("{} requests failed", self.errors));
+        }
+        if let Some(why) = &self.redis_unread {
+            failed.push(format!("Redis could not be read after the run: {why}"));
         }
         if self.timed_out || self.completed < self.scheduled {
             failed.push(format!(
@@ -256,6 +263,7 @@ impl Report {
             },
             "redis_calls": self.redis_calls,
             "redis_calls_per_request": self.redis_calls_per_request(),
+            "redis_unread": self.redis_unread,
             "server_clock_faster_ppm": self.server_clock_faster_ppm,
             "local_answers": self.local_answers,
             "store_calls": self.store_calls,
@@ -395,6 +403,14 @@ impl Report {
         }
         if let (Some(c), Some(per)) = (self.redis_calls, self.redis_calls_per_request()) {
             let _ = writeln!(o, "redis      {c} EVAL/EVALSHA calls, {per:.3} per request");
+        }
+        if let Some(why) = &self.redis_unread {
+            let _ = writeln!(
+                o,
+                "WARNING    Redis could not be read after the run ({why}): its EVAL/EVALSHA calls \
+                 and its clock's rate are unknown, and the exactness figures allow for its clock \
+                 by 1 ms in any span only"
+            );
         }
         if let Some(ppm) = self.server_clock_faster_ppm {
             let _ = writeln!(

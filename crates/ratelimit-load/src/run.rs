@@ -938,20 +938,32 @@ where
         bar.finish_and_clear();
     }
 
-    let redis_after = match (&mut probe, before, &config.redis_url) {
+    // The server's figures after the run, or why they could not be read.
+    let server = match (&mut probe, before, &config.redis_url) {
         // Saturating: a server whose statistics were reset during the run (`CONFIG RESETSTAT`,
         // a restart) counts fewer calls after than before.
         (Some(conn), Some((calls, time)), Some(url)) => {
             // The probe's connection sat idle for the whole run: a server's `timeout` may have
             // closed it, or a stall outlast its reply timeout. Read again on a new one before
-            // giving up the run's figures.
+            // giving up the server's figures.
             let after = match readings(conn, &clock).await {
-                Ok(after) => after,
-                Err(_) => readings(&mut connect(url).await?, &clock).await?,
+                Ok(after) => Ok(after),
+                Err(_) => match connect(url).await {
+                    Ok(mut conn) => readings(&mut conn, &clock).await,
+                    Err(e) => Err(e),
+                },
             };
-            Some((after.0.saturating_sub(calls), server_faster(time, after.1)))
+            match after {
+                Ok(after) => ServerAfter::Read {
+                    calls: after.0.saturating_sub(calls),
+                    faster: server_faster(time, after.1),
+                },
+                // Redis gone by the end of the run (killed, stopped, unreachable): the run's
+                // own figures are kept, and the report says what is missing.
+                Err(e) => ServerAfter::Unread(e.to_string()),
+            }
         }
-        _ => None,
+        _ => ServerAfter::None,
     };
     let cache_after = setup.cache_stats.as_ref().map(|f| f());
     // On a blocking thread: the interval check is O(n²) for a user admitted n times (seconds for
@@ -965,8 +977,7 @@ where
             &shared,
             tolerance,
             timed_out,
-            redis_after.map(|(_, faster)| faster),
-            redis_after.map(|(calls, _)| calls),
+            server,
             cache_before
                 .zip(cache_after)
                 .map(|(b, a)| (a.0 - b.0, a.1 - b.1)),
@@ -990,19 +1001,47 @@ fn progress_bar(config: &Config, total: u64) -> Option<ProgressBar> {
     Some(bar)
 }
 
+/// What the Redis server told after a run.
+enum ServerAfter {
+    /// No Redis store.
+    None,
+    /// The script calls it answered during the run, and how much faster its clock ran than the
+    /// tool's ([`server_faster`]).
+    Read { calls: u64, faster: f64 },
+    /// It could not be read (gone by the end of the run): why.
+    Unread(String),
+}
+
 fn build_report(
     config: &Config,
     shared: &Shared,
     tolerance: Tolerance,
     timed_out: bool,
-    server_faster: Option<f64>,
-    redis_calls: Option<u64>,
+    server: ServerAfter,
     cache: Option<(u64, u64)>,
 ) -> Report {
-    let clocks = server_faster.map_or_else(ClockAllowance::default, |faster| ClockAllowance {
-        faster,
-        ahead: SERVER_CLOCK_SLACK,
-    });
+    let (clocks, redis_calls, server_faster, redis_unread) = match server {
+        ServerAfter::None => (ClockAllowance::default(), None, None, None),
+        ServerAfter::Read { calls, faster } => (
+            ClockAllowance {
+                faster,
+                ahead: SERVER_CLOCK_SLACK,
+            },
+            Some(calls),
+            Some(faster),
+            None,
+        ),
+        // Its clock's rate is not known: only the step allowance is made (the report says so).
+        ServerAfter::Unread(why) => (
+            ClockAllowance {
+                faster: 0.0,
+                ahead: SERVER_CLOCK_SLACK,
+            },
+            None,
+            None,
+            Some(why),
+        ),
+    };
     let rec = shared.rec.lock();
     let completed = rec.latency.len();
     let elapsed = rec
@@ -1130,6 +1169,7 @@ fn build_report(
         abusive_sent,
         abusive_admitted,
         redis_calls,
+        redis_unread,
         server_clock_faster_ppm: server_faster.map(|f| f * 1e6),
         local_answers: cache.map(|c| c.0),
         store_calls: cache.map(|c| c.1),
@@ -1342,7 +1382,14 @@ mod tests {
             rec.latency(1, 2_049);
             rec.latency(1, 70_000_001);
         }
-        let r = build_report(&config, &shared, Tolerance::Exact, false, None, None, None);
+        let r = build_report(
+            &config,
+            &shared,
+            Tolerance::Exact,
+            false,
+            ServerAfter::None,
+            None,
+        );
         assert_eq!(r.max_us, 70_000_001);
         let seconds: Vec<_> = r
             .per_second

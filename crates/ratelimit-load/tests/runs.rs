@@ -202,6 +202,41 @@ async fn a_run_outlasting_the_servers_idle_timeout_keeps_its_figures() {
     assert!(r.redis_calls.is_some_and(|n| n > 0), "{}", r.text());
 }
 
+/// Redis killed during a run (a fault test's own doing, or a crash): the checks after it fail and
+/// are counted as errors, and the report is still given, saying that the server's figures after
+/// the run are missing. (Was: the run ended in an error once the post-run reading failed, and
+/// every figure of the run was lost.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_whose_redis_is_killed_keeps_its_figures() {
+    let mut server = redis_harness::RedisServer::start();
+    let mut c = small(Target::Store, StoreKind::Redis);
+    c.redis_url = Some(server.url());
+    c.rate = 1_000.0;
+    c.duration = Duration::from_secs(2);
+    let killer = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(1_000));
+        server.kill();
+        server
+    });
+    let r = ratelimit_load::run(&c)
+        .await
+        .expect("a report despite Redis gone");
+    let _server = killer.join().unwrap();
+    assert_eq!(r.completed, r.scheduled, "{}", r.text());
+    assert!(r.admitted > 0, "{}", r.text());
+    assert!(r.errors > 0, "the checks after the kill fail: {}", r.text());
+    assert_eq!(r.redis_calls, None, "{}", r.text());
+    assert!(r.redis_unread.is_some(), "{}", r.text());
+    assert!(
+        r.text()
+            .contains("WARNING    Redis could not be read after the run"),
+        "{}",
+        r.text()
+    );
+    assert!(r.to_json()["redis_unread"].is_string(), "{}", r.to_json());
+    assert_eq!(r.users_above_bound, 0, "{}", r.text());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn leasing_on_redis_stays_within_its_tolerance() {
     let mut c = small(Target::Store, StoreKind::Redis);
