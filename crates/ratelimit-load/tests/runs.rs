@@ -213,8 +213,12 @@ async fn a_run_whose_redis_is_killed_keeps_its_figures() {
     c.redis_url = Some(server.url());
     c.rate = 1_000.0;
     c.duration = Duration::from_secs(2);
+    // Killed once the run's checks reach it (not at a fixed time, which a loaded machine could
+    // reach before the run's start): after about a tenth of the 2,000 requests.
     let killer = std::thread::spawn(move || {
-        std::thread::sleep(Duration::from_millis(1_000));
+        while server.script_calls() < 200 {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         server.kill();
         server
     });
