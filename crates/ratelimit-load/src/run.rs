@@ -948,10 +948,7 @@ where
             // giving up the server's figures.
             let after = match readings(conn, &clock).await {
                 Ok(after) => Ok(after),
-                Err(_) => match connect(url).await {
-                    Ok(mut conn) => readings(&mut conn, &clock).await,
-                    Err(e) => Err(e),
-                },
+                Err(_) => async { readings(&mut connect(url).await?, &clock).await }.await,
             };
             match after {
                 Ok(after) => ServerAfter::Read {

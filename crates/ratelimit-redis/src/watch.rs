@@ -482,7 +482,7 @@ async fn listen(
                     (Server::Is(now), Server::Unanswered) => {
                         return format!(
                             "which server it subscribed on was not known (no answer then); its \
-                         address leads to run_id {now}"
+                             address leads to run_id {now}"
                         );
                     }
                     // Refused now (the user's rights changed): no longer checked.

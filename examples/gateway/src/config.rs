@@ -868,12 +868,10 @@ fn date_for_table(message: &str) -> std::borrow::Cow<'_, str> {
     let Some(at) = message.find(&quoted) else {
         return message.into();
     };
-    let after = &message[at + quoted.len()..];
-    let expected = after.strip_prefix(", expected ").unwrap_or("");
-    let table = if expected.is_empty() {
-        "a table".to_owned()
-    } else {
-        format!("a table of {expected}")
+    // serde's list of the names the table takes, if it gave one.
+    let table = match message[at + quoted.len()..].strip_prefix(", expected ") {
+        Some(expected) => format!("a table of {expected}"),
+        None => "a table".to_owned(),
     };
     format!(
         "{}invalid type: a date or time, expected {table}",
